@@ -1,0 +1,16 @@
+"""sarc: a compiler for distributed training of graph neural networks.
+
+Write a layer as message / reduce / update (``sarc.Layer``); sarc traces it to
+an IR, optimizes it and generates the code that runs it.
+"""
+from .dsl import (INDEX, Feature, Layer, TypedLinear, edge_softmax, glorot_, max, mean,
+                  min, sum)
+from .errors import DSLError, GraphError, SarcError
+from .graph import Graph
+from .trace import concat, dropout, elu, leaky_relu, linear
+
+__version__ = "0.1.0"
+
+__all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "max", "min",
+           "edge_softmax", "dropout", "leaky_relu", "elu", "concat", "linear", "glorot_",
+           "DSLError", "GraphError", "SarcError"]

@@ -1,0 +1,1 @@
+"""Code generators: each turns optimized IR into something that runs."""

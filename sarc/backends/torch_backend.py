@@ -1,0 +1,118 @@
+"""PyTorch backend: IR -> a readable Python module that runs on CPU and GPU.
+
+Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
+as a comment; graph ops call the CSR kernels of ``torch_kernels``. The module
+is rendered from a jinja2 template, written to a real file (so tracebacks and
+debuggers show the generated code) and imported. Autograd gives the backward
+pass.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from ..ir.function import Function, Value
+from ..ir.ops import Op
+from ..ir.printer import format_value
+from ..ir.types import Domain
+from . import codegen
+
+
+def _axis(v: Value) -> int:
+    return v.attr["axis"] + (0 if v.type.domain is Domain.PARAM else 1)
+
+
+def _reshape(v: Value, a: list[str]) -> str:
+    feat = ", ".join(str(d) for d in v.attr["feat"])
+    if v.type.domain is Domain.PARAM:
+        return f"{a[0]}.reshape({feat},)" if feat else f"{a[0]}.reshape(())"
+    return f"{a[0]}.reshape({a[0]}.shape[0], {feat})" if feat else f"{a[0]}.reshape(-1)"
+
+
+def _leaf(v: Value, a: list[str]) -> str:
+    if v.op is Op.CONST:
+        return f"torch.tensor({v.attr['value']!r}, dtype={_dtype(v)}, device=g.device)"
+    name = v.attr["name"]
+    if v.op is Op.PARAM:
+        return f'params["{name}"]'
+    if v.type.domain is Domain.DST:
+        return f'inputs["{name}"][: g.num_dst]'
+    return f'inputs["{name}"]'
+
+
+def _dtype(v: Value) -> str:
+    return "torch." + {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
+                       "f64": "float64", "i64": "int64"}[v.type.dtype.value]
+
+
+Lowering = Callable[[Value, list[str]], str]
+
+LOWERING: dict[Op, Lowering] = {
+    Op.INPUT: _leaf,
+    Op.PARAM: _leaf,
+    Op.CONST: _leaf,
+    Op.GATHER_SRC: lambda v, a: f"K.gather_src({a[0]}, g)",
+    Op.GATHER_DST: lambda v, a: f"K.gather_dst({a[0]}, g)",
+    Op.REDUCE: lambda v, a: f'K.segment_reduce("{v.attr["kind"]}", {a[0]}, g)',
+    Op.EDGE_SOFTMAX: lambda v, a: f"K.edge_softmax({a[0]}, g)",
+    Op.INDEX: lambda v, a: f"{a[0]}.index_select(0, {a[1]})",
+    Op.NEG: lambda v, a: f"-{a[0]}",
+    Op.EXP: lambda v, a: f"torch.exp({a[0]})",
+    Op.LOG: lambda v, a: f"torch.log({a[0]})",
+    Op.RELU: lambda v, a: f"torch.relu({a[0]})",
+    Op.SIGMOID: lambda v, a: f"torch.sigmoid({a[0]})",
+    Op.TANH: lambda v, a: f"torch.tanh({a[0]})",
+    Op.POW: lambda v, a: f"torch.pow({a[0]}, {v.attr['exponent']!r})",
+    Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {v.attr['min']!r})",
+    Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {v.attr['slope']!r})",
+    Op.ELU: lambda v, a: f"F.elu({a[0]}, {v.attr['alpha']!r})",
+    Op.DROPOUT: lambda v, a: f"F.dropout({a[0]}, {v.attr['p']!r}, training)",
+    Op.ADD: lambda v, a: f"{a[0]} + {a[1]}",
+    Op.SUB: lambda v, a: f"{a[0]} - {a[1]}",
+    Op.MUL: lambda v, a: f"{a[0]} * {a[1]}",
+    Op.DIV: lambda v, a: f"{a[0]} / {a[1]}",
+    Op.LINEAR: lambda v, a: f"torch.matmul({a[0]}, {a[1]}.t())",
+    Op.MATMUL: lambda v, a: f"torch.matmul({a[0]}, {a[1]})",
+    Op.TYPED_LINEAR: lambda v, a: f"K.typed_linear({a[0]}, {a[1]}, {a[2]})",
+    Op.RESHAPE: _reshape,
+    Op.CONCAT: lambda v, a: f"torch.cat([{', '.join(a)}], {_axis(v)})",
+    Op.SUM_AXIS: lambda v, a: f"{a[0]}.sum({_axis(v)})",
+}
+
+
+def generate(fn: Function) -> str:
+    """Python source of ``forward(g, inputs, params, training)`` for ``fn``."""
+    last_use = codegen.last_uses(fn)
+    body: list[str] = []
+    for i, v in enumerate(fn.values):
+        body.append(f"# {format_value(i, v, with_loc=True)}")
+        body.append(f"v{i} = {LOWERING[v.op](v, [f'v{j}' for j in v.inputs])}")
+        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
+        if dead:
+            body.append(f"del {', '.join(dead)}")
+    outputs = ", ".join(f'"{k}": v{i}' for k, i in fn.outputs)
+    return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs,
+                          source=codegen.source_of(fn))
+
+
+@dataclass
+class TorchKernel:
+    """A compiled layer: the IR it came from, its source, the loaded module."""
+
+    function: Function
+    source: str
+    path: Path
+    module: ModuleType
+
+    def __call__(self, g, inputs, params, training: bool):
+        return self.module.forward(g, inputs, params, training)
+
+
+def compile(fn: Function) -> TorchKernel:
+    source = generate(fn)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path, module = codegen.load_module(f"{fn.name}_torch_{digest}", source)
+    return TorchKernel(fn, source, path, module)

@@ -1,0 +1,40 @@
+"""The compilation pipeline, top to bottom: trace -> verify -> passes -> backend."""
+from __future__ import annotations
+
+import os
+
+from .ir.function import Function
+from .ir.passes import cse, dce
+from .ir.printer import format_function
+from .ir.verifier import verify
+
+BACKENDS = ("torch",)
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("SARC_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def optimize(fn: Function) -> Function:
+    """The pass pipeline; the verifier runs after every pass."""
+    for p in (dce, cse, dce):
+        fn = verify(p(fn))
+        if debug_level() >= 2:
+            print(f"--- after {p.__name__} ---\n{format_function(fn)}")
+    return fn
+
+
+def compile_function(fn: Function, backend: str = "torch"):
+    """Optimize ``fn`` and hand it to ``backend``; returns a callable kernel."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    fn = optimize(verify(fn))
+    if backend == "torch":
+        from .backends import torch_backend
+        kernel = torch_backend.compile(fn)
+    if debug_level() >= 1:
+        print(f"--- sarc: {fn.name} ({backend}) -> {kernel.path} ---")
+    return kernel

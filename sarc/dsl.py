@@ -1,0 +1,317 @@
+"""The layer DSL: ``sarc.Layer`` with ``message``, ``reduce`` and ``update``.
+
+A layer declares the node and edge features it reads and its parameters
+(ordinary ``torch.nn`` modules and parameters), and writes three functions:
+
+- ``message(src, dst, edge)``: per-edge values. ``src.h`` and ``dst.h`` read node
+  feature ``h`` at each edge's endpoints, ``edge.w`` an edge feature. Returns one
+  value or a dict of named messages.
+- ``reduce(msg)``: aggregates messages into destination nodes with ``sarc.sum``,
+  ``sarc.mean``, ``sarc.max``, ``sarc.min``; ``sarc.edge_softmax`` normalizes edge
+  scores over each destination's incoming edges first.
+- ``update(dst, agg)``: new destination features from the aggregates and the
+  destination's own features (``dst.h``).
+
+Calling the layer traces these functions once (``sarc.trace``), compiles the IR
+with a backend and runs the generated code.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .errors import DSLError, GraphError
+from .ir.function import Function
+from .ir.ops import Op
+from .ir.types import Domain, DType, TensorType
+from .trace import Proxy, Tracer, user_loc
+
+BUILTIN_NODE = {"src": ("out_degree",), "dst": ("in_degree",)}
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A declared node or edge feature: per-row shape and dtype."""
+
+    shape: tuple[int, ...] = ()
+    dtype: str = "f32"
+
+    def ir_type(self, domain: Domain) -> TensorType:
+        return TensorType(domain, DType(self.dtype), tuple(self.shape))
+
+
+INDEX = Feature((), "i64")
+"""An int64 per-row feature, such as an edge type."""
+
+
+def _as_feature(spec: Any, what: str) -> Feature:
+    if isinstance(spec, Feature):
+        return spec
+    if isinstance(spec, int):
+        return Feature((spec,))
+    if isinstance(spec, (tuple, list)) and all(isinstance(d, int) for d in spec):
+        return Feature(tuple(spec))
+    raise DSLError(f"feature {what!r} must be declared as an int (its width), a shape "
+                   f"tuple or sarc.Feature, got {spec!r}", user_loc())
+
+
+class _Side:
+    """What ``src``, ``dst`` and ``edge`` are inside the user's functions."""
+
+    def __init__(self, layer: "Layer", tracer: Tracer, domain: Domain, gather: Op | None,
+                 role: str):
+        object.__setattr__(self, "_layer", layer)
+        object.__setattr__(self, "_tracer", tracer)
+        object.__setattr__(self, "_domain", domain)
+        object.__setattr__(self, "_gather", gather)
+        object.__setattr__(self, "_role", role)
+
+    def __getattr__(self, name: str) -> Proxy:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        feats = self._layer._sarc_edge if self._domain is Domain.EDGE else self._layer._sarc_node
+        if name in feats:
+            t = feats[name].ir_type(self._domain)
+        elif name in BUILTIN_NODE.get(self._domain.value, ()):
+            t = TensorType(self._domain, DType.F32, ())
+        else:
+            kind = "edge" if self._domain is Domain.EDGE else "node"
+            declared = ", ".join(sorted(feats)) or "none"
+            builtin = BUILTIN_NODE.get(self._domain.value, ())
+            extra = f"; built in: {', '.join(builtin)}" if builtin else ""
+            raise DSLError(f"{self._role}.{name}: layer {type(self._layer).__name__} has no "
+                           f"{kind} feature {name!r} (declared: {declared}{extra})", user_loc())
+        b = self._tracer.builder
+        leaf = Proxy(self._tracer, b.leaf(Op.INPUT, name, t, user_loc()))
+        if self._gather is None:
+            return leaf
+        return self._tracer.emit(self._gather, [leaf])
+
+    __getitem__ = __getattr__
+
+    def __setattr__(self, name, value):
+        raise DSLError(f"{self._role} is read-only inside a layer; return new values instead",
+                       user_loc())
+
+
+class _Bundle:
+    """Named values handed from one function to the next (messages, aggregates)."""
+
+    def __init__(self, kind: str, values: dict[str, Proxy]):
+        self._kind = kind
+        self._values = values
+        self._used: set[str] = set()
+
+    def __getattr__(self, name: str) -> Proxy:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._values:
+            raise DSLError(f"no {self._kind} named {name!r} (there are: "
+                           f"{', '.join(self._values)})", user_loc())
+        self._used.add(name)
+        return self._values[name]
+
+    __getitem__ = __getattr__
+
+    def __iter__(self):
+        raise DSLError(f"access {self._kind}s by name, e.g. msg.m", user_loc())
+
+
+def _named(result: Any, what: str, default: str, loc_hint) -> dict[str, Proxy]:
+    if isinstance(result, Proxy):
+        return {default: result}
+    if isinstance(result, Mapping) and result and all(isinstance(v, Proxy) for v in result.values()):
+        return dict(result)
+    raise DSLError(f"{what} must return a traced value or a dict of them, got "
+                   f"{type(result).__name__}", loc_hint)
+
+
+class Layer(nn.Module):
+    """Base class of DSL layers. Subclasses call ``super().__init__(node=..., edge=...)``.
+
+    ``node`` and ``edge`` map feature names to their widths (int), shapes
+    (tuple) or ``sarc.Feature``; ``sarc.INDEX`` declares an int64 type id.
+    """
+
+    def __init__(self, *, node: Mapping[str, Any] | None = None,
+                 edge: Mapping[str, Any] | None = None, backend: str = "torch"):
+        super().__init__()
+        self._sarc_node = {k: _as_feature(v, k) for k, v in (node or {}).items()}
+        self._sarc_edge = {k: _as_feature(v, k) for k, v in (edge or {}).items()}
+        self._sarc_backend = backend
+        self._sarc_compiled = None
+        for name in self._sarc_node:
+            if name in self._sarc_edge:
+                raise DSLError(f"feature {name!r} is declared both as a node and an edge feature",
+                               user_loc())
+
+    # The user's functions -------------------------------------------------------------
+    def message(self, src, dst, edge):
+        raise DSLError(f"layer {type(self).__name__} defines no message(src, dst, edge)", None)
+
+    def reduce(self, msg):
+        raise DSLError(f"layer {type(self).__name__} defines no reduce(msg)", None)
+
+    def update(self, dst, agg):
+        """Default: the aggregate itself (a layer with one aggregate)."""
+        return agg._values if len(agg._values) > 1 else next(iter(agg._values.values()))
+
+    # Tracing --------------------------------------------------------------------------
+    def trace(self) -> Function:
+        """Record message / reduce / update as IR (parameters become PARAM leaves)."""
+        if not hasattr(self, "_sarc_node"):
+            raise DSLError(f"{type(self).__name__}.__init__ must call "
+                           f"super().__init__(node=..., edge=...) first", None)
+        tracer = Tracer(type(self).__name__)
+        with _params_as_proxies(self, tracer):
+            msgs = _named(self.message(
+                _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src"),
+                _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst"),
+                _Side(self, tracer, Domain.EDGE, None, "edge")), "message", "m", _loc_of(self.message))
+            for name, p in msgs.items():
+                if p.type.domain is not Domain.EDGE:
+                    raise DSLError(f"message {name!r} must be a per-edge value, got a "
+                                   f"{p.type.domain.value} value {list(p.type.shape)}",
+                                   tracer.builder.values[p.index].loc)
+            bundle = _Bundle("message", msgs)
+            aggs = _named(self.reduce(bundle), "reduce", "agg", _loc_of(self.reduce))
+            for name, p in msgs.items():
+                if name not in bundle._used:
+                    raise DSLError(f"message {name!r} is never used by reduce",
+                                   tracer.builder.values[p.index].loc)
+            for name, p in aggs.items():
+                if p.type.domain is not Domain.DST:
+                    raise DSLError(f"reduce result {name!r} is a {p.type.domain.value} value; "
+                                   f"aggregate edge values with sarc.sum/mean/max/min",
+                                   tracer.builder.values[p.index].loc)
+            out = _named(self.update(_Side(self, tracer, Domain.DST, None, "dst"),
+                                     _Bundle("aggregate", aggs)), "update", "h",
+                         _loc_of(self.update))
+            for name, p in out.items():
+                if p.type.domain is not Domain.DST:
+                    raise DSLError(f"update result {name!r} must be a dst value, got a "
+                                   f"{p.type.domain.value} value {list(p.type.shape)}",
+                                   tracer.builder.values[p.index].loc)
+        from .ir.verifier import verify
+        fn = tracer.builder.finish((k, p.index) for k, p in out.items())
+        verify(fn)
+        return fn
+
+    # Compilation and execution ------------------------------------------------------
+    def compiled(self):
+        """The backend's kernel for this layer (compiled on first use)."""
+        if self._sarc_compiled is None:
+            from .compiler import compile_function
+            self._sarc_compiled = compile_function(self.trace(), backend=self._sarc_backend)
+        return self._sarc_compiled
+
+    def forward(self, g, *args, **feats):
+        """Run the layer on graph ``g``: features positionally (declaration order) or by name."""
+        from .runtime.bind import bind_inputs
+        kernel = self.compiled()
+        inputs = bind_inputs(self, kernel.function, g, args, feats)
+        params = dict(self.named_parameters())
+        out = kernel(g, inputs, params, self.training)
+        return out if len(out) > 1 else next(iter(out.values()))
+
+
+def _loc_of(fn):
+    from .errors import SourceLoc
+    code = getattr(fn, "__code__", None)
+    return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name) if code else None
+
+
+@contextlib.contextmanager
+def _params_as_proxies(layer: nn.Module, tracer: Tracer):
+    """Swap every parameter for a PARAM proxy while tracing, then put them back."""
+    saved = []
+    try:
+        for mod_name, mod in layer.named_modules():
+            for pname, param in list(mod._parameters.items()):
+                if param is None:
+                    continue
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                t = TensorType(Domain.PARAM, DType.from_torch(param.dtype), tuple(param.shape))
+                proxy = Proxy(tracer, tracer.builder.leaf(Op.PARAM, full, t))
+                saved.append((mod, pname, param))
+                mod._parameters[pname] = proxy
+        yield
+    finally:
+        for mod, pname, param in saved:
+            mod._parameters[pname] = param
+
+
+# --- reductions and graph functions ------------------------------------------------------
+
+def _reduce(kind: str):
+    def fn(x: Proxy) -> Proxy:
+        if not isinstance(x, Proxy):
+            raise DSLError(f"sarc.{kind} takes a traced edge value, got {type(x).__name__}",
+                           user_loc())
+        return x.tracer.emit(Op.REDUCE, [x], {"kind": kind})
+    fn.__name__ = kind
+    fn.__doc__ = f"Per destination node, the {kind} of an edge value over its incoming edges."
+    return fn
+
+
+sum = _reduce("sum")  # noqa: A001 - the DSL's names, used as sarc.sum
+mean = _reduce("mean")
+max = _reduce("max")  # noqa: A001
+min = _reduce("min")  # noqa: A001
+
+
+def edge_softmax(score: Proxy) -> Proxy:
+    """softmax of an edge score over each destination node's incoming edges."""
+    if not isinstance(score, Proxy):
+        raise DSLError("sarc.edge_softmax takes a traced edge value", user_loc())
+    return score.tracer.emit(Op.EDGE_SOFTMAX, [score])
+
+
+class TypedLinear(nn.Module):
+    """A linear map per type: ``y[i] = x[i] @ W[type[i]]`` (RGCN's per-relation weight).
+
+    With ``num_bases`` the table is a basis decomposition,
+    ``W[r] = sum_b comp[r, b] * bases[b]`` (Schlichtkrull et al., 2018).
+    """
+
+    def __init__(self, in_feats: int, out_feats: int, num_types: int,
+                 num_bases: int | None = None):
+        super().__init__()
+        self.in_feats, self.out_feats, self.num_types = in_feats, out_feats, num_types
+        self.num_bases = num_bases
+        if num_bases is None:
+            self.weight = nn.Parameter(torch.empty(num_types, in_feats, out_feats))
+            nn.init.xavier_uniform_(self.weight)
+        else:
+            self.bases = nn.Parameter(torch.empty(num_bases, in_feats, out_feats))
+            self.comp = nn.Parameter(torch.empty(num_types, num_bases))
+            nn.init.xavier_uniform_(self.bases)
+            nn.init.xavier_uniform_(self.comp)
+
+    def table(self):
+        if self.num_bases is None:
+            return self.weight
+        flat = self.bases.reshape(self.num_bases, self.in_feats * self.out_feats)
+        return (self.comp @ flat).reshape(self.num_types, self.in_feats, self.out_feats)
+
+    def forward(self, x, types):
+        w = self.table()
+        if isinstance(x, Proxy):
+            return x.tracer.emit(Op.TYPED_LINEAR, [x, w, types])
+        return torch.bmm(x.unsqueeze(1), w[types]).squeeze(1)
+
+
+def glorot_(t: torch.Tensor) -> torch.Tensor:
+    """Glorot/Xavier uniform init over the last two dims (as PyG's ``glorot``)."""
+    a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+    with torch.no_grad():
+        return t.uniform_(-a, a)
+
+
+__all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "sum", "mean", "max", "min",
+           "edge_softmax", "glorot_", "GraphError"]

@@ -1,0 +1,42 @@
+"""Errors sarc raises, each naming the problem and where it is."""
+from __future__ import annotations
+
+import linecache
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """A line of the user's model file."""
+
+    file: str
+    line: int
+    func: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def source_line(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+
+class SarcError(Exception):
+    """Base class of sarc's errors."""
+
+
+class DSLError(SarcError):
+    """A mistake in a layer written in the DSL, located at the user's line."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.problem = message
+        self.loc = loc
+        text = message
+        if loc is not None:
+            where = f"{loc}" + (f" (in {loc.func})" if loc.func else "")
+            code = loc.source_line()
+            text = f"{where}: {message}" + (f"\n    {code}" if code else "")
+        super().__init__(text)
+
+
+class GraphError(SarcError, ValueError):
+    """A graph or its data is malformed (ids out of range, row counts off)."""

@@ -1,0 +1,109 @@
+"""Graphs and blocks as layers see them: edges from source to destination nodes.
+
+A ``Graph`` is a bipartite block (``num_src`` source nodes, ``num_dst``
+destination nodes; a full graph has ``num_src == num_dst``), with its edges
+stored sorted by destination (CSR). Destination nodes are the first
+``num_dst`` source nodes, the convention of DGL's message flow graphs, so a
+node feature tensor has ``num_src`` rows and its first ``num_dst`` rows are
+the destination rows.
+
+Edge data handed to a layer is in the order the edges were given;
+``Graph.perm`` maps it to CSR order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import GraphError
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    num_src: int
+    num_dst: int
+    src: torch.Tensor        # [E] int64, CSR order
+    dst: torch.Tensor        # [E] int64, CSR order (non-decreasing)
+    perm: torch.Tensor       # [E] int64: CSR edge i is input edge perm[i]
+    rowptr: torch.Tensor     # [num_dst + 1] int64
+    in_degree: torch.Tensor  # [num_dst] float32, edges into each dst node
+    out_degree: torch.Tensor  # [num_src] float32, edges out of each src node
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.numel())
+
+    @staticmethod
+    def from_edges(src, dst, num_nodes: int | None = None, *, num_src: int | None = None,
+                   num_dst: int | None = None, out_degree=None, in_degree=None) -> "Graph":
+        """Build a graph (``num_nodes``) or a block (``num_src``, ``num_dst``).
+
+        ``out_degree``/``in_degree`` override the degrees counted on these edges,
+        for a block cut from a larger graph whose layers normalize by the
+        degrees of the whole graph.
+        """
+        src = _as_index(src, "src")
+        dst = _as_index(dst, "dst")
+        if src.shape != dst.shape:
+            raise GraphError(f"src has {src.numel()} edges but dst has {dst.numel()}")
+        if num_nodes is not None:
+            if num_src is not None or num_dst is not None:
+                raise GraphError("give either num_nodes or num_src/num_dst, not both")
+            num_src = num_dst = int(num_nodes)
+        if num_src is None or num_dst is None:
+            raise GraphError("the node counts are required: num_nodes, or num_src and num_dst")
+        if num_dst > num_src:
+            raise GraphError(f"a block has at most as many dst nodes as src nodes "
+                             f"(dst nodes are the first src nodes); got num_dst={num_dst} "
+                             f"> num_src={num_src}")
+        if num_src < 0 or num_dst < 0:
+            raise GraphError("node counts must be non-negative")
+        _check_range(src, num_src, "src")
+        _check_range(dst, num_dst, "dst")
+        dst_sorted, perm = torch.sort(dst, stable=True)
+        src_sorted = src[perm]
+        counts = torch.bincount(dst_sorted, minlength=num_dst)
+        rowptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+        rowptr[1:] = torch.cumsum(counts, 0)
+        in_deg = counts.to(torch.float32) if in_degree is None else _degree(in_degree, num_dst, "in_degree")
+        out_deg = (torch.bincount(src, minlength=num_src).to(torch.float32)
+                   if out_degree is None else _degree(out_degree, num_src, "out_degree"))
+        return Graph(num_src, num_dst, src_sorted, dst_sorted, perm, rowptr, in_deg, out_deg)
+
+    def to(self, device) -> "Graph":
+        return Graph(self.num_src, self.num_dst, *(t.to(device) for t in (
+            self.src, self.dst, self.perm, self.rowptr, self.in_degree, self.out_degree)))
+
+    @property
+    def device(self) -> torch.device:
+        return self.src.device
+
+    def __repr__(self) -> str:
+        return f"Graph(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges})"
+
+
+def _as_index(t, name: str) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if t.dim() != 1:
+        raise GraphError(f"{name} must be a 1-d tensor of node ids, got shape {list(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise GraphError(f"{name} node ids must be integers, got {t.dtype}")
+    return t.to(torch.int64)
+
+
+def _check_range(ids: torch.Tensor, n: int, name: str) -> None:
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        raise GraphError(f"{name} node id {bad} is out of range: the graph has {n} "
+                         f"{name} nodes (ids 0..{n - 1})")
+
+
+def _degree(t, n: int, name: str) -> torch.Tensor:
+    t = torch.as_tensor(t).to(torch.float32)
+    if t.shape != (n,):
+        raise GraphError(f"{name} must have one entry per node ({n}), got shape {list(t.shape)}")
+    return t

@@ -1,0 +1,295 @@
+"""The op set of sarc's IR and each op's type rule.
+
+An op is just a name (an ``Op`` member). What an op *means* lives in per-op
+tables: the type rule here (``TYPE_RULES``), the reference implementation in
+``sarc.ir.interpreter``, the lowering of each backend in ``sarc.backends``.
+``tests/ir/test_op_tables.py`` fails when an op misses an entry in any table.
+
+Row axes are implicit: a value of the ``edge`` domain with feature shape
+``(H, C)`` is a tensor of shape ``[E, H, C]``. Feature axes in attributes
+(``axis``) count from the first *feature* axis.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Callable, Mapping, Sequence
+
+from .types import Domain, DType, TensorType
+
+
+class Op(enum.Enum):
+    # leaves
+    INPUT = "input"            # attrs: name          a node or edge feature
+    PARAM = "param"            # attrs: name          a learnable parameter
+    CONST = "const"            # attrs: value         a scalar constant
+    # graph movement
+    GATHER_SRC = "gather_src"  # src -> edge:  y[e] = x[src(e)]
+    GATHER_DST = "gather_dst"  # dst -> edge:  y[e] = x[dst(e)]
+    REDUCE = "reduce"          # attrs: kind   edge -> dst: y[v] = kind_{e->v} x[e]
+    EDGE_SOFTMAX = "edge_softmax"  # edge -> edge: softmax of x over the edges into dst(e)
+    INDEX = "index"            # y[i] = table[idx[i]]  (param table, int rows)
+    # elementwise, unary
+    NEG = "neg"
+    EXP = "exp"
+    LOG = "log"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    POW = "pow"                # attrs: exponent
+    CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
+    LEAKY_RELU = "leaky_relu"  # attrs: slope
+    ELU = "elu"                # attrs: alpha
+    DROPOUT = "dropout"        # attrs: p       (identity when not training)
+    # elementwise, binary (broadcasting)
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    # linear algebra
+    LINEAR = "linear"          # y = x @ W^T,  W: param [out, in]
+    MATMUL = "matmul"          # y = a @ b,    b: param [k, n]
+    TYPED_LINEAR = "typed_linear"  # y[i] = x[i] @ W[idx[i]],  W: param [R, in, out]
+    # shape
+    RESHAPE = "reshape"        # attrs: feat
+    CONCAT = "concat"          # attrs: axis
+    SUM_AXIS = "sum_axis"      # attrs: axis
+
+
+UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH,
+                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
+BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
+LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
+REDUCE_KINDS = ("sum", "mean", "max", "min")
+
+
+class TypeError_(Exception):
+    """A type rule failed; the message names the problem, the caller adds where."""
+
+
+def _fail(msg: str):
+    raise TypeError_(msg)
+
+
+def _broadcast_feat(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x != y and 1 not in (x, y):
+            _fail(f"feature shapes {list(a)} and {list(b)} do not broadcast")
+        out.append(max(x, y) if 1 in (x, y) else x)
+    return tuple(reversed(out))
+
+
+def _param_as_feat(param: TensorType, other: TensorType) -> tuple[int, ...]:
+    """Align a param's full shape with a graph value's full shape (torch rules).
+
+    A param with as many dims as the graph value's full shape lines its first dim
+    up with the row axis; that dim must be 1 (``att: [1, H, C]`` as in PyG).
+    """
+    full = len(other.feat) + 1
+    shape = param.feat
+    if len(shape) >= full:
+        lead = shape[: len(shape) - len(other.feat)]
+        if any(d != 1 for d in lead):
+            _fail(f"a param of shape {list(shape)} cannot broadcast against a "
+                  f"{other.domain.value} value of shape {_fmt(other)}: its leading "
+                  f"dims would cover the row axis")
+        return shape[len(lead):]
+    return shape
+
+
+def _fmt(t: TensorType) -> str:
+    return "[" + ", ".join(str(d) for d in t.shape) + "]"
+
+
+def binary_type(a: TensorType, b: TensorType) -> TensorType:
+    """Type of an elementwise binary op: same domain, or one side a param."""
+    if a.domain is not Domain.PARAM and b.domain is not Domain.PARAM and a.domain is not b.domain:
+        hint = ""
+        if Domain.EDGE in (a.domain, b.domain):
+            hint = " without a gather (use src./dst. inside message to read node values per edge)"
+        _fail(f"cannot combine a {a.domain.value} value {_fmt(a)} with a "
+              f"{b.domain.value} value {_fmt(b)}{hint}")
+    if a.dtype is not b.dtype:
+        _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
+    if not a.dtype.is_float:
+        _fail("elementwise math on an integer (index) value")
+    if a.domain is Domain.PARAM and b.domain is Domain.PARAM:
+        return TensorType(Domain.PARAM, a.dtype, _broadcast_feat(a.feat, b.feat))
+    if a.domain is Domain.PARAM:
+        return TensorType(b.domain, a.dtype, _broadcast_feat(_param_as_feat(a, b), b.feat))
+    if b.domain is Domain.PARAM:
+        return TensorType(a.domain, a.dtype, _broadcast_feat(a.feat, _param_as_feat(b, a)))
+    return TensorType(a.domain, a.dtype, _broadcast_feat(a.feat, b.feat))
+
+
+def _unary(ts, attrs):
+    (x,) = ts
+    if not x.dtype.is_float:
+        _fail(f"elementwise math on an integer (index) value {_fmt(x)}")
+    return x
+
+
+def _gather(src_domain: Domain):
+    def rule(ts, attrs):
+        (x,) = ts
+        if x.domain is not src_domain:
+            _fail(f"gather from {src_domain.value} applied to a {x.domain.value} value")
+        return x.with_(domain=Domain.EDGE)
+    return rule
+
+
+def _reduce(ts, attrs):
+    (x,) = ts
+    if attrs["kind"] not in REDUCE_KINDS:
+        _fail(f"unknown reduction {attrs['kind']!r}; expected one of {', '.join(REDUCE_KINDS)}")
+    if x.domain is not Domain.EDGE:
+        _fail(f"a reduce aggregates edge values into destination nodes, but its input "
+              f"is a {x.domain.value} value {_fmt(x)}")
+    if not x.dtype.is_float:
+        _fail("reduce of an integer (index) value")
+    return x.with_(domain=Domain.DST)
+
+
+def _edge_softmax(ts, attrs):
+    (x,) = ts
+    if x.domain is not Domain.EDGE:
+        _fail(f"edge_softmax normalizes edge scores over each destination's incoming "
+              f"edges, but its input is a {x.domain.value} value {_fmt(x)}")
+    return x
+
+
+def _index(ts, attrs):
+    table, idx = ts
+    if table.domain is not Domain.PARAM:
+        _fail(f"only parameter tables can be indexed per row; got a {table.domain.value} value")
+    if idx.dtype is not DType.I64 or idx.feat != ():
+        _fail(f"a table index must be an int64 scalar per row, got {idx}")
+    if not table.feat:
+        _fail("cannot index a scalar parameter")
+    return TensorType(idx.domain, table.dtype, table.feat[1:])
+
+
+def _linear(ts, attrs):
+    x, w = ts
+    if w.domain is not Domain.PARAM or len(w.feat) != 2:
+        _fail(f"linear needs a 2-d weight parameter [out, in], got {w}")
+    if not x.feat or x.feat[-1] != w.feat[1]:
+        _fail(f"linear: input has {x.feat[-1] if x.feat else 'no'} features but the "
+              f"weight expects {w.feat[1]} (weight shape {list(w.feat)})")
+    return x.with_(feat=(*x.feat[:-1], w.feat[0]))
+
+
+def _matmul(ts, attrs):
+    a, b = ts
+    if b.domain is not Domain.PARAM or len(b.feat) != 2:
+        _fail(f"matmul needs a 2-d parameter on the right, got {b}")
+    if not a.feat or a.feat[-1] != b.feat[0]:
+        _fail(f"matmul: shapes {_fmt(a)} and {list(b.feat)} do not match")
+    if a.dtype is not b.dtype:
+        _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
+    return a.with_(feat=(*a.feat[:-1], b.feat[1]))
+
+
+def _typed_linear(ts, attrs):
+    x, w, idx = ts
+    if w.domain is not Domain.PARAM or len(w.feat) != 3:
+        _fail(f"typed linear needs a weight table [types, in, out], got {w}")
+    if idx.dtype is not DType.I64 or idx.feat != () or idx.domain is not x.domain:
+        _fail(f"typed linear needs an int64 type id per row of the input's domain "
+              f"({x.domain.value}), got {idx}")
+    if len(x.feat) != 1 or x.feat[0] != w.feat[1]:
+        _fail(f"typed linear: input {_fmt(x)} does not match the weight table {list(w.feat)}")
+    return x.with_(feat=(w.feat[2],))
+
+
+def _reshape(ts, attrs):
+    (x,) = ts
+    feat = tuple(attrs["feat"])
+    n_old = _prod(x.feat)
+    if _prod(feat) != n_old:
+        _fail(f"cannot reshape features {list(x.feat)} into {list(feat)}")
+    return x.with_(feat=feat)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _norm_axis(axis: int, ndim: int) -> int:
+    a = axis + ndim if axis < 0 else axis
+    if not 0 <= a < ndim:
+        _fail(f"feature axis {axis} is out of range for {ndim} feature axes")
+    return a
+
+
+def _concat(ts, attrs):
+    if not ts:
+        _fail("concat of nothing")
+    first = ts[0]
+    for t in ts[1:]:
+        if t.domain is not first.domain:
+            _fail(f"concat of a {first.domain.value} and a {t.domain.value} value")
+        if t.dtype is not first.dtype or len(t.feat) != len(first.feat):
+            _fail(f"concat of {first} and {t}")
+    axis = _norm_axis(attrs["axis"], len(first.feat))
+    for t in ts[1:]:
+        for i, (p, q) in enumerate(zip(first.feat, t.feat)):
+            if i != axis and p != q:
+                _fail(f"concat: shapes {_fmt(first)} and {_fmt(t)} differ off the concat axis")
+    feat = list(first.feat)
+    feat[axis] = sum(t.feat[axis] for t in ts)
+    return first.with_(feat=tuple(feat))
+
+
+def _sum_axis(ts, attrs):
+    (x,) = ts
+    axis = _norm_axis(attrs["axis"], len(x.feat))
+    return x.with_(feat=x.feat[:axis] + x.feat[axis + 1:])
+
+
+def _leaf(ts, attrs):  # pragma: no cover - leaves are typed by the builder
+    raise AssertionError("leaf types are given, not derived")
+
+
+TypeRule = Callable[[Sequence[TensorType], Mapping], TensorType]
+
+TYPE_RULES: dict[Op, TypeRule] = {
+    Op.INPUT: _leaf,
+    Op.PARAM: _leaf,
+    Op.CONST: _leaf,
+    Op.GATHER_SRC: _gather(Domain.SRC),
+    Op.GATHER_DST: _gather(Domain.DST),
+    Op.REDUCE: _reduce,
+    Op.EDGE_SOFTMAX: _edge_softmax,
+    Op.INDEX: _index,
+    Op.LINEAR: _linear,
+    Op.MATMUL: _matmul,
+    Op.TYPED_LINEAR: _typed_linear,
+    Op.RESHAPE: _reshape,
+    Op.CONCAT: _concat,
+    Op.SUM_AXIS: _sum_axis,
+    **{op: _unary for op in UNARY_ELEMENTWISE},
+    **{op: (lambda ts, attrs: binary_type(*ts)) for op in BINARY_ELEMENTWISE},
+}
+
+ARITY: dict[Op, int | None] = {
+    **{op: 0 for op in LEAVES},
+    **{op: 1 for op in UNARY_ELEMENTWISE},
+    **{op: 2 for op in BINARY_ELEMENTWISE},
+    Op.GATHER_SRC: 1, Op.GATHER_DST: 1, Op.REDUCE: 1, Op.EDGE_SOFTMAX: 1,
+    Op.INDEX: 2, Op.LINEAR: 2, Op.MATMUL: 2, Op.TYPED_LINEAR: 3,
+    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1,
+}
+
+
+def infer_type(op: Op, input_types: Sequence[TensorType], attrs: Mapping) -> TensorType:
+    """Apply ``op``'s type rule; raises ``TypeError_`` with a readable message."""
+    arity = ARITY[op]
+    if arity is not None and len(input_types) != arity:
+        _fail(f"{op.value} takes {arity} inputs, got {len(input_types)}")
+    return TYPE_RULES[op](input_types, attrs)

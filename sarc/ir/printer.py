@@ -1,0 +1,52 @@
+"""Stable, Python-like text form of the IR (what golden files hold).
+
+    def GCN(src, dst, edge, params):
+        %0: src f32[N_src,16] = input "h"                # gcn.py:21
+        %1: edge f32[E,16] = gather_src(%0)              # gcn.py:21
+        ...
+        return {"h": %7}
+
+Source locations print as ``file:line`` with the file's base name, so dumps do
+not depend on where the project is checked out.
+"""
+from __future__ import annotations
+
+import os
+
+from .function import Function, Value
+from .ops import Op
+
+
+def format_attr(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, tuple):
+        return "[" + ", ".join(format_attr(x) for x in v) + "]"
+    return str(v)
+
+
+def format_value(i: int, v: Value, with_loc: bool = True) -> str:
+    lhs = f"%{i}: {v.type}"
+    if v.op in (Op.INPUT, Op.PARAM):
+        rhs = f'{v.op.value} "{v.attr["name"]}"'
+    elif v.op is Op.CONST:
+        rhs = f"const {v.attr['value']!r}"
+    else:
+        args = [f"%{j}" for j in v.inputs]
+        args += [f"{k}={format_attr(a)}" for k, a in v.attrs]
+        rhs = f"{v.op.value}({', '.join(args)})"
+    line = f"{lhs} = {rhs}"
+    if with_loc and v.loc is not None:
+        line = f"{line:<64} # {os.path.basename(v.loc.file)}:{v.loc.line}"
+    return line
+
+
+def format_function(fn: Function, with_loc: bool = True) -> str:
+    lines = [f"def {fn.name}(src, dst, edge, params):"]
+    for i, v in enumerate(fn.values):
+        lines.append("    " + format_value(i, v, with_loc))
+    outs = ", ".join(f'"{k}": %{i}' for k, i in fn.outputs)
+    lines.append(f"    return {{{outs}}}")
+    return "\n".join(lines) + "\n"

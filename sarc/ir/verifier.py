@@ -1,0 +1,73 @@
+"""The IR verifier: runs after tracing and after every pass.
+
+It re-derives every value's type from its operands (so a pass that produces an
+ill-typed instruction is caught where it does it), checks SSA order, that leaves
+of one name agree, and that outputs are destination values. Errors name the
+user's line of the offending instruction and print the instructions around it.
+"""
+from __future__ import annotations
+
+from ..errors import DSLError
+from .function import Function
+from .ops import LEAVES, Op, TypeError_, infer_type
+from .printer import format_value
+from .types import Domain
+
+
+class VerifyError(DSLError):
+    """The IR is malformed; carries a listing of the instructions around the fault."""
+
+
+def _context(fn: Function, i: int, radius: int = 2) -> str:
+    lo, hi = max(0, i - radius), min(len(fn.values), i + radius + 1)
+    rows = []
+    for j in range(lo, hi):
+        mark = ">>" if j == i else "  "
+        rows.append(f"  {mark} {format_value(j, fn.values[j])}")
+    return "\n".join(rows)
+
+
+def verify(fn: Function) -> Function:
+    """Check ``fn``; return it unchanged or raise ``VerifyError``."""
+    leaf_types: dict[tuple[Op, str], object] = {}
+    for i, v in enumerate(fn.values):
+        def fail(msg: str):
+            raise VerifyError(f"{msg}\n{_context(fn, i)}", v.loc)
+
+        for j in v.inputs:
+            if not 0 <= j < i:
+                fail(f"%{i} uses %{j}, which is not defined before it")
+        if v.op in LEAVES:
+            if v.inputs:
+                fail(f"leaf %{i} has operands")
+            if v.op is Op.CONST and (v.type.domain is not Domain.PARAM or v.type.feat != ()):
+                fail("a constant must be a param-domain scalar")
+            if v.op is not Op.CONST:
+                name = v.attr.get("name")
+                if not isinstance(name, str):
+                    fail(f"{v.op.value} without a name")
+                if v.op is Op.PARAM and v.type.domain is not Domain.PARAM:
+                    fail(f"parameter {name!r} must be in the param domain")
+                if v.op is Op.INPUT and v.type.domain is Domain.PARAM:
+                    fail(f"input {name!r} must be a node or edge value")
+                key = (v.op, name)
+                seen = leaf_types.get(key)
+                if seen is not None and (seen.dtype, seen.feat) != (v.type.dtype, v.type.feat):
+                    fail(f"{v.op.value} {name!r} is used with two types: {seen} and {v.type}")
+                leaf_types[key] = v.type
+            continue
+        try:
+            t = infer_type(v.op, [fn.values[j].type for j in v.inputs], v.attr)
+        except TypeError_ as e:
+            fail(str(e))
+        if t != v.type:
+            fail(f"%{i} is typed {v.type} but its operands give {t}")
+    if not fn.outputs:
+        raise VerifyError(f"layer {fn.name} has no outputs")
+    for name, j in fn.outputs:
+        if not 0 <= j < len(fn.values):
+            raise VerifyError(f"output {name!r} refers to %{j}, which does not exist")
+        t = fn.values[j].type
+        if t.domain is not Domain.DST:
+            raise VerifyError(f"output {name!r} must be a dst value, got {t}", fn.values[j].loc)
+    return fn

@@ -1,0 +1,1 @@
+"""Running compiled layers: binding inputs, graphs, (later) shards and schedules."""

@@ -1,0 +1,74 @@
+"""Checking and binding a layer call's tensors before any kernel runs.
+
+Every problem with the data (a missing feature, a wrong row count, a wrong
+feature shape or dtype) is a ``GraphError`` (a ``ValueError``) naming the
+feature, what was expected and what was given.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from ..errors import GraphError
+from ..graph import Graph
+from ..ir.function import Function
+from ..ir.types import Domain
+
+BUILTINS = ("in_degree", "out_degree")
+
+
+def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str, torch.Tensor]:
+    if not isinstance(g, Graph):
+        raise GraphError(f"a sarc layer runs on a sarc.Graph, got {type(g).__name__} "
+                         f"(build one with sarc.Graph.from_edges or sarc.interop)")
+    node, edge = layer._sarc_node, layer._sarc_edge
+    given = dict(feats)
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        given = {**args[0], **given}
+        args = ()
+    order = [*node, *edge]
+    if len(args) > len(order):
+        raise GraphError(f"{type(layer).__name__} takes {len(order)} features "
+                         f"({', '.join(order)}), got {len(args)} positional tensors")
+    for name, t in zip(order, args):
+        if name in given:
+            raise GraphError(f"feature {name!r} given both positionally and by name")
+        given[name] = t
+    unknown = set(given) - set(order)
+    if unknown:
+        raise GraphError(f"{type(layer).__name__} declares no feature "
+                         f"{', '.join(sorted(repr(u) for u in unknown))} (declared: {', '.join(order)})")
+    out: dict[str, torch.Tensor] = {}
+    for name, t in fn.inputs().items():
+        if name in BUILTINS and name not in node:
+            out[name] = g.in_degree if name == "in_degree" else g.out_degree
+            continue
+        if name not in given:
+            raise GraphError(f"{type(layer).__name__} reads feature {name!r}, which was not given")
+        x = given[name]
+        if not isinstance(x, torch.Tensor):
+            raise GraphError(f"feature {name!r} must be a torch.Tensor, got {type(x).__name__}")
+        is_edge = t.domain is Domain.EDGE
+        rows = g.num_edges if is_edge else g.num_src
+        what = "edges" if is_edge else "source nodes"
+        if x.dim() == 0 or x.shape[0] != rows:
+            got = x.shape[0] if x.dim() else "no"
+            raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}")
+        if tuple(x.shape[1:]) != t.feat:
+            raise GraphError(f"feature {name!r} has per-row shape {list(x.shape[1:])}, "
+                             f"declared {list(t.feat)}")
+        want = t.dtype.to_torch()
+        if x.dtype != want:
+            if t.dtype.is_float and x.dtype.is_floating_point:
+                raise GraphError(f"feature {name!r} is {x.dtype}, the layer was declared with {want}")
+            if not t.dtype.is_float and not x.dtype.is_floating_point and x.dtype != torch.bool:
+                x = x.to(want)
+            else:
+                raise GraphError(f"feature {name!r} is {x.dtype}, expected {want}")
+        if x.device != g.device:
+            raise GraphError(f"feature {name!r} is on {x.device} but the graph is on {g.device}")
+        if is_edge:
+            x = x.index_select(0, g.perm)
+        out[name] = x
+    return out
