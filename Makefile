@@ -1,0 +1,39 @@
+# sarc's environments, tests and the default job.
+#   make run    set up .venv and train GCN on the embedded Cora (single process)
+#   make test   set up both environments and run the suite in each
+# Environments are reused: they are rebuilt only when their requirements change.
+
+PYTHON ?= python3
+VENV := .venv
+VENV_DGL := .venv-dgl
+
+.PHONY: run test test-main test-dgl envs clean-envs
+
+$(VENV)/.stamp: requirements/main.txt pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -r requirements/main.txt
+	$(VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(VENV_DGL)/.stamp: requirements/dgl.txt pyproject.toml
+	test -x $(VENV_DGL)/bin/python || $(PYTHON) -m venv $(VENV_DGL)
+	$(VENV_DGL)/bin/python -m pip install -q -r requirements/dgl.txt
+	$(VENV_DGL)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+envs: $(VENV)/.stamp $(VENV_DGL)/.stamp
+
+run: $(VENV)/.stamp
+	$(VENV)/bin/sarc train models/gcn.py --dataset cora
+
+test-main: $(VENV)/.stamp
+	$(VENV)/bin/python -m pytest -q tests
+
+# In the DGL environment DGL must import: SARC_REQUIRE_DGL turns a skip into a failure.
+test-dgl: $(VENV_DGL)/.stamp
+	SARC_REQUIRE_DGL=1 $(VENV_DGL)/bin/python -m pytest -q tests
+
+test: test-main test-dgl
+
+clean-envs:
+	rm -rf $(VENV) $(VENV_DGL)
