@@ -1,0 +1,80 @@
+"""Converting graphs between sarc, PyG and DGL.
+
+- ``from_pyg(edge_index, num_nodes)``: a PyG ``edge_index`` ``[2, E]`` (row 0
+  the source, row 1 the target: PyG's default ``flow="source_to_target"``) as a
+  ``sarc.Graph``.
+- ``from_dgl(g)``: a homogeneous DGL graph, or a DGL block (message flow graph
+  from ``dgl.to_block``), as a ``sarc.Graph``.
+- ``to_dgl(g)``: a ``sarc.Graph`` as a DGL graph (``num_src == num_dst``) or a
+  DGL block.
+
+Edge ids are kept: edge ``i`` of the PyG/DGL graph is edge ``i`` of the sarc
+graph, so edge features (``etype``, ``norm``) pass through in the same order,
+and ``to_dgl(from_dgl(g))`` has ``g``'s edges in ``g``'s order. Degrees are
+counted on the edges given, as PyG and DGL layers count them.
+
+DGL is imported inside the functions that need it, never when sarc is imported.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import GraphError
+from .graph import Graph
+
+
+def from_pyg(edge_index, num_nodes: int | tuple[int, int]) -> Graph:
+    """A sarc graph from a PyG ``edge_index`` (``[2, E]``, source row first).
+
+    ``num_nodes`` is the node count, or ``(num_src, num_dst)`` for a bipartite
+    block (PyG's ``size``) whose destination nodes are its first ``num_dst``
+    source nodes. It is required: PyG infers it from the largest id, which
+    drops isolated nodes at the end.
+    """
+    edge_index = torch.as_tensor(edge_index)
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise GraphError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")
+    if isinstance(num_nodes, tuple):
+        num_src, num_dst = num_nodes
+        return Graph.from_edges(edge_index[0], edge_index[1], num_src=num_src, num_dst=num_dst)
+    return Graph.from_edges(edge_index[0], edge_index[1], num_nodes)
+
+
+def from_dgl(g) -> Graph:
+    """A sarc graph from a homogeneous DGL graph or block.
+
+    A graph gives ``num_src == num_dst == g.num_nodes()``. A block gives
+    ``num_src = g.num_src_nodes()``, ``num_dst = g.num_dst_nodes()``; sarc, like
+    DGL's layers on blocks, takes the destination nodes to be the first
+    ``num_dst`` source nodes (``dgl.to_block`` does this unless
+    ``include_dst_in_src=False``).
+    """
+    if len(g.canonical_etypes) != 1:
+        raise GraphError(f"from_dgl takes a homogeneous graph or block, got edge types "
+                         f"{g.canonical_etypes}; convert with dgl.to_homogeneous first")
+    src, dst = g.edges(order="eid")
+    if g.is_block:
+        return Graph.from_edges(src.cpu(), dst.cpu(), num_src=g.num_src_nodes(),
+                                num_dst=g.num_dst_nodes()).to(g.device)
+    return Graph.from_edges(src.cpu(), dst.cpu(), g.num_nodes()).to(g.device)
+
+
+def to_dgl(g: Graph):
+    """``g`` as a DGL graph (``num_src == num_dst``) or a DGL block, edges in input order."""
+    import dgl
+    src, dst = _input_order(g)
+    if g.num_src == g.num_dst:
+        return dgl.graph((src, dst), num_nodes=g.num_src)
+    return dgl.create_block((src, dst), num_src_nodes=g.num_src, num_dst_nodes=g.num_dst)
+
+
+def _input_order(g: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+    """The edge list as it was given: CSR edge ``i`` was input edge ``perm[i]``."""
+    src = torch.empty_like(g.src)
+    dst = torch.empty_like(g.dst)
+    src[g.perm] = g.src
+    dst[g.perm] = g.dst
+    return src, dst
+
+
+__all__ = ["from_pyg", "from_dgl", "to_dgl"]
