@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .ir.function import Function
-from .ir.passes import cse, dce
+from .ir.passes import const_fold, cse, dce, fuse, pushdown, split_concat
 from .ir.printer import format_function
 from .ir.verifier import verify
 
@@ -18,9 +18,13 @@ def debug_level() -> int:
         return 0
 
 
-def optimize(fn: Function) -> Function:
-    """The pass pipeline; the verifier runs after every pass."""
-    for p in (dce, cse, dce):
+PIPELINE = (const_fold, split_concat, pushdown, dce, cse, fuse, dce)
+"""The optimizing passes, in order (each ``Function -> Function``)."""
+
+
+def optimize(fn: Function, passes=PIPELINE) -> Function:
+    """Run ``passes``; the verifier runs after every one."""
+    for p in passes:
         fn = verify(p(fn))
         if debug_level() >= 2:
             print(f"--- after {p.__name__} ---\n{format_function(fn)}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from ..ir.function import Function, Value
+from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir.printer import format_value
 from ..ir.types import Domain
@@ -22,7 +22,9 @@ from . import codegen
 
 
 def _axis(v: Value) -> int:
-    return v.attr["axis"] + (0 if v.type.domain is Domain.PARAM else 1)
+    """The feature axis attribute as a torch dim (negative axes count from the end)."""
+    axis = v.attr["axis"]
+    return axis if v.type.domain is Domain.PARAM or axis < 0 else axis + 1
 
 
 def _reshape(v: Value, a: list[str]) -> str:
@@ -46,6 +48,42 @@ def _leaf(v: Value, a: list[str]) -> str:
 def _dtype(v: Value) -> str:
     return "torch." + {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
                        "f64": "float64", "i64": "int64"}[v.type.dtype.value]
+
+
+def region_sides(v: Value) -> tuple[str, ...]:
+    """How a fused op reads each operand (src / dst / edge / param), from its regions."""
+    sides: dict[int, str] = {}
+    for _, r in v.attrs:
+        if isinstance(r, Region):
+            for a in r.values:
+                if a.op is Op.ARG:
+                    sides[a.attr["index"]] = a.attr["side"]
+    return tuple(sides[k] for k in range(len(v.inputs)))
+
+
+def region_width(v: Value) -> int:
+    """The widest per-edge row (elements) any of a fused op's regions computes."""
+    width = 1
+    for _, r in v.attrs:
+        if isinstance(r, Region):
+            for a in r.values:
+                n = 1
+                for d in a.type.feat:
+                    n *= d
+                width = max(width, n)
+    return width
+
+
+def _fused(v: Value, a: list[str]) -> str:
+    """Fused ops get their region functions' names first, then their operands."""
+    n = len([1 for _, r in v.attrs if isinstance(r, Region)])
+    regions, operands = a[:n], a[n:]
+    sides = region_sides(v)
+    if v.op is Op.SDDMM:
+        return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
+    head = f'"{v.attr["kind"]}", ' if v.op is Op.AGGREGATE else ""
+    return (f"K.{v.op.value}({head}{', '.join(regions)}, {sides!r}, {region_width(v)}, g, "
+            f"{', '.join(operands)})")
 
 
 Lowering = Callable[[Value, list[str]], str]
@@ -80,21 +118,44 @@ LOWERING: dict[Op, Lowering] = {
     Op.RESHAPE: _reshape,
     Op.CONCAT: lambda v, a: f"torch.cat([{', '.join(a)}], {_axis(v)})",
     Op.SUM_AXIS: lambda v, a: f"{a[0]}.sum({_axis(v)})",
+    Op.SLICE: lambda v, a: (f"{a[0]}.narrow({_axis(v)}, {v.attr['start']}, "
+                            f"{v.attr['stop'] - v.attr['start']})"),
+    Op.ARG: lambda v, a: f"a{v.attr['index']}",
+    Op.AGGREGATE: _fused,
+    Op.SDDMM: _fused,
+    Op.SOFTMAX_AGGREGATE: _fused,
 }
+
+
+def _region_function(name: str, r: Region, n_operands: int) -> list[str]:
+    """A region as a Python function of the graph block and the per-edge operands."""
+    args = ", ".join(f"a{k}" for k in range(n_operands))
+    lines = [f"def {name}(g, {args}):"]
+    for j, v in enumerate(r.values):
+        lines.append(f"    # {format_value(j, v, with_loc=True, sigil='^')}")
+        lines.append(f"    r{j} = {LOWERING[v.op](v, [f'r{i}' for i in v.inputs])}")
+    lines.append(f"    return r{r.result}")
+    return lines
 
 
 def generate(fn: Function) -> str:
     """Python source of ``forward(g, inputs, params, training)`` for ``fn``."""
     last_use = codegen.last_uses(fn)
     body: list[str] = []
+    regions: list[list[str]] = []
     for i, v in enumerate(fn.values):
-        body.append(f"# {format_value(i, v, with_loc=True)}")
-        body.append(f"v{i} = {LOWERING[v.op](v, [f'v{j}' for j in v.inputs])}")
+        names = []
+        for attr, r in v.attrs:
+            if isinstance(r, Region):
+                names.append(f"_v{i}_{attr}")
+                regions.append(_region_function(names[-1], r, len(v.inputs)))
+        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
+        body.append(f"v{i} = {LOWERING[v.op](v, names + [f'v{j}' for j in v.inputs])}")
         dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
         if dead:
             body.append(f"del {', '.join(dead)}")
     outputs = ", ".join(f'"{k}": v{i}' for k, i in fn.outputs)
-    return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs,
+    return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))
 
 

@@ -32,11 +32,35 @@ def segment_reduce(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
         s = torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
         deg = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(x.dtype)
         return s / _rowwise(deg, s)
-    y = torch.segment_reduce(x, kind, offsets=g.rowptr, axis=0)
     if kind == "sum":
+        return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
+    return _SegmentExtremum.apply(x, kind, g.rowptr, g.dst)
+
+
+class _SegmentExtremum(torch.autograd.Function):
+    """max / min over CSR segments, 0 for empty ones; ties share the gradient evenly.
+
+    ``torch.segment_reduce``'s own backward for max/min divides a tied gradient
+    by the number of ties only where the gradient is positive (torch 2.2 to
+    2.13): with a negative gradient every tied edge receives all of it. The
+    interpreter's meaning (``torch.amax``) splits it evenly, so the backward is
+    written here.
+    """
+
+    @staticmethod
+    def forward(ctx, x, kind, rowptr, dst):
+        y = torch.segment_reduce(x, kind, offsets=rowptr, axis=0)
+        nonempty = _rowwise(rowptr[1:] > rowptr[:-1], y)
+        y = torch.where(nonempty, y, torch.zeros((), dtype=y.dtype, device=y.device))
+        ctx.save_for_backward(x, y, rowptr, dst)
         return y
-    nonempty = _rowwise(g.rowptr[1:] > g.rowptr[:-1], y)
-    return torch.where(nonempty, y, torch.zeros((), dtype=y.dtype, device=y.device))
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, y, rowptr, dst = ctx.saved_tensors
+        tie = (x == y.index_select(0, dst)).to(grad_y.dtype)
+        count = torch.segment_reduce(tie, "sum", offsets=rowptr, axis=0).clamp(min=1)
+        return tie * (grad_y / count).index_select(0, dst), None, None, None
 
 
 def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -60,3 +84,121 @@ def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch
     parts = torch.split(x.index_select(0, order), counts)
     out = torch.cat([p @ w[r] for r, p in enumerate(parts)], 0) if parts else x.new_zeros(0, w.shape[2])
     return torch.empty_like(out).index_copy(0, order, out)
+
+
+# --- fused graph ops ------------------------------------------------------------------
+# A fused op evaluates its region (a generated function of per-edge operands) over
+# blocks of destination rows, so its E x D intermediates exist one block at a time,
+# and stores only its node-level operands for the backward pass, which recomputes
+# each block's edge values (rematerialization) and back-propagates through them.
+
+EDGE_BLOCK_ELEMS = 1 << 24
+"""Edge-value elements (rows x width) one block of a fused op may hold at once."""
+
+
+def per_edge(x: torch.Tensor, side: str, g: Graph) -> torch.Tensor:
+    """An operand as a region reads it: one row per edge of ``g`` (params as they are)."""
+    if side == "src":
+        return x.index_select(0, g.src)
+    if side == "dst":
+        return x.index_select(0, g.dst)
+    return x
+
+
+def _sub_block(g: Graph, lo: int, hi: int) -> tuple[Graph, int, int]:
+    """Destination rows [lo, hi) of ``g`` and their edges [e0, e1), renumbered."""
+    e0, e1 = int(g.rowptr[lo]), int(g.rowptr[hi])
+    sub = Graph(g.num_src, hi - lo, g.src[e0:e1], g.dst[e0:e1] - lo, g.perm[e0:e1],
+                g.rowptr[lo:hi + 1] - e0, g.in_degree[lo:hi], g.out_degree)
+    return sub, e0, e1
+
+
+def _slice_operand(x: torch.Tensor, side: str, lo: int, hi: int, e0: int, e1: int):
+    if side == "dst":
+        return x[lo:hi]
+    if side == "edge":
+        return x[e0:e1]
+    return x
+
+
+def _row_blocks(g: Graph, width: int) -> list[tuple[int, int]]:
+    """Split destination rows into blocks of about EDGE_BLOCK_ELEMS edge elements."""
+    max_edges = max(1, EDGE_BLOCK_ELEMS // max(1, width))
+    if g.num_edges <= max_edges or g.num_dst <= 1:
+        return [(0, g.num_dst)]
+    bounds = torch.searchsorted(g.rowptr, torch.arange(0, g.num_edges, max_edges,
+                                                       device=g.rowptr.device))
+    cuts = sorted(set([0, *[min(int(b), g.num_dst) for b in bounds.tolist()], g.num_dst]))
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+class _Rematerialized(torch.autograd.Function):
+    """Run ``block_fn`` per destination block without saving edge values; recompute them in backward."""
+
+    @staticmethod
+    def forward(ctx, block_fn, g, sides, blocks, *operands):
+        ctx.block_fn, ctx.g, ctx.sides, ctx.blocks = block_fn, g, sides, blocks
+        ctx.save_for_backward(*operands)
+        with torch.no_grad():
+            outs = [block_fn(*_block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        operands = ctx.saved_tensors
+        needs = ctx.needs_input_grad[4:]
+        leaves = [x.detach().requires_grad_(n) for x, n in zip(operands, needs)]
+        wrt = [x for x in leaves if x.requires_grad]
+        grads = [None] * len(leaves)
+        if wrt:
+            acc = [torch.zeros_like(x) for x in wrt]
+            for lo, hi in ctx.blocks:
+                with torch.enable_grad():
+                    out = ctx.block_fn(*_block_args(ctx.g, ctx.sides, lo, hi, leaves))
+                gs = torch.autograd.grad(out, wrt, grad_out[lo:hi], allow_unused=True)
+                for a, gr in zip(acc, gs):
+                    if gr is not None:
+                        a.add_(gr)
+            it = iter(acc)
+            grads = [next(it) if x.requires_grad else None for x in leaves]
+        return (None, None, None, None, *grads)
+
+
+def _block_args(g: Graph, sides, lo: int, hi: int, operands):
+    if (lo, hi) == (0, g.num_dst):
+        return (g, *operands)
+    sub, e0, e1 = _sub_block(g, lo, hi)
+    return (sub, *(_slice_operand(x, s, lo, hi, e0, e1) for x, s in zip(operands, sides)))
+
+
+def _fused(block_fn, g: Graph, sides, width: int, operands):
+    blocks = _row_blocks(g, width)
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands) \
+            or not torch.is_grad_enabled():
+        with torch.no_grad():
+            outs = [block_fn(*_block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+    return _Rematerialized.apply(block_fn, g, sides, blocks, *operands)
+
+
+def aggregate(kind: str, body, sides: tuple[str, ...], width: int, g: Graph, *operands):
+    """y[v] = kind over the edges e into v of body(operands read at e)  (g-SpMM)."""
+    def block(gb, *xs):
+        return segment_reduce(kind, body(gb, *(per_edge(x, s, gb) for x, s in zip(xs, sides))), gb)
+    return _fused(block, g, sides, width, operands)
+
+
+def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph, *operands):
+    """y[v] = sum over e into v of softmax_v(score)(e) * value(e)."""
+    def block(gb, *xs):
+        per = [per_edge(x, s, gb) for x, s in zip(xs, sides)]
+        alpha = edge_softmax(score(gb, *per), gb)
+        val = value(gb, *per)
+        alpha = alpha.reshape(*alpha.shape, *([1] * (val.dim() - alpha.dim())))
+        return segment_reduce("sum", alpha * val, gb)
+    return _fused(block, g, sides, width, operands)
+
+
+def sddmm(body, sides: tuple[str, ...], g: Graph, *operands):
+    """y[e] = body(operands read at e)  (g-SDDMM); the result is an edge tensor by definition."""
+    return body(g, *(per_edge(x, s, g) for x, s in zip(operands, sides)))

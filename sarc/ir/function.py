@@ -41,6 +41,21 @@ class Value:
 
 
 @dataclass(frozen=True)
+class Region:
+    """A per-edge expression held by a fused op: values over ARG leaves, one result.
+
+    ARG ``k`` reads the fused op's operand ``k`` at each edge: a src or dst
+    operand at the edge's endpoint, an edge operand at the edge, a param as is.
+    """
+
+    values: tuple[Value, ...]
+    result: int
+
+    def __str__(self) -> str:  # attributes print through the IR printer
+        return f"<region of {len(self.values)} values>"
+
+
+@dataclass(frozen=True)
 class Function:
     """A traced layer: instructions plus the named outputs (dst values)."""
 
@@ -112,6 +127,9 @@ class Builder:
     def const(self, value: float, type: TensorType, loc: SourceLoc | None = None) -> int:
         assert type.domain is Domain.PARAM and type.feat == ()
         return self.add(Op.CONST, (), {"value": float(value)}, loc, type)
+
+    def finish_region(self, result: int) -> Region:
+        return Region(tuple(self.values), result)
 
     def finish(self, outputs: Iterable[tuple[str, int]]) -> Function:
         return Function(self.name, tuple(self.values), tuple(outputs))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..graph import Graph
-from .function import Function, Value
+from .function import Function, Region, Value
 from .ops import Op
 from .types import Domain
 
@@ -25,16 +25,33 @@ from .types import Domain
 def _scatter(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
     """Reduce edge rows into destination rows; empty destinations get 0."""
     out_shape = (g.num_dst, *x.shape[1:])
-    idx = g.dst.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
     if kind in ("sum", "mean"):
         s = torch.zeros(out_shape, dtype=x.dtype, device=x.device).index_add(0, g.dst, x)
         if kind == "sum":
             return s
         deg = torch.bincount(g.dst, minlength=g.num_dst).clamp(min=1).to(x.dtype)
         return s / deg.view(-1, *([1] * (x.dim() - 1)))
-    red = {"max": "amax", "min": "amin"}[kind]
-    return torch.zeros(out_shape, dtype=x.dtype, device=x.device).scatter_reduce(
-        0, idx, x, red, include_self=False)
+    return _extremum(kind, x, g)
+
+
+def _extremum(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """max / min over each destination's edges, 0 where it has none.
+
+    The edges are laid out densely, ``[N_dst, max in-degree, ...]``, padded with
+    -inf (max) or +inf (min), and reduced with ``torch.amax`` / ``amin``, whose
+    gradient is split evenly among the edges that attain the extremum (ties:
+    multi-edges, equal messages). ``scatter_reduce`` is not used: with
+    ``include_self=False`` its backward still counts the untouched initial value
+    as a tie, halving the gradient wherever the extremum is exactly 0.
+    """
+    pad = float("-inf") if kind == "max" else float("inf")
+    pos = torch.arange(g.num_edges, device=x.device) - g.rowptr[:-1][g.dst]
+    width = int(pos.max()) + 1 if g.num_edges else 1
+    dense = torch.full((g.num_dst, width, *x.shape[1:]), pad, dtype=x.dtype, device=x.device)
+    dense = dense.index_put((g.dst, pos), x)
+    y = dense.amax(1) if kind == "max" else dense.amin(1)
+    nonempty = (g.rowptr[1:] > g.rowptr[:-1]).view(-1, *([1] * (x.dim() - 1)))
+    return torch.where(nonempty, y, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -47,12 +64,45 @@ def _edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 
 def _graph_axis(v: Value, axis: int) -> int:
-    return axis if v.type.domain is Domain.PARAM else axis + 1
+    """A feature axis as a torch dim: shifted past the row axis; negative ones count
+    from the end, the same in both."""
+    return axis if v.type.domain is Domain.PARAM or axis < 0 else axis + 1
 
 
 def _reshape(v: Value, x: torch.Tensor) -> torch.Tensor:
     feat = v.attr["feat"]
     return x.reshape(feat) if v.type.domain is Domain.PARAM else x.reshape(x.shape[0], *feat)
+
+
+def per_edge(x: torch.Tensor, side: str, g: Graph) -> torch.Tensor:
+    """A fused op's operand as its region reads it: one row per edge (params as is)."""
+    if side == "src":
+        return x[g.src]
+    if side == "dst":
+        return x[g.dst]
+    return x
+
+
+def run_region(r: Region, g: Graph, ctx, operands) -> torch.Tensor:
+    """Evaluate a fused op's per-edge region on its (not yet gathered) operands."""
+    env: list[torch.Tensor] = []
+    for v in r.values:
+        if v.op is Op.ARG:
+            env.append(per_edge(operands[v.attr["index"]], v.attr["side"], g))
+        elif v.op is Op.CONST:
+            env.append(torch.tensor(v.attr["value"], dtype=v.type.dtype.to_torch(),
+                                    device=g.device))
+        else:
+            env.append(IMPLS[v.op](v, g, ctx, *(env[j] for j in v.inputs)))
+    return env[r.result]
+
+
+def _softmax_aggregate(v: Value, g: Graph, ctx, *xs) -> torch.Tensor:
+    score = run_region(v.attr["score"], g, ctx, xs)
+    value = run_region(v.attr["value"], g, ctx, xs)
+    alpha = _edge_softmax(score, g)
+    alpha = alpha.reshape(*alpha.shape, *([1] * (value.dim() - alpha.dim())))
+    return _scatter("sum", alpha * value, g)
 
 
 Impl = Callable[..., torch.Tensor]
@@ -85,6 +135,11 @@ IMPLS: dict[Op, Impl] = {
     Op.RESHAPE: lambda v, g, c, x: _reshape(v, x),
     Op.CONCAT: lambda v, g, c, *xs: torch.cat(xs, _graph_axis(v, v.attr["axis"])),
     Op.SUM_AXIS: lambda v, g, c, x: x.sum(_graph_axis(v, v.attr["axis"])),
+    Op.SLICE: lambda v, g, c, x: x.narrow(_graph_axis(v, v.attr["axis"]), v.attr["start"],
+                                          v.attr["stop"] - v.attr["start"]),
+    Op.AGGREGATE: lambda v, g, c, *xs: _scatter(v.attr["kind"], run_region(v.attr["body"], g, c, xs), g),
+    Op.SDDMM: lambda v, g, c, *xs: run_region(v.attr["body"], g, c, xs),
+    Op.SOFTMAX_AGGREGATE: _softmax_aggregate,
 }
 
 

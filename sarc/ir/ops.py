@@ -53,6 +53,14 @@ class Op(enum.Enum):
     RESHAPE = "reshape"        # attrs: feat
     CONCAT = "concat"          # attrs: axis
     SUM_AXIS = "sum_axis"      # attrs: axis
+    SLICE = "slice"            # attrs: axis, start, stop   (a feature-axis range)
+    # fused graph ops (made by the fusion pass); attrs hold a Region: a per-edge
+    # expression over the operands, each read at the edge's src, dst, or the edge itself
+    ARG = "arg"                # attrs: index, side    (a Region's operand, per edge)
+    AGGREGATE = "aggregate"    # attrs: kind, body     y[v] = kind_{e->v} body(e)       (g-SpMM)
+    SDDMM = "sddmm"            # attrs: body           y[e] = body(e)                   (g-SDDMM)
+    SOFTMAX_AGGREGATE = "softmax_aggregate"  # attrs: score, value
+    #                          y[v] = sum_{e->v} softmax_v(score)(e) * value(e)  (online softmax)
 
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH,
@@ -89,13 +97,16 @@ def _param_as_feat(param: TensorType, other: TensorType) -> tuple[int, ...]:
     """
     full = len(other.feat) + 1
     shape = param.feat
-    if len(shape) >= full:
-        lead = shape[: len(shape) - len(other.feat)]
-        if any(d != 1 for d in lead):
+    if len(shape) > full:
+        # torch would broadcast to a result with more dims than rows + features
+        _fail(f"a param of shape {list(shape)} has more dims than the "
+              f"{other.domain.value} value of shape {_fmt(other)} it is combined with")
+    if len(shape) == full:
+        if shape[0] != 1:
             _fail(f"a param of shape {list(shape)} cannot broadcast against a "
                   f"{other.domain.value} value of shape {_fmt(other)}: its leading "
-                  f"dims would cover the row axis")
-        return shape[len(lead):]
+                  f"dim would cover the row axis")
+        return shape[1:]
     return shape
 
 
@@ -252,6 +263,57 @@ def _sum_axis(ts, attrs):
     return x.with_(feat=x.feat[:axis] + x.feat[axis + 1:])
 
 
+def _slice(ts, attrs):
+    (x,) = ts
+    axis = _norm_axis(attrs["axis"], len(x.feat))
+    start, stop = attrs["start"], attrs["stop"]
+    if not 0 <= start < stop <= x.feat[axis]:
+        _fail(f"slice [{start}:{stop}] is out of range for axis {axis} of size {x.feat[axis]}")
+    feat = list(x.feat)
+    feat[axis] = stop - start
+    return x.with_(feat=tuple(feat))
+
+
+SIDES = {"src": Domain.SRC, "dst": Domain.DST, "edge": Domain.EDGE, "param": Domain.PARAM}
+
+
+def _check_region(region, ts, what: str) -> TensorType:
+    """Operands agree with the region's ARG leaves; returns the region's result type."""
+    for v in region.values:
+        if v.op is Op.ARG:
+            k, side = v.attr["index"], v.attr["side"]
+            if not 0 <= k < len(ts):
+                _fail(f"{what}: region reads operand {k} of {len(ts)}")
+            if ts[k].domain is not SIDES[side]:
+                _fail(f"{what}: operand {k} is a {ts[k].domain.value} value read as {side}")
+            want = ts[k] if side == "param" else ts[k].with_(domain=Domain.EDGE)
+            if v.type != want:
+                _fail(f"{what}: operand {k} has type {ts[k]}, the region expects {v.type}")
+    t = region.values[region.result].type
+    if t.domain is not Domain.EDGE:
+        _fail(f"{what}: a region computes a per-edge value, got {t}")
+    return t
+
+
+def _aggregate(ts, attrs):
+    t = _check_region(attrs["body"], ts, "aggregate")
+    if attrs["kind"] not in REDUCE_KINDS:
+        _fail(f"unknown reduction {attrs['kind']!r}")
+    return t.with_(domain=Domain.DST)
+
+
+def _sddmm(ts, attrs):
+    return _check_region(attrs["body"], ts, "sddmm")
+
+
+def _softmax_aggregate(ts, attrs):
+    s = _check_region(attrs["score"], ts, "softmax_aggregate score")
+    v = _check_region(attrs["value"], ts, "softmax_aggregate value")
+    if len(s.feat) > len(v.feat) or v.feat[: len(s.feat)] != s.feat:
+        _fail(f"softmax_aggregate: scores {list(s.feat)} must prefix the value shape {list(v.feat)}")
+    return v.with_(domain=Domain.DST)
+
+
 def _leaf(ts, attrs):  # pragma: no cover - leaves are typed by the builder
     raise AssertionError("leaf types are given, not derived")
 
@@ -273,6 +335,11 @@ TYPE_RULES: dict[Op, TypeRule] = {
     Op.RESHAPE: _reshape,
     Op.CONCAT: _concat,
     Op.SUM_AXIS: _sum_axis,
+    Op.SLICE: _slice,
+    Op.ARG: _leaf,
+    Op.AGGREGATE: _aggregate,
+    Op.SDDMM: _sddmm,
+    Op.SOFTMAX_AGGREGATE: _softmax_aggregate,
     **{op: _unary for op in UNARY_ELEMENTWISE},
     **{op: (lambda ts, attrs: binary_type(*ts)) for op in BINARY_ELEMENTWISE},
 }
@@ -283,8 +350,10 @@ ARITY: dict[Op, int | None] = {
     **{op: 2 for op in BINARY_ELEMENTWISE},
     Op.GATHER_SRC: 1, Op.GATHER_DST: 1, Op.REDUCE: 1, Op.EDGE_SOFTMAX: 1,
     Op.INDEX: 2, Op.LINEAR: 2, Op.MATMUL: 2, Op.TYPED_LINEAR: 3,
-    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1,
+    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.SLICE: 1,
+    Op.ARG: 0, Op.AGGREGATE: None, Op.SDDMM: None, Op.SOFTMAX_AGGREGATE: None,
 }
+FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})
 
 
 def infer_type(op: Op, input_types: Sequence[TensorType], attrs: Mapping) -> TensorType:

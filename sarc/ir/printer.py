@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .function import Function, Value
+from .function import Function, Region, Value
 from .ops import Op
 
 
@@ -27,19 +27,34 @@ def format_attr(v) -> str:
     return str(v)
 
 
-def format_value(i: int, v: Value, with_loc: bool = True) -> str:
-    lhs = f"%{i}: {v.type}"
-    if v.op in (Op.INPUT, Op.PARAM):
+def format_region(r: Region, indent: str, with_loc: bool) -> list[str]:
+    lines = []
+    for i, v in enumerate(r.values):
+        lines.append(indent + format_value(i, v, with_loc, sigil="^"))
+    lines.append(f"{indent}yield ^{r.result}")
+    return lines
+
+
+def format_value(i: int, v: Value, with_loc: bool = True, sigil: str = "%",
+                 indent: str = "    ") -> str:
+    lhs = f"{sigil}{i}: {v.type}"
+    regions = [(k, a) for k, a in v.attrs if isinstance(a, Region)]
+    if v.op is Op.ARG:
+        rhs = f"arg {v.attr['index']} @{v.attr['side']}"
+    elif v.op in (Op.INPUT, Op.PARAM):
         rhs = f'{v.op.value} "{v.attr["name"]}"'
     elif v.op is Op.CONST:
         rhs = f"const {v.attr['value']!r}"
     else:
-        args = [f"%{j}" for j in v.inputs]
-        args += [f"{k}={format_attr(a)}" for k, a in v.attrs]
+        args = [f"{sigil}{j}" for j in v.inputs]
+        args += [f"{k}={format_attr(a)}" for k, a in v.attrs if not isinstance(a, Region)]
         rhs = f"{v.op.value}({', '.join(args)})"
     line = f"{lhs} = {rhs}"
     if with_loc and v.loc is not None:
         line = f"{line:<64} # {os.path.basename(v.loc.file)}:{v.loc.line}"
+    for name, r in regions:
+        line += f"\n{indent}    {name}:\n" + "\n".join(
+            format_region(r, indent + "        ", with_loc))
     return line
 
 

@@ -8,8 +8,8 @@ user's line of the offending instruction and print the instructions around it.
 from __future__ import annotations
 
 from ..errors import DSLError
-from .function import Function
-from .ops import LEAVES, Op, TypeError_, infer_type
+from .function import Function, Region
+from .ops import FUSED, LEAVES, Op, TypeError_, infer_type
 from .printer import format_value
 from .types import Domain
 
@@ -27,6 +27,30 @@ def _context(fn: Function, i: int, radius: int = 2) -> str:
     return "\n".join(rows)
 
 
+_NOT_IN_REGION = frozenset({Op.INPUT, Op.PARAM, Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE,
+                            Op.EDGE_SOFTMAX, Op.DROPOUT}) | FUSED
+
+
+def _verify_region(r: Region) -> str | None:
+    """Problems inside a fused op's region, or None."""
+    if not 0 <= r.result < len(r.values):
+        return f"region result ^{r.result} does not exist"
+    for i, v in enumerate(r.values):
+        if v.op in _NOT_IN_REGION:
+            return f"^{i}: {v.op.value} cannot appear inside a fused region"
+        if any(not 0 <= j < i for j in v.inputs):
+            return f"^{i} uses a value not defined before it"
+        if v.op in (Op.ARG, Op.CONST):
+            continue
+        try:
+            t = infer_type(v.op, [r.values[j].type for j in v.inputs], v.attr)
+        except TypeError_ as e:
+            return f"^{i}: {e}"
+        if t != v.type:
+            return f"^{i} is typed {v.type} but its operands give {t}"
+    return None
+
+
 def verify(fn: Function) -> Function:
     """Check ``fn``; return it unchanged or raise ``VerifyError``."""
     leaf_types: dict[tuple[Op, str], object] = {}
@@ -37,6 +61,13 @@ def verify(fn: Function) -> Function:
         for j in v.inputs:
             if not 0 <= j < i:
                 fail(f"%{i} uses %{j}, which is not defined before it")
+        if v.op is Op.ARG:
+            fail("an arg outside a fused region")
+        for _, a in v.attrs:
+            if isinstance(a, Region):
+                problem = _verify_region(a)
+                if problem:
+                    fail(problem)
         if v.op in LEAVES:
             if v.inputs:
                 fail(f"leaf %{i} has operands")

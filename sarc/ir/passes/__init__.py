@@ -1,6 +1,10 @@
 """IR -> IR passes. Each is a pure function ``Function -> Function`` with a name."""
+from .const_fold import const_fold
 from .cse import cse
 from .dce import dce
+from .fuse import fuse
+from .pushdown import pushdown
 from .rewrite import Rewriter
+from .split_concat import split_concat
 
-__all__ = ["cse", "dce", "Rewriter"]
+__all__ = ["const_fold", "cse", "dce", "fuse", "pushdown", "split_concat", "Rewriter"]

@@ -1,0 +1,141 @@
+"""Fusion: gather + edge math + reduce become one fused graph op.
+
+- ``reduce(kind, expr(gather_src(a), gather_dst(b), edge c, W))`` ->
+  ``aggregate(a, b, c, W, kind, body=expr)``: generalized SpMM;
+- ``reduce(sum, edge_softmax(s) * v)`` -> ``softmax_aggregate(score=s, value=v)``:
+  attention in one pass with online normalization;
+- an edge expression used by anything else (edge_softmax, dropout, a typed
+  linear) -> ``sddmm(body=expr)``: generalized SDDMM.
+
+The body is a ``Region`` whose ARG leaves read operands per edge; backends
+evaluate it edge block by edge block, so the E x D edge tensors of the unfused
+program exist only transiently (and are recomputed in the backward pass rather
+than stored). An edge value is absorbed into a region only when that region is
+its single user; values with other users become operands.
+"""
+from __future__ import annotations
+
+from ..function import Builder, Function, Region
+from ..ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
+from ..types import Domain
+from .rewrite import Rewriter
+
+FUSIBLE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
+    Op.RESHAPE, Op.SUM_AXIS, Op.CONCAT, Op.SLICE, Op.INDEX}
+
+
+class _Regions:
+    """Collects regions over one shared operand list (old value, side) -> ARG index."""
+
+    def __init__(self, fn: Function, users: list[list[int]], outputs: set[int]):
+        self.fn, self.users, self.outputs = fn, users, outputs
+        self.operands: list[tuple[int, str]] = []
+        self.absorbed: set[int] = set()
+
+    def _operand(self, j: int, side: str) -> int:
+        key = (j, side)
+        if key not in self.operands:
+            self.operands.append(key)
+        return self.operands.index(key)
+
+    def _single_use(self, j: int) -> bool:
+        return len(self.users[j]) == 1 and j not in self.outputs
+
+    def build(self, root: int, name: str, inline_root: bool) -> Region:
+        """The region computing old value ``root``; single-use subterms are absorbed.
+
+        With ``inline_root`` False a root that has other users is read as an
+        operand instead of recomputed.
+        """
+        b = Builder(name)
+        memo: dict[int, int] = {}
+
+        def visit(j: int, is_root: bool) -> int:
+            if j in memo:
+                return memo[j]
+            v = self.fn.values[j]
+            inline = self._single_use(j) or (is_root and inline_root)
+            if v.op is Op.CONST:
+                out = b.const(v.attr["value"], v.type, v.loc)
+            elif v.op in (Op.GATHER_SRC, Op.GATHER_DST):
+                side = "src" if v.op is Op.GATHER_SRC else "dst"
+                k = self._operand(v.inputs[0], side)
+                out = b.add(Op.ARG, (), {"index": k, "side": side}, v.loc, v.type)
+                if self._single_use(j):
+                    self.absorbed.add(j)
+            elif v.op in FUSIBLE and v.type.domain is Domain.EDGE and inline:
+                out = b.add(v.op, [visit(i, False) for i in v.inputs], v.attr, v.loc)
+                self.absorbed.add(j)
+            else:
+                side = "param" if v.type.domain is Domain.PARAM else "edge"
+                k = self._operand(j, side)
+                out = b.add(Op.ARG, (), {"index": k, "side": side}, v.loc, v.type)
+            memo[j] = out
+            return out
+
+        return b.finish_region(visit(root, True))
+
+
+def _softmax_parts(fn: Function, users, e: int):
+    """If edge value ``e`` is ``[reshape(]edge_softmax(s)[)] * v``: (s, v, absorbed values)."""
+    v = fn.values[e]
+    if v.op is not Op.MUL:
+        return None
+    for a, other in (v.inputs, tuple(reversed(v.inputs))):
+        chain, j = [], a
+        while fn.values[j].op is Op.RESHAPE and len(users[j]) == 1:
+            t_in, t_out = fn.values[fn.values[j].inputs[0]].type, fn.values[j].type
+            n = len(t_in.feat)
+            if t_out.feat[:n] != t_in.feat or any(d != 1 for d in t_out.feat[n:]):
+                break
+            chain.append(j)
+            j = fn.values[j].inputs[0]
+        sm = fn.values[j]
+        if (sm.op is Op.EDGE_SOFTMAX and len(users[j]) == 1
+                and fn.values[other].type.feat == v.type.feat):
+            return sm.inputs[0], other, [*chain, j]
+    return None
+
+
+def fuse(fn: Function) -> Function:
+    users = fn.users()
+    outputs = {i for _, i in fn.outputs}
+    plans: dict[int, tuple[Op, dict, list[tuple[int, str]]]] = {}
+    absorbed: set[int] = set()
+    for i in reversed(range(len(fn.values))):
+        v = fn.values[i]
+        if v.op is not Op.REDUCE or i in absorbed:
+            continue
+        e = v.inputs[0]
+        regions = _Regions(fn, users, outputs)
+        single = regions._single_use(e)
+        parts = _softmax_parts(fn, users, e) if single and v.attr["kind"] == "sum" else None
+        if parts is not None:
+            s, val, chain = parts
+            attrs = {"score": regions.build(s, "score", regions._single_use(s)),
+                     "value": regions.build(val, "value", regions._single_use(val))}
+            regions.absorbed.update([e, *chain])
+            plans[i] = (Op.SOFTMAX_AGGREGATE, attrs, regions.operands)
+        else:
+            attrs = {"kind": v.attr["kind"], "body": regions.build(e, "body", single)}
+            plans[i] = (Op.AGGREGATE, attrs, regions.operands)
+        absorbed |= regions.absorbed
+    # What is left: edge expressions of node values used by non-fusible ops -> SDDMM.
+    for i in reversed(range(len(fn.values))):
+        v = fn.values[i]
+        if i in absorbed or v.type.domain is not Domain.EDGE or v.op not in FUSIBLE:
+            continue
+        regions = _Regions(fn, users, outputs)
+        body = regions.build(i, "body", True)
+        if not any(r.op is Op.ARG and r.attr["side"] in ("src", "dst") for r in body.values):
+            continue
+        plans[i] = (Op.SDDMM, {"body": body}, regions.operands)
+        absorbed |= regions.absorbed - {i}
+    rw = Rewriter(fn)
+    for i, v in enumerate(fn.values):
+        if i in plans:
+            op, attrs, operands = plans[i]
+            rw.map[i] = rw.emit(op, [rw.map[j] for j, _ in operands], attrs, v)
+        elif i not in absorbed:
+            rw.copy(i)
+    return rw.finish()
