@@ -1,0 +1,1 @@
+"""The planner: cost formulas over the IR, partition statistics, and the Plan."""
