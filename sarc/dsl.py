@@ -210,6 +210,13 @@ class Layer(nn.Module):
             self._sarc_compiled = compile_function(self.trace(), backend=self._sarc_backend)
         return self._sarc_compiled
 
+    def __getstate__(self):
+        # The compiled kernel holds an imported module, which can be neither pickled
+        # nor deep-copied; a copy (copy.deepcopy, torch.save) recompiles on first use.
+        state = dict(super().__getstate__())
+        state["_sarc_compiled"] = None
+        return state
+
     def forward(self, g, *args, **feats):
         """Run the layer on graph ``g``: features positionally (declaration order) or by name."""
         from .runtime.bind import bind_inputs
