@@ -57,11 +57,18 @@ class Region:
 
 @dataclass(frozen=True)
 class Function:
-    """A traced layer: instructions plus the named outputs (dst values)."""
+    """A traced layer: instructions plus the named outputs (dst values).
+
+    ``role`` tells what the function computes: ``"layer"`` (a traced layer, whose
+    outputs are dst values) or ``"backward"`` (the gradient of a layer written by
+    ``sarc.ir.autodiff.grad``: outputs in the domains of the layer's params and
+    inputs).
+    """
 
     name: str
     values: tuple[Value, ...]
     outputs: tuple[tuple[str, int], ...]
+    role: str = "layer"
 
     def __getitem__(self, i: int) -> Value:
         return self.values[i]
@@ -101,8 +108,9 @@ class Function:
 class Builder:
     """Appends instructions, inferring each type; type errors carry the user's line."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, role: str = "layer"):
         self.name = name
+        self.role = role
         self.values: list[Value] = []
 
     def add(self, op: Op, inputs: Iterable[int] = (), attrs: Mapping[str, Any] | None = None,
@@ -132,4 +140,4 @@ class Builder:
         return Region(tuple(self.values), result)
 
     def finish(self, outputs: Iterable[tuple[str, int]]) -> Function:
-        return Function(self.name, tuple(self.values), tuple(outputs))
+        return Function(self.name, tuple(self.values), tuple(outputs), self.role)

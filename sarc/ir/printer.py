@@ -59,7 +59,10 @@ def format_value(i: int, v: Value, with_loc: bool = True, sigil: str = "%",
 
 
 def format_function(fn: Function, with_loc: bool = True) -> str:
-    lines = [f"def {fn.name}(src, dst, edge, params):"]
+    header = f"def {fn.name}(src, dst, edge, params):"
+    if fn.role != "layer":  # layers print as they always did (golden files)
+        header += f"  # {fn.role}"
+    lines = [header]
     for i, v in enumerate(fn.values):
         lines.append("    " + format_value(i, v, with_loc))
     outs = ", ".join(f'"{k}": %{i}' for k, i in fn.outputs)

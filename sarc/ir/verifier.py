@@ -2,7 +2,8 @@
 
 It re-derives every value's type from its operands (so a pass that produces an
 ill-typed instruction is caught where it does it), checks SSA order, that leaves
-of one name agree, and that outputs are destination values. Errors name the
+of one name agree, and that a layer's outputs are destination values (a
+backward function's outputs are gradients, in any domain). Errors name the
 user's line of the offending instruction and print the instructions around it.
 """
 from __future__ import annotations
@@ -12,6 +13,10 @@ from .function import Function, Region
 from .ops import FUSED, LEAVES, Op, TypeError_, infer_type
 from .printer import format_value
 from .types import Domain
+
+
+ROLES = ("layer", "backward")
+"""What a function computes: a layer (dst outputs) or a layer's backward (any domain)."""
 
 
 class VerifyError(DSLError):
@@ -99,6 +104,9 @@ def verify(fn: Function) -> Function:
         if not 0 <= j < len(fn.values):
             raise VerifyError(f"output {name!r} refers to %{j}, which does not exist")
         t = fn.values[j].type
-        if t.domain is not Domain.DST:
+        if fn.role == "layer" and t.domain is not Domain.DST:
             raise VerifyError(f"output {name!r} must be a dst value, got {t}", fn.values[j].loc)
+    if fn.role not in ROLES:
+        raise VerifyError(f"function {fn.name} has role {fn.role!r}; expected one of "
+                          f"{', '.join(ROLES)}")
     return fn

@@ -17,7 +17,7 @@ class Rewriter:
 
     def __init__(self, fn: Function):
         self.old = fn
-        self.b = Builder(fn.name)
+        self.b = Builder(fn.name, fn.role)
         self.map: dict[int, int] = {}
 
     def copy(self, i: int) -> int:
