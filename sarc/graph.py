@@ -7,6 +7,12 @@ stored sorted by destination (CSR). Destination nodes are the first
 node feature tensor has ``num_src`` rows and its first ``num_dst`` rows are
 the destination rows.
 
+A *split* block (``dst_in_src=False``) drops that convention: its source rows
+are not its destination rows, so ``num_dst`` may exceed ``num_src`` and the
+destination features are held apart from the source features. A worker's
+block of edges from another shard's nodes into its own nodes is one (see
+``sarc.runtime.sharded``); a layer does not run on it directly.
+
 Edge data handed to a layer is in the order the edges were given;
 ``Graph.perm`` maps it to CSR order.
 """
@@ -29,6 +35,7 @@ class Graph:
     rowptr: torch.Tensor     # [num_dst + 1] int64
     in_degree: torch.Tensor  # [num_dst] float32, edges into each dst node
     out_degree: torch.Tensor  # [num_src] float32, edges out of each src node
+    dst_in_src: bool = True  # dst nodes are the first num_dst src nodes (False: a split block)
 
     @property
     def num_edges(self) -> int:
@@ -36,12 +43,14 @@ class Graph:
 
     @staticmethod
     def from_edges(src, dst, num_nodes: int | None = None, *, num_src: int | None = None,
-                   num_dst: int | None = None, out_degree=None, in_degree=None) -> "Graph":
+                   num_dst: int | None = None, out_degree=None, in_degree=None,
+                   dst_in_src: bool = True) -> "Graph":
         """Build a graph (``num_nodes``) or a block (``num_src``, ``num_dst``).
 
         ``out_degree``/``in_degree`` override the degrees counted on these edges,
         for a block cut from a larger graph whose layers normalize by the
-        degrees of the whole graph.
+        degrees of the whole graph. ``dst_in_src=False`` builds a split block,
+        whose dst nodes are not among its src nodes (any ``num_dst``).
         """
         src = _as_index(src, "src")
         dst = _as_index(dst, "dst")
@@ -53,10 +62,11 @@ class Graph:
             num_src = num_dst = int(num_nodes)
         if num_src is None or num_dst is None:
             raise GraphError("the node counts are required: num_nodes, or num_src and num_dst")
-        if num_dst > num_src:
+        if dst_in_src and num_dst > num_src:
             raise GraphError(f"a block has at most as many dst nodes as src nodes "
                              f"(dst nodes are the first src nodes); got num_dst={num_dst} "
-                             f"> num_src={num_src}")
+                             f"> num_src={num_src} (a block whose dst nodes are not src "
+                             f"nodes is built with dst_in_src=False)")
         if num_src < 0 or num_dst < 0:
             raise GraphError("node counts must be non-negative")
         _check_range(src, num_src, "src")
@@ -69,18 +79,21 @@ class Graph:
         in_deg = counts.to(torch.float32) if in_degree is None else _degree(in_degree, num_dst, "in_degree")
         out_deg = (torch.bincount(src, minlength=num_src).to(torch.float32)
                    if out_degree is None else _degree(out_degree, num_src, "out_degree"))
-        return Graph(num_src, num_dst, src_sorted, dst_sorted, perm, rowptr, in_deg, out_deg)
+        return Graph(num_src, num_dst, src_sorted, dst_sorted, perm, rowptr, in_deg, out_deg,
+                     bool(dst_in_src))
 
     def to(self, device) -> "Graph":
-        return Graph(self.num_src, self.num_dst, *(t.to(device) for t in (
-            self.src, self.dst, self.perm, self.rowptr, self.in_degree, self.out_degree)))
+        tensors = (t.to(device) for t in (
+            self.src, self.dst, self.perm, self.rowptr, self.in_degree, self.out_degree))
+        return Graph(self.num_src, self.num_dst, *tensors, self.dst_in_src)
 
     @property
     def device(self) -> torch.device:
         return self.src.device
 
     def __repr__(self) -> str:
-        return f"Graph(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges})"
+        split = "" if self.dst_in_src else ", dst_in_src=False"
+        return f"Graph(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}{split})"
 
 
 def _as_index(t, name: str) -> torch.Tensor:

@@ -22,6 +22,11 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
     if not isinstance(g, Graph):
         raise GraphError(f"a sarc layer runs on a sarc.Graph, got {type(g).__name__} "
                          f"(build one with sarc.Graph.from_edges or sarc.interop)")
+    if not g.dst_in_src:
+        # Its node features would be the source rows only, read as dst rows too.
+        raise GraphError(f"{g!r} is a split block (its dst nodes are not its first src nodes, "
+                         f"as in a shard's block of remote edges); a layer runs on a block "
+                         f"with dst_in_src=True")
     node, edge = layer._sarc_node, layer._sarc_edge
     given = dict(feats)
     if len(args) == 1 and isinstance(args[0], Mapping):
