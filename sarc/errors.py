@@ -40,3 +40,7 @@ class DSLError(SarcError):
 
 class GraphError(SarcError, ValueError):
     """A graph or its data is malformed (ids out of range, row counts off)."""
+
+
+class PartitionError(SarcError, ValueError):
+    """A partition set on disk is missing, incomplete, corrupt, or of another graph."""

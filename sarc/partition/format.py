@@ -1,0 +1,220 @@
+"""sarc's partition format: a directory with one metadata file and one file per part.
+
+    DIR/metadata.json    format and version, the graph's fingerprint, the method,
+                         num_parts, node_offsets (part p owns new ids
+                         node_offsets[p] .. node_offsets[p+1]-1), the node and edge
+                         data (dtype, per-row shape), the stats (edge cut, per-part
+                         counts, balance) and per part: file, sha256, bytes,
+                         node range, edge count
+    DIR/part-P.pt        ``torch.save`` of ``Part.to_dict()`` (see ``parts``)
+
+The directory is written atomically (``atomic``): it appears complete or not
+at all. ``load_partitions`` checks the metadata, that every part file is
+there, their sha256 (all up front with ``verify=True``; each file again
+whenever it is read) and, given one, the graph's fingerprint. Every problem
+is a ``PartitionError`` naming the directory or file.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import torch
+
+from .. import __version__
+from ..errors import PartitionError
+from .atomic import atomic_directory
+from .fingerprint import graph_fingerprint
+from .parts import Part
+from .relabel import Relabeling
+from .stats import PartitionStats
+
+FORMAT = "sarc-partitions"
+VERSION = 1
+METADATA = "metadata.json"
+
+
+def part_file_name(p: int) -> str:
+    return f"part-{p}.pt"
+
+
+def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fingerprint: str,
+                     num_edges: int, stats: PartitionStats, method: str, seed: int,
+                     overwrite: bool = False) -> "PartitionSet":
+    """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``."""
+    path = Path(path)
+    entries = []
+    with atomic_directory(path, overwrite=overwrite) as tmp:
+        for p, part in enumerate(parts):
+            buf = io.BytesIO()
+            torch.save(part.to_dict(), buf)
+            data = buf.getvalue()
+            name = part_file_name(p)
+            (tmp / name).write_bytes(data)
+            entries.append({"file": name, "sha256": hashlib.sha256(data).hexdigest(),
+                            "bytes": len(data), "nodes": [part.lo, part.hi],
+                            "num_edges": part.num_edges})
+            if p == 0:
+                schema = {"node_data": _schema(part.ndata), "edge_data": _schema(part.edata)}
+        if len(entries) != relabeling.num_parts:
+            raise ValueError(f"got {len(entries)} parts for a relabeling into "
+                             f"{relabeling.num_parts}")
+        meta = {
+            "format": FORMAT, "version": VERSION, "created_by": f"sarc {__version__}",
+            "graph": {"fingerprint": fingerprint, "num_nodes": relabeling.num_nodes,
+                      "num_edges": int(num_edges)},
+            "method": method, "seed": int(seed),
+            "num_parts": relabeling.num_parts,
+            "node_offsets": relabeling.offsets.tolist(),
+            **schema,
+            "stats": stats.to_json(),
+            "parts": entries,
+        }
+        # The metadata is written last, and the rename that follows is what publishes it all.
+        (tmp / METADATA).write_text(json.dumps(meta, indent=1) + "\n")
+    return PartitionSet(path, meta)
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionSet:
+    """A partition set on disk, its metadata checked; parts are read on demand."""
+
+    path: Path
+    meta: dict
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.meta["num_parts"])
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.meta["graph"]["num_nodes"])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.meta["graph"]["num_edges"])
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["graph"]["fingerprint"]
+
+    @property
+    def method(self) -> str:
+        return self.meta["method"]
+
+    @property
+    def node_offsets(self) -> torch.Tensor:
+        """[P + 1] int64: part p owns new ids node_offsets[p] .. node_offsets[p+1]-1."""
+        return torch.tensor(self.meta["node_offsets"], dtype=torch.int64)
+
+    @property
+    def stats(self) -> PartitionStats:
+        return PartitionStats.from_json(self.meta["stats"])
+
+    def part_path(self, p: int) -> Path:
+        return self.path / self.meta["parts"][p]["file"]
+
+    def load_part(self, p: int) -> Part:
+        """Part ``p``, its file checked against the sha256 in the metadata."""
+        if not 0 <= p < self.num_parts:
+            raise PartitionError(f"{self.path}: no part {p}; the set has {self.num_parts} parts "
+                                 f"(0..{self.num_parts - 1})")
+        entry = self.meta["parts"][p]
+        file = self.part_path(p)
+        data = _read_checked(file, entry["sha256"])
+        try:
+            d = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as e:  # sha256 matched, so the writer wrote something torch.load rejects
+            raise PartitionError(f"{file}: cannot be read as a partition file: {e}") from e
+        part = Part.from_dict(d, str(file))
+        if [part.lo, part.hi] != list(entry["nodes"]):
+            raise PartitionError(f"{file}: holds nodes [{part.lo}, {part.hi}), the metadata says "
+                                 f"{entry['nodes']}")
+        return part
+
+    def check_graph(self, src, dst, num_nodes: int) -> None:
+        """Raise unless this set was cut from the graph (``src``, ``dst``, ``num_nodes``)."""
+        check_fingerprint(self, graph_fingerprint(src, dst, num_nodes))
+
+
+def check_fingerprint(pset: PartitionSet, fingerprint: str) -> None:
+    if pset.fingerprint != fingerprint:
+        raise PartitionError(f"{pset.path}: the partitions are of another graph (their "
+                             f"fingerprint is {pset.fingerprint}, the graph's is {fingerprint})")
+
+
+def load_partitions(path, *, fingerprint: str | None = None, verify: bool = True) -> PartitionSet:
+    """Open the partition set at ``path``, checking it is complete and intact.
+
+    ``fingerprint``: the graph's (``graph_fingerprint``), checked against the
+    set's. ``verify=False`` skips hashing every part file up front (a worker
+    that reads one part); each file is still hashed when it is read.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise PartitionError(f"{path}: no partition set here (not a directory)")
+    meta_file = path / METADATA
+    if not meta_file.is_file():
+        raise PartitionError(f"{path}: not a partition set: {METADATA} is missing")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PartitionError(f"{meta_file}: corrupt metadata: {e}") from e
+    _check_metadata(meta, meta_file)
+    pset = PartitionSet(path, meta)
+    for p, entry in enumerate(meta["parts"]):
+        file = pset.part_path(p)
+        if not file.is_file():
+            raise PartitionError(f"{file}: partition file {entry['file']} is missing from {path}")
+        if verify:
+            _read_checked(file, entry["sha256"])
+    if fingerprint is not None:
+        check_fingerprint(pset, fingerprint)
+    return pset
+
+
+def _check_metadata(meta, meta_file: Path) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise PartitionError(f"{meta_file}: not a sarc partition set (format "
+                             f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+    if meta.get("version") != VERSION:
+        raise PartitionError(f"{meta_file}: partition format version {meta.get('version')!r}; "
+                             f"this sarc reads version {VERSION} (partition the graph again)")
+    missing = [k for k in ("graph", "num_parts", "node_offsets", "parts", "stats", "method")
+               if k not in meta]
+    if missing:
+        raise PartitionError(f"{meta_file}: corrupt metadata, lacks {', '.join(missing)}")
+    num_parts, offsets, parts = meta["num_parts"], meta["node_offsets"], meta["parts"]
+    if len(parts) != num_parts or len(offsets) != num_parts + 1:
+        raise PartitionError(f"{meta_file}: corrupt metadata: num_parts={num_parts} but "
+                             f"{len(parts)} part entries and {len(offsets)} node offsets")
+    if offsets[0] != 0 or offsets[-1] != meta["graph"]["num_nodes"] or any(
+            a > b for a, b in zip(offsets, offsets[1:])):
+        raise PartitionError(f"{meta_file}: corrupt metadata: node_offsets {offsets} do not "
+                             f"cover 0..{meta['graph']['num_nodes']} in order")
+    for entry in parts:
+        name = entry.get("file", "")
+        if not name or Path(name).name != name or name == METADATA:
+            raise PartitionError(f"{meta_file}: corrupt metadata: bad part file name {name!r}")
+
+
+def _read_checked(file: Path, sha256: str) -> bytes:
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise PartitionError(f"{file}: partition file is missing") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise PartitionError(f"{file}: partition file is corrupt (sha256 {digest}, the metadata "
+                             f"says {sha256})")
+    return data
+
+
+def _schema(data: Mapping[str, torch.Tensor]) -> dict:
+    """Each tensor's dtype and per-row shape."""
+    return {k: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape[1:])}
+            for k, t in data.items()}
