@@ -109,7 +109,7 @@ def cut_parts(src: torch.Tensor, dst: torch.Tensor, relabeling: Relabeling,
     s, d = s[order], d[order]
     edge_offsets = torch.searchsorted(d, offsets)
     out_degree = torch.bincount(s, minlength=n)
-    halo_of, send_from = _halo_pairs(s, d, relabeling)
+    halo_of, send_from = _halo_and_send(s, d, relabeling)
     for p in range(num_parts):
         lo, hi = int(offsets[p]), int(offsets[p + 1])
         e = slice(int(edge_offsets[p]), int(edge_offsets[p + 1]))
@@ -129,20 +129,24 @@ def cut_parts(src: torch.Tensor, dst: torch.Tensor, relabeling: Relabeling,
         )
 
 
-def _halo_pairs(s: torch.Tensor, d: torch.Tensor, relabeling: Relabeling):
+def halo_pairs(src: torch.Tensor, dst: torch.Tensor, part: torch.Tensor, num_nodes: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(reader, node): part ``reader`` reads ``node`` of another part, each pair once,
+    sorted by (reader, node). ``part[v]`` is the part of node v."""
+    cross = part[src] != part[dst]
+    pairs = torch.unique(part[dst][cross] * num_nodes + src[cross])
+    return pairs // num_nodes, pairs % num_nodes
+
+
+def _halo_and_send(s: torch.Tensor, d: torch.Tensor, relabeling: Relabeling):
     """Per part: its halo nodes; and what it sends: (offsets by peer, global ids).
 
-    A halo pair (j, u) says part j reads node u of another part. Sorted by
-    (j, u), the pairs give each part's halo; sorted by (part of u, j, u), they
-    give each part's send lists grouped by peer.
+    Sorted by (reader j, node u), the halo pairs give each part's halo; sorted
+    by (part of u, j, u), they give each part's send lists grouped by peer.
     """
     n, num_parts = relabeling.num_nodes, relabeling.num_parts
-    ps, pd = relabeling.part_of(s), relabeling.part_of(d)
-    cross = ps != pd
-    pairs = torch.unique(pd[cross] * n + s[cross])  # sorted by (j, u)
-    j, u = pairs // n, pairs % n
-    halo_counts = torch.bincount(j, minlength=num_parts).tolist()
-    halo_of = torch.split(u, halo_counts)
+    j, u = halo_pairs(s, d, relabeling.part_of(torch.arange(n)), n)
+    halo_of = torch.split(u, torch.bincount(j, minlength=num_parts).tolist())
     pu = relabeling.part_of(u)
     by_sender = torch.argsort((pu * num_parts + j) * n + u)
     j_sorted, u_sorted = j[by_sender], u[by_sender]

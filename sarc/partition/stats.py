@@ -14,6 +14,7 @@ from typing import Mapping
 
 import torch
 
+from .parts import halo_pairs
 from .relabel import Relabeling
 
 
@@ -65,14 +66,12 @@ def partition_stats(src: torch.Tensor, dst: torch.Tensor, relabeling: Relabeling
     """
     num_parts, n = relabeling.num_parts, relabeling.num_nodes
     part = relabeling.part_of(relabeling.orig_to_new)  # part of each original node
-    ps, pd = part[src], part[dst]
-    cross = ps != pd
-    halo_pairs = torch.unique(pd[cross] * n + src[cross])
+    readers, _ = halo_pairs(src, dst, part, n)
     counts = {
         "nodes": torch.bincount(part, minlength=num_parts).tolist(),
-        "edges": torch.bincount(pd, minlength=num_parts).tolist(),
-        "halo": torch.bincount(halo_pairs // n, minlength=num_parts).tolist(),
+        "edges": torch.bincount(part[dst], minlength=num_parts).tolist(),
+        "halo": torch.bincount(readers, minlength=num_parts).tolist(),
     }
     for name, m in (masks or {}).items():
         counts[name] = torch.bincount(part[m], minlength=num_parts).tolist()
-    return PartitionStats(int(src.numel()), int(cross.sum()), counts)
+    return PartitionStats(int(src.numel()), int((part[src] != part[dst]).sum()), counts)
