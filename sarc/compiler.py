@@ -31,11 +31,15 @@ def optimize(fn: Function, passes=PIPELINE) -> Function:
     return fn
 
 
-def compile_function(fn: Function, backend: str = "torch"):
-    """Optimize ``fn`` and hand it to ``backend``; returns a callable kernel."""
+UNFUSED = (const_fold, dce, cse, dce)
+"""The pipeline without pushdown and fusion: the baseline benchmarks compare against."""
+
+
+def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE):
+    """Optimize ``fn`` with ``passes`` and hand it to ``backend``; returns a callable kernel."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    fn = optimize(verify(fn))
+    fn = optimize(verify(fn), passes)
     if backend == "torch":
         from .backends import torch_backend
         kernel = torch_backend.compile(fn)

@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
+from ..ir import rng
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from . import codegen
@@ -74,16 +75,76 @@ def region_width(v: Value) -> int:
     return width
 
 
+def _arg(r: Region, j: int, side: str | None = None) -> int | None:
+    """The operand index value ``j`` of ``r`` reads, if it is an ARG (of ``side``)."""
+    v = r.values[j]
+    if v.op is Op.ARG and (side is None or v.attr["side"] == side):
+        return v.attr["index"]
+    return None
+
+
+def _edge_scalar(r: Region, j: int) -> int | None:
+    """The operand read by ``j`` if it is one scalar per edge (maybe reshaped to [1, ..])."""
+    v = r.values[j]
+    while v.op is Op.RESHAPE and all(d == 1 for d in v.type.feat):
+        j = v.inputs[0]
+        v = r.values[j]
+    return _arg(r, j, "edge") if (v.op is Op.ARG and all(d == 1 for d in v.type.feat)) else None
+
+
+def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
+    """(feature operand, edge-weight operand or None, its side) when an aggregate is a
+    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]`` (x may
+    also be an edge value: a weighted segment sum)."""
+    if v.op is not Op.AGGREGATE or v.attr["kind"] not in ("sum", "mean"):
+        return None
+    r = v.attr["body"]
+    res = r.values[r.result]
+    x = _arg(r, r.result, "src")
+    if x is not None:
+        return x, None, "src"
+    if res.op is Op.MUL:
+        a, b = res.inputs
+        for p, q in ((a, b), (b, a)):
+            w = _edge_scalar(r, q)
+            for side in ("src", "edge"):
+                x = _arg(r, p, side)
+                if x is not None and w is not None and w != x and r.values[p].type == res.type:
+                    return x, w, side
+    return None
+
+
 def _fused(v: Value, a: list[str]) -> str:
-    """Fused ops get their region functions' names first, then their operands."""
+    """Fused ops get their region functions' names first, then their operands.
+
+    Aggregates that are sparse matrix products (copy a source feature, maybe
+    times an edge weight; attention over a source feature) run as CSR SpMM.
+    """
     n = len([1 for _, r in v.attrs if isinstance(r, Region)])
     regions, operands = a[:n], a[n:]
     sides = region_sides(v)
+    pattern = spmm_pattern(v)
+    if pattern is not None:
+        x, w, side = pattern
+        weight = f", {operands[w]}" if w is not None else ", None"
+        return f'K.spmm("{v.attr["kind"]}", g, {operands[x]}{weight}, "{side}")'
+    if v.op is Op.SOFTMAX_AGGREGATE:
+        value = v.attr["value"]
+        z = _arg(value, value.result, "src")
+        if z is not None:
+            return f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, g, {', '.join(operands)})"
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
     head = f'"{v.attr["kind"]}", ' if v.op is Op.AGGREGATE else ""
     return (f"K.{v.op.value}({head}{', '.join(regions)}, {sides!r}, {region_width(v)}, g, "
             f"{', '.join(operands)})")
+
+
+def _expand(v: Value, a: list[str]) -> str:
+    feat = ", ".join(str(d) for d in v.attr["feat"])
+    if v.type.domain is Domain.PARAM:
+        return f"{a[0]}.expand({feat},)" if feat else f"{a[0]}.expand(())"
+    return f"K.expand_rows({a[0]}, ({feat},))"
 
 
 Lowering = Callable[[Value, list[str]], str]
@@ -107,7 +168,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {v.attr['min']!r})",
     Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {v.attr['slope']!r})",
     Op.ELU: lambda v, a: f"F.elu({a[0]}, {v.attr['alpha']!r})",
-    Op.DROPOUT: lambda v, a: f"F.dropout({a[0]}, {v.attr['p']!r}, training)",
+    Op.DROPOUT: lambda v, a: f"K.dropout({a[0]}, {v.attr['p']!r}, seed, {v.attr['key']}, training)",
     Op.ADD: lambda v, a: f"{a[0]} + {a[1]}",
     Op.SUB: lambda v, a: f"{a[0]} - {a[1]}",
     Op.MUL: lambda v, a: f"{a[0]} * {a[1]}",
@@ -124,6 +185,18 @@ LOWERING: dict[Op, Lowering] = {
     Op.AGGREGATE: _fused,
     Op.SDDMM: _fused,
     Op.SOFTMAX_AGGREGATE: _fused,
+    # ops of backward functions
+    Op.SCATTER_SRC: lambda v, a: f"K.scatter_src({a[0]}, g)",
+    Op.DST_TO_SRC: lambda v, a: f"K.dst_to_src({a[0]}, g)",
+    Op.DIV_EDGE_COUNT: lambda v, a: f"K.div_edge_count({a[0]}, g)",
+    Op.SUM_ROWS: lambda v, a: f"{a[0]}.sum(0)",
+    Op.ROW_OUTER: lambda v, a: f"K.row_outer({a[0]}, {a[1]})",
+    Op.TYPED_OUTER: lambda v, a: f"K.typed_outer({a[0]}, {a[1]}, {a[2]}, {v.attr['num_types']})",
+    Op.INDEX_ADD: lambda v, a: f"K.index_add({a[0]}, {a[1]}, {v.attr['num_rows']})",
+    Op.TRANSPOSE: lambda v, a: f"{a[0]}.transpose(-1, -2)",
+    Op.WHERE_POS: lambda v, a: f"torch.where({a[0]} > 0, {a[1]}, {a[2]})",
+    Op.EQ_MASK: lambda v, a: f"({a[0]} == {a[1]}).to({_dtype(v)})",
+    Op.EXPAND: _expand,
 }
 
 
@@ -139,7 +212,7 @@ def _region_function(name: str, r: Region, n_operands: int) -> list[str]:
 
 
 def generate(fn: Function) -> str:
-    """Python source of ``forward(g, inputs, params, training)`` for ``fn``."""
+    """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``."""
     last_use = codegen.last_uses(fn)
     body: list[str] = []
     regions: list[list[str]] = []
@@ -168,8 +241,11 @@ class TorchKernel:
     path: Path
     module: ModuleType
 
-    def __call__(self, g, inputs, params, training: bool):
-        return self.module.forward(g, inputs, params, training)
+    def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
+        """Run the layer; a training call draws its dropout seed (``sarc.ir.rng``) unless given."""
+        if training and seed is None:
+            seed = rng.draw_seed()
+        return self.module.forward(g, inputs, params, training, seed)
 
 
 def compile(fn: Function) -> TorchKernel:

@@ -7,9 +7,22 @@ edges in Python; ``typed_linear`` loops over edge *types* only.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..graph import Graph
+
+# torch marks CSR support as beta and warns on every construction; sarc builds
+# CSR tensors from a Graph, whose invariants hold by construction.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+_SPMM_DTYPES = (torch.float32, torch.float64)
+
+EDGE_BLOCK_ELEMS = 1 << 24
+"""Edge-value elements (rows x width) one block of a fused op may hold at once."""
+from ..ir import rng
 
 
 def _rowwise(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -26,12 +39,89 @@ def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
     return x.index_select(0, g.dst)
 
 
+def _csr_matmul(rowptr, col, values, shape, x: torch.Tensor) -> torch.Tensor:
+    """``A @ x`` for the CSR matrix (rowptr, col, values); x's feature dims flattened."""
+    a = torch.sparse_csr_tensor(rowptr, col, values, shape)
+    y = torch.sparse.mm(a, x.reshape(x.shape[0], -1))
+    return y.reshape(shape[0], *x.shape[1:])
+
+
+def _mean(s: torch.Tensor, g: Graph) -> torch.Tensor:
+    deg = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(s.dtype)
+    return s / _rowwise(deg, s)
+
+
+def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
+         side: str = "src") -> torch.Tensor:
+    """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u]: CSR sparse matmul.
+
+    With ``side="edge"``, x is already per edge: y[v] = sum of w[e] * x[e].
+    No edge tensor is formed or kept; autograd gives ``A^T @ dy`` for x and an
+    SDDMM for w.
+    """
+    if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
+        xe = gather_src(x, g) if side == "src" else x
+        if w is not None:
+            xe = xe * w.reshape(-1, *([1] * (xe.dim() - 1))).to(xe.dtype)
+        return segment_reduce(kind, xe, g)
+    cols, n = (g.src, g.num_src) if side == "src" else (
+        torch.arange(g.num_edges, device=x.device), g.num_edges)
+    if w is None:
+        ones = torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
+        y = _csr_matmul(g.rowptr, cols, ones, (g.num_dst, n), x)
+    else:
+        y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), x)
+    return _mean(y, g) if kind == "mean" else y
+
+
+class _WeightedSpmm(torch.autograd.Function):
+    """y = A_w @ x with A_w[v, u] = w[e] for each edge e = (u, v); multi-edges add up.
+
+    Backward: dx = A_w^T @ dy (sparse), dw[e] = <dy[v], x[u]> (an SDDMM, computed
+    edge block by edge block so no E x D tensor is kept).
+    """
+
+    @staticmethod
+    def forward(ctx, g, cols, n, w, x):
+        ctx.g, ctx.cols, ctx.n = g, cols, n
+        # x is needed only for dw: keep it only then
+        ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None)
+        ctx.x_shape = x.shape
+        return _csr_matmul(g.rowptr, cols, w.detach(), (g.num_dst, n), x.detach())
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, cols = ctx.g, ctx.cols
+        w, x = ctx.saved_tensors
+        dw = dx = None
+        if ctx.needs_input_grad[4]:
+            a = torch.sparse_csr_tensor(g.rowptr, cols, w.detach(), (g.num_dst, ctx.n))
+            dx = torch.sparse.mm(a.t(), dy.reshape(dy.shape[0], -1)).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[3]:
+            dw = torch.empty_like(w)
+            width = max(1, x[0].numel()) if x.shape[0] else 1
+            step = max(1, EDGE_BLOCK_ELEMS // width)
+            x2, dy2 = x.reshape(x.shape[0], -1), dy.reshape(dy.shape[0], -1)
+            for e0 in range(0, g.num_edges, step):
+                e1 = min(g.num_edges, e0 + step)
+                dw[e0:e1] = (dy2.index_select(0, g.dst[e0:e1]) * x2.index_select(0, cols[e0:e1])).sum(1)
+        return None, None, None, dw, dx
+
+
+def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """y[v] = sum of x[e] over the edges into v, as the CSR product [I_rows] @ x."""
+    if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
+        return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
+    ones = torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
+    cols = torch.arange(g.num_edges, device=x.device)
+    return _csr_matmul(g.rowptr, cols, ones, (g.num_dst, g.num_edges), x)
+
+
 def segment_reduce(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[v] = kind over the edges into v of x[e]; 0 where v has no edges."""
-    if kind == "mean":
-        s = torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
-        deg = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(x.dtype)
-        return s / _rowwise(deg, s)
+    if kind in ("sum", "mean"):
+        s = segment_sum(x, g)
+        return _mean(s, g) if kind == "mean" else s
     if kind == "sum":
         return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
     return _SegmentExtremum.apply(x, kind, g.rowptr, g.dst)
@@ -68,7 +158,7 @@ def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
     with torch.no_grad():
         m = torch.segment_reduce(x, "max", offsets=g.rowptr, axis=0)
     ex = torch.exp(x - m.index_select(0, g.dst))
-    s = torch.segment_reduce(ex, "sum", offsets=g.rowptr, axis=0)
+    s = segment_sum(ex, g)
     return ex / s.index_select(0, g.dst)
 
 
@@ -91,10 +181,6 @@ def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch
 # blocks of destination rows, so its E x D intermediates exist one block at a time,
 # and stores only its node-level operands for the backward pass, which recomputes
 # each block's edge values (rematerialization) and back-propagates through them.
-
-EDGE_BLOCK_ELEMS = 1 << 24
-"""Edge-value elements (rows x width) one block of a fused op may hold at once."""
-
 
 def per_edge(x: torch.Tensor, side: str, g: Graph) -> torch.Tensor:
     """An operand as a region reads it: one row per edge of ``g`` (params as they are)."""
@@ -199,6 +285,73 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
     return _fused(block, g, sides, width, operands)
 
 
+def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *operands):
+    """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.
+
+    The scores and weights (E x heads) are formed; the E x heads x D messages are not.
+    """
+    per = [per_edge(x, s, g) for x, s in zip(operands, sides)]
+    alpha = edge_softmax(score(g, *per), g)
+    z = operands[value_index]
+    if alpha.dim() == 1:
+        return spmm("sum", g, z, alpha)
+    heads = alpha.reshape(alpha.shape[0], -1).shape[1]
+    zh = z.reshape(z.shape[0], heads, -1)
+    outs = [spmm("sum", g, zh[:, h], alpha.reshape(-1, heads)[:, h]) for h in range(heads)]
+    return torch.stack(outs, 1).reshape(g.num_dst, *z.shape[1:])
+
+
 def sddmm(body, sides: tuple[str, ...], g: Graph, *operands):
     """y[e] = body(operands read at e)  (g-SDDMM); the result is an edge tensor by definition."""
     return body(g, *(per_edge(x, s, g) for x, s in zip(operands, sides)))
+
+
+# --- ops of backward functions and dropout -----------------------------------------------
+
+def dropout(x: torch.Tensor, p: float, seed, key: int, training: bool) -> torch.Tensor:
+    """Dropout whose mask is a function of (seed, key): the interpreter's, see sarc.ir.rng."""
+    return rng.dropout(x, p, seed, key, training)
+
+
+def scatter_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src)."""
+    # index_add_ is deterministic on the CPU; a CSC segment reduce needs a sort by
+    # source per call, slower here than the scatter.
+    out = x.new_zeros((g.num_src, *x.shape[1:]))
+    return out.index_add_(0, g.src, x)
+
+
+def dst_to_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """A dst value as a src value: dst rows first, zero rows for the other src nodes."""
+    return torch.cat([x, x.new_zeros((g.num_src - g.num_dst, *x.shape[1:]))], 0)
+
+
+def div_edge_count(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """y[v] = x[v] / max(1, number of edges into v)  (the divisor of a mean reduce)."""
+    count = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(x.dtype)
+    return x / _rowwise(count, x)
+
+
+def row_outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_i a_i^T b_i over all leading axes: [m, n]."""
+    return a.reshape(-1, a.shape[-1]).t() @ b.reshape(-1, b.shape[-1])
+
+
+def typed_outer(x: torch.Tensor, c: torch.Tensor, types: torch.Tensor, num_types: int) -> torch.Tensor:
+    """y[r] = sum over the rows i of type r of x_i^T c_i: rows grouped by type, one matmul per type."""
+    order = torch.argsort(types, stable=True)
+    counts = torch.bincount(types, minlength=num_types).tolist()
+    xs = torch.split(x.index_select(0, order), counts)
+    cs = torch.split(c.index_select(0, order), counts)
+    return torch.stack([xs[r].t() @ cs[r] for r in range(num_types)])
+
+
+def index_add(x: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """y[r] = sum over the rows i with idx[i] = r of x[i]  (the transpose of a table lookup)."""
+    return x.new_zeros((num_rows, *x.shape[1:])).index_add_(0, idx, x)
+
+
+def expand_rows(x: torch.Tensor, feat: tuple[int, ...]) -> torch.Tensor:
+    """Broadcast the feature axes of a node or edge value to ``feat`` (a view)."""
+    lead = len(feat) - (x.dim() - 1)
+    return x.reshape(x.shape[0], *([1] * lead), *x.shape[1:]).expand(x.shape[0], *feat)

@@ -5,8 +5,10 @@ and, for distributed runs, ``B`` (remote rows a worker needs). They are
 evaluated on real statistics by substitution.
 
 Bytes kept for backward follow what reverse mode needs from each op (the
-``SAVES`` table: which operands, or the output, its gradient rule reads).
-Fused ops keep only their operands: their edge values are recomputed.
+``SAVES`` table: which operands, or the output, its gradient rule reads), as
+the PyTorch backend runs it: fused ops keep their operands (their edge values
+are recomputed), sparse products only their edge weights, attention its
+per-edge scores and weights (4 tensors of E x heads, never E x heads x D).
 """
 from __future__ import annotations
 
@@ -41,7 +43,17 @@ def nbytes(t: TensorType) -> sympy.Expr:
 def _saved(values, i: int, v: Value) -> list[tuple[object, TensorType]]:
     """(identity, type) of each tensor value ``i`` keeps for its backward."""
     if v.op in FUSED:
-        return [(j, values[j].type) for j in v.inputs if values[j].type.domain is not Domain.PARAM]
+        from ..backends.torch_backend import spmm_pattern
+        pattern = spmm_pattern(v)
+        if pattern is not None:  # a sparse product keeps its edge weights (x only for dw)
+            _, w, _ = pattern
+            return [] if w is None else [(v.inputs[w], values[v.inputs[w]].type)]
+        kept = [(j, values[j].type) for j in v.inputs if values[j].type.domain is not Domain.PARAM]
+        if v.op is Op.SOFTMAX_AGGREGATE:  # raw and activated scores, exponentials, weights
+            s = v.attr["score"]
+            t = s.values[s.result].type
+            kept += [(("softmax", i, k), t) for k in range(4)]
+        return kept
     if v.op is Op.REDUCE and v.attr["kind"] in ("max", "min"):
         return [(v.inputs[0], values[v.inputs[0]].type)]
     out = []

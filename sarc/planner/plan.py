@@ -29,7 +29,7 @@ from ..ir.function import Function
 from ..ir.ops import FUSED, Op
 from ..ir.types import E, N_DST, N_SRC
 from .cost import B, Exchange, exchange_candidates, forward_flops, saved_for_backward
-from .stats import PartitionStats
+from .stats import ShardStats
 
 MODES = ("full", "mfg", "sampling")
 EXEC_MODES = ("sar", "oneshot", "hybrid")
@@ -59,7 +59,7 @@ class Plan:
     mem_budget: int | None
     baseline: bool
     layers: tuple[LayerPlan, ...]
-    stats: PartitionStats | None
+    stats: ShardStats | None
 
     @property
     def rounds(self) -> list[list[tuple[int, int, int]]]:
@@ -114,13 +114,13 @@ def _choose(cands: list[Exchange], baseline: bool) -> tuple[Exchange | None, tup
     return chosen, tuple(c for c in cands if c is not chosen)
 
 
-def _local_kept(saved_total: sympy.Expr, stats: PartitionStats, r: int) -> int:
+def _local_kept(saved_total: sympy.Expr, stats: ShardStats, r: int) -> int:
     n = stats.nodes[r]
     return int(saved_total.subs({N_SRC: n, N_DST: n, E: stats.edges[r]}))
 
 
 def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
-               stats: PartitionStats | None = None, mem_budget: int | None = None,
+               stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None,
                inputs_need_grad: bool = True) -> LayerPlan:
     """Plan one optimized layer."""
@@ -186,7 +186,7 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                      tuple(recomputed), tuple(kept), tuple(sent), tuple(kept_bytes), expr)
 
 
-def _fit(stats: PartitionStats, rb: int, local: list[int], budget: int | None):
+def _fit(stats: ShardStats, rb: int, local: list[int], budget: int | None):
     """Per worker, the peers whose rows fit the budget (largest first)."""
     p = stats.num_parts
     kept = []
@@ -203,7 +203,7 @@ def _fit(stats: PartitionStats, rb: int, local: list[int], budget: int | None):
 
 
 def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", workers: int = 1,
-               stats: PartitionStats | None = None, mem_budget: int | None = None,
+               stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None) -> Plan:
     """Plan every layer of a model; the first layer's input features need no gradient."""
     plans = tuple(plan_layer(name, fn, mode=mode, workers=workers, stats=stats,

@@ -1,0 +1,237 @@
+"""``sarc compile``: a model file -> IR, plan, kernels and schedules, printed and written.
+
+For every ``sarc.Layer`` in the model (in module order) it traces the layer,
+runs the pass pipeline, generates the backend's code and plans the layer for
+the requested mode and worker count. It prints a summary table and writes the
+artifacts the user asks for (``--emit``) to ``--out``:
+
+- ``ir``:       ``<layer>.traced.ir`` and ``<layer>.ir`` (before / after passes)
+- ``plan``:     ``plan.txt`` and ``plan.json``
+- ``kernels``:  the generated code of each layer (``<layer>.<backend>.py``)
+- ``schedule``: ``schedule.txt``, the exchange rounds of each layer, forward and backward
+
+The output directory is written as a whole: into a temporary sibling that is
+renamed into place, so an error leaves no half-written folder behind.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from .compiler import BACKENDS, compile_function, optimize
+from .dsl import Layer
+from .errors import SarcError
+from .ir.function import Function
+from .ir.ops import FUSED
+from .ir.printer import format_function
+from .planner.plan import EXEC_MODES, MODES, Plan, format_plan, plan_model
+from .planner.stats import ShardStats
+
+EMITS = ("ir", "plan", "kernels", "schedule")
+
+
+class CompileError(SarcError):
+    """The compile command's arguments or inputs are wrong."""
+
+
+@dataclass(frozen=True)
+class CompiledLayer:
+    name: str
+    traced: Function
+    optimized: Function
+    kernel_source: str
+
+
+@dataclass(frozen=True)
+class ModelArtifacts:
+    model_name: str
+    backend: str
+    layers: tuple[CompiledLayer, ...]
+    plan: Plan
+    seconds: float
+
+
+def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
+    """The model's sarc layers in module order (the documented convention)."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, Layer)]
+    if not layers:
+        raise CompileError(f"the model ({type(model).__name__}) contains no sarc.Layer")
+    return layers
+
+
+def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str = "torch",
+                  workers: int = 1, stats: ShardStats | None = None,
+                  mem_budget: int | None = None, baseline: bool = False,
+                  exec_mode: str | None = None) -> ModelArtifacts:
+    t0 = time.perf_counter()
+    compiled = []
+    for lname, layer in find_layers(model):
+        traced = layer.trace()
+        optimized = optimize(traced)
+        kernel = compile_function(traced, backend=backend)
+        compiled.append(CompiledLayer(lname, traced, optimized, kernel.source))
+    plan = plan_model([(c.name, c.optimized) for c in compiled], mode=mode, workers=workers,
+                      stats=stats, mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode)
+    return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
+
+
+def format_schedule(art: ModelArtifacts) -> str:
+    plan = art.plan
+    lines = [f"schedule: {art.model_name}, mode={plan.mode}, workers={plan.workers}"]
+    for lp in plan.layers:
+        lines.append(f"layer {lp.name} ({lp.exec_mode})")
+        if plan.workers == 1 or lp.exchange is None:
+            lines.append("  forward: aggregate the local block; backward: autograd on the local block")
+            continue
+        x = " + ".join(lp.exchange.names)
+        lines.append(f"  forward:")
+        lines.append(f"    compute {x} on owned rows")
+        for k, rnd in enumerate(plan.rounds, 1):
+            pairs = ", ".join(f"{r}->{s}" for r, s, _ in rnd)
+            lines.append(f"    round {k}: send boundary rows of {x} ({pairs}); "
+                         f"aggregate the received shard into local rows"
+                         f"{'; free it' if lp.exec_mode != 'oneshot' else '; keep it'}"
+                         f"{' (next round prefetched)' if k < len(plan.rounds) else ''}")
+        lines.append("    aggregate the local shard; update")
+        lines.append("  backward:")
+        for k, rnd in enumerate(plan.rounds, 1):
+            refetch = "re-fetch the shard's rows (rematerialize), " if lp.exec_mode != "oneshot" else ""
+            grad = "send their gradients back to the owners" if lp.exchange.needs_grad else \
+                "no gradient leaves (the exchanged rows need none)"
+            lines.append(f"    round {k}: {refetch}recompute the edge values, {grad}")
+        lines.append("    all-reduce parameter gradients")
+    return "\n".join(lines) + "\n"
+
+
+def format_summary(art: ModelArtifacts) -> str:
+    head = ["layer", "class", "ops traced", "ops optimized", "fused", "exec", "exchanged",
+            "width", "sent/worker"]
+    rows = []
+    for c, lp in zip(art.layers, art.plan.layers):
+        fused = ", ".join(v.op.value for v in c.optimized.values if v.op in FUSED) or "-"
+        if lp.exchange is None:
+            exch, width, sent = "-", "-", "-"
+        else:
+            exch, width = " + ".join(lp.exchange.names), str(lp.exchange.width)
+            sent = (f"{max(lp.bytes_sent) / 2**20:.2f} MiB" if lp.bytes_sent is not None
+                    else f"{lp.bytes_sent_expr} bytes")
+        rows.append([c.name, c.traced.name, str(len(c.traced)), str(len(c.optimized)), fused,
+                     lp.exec_mode, exch, width, sent])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()
+    out = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+    out.append(f"compiled {len(art.layers)} layer(s) for mode={art.plan.mode}, "
+               f"backend={art.backend}, workers={art.plan.workers} in {art.seconds:.2f} s")
+    return "\n".join(out) + "\n"
+
+
+def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...]) -> list[Path]:
+    """Write the chosen artifacts under ``out``, replacing it as a whole."""
+    files: dict[str, str] = {}
+    for c in art.layers:
+        if "ir" in emit:
+            files[f"{c.name}.traced.ir"] = format_function(c.traced)
+            files[f"{c.name}.ir"] = format_function(c.optimized)
+        if "kernels" in emit:
+            files[f"{c.name}.{art.backend}.py"] = c.kernel_source
+    if "plan" in emit:
+        files["plan.txt"] = format_plan(art.plan)
+        files["plan.json"] = art.plan.dumps()
+    if "schedule" in emit:
+        files["schedule.txt"] = format_schedule(art)
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for rel, text in files.items():
+            (tmp / rel).write_text(text)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / rel for rel in files]
+
+
+def parse_bytes(text: str) -> int:
+    """'512M', '2GiB', '1000000' -> bytes."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise CompileError(f"--mem-budget: cannot read {text!r} as a size (e.g. 512M, 2G)") from None
+
+
+def add_compile_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a model file and show its IR, plan, kernels, schedule",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="the model file (defines build_model and HPARAMS)")
+    p.add_argument("--mode", choices=MODES, default="full")
+    p.add_argument("--backend", choices=BACKENDS, default="torch")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
+    p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
+    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    p.add_argument("--exec-mode", choices=EXEC_MODES, help="force an execution mode")
+    p.add_argument("--baseline", action="store_true",
+                   help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
+    p.add_argument("--emit", default="ir,plan,kernels,schedule",
+                   help=f"comma-separated artifacts to write: {', '.join(EMITS)}")
+    p.add_argument("--out", help="the directory to write the artifacts to")
+    p.set_defaults(func=compile_command)
+
+
+def compile_command(args) -> int:
+    from .datasets import load_dataset
+    from .loader import load_model_file
+    from .train import DEFAULTS, build
+
+    emit = tuple(e.strip() for e in args.emit.split(",") if e.strip())
+    bad = [e for e in emit if e not in EMITS]
+    if bad:
+        raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
+    if args.workers < 1:
+        raise CompileError(f"--workers must be at least 1, got {args.workers}")
+    spec = load_model_file(args.model)
+    hparams = {**DEFAULTS, **spec.hparams}
+    data = load_dataset(args.dataset or hparams["dataset"])
+    model = build(spec, data, hparams)
+    stats = None
+    if args.partition:
+        stats = _partition_stats(Path(args.partition))
+        if stats.num_parts != args.workers:
+            if args.workers != 1:
+                raise CompileError(f"--partition has {stats.num_parts} parts but --workers is {args.workers}")
+            args.workers = stats.num_parts
+    art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
+                        workers=args.workers, stats=stats,
+                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
+                        baseline=args.baseline, exec_mode=args.exec_mode)
+    print(format_summary(art), end="")
+    if "plan" in emit:
+        print(format_plan(art.plan), end="")
+    if args.out:
+        written = write_artifacts(art, Path(args.out), emit)
+        print(f"wrote {len(written)} files to {args.out}")
+    return 0
+
+
+def _partition_stats(path: Path) -> ShardStats:
+    """Statistics of a partition set written by ``sarc partition``."""
+    from .partition import load_partitions
+    return ShardStats.from_partition_set(load_partitions(path))
