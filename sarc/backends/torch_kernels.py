@@ -195,7 +195,7 @@ def _sub_block(g: Graph, lo: int, hi: int) -> tuple[Graph, int, int]:
     """Destination rows [lo, hi) of ``g`` and their edges [e0, e1), renumbered."""
     e0, e1 = int(g.rowptr[lo]), int(g.rowptr[hi])
     sub = Graph(g.num_src, hi - lo, g.src[e0:e1], g.dst[e0:e1] - lo, g.perm[e0:e1],
-                g.rowptr[lo:hi + 1] - e0, g.in_degree[lo:hi], g.out_degree)
+                g.rowptr[lo:hi + 1] - e0, g.in_degree[lo:hi], g.out_degree, dst_in_src=False)
     return sub, e0, e1
 
 
