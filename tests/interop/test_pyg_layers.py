@@ -43,6 +43,7 @@ from sage import SAGELayer  # noqa: E402
 GRAPHS = graph_cases()
 # (in, out) feature sizes, none a power of two; in > out and in < out both occur.
 DIMS = [(3, 7), (100, 7), (7, 3)]
+SMALL_DIMS = [(7, 3), (100, 7)]  # for the layers with more variants each
 
 
 def edge_index(src, dst):
@@ -140,25 +141,28 @@ def test_sage(graph, dims):
     compare(sage_pair(src, dst, n, *dims), torch.randn(n, dims[0]))
 
 
+@pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
 @pytest.mark.parametrize("heads,concat", [(1, True), (4, True), (4, False)])
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_gat(graph, heads, concat):
+def test_gat(graph, heads, concat, dims):
     src, dst, n = GRAPHS[graph]
-    compare(gat_pair(src, dst, n, 7, 3, heads, concat), torch.randn(n, 7))
+    compare(gat_pair(src, dst, n, *dims, heads, concat), torch.randn(n, dims[0]))
 
 
-@pytest.mark.parametrize("eps,train_eps", [(0.0, False), (0.3, True)])
+@pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
+@pytest.mark.parametrize("eps,train_eps", [(0.0, False), (0.3, False), (-0.2, True)])
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_gin(graph, eps, train_eps):
+def test_gin(graph, eps, train_eps, dims):
     src, dst, n = GRAPHS[graph]
-    compare(gin_pair(src, dst, n, 7, 3, eps, train_eps), torch.randn(n, 7))
+    compare(gin_pair(src, dst, n, *dims, eps, train_eps), torch.randn(n, dims[0]))
 
 
+@pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
 @pytest.mark.parametrize("num_bases,aggr", [(None, "mean"), (2, "mean"), (None, "add")])
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_rgcn(graph, num_bases, aggr):
+def test_rgcn(graph, num_bases, aggr, dims):
     src, dst, n = GRAPHS[graph]
-    compare(rgcn_pair(src, dst, n, 7, 3, 3, num_bases, aggr), torch.randn(n, 7))
+    compare(rgcn_pair(src, dst, n, *dims, 3, num_bases, aggr), torch.randn(n, dims[0]))
 
 
 # Bipartite blocks (from_pyg with (num_src, num_dst)): PyG's layers take
