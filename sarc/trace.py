@@ -214,9 +214,21 @@ class Proxy:
         kwargs = kwargs or {}
         handler = TORCH_FUNCTIONS.get(func)
         if handler is None:
-            name = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
-            raise DSLError(f"torch function {name} is not supported in a sarc layer", user_loc())
+            raise DSLError(f"torch function {_torch_name(func)} is not supported in a sarc layer",
+                           user_loc())
         return handler(*args, **kwargs)
+
+
+def _torch_name(func) -> str:
+    """A torch function as the user wrote it: torch.sin, torch.nn.functional.gelu, Tensor.sin
+    (not its C-level qualname, such as _VariableFunctionsClass.sin)."""
+    name = getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None)
+    if (getattr(func, "__qualname__", None) or "").startswith(("TensorBase.", "Tensor.")):
+        return f"Tensor.{name}"
+    if module == "torch._C._nn":
+        return f"torch.nn.functional.{name}"
+    return f"{module}.{name}" if module else name
 
 
 def _resolve_minus_one(shape, feat: tuple[int, ...]) -> tuple[int, ...]:
