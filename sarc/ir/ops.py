@@ -132,6 +132,11 @@ def binary_type(a: TensorType, b: TensorType) -> TensorType:
         return TensorType(b.domain, a.dtype, _broadcast_feat(_param_as_feat(a, b), b.feat))
     if b.domain is Domain.PARAM:
         return TensorType(a.domain, a.dtype, _broadcast_feat(a.feat, _param_as_feat(b, a)))
+    if len(a.feat) != len(b.feat):
+        # torch aligns shapes from the right, so [E] against [E, C] would line the
+        # row axis of one up with a feature axis of the other
+        _fail(f"cannot combine {a.domain.value} values of shapes {_fmt(a)} and {_fmt(b)}: "
+              f"they differ in rank (add the missing axis, e.g. x.unsqueeze(-1))")
     return TensorType(a.domain, a.dtype, _broadcast_feat(a.feat, b.feat))
 
 
