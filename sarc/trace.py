@@ -294,7 +294,9 @@ def dropout(x: Proxy, p: float = 0.5, training: bool = True, inplace: bool = Fal
     """Dropout with rate ``p``, active while the compiled layer is in training mode."""
     if not 0.0 <= p < 1.0:
         raise DSLError(f"dropout rate must be in [0, 1), got {p}", user_loc())
-    return x.tracer.emit(Op.DROPOUT, [x], {"p": float(p)})
+    # The key (the dropout's rank in the trace) names its mask stream; see sarc.ir.rng.
+    key = sum(1 for v in x.tracer.builder.values if v.op is Op.DROPOUT)
+    return x.tracer.emit(Op.DROPOUT, [x], {"p": float(p), "key": key})
 
 
 def concat(xs, dim: int = -1) -> Proxy:

@@ -8,6 +8,10 @@ against it. Autograd through it gives the reference gradients.
 Inputs: node features have ``g.num_src`` rows (dst rows are the first
 ``g.num_dst``), edge features are in the graph's CSR edge order, and the
 builtins ``in_degree`` / ``out_degree`` are supplied like any other input.
+Dropout masks are a function of the call's ``seed`` (``sarc.ir.rng``).
+
+``run_backward`` evaluates a backward function (``sarc.ir.autodiff.grad``) given
+the forward call's inputs, params and seed and the outputs' cotangents.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import torch.nn.functional as F
 from ..graph import Graph
 from .function import Function, Region, Value
 from .ops import Op
+from . import rng
+from .autodiff import GRAD_PREFIX
 from .types import Domain
 
 
@@ -105,6 +111,31 @@ def _softmax_aggregate(v: Value, g: Graph, ctx, *xs) -> torch.Tensor:
     return _scatter("sum", alpha * value, g)
 
 
+def _zeros(v: Value, g: Graph) -> torch.Tensor:
+    """Zeros of ``v``'s type on ``g``."""
+    rows = {Domain.SRC: g.num_src, Domain.DST: g.num_dst, Domain.EDGE: g.num_edges,
+            Domain.PARAM: None}[v.type.domain]
+    shape = v.type.feat if rows is None else (rows, *v.type.feat)
+    return torch.zeros(shape, dtype=v.type.dtype.to_torch(), device=g.device)
+
+
+def _rowwise(per_row: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return per_row.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _edge_count(g: Graph) -> torch.Tensor:
+    """Edges into each destination of this block, at least 1 (a mean reduce's divisor)."""
+    return torch.bincount(g.dst, minlength=g.num_dst).clamp(min=1)
+
+
+def _expand(v: Value, x: torch.Tensor) -> torch.Tensor:
+    feat = tuple(v.attr["feat"])
+    if v.type.domain is Domain.PARAM:
+        return x.expand(feat)
+    lead = len(feat) - (x.dim() - 1)
+    return x.reshape(x.shape[0], *([1] * lead), *x.shape[1:]).expand(x.shape[0], *feat)
+
+
 Impl = Callable[..., torch.Tensor]
 
 # Each implementation takes (value, graph, ctx, *operand tensors).
@@ -124,7 +155,8 @@ IMPLS: dict[Op, Impl] = {
     Op.CLAMP_MIN: lambda v, g, c, x: torch.clamp_min(x, v.attr["min"]),
     Op.LEAKY_RELU: lambda v, g, c, x: F.leaky_relu(x, v.attr["slope"]),
     Op.ELU: lambda v, g, c, x: F.elu(x, v.attr["alpha"]),
-    Op.DROPOUT: lambda v, g, c, x: F.dropout(x, v.attr["p"], c["training"]),
+    Op.DROPOUT: lambda v, g, c, x: rng.dropout(x, v.attr["p"], c["seed"], v.attr["key"],
+                                               c["training"]),
     Op.ADD: lambda v, g, c, a, b: a + b,
     Op.SUB: lambda v, g, c, a, b: a - b,
     Op.MUL: lambda v, g, c, a, b: a * b,
@@ -140,6 +172,20 @@ IMPLS: dict[Op, Impl] = {
     Op.AGGREGATE: lambda v, g, c, *xs: _scatter(v.attr["kind"], run_region(v.attr["body"], g, c, xs), g),
     Op.SDDMM: lambda v, g, c, *xs: run_region(v.attr["body"], g, c, xs),
     Op.SOFTMAX_AGGREGATE: _softmax_aggregate,
+    # ops of backward functions
+    Op.SCATTER_SRC: lambda v, g, c, x: _zeros(v, g).index_add(0, g.src, x),
+    Op.DST_TO_SRC: lambda v, g, c, x: torch.cat([x, _zeros(v, g)[g.num_dst:]], 0),
+    Op.DIV_EDGE_COUNT: lambda v, g, c, x: x / _rowwise(_edge_count(g).to(x.dtype), x),
+    Op.SUM_ROWS: lambda v, g, c, x: x.sum(0),
+    Op.ROW_OUTER: lambda v, g, c, a, b: (a.reshape(-1, a.shape[-1]).t()
+                                         @ b.reshape(-1, b.shape[-1])),
+    Op.TYPED_OUTER: lambda v, g, c, x, ct, idx: _zeros(v, g).index_add(
+        0, idx, x.unsqueeze(2) * ct.unsqueeze(1)),
+    Op.INDEX_ADD: lambda v, g, c, x, idx: _zeros(v, g).index_add(0, idx, x),
+    Op.TRANSPOSE: lambda v, g, c, x: x.transpose(-1, -2),
+    Op.WHERE_POS: lambda v, g, c, cond, a, b: torch.where(cond > 0, a, b),
+    Op.EQ_MASK: lambda v, g, c, a, b: (a == b).to(v.type.dtype.to_torch()),
+    Op.EXPAND: lambda v, g, c, x: _expand(v, x),
 }
 
 
@@ -154,13 +200,43 @@ def _leaf(v: Value, g: Graph, inputs: Mapping, params: Mapping) -> torch.Tensor:
 
 
 def run(fn: Function, g: Graph, inputs: Mapping[str, torch.Tensor],
-        params: Mapping[str, torch.Tensor], training: bool = False) -> dict[str, torch.Tensor]:
-    """Evaluate ``fn`` on ``g``; returns the named outputs."""
+        params: Mapping[str, torch.Tensor], training: bool = False,
+        seed: int | None = None) -> dict[str, torch.Tensor]:
+    """Evaluate ``fn`` on ``g``; returns the named outputs.
+
+    ``seed`` fixes the dropout masks of a training call (``sarc.ir.rng``); when it
+    is None one is drawn from torch's RNG.
+    """
     env: list[torch.Tensor] = []
-    ctx = {"training": training}
+    if training and seed is None:
+        seed = rng.draw_seed()
+    ctx = {"training": training, "seed": seed}
     for v in fn.values:
         if v.op in (Op.INPUT, Op.PARAM, Op.CONST):
             env.append(_leaf(v, g, inputs, params))
         else:
             env.append(IMPLS[v.op](v, g, ctx, *(env[j] for j in v.inputs)))
     return {name: env[i] for name, i in fn.outputs}
+
+
+def run_backward(bwd: Function, g: Graph, inputs: Mapping[str, torch.Tensor],
+                 params: Mapping[str, torch.Tensor], cotangents: Mapping[str, torch.Tensor],
+                 training: bool = False, seed: int | None = None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Evaluate a backward function (``sarc.ir.autodiff.grad``).
+
+    ``inputs`` and ``params`` are the forward call's, ``cotangents`` maps each
+    forward output's name to its cotangent (``N_dst`` rows); ``seed`` must be the
+    forward call's when dropout is active. Returns the gradients of the params and
+    of the inputs, by name (leaves without a path to an output are absent).
+    """
+    if bwd.role != "backward":
+        raise ValueError(f"{bwd.name} is a {bwd.role}, not a backward function")
+    feeds = {**inputs, **{GRAD_PREFIX + k: v for k, v in cotangents.items()}}
+    out = run(bwd, g, feeds, params, training, seed)
+    param_grads, input_grads = {}, {}
+    for name, i in bwd.outputs:
+        side = param_grads if bwd.values[i].type.domain is Domain.PARAM else input_grads
+        side[name[len(GRAD_PREFIX):]] = out[name]
+    return param_grads, input_grads
+

@@ -39,7 +39,7 @@ class Op(enum.Enum):
     CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
     LEAKY_RELU = "leaky_relu"  # attrs: slope
     ELU = "elu"                # attrs: alpha
-    DROPOUT = "dropout"        # attrs: p       (identity when not training)
+    DROPOUT = "dropout"        # attrs: p, key  (identity when not training; see sarc.ir.rng)
     # elementwise, binary (broadcasting)
     ADD = "add"
     SUB = "sub"
@@ -61,6 +61,19 @@ class Op(enum.Enum):
     SDDMM = "sddmm"            # attrs: body           y[e] = body(e)                   (g-SDDMM)
     SOFTMAX_AGGREGATE = "softmax_aggregate"  # attrs: score, value
     #                          y[v] = sum_{e->v} softmax_v(score)(e) * value(e)  (online softmax)
+    # ops of backward functions (made by sarc.ir.autodiff; see the type rules below)
+    SCATTER_SRC = "scatter_src"    # edge -> src:  y[u] = sum_{e: src(e)=u} x[e]  (transposed gather)
+    DST_TO_SRC = "dst_to_src"      # dst -> src:   y[u] = x[u] for u < N_dst, else 0
+    DIV_EDGE_COUNT = "div_edge_count"  # dst -> dst: y[v] = x[v] / max(1, #edges into v)
+    SUM_ROWS = "sum_rows"          # node/edge -> param: y = sum_i x[i]
+    ROW_OUTER = "row_outer"        # -> param [m, n]: y = sum_i a_i^T b_i  (leading axes flattened)
+    TYPED_OUTER = "typed_outer"    # attrs: num_types   -> param [R, in, out]:
+    #                                y[r] = sum_{i: idx[i]=r} x_i^T c_i
+    INDEX_ADD = "index_add"        # attrs: num_rows    -> param: y[r] = sum_{i: idx[i]=r} x[i]
+    TRANSPOSE = "transpose"        # param: swap the last two axes
+    WHERE_POS = "where_pos"        # y = a where c > 0 else b  (broadcasting)
+    EQ_MASK = "eq_mask"            # y = 1.0 where a == b else 0.0  (broadcasting)
+    EXPAND = "expand"              # attrs: feat        broadcast size-1 / missing leading axes
 
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH,
@@ -145,6 +158,16 @@ def _unary(ts, attrs):
     if not x.dtype.is_float:
         _fail(f"elementwise math on an integer (index) value {_fmt(x)}")
     return x
+
+
+def _dropout(ts, attrs):
+    # The key names the dropout's mask stream (sarc.ir.rng): recomputing the value,
+    # as a backward function does, must regenerate the same mask.
+    if not isinstance(attrs.get("key"), int):
+        _fail("dropout needs an int attribute key (set when traced; see sarc.ir.rng)")
+    if not 0.0 <= attrs["p"] < 1.0:
+        _fail(f"dropout rate must be in [0, 1), got {attrs['p']}")
+    return _unary(ts, attrs)
 
 
 def _gather(src_domain: Domain):
@@ -345,7 +368,8 @@ TYPE_RULES: dict[Op, TypeRule] = {
     Op.AGGREGATE: _aggregate,
     Op.SDDMM: _sddmm,
     Op.SOFTMAX_AGGREGATE: _softmax_aggregate,
-    **{op: _unary for op in UNARY_ELEMENTWISE},
+    **{op: _unary for op in UNARY_ELEMENTWISE - {Op.DROPOUT}},
+    Op.DROPOUT: _dropout,
     **{op: (lambda ts, attrs: binary_type(*ts)) for op in BINARY_ELEMENTWISE},
 }
 
@@ -359,6 +383,112 @@ ARITY: dict[Op, int | None] = {
     Op.ARG: 0, Op.AGGREGATE: None, Op.SDDMM: None, Op.SOFTMAX_AGGREGATE: None,
 }
 FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})
+
+
+# --- ops of backward functions -------------------------------------------------------
+# sarc.ir.autodiff writes the backward of a layer with these (plus the forward ops):
+# transposed graph movement, parameter-gradient reductions over rows, and the masks of
+# piecewise-linear derivatives. They read and write the same domains as forward ops.
+
+BACKWARD_OPS = frozenset({Op.SCATTER_SRC, Op.DST_TO_SRC, Op.DIV_EDGE_COUNT, Op.SUM_ROWS,
+                          Op.ROW_OUTER, Op.TYPED_OUTER, Op.INDEX_ADD, Op.TRANSPOSE,
+                          Op.WHERE_POS, Op.EQ_MASK, Op.EXPAND})
+
+
+def _float(x: TensorType, what: str) -> None:
+    if not x.dtype.is_float:
+        _fail(f"{what} of an integer (index) value {_fmt(x)}")
+
+
+def _domain_move(src: Domain, dst: Domain, what: str):
+    def rule(ts, attrs):
+        (x,) = ts
+        if x.domain is not src:
+            _fail(f"{what} takes a {src.value} value, got a {x.domain.value} value {_fmt(x)}")
+        _float(x, what)
+        return x.with_(domain=dst)
+    return rule
+
+
+def _sum_rows(ts, attrs):
+    (x,) = ts
+    if x.domain is Domain.PARAM:
+        _fail(f"sum_rows sums the rows of a node or edge value, got a param {_fmt(x)}")
+    _float(x, "sum_rows")
+    return x.with_(domain=Domain.PARAM)
+
+
+def _row_outer(ts, attrs):
+    a, b = ts
+    if a.domain is not b.domain or a.dtype is not b.dtype:
+        _fail(f"row_outer of {a} and {b}: domains and dtypes must agree")
+    if not a.feat or not b.feat or a.feat[:-1] != b.feat[:-1]:
+        _fail(f"row_outer: shapes {_fmt(a)} and {_fmt(b)} must agree on all but the last axis")
+    _float(a, "row_outer")
+    return TensorType(Domain.PARAM, a.dtype, (a.feat[-1], b.feat[-1]))
+
+
+def _typed_outer(ts, attrs):
+    x, c, idx = ts
+    if x.domain is Domain.PARAM or c.domain is not x.domain or idx.domain is not x.domain:
+        _fail(f"typed_outer needs rows of one node or edge domain, got {x}, {c}, {idx}")
+    if len(x.feat) != 1 or len(c.feat) != 1 or x.dtype is not c.dtype:
+        _fail(f"typed_outer needs two vectors per row of one dtype, got {x} and {c}")
+    if idx.dtype is not DType.I64 or idx.feat != ():
+        _fail(f"typed_outer needs an int64 type id per row, got {idx}")
+    _float(x, "typed_outer")
+    return TensorType(Domain.PARAM, x.dtype, (int(attrs["num_types"]), x.feat[0], c.feat[0]))
+
+
+def _index_add(ts, attrs):
+    x, idx = ts
+    if x.domain is Domain.PARAM or idx.domain is not x.domain:
+        _fail(f"index_add adds rows of a node or edge value into a table, got {x} and {idx}")
+    if idx.dtype is not DType.I64 or idx.feat != ():
+        _fail(f"index_add needs an int64 row id per row, got {idx}")
+    _float(x, "index_add")
+    return TensorType(Domain.PARAM, x.dtype, (int(attrs["num_rows"]), *x.feat))
+
+
+def _transpose(ts, attrs):
+    (x,) = ts
+    if x.domain is not Domain.PARAM or len(x.feat) < 2:
+        _fail(f"transpose swaps the last two axes of a param of at least 2 dims, got {x}")
+    return x.with_(feat=(*x.feat[:-2], x.feat[-1], x.feat[-2]))
+
+
+def _where_pos(ts, attrs):
+    c, a, b = ts
+    return binary_type(binary_type(c, a), b)
+
+
+def _expand(ts, attrs):
+    (x,) = ts
+    feat = tuple(attrs["feat"])
+    lead = len(feat) - len(x.feat)
+    if lead < 0 or any(d != f and d != 1 for d, f in zip(x.feat, feat[lead:])):
+        _fail(f"cannot expand features {list(x.feat)} to {list(feat)}")
+    return x.with_(feat=feat)
+
+
+TYPE_RULES.update({
+    Op.SCATTER_SRC: _domain_move(Domain.EDGE, Domain.SRC, "scatter_src"),
+    Op.DST_TO_SRC: _domain_move(Domain.DST, Domain.SRC, "dst_to_src"),
+    Op.DIV_EDGE_COUNT: _domain_move(Domain.DST, Domain.DST, "div_edge_count"),
+    Op.SUM_ROWS: _sum_rows,
+    Op.ROW_OUTER: _row_outer,
+    Op.TYPED_OUTER: _typed_outer,
+    Op.INDEX_ADD: _index_add,
+    Op.TRANSPOSE: _transpose,
+    Op.WHERE_POS: _where_pos,
+    Op.EQ_MASK: lambda ts, attrs: binary_type(*ts),
+    Op.EXPAND: _expand,
+})
+ARITY.update({
+    Op.SCATTER_SRC: 1, Op.DST_TO_SRC: 1, Op.DIV_EDGE_COUNT: 1, Op.SUM_ROWS: 1,
+    Op.ROW_OUTER: 2, Op.TYPED_OUTER: 3, Op.INDEX_ADD: 2, Op.TRANSPOSE: 1,
+    Op.WHERE_POS: 3, Op.EQ_MASK: 2, Op.EXPAND: 1,
+})
 
 
 def infer_type(op: Op, input_types: Sequence[TensorType], attrs: Mapping) -> TensorType:

@@ -1,0 +1,370 @@
+"""IR autodiff: the backward function of a layer against torch autograd.
+
+The reference is torch autograd through the interpreter on the traced layer;
+the backward function (``sarc.ir.autodiff.grad``) runs in the interpreter too
+and must give the gradient of every parameter and every float input feature:
+
+- for every model layer of the zoo (GAT with attention dropout active, the same
+  seed on both sides) on graphs with nodes without in-edges, self loops,
+  multi-edges and blocks, float32, relative error <= 1e-5;
+- for random DSL layers (hypothesis, ``random_layers``), float64;
+- compiled by the torch backend after the optimizing passes, against the
+  interpreter.
+
+Also: every op has a VJP rule or a stated reason, the backward verifies and
+prints stably (a golden file of GAT's backward; ``SARC_UPDATE_GOLDEN=1``
+rewrites it), dropout masks depend on (seed, key) only.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from difftest import CANCEL_FLOOR, assert_close, block, random_block
+from gat import GATLayer
+from gcn import GCNLayer
+from gin import GINLayer
+from hypothesis import HealthCheck, given, settings
+from random_layers import cases
+from rgcn import RGCNLayer
+from sage import SAGELayer
+
+import sarc
+from sarc.backends import torch_backend
+from sarc.backends.torch_backend import LOWERING
+from sarc.compiler import optimize
+from sarc.errors import DSLError
+from sarc.ir import interpreter, rng
+from sarc.ir.autodiff import NOT_DIFFERENTIABLE, VJP_RULES, AutodiffError, grad
+from sarc.ir.function import Builder
+from sarc.ir.interpreter import IMPLS
+from sarc.ir.ops import ARITY, BACKWARD_OPS, TYPE_RULES, Op
+from sarc.ir.printer import format_function
+from sarc.ir.types import Domain, DType, TensorType
+from sarc.ir.verifier import verify
+from sarc.runtime.bind import bind_inputs
+
+# a folder of its own: tests/golden/ir/*.ir are the layers' (test_golden_ir.py)
+GOLDEN_BACKWARD = Path(__file__).resolve().parent.parent / "golden" / "ir" / "backward"
+NUM_RELS = 3
+SEED = 1234
+
+LAYERS = {
+    "gcn": lambda d: GCNLayer(d, 5),
+    "sage": lambda d: SAGELayer(d, 5),
+    "gat_1head": lambda d: GATLayer(d, 5, heads=1),
+    "gat_4heads_concat": lambda d: GATLayer(d, 3, heads=4),
+    "gat_4heads_mean": lambda d: GATLayer(d, 3, heads=4, concat=False),
+    "gat_1head_drop": lambda d: GATLayer(d, 5, heads=1, attn_drop=0.4),
+    "gat_4heads_concat_drop": lambda d: GATLayer(d, 3, heads=4, attn_drop=0.5),
+    "gat_4heads_mean_drop": lambda d: GATLayer(d, 3, heads=4, concat=False, attn_drop=0.5),
+    "gin_train_eps": lambda d: GINLayer(d, 6, 5, eps=0.3, train_eps=True),
+    "rgcn": lambda d: RGCNLayer(d, 5, NUM_RELS),
+    "rgcn_bases": lambda d: RGCNLayer(d, 5, NUM_RELS, num_bases=2),
+}
+
+
+def _graphs() -> dict[str, sarc.Graph]:
+    gen = torch.Generator().manual_seed(1)
+    return {
+        "random": random_block(gen, 9, 9, 30),
+        # nodes 0, 4, 5 have no in-edges; 5 has no edges at all
+        "zero_in_degree": block([0, 0, 1, 2, 4], [1, 2, 3, 3, 1], 6),
+        "self_loops": block([0, 1, 2, 3, 0, 2], [0, 1, 2, 3, 1, 0], 4),
+        "multi_edges": block([0, 0, 0, 1, 1, 2, 3, 3], [1, 1, 1, 2, 2, 2, 0, 0], 4),
+        "block": block([0, 3, 4, 5, 6, 6, 2, 1, 6], [0, 0, 1, 1, 1, 2, 2, 0, 0], 7, 3),
+        "no_edges": block([], [], 3),
+    }
+
+
+GRAPHS = _graphs()
+
+
+def _features(layer: sarc.Layer, g: sarc.Graph, d: int) -> dict[str, torch.Tensor]:
+    feats = {"h": torch.randn(g.num_src, d)}
+    if isinstance(layer, RGCNLayer):
+        feats["etype"] = torch.randint(0, NUM_RELS, (g.num_edges,))
+        feats["norm"] = torch.rand(g.num_edges)
+    return feats
+
+
+def _autograd_and_ir(fn, layer, g, feats, seed):
+    """(torch autograd grads, backward-IR grads), each {'param x' | 'input x': tensor}."""
+    inputs = bind_inputs(layer, fn, g, (), feats)
+    wrt_inputs = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()
+                  if v.is_floating_point() and k not in ("in_degree", "out_degree")}
+    inputs = {**inputs, **wrt_inputs}
+    params = {k: p.detach().clone().requires_grad_() for k, p in layer.named_parameters()}
+    out = interpreter.run(fn, g, inputs, params, training=True, seed=seed)
+    cot = {k: torch.randn_like(v) for k, v in out.items()}
+    leaves = {**{f"param {k}": p for k, p in params.items()},
+              **{f"input {k}": x for k, x in wrt_inputs.items()}}
+    loss = sum((out[k] * cot[k]).sum() for k in out)
+    ref = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)))
+
+    bwd = grad(fn)
+    with torch.no_grad():
+        pg, ig = interpreter.run_backward(bwd, g, inputs, params, cot, training=True, seed=seed)
+    mine = {**{f"param {k}": v for k, v in pg.items()}, **{f"input {k}": v for k, v in ig.items()}}
+    return ref, mine
+
+
+def _compare(ref, mine, rtol, floor_frac=0.0):
+    assert set(mine) <= set(ref), f"gradients of unknown leaves: {set(mine) - set(ref)}"
+    scale = max([r.abs().max().item() for r in ref.values() if r is not None and r.numel()],
+                default=0.0)
+    for name, r in ref.items():
+        if name not in mine:
+            assert r is None or not r.any(), f"{name}: no gradient from the IR, autograd has one"
+            continue
+        expected = torch.zeros_like(mine[name]) if r is None else r
+        assert_close(mine[name], expected, rtol, f"grad of {name}", floor_frac * scale)
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+@pytest.mark.parametrize("model", sorted(LAYERS))
+def test_model_backward_matches_autograd(model, graph):
+    g = GRAPHS[graph]
+    layer = LAYERS[model](6)
+    ref, mine = _autograd_and_ir(layer.trace(), layer, g, _features(layer, g, 6), SEED)
+    # every param, and h; RGCN's edge weight norm too
+    assert {n for n in mine if n.startswith("param")} == {f"param {n}" for n, _ in
+                                                          layer.named_parameters()}
+    assert "input h" in mine
+    # GAT's att_dst gradient cancels to rounding noise where all of a node's scores
+    # fall on one side of the leaky_relu (softmax is shift invariant): such values
+    # are compared at the scale of the layer's gradients (difftest.CANCEL_FLOOR)
+    _compare(ref, mine, 1e-5, CANCEL_FLOOR)
+
+
+def test_message_parameters_need_no_annotation():
+    """RGCN's W[etype] inside the message, and a table indexed by edge type."""
+
+    class EdgeMLP(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX, "w": 2})
+            self.emb = torch.nn.Parameter(torch.randn(NUM_RELS, 4))
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(),
+                                           torch.nn.Linear(8, 4))
+
+        def message(self, src, dst, edge):
+            return src.h * self.emb[edge.etype] * self.mlp(edge.w)
+
+        def reduce(self, msg):
+            return sarc.max(msg.m)
+
+    layer = EdgeMLP()
+    g = GRAPHS["multi_edges"]
+    feats = {"h": torch.randn(4, 4), "etype": torch.randint(0, NUM_RELS, (g.num_edges,)),
+             "w": torch.randn(g.num_edges, 2)}
+    ref, mine = _autograd_and_ir(layer.trace(), layer, g, feats, SEED)
+    assert {"param emb", "param mlp.0.weight", "param mlp.2.bias", "input w"} <= set(mine)
+    _compare(ref, mine, 1e-5)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_random_layers_backward_matches_autograd(case):
+    layer, g, feats, seed = case
+    fn = layer.trace()
+    ref, mine = _autograd_and_ir(fn, layer, g, feats, seed)
+    # values that cancel to ~0 are compared at 1e-4 of the gradients' scale
+    _compare(ref, mine, 1e-9, floor_frac=1e-4)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_random_layers_compiled_backward_matches_interpreter(case):
+    """The backward, optimized by the pass pipeline and compiled, against the interpreter."""
+    layer, g, feats, seed = case
+    fn = layer.trace()
+    bwd = grad(fn)
+    inputs = bind_inputs(layer, fn, g, (), feats)
+    params = {k: p.detach() for k, p in layer.named_parameters()}
+    out = interpreter.run(fn, g, inputs, params, training=True, seed=seed)
+    cot = {k: torch.randn_like(v) for k, v in out.items()}
+    pg, ig = interpreter.run_backward(bwd, g, inputs, params, cot, training=True, seed=seed)
+    kernel = torch_backend.compile(verify(optimize(bwd)))
+    got = kernel(g, {**inputs, **{f"grad:{k}": v for k, v in cot.items()}}, params, True, seed)
+    for name, want in {**pg, **ig}.items():
+        assert_close(got[f"grad:{name}"], want, 1e-9, f"grad of {name}",
+                     1e-4 * max(1.0, want.abs().max().item() if want.numel() else 0.0))
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat_4heads_concat_drop", "gin_train_eps",
+                                   "rgcn_bases"])
+def test_compiled_backward_matches_interpreter(model):
+    g = GRAPHS["block"]
+    layer = LAYERS[model](6)
+    fn = layer.trace()
+    bwd = grad(fn)
+    inputs = bind_inputs(layer, fn, g, (), _features(layer, g, 6))
+    params = {k: p.detach() for k, p in layer.named_parameters()}
+    cot = {k: torch.randn_like(v) for k, v in interpreter.run(fn, g, inputs, params).items()}
+    pg, ig = interpreter.run_backward(bwd, g, inputs, params, cot, training=True, seed=SEED)
+    optimized = verify(optimize(bwd))
+    assert optimized.role == "backward"
+    kernel = torch_backend.compile(optimized)
+    got = kernel(g, {**inputs, **{f"grad:{k}": v for k, v in cot.items()}}, params, True, SEED)
+    for name, want in {**pg, **ig}.items():
+        assert_close(got[f"grad:{name}"], want, 1e-5, f"grad of {name}")
+
+
+# --- the backward function's form ------------------------------------------------------
+
+def test_backward_leaves_and_outputs():
+    layer = GATLayer(6, 3, heads=2, attn_drop=0.5)
+    fn = layer.trace()
+    bwd = grad(fn)
+    assert bwd.role == "backward" and bwd.name == "GATLayer_grad"
+    leaves = {(v.op, v.attr["name"], v.type) for v in bwd.values if v.op in (Op.INPUT, Op.PARAM)}
+    forward = {(v.op, v.attr["name"], v.type) for v in fn.values if v.op in (Op.INPUT, Op.PARAM)}
+    cot = TensorType(Domain.DST, DType.F32, (6,))
+    # the forward's leaves (the bias, whose gradient is a sum of the cotangent, is
+    # not needed and dropped) and the cotangent
+    assert leaves == forward - {(Op.PARAM, "bias", fn.params()["bias"])} | {
+        (Op.INPUT, "grad:h", cot)}
+    outs = {k: bwd.values[i].type for k, i in bwd.outputs}
+    assert outs == {**{f"grad:{k}": t for k, t in fn.params().items()},
+                    "grad:h": TensorType(Domain.SRC, DType.F32, (6,))}
+
+
+def test_builtin_degrees_and_int_inputs_get_no_gradient():
+    bwd = grad(GCNLayer(4, 3).trace())
+    assert {k for k, _ in bwd.outputs} == {"grad:lin.weight", "grad:bias", "grad:h"}
+    bwd = grad(RGCNLayer(4, 3, NUM_RELS).trace())
+    assert "grad:etype" not in dict(bwd.outputs) and "grad:norm" in dict(bwd.outputs)
+    bwd = grad(RGCNLayer(4, 3, NUM_RELS).trace(), wrt_inputs=["h"])
+    assert "grad:norm" not in dict(bwd.outputs)
+
+
+def _render_gat_backward() -> str:
+    torch.manual_seed(0)
+    bwd = grad(GATLayer(6, 3, heads=2, attn_drop=0.5).trace())
+    return ("# GATLayer(6, 3, heads=2, attn_drop=0.5): sarc.ir.autodiff.grad of the traced "
+            "layer, then after sarc.compiler.optimize.\n"
+            "# Generated by tests/ir/test_autodiff.py; rewrite with SARC_UPDATE_GOLDEN=1.\n"
+            f"\n# --- backward ---\n{format_function(verify(bwd))}"
+            f"\n# --- optimized ---\n{format_function(verify(optimize(bwd)))}")
+
+
+def test_backward_verifies_and_prints_stably():
+    text = _render_gat_backward()
+    assert text == _render_gat_backward()
+    assert "def GATLayer_grad(src, dst, edge, params):  # backward\n" in text
+    path = GOLDEN_BACKWARD / "gat.ir"
+    if os.environ.get("SARC_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing; create it with SARC_UPDATE_GOLDEN=1"
+    if text != path.read_text():
+        diff = "".join(difflib.unified_diff(path.read_text().splitlines(True),
+                                            text.splitlines(True), "golden", "now"))
+        pytest.fail(f"the printed backward of GAT changed (SARC_UPDATE_GOLDEN=1 rewrites "
+                    f"{path} if that is intended):\n{diff}")
+
+
+def test_layers_print_without_a_role_marker():
+    text = format_function(GATLayer(6, 3).trace())
+    assert text.startswith("def GATLayer(src, dst, edge, params):\n")
+
+
+def test_verifier_checks_outputs_by_role():
+    b = Builder("f")
+    x = b.add(Op.PARAM, (), {"name": "w"}, type=TensorType(Domain.PARAM, DType.F32, (2,)))
+    layer = b.finish([("w", x)])
+    with pytest.raises(DSLError, match="must be a dst value"):
+        verify(layer)
+    b.role = "backward"
+    assert verify(b.finish([("grad:w", x)])).role == "backward"
+    b.role = "forward"
+    with pytest.raises(DSLError, match="role"):
+        verify(b.finish([("w", x)]))
+
+
+def test_grad_rejects_fused_ir_with_a_reason():
+    fn = optimize(SAGELayer(4, 3).trace())
+    assert any(v.op in (Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE) for v in fn.values)
+    with pytest.raises(AutodiffError, match="differentiate the traced layer"):
+        grad(fn)
+
+
+def test_grad_rejects_a_feature_and_a_param_of_one_name():
+    class Clash(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"bias": 3})
+            self.bias = torch.nn.Parameter(torch.zeros(3))
+
+        def message(self, src, dst, edge):
+            return src.bias + self.bias
+
+        def reduce(self, msg):
+            return sarc.sum(msg.m)
+
+    with pytest.raises(AutodiffError, match="rename one"):
+        grad(Clash().trace())
+
+
+# --- tables -----------------------------------------------------------------------------
+
+def test_every_op_has_a_vjp_rule_or_a_reason():
+    for op in Op:
+        assert (op in VJP_RULES) != (op in NOT_DIFFERENTIABLE), op
+
+
+def test_backward_ops_have_every_table_entry():
+    for op in BACKWARD_OPS:
+        assert op in TYPE_RULES and op in ARITY and op in IMPLS and op in LOWERING, op
+
+
+# --- dropout ----------------------------------------------------------------------------
+
+def test_dropout_mask_is_a_function_of_seed_and_key():
+    x = torch.ones(50, 8)
+    a = rng.dropout(x, 0.5, seed=7, key=0, training=True)
+    assert torch.equal(a, rng.dropout(x, 0.5, seed=7, key=0, training=True))
+    assert not torch.equal(a, rng.dropout(x, 0.5, seed=7, key=1, training=True))
+    assert not torch.equal(a, rng.dropout(x, 0.5, seed=8, key=0, training=True))
+    assert set(a.unique().tolist()) == {0.0, 2.0}
+    assert 0.35 < (a == 0).float().mean().item() < 0.65
+    assert torch.equal(rng.dropout(x, 0.5, seed=None, key=0, training=False), x)
+
+
+def test_dropout_is_identical_in_interpreter_and_backend():
+    layer = GATLayer(6, 3, heads=4, attn_drop=0.5)
+    g = GRAPHS["random"]
+    feats = {"h": torch.randn(g.num_src, 6)}
+    fn = layer.trace()
+    assert [v.attr["key"] for v in fn.values if v.op is Op.DROPOUT] == [0]
+    inputs = bind_inputs(layer, fn, g, (), feats)
+    params = dict(layer.named_parameters())
+    kernel = torch_backend.compile(optimize(fn))
+    ref = interpreter.run(fn, g, inputs, params, training=True, seed=SEED)["h"]
+    assert_close(kernel(g, inputs, params, True, SEED)["h"], ref, 1e-5)
+    other = kernel(g, inputs, params, True, SEED + 1)["h"]
+    assert not torch.allclose(other, ref), "the seed does not reach the masks"
+    evaluated = interpreter.run(fn, g, inputs, params, training=False)["h"]
+    assert not torch.allclose(evaluated, ref), "dropout is not active in training"
+
+
+def test_a_training_call_draws_its_seed_from_torch():
+    layer = GATLayer(6, 3, heads=4, attn_drop=0.5).train()
+    g = GRAPHS["random"]
+    h = torch.randn(g.num_src, 6)
+    torch.manual_seed(5)
+    a = layer(g, h)
+    torch.manual_seed(5)
+    assert torch.equal(layer(g, h), a)
+    assert not torch.equal(layer(g, h), a)
+
+
+def test_dropout_needs_a_key():
+    b = Builder("f")
+    x = b.add(Op.INPUT, (), {"name": "h"}, type=TensorType(Domain.DST, DType.F32, (2,)))
+    with pytest.raises(DSLError, match="key"):
+        b.add(Op.DROPOUT, [x], {"p": 0.5})
