@@ -1,0 +1,133 @@
+"""The ``sarc`` command line: one subcommand per ``add_*_parser`` in ``SUBCOMMANDS``.
+
+A subcommand is a function ``add_NAME_parser(subparsers)`` that adds its
+parser and sets ``func`` (``parser.set_defaults(func=NAME_command)``) to a
+function ``NAME_command(args) -> int`` (the exit status). Adding one is a
+line in ``SUBCOMMANDS``. Errors sarc raises on the user's behalf (a mistake
+in the model file, a missing dataset, bad arguments: ``SarcError``) print as
+one ``sarc: error: ...`` message, with the model file's line where there is
+one, and exit with status 2; anything else is a bug in sarc and keeps its
+traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from typing import Any, Callable
+
+from .errors import SarcError
+
+
+class UsageError(SarcError):
+    """A command-line argument that cannot be honoured."""
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train", help="train a model file on a node-classification dataset",
+        description="Train the model of MODEL.py (its build_model and HPARAMS) full-batch "
+                    "on one process, and report validation-selected test accuracy.")
+    p.add_argument("model", metavar="MODEL.py", help="the model file (defines build_model and HPARAMS)")
+    p.add_argument("--dataset", help="dataset name (cora, aifb, citeseer, pubmed) or .npz path "
+                   "(default: the model's HPARAMS['dataset'], else cora)")
+    p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
+    p.add_argument("--epochs", type=int, help="most epochs (default: the model's HPARAMS)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="processes (only 1 for now)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
+    p.add_argument("--log-every", type=int, default=1, help="print every N-th epoch (default 1)")
+    p.add_argument("--quiet", action="store_true", help="print only the final result")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    p.set_defaults(func=train_command)
+    return p
+
+
+def train_command(args) -> int:
+    from .loader import load_model_file
+    from .train import train
+
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        raise UsageError(f"--workers {args.workers}: distributed training is not implemented "
+                         f"yet; sarc train runs on one process (--workers 1)")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+        torch.set_num_threads(args.threads)
+    overrides = parse_overrides(args.overrides)
+    spec = load_model_file(args.model)
+    result = train(spec, args.dataset, epochs=args.epochs, seed=args.seed, hparams=overrides,
+                   data_root=args.data_dir, log=None if args.quiet else print,
+                   log_every=max(1, args.log_every))
+    if args.quiet:
+        print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
+              f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "
+              f"epoch {result['best_epoch']} of {result['epochs']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key.strip()] = value
+    return out
+
+
+def _compile_parser(subparsers):
+    from .artifacts import add_compile_parser
+    return add_compile_parser(subparsers)
+
+
+def _partition_parser(subparsers):
+    from .partition.cli import add_partition_parser
+    return add_partition_parser(subparsers)
+
+
+SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (add_train_parser, _compile_parser,
+                                                  _partition_parser)
+"""Every subcommand, in the order ``sarc --help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sarc", description="sarc: a compiler for "
+                                     "distributed training of graph neural networks")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"sarc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SarcError as e:
+        print(f"sarc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

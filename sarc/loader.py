@@ -1,0 +1,110 @@
+"""Loading a user's model file: the ``build_model`` + ``HPARAMS`` convention.
+
+A model file (``models/gcn.py`` is one) defines, next to its ``sarc.Layer``
+classes:
+
+- ``build_model(in_feats, num_classes, **hparams) -> torch.nn.Module``: the
+  whole model, called as ``model(g, x)`` (plus ``etype=...`` on relational
+  graphs). It receives every ``HPARAMS`` entry and the dataset facts
+  ``num_nodes`` and ``num_etypes``, and ignores what it does not use
+  (``**_``).
+- ``HPARAMS`` (optional): a dict of hyperparameters. The trainer reads
+  ``lr``, ``weight_decay``, ``epochs``, ``patience``, ``self_loops``,
+  ``norm_features``, ``embedding_dim`` and ``dataset`` (see
+  ``sarc.train.DEFAULTS``); the rest is for ``build_model``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from .errors import SarcError
+
+
+class ModelFileError(SarcError):
+    """A model file cannot be loaded or does not follow the convention."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model file provides: its builder and hyperparameters."""
+
+    name: str
+    build_model: Callable[..., Any]
+    hparams: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    @staticmethod
+    def from_namespace(name: str, namespace: dict[str, Any], path: str | None = None) -> "ModelSpec":
+        where = path or name
+        build = namespace.get("build_model")
+        if build is None:
+            layers = sorted(k for k, v in namespace.items()
+                            if isinstance(v, type) and getattr(v, "__module__", None) == namespace.get("__name__")
+                            and hasattr(v, "message"))
+            hint = f" (it defines layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})" if layers else ""
+            raise ModelFileError(
+                f"{where}: no build_model function{hint}. A model file must define "
+                f"build_model(in_feats, num_classes, **hparams) returning the torch.nn.Module "
+                f"to train, and may define a dict HPARAMS of hyperparameters")
+        if not callable(build):
+            raise ModelFileError(f"{where}: build_model must be a function, got {type(build).__name__}")
+        hparams = namespace.get("HPARAMS", {})
+        if not isinstance(hparams, dict):
+            raise ModelFileError(f"{where}: HPARAMS must be a dict, got {type(hparams).__name__}")
+        return ModelSpec(name, build, dict(hparams), path)
+
+    @staticmethod
+    def from_module(module: ModuleType) -> "ModelSpec":
+        path = getattr(module, "__file__", None)
+        name = Path(path).stem if path else module.__name__
+        return ModelSpec.from_namespace(name, vars(module), path)
+
+
+def load_model_file(path: str | Path) -> ModelSpec:
+    """Import the model file at ``path`` and return its ``ModelSpec``.
+
+    The file is imported under a private module name (derived from its
+    absolute path), so ``models/gcn.py`` never collides with another ``gcn``
+    module. Errors raised while importing it are reported with the user's
+    file and line.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ModelFileError(f"model file {path} does not exist")
+    if p.suffix != ".py":
+        raise ModelFileError(f"model file {path} is not a .py file")
+    resolved = p.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    mod_name = f"sarc_user_models.{p.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(mod_name, resolved)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SarcError:
+        sys.modules.pop(mod_name, None)
+        raise
+    except SyntaxError as e:
+        sys.modules.pop(mod_name, None)
+        raise ModelFileError(f"{e.filename}:{e.lineno}: syntax error: {e.msg}") from e
+    except Exception as e:
+        sys.modules.pop(mod_name, None)
+        raise ModelFileError(f"{_user_frame(e, resolved)}importing {path} failed: "
+                             f"{type(e).__name__}: {e}") from e
+    return ModelSpec.from_namespace(p.stem, vars(module), str(path))
+
+
+def _user_frame(e: BaseException, path: Path) -> str:
+    """``file:line: `` of the innermost frame of the traceback inside the user's file."""
+    where = ""
+    for frame in traceback.extract_tb(e.__traceback__):
+        if Path(frame.filename).resolve() == path:
+            where = f"{frame.filename}:{frame.lineno}: "
+    return where

@@ -1,0 +1,30 @@
+"""Small torch helpers the model zoo shares (plain PyTorch, outside the compiled layers)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SPARSE_DENSITY = 0.1
+"""Below this fraction of nonzeros, ``input_dropout`` draws random numbers for the nonzeros only."""
+
+
+def input_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout on a (mostly zero) input feature matrix: ``F.dropout`` in distribution.
+
+    Dropout leaves a zero entry zero, so on sparse features such as Cora's
+    bag-of-words (1.3% nonzero) only the nonzeros need a random draw, as in
+    Kipf & Welling's ``sparse_dropout``: ~100x less work than a dense mask,
+    which dominated a training epoch on Cora (2708 x 1433 Bernoulli draws).
+    Inputs that need a gradient (a learned embedding) take ``F.dropout``:
+    there the zeros' gradient would differ.
+    """
+    if not training or p == 0.0 or x.requires_grad or x.dim() != 2:
+        return F.dropout(x, p, training)
+    flat = x.reshape(-1)
+    nz = flat.nonzero().squeeze(1)
+    if nz.numel() > SPARSE_DENSITY * flat.numel():
+        return F.dropout(x, p, training)
+    vals = flat.index_select(0, nz)
+    keep = torch.rand(vals.shape, dtype=vals.dtype, device=vals.device) >= p
+    dropped = torch.where(keep, vals / (1.0 - p), torch.zeros((), dtype=vals.dtype, device=vals.device))
+    return torch.zeros_like(flat).index_copy_(0, nz, dropped).view_as(x)

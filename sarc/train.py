@@ -1,0 +1,220 @@
+"""Single-process, full-batch node classification.
+
+``train(spec, dataset)`` loads the dataset, prepares the graph and the input
+features as the model file's ``HPARAMS`` ask (self loops, row-normalized
+features, a learned embedding for featureless graphs), trains with Adam on
+the labeled training nodes, evaluates train / val / test accuracy every epoch
+and returns a result dict. The model is selected on the validation set: the
+reported ``test_acc`` is the one at the epoch with the best validation
+accuracy (ties: the lower validation loss); without a validation set, the
+last epoch. Runs are deterministic given the seed.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .datasets import Dataset, add_self_loops, load_dataset
+from .errors import SarcError
+from .graph import Graph
+from .loader import ModelSpec
+
+DEFAULTS: dict[str, Any] = {
+    "dataset": "cora",       # the dataset a model file trains on by default
+    "lr": 0.01,              # Adam learning rate
+    "weight_decay": 5e-4,    # Adam's L2 penalty, on every parameter
+    "epochs": 200,           # most epochs to train
+    "patience": None,        # stop after this many epochs without a better val acc or loss
+    "self_loops": False,     # add a self loop to every node (GCN, GAT)
+    "norm_features": False,  # divide each node's features by their sum (Kipf & Welling)
+    "embedding_dim": None,   # featureless graphs: width of a learned node embedding input
+}
+"""The trainer's hyperparameters and their defaults; a model's ``HPARAMS`` override them."""
+
+
+class TrainError(SarcError):
+    """The dataset and the model's hyperparameters do not fit together."""
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """What one training run feeds the model: ``model(graph, x, **edge_inputs)``."""
+
+    graph: Graph
+    x: torch.Tensor
+    edge_inputs: dict[str, torch.Tensor]
+    label: torch.Tensor
+    masks: dict[str, torch.Tensor]  # "train" / "val" / "test", labeled nodes only
+
+
+def prepare(data: Dataset, hparams: dict[str, Any]) -> Prepared:
+    """The graph and inputs of ``data`` as ``hparams`` (self_loops, norm_features) ask."""
+    src, dst = data.edge_src, data.edge_dst
+    edge_inputs: dict[str, torch.Tensor] = {}
+    if data.etype is not None:
+        if hparams["self_loops"]:
+            raise TrainError(f"self_loops=True on the relational graph {data.name}: a self "
+                             f"loop has no edge type; model the self connection in the layer "
+                             f"(R-GCN's root weight) instead")
+        edge_inputs["etype"] = data.etype
+    if hparams["self_loops"]:
+        src, dst = add_self_loops(src, dst, data.num_nodes)
+    g = Graph.from_edges(src, dst, data.num_nodes)
+    x = data.feat
+    if hparams["norm_features"] and data.has_features:
+        x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
+    labeled = data.label >= 0
+    masks = {"train": data.train_mask & labeled, "val": data.val_mask & labeled,
+             "test": data.test_mask & labeled}
+    return Prepared(g, x, edge_inputs, data.label, masks)
+
+
+class EmbeddingInput(nn.Module):
+    """A learned ``[num_nodes, dim]`` input for graphs without node features."""
+
+    def __init__(self, model: nn.Module, num_nodes: int, dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(num_nodes, dim)
+        self.model = model
+
+    def forward(self, g, x, **edge_inputs):
+        return self.model(g, self.embedding.weight, **edge_inputs)
+
+
+def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
+    """``spec.build_model`` on the dataset's sizes, with an embedding input if featureless."""
+    in_feats = data.num_features
+    emb = hparams["embedding_dim"]
+    if not data.has_features:
+        if not emb:
+            raise TrainError(f"dataset {data.name} has no node features; set embedding_dim "
+                             f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
+                             f"embedding as the model's input")
+        in_feats = int(emb)
+    model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
+                             num_etypes=data.num_etypes, **hparams)
+    if not isinstance(model, nn.Module):
+        raise TrainError(f"{spec.path or spec.name}: build_model returned a "
+                         f"{type(model).__name__}, not a torch.nn.Module")
+    if not data.has_features:
+        model = EmbeddingInput(model, data.num_nodes, in_feats)
+    if not any(True for _ in model.parameters()):
+        raise TrainError(f"{spec.path or spec.name}: the model has no parameters to train")
+    return model
+
+
+def _metrics(logits: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.Tensor]):
+    pred = logits.argmax(1)
+    acc = {k: float((pred[m] == label[m]).float().mean()) if bool(m.any()) else float("nan")
+           for k, m in masks.items()}
+    val_loss = (float(F.cross_entropy(logits[masks["val"]], label[masks["val"]]))
+                if bool(masks["val"].any()) else float("nan"))
+    return acc, val_loss
+
+
+def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
+          seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
+          log: Callable[[str], None] | None = print, log_every: int = 1) -> dict[str, Any]:
+    """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
+
+    ``hparams`` override the model file's ``HPARAMS``, which override
+    ``DEFAULTS``; ``epochs`` overrides all three. ``log=None`` is silent.
+    """
+    hp = {**DEFAULTS, **spec.hparams, **(hparams or {})}
+    if epochs is not None:
+        hp["epochs"] = epochs
+    if int(hp["epochs"]) < 1:
+        raise TrainError(f"epochs must be at least 1, got {hp['epochs']}")
+    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset or hp["dataset"], data_root)
+    say = log or (lambda s: None)
+
+    torch.manual_seed(seed)
+    prep = prepare(data, hp)
+    model = build(spec, data, hp)
+    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    masks, label = prep.masks, prep.label
+    if not bool(masks["train"].any()):
+        raise TrainError(f"dataset {data.name} has no labeled training nodes")
+    has_val = bool(masks["val"].any())
+    say(f"sarc train: {spec.name} on {data.name} ({data.num_nodes} nodes, {prep.graph.num_edges} "
+        f"edges{', self loops added' if hp['self_loops'] else ''}), seed {seed}, "
+        f"{sum(p.numel() for p in model.parameters())} parameters")
+
+    def forward():
+        return model(prep.graph, prep.x, **prep.edge_inputs)
+
+    best = {"epoch": 0, "val_acc": -1.0, "val_loss": float("inf"), "test_acc": float("nan"),
+            "train_acc": float("nan"), "state": None}
+    max_val_acc, min_val_loss, stale = -1.0, float("inf"), 0
+    t_start = time.perf_counter()
+    epoch = 0
+    for epoch in range(1, int(hp["epochs"]) + 1):
+        t0 = time.perf_counter()
+        model.train()
+        opt.zero_grad()
+        loss = F.cross_entropy(forward()[masks["train"]], label[masks["train"]])
+        loss.backward()
+        opt.step()
+        loss = float(loss.detach())
+        model.eval()
+        with torch.no_grad():
+            acc, val_loss = _metrics(forward(), label, masks)
+        dt = time.perf_counter() - t0
+        if log and (epoch % log_every == 0 or epoch == 1 or epoch == hp["epochs"]):
+            say(f"epoch {epoch:4d} | loss {loss:.4f} | train {acc['train']:.4f} "
+                f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms")
+        better = (not has_val or acc["val"] > best["val_acc"]
+                  or (acc["val"] == best["val_acc"] and val_loss < best["val_loss"]))
+        if better:
+            best.update(epoch=epoch, val_acc=acc["val"], val_loss=val_loss, test_acc=acc["test"],
+                        train_acc=acc["train"], state=copy.deepcopy(model.state_dict()))
+        # Early stopping as in GAT: patience counts epochs in which neither the
+        # validation accuracy nor the validation loss reached a new best.
+        if has_val and (acc["val"] > max_val_acc or val_loss < min_val_loss):
+            max_val_acc, min_val_loss, stale = max(max_val_acc, acc["val"]), min(min_val_loss, val_loss), 0
+        else:
+            stale += 1
+        if hp["patience"] and has_val and stale >= hp["patience"]:
+            say(f"early stop at epoch {epoch}: {stale} epochs without a better val acc or loss")
+            break
+    elapsed = time.perf_counter() - t_start
+    model.load_state_dict(best["state"])
+    how = "best validation accuracy" if has_val else "last epoch, no validation set"
+    say(f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
+        f"test {best['test_acc']:.4f} | {epoch} epochs in {elapsed:.1f} s")
+    return {
+        "model": spec.name, "dataset": data.name, "seed": seed,
+        "epochs": epoch, "best_epoch": best["epoch"],
+        "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
+        "final_test_acc": acc["test"], "final_loss": loss,
+        "time_s": elapsed, "epoch_ms": elapsed / epoch * 1e3,
+        "hparams": {k: v for k, v in hp.items()},
+        "module": model,
+    }
+
+
+def script_main(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
+    """``python models/gcn.py --dataset cora``: train the calling model file.
+
+    A model file ends with ``if __name__ == "__main__": script_main(globals())``.
+    """
+    path = namespace.get("__file__")
+    spec = ModelSpec.from_namespace(Path(path).stem if path else "model", namespace, path)
+    p = argparse.ArgumentParser(description=f"Train {spec.name} (sarc, single process).")
+    p.add_argument("--dataset", default=None, help="dataset name or .npz path "
+                   f"(default: {spec.hparams.get('dataset', DEFAULTS['dataset'])})")
+    p.add_argument("--data-dir", default=None, help="directory with more datasets")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=1)
+    args = p.parse_args(argv)
+    return train(spec, args.dataset, epochs=args.epochs, seed=args.seed,
+                 data_root=args.data_dir, log_every=args.log_every)
