@@ -7,6 +7,7 @@ edges in Python; ``typed_linear`` loops over edge *types* only.
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -295,8 +296,9 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *ope
     z = operands[value_index]
     if alpha.dim() == 1:
         return spmm("sum", g, z, alpha)
-    heads = alpha.reshape(alpha.shape[0], -1).shape[1]
-    zh = z.reshape(z.shape[0], heads, -1)
+    # Sizes from the feature shapes, not -1: with no edges (or no rows) -1 is ambiguous.
+    heads = math.prod(alpha.shape[1:])
+    zh = z.reshape(z.shape[0], heads, math.prod(z.shape[1:]) // heads)
     outs = [spmm("sum", g, zh[:, h], alpha.reshape(-1, heads)[:, h]) for h in range(heads)]
     return torch.stack(outs, 1).reshape(g.num_dst, *z.shape[1:])
 
