@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import pytest
 import torch
 from torch import nn
 
@@ -34,6 +35,20 @@ RTOL = 1e-5
 FLOOR = 0.1  # of the largest tensor in a check; see the module docstring
 
 Layout = Callable[[torch.Tensor], torch.Tensor]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Run a test on one intra-op thread (test modules import this fixture).
+
+    The tensors here are tiny, so a second thread only adds synchronization,
+    and on a busy machine OpenMP's waiting threads made each op up to ~50x
+    slower (0.7 s instead of 0.01 s for one comparison).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def same(t: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from conftest import require_dgl
-from interop_check import Pair, compare, graph_cases, random_etypes, same, transpose
+from interop_check import (Pair, compare, graph_cases, one_thread, random_etypes,  # noqa: F401
+                           same, transpose)
 from sarc.interop import from_dgl, to_dgl
 
 from gat import GATLayer

@@ -27,8 +27,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interop_check import (Pair, compare, graph_cases, random_etypes, relation_mean_norm, same,
-                           symmetric, transpose)
+from interop_check import (Pair, compare, graph_cases, one_thread, random_etypes,  # noqa: F401
+                           relation_mean_norm, same, symmetric, transpose)
 from sarc.interop import from_pyg
 
 torch_geometric = pytest.importorskip("torch_geometric")
