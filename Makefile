@@ -1,5 +1,5 @@
 # sarc's environments, tests and the default job.
-#   make run    set up .venv and train GCN on the embedded Cora (single process)
+#   make run    set up .venv, compile models/gcn.py and train it on the embedded Cora
 #   make test   set up both environments and run the suite in each
 # Environments are reused: they are rebuilt only when their requirements change.
 
@@ -24,7 +24,8 @@ $(VENV_DGL)/.stamp: requirements/dgl.txt pyproject.toml
 envs: $(VENV)/.stamp $(VENV_DGL)/.stamp
 
 run: $(VENV)/.stamp
-	$(VENV)/bin/sarc train models/gcn.py --dataset cora
+	$(VENV)/bin/sarc compile models/gcn.py --emit ir,plan,kernels,schedule --out out/gcn
+	$(VENV)/bin/sarc train models/gcn.py --dataset cora --log-every 20
 
 test-main: $(VENV)/.stamp
 	$(VENV)/bin/python -m pytest -q tests
