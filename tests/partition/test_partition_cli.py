@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ from sarc.partition import graph_fingerprint, load_partitions
 from sarc.partition.atomic import DirectoryExistsError
 from sarc.partition.cli import add_partition_parser, load_npz_graph
 
-DATA = Path(__file__).resolve().parents[2] / "sarc" / "data"
-CORA = DATA / "cora.npz"
+from partition_graphs import CORA
 
 
 def run(argv):
@@ -50,7 +48,7 @@ def test_partition_dataset_keeps_edge_types(tmp_path, capsys):
     assert "edge data: etype" in capsys.readouterr().out
     pset = load_partitions(out)
     part = pset.load_part(1)
-    with np.load(DATA / "aifb.npz") as d:
+    with np.load(CORA.parent / "aifb.npz") as d:
         etype = torch.from_numpy(d["etype"])
     assert torch.equal(part.edata["etype"], etype[part.orig_edge_ids])
 

@@ -11,6 +11,8 @@ from sarc.partition import graph_fingerprint, load_partitions, partition_graph
 from sarc.partition import atomic
 from sarc.partition.atomic import DirectoryExistsError
 
+from partition_graphs import cora  # noqa: F401  (a fixture)
+
 
 @pytest.fixture(scope="module")
 def cora_set(cora, tmp_path_factory):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sarc.errors import GraphError
 from sarc.partition import PARTITIONERS, metis_partition, random_partition
 
-MASKS = ("train_mask", "val_mask", "test_mask")
+from partition_graphs import MASKS, cora  # noqa: F401  (a fixture)
 
 
 def counts(part, num_parts, mask=None):

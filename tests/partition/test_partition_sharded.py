@@ -13,6 +13,8 @@ from sarc.errors import PartitionError
 from sarc.partition import load_partitions, partition_graph
 from sarc.runtime.sharded import ShardedGraph, build_shard
 
+from partition_graphs import cora  # noqa: F401  (a fixture)
+
 
 def check_shards(pset, src, dst, n, node_data, edge_data):
     """Every invariant of the shards of ``pset`` against the graph it was cut from."""

@@ -1,4 +1,9 @@
-"""The partition tests' graph: the embedded Cora."""
+"""The partition tests' graph: the embedded Cora, as a fixture to import.
+
+Not a conftest.py: test directories have no __init__.py, so every conftest.py
+is imported as the module ``conftest`` and ``from conftest import ...`` in
+other directories would find this one.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +18,7 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 
 @pytest.fixture(scope="session")
 def cora():
-    """(src, dst, num_nodes, node_data, edge_data) of Cora, with a random edge feature ``norm``."""
+    """(src, dst, num_nodes, node_data, edge_data) of Cora, with edge data ``norm`` and ``etype``."""
     with np.load(CORA) as d:
         src, dst = torch.from_numpy(d["edge_src"]), torch.from_numpy(d["edge_dst"])
         node_data = {k: torch.from_numpy(d[k]) for k in ("feat", "label", *MASKS)}
