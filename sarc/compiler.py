@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from .ir.autodiff import grad
 from .ir.function import Function
 from .ir.passes import const_fold, cse, dce, fuse, pushdown, split_concat
 from .ir.printer import format_function
@@ -35,14 +36,25 @@ UNFUSED = (const_fold, dce, cse, dce)
 """The pipeline without pushdown and fusion: the baseline benchmarks compare against."""
 
 
-def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE):
+AUTODIFF = ("torch", "ir")
+"""Where gradients come from: torch autograd through the generated code, or the
+layer's backward IR (``sarc.ir.autodiff``), optimized and compiled like the layer."""
+
+
+def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,
+                     autodiff: str = "torch"):
     """Optimize ``fn`` with ``passes`` and hand it to ``backend``; returns a callable kernel."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    fn = optimize(verify(fn), passes)
+    if autodiff not in AUTODIFF:
+        raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
+    fn = verify(fn)
+    # autodiff differentiates the traced layer: the passes then optimize both
+    backward = optimize(grad(fn), passes) if autodiff == "ir" else None
+    fn = optimize(fn, passes)
     if backend == "torch":
         from .backends import torch_backend
-        kernel = torch_backend.compile(fn)
+        kernel = torch_backend.compile(fn, backward)
     if debug_level() >= 1:
         print(f"--- sarc: {fn.name} ({backend}) -> {kernel.path} ---")
     return kernel

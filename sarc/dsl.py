@@ -136,14 +136,18 @@ class Layer(nn.Module):
 
     ``node`` and ``edge`` map feature names to their widths (int), shapes
     (tuple) or ``sarc.Feature``; ``sarc.INDEX`` declares an int64 type id.
+    ``autodiff`` says where gradients come from: ``"torch"`` (autograd through the
+    generated code) or ``"ir"`` (the layer's backward IR, see ``set_autodiff``).
     """
 
     def __init__(self, *, node: Mapping[str, Any] | None = None,
-                 edge: Mapping[str, Any] | None = None, backend: str = "torch"):
+                 edge: Mapping[str, Any] | None = None, backend: str = "torch",
+                 autodiff: str = "torch"):
         super().__init__()
         self._sarc_node = {k: _as_feature(v, k) for k, v in (node or {}).items()}
         self._sarc_edge = {k: _as_feature(v, k) for k, v in (edge or {}).items()}
         self._sarc_backend = backend
+        self._sarc_autodiff = autodiff
         self._sarc_compiled = None
         for name in self._sarc_node:
             if name in self._sarc_edge:
@@ -207,8 +211,19 @@ class Layer(nn.Module):
         """The backend's kernel for this layer (compiled on first use)."""
         if self._sarc_compiled is None:
             from .compiler import compile_function
-            self._sarc_compiled = compile_function(self.trace(), backend=self._sarc_backend)
+            self._sarc_compiled = compile_function(self.trace(), backend=self._sarc_backend,
+                                                   autodiff=self._sarc_autodiff)
         return self._sarc_compiled
+
+    def set_autodiff(self, mode: str) -> "Layer":
+        """``"ir"``: gradients from the layer's backward IR (``sarc.ir.autodiff``),
+        compiled like the layer; ``"torch"``: torch autograd through the generated code."""
+        from .compiler import AUTODIFF
+        if mode not in AUTODIFF:
+            raise ValueError(f"unknown autodiff {mode!r}; available: {', '.join(AUTODIFF)}")
+        self._sarc_autodiff = mode
+        self._sarc_compiled = None
+        return self
 
     def __getstate__(self):
         # The compiled kernel holds an imported module, which can be neither pickled

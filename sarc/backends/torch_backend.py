@@ -4,19 +4,25 @@ Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
 as a comment; graph ops call the CSR kernels of ``torch_kernels``. The module
 is rendered from a jinja2 template, written to a real file (so tracebacks and
 debuggers show the generated code) and imported. Autograd gives the backward
-pass.
+pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
+``sarc.ir.autodiff``), the generated code of that backward IR does, through a
+``torch.autograd.Function``.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+import torch
+from torch.autograd.function import once_differentiable
+
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
+from ..ir.autodiff import GRAD_PREFIX
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from . import codegen
@@ -234,22 +240,81 @@ def generate(fn: Function) -> str:
 
 @dataclass
 class TorchKernel:
-    """A compiled layer: the IR it came from, its source, the loaded module."""
+    """A compiled layer: the IR it came from, its source, the loaded module.
+
+    ``backward``, when set, is the compiled backward function of the layer
+    (``sarc.ir.autodiff.grad``): calls that need gradients then run through
+    ``_IRBackward``, whose backward runs it instead of torch autograd.
+    """
 
     function: Function
     source: str
     path: Path
     module: ModuleType
+    backward: "TorchKernel | None" = field(default=None)
 
     def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
         """Run the layer; a training call draws its dropout seed (``sarc.ir.rng``) unless given."""
         if training and seed is None:
             seed = rng.draw_seed()
+        if self.backward is not None and torch.is_grad_enabled():
+            return _run_with_ir_backward(self, g, inputs, params, training, seed)
         return self.module.forward(g, inputs, params, training, seed)
 
 
-def compile(fn: Function) -> TorchKernel:
+def _run_with_ir_backward(kernel: TorchKernel, g, inputs, params, training, seed):
+    # The gradient outputs of the backward function say which leaves it differentiates.
+    wanted = {name[len(GRAD_PREFIX):] for name, _ in kernel.backward.function.outputs}
+    keys = [("param", k) for k in params if k in wanted]
+    keys += [("input", k) for k in inputs if k in wanted]
+    tensors = [params[k] if kind == "param" else inputs[k] for kind, k in keys]
+    if not any(t.requires_grad for t in tensors):
+        return kernel.module.forward(g, inputs, params, training, seed)
+    names = [name for name, _ in kernel.function.outputs]
+    outs = _IRBackward.apply(kernel, g, dict(inputs), dict(params), training, seed, keys,
+                             *tensors)
+    return dict(zip(names, outs))
+
+
+class _IRBackward(torch.autograd.Function):
+    """A layer call whose backward pass is the generated code of its backward IR.
+
+    The backward function recomputes the forward values it needs from the
+    leaves (rematerialization), so only the leaves are saved; the dropout seed
+    of the call is kept, so recomputed dropouts draw the forward's masks.
+    """
+
+    @staticmethod
+    def forward(ctx, kernel, g, inputs, params, training, seed, keys, *tensors):
+        inputs, params = _with_leaves(inputs, params, keys, tensors)
+        out = kernel.module.forward(g, inputs, params, training, seed)
+        ctx.kernel, ctx.g, ctx.inputs, ctx.params = kernel, g, inputs, params
+        ctx.training, ctx.seed, ctx.keys, ctx.names = training, seed, keys, list(out)
+        ctx.save_for_backward(*tensors)
+        return tuple(out.values())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *cotangents):
+        inputs, params = _with_leaves(ctx.inputs, ctx.params, ctx.keys, ctx.saved_tensors)
+        feeds = {**inputs, **{GRAD_PREFIX + k: c for k, c in zip(ctx.names, cotangents)}}
+        grads = ctx.kernel.backward.module.forward(ctx.g, feeds, params, ctx.training, ctx.seed)
+        return (None,) * 7 + tuple(grads.get(GRAD_PREFIX + k) for _, k in ctx.keys)
+
+
+def _with_leaves(inputs, params, keys, tensors):
+    """The call's inputs and params with the tracked tensors put in place."""
+    inputs, params = dict(inputs), dict(params)
+    for (kind, k), t in zip(keys, tensors):
+        (params if kind == "param" else inputs)[k] = t
+    return inputs, params
+
+
+def compile(fn: Function, backward: Function | None = None) -> TorchKernel:
+    """Compile layer ``fn``; with ``backward`` (its optimized backward function) the
+    kernel's gradients come from that IR instead of torch autograd."""
     source = generate(fn)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path, module = codegen.load_module(f"{fn.name}_torch_{digest}", source)
-    return TorchKernel(fn, source, path, module)
+    bwd = compile(backward) if backward is not None else None
+    return TorchKernel(fn, source, path, module, bwd)
