@@ -5,8 +5,8 @@
   ``sarc.Graph``.
 - ``from_dgl(g)``: a homogeneous DGL graph, or a DGL block (message flow graph
   from ``dgl.to_block``), as a ``sarc.Graph``.
-- ``to_dgl(g)``: a ``sarc.Graph`` as a DGL graph (``num_src == num_dst``) or a
-  DGL block.
+- ``to_dgl(g)``: a ``sarc.Graph`` as a DGL graph, or a DGL block when it is a
+  block (``num_src != num_dst``, or a split block).
 
 Edge ids are kept: edge ``i`` of the PyG/DGL graph is edge ``i`` of the sarc
 graph, so edge features (``etype``, ``norm``) pass through in the same order,
@@ -40,30 +40,42 @@ def from_pyg(edge_index, num_nodes: int | tuple[int, int]) -> Graph:
     return Graph.from_edges(edge_index[0], edge_index[1], num_nodes)
 
 
-def from_dgl(g) -> Graph:
+def from_dgl(g, *, dst_in_src: bool = True) -> Graph:
     """A sarc graph from a homogeneous DGL graph or block.
 
     A graph gives ``num_src == num_dst == g.num_nodes()``. A block gives
     ``num_src = g.num_src_nodes()``, ``num_dst = g.num_dst_nodes()``; sarc, like
     DGL's layers on blocks, takes the destination nodes to be the first
-    ``num_dst`` source nodes (``dgl.to_block`` does this unless
-    ``include_dst_in_src=False``).
+    ``num_dst`` source nodes, as ``dgl.to_block`` makes them. A block made with
+    ``include_dst_in_src=False`` is a split block: pass ``dst_in_src=False``.
+    A block whose node ids (``dgl.NID``) contradict ``dst_in_src=True`` is an
+    error, not a silently wrong graph.
     """
+    import dgl
     if len(g.canonical_etypes) != 1:
         raise GraphError(f"from_dgl takes a homogeneous graph or block, got edge types "
                          f"{g.canonical_etypes}; convert with dgl.to_homogeneous first")
-    src, dst = g.edges(order="eid")
-    if g.is_block:
-        return Graph.from_edges(src.cpu(), dst.cpu(), num_src=g.num_src_nodes(),
-                                num_dst=g.num_dst_nodes()).to(g.device)
-    return Graph.from_edges(src.cpu(), dst.cpu(), g.num_nodes()).to(g.device)
+    src, dst = (t.cpu() for t in g.edges(order="eid"))
+    if not g.is_block:
+        return Graph.from_edges(src, dst, g.num_nodes()).to(g.device)
+    num_src, num_dst = g.num_src_nodes(), g.num_dst_nodes()
+    if dst_in_src and dgl.NID in g.srcdata and dgl.NID in g.dstdata:
+        if num_dst > num_src or not bool((g.srcdata[dgl.NID][:num_dst] == g.dstdata[dgl.NID]).all()):
+            raise GraphError("this DGL block's dst nodes are not its first src nodes (by their "
+                             "dgl.NID ids); pass dst_in_src=False for a split block")
+    return Graph.from_edges(src, dst, num_src=num_src, num_dst=num_dst,
+                            dst_in_src=dst_in_src).to(g.device)
 
 
 def to_dgl(g: Graph):
-    """``g`` as a DGL graph (``num_src == num_dst``) or a DGL block, edges in input order."""
+    """``g`` as a DGL graph, or a DGL block when it is one, edges in input order.
+
+    A block (``num_src != num_dst``) or a split block (``dst_in_src=False``)
+    becomes ``dgl.create_block``; anything else a ``dgl.graph``.
+    """
     import dgl
     src, dst = _input_order(g)
-    if g.num_src == g.num_dst:
+    if g.num_src == g.num_dst and g.dst_in_src:
         return dgl.graph((src, dst), num_nodes=g.num_src)
     return dgl.create_block((src, dst), num_src_nodes=g.num_src, num_dst_nodes=g.num_dst)
 
