@@ -23,6 +23,9 @@ Library conventions the tests bridge:
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -32,6 +35,7 @@ from torch import nn
 from conftest import require_dgl
 from interop_check import (Pair, compare, graph_cases, one_thread, random_etypes,  # noqa: F401
                            same, transpose)
+from sarc import Graph
 from sarc.interop import from_dgl, to_dgl
 
 from gat import GATLayer
@@ -170,6 +174,8 @@ def test_gin(graph, eps, learn_eps, dims):
     compare(gin_pair(dgl_graph(src, dst, n), *dims, eps, learn_eps), torch.randn(n, dims[0]))
 
 
+# RelGraphConv's edge UDF warns on a graph without edges; the result is still compared.
+@pytest.mark.filterwarnings("ignore:The input graph for the user-defined edge function")
 @pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
 @pytest.mark.parametrize("num_bases", [None, 2], ids=["no_regularizer", "basis"])
 @pytest.mark.parametrize("graph", GRAPHS)
@@ -289,6 +295,29 @@ def test_block_round_trip():
                                                  block.edges(order="eid")))
 
 
+def test_split_block():
+    """A block made with include_dst_in_src=False: an error by default, a split block on request."""
+    dgl = require_dgl()
+    from sarc.errors import GraphError
+    src, dst, n = GRAPHS["random"]
+    seeds = torch.tensor([3, 0, 11, 5])
+    frontier = dgl.in_subgraph(dgl.graph((src, dst), num_nodes=n), seeds)
+    block = dgl.to_block(frontier, dst_nodes=seeds, include_dst_in_src=False)
+    with pytest.raises(GraphError, match="dst_in_src=False"):
+        from_dgl(block)
+    g = from_dgl(block, dst_in_src=False)
+    assert not g.dst_in_src
+    assert (g.num_src, g.num_dst) == (block.num_src_nodes(), block.num_dst_nodes())
+    back = to_dgl(g)
+    assert back.is_block
+    assert all(torch.equal(a, b) for a, b in zip(back.edges(order="eid"),
+                                                 block.edges(order="eid")))
+    # equal sizes do not make a split block a graph
+    square = Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), num_src=2, num_dst=2,
+                              dst_in_src=False)
+    assert to_dgl(square).is_block
+
+
 def test_from_dgl_rejects_heterographs():
     dgl = require_dgl()
     from sarc.errors import GraphError
@@ -296,3 +325,10 @@ def test_from_dgl_rejects_heterographs():
                           ("b", "s", "a"): (torch.tensor([0]), torch.tensor([0]))})
     with pytest.raises(GraphError, match="homogeneous"):
         from_dgl(hg)
+
+
+def test_interop_does_not_import_dgl():
+    """Importing sarc and sarc.interop leaves DGL unimported (it is imported inside functions)."""
+    require_dgl()  # only meaningful where DGL is installed
+    code = "import sys, sarc, sarc.interop; assert 'dgl' not in sys.modules, 'dgl was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

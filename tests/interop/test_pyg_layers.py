@@ -221,3 +221,4 @@ def test_from_pyg_keeps_edge_order_and_sizes():
     assert g.out_degree.tolist() == [2.0, 1.0, 1.0, 0.0]
     block = from_pyg(ei, (4, 2))
     assert (block.num_src, block.num_dst) == (4, 2)
+
