@@ -1,0 +1,135 @@
+"""Differential testing: a compiled layer against the reference interpreter.
+
+``check_layer`` runs a layer twice on the same graph and features: through the
+backend (``layer(g, ...)``, optimized IR, generated code) and through
+``sarc.ir.interpreter`` on the layer's *traced* IR (before any pass), then
+compares the outputs and the gradients of every parameter and every float
+feature under one random cotangent. ``assert_close`` compares whole tensors by
+relative error, ``max|a - b| / max|b|``.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import pytest
+import torch
+
+import sarc
+from sarc.ir import interpreter
+from sarc.runtime.bind import bind_inputs
+
+RTOL = 1e-5
+# A gradient that cancels to (nearly) zero -- GAT's att_dst when all of a node's
+# scores fall on one side of the leaky_relu, where the softmax is shift invariant
+# -- is float32 rounding noise in both implementations. Each gradient is measured
+# against at least this fraction of the largest output or gradient of the layer.
+CANCEL_FLOOR = 1e-2
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = RTOL,
+                 what: str = "", floor: float = 0.0) -> None:
+    """``max|actual - expected| <= rtol * max(max|expected|, floor)`` over the whole tensor.
+
+    ``floor`` is for values that cancel to (nearly) zero, which float32 cannot give
+    to a relative accuracy: they are compared at the scale of their terms.
+    """
+    where = f"{what}: " if what else ""
+    assert actual.shape == expected.shape, f"{where}shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{where}dtype {actual.dtype} != {expected.dtype}"
+    if expected.numel() == 0:
+        return
+    a, b = actual.detach().double(), expected.detach().double()
+    assert torch.isfinite(b).all(), f"{where}the reference has non-finite entries"
+    assert torch.isfinite(a).all(), f"{where}non-finite entries where the reference has none"
+    diff = (a - b).abs().max().item()
+    scale = max(b.abs().max().item(), floor)
+    assert diff <= rtol * scale, (f"{where}max abs diff {diff:.3e} > {rtol:g} * max abs "
+                                  f"{scale:.3e} (relative {diff / scale if scale else float('inf'):.3e})")
+
+
+def _as_dict(out, fn) -> dict[str, torch.Tensor]:
+    if isinstance(out, Mapping):
+        return dict(out)
+    (name, _), = fn.outputs
+    return {name: out}
+
+
+def _maxabs(t: torch.Tensor) -> float:
+    return t.detach().abs().max().item() if t.numel() else 0.0
+
+
+def _fresh(feats: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in feats.items()}
+
+
+def _grads(outs: Mapping[str, torch.Tensor], cot: Mapping[str, torch.Tensor],
+           wrt: list[torch.Tensor]) -> list[torch.Tensor]:
+    loss = sum((outs[k] * cot[k]).sum() for k in sorted(outs))
+    if not loss.requires_grad:
+        return [torch.zeros_like(w) for w in wrt]
+    gs = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return [torch.zeros_like(w) if gr is None else gr for w, gr in zip(wrt, gs)]
+
+
+def reference(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor],
+              fn=None) -> dict[str, torch.Tensor]:
+    """The interpreter's outputs for ``layer`` (traced IR unless ``fn`` is given)."""
+    fn = layer.trace() if fn is None else fn
+    inputs = bind_inputs(layer, fn, g, (), feats)
+    return interpreter.run(fn, g, inputs, dict(layer.named_parameters()), layer.training)
+
+
+def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor],
+                rtol: float = RTOL) -> dict[str, torch.Tensor]:
+    """Assert compiled == interpreter for outputs and all gradients; returns the outputs."""
+    fn = layer.trace()
+    params = [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
+
+    fc = _fresh(feats)
+    out_c = _as_dict(layer(g, **fc), fn)
+    fr = _fresh(feats)
+    out_r = reference(layer, g, fr, fn)
+
+    assert sorted(out_c) == sorted(out_r)
+    for k in out_r:
+        assert_close(out_c[k], out_r[k], rtol, f"output {k!r}")
+
+    cot = {k: torch.randn_like(v) for k, v in out_r.items()}
+    names = [f"param {n}" for n, _ in params]
+    float_feats = [k for k in sorted(feats) if feats[k].is_floating_point()]
+    names += [f"feature {k}" for k in float_feats]
+    gc = _grads(out_c, cot, [p for _, p in params] + [fc[k] for k in float_feats])
+    gr = _grads(out_r, cot, [p for _, p in params] + [fr[k] for k in float_feats])
+    floor = CANCEL_FLOOR * max([_maxabs(t) for t in gr] + [_maxabs(t) for t in out_r.values()])
+    for name, a, b in zip(names, gc, gr):
+        assert_close(a, b, rtol, f"grad of {name}", floor)
+    return out_c
+
+
+def block(src, dst, num_src: int, num_dst: int | None = None) -> sarc.Graph:
+    """A graph (``num_dst`` None) or block from python lists of edges."""
+    src = torch.tensor(src, dtype=torch.int64)
+    dst = torch.tensor(dst, dtype=torch.int64)
+    if num_dst is None:
+        return sarc.Graph.from_edges(src, dst, num_src)
+    return sarc.Graph.from_edges(src, dst, num_src=num_src, num_dst=num_dst)
+
+
+def random_block(gen: torch.Generator, num_src: int, num_dst: int, num_edges: int) -> sarc.Graph:
+    src = torch.randint(0, num_src, (num_edges,), generator=gen)
+    dst = torch.randint(0, num_dst, (num_edges,), generator=gen) if num_dst else src[:0]
+    return sarc.Graph.from_edges(src, dst, num_src=num_src, num_dst=num_dst)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Run a test on one intra-op thread (an autouse fixture: test modules import it).
+
+    The test graphs are tiny: a second OpenMP thread only adds synchronization, and on
+    a loaded machine that costs milliseconds per sparse matmul -- most of the suite's
+    time. Restored after the test.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

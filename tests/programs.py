@@ -1,0 +1,248 @@
+"""Hypothesis strategies: random graphs and blocks, and random layers written in the DSL.
+
+A random layer is a ``Spec`` (plain data, so hypothesis can shrink it) turned into
+a ``sarc.Layer`` subclass by ``make_layer``. Its messages are expression trees
+over gathered source / destination features, an edge weight, learnable linear
+maps and parameters, and elementwise math; each message is reduced by a random
+kind (sum, mean, max, min, or an edge_softmax-weighted sum, optionally with
+several heads), and the update combines the aggregates with the destination's
+own features.
+
+Expressions (nested tuples) are edge values of width ``d``:
+
+    ("src_lin", k)        lins[k](src.h)             ("dst_lin", k)   lins[k](dst.h)
+    ("src_x",)            src.x                      ("dst_x",)       dst.x
+    ("un", name, e)       an elementwise unary op    ("bin", name, a, b)
+    ("lin", k, e)         lins[k](e) on edges        ("param", k, e)  e * params[k]
+    ("w", e)              e * edge.w                 ("scale", c, e)  c * e
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+from torch import nn
+
+import sarc
+
+REDUCERS = {"sum": sarc.sum, "mean": sarc.mean, "max": sarc.max, "min": sarc.min}
+REDUCE_KINDS = (*REDUCERS, "softmax")
+UNARY = ("relu", "tanh", "sigmoid", "neg", "leaky_relu", "elu", "exp_tanh", "log_sigmoid",
+         "square", "clamp")
+BINARY = ("add", "sub", "mul", "div")
+
+
+@dataclass(frozen=True)
+class Spec:
+    din: int                           # width of node feature h
+    d: int                             # width of every message value (and of node feature x)
+    use_x: bool                        # node feature x [d] declared
+    use_w: bool                        # edge feature w (a scalar per edge) declared
+    lins: tuple                        # (in, out, bias) of each nn.Linear
+    params: tuple                      # shape of each extra parameter
+    messages: tuple                    # expression per message
+    reduces: tuple                     # (kind, heads) per message
+    update_self: int | None            # lins index applied to dst.h in update, or None
+    update_act: str | None             # a unary op after the update, or None
+    concat: int | None                 # lins index of a linear over the concatenated aggregates
+
+
+class _Ctx:
+    """Collects linear maps and parameters while an expression is drawn."""
+
+    def __init__(self, din: int, d: int):
+        self.din, self.d = din, d
+        self.lins: list[tuple[int, int, bool]] = []
+        self.params: list[tuple[int, ...]] = []
+
+    def lin(self, i: int, o: int, bias: bool) -> int:
+        self.lins.append((i, o, bias))
+        return len(self.lins) - 1
+
+    def param(self, shape: tuple[int, ...]) -> int:
+        self.params.append(shape)
+        return len(self.params) - 1
+
+
+def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool):
+    leaves = ["src_lin", "dst_lin"] + (["src_x", "dst_x"] if use_x else [])
+    if depth == 0 or draw(st.integers(0, 2)) == 0:
+        leaf = draw(st.sampled_from(leaves))
+        if leaf in ("src_lin", "dst_lin"):
+            return (leaf, ctx.lin(ctx.din, ctx.d, draw(st.booleans())))
+        return (leaf,)
+    kinds = ["un", "bin", "lin", "param", "scale"] + (["w"] if use_w else [])
+    kind = draw(st.sampled_from(kinds))
+    sub = lambda: _expr(draw, ctx, depth - 1, use_x, use_w)  # noqa: E731
+    if kind == "un":
+        return ("un", draw(st.sampled_from(UNARY)), sub())
+    if kind == "bin":
+        return ("bin", draw(st.sampled_from(BINARY)), sub(), sub())
+    if kind == "lin":
+        return ("lin", ctx.lin(ctx.d, ctx.d, draw(st.booleans())), sub())
+    if kind == "param":
+        # [d] and [1, d] both broadcast against an edge value [E, d]
+        return ("param", ctx.param(draw(st.sampled_from([(ctx.d,), (1, ctx.d), (1,)]))), sub())
+    if kind == "scale":
+        return ("scale", draw(st.sampled_from([-2.0, 0.5, 3.0])), sub())
+    return ("w", sub())
+
+
+@st.composite
+def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
+    din = draw(st.sampled_from([1, 2, 3, 5]))
+    d = draw(st.sampled_from([1, 2, 3, 4]))
+    use_x, use_w = draw(st.booleans()), draw(st.booleans())
+    ctx = _Ctx(din, d)
+    n = draw(st.integers(1, max_messages))
+    messages = tuple(_expr(draw, ctx, max_depth, use_x, use_w) for _ in range(n))
+    reduces = []
+    for _ in range(n):
+        kind = draw(st.sampled_from(REDUCE_KINDS))
+        heads = draw(st.sampled_from([1, 2])) if kind == "softmax" and d % 2 == 0 else 1
+        reduces.append((kind, heads))
+    update_self = ctx.lin(din, d, draw(st.booleans())) if draw(st.booleans()) else None
+    update_act = draw(st.sampled_from((None,) + UNARY))
+    concat = ctx.lin(n * d, d, True) if n > 1 and draw(st.booleans()) else None
+    return Spec(din, d, use_x, use_w, tuple(ctx.lins), tuple(ctx.params), messages,
+                tuple(reduces), update_self, update_act, concat)
+
+
+def _unary(name: str, x):
+    if name == "relu":
+        return torch.relu(x)
+    if name == "tanh":
+        return x.tanh()
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    if name == "neg":
+        return -x
+    if name == "leaky_relu":
+        return F.leaky_relu(x, 0.2)
+    if name == "elu":
+        return F.elu(x)
+    if name == "exp_tanh":
+        return torch.exp(x.tanh())
+    if name == "log_sigmoid":
+        return (x.sigmoid() + 0.5).log()
+    if name == "square":
+        return x ** 2
+    if name == "clamp":
+        return x.clamp_min(-0.5)
+    raise AssertionError(name)
+
+
+def _binary(name: str, a, b):
+    if name == "add":
+        return a + b
+    if name == "sub":
+        return a - b
+    if name == "mul":
+        return a * b
+    if name == "div":
+        return a / (b.sigmoid() + 0.5)
+    raise AssertionError(name)
+
+
+class RandomLayer(sarc.Layer):
+    """A layer that evaluates a ``Spec`` while it is traced (``make_layer`` names a subclass)."""
+
+    spec: Spec
+
+    def __init__(self):
+        s = self.spec
+        node = {"h": s.din, **({"x": s.d} if s.use_x else {})}
+        super().__init__(node=node, edge={"w": ()} if s.use_w else {})
+        self.lins = nn.ModuleList([nn.Linear(i, o, bias=b) for i, o, b in s.lins])
+        self.params = nn.ParameterList([nn.Parameter(torch.randn(shape)) for shape in s.params])
+        self.att = nn.ParameterList([nn.Parameter(torch.randn(1, heads, s.d // heads))
+                                     for _, heads in s.reduces])
+
+    def _eval(self, e, src, dst, edge):
+        tag = e[0]
+        if tag == "src_lin":
+            return self.lins[e[1]](src.h)
+        if tag == "dst_lin":
+            return self.lins[e[1]](dst.h)
+        if tag == "src_x":
+            return src.x
+        if tag == "dst_x":
+            return dst.x
+        sub = [self._eval(a, src, dst, edge) for a in e[2:]] if tag in ("un", "bin") else None
+        if tag == "un":
+            return _unary(e[1], sub[0])
+        if tag == "bin":
+            return _binary(e[1], *sub)
+        x = self._eval(e[-1], src, dst, edge)
+        if tag == "lin":
+            return self.lins[e[1]](x)
+        if tag == "param":
+            return x * self.params[e[1]]
+        if tag == "scale":
+            return e[1] * x
+        if tag == "w":
+            return x * edge.w.unsqueeze(-1)
+        raise AssertionError(tag)
+
+    def message(self, src, dst, edge):
+        return {f"m{i}": self._eval(e, src, dst, edge) for i, e in enumerate(self.spec.messages)}
+
+    def reduce(self, msg):
+        aggs = {}
+        for i, (kind, heads) in enumerate(self.spec.reduces):
+            m = msg[f"m{i}"]
+            if kind != "softmax":
+                aggs[f"a{i}"] = REDUCERS[kind](m)
+                continue
+            z = m.view(-1, heads, self.spec.d // heads)
+            alpha = sarc.edge_softmax(F.leaky_relu((z * self.att[i]).sum(-1), 0.2))
+            aggs[f"a{i}"] = sarc.sum(z * alpha.unsqueeze(-1)).flatten(1)
+        return aggs
+
+    def update(self, dst, agg):
+        s = self.spec
+        parts = [agg[f"a{i}"] for i in range(len(s.messages))]
+        if s.concat is not None:
+            h = self.lins[s.concat](torch.cat(parts, dim=-1))
+        else:
+            h = parts[0]
+            for p in parts[1:]:
+                h = h + p
+        if s.update_self is not None:
+            h = h + self.lins[s.update_self](dst.h)
+        return _unary(s.update_act, h) if s.update_act else h
+
+
+def make_layer(spec: Spec) -> sarc.Layer:
+    """A fresh layer class for ``spec`` (so each program is its own DSL class)."""
+    cls = type("RandomLayer", (RandomLayer,), {"spec": spec})
+    return cls()
+
+
+def features(layer: RandomLayer, g: sarc.Graph, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    s = layer.spec
+    feats = {"h": torch.randn(g.num_src, s.din, generator=gen)}
+    if s.use_x:
+        feats["x"] = torch.randn(g.num_src, s.d, generator=gen)
+    if s.use_w:
+        feats["w"] = torch.randn(g.num_edges, generator=gen)
+    return feats
+
+
+@st.composite
+def graphs(draw, max_nodes: int = 30, max_edges: int = 60, blocks: bool = True) -> sarc.Graph:
+    """Random graphs and blocks: duplicate edges, self loops, isolated nodes, no edges."""
+    num_src = draw(st.integers(1, max_nodes))
+    num_dst = draw(st.integers(1, num_src)) if blocks and draw(st.booleans()) else num_src
+    pairs = draw(st.lists(st.tuples(st.integers(0, num_src - 1), st.integers(0, num_dst - 1)),
+                          max_size=max_edges))
+    if pairs and draw(st.booleans()):       # repeat some edges: multi-edges
+        pairs += draw(st.lists(st.sampled_from(pairs), max_size=10))
+    if draw(st.booleans()):                 # self loops on every dst node
+        pairs += [(v, v) for v in range(num_dst)]
+    src = torch.tensor([u for u, _ in pairs], dtype=torch.int64)
+    dst = torch.tensor([v for _, v in pairs], dtype=torch.int64)
+    return sarc.Graph.from_edges(src, dst, num_src=num_src, num_dst=num_dst)
