@@ -1,0 +1,425 @@
+"""Bad layers and bad data give clear errors that point at the user's code.
+
+The bad layers are written in this file, each faulty line tagged with a marker
+comment (``# ERR:name``); ``line_of`` finds the line, and each test checks that
+the ``sarc.DSLError`` carries that line (``.loc``) and that its text names
+``test_errors.py:LINE``. Graph and feature errors are ``sarc.GraphError``, a
+``ValueError``, raised before any kernel runs.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sarc
+
+THIS = Path(__file__).resolve()
+SOURCE = THIS.read_text().splitlines()
+
+
+def line_of(marker: str) -> int:
+    """The 1-based line carrying ``# ERR:<marker>`` (exactly one)."""
+    tag = f"# ERR:{marker}"
+    hits = [i + 1 for i, text in enumerate(SOURCE) if text.rstrip().endswith(tag)]
+    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times"
+    return hits[0]
+
+
+def expect_dsl_error(layer_or_call, marker: str, *phrases: str) -> sarc.DSLError:
+    """Tracing (or calling) raises a DSLError at the marked line whose text has ``phrases``."""
+    with pytest.raises(sarc.DSLError) as info:
+        layer_or_call()
+    err = info.value
+    line = line_of(marker)
+    assert err.loc is not None, f"no location in: {err}"
+    assert os.path.samefile(err.loc.file, THIS), f"located in {err.loc.file}, not the user's file"
+    assert err.loc.line == line, f"points at line {err.loc.line}, the fault is at {line}: {err}"
+    text = str(err)
+    assert f"test_errors.py:{line}" in text
+    assert SOURCE[line - 1].strip() in text, "the message should quote the user's line"
+    for phrase in phrases:
+        assert re.search(phrase, text), f"{phrase!r} not in: {text}"
+    return err
+
+
+def graph(n: int = 4) -> sarc.Graph:
+    return sarc.Graph.from_edges([0, 1, 2, 3, 1], [1, 2, 3, 0, 0], n)
+
+
+# --- layers with mistakes ---------------------------------------------------------------------
+
+class MixInReduce(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m) + msg.m  # ERR:mix-reduce
+
+
+class MixSrcDstNodes(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + sarc.max(dst.h)  # ERR:reduce-node
+
+
+class LinearMismatch(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.lin = nn.Linear(5, 3)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)  # ERR:linear
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class Undeclared(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"w": ()})
+
+    def message(self, src, dst, edge):
+        return src.hh  # ERR:undeclared
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class UndeclaredEdge(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.weight  # ERR:undeclared-edge
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class UnusedMessage(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        used = src.h
+        unused = dst.h * 2.0  # ERR:unused
+        return {"used": used, "unused": unused}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.used)
+
+
+class NonEdgeMessage(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.p = nn.Parameter(torch.ones(3))
+
+    def message(self, src, dst, edge):
+        return self.p * 2.0  # ERR:non-edge
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class UnsupportedTorch(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return torch.sin(src.h)  # ERR:torch-fn
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class UnsupportedFunctional(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return F.gelu(src.h)  # ERR:functional
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class DataDependentIf(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        if src.h.sum(-1):  # ERR:if
+            return src.h
+        return dst.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class ForeignTensor(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.scale = torch.ones(3)   # a plain tensor, not a parameter
+
+    def message(self, src, dst, edge):
+        return src.h * self.scale  # ERR:foreign
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class Slicing(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h[:, 0]  # ERR:slice
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class WrongMessageName(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return {"z": src.h}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.zz)  # ERR:no-message
+
+
+class ReduceOverRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h.sum(0)  # ERR:row-axis
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class WriteToSide(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        src.h = dst.h  # ERR:write
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+CASES = [
+    (MixInReduce, "mix-reduce", [r"cannot combine a dst value \[N_dst, 3\] with a edge value \[E, 3\]",
+                                 "without a gather"]),
+    (MixSrcDstNodes, "reduce-node", ["reduce aggregates edge values", "its input is a dst value"]),
+    (LinearMismatch, "linear", ["linear: input has 4 features but the weight expects 5"]),
+    (Undeclared, "undeclared", [r"src\.hh", "no node feature 'hh'", r"declared: h\b"]),
+    (UndeclaredEdge, "undeclared-edge", [r"edge\.weight", "no edge feature 'weight'",
+                                         "declared: none"]),
+    (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
+    (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
+    (UnsupportedTorch, "torch-fn", ["torch function torch.sin is not supported"]),
+    (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.gelu is not supported"]),
+    (DataDependentIf, "if", ["data-dependent control flow"]),
+    (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),
+    (Slicing, "slice", ["slicing is not"]),
+    (WrongMessageName, "no-message", ["no message named 'zz'", "there are: z"]),
+    (ReduceOverRows, "row-axis", ["row axis", "sarc.sum"]),
+    (WriteToSide, "write", ["read-only"]),
+]
+
+
+@pytest.mark.parametrize("cls, marker, phrases", CASES, ids=[c[1] for c in CASES])
+def test_dsl_error_at_the_users_line(cls, marker, phrases):
+    expect_dsl_error(lambda: cls().trace(), marker, *phrases)
+
+
+@pytest.mark.parametrize("cls, marker, phrases", CASES[:4], ids=[c[1] for c in CASES[:4]])
+def test_calling_the_layer_reports_the_same_error(cls, marker, phrases):
+    """The first call traces and compiles: the error is the same as from trace()."""
+    g = graph()
+    layer = cls()
+    d = layer._sarc_node["h"].shape[0]
+    expect_dsl_error(lambda: layer(g, torch.randn(4, d)), marker, *phrases)
+
+
+def test_dsl_error_is_a_sarc_error():
+    with pytest.raises(sarc.SarcError):
+        MixInReduce().trace()
+
+
+class NoSuperInit(sarc.Layer):
+    def __init__(self):
+        nn.Module.__init__(self)
+
+    def message(self, src, dst, edge):
+        return src.h
+
+
+def test_layer_without_super_init():
+    with pytest.raises(sarc.DSLError, match=r"NoSuperInit.__init__ must call super\(\).__init__"):
+        NoSuperInit().trace()
+
+
+def test_feature_declared_as_node_and_edge():
+    with pytest.raises(sarc.DSLError, match="'h' is declared both as a node and an edge feature"):
+        sarc.Layer(node={"h": 3}, edge={"h": ()})
+
+
+def test_bad_feature_declaration():
+    with pytest.raises(sarc.DSLError, match="feature 'h' must be declared as an int"):
+        sarc.Layer(node={"h": "wide"})
+
+
+# --- graph construction errors -----------------------------------------------------------------
+
+def test_out_of_range_src_id():
+    with pytest.raises(sarc.GraphError, match=r"src node id 7 is out of range: the graph has 5 "
+                                              r"src nodes \(ids 0\.\.4\)"):
+        sarc.Graph.from_edges([0, 7], [1, 2], 5)
+
+
+def test_out_of_range_dst_id_in_a_block():
+    with pytest.raises(ValueError, match=r"dst node id 3 is out of range.*3 dst nodes \(ids 0\.\.2\)"):
+        sarc.Graph.from_edges([0, 5], [1, 3], num_src=6, num_dst=3)
+
+
+def test_negative_id():
+    with pytest.raises(sarc.GraphError, match="src node id -1 is out of range"):
+        sarc.Graph.from_edges([-1, 0], [0, 0], 2)
+
+
+def test_graph_error_is_a_value_error():
+    assert issubclass(sarc.GraphError, ValueError)
+    assert issubclass(sarc.GraphError, sarc.SarcError)
+
+
+@pytest.mark.parametrize("src", [torch.tensor([0.0, 1.0]), [0.5, 1.0], torch.tensor([True, False])])
+def test_non_integer_ids(src):
+    with pytest.raises(sarc.GraphError, match="src node ids must be integers"):
+        sarc.Graph.from_edges(src, [0, 1], 2)
+
+
+def test_edge_lists_of_different_lengths():
+    with pytest.raises(sarc.GraphError, match="src has 3 edges but dst has 2"):
+        sarc.Graph.from_edges([0, 1, 1], [0, 1], 2)
+
+
+def test_ids_must_be_one_dimensional():
+    with pytest.raises(sarc.GraphError, match=r"src must be a 1-d tensor.*\[2, 2\]"):
+        sarc.Graph.from_edges(torch.zeros(2, 2, dtype=torch.int64), [0, 1, 1, 0], 2)
+
+
+def test_block_with_more_dst_than_src_nodes():
+    with pytest.raises(sarc.GraphError, match="num_dst=4 > num_src=3"):
+        sarc.Graph.from_edges([0], [0], num_src=3, num_dst=4)
+
+
+def test_node_counts_required():
+    with pytest.raises(sarc.GraphError, match="node counts are required"):
+        sarc.Graph.from_edges([0], [0])
+
+
+# --- feature binding errors: raised before any kernel runs ---------------------------------
+
+class _NoKernel:
+    """Stands in for a compiled module: the test fails if the kernel is reached."""
+
+    @staticmethod
+    def forward(*args, **kwargs):
+        raise AssertionError("the kernel ran before the inputs were checked")
+
+
+def _guarded(layer: sarc.Layer, monkeypatch) -> sarc.Layer:
+    monkeypatch.setattr(layer.compiled(), "module", _NoKernel)
+    return layer
+
+
+@pytest.fixture
+def gcn(monkeypatch):
+    from gcn import GCNLayer
+    return _guarded(GCNLayer(3, 2), monkeypatch)
+
+
+@pytest.fixture
+def rgcn(monkeypatch):
+    from rgcn import RGCNLayer
+    return _guarded(RGCNLayer(3, 2, 2), monkeypatch)
+
+
+def test_the_guard_works(gcn):
+    with pytest.raises(AssertionError, match="the kernel ran"):
+        gcn(graph(), torch.randn(4, 3))
+
+
+def test_wrong_row_count(gcn):
+    with pytest.raises(ValueError, match="feature 'h' has 3 rows but the graph has 4 source nodes"):
+        gcn(graph(), torch.randn(3, 3))
+
+
+def test_wrong_edge_row_count(rgcn):
+    g = graph()
+    with pytest.raises(sarc.GraphError, match="feature 'norm' has 4 rows but the graph has 5 edges"):
+        rgcn(g, torch.randn(4, 3), etype=torch.zeros(5, dtype=torch.int64), norm=torch.rand(4))
+
+
+def test_wrong_feature_width(gcn):
+    with pytest.raises(sarc.GraphError, match=r"feature 'h' has per-row shape \[5\], declared \[3\]"):
+        gcn(graph(), torch.randn(4, 5))
+
+
+def test_missing_feature(rgcn):
+    with pytest.raises(sarc.GraphError, match="RGCNLayer reads feature 'norm', which was not given"):
+        rgcn(graph(), torch.randn(4, 3), etype=torch.zeros(5, dtype=torch.int64))
+
+
+def test_unknown_feature(gcn):
+    with pytest.raises(sarc.GraphError, match="declares no feature 'x'"):
+        gcn(graph(), h=torch.randn(4, 3), x=torch.randn(4, 3))
+
+
+def test_scalar_feature(gcn):
+    with pytest.raises(sarc.GraphError, match="feature 'h' has no rows"):
+        gcn(graph(), torch.tensor(1.0))
+
+
+def test_feature_of_the_wrong_dtype(gcn):
+    with pytest.raises(sarc.GraphError, match="feature 'h' is torch.float64"):
+        gcn(graph(), torch.randn(4, 3, dtype=torch.float64))
+
+
+def test_float_edge_types(rgcn):
+    with pytest.raises(sarc.GraphError, match="feature 'etype' is torch.float32, expected torch.int64"):
+        rgcn(graph(), torch.randn(4, 3), etype=torch.zeros(5), norm=torch.rand(5))
+
+
+def test_feature_that_is_not_a_tensor(gcn):
+    with pytest.raises(sarc.GraphError, match="feature 'h' must be a torch.Tensor, got list"):
+        gcn(graph(), [[0.0] * 3] * 4)
+
+
+def test_not_a_graph(gcn):
+    with pytest.raises(sarc.GraphError, match="runs on a sarc.Graph, got tuple"):
+        gcn(([0, 1], [1, 0]), torch.randn(2, 3))

@@ -1,0 +1,148 @@
+"""A compiled layer is an ordinary torch.nn.Module: its parameters are plain
+``nn.Parameter`` objects that state_dict, optimizers, freezing, deep copies and
+torch.save see as usual, and the compiled code always reads their current values.
+"""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from difftest import assert_close, one_torch_thread, random_block, reference  # noqa: F401
+from torch import nn
+from zoo import LAYERS, features
+
+import sarc
+
+D = 6
+
+
+@pytest.fixture
+def g() -> sarc.Graph:
+    return random_block(torch.Generator().manual_seed(5), 8, 8, 24)
+
+
+def _run(layer, g, feats):
+    return layer(g, **feats)
+
+
+@pytest.mark.parametrize("model", sorted(LAYERS))
+def test_parameters_stay_ordinary_after_compiling(model, g):
+    layer = LAYERS[model](D)
+    before = {n: p for n, p in layer.named_parameters()}
+    _run(layer, g, features(layer, g, D))
+    after = dict(layer.named_parameters())
+    assert after.keys() == before.keys()
+    for n, p in after.items():
+        assert p is before[n], f"{n} was replaced while tracing"
+        assert type(p) is nn.Parameter
+    assert set(layer.state_dict()) == set(before)
+
+
+@pytest.mark.parametrize("model", sorted(LAYERS))
+def test_state_dict_round_trip(model, g):
+    torch.manual_seed(1)
+    a = LAYERS[model](D)
+    torch.manual_seed(2)
+    b = LAYERS[model](D)
+    feats = features(a, g, D)
+    out_a = _run(a, g, feats)
+    out_b_before = _run(b, g, feats)        # compiled before the load
+    if next(a.parameters(), None) is not None and out_a.abs().max() > 0:
+        assert not torch.equal(out_a, out_b_before)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(_run(b, g, feats), out_a)
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat_4heads_concat", "rgcn_bases", "gin_train_eps"])
+def test_optimizer_step_updates_what_the_kernel_reads(model, g):
+    layer = LAYERS[model](D)
+    feats = features(layer, g, D)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    before = {n: p.detach().clone() for n, p in layer.named_parameters()}
+
+    loss = _run(layer, g, feats).pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    for n, p in layer.named_parameters():
+        assert p.grad is not None, f"{n} got no gradient"
+    opt.step()
+
+    changed = [n for n, p in layer.named_parameters() if not torch.equal(p, before[n])]
+    assert changed, "the step changed no parameter"
+    # The compiled kernel must see the new values, exactly as the interpreter does.
+    with torch.no_grad():
+        assert_close(_run(layer, g, feats), reference(layer, g, feats)["h"])
+        stale = copy.deepcopy(layer)
+        stale.load_state_dict(before)
+        assert not torch.equal(_run(layer, g, feats), _run(stale, g, feats))
+
+
+def test_training_reduces_the_loss(g):
+    torch.manual_seed(0)
+    layer = LAYERS["gat_4heads_concat"](D)
+    feats = features(layer, g, D)
+    target = torch.randn(g.num_dst, 12)
+    opt = torch.optim.Adam(layer.parameters(), lr=0.05)
+    losses = []
+    for _ in range(30):
+        loss = (_run(layer, g, feats) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_frozen_parameter_gets_no_gradient(g):
+    layer = LAYERS["sage"](D)
+    layer.lin_self.weight.requires_grad_(False)
+    feats = features(layer, g, D)
+    _run(layer, g, feats).sum().backward()
+    assert layer.lin_self.weight.grad is None
+    assert layer.lin_neigh.weight.grad is not None
+
+
+def test_deepcopy_of_a_compiled_layer(g):
+    layer = LAYERS["gat_4heads_concat"](D)
+    feats = features(layer, g, D)
+    out = _run(layer, g, feats)
+    twin = copy.deepcopy(layer)
+    assert torch.equal(_run(twin, g, feats), out)
+    with torch.no_grad():
+        twin.bias.add_(1.0)
+    assert torch.equal(_run(layer, g, feats), out), "the copy shares parameters with the original"
+    assert not torch.equal(_run(twin, g, feats), out)
+
+
+def test_torch_save_and_load_of_a_compiled_layer(g):
+    layer = LAYERS["rgcn_bases"](D)
+    feats = features(layer, g, D)
+    out = _run(layer, g, feats)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert torch.equal(_run(loaded, g, feats), out)
+
+
+def test_layers_in_a_model():
+    """Two sarc layers inside an nn.Sequential-like model train end to end."""
+    from gcn import GCNLayer
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = GCNLayer(D, 7), GCNLayer(7, 3)
+
+        def forward(self, g, x):
+            return self.l2(g, torch.relu(self.l1(g, x)))
+
+    g = random_block(torch.Generator().manual_seed(9), 10, 10, 30)
+    net = Net()
+    x = torch.randn(10, D)
+    assert [n for n, _ in net.named_parameters()] == ["l1.bias", "l1.lin.weight", "l2.bias",
+                                                       "l2.lin.weight"]
+    net(g, x).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
