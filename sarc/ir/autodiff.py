@@ -10,8 +10,9 @@ passes optimize, the planner schedules and the backends compile:
   rest; which values a schedule saves instead is the planner's choice) and then
   applies the vector-Jacobian product of every op in reverse order, adding up
   the cotangents of values used more than once;
-- its outputs are ``grad:<param>`` for every float param and ``grad:<feature>``
-  for every float node or edge feature with a path to an output. A node feature
+- its outputs are ``grad:<param>`` and ``grad:<feature>`` for every float param
+  and every float node or edge feature with a differentiable path to an output
+  (the others have a zero gradient and no output). A node feature
   read as ``src.h`` and as ``dst.h`` gets one gradient of ``N_src`` rows (the dst
   part padded with zero rows by ``dst_to_src`` and added: dst nodes are the first
   src nodes); an edge feature's gradient is in CSR edge order, as it is read.
