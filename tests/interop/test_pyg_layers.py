@@ -1,9 +1,10 @@
 """sarc's model zoo against PyG's layers: outputs and all gradients (main environment).
 
-Every test copies random weights from the PyG layer into the sarc layer and
-checks the output, the input-feature gradient and every parameter gradient:
-``max|sarc - pyg| <= 1e-5 * max|pyg|`` (float32, whole tensors; see
-``interop_check``). The graphs come from ``sarc.interop.from_pyg``.
+Every test copies the PyG layer's weights (zero-initialized ones made random)
+into the sarc layer and checks the output, the input-feature gradient and
+every parameter gradient: ``max|sarc - pyg| <= 1e-5 * max|pyg|`` (float32,
+whole tensors), with a floor for tensors that are zero in exact arithmetic
+(see ``interop_check``). The graphs come from ``sarc.interop.from_pyg``.
 
 Where PyG and sarc mean different things, the test runs the case where the
 math agrees:
