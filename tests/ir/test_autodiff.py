@@ -7,7 +7,8 @@ and must give the gradient of every parameter and every float input feature:
 - for every model layer of the zoo (GAT with attention dropout active, the same
   seed on both sides) on graphs with nodes without in-edges, self loops,
   multi-edges and blocks, float32, relative error <= 1e-5;
-- for random DSL layers (hypothesis, ``random_layers``), float64;
+- for random DSL layers (hypothesis: ``random_layers``, float64, and the
+  backends' ``tests/programs.py``, float32);
 - compiled by the torch backend after the optimizing passes, against the
   interpreter.
 
@@ -26,7 +27,9 @@ import torch
 from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
+import programs
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from random_layers import cases
 from rgcn import RGCNLayer
 from sage import SAGELayer
@@ -198,6 +201,17 @@ def test_random_layers_backward_matches_autograd(case):
     ref, mine = _autograd_and_ir(fn, layer, g, feats, seed)
     # values that cancel to ~0 are compared at 1e-4 of the gradients' scale
     _compare(ref, mine, 1e-9, floor_frac=1e-4)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(programs.specs(), programs.graphs(max_nodes=12, max_edges=24), st.integers(0, 2**16))
+def test_shared_random_programs_backward_matches_autograd(spec, g, seed):
+    """The backends' random programs (tests/programs.py), float32."""
+    torch.manual_seed(seed)
+    layer = programs.make_layer(spec)
+    ref, mine = _autograd_and_ir(layer.trace(), layer, g, programs.features(layer, g, seed), seed)
+    _compare(ref, mine, 1e-5, CANCEL_FLOOR)
 
 
 @settings(max_examples=12, deadline=None,
