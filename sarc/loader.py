@@ -41,20 +41,18 @@ class ModelSpec:
     path: str | None = None
 
     @staticmethod
-    def from_namespace(name: str, namespace: dict[str, Any], path: str | None = None) -> "ModelSpec":
+    def from_namespace(name: str, namespace: dict[str, Any],
+                       path: str | None = None) -> "ModelSpec":
         where = path or name
         build = namespace.get("build_model")
         if build is None:
-            layers = sorted(k for k, v in namespace.items()
-                            if isinstance(v, type) and getattr(v, "__module__", None) == namespace.get("__name__")
-                            and hasattr(v, "message"))
-            hint = f" (it defines layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})" if layers else ""
             raise ModelFileError(
-                f"{where}: no build_model function{hint}. A model file must define "
-                f"build_model(in_feats, num_classes, **hparams) returning the torch.nn.Module "
-                f"to train, and may define a dict HPARAMS of hyperparameters")
+                f"{where}: no build_model function{_layers_hint(namespace)}. A model file must "
+                f"define build_model(in_feats, num_classes, **hparams) returning the "
+                f"torch.nn.Module to train, and may define a dict HPARAMS of hyperparameters")
         if not callable(build):
-            raise ModelFileError(f"{where}: build_model must be a function, got {type(build).__name__}")
+            raise ModelFileError(f"{where}: build_model must be a function, "
+                                 f"got {type(build).__name__}")
         hparams = namespace.get("HPARAMS", {})
         if not isinstance(hparams, dict):
             raise ModelFileError(f"{where}: HPARAMS must be a dict, got {type(hparams).__name__}")
@@ -99,6 +97,16 @@ def load_model_file(path: str | Path) -> ModelSpec:
         raise ModelFileError(f"{_user_frame(e, resolved)}importing {path} failed: "
                              f"{type(e).__name__}: {e}") from e
     return ModelSpec.from_namespace(p.stem, vars(module), str(path))
+
+
+def _layers_hint(namespace: dict[str, Any]) -> str:
+    """`` (it defines layer A, B)`` for the sarc layers a file defines itself."""
+    from .dsl import Layer
+    layers = sorted(k for k, v in namespace.items() if isinstance(v, type) and issubclass(v, Layer)
+                    and v.__module__ == namespace.get("__name__"))
+    if not layers:
+        return ""
+    return f" (it defines layer{'s' if len(layers) > 1 else ''} {', '.join(layers)})"
 
 
 def _user_frame(e: BaseException, path: Path) -> str:
