@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import require_dgl
+from dgl_support import require_dgl
 from interop_check import (Pair, compare, graph_cases, one_thread, random_etypes,  # noqa: F401
                            same, transpose)
 from sarc import Graph
