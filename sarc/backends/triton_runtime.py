@@ -1,0 +1,499 @@
+"""What the Triton backend's generated code runs on: schedules, launches, autograd.
+
+Generated layer modules call the op objects built here (``FusedOp``,
+``EdgeSoftmaxOp``, ``TypedLinearOp``); each op is a ``torch.autograd.Function``
+whose forward and backward launch generated Triton kernels, so a layer compiled
+for Triton is a drop-in for the PyTorch backend, gradients included.
+
+Scheduling rows (``graph_view``): a kernel that aggregates over the edges of
+each row runs one program per *work item*. Rows are grouped into degree
+buckets (``BUCKETS``), one launch per bucket, longest rows first, so a bucket's
+programs do similar work and its edge tile (``BLOCK_E``) fits its degrees; a
+row with more than ``SPLIT_EDGES`` edges (the hubs of a power-law graph) is cut
+into segments, each a program writing a partial result, merged by a combine
+kernel: no atomics, no program that walks a hub alone. Empty rows launch
+nothing (outputs start at zero). Schedules are computed once per graph and
+view (CSR: rows = destinations; CSC: rows = sources) and cached.
+
+Launching (``run``): on a GPU each kernel is wrapped in ``triton.autotune``
+over the ``CONFIGS`` listed in its generated module (configs larger than the
+bucket's degrees or the feature size pruned). Under Triton's interpreter
+(``TRITON_INTERPRET=1``, CPU tensors) there is nothing to time: the first
+config runs, its tiles shrunk to the bucket and feature sizes.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import SarcError
+from ..graph import Graph
+
+SPLIT_EDGES = 1024
+"""Rows with more edges than this run as several segments (partial results, then a merge)."""
+
+BUCKETS = (16, 64, 256)
+"""Degree bucket bounds: rows of degree <= 16, <= 64, <= 256, <= SPLIT_EDGES launch apart."""
+
+
+class TritonRuntimeError(SarcError):
+    """A generated Triton kernel cannot run here (no GPU and no interpreter, wrong device)."""
+
+
+# --- launching ------------------------------------------------------------------------
+
+def interpreted(kernel) -> bool:
+    """Whether ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+_FEATURE_BLOCKS = ("BLOCK_D", "BLOCK_F", "BLOCK_N")
+
+
+def _clamp(meta: dict, max_deg: int | None, d: int | None) -> dict:
+    """Shrink a config's tiles to the work: the bucket's largest degree, the feature size."""
+    meta = dict(meta)
+    if max_deg is not None and "BLOCK_E" in meta:
+        meta["BLOCK_E"] = min(meta["BLOCK_E"], max(2, _pow2(max_deg)))
+    if d is not None:
+        for k in _FEATURE_BLOCKS:
+            if k in meta and meta[k] > 1:
+                floor = 16 if k == "BLOCK_N" else 2  # tl.dot needs blocks of at least 16
+                meta[k] = min(meta[k], max(floor, _pow2(d)))
+    return meta
+
+
+def _prune(configs, named_args, **kwargs):
+    """Autotune pruning: drop tiles much larger than the bucket's degrees / the features."""
+    max_deg = named_args.get("MAX_DEG")
+    d = next((named_args[k] for k in ("D", "F", "N") if k in named_args), None)
+    keep = []
+    for c in configs:
+        m = c.kwargs
+        if max_deg is not None and m.get("BLOCK_E", 0) > max(16, _pow2(max_deg)):
+            continue
+        if d is not None and any(m.get(k, 1) > max(16, _pow2(d)) for k in _FEATURE_BLOCKS):
+            continue
+        keep.append(c)
+    return keep or [min(configs, key=lambda c: tuple(c.kwargs.values()))]
+
+
+_TUNED: dict[int, tuple] = {}  # id(kernel) -> (kernel, its autotuned wrapper)
+
+
+def run(kernel, configs: Sequence, key: list[str], grid: Callable[[dict], tuple],
+        args: Sequence, constexprs: dict, *, max_deg: int | None, d: int | None) -> None:
+    """Launch ``kernel``: autotuned on a GPU; the first config under the interpreter."""
+    if interpreted(kernel):
+        meta = _clamp(configs[0].kwargs, max_deg, d)
+        kernel[grid(meta)](*args, **meta, **constexprs)
+        return
+    if id(kernel) not in _TUNED:
+        import triton
+        _TUNED[id(kernel)] = (kernel, triton.autotune(
+            configs=list(configs), key=key, prune_configs_by={"early_config_prune": _prune})(kernel))
+    _TUNED[id(kernel)][1][grid](*args, **constexprs)
+
+
+def check_device(name: str, kernel, tensors: Sequence[torch.Tensor]) -> None:
+    if interpreted(kernel):
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "cuda":
+            raise TritonRuntimeError(
+                f"{name}: the Triton backend runs on GPU tensors, got a tensor on {t.device} "
+                f"(on a CPU-only machine set TRITON_INTERPRET=1 before compiling the layer to "
+                f"run its kernels in Triton's interpreter, or use backend='torch')")
+
+
+# --- schedules ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Items:
+    """Work items of a row kernel: (row, edges [lo, hi), output slot), one program each."""
+
+    row: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    slot: torch.Tensor
+    n: int
+    max_deg: int
+
+
+@dataclass(frozen=True)
+class Split:
+    """The rows longer than ``SPLIT_EDGES``: their segments and how to merge them."""
+
+    segs: Items              # one per segment; slot = the segment's partial-result row
+    rows: torch.Tensor       # the split rows
+    seg_lo: torch.Tensor     # each split row's segments are slots [seg_lo, seg_hi)
+    seg_hi: torch.Tensor
+    degree: torch.Tensor     # each split row's degree (float; a mean divides by it)
+    whole: Items             # the split rows as whole rows (kernels that do not split)
+    n_rows: int
+    n_segs: int
+
+
+@dataclass(frozen=True)
+class View:
+    """A graph seen from one side. ``csr``: rows are destinations, edges in CSR order;
+    ``csc``: rows are sources, ``eid`` maps each (CSC-ordered) edge to its CSR index."""
+
+    name: str
+    num_rows: int
+    ptr: torch.Tensor
+    other: torch.Tensor      # the other endpoint of each edge, in this view's order
+    eid: torch.Tensor | None
+    degree: torch.Tensor     # [num_rows] float32
+    buckets: tuple[Items, ...]
+    split: Split | None
+
+    def whole_rows(self) -> tuple[Items, ...]:
+        """Every non-empty row as one work item (for kernels that do not split rows)."""
+        return self.buckets + ((self.split.whole,) if self.split is not None else ())
+
+
+_VIEWS: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def graph_view(g: Graph, name: str) -> View:
+    """The CSR (``"csr"``) or CSC (``"csc"``) view of ``g`` with its row schedule (cached)."""
+    cache = _VIEWS.setdefault(g, {})
+    key = (name, SPLIT_EDGES, BUCKETS)
+    if key not in cache:
+        cache[key] = _build_view(g, name)
+    return cache[key]
+
+
+def _build_view(g: Graph, name: str) -> View:
+    if name == "csr":
+        ptr, other, eid, rows = g.rowptr, g.src, None, g.num_dst
+    else:
+        eid = torch.argsort(g.src, stable=True)
+        counts = torch.bincount(g.src, minlength=g.num_src)
+        ptr = torch.zeros(g.num_src + 1, dtype=torch.int64, device=g.device)
+        ptr[1:] = torch.cumsum(counts, 0)
+        other, rows = g.dst.index_select(0, eid), g.num_src
+    deg = ptr[1:] - ptr[:-1]
+    buckets, split = _schedule(ptr, deg)
+    return View(name, rows, ptr, other, eid, deg.to(torch.float32), buckets, split)
+
+
+def _items(ptr, rows, deg) -> Items:
+    order = torch.argsort(deg.index_select(0, rows), descending=True, stable=True)
+    rows = rows.index_select(0, order)
+    return Items(rows, ptr.index_select(0, rows), ptr.index_select(0, rows + 1), rows,
+                 int(rows.numel()), int(deg.index_select(0, rows).max()))
+
+
+def _schedule(ptr: torch.Tensor, deg: torch.Tensor) -> tuple[tuple[Items, ...], Split | None]:
+    bounds = sorted({b for b in BUCKETS if b < SPLIT_EDGES} | {SPLIT_EDGES})
+    buckets, lo = [], 0
+    for hi in bounds:
+        rows = ((deg > lo) & (deg <= hi)).nonzero().squeeze(1)
+        if rows.numel():
+            buckets.append(_items(ptr, rows, deg))
+        lo = hi
+    long = (deg > SPLIT_EDGES).nonzero().squeeze(1)
+    if not long.numel():
+        return tuple(buckets), None
+    nseg = (deg.index_select(0, long) + SPLIT_EDGES - 1) // SPLIT_EDGES
+    seg_row = long.repeat_interleave(nseg)
+    first = torch.cumsum(nseg, 0) - nseg
+    k = torch.arange(seg_row.numel(), device=ptr.device) - first.repeat_interleave(nseg)
+    seg_lo = ptr.index_select(0, seg_row) + k * SPLIT_EDGES
+    seg_hi = torch.minimum(seg_lo + SPLIT_EDGES, ptr.index_select(0, seg_row + 1))
+    n = int(seg_row.numel())
+    segs = Items(seg_row, seg_lo, seg_hi, torch.arange(n, device=ptr.device), n, SPLIT_EDGES)
+    split = Split(segs, long, first, first + nseg, deg.index_select(0, long).to(torch.float32),
+                  _items(ptr, long, deg), int(long.numel()), n)
+    return tuple(buckets), split
+
+
+@dataclass(frozen=True)
+class TypeGroups:
+    """Rows grouped by type: ``order`` sorts them stably, type r owns ``order[seg[r]:seg[r+1]]``."""
+
+    order: torch.Tensor
+    seg: torch.Tensor
+    num_types: int
+    max_count: int
+
+
+def type_groups(types: torch.Tensor, num_types: int) -> TypeGroups:
+    if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
+        raise ValueError(f"type id out of range: the weight table has {num_types} types "
+                         f"(ids 0..{num_types - 1}), got ids in "
+                         f"[{int(types.min())}, {int(types.max())}]")
+    order = torch.argsort(types, stable=True)
+    counts = torch.bincount(types, minlength=num_types)
+    seg = torch.zeros(num_types + 1, dtype=torch.int64, device=types.device)
+    seg[1:] = torch.cumsum(counts, 0)
+    return TypeGroups(order, seg, num_types, int(counts.max()) if types.numel() else 0)
+
+
+# --- kernels of one op ------------------------------------------------------------------
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class AggregateKernel:
+    """``y[r] = kind over the edges of row r of body(e)`` over view ``view`` (rows r)."""
+
+    kind: str
+    view: str
+    feat: tuple[int, ...]
+    main: ModuleType
+    combine: ModuleType
+
+    def __call__(self, g: Graph, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        view = graph_view(g, self.view)
+        out = torch.zeros((view.num_rows, *self.feat), dtype=dtype, device=g.device)
+        for items in view.buckets:
+            self.main.launch(run, xs, out, items, view, True)
+        if view.split is not None:
+            part = torch.empty((view.split.n_segs, *self.feat), dtype=_acc_dtype(dtype),
+                               device=g.device)
+            self.main.launch(run, xs, part, view.split.segs, view, False)
+            self.combine.launch(run, part, out, view.split)
+        return out
+
+
+@dataclass(frozen=True)
+class SddmmKernel:
+    """``y[e] = body(e)`` for every edge (CSR order)."""
+
+    feat: tuple[int, ...]
+    main: ModuleType
+
+    def __call__(self, g: Graph, xs: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty((g.num_edges, *self.feat), dtype=dtype, device=g.device)
+        if g.num_edges:
+            self.main.launch(run, xs, out, g)
+        return out
+
+
+@dataclass(frozen=True)
+class SoftmaxKernel:
+    """``y[v] = sum_e softmax_v(score)(e) * value(e)``; also returns the per-row log-sum-exp."""
+
+    score_feat: tuple[int, ...]
+    feat: tuple[int, ...]
+    main: ModuleType
+    combine: ModuleType
+
+    def __call__(self, g: Graph, xs, dtype):
+        view = graph_view(g, "csr")
+        acc = _acc_dtype(dtype)
+        out = torch.zeros((view.num_rows, *self.feat), dtype=dtype, device=g.device)
+        lse = torch.zeros((view.num_rows, *self.score_feat), dtype=acc, device=g.device)
+        for items in view.buckets:
+            self.main.launch(run, xs, out, lse, lse, items, view, True)
+        if view.split is not None:
+            n = view.split.n_segs
+            part = torch.empty((n, *self.feat), dtype=acc, device=g.device)
+            m = torch.empty((n, *self.score_feat), dtype=acc, device=g.device)
+            l_ = torch.empty((n, *self.score_feat), dtype=acc, device=g.device)
+            self.main.launch(run, xs, part, m, l_, view.split.segs, view, False)
+            self.combine.launch(run, part, m, l_, out, lse, view.split)
+        return out, lse
+
+
+@dataclass(frozen=True)
+class Grad:
+    """How operand ``operand`` (read at ``side``) gets its gradient: ``kernel`` sums the
+    per-edge cotangent over where it was read (a parameter's rows are summed after)."""
+
+    operand: int
+    side: str
+    kernel: AggregateKernel | SddmmKernel
+
+
+def _rowwise(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return x.view(-1, *([1] * (like.dim() - 1)))
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """An aggregate, SDDMM or softmax_aggregate compiled to Triton kernels.
+
+    ``kind``: the reduction of an aggregate (sum / mean / max / min), "sddmm" or
+    "softmax"; ``row_side``: the rows an aggregate reduces into ("dst": CSR, "src":
+    CSC); ``grads``: per operand, its gradient kernel; ``count``: for max / min,
+    the kernel counting each row's ties.
+    """
+
+    name: str
+    kind: str
+    row_side: str
+    dtype: torch.dtype
+    forward: AggregateKernel | SddmmKernel | SoftmaxKernel
+    grads: dict[int, Grad]
+    count: AggregateKernel | None = None
+    value_extra: int = 0   # softmax: value axes beyond the score's (summed in delta)
+
+    def __call__(self, g: Graph, *xs: torch.Tensor) -> torch.Tensor:
+        check_device(self.name, self.forward.main.kernel, [g.src, *xs])
+        return _FusedFunction.apply(self, g, *xs)
+
+    def run_forward(self, g: Graph, xs) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        if self.kind == "softmax":
+            out, lse = self.forward(g, xs, self.dtype)
+            return out, (out, lse)
+        if self.kind in ("max", "min"):
+            y = self.forward(g, xs, _acc_dtype(self.dtype))  # exact, for the ties in backward
+            return y.to(self.dtype), (y,)
+        return self.forward(g, xs, self.dtype), ()
+
+    def extras(self, g: Graph, xs, saved, dy: torch.Tensor) -> list[torch.Tensor]:
+        """What the gradient regions read after the operands (``triton_grad.EXTRAS``)."""
+        if self.kind in ("sum", "sddmm"):
+            return [dy]
+        if self.kind == "mean":
+            deg = graph_view(g, "csr" if self.row_side == "dst" else "csc").degree
+            return [dy / _rowwise(deg.clamp(min=1).to(dy.dtype), dy)]
+        if self.kind in ("max", "min"):
+            (y,) = saved
+            ties = self.count(g, [*xs, y], y.dtype)
+            return [y, dy.to(y.dtype) / ties.clamp(min=1)]
+        out, lse = saved
+        acc = lse.dtype
+        delta = dy.to(acc) * out.to(acc)
+        for _ in range(self.value_extra):
+            delta = delta.sum(-1)
+        return [dy, lse, delta]
+
+    def run_backward(self, g: Graph, xs, saved, dy: torch.Tensor, needs) -> list:
+        dy = dy.contiguous()
+        feeds = [*xs, *self.extras(g, xs, saved, dy)]
+        grads: list[torch.Tensor | None] = []
+        for k, (x, need) in enumerate(zip(xs, needs)):
+            gr = self.grads.get(k)
+            if not need or gr is None:
+                grads.append(None)
+            elif gr.side == "param":
+                rows = gr.kernel(g, feeds, _acc_dtype(x.dtype))
+                grads.append(rows.sum(0).reshape(x.shape).to(x.dtype))
+            else:
+                grads.append(gr.kernel(g, feeds, x.dtype))
+        return grads
+
+
+class _FusedFunction(torch.autograd.Function):
+    """Forward and backward of a ``FusedOp``: only its operands (node values, edge inputs)
+    and per-row results are kept; edge values are recomputed by the gradient kernels."""
+
+    @staticmethod
+    def forward(ctx, op: FusedOp, g: Graph, *xs):
+        out, saved = op.run_forward(g, xs)
+        ctx.op, ctx.g, ctx.n = op, g, len(xs)
+        ctx.save_for_backward(*xs, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        tensors = ctx.saved_tensors
+        xs, saved = tensors[:ctx.n], tensors[ctx.n:]
+        grads = ctx.op.run_backward(ctx.g, xs, saved, dy, ctx.needs_input_grad[2:])
+        return (None, None, *grads)
+
+
+@dataclass(frozen=True)
+class EdgeSoftmaxOp:
+    """An unfused ``edge_softmax`` (its result is used beyond one aggregate, e.g. dropped out)."""
+
+    name: str
+    forward: ModuleType
+    backward: ModuleType
+
+    def __call__(self, g: Graph, x: torch.Tensor) -> torch.Tensor:
+        check_device(self.name, self.forward.kernel, [g.src, x])
+        return _EdgeSoftmaxFunction.apply(self, g, x)
+
+
+class _EdgeSoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: EdgeSoftmaxOp, g: Graph, x):
+        x2 = x.reshape(x.shape[0], -1).contiguous()
+        y = torch.empty_like(x2)
+        for items in graph_view(g, "csr").whole_rows():
+            op.forward.launch(run, x2, y, items)
+        ctx.op, ctx.g = op, g
+        ctx.save_for_backward(y)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dy2 = dy.reshape(y.shape).contiguous()
+        dx = torch.empty_like(y)
+        for items in graph_view(ctx.g, "csr").whole_rows():
+            ctx.op.backward.launch(run, y, dy2, dx, items)
+        return None, None, dx.view(dy.shape)
+
+
+@dataclass(frozen=True)
+class TypedLinearOp:
+    """``y[i] = x[i] @ W[t_i]``, the rows of x gathered from node rows (``gather``: "src" /
+    "dst") when the input is an edge value read at an endpoint."""
+
+    name: str
+    gather: str | None
+    forward: ModuleType
+    grad_x: ModuleType
+    grad_w: ModuleType
+    scatter: AggregateKernel | None   # per-edge dx -> node rows (the transposed gather)
+
+    def __call__(self, g: Graph, x: torch.Tensor, w: torch.Tensor, types: torch.Tensor):
+        check_device(self.name, self.forward.kernel, [g.src, x, w, types])
+        return _TypedLinearFunction.apply(self, g, x, w, types)
+
+    def rows(self, g: Graph) -> torch.Tensor | None:
+        return None if self.gather is None else (g.src if self.gather == "src" else g.dst)
+
+
+class _TypedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: TypedLinearOp, g: Graph, x, w, types):
+        groups = type_groups(types, w.shape[0])
+        k, n = w.shape[1], w.shape[2]
+        y = torch.empty((types.numel(), n), dtype=x.dtype, device=x.device)
+        if types.numel():
+            op.forward.launch(run, x, w, y, groups, op.rows(g), k, n)
+        ctx.op, ctx.g, ctx.groups = op, g, groups
+        ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        op, g, groups = ctx.op, ctx.g, ctx.groups
+        x, w = ctx.saved_tensors
+        k, n = w.shape[1], w.shape[2]
+        dy = dy.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[2]:
+            rows = torch.empty((dy.shape[0], k), dtype=x.dtype, device=x.device)
+            if dy.shape[0]:
+                op.grad_x.launch(run, dy, w.transpose(1, 2), rows, groups, None, n, k)
+            dx = rows if op.scatter is None else op.scatter(g, [rows], x.dtype)
+        if ctx.needs_input_grad[3]:
+            acc = torch.zeros(w.shape, dtype=_acc_dtype(w.dtype), device=w.device)
+            if dy.shape[0]:
+                op.grad_w.launch(run, x, dy, acc, groups, op.rows(g), k, n)
+            dw = acc.to(w.dtype)
+        return None, None, dx, dw, None
+
+
+__all__ = ["AggregateKernel", "SddmmKernel", "SoftmaxKernel", "Grad", "FusedOp", "EdgeSoftmaxOp",
+           "TypedLinearOp", "graph_view", "type_groups", "run", "SPLIT_EDGES", "BUCKETS",
+           "TritonRuntimeError"]
