@@ -9,7 +9,7 @@ from .ir.passes import const_fold, cse, dce, fuse, pushdown, split_concat
 from .ir.printer import format_function
 from .ir.verifier import verify
 
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "triton")
 
 
 def debug_level() -> int:
@@ -55,6 +55,9 @@ def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,
     if backend == "torch":
         from .backends import torch_backend
         kernel = torch_backend.compile(fn, backward)
+    elif backend == "triton":
+        from .backends import triton_backend
+        kernel = triton_backend.compile(fn, backward)
     if debug_level() >= 1:
         print(f"--- sarc: {fn.name} ({backend}) -> {kernel.path} ---")
     return kernel
