@@ -7,7 +7,8 @@ artifacts the user asks for (``--emit``) to ``--out``:
 
 - ``ir``:       ``<layer>.traced.ir`` and ``<layer>.ir`` (before / after passes)
 - ``plan``:     ``plan.txt`` and ``plan.json``
-- ``kernels``:  the generated code of each layer (``<layer>.<backend>.py``)
+- ``kernels``:  the generated code of each layer (``<layer>.<backend>.py``); with the
+                Triton backend also each kernel as its own module (``<layer>.kernels/``)
 - ``schedule``: ``schedule.txt``, the exchange rounds of each layer, forward and backward
 
 The output directory is written as a whole: into a temporary sibling that is
@@ -47,6 +48,7 @@ class CompiledLayer:
     traced: Function
     optimized: Function
     kernel_source: str
+    kernel_files: tuple[tuple[str, str], ...] = ()  # (file name, text) of each separate kernel
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
         traced = layer.trace()
         optimized = optimize(traced)
         kernel = compile_function(traced, backend=backend)
-        compiled.append(CompiledLayer(lname, traced, optimized, kernel.source))
+        files = tuple(kernel.kernel_files().items()) if hasattr(kernel, "kernel_files") else ()
+        compiled.append(CompiledLayer(lname, traced, optimized, kernel.source, files))
     plan = plan_model([(c.name, c.optimized) for c in compiled], mode=mode, workers=workers,
                       stats=stats, mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode)
     return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
@@ -141,6 +144,8 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...]) -> li
             files[f"{c.name}.ir"] = format_function(c.optimized)
         if "kernels" in emit:
             files[f"{c.name}.{art.backend}.py"] = c.kernel_source
+            for name, text in c.kernel_files:
+                files[f"{c.name}.kernels/{name}"] = text
     if "plan" in emit:
         files["plan.txt"] = format_plan(art.plan)
         files["plan.json"] = art.plan.dumps()
@@ -151,6 +156,7 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...]) -> li
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         for rel, text in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(text)
         if out.exists():
             old = out.with_name(f".{out.name}.old.{os.getpid()}")
