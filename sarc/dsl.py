@@ -215,6 +215,15 @@ class Layer(nn.Module):
                                                    autodiff=self._sarc_autodiff)
         return self._sarc_compiled
 
+    def set_backend(self, backend: str) -> "Layer":
+        """Compile with ``backend`` ("torch", "triton") from the next call on."""
+        from .compiler import BACKENDS
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+        self._sarc_backend = backend
+        self._sarc_compiled = None
+        return self
+
     def set_autodiff(self, mode: str) -> "Layer":
         """``"ir"``: gradients from the layer's backward IR (``sarc.ir.autodiff``),
         compiled like the layer; ``"torch"``: torch autograd through the generated code."""
