@@ -20,10 +20,13 @@ from sarc.runtime.bind import bind_inputs
 
 RTOL = 1e-5
 # A gradient that cancels to (nearly) zero -- GAT's att_dst when all of a node's
-# scores fall on one side of the leaky_relu, where the softmax is shift invariant
-# -- is float32 rounding noise in both implementations. Each gradient is measured
-# against at least this fraction of the largest output or gradient of the layer.
-CANCEL_FLOOR = 1e-2
+# scores fall on one side of the leaky_relu, an attention over scores that are equal
+# for every edge into a node -- is float32 rounding noise in both implementations,
+# a few ulps of the layer's larger terms (checked against a float64 run of the
+# interpreter). Each gradient is measured against at least this fraction of the
+# largest output or gradient of the layer: noise up to rtol * 0.1 of that passes.
+CANCEL_FLOOR = 0.1
+DROPOUT_SEED = 1234
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float = RTOL,
@@ -85,9 +88,13 @@ def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tens
     fn = layer.trace()
     params = [(n, p) for n, p in layer.named_parameters() if p.requires_grad]
 
+    # A training call draws its dropout seed from torch's RNG (sarc.ir.rng): reseeding
+    # before each run gives the compiled code and the interpreter the same masks.
     fc = _fresh(feats)
+    torch.manual_seed(DROPOUT_SEED)
     out_c = _as_dict(layer(g, **fc), fn)
     fr = _fresh(feats)
+    torch.manual_seed(DROPOUT_SEED)
     out_r = reference(layer, g, fr, fn)
 
     assert sorted(out_c) == sorted(out_r)

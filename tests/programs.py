@@ -30,7 +30,7 @@ import sarc
 REDUCERS = {"sum": sarc.sum, "mean": sarc.mean, "max": sarc.max, "min": sarc.min}
 REDUCE_KINDS = (*REDUCERS, "softmax")
 UNARY = ("relu", "tanh", "sigmoid", "neg", "leaky_relu", "elu", "exp_tanh", "log_sigmoid",
-         "square", "clamp")
+         "square", "clamp", "dropout")
 BINARY = ("add", "sub", "mul", "div")
 
 
@@ -131,6 +131,8 @@ def _unary(name: str, x):
         return x ** 2
     if name == "clamp":
         return x.clamp_min(-0.5)
+    if name == "dropout":      # active in training mode only
+        return sarc.dropout(x, 0.3)
     raise AssertionError(name)
 
 

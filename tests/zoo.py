@@ -21,6 +21,7 @@ LAYERS = {
     "gat_4heads_concat": lambda d: GATLayer(d, 3, heads=4),
     "gat_4heads_mean": lambda d: GATLayer(d, 3, heads=4, concat=False),
     "gat_1head_mean": lambda d: GATLayer(d, 6, heads=1, concat=False),
+    "gat_4heads_dropout": lambda d: GATLayer(d, 3, heads=4, attn_drop=0.3),
     "gin": lambda d: GINLayer(d, 6, 5),
     "gin_train_eps": lambda d: GINLayer(d, 6, 5, eps=0.3, train_eps=True),
     "rgcn": lambda d: RGCNLayer(d, 5, NUM_RELS),

@@ -61,7 +61,8 @@ def _interpret(layer, fn, g, feats):
     """Outputs and gradients (params, float features) of ``fn`` under the interpreter."""
     leaves = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in feats.items()}
     params = dict(layer.named_parameters())
-    out = interpreter.run(fn, g, bind_inputs(layer, fn, g, (), leaves), params, layer.training)
+    out = interpreter.run(fn, g, bind_inputs(layer, fn, g, (), leaves), params, layer.training,
+                          seed=7)   # the same dropout masks before and after
     torch.manual_seed(1)
     loss = sum((o * torch.randn_like(o)).sum() for _, o in sorted(out.items()))
     wrt = list(params.values()) + [leaves[k] for k in sorted(leaves) if leaves[k].requires_grad]
