@@ -5,7 +5,8 @@ import os
 
 from .ir.autodiff import grad
 from .ir.function import Function
-from .ir.passes import const_fold, cse, dce, fuse, pushdown, split_concat
+from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
+                        split_concat)
 from .ir.printer import format_function
 from .ir.verifier import verify
 
@@ -19,7 +20,7 @@ def debug_level() -> int:
         return 0
 
 
-PIPELINE = (const_fold, split_concat, pushdown, dce, cse, fuse, dce)
+PIPELINE = (const_fold, split_concat, linear_through_aggregate, pushdown, dce, cse, fuse, dce)
 """The optimizing passes, in order (each ``Function -> Function``)."""
 
 

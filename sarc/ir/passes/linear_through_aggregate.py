@@ -1,0 +1,73 @@
+"""Apply a narrowing linear map before a linear aggregation instead of after it.
+
+    linear(sum_or_mean(e), W)      -> sum_or_mean(linear(e, W))
+    linear(a + sum_or_mean(e), W)  -> linear(a, W) + sum_or_mean(linear(e, W))
+
+Sum and mean are linear, so both orders compute the same function; when W
+maps to fewer features than it reads (``out < in``), the aggregation (and,
+after ``pushdown``, what crosses shards) runs on the narrow side: GraphSAGE's
+``W_neigh mean(h)`` and GIN's ``MLP(h + sum h)`` aggregate ``W h``. The rewrite
+applies only to values no one else reads, and only when it narrows.
+"""
+from __future__ import annotations
+
+from ..function import Function
+from ..ops import Op
+from ..types import Domain
+from .rewrite import Rewriter
+
+LINEAR_REDUCE = ("sum", "mean")
+
+
+def linear_through_aggregate(fn: Function) -> Function:
+    users = fn.users()
+    outputs = {i for _, i in fn.outputs}
+
+    def single(j: int) -> bool:
+        return len(users[j]) == 1 and j not in outputs
+
+    def movable(j: int) -> bool:
+        """Value j is (a sum of terms with) a linear aggregate we may rewrite."""
+        v = fn.values[j]
+        if not single(j):
+            return False
+        if v.op is Op.REDUCE:
+            return v.attr["kind"] in LINEAR_REDUCE
+        if v.op in (Op.ADD, Op.SUB):
+            return all(fn.values[k].type.domain is not Domain.PARAM for k in v.inputs) and \
+                any(movable(k) for k in v.inputs)
+        return False
+
+    rw = Rewriter(fn)
+    skip: set[int] = set()
+
+    def apply(j: int, w: int, like) -> int:
+        """New value: linear(old value j, new weight w), pushed through aggregates."""
+        v = fn.values[j]
+        if movable(j) and v.op is Op.REDUCE:
+            inner = rw.emit(Op.LINEAR, [rw.map[v.inputs[0]], w], None, like)
+            return rw.emit(Op.REDUCE, [inner], v.attr, v)
+        if movable(j) and v.op in (Op.ADD, Op.SUB):
+            a, b = (apply(k, w, like) for k in v.inputs)
+            return rw.emit(v.op, [a, b], None, v)
+        return rw.emit(Op.LINEAR, [rw.map[j], w], None, like)
+
+    # values only a rewritten linear reads are not copied
+    for i, v in enumerate(fn.values):
+        if v.op is Op.LINEAR and v.type.feat[-1] < fn.values[v.inputs[0]].type.feat[-1] \
+                and movable(v.inputs[0]):
+            stack = [v.inputs[0]]
+            while stack:
+                j = stack.pop()
+                if movable(j):
+                    skip.add(j)
+                    if fn.values[j].op in (Op.ADD, Op.SUB):
+                        stack.extend(fn.values[j].inputs)
+    for i, v in enumerate(fn.values):
+        if i in skip:
+            continue
+        if v.op is Op.LINEAR and v.inputs[0] in skip:
+            rw.map[i] = apply(v.inputs[0], rw.map[v.inputs[1]], v)
+            continue
+        rw.copy(i)
+    return rw.finish()
