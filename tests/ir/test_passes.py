@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from difftest import assert_close, one_torch_thread, random_block  # noqa: F401
+from difftest import CANCEL_FLOOR, assert_close, one_torch_thread, random_block  # noqa: F401
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from programs import features as program_features
@@ -75,11 +75,12 @@ def _same_meaning(layer, g, feats):
     out_a, grads_a = _interpret(layer, fn, g, feats)
     out_b, grads_b = _interpret(layer, optimize(fn), g, feats)
     assert sorted(out_a) == sorted(out_b)
-    scale = max([g_.abs().max().item() for g_ in grads_a if g_.numel()] + [0.0])
+    tensors = [*out_a.values(), *grads_a]
+    scale = max([t.abs().max().item() for t in tensors if t.numel()] + [0.0])
     for k in out_a:
         assert_close(out_b[k], out_a[k], what=f"output {k}")
     for i, (a, b) in enumerate(zip(grads_a, grads_b)):
-        assert_close(b, a, what=f"gradient {i}", floor=1e-2 * scale)
+        assert_close(b, a, what=f"gradient {i}", floor=CANCEL_FLOOR * scale)
 
 
 @pytest.mark.parametrize("model", sorted(LAYERS))
