@@ -27,6 +27,25 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
         raise GraphError(f"{g!r} is a split block (its dst nodes are not its first src nodes, "
                          f"as in a shard's block of remote edges); a layer runs on a block "
                          f"with dst_in_src=True")
+    given = resolve_features(layer, args, feats)
+    node = layer._sarc_node
+    out: dict[str, torch.Tensor] = {}
+    for name, t in fn.inputs().items():
+        if name in BUILTINS and name not in node:
+            out[name] = g.in_degree if name == "in_degree" else g.out_degree
+            continue
+        is_edge = t.domain is Domain.EDGE
+        x = check_feature(layer, name, given, t, g.num_edges if is_edge else g.num_src,
+                          "edges" if is_edge else "source nodes", g.device)
+        if is_edge:
+            x = x.index_select(0, g.perm)
+        out[name] = x
+    return out
+
+
+def resolve_features(layer, args: tuple, feats: Mapping) -> dict[str, object]:
+    """The features of a layer call by name: positional ones in declaration order (node
+    features, then edge features), a single mapping, or keywords."""
     node, edge = layer._sarc_node, layer._sarc_edge
     given = dict(feats)
     if len(args) == 1 and isinstance(args[0], Mapping):
@@ -44,36 +63,31 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
     if unknown:
         raise GraphError(f"{type(layer).__name__} declares no feature "
                          f"{', '.join(sorted(repr(u) for u in unknown))} (declared: {', '.join(order)})")
-    out: dict[str, torch.Tensor] = {}
-    for name, t in fn.inputs().items():
-        if name in BUILTINS and name not in node:
-            out[name] = g.in_degree if name == "in_degree" else g.out_degree
-            continue
-        if name not in given:
-            raise GraphError(f"{type(layer).__name__} reads feature {name!r}, which was not given")
-        x = given[name]
-        if not isinstance(x, torch.Tensor):
-            raise GraphError(f"feature {name!r} must be a torch.Tensor, got {type(x).__name__}")
-        is_edge = t.domain is Domain.EDGE
-        rows = g.num_edges if is_edge else g.num_src
-        what = "edges" if is_edge else "source nodes"
-        if x.dim() == 0 or x.shape[0] != rows:
-            got = x.shape[0] if x.dim() else "no"
-            raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}")
-        if tuple(x.shape[1:]) != t.feat:
-            raise GraphError(f"feature {name!r} has per-row shape {list(x.shape[1:])}, "
-                             f"declared {list(t.feat)}")
-        want = t.dtype.to_torch()
-        if x.dtype != want:
-            if t.dtype.is_float and x.dtype.is_floating_point:
-                raise GraphError(f"feature {name!r} is {x.dtype}, the layer was declared with {want}")
-            if not t.dtype.is_float and not x.dtype.is_floating_point and x.dtype != torch.bool:
-                x = x.to(want)
-            else:
-                raise GraphError(f"feature {name!r} is {x.dtype}, expected {want}")
-        if x.device != g.device:
-            raise GraphError(f"feature {name!r} is on {x.device} but the graph is on {g.device}")
-        if is_edge:
-            x = x.index_select(0, g.perm)
-        out[name] = x
-    return out
+    return given
+
+
+def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, device) -> torch.Tensor:
+    """Feature ``name`` checked against its declared type ``t`` and ``rows`` rows of ``what``;
+    integer features are converted to the declared int64."""
+    if name not in given:
+        raise GraphError(f"{type(layer).__name__} reads feature {name!r}, which was not given")
+    x = given[name]
+    if not isinstance(x, torch.Tensor):
+        raise GraphError(f"feature {name!r} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[0] != rows:
+        got = x.shape[0] if x.dim() else "no"
+        raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}")
+    if tuple(x.shape[1:]) != t.feat:
+        raise GraphError(f"feature {name!r} has per-row shape {list(x.shape[1:])}, "
+                         f"declared {list(t.feat)}")
+    want = t.dtype.to_torch()
+    if x.dtype != want:
+        if t.dtype.is_float and x.dtype.is_floating_point:
+            raise GraphError(f"feature {name!r} is {x.dtype}, the layer was declared with {want}")
+        if not t.dtype.is_float and not x.dtype.is_floating_point and x.dtype != torch.bool:
+            x = x.to(want)
+        else:
+            raise GraphError(f"feature {name!r} is {x.dtype}, expected {want}")
+    if x.device != device:
+        raise GraphError(f"feature {name!r} is on {x.device} but the graph is on {device}")
+    return x
