@@ -50,6 +50,7 @@ class LayerPlan:
     bytes_sent: tuple[int, ...] | None       # per worker per epoch (None: symbolic only)
     bytes_kept: tuple[int, ...] | None
     bytes_sent_expr: sympy.Expr = field(default=sympy.Integer(0))
+    backward_passes: int = 1                 # backward passes over the blocks (2: unfused edge_softmax)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class Plan:
             "layers": [{
                 "name": lp.name, "class": lp.layer_class, "exec_mode": lp.exec_mode,
                 "exchange": ex(lp.exchange), "alternatives": [ex(a) for a in lp.alternatives],
-                "fetch_passes": lp.fetch_passes,
+                "fetch_passes": lp.fetch_passes, "backward_passes": lp.backward_passes,
                 "saved_bytes": {k: str(v) for k, v in lp.saved.items()},
                 "flops": str(lp.flops), "recomputed": list(lp.recomputed),
                 "kept_peers": [list(k) for k in lp.kept_peers],
@@ -102,6 +103,13 @@ class Plan:
 
 def _has_softmax(fn: Function) -> bool:
     return any(v.op in (Op.EDGE_SOFTMAX, Op.SOFTMAX_AGGREGATE) for v in fn.values)
+
+
+def _has_unfused_softmax(fn: Function) -> bool:
+    """An edge_softmax left unfused (e.g. attention dropout between it and the sum): its
+    normalization spans every block, so a normalizer pass precedes the main pass, forward
+    and backward (``sarc.dist.merge``)."""
+    return any(v.op is Op.EDGE_SOFTMAX for v in fn.values)
 
 
 def _choose(cands: list[Exchange], baseline: bool) -> tuple[Exchange | None, tuple[Exchange, ...]]:
@@ -132,7 +140,9 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
         raise ValueError(f"the partition has {stats.num_parts} parts but {workers} workers were asked for")
     cands = exchange_candidates(fn, inputs_need_grad)
     chosen, alts = _choose(cands, baseline)
-    passes = 2 if (baseline and _has_softmax(fn)) else 1
+    unfused = _has_unfused_softmax(fn)
+    passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
+    bwd_passes = 2 if unfused else 1
     saved = saved_for_backward(fn)
     recomputed = [f"edge values of {v.op.value} %{i}" for i, v in enumerate(fn.values) if v.op in FUSED
                   and v.op is not Op.SDDMM]
@@ -143,18 +153,21 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                          tuple(recomputed), tuple(() for _ in range(workers)),
                          None if stats is None else tuple(0 for _ in range(workers)),
                          None if stats is None else tuple(
-                             _local_kept(saved["total"], stats, r) for r in range(workers)))
+                             _local_kept(saved["total"], stats, r) for r in range(workers)),
+                         backward_passes=bwd_passes)
     default = "sar" if mode == "full" else "oneshot"
     rb = chosen.row_bytes
     grad = 1 if chosen.needs_grad else 0
     if stats is None:
         em = exec_mode or default
         refetch = 1 if em == "sar" else 0
-        expr = B * rb * (passes + refetch + grad)
+        expr = (B * rb * (1 + grad) if em == "oneshot"
+                else B * rb * (passes + bwd_passes * (refetch + grad)))
         if em != "oneshot":
             recomputed.append("remote rows (re-fetched in backward)")
         return LayerPlan(name, fn.name, em, chosen, alts, passes, saved, forward_flops(fn),
-                         tuple(recomputed), tuple(() for _ in range(workers)), None, None, expr)
+                         tuple(recomputed), tuple(() for _ in range(workers)), None, None, expr,
+                         bwd_passes)
     p = workers
     bnd = stats.boundary
     local = [_local_kept(saved["total"], stats, r) for r in range(p)]
@@ -170,20 +183,24 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
         kept = _fit(stats, rb, local, mem_budget)
         full = all(len(k) == p - 1 for k in kept)
         em = "oneshot" if full else ("sar" if not any(kept) else "hybrid")
-    # bytes sent by worker r: its rows to every reader (per fetch pass), again in backward to
-    # readers that did not keep them, and gradients of the rows it received
+    # bytes sent by worker r (what sarc.dist's exchange counts): its rows to every reader, once
+    # to a reader that keeps them and once per forward pass to one that does not, again per
+    # backward pass to the readers that did not keep them; and the gradients of the rows it
+    # received, once per backward pass (kept rows: accumulated, sent once at the end)
     sent = []
     for r in range(p):
-        out_rows = sum(bnd[j][r] for j in range(p) if j != r)
+        fwd = sum(bnd[j][r] * (1 if r in kept[j] else passes) for j in range(p) if j != r)
         refetch = sum(bnd[j][r] for j in range(p) if j != r and r not in kept[j])
-        in_rows = sum(bnd[r][j] for j in range(p) if j != r)
-        sent.append(rb * (passes * out_rows + refetch + grad * in_rows))
+        grads = sum(bnd[r][j] * (1 if j in kept[r] else bwd_passes) for j in range(p) if j != r)
+        sent.append(rb * (fwd + bwd_passes * refetch + grad * grads))
     kept_bytes = [local[r] + rb * sum(bnd[r][j] for j in kept[r]) for r in range(p)]
     if em != "oneshot":
         recomputed.append("remote rows (re-fetched in backward)")
-    expr = B * rb * (passes + (0 if em == "oneshot" else 1) + grad)
+    expr = (B * rb * (1 + grad) if em == "oneshot"
+            else B * rb * (passes + bwd_passes * (1 + grad)))
     return LayerPlan(name, fn.name, em, chosen, alts, passes, saved, forward_flops(fn),
-                     tuple(recomputed), tuple(kept), tuple(sent), tuple(kept_bytes), expr)
+                     tuple(recomputed), tuple(kept), tuple(sent), tuple(kept_bytes), expr,
+                     bwd_passes)
 
 
 def _fit(stats: ShardStats, rb: int, local: list[int], budget: int | None):
@@ -221,6 +238,14 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _passes_note(lp: LayerPlan, baseline: bool) -> str:
+    if lp.fetch_passes == 1:
+        return ""
+    why = ("a normalizer pass first: unfused edge_softmax" if lp.backward_passes == 2
+           else "no online softmax")
+    return f", fetched twice ({why}; fetch_passes={lp.fetch_passes})"
+
+
 def format_plan(plan: Plan) -> str:
     budget = "none" if plan.mem_budget is None else _fmt_bytes(plan.mem_budget)
     lines = [f"plan: mode={plan.mode} workers={plan.workers} mem-budget={budget} "
@@ -234,7 +259,7 @@ def format_plan(plan: Plan) -> str:
             x = lp.exchange
             lines.append(f"  exchanged: {' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
                          f"{', gradients sent back' if x.needs_grad else ''}"
-                         f"{', fetched twice (no online softmax)' if lp.fetch_passes == 2 else ''}")
+                         f"{_passes_note(lp, plan.baseline)}")
             for a in lp.alternatives:
                 lines.append(f"  not chosen: {' + '.join(a.names)} = {a.width} x {a.dtype_bytes} B/row")
         lines.append(f"  kept for backward: edge {lp.saved['edge']} B, node {lp.saved['node']} B")
