@@ -1,0 +1,204 @@
+"""Block kernels of the distributed edge part: partial aggregates and their backward.
+
+The generated edge part (``sarc.backends.dist_backend``) runs on one source
+block at a time. Sum aggregates are ordinary block aggregates (the torch
+backend's kernels). The aggregates whose partials need more than a value, and
+the backward "surrogates", are here; ``sarc.dist.merge`` combines what they
+return. Shapes: a score has feature shape ``S`` (GAT: heads), a value ``S + C``.
+
+Forward partials (no autograd; evaluated destination-row block by block, so
+edge tensors exist one ``torch_kernels.EDGE_BLOCK_ELEMS`` block at a time):
+
+- ``extremum_partial``: ``(y, count)``: the block's max (min) per destination
+  and element, and how many of the block's edges attain it (0: no edge);
+- ``softmax_partial``: ``(m, s, acc)``: the block's max score, ``sum exp(score - m)``
+  and ``sum exp(score - m) * value`` (online softmax, merged with rescaling);
+- ``softmax_normalizer`` / ``score_normalizer``: ``(m, s)`` of a score
+  region / an edge score tensor (a normalizer pass: baseline mode, unfused
+  edge_softmax); ``softmax_normalized``: ``sum alpha * value`` with global
+  normalizers ``alpha = exp(score - M) / S``;
+- ``edge_softmax_global``: ``exp(score - M[dst]) / S[dst]`` (differentiable).
+
+Backward surrogates (differentiable): per-destination tensors whose gradient
+with respect to the block's inputs is the block's share of the layer's
+gradient, given the merged state and the output cotangent:
+
+- ``extremum_select``: ``sum over e of [x_e == Y_v] x_e`` (cotangent ``g / C``,
+  C the tie count over *all* blocks: ties split evenly, as on one process);
+- ``softmax_surrogate``: ``sum_e alpha_e (<g_v, value_e> - D_v)``, ``D_v = <g_v, out_v>``,
+  alpha from the final (M, S): its gradient is ``alpha_e g_v`` for the value
+  and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's;
+- ``score_normalizer_surrogate``: ``sum_e exp(score_e - M_v) gS_v``, the
+  normalizer's share (``gS`` the gradient reaching the global sums S).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..backends import torch_kernels as K
+from ..graph import Graph
+
+NEG_INF = float("-inf")
+
+
+def _has_edges(g: Graph) -> torch.Tensor:
+    return g.rowptr[1:] > g.rowptr[:-1]
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _by_row_blocks(g: Graph, sides, width: int, operands, fn):
+    """``fn(block graph, *block operands)`` over destination-row blocks, results concatenated."""
+    outs = [fn(*K._block_args(g, sides, lo, hi, operands)) for lo, hi in K._row_blocks(g, width)]
+    if len(outs) == 1:
+        return outs[0]
+    return tuple(torch.cat(parts, 0) for parts in zip(*outs))
+
+
+def _per_edge(gb: Graph, sides, xs):
+    return [K.per_edge(x, s, gb) for x, s in zip(xs, sides)]
+
+
+# --- max / min ----------------------------------------------------------------------------
+
+def _extremum(kind: str, x: torch.Tensor, g: Graph):
+    y = torch.segment_reduce(x, kind, offsets=g.rowptr, axis=0)
+    tie = (x == y.index_select(0, g.dst)).to(x.dtype)
+    return y, K.segment_sum(tie, g)
+
+
+@torch.no_grad()
+def extremum_partial(kind: str, body, sides, width: int, g: Graph, *operands):
+    """(y, count) of ``kind`` over the block's edges of ``body`` (a fused aggregate)."""
+    return _by_row_blocks(g, sides, width, operands,
+                          lambda gb, *xs: _extremum(kind, body(gb, *_per_edge(gb, sides, xs)), gb))
+
+
+@torch.no_grad()
+def reduce_extremum_partial(kind: str, x: torch.Tensor, g: Graph):
+    """(y, count) of ``kind`` over the block's edges of the edge tensor ``x`` (a REDUCE)."""
+    return _extremum(kind, x, g)
+
+
+def _select(x: torch.Tensor, y: torch.Tensor, g: Graph) -> torch.Tensor:
+    keep = x == y.index_select(0, g.dst)
+    return K.segment_sum(torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), g)
+
+
+def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tensor, *operands):
+    """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
+    def block(gb, yb, *xs):
+        return _select(body(gb, *_per_edge(gb, sides, xs)), yb, gb)
+    return K._fused(block, g, ("dst", *sides), width, (y, *operands))
+
+
+def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor) -> torch.Tensor:
+    return _select(x, y, g)
+
+
+# --- softmax ------------------------------------------------------------------------------
+
+def _expand_to(a: torch.Tensor, like_dim: int) -> torch.Tensor:
+    return a.reshape(*a.shape, *([1] * (like_dim - a.dim())))
+
+
+def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> torch.Tensor:
+    """sum over edges e -> v of w[e] * value(e); w has the score's shape [e, *S].
+
+    When the value is a source feature z (GAT), per head a weighted CSR product
+    (no e x S x C tensor); otherwise the value is formed per edge.
+    """
+    if value_index is not None:
+        z = xs[value_index]
+        heads = math.prod(w.shape[1:]) if w.dim() > 1 else 1
+        if w.dim() == 1:
+            return K.spmm("sum", gb, z, w)
+        zh = z.reshape(z.shape[0], heads, math.prod(z.shape[1:]) // heads)
+        wf = w.reshape(-1, heads)
+        outs = [K.spmm("sum", gb, zh[:, h], wf[:, h]) for h in range(heads)]
+        return torch.stack(outs, 1).reshape(gb.num_dst, *z.shape[1:])
+    val = value(gb, *_per_edge(gb, sides, xs))
+    return K.segment_sum(_expand_to(w, val.dim()) * val, gb)
+
+
+def _score_stats(sc: torch.Tensor, g: Graph):
+    m = torch.segment_reduce(sc, "max", offsets=g.rowptr, axis=0)
+    m = torch.where(_rows(_has_edges(g), m), m, torch.full((), NEG_INF, dtype=m.dtype, device=m.device))
+    ex = torch.exp(sc - m.index_select(0, g.dst))
+    return m, ex
+
+
+@torch.no_grad()
+def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *operands):
+    """(m, s, acc): the block's share of a softmax aggregate, to be merged online."""
+    def block(gb, *xs):
+        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb)
+        return m, K.segment_sum(ex, gb), _weighted_sum(ex, value, value_index, gb, sides, xs)
+    return _by_row_blocks(g, sides, width, operands, block)
+
+
+@torch.no_grad()
+def softmax_normalizer(score, sides, width: int, g: Graph, *operands):
+    """(m, s) of a softmax aggregate's score on the block (a normalizer pass)."""
+    def block(gb, *xs):
+        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb)
+        return m, K.segment_sum(ex, gb)
+    return _by_row_blocks(g, sides, width, operands, block)
+
+
+@torch.no_grad()
+def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, norm, *operands):
+    """sum over the block's edges of alpha * value, alpha normalized by the global (M, S)."""
+    big_m, big_s = norm
+
+    def block(gb, mb, sb, *xs):
+        sc = score(gb, *_per_edge(gb, sides, xs))
+        alpha = torch.exp(sc - mb.index_select(0, gb.dst)) / sb.index_select(0, gb.dst)
+        return (_weighted_sum(alpha, value, value_index, gb, sides, xs),)
+    (out,) = _by_row_blocks(g, ("dst", "dst", *sides), width, (big_m, big_s, *operands), block)
+    return out
+
+
+def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, state, *operands):
+    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v).
+
+    ``state`` = (M, S, g, D) from ``merge.SoftmaxMerge.cotangent``.
+    """
+    big_m, big_s, grad, d = state
+
+    def block(gb, mb, sb, gr, db, *xs):
+        per = _per_edge(gb, sides, xs)
+        sc = score(gb, *per)
+        alpha = torch.exp(sc - mb.index_select(0, gb.dst)) / sb.index_select(0, gb.dst)
+        val = value(gb, *per)
+        ge = gr.index_select(0, gb.dst)
+        dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
+        return K.segment_sum(alpha * (dot - db.index_select(0, gb.dst)), gb)
+    return K._fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
+                    (big_m, big_s, grad, d, *operands))
+
+
+# --- unfused edge_softmax: global normalizers -------------------------------------------
+
+@torch.no_grad()
+def score_normalizer(sc: torch.Tensor, g: Graph):
+    """(m, s) of an edge score tensor on the block."""
+    m, ex = _score_stats(sc, g)
+    return m, K.segment_sum(ex, g)
+
+
+def edge_softmax_global(sc: torch.Tensor, g: Graph, norm) -> torch.Tensor:
+    """softmax of ``sc`` over each destination's edges in *every* block: exp(sc - M) / S."""
+    big_m, big_s = norm
+    return torch.exp(sc - big_m.index_select(0, g.dst)) / big_s.index_select(0, g.dst)
+
+
+def score_normalizer_surrogate(sc: torch.Tensor, g: Graph, big_m: torch.Tensor,
+                               grad_s: torch.Tensor) -> torch.Tensor:
+    """Per destination, sum over the block's edges of exp(sc - M) * gS: the block's share
+    of the gradient that reaches the scores through the global sums S."""
+    return K.segment_sum(torch.exp(sc - big_m.index_select(0, g.dst)), g) * grad_s

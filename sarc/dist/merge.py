@@ -1,0 +1,187 @@
+"""Merge rules: the partial aggregates of the source blocks -> the layer's aggregates.
+
+Each source block j gives a partial for every aggregate of the layer
+(``sarc.dist.kernels``); a merge folds them in, block by block in any order,
+so only one block's partial is held at a time, and afterwards gives the
+cotangent each block's backward surrogate needs:
+
+- sum: ``y = sum_j y_j``; cotangent ``g``.
+- mean: partial *sums*, ``y = (sum_j y_j) / max(1, in_degree)`` with the
+  whole-graph in-degree; cotangent ``g / max(1, in_degree)``.
+- max / min: ``y = max_j y_j`` over the blocks that have edges into the node
+  (0 where no block has: a node without incoming edges gets 0, as DGL and PyG
+  give), with the number C of edges attaining it over all blocks; cotangent
+  ``(y, g / C)``: every edge attaining the extremum gets ``g / C``, ties split
+  evenly across and within blocks, as ``torch_kernels`` does on one process.
+- softmax (a fused softmax_aggregate), online: per block (m_j, s_j, acc_j);
+  ``M = max(M, m_j)``, ``S = S e^(M_old - M) + s_j e^(m_j - M)``, ``acc``
+  likewise; ``y = acc / S``. One pass over the blocks (FlashAttention's
+  rescaling). Cotangent ``(M, S, g, D)`` with ``D_v = <g_v, y_v>`` per score
+  element: each block's backward is then independent of the others.
+- softmax with a normalizer pass first (baseline mode: no online softmax):
+  ``(M, S)`` from the normalizer pass, then ``y = sum_j acc_j`` where the blocks
+  normalize with them; same cotangent.
+- normalizers of an unfused ``edge_softmax``: ``(m_j, s_j)`` merged like the
+  online softmax into ``(M, S)``; rows without edges get ``(0, 1)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .split import Aggregate
+
+NEG_INF = float("-inf")
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(mask.shape[0], *mask.shape[1:], *([1] * (like.dim() - mask.dim())))
+
+
+def _expand(a: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return a.reshape(*a.shape, *([1] * (like.dim() - a.dim())))
+
+
+class SumMerge:
+    """sum, and mean (``divisor``: the whole-graph in-degree)."""
+
+    def __init__(self, divisor: torch.Tensor | None = None):
+        self.divisor = None if divisor is None else divisor.clamp(min=1)
+        self.total: torch.Tensor | None = None
+
+    def add(self, y: torch.Tensor) -> None:
+        self.total = y.clone() if self.total is None else self.total.add_(y)
+
+    def finish(self, zeros: torch.Tensor) -> torch.Tensor:
+        total = zeros if self.total is None else self.total
+        return total if self.divisor is None else total / _rows(self.divisor.to(total.dtype), total)
+
+    def cotangent(self, g: torch.Tensor):
+        return g if self.divisor is None else g / _rows(self.divisor.to(g.dtype), g)
+
+
+class ExtremumMerge:
+    """max / min over the blocks with edges; C counts the edges attaining it."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.y: torch.Tensor | None = None
+        self.count: torch.Tensor | None = None
+
+    def add(self, part) -> None:
+        y, c = part
+        if self.y is None:
+            self.y, self.count = y.clone(), c.clone()
+            return
+        better = (y > self.y) if self.kind == "max" else (y < self.y)
+        better = better & (c > 0) | (self.count == 0) & (c > 0)
+        tie = (y == self.y) & (c > 0) & (self.count > 0)
+        self.count = torch.where(better, c, torch.where(tie, self.count + c, self.count))
+        self.y = torch.where(better, y, self.y)
+
+    def finish(self, zeros: torch.Tensor) -> torch.Tensor:
+        if self.y is None:
+            self.y, self.count = zeros.clone(), zeros.clone()
+        self.y = torch.where(self.count > 0, self.y, torch.zeros((), dtype=self.y.dtype))
+        return self.y
+
+    def cotangent(self, g: torch.Tensor):
+        return self.y, g / self.count.clamp(min=1)
+
+
+class SoftmaxMerge:
+    """Online softmax: per block (m, s, acc), rescaled to the running max."""
+
+    def __init__(self, score_dims: int):
+        self.score_dims = score_dims  # score axes (with the row axis): m and s have these
+        self.m = self.s = self.acc = None
+
+    def add(self, part) -> None:
+        m, s, acc = part
+        if self.m is None:
+            self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
+            return
+        new_m = torch.maximum(self.m, m)
+        a = _scale(self.m, new_m)
+        b = _scale(m, new_m)
+        self.s = self.s * a + s * b
+        self.acc = self.acc * _expand(a, acc) + acc * _expand(b, acc)
+        self.m = new_m
+
+    def finish(self, zeros: torch.Tensor) -> torch.Tensor:
+        if self.m is None:
+            shape = zeros.shape[:self.score_dims]
+            self.m = torch.full(shape, NEG_INF, dtype=zeros.dtype, device=zeros.device)
+            self.s = torch.zeros(shape, dtype=zeros.dtype, device=zeros.device)
+            self.acc = zeros
+        empty = self.s == 0
+        self.out = torch.where(_expand(empty, self.acc), torch.zeros((), dtype=self.acc.dtype),
+                               self.acc / _expand(torch.where(empty, 1.0, self.s), self.acc))
+        self.m = torch.where(empty, 0.0, self.m)
+        self.s = torch.where(empty, 1.0, self.s)
+        self.acc = None
+        return self.out
+
+    def cotangent(self, g: torch.Tensor):
+        trailing = math.prod(g.shape[self.m.dim():])
+        d = (g * self.out).reshape(*self.m.shape, trailing).sum(-1)
+        return self.m, self.s, g, d
+
+
+class NormalizedSoftmaxMerge(SoftmaxMerge):
+    """Softmax whose blocks normalized with global (M, S) from a normalizer pass: a sum."""
+
+    def __init__(self, norm: tuple[torch.Tensor, torch.Tensor]):
+        super().__init__(norm[0].dim())
+        self.m, self.s = norm
+        self.total = SumMerge()
+
+    def add(self, part) -> None:
+        self.total.add(part)
+
+    def finish(self, zeros: torch.Tensor) -> torch.Tensor:
+        self.out = self.total.finish(zeros)
+        return self.out
+
+
+class NormalizerMerge:
+    """(M, S) of softmax normalizers over every block: (m_j, s_j) merged online."""
+
+    def __init__(self):
+        self.m = self.s = None
+
+    def add(self, part) -> None:
+        m, s = part
+        if self.m is None:
+            self.m, self.s = m.clone(), s.clone()
+            return
+        new_m = torch.maximum(self.m, m)
+        self.s = self.s * _scale(self.m, new_m) + s * _scale(m, new_m)
+        self.m = new_m
+
+    def finish(self, shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.m is None:
+            return torch.zeros(shape, dtype=dtype, device=device), torch.ones(shape, dtype=dtype, device=device)
+        empty = self.s == 0
+        return torch.where(empty, 0.0, self.m), torch.where(empty, 1.0, self.s)
+
+
+def _scale(m: torch.Tensor, new_m: torch.Tensor) -> torch.Tensor:
+    """exp(m - new_m), 0 where m is -inf (a block, or a running state, without edges there)."""
+    return torch.where(m == NEG_INF, torch.zeros((), dtype=m.dtype), torch.exp(m - new_m))
+
+
+def make_merge(agg: Aggregate, in_degree: torch.Tensor, norm=None):
+    """The merge of ``agg``; ``norm``: the (M, S) of a normalizer pass (baseline softmax)."""
+    if agg.kind == "sum":
+        return SumMerge()
+    if agg.kind == "mean":
+        return SumMerge(in_degree)
+    if agg.kind in ("max", "min"):
+        return ExtremumMerge(agg.kind)
+    if agg.kind == "softmax":
+        if norm is not None:
+            return NormalizedSoftmaxMerge(norm)
+        return SoftmaxMerge(1 + len(agg.score_feat))
+    raise ValueError(f"no merge rule for aggregate kind {agg.kind!r}")

@@ -1,0 +1,255 @@
+"""Splitting a layer at the exchange: one optimized layer -> four IR functions.
+
+A worker owns some destination nodes and receives, per source shard j, the rows
+of the exchanged values X (``sarc.planner.cost.Exchange``: e.g. ``W h`` and
+GAT's ``el``, or the raw ``h`` in baseline mode) that its edges from shard j
+read. ``split_layer`` cuts the layer's IR into the parts a schedule runs:
+
+- ``src``: on the worker's owned rows, X from the layer's src-side inputs
+  (node-local: its values are written in the dst domain, one row per owned node);
+- ``dst_pre``: the dst-domain values the edge computations read (GAT's ``er``),
+  from the dst inputs;
+- ``edge``: per source block, from X's rows of that shard (SRC inputs ``$x<k>``),
+  the ``dst_pre`` values (DST inputs ``$d<k>``) and the block's edge features, the
+  *partial* aggregates of the block (outputs ``$agg<k>``): every REDUCE and fused
+  aggregate of the layer, with ``mean`` written as ``sum`` (the merge divides by
+  the whole-graph in-degree). Values of the src domain that the receiver
+  recomputes from X (baseline mode: ``W h`` from ``h``) are part of it;
+- ``dst_post``: from the merged aggregates (DST inputs ``$agg<k>``), the
+  ``dst_pre`` values it needs (``$d<k>``) and the dst inputs, the layer's outputs.
+
+Each part is an ordinary verified ``Function`` (role ``layer``) that the
+interpreter and every backend run. Aggregates of kind sum (and mean) are plain
+block aggregates in ``edge``; how partials of max / min / softmax_aggregate
+combine, and how an unfused ``edge_softmax`` (whose normalization spans every
+block) reads global normalizers, is the merge rules' business
+(``sarc.dist.merge``), which the distributed backend lowers those ops to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import SarcError
+from ..ir.function import Builder, Function
+from ..ir.ops import Op
+from ..ir.types import Domain, TensorType
+from ..ir.verifier import verify
+from ..planner.cost import Exchange
+
+AGGREGATE_OPS = (Op.REDUCE, Op.AGGREGATE, Op.SOFTMAX_AGGREGATE)
+X_PREFIX, D_PREFIX, AGG_PREFIX = "$x", "$d", "$agg"
+
+
+class SplitError(SarcError):
+    """The layer cannot be cut at the given exchange."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A value that crosses a part boundary: its name there, its type, where it was."""
+
+    name: str
+    type: TensorType
+    index: int  # in the layer's (optimized) IR
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One aggregate of the layer, computed per block in ``edge`` and merged.
+
+    ``kind``: sum, mean, max, min or softmax (a fused softmax_aggregate);
+    ``score_feat``: a softmax's score shape (a prefix of ``feat``).
+    """
+
+    name: str
+    kind: str
+    index: int
+    feat: tuple[int, ...]
+    score_feat: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SoftmaxSite:
+    """An unfused ``edge_softmax`` (in ``edge``): it needs per-destination normalizers
+    over *all* blocks, so the schedule runs a normalizer pass first."""
+
+    name: str        # "$sm<k>"
+    index: int       # in the edge part
+    feat: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    layer: Function
+    exchange: Exchange | None
+    src: Function | None          # None when nothing crosses the network
+    dst_pre: Function | None      # None when the edges read no dst value
+    edge: Function
+    dst_post: Function
+    exchanged: tuple[Slot, ...]   # X, in the order rows pack them ($x0, $x1, ...)
+    dst_values: tuple[Slot, ...]  # $d0, ...: dst_pre's outputs
+    aggregates: tuple[Aggregate, ...]
+    softmax_sites: tuple[SoftmaxSite, ...]
+
+    @property
+    def row_width(self) -> int:
+        """Elements per exchanged row, all X values together."""
+        return sum(_numel(s.type.feat) for s in self.exchanged)
+
+    def fetch_passes(self) -> int:
+        """Forward passes over the blocks: 2 when unfused edge_softmax needs normalizers first."""
+        return 2 if self.softmax_sites else 1
+
+
+def _numel(feat) -> int:
+    n = 1
+    for d in feat:
+        n *= d
+    return n
+
+
+class _Part:
+    """Copies values of the layer into one part, depth first from what the part must output.
+
+    ``leaf(i)`` decides whether old value ``i`` enters this part as an input leaf:
+    it returns (name, type) of that leaf, or None to copy the value (recursively).
+    """
+
+    def __init__(self, fn: Function, name: str, leaf, domain_map=None, kind_map=None):
+        self.fn, self.leaf = fn, leaf
+        self.b = Builder(name)
+        self.map: dict[int, int] = {}
+        self.domain_map = domain_map or {}
+        self.kind_map = kind_map or {}
+
+    def get(self, i: int) -> int:
+        if i in self.map:
+            return self.map[i]
+        v = self.fn.values[i]
+        as_leaf = self.leaf(i)
+        if as_leaf is not None:
+            name, t = as_leaf
+            new = self.b.leaf(Op.INPUT, name, t, v.loc)
+        elif v.op in (Op.INPUT, Op.PARAM):
+            t = v.type.with_(domain=self.domain_map.get(v.type.domain, v.type.domain))
+            new = self.b.leaf(v.op, v.attr["name"], t, v.loc)
+        elif v.op is Op.CONST:
+            new = self.b.const(v.attr["value"], v.type, v.loc)
+        else:
+            inputs = [self.get(j) for j in v.inputs]
+            attrs = v.attr
+            if v.op in (Op.REDUCE, Op.AGGREGATE) and attrs["kind"] in self.kind_map:
+                attrs = {**attrs, "kind": self.kind_map[attrs["kind"]]}
+            new = self.b.add(v.op, inputs, attrs, v.loc)
+        self.map[i] = new
+        return new
+
+    def finish(self, outputs: list[tuple[str, int]]) -> Function:
+        return verify(self.b.finish(outputs))
+
+
+def _depends_on(fn: Function, roots: set[int]) -> list[bool]:
+    dep = [False] * len(fn.values)
+    for i, v in enumerate(fn.values):
+        dep[i] = i in roots or any(dep[j] for j in v.inputs)
+    return dep
+
+
+def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
+    """Cut the optimized layer ``fn`` at ``exchange`` (the planner's choice; None when
+    the layer reads no source rows)."""
+    values = fn.values
+    aggs = [i for i, v in enumerate(values) if v.op in AGGREGATE_OPS]
+    if not aggs:
+        raise SplitError(f"layer {fn.name} aggregates nothing over edges; it needs no exchange "
+                         f"and no split (run it on each worker's nodes)")
+    after_agg = _depends_on(fn, set(aggs))
+    x_index = {j: k for k, j in enumerate(exchange.values)} if exchange is not None else {}
+    for j in x_index:
+        if values[j].type.domain is not Domain.SRC:
+            raise SplitError(f"exchanged value %{j} is a {values[j].type.domain.value} value; "
+                             f"only src values cross the network")
+    dtypes = {values[j].type.dtype for j in x_index}
+    if len(dtypes) > 1:
+        raise SplitError(f"the exchanged values of {fn.name} mix dtypes "
+                         f"({', '.join(sorted(d.value for d in dtypes))}); a row packs one dtype")
+
+    # edge part: every aggregate, from X rows, dst values and edge inputs --------------
+    d_slots: dict[int, Slot] = {}
+
+    def edge_leaf(i: int):
+        v = values[i]
+        if i in x_index:
+            return f"{X_PREFIX}{x_index[i]}", v.type
+        if v.type.domain is Domain.SRC and v.op is Op.INPUT:
+            raise SplitError(f"the edges of {fn.name} read src input {v.attr['name']!r}, which "
+                             f"the exchange ({', '.join(exchange.names) if exchange else 'none'}) "
+                             f"does not carry")
+        if v.type.domain is Domain.DST and v.op not in AGGREGATE_OPS:
+            if after_agg[i]:
+                raise SplitError(f"%{i}: an edge computation reads a dst value computed from "
+                                 f"an aggregate")
+            if i not in d_slots:
+                d_slots[i] = Slot(f"{D_PREFIX}{len(d_slots)}", v.type, i)
+            return d_slots[i].name, v.type
+        return None
+
+    edge = _Part(fn, f"{fn.name}_edge", edge_leaf, kind_map={"mean": "sum"})
+    aggregates = []
+    for k, i in enumerate(aggs):
+        v = values[i]
+        name = f"{AGG_PREFIX}{k}"
+        if v.op is Op.SOFTMAX_AGGREGATE:
+            score = v.attr["score"]
+            aggregates.append(Aggregate(name, "softmax", i, v.type.feat,
+                                        score.values[score.result].type.feat))
+        else:
+            aggregates.append(Aggregate(name, v.attr["kind"], i, v.type.feat))
+        edge.get(i)
+    edge_fn = edge.finish([(a.name, edge.map[a.index]) for a in aggregates])
+    sites = tuple(SoftmaxSite(f"$sm{k}", i, v.type.feat) for k, i in enumerate(
+        i for i, v in enumerate(edge_fn.values) if v.op is Op.EDGE_SOFTMAX))
+
+    # src part: X on owned rows (written as dst values: one row per owned node) ----------
+    src_fn = None
+    exchanged: tuple[Slot, ...] = ()
+    if exchange is not None:
+        exchanged = tuple(Slot(f"{X_PREFIX}{k}", values[j].type, j) for k, j in enumerate(exchange.values))
+        src = _Part(fn, f"{fn.name}_src", lambda i: None, domain_map={Domain.SRC: Domain.DST})
+        src_fn = src.finish([(s.name, src.get(s.index)) for s in exchanged])
+
+    # dst parts: before the edges (what they read), after the merge (the outputs) ---------
+    dst_values = tuple(d_slots.values())
+    dst_pre_fn = None
+    if dst_values:
+        pre = _Part(fn, f"{fn.name}_dst_pre", lambda i: None)
+        dst_pre_fn = pre.finish([(s.name, pre.get(s.index)) for s in dst_values])
+    agg_names = {a.index: a.name for a in aggregates}
+
+    def post_leaf(i: int):
+        if i in agg_names:
+            return agg_names[i], values[i].type
+        if i in d_slots:
+            return d_slots[i].name, values[i].type
+        return None
+
+    post = _Part(fn, f"{fn.name}_dst_post", post_leaf)
+    post_fn = post.finish([(name, post.get(i)) for name, i in fn.outputs])
+    return LayerSplit(fn, exchange, src_fn, dst_pre_fn, edge_fn, post_fn, exchanged,
+                      dst_values, tuple(aggregates), sites)
+
+
+def format_split(split: LayerSplit) -> str:
+    """The four parts as IR text, with the slots that join them."""
+    from ..ir.printer import format_function
+    out = [f"# {split.layer.name} split at the exchange: "
+           + (", ".join(f"{s.name} = %{s.index}" for s in split.exchanged) or "nothing exchanged")]
+    for title, part in (("src (owned rows)", split.src), ("dst_pre", split.dst_pre),
+                        ("edge (per source block)", split.edge), ("dst_post", split.dst_post)):
+        if part is not None:
+            out.append(f"# --- {title} ---")
+            out.append(format_function(part).rstrip("\n"))
+    out.append("# merges: " + ", ".join(f"{a.name} {a.kind}" for a in split.aggregates)
+               + ("; global normalizers: " + ", ".join(s.name for s in split.softmax_sites)
+                  if split.softmax_sites else ""))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,229 @@
+"""Splitting a layer at the exchange (sarc.dist.split) and the merge rules (sarc.dist.merge).
+
+In-process, no workers: the parts are run by the reference interpreter on the
+blocks of real shards and merged, and must give the interpreter's result on the
+whole graph; the merge rules are checked against whole-set reductions.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from gat import GATLayer
+from zoo import LAYERS, NUM_RELS, features
+
+import sarc
+from sarc.compiler import optimize
+from sarc.dist import kernels as DK
+from sarc.dist.merge import ExtremumMerge, NormalizerMerge, SoftmaxMerge, SumMerge
+from sarc.dist.split import SplitError, format_split, split_layer
+from sarc.ir import interpreter
+from sarc.ir.ops import Op
+from sarc.ir.types import Domain
+from sarc.partition import partition_graph
+from sarc.planner.cost import exchange_candidates
+from sarc.runtime.sharded import ShardedGraph
+
+from .layers import MaxLayer
+
+D = 6
+
+
+def _layers():
+    out = {k: LAYERS[k] for k in ("gcn", "sage", "gat_4heads_concat", "gin_train_eps", "rgcn")}
+    out["max"] = lambda d: MaxLayer(d, 4)
+    out["min"] = lambda d: MaxLayer(d, 4, kind="min")
+    out["gat_attn_drop"] = lambda d: GATLayer(d, 3, heads=2, attn_drop=0.5)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_layers()))
+def test_every_exchange_candidate_splits_into_verified_parts(name):
+    fn = optimize(_layers()[name](D).trace())
+    cands = exchange_candidates(fn)
+    assert cands
+    for ex in cands:
+        split = split_layer(fn, ex)
+        # X crosses: the src part computes exactly the exchanged values, in order
+        assert [k for k, _ in split.src.outputs] == [s.name for s in split.exchanged]
+        assert all(v.type.domain is not Domain.SRC for v in split.src.values)
+        # the edge part reads X, dst values and edge inputs only; outputs one partial per aggregate
+        leaves = {v.attr["name"] for v in split.edge.values if v.op is Op.INPUT}
+        edge_inputs = {k for k, t in fn.inputs().items() if t.domain is Domain.EDGE}
+        assert leaves <= {s.name for s in split.exchanged} | {s.name for s in split.dst_values} | edge_inputs
+        assert [k for k, _ in split.edge.outputs] == [a.name for a in split.aggregates]
+        assert not any(v.op in (Op.REDUCE, Op.AGGREGATE) and v.attr["kind"] == "mean"
+                       for v in split.edge.values)
+        # the post part ends in the layer's outputs
+        assert [k for k, _ in split.dst_post.outputs] == [k for k, _ in fn.outputs]
+        assert "$x0" in format_split(split)
+
+
+def test_kinds_and_softmax_sites():
+    fn = optimize(GATLayer(D, 3, heads=2).trace())
+    split = split_layer(fn, exchange_candidates(fn)[0])
+    assert [a.kind for a in split.aggregates] == ["softmax"] and not split.softmax_sites
+    assert split.aggregates[0].score_feat == (2,)
+    assert [s.name for s in split.dst_values] == ["$d0"]  # er, read at the destinations
+    fn = optimize(GATLayer(D, 3, heads=2, attn_drop=0.5).trace())
+    split = split_layer(fn, exchange_candidates(fn)[0])
+    assert [a.kind for a in split.aggregates] == ["sum"] and len(split.softmax_sites) == 1
+    assert split.fetch_passes() == 2
+    fn = optimize(LAYERS["sage"](D).trace())
+    assert [a.kind for a in split_layer(fn, exchange_candidates(fn)[0]).aggregates] == ["mean"]
+
+
+def test_pushdown_exchange_sends_projected_values_baseline_sends_inputs():
+    fn = optimize(GATLayer(32, 3, heads=2).trace())
+    pushed, raw = exchange_candidates(fn)
+    assert pushed.width == 2 + 6 and raw.width == 32
+    s_pushed, s_raw = split_layer(fn, pushed), split_layer(fn, raw)
+    assert s_pushed.row_width == 8 and s_raw.row_width == 32
+    # baseline: the receiver recomputes W h on the rows it got (a linear in the edge part)
+    assert any(v.op is Op.LINEAR for v in s_raw.edge.values)
+    assert not any(v.op is Op.LINEAR for v in s_pushed.edge.values)
+
+
+def test_split_rejects_an_exchange_that_misses_a_source_input():
+    fn = optimize(LAYERS["gcn"](D).trace())
+    pushed, raw = exchange_candidates(fn)
+    narrow = type(raw)(raw.values[:1], raw.names[:1], D, 4, True, ())
+    with pytest.raises(SplitError, match="does not carry"):
+        split_layer(fn, narrow)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A random graph (with isolated nodes and multi-edges) cut into 3 shards."""
+    n, e = 40, 220
+    gen = torch.Generator().manual_seed(3)
+    src, dst = torch.randint(0, n - 4, (e,), generator=gen), torch.randint(0, n - 4, (e,), generator=gen)
+    edata = {"etype": torch.randint(0, NUM_RELS, (e,), generator=gen),
+             "norm": torch.rand(e, generator=gen) + 0.1}
+    pset = partition_graph(src, dst, n, 3, tmp_path_factory.mktemp("p") / "parts",
+                           method="random", edge_data=edata)
+    return src, dst, n, edata, [ShardedGraph.from_partitions(pset, r) for r in range(3)]
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gin_train_eps", "rgcn"])
+@pytest.mark.parametrize("which", [0, -1])
+def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, which):
+    """Interpreter on the parts, block by block, summed (mean: / whole-graph in-degree),
+    equals the interpreter on the whole graph, for sum and mean layers."""
+    src, dst, n, edata, parts = shards
+    layer = LAYERS[name](D)
+    fn = optimize(layer.trace())
+    split = split_layer(fn, exchange_candidates(fn)[which])
+    g = sarc.Graph.from_edges(src, dst, n)
+    feats = features(layer, g, D)
+    feats.update({k: v for k, v in edata.items() if k in feats})
+    params = dict(layer.named_parameters())
+    ref_inputs = {**feats, "in_degree": g.in_degree, "out_degree": g.out_degree}
+    ref_inputs.update({k: v.index_select(0, g.perm) for k, v in edata.items() if k in feats})
+    want = interpreter.run(fn, g, ref_inputs, params)["h"]
+
+    def node_inputs(sh):
+        return {"h": feats["h"][sh.orig_node_ids], "in_degree": sh.in_degree,
+                "out_degree": sh.out_degree}
+
+    none = torch.zeros(0, dtype=torch.int64)
+    own = [sarc.Graph.from_edges(none, none, sh.num_local) for sh in parts]
+    xs = [interpreter.run(split.src, own[r], node_inputs(sh), params) for r, sh in enumerate(parts)]
+    got = torch.zeros_like(want)
+    for r, sh in enumerate(parts):
+        d = interpreter.run(split.dst_pre, own[r], node_inputs(sh), params) if split.dst_pre else {}
+        merge = {a.name: SumMerge(sh.in_degree if a.kind == "mean" else None) for a in split.aggregates}
+        for j, block in enumerate(sh.blocks):
+            rows = {k: v.index_select(0, sh.needed_rows[j]) for k, v in xs[j].items()}
+            block_edges = {k: sh.edata[j][k].index_select(0, block.perm) for k in edata if k in feats}
+            partial = interpreter.run(split.edge, block, {**rows, **d, **block_edges}, params)
+            for k, v in partial.items():
+                merge[k].add(v)
+        aggs = {k: m.finish(torch.zeros(sh.num_local, *split.layer.values[a.index].type.feat))
+                for (k, m), a in zip(merge.items(), split.aggregates)}
+        out = interpreter.run(split.dst_post, own[r], {**node_inputs(sh), **d, **aggs}, params)
+        got[sh.orig_node_ids] = out["h"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- merge rules ------------------------------------------------------------------------
+
+def _segments(num_dst, e, gen):
+    dst = torch.sort(torch.randint(0, num_dst - 2, (e,), generator=gen)).values  # 2 empty rows
+    return sarc.Graph.from_edges(torch.zeros(e, dtype=torch.int64), dst, num_src=1,
+                                 num_dst=num_dst, dst_in_src=False)
+
+
+def _split_edges(g: sarc.Graph, k: int, gen):
+    """g's edges dealt at random into k blocks (split blocks over the same destinations)."""
+    owner = torch.randint(0, k, (g.num_edges,), generator=gen)
+    return [(owner == b).nonzero().squeeze(1) for b in range(k)]
+
+
+def _block(g, idx):
+    return sarc.Graph.from_edges(torch.zeros(idx.numel(), dtype=torch.int64), g.dst[idx],
+                                 num_src=1, num_dst=g.num_dst, dst_in_src=False)
+
+
+def test_online_softmax_merge_equals_softmax_over_all_edges():
+    gen = torch.Generator().manual_seed(0)
+    g = _segments(12, 80, gen)
+    score, value = torch.randn(g.num_edges, 3, generator=gen) * 4, torch.randn(g.num_edges, 3, 5, generator=gen)
+    m = torch.full((12, 3), float("-inf")).index_reduce(0, g.dst, score, "amax")
+    ex = torch.exp(score - m[g.dst])
+    want = torch.zeros(12, 3, 5).index_add(0, g.dst, ex[..., None] * value) / \
+        torch.zeros(12, 3).index_add(0, g.dst, ex).clamp(min=1e-30)[..., None]
+    merge = SoftmaxMerge(2)
+    for idx in _split_edges(g, 4, gen):
+        b = _block(g, idx)
+        sc, val = score[idx], value[idx]
+        part = DK.softmax_partial(lambda gb, a, c: a, lambda gb, a, c: c, ("edge", "edge"), 15, b,
+                                  None, sc, val)
+        merge.add(part)
+    got = merge.finish(torch.zeros(12, 3, 5))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got[10:], torch.zeros(2, 3, 5))  # no incoming edges: 0
+    mm, ss, gg, dd = merge.cotangent(torch.ones(12, 3, 5))
+    torch.testing.assert_close(dd, got.sum(-1))
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extremum_merge_counts_ties_across_blocks(kind):
+    gen = torch.Generator().manual_seed(1)
+    g = _segments(10, 70, gen)
+    x = torch.randint(-2, 3, (g.num_edges, 2), generator=gen).float()  # many ties
+    want = torch.zeros(10, 2)
+    reduce = "amax" if kind == "max" else "amin"
+    init = float("-inf") if kind == "max" else float("inf")
+    full = torch.full((10, 2), init).index_reduce(0, g.dst, x, reduce)
+    has = torch.bincount(g.dst, minlength=10) > 0
+    want[has] = full[has]
+    ties = torch.zeros(10, 2).index_add(0, g.dst, (x == full[g.dst]).float())
+    merge = ExtremumMerge(kind)
+    for idx in _split_edges(g, 3, gen):
+        merge.add(DK.reduce_extremum_partial(kind, x[idx], _block(g, idx)))
+    got = merge.finish(torch.zeros(10, 2))
+    assert torch.equal(got, want)
+    y, share = merge.cotangent(torch.ones(10, 2))
+    torch.testing.assert_close(share[has], 1.0 / ties[has])
+
+
+def test_normalizer_merge_gives_global_max_and_sum():
+    gen = torch.Generator().manual_seed(2)
+    g = _segments(8, 50, gen)
+    s = torch.randn(g.num_edges, 2, generator=gen) * 3
+    merge = NormalizerMerge()
+    for idx in _split_edges(g, 3, gen):
+        merge.add(DK.score_normalizer(s[idx], _block(g, idx)))
+    big_m, big_s = merge.finish((8, 2), torch.float32, "cpu")
+    alpha = DK.edge_softmax_global(s, g, (big_m, big_s))
+    sums = torch.zeros(8, 2).index_add(0, g.dst, alpha)
+    has = torch.bincount(g.dst, minlength=8) > 0
+    torch.testing.assert_close(sums[has], torch.ones_like(sums[has]))
+    assert torch.equal(big_s[~has], torch.ones_like(big_s[~has]))
+
+
+def test_mean_merge_divides_by_the_whole_graph_in_degree():
+    merge = SumMerge(torch.tensor([0.0, 2.0, 4.0]))
+    merge.add(torch.tensor([[0.0], [1.0], [2.0]]))
+    merge.add(torch.tensor([[0.0], [3.0], [6.0]]))
+    assert torch.equal(merge.finish(torch.zeros(3, 1)), torch.tensor([[0.0], [2.0], [2.0]]))
