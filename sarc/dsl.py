@@ -242,7 +242,17 @@ class Layer(nn.Module):
         return state
 
     def forward(self, g, *args, **feats):
-        """Run the layer on graph ``g``: features positionally (declaration order) or by name."""
+        """Run the layer on graph ``g``: features positionally (declaration order) or by name.
+
+        On a ``sarc.dist.DistGraph`` (a worker's shard in a process group) the layer runs
+        its distributed schedule instead (``sarc.dist.schedule``).
+        """
+        from .graph import Graph
+        if not isinstance(g, Graph):
+            from .dist.graph import DistGraph
+            if isinstance(g, DistGraph):
+                from .dist.schedule import run_layer
+                return run_layer(self, g, args, feats)
         from .runtime.bind import bind_inputs
         kernel = self.compiled()
         inputs = bind_inputs(self, kernel.function, g, args, feats)

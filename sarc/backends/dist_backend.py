@@ -1,0 +1,236 @@
+"""Distributed schedule backend: a split layer + its plan -> a readable Python module.
+
+The module (rendered from ``templates/dist_layer.py.j2``, written to a real
+file and imported, as the torch backend does) holds
+
+- the layer's parts (``sarc.dist.split``) as PyTorch functions, one line per
+  IR value with the instruction above it, lowered by the torch backend's
+  table; the edge part comes in variants, differing only in how aggregates
+  and edge_softmax are lowered (to the block kernels of ``sarc.dist.kernels``):
+  ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
+  (backward: a scalar whose gradient is the block's share), and, when a
+  normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
+- ``forward(rt)`` and ``backward(rt, grad_out)``: the schedule, step by step,
+  over the runtime ``rt`` (``sarc.dist.schedule.Call``): the exchange in rounds,
+  the passes over source blocks, the merges, the parts' autograd.
+
+The header names the layer, the execution mode and the plan's choices.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from ..ir.function import Function, Region, Value
+from ..ir.ops import Op
+from ..ir.printer import format_value
+from ..planner.plan import LayerPlan
+from . import codegen
+from .torch_backend import LOWERING, _arg, _region_function, region_sides, region_width
+
+Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
+
+
+def _default(i: int, v: Value, regions: list[str], operands: list[str]) -> str:
+    return LOWERING[v.op](v, regions + operands)
+
+
+def _needed(fn: Function, targets: list[int]) -> set[int]:
+    need, stack = set(), list(targets)
+    while stack:
+        i = stack.pop()
+        if i not in need:
+            need.add(i)
+            stack.extend(fn.values[i].inputs)
+    return need
+
+
+def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Lower = _default,
+              tail: list[str] = ()) -> tuple[list[list[str]], list[str]]:
+    """Region functions and the body of ``def name(args)`` computing ``targets`` of ``fn``;
+    ``tail``: the lines after the last value (the return)."""
+    need = _needed(fn, targets)
+    last: dict[int, int] = {}
+    for i in sorted(need):
+        for j in fn.values[i].inputs:
+            last[j] = i
+    for t in targets:
+        last[t] = len(fn.values)
+    regions: list[list[str]] = []
+    body: list[str] = [f"def {name}({args}):"]
+    for i in sorted(need):
+        v = fn.values[i]
+        names = []
+        for attr, r in v.attrs:
+            if isinstance(r, Region):
+                names.append(f"_{name}_v{i}_{attr}")
+                regions.append(_region_function(names[-1], r, len(v.inputs)))
+        body.extend(f"    # {line}" for line in format_value(i, v, with_loc=True).split("\n"))
+        body.append(f"    v{i} = {lower(i, v, names, [f'v{j}' for j in v.inputs])}")
+        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last.get(j) == i]
+        if dead:
+            body.append(f"    del {', '.join(dead)}")
+    body.extend(f"    {line}" for line in tail)
+    return regions, body
+
+
+def _dict(items: list[tuple[str, str]]) -> str:
+    return "{" + ", ".join(f'"{k}": {v}' for k, v in items) + "}"
+
+
+def _value_src_index(v: Value) -> str:
+    value = v.attr["value"]
+    z = _arg(value, value.result, "src")
+    return "None" if z is None else str(z)
+
+
+def _fused_args(v: Value, regions: list[str], operands: list[str]) -> tuple[str, str, str]:
+    return repr(region_sides(v)), str(region_width(v)), ", ".join(operands)
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Value index in the edge part -> the aggregate / softmax-site name it produces."""
+
+    aggs: dict[int, str]
+    kinds: dict[int, str]
+    sites: dict[int, str]
+
+
+def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
+    """How the edge part's aggregates and edge_softmax are lowered in variant ``mode``
+    (``partials`` or ``surrogate``)."""
+    def lower(i: int, v: Value, regions: list[str], ops: list[str]) -> str:
+        if v.op is Op.EDGE_SOFTMAX:
+            return f'DK.edge_softmax_global({ops[0]}, g, norms["{names.sites[i]}"])'
+        name = names.aggs.get(i)
+        if name is None:
+            return _default(i, v, regions, ops)
+        kind = names.kinds[i]
+        if v.op is Op.SOFTMAX_AGGREGATE:
+            sides, width, operands = _fused_args(v, regions, ops)
+            head = f"{regions[0]}, {regions[1]}, {sides}, {width}, g, {_value_src_index(v)}"
+            if mode == "surrogate":
+                return f'DK.softmax_surrogate({head}, cot["{name}"], {operands})'
+            if baseline:
+                return f'DK.softmax_normalized({head}, norms["{name}"], {operands})'
+            return f"DK.softmax_partial({head}, {operands})"
+        if kind in ("max", "min"):
+            if v.op is Op.REDUCE:
+                if mode == "surrogate":
+                    return f'DK.reduce_extremum_select("{kind}", {ops[0]}, g, cot["{name}"][0])'
+                return f'DK.reduce_extremum_partial("{kind}", {ops[0]}, g)'
+            sides, width, operands = _fused_args(v, regions, ops)
+            if mode == "surrogate":
+                return (f'DK.extremum_select("{kind}", {regions[0]}, {sides}, {width}, g, '
+                        f'cot["{name}"][0], {operands})')
+            return f'DK.extremum_partial("{kind}", {regions[0]}, {sides}, {width}, g, {operands})'
+        return _default(i, v, regions, ops)  # sum (mean is a sum here): the block's aggregate
+    return lower
+
+
+def _surrogate_term(name: str, kind: str, var: str) -> str:
+    if kind == "softmax":
+        return f"{var}.sum()"
+    if kind in ("max", "min"):
+        return f'({var} * cot["{name}"][1]).sum()'
+    return f'({var} * cot["{name}"]).sum()'
+
+
+@dataclass(frozen=True)
+class Generated:
+    source: str
+    path: Path
+    module: ModuleType
+
+
+def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str | None = None,
+             workers: int = 1) -> str:
+    """The schedule module's source for ``split`` (``sarc.dist.split.LayerSplit``) under ``plan``."""
+    edge = split.edge
+    agg_index = {name: i for name, i in edge.outputs}
+    names = _Names({agg_index[a.name]: a.name for a in split.aggregates},
+                   {agg_index[a.name]: a.kind for a in split.aggregates},
+                   {s.index: s.name for s in split.softmax_sites})
+    parts: list[tuple[list[list[str]], list[str]]] = []
+    sig = "g, inputs, params, training, seed"
+
+    def node_part(fn: Function | None, name: str):
+        if fn is not None:
+            outs = _dict([(k, f"v{i}") for k, i in fn.outputs])
+            parts.append(emit_part(fn, name, sig, [i for _, i in fn.outputs],
+                                   tail=[f"return {outs}"]))
+
+    node_part(split.src, "src_part")
+    node_part(split.dst_pre, "dst_pre_part")
+    targets = [agg_index[a.name] for a in split.aggregates]
+    parts.append(emit_part(edge, "edge_partials", sig + ", norms", targets,
+                           _edge_lowering("partials", names, baseline),
+                           [f"return {_dict([(a.name, f'v{agg_index[a.name]}') for a in split.aggregates])}"]))
+    terms = [_surrogate_term(a.name, a.kind, f"v{agg_index[a.name]}") for a in split.aggregates]
+    parts.append(emit_part(edge, "edge_surrogate", sig + ", norms, cot", targets,
+                           _edge_lowering("surrogate", names, baseline),
+                           [f"return {' + '.join(terms)}"]))
+    norm_aggs = [a for a in split.aggregates if a.kind == "softmax" and baseline]
+    needs_norms = bool(split.softmax_sites or norm_aggs)
+    if needs_norms:
+        site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
+        agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
+        tail, regions = [], []
+        for s, j in zip(split.softmax_sites, site_inputs):
+            tail.append(f'n_{s.name[1:]} = DK.score_normalizer(v{j}, g)')
+        for a in norm_aggs:
+            v = edge.values[agg_index[a.name]]
+            fname = f"_edge_normalizers_{a.name[1:]}_score"
+            regions.append(_region_function(fname, v.attr["score"], len(v.inputs)))
+            sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
+            tail.append(f"n_{a.name[1:]} = DK.softmax_normalizer({fname}, {sides}, {width}, g, {operands})")
+        items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
+                [(a.name, f"n_{a.name[1:]}") for a in norm_aggs]
+        tail.append(f"return {_dict(items)}")
+        r, body = emit_part(edge, "edge_normalizers", sig, site_inputs + agg_ops, tail=tail)
+        parts.append((r + regions, body))
+    if split.softmax_sites:
+        site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
+        terms = [f'DK.score_normalizer_surrogate(v{j}, g, norms["{s.name}"][0], cot["{s.name}"]).sum()'
+                 for s, j in zip(split.softmax_sites, site_inputs)]
+        parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
+                               tail=[f"return {' + '.join(terms)}"]))
+    node_part(split.dst_post, "dst_post_part")
+
+    ex = plan.exchange
+    layer = split.layer
+    header = {
+        "layer": layer_name or layer.name,
+        "cls": layer.name,
+        "source": codegen.source_of(layer),
+        "exec_mode": plan.exec_mode,
+        "workers": workers,
+        "exchanged": (" + ".join(ex.names) + f" = {ex.width} x {ex.dtype_bytes} B/row"
+                      + (", gradients sent back" if ex.needs_grad else "")) if ex else "nothing",
+        "slots": ", ".join(f"{s.name} = %{s.index} {list(s.type.feat)}" for s in split.exchanged) or "-",
+        "merges": ", ".join(f"{a.name} {a.kind}" + (" (online, one pass)" if a.kind == "softmax"
+                                                      and not baseline else "")
+                            for a in split.aggregates),
+        "sites": ", ".join(s.name for s in split.softmax_sites),
+        "fetch_passes": plan.fetch_passes,
+        "backward_passes": plan.backward_passes,
+        "baseline": baseline,
+        "kept": plan.kept_peers,
+        "bytes_sent": plan.bytes_sent,
+    }
+    functions = ["\n".join(lines) for regions, body in parts for lines in (*regions, body)]
+    return codegen.render("dist_layer.py.j2", h=header, functions=functions,
+                          has_src=split.src is not None,
+                          has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
+                          has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
+
+
+def compile(split, plan: LayerPlan, **kw) -> Generated:
+    source = generate(split, plan, **kw)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path, module = codegen.load_module(f"{split.layer.name}_dist_{digest}", source)
+    return Generated(source, path, module)

@@ -1,0 +1,17 @@
+"""Distributed full-batch training: sarc layers on graph shards over torch.distributed.
+
+    dg = DistGraph(shard, group)             # collective: one per worker of the group
+    out = model(dg, x_local)                 # each sarc layer runs its distributed schedule
+    loss = global_loss(...) ; loss.backward()
+    allreduce_gradients(model, group)        # parameter gradients summed over workers
+
+Modules, in pipeline order: ``split`` (a layer's IR cut at the exchange),
+``merge`` (partial aggregates -> aggregates) and ``kernels`` (their block
+kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
+(``DistGraph``), ``schedule`` (the runtime generated schedules call; the
+generated code itself comes from ``sarc.backends.dist_backend``),
+``batchnorm``, ``train`` (the worker's training loop), ``launch`` (torchrun).
+"""
+from .graph import DistError, DistGraph
+
+__all__ = ["DistGraph", "DistError"]

@@ -1,0 +1,146 @@
+"""``DistGraph``: what a sarc layer runs on in a distributed program.
+
+A worker holds its shard (``sarc.runtime.sharded.ShardedGraph``) in a process
+group. Calling a compiled layer with a ``DistGraph`` instead of a ``Graph``,
+
+    out = layer(dg, h_local)                 # h_local: [num_local, ...], local rows
+
+runs the layer's distributed schedule (``sarc.dist.schedule``) over the group:
+node features are this worker's rows (local row i = new global id lo + i),
+the output is its rows, and autograd works as usual, so a training loop is
+plain PyTorch. Edge features are given in the DistGraph's edge order: the
+blocks' edges one after another (block 0, 1, ..., P-1), each block's in the
+order of ``ShardedGraph.edata[j]``; ``edge_data(name)`` gives a partition's
+edge data in that order.
+
+Construction is collective (every worker of the group builds its DistGraph
+together): it gathers the shard statistics the planner needs (nodes, edges,
+boundary rows per pair) and checks that the group's size is the partition's
+number of parts.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from ..errors import SarcError
+from ..planner.plan import EXEC_MODES
+from ..planner.stats import ShardStats
+from ..runtime.sharded import ShardedGraph
+from .exchange import ByteCounter, Exchanger
+
+
+class DistError(SarcError):
+    """A distributed run cannot proceed (wrong world size, mismatched partitions, a lost peer)."""
+
+
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+class DistGraph:
+    def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
+                 mem_budget: int | None = None, baseline: bool = False,
+                 timeout: datetime.timedelta | None = DEFAULT_TIMEOUT,
+                 counter: ByteCounter | None = None):
+        if exec_mode is not None and exec_mode not in EXEC_MODES:
+            raise DistError(f"unknown execution mode {exec_mode!r}; expected one of "
+                            f"{', '.join(EXEC_MODES)}")
+        size = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        if size != shard.num_parts:
+            raise DistError(f"the process group has {size} workers but the partition has "
+                            f"{shard.num_parts} parts; start one worker per part")
+        if rank != shard.rank:
+            raise DistError(f"worker {rank} of the group holds the shard of part {shard.rank}")
+        self.shard, self.group = shard, group
+        self.rank, self.size = rank, size
+        self.exec_mode, self.mem_budget, self.baseline = exec_mode, mem_budget, baseline
+        self.counter = counter if counter is not None else ByteCounter()
+        self.exchanger = Exchanger(rank, size, group, self.counter, timeout)
+        self.stats = gather_stats(shard, group)
+        offsets = [0]
+        for b in shard.blocks:
+            offsets.append(offsets[-1] + b.num_edges)
+        self.edge_offsets = tuple(offsets)
+        self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.dist.schedule.LayerProgram
+        self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
+        self._csr = None
+
+    # --- what layers and models read -----------------------------------------------------
+    @property
+    def num_dst(self) -> int:
+        """This worker's nodes (the destinations of all its edges)."""
+        return self.shard.num_local
+
+    num_local = num_dst
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_offsets[-1]
+
+    @property
+    def in_degree(self) -> torch.Tensor:
+        return self.shard.in_degree
+
+    @property
+    def out_degree(self) -> torch.Tensor:
+        return self.shard.out_degree
+
+    @property
+    def device(self) -> torch.device:
+        return self.shard.in_degree.device
+
+    @property
+    def dst(self) -> torch.Tensor:
+        """Local destination row of every edge, sorted (with ``perm``, as ``Graph.dst``)."""
+        return self._sorted()[0]
+
+    @property
+    def perm(self) -> torch.Tensor:
+        """Sorted edge i is edge ``perm[i]`` of the DistGraph edge order (as ``Graph.perm``)."""
+        return self._sorted()[1]
+
+    def _sorted(self):
+        if self._csr is None:
+            dst = torch.cat([b.dst.index_select(0, torch.argsort(b.perm)) for b in self.shard.blocks])
+            sorted_dst, perm = torch.sort(dst, stable=True)
+            self._csr = (sorted_dst, perm)
+        return self._csr
+
+    def edge_data(self, name: str) -> torch.Tensor:
+        """The partition's edge data ``name`` in DistGraph edge order."""
+        missing = [j for j, e in enumerate(self.shard.edata) if name not in e]
+        if missing:
+            raise DistError(f"the partition has no edge data {name!r} "
+                            f"(it has: {', '.join(sorted(self.shard.edata[0])) or 'none'})")
+        return torch.cat([e[name] for e in self.shard.edata])
+
+    def __repr__(self) -> str:
+        return (f"DistGraph(rank={self.rank}/{self.size}, nodes={self.num_dst}, "
+                f"edges={self.num_edges}, exec_mode={self.exec_mode or 'planner'}"
+                f"{', baseline' if self.baseline else ''})")
+
+
+def gather_stats(shard: ShardedGraph, group=None) -> ShardStats:
+    """The planner's statistics of every shard, gathered from the workers (collective)."""
+    p = shard.num_parts
+    mine = torch.zeros(2 + p, dtype=torch.int64, device=comm_device(group))
+    mine[0] = shard.num_local
+    mine[1] = sum(b.num_edges for b in shard.blocks)
+    for j in range(p):
+        if j != shard.rank:
+            mine[2 + j] = shard.needed_rows[j].numel()
+    allv = [torch.zeros_like(mine) for _ in range(p)]
+    dist.all_gather(allv, mine, group=group)
+    rows = [v.cpu().tolist() for v in allv]
+    return ShardStats(p, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
+                      tuple(tuple(r[2:]) for r in rows))
+
+
+def comm_device(group=None) -> torch.device:
+    """Where the group's collectives want their tensors: the GPU for NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

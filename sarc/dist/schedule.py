@@ -1,0 +1,443 @@
+"""The schedule runtime: a layer called on a ``DistGraph`` runs its generated schedule.
+
+``run_layer`` (what ``sarc.Layer.forward`` calls with a ``DistGraph``) binds the
+call's features, compiles the layer for the graph once (trace -> passes ->
+planner -> ``split_layer`` -> ``dist_backend``), and runs the generated
+``forward`` inside a ``torch.autograd.Function`` whose backward runs the
+generated ``backward``: the user's training loop stays plain PyTorch.
+
+``Call`` is the runtime a generated schedule calls (``rt`` there): the parts'
+inputs, the row exchange of each pass over the source blocks (which peers'
+rows move, which are kept, per the plan: ``exchange.RowFetch``), the merges,
+and the bookkeeping of the backward pass: every part is recomputed with
+autograd (``node_vjp``, ``edge_vjp``) and its gradients go where they belong
+(params, node and edge features, the dst values, the exchanged rows, which
+go back to their owners and are added there).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from ..backends import dist_backend
+from ..compiler import optimize
+from ..graph import Graph
+from ..ir import rng
+from ..ir.ops import Op
+from ..ir.types import Domain
+from ..ir.verifier import verify
+from ..planner.plan import LayerPlan, plan_layer
+from ..runtime.bind import BUILTINS, check_feature, resolve_features
+from .exchange import RowFetch, send_kept_grads
+from .graph import DistGraph
+from .merge import NormalizerMerge, make_merge
+from .split import LayerSplit, split_layer
+
+
+@dataclass
+class LayerProgram:
+    """A layer compiled for a distributed graph: its plan, its split, its schedule module."""
+
+    name: str
+    plan: LayerPlan
+    split: LayerSplit
+    generated: dist_backend.Generated
+
+    @property
+    def module(self):
+        return self.generated.module
+
+    @property
+    def source(self) -> str:
+        return self.generated.source
+
+
+def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
+    fn = optimize(verify(layer.trace()))
+    lp = plan_layer(name, fn, mode="full", workers=dg.size, stats=dg.stats,
+                    mem_budget=dg.mem_budget, baseline=dg.baseline, exec_mode=dg.exec_mode,
+                    inputs_need_grad=inputs_need_grad)
+    split = split_layer(fn, lp.exchange)
+    gen = dist_backend.compile(split, lp, baseline=dg.baseline, layer_name=name, workers=dg.size)
+    return LayerProgram(name, lp, split, gen)
+
+
+def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
+    """The layer's program on ``dg``, compiled on first use (named by class and first-call order)."""
+    key = (id(layer), inputs_need_grad)
+    if key not in dg.programs:
+        name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
+        dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad)
+    return dg.programs[key]
+
+
+def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
+    """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
+    given = resolve_features(layer, args, feats)
+    node_decl, edge_decl = layer._sarc_node, layer._sarc_edge
+    node_inputs, edge_inputs = {}, {}
+    for name, feat in node_decl.items():
+        if name in given:
+            node_inputs[name] = check_feature(layer, name, given, feat.ir_type(Domain.SRC),
+                                              dg.num_local, "local nodes", dg.device)
+    for name, feat in edge_decl.items():
+        if name in given:
+            edge_inputs[name] = check_feature(layer, name, given, feat.ir_type(Domain.EDGE),
+                                              dg.num_edges, "local edges", dg.device)
+    need = any(t.requires_grad for t in node_inputs.values())
+    prog = program_for(layer, dg, need)
+    fn = prog.split.layer
+    for name, t in fn.inputs().items():  # every feature the layer reads was given
+        if name in BUILTINS and name not in node_decl:
+            continue
+        if name not in node_inputs and name not in edge_inputs:
+            check_feature(layer, name, given, t, 0, "", dg.device)  # raises: not given
+    params = {k: p for k, p in layer.named_parameters() if k in fn.params()}
+    training = layer.training
+    seed = rng.draw_seed() if training else None
+    call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
+    flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]
+    outs = _DistLayer.apply(call, *flat)
+    names = [k for k, _ in fn.outputs]
+    return outs[0] if len(names) == 1 else dict(zip(names, outs))
+
+
+class _DistLayer(torch.autograd.Function):
+    """One layer call: the generated forward schedule; backward: the generated backward."""
+
+    @staticmethod
+    def forward(ctx, call, *flat):
+        call.needs = ctx.needs_input_grad[1:]
+        out = call.program.module.forward(call)
+        outs = []
+        for name, _ in call.program.split.layer.outputs:
+            t = out[name]
+            outs.append(t.clone() if any(t is f for f in flat) else t)
+        ctx.call = call
+        return tuple(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        call = ctx.call
+        ctx.call = None
+        fn = call.program.split.layer
+        grad_out = {}
+        for (name, i), g in zip(fn.outputs, grads):
+            if g is None:
+                g = torch.zeros((call.dg.num_local, *fn.values[i].type.feat),
+                                dtype=fn.values[i].type.dtype.to_torch(), device=call.dg.device)
+            grad_out[name] = g
+        with torch.enable_grad():
+            flat_grads = call.program.module.backward(call, grad_out)
+        return (None, *flat_grads)
+
+
+_PART_KEYS = {"src": 1, "dst": 2, "edge": 3, "post": 4}
+
+
+class Call:
+    """The runtime of one layer call (``rt`` in the generated schedule)."""
+
+    def __init__(self, program: LayerProgram, dg: DistGraph, node_inputs: dict,
+                 edge_inputs: dict, params: dict, training: bool, seed: int | None):
+        self.program, self.dg = program, dg
+        self.split = program.split
+        self.plan = program.plan
+        self.shard = dg.shard
+        self.node_inputs, self.edge_inputs = node_inputs, edge_inputs
+        self.params, self.training, self._seed = params, training, seed
+        n = dg.num_local
+        empty = torch.zeros(0, dtype=torch.int64, device=dg.device)
+        self.own = Graph.from_edges(empty, empty, n).to(dg.device)
+        builtins = {"in_degree": dg.shard.in_degree, "out_degree": dg.shard.out_degree}
+        self.src_inputs = self.dst_inputs = {**builtins, **node_inputs}
+        r, p = dg.rank, dg.size
+        kept = self.plan.kept_peers
+        self.kept_by_me = set(kept[r]) if p > 1 else set()
+        self.readers_keeping = {j for j in range(p) if j != r and r in kept[j]}
+        self.kept: dict[int, torch.Tensor] = {}
+        self.first_fetch = True
+        self.needs: tuple[bool, ...] = ()
+        self.saved = None
+
+    # --- forward --------------------------------------------------------------------------
+    def seed(self, part: str, j: int | None = None) -> int | None:
+        """The dropout seed of a part (of block j): distinct per worker, part and block,
+        the same when the backward pass recomputes it."""
+        if self._seed is None:
+            return None
+        key = (self.dg.rank * 4099 + (j if j is not None else 4098)) * 8 + _PART_KEYS[part]
+        return rng.mask_seed(self._seed, key)
+
+    def pack(self, values: dict) -> torch.Tensor:
+        """The exchanged values of every owned row side by side: [num_local, width]."""
+        n = self.dg.num_local
+        cols = [values[s.name].reshape(n, -1) for s in self.split.exchanged]
+        return torch.cat(cols, 1).contiguous() if len(cols) > 1 else cols[0].contiguous()
+
+    def unpack(self, rows: torch.Tensor) -> dict:
+        out, off = {}, 0
+        for s in self.split.exchanged:
+            w = 1
+            for d in s.type.feat:
+                w *= d
+            out[s.name] = rows[:, off:off + w].reshape(rows.shape[0], *s.type.feat)
+            off += w
+        return out
+
+    def fetch(self, x, phase: str, which: str) -> RowFetch:
+        """The rows of a pass over the source blocks (``which``: normalizers or main)."""
+        p, r = self.dg.size, self.dg.rank
+        peers = {j for j in range(p) if j != r}
+        first = self.first_fetch
+        self.first_fetch = False
+        backward = phase == "backward"
+        grads = backward and x is not None and self.x_needs_grad
+        f = RowFetch(
+            self.dg.exchanger, self.shard, x, phase=phase,
+            send_to=peers if first else peers - self.readers_keeping,
+            recv_from=peers if first else peers - self.kept_by_me,
+            keep=self.kept_by_me if first else set(), kept=self.kept,
+            grads_from=(peers - self.readers_keeping) if grads else set(),
+            all_at_once=first and self.plan.exec_mode == "oneshot")
+        if backward:
+            self.fetches.append(f)
+        return f
+
+    def block(self, j: int) -> Graph:
+        return self.shard.blocks[j]
+
+    def block_inputs(self, j: int, rows, d: dict) -> dict:
+        feeds = dict(d)
+        if rows is not None:
+            feeds.update(self.unpack(rows))
+        if self.edge_inputs:
+            lo, hi = self.dg.edge_offsets[j], self.dg.edge_offsets[j + 1]
+            perm = self.shard.blocks[j].perm
+            for name, t in self.edge_inputs.items():
+                feeds[name] = t[lo:hi].index_select(0, perm)
+        return feeds
+
+    def merges(self, norms: dict) -> "Merges":
+        return Merges(self, norms)
+
+    def normalizer_merges(self) -> "NormalizerMerges":
+        return NormalizerMerges(self)
+
+    def save(self, **kw) -> None:
+        x = kw["x"]
+        self.x_needs_grad = x is not None and self._x_needs_grad()
+        self.saved = SimpleNamespace(**kw)
+        # the backward pass starts its own fetches from the forward's kept rows
+        self.fetches: list[RowFetch] = []
+        self.kept_grads: dict[int, torch.Tensor] = {}
+        self.grad_node: dict[str, torch.Tensor] = {}
+        self.grad_edge: dict[str, torch.Tensor] = {}
+        self.grad_d: dict[str, torch.Tensor] = {}
+        self.grad_norms: dict[str, torch.Tensor] = {}
+        self.grad_params: dict[str, torch.Tensor] = {}
+        self.row_grad: torch.Tensor | None = None
+
+    def _x_needs_grad(self) -> bool:
+        """Do the exchanged rows carry gradients (do they depend on a param or an input that
+        needs one)? Decided from the plan's IR, the same on every worker."""
+        needs = dict(zip([*self.params, *self.node_inputs, *self.edge_inputs], self.needs))
+        fn = self.split.src
+        if fn is None:
+            return False
+        return any(v.op in (Op.PARAM, Op.INPUT) and needs.get(v.attr["name"], False)
+                   for v in fn.values)
+
+    # --- backward -------------------------------------------------------------------------
+    def _need(self, name: str) -> bool:
+        keys = [*self.params, *self.node_inputs, *self.edge_inputs]
+        return dict(zip(keys, self.needs)).get(name, False)
+
+    def _param_leaves(self) -> dict:
+        if not hasattr(self, "_pleaves"):
+            self._pleaves = {k: p.detach().requires_grad_(self._need(k)) for k, p in self.params.items()}
+        return self._pleaves
+
+    def _grad(self, outs, wrt: dict, cots=None) -> dict:
+        """d(outs)/d(wrt) contracted with ``cots``; None where a leaf is unused."""
+        items = [(k, t) for k, t in wrt.items() if t.requires_grad]
+        if not items:
+            return {}
+        grads = torch.autograd.grad(outs, [t for _, t in items], cots, allow_unused=True)
+        return {k: g for (k, _), g in zip(items, grads) if g is not None}
+
+    def _accumulate(self, store: dict, name: str, g: torch.Tensor) -> None:
+        store[name] = g if name not in store else store[name] + g
+
+    def _take_param_grads(self, grads: dict) -> None:
+        for k, g in grads.items():
+            if k.startswith("param:"):
+                self._accumulate(self.grad_params, k[6:], g)
+
+    def node_vjp(self, part, feeds: dict, seed, cot: dict) -> dict:
+        """Recompute a node-local part with autograd; returns the gradients of its ``$agg``
+        feeds, adds the others (features, dst values, params) to the call's."""
+        leaves = {}
+        for k, t in feeds.items():
+            want = (k.startswith("$") or self._need(k)) and t.dtype.is_floating_point
+            leaves[k] = t.detach().requires_grad_(want)
+        pleaves = self._param_leaves()
+        outs = part(self.own, leaves, pleaves, self.training, seed)
+        pairs = [(outs[k], c) for k, c in cot.items() if c is not None and outs[k].requires_grad]
+        if not pairs:
+            return {}
+        wrt = {**leaves, **{f"param:{k}": p for k, p in pleaves.items()}}
+        grads = self._grad([o for o, _ in pairs], wrt, [c for _, c in pairs])
+        self._take_param_grads(grads)
+        out = {}
+        for k, g in grads.items():
+            if k.startswith("$agg"):
+                out[k] = g
+            elif k.startswith("$d"):
+                self._accumulate(self.grad_d, k, g)
+            elif k in self.node_inputs:
+                self._accumulate(self.grad_node, k, g)
+        return out
+
+    def edge_vjp(self, part, fetch: RowFetch, j: int, rows, d: dict, norms: dict, cot: dict) -> None:
+        """Recompute block j with autograd (its scalar surrogate); route its gradients."""
+        row_leaf = None
+        if rows is not None:
+            row_leaf = rows.detach().requires_grad_(self.x_needs_grad)
+        d_leaves = {k: t.detach().requires_grad_(True) for k, t in d.items()}
+        feeds = self.block_inputs(j, row_leaf, d_leaves)
+        for name in self.edge_inputs:
+            if self._need(name):
+                feeds[name] = feeds[name].detach().requires_grad_(True)
+        norm_leaves = {}
+        for k, (m, s) in norms.items():
+            site = k.startswith("$sm")
+            norm_leaves[k] = (m, s.detach().requires_grad_(site))
+        pleaves = self._param_leaves()
+        loss = part(self.block(j), feeds, pleaves, self.training, self.seed("edge", j),
+                    norm_leaves, cot)
+        wrt = {**{k: feeds[k] for k in d_leaves},
+               **{k: feeds[k] for k in self.edge_inputs if self._need(k)},
+               **{f"param:{k}": p for k, p in pleaves.items()},
+               **{f"norm:{k}": s for k, (m, s) in norm_leaves.items()}}
+        if row_leaf is not None:
+            wrt["rows"] = row_leaf
+        grads = self._grad(loss, wrt)
+        self._take_param_grads(grads)
+        for k, g in grads.items():
+            if k.startswith("$d"):
+                self._accumulate(self.grad_d, k, g)
+            elif k.startswith("norm:"):
+                self._accumulate(self.grad_norms, k[5:], g)
+            elif k in self.edge_inputs:
+                self._scatter_edge_grad(j, k, g)
+        if row_leaf is not None and self.x_needs_grad:
+            g = grads.get("rows")
+            if g is None:
+                g = torch.zeros_like(rows)
+            if j != self.dg.rank and j in self.kept_by_me:
+                self.kept_grads[j] = g if j not in self.kept_grads else self.kept_grads[j] + g
+            else:
+                fetch.give_grad(j, g)
+
+    def _scatter_edge_grad(self, j: int, name: str, g: torch.Tensor) -> None:
+        if name not in self.grad_edge:
+            self.grad_edge[name] = torch.zeros_like(self.edge_inputs[name])
+        lo = self.dg.edge_offsets[j]
+        self.grad_edge[name].index_add_(0, self.shard.blocks[j].perm + lo, g)
+
+    def normalizer_cotangents(self) -> dict:
+        out = {}
+        for s in self.split.softmax_sites:
+            g = self.grad_norms.get(s.name)
+            out[s.name] = g if g is not None else torch.zeros_like(self.saved.norms[s.name][1])
+        return out
+
+    def return_kept_row_grads(self) -> None:
+        """Gradients of rows received this call, back to their owners: kept rows' now, in one
+        go; and this worker's rows' gradients from every reader, summed."""
+        total = None
+        for f in self.fetches:
+            if f.grad_local is not None:
+                total = f.grad_local if total is None else total + f.grad_local
+        if self.saved.x is not None and self.x_needs_grad and self.dg.size > 1:
+            back = send_kept_grads(self.dg.exchanger, self.shard, self.saved.x, self.kept_grads,
+                                   self.readers_keeping, "backward")
+            if back is not None:
+                total = back if total is None else total + back
+        self.row_grad = total
+        self.kept.clear()
+        self.kept_grads.clear()
+
+    def grads_of(self, d: dict) -> dict:
+        return {k: self.grad_d.get(k, torch.zeros_like(t)) for k, t in d.items()}
+
+    def row_grads(self) -> dict:
+        rows = self.row_grad if self.row_grad is not None else torch.zeros_like(self.saved.x)
+        return self.unpack(rows)
+
+    def input_grads(self) -> tuple:
+        out = [self.grad_params.get(k) for k in self.params]
+        out += [self.grad_node.get(k) for k in self.node_inputs]
+        out += [self.grad_edge.get(k) for k in self.edge_inputs]
+        return tuple(g if need else None for g, need in zip(out, self.needs))
+
+
+class Merges:
+    """The merges of one pass over the blocks (one per aggregate of the layer)."""
+
+    def __init__(self, call: Call, norms: dict):
+        self.call = call
+        deg = call.shard.in_degree
+        self.rules = {a.name: make_merge(a, deg, norms.get(a.name) if call.dg.baseline else None)
+                      for a in call.split.aggregates}
+
+    def add(self, parts: dict) -> None:
+        for k, part in parts.items():
+            self.rules[k].add(part)
+
+    def finish(self) -> dict:
+        n = self.call.dg.num_local
+        out = {}
+        for a in self.call.split.aggregates:
+            t = self.call.split.edge.values[dict(self.call.split.edge.outputs)[a.name]].type
+            zeros = torch.zeros((n, *t.feat), dtype=t.dtype.to_torch(), device=self.call.dg.device)
+            out[a.name] = self.rules[a.name].finish(zeros)
+        return out
+
+    def cotangents(self, grads: dict) -> dict:
+        out = {}
+        for a in self.call.split.aggregates:
+            g = grads.get(a.name)
+            if g is None:
+                g = torch.zeros_like(self.call.saved.aggs[a.name])
+            out[a.name] = self.rules[a.name].cotangent(g)
+        return out
+
+
+class NormalizerMerges:
+    """Softmax normalizers over every block: unfused edge_softmax sites and, in baseline
+    mode, the fused softmax aggregates (no online softmax)."""
+
+    def __init__(self, call: Call):
+        self.call = call
+        split, n = call.split, call.dg.num_local
+        edge = split.edge
+        self.types = {s.name: ((n, *s.feat), edge.values[s.index].type.dtype.to_torch())
+                      for s in split.softmax_sites}
+        if call.dg.baseline:
+            outputs = dict(edge.outputs)
+            self.types.update({a.name: ((n, *a.score_feat),
+                                        edge.values[outputs[a.name]].type.dtype.to_torch())
+                               for a in split.aggregates if a.kind == "softmax"})
+        self.rules = {k: NormalizerMerge() for k in self.types}
+
+    def add(self, parts: dict) -> None:
+        for k, part in parts.items():
+            self.rules[k].add(part)
+
+    def finish(self) -> dict:
+        return {k: r.finish(*self.types[k], self.call.dg.device) for k, r in self.rules.items()}
