@@ -301,7 +301,8 @@ class RegionEmitter:
                 return Tile("S", ())
             rows = "1" if side == "param" or side in self.row_sides else "E"
             return Tile(rows, axes)
-        rows = "E" if any(self.tiles[i].rows == "E" for i in v.inputs) else "1"
+        reads = v.inputs[1:] if v.op is Op.INDEX else v.inputs  # a table has no tile
+        rows = "E" if any(self.tiles[i].rows == "E" for i in reads) else "1"
         return Tile(rows, axes)
 
     def operand(self, i: int) -> str:

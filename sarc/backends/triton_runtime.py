@@ -23,6 +23,7 @@ config runs, its tiles shrunk to the bucket and feature sizes.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
@@ -424,7 +425,8 @@ class EdgeSoftmaxOp:
 class _EdgeSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: EdgeSoftmaxOp, g: Graph, x):
-        x2 = x.reshape(x.shape[0], -1).contiguous()
+        # the feature size from the shape, not -1: with no edges -1 would be ambiguous
+        x2 = x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
         y = torch.empty_like(x2)
         for items in graph_view(g, "csr").whole_rows():
             op.forward.launch(run, x2, y, items)
@@ -462,6 +464,12 @@ class TypedLinearOp:
         return None if self.gather is None else (g.src if self.gather == "src" else g.dst)
 
 
+def _widen(module: ModuleType, x: torch.Tensor) -> bool:
+    """Under the interpreter, bfloat16 tiles go to tl.dot as float32 (its bfloat16 dot is
+    wrong in triton 3.x); on a GPU they stay bfloat16 (tensor cores)."""
+    return interpreted(module.kernel) and x.dtype == torch.bfloat16
+
+
 class _TypedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: TypedLinearOp, g: Graph, x, w, types):
@@ -469,7 +477,7 @@ class _TypedLinearFunction(torch.autograd.Function):
         k, n = w.shape[1], w.shape[2]
         y = torch.empty((types.numel(), n), dtype=x.dtype, device=x.device)
         if types.numel():
-            op.forward.launch(run, x, w, y, groups, op.rows(g), k, n)
+            op.forward.launch(run, x, w, y, groups, op.rows(g), k, n, _widen(op.forward, x))
         ctx.op, ctx.g, ctx.groups = op, g, groups
         ctx.save_for_backward(x, w)
         return y
@@ -484,12 +492,13 @@ class _TypedLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             rows = torch.empty((dy.shape[0], k), dtype=x.dtype, device=x.device)
             if dy.shape[0]:
-                op.grad_x.launch(run, dy, w.transpose(1, 2), rows, groups, None, n, k)
+                op.grad_x.launch(run, dy, w.transpose(1, 2), rows, groups, None, n, k,
+                                 _widen(op.grad_x, dy))
             dx = rows if op.scatter is None else op.scatter(g, [rows], x.dtype)
         if ctx.needs_input_grad[3]:
             acc = torch.zeros(w.shape, dtype=_acc_dtype(w.dtype), device=w.device)
             if dy.shape[0]:
-                op.grad_w.launch(run, x, dy, acc, groups, op.rows(g), k, n)
+                op.grad_w.launch(run, x, dy, acc, groups, op.rows(g), k, n, _widen(op.grad_w, x))
             dw = acc.to(w.dtype)
         return None, None, dx, dw, None
 
