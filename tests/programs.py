@@ -12,9 +12,14 @@ Expressions (nested tuples) are edge values of width ``d``:
 
     ("src_lin", k)        lins[k](src.h)             ("dst_lin", k)   lins[k](dst.h)
     ("src_x",)            src.x                      ("dst_x",)       dst.x
+    ("src_typed", k)      typed[k](src.h, edge.t)    (RGCN's per-relation weight)
     ("un", name, e)       an elementwise unary op    ("bin", name, a, b)
     ("lin", k, e)         lins[k](e) on edges        ("param", k, e)  e * params[k]
     ("w", e)              e * edge.w                 ("scale", c, e)  c * e
+    ("cat", k, a, b)      lins[k](cat([a, b], -1))   ("matmul", k, e) e @ params[k]
+    ("rowsum", e)         e * e.sum(-1, keepdim)     ("rowmean", e)   e + e.mean(-1, keepdim)
+    ("index", k, e)       e * params[k][edge.t]      ("typed", k, e)  typed[k](e, edge.t)
+    ("deg", side, e)      e / sqrt(degree)           (src.out_degree or dst.in_degree)
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from torch import nn
 
 import sarc
 
+NUM_TYPES = 3
 REDUCERS = {"sum": sarc.sum, "mean": sarc.mean, "max": sarc.max, "min": sarc.min}
 REDUCE_KINDS = (*REDUCERS, "softmax")
 UNARY = ("relu", "tanh", "sigmoid", "neg", "leaky_relu", "elu", "exp_tanh", "log_sigmoid",
@@ -40,13 +46,16 @@ class Spec:
     d: int                             # width of every message value (and of node feature x)
     use_x: bool                        # node feature x [d] declared
     use_w: bool                        # edge feature w (a scalar per edge) declared
+    use_t: bool                        # edge feature t (an int64 type in 0..NUM_TYPES-1) declared
     lins: tuple                        # (in, out, bias) of each nn.Linear
     params: tuple                      # shape of each extra parameter
+    typed: tuple                       # (in, out, num_bases or None) of each sarc.TypedLinear
     messages: tuple                    # expression per message
     reduces: tuple                     # (kind, heads) per message
     update_self: int | None            # lins index applied to dst.h in update, or None
     update_act: str | None             # a unary op after the update, or None
     concat: int | None                 # lins index of a linear over the concatenated aggregates
+    update_norm: bool                  # scale the update by in_degree ** -0.5 (as GCN)
 
 
 class _Ctx:
@@ -56,6 +65,7 @@ class _Ctx:
         self.din, self.d = din, d
         self.lins: list[tuple[int, int, bool]] = []
         self.params: list[tuple[int, ...]] = []
+        self.typed: list[tuple[int, int, int | None]] = []
 
     def lin(self, i: int, o: int, bias: bool) -> int:
         self.lins.append((i, o, bias))
@@ -65,28 +75,49 @@ class _Ctx:
         self.params.append(shape)
         return len(self.params) - 1
 
+    def typed_linear(self, i: int, o: int, bases: int | None) -> int:
+        self.typed.append((i, o, bases))
+        return len(self.typed) - 1
 
-def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool):
-    leaves = ["src_lin", "dst_lin"] + (["src_x", "dst_x"] if use_x else [])
+
+def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool, use_t: bool):
+    leaves = ["src_lin", "dst_lin"] + (["src_x", "dst_x"] if use_x else []) + (
+        ["src_typed"] if use_t else [])
     if depth == 0 or draw(st.integers(0, 2)) == 0:
         leaf = draw(st.sampled_from(leaves))
         if leaf in ("src_lin", "dst_lin"):
             return (leaf, ctx.lin(ctx.din, ctx.d, draw(st.booleans())))
+        if leaf == "src_typed":
+            return (leaf, ctx.typed_linear(ctx.din, ctx.d, draw(st.sampled_from([None, 2]))))
         return (leaf,)
-    kinds = ["un", "bin", "lin", "param", "scale"] + (["w"] if use_w else [])
+    kinds = ["un", "bin", "lin", "param", "scale", "cat", "matmul", "rowsum", "rowmean", "deg"]
+    kinds += (["w"] if use_w else []) + (["index", "typed"] if use_t else [])
     kind = draw(st.sampled_from(kinds))
-    sub = lambda: _expr(draw, ctx, depth - 1, use_x, use_w)  # noqa: E731
+    sub = lambda: _expr(draw, ctx, depth - 1, use_x, use_w, use_t)  # noqa: E731
+    d = ctx.d
     if kind == "un":
         return ("un", draw(st.sampled_from(UNARY)), sub())
     if kind == "bin":
         return ("bin", draw(st.sampled_from(BINARY)), sub(), sub())
     if kind == "lin":
-        return ("lin", ctx.lin(ctx.d, ctx.d, draw(st.booleans())), sub())
+        return ("lin", ctx.lin(d, d, draw(st.booleans())), sub())
     if kind == "param":
         # [d] and [1, d] both broadcast against an edge value [E, d]
-        return ("param", ctx.param(draw(st.sampled_from([(ctx.d,), (1, ctx.d), (1,)]))), sub())
+        return ("param", ctx.param(draw(st.sampled_from([(d,), (1, d), (1,)]))), sub())
     if kind == "scale":
         return ("scale", draw(st.sampled_from([-2.0, 0.5, 3.0])), sub())
+    if kind == "cat":
+        return ("cat", ctx.lin(2 * d, d, draw(st.booleans())), sub(), sub())
+    if kind == "matmul":
+        return ("matmul", ctx.param((d, d)), sub())
+    if kind in ("rowsum", "rowmean"):
+        return (kind, sub())
+    if kind == "deg":
+        return ("deg", draw(st.sampled_from(["src", "dst"])), sub())
+    if kind == "index":
+        return ("index", ctx.param((NUM_TYPES, d)), sub())
+    if kind == "typed":
+        return ("typed", ctx.typed_linear(d, d, draw(st.sampled_from([None, 2]))), sub())
     return ("w", sub())
 
 
@@ -94,10 +125,10 @@ def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool):
 def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
     din = draw(st.sampled_from([1, 2, 3, 5]))
     d = draw(st.sampled_from([1, 2, 3, 4]))
-    use_x, use_w = draw(st.booleans()), draw(st.booleans())
+    use_x, use_w, use_t = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     ctx = _Ctx(din, d)
     n = draw(st.integers(1, max_messages))
-    messages = tuple(_expr(draw, ctx, max_depth, use_x, use_w) for _ in range(n))
+    messages = tuple(_expr(draw, ctx, max_depth, use_x, use_w, use_t) for _ in range(n))
     reduces = []
     for _ in range(n):
         kind = draw(st.sampled_from(REDUCE_KINDS))
@@ -106,8 +137,8 @@ def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
     update_self = ctx.lin(din, d, draw(st.booleans())) if draw(st.booleans()) else None
     update_act = draw(st.sampled_from((None,) + UNARY))
     concat = ctx.lin(n * d, d, True) if n > 1 and draw(st.booleans()) else None
-    return Spec(din, d, use_x, use_w, tuple(ctx.lins), tuple(ctx.params), messages,
-                tuple(reduces), update_self, update_act, concat)
+    return Spec(din, d, use_x, use_w, use_t, tuple(ctx.lins), tuple(ctx.params), tuple(ctx.typed),
+                messages, tuple(reduces), update_self, update_act, concat, draw(st.booleans()))
 
 
 def _unary(name: str, x):
@@ -156,9 +187,12 @@ class RandomLayer(sarc.Layer):
     def __init__(self):
         s = self.spec
         node = {"h": s.din, **({"x": s.d} if s.use_x else {})}
-        super().__init__(node=node, edge={"w": ()} if s.use_w else {})
+        edge = {**({"w": ()} if s.use_w else {}), **({"t": sarc.INDEX} if s.use_t else {})}
+        super().__init__(node=node, edge=edge)
         self.lins = nn.ModuleList([nn.Linear(i, o, bias=b) for i, o, b in s.lins])
-        self.params = nn.ParameterList([nn.Parameter(torch.randn(shape)) for shape in s.params])
+        self.params = nn.ParameterList([nn.Parameter(torch.randn(shape) / shape[-1] ** 0.5)
+                                        for shape in s.params])
+        self.typed = nn.ModuleList([sarc.TypedLinear(i, o, NUM_TYPES, b) for i, o, b in s.typed])
         self.att = nn.ParameterList([nn.Parameter(torch.randn(1, heads, s.d // heads))
                                      for _, heads in s.reduces])
 
@@ -172,11 +206,15 @@ class RandomLayer(sarc.Layer):
             return src.x
         if tag == "dst_x":
             return dst.x
-        sub = [self._eval(a, src, dst, edge) for a in e[2:]] if tag in ("un", "bin") else None
+        if tag == "src_typed":
+            return self.typed[e[1]](src.h, edge.t)
+        sub = [self._eval(a, src, dst, edge) for a in e[2:]] if tag in ("un", "bin", "cat") else None
         if tag == "un":
             return _unary(e[1], sub[0])
         if tag == "bin":
             return _binary(e[1], *sub)
+        if tag == "cat":
+            return self.lins[e[1]](torch.cat(sub, dim=-1))
         x = self._eval(e[-1], src, dst, edge)
         if tag == "lin":
             return self.lins[e[1]](x)
@@ -186,6 +224,19 @@ class RandomLayer(sarc.Layer):
             return e[1] * x
         if tag == "w":
             return x * edge.w.unsqueeze(-1)
+        if tag == "matmul":
+            return x @ self.params[e[1]]
+        if tag == "rowsum":
+            return x * x.sum(-1, keepdim=True)
+        if tag == "rowmean":
+            return x + x.mean(-1, keepdim=True)   # (x - mean would make rowsum 0)
+        if tag == "deg":
+            deg = src.out_degree if e[1] == "src" else dst.in_degree
+            return x * deg.clamp_min(1).rsqrt().unsqueeze(-1)
+        if tag == "index":
+            return x * self.params[e[1]][edge.t]
+        if tag == "typed":
+            return self.typed[e[1]](x, edge.t)
         raise AssertionError(tag)
 
     def message(self, src, dst, edge):
@@ -214,6 +265,8 @@ class RandomLayer(sarc.Layer):
                 h = h + p
         if s.update_self is not None:
             h = h + self.lins[s.update_self](dst.h)
+        if s.update_norm:
+            h = h * dst.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)
         return _unary(s.update_act, h) if s.update_act else h
 
 
@@ -231,6 +284,8 @@ def features(layer: RandomLayer, g: sarc.Graph, seed: int) -> dict[str, torch.Te
         feats["x"] = torch.randn(g.num_src, s.d, generator=gen)
     if s.use_w:
         feats["w"] = torch.randn(g.num_edges, generator=gen)
+    if s.use_t:
+        feats["t"] = torch.randint(0, NUM_TYPES, (g.num_edges,), generator=gen)
     return feats
 
 
