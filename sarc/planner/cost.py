@@ -122,6 +122,87 @@ def edge_tensor_bytes(fn: Function) -> sympy.Expr:
                              and v.op is not Op.INPUT), sympy.Integer(0)))
 
 
+# --- memory traffic of the fused graph ops ----------------------------------------------
+
+INDEX_BYTES = 8
+"""An int64 graph index (a CSR column, a row pointer)."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one fused op moves to and from memory in the forward pass.
+
+    ``fused``: as one kernel (the Triton backend's): operands read at the source or
+    per edge are loaded once per edge, operands read at the destination once per
+    row, parameters once; the result written once (plus the per-row log-sum-exp
+    of a softmax), and the CSR index read. ``naive``: the unfused plan, which
+    materializes every edge value: each gather writes an E-row tensor, each edge
+    intermediate is written once and read by each of its users, an edge softmax
+    reads its scores three times (max, sum, normalize) and writes the weights, and
+    the reduce reads the edge result back. Cache reuse of gathered rows is not
+    modelled (both count what the code requests).
+    """
+
+    value: int
+    op: str
+    fused: sympy.Expr
+    naive: sympy.Expr
+
+
+def _region_naive(r: Region) -> sympy.Expr:
+    """Bytes of a region evaluated op by op with every edge value materialized."""
+    total = sympy.Integer(0)
+    for v in r.values:
+        if v.op is Op.ARG and v.attr["side"] in ("src", "dst"):
+            total += 2 * nbytes(v.type) + E * INDEX_BYTES  # gather: read rows, write, index
+        elif v.op not in (Op.ARG, Op.CONST) and v.type.domain is Domain.EDGE:
+            total += nbytes(v.type)  # written once
+        for i in v.inputs:  # read by each user
+            total += nbytes(r.values[i].type)
+    return total
+
+
+def fused_traffic(fn: Function) -> list[Traffic]:
+    """``Traffic`` of each fused op of ``fn`` (an optimized layer), in order."""
+    from ..backends.torch_backend import region_sides
+    out = []
+    for i, v in enumerate(fn.values):
+        if v.op is Op.TYPED_LINEAR and fn.values[v.inputs[0]].op in (Op.GATHER_SRC, Op.GATHER_DST):
+            # a segment GEMM reading its input rows through the gather's index
+            x, w = fn.values[v.inputs[0]].type, fn.values[v.inputs[1]].type
+            common = nbytes(x) + nbytes(w) + nbytes(v.type) + 2 * E * INDEX_BYTES
+            naive = common + 2 * nbytes(x)  # the gather: rows read, the E-row copy written
+            out.append(Traffic(i, v.op.value, sympy.expand(common), sympy.expand(naive)))
+            continue
+        if v.op not in FUSED:
+            continue
+        fused = sympy.Integer(0)
+        for j, side in zip(v.inputs, region_sides(v)):
+            t = fn.values[j].type
+            per = nbytes(t) / t.domain.rows if t.domain.rows is not None else nbytes(t)
+            # a row kernel reads destination operands once per row; an SDDMM, per edge
+            dst = E if v.op is Op.SDDMM else N_DST
+            fused += {"src": E, "edge": E, "dst": dst, "param": 1}[side] * per
+        regions = [r for _, r in v.attrs if isinstance(r, Region)]
+        naive = sum((_region_naive(r) for r in regions), sympy.Integer(0))
+        if v.op is Op.SDDMM:
+            fused += nbytes(v.type) + 2 * E * INDEX_BYTES
+        else:
+            index = E * INDEX_BYTES + (N_DST + 1) * INDEX_BYTES
+            fused += nbytes(v.type) + index
+            naive += nbytes(v.type) + index
+            root = regions[-1].values[regions[-1].result].type
+            naive += nbytes(root)  # the reduce reads the edge result
+        if v.op is Op.SOFTMAX_AGGREGATE:
+            s = v.attr["score"]
+            st = s.values[s.result].type
+            fused += N_DST * _numel(st) * 4  # log-sum-exp per row, float32
+            naive += 4 * nbytes(st) + E * INDEX_BYTES  # softmax: 3 reads, 1 write
+            naive += nbytes(st) + nbytes(v.type.with_(domain=Domain.EDGE))  # alpha * value
+        out.append(Traffic(i, v.op.value, sympy.expand(fused), sympy.expand(naive)))
+    return out
+
+
 @dataclass(frozen=True)
 class Exchange:
     """What one layer reads from source rows another worker owns."""
