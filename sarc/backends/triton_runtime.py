@@ -119,7 +119,12 @@ def check_device(name: str, kernel, tensors: Sequence[torch.Tensor]) -> None:
 
 @dataclass(frozen=True)
 class Items:
-    """Work items of a row kernel: (row, edges [lo, hi), output slot), one program each."""
+    """Work items of a row kernel: (row, edges [lo, hi), output slot), one program each.
+
+    ``max_deg`` bounds the items' edge counts, rounded up to a power of two: it prunes
+    the edge tiles and keys the autotuner, so a new graph with similar degrees does not
+    retune.
+    """
 
     row: torch.Tensor
     lo: torch.Tensor
@@ -192,7 +197,7 @@ def _items(ptr, rows, deg) -> Items:
     order = torch.argsort(deg.index_select(0, rows), descending=True, stable=True)
     rows = rows.index_select(0, order)
     return Items(rows, ptr.index_select(0, rows), ptr.index_select(0, rows + 1), rows,
-                 int(rows.numel()), int(deg.index_select(0, rows).max()))
+                 int(rows.numel()), _pow2(int(deg.index_select(0, rows).max())))
 
 
 def _schedule(ptr: torch.Tensor, deg: torch.Tensor) -> tuple[tuple[Items, ...], Split | None]:
@@ -213,7 +218,8 @@ def _schedule(ptr: torch.Tensor, deg: torch.Tensor) -> tuple[tuple[Items, ...], 
     seg_lo = ptr.index_select(0, seg_row) + k * SPLIT_EDGES
     seg_hi = torch.minimum(seg_lo + SPLIT_EDGES, ptr.index_select(0, seg_row + 1))
     n = int(seg_row.numel())
-    segs = Items(seg_row, seg_lo, seg_hi, torch.arange(n, device=ptr.device), n, SPLIT_EDGES)
+    segs = Items(seg_row, seg_lo, seg_hi, torch.arange(n, device=ptr.device), n,
+                 _pow2(SPLIT_EDGES))
     split = Split(segs, long, first, first + nseg, deg.index_select(0, long).to(torch.float32),
                   _items(ptr, long, deg), int(long.numel()), n)
     return tuple(buckets), split

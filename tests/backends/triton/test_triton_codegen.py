@@ -281,3 +281,19 @@ def test_schedule_covers_every_edge_once(view, split_small):
 def test_schedule_is_cached_per_graph():
     g = power_law_block(10)
     assert triton_runtime.graph_view(g, "csr") is triton_runtime.graph_view(g, "csr")
+
+
+# --- the cost model's traffic table (benchmarks/triton_kernels.py) ------------------------------
+
+@pytest.mark.parametrize("model", sorted(KERNELS_OF))
+def test_fused_kernels_move_fewer_bytes_than_the_naive_plan(model):
+    from sarc.ir.types import E, N_DST, N_SRC
+    from sarc.planner.cost import fused_traffic
+    make, names = KERNELS_OF[model]
+    traffic = fused_traffic(optimize(make().trace()))
+    assert {f"v{t.value}_{t.op}.forward" for t in traffic} <= set(names)
+    for t in traffic:
+        assert t.fused.free_symbols <= {E, N_DST, N_SRC}
+        for n, e in ((100, 1000), (10**5, 2 * 10**6)):
+            sizes = {N_SRC: n, N_DST: n, E: e}
+            assert 0 < t.fused.subs(sizes) < t.naive.subs(sizes)
