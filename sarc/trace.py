@@ -87,6 +87,10 @@ def _shape(t: TensorType) -> str:
     return "[" + ", ".join(str(d) for d in t.shape) + "]"
 
 
+class _UnsupportedMethod(DSLError, AttributeError):
+    """A DSLError that is also an AttributeError, so ``hasattr`` on a proxy stays False."""
+
+
 class Proxy:
     """A symbolic tensor during tracing; rows first, as in torch."""
 
@@ -109,6 +113,13 @@ class Proxy:
 
     def __repr__(self) -> str:
         return f"Proxy(%{self.index}: {self.type})"
+
+    def __getattr__(self, name: str):
+        # Reached only for names a Proxy lacks: say so for a torch.Tensor method sarc
+        # does not trace, rather than "'Proxy' object has no attribute".
+        if name.startswith("__") or not hasattr(torch.Tensor, name):
+            raise AttributeError(f"'Proxy' object has no attribute {name!r}")
+        raise _UnsupportedMethod(f"Tensor.{name} is not supported in a sarc layer", user_loc())
 
     def __bool__(self):
         raise DSLError("a traced value has no truth value: data-dependent control flow "

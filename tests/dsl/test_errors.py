@@ -160,6 +160,17 @@ class UnsupportedFunctional(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class UnsupportedMethod(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h.softmax(-1)  # ERR:method
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 class DataDependentIf(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -242,6 +253,7 @@ CASES = [
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
     (UnsupportedTorch, "torch-fn", ["torch function torch.sin is not supported"]),
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.gelu is not supported"]),
+    (UnsupportedMethod, "method", ["Tensor.softmax is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
     (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),
     (Slicing, "slice", ["slicing is not"]),
