@@ -176,11 +176,15 @@ class Proxy:
     def sqrt(self): return self ** 0.5
     def rsqrt(self): return self ** -0.5
 
-    def sum(self, dim: int, keepdim: bool = False):
+    def sum(self, dim: int | None = None, keepdim: bool = False):
+        if dim is None:
+            raise DSLError("sum over all axes is not supported; name a feature dim", user_loc())
         out = self.tracer.emit(Op.SUM_AXIS, [self], {"axis": _dim_to_axis(self, dim)})
         return out.unsqueeze(dim) if keepdim else out
 
-    def mean(self, dim: int, keepdim: bool = False):
+    def mean(self, dim: int | None = None, keepdim: bool = False):
+        if dim is None:
+            raise DSLError("mean over all axes is not supported; name a feature dim", user_loc())
         t = self.type
         axis = _dim_to_axis(self, dim)
         return self.sum(dim, keepdim) / float(t.feat[axis] if t.domain is not Domain.PARAM else t.feat[dim])

@@ -229,6 +229,17 @@ class ReduceOverRows(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class SumOverAllAxes(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h * src.h.mean()  # ERR:all-axes
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 class WriteToSide(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -259,6 +270,7 @@ CASES = [
     (Slicing, "slice", ["slicing is not"]),
     (WrongMessageName, "no-message", ["no message named 'zz'", "there are: z"]),
     (ReduceOverRows, "row-axis", ["row axis", "sarc.sum"]),
+    (SumOverAllAxes, "all-axes", ["mean over all axes is not supported"]),
     (WriteToSide, "write", ["read-only"]),
 ]
 
