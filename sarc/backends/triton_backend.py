@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
     """Kernels of an aggregate / sddmm / softmax_aggregate; returns (plan, builder spec)."""
     plan = _Plan()
     out = v.type
-    cdtype = TK._cdtype(types)
+    cdtype = TK.cdtype_of(types)
     grads_spec: dict[int, tuple] = {}
     count_spec = None
     value_extra = 0
@@ -200,10 +201,8 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
                            {"body": _copy_region(types[0], side)}, types, (side,))
     if v.op is Op.EDGE_SOFTMAX:
         plan = _Plan()
-        n = 1
-        for d in v.type.feat:
-            n *= d
-        cd = TK._cdtype(types)
+        n = math.prod(v.type.feat)
+        cd = TK.cdtype_of(types)
         f = plan.add(TK.edge_softmax(origin, f"{prefix}.forward", n, cd, grad=False))
         b = plan.add(TK.edge_softmax(origin, f"{prefix}.backward", n, cd, grad=True))
         return plan, ("edge_softmax", f, b)
@@ -227,7 +226,7 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
                 f"input gradient: the per-edge dx summed into the {gather} rows it was gathered "
                 f"from ({'a transposed aggregate over CSC' if gather == 'src' else 'CSR'})",
                 _copy_region(edge_t, "edge"), "sum", _VIEW[gather], [edge_t], node_t.feat,
-                TK._cdtype([edge_t]), True)
+                TK.cdtype_of([edge_t]), True)
         return plan, ("typed_linear", gather, f, gx, gw, scatter)
     raise AssertionError(f"{v.op} is not a kernel op")
 

@@ -139,7 +139,8 @@ def _row_store(row: str, axes: tuple[Axis, ...]) -> tuple[str, str]:
     return " + ".join(terms), (f", mask={' & '.join(masks)}" if masks else "")
 
 
-def _cdtype(types: list[TensorType]) -> str:
+def cdtype_of(types: list[TensorType]) -> str:
+    """The compute dtype of a kernel reading values of ``types`` (float64 only for float64)."""
     return "tl.float64" if any(t.dtype is DType.F64 for t in types) else "tl.float32"
 
 
