@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
@@ -370,7 +372,7 @@ class TritonKernel:
     def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
         if training and seed is None:
             seed = rng.draw_seed()
-        if self.backward is not None and torch_backend.torch.is_grad_enabled():
+        if self.backward is not None and torch.is_grad_enabled():
             return torch_backend._run_with_ir_backward(self.bound(), g, inputs, params,
                                                        training, seed)
         return self.module.forward(g, inputs, params, training, seed, ops=self.ops)

@@ -144,15 +144,11 @@ def cdtype_of(types: list[TensorType]) -> str:
     return "tl.float64" if any(t.dtype is DType.F64 for t in types) else "tl.float32"
 
 
-def _ir_lines(origin: Origin, extra: list[str]) -> list[str]:
-    return [*origin.ir, *extra]
-
-
 def _render(template: str, name: str, origin: Origin, role: str, doc: list[str], grid: str,
             configs, key: list[str], extra_ir: list[str] = (), **ctx) -> KernelSource:
     text = codegen.render(
         template, layer=origin.layer, source=origin.source, name=name, role=role,
-        ir=_ir_lines(origin, list(extra_ir)), doc=doc, grid=grid,
+        ir=[*origin.ir, *extra_ir], doc=doc, grid=grid,
         configs=[_config(m, w) for m, w in configs], space=_space(configs), key=key, **ctx)
     return KernelSource(name, text)
 

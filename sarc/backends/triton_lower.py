@@ -27,7 +27,7 @@ from ..errors import SarcError
 from ..ir.function import Region, Value
 from ..ir.ops import BINARY_ELEMENTWISE, Op
 from ..ir.printer import format_value
-from ..ir.types import Domain, DType
+from ..ir.types import DType
 
 
 class TritonLoweringError(SarcError):
@@ -276,10 +276,6 @@ class RegionEmitter:
                 lines.append(f"{name} = {expr}")
                 self.names[j] = name
         return self.names[self.r.result], self.tiles[self.r.result]
-
-    @property
-    def uses_tiled_axis(self) -> bool:
-        return bool(self.tiled)
 
     # helpers ----------------------------------------------------------------------------
     def _only_indexed(self, j: int) -> bool:
