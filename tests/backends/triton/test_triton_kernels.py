@@ -278,3 +278,26 @@ def test_copy_is_independent_of_the_original():
     b = copy.deepcopy(a)
     h = torch.randn(g.num_src, 2, 3)
     assert torch.equal(a(g, h=h), b(g, h=h))
+
+
+class ScalarLayer(sarc.Layer):
+    """Scalars per node and edge: a score and a value without feature axes (0-d tiles)."""
+
+    def __init__(self):
+        super().__init__(node={"x": ()}, edge={"w": ()})
+
+    def message(self, src, dst, edge):
+        return {"v": src.x * edge.w, "score": src.x * dst.x, "m": dst.x.exp() + edge.w}
+
+    def reduce(self, msg):
+        return {"att": sarc.sum(msg.v * sarc.edge_softmax(msg.score)), "mx": sarc.max(msg.m),
+                "mean": sarc.mean(msg.v)}
+
+    def update(self, dst, agg):
+        return {"h": agg.att + agg.mx + agg.mean}
+
+
+@pytest.mark.parametrize("graph", ["random", "zero_in_degree", "power_law"])
+def test_scalar_features(graph, split_small):
+    g = GRAPHS[graph]
+    compare(ScalarLayer(), g, {"x": torch.randn(g.num_src), "w": torch.randn(g.num_edges)})
