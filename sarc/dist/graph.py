@@ -66,6 +66,7 @@ class DistGraph:
         self.edge_offsets = tuple(offsets)
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.dist.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
+        self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self._csr = None
 
     # --- what layers and models read -----------------------------------------------------
@@ -116,6 +117,16 @@ class DistGraph:
             raise DistError(f"the partition has no edge data {name!r} "
                             f"(it has: {', '.join(sorted(self.shard.edata[0])) or 'none'})")
         return torch.cat([e[name] for e in self.shard.edata])
+
+    def planned_bytes_sent(self) -> int | None:
+        """The planner's bytes this worker sends in one training step (forward + backward) of
+        the layers called so far under autograd (None without partition statistics)."""
+        total = 0
+        for prog in self.training_programs.values():
+            if prog.plan.bytes_sent is None:
+                return None
+            total += prog.plan.bytes_sent[self.rank]
+        return total
 
     def __repr__(self) -> str:
         return (f"DistGraph(rank={self.rank}/{self.size}, nodes={self.num_dst}, "

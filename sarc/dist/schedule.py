@@ -95,6 +95,8 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         if name not in node_inputs and name not in edge_inputs:
             check_feature(layer, name, given, t, 0, "", dg.device)  # raises: not given
     params = {k: p for k, p in layer.named_parameters() if k in fn.params()}
+    if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
+        dg.training_programs[id(layer)] = prog
     training = layer.training
     seed = rng.draw_seed() if training else None
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)

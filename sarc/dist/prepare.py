@@ -1,0 +1,104 @@
+"""A worker's training data: its shard prepared as the trainer's hyperparameters ask.
+
+The distributed counterpart of ``sarc.train.prepare``, on one shard:
+
+- ``self_loops``: every edge u -> u dropped, one self loop per node added (as
+  ``sarc.datasets.add_self_loops`` on the whole graph). A node's loop lives in
+  its own shard's local block, so that is local work; but the whole-graph
+  out-degree of the *remote* rows a worker reads changes too, so the owners
+  send their new out-degrees of the boundary rows once (an exchange in the
+  ``setup`` phase);
+- ``norm_features``: each node's features divided by their sum (local rows);
+- the labeled train / val / test masks, and the global counts a loss and the
+  accuracies are normalized by (an all-reduce).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..graph import Graph
+from ..runtime.sharded import ShardedGraph
+from .exchange import Exchanger, RowFetch
+from .graph import DistError, comm_device
+
+
+def with_self_loops(shard: ShardedGraph, ex: Exchanger) -> ShardedGraph:
+    """``shard`` of the graph with its self loops replaced by one per node (collective)."""
+    r = shard.rank
+    if any(e for e in shard.edata):
+        raise DistError("self loops on a graph with edge data (a self loop has no edge type "
+                        "or weight); model the self connection in the layer instead")
+    n = shard.num_local
+    local = shard.local_block
+    order = torch.argsort(local.perm)  # back to the block's input order
+    src, dst = local.src[order], local.dst[order]
+    loops = torch.bincount(dst[src == dst], minlength=n).to(torch.float32)
+    keep = src != dst
+    ids = torch.arange(n, device=src.device)
+    new_src, new_dst = torch.cat([src[keep], ids]), torch.cat([dst[keep], ids])
+    in_degree = shard.in_degree - loops + 1
+    out_degree = shard.out_degree - loops + 1
+    # the owners' new out-degrees of the rows each worker reads from them
+    fetch = RowFetch(ex, shard, out_degree.unsqueeze(1), phase="setup",
+                     send_to=set(range(shard.num_parts)) - {r},
+                     recv_from=set(range(shard.num_parts)) - {r}, keep=set(), kept={})
+    halo = {j: rows for j, rows in fetch if j != r}
+    blocks = []
+    for j, b in enumerate(shard.blocks):
+        if j == r:
+            blocks.append(Graph.from_edges(new_src, new_dst, num_src=n, num_dst=n,
+                                           in_degree=in_degree, out_degree=out_degree))
+        else:
+            out_deg = halo[j].squeeze(1) if j in halo else b.out_degree
+            blocks.append(dataclasses.replace(b, in_degree=in_degree, out_degree=out_deg))
+    edge_ids = list(shard.orig_edge_ids)
+    edge_ids[r] = torch.cat([edge_ids[r][order][keep], torch.full((n,), -1, dtype=torch.int64)])
+    return dataclasses.replace(shard, blocks=tuple(blocks), in_degree=in_degree,
+                               out_degree=out_degree, orig_edge_ids=tuple(edge_ids))
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerData:
+    """What one worker feeds its model: ``model(dg, x, **edge_inputs)`` on its rows."""
+
+    x: torch.Tensor
+    label: torch.Tensor
+    masks: dict[str, torch.Tensor]        # "train" / "val" / "test", labeled local nodes
+    counts: dict[str, int]                # the same, over all workers
+    num_features: int
+    num_classes: int
+    num_etypes: int
+
+
+def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData:
+    """Features, labels and masks of the shard's nodes, with the global counts (collective)."""
+    nd = shard.ndata
+    for k in ("label", "train_mask", "val_mask", "test_mask"):
+        if k not in nd:
+            raise DistError(f"the partition has no node data {k!r}; partition a node-"
+                            f"classification dataset (sarc partition --dataset ...)")
+    x = nd.get("feat", torch.zeros(shard.num_local, 0))
+    if x.dim() != 2:
+        x = x.reshape(x.shape[0], -1)
+    x = x.to(torch.float32)
+    if hparams.get("norm_features") and x.shape[1] > 0:
+        x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
+    label = nd["label"].to(torch.int64)
+    labeled = label >= 0
+    masks = {k: nd[f"{k}_mask"].to(torch.bool) & labeled for k in ("train", "val", "test")}
+    dev = comm_device(group)
+    etype = [e["etype"] for e in shard.edata if "etype" in e]
+    local = torch.tensor([int(masks["train"].sum()), int(masks["val"].sum()),
+                          int(masks["test"].sum())], dtype=torch.int64, device=dev)
+    dist.all_reduce(local, group=group)
+    maxes = torch.tensor([int(label.max()) if label.numel() else -1,
+                          max((int(t.max()) for t in etype if t.numel()), default=-1)],
+                         dtype=torch.int64, device=dev)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+    counts = dict(zip(("train", "val", "test"), local.cpu().tolist()))
+    return WorkerData(x, label, masks, counts, int(x.shape[1]), int(maxes[0]) + 1,
+                      int(maxes[1]) + 1 if etype else 0)

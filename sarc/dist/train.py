@@ -1,0 +1,287 @@
+"""One worker of distributed full-batch training: the loop each process runs.
+
+It mirrors ``sarc.train.train`` (same hyperparameters, optimizer, model
+selection on validation accuracy, early stopping) on a shard: the model's
+sarc layers run their distributed schedules on a ``DistGraph``, the loss is
+normalized so that a P-worker step is the single-process step (each worker's
+summed loss over its training nodes, divided by the *global* number of
+training nodes; parameter gradients summed over the workers by
+``allreduce_gradients``), and accuracies and the validation loss are summed
+over the workers. Rank 0 prints; at the end every worker reports its peak
+memory (RSS high-water mark, and CUDA's peak allocation on a GPU) and the
+bytes its exchanges sent and received.
+
+Before any training, every worker checks its input (its part of the
+partition set, the group's size, that all workers hold parts of the same
+set) and the workers agree (``agree``): if any worker found a problem, all
+stop with its message, instead of some waiting for the others forever.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import SarcError
+from ..loader import ModelSpec
+from ..partition import load_partitions
+from ..runtime.sharded import ShardedGraph
+from ..train import DEFAULTS, EmbeddingInput, TrainError
+from .exchange import ByteCounter, Exchanger
+from .graph import DistError, DistGraph, comm_device
+from .prepare import WorkerData, prepare_worker, with_self_loops
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    partition: str
+    exec_mode: str | None = None
+    mem_budget: int | None = None
+    baseline: bool = False
+    epochs: int | None = None
+    seed: int = 0
+    hparams: dict | None = None
+    log_every: int = 1
+    json_path: str | None = None
+    timeout_s: float = 120.0
+
+
+def agree(ok: bool, message: str, group=None) -> None:
+    """Every worker says whether it can go on; if any cannot, all raise with the first
+    failing worker's message (collective)."""
+    msgs: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(msgs, None if ok else message, group=group)
+    for r, m in enumerate(msgs):
+        if m is not None:
+            raise DistError(m if r == dist.get_rank(group) else f"worker {r}: {m}")
+
+
+def load_shard(path: str, group=None) -> ShardedGraph:
+    """This worker's shard of the partition set at ``path``, checked against the group:
+    its size is the number of parts, and every worker holds a part of the same set."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    shard, problem, ident = None, None, None
+    try:
+        pset = load_partitions(path, verify=False)
+        ident = (pset.fingerprint, pset.num_parts, pset.meta["node_offsets"])
+        if pset.num_parts != size:
+            problem = (f"{path}: the partition set has {pset.num_parts} parts but {size} "
+                       f"workers were started; start one worker per part")
+        else:
+            shard = ShardedGraph.from_partitions(pset, rank)
+    except SarcError as e:
+        problem = str(e)
+    agree(problem is None, problem or "", group)
+    idents: list = [None] * size
+    dist.all_gather_object(idents, ident, group=group)
+    if any(i != idents[0] for i in idents):
+        bad = next(r for r, i in enumerate(idents) if i != idents[0])
+        raise DistError(f"the workers hold parts of different partition sets (worker 0: graph "
+                        f"{idents[0][0]}, {idents[0][1]} parts; worker {bad}: graph "
+                        f"{idents[bad][0]}, {idents[bad][1]} parts)")
+    return shard
+
+
+def allreduce_gradients(model: nn.Module, group=None) -> None:
+    """Sum every parameter's gradient over the workers (one flat all-reduce)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not params:
+        return
+    dev = comm_device(group)
+    flat = torch.cat([p.grad.reshape(-1) for p in params]).to(dev)
+    dist.all_reduce(flat, group=group)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[off:off + n].view_as(p.grad))
+        off += n
+
+
+def broadcast_parameters(model: nn.Module, group=None) -> None:
+    """Every worker starts from worker 0's parameters."""
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dev = comm_device(group)
+    for t in [*model.parameters(), *model.buffers()]:
+        buf = t.data.to(dev)
+        dist.broadcast(buf, src, group=group)
+        t.data.copy_(buf)
+
+
+def global_cross_entropy(logits: torch.Tensor, label: torch.Tensor, mask: torch.Tensor,
+                         total: int) -> torch.Tensor:
+    """This worker's share of the mean cross-entropy over ``total`` nodes of all workers."""
+    return F.cross_entropy(logits[mask], label[mask], reduction="sum") / max(1, total)
+
+
+def peak_memory() -> dict[str, int]:
+    """This process's RSS high-water mark and, on a GPU, torch's peak allocation (bytes)."""
+    out = {"rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if torch.cuda.is_available():
+        out["cuda_peak"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def _forward(model: nn.Module, dg: DistGraph, data: WorkerData, ids: torch.Tensor, edge_inputs):
+    if isinstance(model, EmbeddingInput):  # featureless graph: the local rows of the embedding
+        return model.model(dg, model.embedding.weight.index_select(0, ids), **edge_inputs)
+    return model(dg, data.x, **edge_inputs)
+
+
+def _metrics(logits, data: WorkerData, group):
+    pred = logits.argmax(1)
+    dev = comm_device(group)
+    correct = torch.tensor([float((pred[m] == data.label[m]).sum()) for m in data.masks.values()]
+                           + [float(F.cross_entropy(logits[data.masks["val"]], data.label[data.masks["val"]],
+                                                    reduction="sum")) if bool(data.masks["val"].any()) else 0.0],
+                           dtype=torch.float64, device=dev)
+    dist.all_reduce(correct, group=group)
+    c = correct.cpu().tolist()
+    acc = {k: c[i] / data.counts[k] if data.counts[k] else float("nan")
+           for i, k in enumerate(("train", "val", "test"))}
+    val_loss = c[3] / data.counts["val"] if data.counts["val"] else float("nan")
+    return acc, val_loss
+
+
+def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
+                 log: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Train ``spec``'s model on this worker's shard of ``cfg.partition`` (collective)."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    say = (log if rank == 0 and log else (lambda s: None))
+    hp = {**DEFAULTS, **spec.hparams, **(cfg.hparams or {})}
+    if cfg.epochs is not None:
+        hp["epochs"] = cfg.epochs
+    if int(hp["epochs"]) < 1:
+        raise TrainError(f"epochs must be at least 1, got {hp['epochs']}")
+    device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+
+    shard = load_shard(cfg.partition, group).to(device)
+    counter = ByteCounter()
+    if hp["self_loops"]:
+        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout))
+    dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
+                   baseline=cfg.baseline, timeout=timeout, counter=counter)
+    data = prepare_worker(shard, hp, group)
+    edge_inputs = {"etype": dg.edge_data("etype")} if data.num_etypes else {}
+
+    torch.manual_seed(cfg.seed)
+    model = _build(spec, data, hp, shard.num_nodes).to(device)
+    broadcast_parameters(model, group)
+    torch.manual_seed(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
+    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    if not data.counts["train"]:
+        raise TrainError("the partitioned dataset has no labeled training nodes")
+    ids = shard.orig_node_ids
+    has_val = data.counts["val"] > 0
+    say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
+        f"({dist.get_backend(group)}), exec mode {cfg.exec_mode or 'planner'}"
+        f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
+        f"{sum(p.numel() for p in model.parameters())} parameters")
+
+    best = {"epoch": 0, "val_acc": -1.0, "val_loss": float("inf"), "test_acc": float("nan"),
+            "train_acc": float("nan"), "state": None}
+    max_val_acc, min_val_loss, stale = -1.0, float("inf"), 0
+    step_bytes: list[int] = []
+    t_start = time.perf_counter()
+    epoch, loss_value, acc = 0, float("nan"), {}
+    for epoch in range(1, int(hp["epochs"]) + 1):
+        t0 = time.perf_counter()
+        dg.counter.reset()
+        model.train()
+        opt.zero_grad()
+        logits = _forward(model, dg, data, ids, edge_inputs)
+        loss = global_cross_entropy(logits, data.label, data.masks["train"], data.counts["train"])
+        loss.backward()
+        allreduce_gradients(model, group)
+        opt.step()
+        step_bytes.append(dg.counter.total_sent)
+        total = loss.detach().reshape(1).to(comm_device(group))
+        dist.all_reduce(total, group=group)
+        loss_value = float(total)
+        model.eval()
+        with torch.no_grad():
+            acc, val_loss = _metrics(_forward(model, dg, data, ids, edge_inputs), data, group)
+        dt = time.perf_counter() - t0
+        if epoch % max(1, cfg.log_every) == 0 or epoch == 1 or epoch == hp["epochs"]:
+            say(f"epoch {epoch:4d}/{hp['epochs']} | loss {loss_value:.4f} | train {acc['train']:.4f} "
+                f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms | "
+                f"sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
+        better = (not has_val or acc["val"] > best["val_acc"]
+                  or (acc["val"] == best["val_acc"] and val_loss < best["val_loss"]))
+        if better:
+            best.update(epoch=epoch, val_acc=acc["val"], val_loss=val_loss, test_acc=acc["test"],
+                        train_acc=acc["train"], state=copy.deepcopy(model.state_dict()))
+        if has_val and (acc["val"] > max_val_acc or val_loss < min_val_loss):
+            max_val_acc, min_val_loss, stale = max(max_val_acc, acc["val"]), min(min_val_loss, val_loss), 0
+        else:
+            stale += 1
+        if hp["patience"] and has_val and stale >= hp["patience"]:
+            say(f"early stop at epoch {epoch}: {stale} epochs without a better val acc or loss")
+            break
+    elapsed = time.perf_counter() - t_start
+    model.load_state_dict(best["state"])
+    how = "best validation accuracy" if has_val else "last epoch, no validation set"
+    say(f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
+        f"test {best['test_acc']:.4f} | {epoch} epochs in {elapsed:.1f} s")
+
+    mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes[-1] if step_bytes else 0,
+            "planned_step_bytes_sent": dg.planned_bytes_sent(),
+            "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
+    workers: list = [None] * size
+    dist.all_gather_object(workers, mine, group=group)
+    result = {
+        "model": spec.name, "workers": size, "exec_mode": cfg.exec_mode, "baseline": cfg.baseline,
+        "seed": cfg.seed, "epochs": epoch, "best_epoch": best["epoch"],
+        "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
+        "final_test_acc": acc.get("test"), "final_loss": loss_value, "time_s": elapsed,
+        "epoch_ms": elapsed / max(1, epoch) * 1e3, "per_worker": workers,
+        "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
+                  for p in dg.training_programs.values()],
+    }
+    say(format_report(workers))
+    if rank == 0 and cfg.json_path:
+        from ..backends.codegen import write_atomic
+        from pathlib import Path
+        write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
+    return {**result, "module": model}
+
+
+def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int) -> nn.Module:
+    from ..datasets import Dataset
+    # sarc.train.build reads the sizes off a Dataset; give it one with this graph's sizes
+    empty = torch.zeros(0, dtype=torch.int64)
+    stub = Dataset("partitioned", num_nodes, empty, empty, torch.zeros(0, data.num_features),
+                   empty, empty.bool(), empty.bool(), empty.bool(), data.num_classes,
+                   etype=empty if data.num_etypes else None, num_etypes=data.num_etypes)
+    from ..train import build
+    return build(spec, stub, hp)
+
+
+def _mib(n: float) -> str:
+    from ..planner.plan import _fmt_bytes
+    return _fmt_bytes(n)
+
+
+def format_report(workers: list[dict]) -> str:
+    """Per worker: peak memory, bytes sent / received in the last epoch."""
+    lines = ["worker    peak RSS   cuda peak  sent/epoch  recv/epoch  sent/step (planner)"]
+    for w in workers:
+        planned = "-" if w["planned_step_bytes_sent"] is None else _mib(w["planned_step_bytes_sent"])
+        lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10}  "
+                     f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}  "
+                     f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
+                     f"{_mib(w['step_bytes_sent'])} ({planned})")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""The worker entry point: one process of a distributed training run, started by torchrun.
+
+    torchrun --nproc-per-node P -m sarc.dist.worker MODEL.py --partition DIR [options]
+    sarc worker MODEL.py --partition DIR [options]            (the same, as a subcommand)
+
+It reads its place in the run from the environment torchrun sets (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so the same
+entry runs on one machine (``sarc train --workers P`` starts it) or on many
+(``torchrun --nnodes N --node-rank I --master-addr HOST ...`` on each). The
+process group is gloo on the CPU, NCCL when CUDA is present, and every
+collective has the ``--timeout``. Errors are printed as ``sarc worker R:
+error: ...`` and the process exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from ..errors import SarcError
+from ..planner.plan import EXEC_MODES
+
+ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
+    p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
+    p.add_argument("--exec-mode", choices=EXEC_MODES, help="force an execution mode")
+    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    p.add_argument("--baseline", action="store_true",
+                   help="the SAR-equivalent schedule: raw input crosses, no online softmax")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--threads", type=int, help="torch CPU threads per worker")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds any collective or exchange may wait for a peer (default 120)")
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes the result as JSON to PATH")
+
+
+def add_worker_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("worker", help="one worker of a distributed run (under torchrun)",
+                              description=__doc__.split("\n\n")[0])
+    add_worker_arguments(p)
+    p.set_defaults(func=lambda args: _exit(_run(args)))
+    return p
+
+
+def worker_command(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from ..artifacts import parse_bytes
+    from ..cli import parse_overrides
+    from ..loader import load_model_file
+    from .exchange import ExchangeError
+    from .graph import DistError
+    from .train import WorkerConfig, train_worker
+
+    missing = [k for k in ENV if k not in os.environ]
+    if missing:
+        raise DistError(f"sarc worker runs under torchrun, which sets {', '.join(ENV)} "
+                        f"({', '.join(missing)} unset); to train on this machine use "
+                        f"sarc train --workers P")
+    rank = int(os.environ["RANK"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = WorkerConfig(partition=args.partition, exec_mode=args.exec_mode,
+                       mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
+                       baseline=args.baseline, epochs=args.epochs, seed=args.seed,
+                       hparams=parse_overrides(args.overrides), log_every=args.log_every,
+                       json_path=args.json, timeout_s=args.timeout)
+    spec = load_model_file(args.model)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        train_worker(spec, cfg)
+        # nobody closes its connections while a peer still completes the last collective
+        dist.barrier()
+    except (SarcError, ExchangeError, dist.DistError) as e:
+        # dist.DistError: what torch.distributed raises when a peer is lost or times out
+        print(f"sarc worker {rank}: error: {_first_line(e)}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text if isinstance(e, SarcError) else text.splitlines()[0]
+
+
+def _run(args) -> int:
+    try:
+        return worker_command(args)
+    except SarcError as e:
+        print(f"sarc worker {os.environ.get('RANK', '?')}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _exit(code: int) -> None:
+    """Leave without running C++ static destructors: after a gloo process group, torch's
+    teardown sometimes aborts ("terminate called without an active exception", after Python
+    has finalized; seen with torch 2.13 under torchrun). The work is done and the output
+    flushed by then, and the exit status must say so."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m sarc.dist.worker", description=__doc__.split("\n\n")[0])
+    add_worker_arguments(p)
+    _exit(_run(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
