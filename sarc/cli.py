@@ -18,6 +18,7 @@ import sys
 from typing import Any, Callable
 
 from .errors import SarcError
+from .planner.plan import EXEC_MODES
 
 
 class UsageError(SarcError):
@@ -35,7 +36,26 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
     p.add_argument("--epochs", type=int, help="most epochs (default: the model's HPARAMS)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=1, help="processes (only 1 for now)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes: 1 trains in this process; P > 1 launches P workers through "
+                        "torchrun on this machine (gloo, or NCCL with CUDA), each on a shard")
+    dist = p.add_argument_group("distributed training (--workers > 1)")
+    dist.add_argument("--mode", "--exec-mode", dest="exec_mode", choices=EXEC_MODES,
+                      help="execution mode of every layer: sar (one remote shard's rows at a "
+                           "time, re-fetched in backward), oneshot (all remote rows fetched "
+                           "once and kept), hybrid (keep what --mem-budget allows); default: "
+                           "the planner's")
+    dist.add_argument("--partition", metavar="DIR",
+                      help="a partition set (sarc partition) with one part per worker; "
+                           "default: partition the dataset into a temporary directory")
+    dist.add_argument("--method", choices=("metis", "random"), default="metis",
+                      help="how to partition when no --partition is given (default metis)")
+    dist.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    dist.add_argument("--baseline", action="store_true",
+                      help="the SAR-equivalent schedule: the raw layer input crosses the "
+                           "network, no online softmax")
+    dist.add_argument("--timeout", type=float, default=120.0,
+                      help="seconds a worker waits for a peer before giving up (default 120)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
@@ -52,9 +72,16 @@ def train_command(args) -> int:
 
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    if args.workers > 1:
-        raise UsageError(f"--workers {args.workers}: distributed training is not implemented "
-                         f"yet; sarc train runs on one process (--workers 1)")
+    if args.workers > 1 or args.partition:
+        from .dist.launch import launch
+        if args.quiet:
+            raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+        return launch(args)
+    given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
+                             ("--baseline", args.baseline)) if on]
+    if given:
+        raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
+                         f"(or a --partition)")
     if args.threads is not None:
         if args.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {args.threads}")
@@ -101,8 +128,13 @@ def _partition_parser(subparsers):
     return add_partition_parser(subparsers)
 
 
+def _worker_parser(subparsers):
+    from .dist.worker import add_worker_parser
+    return add_worker_parser(subparsers)
+
+
 SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (add_train_parser, _compile_parser,
-                                                  _partition_parser)
+                                                  _partition_parser, _worker_parser)
 """Every subcommand, in the order ``sarc --help`` lists them."""
 
 

@@ -1,0 +1,100 @@
+"""``sarc train --workers P``: distributed training on this machine, through torchrun.
+
+    sarc train MODEL.py --dataset cora --workers 4 [--mode sar|oneshot|hybrid]
+               [--partition DIR | --method metis|random] [--mem-budget 512M] [--baseline]
+
+Without ``--partition`` the dataset is partitioned first (``--method``, METIS
+by default) into a temporary directory, removed afterwards whatever happens.
+Then ``python -m torch.distributed.run --nproc-per-node P`` starts the
+workers (``sarc.dist.worker``) with a rendezvous on 127.0.0.1 at a free port:
+gloo on the CPU, NCCL when CUDA is present. Rank 0 prints the epochs, and at
+the end every worker's peak memory and bytes sent.
+
+Across machines, run the worker under torchrun on each (see ``sarc.dist.worker``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .graph import DistError
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at the moment (the rendezvous binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
+    """The worker's arguments, as ``sarc.dist.worker`` parses them."""
+    cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
+           "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
+    if args.exec_mode:
+        cmd += ["--exec-mode", args.exec_mode]
+    if args.mem_budget:
+        cmd += ["--mem-budget", args.mem_budget]
+    if args.baseline:
+        cmd.append("--baseline")
+    if args.epochs is not None:
+        cmd += ["--epochs", str(args.epochs)]
+    for item in args.overrides:
+        cmd += ["--set", item]
+    if json_path:
+        cmd += ["--json", json_path]
+    return cmd
+
+
+def partition_dataset(args, out: Path) -> str:
+    """Partition ``args.dataset`` (or the model's) into ``out``; returns the directory."""
+    from ..datasets import load_dataset
+    from ..loader import load_model_file
+    from ..partition import partition_graph
+    from ..train import DEFAULTS
+
+    spec = load_model_file(args.model)
+    hp = {**DEFAULTS, **spec.hparams}
+    data = load_dataset(args.dataset or hp["dataset"], args.data_dir)
+    node_data = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
+                 "val_mask": data.val_mask, "test_mask": data.test_mask}
+    edge_data = {"etype": data.etype} if data.etype is not None else {}
+    pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
+                           method=args.method, node_data=node_data, edge_data=edge_data,
+                           seed=args.seed)
+    print(f"partitioned {data.name} ({data.num_nodes} nodes, {data.num_edges} edges) into "
+          f"{args.workers} parts ({args.method}): edge cut {pset.stats.edge_cut}", flush=True)
+    return str(out)
+
+
+def launch(args) -> int:
+    """Run ``args`` (a parsed ``sarc train``) on ``args.workers`` local processes."""
+    from ..partition import load_partitions
+
+    p = args.workers
+    with tempfile.TemporaryDirectory(prefix="sarc-train-") as tmp:
+        if args.partition:
+            pset = load_partitions(args.partition)  # complete and intact, before any worker starts
+            if pset.num_parts != p:
+                raise DistError(f"--partition {args.partition} has {pset.num_parts} parts but "
+                                f"--workers is {p}; one worker per part")
+            partition = args.partition
+        else:
+            partition = partition_dataset(args, Path(tmp) / "parts")
+        threads = args.threads or max(1, (os.cpu_count() or 1) // p)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+               "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "--max-restarts", "0",
+               "-m", "sarc.dist.worker", *worker_command_line(args, partition, args.json),
+               "--threads", str(threads)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise DistError(f"distributed training failed: torchrun exited with status "
+                        f"{proc.returncode} (the workers' errors are printed above); "
+                        f"every worker was stopped")
+    return 0
