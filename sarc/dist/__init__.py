@@ -12,6 +12,10 @@ kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 generated code itself comes from ``sarc.backends.dist_backend``),
 ``batchnorm``, ``train`` (the worker's training loop), ``launch`` (torchrun).
 """
+from .batchnorm import SyncBatchNorm
+from .exchange import ByteCounter
 from .graph import DistError, DistGraph
+from .train import allreduce_gradients, global_cross_entropy
 
-__all__ = ["DistGraph", "DistError"]
+__all__ = ["DistGraph", "DistError", "SyncBatchNorm", "ByteCounter", "allreduce_gradients",
+           "global_cross_entropy"]

@@ -1,0 +1,110 @@
+"""sarc.dist.SyncBatchNorm over 3 real workers equals torch.nn.BatchNorm1d on the whole data.
+
+Rows are dealt unevenly (one worker holds a single row); two training steps check the
+output, the input gradient, the (summed) gamma / beta gradients and the running
+statistics, then an eval-mode step.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from sarc.dist.batchnorm import SyncBatchNorm
+from sarc.dist.train import allreduce_gradients
+
+from .harness import free_port
+
+P, C = 3, 5
+SPLITS = (20, 1, 13)
+
+
+def _data():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(SPLITS), C, generator=gen) * 3 + 1
+    w = torch.randn(sum(SPLITS), C, generator=gen)  # the loss is sum(y * w)
+    return x, w
+
+
+def _steps(bn, xs, ws):
+    outs = []
+    for step in range(2):
+        bn.zero_grad()
+        x = xs.clone().requires_grad_(True)
+        y = bn(x * (1 + step))
+        (y * ws).sum().backward()
+        outs.append((y.detach(), x.grad))
+    return outs
+
+
+def _worker(rank, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=P, timeout=datetime.timedelta(seconds=30))
+    x, w = _data()
+    lo = sum(SPLITS[:rank])
+    rows = slice(lo, lo + SPLITS[rank])
+    bn = SyncBatchNorm(C)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2, C))
+        bn.bias.copy_(torch.linspace(-1, 1, C))
+    outs = []
+    for step in range(2):
+        bn.zero_grad()
+        xr = (x[rows] * (1 + step)).clone().requires_grad_(True)
+        y = bn(xr)
+        (y * w[rows]).sum().backward()
+        allreduce_gradients(bn)
+        outs.append((y.detach(), xr.grad, bn.weight.grad.clone(), bn.bias.grad.clone()))
+    bn.eval()
+    y_eval = bn(x[rows]).detach()
+    torch.save({"outs": outs, "running": (bn.running_mean, bn.running_var), "eval": y_eval},
+               os.path.join(out, f"bn{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_sync_batchnorm_equals_batchnorm1d_on_all_rows(tmp_path):
+    ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=P, join=False,
+                             start_method="fork")
+    deadline = time.monotonic() + 60
+    while not ctx.join(timeout=1.0):
+        assert time.monotonic() < deadline, "workers did not finish"
+    x, w = _data()
+    ref = nn.BatchNorm1d(C)
+    with torch.no_grad():
+        ref.weight.copy_(torch.linspace(0.5, 2, C))
+        ref.bias.copy_(torch.linspace(-1, 1, C))
+    want = []
+    for step in range(2):
+        ref.zero_grad()
+        xr = (x * (1 + step)).clone().requires_grad_(True)
+        y = ref(xr)
+        (y * w).sum().backward()
+        want.append((y.detach(), xr.grad, ref.weight.grad.clone(), ref.bias.grad.clone()))
+    ref.eval()
+    want_eval = ref(x).detach()
+    got = [torch.load(tmp_path / f"bn{r}.pt") for r in range(P)]
+    for step in range(2):
+        y = torch.cat([g["outs"][step][0] for g in got])
+        gx = torch.cat([g["outs"][step][1] for g in got])
+        torch.testing.assert_close(y, want[step][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gx, want[step][1], rtol=1e-5, atol=1e-5)
+        for g in got:  # gamma / beta gradients: summed over the workers
+            torch.testing.assert_close(g["outs"][step][2], want[step][2], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(g["outs"][step][3], want[step][3], rtol=1e-5, atol=1e-5)
+    for g in got:
+        torch.testing.assert_close(g["running"][0], ref.running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g["running"][1], ref.running_var, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.cat([g["eval"] for g in got]), want_eval, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_process_group_it_is_batchnorm1d():
+    x, w = _data()
+    bn, ref = SyncBatchNorm(C), nn.BatchNorm1d(C)
+    for (y, gx), (ry, rgx) in zip(_steps(bn, x, w), _steps(ref, x, w)):
+        assert torch.equal(y, ry) and torch.equal(gx, rgx)
