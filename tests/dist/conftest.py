@@ -1,0 +1,93 @@
+"""The distributed test matrix, run once per session in one group of worker processes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sarc
+from sarc.partition import partition_graph
+
+from .harness import Case, run_cases, step
+from .models import MODELS
+
+N, E, FEATS, CLASSES, RELS = 90, 600, 10, 4, 3
+
+
+def _graph():
+    """Random directed multigraph; the last 6 nodes have no edges at all (their aggregates
+    are 0 and their outputs come from the update alone)."""
+    gen = torch.Generator().manual_seed(7)
+    src = torch.randint(0, N - 6, (E,), generator=gen)
+    dst = torch.randint(0, N - 6, (E,), generator=gen)
+    data = {
+        "float": torch.randn(N, FEATS, generator=gen),
+        "int": torch.randint(-2, 3, (N, FEATS), generator=gen).float(),  # ties for max
+    }
+    label = torch.randint(0, CLASSES, (N,), generator=gen)
+    train = torch.rand(N, generator=gen) < 0.6
+    etype = torch.randint(0, RELS, (E,), generator=gen)
+    return src, dst, data, label, train, etype
+
+
+def _cases() -> list[Case]:
+    cases = [Case("gcn_p1", "gcn", 1)]
+    # every model at P = 2 and 4 in sar mode, METIS or random partitions
+    for model in ("gcn", "sage", "gat", "gin", "rgcn", "max"):
+        cases.append(Case(f"{model}_p2_sar", model, 2, "metis" if model != "sage" else "random"))
+    for model, method in (("gcn", "metis"), ("gcn", "random"), ("gat", "metis"), ("gat", "random"),
+                          ("sage", "random"), ("gin", "random"), ("rgcn_bases", "metis"),
+                          ("max", "random")):
+        cases.append(Case(f"{model}_p4_sar_{method}", model, 4, method))
+    # each execution mode for GCN and GAT at P = 3
+    for model in ("gcn", "gat"):
+        cases.append(Case(f"{model}_p3_sar", model, 3, exec_mode="sar"))
+        cases.append(Case(f"{model}_p3_oneshot", model, 3, exec_mode="oneshot"))
+        cases.append(Case(f"{model}_p3_hybrid", model, 3, exec_mode="hybrid", hybrid_budget=True))
+    # unfused edge_softmax (a normalizer pass, forward and backward), baseline mode,
+    # max ties across blocks, parameterized messages kept in oneshot
+    cases += [
+        Case("gat_attn_drop_p3_sar", "gat_attn_drop", 3, eval_mode=True),
+        Case("gat_attn_drop_p3_oneshot", "gat_attn_drop", 3, exec_mode="oneshot", eval_mode=True),
+        Case("gcn_p3_baseline", "gcn", 3, baseline=True),
+        Case("gat_p3_baseline", "gat", 3, baseline=True),
+        Case("tied_max_p3_sar", "tied_max", 3, "random", extra={"feat": "int"}),
+        Case("rgcn_p3_oneshot", "rgcn", 3, "random", exec_mode="oneshot"),
+    ]
+    return cases
+
+
+@pytest.fixture(scope="session")
+def dist_results(tmp_path_factory):
+    """(cases by name, single-process references, results folder)."""
+    work = tmp_path_factory.mktemp("dist")
+    src, dst, feats, label, train, etype = _graph()
+    g = sarc.Graph.from_edges(src, dst, N)
+    cases = _cases()
+    partitions: dict = {}
+    specs, refs = {}, {}
+    for case in cases:
+        kind = case.extra.get("feat", "float")
+        key = (case.parts, case.method, kind)
+        if key not in partitions:
+            node_data = {"feat": feats[kind], "label": label, "train_mask": train}
+            partitions[key] = str(partition_graph(
+                src, dst, N, case.parts, work / f"parts-{case.parts}-{case.method}-{kind}",
+                method=case.method, node_data=node_data, edge_data={"etype": etype}).path)
+        torch.manual_seed(0)
+        model = MODELS[case.model](FEATS, CLASSES)
+        relational = case.model.startswith("rgcn")
+        specs[case.name] = {"partition": partitions[key], "model_args": (FEATS, CLASSES),
+                            "state": {k: v.clone() for k, v in model.state_dict().items()},
+                            "num_train": int(train.sum()), "relational": relational}
+        if case.eval_mode:
+            model.eval()
+        x = feats[kind].clone().requires_grad_(True)
+        torch.manual_seed(0)
+        logits, loss = step(model, g, x, label, train, int(train.sum()),
+                            {"etype": etype} if relational else {})
+        assert torch.allclose(loss, F.cross_entropy(logits[train], label[train]))
+        refs[case.name] = {"logits": logits.detach(), "x_grad": x.grad, "loss": float(loss.detach()),
+                           "param_grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+    out = run_cases(cases, specs, work)
+    return {c.name: c for c in cases}, refs, out

@@ -1,0 +1,168 @@
+"""Run many distributed cases in ONE group of real worker processes (gloo on 127.0.0.1).
+
+The parent writes a plan of cases (model, state dict, partition directory, P, exec
+mode, ...) and the single-process reference of each; ``run_cases`` forks
+``WORLD`` workers once, which join one process group and run every case: a case
+with P workers runs on a subgroup of ranks 0..P-1 (``new_group``), the others
+wait for the next case. Each worker writes what it computed (its rows of the
+output, of the input gradient, the summed parameter gradients, the loss, the
+bytes its exchanges counted and the planner's prediction) to a file per case
+and rank; the tests compare them with the reference.
+
+A training step here: ``loss = sum of cross-entropies over the worker's training
+nodes / the global number of training nodes``, backward, gradients all-reduced,
+which must equal the single-process step (mean cross-entropy over the training
+nodes). Dropout is off (p = 0, or eval mode for GAT's attention dropout) so the
+two can be compared exactly.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+WORLD = 4
+TIMEOUT_S = 60.0
+
+
+@dataclass
+class Case:
+    name: str
+    model: str                 # a key of MODELS
+    parts: int
+    method: str = "metis"
+    exec_mode: str | None = None
+    baseline: bool = False
+    hybrid_budget: bool = False  # pick a memory budget that keeps some peers' rows, not all
+    eval_mode: bool = False      # run the step in eval mode (dropout layers inactive)
+    extra: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def step(model, g, x, label, mask, total, edge_inputs):
+    """One training step's forward and backward: returns (logits, loss)."""
+    logits = model(g, x, **edge_inputs)
+    loss = F.cross_entropy(logits[mask], label[mask], reduction="sum") / total
+    loss.backward()
+    return logits, loss
+
+
+def _budget(model, dg):
+    """A memory budget under which the first layer keeps some remote rows but not all."""
+    from sarc.compiler import optimize
+    from sarc.planner.plan import plan_layer
+    from sarc.dsl import Layer
+    layer = next(m for m in model.modules() if isinstance(m, Layer))
+    lp = plan_layer("probe", optimize(layer.trace()), workers=dg.size, stats=dg.stats,
+                    exec_mode="sar")
+    bnd = dg.stats.boundary
+    smallest = min(bnd[r][j] for r in range(dg.size) for j in range(dg.size)
+                   if r != j and bnd[r][j] > 0)
+    return max(lp.bytes_kept) + smallest * lp.exchange.row_bytes
+
+
+def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
+    from sarc.dist import DistGraph
+    from sarc.dist.train import allreduce_gradients
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+
+    from .models import MODELS
+
+    pset = load_partitions(spec["partition"], verify=False)
+    shard = ShardedGraph.from_partitions(pset, rank)
+    model = MODELS[case.model](*spec["model_args"])
+    model.load_state_dict(spec["state"])
+    if case.eval_mode:
+        model.eval()
+    dg = DistGraph(shard, group, exec_mode=case.exec_mode, baseline=case.baseline,
+                   timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    if case.hybrid_budget:
+        dg.mem_budget = _budget(model, dg)
+    x = shard.ndata["feat"].clone().requires_grad_(True)
+    label, mask = shard.ndata["label"], shard.ndata["train_mask"]
+    edge_inputs = {"etype": dg.edge_data("etype")} if spec["relational"] else {}
+    logits, loss = step(model, dg, x, label, mask, spec["num_train"], edge_inputs)
+    counted = dg.counter.snapshot()
+    allreduce_gradients(model, group)
+    total = loss.detach().reshape(1).clone()
+    dist.all_reduce(total, group=group)
+    torch.save({
+        "ids": shard.orig_node_ids, "logits": logits.detach(), "x_grad": x.grad,
+        "param_grads": {k: p.grad for k, p in model.named_parameters()} if rank == 0 else None,
+        "loss": float(total), "counted": counted, "planned": dg.planned_bytes_sent(),
+        "plans": [(p.name, p.plan.exec_mode, p.plan.kept_peers) for p in dg.training_programs.values()],
+        "sources": [p.source for p in dg.training_programs.values()] if rank == 0 else None,
+    }, out / f"{case.name}.r{rank}.pt")
+
+
+def _worker(rank: int, world: int, port: int, plan_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    cases, specs = torch.load(plan_file, weights_only=False)
+    try:
+        groups = {}
+        for case in cases:
+            if case.parts not in groups:  # collective over the world: every rank creates it
+                groups[case.parts] = dist.new_group(list(range(case.parts)))
+            if rank < case.parts:
+                torch.manual_seed(0)
+                _run_case(case, specs[case.name], rank, groups[case.parts], out)
+        dist.barrier()
+    except BaseException:
+        (out / f"error.r{rank}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_cases(cases: list[Case], specs: dict, workdir: Path, timeout_s: float = 240.0) -> Path:
+    """Run every case in one group of ``WORLD`` forked workers; returns the results folder."""
+    out = workdir / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    plan_file = workdir / "cases.pt"
+    torch.save((cases, specs), plan_file)
+    ctx = mp.start_processes(_worker, args=(WORLD, free_port(), str(plan_file), str(out)),
+                             nprocs=WORLD, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the distributed cases did not finish in {timeout_s:.0f} s")
+    except Exception as e:
+        errors = "\n".join(p.read_text() for p in sorted(out.glob("error.r*.txt")))
+        raise RuntimeError(f"distributed workers failed: {e}\n{errors}") from e
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, 9)
+    return out
+
+
+def gather(out: Path, case: Case) -> dict:
+    """One case's per-rank files -> whole tensors in original node order."""
+    ranks = [torch.load(out / f"{case.name}.r{r}.pt", weights_only=False) for r in range(case.parts)]
+    n = sum(int(r["ids"].numel()) for r in ranks)
+    logits = torch.zeros(n, ranks[0]["logits"].shape[1])
+    x_grad = torch.zeros(n, ranks[0]["x_grad"].shape[1])
+    for r in ranks:
+        logits[r["ids"]] = r["logits"]
+        x_grad[r["ids"]] = r["x_grad"]
+    return {"logits": logits, "x_grad": x_grad, "param_grads": ranks[0]["param_grads"],
+            "loss": ranks[0]["loss"], "ranks": ranks}

@@ -1,0 +1,53 @@
+"""The models of the distributed tests: the zoo's (models/*.py build_model, dropout off) and
+two-layer max / min nets."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from gat import build_model as gat
+from gcn import build_model as gcn
+from gin import build_model as gin
+from rgcn import build_model as rgcn
+from sage import SAGELayer
+from sage import build_model as sage
+from torch import nn
+
+from .layers import MaxLayer, TiedMaxLayer
+
+
+class MaxNet(nn.Module):
+    """max over relu messages, then min: both extremum merges, ties at 0 across blocks."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1 = MaxLayer(in_feats, hidden, "max")
+        self.conv2 = MaxLayer(hidden, num_classes, "min")
+
+    def forward(self, g, x):
+        return self.conv2(g, F.elu(self.conv1(g, x)))
+
+
+class TiedMaxNet(nn.Module):
+    """max of scale * h_u over integer features (ties everywhere), then GraphSAGE's mean."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1 = TiedMaxLayer(in_feats)
+        self.conv2 = SAGELayer(in_feats, num_classes)
+
+    def forward(self, g, x):
+        return self.conv2(g, self.conv1(g, x))
+
+
+MODELS = {
+    "gcn": lambda f, c, **_: gcn(f, c, hidden=8, dropout=0.0),
+    "sage": lambda f, c, **_: sage(f, c, hidden=8, dropout=0.0),
+    "gat": lambda f, c, **_: gat(f, c, hidden=4, heads=3, out_heads=2, dropout=0.0, attn_drop=0.0),
+    # attention dropout keeps edge_softmax unfused (a normalizer pass); eval mode turns it off
+    "gat_attn_drop": lambda f, c, **_: gat(f, c, hidden=4, heads=2, dropout=0.0, attn_drop=0.5),
+    "gin": lambda f, c, **_: gin(f, c, hidden=8, dropout=0.0, train_eps=True, eps=0.1),
+    "rgcn": lambda f, c, num_etypes=3: rgcn(f, c, num_etypes=num_etypes, hidden=8),
+    "rgcn_bases": lambda f, c, num_etypes=3: rgcn(f, c, num_etypes=num_etypes, hidden=8,
+                                                         num_bases=2),
+    "max": lambda f, c, **_: MaxNet(f, 6, c),
+    "tied_max": lambda f, c, **_: TiedMaxNet(f, 6, c),
+}
