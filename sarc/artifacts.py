@@ -9,7 +9,9 @@ artifacts the user asks for (``--emit``) to ``--out``:
 - ``plan``:     ``plan.txt`` and ``plan.json``
 - ``kernels``:  the generated code of each layer (``<layer>.<backend>.py``); with the
                 Triton backend also each kernel as its own module (``<layer>.kernels/``)
-- ``schedule``: ``schedule.txt``, the exchange rounds of each layer, forward and backward
+- ``schedule``: ``schedule.txt``, the exchange rounds of each layer, forward and backward,
+  and ``<layer>.schedule.py``, the generated distributed schedule of each layer
+  (``sarc.backends.dist_backend``: its parts, forward and backward over torch.distributed)
 
 The output directory is written as a whole: into a temporary sibling that is
 renamed into place, so an error leaves no half-written folder behind.
@@ -113,6 +115,19 @@ def format_schedule(art: ModelArtifacts) -> str:
     return "\n".join(lines) + "\n"
 
 
+def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
+    """Each layer's generated distributed schedule (the module ``sarc train --workers`` runs),
+    for the plan's mode and workers."""
+    from .backends import dist_backend
+    from .dist.split import split_layer
+    out = {}
+    for c, lp in zip(art.layers, art.plan.layers):
+        split = split_layer(c.optimized, lp.exchange)
+        out[c.name] = dist_backend.generate(split, lp, baseline=art.plan.baseline,
+                                            layer_name=c.name, workers=art.plan.workers)
+    return out
+
+
 def format_summary(art: ModelArtifacts) -> str:
     head = ["layer", "class", "ops traced", "ops optimized", "fused", "exec", "exchanged",
             "width", "sent/worker"]
@@ -151,6 +166,8 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...]) -> li
         files["plan.json"] = art.plan.dumps()
     if "schedule" in emit:
         files["schedule.txt"] = format_schedule(art)
+        for lname, source in schedule_sources(art).items():
+            files[f"{lname}.schedule.py"] = source
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
