@@ -112,7 +112,8 @@ class _Pending:
             else:
                 self.work.wait(self.timeout)
         except RuntimeError as e:
-            raise ExchangeError(f"exchange with worker {self.peer} failed ({self.what}): "
+            raise ExchangeError(f"exchange with worker {self.peer} failed ({self.what}; the "
+                                f"worker died or did not answer in time): "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         return self.tensor
 

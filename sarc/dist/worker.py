@@ -85,11 +85,32 @@ def worker_command(args) -> int:
         dist.barrier()
     except (SarcError, ExchangeError, dist.DistError) as e:
         # dist.DistError: what torch.distributed raises when a peer is lost or times out
-        print(f"sarc worker {rank}: error: {_first_line(e)}", file=sys.stderr, flush=True)
+        _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
+        return 2
+    except RuntimeError as e:
+        if not _raised_by_torch_distributed(e):
+            raise  # a bug: keep the traceback
+        # gloo raises a plain RuntimeError from a collective whose peer is gone
+        _say_error(f"sarc worker {rank}: error: a collective failed (a peer died or timed out): "
+                   f"{_first_line(e)}")
         return 2
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _say_error(text: str) -> None:
+    sys.stderr.write(text + "\n")  # one write: workers share the terminal
+    sys.stderr.flush()
+
+
+def _raised_by_torch_distributed(e: BaseException) -> bool:
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in last
 
 
 def _first_line(e: BaseException) -> str:
@@ -101,7 +122,7 @@ def _run(args) -> int:
     try:
         return worker_command(args)
     except SarcError as e:
-        print(f"sarc worker {os.environ.get('RANK', '?')}: error: {e}", file=sys.stderr, flush=True)
+        _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: {e}")
         return 2
 
 

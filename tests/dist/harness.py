@@ -166,3 +166,28 @@ def gather(out: Path, case: Case) -> dict:
         x_grad[r["ids"]] = r["x_grad"]
     return {"logits": logits, "x_grad": x_grad, "param_grads": ranks[0]["param_grads"],
             "loss": ranks[0]["loss"], "ranks": ranks}
+
+
+def spawn(fn, nprocs: int, args: tuple = (), timeout_s: float = 60.0) -> tuple[list, list]:
+    """Fork ``nprocs`` processes running ``fn(rank, port, queue, *args)``; returns (exit codes,
+    what each put on the queue, by rank). Unlike ``torch.multiprocessing``, one failing
+    process does not get the others killed: the tests watch what the survivors do."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=fn, args=(r, port, q, *args)) for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        os.kill(procs[r].pid, 9)
+    reports: list = [None] * nprocs
+    while not q.empty():
+        rank, what = q.get()
+        reports[rank] = what
+    assert not hung, f"workers {hung} still running after {timeout_s} s (a hang)"
+    return [p.exitcode for p in procs], reports
