@@ -5,8 +5,8 @@ import os
 
 from .ir.autodiff import grad
 from .ir.function import Function
-from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
-                        split_concat)
+from .ir.passes import (const_fold, cse, dce, fuse, fuse_typed_linear,
+                        linear_through_aggregate, pushdown, split_concat)
 from .ir.printer import format_function
 from .ir.verifier import verify
 
@@ -37,6 +37,10 @@ UNFUSED = (const_fold, dce, cse, dce)
 """The pipeline without pushdown and fusion: the baseline benchmarks compare against."""
 
 
+BACKEND_PASSES = {"torch": (fuse_typed_linear, dce), "triton": ()}
+"""Passes one backend adds after the pipeline (fusions only its kernels implement)."""
+
+
 AUTODIFF = ("torch", "ir")
 """Where gradients come from: torch autograd through the generated code, or the
 layer's backward IR (``sarc.ir.autodiff``), optimized and compiled like the layer."""
@@ -51,8 +55,9 @@ def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,
         raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
     fn = verify(fn)
     # autodiff differentiates the traced layer: the passes then optimize both
-    backward = optimize(grad(fn), passes) if autodiff == "ir" else None
-    fn = optimize(fn, passes)
+    extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
+    backward = optimize(grad(fn), (*passes, *extra)) if autodiff == "ir" else None
+    fn = optimize(fn, (*passes, *extra))
     if backend == "torch":
         from .backends import torch_backend
         kernel = torch_backend.compile(fn, backward)

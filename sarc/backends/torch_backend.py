@@ -120,6 +120,28 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     return None
 
 
+def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
+    """(x, table, types, weight or None) operands when an aggregate sums
+    ``typed_linear(x[src], table, types[e]) [* w[e]]`` (see passes.fuse_typed)."""
+    if v.op is not Op.AGGREGATE or v.attr["kind"] not in ("sum", "mean"):
+        return None
+    r = v.attr["body"]
+    res, w = r.result, None
+    if r.values[res].op is Op.MUL:
+        a, b = r.values[res].inputs
+        for p, q in ((a, b), (b, a)):
+            if r.values[p].op is Op.TYPED_LINEAR and _edge_scalar(r, q) is not None:
+                res, w = p, _edge_scalar(r, q)
+                break
+    t = r.values[res]
+    if t.op is not Op.TYPED_LINEAR:
+        return None
+    x, table, types = (_arg(r, j, s) for j, s in zip(t.inputs, ("src", "param", "edge")))
+    if None in (x, table, types) or r.values[r.result].type.feat != t.type.feat:
+        return None
+    return x, table, types, w
+
+
 def _fused(v: Value, a: list[str]) -> str:
     """Fused ops get their region functions' names first, then their operands.
 
@@ -129,6 +151,12 @@ def _fused(v: Value, a: list[str]) -> str:
     n = len([1 for _, r in v.attrs if isinstance(r, Region)])
     regions, operands = a[:n], a[n:]
     sides = region_sides(v)
+    typed = typed_spmm_pattern(v)
+    if typed is not None:
+        x, table, types, w = typed
+        weight = f", {operands[w]}" if w is not None else ""
+        return (f'K.typed_spmm("{v.attr["kind"]}", g, {operands[x]}, {operands[table]}, '
+                f'{operands[types]}{weight})')
     pattern = spmm_pattern(v)
     if pattern is not None:
         x, w, side = pattern

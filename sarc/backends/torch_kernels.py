@@ -14,10 +14,16 @@ import torch
 
 from ..graph import Graph
 
-# torch marks CSR support as beta and warns on every construction; sarc builds
-# CSR tensors from a Graph, whose invariants hold by construction.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def csr(rowptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape) -> torch.Tensor:
+    """A CSR matrix from a Graph's arrays, whose invariants hold by construction.
+
+    torch marks CSR support as beta and warns on every construction: silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(rowptr, col, values, shape, check_invariants=False)
 
 _SPMM_DTYPES = (torch.float32, torch.float64)
 
@@ -42,7 +48,7 @@ def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 def _csr_matmul(rowptr, col, values, shape, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the CSR matrix (rowptr, col, values); x's feature dims flattened."""
-    a = torch.sparse_csr_tensor(rowptr, col, values, shape)
+    a = csr(rowptr, col, values, shape)
     y = torch.sparse.mm(a, x.reshape(x.shape[0], -1))
     return y.reshape(shape[0], *x.shape[1:])
 
@@ -96,7 +102,7 @@ class _WeightedSpmm(torch.autograd.Function):
         w, x = ctx.saved_tensors
         dw = dx = None
         if ctx.needs_input_grad[4]:
-            a = torch.sparse_csr_tensor(g.rowptr, cols, w.detach(), (g.num_dst, ctx.n))
+            a = csr(g.rowptr, cols, w.detach(), (g.num_dst, ctx.n))
             dx = torch.sparse.mm(a.t(), dy.reshape(dy.shape[0], -1)).reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
             dw = torch.empty_like(w)
@@ -107,6 +113,32 @@ class _WeightedSpmm(torch.autograd.Function):
                 e1 = min(g.num_edges, e0 + step)
                 dw[e0:e1] = (dy2.index_select(0, g.dst[e0:e1]) * x2.index_select(0, cols[e0:e1])).sum(1)
         return None, None, None, dw, dx
+
+
+def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types: torch.Tensor,
+               w: torch.Tensor | None = None) -> torch.Tensor:
+    """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u] @ table[types[e]].
+
+    When nodes x types are fewer than edges, ``x @ table[r]`` is computed once per
+    (node, type) pair and aggregated by a sparse product whose column for edge e
+    is ``src(e) * R + types[e]``; otherwise per edge, grouped by type. Neither
+    keeps an E x D tensor for the backward pass.
+    """
+    num_types, _, out = table.shape
+    _check_types(types, num_types)
+    if g.num_src * num_types <= g.num_edges and x.dtype in _SPMM_DTYPES and g.num_edges:
+        per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
+        cols = g.src * num_types + types
+        n = g.num_src * num_types
+        if w is None or not w.requires_grad:
+            values = (torch.ones(g.num_edges, dtype=x.dtype, device=x.device) if w is None
+                      else w.reshape(-1).to(x.dtype))
+            y = _csr_matmul(g.rowptr, cols, values, (g.num_dst, n), per_type)
+        else:
+            y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), per_type)
+        return _mean(y, g) if kind == "mean" else y
+    rows = typed_linear(x.index_select(0, g.src), table, types)
+    return spmm(kind, g, rows, w, "edge")
 
 
 def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -163,13 +195,17 @@ def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
     return ex / s.index_select(0, g.dst)
 
 
-def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-    """y[i] = x[i] @ w[types[i]]: rows grouped by type, one matmul per type."""
-    num_types = w.shape[0]
+def _check_types(types: torch.Tensor, num_types: int) -> None:
     if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
         raise ValueError(f"type id out of range: the weight table has {num_types} types "
                          f"(ids 0..{num_types - 1}), got ids in "
                          f"[{int(types.min())}, {int(types.max())}]")
+
+
+def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+    """y[i] = x[i] @ w[types[i]]: rows grouped by type, one matmul per type."""
+    num_types = w.shape[0]
+    _check_types(types, num_types)
     order = torch.argsort(types, stable=True)
     counts = torch.bincount(types, minlength=num_types).tolist()
     parts = torch.split(x.index_select(0, order), counts)

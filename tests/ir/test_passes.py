@@ -178,3 +178,19 @@ def test_mixed_dtype_layer_compiles_and_runs():
     assert out["b"].dtype == torch.float64
     assert_close(out["a"], torch.zeros(5, 3).index_add(0, g.dst, 2.0 * h[g.src]))
     assert_close(out["b"], torch.zeros(5, 3, dtype=torch.float64).index_add(0, g.dst, 2.0 * x[g.src]))
+
+
+def test_fuse_typed_linear_moves_rgcn_projection_into_the_aggregate():
+    """The per-relation product of source rows joins the aggregate that sums it."""
+    from rgcn import RGCNLayer
+    from sarc.compiler import optimize
+    from sarc.ir.ops import Op
+    from sarc.ir.passes import dce, fuse_typed_linear
+
+    fn = optimize(RGCNLayer(6, 3, 4, num_bases=2).trace())
+    assert any(v.op is Op.TYPED_LINEAR for v in fn.values)
+    out = verify(dce(fuse_typed_linear(fn)))
+    assert not any(v.op in (Op.TYPED_LINEAR, Op.GATHER_SRC) for v in out.values)
+    (agg,) = [v for v in out.values if v.op is Op.AGGREGATE]
+    assert any(r.op is Op.TYPED_LINEAR for r in agg.attr["body"].values)
+    assert verify(dce(fuse_typed_linear(out))) == out  # idempotent

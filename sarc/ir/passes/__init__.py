@@ -3,10 +3,12 @@ from .const_fold import const_fold
 from .cse import cse
 from .dce import dce
 from .fuse import fuse
+from .fuse_typed import fuse_typed_linear
 from .linear_through_aggregate import linear_through_aggregate
 from .pushdown import pushdown
 from .rewrite import Rewriter
 from .split_concat import split_concat
 
-__all__ = ["const_fold", "cse", "dce", "fuse", "linear_through_aggregate", "pushdown",
+__all__ = ["const_fold", "cse", "dce", "fuse", "fuse_typed_linear", "linear_through_aggregate",
+           "pushdown",
            "split_concat", "Rewriter"]
