@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "models"))
 
 import sarc  # noqa: E402
-from sarc.compiler import PIPELINE, UNFUSED, compile_function, optimize  # noqa: E402
+from sarc.compiler import PIPELINE, UNFUSED, compile_function  # noqa: E402
 from sarc.datasets import power_law_graph  # noqa: E402
 from sarc.ir.types import E, N_DST, N_SRC  # noqa: E402
 from sarc.planner.cost import saved_for_backward  # noqa: E402
@@ -69,6 +69,7 @@ def main(argv=None) -> None:
     ap.add_argument("--feats", type=int, default=128)
     ap.add_argument("--rels", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", help="comma-separated layer names to run (default: all)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     data = power_law_graph(args.nodes, args.edges, seed=0)
@@ -80,7 +81,10 @@ def main(argv=None) -> None:
     head = ("layer", "edge bytes kept (unfused)", "(fused)", "(fused, predicted)",
             "fwd+bwd unfused", "fused", "speedup")
     rows = []
+    wanted = set(args.only.split(",")) if args.only else None
     for name, layer, relational in layers(args.feats, args.rels):
+        if wanted is not None and name not in wanted:
+            continue
         fn = layer.trace()
         params = dict(layer.named_parameters())
         ein = edge if relational else {}
@@ -101,7 +105,7 @@ def main(argv=None) -> None:
                 run()
                 times.append(time.perf_counter() - t0)
             result.append((kept, statistics.median(times)))
-        predicted = saved_for_backward(optimize(fn))["edge"].subs({N_SRC: n, N_DST: n, E: e})
+        predicted = saved_for_backward(kernel.function)["edge"].subs({N_SRC: n, N_DST: n, E: e})
         (k0, t0), (k1, t1) = result
         rows.append((name, f"{k0 / 2**20:.1f} MiB", f"{k1 / 2**20:.1f} MiB",
                      f"{int(predicted) / 2**20:.1f} MiB", f"{t0:.2f} s", f"{t1:.2f} s",

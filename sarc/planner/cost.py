@@ -43,10 +43,11 @@ def nbytes(t: TensorType) -> sympy.Expr:
 def _saved(values, i: int, v: Value) -> list[tuple[object, TensorType]]:
     """(identity, type) of each tensor value ``i`` keeps for its backward."""
     if v.op in FUSED:
-        from ..backends.torch_backend import spmm_pattern
+        from ..backends.torch_backend import spmm_pattern, typed_spmm_pattern
         pattern = spmm_pattern(v)
-        if pattern is not None:  # a sparse product keeps its edge weights (x only for dw)
-            _, w, _ = pattern
+        typed = typed_spmm_pattern(v)
+        if pattern is not None or typed is not None:  # a sparse product keeps its edge weights
+            w = pattern[1] if pattern is not None else typed[3]
             return [] if w is None else [(v.inputs[w], values[v.inputs[w]].type)]
         kept = [(j, values[j].type) for j in v.inputs if values[j].type.domain is not Domain.PARAM]
         if v.op is Op.SOFTMAX_AGGREGATE:  # raw and activated scores, exponentials, weights
