@@ -28,7 +28,8 @@ import sympy
 from ..ir.function import Function
 from ..ir.ops import FUSED, Op
 from ..ir.types import E, N_DST, N_SRC
-from .cost import B, Exchange, exchange_candidates, forward_flops, saved_for_backward
+from .cost import (B, Exchange, _needs_grad, exchange_candidates, forward_flops,
+                   saved_for_backward)
 from .stats import ShardStats
 
 MODES = ("full", "mfg", "sampling")
@@ -50,7 +51,8 @@ class LayerPlan:
     bytes_sent: tuple[int, ...] | None       # per worker per epoch (None: symbolic only)
     bytes_kept: tuple[int, ...] | None
     bytes_sent_expr: sympy.Expr = field(default=sympy.Integer(0))
-    backward_passes: int = 1                 # backward passes over the blocks (2: unfused edge_softmax)
+    backward_passes: int = 1                 # backward passes over the blocks (2: unfused edge_softmax;
+    #                                          0: no gradient flows through the edges)
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,15 @@ def _has_softmax(fn: Function) -> bool:
     return any(v.op in (Op.EDGE_SOFTMAX, Op.SOFTMAX_AGGREGATE) for v in fn.values)
 
 
+def _edges_need_grad(fn: Function, inputs_need_grad: bool) -> bool:
+    """Does some aggregate over edges depend on a parameter (or a feature input needing a
+    gradient)? If not, the backward pass has nothing to do on the edges (GraphSAGE's
+    first layer: the mean of raw features)."""
+    memo: dict = {}
+    return any(_needs_grad(fn, i, memo, inputs_need_grad) for i, v in enumerate(fn.values)
+               if v.op in (Op.REDUCE, Op.AGGREGATE, Op.SOFTMAX_AGGREGATE))
+
+
 def _has_unfused_softmax(fn: Function) -> bool:
     """An edge_softmax left unfused (e.g. attention dropout between it and the sum): its
     normalization spans every block, so a normalizer pass precedes the main pass, forward
@@ -142,7 +153,8 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     chosen, alts = _choose(cands, baseline)
     unfused = _has_unfused_softmax(fn)
     passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
-    bwd_passes = 2 if unfused else 1
+    # the backward pass revisits the blocks only if a gradient flows through the edges
+    bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
     saved = saved_for_backward(fn)
     recomputed = [f"edge values of {v.op.value} %{i}" for i, v in enumerate(fn.values) if v.op in FUSED
                   and v.op is not Op.SDDMM]
@@ -241,8 +253,7 @@ def _fmt_bytes(n: float) -> str:
 def _passes_note(lp: LayerPlan, baseline: bool) -> str:
     if lp.fetch_passes == 1:
         return ""
-    why = ("a normalizer pass first: unfused edge_softmax" if lp.backward_passes == 2
-           else "no online softmax")
+    why = "no online softmax (baseline)" if baseline else "a normalizer pass first: unfused edge_softmax"
     return f", fetched twice ({why}; fetch_passes={lp.fetch_passes})"
 
 
