@@ -33,7 +33,7 @@ from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .merge import NormalizerMerge, make_merge
-from .split import LayerSplit, split_layer
+from .split import AGGREGATE_OPS, LayerSplit, split_layer
 
 
 @dataclass
@@ -232,6 +232,7 @@ class Call:
     def save(self, **kw) -> None:
         x = kw["x"]
         self.x_needs_grad = x is not None and self._x_needs_grad()
+        self.edges_need_grad = self._edges_need_grad()
         self.saved = SimpleNamespace(**kw)
         # the backward pass starts its own fetches from the forward's kept rows
         self.fetches: list[RowFetch] = []
@@ -253,6 +254,17 @@ class Call:
         return any(v.op in (Op.PARAM, Op.INPUT) and needs.get(v.attr["name"], False)
                    for v in fn.values)
 
+    def _edges_need_grad(self) -> bool:
+        """Does a gradient flow through the edges (does an aggregate depend on a param or an
+        input that needs one)? If not, the backward pass does not revisit the blocks (the
+        planner decides the same: ``LayerPlan.backward_passes == 0``)."""
+        needs = dict(zip([*self.params, *self.node_inputs, *self.edge_inputs], self.needs))
+        dep: list[bool] = []
+        for v in self.split.layer.values:
+            dep.append((v.op in (Op.PARAM, Op.INPUT) and needs.get(v.attr["name"], False))
+                       or any(dep[j] for j in v.inputs))
+        return any(dep[i] for i, v in enumerate(self.split.layer.values) if v.op in AGGREGATE_OPS)
+
     # --- backward -------------------------------------------------------------------------
     def _need(self, name: str) -> bool:
         keys = [*self.params, *self.node_inputs, *self.edge_inputs]
@@ -266,7 +278,8 @@ class Call:
     def _grad(self, outs, wrt: dict, cots=None) -> dict:
         """d(outs)/d(wrt) contracted with ``cots``; None where a leaf is unused."""
         items = [(k, t) for k, t in wrt.items() if t.requires_grad]
-        if not items:
+        outs_list = outs if isinstance(outs, (list, tuple)) else [outs]
+        if not items or not any(o.requires_grad for o in outs_list):
             return {}
         grads = torch.autograd.grad(outs, [t for _, t in items], cots, allow_unused=True)
         return {k: g for (k, _), g in zip(items, grads) if g is not None}

@@ -53,6 +53,10 @@ def _cases() -> list[Case]:
         Case("gat_p3_baseline", "gat", 3, baseline=True),
         Case("tied_max_p3_sar", "tied_max", 3, "random", extra={"feat": "int"}),
         Case("rgcn_p3_oneshot", "rgcn", 3, "random", exec_mode="oneshot"),
+        # features without a gradient: GraphSAGE's first layer has no gradient through its
+        # edges (no backward pass over the blocks); the baseline GAT's exchanged rows need none
+        Case("sage_p3_x_nograd", "sage", 3, x_grad=False),
+        Case("gat_p3_baseline_x_nograd", "gat", 3, baseline=True, x_grad=False),
     ]
     return cases
 
@@ -82,7 +86,7 @@ def dist_results(tmp_path_factory):
                             "num_train": int(train.sum()), "relational": relational}
         if case.eval_mode:
             model.eval()
-        x = feats[kind].clone().requires_grad_(True)
+        x = feats[kind].clone().requires_grad_(case.x_grad)
         torch.manual_seed(0)
         logits, loss = step(model, g, x, label, train, int(train.sum()),
                             {"etype": etype} if relational else {})

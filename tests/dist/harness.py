@@ -44,6 +44,7 @@ class Case:
     baseline: bool = False
     hybrid_budget: bool = False  # pick a memory budget that keeps some peers' rows, not all
     eval_mode: bool = False      # run the step in eval mode (dropout layers inactive)
+    x_grad: bool = True          # the input features need a gradient (else only the params)
     extra: dict = field(default_factory=dict)
 
 
@@ -93,7 +94,7 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
                    timeout=datetime.timedelta(seconds=TIMEOUT_S))
     if case.hybrid_budget:
         dg.mem_budget = _budget(model, dg)
-    x = shard.ndata["feat"].clone().requires_grad_(True)
+    x = shard.ndata["feat"].clone().requires_grad_(case.x_grad)
     label, mask = shard.ndata["label"], shard.ndata["train_mask"]
     edge_inputs = {"etype": dg.edge_data("etype")} if spec["relational"] else {}
     logits, loss = step(model, dg, x, label, mask, spec["num_train"], edge_inputs)
@@ -160,10 +161,13 @@ def gather(out: Path, case: Case) -> dict:
     ranks = [torch.load(out / f"{case.name}.r{r}.pt", weights_only=False) for r in range(case.parts)]
     n = sum(int(r["ids"].numel()) for r in ranks)
     logits = torch.zeros(n, ranks[0]["logits"].shape[1])
-    x_grad = torch.zeros(n, ranks[0]["x_grad"].shape[1])
+    x_grad = None
     for r in ranks:
         logits[r["ids"]] = r["logits"]
-        x_grad[r["ids"]] = r["x_grad"]
+        if r["x_grad"] is not None:
+            if x_grad is None:
+                x_grad = torch.zeros(n, r["x_grad"].shape[1])
+            x_grad[r["ids"]] = r["x_grad"]
     return {"logits": logits, "x_grad": x_grad, "param_grads": ranks[0]["param_grads"],
             "loss": ranks[0]["loss"], "ranks": ranks}
 

@@ -130,12 +130,14 @@ def backward(rt, grad_out):
     g_aggs = rt.node_vjp(dst_post_part, {**rt.dst_inputs, **s.d, **s.aggs}, rt.seed("post"),
                          grad_out)
     cot = s.merges.cotangents(g_aggs)
-    # 2. the source blocks again: rows re-fetched (kept peers' rows reused),
-    #    each block recomputed; its rows' gradients go back to their owners, added there
-    fetch = rt.fetch(s.x, "backward", "main")
-    for j, rows in fetch:
-        rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
-    rt.return_kept_row_grads()
+    # 2. the source blocks again (unless no gradient flows through the edges): rows
+    #    re-fetched (kept peers' rows reused), each block recomputed with
+    #    autograd; its rows' gradients go back to their owners, added there
+    if rt.edges_need_grad:
+        fetch = rt.fetch(s.x, "backward", "main")
+        for j, rows in fetch:
+            rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
+        rt.return_kept_row_grads()
     # 5. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
     rt.node_vjp(src_part, rt.src_inputs, rt.seed("src"), rt.row_grads())
     return rt.input_grads()
