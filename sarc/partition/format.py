@@ -1,6 +1,7 @@
 """sarc's partition format: a directory with one metadata file and one file per part.
 
-    DIR/metadata.json    format and version, the graph's fingerprint, the method,
+    DIR/metadata.json    format and version, the graph's fingerprint, the method
+                         (and, for a converted DGL / PyG partition, its source),
                          num_parts, node_offsets (part p owns new ids
                          node_offsets[p] .. node_offsets[p+1]-1), the node and edge
                          data (dtype, per-row shape), the stats (edge cut, per-part
@@ -43,9 +44,14 @@ def part_file_name(p: int) -> str:
 
 
 def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fingerprint: str,
-                     num_edges: int, stats: PartitionStats, method: str, seed: int,
-                     overwrite: bool = False) -> "PartitionSet":
-    """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``."""
+                     num_edges: int, stats: PartitionStats, method: str, seed: int | None,
+                     source: dict | None = None, overwrite: bool = False) -> "PartitionSet":
+    """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``.
+
+    ``seed`` is None where the partitioner's seed is unknown (a converted
+    foreign set); ``source``, where given, records where a converted partition
+    came from (its format and path) and is stored as is.
+    """
     path = Path(path)
     entries = []
     with atomic_directory(path, overwrite=overwrite) as tmp:
@@ -67,7 +73,8 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
             "format": FORMAT, "version": VERSION, "created_by": f"sarc {__version__}",
             "graph": {"fingerprint": fingerprint, "num_nodes": relabeling.num_nodes,
                       "num_edges": int(num_edges)},
-            "method": method, "seed": int(seed),
+            "method": method, "seed": None if seed is None else int(seed),
+            **({"source": source} if source else {}),
             "num_parts": relabeling.num_parts,
             "node_offsets": relabeling.offsets.tolist(),
             **schema,
