@@ -3,23 +3,31 @@
     partition_graph(src, dst, N, P, out, method="metis")   assign -> relabel -> cut -> write
     load_partitions(out)                                    a checked PartitionSet
     PartitionSet.load_part(p)                               one Part, sha256-checked
+    write_foreign(read_dgl_partitions(CONFIG.json), out)    convert DGL's partition_graph output
+    write_foreign(read_pyg_partitions(ROOT), out)           convert PyG's Partitioner output
 
 Modules, in pipeline order: ``partitioners`` (METIS with multi-constraint
 balancing, seeded random), ``relabel`` (contiguous id range per part),
 ``parts`` (what a part holds), ``stats`` (edge cut, balance),
 ``fingerprint`` (which graph), ``atomic`` (all-or-nothing directory writes),
-``format`` (the directory layout, writing and loading), ``pipeline``, ``cli``.
+``format`` (the directory layout, writing and loading), ``pipeline``,
+``foreign`` with ``dgl_format`` and ``pyg_format`` (other systems' partitions
+converted), ``cli``.
 A worker's view of one part is ``sarc.runtime.sharded.ShardedGraph``.
 """
+from .dgl_format import read_dgl_partitions
 from .fingerprint import graph_fingerprint
+from .foreign import ForeignGraph, write_foreign
 from .format import PartitionSet, load_partitions, write_partitions
 from .partitioners import PARTITIONERS, metis_partition, random_partition
 from .parts import Part, cut_parts
 from .pipeline import BALANCE_MASKS, partition_graph
+from .pyg_format import read_pyg_partitions
 from .relabel import Relabeling, relabel
 from .stats import PartitionStats, partition_stats
 
 __all__ = ["partition_graph", "load_partitions", "write_partitions", "PartitionSet", "Part",
            "cut_parts", "metis_partition", "random_partition", "PARTITIONERS", "relabel",
            "Relabeling", "partition_stats", "PartitionStats", "graph_fingerprint",
-           "BALANCE_MASKS"]
+           "BALANCE_MASKS", "ForeignGraph", "read_dgl_partitions", "read_pyg_partitions",
+           "write_foreign"]

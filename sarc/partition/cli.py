@@ -2,6 +2,8 @@
 
     sarc partition --dataset cora --parts 4 --method metis --out DIR [--seed S] [--overwrite]
     sarc partition --graph FILE.npz --parts 4 --out DIR
+    sarc partition --from-dgl DIR/NAME.json --out DIR [--dgl-orig-ids N E | --dgl-shuffled-ids]
+    sarc partition --from-pyg DIR --out DIR [--no-pyg-extras]
 
 ``--dataset`` names a dataset of ``sarc.datasets`` (``--data-dir`` for those not
 embedded); ``--graph`` reads an ``.npz`` file with ``edge_src``, ``edge_dst``
@@ -9,6 +11,11 @@ and ``num_nodes``, carrying along its per-node arrays (first dimension N) and
 per-edge arrays (named ``etype`` or ``edge_*``). Prints the edge cut and the
 balance: per part the nodes, edges, halo rows and mask counts, then max, mean
 and max / mean.
+
+``--from-dgl`` and ``--from-pyg`` convert a partition DGL's
+``partition_graph`` or PyG's ``Partitioner`` wrote, keeping its parts
+(``dgl_format``, ``pyg_format``): ``--parts``, ``--method`` and ``--seed`` do
+not apply (``--parts``, if given, must match).
 """
 from __future__ import annotations
 
@@ -32,18 +39,36 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--dataset", help="a dataset name (cora, aifb, citeseer, pubmed)")
     src.add_argument("--graph", metavar="FILE.npz",
                      help="an .npz file with edge_src, edge_dst, num_nodes (and node / edge data)")
+    src.add_argument("--from-dgl", metavar="DIR/NAME.json",
+                     help="convert the partition dgl.distributed.partition_graph wrote")
+    src.add_argument("--from-pyg", metavar="DIR",
+                     help="convert the partition torch_geometric.distributed.Partitioner wrote")
     p.add_argument("--data-dir", help="directory of dataset files not embedded in sarc")
-    p.add_argument("--parts", type=int, required=True, help="number of parts")
-    p.add_argument("--method", choices=sorted(PARTITIONERS), default="metis")
+    p.add_argument("--parts", type=int, help="number of parts (required unless converting)")
+    p.add_argument("--method", choices=sorted(PARTITIONERS),
+                   help="how to partition (default metis)")
     p.add_argument("--out", required=True, help="directory to write the partitions to")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="the partitioner's seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    ids = p.add_mutually_exclusive_group()
+    ids.add_argument("--dgl-orig-ids", nargs=2, metavar=("NIDS", "EIDS"),
+                     help="the original node and edge ids partition_graph(..., "
+                          "return_mapping=True) returned, saved (.pt or .npy); default: "
+                          "orig_nids.pt and orig_eids.pt beside the DGL config")
+    ids.add_argument("--dgl-shuffled-ids", action="store_true",
+                     help="take DGL's shuffled ids as the graph's own ids")
+    p.add_argument("--no-pyg-extras", action="store_true",
+                   help="do not read the labels and splits PyG's examples keep beside DIR "
+                        "(NAME-label/, NAME-train-partitions/, ...)")
     p.set_defaults(func=partition_command)
     return p
 
 
 def partition_command(args) -> int:
     """Run ``sarc partition`` with parsed ``args``; prints the partition's quality."""
+    _check_options(args)
+    if args.from_dgl or args.from_pyg:
+        return convert_command(args)
     if args.graph:
         name = args.graph
         src, dst, num_nodes, node_data, edge_data = load_npz_graph(args.graph)
@@ -55,15 +80,65 @@ def partition_command(args) -> int:
         node_data = {"feat": ds.feat, "label": ds.label, "train_mask": ds.train_mask,
                      "val_mask": ds.val_mask, "test_mask": ds.test_mask}
         edge_data = {"etype": ds.etype} if ds.etype is not None else {}
-    pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=args.method,
-                           node_data=node_data, edge_data=edge_data, seed=args.seed,
+    method, seed = args.method or "metis", args.seed or 0
+    pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
+                           node_data=node_data, edge_data=edge_data, seed=seed,
                            overwrite=args.overwrite)
     print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
-          f"({args.method}, seed {args.seed})")
+          f"({method}, seed {seed})")
+    _print_result(pset, node_data, edge_data)
+    return 0
+
+
+def convert_command(args) -> int:
+    """``sarc partition --from-dgl`` / ``--from-pyg``: convert a foreign partition."""
+    from ..cli import UsageError
+    from .foreign import write_foreign
+
+    if args.from_dgl:
+        from .dgl_format import read_dgl_partitions
+        graph = read_dgl_partitions(args.from_dgl, orig_ids=args.dgl_orig_ids,
+                                    shuffled_ids=args.dgl_shuffled_ids)
+    else:
+        from .pyg_format import read_pyg_partitions
+        graph = read_pyg_partitions(args.from_pyg, dataset_extras=not args.no_pyg_extras)
+    if args.parts is not None and args.parts != graph.num_parts:
+        raise UsageError(f"--parts {args.parts}, but {args.from_dgl or args.from_pyg} has "
+                         f"{graph.num_parts} parts")
+    pset = write_foreign(graph, args.out, overwrite=args.overwrite)
+    print(f"{args.from_dgl or args.from_pyg}: {graph.num_nodes} nodes, {graph.src.numel()} edges, "
+          f"{graph.num_parts} parts ({graph.method}"
+          + (", DGL's shuffled ids" if graph.source.get("ids") == "dgl-shuffled" else "")
+          + ")")
+    _print_result(pset, graph.node_data, graph.edge_data)
+    return 0
+
+
+def _check_options(args) -> None:
+    """Options that belong to the other kind of run (partitioning vs converting) are errors."""
+    from ..cli import UsageError
+
+    converting = bool(args.from_dgl or args.from_pyg)
+    if converting:
+        given = [f for f, v in (("--method", args.method), ("--seed", args.seed),
+                                ("--data-dir", args.data_dir)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} do not apply when converting a partition "
+                             f"(--from-dgl / --from-pyg keep the foreign parts)")
+    elif args.parts is None:
+        raise UsageError("--parts is required with --dataset and --graph")
+    dgl_only = [f for f, v in (("--dgl-orig-ids", args.dgl_orig_ids),
+                               ("--dgl-shuffled-ids", args.dgl_shuffled_ids)) if v]
+    if dgl_only and not args.from_dgl:
+        raise UsageError(f"{', '.join(dgl_only)} only apply with --from-dgl")
+    if args.no_pyg_extras and not args.from_pyg:
+        raise UsageError("--no-pyg-extras only applies with --from-pyg")
+
+
+def _print_result(pset, node_data, edge_data) -> None:
     print(f"node data: {', '.join(node_data) or '-'}; edge data: {', '.join(edge_data) or '-'}")
     print(pset.stats.format())
     print(f"wrote {pset.path}")
-    return 0
 
 
 def load_npz_graph(path):

@@ -1,0 +1,202 @@
+"""Partitions written by other systems, converted to sarc's format.
+
+A reader (``dgl_format``, ``pyg_format``) turns a foreign partition directory
+back into a ``ForeignGraph``: the whole graph in its original ids and edge
+order, the foreign partitioner's node assignment as a ``Relabeling``, and the
+node and edge data in the original order. ``write_foreign`` then cuts and
+writes it like any sarc partition set (``cut_parts``, ``write_partitions``,
+atomically), so the result loads with ``load_partitions`` and carries the
+fingerprint of the original graph.
+
+    read_dgl_partitions(CONFIG.json, orig_ids=...)  -> ForeignGraph
+    read_pyg_partitions(ROOT)                       -> ForeignGraph
+    write_foreign(graph, OUT)                       -> PartitionSet
+
+``load_torch_file`` reads the ``.pt`` files of a foreign directory without
+running arbitrary code: ``torch.load(weights_only=True)``, or, for files it
+rejects only because of a plain container it does not allowlist (PyG writes
+``collections.defaultdict``), an unpickler that admits torch's weights-only
+globals and those containers, nothing else.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import pickle
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from ..errors import PartitionError, SarcError
+from .atomic import check_target
+from .fingerprint import graph_fingerprint
+from .format import PartitionSet, write_partitions
+from .parts import cut_parts
+from .pipeline import BALANCE_MASKS
+from .relabel import Relabeling
+from .stats import partition_stats
+
+
+class MissingDependencyError(SarcError, ImportError):
+    """Reading a foreign format needs a package this environment lacks."""
+
+
+@dataclass(frozen=True, eq=False)
+class ForeignGraph:
+    """A graph read back from a foreign partition directory, with that partition.
+
+    ``src``, ``dst``: the edge list in original node ids and original edge
+    order; ``relabeling``: the foreign partition (part p owns new ids
+    ``offsets[p] .. offsets[p+1]-1``); ``node_data`` / ``edge_data`` in the
+    original node / edge order; ``method`` as recorded in sarc's metadata
+    (``dgl:metis``, ``pyg:metis``, ...); ``source``: where it came from.
+    """
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    num_nodes: int
+    relabeling: Relabeling
+    node_data: dict[str, torch.Tensor]
+    edge_data: dict[str, torch.Tensor]
+    method: str
+    source: dict = field(default_factory=dict)
+
+    @property
+    def num_parts(self) -> int:
+        return self.relabeling.num_parts
+
+    @property
+    def fingerprint(self) -> str:
+        return graph_fingerprint(self.src, self.dst, self.num_nodes)
+
+    def part_of(self) -> torch.Tensor:
+        """[N]: the part of each original node."""
+        r = self.relabeling
+        return r.part_of(r.orig_to_new)
+
+
+def write_foreign(graph: ForeignGraph, out, *, overwrite: bool = False) -> PartitionSet:
+    """Write ``graph`` as a sarc partition set at ``out``, under its foreign partition.
+
+    The masks of ``BALANCE_MASKS`` present as bool node data are counted per
+    part in the stats, as ``partition_graph`` counts them.
+    """
+    check_target(Path(out), overwrite)
+    masks = {k: graph.node_data[k] for k in BALANCE_MASKS
+             if k in graph.node_data and graph.node_data[k].dtype == torch.bool}
+    stats = partition_stats(graph.src, graph.dst, graph.relabeling, masks)
+    parts = cut_parts(graph.src, graph.dst, graph.relabeling, graph.node_data, graph.edge_data)
+    return write_partitions(out, parts, relabeling=graph.relabeling, fingerprint=graph.fingerprint,
+                            num_edges=graph.src.numel(), stats=stats, method=graph.method,
+                            seed=None, source=graph.source, overwrite=overwrite)
+
+
+# --- checks shared by the readers ---------------------------------------------------------
+
+def check_cover(ids: torch.Tensor, count: int, what: str, where) -> None:
+    """Raise unless ``ids`` lists each of ``0 .. count-1`` exactly once."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= count):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise PartitionError(f"{where}: {what} id {bad} is out of range (the graph has "
+                             f"{count} {what}s)")
+    seen = torch.bincount(ids, minlength=count)
+    if ids.numel() != count or bool((seen != 1).any()):
+        missing = int((seen == 0).sum())
+        twice = int((seen > 1).sum())
+        raise PartitionError(f"{where}: the parts do not hold every {what} exactly once "
+                             f"({missing} of {count} missing, {twice} held more than once)")
+
+
+def permutation_relabeling(offsets: torch.Tensor, new_to_orig: torch.Tensor, where) -> Relabeling:
+    """The relabeling with these ranges and this new -> original map, checked."""
+    n = int(new_to_orig.numel())
+    check_cover(new_to_orig, n, "node", where)
+    orig_to_new = torch.empty_like(new_to_orig)
+    orig_to_new[new_to_orig] = torch.arange(n)
+    return Relabeling(offsets, new_to_orig, orig_to_new)
+
+
+def scatter_rows(chunks: list[tuple[torch.Tensor, torch.Tensor]], count: int, name: str, where
+                 ) -> torch.Tensor:
+    """One ``[count, ...]`` tensor from (ids, rows) chunks whose ids cover ``0..count-1``."""
+    first = chunks[0][1]
+    out = torch.empty((count, *first.shape[1:]), dtype=first.dtype)
+    for ids, rows in chunks:
+        if rows.shape[1:] != first.shape[1:] or rows.dtype != first.dtype:
+            raise PartitionError(f"{where}: data {name!r} is {rows.dtype} {list(rows.shape[1:])} "
+                                 f"per row in one part and {first.dtype} {list(first.shape[1:])} "
+                                 f"in another")
+        if rows.shape[0] != ids.numel():
+            raise PartitionError(f"{where}: data {name!r} has {rows.shape[0]} rows in a part "
+                                 f"holding {ids.numel()}")
+        out[ids] = rows
+    return out
+
+
+def as_index(t, what: str, where) -> torch.Tensor:
+    """A 1-d int64 tensor, or an error naming the file."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point \
+            or t.dtype in (torch.bool, torch.complex64, torch.complex128):
+        desc = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise PartitionError(f"{where}: {what} must be a 1-d integer tensor, got {desc}")
+    return t.to(torch.int64)
+
+
+# --- reading foreign .pt files ------------------------------------------------------------
+
+_CONTAINERS = {("collections", "defaultdict"): collections.defaultdict,
+               ("collections", "OrderedDict"): collections.OrderedDict}
+
+
+@functools.cache
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    allowed = dict(_CONTAINERS)
+    try:  # torch's own weights-only allowlist (tensor rebuild functions, dtypes, ...)
+        from torch import _weights_only_unpickler as wou
+        for key, obj in wou._get_allowed_globals().items():
+            mod, _, name = key.rpartition(".")
+            allowed[(mod, name)] = obj
+    except (ImportError, AttributeError):  # a torch without it: tensors only
+        from torch import _utils
+        allowed[("torch._utils", "_rebuild_tensor_v2")] = _utils._rebuild_tensor_v2
+    return allowed
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        obj = _allowed_globals().get((module, name))
+        if obj is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a partition file")
+        return obj
+
+
+_RESTRICTED_PICKLE = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=pickle.load,
+                                           __name__="sarc_restricted_pickle")
+
+
+def load_torch_file(path: Path, what: str):
+    """The object ``torch.save`` wrote at ``path``, loaded without running code from it."""
+    if not path.is_file():
+        raise PartitionError(f"{path}: {what} is missing")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        pass  # a container torch does not allowlist (PyG's edge_feats.pt is a defaultdict)
+    except Exception as e:
+        raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False,
+                          pickle_module=_RESTRICTED_PICKLE)
+    except Exception as e:
+        raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
+
+
+def require_keys(d, keys, what: str, where) -> None:
+    if not isinstance(d, Mapping):
+        raise PartitionError(f"{where}: {what} holds {type(d).__name__}, expected a dict")
+    missing = [k for k in keys if k not in d]
+    if missing:
+        raise PartitionError(f"{where}: {what} lacks {', '.join(map(repr, missing))}")
