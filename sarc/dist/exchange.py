@@ -199,8 +199,8 @@ class RowFetch:
                 rows = self.kept[rnd.frm]
             if sh.blocks[rnd.frm].num_edges:
                 yield rnd.frm, rows
-            if i > 0:  # a round late, so the readers' gradients do not hold this worker up
-                self._collect(self.rounds[i - 1])
+            if i > 0:  # a round late, so the peers' progress does not hold this worker up
+                self._retire(self.rounds[i - 1])
         self.finish()
 
     def give_grad(self, j: int, grad_rows: torch.Tensor) -> None:
@@ -223,16 +223,22 @@ class RowFetch:
             rnd.grads_in = None
             self._add_local(self.shard.send_rows[rnd.to], g)
 
+    def _retire(self, rnd: Round) -> None:
+        """Finish a round: add the gradients it brought, and let its send buffers go (a
+        send's buffer must live until the send completes; holding every round's until the
+        end of the pass would keep all the boundary rows in memory at once)."""
+        self._collect(rnd)
+        for p in (rnd.rows_out, rnd.grads_out, rnd.rows_in):
+            if p is not None:
+                p.wait()
+        rnd.rows_out = rnd.grads_out = rnd.rows_in = None
+
     def finish(self) -> None:
-        """Wait for everything this pass posted (sends too: their buffers must live until then)."""
+        """Wait for everything this pass posted."""
         while self._posted < len(self.rounds):
             self._post_next()
         for rnd in self.rounds:
-            self._collect(rnd)
-            for p in (rnd.rows_out, rnd.grads_out, rnd.rows_in):
-                if p is not None:
-                    p.wait()
-            rnd.rows_out = rnd.grads_out = rnd.rows_in = None
+            self._retire(rnd)
 
 
 def send_kept_grads(ex: Exchanger, shard, x: torch.Tensor, grads: dict[int, torch.Tensor],

@@ -55,6 +55,7 @@ class SumMerge:
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         total = zeros if self.total is None else self.total
+        self.total = None  # the cotangent needs only the divisor: free the sums (mean)
         return total if self.divisor is None else total / _rows(self.divisor.to(total.dtype), total)
 
     def cotangent(self, g: torch.Tensor):
