@@ -11,6 +11,8 @@ import torch
 
 from gat import GATLayer
 from gcn import GCNLayer
+from gin import GINLayer
+from rgcn import RGCNLayer
 from sage import SAGELayer
 from sarc.compiler import UNFUSED, optimize
 from sarc.ir.types import E, N_DST, N_SRC
@@ -125,6 +127,8 @@ MODELS = {
     "gcn": lambda: [("conv1", GCNLayer(1433, 16)), ("conv2", GCNLayer(16, 7))],
     "sage": lambda: [("conv1", SAGELayer(1433, 64)), ("conv2", SAGELayer(64, 7))],
     "gat": lambda: [("conv1", GATLayer(1433, 8, heads=8)), ("conv2", GATLayer(64, 7, heads=1))],
+    "gin": lambda: [("conv1", GINLayer(1433, 64, 64)), ("conv2", GINLayer(64, 64, 7))],
+    "rgcn": lambda: [("conv1", RGCNLayer(16, 16, 90, num_bases=30)), ("conv2", RGCNLayer(16, 4, 90, num_bases=30))],
 }
 
 
