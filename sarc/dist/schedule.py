@@ -76,24 +76,20 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
 def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
     given = resolve_features(layer, args, feats)
-    node_decl, edge_decl = layer._sarc_node, layer._sarc_edge
-    node_inputs, edge_inputs = {}, {}
-    for name, feat in node_decl.items():
-        if name in given:
-            node_inputs[name] = check_feature(layer, name, given, feat.ir_type(Domain.SRC),
-                                              dg.num_local, "local nodes", dg.device)
-    for name, feat in edge_decl.items():
-        if name in given:
-            edge_inputs[name] = check_feature(layer, name, given, feat.ir_type(Domain.EDGE),
-                                              dg.num_edges, "local edges", dg.device)
-    need = any(t.requires_grad for t in node_inputs.values())
+    need = any(isinstance(t, torch.Tensor) and t.requires_grad
+               for k, t in given.items() if k in layer._sarc_node)
     prog = program_for(layer, dg, need)
     fn = prog.split.layer
-    for name, t in fn.inputs().items():  # every feature the layer reads was given
-        if name in BUILTINS and name not in node_decl:
-            continue
-        if name not in node_inputs and name not in edge_inputs:
-            check_feature(layer, name, given, t, 0, "", dg.device)  # raises: not given
+    node_inputs, edge_inputs = {}, {}
+    for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges
+        if name in BUILTINS and name not in layer._sarc_node:
+            continue  # the whole graph's degrees, from the shard
+        if t.domain is Domain.EDGE:
+            edge_inputs[name] = check_feature(layer, name, given, t, dg.num_edges,
+                                              "local edges", dg.device)
+        else:
+            node_inputs[name] = check_feature(layer, name, given, t, dg.num_local,
+                                              "local nodes", dg.device)
     params = {k: p for k, p in layer.named_parameters() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog

@@ -172,6 +172,13 @@ def gather(out: Path, case: Case) -> dict:
             "loss": ranks[0]["loss"], "ranks": ranks}
 
 
+def _forked(fn, *args) -> None:
+    # One intra-op thread: a forked child must not enter the OpenMP pool of a parent
+    # that already used it (libgomp is not fork-safe; the child can hang).
+    torch.set_num_threads(1)
+    fn(*args)
+
+
 def spawn(fn, nprocs: int, args: tuple = (), timeout_s: float = 60.0) -> tuple[list, list]:
     """Fork ``nprocs`` processes running ``fn(rank, port, queue, *args)``; returns (exit codes,
     what each put on the queue, by rank). Unlike ``torch.multiprocessing``, one failing
@@ -180,7 +187,7 @@ def spawn(fn, nprocs: int, args: tuple = (), timeout_s: float = 60.0) -> tuple[l
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=fn, args=(r, port, q, *args)) for r in range(nprocs)]
+    procs = [ctx.Process(target=_forked, args=(fn, r, port, q, *args)) for r in range(nprocs)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

@@ -205,3 +205,24 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
     assert not any(Path(f"/proc/{p}").exists() for p in workers if p != workers[1])
     assert not result.exists()
     assert not list(tmp_path.glob("sarc-train-*"))
+
+
+def _bad_rows(rank, port, q, path):
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=1, timeout=TIMEOUT)
+        sys.path.insert(0, str(ROOT / "models"))
+        from gcn import GCNLayer
+        from sarc.dist import DistGraph
+        from sarc.dist.train import load_shard
+        dg = DistGraph(load_shard(path), timeout=TIMEOUT)
+        GCNLayer(5, 3)(dg, torch.randn(dg.num_local + 1, 5))
+        q.put((rank, "no error"))
+    except Exception as e:
+        q.put((rank, f"{type(e).__name__}: {e}"))
+
+
+def test_a_layer_on_a_dist_graph_checks_its_features(tmp_path):
+    pset = _graph_parts(tmp_path / "p1", 1)
+    codes, reports = spawn(_bad_rows, 1, (str(pset.path),))
+    assert reports[0].startswith("GraphError") and "61 rows but the graph has 60 local nodes" in reports[0]
