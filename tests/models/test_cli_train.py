@@ -71,10 +71,13 @@ def test_dsl_error_prints_file_and_line_without_traceback(tmp_path):
     assert "return src.x" in proc.stderr
 
 
-def test_workers_above_one_are_refused(capsys):
-    assert main(["train", str(GCN), "--workers", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "--workers 2: distributed training is not implemented yet" in err
+def test_distributed_options_need_workers(capsys):
+    # --workers P > 1 runs distributed training (tests/dist/test_cli.py); its options
+    # are refused on one process rather than ignored
+    assert main(["train", str(GCN), "--mode", "oneshot"]) == 2
+    assert "--mode: distributed options; they need --workers > 1" in capsys.readouterr().err
+    assert main(["train", str(GCN), "--workers", "2", "--quiet"]) == 2
+    assert "--quiet is not supported with --workers > 1" in capsys.readouterr().err
 
 
 def test_file_without_build_model(tmp_path, capsys):
