@@ -10,7 +10,9 @@ Modules, in pipeline order: ``split`` (a layer's IR cut at the exchange),
 kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the
 generated code itself comes from ``sarc.backends.dist_backend``),
-``batchnorm``, ``train`` (the worker's training loop), ``launch`` (torchrun).
+``batchnorm``, ``prepare`` (a worker's shard as the trainer's hyperparameters
+ask: self loops, features, masks), ``train`` (the worker's training loop),
+``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``).
 """
 from .batchnorm import SyncBatchNorm
 from .exchange import ByteCounter
