@@ -245,8 +245,8 @@ def backward(rt, grad_out):
         for j, rows in fetch:
             rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
         rt.return_kept_row_grads()
-    # 4. dst values the edges read -> dst inputs
+    # 3. dst values the edges read -> dst inputs
     rt.node_vjp(dst_pre_part, rt.dst_inputs, rt.seed("dst"), rt.grads_of(s.d))
-    # 5. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
+    # 4. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
     rt.node_vjp(src_part, rt.src_inputs, rt.seed("src"), rt.row_grads())
     return rt.input_grads()

@@ -163,13 +163,13 @@ def forward(rt):
     # 2. what the edges read at their destinations (this worker's nodes)
     d = dst_pre_part(rt.own, rt.dst_inputs, rt.params, rt.training, rt.seed("dst"))
     norms = {}
-    # 4. one pass over the source blocks: the local block, then round by round
+    # 3. one pass over the source blocks: the local block, then round by round
     merges = rt.merges(norms)
     for j, rows in rt.fetch(x, "forward", "main"):
         merges.add(edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
                                  rt.training, rt.seed("edge", j), norms))
     aggs = merges.finish()
-    # 5. the layer's outputs from the merged aggregates
+    # 4. the layer's outputs from the merged aggregates
     out = dst_post_part(rt.own, {**rt.dst_inputs, **d, **aggs}, rt.params, rt.training,
                         rt.seed("post"))
     rt.save(x=x, d=d, aggs=aggs, merges=merges, norms=norms)
@@ -191,8 +191,8 @@ def backward(rt, grad_out):
         for j, rows in fetch:
             rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
         rt.return_kept_row_grads()
-    # 4. dst values the edges read -> dst inputs
+    # 3. dst values the edges read -> dst inputs
     rt.node_vjp(dst_pre_part, rt.dst_inputs, rt.seed("dst"), rt.grads_of(s.d))
-    # 5. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
+    # 4. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
     rt.node_vjp(src_part, rt.src_inputs, rt.seed("src"), rt.row_grads())
     return rt.input_grads()

@@ -110,13 +110,13 @@ def forward(rt):
     x = rt.pack(src_part(rt.own, rt.src_inputs, rt.params, rt.training, rt.seed("src")))
     d = {}
     norms = {}
-    # 4. one pass over the source blocks: the local block, then round by round
+    # 2. one pass over the source blocks: the local block, then round by round
     merges = rt.merges(norms)
     for j, rows in rt.fetch(x, "forward", "main"):
         merges.add(edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
                                  rt.training, rt.seed("edge", j), norms))
     aggs = merges.finish()
-    # 5. the layer's outputs from the merged aggregates
+    # 3. the layer's outputs from the merged aggregates
     out = dst_post_part(rt.own, {**rt.dst_inputs, **d, **aggs}, rt.params, rt.training,
                         rt.seed("post"))
     rt.save(x=x, d=d, aggs=aggs, merges=merges, norms=norms)
@@ -138,6 +138,6 @@ def backward(rt, grad_out):
         for j, rows in fetch:
             rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
         rt.return_kept_row_grads()
-    # 5. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
+    # 3. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
     rt.node_vjp(src_part, rt.src_inputs, rt.seed("src"), rt.row_grads())
     return rt.input_grads()
