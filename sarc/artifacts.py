@@ -96,7 +96,7 @@ def format_schedule(art: ModelArtifacts) -> str:
             lines.append("  forward: aggregate the local block; backward: autograd on the local block")
             continue
         x = " + ".join(lp.exchange.names)
-        lines.append(f"  forward:")
+        lines.append("  forward:")
         lines.append(f"    compute {x} on owned rows")
         for k, rnd in enumerate(plan.rounds, 1):
             pairs = ", ".join(f"{r}->{s}" for r, s, _ in rnd)

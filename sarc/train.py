@@ -111,6 +111,37 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
     return model
 
 
+class ModelSelection:
+    """Which epoch's model to keep, and when to stop.
+
+    Keeps the epoch of best validation accuracy (ties: the lower validation loss;
+    every epoch when there is no validation set) and, as GAT's early stopping,
+    counts epochs in which neither the validation accuracy nor the validation loss
+    reached a new best.
+    """
+
+    def __init__(self, has_val: bool, patience: int | None):
+        self.has_val, self.patience = has_val, patience
+        self.best = {"epoch": 0, "val_acc": -1.0, "val_loss": float("inf"),
+                     "test_acc": float("nan"), "train_acc": float("nan"), "state": None}
+        self.max_val_acc, self.min_val_loss, self.stale = -1.0, float("inf"), 0
+
+    def update(self, epoch: int, acc: dict[str, float], val_loss: float, model: nn.Module) -> bool:
+        """Record an epoch; True when training should stop early."""
+        best = self.best
+        if (not self.has_val or acc["val"] > best["val_acc"]
+                or (acc["val"] == best["val_acc"] and val_loss < best["val_loss"])):
+            best.update(epoch=epoch, val_acc=acc["val"], val_loss=val_loss, test_acc=acc["test"],
+                        train_acc=acc["train"], state=copy.deepcopy(model.state_dict()))
+        if self.has_val and (acc["val"] > self.max_val_acc or val_loss < self.min_val_loss):
+            self.max_val_acc = max(self.max_val_acc, acc["val"])
+            self.min_val_loss = min(self.min_val_loss, val_loss)
+            self.stale = 0
+        else:
+            self.stale += 1
+        return bool(self.patience and self.has_val and self.stale >= self.patience)
+
+
 def _metrics(logits: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.Tensor]):
     pred = logits.argmax(1)
     acc = {k: float((pred[m] == label[m]).float().mean()) if bool(m.any()) else float("nan")
@@ -151,9 +182,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     def forward():
         return model(prep.graph, prep.x, **prep.edge_inputs)
 
-    best = {"epoch": 0, "val_acc": -1.0, "val_loss": float("inf"), "test_acc": float("nan"),
-            "train_acc": float("nan"), "state": None}
-    max_val_acc, min_val_loss, stale = -1.0, float("inf"), 0
+    selection = ModelSelection(has_val, hp["patience"])
+    best = selection.best
     t_start = time.perf_counter()
     epoch = 0
     for epoch in range(1, int(hp["epochs"]) + 1):
@@ -171,19 +201,9 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         if log and (epoch % log_every == 0 or epoch == 1 or epoch == hp["epochs"]):
             say(f"epoch {epoch:4d} | loss {loss:.4f} | train {acc['train']:.4f} "
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms")
-        better = (not has_val or acc["val"] > best["val_acc"]
-                  or (acc["val"] == best["val_acc"] and val_loss < best["val_loss"]))
-        if better:
-            best.update(epoch=epoch, val_acc=acc["val"], val_loss=val_loss, test_acc=acc["test"],
-                        train_acc=acc["train"], state=copy.deepcopy(model.state_dict()))
-        # Early stopping as in GAT: patience counts epochs in which neither the
-        # validation accuracy nor the validation loss reached a new best.
-        if has_val and (acc["val"] > max_val_acc or val_loss < min_val_loss):
-            max_val_acc, min_val_loss, stale = max(max_val_acc, acc["val"]), min(min_val_loss, val_loss), 0
-        else:
-            stale += 1
-        if hp["patience"] and has_val and stale >= hp["patience"]:
-            say(f"early stop at epoch {epoch}: {stale} epochs without a better val acc or loss")
+        if selection.update(epoch, acc, val_loss, model):
+            say(f"early stop at epoch {epoch}: {selection.stale} epochs without a better "
+                f"val acc or loss")
             break
     elapsed = time.perf_counter() - t_start
     model.load_state_dict(best["state"])

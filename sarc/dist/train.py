@@ -18,10 +18,8 @@ stop with its message, instead of some waiting for the others forever.
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import json
-import os
 import resource
 import time
 from dataclasses import dataclass
@@ -36,9 +34,9 @@ from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
-from ..train import DEFAULTS, EmbeddingInput, TrainError
+from ..train import DEFAULTS, EmbeddingInput, ModelSelection, TrainError
 from .exchange import ByteCounter, Exchanger
-from .graph import DistError, DistGraph, comm_device
+from .graph import DistError, DistGraph, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
 
 
@@ -70,6 +68,7 @@ def load_shard(path: str, group=None) -> ShardedGraph:
     """This worker's shard of the partition set at ``path``, checked against the group:
     its size is the number of parts, and every worker holds a part of the same set."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
+    trim_heap()  # from here, large buffers are mappings of their own (see trim_heap)
     shard, problem, ident = None, None, None
     try:
         pset = load_partitions(path, verify=False)
@@ -191,9 +190,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
 
-    best = {"epoch": 0, "val_acc": -1.0, "val_loss": float("inf"), "test_acc": float("nan"),
-            "train_acc": float("nan"), "state": None}
-    max_val_acc, min_val_loss, stale = -1.0, float("inf"), 0
+    selection = ModelSelection(has_val, hp["patience"])
+    best = selection.best
     step_bytes: list[int] = []
     t_start = time.perf_counter()
     epoch, loss_value, acc = 0, float("nan"), {}
@@ -219,17 +217,9 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             say(f"epoch {epoch:4d}/{hp['epochs']} | loss {loss_value:.4f} | train {acc['train']:.4f} "
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms | "
                 f"sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
-        better = (not has_val or acc["val"] > best["val_acc"]
-                  or (acc["val"] == best["val_acc"] and val_loss < best["val_loss"]))
-        if better:
-            best.update(epoch=epoch, val_acc=acc["val"], val_loss=val_loss, test_acc=acc["test"],
-                        train_acc=acc["train"], state=copy.deepcopy(model.state_dict()))
-        if has_val and (acc["val"] > max_val_acc or val_loss < min_val_loss):
-            max_val_acc, min_val_loss, stale = max(max_val_acc, acc["val"]), min(min_val_loss, val_loss), 0
-        else:
-            stale += 1
-        if hp["patience"] and has_val and stale >= hp["patience"]:
-            say(f"early stop at epoch {epoch}: {stale} epochs without a better val acc or loss")
+        if selection.update(epoch, acc, val_loss, model):
+            say(f"early stop at epoch {epoch}: {selection.stale} epochs without a better "
+                f"val acc or loss")
             break
     elapsed = time.perf_counter() - t_start
     model.load_state_dict(best["state"])

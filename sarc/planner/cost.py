@@ -18,7 +18,7 @@ import sympy
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import BINARY_ELEMENTWISE, FUSED, Op
-from ..ir.types import E, N_DST, N_SRC, Domain, DType, TensorType
+from ..ir.types import E, N_DST, Domain, DType, TensorType
 
 B = sympy.Symbol("B", integer=True, nonnegative=True)
 """Remote source rows one worker receives per exchange (each row once)."""
