@@ -20,7 +20,10 @@ number of parts.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -68,6 +71,7 @@ class DistGraph:
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self._csr = None
+        trim_heap()  # the loading's and the setup's transients go back to the system
 
     # --- what layers and models read -----------------------------------------------------
     @property
@@ -155,3 +159,34 @@ def comm_device(group=None) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# glibc's mallopt parameter; an explicit threshold also stops glibc raising it by itself
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 1 << 20
+_libc = None
+
+
+def trim_heap() -> None:
+    """Keep a worker's heap from holding freed memory (glibc; elsewhere nothing).
+
+    The first call makes every allocation over 1 MiB (tensors) its own mapping, returned
+    to the system when freed, instead of heap space that glibc keeps at its high-water
+    mark (its default threshold rises to 32 MiB as large blocks are freed, so the
+    transients of loading a shard and of every exchange round pile up in the heap);
+    ``MALLOC_MMAP_THRESHOLD_`` in the environment takes precedence. Every call returns
+    the heap's free pages (``malloc_trim(0)``)."""
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            lib.mallopt, lib.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            _libc = False
+            return
+        _libc = lib
+        if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            lib.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    if _libc:
+        _libc.malloc_trim(0)
