@@ -190,7 +190,7 @@ class Layer(nn.Module):
                                    tracer.builder.values[p.index].loc)
             for name, p in aggs.items():
                 if p.type.domain is not Domain.DST:
-                    raise DSLError(f"reduce result {name!r} is a {p.type.domain.value} value; "
+                    raise DSLError(f"reduce result {name!r} is {p.type.domain.article} value; "
                                    f"aggregate edge values with sarc.sum/mean/max/min",
                                    tracer.builder.values[p.index].loc)
             out = _named(self.update(_Side(self, tracer, Domain.DST, None, "dst"),

@@ -76,7 +76,7 @@ def _dim_to_axis(p: "Proxy", dim: int) -> int:
     ndim = len(t.feat) + 1
     d = dim + ndim if dim < 0 else dim
     if d == 0:
-        raise DSLError(f"dim {dim} is the row axis of a {t.domain.value} value; aggregate "
+        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value; aggregate "
                        f"over rows with sarc.sum/mean/max/min in reduce", user_loc())
     if not 0 < d < ndim:
         raise DSLError(f"dim {dim} is out of range for a value of shape {_shape(t)}", user_loc())

@@ -133,8 +133,8 @@ def binary_type(a: TensorType, b: TensorType) -> TensorType:
         hint = ""
         if Domain.EDGE in (a.domain, b.domain):
             hint = " without a gather (use src./dst. inside message to read node values per edge)"
-        _fail(f"cannot combine a {a.domain.value} value {_fmt(a)} with a "
-              f"{b.domain.value} value {_fmt(b)}{hint}")
+        _fail(f"cannot combine {a.domain.article} value {_fmt(a)} with "
+              f"{b.domain.article} value {_fmt(b)}{hint}")
     if a.dtype is not b.dtype:
         _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
     if not a.dtype.is_float:
@@ -174,7 +174,7 @@ def _gather(src_domain: Domain):
     def rule(ts, attrs):
         (x,) = ts
         if x.domain is not src_domain:
-            _fail(f"gather from {src_domain.value} applied to a {x.domain.value} value")
+            _fail(f"gather from {src_domain.value} applied to {x.domain.article} value")
         return x.with_(domain=Domain.EDGE)
     return rule
 
@@ -185,7 +185,7 @@ def _reduce(ts, attrs):
         _fail(f"unknown reduction {attrs['kind']!r}; expected one of {', '.join(REDUCE_KINDS)}")
     if x.domain is not Domain.EDGE:
         _fail(f"a reduce aggregates edge values into destination nodes, but its input "
-              f"is a {x.domain.value} value {_fmt(x)}")
+              f"is {x.domain.article} value {_fmt(x)}")
     if not x.dtype.is_float:
         _fail("reduce of an integer (index) value")
     return x.with_(domain=Domain.DST)
@@ -195,14 +195,14 @@ def _edge_softmax(ts, attrs):
     (x,) = ts
     if x.domain is not Domain.EDGE:
         _fail(f"edge_softmax normalizes edge scores over each destination's incoming "
-              f"edges, but its input is a {x.domain.value} value {_fmt(x)}")
+              f"edges, but its input is {x.domain.article} value {_fmt(x)}")
     return x
 
 
 def _index(ts, attrs):
     table, idx = ts
     if table.domain is not Domain.PARAM:
-        _fail(f"only parameter tables can be indexed per row; got a {table.domain.value} value")
+        _fail(f"only parameter tables can be indexed per row; got {table.domain.article} value")
     if idx.dtype is not DType.I64 or idx.feat != ():
         _fail(f"a table index must be an int64 scalar per row, got {idx}")
     if not table.feat:
@@ -272,7 +272,7 @@ def _concat(ts, attrs):
     first = ts[0]
     for t in ts[1:]:
         if t.domain is not first.domain:
-            _fail(f"concat of a {first.domain.value} and a {t.domain.value} value")
+            _fail(f"concat of {first.domain.article} and {t.domain.article} value")
         if t.dtype is not first.dtype or len(t.feat) != len(first.feat):
             _fail(f"concat of {first} and {t}")
     axis = _norm_axis(attrs["axis"], len(first.feat))
@@ -404,7 +404,7 @@ def _domain_move(src: Domain, dst: Domain, what: str):
     def rule(ts, attrs):
         (x,) = ts
         if x.domain is not src:
-            _fail(f"{what} takes a {src.value} value, got a {x.domain.value} value {_fmt(x)}")
+            _fail(f"{what} takes {src.article} value, got {x.domain.article} value {_fmt(x)}")
         _float(x, what)
         return x.with_(domain=dst)
     return rule

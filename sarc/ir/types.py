@@ -35,6 +35,11 @@ class Domain(enum.Enum):
         return _ROWS[self]
 
     @property
+    def article(self) -> str:
+        """The domain's name with its article, for messages: "an edge", "a dst"."""
+        return ("an " if self is Domain.EDGE else "a ") + self.value
+
+    @property
     def is_node(self) -> bool:
         return self in (Domain.SRC, Domain.DST)
 

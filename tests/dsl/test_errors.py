@@ -253,7 +253,7 @@ class WriteToSide(sarc.Layer):
 
 
 CASES = [
-    (MixInReduce, "mix-reduce", [r"cannot combine a dst value \[N_dst, 3\] with a edge value \[E, 3\]",
+    (MixInReduce, "mix-reduce", [r"cannot combine a dst value \[N_dst, 3\] with an edge value \[E, 3\]",
                                  "without a gather"]),
     (MixSrcDstNodes, "reduce-node", ["reduce aggregates edge values", "its input is a dst value"]),
     (LinearMismatch, "linear", ["linear: input has 4 features but the weight expects 5"]),

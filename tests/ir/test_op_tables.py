@@ -95,7 +95,7 @@ def test_params_broadcast_with_each_other():
 
 @pytest.mark.parametrize("a, b", [(SRC, DST), (DST, SRC), (SRC, EDGE), (EDGE, DST)])
 def test_mixing_domains_is_an_error(a, b):
-    with pytest.raises(TypeError_, match=f"cannot combine a {a.value} value .* with a {b.value} value"):
+    with pytest.raises(TypeError_, match=f"cannot combine {a.article} value .* with {b.article} value"):
         infer_type(Op.ADD, [t(a, 3), t(b, 3)], {})
 
 
@@ -137,7 +137,7 @@ def test_gathers_move_node_values_to_edges():
     assert infer_type(Op.GATHER_DST, [t(DST, 2, 3)], {}) == t(EDGE, 2, 3)
     with pytest.raises(TypeError_, match="gather from src applied to a dst value"):
         infer_type(Op.GATHER_SRC, [t(DST, 3)], {})
-    with pytest.raises(TypeError_, match="gather from dst applied to a edge value"):
+    with pytest.raises(TypeError_, match="gather from dst applied to an edge value"):
         infer_type(Op.GATHER_DST, [t(EDGE, 3)], {})
 
 
