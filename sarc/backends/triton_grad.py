@@ -78,19 +78,7 @@ class _RegionBackward(_Backward):
         t = self.type(ct)
         if to.domain is not Domain.PARAM or t.domain is Domain.PARAM:
             return super().unbroadcast(ct, to)
-        feat, target = t.feat, to.feat
-        if len(target) > len(feat):  # leading size-1 axes that lined up with the rows
-            target = target[len(target) - len(feat):]
-        lead = len(feat) - len(target)
-        for _ in range(lead):
-            ct = self.emit(Op.SUM_AXIS, [ct], axis=0)
-        feat = feat[lead:]
-        for k in reversed(range(len(feat))):
-            if target[k] == 1 and feat[k] != 1:
-                ct = self.emit(Op.SUM_AXIS, [ct], axis=k)
-        if self.type(ct).feat != to.feat:
-            ct = self.emit(Op.RESHAPE, [ct], feat=to.feat)
-        return ct
+        return self.sum_to_feat(ct, to)
 
 
 def _edge_type(t: TensorType) -> TensorType:

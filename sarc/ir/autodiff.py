@@ -96,11 +96,19 @@ class _Backward:
         t = self.type(ct)
         if t == to:
             return ct
-        feat, target = t.feat, to.feat
         if to.domain is Domain.PARAM and t.domain is not Domain.PARAM:
             ct = self.emit(Op.SUM_ROWS, [ct])
-            if len(target) > len(feat):
-                target = target[len(target) - len(feat):]
+        return self.sum_to_feat(ct, to)
+
+    def sum_to_feat(self, ct: int, to: TensorType) -> int:
+        """Sum ``ct``'s feature axes down to ``to``'s feature shape (rows untouched).
+
+        A target with more dims than ``ct`` has features (a param's leading 1s
+        that lined up with the row axis) is matched on its trailing dims.
+        """
+        feat, target = self.type(ct).feat, to.feat
+        if len(target) > len(feat):
+            target = target[len(target) - len(feat):]
         lead = len(feat) - len(target)
         for _ in range(lead):
             ct = self.emit(Op.SUM_AXIS, [ct], axis=0)
