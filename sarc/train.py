@@ -141,6 +141,17 @@ class ModelSelection:
             self.stale += 1
         return bool(self.patience and self.has_val and self.stale >= self.patience)
 
+    def stop_message(self, epoch: int) -> str:
+        return f"early stop at epoch {epoch}: {self.stale} epochs without a better val acc or loss"
+
+    def restore(self, model: nn.Module, epochs: int, seconds: float) -> str:
+        """Load the selected epoch's weights into ``model``; returns the summary line."""
+        best = self.best
+        model.load_state_dict(best["state"])
+        how = "best validation accuracy" if self.has_val else "last epoch, no validation set"
+        return (f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
+                f"test {best['test_acc']:.4f} | {epochs} epochs in {seconds:.1f} s")
+
 
 def _metrics(logits: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.Tensor]):
     pred = logits.argmax(1)
@@ -202,14 +213,10 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
             say(f"epoch {epoch:4d} | loss {loss:.4f} | train {acc['train']:.4f} "
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms")
         if selection.update(epoch, acc, val_loss, model):
-            say(f"early stop at epoch {epoch}: {selection.stale} epochs without a better "
-                f"val acc or loss")
+            say(selection.stop_message(epoch))
             break
     elapsed = time.perf_counter() - t_start
-    model.load_state_dict(best["state"])
-    how = "best validation accuracy" if has_val else "last epoch, no validation set"
-    say(f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
-        f"test {best['test_acc']:.4f} | {epoch} epochs in {elapsed:.1f} s")
+    say(selection.restore(model, epoch, elapsed))
     return {
         "model": spec.name, "dataset": data.name, "seed": seed,
         "epochs": epoch, "best_epoch": best["epoch"],

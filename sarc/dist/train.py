@@ -218,14 +218,10 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms | "
                 f"sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
         if selection.update(epoch, acc, val_loss, model):
-            say(f"early stop at epoch {epoch}: {selection.stale} epochs without a better "
-                f"val acc or loss")
+            say(selection.stop_message(epoch))
             break
     elapsed = time.perf_counter() - t_start
-    model.load_state_dict(best["state"])
-    how = "best validation accuracy" if has_val else "last epoch, no validation set"
-    say(f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
-        f"test {best['test_acc']:.4f} | {epoch} epochs in {elapsed:.1f} s")
+    say(selection.restore(model, epoch, elapsed))
 
     mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes[-1] if step_bytes else 0,
             "planned_step_bytes_sent": dg.planned_bytes_sent(),
