@@ -398,10 +398,14 @@ class Call:
 
 
 class Merges:
-    """The merges of one pass over the blocks (one per aggregate of the layer)."""
+    """The merges of one pass over the blocks (one per aggregate of the layer).
+
+    It holds the layer's split and the worker's sizes, not the ``Call``: the call saves
+    it for the backward pass, and a reference back would make a cycle that keeps every
+    call's saved tensors alive until Python's cycle collector happens to run."""
 
     def __init__(self, call: Call, norms: dict):
-        self.call = call
+        self.split, self.num_local, self.device = call.split, call.dg.num_local, call.dg.device
         deg = call.shard.in_degree
         self.rules = {a.name: make_merge(a, deg, norms.get(a.name) if call.dg.baseline else None)
                       for a in call.split.aggregates}
@@ -411,30 +415,32 @@ class Merges:
             self.rules[k].add(part)
 
     def finish(self) -> dict:
-        n = self.call.dg.num_local
         out = {}
-        for a in self.call.split.aggregates:
-            t = self.call.split.edge.values[dict(self.call.split.edge.outputs)[a.name]].type
-            zeros = torch.zeros((n, *t.feat), dtype=t.dtype.to_torch(), device=self.call.dg.device)
+        for a in self.split.aggregates:
+            t = self.split.edge.values[dict(self.split.edge.outputs)[a.name]].type
+            zeros = torch.zeros((self.num_local, *t.feat), dtype=t.dtype.to_torch(),
+                                device=self.device)
             out[a.name] = self.rules[a.name].finish(zeros)
         return out
 
-    def cotangents(self, grads: dict) -> dict:
+    def cotangents(self, grads: dict, aggs: dict) -> dict:
+        """The merge rules' cotangents of the aggregates ``aggs`` given their gradients."""
         out = {}
-        for a in self.call.split.aggregates:
+        for a in self.split.aggregates:
             g = grads.get(a.name)
             if g is None:
-                g = torch.zeros_like(self.call.saved.aggs[a.name])
+                g = torch.zeros_like(aggs[a.name])
             out[a.name] = self.rules[a.name].cotangent(g)
         return out
 
 
 class NormalizerMerges:
     """Softmax normalizers over every block: unfused edge_softmax sites and, in baseline
-    mode, the fused softmax aggregates (no online softmax)."""
+    mode, the fused softmax aggregates (no online softmax). Like ``Merges``, it does not
+    refer back to the call."""
 
     def __init__(self, call: Call):
-        self.call = call
+        self.device = call.dg.device
         split, n = call.split, call.dg.num_local
         edge = split.edge
         self.types = {s.name: ((n, *s.feat), edge.values[s.index].type.dtype.to_torch())
@@ -451,4 +457,4 @@ class NormalizerMerges:
             self.rules[k].add(part)
 
     def finish(self) -> dict:
-        return {k: r.finish(*self.types[k], self.call.dg.device) for k, r in self.rules.items()}
+        return {k: r.finish(*self.types[k], self.device) for k, r in self.rules.items()}

@@ -18,6 +18,7 @@ two can be compared exactly.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import time
@@ -78,6 +79,7 @@ def _budget(model, dg):
 
 def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     from sarc.dist import DistGraph
+    from sarc.dist.schedule import Call
     from sarc.dist.train import allreduce_gradients
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
@@ -97,15 +99,22 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     x = shard.ndata["feat"].clone().requires_grad_(case.x_grad)
     label, mask = shard.ndata["label"], shard.ndata["train_mask"]
     edge_inputs = {"etype": dg.edge_data("etype")} if spec["relational"] else {}
-    logits, loss = step(model, dg, x, label, mask, spec["num_train"], edge_inputs)
-    counted = dg.counter.snapshot()
-    allreduce_gradients(model, group)
-    total = loss.detach().reshape(1).clone()
-    dist.all_reduce(total, group=group)
+    gc.disable()  # what reference counting alone frees (a cycle would wait for the collector)
+    try:
+        logits, loss = step(model, dg, x, label, mask, spec["num_train"], edge_inputs)
+        counted = dg.counter.snapshot()
+        allreduce_gradients(model, group)
+        total = loss.detach().reshape(1).clone()
+        dist.all_reduce(total, group=group)
+        logits = logits.detach()  # the autograd graph goes: no layer call should outlive it
+        del loss
+        calls_alive = sum(isinstance(o, Call) for o in gc.get_objects())
+    finally:
+        gc.enable()
     torch.save({
         "ids": shard.orig_node_ids, "logits": logits.detach(), "x_grad": x.grad,
         "param_grads": {k: p.grad for k, p in model.named_parameters()} if rank == 0 else None,
-        "loss": float(total), "counted": counted, "planned": dg.planned_bytes_sent(),
+        "loss": float(total), "counted": counted, "calls_alive": calls_alive, "planned": dg.planned_bytes_sent(),
         "plans": [(p.name, p.plan.exec_mode, p.plan.kept_peers) for p in dg.training_programs.values()],
         "sources": [p.source for p in dg.training_programs.values()] if rank == 0 else None,
     }, out / f"{case.name}.r{rank}.pt")

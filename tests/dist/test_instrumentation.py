@@ -35,3 +35,12 @@ def test_sar_sends_more_than_oneshot_and_rows_cross_once_per_round(dist_results)
     ranks = gather(out, cases["gcn_p3_oneshot"])["ranks"]
     for r in ranks:
         assert r["counted"]["sent"]["forward"] > 0 and r["counted"]["sent"]["backward"] > 0
+
+
+@pytest.mark.parametrize("name", [c.name for c in _cases()])
+def test_a_step_leaves_no_layer_call_alive(dist_results, name):
+    """Once the step's graph is gone, every layer call (its saved aggregates, kept rows,
+    row buffers) is freed by reference counting, not left in a cycle for the collector:
+    otherwise each epoch's saved tensors pile onto the next one's peak."""
+    cases, _, out = dist_results
+    assert [r["calls_alive"] for r in gather(out, cases[name])["ranks"]] == [0] * cases[name].parts

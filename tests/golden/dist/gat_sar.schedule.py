@@ -182,7 +182,7 @@ def backward(rt, grad_out):
     # 1. update: gradients of the merged aggregates (and of dst inputs and params)
     g_aggs = rt.node_vjp(dst_post_part, {**rt.dst_inputs, **s.d, **s.aggs}, rt.seed("post"),
                          grad_out)
-    cot = s.merges.cotangents(g_aggs)
+    cot = s.merges.cotangents(g_aggs, s.aggs)
     # 2. the source blocks again (unless no gradient flows through the edges): rows
     #    re-fetched (kept peers' rows reused), each block recomputed with
     #    autograd; its rows' gradients go back to their owners, added there
