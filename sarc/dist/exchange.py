@@ -2,18 +2,19 @@
 
 Round k (1 <= k < P): worker r sends to ``(r + k) % P`` and receives from
 ``(r - k) % P``, so in every round each worker sends to one peer and receives
-from one, and no two workers send to the same peer at once. A message carries
-exactly the rows its receiver needs (``ShardedGraph.send_rows`` /
+from one, and no two workers send to the same peer at once. The rows a round
+moves are exactly those its receiver needs (``ShardedGraph.send_rows`` /
 ``recv_rows``: each boundary row once, no padding), all the exchanged values
-of a row packed side by side in one buffer; an empty message is not sent.
+of a row packed side by side, in messages of at most ``chunk_rows`` rows (the
+pieces of ``sarc.dist.pieces``); an empty message is not sent.
 
-``RowFetch`` walks the blocks of one pass over a layer's edges: the local
-block first (while round 1 is in flight), then round by round; round k+1 is
-posted before round k's rows are handed out (prefetch), or every round at once
-(oneshot). Rows of peers listed in ``keep`` are stored for later passes; in a
-backward pass, row gradients go back to their owners (``give_grad``) and the
-gradients of this worker's own rows come back from the readers, added into
-place at the end of the pass.
+``RowFetch`` walks the pieces of one pass over a layer's edges: the local
+block first (while the first message is in flight), then round by round,
+chunk by chunk; the next step is posted before the current one's rows are
+handed out (prefetch), or every step at once (oneshot). Rows of peers listed
+in ``keep`` are stored for later passes; in a backward pass, row gradients go
+back to their owners (``give_grad``) and the gradients of this worker's own
+rows come back from the readers, added into place as their steps retire.
 
 Every byte sent or received goes through ``ByteCounter`` (``counter``), the
 one place the instrumentation counts, per phase.
@@ -27,7 +28,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-ROWS_TAG, GRADS_TAG = 1, 2
+from .pieces import Piece, chunks, cut_blocks
+
+ROWS_TAG, GRADS_TAG, KEPT_GRADS_TAG = 1, 2, 3
 
 
 @dataclass
@@ -119,139 +122,171 @@ class _Pending:
 
 
 @dataclass
-class Round:
-    """One round's transfers: rows out and in, gradients out and in."""
+class Step:
+    """One message's worth of a round: a chunk of rows out and a piece's rows in, and the
+    gradients of both (either side may be absent: a round's two directions need not have
+    as many chunks)."""
 
     k: int
+    c: int                               # the chunk index, on both sides
     to: int
     frm: int
+    out: tuple[int, int] | None          # rows lo .. hi-1 of this worker's message to ``to``
+    piece: Piece | None                  # the piece of ``frm`` read in this step
     rows_out: _Pending | None = None
     rows_in: _Pending | None = None
     grads_in: _Pending | None = None
     grads_out: _Pending | None = None
 
 
+def _tag(base: int, chunk: int) -> int:
+    """Messages between two workers in one direction are told apart by chunk and kind."""
+    return base + 4 * chunk
+
+
 class RowFetch:
-    """One pass over the blocks of a layer's edges: which rows move, when, and their gradients.
+    """One pass over the pieces of a layer's edges: which rows move, when, and their gradients.
 
     ``x``: this worker's packed rows [num_local, width]; ``send_to``: the peers
     this pass sends rows to; ``recv_from``: the peers it receives rows from
     (the others' rows come from ``kept``, or are not needed); ``keep``: the
-    peers whose received rows are stored into ``kept``; ``grads``: backward
-    pass, row gradients flow back (``grads_from``: the readers that return
-    gradients of this worker's rows in this pass). ``all_at_once``: post every
-    round before computing (oneshot), else one round ahead (prefetch).
+    peers whose received rows are stored into ``kept`` (by piece key); ``grads_from``:
+    backward pass, the readers that return gradients of this worker's rows.
+    ``pieces``: each source block cut into chunks of at most ``chunk_rows`` source
+    rows (``sarc.dist.pieces``; None: whole blocks). ``all_at_once``: post every
+    message before computing (oneshot), else one step ahead (prefetch).
+
+    Round k's messages go in steps, one chunk each way per step; at any time the
+    buffers alive are those of the step being computed, the one prefetched and the
+    one before (retired a step late, so a slow peer does not hold this worker up).
     """
 
     def __init__(self, ex: Exchanger, shard, x: torch.Tensor | None, *, phase: str,
                  send_to: set[int], recv_from: set[int], keep: set[int],
-                 kept: dict[int, torch.Tensor], grads_from: set[int] = frozenset(),
-                 all_at_once: bool = False):
+                 kept: dict[tuple[int, int], torch.Tensor], grads_from: set[int] = frozenset(),
+                 all_at_once: bool = False, pieces=None, chunk_rows: int | None = None):
         self.ex, self.shard, self.x, self.phase = ex, shard, x, phase
         self.send_to, self.recv_from, self.keep, self.kept = send_to, recv_from, keep, kept
         self.grads_from = grads_from
         self.all_at_once = all_at_once
-        self.rounds = [Round(k, to, frm) for k, to, frm in ex.rounds()]
+        if pieces is None:
+            pieces, chunk_rows = cut_blocks(shard, None), None
+        self.pieces = pieces
+        self.steps: list[Step] = []
+        for k, to, frm in ex.rounds():
+            outs = chunks(int(shard.send_rows[to].numel()), chunk_rows)
+            ins = pieces[frm]
+            for c in range(max(len(outs), len(ins))):
+                self.steps.append(Step(k, c, to, frm, outs[c] if c < len(outs) else None,
+                                       ins[c] if c < len(ins) else None))
+        self._by_piece = {st.piece.key: st for st in self.steps if st.piece is not None}
         self.grad_local: torch.Tensor | None = None  # gradients of own rows, returned by readers
         self._posted = 0
 
     # -- posting -------------------------------------------------------------------------
-    def _post(self, rnd: Round) -> None:
+    def _post(self, st: Step) -> None:
         sh, ex, x = self.shard, self.ex, self.x
         if x is None:  # the layer reads no source rows: only its edges' own data
             return
-        out_rows = sh.send_rows[rnd.to]
-        if rnd.to in self.send_to and out_rows.numel():
-            rnd.rows_out = ex.send(x.index_select(0, out_rows), rnd.to, ROWS_TAG, self.phase)
-        n_in = int(sh.recv_rows[rnd.frm].numel())
-        if rnd.frm in self.recv_from and n_in:
-            rnd.rows_in = ex.recv((n_in, x.shape[1]), x.dtype, x.device, rnd.frm, ROWS_TAG,
-                                  self.phase)
-        if rnd.to in self.grads_from and out_rows.numel():
-            rnd.grads_in = ex.recv((int(out_rows.numel()), x.shape[1]), x.dtype, x.device,
-                                   rnd.to, GRADS_TAG, self.phase)
+        if st.out is not None:
+            lo, hi = st.out
+            c = st.c
+            if st.to in self.send_to:
+                st.rows_out = ex.send(x.index_select(0, sh.send_rows[st.to][lo:hi]), st.to,
+                                      _tag(ROWS_TAG, c), self.phase)
+            if st.to in self.grads_from:
+                st.grads_in = ex.recv((hi - lo, x.shape[1]), x.dtype, x.device, st.to,
+                                      _tag(GRADS_TAG, c), self.phase)
+        p = st.piece
+        if p is not None and st.frm in self.recv_from:
+            st.rows_in = ex.recv((p.hi - p.lo, x.shape[1]), x.dtype, x.device, st.frm,
+                                 _tag(ROWS_TAG, p.chunk), self.phase)
 
     def _post_next(self) -> None:
-        if self._posted < len(self.rounds):
-            self._post(self.rounds[self._posted])
+        if self._posted < len(self.steps):
+            self._post(self.steps[self._posted])
             self._posted += 1
 
     # -- the pass ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[tuple[int, torch.Tensor | None]]:
-        """(source shard j, its rows for block j): the local block, then round by round."""
+    def __iter__(self) -> Iterator[tuple[Piece, torch.Tensor | None]]:
+        """(piece, its source rows): the local block, then round by round, chunk by chunk."""
         sh = self.shard
         if self.all_at_once:
-            while self._posted < len(self.rounds):
+            while self._posted < len(self.steps):
                 self._post_next()
         else:
             self._post_next()
-        if sh.local_block.num_edges:
-            yield sh.rank, self.x
-        for i, rnd in enumerate(self.rounds):
-            self._post_next()  # the next round goes out while this one computes
-            rows = None
-            if rnd.rows_in is not None:
-                rows = rnd.rows_in.wait()
-                rnd.rows_in = None
-                if rnd.frm in self.keep:
-                    self.kept[rnd.frm] = rows
-            elif rnd.frm in self.kept:
-                rows = self.kept[rnd.frm]
-            if sh.blocks[rnd.frm].num_edges:
-                yield rnd.frm, rows
-            if i > 0:  # a round late, so the peers' progress does not hold this worker up
-                self._retire(self.rounds[i - 1])
+        (local,) = self.pieces[sh.rank]
+        if local.block.num_edges:
+            yield local, self.x
+        for i, st in enumerate(self.steps):
+            self._post_next()  # the next step goes out while this one computes
+            p = st.piece
+            if p is not None:
+                rows = None
+                if st.rows_in is not None:
+                    rows = st.rows_in.wait()
+                    st.rows_in = None
+                    if st.frm in self.keep:
+                        self.kept[p.key] = rows
+                elif p.key in self.kept:
+                    rows = self.kept[p.key]
+                if p.block.num_edges:
+                    yield p, rows
+                del rows
+            if i > 0:  # a step late, so the peers' progress does not hold this worker up
+                self._retire(self.steps[i - 1])
         self.finish()
 
-    def give_grad(self, j: int, grad_rows: torch.Tensor) -> None:
-        """Gradients of block j's source rows: local ones are added here, remote ones go back
-        to shard j in this round (the caller keeps the kept peers' until the end)."""
-        if j == self.shard.rank:
+    def give_grad(self, piece: Piece, grad_rows: torch.Tensor) -> None:
+        """Gradients of a piece's source rows: local ones are added here, remote ones go back
+        to their owner in this step (the caller keeps the kept peers' until the end)."""
+        if piece.peer == self.shard.rank:
             self.grad_local = grad_rows if self.grad_local is None else self.grad_local + grad_rows
             return
-        rnd = next(r for r in self.rounds if r.frm == j)
-        rnd.grads_out = self.ex.send(grad_rows, j, GRADS_TAG, self.phase)
+        st = self._by_piece[piece.key]
+        st.grads_out = self.ex.send(grad_rows, piece.peer, _tag(GRADS_TAG, piece.chunk), self.phase)
 
-    def _add_local(self, rows: torch.Tensor, g: torch.Tensor) -> None:
-        if self.grad_local is None:
-            self.grad_local = torch.zeros_like(self.x)
-        self.grad_local.index_add_(0, rows, g)
+    def _collect(self, st: Step) -> None:
+        if st.grads_in is not None:
+            g = st.grads_in.wait()
+            st.grads_in = None
+            lo, hi = st.out
+            if self.grad_local is None:
+                self.grad_local = torch.zeros_like(self.x)
+            self.grad_local.index_add_(0, self.shard.send_rows[st.to][lo:hi], g)
 
-    def _collect(self, rnd: Round) -> None:
-        if rnd.grads_in is not None:
-            g = rnd.grads_in.wait()
-            rnd.grads_in = None
-            self._add_local(self.shard.send_rows[rnd.to], g)
-
-    def _retire(self, rnd: Round) -> None:
-        """Finish a round: add the gradients it brought, and let its send buffers go (a
-        send's buffer must live until the send completes; holding every round's until the
-        end of the pass would keep all the boundary rows in memory at once)."""
-        self._collect(rnd)
-        for p in (rnd.rows_out, rnd.grads_out, rnd.rows_in):
+    def _retire(self, st: Step) -> None:
+        """Finish a step: add the gradients it brought, and let its buffers go (a send's
+        buffer must live until the send completes; holding every step's until the end of
+        the pass would keep all the boundary rows in memory at once)."""
+        self._collect(st)
+        for p in (st.rows_out, st.grads_out, st.rows_in):
             if p is not None:
                 p.wait()
-        rnd.rows_out = rnd.grads_out = rnd.rows_in = None
+        st.rows_out = st.grads_out = st.rows_in = None
 
     def finish(self) -> None:
         """Wait for everything this pass posted."""
-        while self._posted < len(self.rounds):
+        while self._posted < len(self.steps):
             self._post_next()
-        for rnd in self.rounds:
-            self._retire(rnd)
+        for st in self.steps:
+            self._retire(st)
 
 
 def send_kept_grads(ex: Exchanger, shard, x: torch.Tensor, grads: dict[int, torch.Tensor],
                     readers_keeping: set[int], phase: str) -> torch.Tensor | None:
-    """Return the accumulated gradients of kept rows to their owners, every round at once;
-    returns the gradients of this worker's rows that readers kept (None if none)."""
+    """Return the accumulated gradients of kept rows to their owners (one message per
+    peer, every round at once); returns the gradients of this worker's rows that readers
+    kept (None if none)."""
     pending_in, pending_out = [], []
     for k, to, frm in ex.rounds():
         if frm in grads:
-            pending_out.append(ex.send(grads[frm], frm, GRADS_TAG, phase))
+            pending_out.append(ex.send(grads[frm], frm, KEPT_GRADS_TAG, phase))
         n = int(shard.send_rows[to].numel())
         if to in readers_keeping and n:
-            pending_in.append((to, ex.recv((n, x.shape[1]), x.dtype, x.device, to, GRADS_TAG, phase)))
+            pending_in.append((to, ex.recv((n, x.shape[1]), x.dtype, x.device, to,
+                                           KEPT_GRADS_TAG, phase)))
     total = None
     for to, p in pending_in:
         g = p.wait()

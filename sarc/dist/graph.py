@@ -33,6 +33,7 @@ from ..planner.plan import EXEC_MODES
 from ..planner.stats import ShardStats
 from ..runtime.sharded import ShardedGraph
 from .exchange import ByteCounter, Exchanger
+from .pieces import DEFAULT_CHUNK_ROWS, cut_blocks
 
 
 class DistError(SarcError):
@@ -46,7 +47,7 @@ class DistGraph:
     def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
                  mem_budget: int | None = None, baseline: bool = False,
                  timeout: datetime.timedelta | None = DEFAULT_TIMEOUT,
-                 counter: ByteCounter | None = None):
+                 counter: ByteCounter | None = None, chunk_rows: int | None = DEFAULT_CHUNK_ROWS):
         if exec_mode is not None and exec_mode not in EXEC_MODES:
             raise DistError(f"unknown execution mode {exec_mode!r}; expected one of "
                             f"{', '.join(EXEC_MODES)}")
@@ -60,9 +61,13 @@ class DistGraph:
         self.shard, self.group = shard, group
         self.rank, self.size = rank, size
         self.exec_mode, self.mem_budget, self.baseline = exec_mode, mem_budget, baseline
+        if chunk_rows is not None and chunk_rows < 1:
+            raise DistError(f"chunk_rows must be a positive number of rows (or None), got {chunk_rows}")
         self.counter = counter if counter is not None else ByteCounter()
         self.exchanger = Exchanger(rank, size, group, self.counter, timeout)
-        self.stats = gather_stats(shard, group)
+        self.stats = gather_stats(shard, group, chunk_rows)
+        self.chunk_rows = chunk_rows
+        self.pieces = cut_blocks(shard, chunk_rows)  # [P]: each source block in row chunks
         offsets = [0]
         for b in shard.blocks:
             offsets.append(offsets[-1] + b.num_edges)
@@ -138,20 +143,27 @@ class DistGraph:
                 f"{', baseline' if self.baseline else ''})")
 
 
-def gather_stats(shard: ShardedGraph, group=None) -> ShardStats:
-    """The planner's statistics of every shard, gathered from the workers (collective)."""
+def gather_stats(shard: ShardedGraph, group=None, chunk_rows: int | None = None) -> ShardStats:
+    """The planner's statistics of every shard, gathered from the workers (collective).
+    Every worker must cut messages at the same rows: a different ``chunk_rows`` on one
+    of them is an error on all."""
     p = shard.num_parts
-    mine = torch.zeros(2 + p, dtype=torch.int64, device=comm_device(group))
+    mine = torch.zeros(3 + p, dtype=torch.int64, device=comm_device(group))
     mine[0] = shard.num_local
     mine[1] = sum(b.num_edges for b in shard.blocks)
+    mine[2] = -1 if chunk_rows is None else chunk_rows
     for j in range(p):
         if j != shard.rank:
-            mine[2 + j] = shard.needed_rows[j].numel()
+            mine[3 + j] = shard.needed_rows[j].numel()
     allv = [torch.zeros_like(mine) for _ in range(p)]
     dist.all_gather(allv, mine, group=group)
     rows = [v.cpu().tolist() for v in allv]
+    if len({r[2] for r in rows}) > 1:
+        raise DistError(f"the workers cut messages at different chunk_rows "
+                        f"({', '.join(str(r[2]) if r[2] >= 0 else 'None' for r in rows)} by rank); "
+                        f"give every worker's DistGraph the same")
     return ShardStats(p, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                      tuple(tuple(r[2:]) for r in rows))
+                      tuple(tuple(r[3:]) for r in rows))
 
 
 def comm_device(group=None) -> torch.device:

@@ -46,7 +46,7 @@ def with_self_loops(shard: ShardedGraph, ex: Exchanger) -> ShardedGraph:
     fetch = RowFetch(ex, shard, out_degree.unsqueeze(1), phase="setup",
                      send_to=set(range(shard.num_parts)) - {r},
                      recv_from=set(range(shard.num_parts)) - {r}, keep=set(), kept={})
-    halo = {j: rows for j, rows in fetch if j != r}
+    halo = {p.peer: rows for p, rows in fetch if p.peer != r}
     blocks = []
     for j, b in enumerate(shard.blocks):
         if j == r:

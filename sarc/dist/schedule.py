@@ -32,6 +32,7 @@ from ..planner.plan import LayerPlan, plan_layer
 from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
+from .pieces import Piece
 from .merge import NormalizerMerge, make_merge
 from .split import AGGREGATE_OPS, LayerSplit, split_layer
 
@@ -162,12 +163,13 @@ class Call:
         self.saved = None
 
     # --- forward --------------------------------------------------------------------------
-    def seed(self, part: str, j: int | None = None) -> int | None:
-        """The dropout seed of a part (of block j): distinct per worker, part and block,
+    def seed(self, part: str, piece: Piece | None = None) -> int | None:
+        """The dropout seed of a part (of a piece): distinct per worker, part and piece,
         the same when the backward pass recomputes it."""
         if self._seed is None:
             return None
-        key = (self.dg.rank * 4099 + (j if j is not None else 4098)) * 8 + _PART_KEYS[part]
+        j, c = piece.key if piece is not None else (4098, 0)
+        key = ((self.dg.rank * 4099 + j) * 65536 + c) * 8 + _PART_KEYS[part]
         return rng.mask_seed(self._seed, key)
 
     def pack(self, values: dict) -> torch.Tensor:
@@ -200,23 +202,24 @@ class Call:
             recv_from=peers if first else peers - self.kept_by_me,
             keep=self.kept_by_me if first else set(), kept=self.kept,
             grads_from=(peers - self.readers_keeping) if grads else set(),
-            all_at_once=first and self.plan.exec_mode == "oneshot")
+            all_at_once=first and self.plan.exec_mode == "oneshot",
+            pieces=self.dg.pieces, chunk_rows=self.dg.chunk_rows)
         if backward:
             self.fetches.append(f)
         return f
 
-    def block(self, j: int) -> Graph:
-        return self.shard.blocks[j]
+    def block(self, piece: Piece) -> Graph:
+        return piece.block
 
-    def block_inputs(self, j: int, rows, d: dict) -> dict:
+    def block_inputs(self, piece: Piece, rows, d: dict) -> dict:
         feeds = dict(d)
         if rows is not None:
             feeds.update(self.unpack(rows))
         if self.edge_inputs:
+            j = piece.peer
             lo, hi = self.dg.edge_offsets[j], self.dg.edge_offsets[j + 1]
-            perm = self.shard.blocks[j].perm
             for name, t in self.edge_inputs.items():
-                feeds[name] = t[lo:hi].index_select(0, perm)
+                feeds[name] = t[lo:hi].index_select(0, piece.block.perm)
         return feeds
 
     def merges(self, norms: dict) -> "Merges":
@@ -232,7 +235,7 @@ class Call:
         self.saved = SimpleNamespace(**kw)
         # the backward pass starts its own fetches from the forward's kept rows
         self.fetches: list[RowFetch] = []
-        self.kept_grads: dict[int, torch.Tensor] = {}
+        self.kept_grads: dict[int, torch.Tensor] = {}  # per kept peer: [its rows, width]
         self.grad_node: dict[str, torch.Tensor] = {}
         self.grad_edge: dict[str, torch.Tensor] = {}
         self.grad_d: dict[str, torch.Tensor] = {}
@@ -313,13 +316,14 @@ class Call:
                 self._accumulate(self.grad_node, k, g)
         return out
 
-    def edge_vjp(self, part, fetch: RowFetch, j: int, rows, d: dict, norms: dict, cot: dict) -> None:
-        """Recompute block j with autograd (its scalar surrogate); route its gradients."""
+    def edge_vjp(self, part, fetch: RowFetch, piece: Piece, rows, d: dict, norms: dict,
+                 cot: dict) -> None:
+        """Recompute a piece with autograd (its scalar surrogate); route its gradients."""
         row_leaf = None
         if rows is not None:
             row_leaf = rows.detach().requires_grad_(self.x_needs_grad)
         d_leaves = {k: t.detach().requires_grad_(True) for k, t in d.items()}
-        feeds = self.block_inputs(j, row_leaf, d_leaves)
+        feeds = self.block_inputs(piece, row_leaf, d_leaves)
         for name in self.edge_inputs:
             if self._need(name):
                 feeds[name] = feeds[name].detach().requires_grad_(True)
@@ -328,7 +332,7 @@ class Call:
             site = k.startswith("$sm")
             norm_leaves[k] = (m, s.detach().requires_grad_(site))
         pleaves = self._param_leaves()
-        loss = part(self.block(j), feeds, pleaves, self.training, self.seed("edge", j),
+        loss = part(piece.block, feeds, pleaves, self.training, self.seed("edge", piece),
                     norm_leaves, cot)
         wrt = {**{k: feeds[k] for k in d_leaves},
                **{k: feeds[k] for k in self.edge_inputs if self._need(k)},
@@ -344,21 +348,25 @@ class Call:
             elif k.startswith("norm:"):
                 self._accumulate(self.grad_norms, k[5:], g)
             elif k in self.edge_inputs:
-                self._scatter_edge_grad(j, k, g)
+                self._scatter_edge_grad(piece, k, g)
         if row_leaf is not None and self.x_needs_grad:
             g = grads.get("rows")
             if g is None:
                 g = torch.zeros_like(rows)
+            j = piece.peer
             if j != self.dg.rank and j in self.kept_by_me:
-                self.kept_grads[j] = g if j not in self.kept_grads else self.kept_grads[j] + g
+                if j not in self.kept_grads:
+                    n = int(self.shard.needed_rows[j].numel())
+                    self.kept_grads[j] = g.new_zeros((n, g.shape[1]))
+                self.kept_grads[j][piece.lo:piece.hi] += g
             else:
-                fetch.give_grad(j, g)
+                fetch.give_grad(piece, g)
 
-    def _scatter_edge_grad(self, j: int, name: str, g: torch.Tensor) -> None:
+    def _scatter_edge_grad(self, piece: Piece, name: str, g: torch.Tensor) -> None:
         if name not in self.grad_edge:
             self.grad_edge[name] = torch.zeros_like(self.edge_inputs[name])
-        lo = self.dg.edge_offsets[j]
-        self.grad_edge[name].index_add_(0, self.shard.blocks[j].perm + lo, g)
+        lo = self.dg.edge_offsets[piece.peer]
+        self.grad_edge[name].index_add_(0, piece.block.perm + lo, g)
 
     def normalizer_cotangents(self) -> dict:
         out = {}

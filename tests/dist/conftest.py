@@ -58,6 +58,22 @@ def _cases() -> list[Case]:
         Case("sage_p3_x_nograd", "sage", 3, x_grad=False),
         Case("gat_p3_baseline_x_nograd", "gat", 3, baseline=True, x_grad=False),
     ]
+    # messages of at most 4 rows: every remote block in several pieces, whose partial
+    # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly
+    cases += [Case(f"{name}_chunked", model, parts, method, chunk_rows=4, **kw)
+              for name, model, parts, method, kw in (
+                  ("gcn_p3_sar", "gcn", 3, "metis", {}),
+                  ("sage_p3_oneshot", "sage", 3, "random", {"exec_mode": "oneshot"}),
+                  ("gat_p3_sar", "gat", 3, "metis", {}),
+                  ("gat_p3_hybrid", "gat", 3, "metis", {"exec_mode": "hybrid",
+                                                        "hybrid_budget": True}),
+                  ("gat_attn_drop_p3_sar", "gat_attn_drop", 3, "metis", {"eval_mode": True}),
+                  ("gat_p3_baseline", "gat", 3, "random", {"baseline": True}),
+                  ("tied_max_p3_sar", "tied_max", 3, "random", {"extra": {"feat": "int"}}),
+                  ("rgcn_p3_oneshot", "rgcn", 3, "random", {"exec_mode": "oneshot"}),
+                  ("gin_p4_sar", "gin", 4, "random", {}),
+              )]
+    return cases
     return cases
 
 

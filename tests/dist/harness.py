@@ -46,6 +46,7 @@ class Case:
     hybrid_budget: bool = False  # pick a memory budget that keeps some peers' rows, not all
     eval_mode: bool = False      # run the step in eval mode (dropout layers inactive)
     x_grad: bool = True          # the input features need a gradient (else only the params)
+    chunk_rows: int | None = None  # rows per message (None: the default, whole blocks here)
     extra: dict = field(default_factory=dict)
 
 
@@ -92,8 +93,9 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     model.load_state_dict(spec["state"])
     if case.eval_mode:
         model.eval()
+    chunking = {"chunk_rows": case.chunk_rows} if case.chunk_rows is not None else {}
     dg = DistGraph(shard, group, exec_mode=case.exec_mode, baseline=case.baseline,
-                   timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                   timeout=datetime.timedelta(seconds=TIMEOUT_S), **chunking)
     if case.hybrid_budget:
         dg.mem_budget = _budget(model, dg)
     x = shard.ndata["feat"].clone().requires_grad_(case.x_grad)
@@ -114,7 +116,8 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     torch.save({
         "ids": shard.orig_node_ids, "logits": logits.detach(), "x_grad": x.grad,
         "param_grads": {k: p.grad for k, p in model.named_parameters()} if rank == 0 else None,
-        "loss": float(total), "counted": counted, "calls_alive": calls_alive, "planned": dg.planned_bytes_sent(),
+        "loss": float(total), "counted": counted, "calls_alive": calls_alive,
+        "pieces": [len(p) for p in dg.pieces], "planned": dg.planned_bytes_sent(),
         "plans": [(p.name, p.plan.exec_mode, p.plan.kept_peers) for p in dg.training_programs.values()],
         "sources": [p.source for p in dg.training_programs.values()] if rank == 0 else None,
     }, out / f"{case.name}.r{rank}.pt")

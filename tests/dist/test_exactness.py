@@ -59,3 +59,17 @@ def test_the_matrix_takes_every_path(dist_results):
                for s in sources["gat_attn_drop_p3_sar"])
     assert any("DK.extremum_select" in s for s in sources["max_p2_sar"])
     assert any("K.typed_linear" in s for s in sources["rgcn_p2_sar"])  # recomputed per block
+
+
+def test_chunked_cases_cut_every_remote_block(dist_results):
+    """The ``_chunked`` cases move messages of at most 4 rows: their remote blocks are in
+    several pieces each (so the exactness above covers merging pieces), the others whole."""
+    cases, _, out = dist_results
+    for name, case in cases.items():
+        for rank, r in enumerate(gather(out, case)["ranks"]):
+            remote = [n for j, n in enumerate(r["pieces"]) if j != rank]
+            assert r["pieces"][rank] == 1
+            if case.chunk_rows is not None:
+                assert max(remote) >= 3, (name, r["pieces"])
+            else:
+                assert all(n <= 1 for n in remote), (name, r["pieces"])

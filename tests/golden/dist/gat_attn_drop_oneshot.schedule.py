@@ -8,7 +8,7 @@
 #   kept remote rows (per worker, peers): ((1,), (0,))
 #   bytes sent per worker per training step (planner): (2200, 2200)
 # Round k of P-1: worker r sends its boundary rows to (r+k) % P and receives from (r-k) % P.
-# oneshot: every round is posted at once, the received rows are kept for the backward pass.
+# oneshot: every message is posted at once, the received rows are kept for the backward pass.
 # Regenerated on every compile: do not edit.
 import torch
 import torch.nn.functional as F
@@ -262,7 +262,7 @@ def forward(rt):
         norms.add(edge_normalizers(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
                                    rt.training, rt.seed("edge", j)))
     norms = norms.finish()
-    # 4. one pass over the source blocks: the local block, then round by round
+    # 4. one pass over the source blocks: the local block, then round by round, piece by piece
     merges = rt.merges(norms)
     for j, rows in rt.fetch(x, "forward", "main"):
         merges.add(edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,

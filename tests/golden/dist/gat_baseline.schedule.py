@@ -8,8 +8,9 @@
 #   kept remote rows (per worker, peers): ((), ())
 #   bytes sent per worker per training step (planner): (6720, 7360)
 # Round k of P-1: worker r sends its boundary rows to (r+k) % P and receives from (r-k) % P.
-# sar: the next round is posted while the current one computes (prefetch); one remote shard's
-# rows at a time; the backward pass fetches them again (rematerialization).
+# sar: the next message is posted while the current one computes (prefetch); one piece of a
+# remote shard's rows at a time (DistGraph.chunk_rows rows at most); the backward pass fetches
+# them again (rematerialization).
 # Regenerated on every compile: do not edit.
 import torch
 import torch.nn.functional as F
@@ -217,7 +218,7 @@ def forward(rt):
         norms.add(edge_normalizers(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
                                    rt.training, rt.seed("edge", j)))
     norms = norms.finish()
-    # 4. one pass over the source blocks: the local block, then round by round
+    # 4. one pass over the source blocks: the local block, then round by round, piece by piece
     merges = rt.merges(norms)
     for j, rows in rt.fetch(x, "forward", "main"):
         merges.add(edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
