@@ -10,8 +10,11 @@ all-reduce, Adam step) with P workers (real processes through torchrun, gloo on
 plus the SAR-equivalent baseline (``--baseline``: the raw layer input crosses the
 network, no online softmax; sar mode) and prints a table per model:
 
-- peak RSS per worker (max over workers) and the same minus the worker's RSS before
-  it loaded its shard (the runtime's own ~0.4 GB: torch, sarc);
+- peak RSS per worker (max over workers), and its data: the peak minus the worker's
+  RSS before it loaded its shard, with torch, sarc, the model and its optimizer
+  already in place (that runtime is ~0.37 GB per process: torch alone ~0.2 GB,
+  torch.optim's first optimizer ~0.1 GB, as it imports torch._dynamo); what a GPU's
+  memory would hold is the data; both with their ratio to P = 1;
 - bytes sent per worker per epoch (max over workers; the exchange layer's counter,
   which equals the planner's prediction), the parameter all-reduce not included;
 - epoch time (median over the epochs after the first; the slowest worker).
@@ -96,6 +99,9 @@ def worker(args) -> None:
     timeout = datetime.timedelta(seconds=args.timeout)
     dist.init_process_group("gloo", timeout=timeout)
     rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = build(args.model, args.features, args.classes)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     rss_before = _rss()
     shard = load_shard(args.partition)
     dg = DistGraph(shard, exec_mode=None if args.mode == "local" else args.mode,
@@ -104,11 +110,10 @@ def worker(args) -> None:
     mask = shard.ndata["train_mask"]
     total = torch.tensor([int(mask.sum())])
     dist.all_reduce(total)
-    torch.manual_seed(0)
-    model = build(args.model, x.shape[1], args.classes)
+    if x.shape[1] != args.features:
+        raise SystemExit(f"the partition has {x.shape[1]} features, not {args.features}")
     if args.mode == "hybrid":
         dg.mem_budget = hybrid_budget(model, dg)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     times, sent = [], []
     for epoch in range(args.epochs):
         dist.barrier()
@@ -143,6 +148,7 @@ def run_one(args, partition: str, p: int, model: str, mode: str, baseline: bool)
            str(p), "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            __file__, "--worker", "--partition", partition, "--model", model, "--mode", mode,
            "--epochs", str(args.epochs), "--classes", str(args.classes),
+           "--features", str(args.features),
            "--threads", str(max(1, cores // p)), "--timeout", str(args.timeout)]
     if baseline:
         cmd.append("--baseline")
@@ -231,13 +237,17 @@ def main() -> None:
     print()
     print(f"{args.nodes} nodes, {args.edges} edges, {args.features} features, {args.epochs} "
           f"epochs, {args.method} partitions, {os.cpu_count()} cores")
-    print("| model | P | mode | peak RSS / worker | of which data | sent / worker / epoch (MiB) "
-          "| = planner | epoch (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | P | mode | peak RSS / worker | ÷ P=1 | of which data | ÷ P=1 "
+          "| sent / worker / epoch (MiB) | = planner | epoch (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    one = {r["model"]: r for r in results if r["workers"] == 1}
     for r in results:
-        print(f"| {r['model']} | {r['workers']} | {r['mode']} | {_gib(r['rss_peak'])} | "
-              f"{_gib(r['rss_data'])} | {_mib(r['sent'])} | {'yes' if r['planned_ok'] else 'NO'} "
-              f"| {r['epoch_s']:.2f} |")
+        base = one.get(r["model"])
+        peak_x = f"{r['rss_peak'] / base['rss_peak']:.2f}" if base else "-"
+        data_x = f"{r['rss_data'] / base['rss_data']:.2f}" if base else "-"
+        print(f"| {r['model']} | {r['workers']} | {r['mode']} | {_gib(r['rss_peak'])} | {peak_x} | "
+              f"{_gib(r['rss_data'])} | {data_x} | {_mib(r['sent'])} | "
+              f"{'yes' if r['planned_ok'] else 'NO'} | {r['epoch_s']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
