@@ -281,9 +281,48 @@ def exchange_candidates(fn: Function, inputs_need_grad: bool = True) -> list[Exc
         return Exchange(tuple(values), names, width, dtb, grad, tuple(sorted(recompute)))
 
     cands = [make(ops, ())]
+    kept, derived = _underivable(fn, ops)
+    if kept != ops:
+        cands.append(make(kept, derived))
     if leaves != ops:
         cands.append(make(leaves, closure - set(leaves)))
     return cands
+
+
+def _underivable(fn: Function, ops: list[int]) -> tuple[list[int], set[int]]:
+    """The operands minus those the receiver can compute from the others and parameters
+    (GAT's ``el = <W h, a_l>`` from ``W h``), and what it then computes.
+
+    Sending ``W h`` alone and recomputing ``el`` on the rows received moves fewer bytes
+    each way (the gradient of ``el`` folds into that of ``W h`` on the receiver)."""
+    kept = list(ops)
+    derived: set[int] = set()
+    for j in ops:
+        others = set(kept) - {j}
+        path = _derivation(fn, j, others)
+        if path is not None:
+            kept.remove(j)
+            derived |= path
+    return kept, derived
+
+
+def _derivation(fn: Function, j: int, others: set[int]) -> set[int] | None:
+    """The src values computing ``j`` from ``others``, parameters and constants (None if
+    it needs anything else: a src input, which only its owner has)."""
+    seen: set[int] = set()
+    stack = [j]
+    while stack:
+        k = stack.pop()
+        if k in seen or k in others:
+            continue
+        v = fn.values[k]
+        if v.op in (Op.PARAM, Op.CONST):
+            continue
+        if v.op is Op.INPUT or v.type.domain is not Domain.SRC:
+            return None
+        seen.add(k)
+        stack.extend(v.inputs)
+    return seen
 
 
 def _numel(t: TensorType) -> int:

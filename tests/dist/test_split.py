@@ -74,13 +74,18 @@ def test_kinds_and_softmax_sites():
 
 def test_pushdown_exchange_sends_projected_values_baseline_sends_inputs():
     fn = optimize(GATLayer(32, 3, heads=2).trace())
-    pushed, raw = exchange_candidates(fn)
-    assert pushed.width == 2 + 6 and raw.width == 32
-    s_pushed, s_raw = split_layer(fn, pushed), split_layer(fn, raw)
-    assert s_pushed.row_width == 8 and s_raw.row_width == 32
+    pushed, narrow, raw = exchange_candidates(fn)
+    assert pushed.width == 2 + 6 and narrow.width == 6 and raw.width == 32
+    s_pushed, s_narrow, s_raw = (split_layer(fn, c) for c in (pushed, narrow, raw))
+    assert s_pushed.row_width == 8 and s_narrow.row_width == 6 and s_raw.row_width == 32
     # baseline: the receiver recomputes W h on the rows it got (a linear in the edge part)
     assert any(v.op is Op.LINEAR for v in s_raw.edge.values)
     assert not any(v.op is Op.LINEAR for v in s_pushed.edge.values)
+    # the narrow exchange sends W h only: the receiver computes el = <W h, a_l> itself
+    assert set(narrow.recompute) and not any(v.op is Op.LINEAR for v in s_narrow.edge.values)
+    assert any(v.op is Op.SUM_AXIS and v.type.domain is Domain.SRC for v in s_narrow.edge.values)
+    assert any(v.op is Op.SUM_AXIS for v in s_pushed.src.values)
+    assert not any(v.op is Op.SUM_AXIS for v in s_narrow.src.values)
 
 
 def test_split_rejects_an_exchange_that_misses_a_source_input():
