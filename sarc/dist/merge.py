@@ -43,6 +43,35 @@ def _expand(a: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return a.reshape(*a.shape, *([1] * (like.dim() - a.dim())))
 
 
+def _full(n: int, part: torch.Tensor, value: float) -> torch.Tensor:
+    return torch.full((n, *part.shape[1:]), value, dtype=part.dtype, device=part.device)
+
+
+class _AtRows:
+    """Adding a part that covers some destination rows only (a piece's ``rows``): the
+    rule's state at those rows is merged with it as a whole part is, and written back.
+    ``STATE`` names the state tensors, ``IDENTITY`` the value of each before any part
+    (what a row no block reaches holds)."""
+
+    STATE: tuple[str, ...] = ()
+    IDENTITY: tuple[float, ...] = ()
+
+    def add(self, part, rows: torch.Tensor | None = None, n: int | None = None) -> None:
+        if rows is None:
+            self._add(part)
+            return
+        parts = part if isinstance(part, tuple) else (part,)
+        if getattr(self, self.STATE[0]) is None:
+            for name, p, value in zip(self.STATE, parts, self.IDENTITY):
+                setattr(self, name, _full(n, p, value))
+        full = [getattr(self, name) for name in self.STATE]
+        for name, t in zip(self.STATE, full):
+            setattr(self, name, t.index_select(0, rows))
+        self._add(part)
+        for name, t in zip(self.STATE, full):
+            setattr(self, name, t.index_copy_(0, rows, getattr(self, name)))
+
+
 class SumMerge:
     """sum, and mean (``divisor``: the whole-graph in-degree)."""
 
@@ -50,8 +79,13 @@ class SumMerge:
         self.divisor = None if divisor is None else divisor.clamp(min=1)
         self.total: torch.Tensor | None = None
 
-    def add(self, y: torch.Tensor) -> None:
-        self.total = y.clone() if self.total is None else self.total.add_(y)
+    def add(self, y: torch.Tensor, rows: torch.Tensor | None = None, n: int | None = None) -> None:
+        if rows is None:
+            self.total = y.clone() if self.total is None else self.total.add_(y)
+            return
+        if self.total is None:
+            self.total = _full(n, y, 0.0)
+        self.total.index_add_(0, rows, y)
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         total = zeros if self.total is None else self.total
@@ -62,15 +96,17 @@ class SumMerge:
         return g if self.divisor is None else g / _rows(self.divisor.to(g.dtype), g)
 
 
-class ExtremumMerge:
+class ExtremumMerge(_AtRows):
     """max / min over the blocks with edges; C counts the edges attaining it."""
+
+    STATE, IDENTITY = ("y", "count"), (0.0, 0.0)  # count 0: no edge yet
 
     def __init__(self, kind: str):
         self.kind = kind
         self.y: torch.Tensor | None = None
         self.count: torch.Tensor | None = None
 
-    def add(self, part) -> None:
+    def _add(self, part) -> None:
         y, c = part
         if self.y is None:
             self.y, self.count = y.clone(), c.clone()
@@ -91,14 +127,16 @@ class ExtremumMerge:
         return self.y, g / self.count.clamp(min=1)
 
 
-class SoftmaxMerge:
+class SoftmaxMerge(_AtRows):
     """Online softmax: per block (m, s, acc), rescaled to the running max."""
+
+    STATE, IDENTITY = ("m", "s", "acc"), (NEG_INF, 0.0, 0.0)
 
     def __init__(self, score_dims: int):
         self.score_dims = score_dims  # score axes (with the row axis): m and s have these
         self.m = self.s = self.acc = None
 
-    def add(self, part) -> None:
+    def _add(self, part) -> None:
         m, s, acc = part
         if self.m is None:
             self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
@@ -138,21 +176,23 @@ class NormalizedSoftmaxMerge(SoftmaxMerge):
         self.m, self.s = norm
         self.total = SumMerge()
 
-    def add(self, part) -> None:
-        self.total.add(part)
+    def add(self, part, rows: torch.Tensor | None = None, n: int | None = None) -> None:
+        self.total.add(part, rows, n)
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         self.out = self.total.finish(zeros)
         return self.out
 
 
-class NormalizerMerge:
+class NormalizerMerge(_AtRows):
     """(M, S) of softmax normalizers over every block: (m_j, s_j) merged online."""
+
+    STATE, IDENTITY = ("m", "s"), (NEG_INF, 0.0)
 
     def __init__(self):
         self.m = self.s = None
 
-    def add(self, part) -> None:
+    def _add(self, part) -> None:
         m, s = part
         if self.m is None:
             self.m, self.s = m.clone(), s.clone()

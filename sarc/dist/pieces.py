@@ -8,13 +8,15 @@ shard. The schedule therefore moves a peer's rows in chunks of at most
 ``chunk_rows`` rows (the same count on sender and receiver, so both cut a message
 at the same rows) and aggregates the edges of one chunk at a time: ``Piece``
 ``(j, c)`` is rows ``lo .. hi-1`` of the message from shard j and the edges of
-block j whose source is one of them, a split block of its own. The partial
-aggregates of the pieces merge as the blocks' do (sum, max with tie counts,
-online softmax are all associative), so the result is the same; the bytes are the
-same (each row still crosses once per round), in more messages.
+block j whose source is one of them, a split block of its own whose destinations
+are only the local nodes those edges reach (``rows``), so what a piece computes per
+destination (partial aggregates, their cotangents) is as large as the piece, not
+as the shard. The partial aggregates of the pieces merge as the blocks' do (sum,
+max with tie counts, online softmax are all associative; ``sarc.dist.merge`` adds a
+piece at its rows), so the result is the same; the bytes are the same (each row
+still crosses once per round), in more messages.
 
-The local block is one piece, and a block no larger than a chunk is its own piece
-(no copy).
+The local block is one piece, itself, over every local node (``rows`` None).
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ class Piece:
     chunk: int     # its index among that shard's pieces
     lo: int        # it reads rows lo .. hi-1 of the shard's message (block src rows)
     hi: int
-    block: Graph   # those rows' edges into the local nodes; src row k is message row lo + k
+    block: Graph   # those rows' edges; src row k is message row lo + k, dst row i local node rows[i]
+    rows: torch.Tensor | None = None  # the local nodes the edges reach, sorted (None: all)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -60,17 +63,21 @@ def cut_blocks(shard, chunk_rows: int | None) -> tuple[tuple[Piece, ...], ...]:
         if j == shard.rank:
             out.append((Piece(j, 0, 0, b.num_src, b),))
             continue
-        out.append(tuple(Piece(j, c, lo, hi, b if (lo, hi) == (0, b.num_src) else _cut(b, lo, hi))
+        out.append(tuple(Piece(j, c, lo, hi, *_cut(b, lo, hi))
                          for c, (lo, hi) in enumerate(chunks(b.num_src, chunk_rows))))
     return tuple(out)
 
 
-def _cut(b: Graph, lo: int, hi: int) -> Graph:
+def _cut(b: Graph, lo: int, hi: int) -> tuple[Graph, torch.Tensor]:
     """The edges of split block ``b`` whose source row is in [lo, hi), sources renumbered
-    from 0; CSR order kept (a subsequence of a dst-sorted list is dst-sorted)."""
-    e = ((b.src >= lo) & (b.src < hi)).nonzero().squeeze(1)
-    dst = b.dst.index_select(0, e)
-    rowptr = torch.zeros(b.num_dst + 1, dtype=torch.int64, device=dst.device)
-    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=b.num_dst), 0)
-    return Graph(hi - lo, b.num_dst, b.src.index_select(0, e) - lo, dst, b.perm.index_select(0, e),
-                 rowptr, b.in_degree, b.out_degree[lo:hi], dst_in_src=False)
+    from 0 and destinations from the distinct ones they reach (returned, sorted); CSR
+    order kept (a subsequence of a dst-sorted list is dst-sorted)."""
+    e = ((b.src >= lo) & (b.src < hi)).nonzero().squeeze(1) if (lo, hi) != (0, b.num_src) else None
+    src, dst, perm = (b.src, b.dst, b.perm) if e is None else (
+        b.src.index_select(0, e), b.dst.index_select(0, e), b.perm.index_select(0, e))
+    rows, inv, counts = torch.unique_consecutive(dst, return_inverse=True, return_counts=True)
+    rowptr = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=dst.device)
+    rowptr[1:] = torch.cumsum(counts, 0)
+    block = Graph(hi - lo, int(rows.numel()), src - lo, inv, perm, rowptr,
+                  b.in_degree.index_select(0, rows), b.out_degree[lo:hi], dst_in_src=False)
+    return block, rows

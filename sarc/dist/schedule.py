@@ -212,7 +212,9 @@ class Call:
         return piece.block
 
     def block_inputs(self, piece: Piece, rows, d: dict) -> dict:
-        feeds = dict(d)
+        """A piece's feeds: its source rows, the dst values at its destinations, its edges'
+        features (in its CSR order)."""
+        feeds = at_rows(d, piece.rows)
         if rows is not None:
             feeds.update(self.unpack(rows))
         if self.edge_inputs:
@@ -221,6 +223,10 @@ class Call:
             for name, t in self.edge_inputs.items():
                 feeds[name] = t[lo:hi].index_select(0, piece.block.perm)
         return feeds
+
+    def piece_norms(self, piece: Piece, norms: dict) -> dict:
+        """The global softmax normalizers (M, S) at a piece's destinations."""
+        return at_rows(norms, piece.rows)
 
     def merges(self, norms: dict) -> "Merges":
         return Merges(self, norms)
@@ -283,8 +289,15 @@ class Call:
         grads = torch.autograd.grad(outs, [t for _, t in items], cots, allow_unused=True)
         return {k: g for (k, _), g in zip(items, grads) if g is not None}
 
-    def _accumulate(self, store: dict, name: str, g: torch.Tensor) -> None:
-        store[name] = g if name not in store else store[name] + g
+    def _accumulate(self, store: dict, name: str, g: torch.Tensor,
+                    rows: torch.Tensor | None = None, n: int | None = None) -> None:
+        """store[name] += g (g at destination ``rows`` of ``n``, or at every row)."""
+        if rows is None:
+            store[name] = g if name not in store else store[name] + g
+            return
+        if name not in store:
+            store[name] = g.new_zeros((n, *g.shape[1:]))
+        store[name].index_add_(0, rows, g)
 
     def _take_param_grads(self, grads: dict) -> None:
         for k, g in grads.items():
@@ -322,8 +335,10 @@ class Call:
         row_leaf = None
         if rows is not None:
             row_leaf = rows.detach().requires_grad_(self.x_needs_grad)
+        at = piece.rows
+        d, norms, cot = at_rows(d, at), at_rows(norms, at), at_rows(cot, at)
         d_leaves = {k: t.detach().requires_grad_(True) for k, t in d.items()}
-        feeds = self.block_inputs(piece, row_leaf, d_leaves)
+        feeds = {**self.block_inputs(piece, row_leaf, {}), **d_leaves}  # d_leaves: at its rows
         for name in self.edge_inputs:
             if self._need(name):
                 feeds[name] = feeds[name].detach().requires_grad_(True)
@@ -342,11 +357,12 @@ class Call:
             wrt["rows"] = row_leaf
         grads = self._grad(loss, wrt)
         self._take_param_grads(grads)
+        n = self.dg.num_local
         for k, g in grads.items():
             if k.startswith("$d"):
-                self._accumulate(self.grad_d, k, g)
+                self._accumulate(self.grad_d, k, g, at, n)
             elif k.startswith("norm:"):
-                self._accumulate(self.grad_norms, k[5:], g)
+                self._accumulate(self.grad_norms, k[5:], g, at, n)
             elif k in self.edge_inputs:
                 self._scatter_edge_grad(piece, k, g)
         if row_leaf is not None and self.x_needs_grad:
@@ -418,9 +434,10 @@ class Merges:
         self.rules = {a.name: make_merge(a, deg, norms.get(a.name) if call.dg.baseline else None)
                       for a in call.split.aggregates}
 
-    def add(self, parts: dict) -> None:
+    def add(self, piece: Piece, parts: dict) -> None:
+        """A piece's partial aggregates, at its destination rows."""
         for k, part in parts.items():
-            self.rules[k].add(part)
+            self.rules[k].add(part, piece.rows, self.num_local)
 
     def finish(self) -> dict:
         out = {}
@@ -448,7 +465,7 @@ class NormalizerMerges:
     refer back to the call."""
 
     def __init__(self, call: Call):
-        self.device = call.dg.device
+        self.device, self.num_local = call.dg.device, call.dg.num_local
         split, n = call.split, call.dg.num_local
         edge = split.edge
         self.types = {s.name: ((n, *s.feat), edge.values[s.index].type.dtype.to_torch())
@@ -460,9 +477,22 @@ class NormalizerMerges:
                                for a in split.aggregates if a.kind == "softmax"})
         self.rules = {k: NormalizerMerge() for k in self.types}
 
-    def add(self, parts: dict) -> None:
+    def add(self, piece: Piece, parts: dict) -> None:
         for k, part in parts.items():
-            self.rules[k].add(part)
+            self.rules[k].add(part, piece.rows, self.num_local)
 
     def finish(self) -> dict:
         return {k: r.finish(*self.types[k], self.device) for k, r in self.rules.items()}
+
+
+def at_rows(values: dict, rows: torch.Tensor | None) -> dict:
+    """Per-destination values (tensors, or tuples of them: merge states, normalizers) at
+    ``rows`` (a piece's destinations; None: all)."""
+    if rows is None:
+        return dict(values)
+
+    def pick(v):
+        if isinstance(v, tuple):
+            return tuple(pick(t) for t in v)
+        return v.index_select(0, rows)
+    return {k: pick(v) for k, v in values.items()}

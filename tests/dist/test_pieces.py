@@ -1,4 +1,5 @@
-"""Pieces: a remote block cut by source-row chunks loses, duplicates and reorders nothing."""
+"""Pieces: a remote block cut by source-row chunks, each over the destinations it
+reaches, loses, duplicates and reorders nothing."""
 from __future__ import annotations
 
 import torch
@@ -37,14 +38,15 @@ def test_pieces_partition_a_split_block(seed, rows, n_src, n_dst, e):
     assert [(p.lo, p.hi) for p in pieces] == chunks(n_src, rows)
     seen = []
     for c, p in enumerate(pieces):
-        assert p.key == (1, c) and p.block.num_src == p.hi - p.lo and p.block.num_dst == n_dst
         g = p.block
-        assert torch.equal(g.rowptr[1:] - g.rowptr[:-1], torch.bincount(g.dst, minlength=n_dst))
+        assert p.key == (1, c) and g.num_src == p.hi - p.lo and g.num_dst == p.rows.numel()
+        # its destinations: the distinct local nodes its edges reach, sorted
+        assert torch.equal(p.rows, torch.unique(b.dst[(b.src >= p.lo) & (b.src < p.hi)]))
+        assert torch.equal(g.rowptr[1:] - g.rowptr[:-1], torch.bincount(g.dst, minlength=g.num_dst))
         assert bool((g.dst[1:] >= g.dst[:-1]).all()) if g.num_edges > 1 else True
         assert torch.equal(g.out_degree, b.out_degree[p.lo:p.hi])
+        assert torch.equal(g.in_degree, b.in_degree[p.rows])
         # each edge keeps its input position (perm) and its endpoints
         for i in range(g.num_edges):
-            seen.append((int(g.perm[i]), int(g.src[i]) + p.lo, int(g.dst[i])))
+            seen.append((int(g.perm[i]), int(g.src[i]) + p.lo, int(p.rows[g.dst[i]])))
     assert sorted(seen) == sorted((i, int(src[i]), int(dst[i])) for i in range(e))
-    if n_src <= rows:
-        assert pieces[0].block is b  # a block within one chunk is not copied

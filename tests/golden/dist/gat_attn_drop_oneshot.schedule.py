@@ -279,14 +279,14 @@ def forward(rt):
     # 3. normalizer pass: per-destination softmax normalizers (M, S) over every block
     norms = rt.normalizer_merges()
     for j, rows in rt.fetch(x, "forward", "normalizers"):
-        norms.add(edge_normalizers(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
-                                   rt.training, rt.seed("edge", j)))
+        norms.add(j, edge_normalizers(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
+                                      rt.training, rt.seed("edge", j)))
     norms = norms.finish()
     # 4. one pass over the source blocks: the local block, then round by round, piece by piece
     merges = rt.merges(norms)
     for j, rows in rt.fetch(x, "forward", "main"):
-        merges.add(edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
-                                 rt.training, rt.seed("edge", j), norms))
+        merges.add(j, edge_partials(rt.block(j), rt.block_inputs(j, rows, d), rt.params,
+                                    rt.training, rt.seed("edge", j), rt.piece_norms(j, norms)))
     aggs = merges.finish()
     # 5. the layer's outputs from the merged aggregates
     out = dst_post_part(rt.own, {**rt.dst_inputs, **d, **aggs}, rt.params, rt.training,
