@@ -27,7 +27,7 @@ def csr(rowptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape) ->
 
 _SPMM_DTYPES = (torch.float32, torch.float64)
 
-EDGE_BLOCK_ELEMS = 1 << 24
+EDGE_BLOCK_ELEMS = 1 << 22
 """Edge-value elements (rows x width) one block of a fused op may hold at once."""
 from ..ir import rng
 
