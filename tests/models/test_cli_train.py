@@ -72,7 +72,7 @@ def test_dsl_error_prints_file_and_line_without_traceback(tmp_path):
 
 
 def test_distributed_options_need_workers(capsys):
-    # --workers P > 1 runs distributed training (tests/dist/test_cli.py); its options
+    # --workers P > 1 runs distributed training (tests/distributed/test_cli.py); its options
     # are refused on one process rather than ignored
     assert main(["train", str(GCN), "--mode", "oneshot"]) == 2
     assert "--mode: distributed options; they need --workers > 1" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 ``tests/golden/dist/<name>.schedule.py`` holds the schedule module of a layer under a
 fixed plan (statistics of 2 made-up shards), so a change to the split, the codegen or
 the template shows up in review as a diff. Rewrite after an intended change with
-``SARC_UPDATE_GOLDEN=1 python -m pytest tests/dist/test_golden_schedule.py`` and read
+``SARC_UPDATE_GOLDEN=1 python -m pytest tests/distributed/test_golden_schedule.py`` and read
 the diff before committing it.
 """
 from __future__ import annotations
