@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from .pieces import Piece, chunks, cut_blocks
+from .pieces import Piece, chunks, whole_blocks
 
 ROWS_TAG, GRADS_TAG, KEPT_GRADS_TAG = 1, 2, 3
 
@@ -170,7 +170,7 @@ class RowFetch:
         self.grads_from = grads_from
         self.all_at_once = all_at_once
         if pieces is None:
-            pieces, chunk_rows = cut_blocks(shard, None), None
+            pieces, chunk_rows = whole_blocks(shard), None
         self.pieces = pieces
         self.steps: list[Step] = []
         for k, to, frm in ex.rounds():

@@ -68,6 +68,12 @@ def cut_blocks(shard, chunk_rows: int | None) -> tuple[tuple[Piece, ...], ...]:
     return tuple(out)
 
 
+def whole_blocks(shard) -> tuple[tuple[Piece, ...], ...]:
+    """``[P]``: each block as one piece over every local node, without a copy (an exchange
+    that moves a peer's rows in one message, e.g. degrees at setup)."""
+    return tuple((Piece(j, 0, 0, b.num_src, b),) for j, b in enumerate(shard.blocks))
+
+
 def _cut(b: Graph, lo: int, hi: int) -> tuple[Graph, torch.Tensor]:
     """The edges of split block ``b`` whose source row is in [lo, hi), sources renumbered
     from 0 and destinations from the distinct ones they reach (returned, sorted); CSR
