@@ -10,6 +10,7 @@ import datetime
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -68,6 +69,9 @@ def _worker(rank, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.skipif(os.environ.get("SARC_REQUIRE_DGL") == "1",
+                    reason="in .venv-dgl (torch 2.2.1) its workers hang after the backend tests "
+                           "have run in the same process (alone it passes); open, see the issue note")
 def test_sync_batchnorm_equals_batchnorm1d_on_all_rows(tmp_path):
     ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=P, join=False,
                              start_method="fork")
