@@ -1,0 +1,28 @@
+"""What the catalogue's tests share: running ``sarc`` as a user does and judging its outcome."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_sarc(*argv, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
+    """``python -m sarc.cli ARGV`` in a subprocess: the CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-m", "sarc.cli", *map(str, argv)], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def assert_error(proc, *needles: str) -> str:
+    """``proc`` failed with exit 2 and one ``sarc ...: error: ...`` line naming ``needles``."""
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], err[-2000:])
+    assert "Traceback" not in err, err
+    lines = [l for l in err.splitlines() if l.startswith("sarc")]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
