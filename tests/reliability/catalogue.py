@@ -1,8 +1,8 @@
 """The reliability catalogue: every bad-input and fault test, with its input and outcome.
 
 A test in ``tests/reliability/`` marks itself a catalogue case with ``@case(area,
-bad_input, outcome)``; ``outcome`` is one of ``OUTCOMES``. ``python -m
-tests.reliability.catalogue`` writes the table of ``docs/reliability.md`` (between
+bad_input, outcome)``; ``outcome`` is one of ``OUTCOMES``. ``python
+tests/reliability/catalogue.py`` writes the table of ``docs/reliability.md`` (between
 its markers) from the cases, and ``test_catalogue_table_is_current`` checks that the
 document is current, so the table is the tests.
 """
@@ -46,12 +46,12 @@ def case(area: str, bad_input: str, outcome: str):
 
 def collect() -> list[tuple[str, str, str, str]]:
     """(area, bad input, outcome, test id) of every case, in area order then file order."""
-    import tests.reliability as pkg
+    pkg = importlib.import_module(__package__ or "reliability")
     rows = []
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
         if not info.name.startswith("test_"):
             continue
-        mod = importlib.import_module(f"tests.reliability.{info.name}")
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
         for name, obj in vars(mod).items():
             cat = getattr(obj, "catalogue", None)
             if cat is not None and name.startswith("test_"):
@@ -77,6 +77,7 @@ def render(doc: str, rows) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    __package__ = "reliability"
     DOC.write_text(render(DOC.read_text(), collect()))
     print(f"wrote {DOC.relative_to(ROOT)}")

@@ -8,4 +8,4 @@ def test_catalogue_table_is_current():
     rows = collect()
     assert len(rows) >= 40, f"the catalogue has {len(rows)} cases"
     doc = DOC.read_text()
-    assert render(doc, rows) == doc, "regenerate it: python -m tests.reliability.catalogue"
+    assert render(doc, rows) == doc, "regenerate it: python tests/reliability/catalogue.py"
