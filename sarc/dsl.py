@@ -29,7 +29,8 @@ from .errors import DSLError, GraphError
 from .ir.function import Function
 from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
-from .trace import Proxy, Tracer, user_loc
+from .trace import Proxy, Tracer, traces, user_loc
+from .trace_guards import tracing
 
 BUILTIN_NODE = {"src": ("out_degree",), "dst": ("in_degree",)}
 
@@ -154,6 +155,21 @@ class Layer(nn.Module):
                 raise DSLError(f"feature {name!r} is declared both as a node and an edge feature",
                                user_loc())
 
+    def _check_init(self) -> None:
+        if "_sarc_node" not in self.__dict__:
+            raise DSLError(_no_init(type(self), "first"), _loc_of(type(self).__init__))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # nn.Module refuses a module or parameter assigned before its __init__ with an
+        # AttributeError; say which call is missing, at the user's line.
+        if "_parameters" not in self.__dict__ and isinstance(value, (nn.Module, nn.Parameter)):
+            raise DSLError(_no_init(type(self), f"before assigning self.{name}"), user_loc())
+        super().__setattr__(name, value)
+
+    def __call__(self, *args, **kwargs):
+        self._check_init()
+        return super().__call__(*args, **kwargs)
+
     # The user's functions -------------------------------------------------------------
     def message(self, src, dst, edge):
         raise DSLError(f"layer {type(self).__name__} defines no message(src, dst, edge)", None)
@@ -168,11 +184,9 @@ class Layer(nn.Module):
     # Tracing --------------------------------------------------------------------------
     def trace(self) -> Function:
         """Record message / reduce / update as IR (parameters become PARAM leaves)."""
-        if not hasattr(self, "_sarc_node"):
-            raise DSLError(f"{type(self).__name__}.__init__ must call "
-                           f"super().__init__(node=..., edge=...) first", None)
+        self._check_init()
         tracer = Tracer(type(self).__name__)
-        with _params_as_proxies(self, tracer):
+        with _params_as_proxies(self, tracer), tracing(self.modules()):
             msgs = _named(self.message(
                 _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src"),
                 _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst"),
@@ -261,6 +275,10 @@ class Layer(nn.Module):
         return out if len(out) > 1 else next(iter(out.values()))
 
 
+def _no_init(cls: type, when: str) -> str:
+    return f"{cls.__name__}.__init__ must call super().__init__(node=..., edge=...) {when}"
+
+
 def _loc_of(fn):
     from .errors import SourceLoc
     code = getattr(fn, "__code__", None)
@@ -290,14 +308,14 @@ def _params_as_proxies(layer: nn.Module, tracer: Tracer):
 # --- reductions and graph functions ------------------------------------------------------
 
 def _reduce(kind: str):
-    def fn(x: Proxy) -> Proxy:
+    def fn(x):
         if not isinstance(x, Proxy):
             raise DSLError(f"sarc.{kind} takes a traced edge value, got {type(x).__name__}",
                            user_loc())
         return x.tracer.emit(Op.REDUCE, [x], {"kind": kind})
     fn.__name__ = kind
     fn.__doc__ = f"Per destination node, the {kind} of an edge value over its incoming edges."
-    return fn
+    return traces(name=f"sarc.{kind}")(fn)
 
 
 sum = _reduce("sum")  # noqa: A001 - the DSL's names, used as sarc.sum
@@ -306,7 +324,8 @@ max = _reduce("max")  # noqa: A001
 min = _reduce("min")  # noqa: A001
 
 
-def edge_softmax(score: Proxy) -> Proxy:
+@traces(name="sarc.edge_softmax")
+def edge_softmax(score) -> Proxy:
     """softmax of an edge score over each destination node's incoming edges."""
     if not isinstance(score, Proxy):
         raise DSLError("sarc.edge_softmax takes a traced edge value", user_loc())
@@ -341,9 +360,13 @@ class TypedLinear(nn.Module):
         return (self.comp @ flat).reshape(self.num_types, self.in_feats, self.out_feats)
 
     def forward(self, x, types):
+        if isinstance(x, Proxy) or isinstance(types, Proxy):
+            if not (isinstance(x, Proxy) and isinstance(types, Proxy)):
+                bad = types if isinstance(x, Proxy) else x
+                raise DSLError(f"TypedLinear needs a traced value and a traced int64 type per "
+                               f"row (e.g. edge.etype), got {type(bad).__name__}", user_loc())
+            return x.tracer.emit(Op.TYPED_LINEAR, [x, self.table(), types])
         w = self.table()
-        if isinstance(x, Proxy):
-            return x.tracer.emit(Op.TYPED_LINEAR, [x, w, types])
         return torch.bmm(x.unsqueeze(1), w[types]).squeeze(1)
 
 

@@ -1,19 +1,37 @@
 """Tracing: run the user's message / reduce / update on symbolic proxies to record IR.
 
 A ``Proxy`` stands for one IR value. Arithmetic on proxies, the ``sarc.*``
-functions and the torch functions listed in ``TORCH_FUNCTIONS`` (reached through
+functions and the torch functions in ``TORCH_FUNCTIONS`` (reached through
 ``__torch_function__``, so ``torch.nn.Linear`` and ``F.leaky_relu`` work as
-written) append instructions to the tracer's builder. Every instruction records
-the user's file and line, which every later error quotes.
+written; the table is ``sarc.trace_torch``) append instructions to the tracer's
+builder. Every instruction records the user's file and line, which every later
+error quotes.
+
+The tracer never silently gives a wrong answer; what it cannot record exactly is
+a ``DSLError`` at the user's line:
+
+- each traced function (a ``Traced``) is written with torch's signature; an
+  argument sarc does not model defaults to ``Fixed(torch's default)``, and any
+  other value for it is refused, never dropped;
+- a traced value has no concrete value, so Python control flow on it (``if``,
+  ``int()``, indexing a list, ``len``, iteration, comparisons) cannot be traced,
+  as in ``torch.fx``; nor can the row count in its ``shape``;
+- in-place ops (``h += 1``, ``h.add_(1)``, ``h[i] = v``) would change every
+  alias of a value: refused;
+- while a layer is traced (``sarc.trace_guards.tracing``) ``module.training``
+  reads as ``TRAINING``, since one kernel serves training and evaluation, and
+  random draws outside sarc's dropout are refused.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import numbers
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 
 from .errors import DSLError, SourceLoc
 from .ir.function import Builder
@@ -24,15 +42,33 @@ _SARC_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
+def _is_library(path: str) -> bool:
+    path = os.path.abspath(path)
+    return path.startswith(_SARC_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
+
+
 def user_loc() -> SourceLoc | None:
     """The innermost stack frame outside sarc and torch: the user's line."""
     f = sys._getframe(1)
     while f is not None:
-        path = os.path.abspath(f.f_code.co_filename)
-        if not (path.startswith(_SARC_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)):
+        if not _is_library(f.f_code.co_filename):
             return SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return None
+
+
+_NO_CONTROL_FLOW = ("a traced value has no concrete value while tracing, so data-dependent "
+                    "control flow cannot be traced")
+_SELECT_HINT = ("for a per-element choice use relu, clamp_min, leaky_relu or abs, and "
+                "sarc.max / sarc.min across edges")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _kind(x: Any) -> str:
+    return "a traced value" if isinstance(x, Proxy) else type(x).__name__
 
 
 class Tracer:
@@ -56,7 +92,7 @@ class Tracer:
         """Turn a python number or 0-d tensor into a constant; reject other tensors."""
         if isinstance(x, Proxy):
             return x
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
+        if _is_number(x):
             return self.const(float(x), like)
         if isinstance(x, torch.Tensor):
             if x.dim() == 0 and not x.requires_grad:
@@ -65,36 +101,73 @@ class Tracer:
                 f"a torch tensor of shape {list(x.shape)} that is not a parameter of the layer "
                 f"is used here; declare it as an nn.Parameter (or a sarc layer input)",
                 user_loc())
+        if isinstance(x, RowCount):
+            raise DSLError(x._message(), user_loc())
+        if x is TRAINING:
+            raise DSLError(_TRAINING_MESSAGE, user_loc())
         raise DSLError(f"cannot use a {type(x).__name__} in a sarc layer", user_loc())
 
 
-def _dim_to_axis(p: "Proxy", dim: int) -> int:
-    """Map a torch dim (row axis first for graph values) to a feature axis."""
-    t = p.type
-    if t.domain is Domain.PARAM:
-        return dim
-    ndim = len(t.feat) + 1
-    d = dim + ndim if dim < 0 else dim
-    if d == 0:
-        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value; aggregate "
-                       f"over rows with sarc.sum/mean/max/min in reduce", user_loc())
-    if not 0 < d < ndim:
-        raise DSLError(f"dim {dim} is out of range for a value of shape {_shape(t)}", user_loc())
-    return d - 1
+def _number(x: Any, what: str) -> float:
+    """A python number, or a 0-d tensor that is not learned, as a float; else an error."""
+    if _is_number(x):
+        return float(x)
+    if isinstance(x, torch.Tensor) and x.dim() == 0 and not x.requires_grad:
+        return float(x)
+    raise DSLError(f"{what} must be a number, got {_kind(x)}", user_loc())
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _shape(t: TensorType) -> str:
     return "[" + ", ".join(str(d) for d in t.shape) + "]"
 
 
+def _traced(x: Any, what: str) -> "Proxy":
+    if not isinstance(x, Proxy):
+        raise DSLError(f"{what} takes a traced value, got {_kind(x)}", user_loc())
+    return x
+
+
+# --- the symbolic value -------------------------------------------------------------------
+
 class _UnsupportedMethod(DSLError, AttributeError):
     """A DSLError that is also an AttributeError, so ``hasattr`` on a proxy stays False."""
 
 
+_READS_VALUE = frozenset({"item", "tolist", "numpy", "data_ptr", "storage",
+                          "untyped_storage"})
+
+
+def _method_message(name: str) -> str:
+    if name in _READS_VALUE:
+        return f"Tensor.{name} reads the value of a traced tensor: {_NO_CONTROL_FLOW}"
+    if name.endswith("_"):
+        out_of_place = name[:-1]
+        alt = (f"; use Tensor.{out_of_place}" if hasattr(torch.Tensor, out_of_place)
+               else "; write it out of place")
+        return (f"Tensor.{name} is an in-place op, which a sarc layer does not support "
+                f"(it would change every alias of the value){alt}")
+    return f"Tensor.{name} is not supported in a sarc layer"
+
+
+def _refuse(message: str) -> Callable:
+    def refuse(self, *args, **kwargs):
+        raise DSLError(message, user_loc())
+    return refuse
+
+
 class Proxy:
-    """A symbolic tensor during tracing; rows first, as in torch."""
+    """A symbolic tensor during tracing; rows first, as in torch.
+
+    Its methods and operators are the traced torch functions (``TORCH_FUNCTIONS``),
+    installed below; what it cannot trace raises at the user's line.
+    """
 
     __slots__ = ("tracer", "index")
+    __hash__ = object.__hash__   # by identity, as a torch.Tensor's
 
     def __init__(self, tracer: Tracer, index: int):
         self.tracer = tracer
@@ -106,7 +179,17 @@ class Proxy:
 
     @property
     def shape(self) -> tuple:
-        return self.type.shape
+        """Rows first: a graph value's row count is a ``RowCount`` (symbolic)."""
+        t = self.type
+        return t.feat if t.domain is Domain.PARAM else (RowCount(t.domain.rows), *t.feat)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.type.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.type.dtype.to_torch()
 
     def dim(self) -> int:
         return len(self.type.shape)
@@ -119,119 +202,191 @@ class Proxy:
         # does not trace, rather than "'Proxy' object has no attribute".
         if name.startswith("__") or not hasattr(torch.Tensor, name):
             raise AttributeError(f"'Proxy' object has no attribute {name!r}")
-        raise _UnsupportedMethod(f"Tensor.{name} is not supported in a sarc layer", user_loc())
+        raise _UnsupportedMethod(_method_message(name), user_loc())
 
-    def __bool__(self):
-        raise DSLError("a traced value has no truth value: data-dependent control flow "
-                       "cannot be compiled (use elementwise ops instead)", user_loc())
-
-    # --- arithmetic -----------------------------------------------------------------
-    def _bin(self, op: Op, other, reverse=False) -> "Proxy":
-        other = self.tracer.lift(other, self)
-        a, b = (other, self) if reverse else (self, other)
-        return self.tracer.emit(op, [a, b])
-
-    def __add__(self, o): return self._bin(Op.ADD, o)
-    def __radd__(self, o): return self._bin(Op.ADD, o, True)
-    def __sub__(self, o): return self._bin(Op.SUB, o)
-    def __rsub__(self, o): return self._bin(Op.SUB, o, True)
-    def __mul__(self, o): return self._bin(Op.MUL, o)
-    def __rmul__(self, o): return self._bin(Op.MUL, o, True)
-    def __truediv__(self, o): return self._bin(Op.DIV, o)
-    def __rtruediv__(self, o): return self._bin(Op.DIV, o, True)
-    def __neg__(self): return self.tracer.emit(Op.NEG, [self])
-
-    def __pow__(self, exponent):
-        if not isinstance(exponent, (int, float)):
-            raise DSLError("only constant exponents are supported", user_loc())
-        return self.tracer.emit(Op.POW, [self], {"exponent": float(exponent)})
-
-    def __matmul__(self, other):
-        other = self.tracer.lift(other, self)
-        return self.tracer.emit(Op.MATMUL, [self, other])
-
-    def __rmatmul__(self, other):
-        raise DSLError("write x @ W with the traced value on the left (W a parameter)", user_loc())
-
-    def __getitem__(self, idx):
-        if isinstance(idx, Proxy):
-            return self.tracer.emit(Op.INDEX, [self, idx])
-        raise DSLError("only a parameter table indexed by an int64 node or edge value "
-                       "(e.g. W[edge.etype]) is supported; slicing is not", user_loc())
-
-    # --- methods as on torch tensors --------------------------------------------------
-    def exp(self): return self.tracer.emit(Op.EXP, [self])
-    def log(self): return self.tracer.emit(Op.LOG, [self])
-    def relu(self): return self.tracer.emit(Op.RELU, [self])
-    def sigmoid(self): return self.tracer.emit(Op.SIGMOID, [self])
-    def tanh(self): return self.tracer.emit(Op.TANH, [self])
-    def clamp_min(self, min: float):
-        return self.tracer.emit(Op.CLAMP_MIN, [self], {"min": float(min)})
-
-    def clamp(self, min: float | None = None, max: float | None = None):
-        if max is not None or min is None:
-            raise DSLError("only clamp(min=...) is supported", user_loc())
-        return self.clamp_min(min)
-
-    def sqrt(self): return self ** 0.5
-    def rsqrt(self): return self ** -0.5
-
-    def sum(self, dim: int | None = None, keepdim: bool = False):
-        if dim is None:
-            raise DSLError("sum over all axes is not supported; name a feature dim", user_loc())
-        out = self.tracer.emit(Op.SUM_AXIS, [self], {"axis": _dim_to_axis(self, dim)})
-        return out.unsqueeze(dim) if keepdim else out
-
-    def mean(self, dim: int | None = None, keepdim: bool = False):
-        if dim is None:
-            raise DSLError("mean over all axes is not supported; name a feature dim", user_loc())
+    def __len__(self) -> int:
         t = self.type
-        axis = _dim_to_axis(self, dim)
-        return self.sum(dim, keepdim) / float(t.feat[axis] if t.domain is not Domain.PARAM else t.feat[dim])
+        if t.domain is Domain.PARAM and t.feat:
+            return t.feat[0]
+        raise DSLError(f"len() of a traced {t.domain.value} value {_shape(t)}: "
+                       f"{_NO_CONTROL_FLOW}", user_loc())
 
-    def reshape(self, *shape):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        t = self.type
-        if t.domain is Domain.PARAM:
-            feat = _resolve_minus_one(shape, t.feat)
-        else:
-            if not shape or shape[0] != -1:
-                raise DSLError("reshape a graph value with -1 as its first dim (the row axis), "
-                               f"e.g. x.view(-1, heads, dim); got {list(shape)}", user_loc())
-            feat = _resolve_minus_one(shape[1:], t.feat)
-        return self.tracer.emit(Op.RESHAPE, [self], {"feat": feat})
-
-    view = reshape
-
-    def unsqueeze(self, dim: int):
-        t = self.type
-        full = list(t.shape)
-        d = dim + len(full) + 1 if dim < 0 else dim
-        if t.domain is not Domain.PARAM and d == 0:
-            raise DSLError("cannot insert an axis before the row axis", user_loc())
-        full.insert(d, 1)
-        feat = tuple(full) if t.domain is Domain.PARAM else tuple(full[1:])
-        return self.tracer.emit(Op.RESHAPE, [self], {"feat": feat})
-
-    def flatten(self, start_dim: int = 1):
-        t = self.type
-        if t.domain is Domain.PARAM:
-            raise DSLError("flatten of a parameter is not supported; use reshape", user_loc())
-        a = _dim_to_axis(self, start_dim)
-        n = 1
-        for d in t.feat[a:]:
-            n *= d
-        return self.tracer.emit(Op.RESHAPE, [self], {"feat": (*t.feat[:a], n)})
+    __bool__ = _refuse(f"a traced value used as a Python bool (if, while, and, or, not): "
+                       f"{_NO_CONTROL_FLOW}; {_SELECT_HINT}")
+    __index__ = __int__ = _refuse(
+        f"a traced value used as a Python int (an index, range(), int()): {_NO_CONTROL_FLOW}; "
+        f"to pick a weight per edge or node type use sarc.TypedLinear or index a parameter "
+        f"table (W[edge.etype])")
+    __float__ = __complex__ = __round__ = __trunc__ = __floor__ = __ceil__ = _refuse(
+        f"a traced value used as a Python number: {_NO_CONTROL_FLOW}")
+    __iter__ = _refuse(f"iterating over a traced value: {_NO_CONTROL_FLOW} "
+                       f"(nor are its rows known)")
+    __contains__ = _refuse(f"`in` on a traced value: {_NO_CONTROL_FLOW}")
+    __setitem__ = __delitem__ = _refuse(
+        "assigning into a traced value (h[...] = ...) is not supported: it would change "
+        "every alias of the value; build a new value instead")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        handler = TORCH_FUNCTIONS.get(func)
-        if handler is None:
-            raise DSLError(f"torch function {_torch_name(func)} is not supported in a sarc layer",
-                           user_loc())
-        return handler(*args, **kwargs)
+        return call_torch(func, args, kwargs or {})
+
+
+class RowCount:
+    """The row count of a graph value (``N_src``, ``N_dst``, ``E``) in ``Proxy.shape``: the
+    same for every graph the layer runs on, so it has no value while tracing."""
+
+    __slots__ = ("symbol",)
+
+    def __init__(self, symbol):
+        self.symbol = symbol
+
+    def __repr__(self) -> str:
+        return str(self.symbol)
+
+    def __hash__(self) -> int:
+        return hash(self.symbol)
+
+    def __eq__(self, other):
+        if isinstance(other, RowCount) and other.symbol == self.symbol:
+            return True
+        raise DSLError(self._message(), user_loc())
+
+    def _message(self) -> str:
+        return (f"the row count {self.symbol} of a traced value is not known while tracing "
+                f"(the layer runs on any graph): a feature size is, e.g. h.shape[-1]")
+
+    def _refuse(self, *args):
+        raise DSLError(self._message(), user_loc())
+
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __int__ = _refuse
+    __float__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = _refuse
+
+
+_COMPARISONS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=",
+                "__gt__": ">", "__ge__": ">="}
+for _name, _sym in _COMPARISONS.items():
+    setattr(Proxy, _name, _refuse(f"comparing traced values ({_sym}) is not supported: "
+                                  f"{_NO_CONTROL_FLOW}; {_SELECT_HINT}"))
+
+_INPLACE = {"__iadd__": "+", "__isub__": "-", "__imul__": "*", "__itruediv__": "/",
+            "__ifloordiv__": "//", "__imod__": "%", "__ipow__": "**", "__imatmul__": "@",
+            "__iand__": "&", "__ior__": "|", "__ixor__": "^", "__ilshift__": "<<",
+            "__irshift__": ">>"}
+for _name, _sym in _INPLACE.items():
+    setattr(Proxy, _name, _refuse(
+        f"in-place {_sym}= on a traced value is not supported (it would change every alias "
+        f"of the value); write h = h {_sym} ..."))
+
+_OPERATORS = {"__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-",
+              "__mul__": "*", "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/",
+              "__rdiv__": "/", "__pow__": "**", "__rpow__": "**", "__matmul__": "@",
+              "__rmatmul__": "@", "__neg__": "unary -", "__pos__": "unary +", "__abs__": "abs()",
+              "__getitem__": "[]", "__floordiv__": "//", "__rfloordiv__": "//",
+              "__mod__": "%", "__rmod__": "%", "__and__": "&", "__rand__": "&",
+              "__or__": "|", "__ror__": "|", "__xor__": "^", "__rxor__": "^",
+              "__invert__": "~", "__lshift__": "<<", "__rlshift__": "<<",
+              "__rshift__": ">>", "__rrshift__": ">>"}
+
+
+# --- traced functions: torch's signature, the arguments sarc models ------------------------
+
+class Fixed:
+    """The default of a torch argument sarc does not model: only this value is accepted."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Fixed({self.value!r})"
+
+
+def _same(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    plain = (bool, int, float, str)
+    return isinstance(value, plain) and isinstance(default, plain) and value == default
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (Proxy, torch.Tensor)):
+        return "a traced value" if isinstance(value, Proxy) else "a tensor"
+    return repr(value)
+
+
+def _has_proxy(args: Iterable, kwargs: dict) -> bool:
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, Proxy) or (isinstance(x, (list, tuple))
+                                    and any(isinstance(y, Proxy) for y in x)):
+            return True
+    return False
+
+
+class Traced:
+    """A function the tracer records: torch's (or sarc's) signature and its recorder.
+
+    ``record`` is written with the function's signature, the arguments sarc does not
+    model defaulting to ``Fixed(default)``. A call is bound to that signature (an
+    unknown argument is an error) and a ``Fixed`` argument given any other value is
+    refused, so no argument is ever dropped. Called directly it is a DSL function
+    (``sarc.linear``), checked the same way.
+    """
+
+    def __init__(self, record: Callable, name: str):
+        functools.update_wrapper(self, record)
+        self.record = record
+        self.name = name
+        self.signature = inspect.signature(record)
+        self.fixed = {k: p.default.value for k, p in self.signature.parameters.items()
+                      if isinstance(p.default, Fixed)}
+
+    def __call__(self, *args, **kwargs):
+        if not _has_proxy(args, kwargs):
+            raise DSLError(f"{self.name} takes a traced value: call it in a sarc layer's "
+                           f"message, reduce or update", user_loc())
+        return self.call(self.name, args, kwargs)
+
+    def call(self, name: str, args: tuple, kwargs: dict):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise DSLError(f"{name}: {e}", user_loc()) from None
+        for arg, default in self.fixed.items():
+            if arg in bound.arguments and not _same(bound.arguments[arg], default):
+                raise DSLError(f"{name}: argument {arg}={_show(bound.arguments[arg])} is not "
+                               f"supported in a sarc layer (only {arg}={default!r})", user_loc())
+        bound.apply_defaults()
+        bound.arguments.update(self.fixed)
+        return self.record(*bound.args, **bound.kwargs)
+
+    def __repr__(self) -> str:
+        return f"<traced {self.name}{self.signature}>"
+
+
+TORCH_FUNCTIONS: dict[Any, Traced] = {}
+"""Every torch function, Tensor method and operator the tracer records."""
+
+
+def traces(*funcs, name: str = "") -> Callable[[Callable], Traced]:
+    """Register the decorated recorder for the torch functions ``funcs``."""
+    def register(record: Callable) -> Traced:
+        traced = Traced(record, name or record.__name__)
+        for f in funcs:
+            if TORCH_FUNCTIONS.get(f, traced) is not traced:
+                raise AssertionError(f"{_torch_name(f)} is traced twice")
+            TORCH_FUNCTIONS[f] = traced
+        return traced
+    return register
+
+
+def call_torch(func, args: tuple, kwargs: dict):
+    """Record the torch function ``func`` called on proxies; refuse one sarc does not trace."""
+    traced = TORCH_FUNCTIONS.get(func)
+    if traced is None:
+        raise DSLError(_unsupported(func), user_loc())
+    return traced.call(_torch_name(func), args, kwargs)
 
 
 def _torch_name(func) -> str:
@@ -240,153 +395,61 @@ def _torch_name(func) -> str:
     name = getattr(func, "__name__", None) or repr(func)
     module = getattr(func, "__module__", None)
     if (getattr(func, "__qualname__", None) or "").startswith(("TensorBase.", "Tensor.")):
-        return f"Tensor.{name}"
+        return f"the {_OPERATORS[name]} operator" if name in _OPERATORS else f"Tensor.{name}"
     if module == "torch._C._nn":
         return f"torch.nn.functional.{name}"
     return f"{module}.{name}" if module else name
 
 
-def _resolve_minus_one(shape, feat: tuple[int, ...]) -> tuple[int, ...]:
-    shape = [int(s) for s in shape]
-    total = 1
-    for d in feat:
-        total *= d
-    if shape.count(-1) > 1:
-        raise DSLError("at most one -1 in a feature reshape", user_loc())
-    if -1 in shape:
-        known = 1
-        for s in shape:
-            if s != -1:
-                known *= s
-        shape[shape.index(-1)] = total // known if known else 0
-    return tuple(shape)
+def _unsupported(func) -> str:
+    name = _torch_name(func)
+    short = getattr(func, "__name__", "")
+    if short in _COMPARISONS or func in _TORCH_COMPARISONS:
+        sym = _COMPARISONS.get(short) or _TORCH_COMPARISONS[func]
+        return (f"comparing traced values ({sym}) is not supported: {_NO_CONTROL_FLOW}; "
+                f"{_SELECT_HINT}")
+    if short == "where":
+        return (f"{name} selects by a condition, which needs a comparison of traced values: "
+                f"{_NO_CONTROL_FLOW}; {_SELECT_HINT}")
+    if short in _INPLACE or short == "__setitem__" or (short.endswith("_")
+                                                       and not short.endswith("__")):
+        return (f"{name} is an in-place op, which a sarc layer does not support (it would "
+                f"change every alias of the value)")
+    if short in _OPERATORS:
+        return f"{name} is not supported on a traced value"
+    return f"torch function {name} is not supported in a sarc layer"
 
 
-def _first_proxy(*xs) -> Proxy:
-    for x in xs:
-        if isinstance(x, Proxy):
-            return x
-        if isinstance(x, (list, tuple)):
-            for y in x:
-                if isinstance(y, Proxy):
-                    return y
-    raise AssertionError("no proxy among the arguments")
+_TORCH_COMPARISONS = {f: sym for fname, sym in (
+    ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="),
+    ("greater", ">"), ("greater_equal", ">="), ("less", "<"), ("less_equal", "<="),
+    ("not_equal", "!="), ("equal", "=="), ("isclose", "=="), ("allclose", "=="),
+) for f in (getattr(torch, fname, None), getattr(torch.Tensor, fname, None)) if f is not None}
 
 
-def _unary(op: Op) -> Callable:
-    def fn(x, *rest, **kw):
-        return x.tracer.emit(op, [x])
-    return fn
+# --- the training mode, as traced ---------------------------------------------------------
+
+_TRAINING_MESSAGE = (
+    "self.training is not known while tracing: a sarc layer compiles to one kernel for "
+    "training and evaluation. Dropout follows the mode by itself (sarc.dropout, nn.Dropout, "
+    "F.dropout(x, p, self.training)); other mode-dependent code belongs outside the layer")
 
 
-def _binary(op: Op) -> Callable:
-    def fn(a, b, *rest, **kw):
-        p = _first_proxy(a, b)
-        return p.tracer.emit(op, [p.tracer.lift(a, p), p.tracer.lift(b, p)])
-    return fn
+class _TrainingMode:
+    """What ``module.training`` reads while a layer is traced: not a bool, since the
+    compiled layer serves both modes. Dropout takes it (and follows the mode at run time);
+    Python control flow on it is refused."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __bool__ = __eq__ = __ne__ = __int__ = __index__ = __float__ = _refuse(_TRAINING_MESSAGE)
+
+    def __repr__(self) -> str:
+        return "<the layer's training mode, as traced>"
 
 
-# --- the DSL's functions (also reachable as torch functions) ---------------------------
-
-def linear(x: Proxy, weight, bias=None) -> Proxy:
-    """``x @ weight.T + bias``, weight ``[out, in]`` as in torch.nn.Linear."""
-    p = _first_proxy(x, weight)
-    if not isinstance(x, Proxy) or not isinstance(weight, Proxy):
-        raise DSLError("linear needs a traced input and a parameter weight", user_loc())
-    y = p.tracer.emit(Op.LINEAR, [x, weight])
-    return y if bias is None else y + bias
+TRAINING = _TrainingMode()
 
 
-def leaky_relu(x: Proxy, negative_slope: float = 0.01, inplace: bool = False) -> Proxy:
-    return x.tracer.emit(Op.LEAKY_RELU, [x], {"slope": float(negative_slope)})
-
-
-def elu(x: Proxy, alpha: float = 1.0, inplace: bool = False) -> Proxy:
-    return x.tracer.emit(Op.ELU, [x], {"alpha": float(alpha)})
-
-
-def dropout(x: Proxy, p: float = 0.5, training: bool = True, inplace: bool = False) -> Proxy:
-    """Dropout with rate ``p``, active while the compiled layer is in training mode."""
-    if not 0.0 <= p < 1.0:
-        raise DSLError(f"dropout rate must be in [0, 1), got {p}", user_loc())
-    # The key (the dropout's rank in the trace) names its mask stream; see sarc.ir.rng.
-    key = sum(1 for v in x.tracer.builder.values if v.op is Op.DROPOUT)
-    return x.tracer.emit(Op.DROPOUT, [x], {"p": float(p), "key": key})
-
-
-def concat(xs, dim: int = -1) -> Proxy:
-    xs = list(xs)
-    p = _first_proxy(xs)
-    xs = [p.tracer.lift(x, p) for x in xs]
-    return p.tracer.emit(Op.CONCAT, xs, {"axis": _dim_to_axis(p, dim)})
-
-
-def matmul(a, b) -> Proxy:
-    p = _first_proxy(a, b)
-    return p.tracer.emit(Op.MATMUL, [p.tracer.lift(a, p), p.tracer.lift(b, p)])
-
-
-def _sum(x, dim=None, keepdim=False, **kw):
-    if dim is None:
-        raise DSLError("sum over all axes is not supported; name a feature dim", user_loc())
-    return x.sum(dim, keepdim)
-
-
-def _pow(x, exponent):
-    return x ** exponent
-
-
-def _method(name: str) -> Callable:
-    def fn(x, *args, **kw):
-        return getattr(x, name)(*args, **kw)
-    return fn
-
-
-TORCH_FUNCTIONS: dict[Any, Callable] = {
-    F.linear: linear,
-    F.leaky_relu: leaky_relu,
-    F.elu: elu,
-    F.dropout: dropout,
-    torch.cat: concat,
-    torch.concat: concat,
-    torch.matmul: matmul,
-    torch.sum: _sum,
-    torch.pow: _pow,
-    torch.Tensor.__matmul__: matmul,
-    torch.Tensor.__getitem__: lambda t, i: Proxy.__getitem__(t, i),
-    torch.Tensor.reshape: _method("reshape"),
-    torch.Tensor.view: _method("reshape"),
-    torch.Tensor.unsqueeze: _method("unsqueeze"),
-    torch.Tensor.flatten: _method("flatten"),
-    torch.Tensor.sum: _sum,
-    torch.mean: _method("mean"),
-    torch.Tensor.mean: _method("mean"),
-    torch.clamp_min: _method("clamp_min"),
-    torch.Tensor.clamp_min: _method("clamp_min"),
-    torch.clamp: _method("clamp"),
-    torch.Tensor.clamp: _method("clamp"),
-    torch.rsqrt: _method("rsqrt"),
-    torch.Tensor.rsqrt: _method("rsqrt"),
-    torch.sqrt: _method("sqrt"),
-    torch.Tensor.sqrt: _method("sqrt"),
-}
-for _op, _fns in {
-    Op.EXP: (torch.exp, torch.Tensor.exp),
-    Op.LOG: (torch.log, torch.Tensor.log),
-    Op.RELU: (torch.relu, F.relu, torch.Tensor.relu),
-    Op.SIGMOID: (torch.sigmoid, F.sigmoid, torch.Tensor.sigmoid),
-    Op.TANH: (torch.tanh, F.tanh, torch.Tensor.tanh),
-    Op.NEG: (torch.neg, torch.Tensor.neg, torch.Tensor.__neg__),
-}.items():
-    for _f in _fns:
-        TORCH_FUNCTIONS[_f] = _unary(_op)
-for _op, _fns in {
-    Op.ADD: (torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__),
-    Op.SUB: (torch.sub, torch.Tensor.sub, torch.Tensor.__sub__),
-    Op.MUL: (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__),
-    Op.DIV: (torch.div, torch.Tensor.div, torch.Tensor.__truediv__),
-}.items():
-    for _f in _fns:
-        TORCH_FUNCTIONS[_f] = _binary(_op)
-TORCH_FUNCTIONS[torch.Tensor.__rsub__] = lambda a, b: _binary(Op.SUB)(b, a)
-TORCH_FUNCTIONS[torch.Tensor.__rtruediv__] = lambda a, b: _binary(Op.DIV)(b, a)
+# The table fills TORCH_FUNCTIONS; the DSL's own functions are among its recorders.
+from .trace_torch import concat, dropout, elu, leaky_relu, linear  # noqa: E402,F401

@@ -1,0 +1,159 @@
+"""What holds while a layer is traced (``tracing``, entered by ``Layer.trace``).
+
+- ``module.training`` of the layer and its submodules reads as ``sarc.trace.TRAINING``:
+  one compiled kernel serves training and evaluation, so the mode has no value while
+  tracing. Dropout takes it and follows the mode at run time; Python control flow on
+  it is refused.
+- A random draw outside sarc's dropout (``random``, ``numpy.random``, torch's random
+  functions) is refused at the user's line: it would be baked into the compiled layer
+  as a constant. (A random generator object the user made before the trace, such as
+  ``np.random.default_rng()`` kept on the layer, is not seen.)
+- A call Python refuses at the user's line (a wrong keyword to a torch function) is a
+  ``DSLError`` there, not a traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .errors import DSLError, SourceLoc
+from .trace import TRAINING, _has_proxy, _is_library, _torch_name, user_loc
+
+
+def _random_message(name: str) -> str:
+    return (f"{name}() draws a random number while the layer is traced: the draw would be "
+            f"baked into the compiled layer as a constant. The randomness a sarc layer models "
+            f"is dropout (sarc.dropout, nn.Dropout, F.dropout(x, p, self.training))")
+
+
+def _torch_random_functions() -> frozenset:
+    names = {torch: ("rand", "rand_like", "randn", "randn_like", "randint", "randint_like",
+                     "randperm", "normal", "bernoulli", "multinomial", "poisson", "dropout",
+                     "alpha_dropout", "feature_alpha_dropout", "feature_dropout", "rrelu"),
+             F: ("alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+                 "dropout3d", "rrelu", "gumbel_softmax"),
+             torch.Tensor: ("uniform_", "normal_", "bernoulli_", "bernoulli", "random_",
+                            "exponential_", "geometric_", "cauchy_", "log_normal_",
+                            "multinomial")}
+    return frozenset(getattr(owner, n) for owner, ns in names.items() for n in ns
+                     if hasattr(owner, n))
+
+
+_RANDOM_TORCH = _torch_random_functions()
+
+
+class _RefuseTorchRandomness(TorchFunctionMode):
+    """Refuse torch's random functions (and F.dropout of an untraced tensor) while tracing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _RANDOM_TORCH or (func is F.dropout and not _has_proxy(args, kwargs)):
+            raise DSLError(_random_message(_torch_name(func)), user_loc())
+        return func(*args, **kwargs)
+
+
+_TRACING = threading.local()
+
+
+def _python_random_functions() -> dict[int, tuple[str, Callable]]:
+    """id -> (name, function) of the drawing functions of ``random`` and ``numpy.random``."""
+    import random
+    modules = [("random", random, ("seed", "getstate", "setstate"))]
+    if "numpy" in sys.modules:
+        modules.append(("numpy.random", sys.modules["numpy"].random,
+                        ("seed", "get_state", "set_state", "get_bit_generator",
+                         "set_bit_generator")))
+    found = {}
+    for prefix, module, keep in modules:
+        for n in getattr(module, "__all__", ()):
+            f = getattr(module, n, None)
+            if callable(f) and not isinstance(f, type) and n not in keep:
+                found[id(f)] = (f"{prefix}.{n}", f)
+    return found
+
+
+def _refusing(name: str, original: Callable) -> Callable:
+    """``original``, except while this thread traces a layer."""
+    def draw(*args, **kwargs):
+        if getattr(_TRACING, "active", False):
+            raise DSLError(_random_message(name), user_loc())
+        return original(*args, **kwargs)
+    draw.__name__ = getattr(original, "__name__", name)
+    draw.__doc__ = getattr(original, "__doc__", None)
+    return draw
+
+
+@contextlib.contextmanager
+def _refuse_python_randomness(namespaces: Iterable[dict]):
+    """Swap the drawing functions of ``random`` and ``numpy.random`` in their modules and
+    in ``namespaces`` (the user's modules: ``from random import random``) for refusing ones."""
+    import random
+    draws = _python_random_functions()
+    spaces = [vars(random)] + ([vars(sys.modules["numpy"].random)] if "numpy" in sys.modules
+                               else []) + list(namespaces)
+    swapped = []
+    for ns in spaces:
+        for key, value in list(ns.items()):
+            hit = draws.get(id(value))
+            if hit is not None and hit[1] is value:
+                ns[key] = _refusing(hit[0], value)
+                swapped.append((ns, key, value))
+    was_active, _TRACING.active = getattr(_TRACING, "active", False), True
+    try:
+        yield
+    finally:
+        _TRACING.active = was_active
+        for ns, key, value in reversed(swapped):
+            ns[key] = value
+
+
+def _user_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
+    """The globals of the (non-library) modules defining the classes of ``modules``."""
+    spaces = {}
+    for m in modules:
+        for cls in type(m).__mro__:
+            mod = sys.modules.get(cls.__module__)
+            path = getattr(mod, "__file__", None)
+            if mod is not None and path and not _is_library(path):
+                spaces[id(mod)] = vars(mod)
+    return list(spaces.values())
+
+
+def _raised_at_user_line(e: BaseException) -> SourceLoc | None:
+    """The user's line when ``e`` was raised there, not in a library: Python refusing a call
+    (a wrong keyword, too many arguments) raises in the caller's frame."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or _is_library(tb.tb_frame.f_code.co_filename):
+        return None
+    return SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+
+
+@contextlib.contextmanager
+def tracing(modules: Iterable[torch.nn.Module]):
+    """While a layer is traced: ``module.training`` of ``modules`` reads ``TRAINING``,
+    random draws outside sarc's dropout are refused at the user's line, and a call that
+    Python refuses at the user's line (a TypeError raised there) is a DSLError there."""
+    modules = list(modules)
+    modes = [m.training for m in modules]
+    try:
+        for m in modules:
+            m.training = TRAINING
+        with _refuse_python_randomness(_user_namespaces(modules)), _RefuseTorchRandomness():
+            try:
+                yield
+            except TypeError as e:
+                loc = _raised_at_user_line(e)
+                if loc is None:
+                    raise
+                raise DSLError(str(e), loc) from None
+    finally:
+        for m, mode in zip(modules, modes):
+            m.training = mode

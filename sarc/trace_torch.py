@@ -1,0 +1,422 @@
+"""The torch functions the tracer records: ``TORCH_FUNCTIONS``, one recorder each.
+
+Each recorder is written with torch's signature of the function it records (see
+``sarc.trace.Traced``): an argument it models is honoured exactly (``alpha`` of
+``torch.add``, ``training`` of ``F.dropout``), one it does not defaults to
+``Fixed(torch's default)`` and any other value is refused at the user's line.
+torch parses the arguments of its C functions itself before ``__torch_function__``,
+so an argument torch does not have never reaches a recorder.
+
+The DSL's own functions (``sarc.linear``, ``sarc.dropout``, ...) are recorders too,
+checked the same way when called directly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .errors import DSLError
+from .ir.ops import Op
+from .ir.types import Domain
+from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, _is_int, _kind,
+                    _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
+
+
+# --- axes ---------------------------------------------------------------------------------
+
+def _dim_to_axis(p: "Proxy", dim: Any) -> int:
+    """Map a torch dim (row axis first for graph values) to a feature axis (>= 0)."""
+    t = p.type
+    if not _is_int(dim):
+        raise DSLError(f"dim must be an int, got {_kind(dim)}", user_loc())
+    ndim = len(t.shape)
+    d = dim + ndim if dim < 0 else dim
+    if t.domain is not Domain.PARAM and d == 0:
+        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value; aggregate "
+                       f"over rows with sarc.sum/mean/max/min in reduce", user_loc())
+    if not 0 <= d < ndim:
+        raise DSLError(f"dim {dim} is out of range for a value of shape {_shape(t)}", user_loc())
+    return d if t.domain is Domain.PARAM else d - 1
+
+
+def _feature_axes(p: "Proxy", dim: Any, what: str) -> list[int]:
+    """The sorted feature axes named by ``dim`` (an int or a tuple / list of them)."""
+    if dim is None or (isinstance(dim, (tuple, list)) and not dim):
+        raise DSLError(f"{what} over all axes is not supported; name a feature dim", user_loc())
+    dims = list(dim) if isinstance(dim, (tuple, list, torch.Size)) else [dim]
+    axes = [_dim_to_axis(p, d) for d in dims]
+    if len(set(axes)) != len(axes):
+        raise DSLError(f"{what}: dim {dims} names an axis twice", user_loc())
+    return sorted(axes)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def _emit(op: Op, x: "Proxy", **attrs) -> "Proxy":
+    return x.tracer.emit(op, [x], attrs)
+
+
+def _first_proxy(*xs) -> Proxy:
+    for x in xs:
+        if isinstance(x, Proxy):
+            return x
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                if isinstance(y, Proxy):
+                    return y
+    raise DSLError("no traced value among the arguments", user_loc())
+
+
+def _arith(op: Op, a, b) -> Proxy:
+    p = _first_proxy(a, b)
+    return p.tracer.emit(op, [p.tracer.lift(a, p), p.tracer.lift(b, p)])
+
+
+# The DSL's functions (sarc.linear, ...), also the recorders of their torch namesakes.
+
+@traces(F.linear, name="sarc.linear")
+def linear(input, weight, bias=None) -> Proxy:
+    """``input @ weight.T + bias``, weight ``[out, in]`` as in torch.nn.Linear."""
+    if not isinstance(input, Proxy) or not isinstance(weight, Proxy):
+        raise DSLError("linear needs a traced input and a parameter weight", user_loc())
+    y = input.tracer.emit(Op.LINEAR, [input, weight])
+    return y if bias is None else y + bias
+
+
+@traces(F.leaky_relu, name="sarc.leaky_relu")
+def leaky_relu(input, negative_slope=0.01, inplace=Fixed(False)) -> Proxy:
+    return _emit(Op.LEAKY_RELU, _traced(input, "leaky_relu"),
+                 slope=_number(negative_slope, "negative_slope"))
+
+
+@traces(F.elu, name="sarc.elu")
+def elu(input, alpha=1.0, inplace=Fixed(False)) -> Proxy:
+    return _emit(Op.ELU, _traced(input, "elu"), alpha=_number(alpha, "alpha"))
+
+
+@traces(name="sarc.dropout")
+def dropout(input, p=0.5) -> Proxy:
+    """Dropout with rate ``p``, active while the compiled layer trains (as nn.Dropout)."""
+    x = _traced(input, "dropout")
+    p = _number(p, "the dropout rate")
+    if not 0.0 <= p < 1.0:
+        raise DSLError(f"dropout rate must be in [0, 1), got {p}", user_loc())
+    # The key (the dropout's rank in the trace) names its mask stream; see sarc.ir.rng.
+    key = sum(1 for v in x.tracer.builder.values if v.op is Op.DROPOUT)
+    return _emit(Op.DROPOUT, x, p=p, key=key)
+
+
+@traces(name="sarc.concat")
+def concat(tensors, dim=-1) -> Proxy:
+    """Concatenate along ``dim`` (default: the last feature axis)."""
+    return _concat(tensors, dim)
+
+
+def _concat(tensors, dim) -> Proxy:
+    if not isinstance(tensors, (list, tuple)):
+        raise DSLError(f"concat takes a list of values, got {_kind(tensors)}", user_loc())
+    p = _first_proxy(tensors)
+    xs = [p.tracer.lift(x, p) for x in tensors]
+    return p.tracer.emit(Op.CONCAT, xs, {"axis": _dim_to_axis(p, dim)})
+
+
+# The torch functions.
+
+@traces(F.dropout)
+def _f_dropout(input, p=0.5, training=True, inplace=Fixed(False)):
+    if training is TRAINING:   # F.dropout(x, p, self.training), nn.Dropout
+        return dropout.record(input, p)
+    if type(training) in (bool, int):
+        if training:
+            raise DSLError(
+                "F.dropout with training=True drops in evaluation too, which a sarc layer does "
+                "not model: pass training=self.training (dropout while the layer trains, as "
+                "nn.Dropout) or use sarc.dropout(x, p)", user_loc())
+        if not 0.0 <= _number(p, "the dropout rate") <= 1.0:
+            raise DSLError(f"dropout rate must be in [0, 1], got {p}", user_loc())
+        return input
+    raise DSLError(f"F.dropout: training must be a bool or self.training, got {_kind(training)}",
+                   user_loc())
+
+
+@traces(torch.cat, torch.concat)
+def _cat(tensors, dim=0, *, out=Fixed(None)):
+    return _concat(tensors, dim)
+
+
+def _scaled(other, alpha):
+    alpha = _number(alpha, "alpha")
+    return other if alpha == 1.0 else other * alpha
+
+
+@traces(torch.add, torch.Tensor.add)
+def _add(input, other, *, alpha=1, out=Fixed(None)):
+    return _arith(Op.ADD, input, _scaled(other, alpha))
+
+
+@traces(torch.sub, torch.subtract, torch.Tensor.sub, torch.Tensor.subtract)
+def _sub(input, other, *, alpha=1, out=Fixed(None)):
+    return _arith(Op.SUB, input, _scaled(other, alpha))
+
+
+@traces(torch.mul, torch.multiply, torch.Tensor.mul, torch.Tensor.multiply)
+def _mul(input, other, *, out=Fixed(None)):
+    return _arith(Op.MUL, input, other)
+
+
+@traces(torch.div, torch.divide, torch.Tensor.div, torch.Tensor.divide)
+def _div(input, other, *, rounding_mode=Fixed(None), out=Fixed(None)):
+    return _arith(Op.DIV, input, other)
+
+
+@traces(torch.true_divide, torch.Tensor.true_divide)
+def _true_divide(input, other, *, out=Fixed(None)):
+    return _arith(Op.DIV, input, other)
+
+
+def _operator(op: Op, reverse: bool) -> Callable:
+    def record(input, other):
+        return _arith(op, other, input) if reverse else _arith(op, input, other)
+    return record
+
+
+for _op, _fwd, _rev in ((Op.ADD, "__add__", "__radd__"), (Op.SUB, "__sub__", "__rsub__"),
+                        (Op.MUL, "__mul__", "__rmul__"),
+                        (Op.DIV, "__truediv__", "__rtruediv__")):
+    traces(getattr(torch.Tensor, _fwd))(_operator(_op, False))
+    traces(getattr(torch.Tensor, _rev))(_operator(_op, True))
+
+
+def _power(base, exponent) -> Proxy:
+    if isinstance(base, Proxy):
+        if isinstance(exponent, Proxy):
+            raise DSLError("a traced value to a traced power is not supported; only constant "
+                           "exponents are (or a constant positive base)", user_loc())
+        return _emit(Op.POW, base, exponent=_number(exponent, "the exponent"))
+    b = _number(base, "the base of a traced power")
+    if not b > 0.0:
+        raise DSLError(f"{b:g} ** (a traced value) is not supported: a constant base must be "
+                       f"positive (it is computed as exp(x * log(base)))", user_loc())
+    return (exponent * math.log(b)).exp()
+
+
+@traces(torch.pow, torch.Tensor.pow)
+def _pow(input, exponent, *, out=Fixed(None)):
+    return _power(input, exponent)
+
+
+@traces(torch.Tensor.__pow__)
+def _pow_operator(input, exponent):
+    return _power(input, exponent)
+
+
+@traces(torch.Tensor.__rpow__)
+def _rpow_operator(input, other):
+    return _power(other, input)
+
+
+@traces(torch.matmul, torch.Tensor.matmul)
+def _matmul(input, other, *, out=Fixed(None)):
+    return _arith(Op.MATMUL, input, other)
+
+
+@traces(torch.Tensor.__matmul__)
+def _matmul_operator(input, other):
+    return _arith(Op.MATMUL, input, other)
+
+
+@traces(torch.Tensor.__rmatmul__)
+def _rmatmul_operator(input, other):
+    raise DSLError("write x @ W with the traced value on the left (W a parameter)", user_loc())
+
+
+def _elementwise(op: Op, fixed: str = "out") -> Callable:
+    """The recorder of a unary op, with torch's signature: ``(input, *, out=None)``,
+    ``(input, inplace=False)`` (torch.nn.functional) or ``(input)``."""
+    if fixed == "out":
+        def record(input, *, out=Fixed(None)):
+            return _emit(op, _traced(input, op.value))
+    elif fixed == "inplace":
+        def record(input, inplace=Fixed(False)):
+            return _emit(op, _traced(input, op.value))
+    else:
+        def record(input):
+            return _emit(op, _traced(input, op.value))
+    return record
+
+
+for _op, _fns in {
+    Op.EXP: (torch.exp, torch.Tensor.exp),
+    Op.LOG: (torch.log, torch.Tensor.log),
+    Op.RELU: (torch.relu, torch.Tensor.relu),
+    Op.SIGMOID: (torch.sigmoid, torch.Tensor.sigmoid),
+    Op.TANH: (torch.tanh, torch.Tensor.tanh),
+    Op.NEG: (torch.neg, torch.negative, torch.Tensor.neg, torch.Tensor.negative,
+             torch.Tensor.__neg__),
+}.items():
+    traces(*_fns)(_elementwise(_op))
+traces(F.relu)(_elementwise(Op.RELU, "inplace"))
+traces(F.sigmoid)(_elementwise(Op.SIGMOID, ""))
+traces(F.tanh)(_elementwise(Op.TANH, ""))
+
+
+@traces(torch.positive, torch.Tensor.positive, torch.Tensor.__pos__)
+def _positive(input):
+    return _traced(input, "positive")
+
+
+@traces(torch.abs, torch.absolute, torch.Tensor.abs, torch.Tensor.absolute,
+        torch.Tensor.__abs__)
+def _abs(input, *, out=Fixed(None)):
+    """``|x| = relu(x) + relu(-x)``: exact (one term is 0), gradient sign(x) as torch's."""
+    x = _traced(input, "abs")
+    return x.relu() + (-x).relu()
+
+
+@traces(torch.sqrt, torch.Tensor.sqrt)
+def _sqrt(input, *, out=Fixed(None)):
+    return _emit(Op.POW, _traced(input, "sqrt"), exponent=0.5)
+
+
+@traces(torch.rsqrt, torch.Tensor.rsqrt)
+def _rsqrt(input, *, out=Fixed(None)):
+    return _emit(Op.POW, _traced(input, "rsqrt"), exponent=-0.5)
+
+
+@traces(torch.clamp_min, torch.Tensor.clamp_min)
+def _clamp_min(input, min, *, out=Fixed(None)):
+    return _emit(Op.CLAMP_MIN, _traced(input, "clamp_min"), min=_number(min, "clamp's min"))
+
+
+@traces(torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip)
+def _clamp(input, min=None, max=Fixed(None), *, out=Fixed(None)):
+    if min is None:
+        raise DSLError("clamp needs min=...: sarc traces clamp(min=...) only", user_loc())
+    return _clamp_min.record(input, min)
+
+
+@traces(torch.sum, torch.Tensor.sum)
+def _sum(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None)):
+    x = _traced(input, "sum")
+    return _sum_axes(x, _feature_axes(x, dim, "sum"), keepdim)
+
+
+@traces(torch.mean, torch.Tensor.mean)
+def _mean(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None)):
+    x = _traced(input, "mean")
+    axes = _feature_axes(x, dim, "mean")
+    return _sum_axes(x, axes, keepdim) / float(_prod(x.type.feat[a] for a in axes))
+
+
+def _sum_axes(x: Proxy, axes: list[int], keepdim) -> Proxy:
+    out = x
+    for a in reversed(axes):
+        out = _emit(Op.SUM_AXIS, out, axis=a)
+    if keepdim:
+        feat = list(x.type.feat)
+        for a in axes:
+            feat[a] = 1
+        out = _emit(Op.RESHAPE, out, feat=tuple(feat))
+    return out
+
+
+@traces(torch.Tensor.reshape, torch.Tensor.view)
+def _reshape_method(input, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    if len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        raise DSLError(f"a view as another dtype ({shape[0]}) is not supported in a sarc layer",
+                       user_loc())
+    return _reshape(_traced(input, "reshape"), shape)
+
+
+@traces(torch.reshape)
+def _reshape_function(input, shape):
+    return _reshape(_traced(input, "reshape"), tuple(shape))
+
+
+def _reshape(x: Proxy, shape: tuple) -> Proxy:
+    t = x.type
+    if t.domain is not Domain.PARAM:
+        if not shape or not _is_int(shape[0]) or shape[0] != -1:   # a RowCount, too
+            raise DSLError("reshape a graph value with -1 as its first dim (the row axis), "
+                           f"e.g. x.view(-1, heads, dim); got {list(shape)}", user_loc())
+        shape = shape[1:]
+    if not all(_is_int(s) for s in shape):
+        raise DSLError(f"reshape takes int sizes, got {list(shape)}", user_loc())
+    return _emit(Op.RESHAPE, x, feat=_resolve_minus_one(shape, t.feat))
+
+
+def _resolve_minus_one(shape, feat: tuple[int, ...]) -> tuple[int, ...]:
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        raise DSLError("at most one -1 in a feature reshape", user_loc())
+    if -1 in shape:
+        known = _prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = _prod(feat) // known if known else 0
+    return tuple(shape)
+
+
+@traces(torch.unsqueeze, torch.Tensor.unsqueeze)
+def _unsqueeze(input, dim):
+    x = _traced(input, "unsqueeze")
+    t = x.type
+    if not _is_int(dim):
+        raise DSLError(f"dim must be an int, got {_kind(dim)}", user_loc())
+    full = list(t.shape)
+    d = dim + len(full) + 1 if dim < 0 else dim
+    if not 0 <= d <= len(full):
+        raise DSLError(f"dim {dim} is out of range for unsqueeze of shape {_shape(t)}", user_loc())
+    if t.domain is not Domain.PARAM and d == 0:
+        raise DSLError("cannot insert an axis before the row axis", user_loc())
+    full.insert(d, 1)
+    feat = tuple(full) if t.domain is Domain.PARAM else tuple(full[1:])
+    return _emit(Op.RESHAPE, x, feat=feat)
+
+
+@traces(torch.flatten, torch.Tensor.flatten)
+def _flatten(input, start_dim=0, end_dim=-1):
+    x = _traced(input, "flatten")
+    t = x.type
+    if not t.shape:
+        return _emit(Op.RESHAPE, x, feat=(1,))
+    a, b = _dim_to_axis(x, start_dim), _dim_to_axis(x, end_dim)
+    if b < a:
+        raise DSLError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}", user_loc())
+    feat = (*t.feat[:a], _prod(t.feat[a:b + 1]), *t.feat[b + 1:])
+    return _emit(Op.RESHAPE, x, feat=feat)
+
+
+@traces(torch.Tensor.__getitem__)
+def _getitem(input, key):
+    if isinstance(key, Proxy):
+        return key.tracer.emit(Op.INDEX, [key.tracer.lift(input, key), key])
+    raise DSLError("only a parameter table indexed by an int64 node or edge value "
+                   "(e.g. W[edge.etype]) is supported; slicing is not", user_loc())
+
+
+def _method(func) -> Callable:
+    def method(self, *args, **kwargs):
+        return call_torch(func, (self, *args), kwargs)
+    method.__name__ = func.__name__
+    method.__doc__ = f"Traced {_torch_name(func)}."
+    return method
+
+
+# Every traced Tensor method is a Proxy method; every operator torch.Tensor has, too
+# (the ones sarc does not trace say so).
+_TRACED_IDS = {id(f) for f in TORCH_FUNCTIONS}
+for _name in dir(torch.Tensor):
+    _f = getattr(torch.Tensor, _name, None)
+    if _name in _OPERATORS or id(_f) in _TRACED_IDS:
+        setattr(Proxy, _name, _method(_f))

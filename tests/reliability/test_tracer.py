@@ -1,0 +1,542 @@
+"""The tracer never silently gives a wrong answer.
+
+A torch argument the tracer records is honoured exactly (checked against plain torch
+and the interpreter); one it does not model, Python control flow on a traced value, an
+in-place op and a random draw outside sarc's dropout are each a ``sarc.DSLError`` at the
+user's line. Faulty lines carry a ``# ERR:name`` marker; ``expect_error_at`` checks that
+the error points there (``.loc``, and ``test_tracer.py:LINE`` in its text).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import random
+from pathlib import Path
+from random import uniform as draw_uniform
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from difftest import assert_close, check_layer
+from torch import nn
+
+import sarc
+
+from .catalogue import case
+
+THIS = Path(__file__).resolve()
+
+
+def line_of(path: Path, marker: str) -> int:
+    """The 1-based line of ``path`` carrying ``# ERR:<marker>`` (exactly one)."""
+    tag = f"# ERR:{marker}"
+    hits = [i + 1 for i, text in enumerate(path.read_text().splitlines())
+            if text.rstrip().endswith(tag)]
+    assert len(hits) == 1, f"marker {tag!r} found {len(hits)} times in {path.name}"
+    return hits[0]
+
+
+def expect_error_at(call, marker: str, *parts: str, path: Path = THIS) -> sarc.DSLError:
+    """``call()`` raises a DSLError located at the marked line whose text has ``parts``."""
+    with pytest.raises(sarc.DSLError) as info:
+        call()
+    err, line = info.value, line_of(path, marker)
+    text = str(err)
+    assert err.loc is not None, f"no location in: {text}"
+    assert os.path.samefile(err.loc.file, path), f"located in {err.loc.file}: {text}"
+    assert err.loc.line == line, f"points at line {err.loc.line}, the fault is at {line}: {text}"
+    assert f"{path.name}:{line}" in text, text
+    for part in parts:
+        assert part in text, f"{part!r} not in: {text}"
+    return err
+
+
+# A small graph, its edges as given, and plain torch's sum of per-edge values into dst.
+SRC = torch.tensor([0, 1, 2, 3, 1, 2])
+DST = torch.tensor([1, 2, 3, 0, 0, 0])
+N = 4
+
+
+def graph() -> sarc.Graph:
+    return sarc.Graph.from_edges(SRC, DST, N)
+
+
+def sum_into_dst(per_edge: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(N, *per_edge.shape[1:]).index_add_(0, DST, per_edge)
+
+
+class Edgewise(sarc.Layer):
+    """``message`` is ``fn(src.h, dst.h)``; the aggregate is its sum into dst."""
+
+    def __init__(self, fn, width=(3,)):
+        super().__init__(node={"h": sarc.Feature(tuple(width))})
+        self.fn = fn
+
+    def message(self, src, dst, edge):
+        return self.fn(src.h, dst.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def check_against_torch(fn, width=(3,), layer=None):
+    """The layer computing ``fn`` per edge equals plain torch's ``fn`` on the edges'
+    endpoint rows, and its compiled code equals the interpreter (outputs and gradients)."""
+    layer = layer or Edgewise(fn, width)
+    h = torch.randn(N, *width)
+    expected = sum_into_dst(fn(h[SRC], h[DST]))
+    actual = check_layer(layer, graph(), {"h": h})["h"]
+    assert_close(actual, expected, what="sarc vs torch")
+
+
+# --- modeled arguments: honoured exactly --------------------------------------------------------
+
+@case("tracer", "`torch.add(a, b, alpha=3)` (and `a.add(b, alpha=)`) in a message", "exact")
+def test_add_alpha_is_honoured():
+    check_against_torch(lambda a, b: torch.add(a, b, alpha=3) + a.add(b, alpha=-0.5))
+
+
+@case("tracer", "`torch.sub(a, b, alpha=2)` in a message", "exact")
+def test_sub_alpha_is_honoured():
+    check_against_torch(lambda a, b: torch.sub(a, b, alpha=2))
+
+
+@case("tracer", "`F.dropout(x, p, training=False)` in a layer that trains", "exact")
+def test_dropout_training_false_is_the_identity():
+    layer = Edgewise(lambda a, b: F.dropout(a, 0.5, training=False) * b).train()
+    check_against_torch(lambda a, b: a * b, layer=layer)
+
+
+class DropoutFollowsMode(sarc.Layer):
+    def __init__(self, p, functional):
+        super().__init__(node={"h": 3})
+        self.p, self.functional = p, functional
+        self.drop = nn.Dropout(p)
+
+    def message(self, src, dst, edge):
+        if self.functional:
+            return F.dropout(src.h, self.p, self.training)
+        return self.drop(src.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class SarcDropout(sarc.Layer):
+    def __init__(self, p):
+        super().__init__(node={"h": 3})
+        self.p = p
+
+    def message(self, src, dst, edge):
+        return sarc.dropout(src.h, self.p)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("functional", [True, False], ids=["F.dropout", "nn.Dropout"])
+@case("tracer", "`F.dropout(x, p, self.training)` / `nn.Dropout` traced first in eval mode",
+      "exact")
+def test_dropout_follows_the_layers_mode_whenever_it_was_traced(functional):
+    g, h = graph(), torch.randn(N, 3)
+    layer = DropoutFollowsMode(0.5, functional).eval()
+    assert_close(layer(g, h), sum_into_dst(h[SRC]), what="eval")
+    layer.train()
+    torch.manual_seed(7)
+    trained = layer(g, h)
+    torch.manual_seed(7)
+    assert_close(trained, SarcDropout(0.5).train()(g, h), what="train")
+    assert not torch.allclose(trained, sum_into_dst(h[SRC]))
+
+
+@case("tracer", "`h.mean((1, 2))` / `h.sum((-1, 1), keepdim=True)` over several feature axes",
+      "exact")
+def test_reduction_over_several_axes():
+    check_against_torch(lambda a, b: a.mean((1, 2)) + torch.sum(b, (-1, 1)), width=(2, 3))
+    check_against_torch(lambda a, b: a.sum((-1, 1), keepdim=True) * b
+                        + torch.mean(a, dim=[2], keepdim=True), width=(2, 3))
+
+
+@case("tracer", "`abs(h)`, `torch.abs(h)`, `h.abs()` in a message", "exact")
+def test_abs():
+    check_against_torch(lambda a, b: abs(a - b) + torch.abs(a) * b.abs())
+
+
+@case("tracer", "`2 ** h` and `torch.pow(3.0, h)` (a traced exponent)", "exact")
+def test_constant_base_to_a_traced_power():
+    check_against_torch(lambda a, b: 2 ** a + torch.pow(3.0, b) * 0.5 ** a)
+
+
+# --- arguments the tracer does not model: errors at the line ----------------------------------------
+
+class DivRounding(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return torch.div(src.h, dst.h, rounding_mode="floor")  # ERR:rounding
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.div(a, b, rounding_mode=\"floor\")` in a message", "error-at-line")
+def test_div_rounding_mode_is_refused():
+    expect_error_at(lambda: DivRounding().trace(), "rounding",
+                    "torch.div: argument rounding_mode='floor' is not supported in a sarc layer",
+                    "only rounding_mode=None")
+
+
+class SumDtype(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h.sum(-1, dtype=torch.float64)  # ERR:dtype
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`h.sum(-1, dtype=torch.float64)`: an argument sarc does not model",
+      "error-at-line")
+def test_unmodeled_keyword_is_refused():
+    expect_error_at(lambda: SumDtype().trace(), "dtype",
+                    "Tensor.sum: argument dtype=torch.float64 is not supported in a sarc layer")
+
+
+class UnknownKeyword(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return F.leaky_relu(src.h, slope=0.2)  # ERR:unknown-kw
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`F.leaky_relu(h, slope=0.2)`: a keyword torch does not have", "error-at-line")
+def test_unknown_keyword_is_refused():
+    expect_error_at(lambda: UnknownKeyword().trace(), "unknown-kw",
+                    "leaky_relu() got an unexpected keyword argument 'slope'")
+
+
+class DropoutAlwaysOn(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return F.dropout(src.h, 0.5)  # ERR:dropout-eval
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`F.dropout(h, p)`: torch's default training=True drops in eval too",
+      "error-at-line")
+def test_dropout_in_evaluation_is_refused():
+    expect_error_at(lambda: DropoutAlwaysOn().trace(), "dropout-eval",
+                    "F.dropout with training=True drops in evaluation too",
+                    "training=self.training")
+
+
+class CatRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return torch.cat([src.h, dst.h])  # ERR:cat-rows
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.cat([a, b])` without dim (torch's default dim=0 is the row axis)",
+      "error-at-line")
+def test_cat_defaults_to_the_row_axis_as_torch_does():
+    expect_error_at(lambda: CatRows().trace(), "cat-rows", "dim 0 is the row axis")
+
+
+class FlattenRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": (2, 3)})
+
+    def message(self, src, dst, edge):
+        return src.h.flatten()  # ERR:flatten-rows
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`h.flatten()` without start_dim (torch's default 0 merges the rows)",
+      "error-at-line")
+def test_flatten_defaults_to_the_row_axis_as_torch_does():
+    expect_error_at(lambda: FlattenRows().trace(), "flatten-rows", "dim 0 is the row axis")
+
+
+# --- Python control flow and comparisons on traced values ------------------------------------------
+
+class CompareBranch(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        if src.h == dst.h:  # ERR:compare
+            return src.h
+        return dst.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`if src.h == dst.h:` (a comparison of traced values steering a branch)",
+      "error-at-line")
+def test_comparison_is_refused():
+    expect_error_at(lambda: CompareBranch().trace(), "compare",
+                    "comparing traced values (==) is not supported",
+                    "data-dependent control flow cannot be traced")
+
+
+class Where(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return torch.where(src.h > 0, src.h, dst.h)  # ERR:where
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.where(src.h > 0, a, b)`", "error-at-line")
+def test_where_is_refused():
+    expect_error_at(lambda: Where().trace(), "where", "comparing traced values (>)",
+                    "relu, clamp_min, leaky_relu")
+
+
+class IntOfValue(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h * [1.0, 2.0][dst.h.sum(-1)]  # ERR:index
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "a traced value used as a Python index (`[1.0, 2.0][h.sum(-1)]`)",
+      "error-at-line")
+def test_traced_value_as_python_index_is_refused():
+    expect_error_at(lambda: IntOfValue().trace(), "index",
+                    "a traced value used as a Python int",
+                    "data-dependent control flow cannot be traced")
+
+
+class LoopOverRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        for row in src.h:  # ERR:iter
+            return row
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`for row in src.h:` (a Python loop over a traced value's rows)",
+      "error-at-line")
+def test_iterating_a_traced_value_is_refused():
+    expect_error_at(lambda: LoopOverRows().trace(), "iter", "iterating over a traced value",
+                    "data-dependent control flow cannot be traced")
+
+
+class ItemOfParam(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def message(self, src, dst, edge):
+        return src.h * self.scale.item()  # ERR:item-param
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`p.item()` on a parameter inside a message (its value baked in)",
+      "error-at-line")
+def test_item_is_refused():
+    expect_error_at(lambda: ItemOfParam().trace(), "item-param",
+                    "Tensor.item reads the value of a traced tensor")
+
+
+class TrainingBranch(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        if self.training:  # ERR:training
+            return src.h * 2.0
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`if self.training:` in a message (one kernel serves train and eval)",
+      "error-at-line")
+def test_branch_on_the_training_mode_is_refused():
+    expect_error_at(lambda: TrainingBranch().trace(), "training",
+                    "self.training is not known while tracing",
+                    "sarc.dropout")
+
+
+# --- in-place ops ------------------------------------------------------------------------------------
+
+class SetItem(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        h = src.h * 1.0
+        h[:, 0] = 0  # ERR:setitem
+        return h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`h[:, 0] = 0` on a traced value", "error-at-line")
+def test_item_assignment_is_refused():
+    expect_error_at(lambda: SetItem().trace(), "setitem",
+                    "assigning into a traced value (h[...] = ...) is not supported")
+
+
+class AugmentedAdd(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        h = src.h
+        alias = h
+        h += 1  # ERR:iadd
+        return alias
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`h += 1` on a traced value (in place: every alias of h would change)",
+      "error-at-line")
+def test_augmented_assignment_is_refused():
+    expect_error_at(lambda: AugmentedAdd().trace(), "iadd",
+                    "in-place += on a traced value is not supported", "h = h + ...")
+
+
+class InplaceMethod(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h.add_(1)  # ERR:add_
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class InplaceRelu(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        h = src.h * 2.0
+        F.relu(h, inplace=True)  # ERR:inplace
+        return h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`h.add_(1)` / `F.relu(h, inplace=True)` (in-place torch ops)", "error-at-line")
+def test_inplace_ops_are_refused():
+    expect_error_at(lambda: InplaceMethod().trace(), "add_",
+                    "Tensor.add_ is an in-place op", "use Tensor.add")
+    expect_error_at(lambda: InplaceRelu().trace(), "inplace",
+                    "torch.nn.functional.relu: argument inplace=True is not supported")
+
+
+# --- randomness outside sarc's dropout ------------------------------------------------------------
+
+class PyRandom(sarc.Layer):
+    def __init__(self, how):
+        super().__init__(node={"h": 3})
+        self.how = how
+
+    def message(self, src, dst, edge):
+        if self.how == "module":
+            return src.h * random.random()  # ERR:random
+        if self.how == "imported":
+            return src.h * draw_uniform(0.5, 1.5)  # ERR:from-random
+        return src.h * np.random.rand()  # ERR:numpy
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("how, marker, name", [
+    ("module", "random", "random.random()"),
+    ("imported", "from-random", "random.uniform()"),
+    ("numpy", "numpy", "numpy.random.rand()"),
+], ids=["random.random", "from-import", "numpy"])
+@case("tracer", "`random.random()` / `np.random.rand()` in a message (a draw baked in as a "
+      "constant)", "error-at-line")
+def test_python_and_numpy_randomness_is_refused(how, marker, name):
+    expect_error_at(lambda: PyRandom(how).trace(), marker,
+                    f"{name} draws a random number while the layer is traced",
+                    "baked into the compiled layer as a constant")
+    assert random.random() != random.random()   # put back after the trace
+    assert 0.5 <= draw_uniform(0.5, 1.5) <= 1.5
+
+
+class TorchRandom(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h * torch.rand(())  # ERR:torch-rand
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.rand(())` in a message (a draw baked in as a constant)", "error-at-line")
+def test_torch_randomness_is_refused():
+    expect_error_at(lambda: TorchRandom().trace(), "torch-rand",
+                    "torch.rand() draws a random number while the layer is traced")
+    assert torch.rand(()).shape == ()   # no mode left behind
+
+
+# --- the table itself ------------------------------------------------------------------------------
+
+def test_traced_python_functions_have_torchs_signature():
+    """Every traced torch function written in Python (F.dropout, F.leaky_relu, Tensor.__rsub__,
+    ...) is recorded with exactly torch's parameters, so none can be dropped. (torch parses the
+    arguments of its C functions itself before ``__torch_function__``: an argument the
+    recorder lacks is refused there, never dropped.)"""
+    from sarc.trace import TORCH_FUNCTIONS, Fixed
+    checked = 0
+    for func, traced in TORCH_FUNCTIONS.items():
+        try:
+            theirs = list(inspect.signature(func).parameters)
+        except (TypeError, ValueError):
+            continue
+        ours = list(traced.signature.parameters)
+        assert ours[1:] == theirs[1:], (func, ours, theirs)
+        checked += 1
+    assert checked >= 8
+    assert TORCH_FUNCTIONS[F.dropout].fixed == {"inplace": False}
+    assert isinstance(inspect.signature(TORCH_FUNCTIONS[torch.div].record)
+                      .parameters["rounding_mode"].default, Fixed)
