@@ -134,6 +134,9 @@ def _concat(tensors, dim) -> Proxy:
 
 @traces(F.dropout)
 def _f_dropout(input, p=0.5, training=True, inplace=Fixed(False)):
+    """``training=self.training`` (or nn.Dropout): sarc's dropout, which follows the layer's
+    mode at run time; ``training=False``: the identity; ``training=True`` would drop in
+    evaluation too: refused."""
     if training is TRAINING:   # F.dropout(x, p, self.training), nn.Dropout
         return dropout.record(input, p)
     if type(training) in (bool, int):
@@ -180,8 +183,8 @@ def _div(input, other, *, rounding_mode=Fixed(None), out=Fixed(None)):
 
 
 @traces(torch.true_divide, torch.Tensor.true_divide)
-def _true_divide(input, other, *, out=Fixed(None)):
-    return _arith(Op.DIV, input, other)
+def _true_divide(dividend, divisor, *, out=Fixed(None)):
+    return _arith(Op.DIV, dividend, divisor)
 
 
 def _operator(op: Op, reverse: bool) -> Callable:
