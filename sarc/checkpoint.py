@@ -162,8 +162,8 @@ def run_differences(saved: dict, now: dict) -> list[str]:
                    f"{str(saved.get('graph'))[:19]}; this run's {now['dataset']}, graph "
                    f"{now['graph'][:19]})")
     if saved.get("world_size") != now["world_size"]:
-        out.append(f"the world size differs ({saved.get('world_size')} workers wrote the "
-                   f"checkpoint, this run has {now['world_size']})")
+        out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
+                   f"{now['world_size']} now)")
     elif saved.get("partition") != now["partition"]:
         out.append(f"the partition differs ({str(saved.get('partition'))[:19]} in the "
                    f"checkpoint, {now['partition'][:19]} now; resume on the same --partition DIR)")
@@ -407,7 +407,8 @@ class Checkpointer:
         entry = files[self.rank]
         path = self.dir / entry["file"]
         state = read_plain(path, entry["sha256"])
-        if (state.get("format"), state.get("epoch"), state.get("rank")) != (FORMAT, epoch, self.rank):
+        found = (state.get("format"), state.get("epoch"), state.get("rank"))
+        if found != (FORMAT, epoch, self.rank):
             raise CheckpointError(f"{path}: not worker {self.rank}'s file of epoch {epoch}")
         diff = run_differences(state.get("run", {}), self.run)
         if diff:

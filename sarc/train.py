@@ -244,7 +244,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         if stop:
             say(selection.stop_message(epoch))
         if ckpt is not None and (stop or epoch % checkpoint.every == 0 or epoch == last):
-            ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc, stopped_early=stop,
+            ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
+                                            stopped_early=stop,
                                             elapsed_s=before + time.perf_counter() - t_start))
         if stop:
             break

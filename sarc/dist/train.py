@@ -57,7 +57,7 @@ class WorkerConfig:
     timeout_s: float = 120.0
     checkpoint: CheckpointConfig | None = None
     save_path: str | None = None   # rank 0 writes the selected model there
-    dataset: str | None = None     # the dataset's name, for checkpoints (default: its graph's fingerprint)
+    dataset: str | None = None     # its name in checkpoints (default: the graph's fingerprint)
 
 
 def agree(ok: bool, message: str, group=None) -> None:

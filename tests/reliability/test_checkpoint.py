@@ -147,7 +147,8 @@ def test_distributed_resume_after_a_killed_worker(tmp_path):
         _same_training_state(mine[name], theirs[name])
     assert not torch.equal(mine["epoch-000006.rank-0.pt"]["rng"]["torch"],
                            mine["epoch-000006.rank-1.pt"]["rng"]["torch"])
-    _assert_equal(_load(tmp_path / "model.pt")["state_dict"], _load(tmp_path / "ref.pt")["state_dict"])
+    _assert_equal(_load(tmp_path / "model.pt")["state_dict"],
+                  _load(tmp_path / "ref.pt")["state_dict"])
 
 
 # --- a kill during a save -----------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_distributed_resume_refuses_another_world_size(tmp_path, reference):
     shutil.copytree(reference[0], ckpt)
     proc = run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume", "--workers", "2",
                     "--method", "random")
-    err = assert_error(proc, "the world size differs (1 workers wrote the checkpoint, this run has 2)")
+    err = assert_error(proc, "the world size differs (1 in the checkpoint, 2 now)")
     assert "sarc worker" not in err  # refused before any worker started
 
 
