@@ -79,6 +79,8 @@ def launch(args) -> int:
     from ..partition import load_partitions
 
     p = args.workers
+    if args.max_restarts < 0:
+        raise DistError(f"--max-restarts must be at least 0, got {args.max_restarts}")
     with tempfile.TemporaryDirectory(prefix="sarc-train-") as tmp:
         if args.partition:
             pset = load_partitions(args.partition)  # complete and intact, before any worker starts
