@@ -3,6 +3,7 @@
 Write a layer as message / reduce / update (``sarc.Layer``); sarc traces it to
 an IR, optimizes it and generates the code that runs it.
 """
+from .checkpoint import load_trained
 from .dsl import (INDEX, Feature, Layer, TypedLinear, edge_softmax, glorot_, max, mean,
                   min, sum)
 from .errors import DSLError, GraphError, SarcError
@@ -13,4 +14,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "max", "min",
            "edge_softmax", "dropout", "leaky_relu", "elu", "concat", "linear", "glorot_",
-           "DSLError", "GraphError", "SarcError"]
+           "DSLError", "GraphError", "SarcError", "load_trained"]

@@ -17,6 +17,7 @@ import json
 import sys
 from typing import Any, Callable
 
+from .checkpoint import add_checkpoint_arguments, checkpoint_config
 from .errors import SarcError
 from .planner.plan import EXEC_MODES
 
@@ -56,6 +57,10 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                            "network, no online softmax")
     dist.add_argument("--timeout", type=float, default=120.0,
                       help="seconds a worker waits for a peer before giving up (default 120)")
+    dist.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                      help="when a worker dies, restart all workers up to K times; with "
+                           "--checkpoint they resume from the latest checkpoint (default 0)")
+    add_checkpoint_arguments(p)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
@@ -70,6 +75,7 @@ def train_command(args) -> int:
     from .loader import load_model_file
     from .train import train
 
+    checkpoint = checkpoint_config(args)
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.workers > 1 or args.partition:
@@ -78,7 +84,8 @@ def train_command(args) -> int:
             raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
         return launch(args)
     given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
-                             ("--baseline", args.baseline)) if on]
+                             ("--baseline", args.baseline),
+                             ("--max-restarts", args.max_restarts)) if on]
     if given:
         raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
                          f"(or a --partition)")
@@ -91,7 +98,7 @@ def train_command(args) -> int:
     spec = load_model_file(args.model)
     result = train(spec, args.dataset, epochs=args.epochs, seed=args.seed, hparams=overrides,
                    data_root=args.data_dir, log=None if args.quiet else print,
-                   log_every=max(1, args.log_every))
+                   log_every=max(1, args.log_every), checkpoint=checkpoint, save=args.save)
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "

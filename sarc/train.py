@@ -22,10 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import (CheckpointConfig, Checkpointer, injected_kill, restore_training,
+                         run_record, save_model, seed_all, training_state)
 from .datasets import Dataset, add_self_loops, load_dataset
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
+from .partition.fingerprint import graph_fingerprint
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "cora",       # the dataset a model file trains on by default
@@ -141,6 +144,16 @@ class ModelSelection:
             self.stale += 1
         return bool(self.patience and self.has_val and self.stale >= self.patience)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The selection so far as plain data (a checkpoint's)."""
+        return {"best": dict(self.best), "max_val_acc": self.max_val_acc,
+                "min_val_loss": self.min_val_loss, "stale": self.stale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best.update(state["best"])  # in place: callers hold ``best``
+        self.max_val_acc, self.min_val_loss = state["max_val_acc"], state["min_val_loss"]
+        self.stale = state["stale"]
+
     def stop_message(self, epoch: int) -> str:
         return f"early stop at epoch {epoch}: {self.stale} epochs without a better val acc or loss"
 
@@ -164,11 +177,14 @@ def _metrics(logits: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.T
 
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
           seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
-          log: Callable[[str], None] | None = print, log_every: int = 1) -> dict[str, Any]:
+          log: Callable[[str], None] | None = print, log_every: int = 1,
+          checkpoint: CheckpointConfig | None = None, save: str | None = None) -> dict[str, Any]:
     """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
 
     ``hparams`` override the model file's ``HPARAMS``, which override
     ``DEFAULTS``; ``epochs`` overrides all three. ``log=None`` is silent.
+    ``checkpoint``: save the training state there and resume from it
+    (``sarc.checkpoint``); ``save``: write the selected model to that path.
     """
     hp = {**DEFAULTS, **spec.hparams, **(hparams or {})}
     if epochs is not None:
@@ -178,7 +194,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset or hp["dataset"], data_root)
     say = log or (lambda s: None)
 
-    torch.manual_seed(seed)
+    seed_all(seed)
     prep = prepare(data, hp)
     model = build(spec, data, hp)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
@@ -195,9 +211,21 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
 
     selection = ModelSelection(has_val, hp["patience"])
     best = selection.best
+    run = None
+    if checkpoint is not None or save:
+        run = run_record(spec, hp, seed=seed, dataset=data.name,
+                         graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
+    ckpt = Checkpointer(checkpoint, run, log=say) if checkpoint is not None else None
+    state = ckpt.load() if ckpt is not None else None
+    epoch, acc, loss, stop, before = 0, {}, float("nan"), False, 0.0
+    if state is not None:
+        restore_training(state, model, opt, selection)
+        epoch, stop, before = state["epoch"], state["stopped_early"], state["elapsed_s"]
+        loss, acc = state["last"]["loss"], state["last"]["acc"]
+    last = int(hp["epochs"])
     t_start = time.perf_counter()
-    epoch = 0
-    for epoch in range(1, int(hp["epochs"]) + 1):
+    for epoch in range(epoch + 1, 0 if stop else last + 1):
+        injected_kill(0, epoch)
         t0 = time.perf_counter()
         model.train()
         opt.zero_grad()
@@ -212,11 +240,22 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         if log and (epoch % log_every == 0 or epoch == 1 or epoch == hp["epochs"]):
             say(f"epoch {epoch:4d} | loss {loss:.4f} | train {acc['train']:.4f} "
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms")
-        if selection.update(epoch, acc, val_loss, model):
+        stop = selection.update(epoch, acc, val_loss, model)
+        if stop:
             say(selection.stop_message(epoch))
+        if ckpt is not None and (stop or epoch % checkpoint.every == 0 or epoch == last):
+            ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
+                                            stopped_early=stop,
+                                            elapsed_s=before + time.perf_counter() - t_start))
+        if stop:
             break
-    elapsed = time.perf_counter() - t_start
+    elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
+    if save:
+        sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
+                 "num_nodes": data.num_nodes, "num_etypes": data.num_etypes}
+        save_model(save, best["state"], run=run, hparams=hp, sizes=sizes,
+                   metrics={k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")})
     return {
         "model": spec.name, "dataset": data.name, "seed": seed,
         "epochs": epoch, "best_epoch": best["epoch"],

@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..checkpoint import check_launch, checkpoint_command_line
 from .graph import DistError
 
 
@@ -47,7 +48,9 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
         cmd += ["--set", item]
     if json_path:
         cmd += ["--json", json_path]
-    return cmd
+    if args.dataset:
+        cmd += ["--dataset", args.dataset]
+    return cmd + checkpoint_command_line(args)
 
 
 def partition_dataset(args, out: Path) -> str:
@@ -76,6 +79,8 @@ def launch(args) -> int:
     from ..partition import load_partitions
 
     p = args.workers
+    if args.max_restarts < 0:
+        raise DistError(f"--max-restarts must be at least 0, got {args.max_restarts}")
     with tempfile.TemporaryDirectory(prefix="sarc-train-") as tmp:
         if args.partition:
             pset = load_partitions(args.partition)  # complete and intact, before any worker starts
@@ -85,10 +90,11 @@ def launch(args) -> int:
             partition = args.partition
         else:
             partition = partition_dataset(args, Path(tmp) / "parts")
+        check_launch(args, partition)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "--max-restarts", "0",
+               "--master-port", str(free_port()), "--max-restarts", str(args.max_restarts),
                "-m", "sarc.dist.worker", *worker_command_line(args, partition, args.json),
                "--threads", str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -30,6 +30,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..checkpoint import (CheckpointConfig, Checkpointer, injected_kill, partition_fingerprint,
+                          restore_training, run_record, save_model, seed_all,
+                          training_state)
 from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import load_partitions
@@ -52,6 +55,9 @@ class WorkerConfig:
     log_every: int = 1
     json_path: str | None = None
     timeout_s: float = 120.0
+    checkpoint: CheckpointConfig | None = None
+    save_path: str | None = None   # rank 0 writes the selected model there
+    dataset: str | None = None     # its name in checkpoints (default: the graph's fingerprint)
 
 
 def agree(ok: bool, message: str, group=None) -> None:
@@ -179,7 +185,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     torch.manual_seed(cfg.seed)
     model = _build(spec, data, hp, shard.num_nodes).to(device)
     broadcast_parameters(model, group)
-    torch.manual_seed(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
+    seed_all(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
@@ -192,10 +198,22 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
     selection = ModelSelection(has_val, hp["patience"])
     best = selection.best
+    run = _run_record(spec, cfg, hp, size) if cfg.checkpoint or cfg.save_path else None
+    ckpt = None
+    if cfg.checkpoint is not None:
+        ckpt = Checkpointer(cfg.checkpoint, run, rank=rank, world_size=size, log=log,
+                            gather=lambda obj: _all_gather(obj, group))
+    state = ckpt.load() if ckpt is not None else None
+    epoch, loss_value, acc, stop, before = 0, float("nan"), {}, False, 0.0
+    if state is not None:
+        restore_training(state, model, opt, selection)
+        epoch, stop, before = state["epoch"], state["stopped_early"], state["elapsed_s"]
+        loss_value, acc = state["last"]["loss"], state["last"]["acc"]
+    last = int(hp["epochs"])
     step_bytes: list[int] = []
     t_start = time.perf_counter()
-    epoch, loss_value, acc = 0, float("nan"), {}
-    for epoch in range(1, int(hp["epochs"]) + 1):
+    for epoch in range(epoch + 1, 0 if stop else last + 1):
+        injected_kill(rank, epoch)
         t0 = time.perf_counter()
         dg.counter.reset()
         model.train()
@@ -217,10 +235,16 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             say(f"epoch {epoch:4d}/{hp['epochs']} | loss {loss_value:.4f} | train {acc['train']:.4f} "
                 f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms | "
                 f"sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
-        if selection.update(epoch, acc, val_loss, model):
+        stop = selection.update(epoch, acc, val_loss, model)
+        if stop:
             say(selection.stop_message(epoch))
+        if ckpt is not None and (stop or epoch % cfg.checkpoint.every == 0 or epoch == last):
+            ckpt.save(epoch, training_state(model, opt, selection, loss=loss_value, acc=acc,
+                                            stopped_early=stop,
+                                            elapsed_s=before + time.perf_counter() - t_start))
+        if stop:
             break
-    elapsed = time.perf_counter() - t_start
+    elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
 
     mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes[-1] if step_bytes else 0,
@@ -238,11 +262,29 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                   for p in dg.training_programs.values()],
     }
     say(format_report(workers))
+    if rank == 0 and cfg.save_path:
+        sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
+                 "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
+        save_model(cfg.save_path, best["state"], run=run, hparams=hp, sizes=sizes,
+                   metrics={k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")})
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
         from pathlib import Path
         write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
     return {**result, "module": model}
+
+
+def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
+    pset = load_partitions(cfg.partition, verify=False)
+    return run_record(spec, hp, seed=cfg.seed, dataset=cfg.dataset or f"graph {pset.fingerprint}",
+                      graph=pset.fingerprint, world_size=size,
+                      partition=partition_fingerprint(pset))
+
+
+def _all_gather(obj, group) -> list:
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
 
 
 def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int) -> nn.Module:

@@ -10,14 +10,21 @@ entry runs on one machine (``sarc train --workers P`` starts it) or on many
 process group is gloo on the CPU, NCCL when CUDA is present, and every
 collective has the ``--timeout``. Errors are printed as ``sarc worker R:
 error: ...`` and the process exits with status 2.
+
+With ``--checkpoint DIR`` (a directory every worker reads and writes at the same
+path) each worker saves its state there (``sarc.checkpoint``); workers that
+torchrun restarts after a failure (``--max-restarts K``) resume from the latest
+complete checkpoint, as if ``--resume`` had been given.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
 
+from ..checkpoint import add_checkpoint_arguments
 from ..errors import SarcError
 from ..planner.plan import EXEC_MODES
 
@@ -39,6 +46,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds any collective or exchange may wait for a peer (default 120)")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the result as JSON to PATH")
+    p.add_argument("--dataset", help="the dataset's name, recorded in checkpoints and --save files")
+    add_checkpoint_arguments(p)
 
 
 def add_worker_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,6 +63,7 @@ def worker_command(args) -> int:
     import torch.distributed as dist
 
     from ..artifacts import parse_bytes
+    from ..checkpoint import checkpoint_config
     from ..cli import parse_overrides
     from ..loader import load_model_file
     from .exchange import ExchangeError
@@ -72,13 +82,15 @@ def worker_command(args) -> int:
                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
                        baseline=args.baseline, epochs=args.epochs, seed=args.seed,
                        hparams=parse_overrides(args.overrides), log_every=args.log_every,
-                       json_path=args.json, timeout_s=args.timeout)
+                       json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
+                       checkpoint=_resuming(checkpoint_config(args)), save_path=args.save)
     spec = load_model_file(args.model)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo",
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
+                            **_attempt_store(rank, timeout))
     try:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
@@ -97,6 +109,31 @@ def worker_command(args) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _attempt_store(rank: int, timeout: datetime.timedelta) -> dict:
+    """``init_process_group``'s store, when torchrun's agent hosts it: keys under this
+    attempt's prefix. Across restarts the static rendezvous keeps one store, and without a
+    prefix a restarted worker may read the address a dead worker of the previous attempt
+    published, and fail to connect."""
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}  # no agent: rank 0 starts a fresh store
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          False, timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"sarc/attempt-{attempt}", store), "rank": rank,
+            "world_size": world}
+
+
+def _resuming(cfg):
+    """Workers torchrun restarted after a failure (``--max-restarts``) resume from the
+    run's latest checkpoint, if it has written one."""
+    if cfg is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return dataclasses.replace(cfg, resume=True)
+    return cfg
 
 
 def _say_error(text: str) -> None:

@@ -1,0 +1,510 @@
+"""Checkpoints of a training run, and trained models saved for inference.
+
+    DIR/checkpoint.json           the manifest: the epoch, and each rank's file with its sha256
+    DIR/epoch-000010.rank-0.pt    one worker's state after epoch 10 (one file per rank)
+
+A rank file holds plain data only (tensors, dicts, lists, numbers, strings), so
+``torch.load(f, weights_only=True)`` reads it: the model's and the optimizer's state
+dicts, the model selection (best epoch, its weights, the early-stopping counters),
+the last epoch's loss and accuracies, and the worker's random states: torch's CPU
+generator (which also seeds sarc's dropout masks: ``sarc.ir.rng`` draws each call's
+seed from it and keeps no state of its own), CUDA's where CUDA is in use, Python's
+``random`` and NumPy's global generator. Every worker writes its own file, since each
+draws its own dropout masks. A file records the run it belongs to (``run``): the
+model file's sha256, the hyperparameters, the seed, the dataset and its graph's
+fingerprint, the world size and, distributed, the partition set's fingerprint;
+resuming refuses a checkpoint of another run and names what differs. The number of
+epochs is not part of a run: resuming with a larger ``--epochs`` trains on.
+
+Saving is atomic twice over. Each file is written to a temporary file in DIR,
+fsynced and renamed over its name (``os.replace``). A checkpoint is every rank's
+file of one epoch: when all ranks have written theirs (a collective), rank 0
+replaces the manifest the same way, and only then deletes older epochs' files. A
+kill at any moment leaves the manifest naming a complete set, the previous one or
+the new one; temporary files and unreferenced epochs left behind are removed when
+the next run opens DIR.
+
+``--save PATH`` writes the selected model (the weights of the epoch the model
+selection chose) with the model file's sha256, the hyperparameters and the sizes
+the model was built for; ``load_trained(PATH, MODEL.py)`` rebuilds it for inference.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import SarcError
+
+FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
+MANIFEST = "checkpoint.json"
+KILL_ENV = "SARC_TEST_KILL_AT"
+"""``RANK:EPOCH``: that worker kills itself (SIGKILL) as the epoch starts, in a run's
+first attempt only (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset): how the
+tests kill a worker mid-run."""
+
+_RANK_FILE = re.compile(r"epoch-(\d+)\.rank-(\d+)\.pt")
+_TEMP_FILE = re.compile(r"\.(epoch-\d+\.rank-\d+\.pt|checkpoint\.json)\..+\.tmp")
+_NOT_COMPARED = ("epochs", "dataset")  # a longer run is the same run; the graph is compared
+
+
+class CheckpointError(SarcError):
+    """A checkpoint cannot be written, read, or belongs to another run."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``--checkpoint DIR [--checkpoint-every N] [--resume]``."""
+
+    directory: str
+    every: int = 10
+    resume: bool = False
+
+
+# --- command-line options, shared by ``sarc train`` and ``sarc worker`` --------------------
+
+def add_checkpoint_arguments(p) -> None:
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint", metavar="DIR",
+                   help="save the training state (model, optimizer, random states, model "
+                        "selection) in DIR every --checkpoint-every epochs and at the end")
+    g.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="epochs between checkpoints (default 10)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint DIR (of the same model "
+                        "file, hyperparameters, seed, dataset and workers); without one, "
+                        "start at epoch 1")
+    g.add_argument("--save", metavar="PATH",
+                   help="write the selected model (best validation epoch) to PATH; "
+                        "sarc.load_trained(PATH, MODEL.py) loads it for inference")
+
+
+def checkpoint_config(args) -> CheckpointConfig | None:
+    """The checked checkpoint options of parsed ``args`` (None without ``--checkpoint``)."""
+    if args.checkpoint_every < 1:
+        raise CheckpointError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if args.save and Path(args.save).is_dir():
+        raise CheckpointError(f"--save {args.save} is a directory; name the file to write")
+    if not args.checkpoint:
+        if args.resume:
+            raise CheckpointError("--resume needs --checkpoint DIR (the checkpoint to continue)")
+        return None
+    if Path(args.checkpoint).exists() and not Path(args.checkpoint).is_dir():
+        raise CheckpointError(f"--checkpoint {args.checkpoint} is not a directory")
+    return CheckpointConfig(args.checkpoint, args.checkpoint_every, args.resume)
+
+
+def checkpoint_command_line(args) -> list[str]:
+    """The checkpoint options of ``args`` as a worker's arguments."""
+    cmd = ["--checkpoint-every", str(args.checkpoint_every)]
+    if args.checkpoint:
+        cmd += ["--checkpoint", args.checkpoint]
+    if args.resume:
+        cmd.append("--resume")
+    if args.save:
+        cmd += ["--save", args.save]
+    return cmd
+
+
+# --- what a run is ------------------------------------------------------------------------
+
+def file_sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, world_size: int = 1,
+               partition: str = "") -> dict[str, Any]:
+    """What a checkpoint belongs to; ``resume`` compares all but the names."""
+    if not spec.path or not Path(spec.path).is_file():
+        raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
+    hp = {k: v for k, v in hparams.items() if k not in _NOT_COMPARED}
+    return {"model": str(spec.path), "model_sha256": file_sha256(spec.path),
+            "hparams": json.dumps(hp, sort_keys=True, default=repr), "seed": int(seed),
+            "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
+            "partition": partition}
+
+
+def partition_fingerprint(pset) -> str:
+    """Which nodes each rank owns: the graph, the node ranges and every part file's sha256."""
+    key = json.dumps([pset.fingerprint, pset.meta["node_offsets"],
+                      [p["sha256"] for p in pset.meta["parts"]]])
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def run_differences(saved: dict, now: dict) -> list[str]:
+    """How the run that wrote a checkpoint differs from this one, one phrase per field."""
+    out = []
+    if saved.get("model_sha256") != now["model_sha256"]:
+        out.append(f"the model file differs (the checkpoint's is {saved.get('model')}, sha256 "
+                   f"{str(saved.get('model_sha256'))[:12]}; this run's {now['model']}, sha256 "
+                   f"{now['model_sha256'][:12]})")
+    if saved.get("hparams") != now["hparams"]:
+        a, b = json.loads(saved.get("hparams") or "{}"), json.loads(now["hparams"])
+        diff = [f"{k}: {a.get(k, '(unset)')!r} in the checkpoint, {b.get(k, '(unset)')!r} now"
+                for k in sorted(set(a) | set(b)) if a.get(k, KeyError) != b.get(k, KeyError)]
+        out.append(f"hyperparameters differ ({'; '.join(diff)})")
+    if saved.get("seed") != now["seed"]:
+        out.append(f"the seed differs ({saved.get('seed')} in the checkpoint, {now['seed']} now)")
+    if saved.get("graph") != now["graph"]:
+        out.append(f"the dataset differs (the checkpoint's is {saved.get('dataset')}, graph "
+                   f"{str(saved.get('graph'))[:19]}; this run's {now['dataset']}, graph "
+                   f"{now['graph'][:19]})")
+    if saved.get("world_size") != now["world_size"]:
+        out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
+                   f"{now['world_size']} now)")
+    elif saved.get("partition") != now["partition"]:
+        out.append(f"the partition differs ({str(saved.get('partition'))[:19]} in the "
+                   f"checkpoint, {now['partition'][:19]} now; resume on the same --partition DIR)")
+    return out
+
+
+# --- random states as tensors -------------------------------------------------------------
+
+def seed_all(seed: int) -> None:
+    """Seed torch's, Python's and NumPy's global generators: a run is a function of its seed
+    whichever a model draws from, and so are the states a checkpoint keeps."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states, as tensors and numbers."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    out = {"torch": torch.get_rng_state(),
+           "python": {"version": version, "state": torch.tensor(words, dtype=torch.int64),
+                      "gauss_next": gauss},
+           "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                     "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached_gaussian"]))
+    if "cuda" in state and torch.cuda.is_available():
+        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
+
+
+# --- plain data, written atomically -------------------------------------------------------
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(obj, where: str = "checkpoint") -> None:
+    """Raise TypeError unless ``obj`` is tensors, dicts, lists, tuples, numbers and strings
+    only (what ``torch.load(weights_only=True)`` reads back)."""
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and not isinstance(obj, nn.Parameter):
+            raise TypeError(f"{where}: a {type(obj).__name__} tensor subclass")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"{where}: a key of type {type(k).__name__}")
+            check_plain(v, f"{where}[{k!r}]")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+    elif not isinstance(obj, _PLAIN):
+        raise TypeError(f"{where}: a {type(obj).__name__}, not plain data")
+
+
+def serialize(obj: dict) -> bytes:
+    check_plain(obj)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds its old content or all of ``data``, whenever the process dies."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the rename itself
+    finally:
+        os.close(dfd)
+
+
+def read_plain(path: Path, sha256: str | None = None) -> dict:
+    """A file written by ``serialize``, checked against ``sha256`` where given."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read: {e.strerror or e}") from e
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError(f"{path}: corrupt (its sha256 is not the one {MANIFEST} records)")
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a sarc checkpoint file ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a sarc checkpoint file")
+    return obj
+
+
+# --- a worker's training state ------------------------------------------------------------
+
+def training_state(model: nn.Module, opt: torch.optim.Optimizer, selection, *, loss: float,
+                   acc: dict, stopped_early: bool, elapsed_s: float) -> dict[str, Any]:
+    """Everything the next epoch depends on, as plain data."""
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(),
+            "selection": selection.state_dict(), "last": {"loss": float(loss), "acc": dict(acc)},
+            "stopped_early": bool(stopped_early), "elapsed_s": float(elapsed_s),
+            "rng": rng_state()}
+
+
+def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer, selection) -> None:
+    """Put ``state`` (``training_state``) back, random states last."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    selection.load_state_dict(state["selection"])
+    set_rng_state(state["rng"])
+
+
+def injected_kill(rank: int, epoch: int) -> None:
+    """SIGKILL this worker at ``$SARC_TEST_KILL_AT`` (``RANK:EPOCH``), first attempt only."""
+    at = os.environ.get(KILL_ENV)
+    if at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and at == f"{rank}:{epoch}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
+    """The manifest in ``cfg.directory`` if there is one, checked: it may be resumed
+    (``cfg.resume``) and belongs to ``run``."""
+    directory = Path(cfg.directory)
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        meta = json.loads(manifest.read_text())
+        meta["epoch"] = int(meta["epoch"])
+        files = [{"file": str(f["file"]), "sha256": str(f["sha256"])} for f in meta["files"]]
+        meta["files"] = files
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{manifest}: corrupt manifest ({type(e).__name__}: {e})") from e
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise CheckpointError(f"{manifest}: not a sarc checkpoint of version {VERSION}")
+    if not cfg.resume:
+        raise CheckpointError(f"{directory} holds a checkpoint (epoch {meta['epoch']}); pass "
+                              f"--resume to continue it, or remove it or choose another "
+                              f"--checkpoint DIR to start over")
+    diff = run_differences(meta.get("run") or {}, run)
+    if diff:
+        raise CheckpointError(f"--resume: {directory} is a checkpoint of another run: "
+                              + "; ".join(diff))
+    return meta
+
+
+def check_launch(args, partition: str) -> None:
+    """What the workers of ``sarc train --workers P`` (``args``) would refuse in the
+    checkpoint directory, refused before any starts (a refused resume is not retried
+    ``--max-restarts`` times)."""
+    from .cli import parse_overrides
+    from .loader import load_model_file
+    from .partition import load_partitions
+    from .train import DEFAULTS
+
+    cfg = checkpoint_config(args)
+    if cfg is None:
+        return
+    spec = load_model_file(args.model)
+    hp = {**DEFAULTS, **spec.hparams, **parse_overrides(args.overrides)}
+    pset = load_partitions(partition, verify=False)
+    read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=args.dataset or "",
+                                  graph=pset.fingerprint, world_size=args.workers,
+                                  partition=partition_fingerprint(pset)))
+
+
+class Checkpointer:
+    """One worker's side of the checkpoints in ``cfg.directory``.
+
+    ``gather(obj)`` collects an object from every rank (``all_gather_object``; the
+    identity on one process): each load and save ends with the workers agreeing, so a
+    problem on any rank stops all of them with its message.
+    """
+
+    def __init__(self, cfg: CheckpointConfig, run: dict, *, rank: int = 0, world_size: int = 1,
+                 gather: Callable[[Any], list] | None = None,
+                 log: Callable[[str], None] | None = print):
+        self.cfg, self.run, self.rank, self.world_size = cfg, run, rank, world_size
+        self.dir = Path(cfg.directory)
+        self.gather = gather or (lambda obj: [obj])
+        self.say = (log if rank == 0 and log else (lambda s: None))
+
+    def _agree(self, problem: str | None) -> list:
+        got = self.gather(problem)
+        for r, m in enumerate(got):
+            if m is not None:
+                raise CheckpointError(m if r == self.rank else f"worker {r}: {m}")
+        return got
+
+    def load(self) -> dict | None:
+        """This worker's state of the checkpoint in DIR (collective); None to start fresh.
+
+        Without ``resume`` a DIR that holds a checkpoint is refused (nothing would
+        overwrite it unasked); with ``resume`` and no checkpoint, training starts at
+        epoch 1 and says so.
+        """
+        state, problem = None, None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            state = self._read_mine()
+        except (CheckpointError, OSError) as e:
+            problem = str(e) if isinstance(e, CheckpointError) else f"{self.dir}: {e}"
+        self._agree(problem)
+        epochs = self.gather(None if state is None else state["epoch"])
+        if len(set(epochs)) != 1:
+            raise CheckpointError(f"{self.dir}: the workers read different checkpoints (epochs "
+                                  f"{epochs}); every worker must see the same directory")
+        if self.rank == 0:
+            self._remove_leftovers(keep=epochs[0])
+        if state is None and self.cfg.resume:
+            self.say(f"--resume: no checkpoint in {self.dir}; starting at epoch 1")
+        elif state is not None:
+            self.say(f"resuming from {self.dir}: epoch {state['epoch']} done"
+                     f"{' (stopped early)' if state['stopped_early'] else ''}")
+        return state
+
+    def _read_mine(self) -> dict | None:
+        meta = read_manifest(self.cfg, self.run)
+        if meta is None:
+            return None
+        epoch, files = meta["epoch"], meta["files"]
+        if self.rank >= len(files):
+            raise CheckpointError(f"{self.dir / MANIFEST}: no file for worker {self.rank}")
+        entry = files[self.rank]
+        path = self.dir / entry["file"]
+        state = read_plain(path, entry["sha256"])
+        found = (state.get("format"), state.get("epoch"), state.get("rank"))
+        if found != (FORMAT, epoch, self.rank):
+            raise CheckpointError(f"{path}: not worker {self.rank}'s file of epoch {epoch}")
+        diff = run_differences(state.get("run", {}), self.run)
+        if diff:
+            raise CheckpointError(f"{path} is of another run: " + "; ".join(diff))
+        return state
+
+    def save(self, epoch: int, state: dict) -> None:
+        """Write this worker's ``state`` after ``epoch``; rank 0 then publishes the set
+        (collective)."""
+        name = f"epoch-{epoch:06d}.rank-{self.rank}.pt"
+        problem, digest = None, None
+        try:
+            data = serialize({"format": FORMAT, "version": VERSION, "run": self.run,
+                              "epoch": epoch, "rank": self.rank, **state})
+            write_atomic(self.dir / name, data)
+            digest = hashlib.sha256(data).hexdigest()
+        except OSError as e:
+            problem = f"cannot write checkpoint {self.dir / name}: {e.strerror or e}"
+        self._agree(problem)
+        digests = self.gather(digest)
+        problem = None
+        if self.rank == 0:
+            files = [{"file": f"epoch-{epoch:06d}.rank-{r}.pt", "sha256": d}
+                     for r, d in enumerate(digests)]
+            manifest = {"format": FORMAT, "version": VERSION, "epoch": epoch,
+                        "world_size": self.world_size, "run": self.run, "files": files}
+            try:
+                write_atomic(self.dir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+                self._remove_leftovers(keep=epoch)
+            except OSError as e:
+                problem = f"cannot write checkpoint {self.dir / MANIFEST}: {e.strerror or e}"
+        self._agree(problem)
+
+    def _remove_leftovers(self, keep: int | None) -> None:
+        """Temporary files, and every epoch's files but ``keep``'s."""
+        for f in self.dir.iterdir():
+            m = _RANK_FILE.fullmatch(f.name)
+            if _TEMP_FILE.fullmatch(f.name) or (m and int(m.group(1)) != keep):
+                f.unlink(missing_ok=True)
+
+
+# --- the selected model, for inference ----------------------------------------------------
+
+def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
+               metrics: dict) -> None:
+    """Write a trained model: its weights, and what ``load_trained`` rebuilds it from.
+
+    ``sizes``: ``in_feats`` (0 for a featureless graph), ``num_classes``,
+    ``num_nodes``, ``num_etypes``, the arguments ``build_model`` was called with.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, serialize({
+        "format": MODEL_FORMAT, "version": VERSION, "model": run["model"],
+        "model_sha256": run["model_sha256"], "dataset": run["dataset"],
+        "hparams": json.dumps(hparams, sort_keys=True, default=repr), "sizes": dict(sizes),
+        "metrics": dict(metrics), "state_dict": dict(state_dict)}))
+
+
+def read_saved(path) -> dict:
+    """The contents of a file ``--save`` wrote (weights and what they belong to)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no saved model here")
+    saved = read_plain(path)
+    if saved.get("format") != MODEL_FORMAT or saved.get("version") != VERSION:
+        raise CheckpointError(f"{path}: not a model saved by sarc train --save (version {VERSION})")
+    return {**saved, "hparams": json.loads(saved["hparams"])}
+
+
+def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
+    """The model ``sarc train --save PATH`` saved, built from ``model_file`` with its weights
+    loaded, in eval mode. ``model_file`` must be the file it was trained from (its sha256
+    is checked; ``check_digest=False`` loads into an edited file's model anyway)."""
+    from .datasets import Dataset
+    from .loader import load_model_file
+    from .train import DEFAULTS, build
+
+    saved = read_saved(path)
+    if check_digest and file_sha256(model_file) != saved["model_sha256"]:
+        raise CheckpointError(f"{path} was trained from {saved['model']} (sha256 "
+                              f"{saved['model_sha256'][:12]}); {model_file} differs (sha256 "
+                              f"{file_sha256(model_file)[:12]}); pass check_digest=False to "
+                              f"load it anyway")
+    spec = load_model_file(model_file)
+    hp = {**DEFAULTS, **spec.hparams, **saved["hparams"]}
+    s = saved["sizes"]
+    empty = torch.zeros(0, dtype=torch.int64)
+    shape_only = Dataset(saved["dataset"], int(s["num_nodes"]), empty, empty,
+                         torch.zeros(0, int(s["in_feats"])), empty, empty.bool(), empty.bool(),
+                         empty.bool(), int(s["num_classes"]),
+                         etype=empty if s["num_etypes"] else None, num_etypes=int(s["num_etypes"]))
+    model = build(spec, shape_only, hp)
+    try:
+        model.load_state_dict(saved["state_dict"])
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: the weights do not fit {model_file}'s model: "
+                              f"{str(e).splitlines()[0]}") from e
+    return model.eval()

@@ -1,0 +1,364 @@
+"""Checkpoints and resume (``sarc train --checkpoint DIR [--resume]``), ``--save`` and
+``sarc.load_trained``: kills mid-run and mid-save, resuming another run's checkpoint,
+files only ``torch.load(weights_only=True)`` reads.
+
+Every run trains GCN on Cora with its dropout (0.5) on, so a resumed run equals an
+uninterrupted one only if the random states came back too; weights are compared
+bitwise (``torch.equal``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import sarc
+from sarc.checkpoint import (MANIFEST, CheckpointConfig, CheckpointError, check_plain,
+                             read_saved, rng_state, set_rng_state)
+from sarc.datasets import load_dataset
+from sarc.loader import load_model_file
+from sarc.train import prepare, train
+
+from .catalogue import case
+from .harness import ROOT, assert_error, run_sarc
+
+GCN = ROOT / "models" / "gcn.py"
+GAT = ROOT / "models" / "gat.py"
+RUN = ("--epochs", "6", "--checkpoint-every", "2", "--threads", "1", "--log-every", "3")
+"""Every single-process run here: checkpoints after epochs 2, 4 and 6."""
+
+
+def _train(ckpt: Path, *extra, model: Path = GCN, env: dict | None = None):
+    return run_sarc("train", model, *RUN, "--checkpoint", ckpt, *extra, env=env)
+
+
+def _ok(proc):
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    return proc
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _assert_equal(a, b, where: str = "") -> None:
+    """Nested dicts / lists of tensors and numbers, equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            _assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), (where, a, b)
+
+
+def _final_files(ckpt: Path) -> dict:
+    """The published checkpoint: {file name: contents}, each checked against the manifest."""
+    meta = json.loads((ckpt / MANIFEST).read_text())
+    out = {}
+    for entry in meta["files"]:
+        data = (ckpt / entry["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry
+        out[entry["file"]] = _load(ckpt / entry["file"])
+    return out
+
+
+def _same_training_state(a: dict, b: dict) -> None:
+    for key in ("epoch", "model", "optimizer", "selection", "rng", "last", "stopped_early"):
+        _assert_equal(a[key], b[key], key)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted single-process run: its checkpoint directory and --save file."""
+    work = tmp_path_factory.mktemp("reference")
+    _ok(_train(work / "ckpt", "--save", work / "model.pt"))
+    return work / "ckpt", work / "model.pt"
+
+
+# --- resume equals an uninterrupted run ---------------------------------------------------
+
+@case("checkpoint", "the training process killed (SIGKILL) mid-run, then `--resume`", "exact")
+def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, reference):
+    ref_dir, ref_model = reference
+    ckpt = tmp_path / "ckpt"
+    killed = _train(ckpt, "--save", tmp_path / "model.pt", env={"SARC_TEST_KILL_AT": "0:5"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert json.loads((ckpt / MANIFEST).read_text())["epoch"] == 4
+    assert not (tmp_path / "model.pt").exists()
+    resumed = _ok(_train(ckpt, "--resume", "--save", tmp_path / "model.pt"))
+    assert "resuming from" in resumed.stdout and "epoch 4 done" in resumed.stdout
+    assert [l.split("|")[0].split()[1] for l in resumed.stdout.splitlines()
+            if l.startswith("epoch")] == ["6"]
+    (name, mine), = _final_files(ckpt).items()
+    theirs = _final_files(ref_dir)[name]
+    _same_training_state(mine, theirs)
+    _assert_equal(_load(tmp_path / "model.pt")["state_dict"], _load(ref_model)["state_dict"])
+
+
+def test_restoring_the_random_state_is_what_makes_resume_exact(tmp_path, monkeypatch):
+    """The exactness above is not vacuous: resuming with the right weights and optimizer
+    but another random state (dropout masks) gives other weights."""
+    spec = load_model_file(GCN)
+
+    def run(directory, epochs, resume=False):
+        train(spec, "cora", epochs=epochs, log=None,
+              checkpoint=CheckpointConfig(str(directory), every=2, resume=resume))
+        return _final_files(directory)
+
+    whole = run(tmp_path / "whole", 4)["epoch-000004.rank-0.pt"]
+    run(tmp_path / "resumed", 2)
+    torch.manual_seed(1234)  # the resumed run must not depend on the state it starts in
+    resumed = run(tmp_path / "resumed", 4, resume=True)["epoch-000004.rank-0.pt"]
+    _same_training_state(resumed, whole)
+
+    run(tmp_path / "no_rng", 2)
+    monkeypatch.setattr("sarc.checkpoint.set_rng_state", lambda state: None)
+    torch.manual_seed(1234)
+    other = run(tmp_path / "no_rng", 4, resume=True)["epoch-000004.rank-0.pt"]
+    assert not all(torch.equal(other["model"][k], whole["model"][k]) for k in whole["model"])
+
+
+@case("checkpoint", "a worker of `--workers 2 --max-restarts 1` killed (SIGKILL) mid-run",
+      "exact")
+def test_distributed_resume_after_a_killed_worker(tmp_path):
+    parts = tmp_path / "parts"
+    _ok(run_sarc("partition", "--dataset", "cora", "--parts", "2", "--out", parts))
+    common = ("--workers", "2", "--partition", parts, "--timeout", "30")
+    _ok(_train(tmp_path / "ref", *common, "--save", tmp_path / "ref.pt"))
+    proc = _ok(_train(tmp_path / "ckpt", *common, "--max-restarts", "1", "--save",
+                      tmp_path / "model.pt", env={"SARC_TEST_KILL_AT": "1:5"}))
+    assert "sarc worker 0: error" in proc.stderr  # the survivor saw its peer die
+    assert "resuming from" in proc.stdout and "epoch 4 done" in proc.stdout
+    mine, theirs = _final_files(tmp_path / "ckpt"), _final_files(tmp_path / "ref")
+    assert sorted(mine) == sorted(theirs) == ["epoch-000006.rank-0.pt", "epoch-000006.rank-1.pt"]
+    for name in mine:  # each worker's weights, optimizer and own random states
+        _same_training_state(mine[name], theirs[name])
+    assert not torch.equal(mine["epoch-000006.rank-0.pt"]["rng"]["torch"],
+                           mine["epoch-000006.rank-1.pt"]["rng"]["torch"])
+    _assert_equal(_load(tmp_path / "model.pt")["state_dict"],
+                  _load(tmp_path / "ref.pt")["state_dict"])
+
+
+# --- a kill during a save -----------------------------------------------------------------
+
+KILL_DURING_SAVE = r"""
+import os, signal, sys, tempfile
+from pathlib import Path
+
+moment, ckpt = sys.argv[1], Path(sys.argv[2])
+target = "epoch-000004.rank-0.pt"
+real = {"replace": os.replace, "fsync": os.fsync, "unlink": os.unlink, "mkstemp": tempfile.mkstemp}
+last_temp = []
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def mkstemp(*a, **kw):
+    fd, name = real["mkstemp"](*a, **kw)
+    last_temp.append(Path(name).name)
+    return fd, name
+
+def fsync(fd):
+    if moment == "write" and last_temp and last_temp[-1].startswith("." + target):
+        os.ftruncate(fd, os.fstat(fd).st_size // 2)  # half of the file reached the disk
+        die()
+    return real["fsync"](fd)
+
+def replace(src, dst):
+    if moment == "rename" and Path(dst).name == target:
+        die()
+    if moment == "manifest" and Path(dst).name == "checkpoint.json" and (ckpt / target).exists():
+        die()
+    return real["replace"](src, dst)
+
+def unlink(path, *a, **kw):
+    if moment == "cleanup" and Path(path).name == "epoch-000002.rank-0.pt":
+        die()
+    return real["unlink"](path, *a, **kw)
+
+os.replace, os.fsync, os.unlink, tempfile.mkstemp = replace, fsync, unlink, mkstemp
+from sarc.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("moment, published", [("write", 2), ("rename", 2), ("manifest", 2),
+                                               ("cleanup", 4)])
+@case("checkpoint", "the process killed while it writes, renames, publishes or cleans up "
+                    "a checkpoint", "old-or-new")
+def test_a_kill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, reference, moment, published):
+    ckpt = tmp_path / "ckpt"
+    argv = ["train", str(GCN), *RUN, "--checkpoint", str(ckpt)]
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, moment, str(ckpt), *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    # the manifest names the previous checkpoint (or, once published, the new one): whole
+    assert json.loads((ckpt / MANIFEST).read_text())["epoch"] == published
+    (name, state), = _final_files(ckpt).items()
+    assert name == f"epoch-{published:06d}.rank-0.pt" and state["epoch"] == published
+    leftovers = {"write": ".epoch-000004", "rename": ".epoch-000004", "manifest": "epoch-000004",
+                 "cleanup": "epoch-000002"}[moment]
+    assert any(f.name.startswith(leftovers) for f in ckpt.iterdir())
+    # the next run resumes from it, removes the leftovers and ends where an uninterrupted one does
+    _ok(_train(ckpt, "--resume"))
+    assert sorted(f.name for f in ckpt.iterdir()) == [MANIFEST, "epoch-000006.rank-0.pt"]
+    _same_training_state(_final_files(ckpt)["epoch-000006.rank-0.pt"],
+                         _final_files(reference[0])["epoch-000006.rank-0.pt"])
+
+
+# --- refusals -----------------------------------------------------------------------------
+
+def _snapshot(directory: Path) -> dict:
+    return {f.name: f.read_bytes() for f in directory.iterdir()}
+
+
+@case("checkpoint", "`--resume` of a checkpoint another model file wrote", "error")
+def test_resume_refuses_another_models_checkpoint(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    before = _snapshot(ckpt)
+    proc = run_sarc("train", GAT, *RUN, "--checkpoint", ckpt, "--resume")
+    assert_error(proc, "is a checkpoint of another run", "the model file differs", "gcn.py",
+                 "gat.py")
+    assert _snapshot(ckpt) == before
+
+
+@case("checkpoint", "`--resume` with other hyperparameters (`--set hidden=32`)", "error")
+def test_resume_refuses_other_hyperparameters(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    proc = run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume", "--set", "hidden=32")
+    assert_error(proc, "hyperparameters differ (hidden: 16 in the checkpoint, 32 now)")
+
+
+@case("checkpoint", "`--resume --workers 2` of a single-process checkpoint", "error")
+def test_distributed_resume_refuses_another_world_size(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    proc = run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume", "--workers", "2",
+                    "--method", "random")
+    err = assert_error(proc, "the world size differs (1 in the checkpoint, 2 now)")
+    assert "sarc worker" not in err  # refused before any worker started
+
+
+@case("checkpoint", "`--checkpoint DIR` without `--resume` where DIR holds a checkpoint",
+      "nothing-lost")
+def test_a_checkpoint_is_not_overwritten_without_resume(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    before = _snapshot(ckpt)
+    assert_error(_train(ckpt), "holds a checkpoint (epoch 6); pass --resume")
+    assert _snapshot(ckpt) == before
+
+
+@case("checkpoint", "`--resume` where a checkpoint file's bytes changed", "error")
+def test_a_corrupt_checkpoint_file_is_refused(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    f = ckpt / "epoch-000006.rank-0.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert_error(_train(ckpt, "--resume"), "epoch-000006.rank-0.pt: corrupt")
+
+
+@case("checkpoint", "`--resume` where DIR holds no checkpoint yet", "exact")
+def test_resume_without_a_checkpoint_starts_fresh(tmp_path, reference):
+    proc = _ok(_train(tmp_path / "ckpt", "--resume"))
+    assert f"--resume: no checkpoint in {tmp_path / 'ckpt'}; starting at epoch 1" in proc.stdout
+    _same_training_state(_final_files(tmp_path / "ckpt")["epoch-000006.rank-0.pt"],
+                         _final_files(reference[0])["epoch-000006.rank-0.pt"])
+
+
+@case("checkpoint", "`--resume` without `--checkpoint`, `--checkpoint-every 0`", "error")
+def test_checkpoint_options_are_checked(tmp_path):
+    assert_error(run_sarc("train", GCN, "--resume"), "--resume needs --checkpoint DIR")
+    assert_error(run_sarc("train", GCN, "--checkpoint", tmp_path, "--checkpoint-every", "0"),
+                 "--checkpoint-every must be at least 1, got 0")
+    assert not any(tmp_path.iterdir())
+
+
+# --- the files, and a saved model for inference -------------------------------------------
+
+@case("checkpoint", "every checkpoint and saved-model file opened with "
+                    "`torch.load(weights_only=True)`", "exact")
+def test_every_file_loads_with_weights_only(tmp_path):
+    spec = load_model_file(GCN)
+    result = train(spec, "cora", epochs=5, log=None, save=str(tmp_path / "model.pt"),
+                   checkpoint=CheckpointConfig(str(tmp_path / "ckpt"), every=2))
+    files = sorted(tmp_path.rglob("*.pt"))
+    assert [f.name for f in files] == ["epoch-000005.rank-0.pt", "model.pt"]
+    state, saved = (torch.load(f, weights_only=True) for f in files)
+    selected = result["module"].state_dict()
+    _assert_equal(saved["state_dict"], selected)
+    _assert_equal(state["selection"]["best"]["state"], selected)
+    assert state["run"]["model_sha256"] == saved["model_sha256"] == hashlib.sha256(
+        GCN.read_bytes()).hexdigest()
+    assert (state["epoch"], saved["metrics"]["epoch"]) == (5, result["best_epoch"])
+    assert json.loads(saved["hparams"])["hidden"] == 16 and saved["dataset"] == "cora"
+
+
+@case("checkpoint", "a `--save` model loaded with `sarc.load_trained` for inference", "exact")
+def test_a_saved_model_gives_the_same_test_accuracy(tmp_path):
+    model_file = tmp_path / "model.pt"
+    _ok(run_sarc("train", GCN, *RUN, "--save", model_file, "--json", tmp_path / "r.json"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    model = sarc.load_trained(model_file, GCN)
+    assert not model.training
+    saved = read_saved(model_file)
+    prep = prepare(load_dataset(saved["dataset"]), saved["hparams"])
+    with torch.no_grad():
+        logits = model(prep.graph, prep.x)
+    test = prep.masks["test"]
+    acc = float((logits.argmax(1)[test] == prep.label[test]).float().mean())
+    assert acc == result["test_acc"] == saved["metrics"]["test_acc"]
+    assert saved["metrics"]["epoch"] == result["best_epoch"]
+    with torch.no_grad():  # the same outputs, loaded twice
+        _assert_equal(sarc.load_trained(model_file, GCN)(prep.graph, prep.x), logits)
+
+
+# --- units ----------------------------------------------------------------------------------
+
+def test_load_trained_refuses_an_edited_model_file(tmp_path):
+    copy = tmp_path / "gcn.py"
+    shutil.copy(GCN, copy)
+    train(load_model_file(copy), "cora", epochs=2, log=None, save=str(tmp_path / "m.pt"))
+    copy.write_text(copy.read_text() + "\n# edited\n")
+    with pytest.raises(CheckpointError, match=r"m.pt was trained from .*gcn.py \(sha256 .*differs"):
+        sarc.load_trained(tmp_path / "m.pt", copy)
+    assert not sarc.load_trained(tmp_path / "m.pt", copy, check_digest=False).training
+    with pytest.raises(CheckpointError, match="no saved model here"):
+        sarc.load_trained(tmp_path / "missing.pt", copy)
+
+
+def test_random_states_round_trip_as_plain_data():
+    import random
+
+    import numpy as np
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    random.gauss(0, 1)  # a cached Gaussian in Python's state
+    state = rng_state()
+    check_plain(state)
+    draws = (torch.rand(3), random.random(), random.gauss(0, 1), np.random.rand())
+    torch.manual_seed(9), random.seed(9), np.random.seed(9)
+    set_rng_state(state)
+    again = (torch.rand(3), random.random(), random.gauss(0, 1), np.random.rand())
+    assert torch.equal(draws[0], again[0]) and draws[1:] == again[1:]
+
+
+def test_check_plain_names_what_is_not_plain():
+    check_plain({"a": [torch.zeros(1), 1, 2.0, "x", None, True, (1, 2)]})
+    with pytest.raises(TypeError, match=r"checkpoint\['a'\]\[1\]: a \w*Path, not plain data"):
+        check_plain({"a": [1, Path(".")]})
