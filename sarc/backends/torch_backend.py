@@ -25,6 +25,7 @@ from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
 from ..ir.printer import format_value
 from ..ir.types import Domain
+from ..names import literal
 from . import codegen
 
 
@@ -44,12 +45,12 @@ def _reshape(v: Value, a: list[str]) -> str:
 def _leaf(v: Value, a: list[str]) -> str:
     if v.op is Op.CONST:
         return f"torch.tensor({v.attr['value']!r}, dtype={_dtype(v)}, device=g.device)"
-    name = v.attr["name"]
+    name = literal(v.attr["name"])  # the user's name: a string literal, never code
     if v.op is Op.PARAM:
-        return f'params["{name}"]'
+        return f"params[{name}]"
     if v.type.domain is Domain.DST:
-        return f'inputs["{name}"][: g.num_dst]'
-    return f'inputs["{name}"]'
+        return f"inputs[{name}][: g.num_dst]"
+    return f"inputs[{name}]"
 
 
 def _dtype(v: Value) -> str:
@@ -155,13 +156,13 @@ def _fused(v: Value, a: list[str]) -> str:
     if typed is not None:
         x, table, types, w = typed
         weight = f", {operands[w]}" if w is not None else ""
-        return (f'K.typed_spmm("{v.attr["kind"]}", g, {operands[x]}, {operands[table]}, '
-                f'{operands[types]}{weight})')
+        return (f"K.typed_spmm({literal(v.attr['kind'])}, g, {operands[x]}, {operands[table]}, "
+                f"{operands[types]}{weight})")
     pattern = spmm_pattern(v)
     if pattern is not None:
         x, w, side = pattern
         weight = f", {operands[w]}" if w is not None else ", None"
-        return f'K.spmm("{v.attr["kind"]}", g, {operands[x]}{weight}, "{side}")'
+        return f"K.spmm({literal(v.attr['kind'])}, g, {operands[x]}{weight}, {literal(side)})"
     if v.op is Op.SOFTMAX_AGGREGATE:
         value = v.attr["value"]
         z = _arg(value, value.result, "src")
@@ -169,7 +170,7 @@ def _fused(v: Value, a: list[str]) -> str:
             return f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, g, {', '.join(operands)})"
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
-    head = f'"{v.attr["kind"]}", ' if v.op is Op.AGGREGATE else ""
+    head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
     return (f"K.{v.op.value}({head}{', '.join(regions)}, {sides!r}, {region_width(v)}, g, "
             f"{', '.join(operands)})")
 
@@ -189,7 +190,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.CONST: _leaf,
     Op.GATHER_SRC: lambda v, a: f"K.gather_src({a[0]}, g)",
     Op.GATHER_DST: lambda v, a: f"K.gather_dst({a[0]}, g)",
-    Op.REDUCE: lambda v, a: f'K.segment_reduce("{v.attr["kind"]}", {a[0]}, g)',
+    Op.REDUCE: lambda v, a: f"K.segment_reduce({literal(v.attr['kind'])}, {a[0]}, g)",
     Op.EDGE_SOFTMAX: lambda v, a: f"K.edge_softmax({a[0]}, g)",
     Op.INDEX: lambda v, a: f"{a[0]}.index_select(0, {a[1]})",
     Op.NEG: lambda v, a: f"-{a[0]}",
@@ -261,7 +262,7 @@ def generate(fn: Function) -> str:
         dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
         if dead:
             body.append(f"del {', '.join(dead)}")
-    outputs = ", ".join(f'"{k}": v{i}' for k, i in fn.outputs)
+    outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))
 
