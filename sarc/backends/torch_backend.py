@@ -11,6 +11,7 @@ pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -42,9 +43,16 @@ def _reshape(v: Value, a: list[str]) -> str:
     return f"{a[0]}.reshape({a[0]}.shape[0], {feat})" if feat else f"{a[0]}.reshape(-1)"
 
 
+def number(x: float) -> str:
+    """A float as Python code: ``repr`` where that is a literal, ``float("inf")`` and
+    ``float("nan")`` where it is not."""
+    x = float(x)
+    return repr(x) if math.isfinite(x) else f'float("{x}")'
+
+
 def _leaf(v: Value, a: list[str]) -> str:
     if v.op is Op.CONST:
-        return f"torch.tensor({v.attr['value']!r}, dtype={_dtype(v)}, device=g.device)"
+        return f"torch.tensor({number(v.attr['value'])}, dtype={_dtype(v)}, device=g.device)"
     name = literal(v.attr["name"])  # the user's name: a string literal, never code
     if v.op is Op.PARAM:
         return f"params[{name}]"
@@ -199,11 +207,12 @@ LOWERING: dict[Op, Lowering] = {
     Op.RELU: lambda v, a: f"torch.relu({a[0]})",
     Op.SIGMOID: lambda v, a: f"torch.sigmoid({a[0]})",
     Op.TANH: lambda v, a: f"torch.tanh({a[0]})",
-    Op.POW: lambda v, a: f"torch.pow({a[0]}, {v.attr['exponent']!r})",
-    Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {v.attr['min']!r})",
-    Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {v.attr['slope']!r})",
-    Op.ELU: lambda v, a: f"F.elu({a[0]}, {v.attr['alpha']!r})",
-    Op.DROPOUT: lambda v, a: f"K.dropout({a[0]}, {v.attr['p']!r}, seed, {v.attr['key']}, training)",
+    Op.POW: lambda v, a: f"torch.pow({a[0]}, {number(v.attr['exponent'])})",
+    Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",
+    Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {number(v.attr['slope'])})",
+    Op.ELU: lambda v, a: f"F.elu({a[0]}, {number(v.attr['alpha'])})",
+    Op.DROPOUT: lambda v, a: (f"K.dropout({a[0]}, {number(v.attr['p'])}, seed, "
+                              f"{int(v.attr['key'])}, training)"),
     Op.ADD: lambda v, a: f"{a[0]} + {a[1]}",
     Op.SUB: lambda v, a: f"{a[0]} - {a[1]}",
     Op.MUL: lambda v, a: f"{a[0]} * {a[1]}",

@@ -34,18 +34,19 @@ def marker_of(tmp_path: Path) -> Path:
     return m
 
 
-def make_layer(cls: str = "Plain", feat: str = "h", param: str = "W", out: str = "h"):
-    """A linear message + sum layer whose class, feature, parameter and output have the
-    names given."""
+def make_layer(cls: str = "Plain", feat: str = "h", param: str = "W", out: str = "h",
+               msg: str = "m"):
+    """A linear message + sum layer whose class, feature, parameter, message and output
+    have the names given."""
     def __init__(self):
         sarc.Layer.__init__(self, node={feat: WIDTH})
         self.register_parameter(param, nn.Parameter(torch.randn(WIDTH, WIDTH)))
 
     def message(self, src, dst, edge):
-        return torch.nn.functional.linear(getattr(src, feat), getattr(self, param))
+        return {msg: torch.nn.functional.linear(getattr(src, feat), getattr(self, param))}
 
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
+    def reduce(self, bundle):
+        return sarc.sum(getattr(bundle, msg))
 
     def update(self, dst, agg):
         return {out: agg.agg}
@@ -104,6 +105,13 @@ def test_update_dict_key(tmp_path):
     layer = make_layer(cls="QuoteOutput", out=key)
     run_against_plain(layer)
     assert [k for k, _ in layer().trace().outputs] == [key]
+    assert not marker.exists()
+
+
+@case("names", "a key of the dict message returns that closes the generated dict", "literal")
+def test_message_dict_key(tmp_path):
+    marker = marker_of(tmp_path)
+    run_against_plain(make_layer(cls="QuoteMessage", msg=f'm": {code_payload(marker)}, "z'))
     assert not marker.exists()
 
 
@@ -193,6 +201,25 @@ def test_non_string_output_key(tmp_path):
     g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
     with pytest.raises(SarcError, match="must be strings, got 7"):
         layer(g, torch.randn(2, WIDTH))
+
+
+@case("names", "an infinite or NaN constant (`clamp_min(float('-inf'))`) in generated code",
+      "exact")
+def test_infinite_constants_are_python_literals():
+    class Inf(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"h": WIDTH})
+
+        def message(self, src, dst, edge):
+            return src.h.clamp_min(float("-inf")) * float("inf") + float("-inf")
+
+        def reduce(self, msg):
+            return sarc.max(msg.m)
+
+    g = sarc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    x = torch.randn(2, WIDTH)
+    want = (x * float("inf") - float("inf"))[[1, 0]]  # inf - inf is nan where x > 0
+    torch.testing.assert_close(Inf()(g, x), want, equal_nan=True)
 
 
 # --- the module cache ---------------------------------------------------------------------
