@@ -12,8 +12,9 @@ What ``path`` may be (``check_target``, which the commands also run before their
   (``--overwrite``) only. sarc writes ``MANIFEST`` (``sarc-set.json``) into every set,
   listing its files; a set that holds anything else (a file the user put there) is
   refused, naming it;
-- anything else (a file, a symbolic link, a non-empty directory without a manifest):
-  refused, with or without ``overwrite``. sarc never deletes what it did not write.
+- anything else (a file, a symbolic link, a non-empty directory without a manifest,
+  the current directory or one holding it): refused, with or without ``overwrite``.
+  sarc never deletes what it did not write.
 
 How, step by step (each step calls ``_step(name)``, a no-op the tests replace to kill
 the process there):
@@ -125,27 +126,40 @@ def check_target(path, overwrite: bool, kind: str | None = None) -> None:
     if not path.is_dir():
         raise DirectoryExistsError(f"{path} exists and is not a directory; sarc never "
                                    f"replaces a file: choose another --out")
-    if not any(path.iterdir()):
-        return
-    meta = read_manifest(path)
-    if meta is None:
-        raise DirectoryExistsError(
-            f"{path} exists, is not empty and is not a set sarc wrote (it has no {MANIFEST}); "
-            f"sarc replaces only its own sets, even with --overwrite: choose another --out, "
-            f"or empty it yourself")
-    extra = foreign_entries(path, meta)
-    if extra:
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        raise DirectoryExistsError(
-            f"{path} is a set sarc wrote, but it also holds {shown}, which sarc did not "
-            f"write; sarc does not delete them: move them out, or choose another --out")
-    if kind is not None and meta.get("kind") != kind:
-        raise DirectoryExistsError(
-            f"{path} is a {meta.get('kind')} set sarc wrote, not a {kind} set; it is not "
-            f"replaced by one: choose another --out")
-    if not overwrite:
+    meta = None
+    if any(path.iterdir()):
+        meta = read_manifest(path)
+        if meta is None:
+            raise DirectoryExistsError(
+                f"{path} exists, is not empty and is not a set sarc wrote (it has no "
+                f"{MANIFEST}); sarc replaces only its own sets, even with --overwrite: choose "
+                f"another --out, or empty it yourself")
+        extra = foreign_entries(path, meta)
+        if extra:
+            shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+            raise DirectoryExistsError(
+                f"{path} is a set sarc wrote, but it also holds {shown}, which sarc did not "
+                f"write; sarc does not delete them: move them out, or choose another --out")
+        if kind is not None and meta.get("kind") != kind:
+            raise DirectoryExistsError(
+                f"{path} is a {meta.get('kind')} set sarc wrote, not a {kind} set; it is not "
+                f"replaced by one: choose another --out")
+    if _holds_cwd(path):
+        raise DirectoryExistsError(f"{path} is the current directory or holds it; sarc writes "
+                                   f"a set as a whole directory and swaps it in, so --out must "
+                                   f"be a directory you are not in: choose another --out")
+    if meta is not None and not overwrite:
         raise DirectoryExistsError(f"{path} exists and is not empty (a {meta.get('kind')} set "
                                    f"sarc wrote); pass --overwrite to replace it")
+
+
+def _holds_cwd(path: Path) -> bool:
+    try:
+        cwd = Path(os.getcwd())
+    except OSError:  # the current directory is gone
+        return False
+    real = Path(os.path.realpath(path))
+    return cwd == real or real in cwd.parents
 
 
 # --- what an interrupted write left -----------------------------------------------------------

@@ -60,7 +60,9 @@ def cache_dir() -> Path:
 
     sarc imports what it finds there, so the directory must be this user's alone: each
     level sarc creates is made with mode 0700, and a cache directory owned by another
-    user, or writable by group or others, is refused (``CacheDirError``).
+    user, or writable by group or others, is refused (``CacheDirError``), as is one
+    inside a folder where another user could swap it (owned by someone other than this
+    user or root, or writable by all without the sticky bit, as /tmp has).
     """
     env = os.environ.get("SARC_CACHE_DIR")
     if env:
@@ -79,6 +81,7 @@ def cache_dir() -> Path:
     _make_private(root)
     for level in (owned, root) if owned != root else (root,):
         _check_private(level)
+    _check_ancestors(owned)
     return root
 
 
@@ -112,6 +115,20 @@ def _check_private(path: Path) -> None:
                             f"(mode {stat.S_IMODE(st.st_mode):o}); sarc imports code from it, "
                             f"so it refuses it: chmod 700 {path}, or set SARC_CACHE_DIR to "
                             f"a private directory")
+
+
+def _check_ancestors(path: Path) -> None:
+    for folder in Path(os.path.realpath(path)).parents:
+        st = os.stat(folder)
+        if st.st_uid not in (os.getuid(), 0):
+            raise CacheDirError(f"the module cache {path} is inside {folder}, which uid "
+                                f"{st.st_uid} owns and could swap it; sarc imports code from "
+                                f"the cache: set SARC_CACHE_DIR to a directory of your own")
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise CacheDirError(f"the module cache {path} is inside {folder}, which every "
+                                f"user may write to (mode {stat.S_IMODE(st.st_mode):o}, no "
+                                f"sticky bit) and so swap the cache; sarc imports code from "
+                                f"the cache: set SARC_CACHE_DIR to a private directory")
 
 
 def write_atomic(path: Path, text: str) -> None:

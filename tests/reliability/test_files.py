@@ -149,6 +149,16 @@ def test_compile_replaces_its_own_set_with_overwrite(tmp_path):
     assert siblings(out) == ["out"]
 
 
+@case("files", "`sarc compile --out . --overwrite` run inside a set sarc wrote", "nothing-lost")
+def test_compile_refuses_to_replace_the_current_directory(tmp_path):
+    out = tmp_path / "out"
+    assert run_sarc("compile", GCN, "--emit", "ir", "--out", out).returncode == 0
+    before = snapshot(out)
+    proc = run_sarc("compile", GCN, "--emit", "plan", "--out", ".", "--overwrite", cwd=out)
+    assert_error(proc, str(out), "current directory")
+    assert snapshot(out) == before
+
+
 # --- kills: the old set or the new one, and the next run cleans up ---------------------------
 
 STEPS = ["created", "written", "sealed", "swapped", "done"]

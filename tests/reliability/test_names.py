@@ -250,6 +250,19 @@ def test_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
     assert str(cache) in str(e.value)
 
 
+@case("names", "a module cache inside a folder everyone may write to (no sticky bit)", "error")
+def test_cache_inside_a_world_writable_folder_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("SARC_CACHE_DIR", str(shared / "mine" / "cache"))
+    with pytest.raises(SarcError, match=f"inside {shared}, which every user may write to"):
+        codegen.cache_dir()
+    shared.chmod(0o1777)  # as /tmp: others cannot rename what is ours
+    assert codegen.cache_dir() == shared / "mine" / "cache"
+    assert stat.S_IMODE((shared / "mine").stat().st_mode) == 0o700
+
+
 @case("names", "the default module cache: created 0700 under $XDG_CACHE_HOME", "exact")
 def test_default_cache_is_private(tmp_path, monkeypatch):
     monkeypatch.delenv("SARC_CACHE_DIR", raising=False)
