@@ -24,7 +24,7 @@ $(VENV_DGL)/.stamp: requirements/dgl.txt pyproject.toml
 envs: $(VENV)/.stamp $(VENV_DGL)/.stamp
 
 run: $(VENV)/.stamp
-	$(VENV)/bin/sarc compile models/gcn.py --emit ir,plan,kernels,schedule --out out/gcn
+	$(VENV)/bin/sarc compile models/gcn.py --emit ir,plan,kernels,schedule --out out/gcn --overwrite
 	$(VENV)/bin/sarc train models/gcn.py --dataset cora --log-every 20
 
 test-main: $(VENV)/.stamp

@@ -13,21 +13,24 @@ artifacts the user asks for (``--emit``) to ``--out``:
   and ``<layer>.schedule.py``, the generated distributed schedule of each layer
   (``sarc.backends.dist_backend``: its parts, forward and backward over torch.distributed)
 
-The output directory is written as a whole: into a temporary sibling that is
-renamed into place, so an error leaves no half-written folder behind.
+``--out`` is written as a whole, through ``sarc.atomic`` (as ``sarc partition`` writes
+its sets): into a temporary sibling, then swapped into place, so an error or a kill
+leaves the old set or the new one. A missing or empty ``--out`` is written; a set an
+earlier ``sarc compile`` wrote is replaced with ``--overwrite``; anything else (the
+user's files, a file, another kind of set) is refused before the model is compiled.
+File names come from the model's submodule names, made safe (``sarc.names.file_stem``).
 """
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from . import names
+from .atomic import atomic_directory, check_target
 from .compiler import BACKENDS, compile_function, optimize
 from .dsl import Layer
 from .errors import SarcError
@@ -38,6 +41,7 @@ from .planner.plan import EXEC_MODES, MODES, Plan, format_plan, plan_model
 from .planner.stats import ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
+SET_KIND = "compile"  # the kind of set in its manifest (``sarc.atomic``)
 
 
 class CompileError(SarcError):
@@ -150,42 +154,38 @@ def format_summary(art: ModelArtifacts) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...]) -> list[Path]:
-    """Write the chosen artifacts under ``out``, replacing it as a whole."""
+def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...], *,
+                    overwrite: bool = False) -> list[Path]:
+    """Write the chosen artifacts as the set at ``out``, all at once (``sarc.atomic``);
+    ``overwrite`` replaces a set an earlier compile wrote there."""
     files: dict[str, str] = {}
     for c in art.layers:
+        stem = names.file_stem(c.name)
         if "ir" in emit:
-            files[f"{c.name}.traced.ir"] = format_function(c.traced)
-            files[f"{c.name}.ir"] = format_function(c.optimized)
+            files[f"{stem}.traced.ir"] = format_function(c.traced)
+            files[f"{stem}.ir"] = format_function(c.optimized)
         if "kernels" in emit:
-            files[f"{c.name}.{art.backend}.py"] = c.kernel_source
+            files[f"{stem}.{art.backend}.py"] = c.kernel_source
             for name, text in c.kernel_files:
-                files[f"{c.name}.kernels/{name}"] = text
+                files[f"{stem}.kernels/{_python_file(name)}"] = text
     if "plan" in emit:
         files["plan.txt"] = format_plan(art.plan)
         files["plan.json"] = art.plan.dumps()
     if "schedule" in emit:
         files["schedule.txt"] = format_schedule(art)
         for lname, source in schedule_sources(art).items():
-            files[f"{lname}.schedule.py"] = source
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+            files[f"{names.file_stem(lname)}.schedule.py"] = source
+    with atomic_directory(out, kind=SET_KIND, overwrite=overwrite) as tmp:
         for rel, text in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old.{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return [out / rel for rel in files]
+            path = names.inside(tmp, rel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return [Path(out) / rel for rel in files]
+
+
+def _python_file(name: str) -> str:
+    """A kernel's file name (``NAME.py``, NAME maybe from the layer's class) made safe."""
+    return f"{names.file_stem(name.removesuffix('.py'))}.py"
 
 
 def parse_bytes(text: str) -> int:
@@ -215,7 +215,10 @@ def add_compile_parser(sub) -> None:
                    help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
     p.add_argument("--emit", default="ir,plan,kernels,schedule",
                    help=f"comma-separated artifacts to write: {', '.join(EMITS)}")
-    p.add_argument("--out", help="the directory to write the artifacts to")
+    p.add_argument("--out", help="the directory to write the artifacts to: missing or empty, "
+                   "or a set an earlier sarc compile wrote (with --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the set an earlier sarc compile wrote at --out")
     p.set_defaults(func=compile_command)
 
 
@@ -230,6 +233,10 @@ def compile_command(args) -> int:
         raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
     if args.workers < 1:
         raise CompileError(f"--workers must be at least 1, got {args.workers}")
+    if args.out:
+        check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
+    elif args.overwrite:
+        raise CompileError("--overwrite applies to --out, which is not given")
     spec = load_model_file(args.model)
     hparams = {**DEFAULTS, **spec.hparams}
     data = load_dataset(args.dataset or hparams["dataset"])
@@ -249,7 +256,7 @@ def compile_command(args) -> int:
     if "plan" in emit:
         print(format_plan(art.plan), end="")
     if args.out:
-        written = write_artifacts(art, Path(args.out), emit)
+        written = write_artifacts(art, Path(args.out), emit, overwrite=args.overwrite)
         print(f"wrote {len(written)} files to {args.out}")
     return 0
 

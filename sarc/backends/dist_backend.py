@@ -27,6 +27,7 @@ from typing import Callable
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir.printer import format_value
+from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
 from .torch_backend import LOWERING, _arg, _region_function, region_sides, region_width
@@ -78,7 +79,7 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
 
 
 def _dict(items: list[tuple[str, str]]) -> str:
-    return "{" + ", ".join(f'"{k}": {v}' for k, v in items) + "}"
+    return "{" + ", ".join(f"{literal(k)}: {v}" for k, v in items) + "}"
 
 
 def _value_src_index(v: Value) -> str:
@@ -105,7 +106,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
     (``partials`` or ``surrogate``)."""
     def lower(i: int, v: Value, regions: list[str], ops: list[str]) -> str:
         if v.op is Op.EDGE_SOFTMAX:
-            return f'DK.edge_softmax_global({ops[0]}, g, norms["{names.sites[i]}"])'
+            return f"DK.edge_softmax_global({ops[0]}, g, norms[{literal(names.sites[i])}])"
         name = names.aggs.get(i)
         if name is None:
             return _default(i, v, regions, ops)
@@ -114,20 +115,22 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
             sides, width, operands = _fused_args(v, regions, ops)
             head = f"{regions[0]}, {regions[1]}, {sides}, {width}, g, {_value_src_index(v)}"
             if mode == "surrogate":
-                return f'DK.softmax_surrogate({head}, cot["{name}"], {operands})'
+                return f"DK.softmax_surrogate({head}, cot[{literal(name)}], {operands})"
             if baseline:
-                return f'DK.softmax_normalized({head}, norms["{name}"], {operands})'
+                return f"DK.softmax_normalized({head}, norms[{literal(name)}], {operands})"
             return f"DK.softmax_partial({head}, {operands})"
         if kind in ("max", "min"):
             if v.op is Op.REDUCE:
                 if mode == "surrogate":
-                    return f'DK.reduce_extremum_select("{kind}", {ops[0]}, g, cot["{name}"][0])'
-                return f'DK.reduce_extremum_partial("{kind}", {ops[0]}, g)'
+                    return (f"DK.reduce_extremum_select({literal(kind)}, {ops[0]}, g, "
+                            f"cot[{literal(name)}][0])")
+                return f"DK.reduce_extremum_partial({literal(kind)}, {ops[0]}, g)"
             sides, width, operands = _fused_args(v, regions, ops)
             if mode == "surrogate":
-                return (f'DK.extremum_select("{kind}", {regions[0]}, {sides}, {width}, g, '
-                        f'cot["{name}"][0], {operands})')
-            return f'DK.extremum_partial("{kind}", {regions[0]}, {sides}, {width}, g, {operands})'
+                return (f"DK.extremum_select({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
+                        f"cot[{literal(name)}][0], {operands})")
+            return (f"DK.extremum_partial({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
+                    f"{operands})")
         return _default(i, v, regions, ops)  # sum (mean is a sum here): the block's aggregate
     return lower
 
@@ -136,8 +139,8 @@ def _surrogate_term(name: str, kind: str, var: str) -> str:
     if kind == "softmax":
         return f"{var}.sum()"
     if kind in ("max", "min"):
-        return f'({var} * cot["{name}"][1]).sum()'
-    return f'({var} * cot["{name}"]).sum()'
+        return f"({var} * cot[{literal(name)}][1]).sum()"
+    return f"({var} * cot[{literal(name)}]).sum()"
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,8 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         parts.append((r + regions, body))
     if split.softmax_sites:
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
-        terms = [f'DK.score_normalizer_surrogate(v{j}, g, norms["{s.name}"][0], cot["{s.name}"]).sum()'
+        terms = [f"DK.score_normalizer_surrogate(v{j}, g, norms[{literal(s.name)}][0], "
+                 f"cot[{literal(s.name)}]).sum()"
                  for s, j in zip(split.softmax_sites, site_inputs)]
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
                                tail=[f"return {' + '.join(terms)}"]))

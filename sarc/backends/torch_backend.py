@@ -11,6 +11,7 @@ pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +26,7 @@ from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
 from ..ir.printer import format_value
 from ..ir.types import Domain
+from ..names import literal
 from . import codegen
 
 
@@ -41,15 +43,22 @@ def _reshape(v: Value, a: list[str]) -> str:
     return f"{a[0]}.reshape({a[0]}.shape[0], {feat})" if feat else f"{a[0]}.reshape(-1)"
 
 
+def number(x: float) -> str:
+    """A float as Python code: ``repr`` where that is a literal, ``float("inf")`` and
+    ``float("nan")`` where it is not."""
+    x = float(x)
+    return repr(x) if math.isfinite(x) else f'float("{x}")'
+
+
 def _leaf(v: Value, a: list[str]) -> str:
     if v.op is Op.CONST:
-        return f"torch.tensor({v.attr['value']!r}, dtype={_dtype(v)}, device=g.device)"
-    name = v.attr["name"]
+        return f"torch.tensor({number(v.attr['value'])}, dtype={_dtype(v)}, device=g.device)"
+    name = literal(v.attr["name"])  # the user's name: a string literal, never code
     if v.op is Op.PARAM:
-        return f'params["{name}"]'
+        return f"params[{name}]"
     if v.type.domain is Domain.DST:
-        return f'inputs["{name}"][: g.num_dst]'
-    return f'inputs["{name}"]'
+        return f"inputs[{name}][: g.num_dst]"
+    return f"inputs[{name}]"
 
 
 def _dtype(v: Value) -> str:
@@ -155,13 +164,13 @@ def _fused(v: Value, a: list[str]) -> str:
     if typed is not None:
         x, table, types, w = typed
         weight = f", {operands[w]}" if w is not None else ""
-        return (f'K.typed_spmm("{v.attr["kind"]}", g, {operands[x]}, {operands[table]}, '
-                f'{operands[types]}{weight})')
+        return (f"K.typed_spmm({literal(v.attr['kind'])}, g, {operands[x]}, {operands[table]}, "
+                f"{operands[types]}{weight})")
     pattern = spmm_pattern(v)
     if pattern is not None:
         x, w, side = pattern
         weight = f", {operands[w]}" if w is not None else ", None"
-        return f'K.spmm("{v.attr["kind"]}", g, {operands[x]}{weight}, "{side}")'
+        return f"K.spmm({literal(v.attr['kind'])}, g, {operands[x]}{weight}, {literal(side)})"
     if v.op is Op.SOFTMAX_AGGREGATE:
         value = v.attr["value"]
         z = _arg(value, value.result, "src")
@@ -169,7 +178,7 @@ def _fused(v: Value, a: list[str]) -> str:
             return f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, g, {', '.join(operands)})"
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
-    head = f'"{v.attr["kind"]}", ' if v.op is Op.AGGREGATE else ""
+    head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
     return (f"K.{v.op.value}({head}{', '.join(regions)}, {sides!r}, {region_width(v)}, g, "
             f"{', '.join(operands)})")
 
@@ -189,7 +198,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.CONST: _leaf,
     Op.GATHER_SRC: lambda v, a: f"K.gather_src({a[0]}, g)",
     Op.GATHER_DST: lambda v, a: f"K.gather_dst({a[0]}, g)",
-    Op.REDUCE: lambda v, a: f'K.segment_reduce("{v.attr["kind"]}", {a[0]}, g)',
+    Op.REDUCE: lambda v, a: f"K.segment_reduce({literal(v.attr['kind'])}, {a[0]}, g)",
     Op.EDGE_SOFTMAX: lambda v, a: f"K.edge_softmax({a[0]}, g)",
     Op.INDEX: lambda v, a: f"{a[0]}.index_select(0, {a[1]})",
     Op.NEG: lambda v, a: f"-{a[0]}",
@@ -198,11 +207,12 @@ LOWERING: dict[Op, Lowering] = {
     Op.RELU: lambda v, a: f"torch.relu({a[0]})",
     Op.SIGMOID: lambda v, a: f"torch.sigmoid({a[0]})",
     Op.TANH: lambda v, a: f"torch.tanh({a[0]})",
-    Op.POW: lambda v, a: f"torch.pow({a[0]}, {v.attr['exponent']!r})",
-    Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {v.attr['min']!r})",
-    Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {v.attr['slope']!r})",
-    Op.ELU: lambda v, a: f"F.elu({a[0]}, {v.attr['alpha']!r})",
-    Op.DROPOUT: lambda v, a: f"K.dropout({a[0]}, {v.attr['p']!r}, seed, {v.attr['key']}, training)",
+    Op.POW: lambda v, a: f"torch.pow({a[0]}, {number(v.attr['exponent'])})",
+    Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",
+    Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {number(v.attr['slope'])})",
+    Op.ELU: lambda v, a: f"F.elu({a[0]}, {number(v.attr['alpha'])})",
+    Op.DROPOUT: lambda v, a: (f"K.dropout({a[0]}, {number(v.attr['p'])}, seed, "
+                              f"{int(v.attr['key'])}, training)"),
     Op.ADD: lambda v, a: f"{a[0]} + {a[1]}",
     Op.SUB: lambda v, a: f"{a[0]} - {a[1]}",
     Op.MUL: lambda v, a: f"{a[0]} * {a[1]}",
@@ -261,7 +271,7 @@ def generate(fn: Function) -> str:
         dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
         if dead:
             body.append(f"del {', '.join(dead)}")
-    outputs = ", ".join(f'"{k}": v{i}' for k, i in fn.outputs)
+    outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))
 

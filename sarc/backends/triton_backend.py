@@ -52,6 +52,7 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
+from ..names import literal, one_line
 from . import codegen, torch_backend
 from . import triton_kernels as TK
 from .triton_grad import aggregate_grads, extra_types, sddmm_grads, softmax_grads
@@ -319,7 +320,7 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
                 log.warning("sarc triton backend: %s; running it with the PyTorch backend's "
                             "kernels instead", reason)
                 fallbacks.append(reason)
-                body.append(f"# fallback to the PyTorch backend: {e}")
+                body.append(f"# fallback to the PyTorch backend: {one_line(e)}")
                 if i in folded:  # the folded gather must exist after all
                     args[0] = f"K.gather_{'src' if fn.values[folded[i]].op is Op.GATHER_SRC else 'dst'}({args[0]}, g)"
             else:
@@ -340,7 +341,7 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
         dead = [f"v{j}" for j in sorted(set(inputs[i])) if last[j] == i]
         if dead:
             body.append(f"del {', '.join(dead)}")
-    outputs = ", ".join(f'"{k}": v{i}' for k, i in fn.outputs)
+    outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     source = codegen.render("triton_layer.py.j2", fn=fn, body=body, outputs=outputs,
                             regions=regions, source=codegen.source_of(fn), op_lines=op_lines)
     return _Generated(source, specs, kernels, fallbacks)

@@ -7,19 +7,23 @@
         return {"h": %7}
 
 Source locations print as ``file:line`` with the file's base name, so dumps do
-not depend on where the project is checked out.
+not depend on where the project is checked out. Names from the user's code (features,
+parameters, outputs, the layer's class, its file) print as string literals or plain
+text without line breaks (``sarc.names``): generated code carries these lines as
+comments, which a name must not end.
 """
 from __future__ import annotations
 
 import os
 
+from ..names import literal, shown
 from .function import Function, Region, Value
 from .ops import Op
 
 
 def format_attr(v) -> str:
     if isinstance(v, str):
-        return f'"{v}"'
+        return literal(v)
     if isinstance(v, float):
         return repr(v)
     if isinstance(v, tuple):
@@ -42,7 +46,7 @@ def format_value(i: int, v: Value, with_loc: bool = True, sigil: str = "%",
     if v.op is Op.ARG:
         rhs = f"arg {v.attr['index']} @{v.attr['side']}"
     elif v.op in (Op.INPUT, Op.PARAM):
-        rhs = f'{v.op.value} "{v.attr["name"]}"'
+        rhs = f'{v.op.value} {literal(v.attr["name"])}'
     elif v.op is Op.CONST:
         rhs = f"const {v.attr['value']!r}"
     else:
@@ -51,7 +55,7 @@ def format_value(i: int, v: Value, with_loc: bool = True, sigil: str = "%",
         rhs = f"{v.op.value}({', '.join(args)})"
     line = f"{lhs} = {rhs}"
     if with_loc and v.loc is not None:
-        line = f"{line:<64} # {os.path.basename(v.loc.file)}:{v.loc.line}"
+        line = f"{line:<64} # {shown(os.path.basename(v.loc.file))}:{v.loc.line}"
     for name, r in regions:
         line += f"\n{indent}    {name}:\n" + "\n".join(
             format_region(r, indent + "        ", with_loc))
@@ -59,12 +63,12 @@ def format_value(i: int, v: Value, with_loc: bool = True, sigil: str = "%",
 
 
 def format_function(fn: Function, with_loc: bool = True) -> str:
-    header = f"def {fn.name}(src, dst, edge, params):"
+    header = f"def {shown(fn.name)}(src, dst, edge, params):"
     if fn.role != "layer":  # layers print as they always did (golden files)
         header += f"  # {fn.role}"
     lines = [header]
     for i, v in enumerate(fn.values):
         lines.append("    " + format_value(i, v, with_loc))
-    outs = ", ".join(f'"{k}": %{i}' for k, i in fn.outputs)
+    outs = ", ".join(f"{literal(k)}: %{i}" for k, i in fn.outputs)
     lines.append(f"    return {{{outs}}}")
     return "\n".join(lines) + "\n"

@@ -9,8 +9,8 @@
 Modules, in pipeline order: ``partitioners`` (METIS with multi-constraint
 balancing, seeded random), ``relabel`` (contiguous id range per part),
 ``parts`` (what a part holds), ``stats`` (edge cut, balance),
-``fingerprint`` (which graph), ``atomic`` (all-or-nothing directory writes),
-``format`` (the directory layout, writing and loading), ``pipeline``,
+``fingerprint`` (which graph), ``format`` (the directory layout, writing and
+loading; written all or nothing through ``sarc.atomic``), ``pipeline``,
 ``foreign`` with ``dgl_format`` and ``pyg_format`` (other systems' partitions
 converted), ``cli``.
 A worker's view of one part is ``sarc.runtime.sharded.ShardedGraph``.

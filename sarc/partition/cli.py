@@ -49,7 +49,9 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
                    help="how to partition (default metis)")
     p.add_argument("--out", required=True, help="directory to write the partitions to")
     p.add_argument("--seed", type=int, help="the partitioner's seed (default 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the partition set sarc wrote at --out (a folder sarc did not "
+                        "write is never replaced)")
     ids = p.add_mutually_exclusive_group()
     ids.add_argument("--dgl-orig-ids", nargs=2, metavar=("NIDS", "EIDS"),
                      help="the original node and edge ids partition_graph(..., "

@@ -31,9 +31,9 @@ from typing import Mapping
 import torch
 
 from ..errors import PartitionError, SarcError
-from .atomic import check_target
+from ..atomic import check_target
 from .fingerprint import graph_fingerprint
-from .format import PartitionSet, write_partitions
+from .format import SET_KIND, PartitionSet, write_partitions
 from .parts import cut_parts
 from .pipeline import BALANCE_MASKS
 from .relabel import Relabeling
@@ -84,7 +84,7 @@ def write_foreign(graph: ForeignGraph, out, *, overwrite: bool = False) -> Parti
     The masks of ``BALANCE_MASKS`` present as bool node data are counted per
     part in the stats, as ``partition_graph`` counts them.
     """
-    check_target(Path(out), overwrite)
+    check_target(Path(out), overwrite, SET_KIND)
     masks = {k: graph.node_data[k] for k in BALANCE_MASKS
              if k in graph.node_data and graph.node_data[k].dtype == torch.bool}
     stats = partition_stats(graph.src, graph.dst, graph.relabeling, masks)

@@ -8,9 +8,10 @@
                          counts, balance) and per part: file, sha256, bytes,
                          node range, edge count
     DIR/part-P.pt        ``torch.save`` of ``Part.to_dict()`` (see ``parts``)
+    DIR/sarc-set.json    the manifest of every set sarc writes (``sarc.atomic``)
 
-The directory is written atomically (``atomic``): it appears complete or not
-at all. ``load_partitions`` checks the metadata, that every part file is
+The directory is written atomically (``sarc.atomic``): it appears complete or not
+at all, and replaces only a partition set sarc wrote, with ``overwrite``. ``load_partitions`` checks the metadata, that every part file is
 there, their sha256 (all up front with ``verify=True``; each file again
 whenever it is read) and, given one, the graph's fingerprint. Every problem
 is a ``PartitionError`` naming the directory or file.
@@ -28,7 +29,7 @@ import torch
 
 from .. import __version__
 from ..errors import PartitionError
-from .atomic import atomic_directory
+from ..atomic import atomic_directory
 from .fingerprint import graph_fingerprint
 from .parts import Part
 from .relabel import Relabeling
@@ -37,6 +38,7 @@ from .stats import PartitionStats
 FORMAT = "sarc-partitions"
 VERSION = 1
 METADATA = "metadata.json"
+SET_KIND = "partitions"  # the kind of set in its manifest (``sarc.atomic``)
 
 
 def part_file_name(p: int) -> str:
@@ -54,7 +56,7 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
     """
     path = Path(path)
     entries = []
-    with atomic_directory(path, overwrite=overwrite) as tmp:
+    with atomic_directory(path, kind=SET_KIND, overwrite=overwrite) as tmp:
         for p, part in enumerate(parts):
             buf = io.BytesIO()
             torch.save(part.to_dict(), buf)

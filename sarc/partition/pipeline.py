@@ -7,9 +7,9 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import GraphError
-from .atomic import check_target
+from ..atomic import check_target
 from .fingerprint import graph_fingerprint
-from .format import PartitionSet, write_partitions
+from .format import SET_KIND, PartitionSet, write_partitions
 from .partitioners import PARTITIONERS, check_graph_input
 from .parts import cut_parts
 from .relabel import relabel
@@ -31,7 +31,7 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     the bool node masks in ``node_data`` to balance across parts (those
     present). Returns the written set, as ``load_partitions(out)`` would.
     """
-    check_target(Path(out), overwrite)  # before the work, not only after it
+    check_target(Path(out), overwrite, SET_KIND)  # before the work, not only after it
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioning method {method!r}; available: "
                          f"{', '.join(PARTITIONERS)}")

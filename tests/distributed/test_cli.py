@@ -65,7 +65,7 @@ def test_compile_emits_the_generated_schedules(tmp_path):
     _sarc("compile", "models/gat.py", "--workers", "3", "--partition", str(parts),
           "--emit", "schedule", "--out", str(out))
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["conv1.schedule.py", "conv2.schedule.py", "schedule.txt"]
+    assert files == ["conv1.schedule.py", "conv2.schedule.py", "sarc-set.json", "schedule.txt"]
     for name in ("conv1", "conv2"):
         text = (out / f"{name}.schedule.py").read_text()
         compile(text, name, "exec")

@@ -8,8 +8,8 @@ import torch
 
 from sarc.errors import PartitionError
 from sarc.partition import graph_fingerprint, load_partitions, partition_graph
-from sarc.partition import atomic
-from sarc.partition.atomic import DirectoryExistsError
+from sarc import atomic
+from sarc.atomic import DirectoryExistsError
 
 from partition_graphs import cora  # noqa: F401  (a fixture)
 
@@ -168,9 +168,16 @@ def test_existing_directory_is_not_overwritten_unless_asked(tmp_path):
     with pytest.raises(DirectoryExistsError, match="not empty"):
         partition_graph(src, dst, n, 2, out, node_data=nd)
     assert [f.name for f in out.iterdir()] == ["notes.txt"]
-    partition_graph(src, dst, n, 2, out, node_data=nd, overwrite=True)
-    assert not (out / "notes.txt").exists()
-    assert load_partitions(out).num_parts == 2
+    # only a set sarc wrote is replaced: the user's folder stays, even with overwrite
+    with pytest.raises(DirectoryExistsError, match="not a set sarc wrote"):
+        partition_graph(src, dst, n, 2, out, node_data=nd, overwrite=True)
+    assert [f.name for f in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    partition_graph(src, dst, n, 2, out, node_data=nd)
+    with pytest.raises(DirectoryExistsError, match="--overwrite"):
+        partition_graph(src, dst, n, 3, out, node_data=nd)
+    partition_graph(src, dst, n, 3, out, node_data=nd, overwrite=True)
+    assert load_partitions(out).num_parts == 3
     assert [p.name for p in tmp_path.iterdir()] == ["parts"]
 
 
@@ -191,7 +198,7 @@ def test_overwrite_replaces_the_set(tmp_path, monkeypatch, exchange):
     pset = load_partitions(out, fingerprint=graph_fingerprint(src, dst, n))
     assert (pset.num_parts, pset.method) == (3, "metis")
     assert sorted(f.name for f in out.iterdir()) == ["metadata.json", "part-0.pt", "part-1.pt",
-                                                     "part-2.pt"]
+                                                     "part-2.pt", "sarc-set.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["parts"]
 
 

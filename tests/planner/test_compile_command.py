@@ -44,16 +44,22 @@ def test_compile_with_a_real_partition(tmp_path, capsys):
     assert plan["workers"] == 2 and plan["stats"]["num_parts"] == 2
     sent = plan["layers"][0]["bytes_sent_per_worker"]
     assert len(sent) == 2 and all(s > 0 for s in sent)
-    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "plan.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "plan.txt", "sarc-set.json"]
 
 
 def test_compile_replaces_the_output_directory_whole(tmp_path):
+    gcn = str(ROOT / "models" / "gcn.py")
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
-    assert main(["compile", str(ROOT / "models" / "gcn.py"), "--emit", "ir", "--out", str(out)]) == 0
-    assert not (out / "stale.txt").exists()
+    assert main(["compile", gcn, "--emit", "ir", "--out", str(out)]) == 0
+    assert (out / "conv1.ir").exists()
+    assert main(["compile", gcn, "--emit", "plan", "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "conv1.ir").exists()  # the earlier set went as a whole
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    mine = tmp_path / "mine"  # a folder sarc did not write is never replaced
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main(["compile", gcn, "--emit", "ir", "--out", str(mine), "--overwrite"]) == 2
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_compile_errors_are_clear(tmp_path, capsys):

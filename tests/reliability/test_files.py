@@ -1,0 +1,252 @@
+"""What ``--out`` may replace, and what a kill leaves behind.
+
+``sarc compile --out`` and ``sarc partition --out`` write a directory through one
+implementation (``sarc.atomic``): a non-empty ``--out`` is refused unless it is a set
+sarc wrote (its ``sarc-set.json`` lists every file in it) and ``--overwrite`` is given;
+the set is written beside it and swapped in. A process killed at any step leaves the old
+set or the new one at ``--out``; the next run removes what a dead writer left (``.NAME.tmp-PID-*``,
+``.NAME.old-PID-*``) and puts a complete old set back where ``--out`` went missing.
+
+The kill tests fork a child that runs the real write and ``os._exit``s at one named step
+(``sarc.atomic._step``), as SIGKILL would: no ``finally`` runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from sarc import atomic
+from sarc.artifacts import compile_model, write_artifacts
+from sarc.partition import load_partitions
+from sarc.partition.pipeline import partition_graph
+
+from .catalogue import case
+from .harness import ROOT, assert_error, run_sarc
+
+GCN = ROOT / "models" / "gcn.py"
+KILLED = 137
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` by relative name, with its bytes."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def siblings(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir())
+
+
+def killed_at(step: str, write, *, exchange: bool = True) -> int:
+    """Run ``write()`` in a forked child that dies (``os._exit``) when the replace reaches
+    ``step``; the child's exit status (``KILLED`` if it got there)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            atomic._step = lambda s: os._exit(KILLED) if s == step else None
+            if not exchange:
+                atomic._exchange = lambda a, b: False
+            write()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.fixture(scope="module")
+def gcn_artifacts():
+    """Two compiled GCN artifact sets: ``old`` (IR) and ``new`` (plan), as compile writes them."""
+    from sarc.datasets import load_dataset
+    from sarc.loader import load_model_file
+    from sarc.train import DEFAULTS, build
+    spec = load_model_file(str(GCN))
+    hparams = {**DEFAULTS, **spec.hparams}
+    model = build(spec, load_dataset(hparams["dataset"]), hparams)
+    return compile_model(model, spec.name)
+
+
+def small_graph():
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    src, dst = torch.randint(0, n, (200,), generator=g), torch.randint(0, n, (200,), generator=g)
+    return src, dst, n, {"feat": torch.randn(n, 3, generator=g)}
+
+
+# --- refusals: nothing is written, nothing is lost ------------------------------------------
+
+@case("files", "`sarc compile --out .` in a project folder with the user's files", "nothing-lost")
+def test_compile_out_dot_keeps_the_users_files(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    (project / "model.py").write_text(GCN.read_text())
+    before = snapshot(project)
+    for extra in ([], ["--overwrite"]):
+        proc = run_sarc("compile", "model.py", "--emit", "ir", "--out", ".", *extra, cwd=project)
+        assert_error(proc, str(project), "not a set sarc wrote")
+        assert snapshot(project) == before
+    assert siblings(project) == ["project"]
+
+
+@case("files", "`sarc compile --out` naming an existing file", "nothing-lost")
+def test_compile_out_an_existing_file(tmp_path):
+    target = tmp_path / "results"
+    target.write_text("a file of the user's")
+    proc = run_sarc("compile", GCN, "--emit", "ir", "--out", target, "--overwrite")
+    assert_error(proc, str(target), "not a directory")
+    assert target.read_text() == "a file of the user's"
+    assert siblings(target) == ["results"]
+
+
+@case("files", "`--out` a non-empty folder sarc did not write, with `--overwrite`", "nothing-lost")
+def test_partition_overwrite_refuses_a_foreign_folder(tmp_path):
+    out = tmp_path / "parts"
+    out.mkdir()
+    (out / "data.csv").write_text("1,2,3")
+    proc = run_sarc("partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+                    "--out", out, "--overwrite")
+    assert_error(proc, str(out), "not a set sarc wrote", "sarc-set.json")
+    assert snapshot(out) == {"data.csv": b"1,2,3"}
+    assert siblings(out) == ["parts"]
+
+
+@case("files", "`--out` a set sarc wrote into which the user put a file, with `--overwrite`",
+      "nothing-lost")
+def test_overwrite_refuses_a_set_holding_a_users_file(tmp_path, gcn_artifacts):
+    out = tmp_path / "out"
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    (out / "my-notes.txt").write_text("mine")
+    before = snapshot(out)
+    with pytest.raises(atomic.DirectoryExistsError, match="my-notes.txt"):
+        write_artifacts(gcn_artifacts, out, ("plan",), overwrite=True)
+    assert snapshot(out) == before
+
+
+@case("files", "`sarc compile --out` a previous compile's set: refused without `--overwrite`, "
+      "replaced with it", "old-or-new")
+def test_compile_replaces_its_own_set_with_overwrite(tmp_path):
+    out = tmp_path / "out"
+    assert run_sarc("compile", GCN, "--emit", "ir", "--out", out).returncode == 0
+    old = snapshot(out)
+    assert "conv1.ir" in old and atomic.MANIFEST in old
+    proc = run_sarc("compile", GCN, "--emit", "plan", "--out", out)
+    assert_error(proc, str(out), "--overwrite")
+    assert snapshot(out) == old
+    proc = run_sarc("compile", GCN, "--emit", "plan", "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(snapshot(out)) == sorted(["plan.txt", "plan.json", atomic.MANIFEST])
+    assert json.loads((out / atomic.MANIFEST).read_text())["kind"] == "compile"
+    assert siblings(out) == ["out"]
+
+
+@case("files", "`sarc compile --out . --overwrite` run inside a set sarc wrote", "nothing-lost")
+def test_compile_refuses_to_replace_the_current_directory(tmp_path):
+    out = tmp_path / "out"
+    assert run_sarc("compile", GCN, "--emit", "ir", "--out", out).returncode == 0
+    before = snapshot(out)
+    proc = run_sarc("compile", GCN, "--emit", "plan", "--out", ".", "--overwrite", cwd=out)
+    assert_error(proc, str(out), "current directory")
+    assert snapshot(out) == before
+
+
+# --- kills: the old set or the new one, and the next run cleans up ---------------------------
+
+STEPS = ["created", "written", "sealed", "swapped", "done"]
+FALLBACK_STEPS = ["created", "written", "sealed", "aside", "swapped", "done"]
+
+
+@case("files", "compile killed (SIGKILL) at each step of replacing `--out`", "old-or-new")
+@pytest.mark.parametrize("exchange,step", [(True, s) for s in STEPS]
+                         + [(False, s) for s in FALLBACK_STEPS])
+def test_compile_killed_at_each_step(tmp_path, gcn_artifacts, exchange, step):
+    out = tmp_path / "out"
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    old, new = snapshot(out), snapshot_new(gcn_artifacts, tmp_path)
+    assert killed_at(step, lambda: write_artifacts(gcn_artifacts, out, ("plan",), overwrite=True),
+                     exchange=exchange) == KILLED
+    expected = new if step in ("swapped", "done") else old
+    if step != "aside":  # a reader sees a whole set right away
+        assert snapshot(out) == expected
+    else:  # the fallback's one window: --out missing, the old set whole beside it
+        assert not out.exists()
+    # the next run: leftovers of the dead writer go (the old set comes back where it went
+    # missing), then this run's own rules apply
+    with pytest.raises(atomic.DirectoryExistsError, match="--overwrite"):
+        write_artifacts(gcn_artifacts, out, ("schedule",))
+    assert snapshot(out) == expected
+    assert siblings(out) == ["new-reference", "out"]
+    write_artifacts(gcn_artifacts, out, ("schedule",), overwrite=True)
+    assert "schedule.txt" in snapshot(out)
+    assert siblings(out) == ["new-reference", "out"]
+
+
+def snapshot_new(art, tmp_path: Path) -> dict[str, bytes]:
+    ref = tmp_path / "new-reference"
+    if not ref.exists():
+        write_artifacts(art, ref, ("plan",))
+    return snapshot(ref)
+
+
+@case("files", "`sarc partition --overwrite` killed while writing its parts", "old-or-new")
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+def test_partition_killed_while_writing_parts(tmp_path, exchange):
+    src, dst, n, nd = small_graph()
+    out = tmp_path / "parts"
+    partition_graph(src, dst, n, 2, out, method="random", node_data=nd)
+    old = snapshot(out)
+    saves = []
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **kw):  # the child dies inside its second part file
+        saves.append(1)
+        if len(saves) == 2:
+            os._exit(KILLED)
+        return real_save(obj, f, *a, **kw)
+
+    def write():
+        torch.save = dying_save
+        partition_graph(src, dst, n, 3, out, method="random", node_data=nd, overwrite=True)
+    assert killed_at("never", write, exchange=exchange) == KILLED
+    assert snapshot(out) == old
+    assert [p for p in siblings(out) if p.startswith(".parts.tmp-")]  # the dead writer's
+    pset = partition_graph(src, dst, n, 3, out, method="random", node_data=nd, overwrite=True)
+    assert pset.num_parts == 3 and load_partitions(out).num_parts == 3
+    assert siblings(out) == ["parts"]
+
+
+@case("files", "leftovers of a dead writer (`.NAME.tmp-PID-*`, `.NAME.old-PID-*`, `--out` "
+      "missing)", "old-or-new")
+def test_leftovers_are_cleaned_and_a_missing_set_restored(tmp_path):
+    src, dst, n, nd = small_graph()
+    out = tmp_path / "parts"
+    partition_graph(src, dst, n, 2, out, method="random", node_data=nd)
+    old = snapshot(out)
+    dead = _dead_pid()
+    # a writer killed between its renames (no renameat2): the set aside, --out missing
+    os.rename(out, tmp_path / f".parts.old-{dead}-0badf00d")
+    (tmp_path / f".parts.tmp-{dead}-12345678").mkdir()
+    (tmp_path / f".parts.tmp-{dead}-12345678" / "part-0.pt").write_bytes(b"half")
+    live = tmp_path / f".parts.tmp-{os.getpid()}-abcdef01"  # a live writer's: left alone
+    live.mkdir()
+    proc = run_sarc("partition", "--dataset", "cora", "--parts", "2", "--out", out)
+    assert_error(proc, str(out), "--overwrite")
+    assert snapshot(out) == old
+    assert siblings(out) == [live.name, "parts"]
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
