@@ -224,3 +224,15 @@ def test_torch_attention_gradients_at_large_scores(score, variant):
 @pytest.mark.parametrize("score,variant", CASES, ids=IDS)
 def test_ir_backward_attention_gradients_at_large_scores(score, variant):
     check_gradients(_compiled("torch", "ir"), score, VARIANTS[variant])
+
+
+@case("numerics", "attention scores of 1e2..1e4 (GAT, features x1e3), Triton backend "
+      "(interpreter)", "exact")
+@pytest.mark.parametrize("score,variant", CASES, ids=IDS)
+def test_triton_attention_gradients_at_large_scores(score, variant):
+    from sarc.backends import triton_backend
+    try:
+        triton_backend.check_triton()
+    except triton_backend.TritonUnavailable as e:
+        pytest.skip(str(e))
+    check_gradients(_compiled("triton", device=TRITON_DEVICE), score, VARIANTS[variant])
