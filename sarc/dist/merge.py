@@ -17,7 +17,10 @@ cotangent each block's backward surrogate needs:
   ``M = max(M, m_j)``, ``S = S e^(M_old - M) + s_j e^(m_j - M)``, ``acc``
   likewise; ``y = acc / S``. One pass over the blocks (FlashAttention's
   rescaling). Cotangent ``(M, S, g, D)`` with ``D_v = <g_v, y_v>`` per score
-  element: each block's backward is then independent of the others.
+  element: each block's backward is then independent of the others. ``S``,
+  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.dist.kernels.STATS``: the
+  score gradients cancel over each row, see there); ``y`` is handed on in the
+  layer's dtype.
 - softmax with a normalizer pass first (baseline mode: no online softmax):
   ``(M, S)`` from the normalizer pass, then ``y = sum_j acc_j`` where the blocks
   normalize with them; same cotangent.
@@ -142,8 +145,8 @@ class SoftmaxMerge(_AtRows):
             self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
             return
         new_m = torch.maximum(self.m, m)
-        a = _scale(self.m, new_m)
-        b = _scale(m, new_m)
+        a = _scale(self.m, new_m, s.dtype)
+        b = _scale(m, new_m, s.dtype)
         self.s = self.s * a + s * b
         self.acc = self.acc * _expand(a, acc) + acc * _expand(b, acc)
         self.m = new_m
@@ -160,11 +163,11 @@ class SoftmaxMerge(_AtRows):
         self.m = torch.where(empty, 0.0, self.m)
         self.s = torch.where(empty, 1.0, self.s)
         self.acc = None
-        return self.out
+        return self.out.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
         trailing = math.prod(g.shape[self.m.dim():])
-        d = (g * self.out).reshape(*self.m.shape, trailing).sum(-1)
+        d = (g.to(self.out.dtype) * self.out).reshape(*self.m.shape, trailing).sum(-1)
         return self.m, self.s, g, d
 
 
@@ -181,7 +184,7 @@ class NormalizedSoftmaxMerge(SoftmaxMerge):
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         self.out = self.total.finish(zeros)
-        return self.out
+        return self.out.to(zeros.dtype)
 
 
 class NormalizerMerge(_AtRows):
@@ -198,7 +201,7 @@ class NormalizerMerge(_AtRows):
             self.m, self.s = m.clone(), s.clone()
             return
         new_m = torch.maximum(self.m, m)
-        self.s = self.s * _scale(self.m, new_m) + s * _scale(m, new_m)
+        self.s = self.s * _scale(self.m, new_m, s.dtype) + s * _scale(m, new_m, s.dtype)
         self.m = new_m
 
     def finish(self, shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,9 +211,11 @@ class NormalizerMerge(_AtRows):
         return torch.where(empty, 0.0, self.m), torch.where(empty, 1.0, self.s)
 
 
-def _scale(m: torch.Tensor, new_m: torch.Tensor) -> torch.Tensor:
-    """exp(m - new_m), 0 where m is -inf (a block, or a running state, without edges there)."""
-    return torch.where(m == NEG_INF, torch.zeros((), dtype=m.dtype), torch.exp(m - new_m))
+def _scale(m: torch.Tensor, new_m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """exp(m - new_m) in ``dtype`` (the sums'), 0 where m is -inf (a block, or a running
+    state, without edges there)."""
+    return torch.where(m == NEG_INF, torch.zeros((), dtype=dtype),
+                       torch.exp(m.to(dtype) - new_m.to(dtype)))
 
 
 def make_merge(agg: Aggregate, in_degree: torch.Tensor, norm=None):

@@ -236,3 +236,100 @@ def test_triton_attention_gradients_at_large_scores(score, variant):
     except triton_backend.TritonUnavailable as e:
         pytest.skip(str(e))
     check_gradients(_compiled("triton", device=TRITON_DEVICE), score, VARIANTS[variant])
+
+
+# --- the distributed schedules ----------------------------------------------------------
+
+WORKERS = 2
+STEPS = 5
+ADAM = {"lr": 0.005, "weight_decay": 5e-4}  # as sarc train (models/gat.py's lr)
+
+
+def _train(model, g, x, label, train, total: int, steps: int, group=None):
+    """``steps`` Adam steps; returns (first step's gradients, losses, final parameters)."""
+    from sarc.dist.train import allreduce_gradients
+    opt = torch.optim.Adam(model.parameters(), **ADAM)
+    x = x.detach().clone().requires_grad_()
+    first, losses = None, []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(g, x)[train], label[train], reduction="sum") / total
+        loss.backward()
+        if group is not None:
+            allreduce_gradients(model, group)
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss, group=group)
+        if first is None:
+            first = {**{k: p.grad.clone() for k, p in model.named_parameters()}, "x": x.grad}
+        losses.append(float(loss))
+        opt.step()
+    return first, losses, {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+def _worker(rank, port, queue, parts: str, state: dict, attn_drop: float, total: int,
+            steps: int):
+    import torch.distributed as dist
+
+    from sarc.dist import DistGraph
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORKERS, timeout=datetime.timedelta(seconds=60))
+    try:
+        shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
+        model = _model(attn_drop)
+        model.load_state_dict(state)
+        dg = DistGraph(shard, timeout=datetime.timedelta(seconds=60))
+        nd = shard.ndata
+        result = _train(model, dg, nd["feat"], nd["label"], nd["train_mask"], total, steps,
+                        dist.group.WORLD)
+        torch.save((shard.orig_node_ids, *result), Path(parts) / f"result.r{rank}.pt")
+        queue.put((rank, "ok"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _distributed(steps: int, tmp: Path):
+    """A run function for ``check_gradients``: ``steps`` steps on ``WORKERS`` workers (a random
+    partition of the graph); returns the first step's gradients, whole, in node order."""
+    from distributed.harness import spawn
+
+    from sarc.partition import partition_graph
+
+    def run(model, g, x, label, train):
+        parts = partition_graph(g.src, g.dst, g.num_src, WORKERS, tmp / "parts", method="random",
+                                node_data={"feat": x, "label": label, "train_mask": train}).path
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        codes, reports = spawn(_worker, WORKERS, (str(parts), state, float(model.conv1.attn_drop),
+                                                  int(train.sum()), steps), timeout_s=240)
+        assert codes == [0] * WORKERS and reports == ["ok"] * WORKERS, (codes, reports)
+        ranks = [torch.load(parts / f"result.r{r}.pt", weights_only=False)
+                 for r in range(WORKERS)]
+        first = dict(ranks[0][1])
+        first["x"] = torch.zeros_like(x)
+        for ids, grads, *_ in ranks:
+            first["x"][ids] = grads["x"]
+        run.losses, run.final = ranks[0][2], ranks[0][3]
+        return first
+    return run
+
+
+@case("numerics", f"attention scores of 1e2..1e4 (GAT, features x1e3), {WORKERS} workers",
+      "exact")
+@pytest.mark.parametrize("score", SCORES, ids=[f"{s:g}" for s in SCORES])
+def test_distributed_attention_gradients_at_large_scores(score, tmp_path):
+    check_gradients(_distributed(1, tmp_path), score, VARIANTS["fused"])
+
+
+@case("numerics", f"GAT trained {STEPS} Adam steps at attention scores of 1e4 on {WORKERS} "
+      "workers vs one process", "exact")
+def test_distributed_training_at_large_scores_equals_one_process(tmp_path):
+    g, model, x, label, train, _ = _problem(1e4, VARIANTS["fused"])
+    run = _distributed(STEPS, tmp_path)
+    run(copy.deepcopy(model), g, x, label, train)
+    _, losses, final = _train(model, g, x, label, train, int(train.sum()), STEPS)
+    assert run.losses == pytest.approx(losses, rel=1e-5)
+    for k, want in final.items():
+        assert _err(run.final[k], want) <= 1e-5 * float(want.norm()), (
+            f"{k} after {STEPS} steps: {WORKERS} workers differ from one process by "
+            f"{_err(run.final[k], want) / float(want.norm()):.2e} (relative)")
