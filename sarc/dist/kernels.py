@@ -17,7 +17,7 @@ edge tensors exist one ``torch_kernels.EDGE_BLOCK_ELEMS`` block at a time):
   region / an edge score tensor (a normalizer pass: baseline mode, unfused
   edge_softmax); ``softmax_normalized``: ``sum alpha * value`` with global
   normalizers ``alpha = exp(score - M) / S``;
-- ``edge_softmax_global``: ``exp(score - M[dst]) / S[dst]`` (differentiable).
+- ``edge_softmax_global``: ``exp(score - M[dst]) / S[dst]`` (differentiable, see below).
 
 Backward surrogates (differentiable): per-destination tensors whose gradient
 with respect to the block's inputs is the block's share of the layer's
@@ -28,8 +28,8 @@ gradient, given the merged state and the output cotangent:
 - ``softmax_surrogate``: ``sum_e alpha_e (<g_v, value_e> - D_v)``, ``D_v = <g_v, out_v>``,
   alpha from the final (M, S): its gradient is ``alpha_e g_v`` for the value
   and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's;
-- ``score_normalizer_surrogate``: ``sum_e exp(score_e - M_v) gS_v``, the
-  normalizer's share (``gS`` the gradient reaching the global sums S).
+- ``score_normalizer_surrogate``: the normalizer pass's share of an unfused
+  edge_softmax's score gradient (below).
 
 Precision of the fused softmax. A score gradient ``alpha_e (<g, value_e> - D_v)``
 sums to zero over each destination's edges (softmax is shift invariant): the
@@ -44,8 +44,24 @@ the dots are computed in float64 (``STATS``) in the forward partials, the
 merge and the surrogate alike, so ``D_v`` is ``sum_e alpha_e <g, value_e>`` of
 the same weights to float64 precision and each score gradient comes out
 correctly rounded; the layer's output and every gradient stay in the layer's
-dtype. An unfused ``edge_softmax`` (its normalizers' gradient comes back in a
-second pass) keeps the layer's dtype.
+dtype.
+
+An unfused ``edge_softmax``: its weights ``alpha = exp(score - M) / S`` (float64
+normalizers from a normalizer pass) feed arbitrary edge code, and its score
+gradient ``alpha_e (g_e - gbar_v)``, ``gbar_v = sum_e alpha_e g_e`` over every
+block, is known only after the main backward pass has seen every block. The
+textbook split -- ``alpha_e g_e`` in that pass, ``-alpha_e gbar_v`` in the
+normalizer pass -- cancels across the two passes, after both went through the
+score's gradient into the operands: at large scores the error is far above
+plain float32's. Here each pass's share is small instead. In the main pass a
+piece (its edges of row v: ``A_j = sum alpha_e``, ``B_j = sum alpha_e g_e``) sends
+``alpha_e (g_e - B_j / A_j)`` to the score and hands ``B_j`` on
+(``edge_softmax_global``'s backward gives it as the gradient of its ``S``
+operand; the runtime keeps it per piece, ``merge.SiteShares``); in the
+normalizer pass the same piece sends ``alpha_e (B_j / A_j - gbar_v)``,
+``gbar_v = sum_j B_j`` (``score_normalizer_surrogate``). The two add up to the
+softmax's gradient; both are computed in float64 and are as small as the
+gradient itself.
 """
 from __future__ import annotations
 
@@ -214,19 +230,48 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
 
 @torch.no_grad()
 def score_normalizer(sc: torch.Tensor, g: Graph):
-    """(m, s) of an edge score tensor on the block (in its dtype)."""
-    m, ex = _score_stats(sc, g, sc.dtype)
+    """(m, s) of an edge score tensor on the block, s in ``STATS``."""
+    m, ex = _score_stats(sc, g, STATS)
     return m, K.segment_sum(ex, g)
 
 
 def edge_softmax_global(sc: torch.Tensor, g: Graph, norm) -> torch.Tensor:
-    """softmax of ``sc`` over each destination's edges in *every* block: exp(sc - M) / S."""
+    """softmax of ``sc`` over each destination's edges in *every* block: exp(sc - M) / S,
+    in sc's dtype. Backward: the main pass's share of the score gradient (module doc)."""
     big_m, big_s = norm
-    return torch.exp(sc - big_m.index_select(0, g.dst)) / big_s.index_select(0, g.dst)
+    return _GlobalSoftmax.apply(sc, big_m, big_s, g)
 
 
-def score_normalizer_surrogate(sc: torch.Tensor, g: Graph, big_m: torch.Tensor,
-                               grad_s: torch.Tensor) -> torch.Tensor:
-    """Per destination, sum over the block's edges of exp(sc - M) * gS: the block's share
-    of the gradient that reaches the scores through the global sums S."""
-    return K.segment_sum(torch.exp(sc - big_m.index_select(0, g.dst)), g) * grad_s
+class _GlobalSoftmax(torch.autograd.Function):
+    """``alpha = exp(sc - M) / S``; backward (``g`` the gradient of alpha), per destination
+    row of the block: ``alpha (g - B / A)`` to sc, ``B = sum alpha g`` to S (the share
+    the normalizer pass needs, not dL/dS), nothing to M."""
+
+    @staticmethod
+    def forward(ctx, sc, big_m, big_s, g):
+        alpha = _weights(sc, g, big_m, big_s)
+        ctx.g, ctx.dtype = g, sc.dtype
+        ctx.save_for_backward(alpha)
+        return alpha.to(sc.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (alpha,) = ctx.saved_tensors
+        g = ctx.g
+        ga = alpha * grad.to(STATS)
+        a, b = K.segment_sum(alpha, g), K.segment_sum(ga, g)
+        mean = torch.where(a > 0, b / torch.where(a > 0, a, 1.0), 0.0)
+        dsc = ga - alpha * mean.index_select(0, g.dst)
+        return dsc.to(ctx.dtype), None, b, None
+
+
+def score_normalizer_surrogate(sc: torch.Tensor, g: Graph, norm, shares) -> torch.Tensor:
+    """Per destination, sum over the block's edges of alpha_e (B / A - gbar): its gradient
+    is the normalizer pass's share of the score gradient (module doc). ``shares`` =
+    (gbar, B) at the block's destinations (``merge.SiteShares``)."""
+    big_m, big_s = norm
+    gbar, b = shares
+    alpha = _weights(sc, g, big_m, big_s.detach())
+    a = K.segment_sum(alpha.detach(), g)
+    coef = torch.where(a > 0, b.to(STATS) / torch.where(a > 0, a, 1.0), 0.0) - gbar.to(STATS)
+    return K.segment_sum(alpha * coef.index_select(0, g.dst), g)

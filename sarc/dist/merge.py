@@ -25,7 +25,8 @@ cotangent each block's backward surrogate needs:
   ``(M, S)`` from the normalizer pass, then ``y = sum_j acc_j`` where the blocks
   normalize with them; same cotangent.
 - normalizers of an unfused ``edge_softmax``: ``(m_j, s_j)`` merged like the
-  online softmax into ``(M, S)``; rows without edges get ``(0, 1)``.
+  online softmax into ``(M, S)``, S in float64; rows without edges get ``(0, 1)``.
+  Its backward's per-piece shares: ``SiteShares``.
 """
 from __future__ import annotations
 
@@ -205,10 +206,41 @@ class NormalizerMerge(_AtRows):
         self.m = new_m
 
     def finish(self, shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, S): M in the scores' ``dtype``, S in float64 (the blocks' sums are)."""
         if self.m is None:
-            return torch.zeros(shape, dtype=dtype, device=device), torch.ones(shape, dtype=dtype, device=device)
+            return (torch.zeros(shape, dtype=dtype, device=device),
+                    torch.ones(shape, dtype=torch.float64, device=device))
         empty = self.s == 0
         return torch.where(empty, 0.0, self.m), torch.where(empty, 1.0, self.s)
+
+
+class SiteShares:
+    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.dist.kernels``):
+    the main pass leaves, per piece, ``B_j = sum alpha_e g_e`` over its edges of each
+    destination (float64, at the piece's rows); the normalizer pass gives each piece
+    ``(gbar, B_j)`` at its rows, ``gbar = sum_j B_j`` over every piece of the row."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.by_piece: dict = {}
+        self.total: torch.Tensor | None = None
+
+    def add(self, key, b: torch.Tensor, rows: torch.Tensor | None) -> None:
+        self.by_piece[key] = b
+        if self.total is None:
+            self.total = b.new_zeros((self.n, *b.shape[1:]))
+        if rows is None:
+            self.total += b
+        else:
+            self.total.index_add_(0, rows, b)
+
+    def at(self, key, rows: torch.Tensor | None, like: torch.Tensor) -> tuple:
+        """(gbar, B_j) at a piece's rows; zeros where the main pass left nothing (``like``:
+        the sums S at those rows, for the shape)."""
+        zeros = torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+        gbar = zeros if self.total is None else (
+            self.total if rows is None else self.total.index_select(0, rows))
+        return gbar, self.by_piece.get(key, zeros)
 
 
 def _scale(m: torch.Tensor, new_m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
