@@ -140,7 +140,7 @@ def _problem(score: float, attn_drop: float):
 
 def _terms(plain: Plain, layer: int, att_dst: torch.Tensor) -> torch.Tensor:
     """sum_e |d raw_e| |z_dst(e)| (float64 run): the magnitude of the terms of d att_dst."""
-    raw, z = plain.raw[layer], plain.z[layer]
+    raw, z = plain.raw[layer], plain.z[layer].detach()
     return (raw.grad.abs().unsqueeze(-1) * z[plain.g.dst].abs()).sum(0).reshape(att_dst.shape)
 
 
