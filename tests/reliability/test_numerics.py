@@ -229,6 +229,8 @@ def test_ir_backward_attention_gradients_at_large_scores(score, variant):
 @case("numerics", "attention scores of 1e2..1e4 (GAT, features x1e3), Triton backend "
       "(interpreter)", "exact")
 @pytest.mark.parametrize("score,variant", CASES, ids=IDS)
+# the interpreter's NumPy warns about the padding lanes of a tile (see tests/backends/triton)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 def test_triton_attention_gradients_at_large_scores(score, variant):
     from sarc.backends import triton_backend
     try:
