@@ -198,7 +198,7 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         parts.append((r + regions, body))
     if split.softmax_sites:
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
-        terms = [f"DK.score_normalizer_surrogate(v{j}, g, norms[{literal(s.name)}][0], "
+        terms = [f"DK.score_normalizer_surrogate(v{j}, g, norms[{literal(s.name)}], "
                  f"cot[{literal(s.name)}]).sum()"
                  for s, j in zip(split.softmax_sites, site_inputs)]
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,

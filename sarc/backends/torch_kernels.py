@@ -30,6 +30,7 @@ _SPMM_DTYPES = (torch.float32, torch.float64)
 EDGE_BLOCK_ELEMS = 1 << 22
 """Edge-value elements (rows x width) one block of a fused op may hold at once."""
 from ..ir import rng
+from ..ir.softmax import edge_softmax_vjp
 
 
 def _rowwise(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -187,12 +188,30 @@ class _SegmentExtremum(torch.autograd.Function):
 
 
 def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
-    """softmax of x over the edges into each destination (max-shifted)."""
-    with torch.no_grad():
+    """softmax of x over the edges into each destination (max-shifted); its backward is
+    the cancellation-free form of ``sarc.ir.softmax``."""
+    return _EdgeSoftmax.apply(x, g)
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    """``p = exp(x - max) / sum`` per destination; backward ``sarc.ir.softmax.edge_softmax_vjp``
+    (written with differentiable ops: a double backward goes through it)."""
+
+    @staticmethod
+    def forward(ctx, x, g):
         m = torch.segment_reduce(x, "max", offsets=g.rowptr, axis=0)
-    ex = torch.exp(x - m.index_select(0, g.dst))
-    s = segment_sum(ex, g)
-    return ex / s.index_select(0, g.dst)
+        ex = torch.exp(x - m.index_select(0, g.dst))
+        p = ex / segment_sum(ex, g).index_select(0, g.dst)
+        ctx.g = g
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, dp):
+        (p,) = ctx.saved_tensors
+        g = ctx.g
+        return edge_softmax_vjp(p, dp, lambda t: segment_sum(t, g),
+                                lambda t: t.index_select(0, g.dst)), None
 
 
 def _check_types(types: torch.Tensor, num_types: int) -> None:

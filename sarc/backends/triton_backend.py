@@ -16,7 +16,8 @@ Which kernels an IR op gets (``KERNEL_OPS``):
   softmax): a forward kernel with the region inlined (``triton_lower``), a
   merge kernel for split rows, and per float operand a gradient kernel: a CSR
   aggregate, a transposed (CSC) aggregate for operands read at the source, an
-  SDDMM for edge operands (``triton_grad``); max / min also count ties;
+  SDDMM for edge operands (``triton_grad``); max / min also count ties, and
+  softmax sums each row's score gradients (``sigma``, projected out);
 - unfused graph ops get the same machinery with a one-value region: ``reduce``
   (an aggregate of an edge operand), ``gather_src`` / ``gather_dst`` (an SDDMM
   whose gradient is a transposed aggregate), ``scatter_src`` (a CSC aggregate);
@@ -128,7 +129,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
     out = v.type
     cdtype = TK.cdtype_of(types)
     grads_spec: dict[int, tuple] = {}
-    count_spec = None
+    row_sum_spec = None
     value_extra = 0
     if kind == "sddmm":
         fwd = ("sddmm", out.feat, plan.add(TK.sddmm(origin, f"{prefix}.forward", "forward",
@@ -144,8 +145,12 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
         comb = plan.add(TK.softmax_combine(origin, f"{prefix}.forward_combine", st.feat, vt.feat,
                                            cdtype))
         fwd = ("softmax", st.feat, out.feat, main, comb)
-        grads = softmax_grads(score, value, types, sides, out)
+        grads, sigma = softmax_grads(score, value, types, sides, out)
         ext = extra_types("softmax", out, st)
+        row_sum_spec = _aggregate_kernels(plan, origin, f"{prefix}.sigma", "per-row sum of the "
+                                        "score gradients (the backward projects it out: their "
+                                        "rows sum to zero)", sigma, "sum", "csr", types + ext,
+                                        st.feat, cdtype, True)
     else:
         body = regions["body"]
         fwd = _aggregate_kernels(plan, origin, f"{prefix}.forward", "forward", body, kind,
@@ -153,7 +158,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
         grads, count = aggregate_grads(body, kind, row_side, types, sides, out)
         ext = extra_types(kind, out)
         if count is not None:
-            count_spec = _aggregate_kernels(plan, origin, f"{prefix}.ties", "ties per row (the "
+            row_sum_spec = _aggregate_kernels(plan, origin, f"{prefix}.ties", "ties per row (the "
                                             "backward of max / min splits among them)", count,
                                             "sum", _VIEW[row_side], types + ext, out.feat, cdtype,
                                             True)
@@ -177,7 +182,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
             role = f"gradient of operand {gr.operand} (read at {gr.side}): {how}"
         grads_spec[gr.operand] = (gr.side, _aggregate_kernels(
             plan, origin, name, role, gr.region, "sum", view, all_types, feat, cdtype, True))
-    return plan, ("fused", kind, row_side, fwd, grads_spec, count_spec, value_extra)
+    return plan, ("fused", kind, row_side, fwd, grads_spec, row_sum_spec, value_extra)
 
 
 def plan_op(fn: Function, i: int, folded: dict[int, int]):
@@ -248,14 +253,14 @@ def _build(spec, name: str, mods: dict[str, ModuleType], dtype):
         return agg(s)
 
     if spec[0] == "fused":
-        _, kind, row_side, fwd, grads, count, value_extra = spec
+        _, kind, row_side, fwd, grads, row_sum, value_extra = spec
         if fwd[0] == "softmax":
             forward = T.SoftmaxKernel(fwd[1], fwd[2], mods[fwd[3]], mods[fwd[4]])
         else:
             forward = kernel(fwd)
         return T.FusedOp(name, kind, row_side, dtype, forward,
                          {k: T.Grad(k, side, kernel(s)) for k, (side, s) in grads.items()},
-                         agg(count) if count is not None else None, value_extra)
+                         agg(row_sum) if row_sum is not None else None, value_extra)
     if spec[0] == "edge_softmax":
         return T.EdgeSoftmaxOp(name, mods[spec[1]], mods[spec[2]])
     _, gather, f, gx, gw, scatter = spec

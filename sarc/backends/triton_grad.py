@@ -22,10 +22,13 @@ runtime computes from the op's output cotangent ``dy``:
   edges that attain the extremum, as the interpreter's ``amax`` does; ties are
   counted by one more aggregate, ``count_region``);
 - SDDMM: ``dy`` at the edge;
-- softmax_aggregate: ``dy``, the forward's per-row log-sum-exp ``lse`` and
-  ``delta = <dy, y>`` (summed over the value's trailing axes): with
-  ``a = exp(score - lse)``, ``dscore = a * (<dy, value> - delta)`` and
-  ``dvalue = a * dy``. Nothing of size E is saved by the forward pass.
+- softmax_aggregate: ``dy``, the forward's per-row log-sum-exp ``lse``,
+  ``delta = <dy, y>`` (summed over the value's trailing axes) and ``sigma``:
+  with ``a = exp(score - lse)`` and ``ds = a * (<dy, value> - delta)``,
+  ``dscore = ds - a * sigma`` where ``sigma`` is the per-row sum of ``ds`` (one
+  more aggregate, ``sigma_region``): the cancellation-free form of
+  ``sarc.ir.softmax``, whose rows sum to zero as the softmax's shift invariance
+  says; ``dvalue = a * dy``. Nothing of size E is saved by the forward pass.
 
 The VJPs themselves come from the IR autodiff's table (``sarc.ir.autodiff.VJP_RULES``),
 applied to the region's values, so a fused op's gradient and a layer's
@@ -47,7 +50,7 @@ EXTRAS = {
     "max": ("y", "dy_over_ties"),
     "min": ("y", "dy_over_ties"),
     "sddmm": ("dy",),
-    "softmax": ("dy", "lse", "delta"),
+    "softmax": ("dy", "lse", "delta", "sigma"),
 }
 """What the backward regions read after the operands, by op kind (runtime computes them)."""
 
@@ -203,8 +206,9 @@ def sddmm_grads(body: Region, types: list[TensorType], sides: tuple[str, ...],
 
 
 def softmax_grads(score: Region, value: Region, types: list[TensorType],
-                  sides: tuple[str, ...], out: TensorType) -> list[GradRegion]:
-    """Gradients of ``y[v] = sum_e softmax_v(score)(e) * value(e)`` (see the module doc)."""
+                  sides: tuple[str, ...], out: TensorType) -> tuple[list[GradRegion], Region]:
+    """Gradients of ``y[v] = sum_e softmax_v(score)(e) * value(e)`` (see the module doc),
+    and the region whose sum per row is ``sigma``."""
     n = len(types)
     g = _Grads("grad", types, sides)
     s = g.inline(score)
@@ -218,17 +222,20 @@ def softmax_grads(score: Region, value: Region, types: list[TensorType],
     for _ in range(len(vt.feat) - len(st.feat)):
         da = g.emit(Op.SUM_AXIS, [da], axis=-1)
     ds = g.emit(Op.MUL, [a, g.emit(Op.SUB, [da, delta])])
+    sigma_region = prune(Region(tuple(g.b.values), ds))
+    sigma = g.arg(n + 3, "dst", st)
+    ds = g.emit(Op.SUB, [ds, g.emit(Op.MUL, [a, sigma])])
     a_x = a
     if len(vt.feat) > len(st.feat):
         a_x = g.emit(Op.RESHAPE, [a], feat=st.feat + (1,) * (len(vt.feat) - len(st.feat)))
     dv = g.emit(Op.MUL, [a_x, dy])
-    return g.regions(g.vjp({s: ds, val: dv}, _needs(types)))
+    return g.regions(g.vjp({s: ds, val: dv}, _needs(types))), sigma_region
 
 
 def extra_types(kind: str, out: TensorType, score: TensorType | None = None) -> list[TensorType]:
     """The types of ``EXTRAS[kind]`` (what the runtime passes after the operands)."""
     if kind == "softmax":
         assert score is not None
-        return [out, score.with_(domain=Domain.DST), score.with_(domain=Domain.DST)]
+        return [out, *[score.with_(domain=Domain.DST)] * 3]
     return [out] * len(EXTRAS[kind])
 

@@ -300,7 +300,9 @@ def edge_softmax(origin: Origin, name: str, f: int, cdtype: str, grad: bool) -> 
     configs = [({"BLOCK_E": 32, "BLOCK_F": 32}, 4), ({"BLOCK_E": 16, "BLOCK_F": 64}, 4),
                ({"BLOCK_E": 64, "BLOCK_F": 16}, 4), ({"BLOCK_E": 128, "BLOCK_F": 8}, 8)]
     if grad:
-        doc = ["dx = y * (dy - sum over the row's edges of y * dy): two passes over each row."]
+        doc = ["dx = y * (dy - sum over the row's edges of y * dy), minus y times the row's "
+               "sum of dx (the cancellation-free form of sarc.ir.softmax): three passes over "
+               "each row."]
         return _render("triton_edge_softmax_grad.py.j2", name, origin, "backward", doc,
                        "(rows of the bucket, cdiv(F, BLOCK_F))", configs, ["F", "MAX_DEG"],
                        f=f, cdtype=cdtype)

@@ -336,8 +336,9 @@ class FusedOp:
 
     ``kind``: the reduction of an aggregate (sum / mean / max / min), "sddmm" or
     "softmax"; ``row_side``: the rows an aggregate reduces into ("dst": CSR, "src":
-    CSC); ``grads``: per operand, its gradient kernel; ``count``: for max / min,
-    the kernel counting each row's ties.
+    CSC); ``grads``: per operand, its gradient kernel; ``row_sum``: for max / min,
+    the kernel counting each row's ties, for softmax the one summing each row's
+    score gradients (``sigma``, see ``triton_grad``).
     """
 
     name: str
@@ -346,7 +347,7 @@ class FusedOp:
     dtype: torch.dtype
     forward: AggregateKernel | SddmmKernel | SoftmaxKernel
     grads: dict[int, Grad]
-    count: AggregateKernel | None = None
+    row_sum: AggregateKernel | None = None
     value_extra: int = 0   # softmax: value axes beyond the score's (summed in delta)
 
     def __call__(self, g: Graph, *xs: torch.Tensor) -> torch.Tensor:
@@ -371,14 +372,15 @@ class FusedOp:
             return [dy / _rowwise(deg.clamp(min=1).to(dy.dtype), dy)]
         if self.kind in ("max", "min"):
             (y,) = saved
-            ties = self.count(g, [*xs, y], y.dtype)
+            ties = self.row_sum(g, [*xs, y], y.dtype)
             return [y, dy.to(y.dtype) / ties.clamp(min=1)]
         out, lse = saved
         acc = lse.dtype
         delta = dy.to(acc) * out.to(acc)
         for _ in range(self.value_extra):
             delta = delta.sum(-1)
-        return [dy, lse, delta]
+        sigma = self.row_sum(g, [*xs, dy, lse, delta], acc)
+        return [dy, lse, delta, sigma]
 
     def run_backward(self, g: Graph, xs, saved, dy: torch.Tensor, needs) -> list:
         dy = dy.contiguous()

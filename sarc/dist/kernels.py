@@ -17,7 +17,7 @@ edge tensors exist one ``torch_kernels.EDGE_BLOCK_ELEMS`` block at a time):
   region / an edge score tensor (a normalizer pass: baseline mode, unfused
   edge_softmax); ``softmax_normalized``: ``sum alpha * value`` with global
   normalizers ``alpha = exp(score - M) / S``;
-- ``edge_softmax_global``: ``exp(score - M[dst]) / S[dst]`` (differentiable).
+- ``edge_softmax_global``: ``exp(score - M[dst]) / S[dst]`` (differentiable, see below).
 
 Backward surrogates (differentiable): per-destination tensors whose gradient
 with respect to the block's inputs is the block's share of the layer's
@@ -28,8 +28,40 @@ gradient, given the merged state and the output cotangent:
 - ``softmax_surrogate``: ``sum_e alpha_e (<g_v, value_e> - D_v)``, ``D_v = <g_v, out_v>``,
   alpha from the final (M, S): its gradient is ``alpha_e g_v`` for the value
   and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's;
-- ``score_normalizer_surrogate``: ``sum_e exp(score_e - M_v) gS_v``, the
-  normalizer's share (``gS`` the gradient reaching the global sums S).
+- ``score_normalizer_surrogate``: the normalizer pass's share of an unfused
+  edge_softmax's score gradient (below).
+
+Precision of the fused softmax. A score gradient ``alpha_e (<g, value_e> - D_v)``
+sums to zero over each destination's edges (softmax is shift invariant): the
+gradient of a term all of a destination's scores share (GAT's ``att_dst .
+z_v``) is a sum of terms that cancel. Its rounding error is that of ``D_v`` and
+of the dots, ``eps |g| |value|``, against a true value that, at large scores
+(one edge holding nearly all the weight), is far smaller. On one process the
+backward removes it with a second sum over the row (``sarc.ir.softmax``); here a
+row's edges span blocks on other workers, and a second pass over them would
+cost a round of exchanges. Instead the softmax's weights, sums, accumulator and
+the dots are computed in float64 (``STATS``) in the forward partials, the
+merge and the surrogate alike, so ``D_v`` is ``sum_e alpha_e <g, value_e>`` of
+the same weights to float64 precision and each score gradient comes out
+correctly rounded; the layer's output and every gradient stay in the layer's
+dtype.
+
+An unfused ``edge_softmax``: its weights ``alpha = exp(score - M) / S`` (float64
+normalizers from a normalizer pass) feed arbitrary edge code, and its score
+gradient ``alpha_e (g_e - gbar_v)``, ``gbar_v = sum_e alpha_e g_e`` over every
+block, is known only after the main backward pass has seen every block. The
+textbook split -- ``alpha_e g_e`` in that pass, ``-alpha_e gbar_v`` in the
+normalizer pass -- cancels across the two passes, after both went through the
+score's gradient into the operands: at large scores the error is far above
+plain float32's. Here each pass's share is small instead. In the main pass a
+piece (its edges of row v: ``A_j = sum alpha_e``, ``B_j = sum alpha_e g_e``) sends
+``alpha_e (g_e - B_j / A_j)`` to the score and hands ``B_j`` on
+(``edge_softmax_global``'s backward gives it as the gradient of its ``S``
+operand; the runtime keeps it per piece, ``merge.SiteShares``); in the
+normalizer pass the same piece sends ``alpha_e (B_j / A_j - gbar_v)``,
+``gbar_v = sum_j B_j`` (``score_normalizer_surrogate``). The two add up to the
+softmax's gradient; both are computed in float64 and are as small as the
+gradient itself.
 """
 from __future__ import annotations
 
@@ -106,14 +138,18 @@ def _expand_to(a: torch.Tensor, like_dim: int) -> torch.Tensor:
     return a.reshape(*a.shape, *([1] * (like_dim - a.dim())))
 
 
+STATS = torch.float64
+"""The dtype of a fused softmax's weights, sums and dots (see the module doc)."""
+
+
 def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> torch.Tensor:
-    """sum over edges e -> v of w[e] * value(e); w has the score's shape [e, *S].
+    """sum over edges e -> v of w[e] * value(e), in w's dtype; w has the score's shape [e, *S].
 
     When the value is a source feature z (GAT), per head a weighted CSR product
     (no e x S x C tensor); otherwise the value is formed per edge.
     """
     if value_index is not None:
-        z = xs[value_index]
+        z = xs[value_index].to(w.dtype)
         heads = math.prod(w.shape[1:]) if w.dim() > 1 else 1
         if w.dim() == 1:
             return K.spmm("sum", gb, z, w)
@@ -121,22 +157,30 @@ def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> 
         wf = w.reshape(-1, heads)
         outs = [K.spmm("sum", gb, zh[:, h], wf[:, h]) for h in range(heads)]
         return torch.stack(outs, 1).reshape(gb.num_dst, *z.shape[1:])
-    val = value(gb, *_per_edge(gb, sides, xs))
+    val = value(gb, *_per_edge(gb, sides, xs)).to(w.dtype)
     return K.segment_sum(_expand_to(w, val.dim()) * val, gb)
 
 
-def _score_stats(sc: torch.Tensor, g: Graph):
+def _score_stats(sc: torch.Tensor, g: Graph, dtype: torch.dtype):
+    """(m, exp(sc - m)): the block's max score per destination (sc's dtype, exact) and the
+    exponentials in ``dtype``."""
     m = torch.segment_reduce(sc, "max", offsets=g.rowptr, axis=0)
     m = torch.where(_rows(_has_edges(g), m), m, torch.full((), NEG_INF, dtype=m.dtype, device=m.device))
-    ex = torch.exp(sc - m.index_select(0, g.dst))
+    ex = torch.exp(sc.to(dtype) - m.to(dtype).index_select(0, g.dst))
     return m, ex
+
+
+def _weights(sc: torch.Tensor, g: Graph, big_m: torch.Tensor, big_s: torch.Tensor) -> torch.Tensor:
+    """alpha = exp(sc - M) / S at each edge's destination, in ``STATS``."""
+    return (torch.exp(sc.to(STATS) - big_m.to(STATS).index_select(0, g.dst))
+            / big_s.to(STATS).index_select(0, g.dst))
 
 
 @torch.no_grad()
 def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *operands):
     """(m, s, acc): the block's share of a softmax aggregate, to be merged online."""
     def block(gb, *xs):
-        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb)
+        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb, STATS)
         return m, K.segment_sum(ex, gb), _weighted_sum(ex, value, value_index, gb, sides, xs)
     return _by_row_blocks(g, sides, width, operands, block)
 
@@ -145,7 +189,7 @@ def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *ope
 def softmax_normalizer(score, sides, width: int, g: Graph, *operands):
     """(m, s) of a softmax aggregate's score on the block (a normalizer pass)."""
     def block(gb, *xs):
-        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb)
+        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb, STATS)
         return m, K.segment_sum(ex, gb)
     return _by_row_blocks(g, sides, width, operands, block)
 
@@ -156,15 +200,15 @@ def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, n
     big_m, big_s = norm
 
     def block(gb, mb, sb, *xs):
-        sc = score(gb, *_per_edge(gb, sides, xs))
-        alpha = torch.exp(sc - mb.index_select(0, gb.dst)) / sb.index_select(0, gb.dst)
+        alpha = _weights(score(gb, *_per_edge(gb, sides, xs)), gb, mb, sb)
         return (_weighted_sum(alpha, value, value_index, gb, sides, xs),)
     (out,) = _by_row_blocks(g, ("dst", "dst", *sides), width, (big_m, big_s, *operands), block)
     return out
 
 
 def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, state, *operands):
-    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v).
+    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v), in
+    ``STATS`` (its gradients come back in the operands' dtypes).
 
     ``state`` = (M, S, g, D) from ``merge.SoftmaxMerge.cotangent``.
     """
@@ -173,11 +217,11 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
     def block(gb, mb, sb, gr, db, *xs):
         per = _per_edge(gb, sides, xs)
         sc = score(gb, *per)
-        alpha = torch.exp(sc - mb.index_select(0, gb.dst)) / sb.index_select(0, gb.dst)
-        val = value(gb, *per)
-        ge = gr.index_select(0, gb.dst)
+        alpha = _weights(sc, gb, mb, sb)
+        val = value(gb, *per).to(STATS)
+        ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
-        return K.segment_sum(alpha * (dot - db.index_select(0, gb.dst)), gb)
+        return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
     return K._fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
                     (big_m, big_s, grad, d, *operands))
 
@@ -186,19 +230,48 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
 
 @torch.no_grad()
 def score_normalizer(sc: torch.Tensor, g: Graph):
-    """(m, s) of an edge score tensor on the block."""
-    m, ex = _score_stats(sc, g)
+    """(m, s) of an edge score tensor on the block, s in ``STATS``."""
+    m, ex = _score_stats(sc, g, STATS)
     return m, K.segment_sum(ex, g)
 
 
 def edge_softmax_global(sc: torch.Tensor, g: Graph, norm) -> torch.Tensor:
-    """softmax of ``sc`` over each destination's edges in *every* block: exp(sc - M) / S."""
+    """softmax of ``sc`` over each destination's edges in *every* block: exp(sc - M) / S,
+    in sc's dtype. Backward: the main pass's share of the score gradient (module doc)."""
     big_m, big_s = norm
-    return torch.exp(sc - big_m.index_select(0, g.dst)) / big_s.index_select(0, g.dst)
+    return _GlobalSoftmax.apply(sc, big_m, big_s, g)
 
 
-def score_normalizer_surrogate(sc: torch.Tensor, g: Graph, big_m: torch.Tensor,
-                               grad_s: torch.Tensor) -> torch.Tensor:
-    """Per destination, sum over the block's edges of exp(sc - M) * gS: the block's share
-    of the gradient that reaches the scores through the global sums S."""
-    return K.segment_sum(torch.exp(sc - big_m.index_select(0, g.dst)), g) * grad_s
+class _GlobalSoftmax(torch.autograd.Function):
+    """``alpha = exp(sc - M) / S``; backward (``g`` the gradient of alpha), per destination
+    row of the block: ``alpha (g - B / A)`` to sc, ``B = sum alpha g`` to S (the share
+    the normalizer pass needs, not dL/dS), nothing to M."""
+
+    @staticmethod
+    def forward(ctx, sc, big_m, big_s, g):
+        alpha = _weights(sc, g, big_m, big_s)
+        ctx.g, ctx.dtype = g, sc.dtype
+        ctx.save_for_backward(alpha)
+        return alpha.to(sc.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (alpha,) = ctx.saved_tensors
+        g = ctx.g
+        ga = alpha * grad.to(STATS)
+        a, b = K.segment_sum(alpha, g), K.segment_sum(ga, g)
+        mean = torch.where(a > 0, b / torch.where(a > 0, a, 1.0), 0.0)
+        dsc = ga - alpha * mean.index_select(0, g.dst)
+        return dsc.to(ctx.dtype), None, b, None
+
+
+def score_normalizer_surrogate(sc: torch.Tensor, g: Graph, norm, shares) -> torch.Tensor:
+    """Per destination, sum over the block's edges of alpha_e (B / A - gbar): its gradient
+    is the normalizer pass's share of the score gradient (module doc). ``shares`` =
+    (gbar, B) at the block's destinations (``merge.SiteShares``)."""
+    big_m, big_s = norm
+    gbar, b = shares
+    alpha = _weights(sc, g, big_m, big_s.detach())
+    a = K.segment_sum(alpha.detach(), g)
+    coef = torch.where(a > 0, b.to(STATS) / torch.where(a > 0, a, 1.0), 0.0) - gbar.to(STATS)
+    return K.segment_sum(alpha * coef.index_select(0, g.dst), g)

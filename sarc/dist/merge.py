@@ -17,12 +17,16 @@ cotangent each block's backward surrogate needs:
   ``M = max(M, m_j)``, ``S = S e^(M_old - M) + s_j e^(m_j - M)``, ``acc``
   likewise; ``y = acc / S``. One pass over the blocks (FlashAttention's
   rescaling). Cotangent ``(M, S, g, D)`` with ``D_v = <g_v, y_v>`` per score
-  element: each block's backward is then independent of the others.
+  element: each block's backward is then independent of the others. ``S``,
+  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.dist.kernels.STATS``: the
+  score gradients cancel over each row, see there); ``y`` is handed on in the
+  layer's dtype.
 - softmax with a normalizer pass first (baseline mode: no online softmax):
   ``(M, S)`` from the normalizer pass, then ``y = sum_j acc_j`` where the blocks
   normalize with them; same cotangent.
 - normalizers of an unfused ``edge_softmax``: ``(m_j, s_j)`` merged like the
-  online softmax into ``(M, S)``; rows without edges get ``(0, 1)``.
+  online softmax into ``(M, S)``, S in float64; rows without edges get ``(0, 1)``.
+  Its backward's per-piece shares: ``SiteShares``.
 """
 from __future__ import annotations
 
@@ -142,8 +146,8 @@ class SoftmaxMerge(_AtRows):
             self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
             return
         new_m = torch.maximum(self.m, m)
-        a = _scale(self.m, new_m)
-        b = _scale(m, new_m)
+        a = _scale(self.m, new_m, s.dtype)
+        b = _scale(m, new_m, s.dtype)
         self.s = self.s * a + s * b
         self.acc = self.acc * _expand(a, acc) + acc * _expand(b, acc)
         self.m = new_m
@@ -160,11 +164,11 @@ class SoftmaxMerge(_AtRows):
         self.m = torch.where(empty, 0.0, self.m)
         self.s = torch.where(empty, 1.0, self.s)
         self.acc = None
-        return self.out
+        return self.out.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
         trailing = math.prod(g.shape[self.m.dim():])
-        d = (g * self.out).reshape(*self.m.shape, trailing).sum(-1)
+        d = (g.to(self.out.dtype) * self.out).reshape(*self.m.shape, trailing).sum(-1)
         return self.m, self.s, g, d
 
 
@@ -181,7 +185,7 @@ class NormalizedSoftmaxMerge(SoftmaxMerge):
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         self.out = self.total.finish(zeros)
-        return self.out
+        return self.out.to(zeros.dtype)
 
 
 class NormalizerMerge(_AtRows):
@@ -198,19 +202,52 @@ class NormalizerMerge(_AtRows):
             self.m, self.s = m.clone(), s.clone()
             return
         new_m = torch.maximum(self.m, m)
-        self.s = self.s * _scale(self.m, new_m) + s * _scale(m, new_m)
+        self.s = self.s * _scale(self.m, new_m, s.dtype) + s * _scale(m, new_m, s.dtype)
         self.m = new_m
 
     def finish(self, shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, S): M in the scores' ``dtype``, S in float64 (the blocks' sums are)."""
         if self.m is None:
-            return torch.zeros(shape, dtype=dtype, device=device), torch.ones(shape, dtype=dtype, device=device)
+            return (torch.zeros(shape, dtype=dtype, device=device),
+                    torch.ones(shape, dtype=torch.float64, device=device))
         empty = self.s == 0
         return torch.where(empty, 0.0, self.m), torch.where(empty, 1.0, self.s)
 
 
-def _scale(m: torch.Tensor, new_m: torch.Tensor) -> torch.Tensor:
-    """exp(m - new_m), 0 where m is -inf (a block, or a running state, without edges there)."""
-    return torch.where(m == NEG_INF, torch.zeros((), dtype=m.dtype), torch.exp(m - new_m))
+class SiteShares:
+    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.dist.kernels``):
+    the main pass leaves, per piece, ``B_j = sum alpha_e g_e`` over its edges of each
+    destination (float64, at the piece's rows); the normalizer pass gives each piece
+    ``(gbar, B_j)`` at its rows, ``gbar = sum_j B_j`` over every piece of the row."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.by_piece: dict = {}
+        self.total: torch.Tensor | None = None
+
+    def add(self, key, b: torch.Tensor, rows: torch.Tensor | None) -> None:
+        self.by_piece[key] = b
+        if self.total is None:
+            self.total = b.new_zeros((self.n, *b.shape[1:]))
+        if rows is None:
+            self.total += b
+        else:
+            self.total.index_add_(0, rows, b)
+
+    def at(self, key, rows: torch.Tensor | None, like: torch.Tensor) -> tuple:
+        """(gbar, B_j) at a piece's rows; zeros where the main pass left nothing (``like``:
+        the sums S at those rows, for the shape)."""
+        zeros = torch.zeros(like.shape, dtype=torch.float64, device=like.device)
+        gbar = zeros if self.total is None else (
+            self.total if rows is None else self.total.index_select(0, rows))
+        return gbar, self.by_piece.get(key, zeros)
+
+
+def _scale(m: torch.Tensor, new_m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """exp(m - new_m) in ``dtype`` (the sums'), 0 where m is -inf (a block, or a running
+    state, without edges there)."""
+    return torch.where(m == NEG_INF, torch.zeros((), dtype=dtype),
+                       torch.exp(m.to(dtype) - new_m.to(dtype)))
 
 
 def make_merge(agg: Aggregate, in_degree: torch.Tensor, norm=None):

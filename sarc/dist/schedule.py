@@ -33,7 +33,7 @@ from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
-from .merge import NormalizerMerge, make_merge
+from .merge import NormalizerMerge, SiteShares, make_merge
 from .split import AGGREGATE_OPS, LayerSplit, split_layer
 
 
@@ -245,7 +245,7 @@ class Call:
         self.grad_node: dict[str, torch.Tensor] = {}
         self.grad_edge: dict[str, torch.Tensor] = {}
         self.grad_d: dict[str, torch.Tensor] = {}
-        self.grad_norms: dict[str, torch.Tensor] = {}
+        self.site_shares: dict[str, SiteShares] = {}  # unfused edge_softmax: per piece
         self.grad_params: dict[str, torch.Tensor] = {}
         self.row_grad: torch.Tensor | None = None
 
@@ -336,7 +336,9 @@ class Call:
         if rows is not None:
             row_leaf = rows.detach().requires_grad_(self.x_needs_grad)
         at = piece.rows
-        d, norms, cot = at_rows(d, at), at_rows(norms, at), at_rows(cot, at)
+        d, norms = at_rows(d, at), at_rows(norms, at)
+        cot = {k: v.at(piece.key, at, norms[k][1]) if isinstance(v, SiteShares)
+               else at_rows({k: v}, at)[k] for k, v in cot.items()}
         d_leaves = {k: t.detach().requires_grad_(True) for k, t in d.items()}
         feeds = {**self.block_inputs(piece, row_leaf, {}), **d_leaves}  # d_leaves: at its rows
         for name in self.edge_inputs:
@@ -361,8 +363,8 @@ class Call:
         for k, g in grads.items():
             if k.startswith("$d"):
                 self._accumulate(self.grad_d, k, g, at, n)
-            elif k.startswith("norm:"):
-                self._accumulate(self.grad_norms, k[5:], g, at, n)
+            elif k.startswith("norm:"):  # what a site's main pass leaves its normalizer pass
+                self.site_shares.setdefault(k[5:], SiteShares(n)).add(piece.key, g, at)
             elif k in self.edge_inputs:
                 self._scatter_edge_grad(piece, k, g)
         if row_leaf is not None and self.x_needs_grad:
@@ -385,11 +387,10 @@ class Call:
         self.grad_edge[name].index_add_(0, piece.block.perm + lo, g)
 
     def normalizer_cotangents(self) -> dict:
-        out = {}
-        for s in self.split.softmax_sites:
-            g = self.grad_norms.get(s.name)
-            out[s.name] = g if g is not None else torch.zeros_like(self.saved.norms[s.name][1])
-        return out
+        """Per unfused edge_softmax site, what its main pass left (``merge.SiteShares``)."""
+        n = self.dg.num_local
+        return {s.name: self.site_shares.get(s.name, SiteShares(n))
+                for s in self.split.softmax_sites}
 
     def return_kept_row_grads(self) -> None:
         """Gradients of rows received this call, back to their owners: kept rows' now, in one

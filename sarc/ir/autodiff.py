@@ -149,9 +149,12 @@ def _vjp_reduce(bw, v, y, ct, needs):
 
 
 def _vjp_edge_softmax(bw, v, y, ct, needs):
-    """dx = y * (ct - gather_dst(sum_{e->v} y * ct))"""
+    """dx = y * (ct - gather_dst(sum_{e->v} y * ct)), then dx - y * gather_dst(sum_{e->v} dx):
+    the cancellation-free form of ``sarc.ir.softmax`` (each row of dx sums to zero)."""
     s = bw.emit(Op.REDUCE, [bw.mul(y, ct)], kind="sum")
-    return (bw.mul(y, bw.emit(Op.SUB, [ct, bw.emit(Op.GATHER_DST, [s])])),)
+    dx = bw.mul(y, bw.emit(Op.SUB, [ct, bw.emit(Op.GATHER_DST, [s])]))
+    sigma = bw.emit(Op.REDUCE, [dx], kind="sum")
+    return (bw.emit(Op.SUB, [dx, bw.mul(y, bw.emit(Op.GATHER_DST, [sigma]))]),)
 
 
 def _vjp_index(bw, v, y, ct, needs):

@@ -24,6 +24,7 @@ from ..graph import Graph
 from .function import Function, Region, Value
 from .ops import Op
 from . import rng
+from .softmax import edge_softmax_vjp
 from .autodiff import GRAD_PREFIX
 from .types import Domain
 
@@ -61,12 +62,30 @@ def _extremum(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 
 def _edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
-    idx = g.dst.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
-    m = torch.full((g.num_dst, *x.shape[1:]), float("-inf"), dtype=x.dtype, device=x.device)
-    m = m.scatter_reduce(0, idx, x.detach(), "amax", include_self=True)
-    ex = torch.exp(x - m[g.dst])
-    s = torch.zeros_like(m).index_add(0, g.dst, ex)
-    return ex / s[g.dst]
+    return _EdgeSoftmax.apply(x, g)
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    """softmax over each destination's edges, max-shifted; the backward is the
+    cancellation-free form every backend computes (``sarc.ir.softmax``)."""
+
+    @staticmethod
+    def forward(ctx, x, g):
+        idx = g.dst.view(-1, *([1] * (x.dim() - 1))).expand_as(x)
+        m = torch.full((g.num_dst, *x.shape[1:]), float("-inf"), dtype=x.dtype, device=x.device)
+        m = m.scatter_reduce(0, idx, x, "amax", include_self=True)
+        ex = torch.exp(x - m[g.dst])
+        s = torch.zeros_like(m).index_add(0, g.dst, ex)
+        p = ex / s[g.dst]
+        ctx.g = g
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, dp):
+        (p,) = ctx.saved_tensors
+        g = ctx.g
+        return edge_softmax_vjp(p, dp, lambda t: _scatter("sum", t, g), lambda t: t[g.dst]), None
 
 
 def _graph_axis(v: Value, axis: int) -> int:

@@ -188,7 +188,8 @@ def test_online_softmax_merge_equals_softmax_over_all_edges():
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     assert torch.equal(got[10:], torch.zeros(2, 3, 5))  # no incoming edges: 0
     mm, ss, gg, dd = merge.cotangent(torch.ones(12, 3, 5))
-    torch.testing.assert_close(dd, got.sum(-1))
+    assert dd.dtype == ss.dtype == torch.float64  # the softmax's statistics (DK.STATS)
+    torch.testing.assert_close(dd, got.double().sum(-1), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", ["max", "min"])

@@ -103,6 +103,7 @@ KERNELS_OF = {
                                       "v9_aggregate.grad0", "v9_aggregate.grad0_combine"]),
     "gat": (lambda: GATLayer(16, 8, heads=4),
             ["v14_softmax_aggregate.forward", "v14_softmax_aggregate.forward_combine",
+             "v14_softmax_aggregate.sigma", "v14_softmax_aggregate.sigma_combine",
              *(f"v14_softmax_aggregate.grad{k}{c}" for k in range(3) for c in ("", "_combine"))]),
     "rgcn": (lambda: RGCNLayer(16, 8, 4),
              ["v6_typed_linear.forward", "v6_typed_linear.grad_x", "v6_typed_linear.grad_w",

@@ -253,7 +253,7 @@ def normalizer_surrogate(g, inputs, params, training, seed, norms, cot):
     #             yield ^3
     v5 = K.sddmm(_normalizer_surrogate_v5_body, ('src', 'dst'), g, v3, v4)
     del v3, v4
-    return DK.score_normalizer_surrogate(v5, g, norms["$sm0"][0], cot["$sm0"]).sum()
+    return DK.score_normalizer_surrogate(v5, g, norms["$sm0"], cot["$sm0"]).sum()
 
 
 def dst_post_part(g, inputs, params, training, seed):
@@ -309,7 +309,7 @@ def backward(rt, grad_out):
         fetch = rt.fetch(s.x, "backward", "main")
         for j, rows in fetch:
             rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
-        # 3. the normalizers' share: gradients through the global sums S, block by block
+        # 3. the normalizer pass's share of the softmax's score gradients (what the main pass left per piece), block by block
         cot = rt.normalizer_cotangents()
         fetch = rt.fetch(s.x, "backward", "normalizers")
         for j, rows in fetch:

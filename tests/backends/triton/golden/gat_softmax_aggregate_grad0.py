@@ -27,10 +27,13 @@ Kernel v14_softmax_aggregate.grad0: gradient of operand 0 (read at src): a trans
         ^11: edge f32[E,4] = sum_axis(^10, axis=-1)
         ^12: edge f32[E,4] = sub(^11, ^7)
         ^13: edge f32[E,4] = mul(^9, ^12)
-        ^14: param f32[] = const 0.2
-        ^15: edge f32[E,4] = mul(^13, ^14)
-        ^16: edge f32[E,4] = where_pos(^2, ^13, ^15)
-        yield ^16
+        ^14: edge f32[E,4] = arg 6 @dst
+        ^15: edge f32[E,4] = mul(^9, ^14)
+        ^16: edge f32[E,4] = sub(^13, ^15)
+        ^17: param f32[] = const 0.2
+        ^18: edge f32[E,4] = mul(^16, ^17)
+        ^19: edge f32[E,4] = where_pos(^2, ^16, ^18)
+        yield ^19
 
 Reduction: sum over the edges of each source row (CSC: the transposed graph); accumulation in float32.
 Schedule: rows are grouped in degree buckets (a launch per bucket, BLOCK_E pruned to the bucket's largest degree); rows longer than the split length run as segments whose partial results a combine kernel merges (no atomics).
@@ -61,6 +64,7 @@ def kernel(
     x3_ptr, x3_s0, x3_s1, x3_s2,
     x4_ptr, x4_s0, x4_s1,
     x5_ptr, x5_s0, x5_s1,
+    x6_ptr, x6_s0, x6_s1,
     out_ptr,
     item_row, item_lo, item_hi, item_slot,
     other_ptr, eid_ptr,
@@ -109,11 +113,17 @@ def kernel(
         r12 = r11 - r7
         # ^13: edge f32[E,4] = mul(^9, ^12)
         r13 = r9 * r12
-        # ^15: edge f32[E,4] = mul(^13, ^14)
-        r15 = r13 * 0.2
-        # ^16: edge f32[E,4] = where_pos(^2, ^13, ^15)
-        r16 = tl.where(r2 > 0, r13, r15)
-        acc += tl.where(emask[:, None], r16, 0.0)
+        # ^14: edge f32[E,4] = arg 6 @dst
+        r14 = tl.load(x6_ptr + i_dst[:, None] * x6_s0 + tl.arange(0, 4)[None, :] * x6_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        # ^15: edge f32[E,4] = mul(^9, ^14)
+        r15 = r9 * r14
+        # ^16: edge f32[E,4] = sub(^13, ^15)
+        r16 = r13 - r15
+        # ^18: edge f32[E,4] = mul(^16, ^17)
+        r18 = r16 * 0.2
+        # ^19: edge f32[E,4] = where_pos(^2, ^16, ^18)
+        r19 = tl.where(r2 > 0, r16, r18)
+        acc += tl.where(emask[:, None], r19, 0.0)
     acc = tl.sum(acc, axis=0)
     tl.store(out_ptr + slot * 4 + tl.arange(0, 4), acc.to(out_ptr.dtype.element_ty))
 
@@ -122,7 +132,7 @@ def launch(run, xs, out, items, view, final):
     """Run over one list of work items of ``view`` (a degree bucket, or the segments of
     split rows with ``final=False``); ``out`` is contiguous, one row per slot."""
     run(kernel, CONFIGS, KEY, lambda meta: (items.n, triton.cdiv(D, meta["BLOCK_D"])),
-        (xs[0], *xs[0].stride(), xs[1], *xs[1].stride(), xs[2], *xs[2].stride(), xs[3], *xs[3].stride(), xs[4], *xs[4].stride(), xs[5], *xs[5].stride(), out,
+        (xs[0], *xs[0].stride(), xs[1], *xs[1].stride(), xs[2], *xs[2].stride(), xs[3], *xs[3].stride(), xs[4], *xs[4].stride(), xs[5], *xs[5].stride(), xs[6], *xs[6].stride(), out,
          items.row, items.lo, items.hi, items.slot, view.other, view.eid,
          D, items.max_deg),
         dict(FINAL=final), max_deg=items.max_deg, d=D)
