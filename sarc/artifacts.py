@@ -23,6 +23,8 @@ File names come from the model's submodule names, made safe (``sarc.names.file_s
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,16 +190,19 @@ def _python_file(name: str) -> str:
     return f"{names.file_stem(name.removesuffix('.py'))}.py"
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
 def parse_bytes(text: str) -> int:
-    """'512M', '2GiB', '1000000' -> bytes."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise CompileError(f"--mem-budget: cannot read {text!r} as a size (e.g. 512M, 2G)") from None
+    """'512M', '2GiB', '1.5g', '1000000' -> bytes; anything else (negative, inf, nan, words)
+    is a ``CompileError`` naming --mem-budget."""
+    m = _SIZE.fullmatch(text.strip())
+    size = float(m[1]) * _UNITS[m[2].upper()] if m else math.nan
+    if not math.isfinite(size) or size >= 2**63:
+        raise CompileError(f"--mem-budget: cannot read {text!r} as a size: a number of bytes "
+                           f">= 0, with K, M, G or T for KiB .. TiB (e.g. 512M, 2G)")
+    return int(size)
 
 
 def add_compile_parser(sub) -> None:
@@ -222,10 +227,9 @@ def add_compile_parser(sub) -> None:
     p.set_defaults(func=compile_command)
 
 
-def compile_command(args) -> int:
-    from .datasets import load_dataset
-    from .loader import load_model_file
-    from .train import DEFAULTS, build
+def check_compile_args(args) -> tuple[str, ...]:
+    """Every value of ``sarc compile`` checked before any work; the artifacts to emit."""
+    from .cli import check_output_dir
 
     emit = tuple(e.strip() for e in args.emit.split(",") if e.strip())
     bad = [e for e in emit if e not in EMITS]
@@ -233,10 +237,22 @@ def compile_command(args) -> int:
         raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
     if args.workers < 1:
         raise CompileError(f"--workers must be at least 1, got {args.workers}")
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_output_dir("--out", args.out)
     if args.out:
         check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
     elif args.overwrite:
         raise CompileError("--overwrite applies to --out, which is not given")
+    return emit
+
+
+def compile_command(args) -> int:
+    from .datasets import load_dataset
+    from .loader import load_model_file
+    from .train import DEFAULTS, build
+
+    emit = check_compile_args(args)
     spec = load_model_file(args.model)
     hparams = {**DEFAULTS, **spec.hparams}
     data = load_dataset(args.dataset or hparams["dataset"])

@@ -3,18 +3,23 @@
 A subcommand is a function ``add_NAME_parser(subparsers)`` that adds its
 parser and sets ``func`` (``parser.set_defaults(func=NAME_command)``) to a
 function ``NAME_command(args) -> int`` (the exit status). Adding one is a
-line in ``SUBCOMMANDS``. Errors sarc raises on the user's behalf (a mistake
-in the model file, a missing dataset, bad arguments: ``SarcError``) print as
-one ``sarc: error: ...`` message, with the model file's line where there is
-one, and exit with status 2; anything else is a bug in sarc and keeps its
-traceback.
+line in ``SUBCOMMANDS``. A command checks every value it is given before any
+work (``check_train_args``): before a dataset is loaded or partitioned, a worker
+launched or an epoch trained; a result file's directory must exist and be
+writable by then. Errors sarc raises on the user's behalf (a mistake in the
+model file, a missing dataset, bad arguments: ``SarcError``) print as one
+``sarc: error: ...`` message, with the model file's line where there is one,
+and exit with status 2; anything else is a bug in sarc and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import json
+import math
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from .checkpoint import add_checkpoint_arguments, checkpoint_config
@@ -26,6 +31,114 @@ class UsageError(SarcError):
     """A command-line argument that cannot be honoured."""
 
 
+# --- checking option values, before any work ---------------------------------------------
+
+SEED_LIMIT = 2**31
+"""Seeds are 0 .. 2**31 - 1: what every seeded library here (torch, numpy, METIS) accepts."""
+
+MAX_TIMEOUT_S = 1e9
+"""The longest --timeout, in seconds (about 31 years; torch's timers overflow far beyond)."""
+
+
+def at_least(option: str, value: int | None, low: int) -> None:
+    """``option``'s value is None (not given) or at least ``low``."""
+    if value is not None and value < low:
+        raise UsageError(f"{option} must be at least {low}, got {value}")
+
+
+def check_seed(option: str, value: int | None) -> None:
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise UsageError(f"{option} must be in 0 .. 2**31 - 1, got {value}")
+
+
+def check_timeout(option: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise UsageError(f"{option} must be a number of seconds > 0 and at most "
+                         f"{MAX_TIMEOUT_S:g}, got {seconds}")
+
+
+def check_input_dir(option: str, path: str | None) -> None:
+    """``path`` (if given) is an existing directory."""
+    if path is not None and not Path(path).is_dir():
+        raise UsageError(f"{option} {path} " + ("is not a directory" if Path(path).exists()
+                                                 else "does not exist"))
+
+
+def check_output_file(option: str, path: str | None) -> None:
+    """A file can be written at ``path`` (if given): its directory exists and is writable."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give the path of a file")
+    where = p.absolute().parent
+    if not where.exists():
+        raise UsageError(f"{option} {path}: the directory {where} does not exist")
+    _writable_dir(option, path, where)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UsageError(f"{option} {path} exists and is not writable")
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """A directory can be written at ``path`` (if given): it is one or can be made, in a
+    writable place (the directory is written beside itself, then renamed into place)."""
+    if path is None:
+        return
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {path} exists and is not a directory")
+    where = p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    _writable_dir(option, path, where)
+
+
+def _writable_dir(option: str, path: str, where: Path) -> None:
+    if not where.is_dir():
+        raise UsageError(f"{option} {path}: {where} is not a directory")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: the directory {where} is not writable")
+
+
+def check_train_args(args):
+    """Every value of ``sarc train`` checked, before any data is loaded, partitioned or
+    trained on: the (spec, hyperparameters) of the run. The model file is imported here:
+    ``--set`` is checked against its ``HPARAMS`` and ``build_model``."""
+    from .artifacts import parse_bytes
+    from .loader import load_model_file
+    from .train import hyperparameters
+
+    at_least("--workers", args.workers, 1)
+    if args.workers > 1 or args.partition:
+        if args.quiet:
+            raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+    else:
+        given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
+                                 ("--baseline", args.baseline),
+                                 ("--max-restarts", args.max_restarts)) if on]
+        if given:
+            raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
+                             f"(or a --partition)")
+    at_least("--epochs", args.epochs, 1)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--threads", args.threads, 1)
+    check_seed("--seed", args.seed)
+    check_timeout("--timeout", args.timeout)
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_input_dir("--data-dir", args.data_dir)
+    check_output_file("--json", args.json)
+    spec = load_model_file(args.model)
+    return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+
+
+def add_check_data_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-check-data", dest="check_data", action="store_false",
+                   help="skip the scans of the dataset's feature values (NaN, Inf) and edge "
+                        "ids (in range), for speed on a dataset known to be sound; its "
+                        "arrays' presence, types and shapes are still checked")
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train", help="train a model file on a node-classification dataset",
@@ -35,6 +148,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="dataset name (cora, aifb, citeseer, pubmed) or .npz path "
                    "(default: the model's HPARAMS['dataset'], else cora)")
     p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
+    add_check_data_argument(p)
     p.add_argument("--epochs", type=int, help="most epochs (default: the model's HPARAMS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1,
@@ -72,33 +186,21 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def train_command(args) -> int:
-    from .loader import load_model_file
+    from .datasets import load_dataset
     from .train import train
 
     checkpoint = checkpoint_config(args)
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    spec, hp = check_train_args(args)
     if args.workers > 1 or args.partition:
         from .dist.launch import launch
-        if args.quiet:
-            raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
         return launch(args)
-    given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
-                             ("--baseline", args.baseline),
-                             ("--max-restarts", args.max_restarts)) if on]
-    if given:
-        raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
-                         f"(or a --partition)")
     if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {args.threads}")
         import torch
         torch.set_num_threads(args.threads)
-    overrides = parse_overrides(args.overrides)
-    spec = load_model_file(args.model)
-    result = train(spec, args.dataset, epochs=args.epochs, seed=args.seed, hparams=overrides,
-                   data_root=args.data_dir, log=None if args.quiet else print,
-                   log_every=max(1, args.log_every), checkpoint=checkpoint, save=args.save)
+    data = load_dataset(args.dataset or hp["dataset"], args.data_dir, check=args.check_data)
+    result = train(spec, data, epochs=args.epochs, seed=args.seed,
+                   hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
+                   log_every=args.log_every, checkpoint=checkpoint, save=args.save)
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "

@@ -10,13 +10,22 @@ Every dataset is a ``Dataset``: a directed edge list (an undirected edge is
 stored in both directions), node features (``[N, 0]`` when the graph has none),
 labels (``-1`` = unlabeled), train / val / test masks, and for relational
 graphs an edge type per edge.
+
+A dataset read from a file or built from arrays (``Dataset.from_arrays``) is
+checked first (``check_arrays``), so a bad file stops with an error naming the
+file and the array instead of training on garbage: arrays missing, of the wrong
+dtype or shape, ids and labels out of range, NaN or Inf in the features. Masks
+are boolean; an integer array whose values are all 0 or 1 is read as one (what a
+0/1 mask means), any other (node ids, say) is refused.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +39,25 @@ FILE_NAMES = {"pubmed": ("pubmed.npz", "pubmed_nofeat.npz")}
 """Files tried for a dataset name (default: ``NAME.npz``)."""
 
 
-class DatasetError(SarcError, FileNotFoundError):
-    """A dataset could not be found or read."""
+MASKS = ("train_mask", "val_mask", "test_mask")
+DATASET_KEYS = ("edge_src", "edge_dst", "label", *MASKS)
+"""The arrays every dataset holds; ``feat``, ``num_nodes``, ``num_classes``, ``etype`` and
+``num_etypes`` are optional (no features; the sizes are then inferred from the arrays)."""
+
+UNLABELED = -1
+"""The label of a node without a class."""
+
+
+class DatasetError(SarcError):
+    """A dataset could not be found, read, or used as it is."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """No dataset file by that name or path."""
+
+
+class DatasetFormatError(DatasetError, ValueError):
+    """A dataset's arrays are missing, of the wrong type or shape, or hold values out of range."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +74,9 @@ class Dataset:
     num_classes: int
     etype: torch.Tensor | None = None  # [E] int64 edge type (relational graphs)
     num_etypes: int = 0
+    checked: bool = field(default=False, repr=False)
+    """Built by ``from_arrays`` (``load_dataset``, the generators): the arrays passed
+    ``check_arrays``; ``sarc.train`` checks a dataset built otherwise before using it."""
 
     @property
     def num_edges(self) -> int:
@@ -68,6 +97,199 @@ class Dataset:
                 f"train/val/test={int(self.train_mask.sum())}/{int(self.val_mask.sum())}/"
                 f"{int(self.test_mask.sum())})")
 
+    @staticmethod
+    def from_arrays(arrays: Mapping[str, Any], *, name: str | None = None,
+                    source: str | None = None, check: bool = True) -> "Dataset":
+        """A dataset from arrays (numpy, torch or lists) in the layout of ``load_dataset``'s
+        files, checked by ``check_arrays``; ``source`` names them in errors."""
+        name = name or (str(arrays["name"]) if "name" in arrays else "arrays")
+        a = check_arrays(arrays, source or f"dataset {name!r}", check=check)
+        t = {k: torch.from_numpy(np.ascontiguousarray(a[k]))
+             for k in ("edge_src", "edge_dst", "feat", "label", *MASKS)}
+        etype = torch.from_numpy(np.ascontiguousarray(a["etype"])) if "etype" in a else None
+        return Dataset(name=name, num_nodes=a["num_nodes"], num_classes=a["num_classes"],
+                       etype=etype, num_etypes=a["num_etypes"] if etype is not None else 0,
+                       checked=True, **t)
+
+
+def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
+    """``data`` checked as ``Dataset.from_arrays`` checks arrays (masks made boolean)."""
+    arrays: dict[str, Any] = {k: getattr(data, k) for k in (*DATASET_KEYS, "feat", "num_nodes",
+                                                             "num_classes")}
+    if data.etype is not None:
+        arrays.update(etype=data.etype, num_etypes=data.num_etypes)
+    return Dataset.from_arrays(arrays, name=data.name, check=check)
+
+
+# --- checking a dataset's arrays ---------------------------------------------------------
+
+def check_arrays(arrays: Mapping[str, Any], source: str, *,
+                 required: Sequence[str] = DATASET_KEYS, check: bool = True) -> dict[str, Any]:
+    """The arrays of a dataset or graph file, checked and in sarc's dtypes, or a
+    ``DatasetFormatError`` naming ``source`` and the array.
+
+    Every key of ``required`` must be there; the arrays of a dataset are checked
+    whenever present (the others pass unchanged): ``edge_src`` / ``edge_dst`` integer
+    ``[E]`` ids in ``[0, N)``; ``label`` integer ``[N]`` in ``0 .. C-1`` or ``-1``
+    (unlabeled); each mask ``[N]`` boolean, or integers that are all 0 or 1 (read as
+    False / True; anything else, such as node ids, is refused); ``feat`` numeric
+    ``[N, F]`` without NaN or Inf; ``etype`` integer ``[E]`` in ``[0, num_etypes)``. N,
+    C and the number of edge types are the file's ``num_nodes``, ``num_classes`` and
+    ``num_etypes``, or else inferred (the label count, the largest label or edge type
+    + 1). The result holds ``num_nodes``, ``num_classes`` and ``num_etypes`` as ints.
+    ``check=False`` skips the two scans that cost more than a pass over the labels: the
+    feature values (NaN / Inf) and the range of the edge ids and edge types.
+    """
+    missing = [k for k in required if k not in arrays]
+    if missing:
+        raise DatasetFormatError(
+            f"{source}: missing {', '.join(missing)} (required: {', '.join(required)}); "
+            f"it has: {', '.join(sorted(arrays)) or 'nothing'}")
+    out = {k: _as_numpy(v) for k, v in arrays.items()}
+    fail = lambda text: DatasetFormatError(f"{source}: {text}")  # noqa: E731
+
+    if "num_nodes" in out:
+        n = _count(out["num_nodes"], "num_nodes", fail, low=0)
+    elif "label" in out:
+        n = len(_int_vector(out["label"], "label", "class ids", fail))
+    else:
+        raise fail("no num_nodes array, and no label array to count the nodes by")
+    out["num_nodes"] = n
+
+    if "edge_src" in out or "edge_dst" in out:
+        for k in ("edge_src", "edge_dst"):
+            if k not in out:
+                raise fail(f"edge_src and edge_dst come together; there is no {k}")
+            out[k] = _int_vector(out[k], k, "node ids", fail)
+        if len(out["edge_src"]) != len(out["edge_dst"]):
+            raise fail(f"edge_src has {len(out['edge_src'])} entries, edge_dst "
+                       f"{len(out['edge_dst'])}; both hold one entry per edge")
+        if check:
+            for k in ("edge_src", "edge_dst"):
+                _in_range(out[k], k, 0, n, "num_nodes", "edge", fail)
+
+    if "label" in out:
+        label = _int_vector(out["label"], "label", "class ids", fail, length=n)
+        top = int(label.max()) if label.size else UNLABELED
+        c = (_count(out["num_classes"], "num_classes", fail, low=1) if "num_classes" in out
+             else max(1, top + 1))
+        bad = (label < UNLABELED) | (label >= c)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise fail(f"label of node {i} is {label[i]}, outside 0 .. {c - 1} (num_classes = "
+                       f"{c}; -1 = unlabeled); {_many(int(bad.sum()), 'node')} in all")
+        out["label"], out["num_classes"] = label, c
+
+    for k in MASKS:
+        if k in out:
+            out[k] = _mask(out[k], k, n, fail)
+
+    if "feat" in out:
+        out["feat"] = _features(out["feat"], n, fail, check)
+    elif "label" in out:
+        out["feat"] = np.zeros((n, 0), np.float32)
+
+    if "etype" in out:
+        if "edge_src" not in out:
+            raise fail("etype without edge_src / edge_dst")
+        etype = _int_vector(out["etype"], "etype", "edge types", fail,
+                            length=len(out["edge_src"]), unit="edges")
+        if "num_etypes" in out:
+            r = _count(out["num_etypes"], "num_etypes", fail, low=1)
+        else:
+            r = int(etype.max()) + 1 if etype.size else 0
+        if check:
+            _in_range(etype, "etype", 0, r, "num_etypes", "edge", fail)
+        out["etype"], out["num_etypes"] = etype, r
+    else:
+        out["num_etypes"] = 0
+    return out
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+    return np.asarray(value)
+
+
+def _many(k: int, unit: str) -> str:
+    return f"{k} {unit}" if k == 1 else f"{k} {unit}s"
+
+
+def _count(a: np.ndarray, key: str, fail, low: int) -> int:
+    if a.size != 1 or a.dtype.kind not in "iu":
+        raise fail(f"{key} must be one integer, got a {a.dtype} array of shape {a.shape}")
+    v = int(a.reshape(()))
+    if v < low:
+        raise fail(f"{key} is {v}; it must be at least {low}")
+    return v
+
+
+def _int_vector(a: np.ndarray, key: str, what: str, fail, length: int | None = None,
+                unit: str = "nodes") -> np.ndarray:
+    if a.ndim != 1:
+        raise fail(f"{key} has shape {a.shape}; it must be a vector (one entry per "
+                   f"{unit[:-1]})")
+    if a.dtype.kind not in "iu":
+        raise fail(f"{key} is {a.dtype}; {what} must be integers")
+    if length is not None and len(a) != length:
+        raise fail(f"{key} has {len(a)} entries, the graph has {length} {unit}")
+    return a.astype(np.int64, copy=False)
+
+
+def _in_range(a: np.ndarray, key: str, low: int, high: int, bound: str, unit: str, fail):
+    bad = (a < low) | (a >= high)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise fail(f"{key} of {unit} {i} is {a[i]}, outside [{low}, {high}) ({bound} = {high}); "
+                   f"{_many(int(bad.sum()), unit)} in all")
+
+
+def _mask(a: np.ndarray, key: str, n: int, fail) -> np.ndarray:
+    what = (f"a mask is a boolean vector of length num_nodes = {n} (True = the node is in "
+            f"the split; integers that are all 0 or 1 are read as such)")
+    if a.dtype == np.bool_ and a.shape == (n,):
+        return a
+    if a.dtype.kind in "iu" and a.ndim == 1:
+        if len(a) == n and bool(((a == 0) | (a == 1)).all()):
+            return a.astype(np.bool_)
+        top = int(a.max()) if a.size else 0
+        looks = "node ids, not a mask" if len(a) != n else "values other than 0 and 1"
+        raise fail(f"{key} is an {a.dtype} vector of {len(a)} entries up to {top}: {looks}; "
+                   f"{what}. From node ids: mask = np.zeros({n}, bool); mask[ids] = True")
+    if a.dtype == np.bool_:
+        raise fail(f"{key} has shape {a.shape}; {what}")
+    raise fail(f"{key} is {a.dtype} of shape {a.shape}; {what}")
+
+
+_SCAN_ELEMENTS = 1 << 24
+"""Feature values scanned for NaN / Inf at a time (bounds the scan's temporary memory)."""
+
+
+def _features(a: np.ndarray, n: int, fail, check: bool) -> np.ndarray:
+    if a.ndim != 2 or a.shape[0] != n:
+        raise fail(f"feat has shape {a.shape}; node features are [num_nodes, F] = [{n}, F]")
+    if a.dtype.kind not in "biuf":
+        raise fail(f"feat is {a.dtype}; node features must be numbers")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range: Inf, found below
+        x = a.astype(np.float32, copy=False)
+    if check and x.size:
+        rows = max(1, _SCAN_ELEMENTS // x.shape[1])
+        first, count = None, 0
+        for lo in range(0, n, rows):
+            bad = ~np.isfinite(x[lo:lo + rows]).all(axis=1)
+            if first is None and bad.any():
+                first = lo + int(np.flatnonzero(bad)[0])
+            count += int(bad.sum())
+        if first is not None:
+            col = int(np.flatnonzero(~np.isfinite(x[first]))[0])
+            kind = "NaN" if np.isnan(x[first, col]) else "Inf"
+            raise fail(f"feat row {first} holds {kind} (column {col}); {_many(count, 'row')} "
+                       f"{'holds' if count == 1 else 'hold'} NaN or Inf"
+                       + (" once read as float32" if x is not a else ""))
+    return x
+
 
 # --- the benchmark files ---------------------------------------------------------------
 
@@ -80,7 +302,7 @@ def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
         p = Path(name)
         if p.is_file():
             return p
-        raise DatasetError(f"dataset file {name} does not exist")
+        raise DatasetNotFoundError(f"dataset file {name} does not exist")
     key = name.lower()
     files = FILE_NAMES.get(key, (f"{key}.npz",))
     dirs = [Path(d) for d in (root, os.environ.get("SARC_DATA_DIR")) if d]
@@ -92,36 +314,44 @@ def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
         with resources.as_file(resources.files("sarc") / "data" / f"{key}.npz") as p:
             return Path(p)
     where = ", ".join(str(d) for d in dirs) or "no directory given"
-    raise DatasetError(f"dataset {name!r} not found: looked for {' or '.join(files)} in {where}; "
+    raise DatasetNotFoundError(f"dataset {name!r} not found: looked for {' or '.join(files)} in {where}; "
                        f"embedded datasets: {', '.join(EMBEDDED)} (pass a directory with "
                        f"--data-dir / root=, e.g. the shared datasets folder)")
 
 
-def load_dataset(name: str, root: str | os.PathLike | None = None) -> Dataset:
-    """Load a benchmark: ``'cora'``, ``'aifb'`` (embedded), ``'citeseer'``, ``'pubmed'`` (from ``root``)."""
+def load_dataset(name: str, root: str | os.PathLike | None = None, *,
+                 check: bool = True) -> Dataset:
+    """Load a benchmark: ``'cora'``, ``'aifb'`` (embedded), ``'citeseer'``, ``'pubmed'`` (from
+    ``root``), or an ``.npz`` path; its arrays checked (``check_arrays``, whose value scans
+    ``check=False`` skips)."""
     path = dataset_path(name, root)
-    with np.load(path) as d:
-        arrays = {k: d[k] for k in d.files}
-    n = int(arrays["num_nodes"])
-    if "feat" in arrays and arrays["feat"].size:
-        feat = torch.from_numpy(np.ascontiguousarray(arrays["feat"], dtype=np.float32))
-    else:  # PubMed without features, AIFB: no input features
-        feat = torch.zeros(n, 0)
-    etype = torch.from_numpy(arrays["etype"]) if "etype" in arrays else None
-    return Dataset(
-        name=str(arrays.get("name", Path(path).stem)),
-        num_nodes=n,
-        edge_src=torch.from_numpy(arrays["edge_src"]).to(torch.int64),
-        edge_dst=torch.from_numpy(arrays["edge_dst"]).to(torch.int64),
-        feat=feat,
-        label=torch.from_numpy(arrays["label"]).to(torch.int64),
-        train_mask=torch.from_numpy(arrays["train_mask"]),
-        val_mask=torch.from_numpy(arrays["val_mask"]),
-        test_mask=torch.from_numpy(arrays["test_mask"]),
-        num_classes=int(arrays["num_classes"]),
-        etype=etype,
-        num_etypes=int(arrays["num_etypes"]) if "num_etypes" in arrays else 0,
-    )
+    arrays = read_npz(path)
+    name = str(arrays["name"]) if "name" in arrays else Path(path).stem
+    return Dataset.from_arrays(arrays, name=name, source=str(path), check=check)
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` file at ``path`` (pickled objects refused), or a
+    ``DatasetFormatError`` naming the file and the array."""
+    try:
+        f = np.load(path)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{path} does not exist") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        why = "" if isinstance(e, ValueError) else f" ({e})"
+        raise DatasetFormatError(f"{path}: not an .npz archive (numpy.savez's zip of "
+                                 f"arrays){why}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise DatasetFormatError(f"{path}: a single array (.npy), not an .npz archive of "
+                                 f"named arrays")
+    with f:
+        arrays = {}
+        for k in f.files:
+            try:
+                arrays[k] = f[k]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                raise DatasetFormatError(f"{path}: cannot read array {k!r}: {e}") from None
+    return arrays
 
 
 # --- graph helpers -----------------------------------------------------------------------
@@ -272,7 +502,8 @@ def _synthetic(name: str, n: int, src: np.ndarray, dst: np.ndarray, num_features
     return Dataset(name=name, num_nodes=n, edge_src=torch.from_numpy(src),
                    edge_dst=torch.from_numpy(dst), feat=torch.from_numpy(feat),
                    label=torch.from_numpy(label.astype(np.int64)),
-                   train_mask=train, val_mask=val, test_mask=test, num_classes=num_classes)
+                   train_mask=train, val_mask=val, test_mask=test, num_classes=num_classes,
+                   checked=True)
 
 
 def _random_split(n: int, split, rng: np.random.Generator):

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
+import math
+import numbers
+import os
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,7 +29,7 @@ from torch import nn
 
 from .checkpoint import (CheckpointConfig, Checkpointer, injected_kill, restore_training,
                          run_record, save_model, seed_all, training_state)
-from .datasets import Dataset, add_self_loops, load_dataset
+from .datasets import Dataset, add_self_loops, check_dataset, load_dataset
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
@@ -43,8 +48,103 @@ DEFAULTS: dict[str, Any] = {
 """The trainer's hyperparameters and their defaults; a model's ``HPARAMS`` override them."""
 
 
+DATASET_FACTS = ("num_nodes", "num_etypes")
+"""What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
+
+
 class TrainError(SarcError):
     """The dataset and the model's hyperparameters do not fit together."""
+
+
+def known_hparams(spec: ModelSpec) -> dict[str, Any]:
+    """Every hyperparameter ``spec`` takes, with its default: the trainer's (``DEFAULTS``),
+    the keywords of ``build_model`` after its two sizes, and the model file's ``HPARAMS``."""
+    known: dict[str, Any] = {}
+    try:
+        params = list(inspect.signature(spec.build_model).parameters.values())[2:]
+    except (TypeError, ValueError):  # a callable without a signature
+        params = []
+    for p in params:
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in DATASET_FACTS:
+            known[p.name] = None if p.default is p.empty else p.default
+    return {**known, **DEFAULTS, **spec.hparams}
+
+
+def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
+                    epochs: int | None = None) -> dict[str, Any]:
+    """``DEFAULTS``, then the model file's ``HPARAMS``, then ``overrides`` (then ``epochs``),
+    checked before any work.
+
+    An override must name a known hyperparameter (``known_hparams``) and have the type of
+    its default: an int for an int, an int or a float for a float (made a float), a bool
+    for a bool, a string for a string; anything where the default is None. The trainer's
+    own values must be in range (``epochs >= 1``, ``lr > 0``, ...).
+    """
+    known = known_hparams(spec)
+    given = dict(overrides or {})
+    if epochs is not None:
+        given["epochs"] = epochs
+    for key, value in given.items():
+        if key in DATASET_FACTS or key in ("in_feats", "num_classes"):
+            raise TrainError(f"{key} is a size of the dataset, not a hyperparameter")
+        if key not in known:
+            raise TrainError(f"unknown hyperparameter {key}={value!r}; the known ones of "
+                             f"{spec.name}: {', '.join(sorted(known))}")
+        given[key] = _of_default_type(key, value, known[key])
+    hp = {**DEFAULTS, **spec.hparams, **given}
+    _check_trainer_hparams(hp)
+    return hp
+
+
+def _of_default_type(key: str, value: Any, default: Any) -> Any:
+    if default is None:
+        return value
+    for kind, name in ((bool, "a bool"), (int, "an int"), (float, "a float"), (str, "a string"),
+                       (list, "a list"), (tuple, "a tuple"), (dict, "a dict")):
+        if isinstance(default, kind):
+            break
+    else:
+        return value
+    ok = (isinstance(value, bool) if kind is bool
+          else isinstance(value, numbers.Integral) and not isinstance(value, bool) if kind is int
+          else isinstance(value, numbers.Real) and not isinstance(value, bool) if kind is float
+          else isinstance(value, kind))
+    if not ok:
+        hint = "; write True or False" if kind is bool else ""
+        raise TrainError(f"hyperparameter {key}={value!r} is {_type_name(value)}, but {key} "
+                         f"takes {name} (its default is {default!r}){hint}")
+    return float(value) if kind is float else value
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "None"
+    names = {bool: "a bool", int: "an int", float: "a float", str: "a string"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def _check_trainer_hparams(hp: dict[str, Any]) -> None:
+    """The trainer's hyperparameters (``DEFAULTS``' keys) in type and range."""
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    def is_real(v):
+        return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+    rules = {
+        "epochs": (lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+        "lr": (lambda v: is_real(v) and v > 0, "a finite number > 0"),
+        "weight_decay": (lambda v: is_real(v) and v >= 0, "a finite number >= 0"),
+        "patience": (lambda v: v is None or (is_int(v) and v >= 1), "None or an integer >= 1"),
+        "self_loops": (lambda v: isinstance(v, bool), "True or False"),
+        "norm_features": (lambda v: isinstance(v, bool), "True or False"),
+        "embedding_dim": (lambda v: v is None or (is_int(v) and v >= 1),
+                          "None or an integer >= 1"),
+        "dataset": (lambda v: isinstance(v, str) and v != "", "a dataset name or .npz path"),
+    }
+    for key, (ok, want) in rules.items():
+        if not ok(hp[key]):
+            raise TrainError(f"hyperparameter {key}={hp[key]!r}: it must be {want}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,8 +202,15 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
                              f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
                              f"embedding as the model's input")
         in_feats = int(emb)
-    model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
-                             num_etypes=data.num_etypes, **hparams)
+    try:
+        model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
+                                 num_etypes=data.num_etypes, **hparams)
+    except SarcError:
+        raise
+    except Exception as e:  # the model file's code, on the user's hyperparameters
+        raise TrainError(f"building the model with {_chosen(spec, hparams)} failed (dataset "
+                         f"{data.name}{_where_in(spec, e)}): {type(e).__name__}: "
+                         f"{(str(e).strip() or '-').splitlines()[0]}") from e
     if not isinstance(model, nn.Module):
         raise TrainError(f"{spec.path or spec.name}: build_model returned a "
                          f"{type(model).__name__}, not a torch.nn.Module")
@@ -112,6 +219,30 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
     if not any(True for _ in model.parameters()):
         raise TrainError(f"{spec.path or spec.name}: the model has no parameters to train")
     return model
+
+
+def _chosen(spec: ModelSpec, hparams: dict[str, Any]) -> str:
+    """The model's hyperparameters that differ from the model file's (its own if none do);
+    the trainer's (``DEFAULTS``) do not build the model."""
+    ref = {**DEFAULTS, **spec.hparams}
+
+    def same(k, v):
+        try:
+            return k in ref and bool(ref[k] == v)
+        except Exception:  # a value without a plain ==
+            return False
+    changed = [f"{k}={v!r}" for k, v in hparams.items() if k not in DEFAULTS and not same(k, v)]
+    return ", ".join(changed) if changed else f"the HPARAMS of {spec.path or spec.name}"
+
+
+def _where_in(spec: ModelSpec, e: BaseException) -> str:
+    """``, at FILE:LINE``: the innermost line of the model file in ``e``'s traceback."""
+    if not spec.path:
+        return ""
+    path = os.path.abspath(spec.path)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if os.path.abspath(f.filename) == path]
+    return f", at {spec.path}:{frames[-1].lineno}" if frames else ""
 
 
 class ModelSelection:
@@ -182,16 +313,16 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
 
     ``hparams`` override the model file's ``HPARAMS``, which override
-    ``DEFAULTS``; ``epochs`` overrides all three. ``log=None`` is silent.
-    ``checkpoint``: save the training state there and resume from it
-    (``sarc.checkpoint``); ``save``: write the selected model to that path.
+    ``DEFAULTS``; ``epochs`` overrides all three (checked by ``hyperparameters``).
+    A ``Dataset`` not built by ``Dataset.from_arrays`` or ``load_dataset`` is checked
+    first (``check_dataset``). ``log=None`` is silent. ``checkpoint``: save the training
+    state there and resume from it (``sarc.checkpoint``); ``save``: write the selected
+    model to that path.
     """
-    hp = {**DEFAULTS, **spec.hparams, **(hparams or {})}
-    if epochs is not None:
-        hp["epochs"] = epochs
-    if int(hp["epochs"]) < 1:
-        raise TrainError(f"epochs must be at least 1, got {hp['epochs']}")
-    data = dataset if isinstance(dataset, Dataset) else load_dataset(dataset or hp["dataset"], data_root)
+    hp = hyperparameters(spec, hparams, epochs=epochs)
+    data = (dataset if isinstance(dataset, Dataset) and dataset.checked
+            else check_dataset(dataset) if isinstance(dataset, Dataset)
+            else load_dataset(dataset or hp["dataset"], data_root))
     say = log or (lambda s: None)
 
     seed_all(seed)

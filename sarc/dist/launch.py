@@ -55,14 +55,16 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
 
 def partition_dataset(args, out: Path) -> str:
     """Partition ``args.dataset`` (or the model's) into ``out``; returns the directory."""
+    from ..cli import parse_overrides
     from ..datasets import load_dataset
     from ..loader import load_model_file
     from ..partition import partition_graph
-    from ..train import DEFAULTS
+    from ..train import hyperparameters
 
     spec = load_model_file(args.model)
-    hp = {**DEFAULTS, **spec.hparams}
-    data = load_dataset(args.dataset or hp["dataset"], args.data_dir)
+    hp = hyperparameters(spec, parse_overrides(args.overrides))
+    data = load_dataset(args.dataset or hp["dataset"], args.data_dir,
+                        check=getattr(args, "check_data", True))
     node_data = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
                  "val_mask": data.val_mask, "test_mask": data.test_mask}
     edge_data = {"etype": data.etype} if data.etype is not None else {}

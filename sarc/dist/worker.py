@@ -58,6 +58,23 @@ def add_worker_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def check_worker_args(args) -> None:
+    """Every option value checked before the worker joins its group (a bad one would
+    otherwise fail inside the run, or after it)."""
+    from ..artifacts import parse_bytes
+    from ..cli import at_least, check_input_dir, check_output_file, check_seed, check_timeout
+
+    at_least("--epochs", args.epochs, 1)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--threads", args.threads, 1)
+    check_seed("--seed", args.seed)
+    check_timeout("--timeout", args.timeout)
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_input_dir("--partition", args.partition)
+    check_output_file("--json", args.json)
+
+
 def worker_command(args) -> int:
     import torch
     import torch.distributed as dist
@@ -66,10 +83,12 @@ def worker_command(args) -> int:
     from ..checkpoint import checkpoint_config
     from ..cli import parse_overrides
     from ..loader import load_model_file
+    from ..train import hyperparameters
     from .exchange import ExchangeError
     from .graph import DistError
     from .train import WorkerConfig, train_worker
 
+    check_worker_args(args)
     missing = [k for k in ENV if k not in os.environ]
     if missing:
         raise DistError(f"sarc worker runs under torchrun, which sets {', '.join(ENV)} "
@@ -85,6 +104,7 @@ def worker_command(args) -> int:
                        json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
                        checkpoint=_resuming(checkpoint_config(args)), save_path=args.save)
     spec = load_model_file(args.model)
+    hyperparameters(spec, cfg.hparams, epochs=args.epochs)  # before the group forms
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

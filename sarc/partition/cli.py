@@ -1,6 +1,7 @@
 """``sarc partition``: partition a dataset and write sarc's partition format.
 
     sarc partition --dataset cora --parts 4 --method metis --out DIR [--seed S] [--overwrite]
+                   [--no-check-data]
     sarc partition --graph FILE.npz --parts 4 --out DIR
     sarc partition --from-dgl DIR/NAME.json --out DIR [--dgl-orig-ids N E | --dgl-shuffled-ids]
     sarc partition --from-pyg DIR --out DIR [--no-pyg-extras]
@@ -20,6 +21,7 @@ not apply (``--parts``, if given, must match).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +35,8 @@ EDGE_LIST = ("edge_src", "edge_dst")
 
 def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``partition`` to ``subparsers``; the parser's default ``func`` is ``partition_command``."""
+    from ..cli import add_check_data_argument
+
     p = subparsers.add_parser("partition", help="partition a graph for distributed training",
                               description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -44,6 +48,7 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     src.add_argument("--from-pyg", metavar="DIR",
                      help="convert the partition torch_geometric.distributed.Partitioner wrote")
     p.add_argument("--data-dir", help="directory of dataset files not embedded in sarc")
+    add_check_data_argument(p)
     p.add_argument("--parts", type=int, help="number of parts (required unless converting)")
     p.add_argument("--method", choices=sorted(PARTITIONERS),
                    help="how to partition (default metis)")
@@ -73,10 +78,11 @@ def partition_command(args) -> int:
         return convert_command(args)
     if args.graph:
         name = args.graph
-        src, dst, num_nodes, node_data, edge_data = load_npz_graph(args.graph)
+        src, dst, num_nodes, node_data, edge_data = load_npz_graph(args.graph,
+                                                                   check=args.check_data)
     else:
         from ..datasets import load_dataset
-        ds = load_dataset(args.dataset, args.data_dir)
+        ds = load_dataset(args.dataset, args.data_dir, check=args.check_data)
         name = ds.name
         src, dst, num_nodes = ds.edge_src, ds.edge_dst, ds.num_nodes
         node_data = {"feat": ds.feat, "label": ds.label, "train_mask": ds.train_mask,
@@ -117,8 +123,17 @@ def convert_command(args) -> int:
 
 
 def _check_options(args) -> None:
-    """Options that belong to the other kind of run (partitioning vs converting) are errors."""
-    from ..cli import UsageError
+    """Every value checked before any work (nothing read, nothing written); options that
+    belong to the other kind of run (partitioning vs converting) are errors."""
+    from ..cli import (UsageError, at_least, check_input_dir, check_output_dir,
+                       check_seed)
+    from .atomic import check_target
+
+    at_least("--parts", args.parts, 1)
+    check_seed("--seed", args.seed)
+    check_input_dir("--data-dir", args.data_dir)
+    check_output_dir("--out", args.out)
+    check_target(Path(args.out), args.overwrite)
 
     converting = bool(args.from_dgl or args.from_pyg)
     if converting:
@@ -143,24 +158,29 @@ def _print_result(pset, node_data, edge_data) -> None:
     print(f"wrote {pset.path}")
 
 
-def load_npz_graph(path):
-    """(src, dst, num_nodes, node_data, edge_data) of an ``.npz`` graph file."""
-    with np.load(path) as f:
-        arrays = {k: f[k] for k in f.files}
-    missing = [k for k in (*EDGE_LIST, "num_nodes") if k not in arrays]
-    if missing:
-        raise GraphError(f"{path}: a graph file needs {', '.join(missing)}")
-    src, dst = (torch.from_numpy(arrays[k]).to(torch.int64) for k in EDGE_LIST)
-    num_nodes = int(arrays["num_nodes"])
+def load_npz_graph(path, *, check: bool = True):
+    """(src, dst, num_nodes, node_data, edge_data) of an ``.npz`` graph file.
+
+    Its arrays are checked as a dataset's are (``sarc.datasets.check_arrays``: the edge
+    list in range, and ``label``, the masks, ``feat`` and ``etype`` where present), with
+    ``edge_src``, ``edge_dst`` and ``num_nodes`` required.
+    """
+    from ..datasets import check_arrays, read_npz
+
+    raw = read_npz(path)
+    arrays = check_arrays(raw, str(path), required=(*EDGE_LIST, "num_nodes"), check=check)
+    src, dst = (torch.from_numpy(arrays[k]) for k in EDGE_LIST)
+    num_nodes = arrays["num_nodes"]
     node_data, edge_data = {}, {}
-    for k, a in arrays.items():
+    for k in raw:
+        a = np.asarray(arrays[k])
         if k in EDGE_LIST or a.ndim == 0 or a.dtype.kind not in "biuf":
             continue
         if k == "etype" or k.startswith("edge_"):
             if a.shape[0] != src.numel():
                 raise GraphError(f"{path}: edge array {k!r} has {a.shape[0]} rows, "
                                  f"the graph has {src.numel()} edges")
-            edge_data[k] = torch.from_numpy(a)
+            edge_data[k] = torch.from_numpy(np.ascontiguousarray(a))
         elif a.shape[0] == num_nodes:
-            node_data[k] = torch.from_numpy(a)
+            node_data[k] = torch.from_numpy(np.ascontiguousarray(a))
     return src, dst, num_nodes, node_data, edge_data

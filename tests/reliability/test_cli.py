@@ -1,0 +1,148 @@
+"""Bad command-line values: each refused with one line naming the option, before any work
+(no dataset loaded, no partition written, no worker launched, no epoch trained)."""
+from __future__ import annotations
+
+import pytest
+
+from .catalogue import case
+from .harness import ROOT, assert_error, run_sarc
+
+GCN = ROOT / "models" / "gcn.py"
+
+
+def refused_before_work(proc, *needles: str) -> str:
+    """One error line naming ``needles``; nothing was partitioned or trained."""
+    err = assert_error(proc, *needles)
+    assert proc.stdout == "", proc.stdout
+    return err
+
+
+@case("cli", "`--set hidden=-1` (the model cannot be built)", "error")
+def test_set_value_the_model_rejects():
+    proc = run_sarc("train", GCN, "--set", "hidden=-1", "--epochs", "2")
+    err = assert_error(proc, "building the model with hidden=-1 failed", "gcn.py")
+    assert "epoch" not in proc.stdout, proc.stdout
+
+
+@case("cli", "`--set lr=abc` (a string for a float)", "error")
+def test_set_wrong_type():
+    refused_before_work(run_sarc("train", GCN, "--set", "lr=abc"), "lr", "'abc'", "float")
+
+
+@case("cli", "`--set self_loops=1` (an int for a bool)", "error")
+def test_set_int_for_bool():
+    refused_before_work(run_sarc("train", GCN, "--set", "self_loops=1"),
+                        "self_loops", "bool", "True")
+
+
+@case("cli", "`--set hiden=32` (an unknown hyperparameter)", "error")
+def test_set_unknown_key():
+    refused_before_work(run_sarc("train", GCN, "--set", "hiden=32"),
+                        "hiden", "known", "hidden", "dropout", "lr")
+
+
+@case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
+@pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
+                                         ("patience=0", "patience")])
+def test_set_trainer_value_out_of_range(item, needle):
+    refused_before_work(run_sarc("train", GCN, "--set", item), needle)
+
+
+@case("cli", "`--json` into a directory that does not exist", "error")
+def test_json_into_missing_directory(tmp_path):
+    out = tmp_path / "no" / "such" / "r.json"
+    refused_before_work(run_sarc("train", GCN, "--epochs", "2", "--json", out),
+                        "--json", str(out.parent), "does not exist")
+    assert not out.parent.exists()
+
+
+@case("cli", "`--json` naming a directory, in a distributed run", "error")
+def test_json_is_a_directory(tmp_path):
+    refused_before_work(run_sarc("train", GCN, "--workers", "2", "--epochs", "2",
+                                 "--json", tmp_path), "--json", "is a directory")
+
+
+@case("cli", "`--timeout` of 0, a negative number, nan or inf", "error")
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf"])
+def test_timeout_not_positive_finite(value):
+    refused_before_work(run_sarc("train", GCN, "--workers", "2", "--timeout", value),
+                        "--timeout", value)
+
+
+@case("cli", "`--mem-budget` of inf, a negative size or garbage", "error")
+@pytest.mark.parametrize("value", ["inf", "-1M", "lots", "nanG"])
+def test_mem_budget_unreadable(value):
+    refused_before_work(run_sarc("train", GCN, "--workers", "2", f"--mem-budget={value}"),
+                        "--mem-budget", repr(value))
+
+
+@case("cli", "`sarc compile --mem-budget inf`", "error")
+def test_compile_mem_budget_inf():
+    refused_before_work(run_sarc("compile", GCN, "--workers", "2", "--mem-budget", "inf"),
+                        "--mem-budget", "'inf'")
+
+
+@case("cli", "`sarc compile --out` below a regular file", "error")
+def test_compile_out_below_a_file(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine\n")
+    refused_before_work(run_sarc("compile", GCN, "--out", f / "art"), "--out", str(f),
+                        "not a directory")
+    assert f.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [f]
+
+
+@case("cli", "`sarc partition --out` below a regular file", "error")
+def test_partition_out_below_a_file(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine\n")
+    refused_before_work(run_sarc("partition", "--dataset", "cora", "--parts", "2",
+                                 "--out", f / "parts"), "--out", str(f), "not a directory")
+    assert f.read_text() == "mine\n" and sorted(tmp_path.iterdir()) == [f]
+
+
+@case("cli", "`sarc partition --parts 0` or `--seed -1`", "error")
+@pytest.mark.parametrize("argv,needle", [(["--parts", "0"], "--parts"),
+                                         (["--parts", "2", "--seed", "-1"], "--seed")])
+def test_partition_bad_numbers(tmp_path, argv, needle):
+    out = tmp_path / "parts"
+    refused_before_work(run_sarc("partition", "--dataset", "cora", "--out", out, *argv), needle)
+    assert not out.exists()
+
+
+@case("cli", "`--epochs 0` or `--epochs -1`", "error")
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_epochs_not_positive(value):
+    refused_before_work(run_sarc("train", GCN, "--epochs", value), "--epochs", value)
+
+
+@case("cli", "`--log-every 0`", "error")
+def test_log_every_zero():
+    refused_before_work(run_sarc("train", GCN, "--log-every", "0"), "--log-every", "0")
+
+
+@case("cli", "`--threads 0` in a distributed run", "error")
+def test_threads_zero_distributed():
+    refused_before_work(run_sarc("train", GCN, "--workers", "2", "--threads", "0"),
+                        "--threads", "0")
+
+
+@case("cli", "`--workers 0`", "error")
+def test_workers_zero():
+    refused_before_work(run_sarc("train", GCN, "--workers", "0"), "--workers", "0")
+
+
+@case("cli", "`--seed -1` (seeds are 0 .. 2**31 - 1)", "error")
+def test_negative_seed():
+    refused_before_work(run_sarc("train", GCN, "--seed", "-1"), "--seed", "-1")
+
+
+@case("cli", "`--data-dir` that does not exist", "error")
+def test_data_dir_missing(tmp_path):
+    refused_before_work(run_sarc("train", GCN, "--data-dir", tmp_path / "nope"),
+                        "--data-dir", "does not exist")
+
+
+@case("cli", "`sarc worker --timeout nan` (the torchrun entry point)", "error")
+def test_worker_timeout_nan(tmp_path):
+    proc = run_sarc("worker", GCN, "--partition", tmp_path, "--timeout", "nan")
+    assert_error(proc, "--timeout", "nan")
