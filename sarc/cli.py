@@ -56,6 +56,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                            "network, no online softmax")
     dist.add_argument("--timeout", type=float, default=120.0,
                       help="seconds a worker waits for a peer before giving up (default 120)")
+    dist.add_argument("--master-port", type=int, metavar="PORT",
+                      help="the rendezvous port on 127.0.0.1 (default: a free one)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
@@ -76,9 +78,12 @@ def train_command(args) -> int:
         from .dist.launch import launch
         if args.quiet:
             raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+        if args.master_port is not None and not 0 < args.master_port < 65536:
+            raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
         return launch(args)
     given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
-                             ("--baseline", args.baseline)) if on]
+                             ("--baseline", args.baseline),
+                             ("--master-port", args.master_port is not None)) if on]
     if given:
         raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
                          f"(or a --partition)")

@@ -45,7 +45,7 @@ def add_worker_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("worker", help="one worker of a distributed run (under torchrun)",
                               description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
-    p.set_defaults(func=lambda args: _exit(_run(args)))
+    p.set_defaults(func=_enter)
     return p
 
 
@@ -136,10 +136,22 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def _enter(args) -> None:
+    """The process's life: it ends with its parent (the torchrun agent), as torchrun cannot
+    stop workers once it is gone (see ``sarc.dist.supervise``)."""
+    import signal
+
+    from .supervise import die_with_parent
+    if not die_with_parent(signal.SIGKILL):
+        _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
+        _exit(2)
+    _exit(_run(args))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sarc.dist.worker", description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
-    _exit(_run(p.parse_args(argv)))
+    _enter(p.parse_args(argv))
 
 
 if __name__ == "__main__":
