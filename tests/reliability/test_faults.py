@@ -8,7 +8,10 @@ any whose command line holds the test's folder.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+
+from sarc.partition import partition_graph
 
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
@@ -252,3 +258,94 @@ def test_a_busy_master_port_is_refused_before_anything_starts(tmp_path):
                         env={"TMPDIR": str(tmp_path)})
     assert_error(proc, f"--master-port {port}", "in use")
     assert leftovers(tmp_path) == []
+
+
+def _graph_parts(path: Path, parts: int, seed: int, n: int = 60):
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen)
+    node_data = {"feat": torch.randn(n, 5, generator=gen), "label": torch.randint(0, 3, (n,), generator=gen),
+                 "train_mask": torch.ones(n, dtype=torch.bool), "val_mask": torch.zeros(n, dtype=torch.bool),
+                 "test_mask": torch.zeros(n, dtype=torch.bool)}
+    return partition_graph(src, dst, n, parts, path, method="random", node_data=node_data, seed=0)
+
+
+def transplant(into, donor, p: int, edges: bool = True) -> None:
+    """Put ``donor``'s part ``p`` (of another graph) in ``into``, its metadata entry patched
+    to the new file's sha256 and size, and with ``edges`` its edge count, as a careful
+    forger would."""
+    shutil.copy(donor.part_path(p), into.part_path(p))
+    meta_file = into.path / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    data = into.part_path(p).read_bytes()
+    meta["parts"][p].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    if edges:
+        meta["parts"][p]["num_edges"] = donor.meta["parts"][p]["num_edges"]
+    meta_file.write_text(json.dumps(meta))
+
+
+def same_error_from_every_worker(proc, workers: int) -> str:
+    """``sarc train`` failed (exit 2, no abort, no traceback), every worker with one and the
+    same error (the others quote a worker's own: "worker R: ..."), which it returns."""
+    err = proc.stderr
+    assert proc.returncode == 2, err
+    assert "SIGABRT" not in err and "terminate called" not in err, err
+    reports = [l for l in err.splitlines() if l.startswith("sarc worker")]
+    assert len(reports) == workers, err
+    messages = {l.split(": error: ", 1)[1] for l in reports}
+    messages = {m.split(": ", 1)[1] if m.startswith("worker ") else m for m in messages}
+    assert len(messages) == 1, reports
+    assert last_line(err).startswith("sarc train: error: distributed training failed"), err
+    return messages.pop()
+
+
+@case("partition", "a part of another graph in the set, its sha256 in the metadata patched to match",
+      "error")
+def test_a_part_of_another_graph_with_a_patched_hash_is_refused_by_every_worker(tmp_path):
+    pset = _graph_parts(tmp_path / "parts", 3, seed=0)
+    transplant(pset, _graph_parts(tmp_path / "other", 3, seed=1), 1)
+    proc = run_sarc("train", GCN, "--workers", "3", "--partition", pset.path, "--epochs", "2",
+                    "--timeout", "20", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    message = same_error_from_every_worker(proc, 3)
+    assert str(pset.part_path(1)) in message and "part-0.pt" not in message, message
+    assert "does not fit the other parts" in message, message
+    assert processes_with(tmp_path) == {}
+
+
+@case("partition", "a part of another graph in the set, only its sha256 in the metadata patched",
+      "error")
+def test_a_part_of_another_graph_is_named_by_its_edge_count(tmp_path):
+    pset = _graph_parts(tmp_path / "parts", 2, seed=0)
+    transplant(pset, _graph_parts(tmp_path / "other", 2, seed=1), 1, edges=False)
+    proc = run_sarc("train", GCN, "--workers", "2", "--partition", pset.path, "--epochs", "2",
+                    "--timeout", "20", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    message = same_error_from_every_worker(proc, 2)
+    assert message.startswith(f"{pset.part_path(1)}: holds ") and "edges" in message, message
+
+
+def _dist_graph(rank, port, q, path):
+    """Build a DistGraph on this rank's shard of ``path``, the parts unchecked before."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from sarc.dist import DistGraph
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=3, timeout=datetime.timedelta(seconds=20))
+        DistGraph(ShardedGraph.from_partitions(load_partitions(path), rank))
+        q.put((rank, "built"))
+    except Exception as e:
+        q.put((rank, f"{type(e).__name__}: {e}"))
+
+
+@case("partition", "shards of a set with a part of another graph, given to `DistGraph` directly",
+      "error")
+def test_dist_graph_refuses_shards_that_do_not_fit(tmp_path):
+    from distributed.harness import spawn
+    pset = _graph_parts(tmp_path / "parts", 3, seed=0)
+    transplant(pset, _graph_parts(tmp_path / "other", 3, seed=1), 1)
+    codes, reports = spawn(_dist_graph, 3, (str(pset.path),))
+    assert len(set(reports)) == 1, reports
+    assert reports[0].startswith("DistError: the shard of part 1 does not fit the other parts"), reports
