@@ -94,6 +94,16 @@ def start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def _state(pid: int) -> str:
+    """``pid``'s state in words where it cannot act on a signal (else "running")."""
+    try:
+        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+    return {"T": "stopped", "t": "stopped by a debugger", "D": "stuck in the kernel"}.get(
+        letter, "running")
+
+
 def _pending_sigterm(pid: int) -> bool:
     """``pid`` has a SIGTERM it has not acted on (it is stopped, or in the kernel)."""
     try:
@@ -277,6 +287,7 @@ class Outcome:
     returncode: int                 # the agent's exit status (negative: killed by that signal)
     survivors: list[int]            # processes of the run that would not die (should be none)
     failures: list[dict] = field(default_factory=list)  # the agent's FAILURES, where written
+    forced: dict[int, str] = field(default_factory=dict)  # pid -> its state when sarc killed it
 
     def summary(self) -> str:
         """What happened, in words; "every worker was stopped" only where none is left."""
@@ -285,7 +296,10 @@ class Outcome:
             parts.append(f"torchrun (pid {self.agent_pid}) was killed by {_signame(-self.returncode)}")
         reported = [f["rank"] for f in self.failures if f["exitcode"] == ERROR_EXIT]
         for f in self.failures:
-            if f["exitcode"] < 0:
+            if f["pid"] in self.forced:
+                parts.append(f"worker {f['rank']} did not stop when asked ({self.forced[f['pid']]}) "
+                             f"and was killed")
+            elif f["exitcode"] < 0:
                 parts.append(f"worker {f['rank']} was killed by {_signame(-f['exitcode'])}")
             elif f["exitcode"] != ERROR_EXIT:
                 parts.append(f"worker {f['rank']} exited with status {f['exitcode']}")
@@ -347,6 +361,7 @@ class Run:
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.proc: subprocess.Popen | None = None
         self._pending_since: dict[int, float] = {}
+        self.forced: dict[int, str] = {}  # pid -> its state when it was killed for ignoring SIGTERM
 
     def start(self, cmd: list[str], env: dict[str, str]) -> None:
         env = {**env, RUN_ENV: self.token, PARENT_ENV: str(os.getpid()),
@@ -387,7 +402,7 @@ class Run:
         with contextlib.suppress(OSError, ValueError):
             failures = json.loads((self.run_dir / FAILURES).read_text())
         return Outcome(proc.pid if proc is not None else None,
-                       proc.returncode if proc is not None else 0, left, failures)
+                       proc.returncode if proc is not None else 0, left, failures, self.forced)
 
     def _kill_unresponsive(self) -> None:
         now = time.monotonic()
@@ -398,5 +413,6 @@ class Run:
                 del self._pending_since[pid]
         for pid in pending:
             since = self._pending_since.setdefault(pid, now)
-            if now - since >= UNRESPONSIVE_S:
+            if now - since >= UNRESPONSIVE_S and pid not in self.forced:
+                self.forced[pid] = _state(pid)
                 _kill(pid, signal.SIGKILL)

@@ -83,16 +83,19 @@ def worker_command(args) -> int:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
         dist.barrier()
-    except (SarcError, ExchangeError, dist.DistError) as e:
-        # dist.DistError: what torch.distributed raises when a peer is lost or times out
+    except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
+        return 2
+    except (ExchangeError, dist.DistError) as e:
+        # dist.DistError: what torch.distributed raises when a peer is lost or times out
+        _say_error(f"sarc worker {rank}: error: {_peer_failure(e, args.timeout)}")
         return 2
     except RuntimeError as e:
         if not _raised_by_torch_distributed(e):
             raise  # a bug: keep the traceback
         # gloo raises a plain RuntimeError from a collective whose peer is gone
-        _say_error(f"sarc worker {rank}: error: a collective failed (a peer died or timed out): "
-                   f"{_first_line(e)}")
+        _say_error(f"sarc worker {rank}: error: "
+                   f"{_peer_failure(e, args.timeout, 'a collective failed (a peer died)')}")
         return 2
     finally:
         dist.destroy_process_group()
@@ -111,6 +114,15 @@ def _raised_by_torch_distributed(e: BaseException) -> bool:
         last = tb.tb_frame.f_code.co_filename
         tb = tb.tb_next
     return last is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in last
+
+
+def _peer_failure(e: BaseException, timeout_s: float, what: str = "") -> str:
+    """A failed exchange or collective (``what`` failed), in words; a timeout says it is
+    ``--timeout``'s."""
+    text = _first_line(e)
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): {text}"
+    return f"{what}: {text}" if what else text
 
 
 def _first_line(e: BaseException) -> str:
