@@ -118,10 +118,15 @@ def _pending_sigterm(pid: int) -> bool:
 
 
 def run_processes(token: str) -> list[int]:
-    """The live processes carrying ``SARC_RUN=token`` (zombies have no environment)."""
+    """The live processes carrying ``SARC_RUN=token`` (zombies have no environment; none
+    where there is no ``/proc``)."""
     needle = f"{RUN_ENV}={token}".encode()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in entries:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
@@ -229,35 +234,58 @@ def reserve_port(port: int = 0) -> socket.socket:
 class Stopped(BaseException):
     """``sarc train`` received a signal that asks it to stop (SIGTERM, SIGINT, SIGHUP)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, outcome: "Outcome | None" = None):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-        self.outcome: Outcome | None = None
+        self.outcome = outcome  # what was left of the run, once it was stopped
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+class _StopState:
+    signum: int | None = None   # the first stop signal received
+    deferring: int = 0          # inside ``deferred_stop``: the signal is kept, not raised
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Within the block, the first of ``STOP_SIGNALS`` raises ``Stopped`` (so the run's
-    ``finally`` clauses stop it), later ones are ignored while it stops."""
+    ``finally`` clauses stop it), or, inside ``deferred_stop``, is kept for later; the
+    ones after it are ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    raised = []
 
     def handler(signum, frame):
-        if not raised:
-            raised.append(signum)
-            raise Stopped(signum)
+        if _StopState.signum is None:
+            _StopState.signum = signum
+            if not _StopState.deferring:
+                raise Stopped(signum)
 
+    _StopState.signum = None
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        _StopState.signum = None
+
+
+@contextlib.contextmanager
+def deferred_stop() -> Iterator[None]:
+    """A block that a stop signal does not interrupt (stopping the run is one)."""
+    _StopState.deferring += 1
+    try:
+        yield
+    finally:
+        _StopState.deferring -= 1
+
+
+def stop_received() -> int | None:
+    """The stop signal received within ``stop_on_signals``, if any."""
+    return _StopState.signum
 
 
 def stops_on_signals(command):
@@ -269,7 +297,7 @@ def stops_on_signals(command):
             with stop_on_signals():
                 return command(args)
         except Stopped as e:
-            done = ("no worker had started" if e.outcome is None
+            done = ("no worker was running" if e.outcome is None
                     else e.outcome.leftovers() or "torchrun and every worker were stopped")
             sys.stderr.write(f"sarc {getattr(args, 'command', 'train')}: stopped by {e}: {done}\n")
             sys.stderr.flush()
@@ -344,13 +372,15 @@ def run_agent(cmd: list[str], env: dict[str, str], run_dir: Path) -> Outcome:
     try:
         run.start(cmd, env)
         run.wait()
-    except Stopped as e:
-        e.outcome = run.stop()
+    except BaseException as e:
+        outcome = run.stop()
+        if isinstance(e, Stopped):
+            e.outcome = outcome
         raise
-    except BaseException:
-        run.stop()
-        raise
-    return run.stop()
+    outcome = run.stop()
+    if stop_received() is not None:  # it came while the run was being stopped
+        raise Stopped(stop_received(), outcome)
+    return outcome
 
 
 class Run:
@@ -379,7 +409,12 @@ class Run:
     def stop(self) -> Outcome:
         """Stop what is left of the run: the agent (SIGTERM, which torchrun passes on to the
         workers; SIGKILL after ``STOP_GRACE_S``), then every process of the run; returns
-        once none is left (or some would not die within ``GONE_WAIT_S``)."""
+        once none is left (or some would not die within ``GONE_WAIT_S``). A stop signal
+        does not interrupt it."""
+        with deferred_stop():
+            return self._stop()
+
+    def _stop(self) -> Outcome:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             _kill(proc.pid, signal.SIGTERM, group=True)
