@@ -263,6 +263,14 @@ def test_a_busy_master_port_is_refused_before_anything_starts(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@case("faults", "`--master-port 70000` (not a TCP port)", "error")
+def test_a_master_port_out_of_range_is_refused(tmp_path):
+    proc = run_sarc("train", GCN, "--workers", "2", "--master-port", "70000",
+                    env={"TMPDIR": str(tmp_path)})
+    assert_error(proc, "--master-port must be a TCP port", "70000")
+    assert leftovers(tmp_path) == []
+
+
 def _graph_parts(path: Path, parts: int, seed: int, n: int = 60):
     gen = torch.Generator().manual_seed(seed)
     src, dst = torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen)
