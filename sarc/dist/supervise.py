@@ -104,6 +104,15 @@ def _state(pid: int) -> str:
         letter, "running")
 
 
+def _worker_name(pid: int) -> str:
+    """"worker R" for a worker (its ``RANK``), else "process PID"."""
+    with contextlib.suppress(OSError):
+        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if var.startswith(b"RANK=") and var[5:].isdigit():
+                return f"worker {int(var[5:])}"
+    return f"process {pid}"
+
+
 def _pending_sigterm(pid: int) -> bool:
     """``pid`` has a SIGTERM it has not acted on (it is stopped, or in the kernel)."""
     try:
@@ -315,7 +324,7 @@ class Outcome:
     returncode: int                 # the agent's exit status (negative: killed by that signal)
     survivors: list[int]            # processes of the run that would not die (should be none)
     failures: list[dict] = field(default_factory=list)  # the agent's FAILURES, where written
-    forced: dict[int, str] = field(default_factory=dict)  # pid -> its state when sarc killed it
+    forced: dict[int, str] = field(default_factory=dict)  # pid -> what sarc train killed, in words
 
     def summary(self) -> str:
         """What happened, in words; "every worker was stopped" only where none is left."""
@@ -323,11 +332,11 @@ class Outcome:
         if self.returncode < 0:
             parts.append(f"torchrun (pid {self.agent_pid}) was killed by {_signame(-self.returncode)}")
         reported = [f["rank"] for f in self.failures if f["exitcode"] == ERROR_EXIT]
+        parts += self.forced.values()
         for f in self.failures:
             if f["pid"] in self.forced:
-                parts.append(f"worker {f['rank']} did not stop when asked ({self.forced[f['pid']]}) "
-                             f"and was killed")
-            elif f["exitcode"] < 0:
+                continue
+            if f["exitcode"] < 0:
                 parts.append(f"worker {f['rank']} was killed by {_signame(-f['exitcode'])}")
             elif f["exitcode"] != ERROR_EXIT:
                 parts.append(f"worker {f['rank']} exited with status {f['exitcode']}")
@@ -391,7 +400,7 @@ class Run:
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.proc: subprocess.Popen | None = None
         self._pending_since: dict[int, float] = {}
-        self.forced: dict[int, str] = {}  # pid -> its state when it was killed for ignoring SIGTERM
+        self.forced: dict[int, str] = {}  # pid -> who, killed for sitting on a SIGTERM, in words
 
     def start(self, cmd: list[str], env: dict[str, str]) -> None:
         env = {**env, RUN_ENV: self.token, PARENT_ENV: str(os.getpid()),
@@ -449,5 +458,6 @@ class Run:
         for pid in pending:
             since = self._pending_since.setdefault(pid, now)
             if now - since >= UNRESPONSIVE_S and pid not in self.forced:
-                self.forced[pid] = _state(pid)
+                who = "torchrun" if pid == self.proc.pid else _worker_name(pid)
+                self.forced[pid] = f"{who} did not stop when asked ({_state(pid)}) and was killed"
                 _kill(pid, signal.SIGKILL)
