@@ -115,10 +115,14 @@ def check_train_args(args):
     else:
         given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
                                  ("--baseline", args.baseline),
-                                 ("--max-restarts", args.max_restarts)) if on]
+                                 ("--max-restarts", args.max_restarts),
+                                 ("--master-port", args.master_port is not None)) if on]
         if given:
             raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
                              f"(or a --partition)")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
+    at_least("--max-restarts", args.max_restarts, 0)
     at_least("--epochs", args.epochs, 1)
     at_least("--log-every", args.log_every, 1)
     at_least("--threads", args.threads, 1)
@@ -174,6 +178,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     dist.add_argument("--max-restarts", type=int, default=0, metavar="K",
                       help="when a worker dies, restart all workers up to K times; with "
                            "--checkpoint they resume from the latest checkpoint (default 0)")
+    dist.add_argument("--master-port", type=int, metavar="PORT",
+                      help="the rendezvous port on 127.0.0.1 (default: a free one)")
     add_checkpoint_arguments(p)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -12,7 +12,9 @@ kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 generated code itself comes from ``sarc.backends.dist_backend``),
 ``batchnorm``, ``prepare`` (a worker's shard as the trainer's hyperparameters
 ask: self loops, features, masks), ``train`` (the worker's training loop),
-``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``).
+``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``),
+``agent`` (torchrun as ``sarc train`` runs it) and ``supervise`` (nothing of a run
+outlives it).
 """
 from .batchnorm import SyncBatchNorm
 from .exchange import ByteCounter

@@ -148,22 +148,48 @@ def gather_stats(shard: ShardedGraph, group=None, chunk_rows: int | None = None)
     Every worker must cut messages at the same rows: a different ``chunk_rows`` on one
     of them is an error on all."""
     p = shard.num_parts
-    mine = torch.zeros(3 + p, dtype=torch.int64, device=comm_device(group))
-    mine[0] = shard.num_local
-    mine[1] = sum(b.num_edges for b in shard.blocks)
-    mine[2] = -1 if chunk_rows is None else chunk_rows
-    for j in range(p):
-        if j != shard.rank:
-            mine[3 + j] = shard.needed_rows[j].numel()
+    sends, reads = shard.boundary_digests()
+    mine = torch.tensor([shard.num_local, sum(b.num_edges for b in shard.blocks),
+                         -1 if chunk_rows is None else chunk_rows,
+                         *(0 if j == shard.rank else shard.needed_rows[j].numel() for j in range(p)),
+                         *sends, *reads], dtype=torch.int64, device=comm_device(group))
     allv = [torch.zeros_like(mine) for _ in range(p)]
     dist.all_gather(allv, mine, group=group)
     rows = [v.cpu().tolist() for v in allv]
+    check_boundaries([(r[3 + p:3 + 2 * p], r[3 + 2 * p:]) for r in rows],
+                     [f"the shard of part {r}" for r in range(p)])
     if len({r[2] for r in rows}) > 1:
         raise DistError(f"the workers cut messages at different chunk_rows "
                         f"({', '.join(str(r[2]) if r[2] >= 0 else 'None' for r in rows)} by rank); "
                         f"give every worker's DistGraph the same")
     return ShardStats(p, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                      tuple(tuple(r[3:]) for r in rows))
+                      tuple(tuple(r[3:3 + p]) for r in rows))
+
+
+def check_boundaries(digests: list, names: list[str]) -> None:
+    """Raise unless every worker's shard fits the others: what worker i sends worker j is
+    what j reads from i (``digests[i]`` is shard i's ``boundary_digests()``; ``names[i]``
+    names its part). Shards that do not fit would exchange messages of other sizes than
+    their peers expect (gloo aborts the process) or wrong rows; the message is the same on
+    every worker, and names the part that fits none of its peers where one does."""
+    p = len(digests)
+    bad = [(i, j) for i in range(p) for j in range(p) if i != j and digests[i][0][j] != digests[j][1][i]]
+    if not bad:
+        return
+    suspects = set(range(p))
+    for i, j in bad:
+        suspects &= {i, j}
+    if len(suspects) == 1:
+        (s,) = suspects
+        peers = sorted({j for pair in bad for j in pair} - {s})
+        raise DistError(f"{names[s]} does not fit the other parts of its partition set: the "
+                        f"boundary rows it shares with part{'s' * (len(peers) > 1)} "
+                        f"{', '.join(map(str, peers))} differ (a part of another graph or of "
+                        f"another partitioning); partition the graph again")
+    i, j = bad[0]
+    raise DistError(f"{names[i]} and {names[j]} do not fit together: the boundary rows part {i} "
+                    f"sends part {j} are not those part {j} reads from it (one is a part of another "
+                    f"graph or of another partitioning); partition the graph again")
 
 
 def comm_device(group=None) -> torch.device:

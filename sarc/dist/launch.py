@@ -2,34 +2,31 @@
 
     sarc train MODEL.py --dataset cora --workers 4 [--mode sar|oneshot|hybrid]
                [--partition DIR | --method metis|random] [--mem-budget 512M] [--baseline]
+               [--master-port PORT] [--timeout S]
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
-by default) into a temporary directory, removed afterwards whatever happens.
-Then ``python -m torch.distributed.run --nproc-per-node P`` starts the
-workers (``sarc.dist.worker``) with a rendezvous on 127.0.0.1 at a free port:
-gloo on the CPU, NCCL when CUDA is present. Rank 0 prints the epochs, and at
-the end every worker's peak memory and bytes sent.
+by default) into a temporary directory. Then torchrun (``sarc.dist.agent``,
+``--nproc-per-node P``) starts the workers (``sarc.dist.worker``) with a
+rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo on the CPU,
+NCCL when CUDA is present. Rank 0 prints the epochs, and at the end every
+worker's peak memory and bytes sent.
+
+Whatever ends the run (its end, a failed or killed worker or agent, SIGTERM or
+Ctrl-C, SIGKILL of ``sarc train`` itself), no process of it is left and the
+temporary directory goes; how, in ``sarc.dist.supervise``.
 
 Across machines, run the worker under torchrun on each (see ``sarc.dist.worker``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ..checkpoint import check_launch, checkpoint_command_line
 from .graph import DistError
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at the moment (the rendezvous binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_on_signals
 
 
 def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
@@ -76,6 +73,7 @@ def partition_dataset(args, out: Path) -> str:
     return str(out)
 
 
+@stops_on_signals
 def launch(args) -> int:
     """Run ``args`` (a parsed ``sarc train``) on ``args.workers`` local processes."""
     from ..partition import load_partitions
@@ -83,7 +81,7 @@ def launch(args) -> int:
     p = args.workers
     if args.max_restarts < 0:
         raise DistError(f"--max-restarts must be at least 0, got {args.max_restarts}")
-    with tempfile.TemporaryDirectory(prefix="sarc-train-") as tmp:
+    with run_directory() as tmp, rendezvous_port(args.master_port) as port:
         if args.partition:
             pset = load_partitions(args.partition)  # complete and intact, before any worker starts
             if pset.num_parts != p:
@@ -94,15 +92,26 @@ def launch(args) -> int:
             partition = partition_dataset(args, Path(tmp) / "parts")
         check_launch(args, partition)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+        cmd = [sys.executable, "-m", "sarc.dist.agent", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "--max-restarts", str(args.max_restarts),
+               "--master-port", str(port), "--max-restarts", str(args.max_restarts),
                "-m", "sarc.dist.worker", *worker_command_line(args, partition, args.json),
                "--threads", str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        raise DistError(f"distributed training failed: torchrun exited with status "
-                        f"{proc.returncode} (the workers' errors are printed above); "
-                        f"every worker was stopped")
+        outcome = run_agent(cmd, env, tmp)
+    if outcome.returncode != 0 or outcome.survivors:
+        raise DistError(f"distributed training failed: {outcome.summary()}")
     return 0
+
+
+@contextlib.contextmanager
+def rendezvous_port(port: int | None):
+    """The rendezvous port (``--master-port``, else a free one), held until the run ends
+    so that nothing else takes it before torchrun binds it (``supervise.reserve_port``)."""
+    try:
+        sock = reserve_port(port or 0)
+    except PortInUse:
+        raise DistError(f"--master-port {port} is in use on this machine; choose another "
+                        f"port, or leave --master-port out to use a free one") from None
+    with sock:
+        yield sock.getsockname()[1]

@@ -23,6 +23,7 @@ import json
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -39,7 +40,7 @@ from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
 from ..train import DEFAULTS, EmbeddingInput, ModelSelection, TrainError
 from .exchange import ByteCounter, Exchanger
-from .graph import DistError, DistGraph, comm_device, trim_heap
+from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
 
 
@@ -71,30 +72,82 @@ def agree(ok: bool, message: str, group=None) -> None:
 
 
 def load_shard(path: str, group=None) -> ShardedGraph:
-    """This worker's shard of the partition set at ``path``, checked against the group:
-    its size is the number of parts, and every worker holds a part of the same set."""
+    """This worker's shard of the partition set at ``path``, checked against the group
+    before any exchange: its size is the number of parts, every worker holds a part of the
+    same set (graph fingerprint, parts, node ranges, the files' sha256), and the parts fit
+    together (``check_parts``)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     trim_heap()  # from here, large buffers are mappings of their own (see trim_heap)
-    shard, problem, ident = None, None, None
+    shard, problem, record = None, None, None
     try:
         pset = load_partitions(path, verify=False)
-        ident = (pset.fingerprint, pset.num_parts, pset.meta["node_offsets"])
         if pset.num_parts != size:
             problem = (f"{path}: the partition set has {pset.num_parts} parts but {size} "
                        f"workers were started; start one worker per part")
         else:
             shard = ShardedGraph.from_partitions(pset, rank)
+            record = PartRecord.of(pset, shard)
     except SarcError as e:
         problem = str(e)
     agree(problem is None, problem or "", group)
-    idents: list = [None] * size
-    dist.all_gather_object(idents, ident, group=group)
-    if any(i != idents[0] for i in idents):
-        bad = next(r for r, i in enumerate(idents) if i != idents[0])
-        raise DistError(f"the workers hold parts of different partition sets (worker 0: graph "
-                        f"{idents[0][0]}, {idents[0][1]} parts; worker {bad}: graph "
-                        f"{idents[bad][0]}, {idents[bad][1]} parts)")
+    records: list = [None] * size
+    dist.all_gather_object(records, record, group=group)
+    check_parts(records)
     return shard
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """What a worker loaded, as the others check it: the set (its graph's fingerprint, its
+    parts' sha256 and node ranges), the part (its file, number and sha256, its data's
+    schema) and its boundary rows with every peer (``ShardedGraph.boundary_digests``)."""
+
+    fingerprint: str
+    num_parts: int
+    node_offsets: tuple
+    parts_sha256: tuple
+    file: str
+    part: int
+    sha256: str
+    schema: tuple
+    boundary: tuple
+
+    @staticmethod
+    def of(pset, shard: ShardedGraph) -> "PartRecord":
+        def schema(data):
+            return tuple(sorted((k, str(t.dtype), tuple(t.shape[1:])) for k, t in data.items()))
+        return PartRecord(pset.fingerprint, pset.num_parts, tuple(pset.meta["node_offsets"]),
+                          tuple(e["sha256"] for e in pset.meta["parts"]), str(pset.part_path(shard.rank)),
+                          shard.rank, pset.meta["parts"][shard.rank]["sha256"],
+                          (schema(shard.ndata), schema(shard.edata[shard.rank])),
+                          shard.boundary_digests())
+
+
+def check_parts(records: list[PartRecord]) -> None:
+    """Raise, on every worker alike, unless the workers' parts are the parts of one set."""
+    first = records[0]
+    for r, rec in enumerate(records):
+        if (rec.fingerprint, rec.num_parts, rec.node_offsets) != (
+                first.fingerprint, first.num_parts, first.node_offsets):
+            raise DistError(f"the workers hold parts of different partition sets (worker 0: graph "
+                            f"{first.fingerprint}, {first.num_parts} parts; worker {r}: graph "
+                            f"{rec.fingerprint}, {rec.num_parts} parts)")
+    for r, rec in enumerate(records):
+        for other in records:
+            if other.parts_sha256[r] != rec.sha256:
+                raise DistError(f"{rec.file} (sha256 {rec.sha256}) is not part {r} of the set "
+                                f"{Path(other.file).parent} read by worker {other.part} (sha256 "
+                                f"{other.parts_sha256[r]}): the workers read different copies of "
+                                f"the set")
+        if rec.schema != first.schema:
+            raise DistError(f"{rec.file} holds other node or edge data than {first.file}: "
+                            f"{_schema_text(rec.schema)} against {_schema_text(first.schema)}")
+    check_boundaries([rec.boundary for rec in records], [rec.file for rec in records])
+
+
+def _schema_text(schema) -> str:
+    return "; ".join(", ".join(f"{k} {dtype} {list(shape)}" for k, dtype, shape in group) or "none"
+                     for group in schema)
 
 
 def allreduce_gradients(model: nn.Module, group=None) -> None:
@@ -269,7 +322,6 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                    metrics={k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")})
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
-        from pathlib import Path
         write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
     return {**result, "module": model}
 

@@ -54,7 +54,7 @@ def add_worker_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("worker", help="one worker of a distributed run (under torchrun)",
                               description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
-    p.set_defaults(func=lambda args: _exit(_run(args)))
+    p.set_defaults(func=_enter)
     return p
 
 
@@ -115,16 +115,19 @@ def worker_command(args) -> int:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
         dist.barrier()
-    except (SarcError, ExchangeError, dist.DistError) as e:
-        # dist.DistError: what torch.distributed raises when a peer is lost or times out
+    except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
+        return 2
+    except (ExchangeError, dist.DistError) as e:
+        # dist.DistError: what torch.distributed raises when a peer is lost or times out
+        _say_error(f"sarc worker {rank}: error: {_peer_failure(e, args.timeout)}")
         return 2
     except RuntimeError as e:
         if not _raised_by_torch_distributed(e):
             raise  # a bug: keep the traceback
         # gloo raises a plain RuntimeError from a collective whose peer is gone
-        _say_error(f"sarc worker {rank}: error: a collective failed (a peer died or timed out): "
-                   f"{_first_line(e)}")
+        _say_error(f"sarc worker {rank}: error: "
+                   f"{_peer_failure(e, args.timeout, 'a collective failed (a peer died)')}")
         return 2
     finally:
         dist.destroy_process_group()
@@ -170,6 +173,15 @@ def _raised_by_torch_distributed(e: BaseException) -> bool:
     return last is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in last
 
 
+def _peer_failure(e: BaseException, timeout_s: float, what: str = "") -> str:
+    """A failed exchange or collective (``what`` failed), in words; a timeout says it is
+    ``--timeout``'s."""
+    text = _first_line(e)
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): {text}"
+    return f"{what}: {text}" if what else text
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
     return text if isinstance(e, SarcError) else text.splitlines()[0]
@@ -193,10 +205,22 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+def _enter(args) -> None:
+    """The process's life: it ends with its parent (the torchrun agent), as torchrun cannot
+    stop workers once it is gone (see ``sarc.dist.supervise``)."""
+    import signal
+
+    from .supervise import die_with_parent
+    if not die_with_parent(signal.SIGKILL):
+        _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
+        _exit(2)
+    _exit(_run(args))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m sarc.dist.worker", description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
-    _exit(_run(p.parse_args(argv)))
+    _enter(p.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -143,6 +143,9 @@ class PartitionSet:
         if [part.lo, part.hi] != list(entry["nodes"]):
             raise PartitionError(f"{file}: holds nodes [{part.lo}, {part.hi}), the metadata says "
                                  f"{entry['nodes']}")
+        if part.num_edges != entry.get("num_edges", part.num_edges):
+            raise PartitionError(f"{file}: holds {part.num_edges} edges, the metadata says "
+                                 f"{entry['num_edges']} (a part of another graph?)")
         return part
 
     def check_graph(self, src, dst, num_nodes: int) -> None:

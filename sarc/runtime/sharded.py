@@ -32,6 +32,7 @@ it to CSR order, as for any graph).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +89,24 @@ class ShardedGraph:
     def from_partitions(pset, rank: int) -> "ShardedGraph":
         """Worker ``rank``'s shard of a loaded partition set (``sarc.partition.load_partitions``)."""
         return build_shard(pset.load_part(rank), pset.node_offsets, rank)
+
+    def boundary_digests(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(sends, reads): per peer j, a digest of the rows this shard sends to j and of the
+        rows it reads from j, each row as its global id and whole-graph out-degree (0 for
+        j == rank). In one partition set, shard i's ``sends[j]`` is shard j's ``reads[i]``;
+        shards of different sets (another graph, another partitioning) differ, and their
+        exchanges would not match in size."""
+        sends, reads = [], []
+        for j in range(self.num_parts):
+            if j == self.rank:
+                sends.append(0)
+                reads.append(0)
+                continue
+            rows = self.send_rows[j]
+            sends.append(_rows_digest(rows + self.local_range[0], self.out_degree[rows]))
+            reads.append(_rows_digest(self.needed_rows[j] + int(self.node_offsets[j]),
+                                      self.blocks[j].out_degree))
+        return tuple(sends), tuple(reads)
 
     def to(self, device) -> "ShardedGraph":
         def move(ts):
@@ -151,3 +170,10 @@ def _halo_out_degree(part, nodes: torch.Tensor) -> torch.Tensor:
                           or not torch.equal(part.halo_nodes[at], nodes)):
         raise PartitionError("corrupt part: its halo table lacks some remote source nodes")
     return part.halo_out_degree[at].to(torch.float32)
+
+
+def _rows_digest(ids: torch.Tensor, degree: torch.Tensor) -> int:
+    """A signed 64-bit digest of rows (global ids, out-degrees)."""
+    h = hashlib.sha256(ids.cpu().to(torch.int64).numpy().astype("<i8").tobytes())
+    h.update(degree.cpu().to(torch.float32).numpy().astype("<f4").tobytes())
+    return int.from_bytes(h.digest()[:8], "little", signed=True)

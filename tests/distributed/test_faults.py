@@ -189,7 +189,7 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
             assert time.monotonic() < deadline, "".join(lines)
         cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _descendants(proc.pid)}
         workers = [p for p, c in cmdlines.items()
-                   if b"sarc.dist.worker" in c and b"torch.distributed.run" not in c]
+                   if b"sarc.dist.worker" in c and b"sarc.dist.agent" not in c]
         assert len(workers) == 3, workers
         t0 = time.monotonic()
         os.kill(workers[1], signal.SIGKILL)

@@ -1,0 +1,75 @@
+"""torchrun as ``sarc train`` runs it: ``python -m sarc.dist.agent [torchrun's arguments]``.
+
+It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around it
+(``sarc.dist.supervise``):
+
+- it dies with ``sarc train``: SIGTERM when its parent dies, on which torchrun stops
+  the workers and this process removes the run's directory (``SARC_RUN_DIR``), which
+  ``sarc train`` can no longer do; and it names itself the workers' parent
+  (``SARC_PARENT_PID``), so that they die with it;
+- torchrun's own files (``torchelastic_*``, its log directories) go in the run's
+  directory, and go with it;
+- workers that failed are written to ``RUN_DIR/failures.json`` (global rank, pid, exit
+  status; a negative status is the signal that killed it) for ``sarc train``'s message,
+  instead of torchrun's traceback and table: a worker that stopped with an error has
+  said why itself.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from .supervise import FAILURES, PARENT_ENV, RUN_DIR_ENV, die_with_parent
+
+_QUIET = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
+
+
+class _Terminated(BaseException):
+    """SIGTERM before torchrun has its own handler."""
+
+
+def _terminated(signum, frame):
+    raise _Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parent = os.environ.get(PARENT_ENV)
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        if not die_with_parent(signal.SIGTERM):
+            raise _Terminated()
+        if run_dir:
+            tempfile.tempdir = run_dir
+        from torch.distributed import run as torchrun
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        for name in _QUIET:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        try:
+            torchrun.main(argv)
+        except ChildFailedError as e:
+            if not run_dir:
+                raise
+            failures = [{"rank": int(rank), "local_rank": f.local_rank, "pid": f.pid,
+                         "exitcode": f.exitcode} for rank, f in sorted(e.failures.items())]
+            (Path(run_dir) / FAILURES).write_text(json.dumps(failures))
+            return 1
+        except SignalException as e:
+            raise _Terminated() from e
+    except _Terminated:
+        # torchrun has stopped its workers; if sarc train is gone, nobody else cleans up
+        if run_dir and parent and os.getppid() != int(parent):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return 128 + signal.SIGTERM
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
