@@ -77,7 +77,7 @@ def render(doc: str, rows) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "models")]  # as tests/conftest.py does
     __package__ = "reliability"
     DOC.write_text(render(DOC.read_text(), collect()))
     print(f"wrote {DOC.relative_to(ROOT)}")
