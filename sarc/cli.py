@@ -132,6 +132,7 @@ def check_train_args(args):
         parse_bytes(args.mem_budget)
     check_input_dir("--data-dir", args.data_dir)
     check_output_file("--json", args.json)
+    check_output_file("--save", args.save)
     spec = load_model_file(args.model)
     return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
 

@@ -56,6 +56,14 @@ def test_json_into_missing_directory(tmp_path):
     assert not out.parent.exists()
 
 
+@case("cli", "`--save` into a directory that does not exist", "error")
+def test_save_into_missing_directory(tmp_path):
+    out = tmp_path / "no" / "such" / "model.pt"
+    refused_before_work(run_sarc("train", GCN, "--epochs", "2", "--save", out),
+                        "--save", str(out.parent), "does not exist")
+    assert not out.parent.exists()
+
+
 @case("cli", "`--json` naming a directory, in a distributed run", "error")
 def test_json_is_a_directory(tmp_path):
     refused_before_work(run_sarc("train", GCN, "--workers", "2", "--epochs", "2",
