@@ -10,7 +10,7 @@ check that the exchange layer's counters equal these predictions, and
 ``benchmarks/distributed.py`` that they do at this size (its "= planner" column).
 
     python benchmarks/exchange_bytes.py [--partition DIR] [--nodes N --edges E --workers P]
-        [--mode sar|oneshot|hybrid]
+        [--exec sar|oneshot|hybrid]
 
 Without ``--partition`` it builds the power-law graph of ``benchmarks/distributed.py``
 (default 500k nodes, 10M edges) and partitions it with METIS.
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--mode", choices=("sar", "oneshot", "hybrid"), default="sar")
+    ap.add_argument("--exec", dest="exec_mode", choices=("sar", "oneshot", "hybrid"), default="sar")
     args = ap.parse_args()
 
     from sarc.partition import load_partitions, partition_graph
@@ -85,13 +85,13 @@ def main() -> None:
                                    Path(tmp) / "parts", method="metis")
             stats = ShardStats.from_partition_set(pset)
     print(f"{stats.num_parts} workers, {sum(stats.nodes)} nodes, {sum(stats.edges)} edges, "
-          f"{sum(map(sum, stats.boundary))} boundary rows; {args.mode} mode; bytes per "
+          f"{sum(map(sum, stats.boundary))} boundary rows; {args.exec_mode} exchange; bytes per "
           f"training step (forward + backward), max over workers")
     print("| layer | in -> out | sarc exchanges | baseline exchanges | sarc (MiB) "
           "| baseline (MiB) | ratio | input wider |")
     print("|---|---|---|---|---|---|---|---|")
     for model in ("sage", "gat"):
-        rows = layer_bytes(model, stats, args.features, args.classes, args.mode)
+        rows = layer_bytes(model, stats, args.features, args.classes, args.exec_mode)
         for r in rows:
             print(f"| {r['layer']} | {r['in']} -> {r['out']} | {r['exchanged']} | "
                   f"{r['baseline_exchanged']} | {r['sarc'] / 2**20:.1f} | {r['baseline'] / 2**20:.1f} "

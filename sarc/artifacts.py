@@ -39,7 +39,7 @@ from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.printer import format_function
-from .planner.plan import EXEC_MODES, MODES, Plan, format_plan, plan_model
+from .planner.plan import Plan, format_plan, plan_model
 from .planner.stats import ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -206,16 +206,17 @@ def parse_bytes(text: str) -> int:
 
 
 def add_compile_parser(sub) -> None:
+    from .cli import add_mode_arguments
+
     p = sub.add_parser("compile", help="compile a model file and show its IR, plan, kernels, schedule",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the model file (defines build_model and HPARAMS)")
-    p.add_argument("--mode", choices=MODES, default="full")
+    add_mode_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default="torch")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
     p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
-    p.add_argument("--exec-mode", choices=EXEC_MODES, help="force an execution mode")
     p.add_argument("--baseline", action="store_true",
                    help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
     p.add_argument("--emit", default="ir,plan,kernels,schedule",
@@ -229,8 +230,9 @@ def add_compile_parser(sub) -> None:
 
 def check_compile_args(args) -> tuple[str, ...]:
     """Every value of ``sarc compile`` checked before any work; the artifacts to emit."""
-    from .cli import check_output_dir
+    from .cli import check_mode_arguments, check_output_dir
 
+    check_mode_arguments(args)
     emit = tuple(e.strip() for e in args.emit.split(",") if e.strip())
     bad = [e for e in emit if e not in EMITS]
     if bad:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from .checkpoint import add_checkpoint_arguments, checkpoint_config
 from .errors import SarcError
-from .planner.plan import EXEC_MODES
+from .planner.plan import EXEC_MODES, MODES
 
 
 class UsageError(SarcError):
@@ -44,6 +44,32 @@ def at_least(option: str, value: int | None, low: int) -> None:
     """``option``'s value is None (not given) or at least ``low``."""
     if value is not None and value < low:
         raise UsageError(f"{option} must be at least {low}, got {value}")
+
+
+def add_mode_arguments(p, group=None) -> None:
+    """``--mode full|mfg|sampling`` (what a step computes on) and ``--exec
+    sar|oneshot|hybrid`` (how a layer's remote rows cross); one vocabulary for every
+    command. The spellings before it (``--exec-mode``, ``--mode sar``) are errors
+    naming the new one (``check_mode_arguments``)."""
+    p.add_argument("--mode", default="full", metavar="{" + ",".join(MODES) + "}",
+                   help="full (every node, every step), mfg (per step, the nodes that reach "
+                        "the seeds) or sampling (sampled neighborhoods); default full")
+    (group or p).add_argument(
+        "--exec", dest="exec_mode", choices=EXEC_MODES,
+        help="how every layer's remote rows cross: sar (one remote shard's rows at a time, "
+             "re-fetched in backward), oneshot (all remote rows fetched once and kept), "
+             "hybrid (keep what --mem-budget allows); default: the planner's")
+    p.add_argument("--exec-mode", dest="old_exec_mode", help=argparse.SUPPRESS)
+
+
+def check_mode_arguments(args) -> None:
+    if args.old_exec_mode is not None:
+        raise UsageError(f"--exec-mode is now --exec (--exec {args.old_exec_mode})")
+    if args.mode in EXEC_MODES:
+        raise UsageError(f"--mode {args.mode}: the exchange strategy is now --exec {args.mode}; "
+                         f"--mode is one of {', '.join(MODES)}")
+    if args.mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {args.mode!r}")
 
 
 def check_seed(option: str, value: int | None) -> None:
@@ -109,11 +135,15 @@ def check_train_args(args):
     from .train import hyperparameters
 
     at_least("--workers", args.workers, 1)
+    check_mode_arguments(args)
+    if args.mode != "full":
+        raise UsageError(f"--mode {args.mode}: sarc train trains full-batch (--mode full); "
+                         f"`sarc compile --mode {args.mode}` prints that mode's plan")
     if args.workers > 1 or args.partition:
         if args.quiet:
             raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
     else:
-        given = [f for f, on in (("--mode", args.exec_mode), ("--mem-budget", args.mem_budget),
+        given = [f for f, on in (("--exec", args.exec_mode), ("--mem-budget", args.mem_budget),
                                  ("--baseline", args.baseline),
                                  ("--max-restarts", args.max_restarts),
                                  ("--master-port", args.master_port is not None)) if on]
@@ -160,11 +190,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="processes: 1 trains in this process; P > 1 launches P workers through "
                         "torchrun on this machine (gloo, or NCCL with CUDA), each on a shard")
     dist = p.add_argument_group("distributed training (--workers > 1)")
-    dist.add_argument("--mode", "--exec-mode", dest="exec_mode", choices=EXEC_MODES,
-                      help="execution mode of every layer: sar (one remote shard's rows at a "
-                           "time, re-fetched in backward), oneshot (all remote rows fetched "
-                           "once and kept), hybrid (keep what --mem-budget allows); default: "
-                           "the planner's")
+    add_mode_arguments(p, dist)
     dist.add_argument("--partition", metavar="DIR",
                       help="a partition set (sarc partition) with one part per worker; "
                            "default: partition the dataset into a temporary directory")

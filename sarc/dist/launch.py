@@ -34,7 +34,7 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
            "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
     if args.exec_mode:
-        cmd += ["--exec-mode", args.exec_mode]
+        cmd += ["--exec", args.exec_mode]
     if args.mem_budget:
         cmd += ["--mem-budget", args.mem_budget]
     if args.baseline:

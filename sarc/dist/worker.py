@@ -26,15 +26,16 @@ import sys
 
 from ..checkpoint import add_checkpoint_arguments
 from ..errors import SarcError
-from ..planner.plan import EXEC_MODES
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    from ..cli import add_mode_arguments
+
     p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
     p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
-    p.add_argument("--exec-mode", choices=EXEC_MODES, help="force an execution mode")
+    add_mode_arguments(p)
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
     p.add_argument("--baseline", action="store_true",
                    help="the SAR-equivalent schedule: raw input crosses, no online softmax")
@@ -62,8 +63,12 @@ def check_worker_args(args) -> None:
     """Every option value checked before the worker joins its group (a bad one would
     otherwise fail inside the run, or after it)."""
     from ..artifacts import parse_bytes
-    from ..cli import at_least, check_input_dir, check_output_file, check_seed, check_timeout
+    from ..cli import (UsageError, at_least, check_input_dir, check_mode_arguments,
+                       check_output_file, check_seed, check_timeout)
 
+    check_mode_arguments(args)
+    if args.mode != "full":
+        raise UsageError(f"--mode {args.mode}: the worker trains full-batch (--mode full)")
     at_least("--epochs", args.epochs, 1)
     at_least("--log-every", args.log_every, 1)
     at_least("--threads", args.threads, 1)

@@ -49,7 +49,7 @@ def test_rgcn_on_aifb_2_workers_oneshot_matches_1_worker(tmp_path):
     """A featureless graph (a learned embedding's local rows), edge types through the
     partition, the oneshot mode."""
     out = tmp_path / "two.json"
-    _sarc("train", "models/rgcn.py", "--workers", "2", "--mode", "oneshot", "--epochs", "4",
+    _sarc("train", "models/rgcn.py", "--workers", "2", "--exec", "oneshot", "--epochs", "4",
           "--method", "random", "--json", str(out))
     two = json.loads(out.read_text())
     one = train(load_model_file(ROOT / "models/rgcn.py"), "aifb", epochs=4, log=None)

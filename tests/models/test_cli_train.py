@@ -74,8 +74,8 @@ def test_dsl_error_prints_file_and_line_without_traceback(tmp_path):
 def test_distributed_options_need_workers(capsys):
     # --workers P > 1 runs distributed training (tests/distributed/test_cli.py); its options
     # are refused on one process rather than ignored
-    assert main(["train", str(GCN), "--mode", "oneshot"]) == 2
-    assert "--mode: distributed options; they need --workers > 1" in capsys.readouterr().err
+    assert main(["train", str(GCN), "--exec", "oneshot"]) == 2
+    assert "--exec: distributed options; they need --workers > 1" in capsys.readouterr().err
     assert main(["train", str(GCN), "--workers", "2", "--quiet"]) == 2
     assert "--quiet is not supported with --workers > 1" in capsys.readouterr().err
 

@@ -154,3 +154,15 @@ def test_data_dir_missing(tmp_path):
 def test_worker_timeout_nan(tmp_path):
     proc = run_sarc("worker", GCN, "--partition", tmp_path, "--timeout", "nan")
     assert_error(proc, "--timeout", "nan")
+
+
+@case("cli", "the old spellings `--mode sar` and `--exec-mode oneshot`", "error")
+@pytest.mark.parametrize("argv, new", [(("--mode", "sar"), "--exec sar"),
+                                       (("--exec-mode", "oneshot"), "--exec oneshot")])
+def test_old_mode_spellings_name_the_new_one(argv, new):
+    refused_before_work(run_sarc("train", GCN, "--workers", "2", *argv), new)
+
+
+@case("cli", "`sarc train --mode mfg`, a mode sarc train does not run", "error")
+def test_train_mode_other_than_full(tmp_path):
+    refused_before_work(run_sarc("train", GCN, "--mode", "mfg"), "--mode mfg", "--mode full")
