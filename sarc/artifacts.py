@@ -33,7 +33,7 @@ from torch import nn
 
 from . import names
 from .atomic import atomic_directory, check_target
-from .compiler import BACKENDS, compile_function, optimize
+from .compiler import BACKENDS, compile_function
 from .dsl import Layer
 from .errors import SarcError
 from .ir.function import Function
@@ -84,8 +84,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     compiled = []
     for lname, layer in find_layers(model):
         traced = layer.trace()
-        optimized = optimize(traced)
         kernel = compile_function(traced, backend=backend)
+        optimized = kernel.function  # the IR that runs: the pipeline and the backend's passes
         files = tuple(kernel.kernel_files().items()) if hasattr(kernel, "kernel_files") else ()
         compiled.append(CompiledLayer(lname, traced, optimized, kernel.source, files))
     plan = plan_model([(c.name, c.optimized) for c in compiled], mode=mode, workers=workers,
