@@ -92,8 +92,8 @@ def worker(args) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from sarc.dist import DistGraph, allreduce_gradients
-    from sarc.dist.train import load_shard
+    from sarc.distributed import DistGraph, allreduce_gradients
+    from sarc.distributed.train import load_shard
 
     torch.set_num_threads(args.threads)
     timeout = datetime.timedelta(seconds=args.timeout)

@@ -125,7 +125,7 @@ def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
     """Each layer's generated distributed schedule (the module ``sarc train --workers`` runs),
     for the plan's mode and workers."""
     from .backends import dist_backend
-    from .dist.split import split_layer
+    from .distributed.split import split_layer
     out = {}
     for c, lp in zip(art.layers, art.plan.layers):
         split = split_layer(c.optimized, lp.exchange)

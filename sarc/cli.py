@@ -225,7 +225,7 @@ def train_command(args) -> int:
     checkpoint = checkpoint_config(args)
     spec, hp = check_train_args(args)
     if args.workers > 1 or args.partition:
-        from .dist.launch import launch
+        from .distributed.launch import launch
         return launch(args)
     if args.threads is not None:
         import torch
@@ -271,7 +271,7 @@ def _partition_parser(subparsers):
 
 
 def _worker_parser(subparsers):
-    from .dist.worker import add_worker_parser
+    from .distributed.worker import add_worker_parser
     return add_worker_parser(subparsers)
 
 

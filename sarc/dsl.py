@@ -258,14 +258,14 @@ class Layer(nn.Module):
     def forward(self, g, *args, **feats):
         """Run the layer on graph ``g``: features positionally (declaration order) or by name.
 
-        On a ``sarc.dist.DistGraph`` (a worker's shard in a process group) the layer runs
-        its distributed schedule instead (``sarc.dist.schedule``).
+        On a ``sarc.distributed.DistGraph`` (a worker's shard in a process group) the layer runs
+        its distributed schedule instead (``sarc.distributed.schedule``).
         """
         from .graph import Graph
         if not isinstance(g, Graph):
-            from .dist.graph import DistGraph
+            from .distributed.graph import DistGraph
             if isinstance(g, DistGraph):
-                from .dist.schedule import run_layer
+                from .distributed.schedule import run_layer
                 return run_layer(self, g, args, feats)
         from .runtime.bind import bind_inputs
         kernel = self.compiled()

@@ -3,15 +3,15 @@
 The module (rendered from ``templates/dist_layer.py.j2``, written to a real
 file and imported, as the torch backend does) holds
 
-- the layer's parts (``sarc.dist.split``) as PyTorch functions, one line per
+- the layer's parts (``sarc.distributed.split``) as PyTorch functions, one line per
   IR value with the instruction above it, lowered by the torch backend's
   table; the edge part comes in variants, differing only in how aggregates
-  and edge_softmax are lowered (to the block kernels of ``sarc.dist.kernels``):
+  and edge_softmax are lowered (to the block kernels of ``sarc.distributed.kernels``):
   ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
   (backward: a scalar whose gradient is the block's share), and, when a
   normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
 - ``forward(rt)`` and ``backward(rt, grad_out)``: the schedule, step by step,
-  over the runtime ``rt`` (``sarc.dist.schedule.Call``): the exchange in rounds,
+  over the runtime ``rt`` (``sarc.distributed.schedule.Call``): the exchange in rounds,
   the passes over source blocks, the merges, the parts' autograd.
 
 The header names the layer, the execution mode and the plan's choices.
@@ -152,7 +152,7 @@ class Generated:
 
 def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str | None = None,
              workers: int = 1) -> str:
-    """The schedule module's source for ``split`` (``sarc.dist.split.LayerSplit``) under ``plan``."""
+    """The schedule module's source for ``split`` (``sarc.distributed.split.LayerSplit``) under ``plan``."""
     edge = split.edge
     agg_index = {name: i for name, i in edge.outputs}
     names = _Names({agg_index[a.name]: a.name for a in split.aggregates},

@@ -119,7 +119,7 @@ def _edges_need_grad(fn: Function, inputs_need_grad: bool) -> bool:
 def _has_unfused_softmax(fn: Function) -> bool:
     """An edge_softmax left unfused (e.g. attention dropout between it and the sum): its
     normalization spans every block, so a normalizer pass precedes the main pass, forward
-    and backward (``sarc.dist.merge``)."""
+    and backward (``sarc.distributed.merge``)."""
     return any(v.op is Op.EDGE_SOFTMAX for v in fn.values)
 
 
@@ -195,7 +195,7 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
         kept = _fit(stats, rb, local, mem_budget)
         full = all(len(k) == p - 1 for k in kept)
         em = "oneshot" if full else ("sar" if not any(kept) else "hybrid")
-    # bytes sent by worker r (what sarc.dist's exchange counts): its rows to every reader, once
+    # bytes sent by worker r (what sarc.distributed's exchange counts): its rows to every reader, once
     # to a reader that keeps them and once per forward pass to one that does not, again per
     # backward pass to the readers that did not keep them; and the gradients of the rows it
     # received, once per backward pass (kept rows: accumulated, sent once at the end)

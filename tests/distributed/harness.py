@@ -79,9 +79,9 @@ def _budget(model, dg):
 
 
 def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
-    from sarc.dist import DistGraph
-    from sarc.dist.schedule import Call
-    from sarc.dist.train import allreduce_gradients
+    from sarc.distributed import DistGraph
+    from sarc.distributed.schedule import Call
+    from sarc.distributed.train import allreduce_gradients
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
 

@@ -1,4 +1,4 @@
-"""sarc.dist.SyncBatchNorm over 3 real workers equals torch.nn.BatchNorm1d on the whole data.
+"""sarc.distributed.SyncBatchNorm over 3 real workers equals torch.nn.BatchNorm1d on the whole data.
 
 Rows are dealt unevenly (one worker holds a single row); two training steps check the
 output, the input gradient, the (summed) gamma / beta gradients and the running
@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from sarc.dist.batchnorm import SyncBatchNorm
-from sarc.dist.train import allreduce_gradients
+from sarc.distributed.batchnorm import SyncBatchNorm
+from sarc.distributed.train import allreduce_gradients
 
 from .harness import free_port
 

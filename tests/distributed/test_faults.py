@@ -42,7 +42,7 @@ def _load(rank, port, q, world, paths):
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=TIMEOUT)
-        from sarc.dist.train import load_shard
+        from sarc.distributed.train import load_shard
         load_shard(paths[rank])
         q.put((rank, "ok"))
     except Exception as e:
@@ -91,8 +91,8 @@ def _train_and_die(rank, port, q, path, die_at):
                                 world_size=3, timeout=TIMEOUT)
         sys.path.insert(0, str(ROOT / "models"))
         from gcn import build_model
-        from sarc.dist import DistGraph, allreduce_gradients
-        from sarc.dist.train import load_shard
+        from sarc.distributed import DistGraph, allreduce_gradients
+        from sarc.distributed.train import load_shard
         shard = load_shard(path)
         dg = DistGraph(shard, timeout=TIMEOUT)
         torch.manual_seed(0)
@@ -142,7 +142,7 @@ def test_sarc_train_checks_the_partition_before_launching(tmp_path, capsys):
 def test_sarc_worker_outside_torchrun_says_so(tmp_path, capsys, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    from sarc.dist.worker import _run
+    from sarc.distributed.worker import _run
     from sarc.cli import build_parser
     args = build_parser().parse_args(["worker", str(ROOT / "models/gcn.py"), "--partition", str(tmp_path)])
     assert _run(args) == 2
@@ -189,7 +189,7 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
             assert time.monotonic() < deadline, "".join(lines)
         cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _descendants(proc.pid)}
         workers = [p for p, c in cmdlines.items()
-                   if b"sarc.dist.worker" in c and b"sarc.dist.agent" not in c]
+                   if b"sarc.distributed.worker" in c and b"sarc.distributed.agent" not in c]
         assert len(workers) == 3, workers
         t0 = time.monotonic()
         os.kill(workers[1], signal.SIGKILL)
@@ -213,8 +213,8 @@ def _bad_rows(rank, port, q, path):
                                 world_size=1, timeout=TIMEOUT)
         sys.path.insert(0, str(ROOT / "models"))
         from gcn import GCNLayer
-        from sarc.dist import DistGraph
-        from sarc.dist.train import load_shard
+        from sarc.distributed import DistGraph
+        from sarc.distributed.train import load_shard
         dg = DistGraph(load_shard(path), timeout=TIMEOUT)
         GCNLayer(5, 3)(dg, torch.randn(dg.num_local + 1, 5))
         q.put((rank, "no error"))

@@ -1,6 +1,6 @@
 """Golden files: generated distributed schedules (``sarc.backends.dist_backend``).
 
-``tests/golden/dist/<name>.schedule.py`` holds the schedule module of a layer under a
+``tests/golden/distributed/<name>.schedule.py`` holds the schedule module of a layer under a
 fixed plan (statistics of 2 made-up shards), so a change to the split, the codegen or
 the template shows up in review as a diff. Rewrite after an intended change with
 ``SARC_UPDATE_GOLDEN=1 python -m pytest tests/distributed/test_golden_schedule.py`` and read
@@ -18,13 +18,13 @@ from gcn import GCNLayer
 
 from sarc.backends import dist_backend
 from sarc.compiler import optimize
-from sarc.dist.split import split_layer
+from sarc.distributed.split import split_layer
 from sarc.planner.plan import plan_layer
 from sarc.planner.stats import ShardStats
 
 from .layers import MaxLayer
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden" / "dist"
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden" / "distributed"
 UPDATE = os.environ.get("SARC_UPDATE_GOLDEN") == "1"
 STATS = ShardStats(2, (100, 80), (900, 700), ((0, 30), (25, 0)))
 

@@ -1,6 +1,6 @@
 """The exchange layer's byte counters equal the planner's prediction (``LayerPlan.bytes_sent``).
 
-Every byte a worker sends or receives passes through ``sarc.dist.exchange.ByteCounter``;
+Every byte a worker sends or receives passes through ``sarc.distributed.exchange.ByteCounter``;
 for one training step (forward and backward of every layer) the count of each worker
 must be what the planner predicted for it, in every execution mode (sar re-fetches
 rows in the backward pass, oneshot keeps them, hybrid keeps some peers' rows, the

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sarc.dist.pieces import chunks, cut_blocks
+from sarc.distributed.pieces import chunks, cut_blocks
 from sarc.graph import Graph
 
 

@@ -1,4 +1,4 @@
-"""Splitting a layer at the exchange (sarc.dist.split) and the merge rules (sarc.dist.merge).
+"""Splitting a layer at the exchange (sarc.distributed.split) and the merge rules (sarc.distributed.merge).
 
 In-process, no workers: the parts are run by the reference interpreter on the
 blocks of real shards and merged, and must give the interpreter's result on the
@@ -13,9 +13,9 @@ from zoo import LAYERS, NUM_RELS, features
 
 import sarc
 from sarc.compiler import optimize
-from sarc.dist import kernels as DK
-from sarc.dist.merge import ExtremumMerge, NormalizerMerge, SoftmaxMerge, SumMerge
-from sarc.dist.split import SplitError, format_split, split_layer
+from sarc.distributed import kernels as DK
+from sarc.distributed.merge import ExtremumMerge, NormalizerMerge, SoftmaxMerge, SumMerge
+from sarc.distributed.split import SplitError, format_split, split_layer
 from sarc.ir import interpreter
 from sarc.ir.ops import Op
 from sarc.ir.types import Domain

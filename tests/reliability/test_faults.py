@@ -51,8 +51,8 @@ def processes_with(marker: Path) -> dict[int, list[bytes]]:
 
 
 def is_worker(args: list[bytes]) -> bool:
-    """``python [-u] -m sarc.dist.worker ...`` (torchrun's command line names it too)."""
-    return b"-m" in args and args[args.index(b"-m") + 1:][:1] == [b"sarc.dist.worker"]
+    """``python [-u] -m sarc.distributed.worker ...`` (torchrun's command line names it too)."""
+    return b"-m" in args and args[args.index(b"-m") + 1:][:1] == [b"sarc.distributed.worker"]
 
 
 def leftovers(tmp: Path) -> list[str]:
@@ -339,7 +339,7 @@ def _dist_graph(rank, port, q, path):
 
     import torch.distributed as dist
 
-    from sarc.dist import DistGraph
+    from sarc.distributed import DistGraph
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
     try:

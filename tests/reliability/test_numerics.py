@@ -249,7 +249,7 @@ ADAM = {"lr": 0.005, "weight_decay": 5e-4}  # as sarc train (models/gat.py's lr)
 
 def _train(model, g, x, label, train, total: int, steps: int, group=None):
     """``steps`` Adam steps; returns (first step's gradients, losses, final parameters)."""
-    from sarc.dist.train import allreduce_gradients
+    from sarc.distributed.train import allreduce_gradients
     opt = torch.optim.Adam(model.parameters(), **ADAM)
     x = x.detach().clone().requires_grad_()
     first, losses = None, []
@@ -272,7 +272,7 @@ def _worker(rank, port, queue, parts: str, state: dict, attn_drop: float, total:
             steps: int):
     import torch.distributed as dist
 
-    from sarc.dist import DistGraph
+    from sarc.distributed import DistGraph
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -1,7 +1,7 @@
 """Merge rules: the partial aggregates of the source blocks -> the layer's aggregates.
 
 Each source block j gives a partial for every aggregate of the layer
-(``sarc.dist.kernels``); a merge folds them in, block by block in any order,
+(``sarc.distributed.kernels``); a merge folds them in, block by block in any order,
 so only one block's partial is held at a time, and afterwards gives the
 cotangent each block's backward surrogate needs:
 
@@ -18,7 +18,7 @@ cotangent each block's backward surrogate needs:
   likewise; ``y = acc / S``. One pass over the blocks (FlashAttention's
   rescaling). Cotangent ``(M, S, g, D)`` with ``D_v = <g_v, y_v>`` per score
   element: each block's backward is then independent of the others. ``S``,
-  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.dist.kernels.STATS``: the
+  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.distributed.kernels.STATS``: the
   score gradients cancel over each row, see there); ``y`` is handed on in the
   layer's dtype.
 - softmax with a normalizer pass first (baseline mode: no online softmax):
@@ -215,7 +215,7 @@ class NormalizerMerge(_AtRows):
 
 
 class SiteShares:
-    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.dist.kernels``):
+    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.distributed.kernels``):
     the main pass leaves, per piece, ``B_j = sum alpha_e g_e`` over its edges of each
     destination (float64, at the piece's rows); the normalizer pass gives each piece
     ``(gbar, B_j)`` at its rows, ``gbar = sum_j B_j`` over every piece of the row."""

@@ -3,7 +3,7 @@
 The generated edge part (``sarc.backends.dist_backend``) runs on one source
 block at a time. Sum aggregates are ordinary block aggregates (the torch
 backend's kernels). The aggregates whose partials need more than a value, and
-the backward "surrogates", are here; ``sarc.dist.merge`` combines what they
+the backward "surrogates", are here; ``sarc.distributed.merge`` combines what they
 return. Shapes: a score has feature shape ``S`` (GAT: heads), a value ``S + C``.
 
 Forward partials (no autograd; evaluated destination-row block by block, so

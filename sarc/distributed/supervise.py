@@ -1,6 +1,6 @@
 """Process supervision for ``sarc train --workers P``: nothing of a run outlives it.
 
-A run is ``sarc train`` -> the agent (torchrun, ``sarc.dist.agent``) -> P workers.
+A run is ``sarc train`` -> the agent (torchrun, ``sarc.distributed.agent``) -> P workers.
 Each level dies with the one above it, and ``sarc train`` checks before it says so:
 
 - The agent and the workers ask the kernel for a signal when their parent dies

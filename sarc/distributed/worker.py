@@ -1,6 +1,6 @@
 """The worker entry point: one process of a distributed training run, started by torchrun.
 
-    torchrun --nproc-per-node P -m sarc.dist.worker MODEL.py --partition DIR [options]
+    torchrun --nproc-per-node P -m sarc.distributed.worker MODEL.py --partition DIR [options]
     sarc worker MODEL.py --partition DIR [options]            (the same, as a subcommand)
 
 It reads its place in the run from the environment torchrun sets (``RANK``,
@@ -212,7 +212,7 @@ def _exit(code: int) -> None:
 
 def _enter(args) -> None:
     """The process's life: it ends with its parent (the torchrun agent), as torchrun cannot
-    stop workers once it is gone (see ``sarc.dist.supervise``)."""
+    stop workers once it is gone (see ``sarc.distributed.supervise``)."""
     import signal
 
     from .supervise import die_with_parent
@@ -223,7 +223,7 @@ def _enter(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sarc.dist.worker", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sarc.distributed.worker", description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
     _enter(p.parse_args(argv))
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sarc.backends import torch_kernels as K
-from sarc.dist import kernels as DK
+from sarc.distributed import kernels as DK
 
 
 def src_part(g, inputs, params, training, seed):

@@ -5,17 +5,17 @@
                [--master-port PORT] [--timeout S]
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
-by default) into a temporary directory. Then torchrun (``sarc.dist.agent``,
-``--nproc-per-node P``) starts the workers (``sarc.dist.worker``) with a
+by default) into a temporary directory. Then torchrun (``sarc.distributed.agent``,
+``--nproc-per-node P``) starts the workers (``sarc.distributed.worker``) with a
 rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo on the CPU,
 NCCL when CUDA is present. Rank 0 prints the epochs, and at the end every
 worker's peak memory and bytes sent.
 
 Whatever ends the run (its end, a failed or killed worker or agent, SIGTERM or
 Ctrl-C, SIGKILL of ``sarc train`` itself), no process of it is left and the
-temporary directory goes; how, in ``sarc.dist.supervise``.
+temporary directory goes; how, in ``sarc.distributed.supervise``.
 
-Across machines, run the worker under torchrun on each (see ``sarc.dist.worker``).
+Across machines, run the worker under torchrun on each (see ``sarc.distributed.worker``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_
 
 
 def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
-    """The worker's arguments, as ``sarc.dist.worker`` parses them."""
+    """The worker's arguments, as ``sarc.distributed.worker`` parses them."""
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
            "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
     if args.exec_mode:
@@ -92,10 +92,10 @@ def launch(args) -> int:
             partition = partition_dataset(args, Path(tmp) / "parts")
         check_launch(args, partition)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
-        cmd = [sys.executable, "-m", "sarc.dist.agent", "--nnodes", "1",
+        cmd = [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
                "--master-port", str(port), "--max-restarts", str(args.max_restarts),
-               "-m", "sarc.dist.worker", *worker_command_line(args, partition, args.json),
+               "-m", "sarc.distributed.worker", *worker_command_line(args, partition, args.json),
                "--threads", str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         outcome = run_agent(cmd, env, tmp)

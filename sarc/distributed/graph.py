@@ -5,7 +5,7 @@ group. Calling a compiled layer with a ``DistGraph`` instead of a ``Graph``,
 
     out = layer(dg, h_local)                 # h_local: [num_local, ...], local rows
 
-runs the layer's distributed schedule (``sarc.dist.schedule``) over the group:
+runs the layer's distributed schedule (``sarc.distributed.schedule``) over the group:
 node features are this worker's rows (local row i = new global id lo + i),
 the output is its rows, and autograd works as usual, so a training loop is
 plain PyTorch. Edge features are given in the DistGraph's edge order: the
@@ -72,7 +72,7 @@ class DistGraph:
         for b in shard.blocks:
             offsets.append(offsets[-1] + b.num_edges)
         self.edge_offsets = tuple(offsets)
-        self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.dist.schedule.LayerProgram
+        self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self._csr = None

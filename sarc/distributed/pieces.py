@@ -12,7 +12,7 @@ block j whose source is one of them, a split block of its own whose destinations
 are only the local nodes those edges reach (``rows``), so what a piece computes per
 destination (partial aggregates, their cotangents) is as large as the piece, not
 as the shard. The partial aggregates of the pieces merge as the blocks' do (sum,
-max with tie counts, online softmax are all associative; ``sarc.dist.merge`` adds a
+max with tie counts, online softmax are all associative; ``sarc.distributed.merge`` adds a
 piece at its rows), so the result is the same; the bytes are the same (each row
 still crosses once per round), in more messages.
 

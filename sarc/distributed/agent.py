@@ -1,7 +1,7 @@
-"""torchrun as ``sarc train`` runs it: ``python -m sarc.dist.agent [torchrun's arguments]``.
+"""torchrun as ``sarc train`` runs it: ``python -m sarc.distributed.agent [torchrun's arguments]``.
 
 It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around it
-(``sarc.dist.supervise``):
+(``sarc.distributed.supervise``):
 
 - it dies with ``sarc train``: SIGTERM when its parent dies, on which torchrun stops
   the workers and this process removes the run's directory (``SARC_RUN_DIR``), which

@@ -10,7 +10,7 @@ whole graph would:
               dx = (dxh - (sum dxh + xh sum dxh xh) / N) / sqrt(var + eps)
 
 gamma's and beta's gradients are this worker's sums; the trainer's gradient
-all-reduce (``sarc.dist.train.allreduce_gradients``) adds them up. The running
+all-reduce (``sarc.distributed.train.allreduce_gradients``) adds them up. The running
 statistics follow BatchNorm1d (momentum, the unbiased variance) and are the same
 on every worker; eval mode uses them and communicates nothing. Without an
 initialized process group it is a plain BatchNorm1d, so one model file serves

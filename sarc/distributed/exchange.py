@@ -6,7 +6,7 @@ from one, and no two workers send to the same peer at once. The rows a round
 moves are exactly those its receiver needs (``ShardedGraph.send_rows`` /
 ``recv_rows``: each boundary row once, no padding), all the exchanged values
 of a row packed side by side, in messages of at most ``chunk_rows`` rows (the
-pieces of ``sarc.dist.pieces``); an empty message is not sent.
+pieces of ``sarc.distributed.pieces``); an empty message is not sent.
 
 ``RowFetch`` walks the pieces of one pass over a layer's edges: the local
 block first (while the first message is in flight), then round by round,
@@ -153,7 +153,7 @@ class RowFetch:
     peers whose received rows are stored into ``kept`` (by piece key); ``grads_from``:
     backward pass, the readers that return gradients of this worker's rows.
     ``pieces``: each source block cut into chunks of at most ``chunk_rows`` source
-    rows (``sarc.dist.pieces``; None: whole blocks). ``all_at_once``: post every
+    rows (``sarc.distributed.pieces``; None: whole blocks). ``all_at_once``: post every
     message before computing (oneshot), else one step ahead (prefetch).
 
     Round k's messages go in steps, one chunk each way per step; at any time the

@@ -23,7 +23,7 @@ interpreter and every backend run. Aggregates of kind sum (and mean) are plain
 block aggregates in ``edge``; how partials of max / min / softmax_aggregate
 combine, and how an unfused ``edge_softmax`` (whose normalization spans every
 block) reads global normalizers, is the merge rules' business
-(``sarc.dist.merge``), which the distributed backend lowers those ops to.
+(``sarc.distributed.merge``), which the distributed backend lowers those ops to.
 """
 from __future__ import annotations
 
