@@ -258,15 +258,19 @@ class Layer(nn.Module):
     def forward(self, g, *args, **feats):
         """Run the layer on graph ``g``: features positionally (declaration order) or by name.
 
-        On a ``sarc.distributed.DistGraph`` (a worker's shard in a process group) the layer runs
-        its distributed schedule instead (``sarc.distributed.schedule``).
+        The graph runs the layer (``g.run_layer``): a ``Graph`` calls ``run_local``, a
+        ``sarc.distributed.DistGraph`` (a worker's shard in a process group) runs the
+        layer's distributed schedule. The layer does not know which graphs exist.
         """
-        from .graph import Graph
-        if not isinstance(g, Graph):
-            from .distributed.graph import DistGraph
-            if isinstance(g, DistGraph):
-                from .distributed.schedule import run_layer
-                return run_layer(self, g, args, feats)
+        run = getattr(g, "run_layer", None)
+        if run is None:
+            raise GraphError(f"a sarc layer runs on a sarc.Graph, got {type(g).__name__} (build "
+                             f"one with sarc.Graph.from_edges or sarc.interop; a worker's shard "
+                             f"is a sarc.distributed.DistGraph)")
+        return run(self, args, feats)
+
+    def run_local(self, g, args: tuple, feats: dict):
+        """The layer's compiled kernel on the block ``g`` (a ``Graph``)."""
         from .runtime.bind import bind_inputs
         kernel = self.compiled()
         inputs = bind_inputs(self, kernel.function, g, args, feats)

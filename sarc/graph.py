@@ -41,6 +41,10 @@ class Graph:
     def num_edges(self) -> int:
         return int(self.src.numel())
 
+    def run_layer(self, layer, args: tuple, feats: dict):
+        """``layer(g, ...)`` on this block: the layer's compiled kernel (``Layer.run_local``)."""
+        return layer.run_local(self, args, feats)
+
     @staticmethod
     def from_edges(src, dst, num_nodes: int | None = None, *, num_src: int | None = None,
                    num_dst: int | None = None, out_degree=None, in_degree=None,

@@ -78,6 +78,11 @@ class DistGraph:
         self._csr = None
         trim_heap()  # the loading's and the setup's transients go back to the system
 
+    def run_layer(self, layer, args: tuple, feats: dict):
+        """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
+        from .schedule import run_layer
+        return run_layer(layer, self, args, feats)
+
     # --- what layers and models read -----------------------------------------------------
     @property
     def num_dst(self) -> int:
