@@ -132,9 +132,6 @@ REDUCERS: dict[str, Reducer] = {r.name: r for r in (SUM, MEAN, MAX, MIN, SOFTMAX
 REDUCE_KINDS: tuple[str, ...] = tuple(n for n, r in REDUCERS.items() if r.node_level)
 """The kinds of ``REDUCE`` / ``AGGREGATE``."""
 
-LINEAR_KINDS: tuple[str, ...] = tuple(n for n in REDUCE_KINDS if REDUCERS[n].linear)
-SELECTING_KINDS: tuple[str, ...] = tuple(n for n in REDUCE_KINDS if REDUCERS[n].selects)
-
 
 def reducer(kind: str) -> Reducer:
     """The reducer named ``kind``; an unknown name is an error that lists the known ones."""
