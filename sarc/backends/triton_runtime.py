@@ -33,7 +33,7 @@ import torch
 
 from ..errors import SarcError
 from ..graph import Graph
-from ..ir.reducers import REDUCERS
+from ..ir.reducers import REDUCERS, tie_share
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -379,7 +379,7 @@ class FusedOp:
         if r.selects:
             (y,) = saved
             ties = self.row_sum(g, [*xs, y], y.dtype)
-            return [y, dy.to(y.dtype) / ties.clamp(min=1)]
+            return [y, tie_share(dy.to(y.dtype), ties)]
         out, lse = saved
         acc = lse.dtype
         delta = dy.to(acc) * out.to(acc)

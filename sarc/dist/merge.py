@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from ..ir.reducers import NEG_INF, SOFTMAX, reducer
+from ..ir.reducers import NEG_INF, SOFTMAX, reducer, tie_share
 from .split import Aggregate
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ class ExtremumMerge(_AtRows):
         return self.y
 
     def cotangent(self, g: torch.Tensor):
-        return self.y, g / self.count.clamp(min=1)
+        return self.y, tie_share(g, self.count)
 
 
 class SoftmaxMerge(_AtRows):

@@ -5,9 +5,11 @@ its name, the value a row without edges gets, whether it commutes with a linear 
 (passes move a linear over it), whether it selects (the gradient goes to the edges
 attaining the extremum, split evenly over ties), whether it divides by the degree,
 how two partial results combine and how partials of several edge blocks merge. The
-small math every backend shares is here too: ``combine`` / ``finalize`` (the
-interpreter, the PyTorch kernels and the distributed merges call them) and
-``tie_shares`` (the one rule for splitting a selecting reducer's gradient).
+small math every backend shares is here too: ``finalize`` (the interpreter and the
+PyTorch kernels call it), ``combine`` and ``beats`` (the distributed merges: softmax's
+online rescaling, the extrema's comparison), the Triton accumulator's start value
+(``unit``) and ``tie_share`` (the one rule for splitting a selecting reducer's gradient; the Triton
+runtime and the distributed merges call it with counts their kernels made).
 
 Each backend implements the reducers in one table keyed by name:
 ``sarc.ir.interpreter.ROW_REDUCE``, ``sarc.backends.torch_kernels.SEGMENT_REDUCE``,
@@ -63,7 +65,11 @@ class Reducer:
 
     def finalize(self, acc: Tensor, degree: Tensor) -> Tensor:
         """The reduction of each row from its combined accumulator (rows of ``acc``) and
-        its in-degree: mean divides, a selecting reducer puts ``empty`` on empty rows."""
+        its in-degree: mean divides, a selecting reducer puts ``empty`` on empty rows.
+        softmax's accumulator is a tuple ``(m, s, acc)`` that finishes as ``acc / s``
+        (``sarc.dist.merge.SoftmaxMerge``), not through this."""
+        if not self.node_level:
+            raise ValueError(f"reducer {self.name!r} finishes its (m, s, acc) partials itself")
         if self.by_degree:
             return acc / _rowwise(degree.clamp(min=1).to(acc.dtype), acc)
         if self.selects:
@@ -97,11 +103,16 @@ def softmax_combine(a: tuple, b: tuple) -> tuple:
             *(p * _expand(x1, p) + q * _expand(x2, q) for p, q in zip(acc1, acc2)))
 
 
+def tie_share(g: Tensor, count: Tensor) -> Tensor:
+    """What each of the ``count`` edges attaining a row's extremum gets of the row's
+    cotangent ``g``: ``g / count`` (a row without edges passes nothing on)."""
+    return g / count.clamp(min=1)
+
+
 def tie_shares(tie: Tensor, g: Tensor, row_sum: RowSum, at_edges: AtEdges) -> Tensor:
     """A selecting reducer's gradient: each edge attaining its row's extremum (``tie``,
-    1.0 / 0.0 per edge) gets ``g / C`` with C the row's number of such edges."""
-    count = row_sum(tie).clamp(min=1)
-    return tie * at_edges(g / count)
+    1.0 / 0.0 per edge) gets ``tie_share`` of its row's ``g``."""
+    return tie * at_edges(tie_share(g, row_sum(tie)))
 
 
 SUM = Reducer(

@@ -73,6 +73,8 @@ def test_properties():
             x = torch.tensor([-3.0, 0.0, 2.5])
             assert torch.equal(r.combine(x, torch.full_like(x, r.unit)), x)
     assert BLOCK_KIND == {"mean": "sum"}
+    with pytest.raises(ValueError, match="softmax"):
+        REDUCERS["softmax"].finalize(torch.zeros(2), torch.ones(2))
 
 
 def test_unknown_reducer_names_the_known_ones():
