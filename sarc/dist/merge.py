@@ -3,7 +3,8 @@
 Each source block j gives a partial for every aggregate of the layer
 (``sarc.dist.kernels``); a merge folds them in, block by block in any order,
 so only one block's partial is held at a time, and afterwards gives the
-cotangent each block's backward surrogate needs:
+cotangent each block's backward surrogate needs (``MERGES``: one rule per reducer of
+``sarc.ir.reducers``, whose ``combine``, ``beats`` and ``tie_share`` they use):
 
 - sum: ``y = sum_j y_j``; cotangent ``g``.
 - mean: partial *sums*, ``y = (sum_j y_j) / max(1, in_degree)`` with the
