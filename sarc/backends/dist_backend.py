@@ -26,6 +26,7 @@ from typing import Callable
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
+from ..ir.reducers import reducer
 from ..ir.printer import format_value
 from ..names import literal
 from ..planner.plan import LayerPlan
@@ -119,7 +120,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
             if baseline:
                 return f"DK.softmax_normalized({head}, norms[{literal(name)}], {operands})"
             return f"DK.softmax_partial({head}, {operands})"
-        if kind in ("max", "min"):
+        if reducer(kind).selects:
             if v.op is Op.REDUCE:
                 if mode == "surrogate":
                     return (f"DK.reduce_extremum_select({literal(kind)}, {ops[0]}, g, "
@@ -138,7 +139,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
 def _surrogate_term(name: str, kind: str, var: str) -> str:
     if kind == "softmax":
         return f"{var}.sum()"
-    if kind in ("max", "min"):
+    if reducer(kind).selects:  # cotangent (y, g / ties): the ties' share
         return f"({var} * cot[{literal(name)}][1]).sum()"
     return f"({var} * cot[{literal(name)}]).sum()"
 

@@ -22,6 +22,7 @@ from torch.autograd.function import once_differentiable
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
+from ..ir.reducers import reducer
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
 from ..ir.printer import format_value
@@ -111,7 +112,7 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     """(feature operand, edge-weight operand or None, its side) when an aggregate is a
     (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]`` (x may
     also be an edge value: a weighted segment sum)."""
-    if v.op is not Op.AGGREGATE or v.attr["kind"] not in ("sum", "mean"):
+    if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
         return None
     r = v.attr["body"]
     res = r.values[r.result]
@@ -132,7 +133,7 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
 def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
     """(x, table, types, weight or None) operands when an aggregate sums
     ``typed_linear(x[src], table, types[e]) [* w[e]]`` (see passes.fuse_typed)."""
-    if v.op is not Op.AGGREGATE or v.attr["kind"] not in ("sum", "mean"):
+    if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
         return None
     r = v.attr["body"]
     res, w = r.result, None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Callable
 
 import torch
 
@@ -30,6 +31,7 @@ _SPMM_DTYPES = (torch.float32, torch.float64)
 EDGE_BLOCK_ELEMS = 1 << 22
 """Edge-value elements (rows x width) one block of a fused op may hold at once."""
 from ..ir import rng
+from ..ir.reducers import reducer, tie_shares
 from ..ir.softmax import edge_softmax_vjp
 
 
@@ -54,9 +56,9 @@ def _csr_matmul(rowptr, col, values, shape, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(shape[0], *x.shape[1:])
 
 
-def _mean(s: torch.Tensor, g: Graph) -> torch.Tensor:
-    deg = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(s.dtype)
-    return s / _rowwise(deg, s)
+def _finalize(kind: str, s: torch.Tensor, g: Graph) -> torch.Tensor:
+    """A linear reducer's rows from their sums (mean divides by the degree)."""
+    return reducer(kind).finalize(s, g.rowptr[1:] - g.rowptr[:-1])
 
 
 def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
@@ -79,7 +81,7 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
         y = _csr_matmul(g.rowptr, cols, ones, (g.num_dst, n), x)
     else:
         y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), x)
-    return _mean(y, g) if kind == "mean" else y
+    return _finalize(kind, y, g)
 
 
 class _WeightedSpmm(torch.autograd.Function):
@@ -137,7 +139,7 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
             y = _csr_matmul(g.rowptr, cols, values, (g.num_dst, n), per_type)
         else:
             y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), per_type)
-        return _mean(y, g) if kind == "mean" else y
+        return _finalize(kind, y, g)
     rows = typed_linear(x.index_select(0, g.src), table, types)
     return spmm(kind, g, rows, w, "edge")
 
@@ -152,13 +154,30 @@ def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 
 def segment_reduce(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
-    """y[v] = kind over the edges into v of x[e]; 0 where v has no edges."""
-    if kind in ("sum", "mean"):
-        s = segment_sum(x, g)
-        return _mean(s, g) if kind == "mean" else s
-    if kind == "sum":
-        return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
-    return _SegmentExtremum.apply(x, kind, g.rowptr, g.dst)
+    """y[v] = kind over the edges into v of x[e]; the reducer's ``empty`` (0) where v has
+    no edges."""
+    return SEGMENT_REDUCE[kind](g, x)
+
+
+def _segment_linear(kind: str):
+    r = reducer(kind)
+
+    def reduce_rows(g: Graph, x: torch.Tensor) -> torch.Tensor:
+        return r.finalize(segment_sum(x, g), g.rowptr[1:] - g.rowptr[:-1])
+    return reduce_rows
+
+
+def _segment_extremum(kind: str):
+    def reduce_rows(g: Graph, x: torch.Tensor) -> torch.Tensor:
+        return _SegmentExtremum.apply(x, kind, g.rowptr, g.dst)
+    return reduce_rows
+
+
+def _segment_softmax(g: Graph, score: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """sum over the edges into v of softmax_v(score) * value."""
+    alpha = edge_softmax(score, g)
+    alpha = alpha.reshape(*alpha.shape, *([1] * (value.dim() - alpha.dim())))
+    return segment_reduce("sum", alpha * value, g)
 
 
 class _SegmentExtremum(torch.autograd.Function):
@@ -167,15 +186,14 @@ class _SegmentExtremum(torch.autograd.Function):
     ``torch.segment_reduce``'s own backward for max/min divides a tied gradient
     by the number of ties only where the gradient is positive (torch 2.2 to
     2.13): with a negative gradient every tied edge receives all of it. The
-    interpreter's meaning (``torch.amax``) splits it evenly, so the backward is
-    written here.
+    interpreter's meaning (``torch.amax``) splits it evenly, the reducer's
+    ``tie_shares`` rule, so the backward is written here.
     """
 
     @staticmethod
     def forward(ctx, x, kind, rowptr, dst):
         y = torch.segment_reduce(x, kind, offsets=rowptr, axis=0)
-        nonempty = _rowwise(rowptr[1:] > rowptr[:-1], y)
-        y = torch.where(nonempty, y, torch.zeros((), dtype=y.dtype, device=y.device))
+        y = reducer(kind).finalize(y, rowptr[1:] - rowptr[:-1])
         ctx.save_for_backward(x, y, rowptr, dst)
         return y
 
@@ -183,8 +201,20 @@ class _SegmentExtremum(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, y, rowptr, dst = ctx.saved_tensors
         tie = (x == y.index_select(0, dst)).to(grad_y.dtype)
-        count = torch.segment_reduce(tie, "sum", offsets=rowptr, axis=0).clamp(min=1)
-        return tie * (grad_y / count).index_select(0, dst), None, None, None
+        dx = tie_shares(tie, grad_y, lambda t: torch.segment_reduce(t, "sum", offsets=rowptr, axis=0),
+                        lambda t: t.index_select(0, dst))
+        return dx, None, None, None
+
+
+SEGMENT_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
+    "sum": _segment_linear("sum"),
+    "mean": _segment_linear("mean"),
+    "max": _segment_extremum("max"),
+    "min": _segment_extremum("min"),
+    "softmax": _segment_softmax,
+}
+"""Each reducer (``sarc.ir.reducers``): (g, edge rows...) -> destination rows, over CSR
+segments; softmax reads (score, value)."""
 
 
 def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -334,10 +364,7 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
     """y[v] = sum over e into v of softmax_v(score)(e) * value(e)."""
     def block(gb, *xs):
         per = [per_edge(x, s, gb) for x, s in zip(xs, sides)]
-        alpha = edge_softmax(score(gb, *per), gb)
-        val = value(gb, *per)
-        alpha = alpha.reshape(*alpha.shape, *([1] * (val.dim() - alpha.dim())))
-        return segment_reduce("sum", alpha * val, gb)
+        return SEGMENT_REDUCE["softmax"](gb, score(gb, *per), value(gb, *per))
     return _fused(block, g, sides, width, operands)
 
 

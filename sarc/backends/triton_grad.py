@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from ..ir.autodiff import VJP_RULES, _Backward
 from ..ir.function import Builder, Region, Value
 from ..ir.ops import Op
+from ..ir.reducers import reducer
 from ..ir.types import Domain, TensorType
 from .triton_lower import TritonLoweringError
 
@@ -52,7 +53,8 @@ EXTRAS = {
     "sddmm": ("dy",),
     "softmax": ("dy", "lse", "delta", "sigma"),
 }
-"""What the backward regions read after the operands, by op kind (runtime computes them)."""
+"""What the backward regions read after the operands, by op kind (runtime computes them):
+one entry per reducer (``sarc.ir.reducers``) and the sddmm's."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def aggregate_grads(body: Region, kind: str, row_side: str, types: list[TensorTy
     res = g.inline(body)
     seed_t = out.with_(domain=Domain.EDGE)
     count = None
-    if kind in ("sum", "mean"):
+    if not reducer(kind).selects:  # sum: dy, mean: dy / degree (EXTRAS)
         seed = g.arg(n, row_side, seed_t)
     else:
         y = g.arg(n, row_side, seed_t)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..ir.function import Region
 from ..ir.printer import format_region
+from ..ir.reducers import reducer
 from ..ir.types import Domain, DType, TensorType
 from . import codegen
 from .triton_lower import Axis, RegionEmitter, Tile, TritonLoweringError, axis_mask, bcast, pow2
@@ -159,22 +160,49 @@ def _region_ir(title: str, r: Region) -> list[str]:
 
 # --- g-SpMM ---------------------------------------------------------------------------
 
+def _literal(x: float) -> str:
+    """A float as Triton source: ``float("-inf")`` for the infinities."""
+    return f'float("{x}")' if math.isinf(x) else repr(x)
+
+
+@dataclass(frozen=True)
+class RowReduce:
+    """A node-level reducer in Triton source: the accumulator's start value (the
+    reducer's unit), the statement folding a masked edge value ``{x}`` into it, the
+    combine of two partials ``acc`` and ``x``, and the reduction over a tile axis."""
+
+    identity: str
+    accumulate: str
+    combine: str
+    tile: str
+
+
+ROW_REDUCE: dict[str, RowReduce] = {
+    "sum": RowReduce(_literal(reducer("sum").unit), "acc += {x}", "acc + x", "tl.sum"),
+    "mean": RowReduce(_literal(reducer("mean").unit), "acc += {x}", "acc + x", "tl.sum"),
+    "max": RowReduce(_literal(reducer("max").unit), "acc = tl.maximum(acc, {x})",
+                     "tl.maximum(acc, x)", "tl.max"),
+    "min": RowReduce(_literal(reducer("min").unit), "acc = tl.minimum(acc, {x})",
+                     "tl.minimum(acc, x)", "tl.min"),
+}
+"""Each node-level reducer (``sarc.ir.reducers``) in an aggregate kernel and the combine
+of split rows; softmax has kernels of its own (``softmax_aggregate``, ``softmax_combine``:
+online rescaling)."""
+
+
 def aggregate(origin: Origin, name: str, role: str, body: Region, kind: str, view: str,
               types: list[TensorType], show_body: bool = False) -> KernelSource:
     """``y[r] = kind over the edges of row r of body(e)``; ``view`` "csr" (rows = dst) or "csc"."""
-    if kind not in ("sum", "mean", "max", "min"):
+    red = ROW_REDUCE.get(kind)
+    if red is None:
         raise TritonLoweringError(f"unknown reduction {kind!r}")
     em = _emitter(body, "r", view)
     res, tile = em.emit()
     rank = tile.rank
     emask = bcast("emask", 0, rank)
-    identity = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}[kind]
-    if kind in ("sum", "mean"):
-        accumulate = f"acc += tl.where({emask}, {res}, 0.0)"
-    else:
-        f = "tl.maximum" if kind == "max" else "tl.minimum"
-        accumulate = f"acc = {f}(acc, tl.where({emask}, {res}, {identity}))"
-    reduce = {"sum": "tl.sum", "mean": "tl.sum", "max": "tl.max", "min": "tl.min"}[kind]
+    identity = red.identity
+    accumulate = red.accumulate.format(x=f"tl.where({emask}, {res}, {identity})")
+    reduce = red.tile
     offs, mask = _row_store("slot", tile.axes)
     d = _tiled_size(tile)
     configs = TILED_ROW_CONFIGS if d > 1 else _untiled(ROW_BLOCK_E, _width(list(em.tiles.values())))
@@ -193,21 +221,21 @@ def aggregate(origin: Origin, name: str, role: str, body: Region, kind: str, vie
         row_side="dst" if view == "csr" else "src", pre=em.pre, index=_index_lines(view, em.sides),
         body=em.body, cdtype=em.cdtype, acc_shape=tile.edge_shape(), identity=identity,
         accumulate=accumulate,
-        reduce=f"acc = {reduce}(acc, axis=0)", kind=kind, out_offs=offs, out_mask=mask,
+        reduce=f"acc = {reduce}(acc, axis=0)", kind=kind, by_degree=reducer(kind).by_degree,
+        out_offs=offs, out_mask=mask,
         operands=sorted(em.operands))
 
 
 def combine(origin: Origin, name: str, kind: str, feat: tuple[int, ...], cdtype: str) -> KernelSource:
     """Merge the partial results of split rows (``kind``: sum / mean / max / min)."""
-    identity = {"sum": "0.0", "mean": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}[kind]
-    comb = {"sum": "acc + x", "mean": "acc + x", "max": "tl.maximum(acc, x)",
-            "min": "tl.minimum(acc, x)"}[kind]
+    red = ROW_REDUCE[kind]
     configs = [({"BLOCK_F": 256}, 4), ({"BLOCK_F": 128}, 4), ({"BLOCK_F": 512}, 8)]
     doc = [f"Merges the partial {kind}s of the segments of each split row"
-           + (", then divides by the row's degree." if kind == "mean" else ".")]
+           + (", then divides by the row's degree." if reducer(kind).by_degree else ".")]
     return _render("triton_combine.py.j2", name, origin, "merge of split rows", doc,
                    "(split rows, cdiv(F, BLOCK_F))", configs, ["F"], f=math.prod(feat),
-                   identity=identity, combine=comb, kind=kind, cdtype=cdtype)
+                   identity=red.identity, combine=red.combine, kind=kind,
+                   by_degree=reducer(kind).by_degree, cdtype=cdtype)
 
 
 # --- attention -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import torch
 
 from ..errors import SarcError
 from ..graph import Graph
+from ..ir.reducers import REDUCERS, tie_share
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -358,22 +359,27 @@ class FusedOp:
         if self.kind == "softmax":
             out, lse = self.forward(g, xs, self.dtype)
             return out, (out, lse)
-        if self.kind in ("max", "min"):
+        if self._selects:
             y = self.forward(g, xs, _acc_dtype(self.dtype))  # exact, for the ties in backward
             return y.to(self.dtype), (y,)
         return self.forward(g, xs, self.dtype), ()
 
+    @property
+    def _selects(self) -> bool:
+        return self.kind in REDUCERS and REDUCERS[self.kind].selects
+
     def extras(self, g: Graph, xs, saved, dy: torch.Tensor) -> list[torch.Tensor]:
         """What the gradient regions read after the operands (``triton_grad.EXTRAS``)."""
-        if self.kind in ("sum", "sddmm"):
+        r = REDUCERS.get(self.kind)  # None: an sddmm
+        if r is None or r.node_level and not (r.by_degree or r.selects):
             return [dy]
-        if self.kind == "mean":
+        if r.by_degree:
             deg = graph_view(g, "csr" if self.row_side == "dst" else "csc").degree
             return [dy / _rowwise(deg.clamp(min=1).to(dy.dtype), dy)]
-        if self.kind in ("max", "min"):
+        if r.selects:
             (y,) = saved
             ties = self.row_sum(g, [*xs, y], y.dtype)
-            return [y, dy.to(y.dtype) / ties.clamp(min=1)]
+            return [y, tie_share(dy.to(y.dtype), ties)]
         out, lse = saved
         acc = lse.dtype
         delta = dy.to(acc) * out.to(acc)

@@ -3,7 +3,8 @@
 Each source block j gives a partial for every aggregate of the layer
 (``sarc.distributed.kernels``); a merge folds them in, block by block in any order,
 so only one block's partial is held at a time, and afterwards gives the
-cotangent each block's backward surrogate needs:
+cotangent each block's backward surrogate needs (``MERGES``: one rule per reducer of
+``sarc.ir.reducers``, whose ``combine``, ``beats`` and ``tie_share`` they use):
 
 - sum: ``y = sum_j y_j``; cotangent ``g``.
 - mean: partial *sums*, ``y = (sum_j y_j) / max(1, in_degree)`` with the
@@ -34,10 +35,8 @@ import math
 
 import torch
 
+from ..ir.reducers import NEG_INF, SOFTMAX, reducer, tie_share
 from .split import Aggregate
-
-NEG_INF = float("-inf")
-
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], *mask.shape[1:], *([1] * (like.dim() - mask.dim())))
@@ -107,6 +106,7 @@ class ExtremumMerge(_AtRows):
 
     def __init__(self, kind: str):
         self.kind = kind
+        self.reducer = reducer(kind)
         self.y: torch.Tensor | None = None
         self.count: torch.Tensor | None = None
 
@@ -115,7 +115,7 @@ class ExtremumMerge(_AtRows):
         if self.y is None:
             self.y, self.count = y.clone(), c.clone()
             return
-        better = (y > self.y) if self.kind == "max" else (y < self.y)
+        better = self.reducer.beats(y, self.y)
         better = better & (c > 0) | (self.count == 0) & (c > 0)
         tie = (y == self.y) & (c > 0) & (self.count > 0)
         self.count = torch.where(better, c, torch.where(tie, self.count + c, self.count))
@@ -128,7 +128,7 @@ class ExtremumMerge(_AtRows):
         return self.y
 
     def cotangent(self, g: torch.Tensor):
-        return self.y, g / self.count.clamp(min=1)
+        return self.y, tie_share(g, self.count)
 
 
 class SoftmaxMerge(_AtRows):
@@ -145,12 +145,7 @@ class SoftmaxMerge(_AtRows):
         if self.m is None:
             self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
             return
-        new_m = torch.maximum(self.m, m)
-        a = _scale(self.m, new_m, s.dtype)
-        b = _scale(m, new_m, s.dtype)
-        self.s = self.s * a + s * b
-        self.acc = self.acc * _expand(a, acc) + acc * _expand(b, acc)
-        self.m = new_m
+        self.m, self.s, self.acc = SOFTMAX.combine((self.m, self.s, self.acc), part)
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
         if self.m is None:
@@ -201,9 +196,7 @@ class NormalizerMerge(_AtRows):
         if self.m is None:
             self.m, self.s = m.clone(), s.clone()
             return
-        new_m = torch.maximum(self.m, m)
-        self.s = self.s * _scale(self.m, new_m, s.dtype) + s * _scale(m, new_m, s.dtype)
-        self.m = new_m
+        self.m, self.s = SOFTMAX.combine((self.m, self.s), part)
 
     def finish(self, shape, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(M, S): M in the scores' ``dtype``, S in float64 (the blocks' sums are)."""
@@ -243,23 +236,34 @@ class SiteShares:
         return gbar, self.by_piece.get(key, zeros)
 
 
-def _scale(m: torch.Tensor, new_m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """exp(m - new_m) in ``dtype`` (the sums'), 0 where m is -inf (a block, or a running
-    state, without edges there)."""
-    return torch.where(m == NEG_INF, torch.zeros((), dtype=dtype),
-                       torch.exp(m.to(dtype) - new_m.to(dtype)))
+def _linear_merge(agg: Aggregate, in_degree: torch.Tensor, norm):
+    return SumMerge(in_degree if reducer(agg.kind).by_degree else None)
+
+
+def _extremum_merge(agg: Aggregate, in_degree: torch.Tensor, norm):
+    return ExtremumMerge(agg.kind)
+
+
+def _softmax_merge(agg: Aggregate, in_degree: torch.Tensor, norm):
+    if norm is not None:
+        return NormalizedSoftmaxMerge(norm)
+    return SoftmaxMerge(1 + len(agg.score_feat))
+
+
+MERGES = {
+    "sum": _linear_merge,
+    "mean": _linear_merge,
+    "max": _extremum_merge,
+    "min": _extremum_merge,
+    "softmax": _softmax_merge,
+}
+"""Each reducer's merge (``sarc.ir.reducers``): (aggregate, whole-graph in-degree, the
+(M, S) of a normalizer pass or None) -> the merge state."""
 
 
 def make_merge(agg: Aggregate, in_degree: torch.Tensor, norm=None):
     """The merge of ``agg``; ``norm``: the (M, S) of a normalizer pass (baseline softmax)."""
-    if agg.kind == "sum":
-        return SumMerge()
-    if agg.kind == "mean":
-        return SumMerge(in_degree)
-    if agg.kind in ("max", "min"):
-        return ExtremumMerge(agg.kind)
-    if agg.kind == "softmax":
-        if norm is not None:
-            return NormalizedSoftmaxMerge(norm)
-        return SoftmaxMerge(1 + len(agg.score_feat))
-    raise ValueError(f"no merge rule for aggregate kind {agg.kind!r}")
+    rule = MERGES.get(agg.kind)
+    if rule is None:
+        raise ValueError(f"no merge rule for aggregate kind {agg.kind!r}")
+    return rule(agg, in_degree, norm)

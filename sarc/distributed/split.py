@@ -32,11 +32,15 @@ from dataclasses import dataclass
 from ..errors import SarcError
 from ..ir.function import Builder, Function
 from ..ir.ops import Op
+from ..ir.reducers import REDUCERS
 from ..ir.types import Domain, TensorType
 from ..ir.verifier import verify
 from ..planner.cost import Exchange
 
 AGGREGATE_OPS = (Op.REDUCE, Op.AGGREGATE, Op.SOFTMAX_AGGREGATE)
+BLOCK_KIND = {name: "sum" for name, r in REDUCERS.items() if r.node_level and r.by_degree}
+"""What an edge block computes for a reducer that divides by the degree: its partial sums
+(the merge divides by the whole graph's in-degree)."""
 X_PREFIX, D_PREFIX, AGG_PREFIX = "$x", "$d", "$agg"
 
 
@@ -194,7 +198,7 @@ def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
             return d_slots[i].name, v.type
         return None
 
-    edge = _Part(fn, f"{fn.name}_edge", edge_leaf, kind_map={"mean": "sum"})
+    edge = _Part(fn, f"{fn.name}_edge", edge_leaf, kind_map=BLOCK_KIND)
     aggregates = []
     for k, i in enumerate(aggs):
         v = values[i]

@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Sequence
 from ..errors import DSLError
 from .function import Builder, Function, Value
 from .ops import LEAVES, Op
+from .reducers import reducer
 from .passes.cse import cse
 from .passes.dce import dce
 from .types import Domain, TensorType
@@ -134,13 +135,16 @@ def _vjp_gather_dst(bw, v, y, ct, needs):
     return (bw.emit(Op.REDUCE, [ct], kind="sum"),)
 
 
-def _vjp_reduce(bw, v, y, ct, needs):
-    """sum: gather; mean: gather of ct / count; max, min: the gradient split among ties."""
-    kind = v.attr["kind"]
-    if kind == "sum":
-        return (bw.emit(Op.GATHER_DST, [ct]),)
-    if kind == "mean":
-        return (bw.emit(Op.GATHER_DST, [bw.emit(Op.DIV_EDGE_COUNT, [ct])]),)
+def _vjp_linear_reduce(bw, v, y, ct, needs):
+    """sum: ct at each edge; a by-degree reducer (mean): ct / count."""
+    if reducer(v.attr["kind"]).by_degree:
+        ct = bw.emit(Op.DIV_EDGE_COUNT, [ct])
+    return (bw.emit(Op.GATHER_DST, [ct]),)
+
+
+def _vjp_selecting_reduce(bw, v, y, ct, needs):
+    """max, min: ct split evenly among the edges attaining the extremum (the rule of
+    ``sarc.ir.reducers.tie_shares``, as IR)."""
     (x,) = v.inputs
     tie = bw.emit(Op.EQ_MASK, [x, bw.emit(Op.GATHER_DST, [y])])
     count = bw.emit(Op.CLAMP_MIN, [bw.emit(Op.REDUCE, [tie], kind="sum")], min=1.0)
@@ -155,6 +159,22 @@ def _vjp_edge_softmax(bw, v, y, ct, needs):
     dx = bw.mul(y, bw.emit(Op.SUB, [ct, bw.emit(Op.GATHER_DST, [s])]))
     sigma = bw.emit(Op.REDUCE, [dx], kind="sum")
     return (bw.emit(Op.SUB, [dx, bw.mul(y, bw.emit(Op.GATHER_DST, [sigma]))]),)
+
+
+REDUCE_VJPS = {
+    "sum": _vjp_linear_reduce,
+    "mean": _vjp_linear_reduce,
+    "max": _vjp_selecting_reduce,
+    "min": _vjp_selecting_reduce,
+    "softmax": _vjp_edge_softmax,
+}
+"""Each reducer's VJP rule (``sarc.ir.reducers``). A softmax_aggregate is formed only by
+the passes after autodiff: the IR differentiates its softmax weights (``EDGE_SOFTMAX``)
+and then their weighted sum."""
+
+
+def _vjp_reduce(bw, v, y, ct, needs):
+    return REDUCE_VJPS[v.attr["kind"]](bw, v, y, ct, needs)
 
 
 def _vjp_index(bw, v, y, ct, needs):
@@ -308,7 +328,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.GATHER_SRC: _vjp_gather_src,
     Op.GATHER_DST: _vjp_gather_dst,
     Op.REDUCE: _vjp_reduce,
-    Op.EDGE_SOFTMAX: _vjp_edge_softmax,
+    Op.EDGE_SOFTMAX: REDUCE_VJPS["softmax"],
     Op.INDEX: _vjp_index,
     Op.NEG: _vjp_neg,
     Op.EXP: _vjp_exp,

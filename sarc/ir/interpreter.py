@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..graph import Graph
 from .function import Function, Region, Value
 from .ops import Op
+from .reducers import reducer
 from . import rng
 from .softmax import edge_softmax_vjp
 from .autodiff import GRAD_PREFIX
@@ -30,35 +31,63 @@ from .types import Domain
 
 
 def _scatter(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
-    """Reduce edge rows into destination rows; empty destinations get 0."""
-    out_shape = (g.num_dst, *x.shape[1:])
-    if kind in ("sum", "mean"):
-        s = torch.zeros(out_shape, dtype=x.dtype, device=x.device).index_add(0, g.dst, x)
-        if kind == "sum":
-            return s
-        deg = torch.bincount(g.dst, minlength=g.num_dst).clamp(min=1).to(x.dtype)
-        return s / deg.view(-1, *([1] * (x.dim() - 1)))
-    return _extremum(kind, x, g)
+    """Reduce edge rows into destination rows with reducer ``kind`` (``ROW_REDUCE``)."""
+    return ROW_REDUCE[kind](g, x)
 
 
-def _extremum(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
+def _degree(g: Graph) -> torch.Tensor:
+    return torch.bincount(g.dst, minlength=g.num_dst)
+
+
+def _linear(kind: str):
+    """sum / mean: a scatter-add, finished by the reducer (mean divides by the degree)."""
+    r = reducer(kind)
+
+    def reduce_rows(g: Graph, x: torch.Tensor) -> torch.Tensor:
+        out_shape = (g.num_dst, *x.shape[1:])
+        s = torch.full(out_shape, r.unit, dtype=x.dtype, device=x.device).index_add(0, g.dst, x)
+        return r.finalize(s, _degree(g))
+    return reduce_rows
+
+
+def _extremum(kind: str, pick: Callable[..., torch.Tensor]):
     """max / min over each destination's edges, 0 where it has none.
 
-    The edges are laid out densely, ``[N_dst, max in-degree, ...]``, padded with
-    -inf (max) or +inf (min), and reduced with ``torch.amax`` / ``amin``, whose
-    gradient is split evenly among the edges that attain the extremum (ties:
-    multi-edges, equal messages). ``scatter_reduce`` is not used: with
-    ``include_self=False`` its backward still counts the untouched initial value
-    as a tie, halving the gradient wherever the extremum is exactly 0.
+    The edges are laid out densely, ``[N_dst, max in-degree, ...]``, padded with the
+    reducer's unit (-inf for max, +inf for min), and reduced with ``pick``
+    (``torch.amax`` / ``amin``), whose gradient is split evenly among the edges that
+    attain the extremum (ties: multi-edges, equal messages), the reducer's
+    ``tie_shares`` rule. ``scatter_reduce`` is not used: with ``include_self=False`` its
+    backward still counts the untouched initial value as a tie, halving the gradient
+    wherever the extremum is exactly 0.
     """
-    pad = float("-inf") if kind == "max" else float("inf")
-    pos = torch.arange(g.num_edges, device=x.device) - g.rowptr[:-1][g.dst]
-    width = int(pos.max()) + 1 if g.num_edges else 1
-    dense = torch.full((g.num_dst, width, *x.shape[1:]), pad, dtype=x.dtype, device=x.device)
-    dense = dense.index_put((g.dst, pos), x)
-    y = dense.amax(1) if kind == "max" else dense.amin(1)
-    nonempty = (g.rowptr[1:] > g.rowptr[:-1]).view(-1, *([1] * (x.dim() - 1)))
-    return torch.where(nonempty, y, torch.zeros((), dtype=x.dtype, device=x.device))
+    r = reducer(kind)
+
+    def reduce_rows(g: Graph, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(g.num_edges, device=x.device) - g.rowptr[:-1][g.dst]
+        width = int(pos.max()) + 1 if g.num_edges else 1
+        dense = torch.full((g.num_dst, width, *x.shape[1:]), r.unit, dtype=x.dtype, device=x.device)
+        dense = dense.index_put((g.dst, pos), x)
+        return r.finalize(pick(dense, 1), g.rowptr[1:] - g.rowptr[:-1])
+    return reduce_rows
+
+
+def _softmax_rows(g: Graph, score: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """sum over each destination's edges of softmax_v(score) * value."""
+    alpha = _edge_softmax(score, g)
+    alpha = alpha.reshape(*alpha.shape, *([1] * (value.dim() - alpha.dim())))
+    return _scatter("sum", alpha * value, g)
+
+
+ROW_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
+    "sum": _linear("sum"),
+    "mean": _linear("mean"),
+    "max": _extremum("max", torch.amax),
+    "min": _extremum("min", torch.amin),
+    "softmax": _softmax_rows,
+}
+"""Each reducer (``sarc.ir.reducers``): (g, edge rows...) -> destination rows; softmax
+reads (score, value)."""
 
 
 def _edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -125,9 +154,7 @@ def run_region(r: Region, g: Graph, ctx, operands) -> torch.Tensor:
 def _softmax_aggregate(v: Value, g: Graph, ctx, *xs) -> torch.Tensor:
     score = run_region(v.attr["score"], g, ctx, xs)
     value = run_region(v.attr["value"], g, ctx, xs)
-    alpha = _edge_softmax(score, g)
-    alpha = alpha.reshape(*alpha.shape, *([1] * (value.dim() - alpha.dim())))
-    return _scatter("sum", alpha * value, g)
+    return ROW_REDUCE["softmax"](g, score, value)
 
 
 def _zeros(v: Value, g: Graph) -> torch.Tensor:

@@ -15,6 +15,7 @@ import enum
 from typing import Callable, Mapping, Sequence
 
 from .types import Domain, DType, TensorType
+from .reducers import REDUCE_KINDS  # noqa: F401 - re-exported: the kinds of REDUCE / AGGREGATE
 
 
 class Op(enum.Enum):
@@ -80,7 +81,6 @@ UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.T
                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
-REDUCE_KINDS = ("sum", "mean", "max", "min")
 
 
 class TypeError_(Exception):

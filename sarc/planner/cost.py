@@ -35,6 +35,15 @@ SAVES: dict[Op, tuple] = {
     Op.EDGE_SOFTMAX: (OUT,), Op.DROPOUT: ("mask",),
 }
 
+SAVED_BY_REDUCER: dict[str, tuple] = {
+    "sum": (), "mean": (),
+    "max": (0,), "min": (0,),   # a REDUCE keeps its edge values, to find the ties
+    "softmax": ("score",) * 4,  # score-sized: raw and activated scores, exponentials, weights
+}
+"""What each reducer's backward keeps (``sarc.ir.reducers``): operand positions of a
+``REDUCE``; for softmax, score-sized tensors of a softmax_aggregate (its operands are
+kept as every fused op's are)."""
+
 
 def nbytes(t: TensorType) -> sympy.Expr:
     return t.numel_expr() * DTYPE_BYTES[t.dtype]
@@ -50,13 +59,13 @@ def _saved(values, i: int, v: Value) -> list[tuple[object, TensorType]]:
             w = pattern[1] if pattern is not None else typed[3]
             return [] if w is None else [(v.inputs[w], values[v.inputs[w]].type)]
         kept = [(j, values[j].type) for j in v.inputs if values[j].type.domain is not Domain.PARAM]
-        if v.op is Op.SOFTMAX_AGGREGATE:  # raw and activated scores, exponentials, weights
+        if v.op is Op.SOFTMAX_AGGREGATE:
             s = v.attr["score"]
             t = s.values[s.result].type
-            kept += [(("softmax", i, k), t) for k in range(4)]
+            kept += [(("softmax", i, k), t) for k, _ in enumerate(SAVED_BY_REDUCER["softmax"])]
         return kept
-    if v.op is Op.REDUCE and v.attr["kind"] in ("max", "min"):
-        return [(v.inputs[0], values[v.inputs[0]].type)]
+    if v.op is Op.REDUCE:
+        return [(v.inputs[k], values[v.inputs[k]].type) for k in SAVED_BY_REDUCER[v.attr["kind"]]]
     out = []
     for s in SAVES.get(v.op, ()):
         if s == OUT:

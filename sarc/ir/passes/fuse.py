@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..function import Builder, Function, Region
 from ..ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
+from ..reducers import SUM, reducer
 from ..types import Domain
 from .rewrite import Rewriter
 
@@ -109,7 +110,7 @@ def fuse(fn: Function) -> Function:
         e = v.inputs[0]
         regions = _Regions(fn, users, outputs)
         single = regions._single_use(e)
-        parts = _softmax_parts(fn, users, e) if single and v.attr["kind"] == "sum" else None
+        parts = _softmax_parts(fn, users, e) if single and reducer(v.attr["kind"]) is SUM else None
         if parts is not None:
             s, val, chain = parts
             attrs = {"score": regions.build(s, "score", regions._single_use(s)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..function import Builder, Function, Region
 from ..ops import Op
+from ..reducers import reducer
 from ..types import Domain
 from .rewrite import Rewriter
 
@@ -26,7 +27,7 @@ def fuse_typed_linear(fn: Function) -> Function:
     absorbed: set[int] = set()
     plans: dict[int, tuple[list[int], dict]] = {}
     for i, v in enumerate(fn.values):
-        if v.op is not Op.AGGREGATE or v.attr["kind"] not in ("sum", "mean"):
+        if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
             continue
         body: Region = v.attr["body"]
         for k, j in enumerate(v.inputs):

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from ..function import Function
 from ..ops import Op
+from ..reducers import reducer
 from ..types import Domain
 from .rewrite import Rewriter
-
-LINEAR_REDUCE = ("sum", "mean")
-
 
 def linear_through_aggregate(fn: Function) -> Function:
     users = fn.users()
@@ -32,7 +30,7 @@ def linear_through_aggregate(fn: Function) -> Function:
         if not single(j):
             return False
         if v.op is Op.REDUCE:
-            return v.attr["kind"] in LINEAR_REDUCE
+            return reducer(v.attr["kind"]).linear
         if v.op in (Op.ADD, Op.SUB):
             return all(fn.values[k].type.domain is not Domain.PARAM for k in v.inputs) and \
                 any(movable(k) for k in v.inputs)

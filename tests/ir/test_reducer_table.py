@@ -1,0 +1,146 @@
+"""Every reducer has an entry in every backend's table, and the backends agree on it.
+
+The reducers are data (``sarc.ir.reducers.REDUCERS``); each backend implements them in
+one table keyed by name. Adding a reducer without a backend's entry fails here, naming
+the backend and the reducer. The differential test runs each reducer on a small graph
+with empty rows and ties through the interpreter, the PyTorch kernels and the
+distributed merge of two edge blocks.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sarc
+from sarc.backends import torch_kernels, triton_grad, triton_kernels
+from sarc.dist import kernels as DK
+from sarc.dist import merge
+from sarc.dist.split import BLOCK_KIND, Aggregate
+from sarc.ir import autodiff, interpreter, ops
+from sarc.ir.reducers import REDUCE_KINDS, REDUCERS, Reducer, reducer
+from sarc.planner import cost
+
+# (backend, table, whether it covers softmax: a fused softmax_aggregate has Triton
+# kernels of its own, not an aggregate kernel's identity / combine)
+TABLES = [
+    ("interpreter (sarc.ir.interpreter.ROW_REDUCE)", interpreter.ROW_REDUCE, True),
+    ("PyTorch kernels (sarc.backends.torch_kernels.SEGMENT_REDUCE)", torch_kernels.SEGMENT_REDUCE, True),
+    ("Triton codegen (sarc.backends.triton_kernels.ROW_REDUCE)", triton_kernels.ROW_REDUCE, False),
+    ("Triton gradients (sarc.backends.triton_grad.EXTRAS)", triton_grad.EXTRAS, True),
+    ("distributed merge (sarc.dist.merge.MERGES)", merge.MERGES, True),
+    ("planner cost (sarc.planner.cost.SAVED_BY_REDUCER)", cost.SAVED_BY_REDUCER, True),
+    ("autodiff VJP (sarc.ir.autodiff.REDUCE_VJPS)", autodiff.REDUCE_VJPS, True),
+]
+
+
+def missing_entries(reducers: dict[str, Reducer]) -> list[str]:
+    """'backend: reducer' for each reducer a backend's table lacks."""
+    return [f"{backend}: {name}" for backend, table, fused in TABLES
+            for name, r in reducers.items() if (r.node_level or fused) and name not in table]
+
+
+def test_every_backend_implements_every_reducer():
+    missing = missing_entries(REDUCERS)
+    assert not missing, "reducers without an implementation:\n" + "\n".join(missing)
+
+
+def test_a_new_reducer_is_reported_for_every_backend():
+    prod = Reducer("prod", unit=1.0, linear=False, selects=False, by_degree=False,
+                   node_level=True, combine=torch.mul, vjp="-", merge="-")
+    missing = missing_entries({**REDUCERS, "prod": prod})
+    assert missing == [f"{backend}: prod" for backend, _, _ in TABLES]
+
+
+def test_tables_name_only_reducers():
+    for backend, table, _ in TABLES:
+        stray = set(table) - set(REDUCERS) - {"sddmm"}  # Triton's EXTRAS also has the sddmm's
+        assert not stray, f"{backend} has entries for unknown reducers {sorted(stray)}"
+
+
+def test_reduce_kinds_are_the_node_level_reducers():
+    assert ops.REDUCE_KINDS is REDUCE_KINDS
+    assert REDUCE_KINDS == ("sum", "mean", "max", "min")
+    assert "softmax" in REDUCERS and not REDUCERS["softmax"].node_level
+
+
+def test_properties():
+    assert [n for n, r in REDUCERS.items() if r.linear] == ["sum", "mean"]
+    assert [n for n, r in REDUCERS.items() if r.selects] == ["max", "min"]
+    assert [n for n, r in REDUCERS.items() if r.by_degree] == ["mean"]
+    assert all(r.empty == 0.0 for r in REDUCERS.values())
+    for r in REDUCERS.values():
+        if r.node_level:  # the unit is the combine's identity
+            x = torch.tensor([-3.0, 0.0, 2.5])
+            assert torch.equal(r.combine(x, torch.full_like(x, r.unit)), x)
+    assert BLOCK_KIND == {"mean": "sum"}
+    with pytest.raises(ValueError, match="softmax"):
+        REDUCERS["softmax"].finalize(torch.zeros(2), torch.ones(2))
+
+
+def test_unknown_reducer_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown reduction 'prod'; expected one of sum, mean"):
+        reducer("prod")
+
+
+# --- the backends agree ------------------------------------------------------------------
+
+NUM_NODES, EMPTY = 9, (2, 7, 8)
+
+
+def _graph(gen) -> sarc.Graph:
+    rows = torch.tensor([v for v in range(NUM_NODES) if v not in EMPTY])
+    dst = rows[torch.randint(0, len(rows), (40,), generator=gen)]
+    src = torch.randint(0, NUM_NODES, (40,), generator=gen)
+    return sarc.Graph.from_edges(src, dst, NUM_NODES)
+
+
+def _rows(r: Reducer, g: sarc.Graph, gen) -> list[torch.Tensor]:
+    """Edge rows with many ties (small integers); softmax reads (score, value)."""
+    def ties(*feat):
+        return torch.randint(-2, 3, (g.num_edges, *feat), generator=gen).double()
+    if r.name == "softmax":
+        return [ties(2), torch.randn(g.num_edges, 2, 3, generator=gen, dtype=torch.float64)]
+    return [ties(3)]
+
+
+def _partial(name: str, block: sarc.Graph, rows: list[torch.Tensor]):
+    """A block's partial, as the distributed edge part computes it."""
+    if name == "softmax":
+        return DK.softmax_partial(lambda gb, s, v: s, lambda gb, s, v: v, ("edge", "edge"), 8,
+                                  block, None, *rows)
+    if reducer(name).selects:
+        return DK.reduce_extremum_partial(name, rows[0], block)
+    return torch_kernels.segment_reduce(BLOCK_KIND.get(name, name), rows[0], block)
+
+
+@pytest.mark.parametrize("name", list(REDUCERS))
+def test_interpreter_torch_kernels_and_merged_blocks_agree(name):
+    r = REDUCERS[name]
+    gen = torch.Generator().manual_seed(7)
+    g = _graph(gen)
+    rows = _rows(r, g, gen)
+    ref_in = [x.clone().requires_grad_() for x in rows]
+    got_in = [x.clone().requires_grad_() for x in rows]
+    want = interpreter.ROW_REDUCE[name](g, *ref_in)
+    got = torch_kernels.SEGMENT_REDUCE[name](g, *got_in)
+    torch.testing.assert_close(got, want)
+    empty = torch.tensor(EMPTY)
+    assert torch.equal(want[empty], torch.full_like(want[empty], r.empty))
+
+    # gradients, with a cotangent of both signs (torch's own max / min backward splits
+    # ties only where it is positive)
+    ct = torch.randn(want.shape, generator=gen, dtype=want.dtype)
+    for a, b in zip(torch.autograd.grad(got, got_in, ct), torch.autograd.grad(want, ref_in, ct)):
+        torch.testing.assert_close(a, b)
+
+    # two blocks over the same destinations, merged
+    owner = torch.randint(0, 2, (g.num_edges,), generator=gen)
+    rule = merge.make_merge(Aggregate("$a0", name, 0, tuple(want.shape[1:]),
+                                      tuple(rows[0].shape[1:])), g.in_degree.double())
+    for b in range(2):
+        idx = (owner == b).nonzero().squeeze(1)
+        block = sarc.Graph.from_edges(g.src[idx], g.dst[idx], NUM_NODES)
+        rule.add(_partial(name, block, [x[idx].index_select(0, block.perm) for x in rows]))
+    merged = rule.finish(torch.zeros_like(want))
+    torch.testing.assert_close(merged, want.detach())
+    assert torch.equal(merged[empty], torch.full_like(merged[empty], r.empty))
