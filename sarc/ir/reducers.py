@@ -14,7 +14,7 @@ runtime and the distributed merges call it with counts their kernels made).
 Each backend implements the reducers in one table keyed by name:
 ``sarc.ir.interpreter.ROW_REDUCE``, ``sarc.backends.torch_kernels.SEGMENT_REDUCE``,
 ``sarc.backends.triton_kernels.ROW_REDUCE`` and ``triton_grad.EXTRAS``,
-``sarc.dist.merge.MERGES``, ``sarc.planner.cost.SAVED_BY_REDUCER`` and
+``sarc.distributed.merge.MERGES``, ``sarc.planner.cost.SAVED_BY_REDUCER`` and
 ``sarc.ir.autodiff.REDUCE_VJPS``. Adding a reducer is one entry in ``REDUCERS`` and
 one per table; tests/ir/test_reducer_table.py names a table that lacks one.
 
@@ -67,7 +67,7 @@ class Reducer:
         """The reduction of each row from its combined accumulator (rows of ``acc``) and
         its in-degree: mean divides, a selecting reducer puts ``empty`` on empty rows.
         softmax's accumulator is a tuple ``(m, s, acc)`` that finishes as ``acc / s``
-        (``sarc.dist.merge.SoftmaxMerge``), not through this."""
+        (``sarc.distributed.merge.SoftmaxMerge``), not through this."""
         if not self.node_level:
             raise ValueError(f"reducer {self.name!r} finishes its (m, s, acc) partials itself")
         if self.by_degree:

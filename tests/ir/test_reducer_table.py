@@ -13,9 +13,9 @@ import torch
 
 import sarc
 from sarc.backends import torch_kernels, triton_grad, triton_kernels
-from sarc.dist import kernels as DK
-from sarc.dist import merge
-from sarc.dist.split import BLOCK_KIND, Aggregate
+from sarc.distributed import kernels as DK
+from sarc.distributed import merge
+from sarc.distributed.split import BLOCK_KIND, Aggregate
 from sarc.ir import autodiff, interpreter, ops
 from sarc.ir.reducers import REDUCE_KINDS, REDUCERS, Reducer, reducer
 from sarc.planner import cost
@@ -27,7 +27,7 @@ TABLES = [
     ("PyTorch kernels (sarc.backends.torch_kernels.SEGMENT_REDUCE)", torch_kernels.SEGMENT_REDUCE, True),
     ("Triton codegen (sarc.backends.triton_kernels.ROW_REDUCE)", triton_kernels.ROW_REDUCE, False),
     ("Triton gradients (sarc.backends.triton_grad.EXTRAS)", triton_grad.EXTRAS, True),
-    ("distributed merge (sarc.dist.merge.MERGES)", merge.MERGES, True),
+    ("distributed merge (sarc.distributed.merge.MERGES)", merge.MERGES, True),
     ("planner cost (sarc.planner.cost.SAVED_BY_REDUCER)", cost.SAVED_BY_REDUCER, True),
     ("autodiff VJP (sarc.ir.autodiff.REDUCE_VJPS)", autodiff.REDUCE_VJPS, True),
 ]
