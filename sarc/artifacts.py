@@ -1,8 +1,9 @@
-"""``sarc compile``: a model file -> IR, plan, kernels and schedules, printed and written.
+"""A model's compiled artifacts: IR, plan, kernels and schedules (what ``sarc compile``,
+``sarc.cli.compile``, prints and writes).
 
-For every ``sarc.Layer`` in the model (in module order) it traces the layer,
-runs the pass pipeline, generates the backend's code and plans the layer for
-the requested mode and worker count. It prints a summary table and writes the
+For every ``sarc.Layer`` in the model (in module order) ``compile_model`` traces the
+layer, compiles it (the pipeline and the backend's passes: the IR that runs) and plans
+the layers for the requested mode and worker count. ``write_artifacts`` writes the
 artifacts the user asks for (``--emit``) to ``--out``:
 
 - ``ir``:       ``<layer>.traced.ir`` and ``<layer>.ir`` (before / after passes)
@@ -22,9 +23,6 @@ File names come from the model's submodule names, made safe (``sarc.names.file_s
 """
 from __future__ import annotations
 
-import argparse
-import math
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +30,8 @@ from pathlib import Path
 from torch import nn
 
 from . import names
-from .atomic import atomic_directory, check_target
-from .compiler import BACKENDS, compile_function
+from .atomic import atomic_directory
+from .compiler import compile_function
 from .dsl import Layer
 from .errors import SarcError
 from .ir.function import Function
@@ -188,98 +186,3 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...], *,
 def _python_file(name: str) -> str:
     """A kernel's file name (``NAME.py``, NAME maybe from the layer's class) made safe."""
     return f"{names.file_stem(name.removesuffix('.py'))}.py"
-
-
-_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'512M', '2GiB', '1.5g', '1000000' -> bytes; anything else (negative, inf, nan, words)
-    is a ``CompileError`` naming --mem-budget."""
-    m = _SIZE.fullmatch(text.strip())
-    size = float(m[1]) * _UNITS[m[2].upper()] if m else math.nan
-    if not math.isfinite(size) or size >= 2**63:
-        raise CompileError(f"--mem-budget: cannot read {text!r} as a size: a number of bytes "
-                           f">= 0, with K, M, G or T for KiB .. TiB (e.g. 512M, 2G)")
-    return int(size)
-
-
-def add_compile_parser(sub) -> None:
-    from .cli import add_mode_arguments
-
-    p = sub.add_parser("compile", help="compile a model file and show its IR, plan, kernels, schedule",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="the model file (defines build_model and HPARAMS)")
-    add_mode_arguments(p)
-    p.add_argument("--backend", choices=BACKENDS, default="torch")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
-    p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
-    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
-    p.add_argument("--baseline", action="store_true",
-                   help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
-    p.add_argument("--emit", default="ir,plan,kernels,schedule",
-                   help=f"comma-separated artifacts to write: {', '.join(EMITS)}")
-    p.add_argument("--out", help="the directory to write the artifacts to: missing or empty, "
-                   "or a set an earlier sarc compile wrote (with --overwrite)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the set an earlier sarc compile wrote at --out")
-    p.set_defaults(func=compile_command)
-
-
-def check_compile_args(args) -> tuple[str, ...]:
-    """Every value of ``sarc compile`` checked before any work; the artifacts to emit."""
-    from .cli import check_mode_arguments, check_output_dir
-
-    check_mode_arguments(args)
-    emit = tuple(e.strip() for e in args.emit.split(",") if e.strip())
-    bad = [e for e in emit if e not in EMITS]
-    if bad:
-        raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
-    if args.workers < 1:
-        raise CompileError(f"--workers must be at least 1, got {args.workers}")
-    if args.mem_budget is not None:
-        parse_bytes(args.mem_budget)
-    check_output_dir("--out", args.out)
-    if args.out:
-        check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
-    elif args.overwrite:
-        raise CompileError("--overwrite applies to --out, which is not given")
-    return emit
-
-
-def compile_command(args) -> int:
-    from .datasets import load_dataset
-    from .loader import load_model_file
-    from .train import DEFAULTS, build
-
-    emit = check_compile_args(args)
-    spec = load_model_file(args.model)
-    hparams = {**DEFAULTS, **spec.hparams}
-    data = load_dataset(args.dataset or hparams["dataset"])
-    model = build(spec, data, hparams)
-    stats = None
-    if args.partition:
-        stats = _partition_stats(Path(args.partition))
-        if stats.num_parts != args.workers:
-            if args.workers != 1:
-                raise CompileError(f"--partition has {stats.num_parts} parts but --workers is {args.workers}")
-            args.workers = stats.num_parts
-    art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
-                        workers=args.workers, stats=stats,
-                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
-                        baseline=args.baseline, exec_mode=args.exec_mode)
-    print(format_summary(art), end="")
-    if "plan" in emit:
-        print(format_plan(art.plan), end="")
-    if args.out:
-        written = write_artifacts(art, Path(args.out), emit, overwrite=args.overwrite)
-        print(f"wrote {len(written)} files to {args.out}")
-    return 0
-
-
-def _partition_stats(path: Path) -> ShardStats:
-    """Statistics of a partition set written by ``sarc partition``."""
-    from .partition import load_partitions
-    return ShardStats.from_partition_set(load_partitions(path))

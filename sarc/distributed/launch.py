@@ -6,7 +6,7 @@
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
 by default) into a temporary directory. Then torchrun (``sarc.distributed.agent``,
-``--nproc-per-node P``) starts the workers (``sarc.distributed.worker``) with a
+``--nproc-per-node P``) starts the workers (``sarc.cli.worker``) with a
 rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo on the CPU,
 NCCL when CUDA is present. Rank 0 prints the epochs, and at the end every
 worker's peak memory and bytes sent.
@@ -15,7 +15,7 @@ Whatever ends the run (its end, a failed or killed worker or agent, SIGTERM or
 Ctrl-C, SIGKILL of ``sarc train`` itself), no process of it is left and the
 temporary directory goes; how, in ``sarc.distributed.supervise``.
 
-Across machines, run the worker under torchrun on each (see ``sarc.distributed.worker``).
+Across machines, run the worker under torchrun on each (see ``sarc.cli.worker``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_
 
 
 def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
-    """The worker's arguments, as ``sarc.distributed.worker`` parses them."""
+    """The worker's arguments, as ``sarc.cli.worker`` parses them."""
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
            "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
     if args.exec_mode:
@@ -52,7 +52,7 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
 
 def partition_dataset(args, out: Path) -> str:
     """Partition ``args.dataset`` (or the model's) into ``out``; returns the directory."""
-    from ..cli import parse_overrides
+    from ..cli.options import parse_overrides
     from ..datasets import load_dataset
     from ..loader import load_model_file
     from ..partition import partition_graph
@@ -95,7 +95,7 @@ def launch(args) -> int:
         cmd = [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
                "--master-port", str(port), "--max-restarts", str(args.max_restarts),
-               "-m", "sarc.distributed.worker", *worker_command_line(args, partition, args.json),
+               "-m", "sarc.cli.worker", *worker_command_line(args, partition, args.json),
                "--threads", str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         outcome = run_agent(cmd, env, tmp)

@@ -142,10 +142,11 @@ def test_sarc_train_checks_the_partition_before_launching(tmp_path, capsys):
 def test_sarc_worker_outside_torchrun_says_so(tmp_path, capsys, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    from sarc.distributed.worker import _run
     from sarc.cli import build_parser
+    from sarc.cli.worker import run
+    from sarc.distributed.worker import run_guarded
     args = build_parser().parse_args(["worker", str(ROOT / "models/gcn.py"), "--partition", str(tmp_path)])
-    assert _run(args) == 2
+    assert run_guarded(lambda: run(args)) == 2
     assert "runs under torchrun" in capsys.readouterr().err
 
 
@@ -189,7 +190,7 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
             assert time.monotonic() < deadline, "".join(lines)
         cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _descendants(proc.pid)}
         workers = [p for p, c in cmdlines.items()
-                   if b"sarc.distributed.worker" in c and b"sarc.distributed.agent" not in c]
+                   if b"sarc.cli.worker" in c and b"sarc.distributed.agent" not in c]
         assert len(workers) == 3, workers
         t0 = time.monotonic()
         os.kill(workers[1], signal.SIGKILL)

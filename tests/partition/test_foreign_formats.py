@@ -20,7 +20,7 @@ from sarc.errors import PartitionError
 from sarc.partition import (graph_fingerprint, load_partitions, metis_partition,
                             random_partition, read_dgl_partitions, read_pyg_partitions,
                             write_foreign)
-from sarc.partition.cli import add_partition_parser
+from sarc.cli.partition import add_partition_parser
 from sarc.partition.foreign import load_torch_file
 
 from dgl_support import require_dgl

@@ -9,7 +9,8 @@ import torch
 
 from sarc.partition import graph_fingerprint, load_partitions
 from sarc.partition.atomic import DirectoryExistsError
-from sarc.partition.cli import add_partition_parser, load_npz_graph
+from sarc.cli.partition import add_partition_parser
+from sarc.partition.graph_file import load_npz_graph
 
 from partition_graphs import CORA
 

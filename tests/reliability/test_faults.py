@@ -51,8 +51,8 @@ def processes_with(marker: Path) -> dict[int, list[bytes]]:
 
 
 def is_worker(args: list[bytes]) -> bool:
-    """``python [-u] -m sarc.distributed.worker ...`` (torchrun's command line names it too)."""
-    return b"-m" in args and args[args.index(b"-m") + 1:][:1] == [b"sarc.distributed.worker"]
+    """``python [-u] -m sarc.cli.worker ...`` (torchrun's command line names it too)."""
+    return b"-m" in args and args[args.index(b"-m") + 1:][:1] == [b"sarc.cli.worker"]
 
 
 def leftovers(tmp: Path) -> list[str]:

@@ -23,19 +23,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from ..errors import GraphError
-from .partitioners import PARTITIONERS
-from .pipeline import partition_graph
-
-EDGE_LIST = ("edge_src", "edge_dst")
+from ..partition.graph_file import load_npz_graph
+from ..partition.partitioners import PARTITIONERS
+from ..partition.pipeline import partition_graph
 
 
 def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``partition`` to ``subparsers``; the parser's default ``func`` is ``partition_command``."""
-    from ..cli import add_check_data_argument
+    from .options import add_check_data_argument
 
     p = subparsers.add_parser("partition", help="partition a graph for distributed training",
                               description=__doc__.split("\n\n")[0])
@@ -100,15 +95,15 @@ def partition_command(args) -> int:
 
 def convert_command(args) -> int:
     """``sarc partition --from-dgl`` / ``--from-pyg``: convert a foreign partition."""
-    from ..cli import UsageError
-    from .foreign import write_foreign
+    from .options import UsageError
+    from ..partition.foreign import write_foreign
 
     if args.from_dgl:
-        from .dgl_format import read_dgl_partitions
+        from ..partition.dgl_format import read_dgl_partitions
         graph = read_dgl_partitions(args.from_dgl, orig_ids=args.dgl_orig_ids,
                                     shuffled_ids=args.dgl_shuffled_ids)
     else:
-        from .pyg_format import read_pyg_partitions
+        from ..partition.pyg_format import read_pyg_partitions
         graph = read_pyg_partitions(args.from_pyg, dataset_extras=not args.no_pyg_extras)
     if args.parts is not None and args.parts != graph.num_parts:
         raise UsageError(f"--parts {args.parts}, but {args.from_dgl or args.from_pyg} has "
@@ -125,9 +120,9 @@ def convert_command(args) -> int:
 def _check_options(args) -> None:
     """Every value checked before any work (nothing read, nothing written); options that
     belong to the other kind of run (partitioning vs converting) are errors."""
-    from ..cli import (UsageError, at_least, check_input_dir, check_output_dir,
+    from .options import (UsageError, at_least, check_input_dir, check_output_dir,
                        check_seed)
-    from .atomic import check_target
+    from ..atomic import check_target
 
     at_least("--parts", args.parts, 1)
     check_seed("--seed", args.seed)
@@ -156,31 +151,3 @@ def _print_result(pset, node_data, edge_data) -> None:
     print(f"node data: {', '.join(node_data) or '-'}; edge data: {', '.join(edge_data) or '-'}")
     print(pset.stats.format())
     print(f"wrote {pset.path}")
-
-
-def load_npz_graph(path, *, check: bool = True):
-    """(src, dst, num_nodes, node_data, edge_data) of an ``.npz`` graph file.
-
-    Its arrays are checked as a dataset's are (``sarc.datasets.check_arrays``: the edge
-    list in range, and ``label``, the masks, ``feat`` and ``etype`` where present), with
-    ``edge_src``, ``edge_dst`` and ``num_nodes`` required.
-    """
-    from ..datasets import check_arrays, read_npz
-
-    raw = read_npz(path)
-    arrays = check_arrays(raw, str(path), required=(*EDGE_LIST, "num_nodes"), check=check)
-    src, dst = (torch.from_numpy(arrays[k]) for k in EDGE_LIST)
-    num_nodes = arrays["num_nodes"]
-    node_data, edge_data = {}, {}
-    for k in raw:
-        a = np.asarray(arrays[k])
-        if k in EDGE_LIST or a.ndim == 0 or a.dtype.kind not in "biuf":
-            continue
-        if k == "etype" or k.startswith("edge_"):
-            if a.shape[0] != src.numel():
-                raise GraphError(f"{path}: edge array {k!r} has {a.shape[0]} rows, "
-                                 f"the graph has {src.numel()} edges")
-            edge_data[k] = torch.from_numpy(np.ascontiguousarray(a))
-        elif a.shape[0] == num_nodes:
-            node_data[k] = torch.from_numpy(np.ascontiguousarray(a))
-    return src, dst, num_nodes, node_data, edge_data

@@ -1,0 +1,74 @@
+"""The ``sarc`` command line: one module per command (``train``, ``compile``,
+``partition``, ``worker``), each with its ``add_*_parser`` in ``SUBCOMMANDS``, and
+``options``, what they share.
+
+A subcommand is a function ``add_NAME_parser(subparsers)`` that adds its
+parser and sets ``func`` (``parser.set_defaults(func=NAME_command)``) to a
+function ``NAME_command(args) -> int`` (the exit status). Adding one is a
+line in ``SUBCOMMANDS``. A command checks every value it is given before any
+work (``check_train_args``): before a dataset is loaded or partitioned, a worker
+launched or an epoch trained; a result file's directory must exist and be
+writable by then. Errors sarc raises on the user's behalf (a mistake in the
+model file, a missing dataset, bad arguments: ``SarcError``) print as one
+``sarc: error: ...`` message, with the model file's line where there is one,
+and exit with status 2; anything else is a bug in sarc and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from ..errors import SarcError
+from .options import UsageError, parse_overrides
+
+
+def _train_parser(subparsers):
+    from .train import add_train_parser
+    return add_train_parser(subparsers)
+
+
+def _compile_parser(subparsers):
+    from .compile import add_compile_parser
+    return add_compile_parser(subparsers)
+
+
+def _partition_parser(subparsers):
+    from .partition import add_partition_parser
+    return add_partition_parser(subparsers)
+
+
+def _worker_parser(subparsers):
+    from .worker import add_worker_parser
+    return add_worker_parser(subparsers)
+
+
+SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (_train_parser, _compile_parser,
+                                                  _partition_parser, _worker_parser)
+"""Every subcommand, in the order ``sarc --help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sarc", description="sarc: a compiler for "
+                                     "distributed training of graph neural networks")
+    from .. import __version__
+    parser.add_argument("--version", action="version", version=f"sarc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SarcError as e:
+        print(f"sarc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError", "parse_overrides"]

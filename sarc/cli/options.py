@@ -1,0 +1,149 @@
+"""What every command shares: checking option values before any work, and the options
+that mean the same in every command (``--mode``, ``--exec``, ``--set``, sizes)."""
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import SarcError
+from ..planner.plan import EXEC_MODES, MODES
+
+
+class UsageError(SarcError):
+    """A command-line argument that cannot be honoured."""
+
+
+SEED_LIMIT = 2**31
+"""Seeds are 0 .. 2**31 - 1: what every seeded library here (torch, numpy, METIS) accepts."""
+
+
+MAX_TIMEOUT_S = 1e9
+"""The longest --timeout, in seconds (about 31 years; torch's timers overflow far beyond)."""
+
+
+def at_least(option: str, value: int | None, low: int) -> None:
+    """``option``'s value is None (not given) or at least ``low``."""
+    if value is not None and value < low:
+        raise UsageError(f"{option} must be at least {low}, got {value}")
+
+
+def add_mode_arguments(p, group=None) -> None:
+    """``--mode full|mfg|sampling`` (what a step computes on) and ``--exec
+    sar|oneshot|hybrid`` (how a layer's remote rows cross); one vocabulary for every
+    command. The spellings before it (``--exec-mode``, ``--mode sar``) are errors
+    naming the new one (``check_mode_arguments``)."""
+    p.add_argument("--mode", default="full", metavar="{" + ",".join(MODES) + "}",
+                   help="full (every node, every step), mfg (per step, the nodes that reach "
+                        "the seeds) or sampling (sampled neighborhoods); default full")
+    (group or p).add_argument(
+        "--exec", dest="exec_mode", choices=EXEC_MODES,
+        help="how every layer's remote rows cross: sar (one remote shard's rows at a time, "
+             "re-fetched in backward), oneshot (all remote rows fetched once and kept), "
+             "hybrid (keep what --mem-budget allows); default: the planner's")
+    p.add_argument("--exec-mode", dest="old_exec_mode", help=argparse.SUPPRESS)
+
+
+def check_mode_arguments(args) -> None:
+    if args.old_exec_mode is not None:
+        raise UsageError(f"--exec-mode is now --exec (--exec {args.old_exec_mode})")
+    if args.mode in EXEC_MODES:
+        raise UsageError(f"--mode {args.mode}: the exchange strategy is now --exec {args.mode}; "
+                         f"--mode is one of {', '.join(MODES)}")
+    if args.mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {args.mode!r}")
+
+
+def check_seed(option: str, value: int | None) -> None:
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise UsageError(f"{option} must be in 0 .. 2**31 - 1, got {value}")
+
+
+def check_timeout(option: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise UsageError(f"{option} must be a number of seconds > 0 and at most "
+                         f"{MAX_TIMEOUT_S:g}, got {seconds}")
+
+
+def check_input_dir(option: str, path: str | None) -> None:
+    """``path`` (if given) is an existing directory."""
+    if path is not None and not Path(path).is_dir():
+        raise UsageError(f"{option} {path} " + ("is not a directory" if Path(path).exists()
+                                                 else "does not exist"))
+
+
+def check_output_file(option: str, path: str | None) -> None:
+    """A file can be written at ``path`` (if given): its directory exists and is writable."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give the path of a file")
+    where = p.absolute().parent
+    if not where.exists():
+        raise UsageError(f"{option} {path}: the directory {where} does not exist")
+    _writable_dir(option, path, where)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UsageError(f"{option} {path} exists and is not writable")
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """A directory can be written at ``path`` (if given): it is one or can be made, in a
+    writable place (the directory is written beside itself, then renamed into place)."""
+    if path is None:
+        return
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {path} exists and is not a directory")
+    where = p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    _writable_dir(option, path, where)
+
+
+def _writable_dir(option: str, path: str, where: Path) -> None:
+    if not where.is_dir():
+        raise UsageError(f"{option} {path}: {where} is not a directory")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: the directory {where} is not writable")
+
+
+def add_check_data_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-check-data", dest="check_data", action="store_false",
+                   help="skip the scans of the dataset's feature values (NaN, Inf) and edge "
+                        "ids (in range), for speed on a dataset known to be sound; its "
+                        "arrays' presence, types and shapes are still checked")
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key.strip()] = value
+    return out
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'512M', '2GiB', '1.5g', '1000000' -> bytes; anything else (negative, inf, nan, words)
+    is a ``UsageError`` naming --mem-budget."""
+    m = _SIZE.fullmatch(text.strip())
+    size = float(m[1]) * _UNITS[m[2].upper()] if m else math.nan
+    if not math.isfinite(size) or size >= 2**63:
+        raise UsageError(f"--mem-budget: cannot read {text!r} as a size: a number of bytes "
+                           f">= 0, with K, M, G or T for KiB .. TiB (e.g. 512M, 2G)")
+    return int(size)

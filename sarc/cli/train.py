@@ -1,0 +1,121 @@
+"""``sarc train``: a model file trained on a dataset, on one process or P workers."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..checkpoint import add_checkpoint_arguments, checkpoint_config
+from .options import (UsageError, add_check_data_argument, add_mode_arguments, at_least,
+                      check_input_dir, check_mode_arguments, check_output_file, check_seed,
+                      check_timeout, parse_bytes, parse_overrides)
+
+
+def check_train_args(args):
+    """Every value of ``sarc train`` checked, before any data is loaded, partitioned or
+    trained on: the (spec, hyperparameters) of the run. The model file is imported here:
+    ``--set`` is checked against its ``HPARAMS`` and ``build_model``."""
+    from ..loader import load_model_file
+    from ..train import hyperparameters
+
+    at_least("--workers", args.workers, 1)
+    check_mode_arguments(args)
+    if args.mode != "full":
+        raise UsageError(f"--mode {args.mode}: sarc train trains full-batch (--mode full); "
+                         f"`sarc compile --mode {args.mode}` prints that mode's plan")
+    if args.workers > 1 or args.partition:
+        if args.quiet:
+            raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+    else:
+        given = [f for f, on in (("--exec", args.exec_mode), ("--mem-budget", args.mem_budget),
+                                 ("--baseline", args.baseline),
+                                 ("--max-restarts", args.max_restarts),
+                                 ("--master-port", args.master_port is not None)) if on]
+        if given:
+            raise UsageError(f"{', '.join(given)}: distributed options; they need --workers > 1 "
+                             f"(or a --partition)")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
+    at_least("--max-restarts", args.max_restarts, 0)
+    at_least("--epochs", args.epochs, 1)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--threads", args.threads, 1)
+    check_seed("--seed", args.seed)
+    check_timeout("--timeout", args.timeout)
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_input_dir("--data-dir", args.data_dir)
+    check_output_file("--json", args.json)
+    check_output_file("--save", args.save)
+    spec = load_model_file(args.model)
+    return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train", help="train a model file on a node-classification dataset",
+        description="Train the model of MODEL.py (its build_model and HPARAMS) full-batch "
+                    "on one process, and report validation-selected test accuracy.")
+    p.add_argument("model", metavar="MODEL.py", help="the model file (defines build_model and HPARAMS)")
+    p.add_argument("--dataset", help="dataset name (cora, aifb, citeseer, pubmed) or .npz path "
+                   "(default: the model's HPARAMS['dataset'], else cora)")
+    p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
+    add_check_data_argument(p)
+    p.add_argument("--epochs", type=int, help="most epochs (default: the model's HPARAMS)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes: 1 trains in this process; P > 1 launches P workers through "
+                        "torchrun on this machine (gloo, or NCCL with CUDA), each on a shard")
+    dist = p.add_argument_group("distributed training (--workers > 1)")
+    add_mode_arguments(p, dist)
+    dist.add_argument("--partition", metavar="DIR",
+                      help="a partition set (sarc partition) with one part per worker; "
+                           "default: partition the dataset into a temporary directory")
+    dist.add_argument("--method", choices=("metis", "random"), default="metis",
+                      help="how to partition when no --partition is given (default metis)")
+    dist.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    dist.add_argument("--baseline", action="store_true",
+                      help="the SAR-equivalent schedule: the raw layer input crosses the "
+                           "network, no online softmax")
+    dist.add_argument("--timeout", type=float, default=120.0,
+                      help="seconds a worker waits for a peer before giving up (default 120)")
+    dist.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                      help="when a worker dies, restart all workers up to K times; with "
+                           "--checkpoint they resume from the latest checkpoint (default 0)")
+    dist.add_argument("--master-port", type=int, metavar="PORT",
+                      help="the rendezvous port on 127.0.0.1 (default: a free one)")
+    add_checkpoint_arguments(p)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
+    p.add_argument("--log-every", type=int, default=1, help="print every N-th epoch (default 1)")
+    p.add_argument("--quiet", action="store_true", help="print only the final result")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
+    p.set_defaults(func=train_command)
+    return p
+
+
+def train_command(args) -> int:
+    from ..datasets import load_dataset
+    from ..train import train
+
+    checkpoint = checkpoint_config(args)
+    spec, hp = check_train_args(args)
+    if args.workers > 1 or args.partition:
+        from ..distributed.launch import launch
+        return launch(args)
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
+    data = load_dataset(args.dataset or hp["dataset"], args.data_dir, check=args.check_data)
+    result = train(spec, data, epochs=args.epochs, seed=args.seed,
+                   hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
+                   log_every=args.log_every, checkpoint=checkpoint, save=args.save)
+    if args.quiet:
+        print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
+              f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "
+              f"epoch {result['best_epoch']} of {result['epochs']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
+            f.write("\n")
+    return 0

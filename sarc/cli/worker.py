@@ -1,0 +1,100 @@
+"""``sarc worker`` and ``python -m sarc.cli.worker``: the command line of one worker of a
+distributed run (``sarc.distributed.worker``), as torchrun starts it:
+
+    torchrun --nproc-per-node P -m sarc.cli.worker MODEL.py --partition DIR [options]
+
+``sarc train --workers P`` starts it on this machine; across machines, run it under
+torchrun on each. Every value is checked before the worker joins its group.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..checkpoint import add_checkpoint_arguments, checkpoint_config
+from .options import (UsageError, add_mode_arguments, at_least, check_input_dir,
+                      check_mode_arguments, check_output_file, check_seed, check_timeout,
+                      parse_bytes, parse_overrides)
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
+    p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
+    add_mode_arguments(p)
+    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    p.add_argument("--baseline", action="store_true",
+                   help="the SAR-equivalent schedule: raw input crosses, no online softmax")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--threads", type=int, help="torch CPU threads per worker")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds any collective or exchange may wait for a peer (default 120)")
+    p.add_argument("--json", metavar="PATH", help="rank 0 writes the result as JSON to PATH")
+    p.add_argument("--dataset", help="the dataset's name, recorded in checkpoints and --save files")
+    add_checkpoint_arguments(p)
+
+
+def add_worker_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("worker", help="one worker of a distributed run (under torchrun)",
+                              description=__doc__.split("\n\n")[0])
+    add_worker_arguments(p)
+    p.set_defaults(func=worker_command)
+    return p
+
+
+def check_worker_args(args) -> None:
+    """Every option value checked before the worker joins its group (a bad one would
+    otherwise fail inside the run, or after it)."""
+    check_mode_arguments(args)
+    if args.mode != "full":
+        raise UsageError(f"--mode {args.mode}: the worker trains full-batch (--mode full)")
+    at_least("--epochs", args.epochs, 1)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--threads", args.threads, 1)
+    check_seed("--seed", args.seed)
+    check_timeout("--timeout", args.timeout)
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_input_dir("--partition", args.partition)
+    check_output_file("--json", args.json)
+
+
+def worker_command(args) -> None:
+    """``sarc worker``: the worker's run, in a process that ends with its torchrun agent."""
+    from ..distributed.worker import enter
+
+    enter(lambda: run(args))
+
+
+def run(args) -> int:
+    """The checked options as the worker's configuration, then its run (its exit status)."""
+    from ..distributed.train import WorkerConfig
+    from ..distributed.worker import run_worker
+    from ..loader import load_model_file
+    from ..train import hyperparameters
+
+    check_worker_args(args)
+    cfg = WorkerConfig(partition=args.partition, exec_mode=args.exec_mode,
+                       mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
+                       baseline=args.baseline, epochs=args.epochs, seed=args.seed,
+                       hparams=parse_overrides(args.overrides), log_every=args.log_every,
+                       json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
+                       checkpoint=checkpoint_config(args), save_path=args.save)
+    spec = load_model_file(args.model)
+    hyperparameters(spec, cfg.hparams, epochs=args.epochs)  # before the group forms
+    return run_worker(spec, cfg, threads=args.threads)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..distributed.worker import enter
+
+    p = argparse.ArgumentParser(prog="python -m sarc.cli.worker",
+                                description=__doc__.split("\n\n")[0])
+    add_worker_arguments(p)
+    args = p.parse_args(argv)
+    enter(lambda: run(args))
+
+
+if __name__ == "__main__":
+    main()
