@@ -9,8 +9,7 @@ from .dsl import (INDEX, Feature, Layer, TypedLinear, edge_softmax, glorot_, max
 from .errors import DSLError, GraphError, SarcError
 from .graph import Graph
 from .trace import concat, dropout, elu, leaky_relu, linear
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "max", "min",
            "edge_softmax", "dropout", "leaky_relu", "elu", "concat", "linear", "glorot_",

@@ -234,7 +234,7 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
 
 
 def _write_manifest(tmp: Path, kind: str) -> None:
-    from . import __version__
+    from .version import __version__
     files = [f for f in _files_under(tmp) if f != MANIFEST]
     meta = {"format": FORMAT, "version": VERSION, "kind": kind,
             "created_by": f"sarc {__version__}", "files": files}

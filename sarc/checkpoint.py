@@ -331,7 +331,7 @@ def check_launch(args, partition: str) -> None:
     """What the workers of ``sarc train --workers P`` (``args``) would refuse in the
     checkpoint directory, refused before any starts (a refused resume is not retried
     ``--max-restarts`` times)."""
-    from .cli.options import parse_overrides
+    from .loader import parse_overrides
     from .loader import load_model_file
     from .partition import load_partitions
     from .train import DEFAULTS

@@ -15,6 +15,7 @@ classes:
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import sys
@@ -29,6 +30,10 @@ from .errors import SarcError
 
 class ModelFileError(SarcError):
     """A model file cannot be loaded or does not follow the convention."""
+
+
+class OverrideError(SarcError):
+    """A ``--set KEY=VALUE`` that is not of that form."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,21 @@ def load_model_file(path: str | Path) -> ModelSpec:
         raise ModelFileError(f"{_user_frame(e, resolved)}importing {path} failed: "
                              f"{type(e).__name__}: {e}") from e
     return ModelSpec.from_namespace(p.stem, vars(module), str(path))
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise OverrideError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        out[key.strip()] = value
+    return out
 
 
 def _layers_hint(namespace: dict[str, Any]) -> str:

@@ -31,7 +31,8 @@ from ..ir.printer import format_value
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
-from .torch_backend import LOWERING, _arg, _region_function, region_sides, region_width
+from ..ir.patterns import arg_index, region_sides, region_width
+from .torch_backend import LOWERING, _region_function
 
 Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
 
@@ -85,7 +86,7 @@ def _dict(items: list[tuple[str, str]]) -> str:
 
 def _value_src_index(v: Value) -> str:
     value = v.attr["value"]
-    z = _arg(value, value.result, "src")
+    z = arg_index(value, value.result, "src")
     return "None" if z is None else str(z)
 
 

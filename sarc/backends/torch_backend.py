@@ -22,9 +22,10 @@ from torch.autograd.function import once_differentiable
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
-from ..ir.reducers import reducer
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
+from ..ir.patterns import (arg_index, region_sides, region_width, spmm_pattern,
+                           typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from ..names import literal
@@ -67,91 +68,6 @@ def _dtype(v: Value) -> str:
                        "f64": "float64", "i64": "int64"}[v.type.dtype.value]
 
 
-def region_sides(v: Value) -> tuple[str, ...]:
-    """How a fused op reads each operand (src / dst / edge / param), from its regions."""
-    sides: dict[int, str] = {}
-    for _, r in v.attrs:
-        if isinstance(r, Region):
-            for a in r.values:
-                if a.op is Op.ARG:
-                    sides[a.attr["index"]] = a.attr["side"]
-    return tuple(sides[k] for k in range(len(v.inputs)))
-
-
-def region_width(v: Value) -> int:
-    """The widest per-edge row (elements) any of a fused op's regions computes."""
-    width = 1
-    for _, r in v.attrs:
-        if isinstance(r, Region):
-            for a in r.values:
-                n = 1
-                for d in a.type.feat:
-                    n *= d
-                width = max(width, n)
-    return width
-
-
-def _arg(r: Region, j: int, side: str | None = None) -> int | None:
-    """The operand index value ``j`` of ``r`` reads, if it is an ARG (of ``side``)."""
-    v = r.values[j]
-    if v.op is Op.ARG and (side is None or v.attr["side"] == side):
-        return v.attr["index"]
-    return None
-
-
-def _edge_scalar(r: Region, j: int) -> int | None:
-    """The operand read by ``j`` if it is one scalar per edge (maybe reshaped to [1, ..])."""
-    v = r.values[j]
-    while v.op is Op.RESHAPE and all(d == 1 for d in v.type.feat):
-        j = v.inputs[0]
-        v = r.values[j]
-    return _arg(r, j, "edge") if (v.op is Op.ARG and all(d == 1 for d in v.type.feat)) else None
-
-
-def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
-    """(feature operand, edge-weight operand or None, its side) when an aggregate is a
-    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]`` (x may
-    also be an edge value: a weighted segment sum)."""
-    if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
-        return None
-    r = v.attr["body"]
-    res = r.values[r.result]
-    x = _arg(r, r.result, "src")
-    if x is not None:
-        return x, None, "src"
-    if res.op is Op.MUL:
-        a, b = res.inputs
-        for p, q in ((a, b), (b, a)):
-            w = _edge_scalar(r, q)
-            for side in ("src", "edge"):
-                x = _arg(r, p, side)
-                if x is not None and w is not None and w != x and r.values[p].type == res.type:
-                    return x, w, side
-    return None
-
-
-def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
-    """(x, table, types, weight or None) operands when an aggregate sums
-    ``typed_linear(x[src], table, types[e]) [* w[e]]`` (see passes.fuse_typed)."""
-    if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
-        return None
-    r = v.attr["body"]
-    res, w = r.result, None
-    if r.values[res].op is Op.MUL:
-        a, b = r.values[res].inputs
-        for p, q in ((a, b), (b, a)):
-            if r.values[p].op is Op.TYPED_LINEAR and _edge_scalar(r, q) is not None:
-                res, w = p, _edge_scalar(r, q)
-                break
-    t = r.values[res]
-    if t.op is not Op.TYPED_LINEAR:
-        return None
-    x, table, types = (_arg(r, j, s) for j, s in zip(t.inputs, ("src", "param", "edge")))
-    if None in (x, table, types) or r.values[r.result].type.feat != t.type.feat:
-        return None
-    return x, table, types, w
-
-
 def _fused(v: Value, a: list[str]) -> str:
     """Fused ops get their region functions' names first, then their operands.
 
@@ -174,7 +90,7 @@ def _fused(v: Value, a: list[str]) -> str:
         return f"K.spmm({literal(v.attr['kind'])}, g, {operands[x]}{weight}, {literal(side)})"
     if v.op is Op.SOFTMAX_AGGREGATE:
         value = v.attr["value"]
-        z = _arg(value, value.result, "src")
+        z = arg_index(value, value.result, "src")
         if z is not None:
             return f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, g, {', '.join(operands)})"
     if v.op is Op.SDDMM:

@@ -51,6 +51,7 @@ from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
+from ..ir.patterns import region_sides
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
@@ -194,7 +195,7 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
     types = [fn.values[j].type for j in v.inputs]
     if v.op in (Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE):
         regions = {k: r for k, r in v.attrs if isinstance(r, Region)}
-        sides = torch_backend.region_sides(v)
+        sides = region_sides(v)
         kind = {Op.SDDMM: "sddmm", Op.SOFTMAX_AGGREGATE: "softmax"}.get(v.op) or v.attr["kind"]
         return _fused_plan(origin, prefix, v, kind, "dst", regions, types, sides)
     if v.op is Op.REDUCE:

@@ -20,7 +20,8 @@ import sys
 from typing import Any, Callable
 
 from ..errors import SarcError
-from .options import UsageError, parse_overrides
+from ..loader import parse_overrides
+from .options import UsageError
 
 
 def _train_parser(subparsers):
@@ -51,7 +52,7 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (_train_parser, _compile_parser,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sarc", description="sarc: a compiler for "
                                      "distributed training of graph neural networks")
-    from .. import __version__
+    from ..version import __version__
     parser.add_argument("--version", action="version", version=f"sarc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:

@@ -3,12 +3,10 @@ that mean the same in every command (``--mode``, ``--exec``, ``--set``, sizes)."
 from __future__ import annotations
 
 import argparse
-import ast
 import math
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from ..errors import SarcError
 from ..planner.plan import EXEC_MODES, MODES
@@ -117,21 +115,6 @@ def add_check_data_argument(p: argparse.ArgumentParser) -> None:
                    help="skip the scans of the dataset's feature values (NaN, Inf) and edge "
                         "ids (in range), for speed on a dataset known to be sound; its "
                         "arrays' presence, types and shapes are still checked")
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        out[key.strip()] = value
-    return out
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)

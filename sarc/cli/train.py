@@ -5,9 +5,10 @@ import argparse
 import json
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
+from ..loader import parse_overrides
 from .options import (UsageError, add_check_data_argument, add_mode_arguments, at_least,
                       check_input_dir, check_mode_arguments, check_output_file, check_seed,
-                      check_timeout, parse_bytes, parse_overrides)
+                      check_timeout, parse_bytes)
 
 
 def check_train_args(args):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
+from ..loader import parse_overrides
 from .options import (UsageError, add_mode_arguments, at_least, check_input_dir,
                       check_mode_arguments, check_output_file, check_seed, check_timeout,
-                      parse_bytes, parse_overrides)
+                      parse_bytes)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:

@@ -52,7 +52,7 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
 
 def partition_dataset(args, out: Path) -> str:
     """Partition ``args.dataset`` (or the model's) into ``out``; returns the directory."""
-    from ..cli.options import parse_overrides
+    from ..loader import parse_overrides
     from ..datasets import load_dataset
     from ..loader import load_model_file
     from ..partition import partition_graph

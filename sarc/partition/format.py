@@ -27,7 +27,7 @@ from typing import Iterable, Mapping
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..errors import PartitionError
 from ..atomic import atomic_directory
 from .fingerprint import graph_fingerprint

@@ -52,7 +52,7 @@ def nbytes(t: TensorType) -> sympy.Expr:
 def _saved(values, i: int, v: Value) -> list[tuple[object, TensorType]]:
     """(identity, type) of each tensor value ``i`` keeps for its backward."""
     if v.op in FUSED:
-        from ..backends.torch_backend import spmm_pattern, typed_spmm_pattern
+        from ..ir.patterns import spmm_pattern, typed_spmm_pattern
         pattern = spmm_pattern(v)
         typed = typed_spmm_pattern(v)
         if pattern is not None or typed is not None:  # a sparse product keeps its edge weights
@@ -174,7 +174,7 @@ def _region_naive(r: Region) -> sympy.Expr:
 
 def fused_traffic(fn: Function) -> list[Traffic]:
     """``Traffic`` of each fused op of ``fn`` (an optimized layer), in order."""
-    from ..backends.torch_backend import region_sides
+    from ..ir.patterns import region_sides
     out = []
     for i, v in enumerate(fn.values):
         if v.op is Op.TYPED_LINEAR and fn.values[v.inputs[0]].op in (Op.GATHER_SRC, Op.GATHER_DST):
@@ -236,7 +236,7 @@ def src_operands(fn: Function) -> list[int]:
         if v.op is Op.GATHER_SRC:
             out.append(v.inputs[0])
         elif v.op in FUSED:
-            from ..backends.torch_backend import region_sides
+            from ..ir.patterns import region_sides
             for j, side in zip(v.inputs, region_sides(v)):
                 if side == "src":
                     out.append(j)
