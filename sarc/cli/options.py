@@ -130,3 +130,16 @@ def parse_bytes(text: str) -> int:
         raise UsageError(f"--mem-budget: cannot read {text!r} as a size: a number of bytes "
                            f">= 0, with K, M, G or T for KiB .. TiB (e.g. 512M, 2G)")
     return int(size)
+
+
+def check_run_options(args) -> None:
+    """The options ``sarc train`` and its workers share: counts, seed, timeout, memory
+    budget, the result file's folder."""
+    at_least("--epochs", args.epochs, 1)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--threads", args.threads, 1)
+    check_seed("--seed", args.seed)
+    check_timeout("--timeout", args.timeout)
+    if args.mem_budget is not None:
+        parse_bytes(args.mem_budget)
+    check_output_file("--json", args.json)

@@ -7,8 +7,8 @@ import json
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
 from .options import (UsageError, add_check_data_argument, add_mode_arguments, at_least,
-                      check_input_dir, check_mode_arguments, check_output_file, check_seed,
-                      check_timeout, parse_bytes)
+                      check_input_dir, check_mode_arguments, check_output_file,
+                      check_run_options)
 
 
 def check_train_args(args):
@@ -37,15 +37,8 @@ def check_train_args(args):
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
     at_least("--max-restarts", args.max_restarts, 0)
-    at_least("--epochs", args.epochs, 1)
-    at_least("--log-every", args.log_every, 1)
-    at_least("--threads", args.threads, 1)
-    check_seed("--seed", args.seed)
-    check_timeout("--timeout", args.timeout)
-    if args.mem_budget is not None:
-        parse_bytes(args.mem_budget)
+    check_run_options(args)
     check_input_dir("--data-dir", args.data_dir)
-    check_output_file("--json", args.json)
     check_output_file("--save", args.save)
     spec = load_model_file(args.model)
     return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)

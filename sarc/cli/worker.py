@@ -12,9 +12,8 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, add_mode_arguments, at_least, check_input_dir,
-                      check_mode_arguments, check_output_file, check_seed, check_timeout,
-                      parse_bytes)
+from .options import (UsageError, add_mode_arguments, check_input_dir, check_mode_arguments,
+                      check_run_options, parse_bytes)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,15 +49,8 @@ def check_worker_args(args) -> None:
     check_mode_arguments(args)
     if args.mode != "full":
         raise UsageError(f"--mode {args.mode}: the worker trains full-batch (--mode full)")
-    at_least("--epochs", args.epochs, 1)
-    at_least("--log-every", args.log_every, 1)
-    at_least("--threads", args.threads, 1)
-    check_seed("--seed", args.seed)
-    check_timeout("--timeout", args.timeout)
-    if args.mem_budget is not None:
-        parse_bytes(args.mem_budget)
+    check_run_options(args)
     check_input_dir("--partition", args.partition)
-    check_output_file("--json", args.json)
 
 
 def worker_command(args) -> None:

@@ -47,7 +47,7 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     rank = int(os.environ["RANK"])
     if threads:
         torch.set_num_threads(threads)
-    cfg = _resuming(cfg)
+    cfg = dataclasses.replace(cfg, checkpoint=_resuming(cfg.checkpoint))
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -88,7 +88,17 @@ def test_compile_cli_subprocess(tmp_path):
     assert "softmax_aggregate" in r.stdout or "aggregate" in r.stdout
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+def _triton_missing() -> str | None:
+    from sarc.backends.triton_backend import TritonUnavailable, check_triton
+    try:
+        check_triton()
+    except TritonUnavailable as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.skipif(
+    _triton_missing() is not None, reason=_triton_missing() or ""))])
 @pytest.mark.parametrize("model", MODEL_FILES, ids=lambda p: p.stem)
 def test_printed_ir_and_plan_are_what_runs(model, backend):
     """The IR ``sarc compile`` prints and plans is the kernel's own (the pipeline and the
