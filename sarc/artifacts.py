@@ -31,7 +31,7 @@ from torch import nn
 
 from . import names
 from .atomic import atomic_directory
-from .compiler import compile_function
+from .compiler import compile_layer
 from .dsl import Layer
 from .errors import SarcError
 from .ir.function import Function
@@ -82,8 +82,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     compiled = []
     for lname, layer in find_layers(model):
         traced = layer.trace()
-        kernel = compile_function(traced, backend=backend)
-        optimized = kernel.function  # the IR that runs: the pipeline and the backend's passes
+        compiled_layer = compile_layer(traced, backend=backend)
+        kernel, optimized = compiled_layer.kernel, compiled_layer.optimized  # the IR that runs
         files = tuple(kernel.kernel_files().items()) if hasattr(kernel, "kernel_files") else ()
         compiled.append(CompiledLayer(lname, traced, optimized, kernel.source, files))
     plan = plan_model([(c.name, c.optimized) for c in compiled], mode=mode, workers=workers,

@@ -1,7 +1,10 @@
-"""The compilation pipeline, top to bottom: trace -> verify -> passes -> backend."""
+"""The compilation pipeline, top to bottom: a traced layer -> verify -> grad -> passes and
+the backend's passes -> the backend's kernel (``STAGES``, run by ``compile_layer``)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
+from typing import Callable
 
 from .ir.autodiff import grad
 from .ir.function import Function
@@ -46,24 +49,64 @@ AUTODIFF = ("torch", "ir")
 layer's backward IR (``sarc.ir.autodiff``), optimized and compiled like the layer."""
 
 
-def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,
-                     autodiff: str = "torch"):
-    """Optimize ``fn`` with ``passes`` and hand it to ``backend``; returns a callable kernel."""
+@dataclass(frozen=True)
+class Compilation:
+    """Every stage's result for one layer: what ``sarc compile`` prints is what runs."""
+
+    backend: str
+    traced: Function                  # as the tracer built it
+    verified: Function                # checked (sarc.ir.verifier)
+    backward: Function | None         # the layer's backward IR, optimized (autodiff="ir")
+    optimized: Function               # after the pipeline and the backend's own passes
+    kernel: object                    # the backend's callable kernel (its ``function`` is ``optimized``)
+
+
+def _verify(c: dict) -> None:
+    c["verified"] = verify(c["traced"])
+
+
+def _grad(c: dict) -> None:
+    # autodiff differentiates the verified layer; the passes then optimize both
+    c["backward"] = (optimize(grad(c["verified"]), c["passes"]) if c["autodiff"] == "ir"
+                     else None)
+
+
+def _optimize(c: dict) -> None:
+    c["optimized"] = optimize(c["verified"], c["passes"])
+
+
+def _lower(c: dict) -> None:
+    if c["backend"] == "torch":
+        from .backends import torch_backend as backend
+    else:
+        from .backends import triton_backend as backend
+    c["kernel"] = backend.compile(c["optimized"], c["backward"])
+
+
+STAGES: tuple[tuple[str, Callable[[dict], None]], ...] = (
+    ("verify", _verify), ("grad", _grad), ("optimize", _optimize), ("lower", _lower))
+"""The compile stages, in order; each reads and adds entries of the compilation's record.
+``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``BACKEND_PASSES``)."""
+
+
+def compile_layer(fn: Function, backend: str = "torch", passes=PIPELINE,
+                  autodiff: str = "torch") -> Compilation:
+    """Run ``STAGES`` on the traced layer ``fn``; every stage's result."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if autodiff not in AUTODIFF:
         raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
-    fn = verify(fn)
-    # autodiff differentiates the traced layer: the passes then optimize both
     extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
-    backward = optimize(grad(fn), (*passes, *extra)) if autodiff == "ir" else None
-    fn = optimize(fn, (*passes, *extra))
-    if backend == "torch":
-        from .backends import torch_backend
-        kernel = torch_backend.compile(fn, backward)
-    elif backend == "triton":
-        from .backends import triton_backend
-        kernel = triton_backend.compile(fn, backward)
-    if debug_level() >= 1:
-        print(f"--- sarc: {fn.name} ({backend}) -> {kernel.path} ---")
-    return kernel
+    record = {"traced": fn, "backend": backend, "autodiff": autodiff,
+              "passes": (*passes, *extra)}
+    for name, stage in STAGES:
+        stage(record)
+        if debug_level() >= 1 and name == "lower":
+            print(f"--- sarc: {fn.name} ({backend}) -> {record['kernel'].path} ---")
+    return Compilation(**{f.name: record[f.name] for f in fields(Compilation)})
+
+
+def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,
+                     autodiff: str = "torch"):
+    """The backend's callable kernel of the traced layer ``fn`` (``compile_layer``)."""
+    return compile_layer(fn, backend, passes, autodiff).kernel

@@ -132,3 +132,20 @@ def test_rgcn_plan_keeps_what_the_torch_kernel_keeps():
     net = build(spec, load_dataset(hp["dataset"]), hp)
     plan = compile_model(net, spec.name, backend="torch").plan
     assert [str(lp.saved["edge"]) for lp in plan.layers] == ["4*E", "4*E"]
+
+
+def test_compile_layer_returns_every_stage():
+    """``compile_layer`` runs ``STAGES`` in order and keeps each stage's result; the kernel
+    runs the IR it reports, and the backward IR exists only with autodiff="ir"."""
+    from sarc.compiler import STAGES, compile_layer
+    from sarc.ir.printer import format_function
+    from gat import GATLayer
+
+    layer = GATLayer(6, 3, heads=2)
+    assert [name for name, _ in STAGES] == ["verify", "grad", "optimize", "lower"]
+    c = compile_layer(layer.trace())
+    assert c.backward is None and c.kernel.function is c.optimized
+    assert len(c.optimized.values) < len(c.traced.values)  # the passes ran
+    d = compile_layer(layer.trace(), autodiff="ir")
+    assert d.backward is not None and d.kernel.backward.function is d.backward
+    assert format_function(d.optimized) == format_function(c.optimized)
