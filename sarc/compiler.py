@@ -90,8 +90,9 @@ STAGES: tuple[tuple[str, Callable[[dict], None]], ...] = (
 
 
 def compile_layer(fn: Function, backend: str = "torch", passes=PIPELINE,
-                  autodiff: str = "torch") -> Compilation:
-    """Run ``STAGES`` on the traced layer ``fn``; every stage's result."""
+                  autodiff: str = "torch", through: str = "lower") -> Compilation:
+    """Run ``STAGES`` on the traced layer ``fn``, up to and including ``through``; every
+    stage's result (None for the stages not run)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if autodiff not in AUTODIFF:
@@ -99,11 +100,15 @@ def compile_layer(fn: Function, backend: str = "torch", passes=PIPELINE,
     extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
     record = {"traced": fn, "backend": backend, "autodiff": autodiff,
               "passes": (*passes, *extra)}
+    if through not in dict(STAGES):
+        raise ValueError(f"unknown stage {through!r}; stages: {', '.join(n for n, _ in STAGES)}")
     for name, stage in STAGES:
         stage(record)
-        if debug_level() >= 1 and name == "lower":
-            print(f"--- sarc: {fn.name} ({backend}) -> {record['kernel'].path} ---")
-    return Compilation(**{f.name: record[f.name] for f in fields(Compilation)})
+        if name == through:
+            break
+    if debug_level() >= 1 and "kernel" in record:
+        print(f"--- sarc: {fn.name} ({backend}) -> {record['kernel'].path} ---")
+    return Compilation(**{f.name: record.get(f.name) for f in fields(Compilation)})
 
 
 def compile_function(fn: Function, backend: str = "torch", passes=PIPELINE,

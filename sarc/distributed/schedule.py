@@ -22,12 +22,11 @@ from types import SimpleNamespace
 import torch
 
 from ..backends import dist_backend
-from ..compiler import optimize
+from .. import compiler
 from ..graph import Graph
 from ..ir import rng
 from ..ir.ops import Op
 from ..ir.types import Domain
-from ..ir.verifier import verify
 from ..planner.plan import LayerPlan, plan_layer
 from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
@@ -56,7 +55,9 @@ class LayerProgram:
 
 
 def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
-    fn = optimize(verify(layer.trace()))
+    # the layer's IR as it runs on one process (the pipeline and the torch backend's passes,
+    # whose kernels run the blocks), cut at the exchange below
+    fn = compiler.compile_layer(layer.trace(), "torch", through="optimize").optimized
     lp = plan_layer(name, fn, mode="full", workers=dg.size, stats=dg.stats,
                     mem_budget=dg.mem_budget, baseline=dg.baseline, exec_mode=dg.exec_mode,
                     inputs_need_grad=inputs_need_grad)
