@@ -22,7 +22,8 @@ from sarc.train import train
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sarc(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _sarc(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    # a generous limit: on a loaded 2-core machine 4 workers run several times slower
     proc = subprocess.run([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -139,7 +139,8 @@ def test_distributed_resume_after_a_killed_worker(tmp_path):
     _ok(_train(tmp_path / "ref", *common, "--save", tmp_path / "ref.pt"))
     proc = _ok(_train(tmp_path / "ckpt", *common, "--max-restarts", "1", "--save",
                       tmp_path / "model.pt", env={"SARC_TEST_KILL_AT": "1:5"}))
-    assert "sarc worker 0: error" in proc.stderr  # the survivor saw its peer die
+    # the survivor may report its peer's death or be stopped by torchrun first: either way
+    # the workers restart and resume from epoch 4's checkpoint
     assert "resuming from" in proc.stdout and "epoch 4 done" in proc.stdout
     mine, theirs = _final_files(tmp_path / "ckpt"), _final_files(tmp_path / "ref")
     assert sorted(mine) == sorted(theirs) == ["epoch-000006.rank-0.pt", "epoch-000006.rank-1.pt"]
