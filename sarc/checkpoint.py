@@ -38,7 +38,7 @@ import random
 import re
 import signal
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -285,12 +285,26 @@ def training_state(model: nn.Module, opt: torch.optim.Optimizer, selection, *, l
             "rng": rng_state()}
 
 
-def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer, selection) -> None:
-    """Put ``state`` (``training_state``) back, random states last."""
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands after its last saved epoch; a fresh run is at epoch 0."""
+
+    epoch: int = 0
+    stopped_early: bool = False
+    elapsed_s: float = 0.0
+    loss: float = float("nan")
+    acc: dict = field(default_factory=dict)
+
+
+def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer,
+                     selection) -> Progress:
+    """Put ``state`` (``training_state``) back, random states last; where the run stands."""
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     selection.load_state_dict(state["selection"])
     set_rng_state(state["rng"])
+    return Progress(state["epoch"], state["stopped_early"], state["elapsed_s"],
+                    state["last"]["loss"], state["last"]["acc"])
 
 
 def injected_kill(rank: int, epoch: int) -> None:
@@ -369,6 +383,16 @@ class Checkpointer:
             if m is not None:
                 raise CheckpointError(m if r == self.rank else f"worker {r}: {m}")
         return got
+
+    def resume(self, model: nn.Module, opt: torch.optim.Optimizer, selection) -> Progress:
+        """The latest checkpoint's state put back (collective, ``load``), or a fresh start."""
+        state = self.load()
+        return Progress() if state is None else restore_training(state, model, opt, selection)
+
+    def due(self, epoch: int, stopped: bool, last: int) -> bool:
+        """Whether the run saves after ``epoch``: every ``--checkpoint-every``, on an early
+        stop and at the last epoch."""
+        return stopped or epoch % self.cfg.every == 0 or epoch == last
 
     def load(self) -> dict | None:
         """This worker's state of the checkpoint in DIR (collective); None to start fresh.

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import (CheckpointConfig, Checkpointer, injected_kill, restore_training,
-                         run_record, save_model, seed_all, training_state)
+from .checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill, run_record,
+                         save_model, seed_all, training_state)
 from .datasets import Dataset, add_self_loops, check_dataset, load_dataset
 from .errors import SarcError
 from .graph import Graph
@@ -347,12 +347,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         run = run_record(spec, hp, seed=seed, dataset=data.name,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
     ckpt = Checkpointer(checkpoint, run, log=say) if checkpoint is not None else None
-    state = ckpt.load() if ckpt is not None else None
-    epoch, acc, loss, stop, before = 0, {}, float("nan"), False, 0.0
-    if state is not None:
-        restore_training(state, model, opt, selection)
-        epoch, stop, before = state["epoch"], state["stopped_early"], state["elapsed_s"]
-        loss, acc = state["last"]["loss"], state["last"]["acc"]
+    at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
+    epoch, acc, loss, stop, before = at.epoch, at.acc, at.loss, at.stopped_early, at.elapsed_s
     last = int(hp["epochs"])
     t_start = time.perf_counter()
     for epoch in range(epoch + 1, 0 if stop else last + 1):
@@ -374,7 +370,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         stop = selection.update(epoch, acc, val_loss, model)
         if stop:
             say(selection.stop_message(epoch))
-        if ckpt is not None and (stop or epoch % checkpoint.every == 0 or epoch == last):
+        if ckpt is not None and ckpt.due(epoch, stop, last):
             ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
                                             stopped_early=stop,
                                             elapsed_s=before + time.perf_counter() - t_start))

@@ -31,14 +31,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import (CheckpointConfig, Checkpointer, injected_kill, partition_fingerprint,
-                          restore_training, run_record, save_model, seed_all,
+from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill,
+                          partition_fingerprint, run_record, save_model, seed_all,
                           training_state)
 from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
-from ..train import DEFAULTS, EmbeddingInput, ModelSelection, TrainError
+from ..train import EmbeddingInput, ModelSelection, TrainError, hyperparameters
 from .exchange import ByteCounter, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -218,11 +218,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     """Train ``spec``'s model on this worker's shard of ``cfg.partition`` (collective)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
-    hp = {**DEFAULTS, **spec.hparams, **(cfg.hparams or {})}
-    if cfg.epochs is not None:
-        hp["epochs"] = cfg.epochs
-    if int(hp["epochs"]) < 1:
-        raise TrainError(f"epochs must be at least 1, got {hp['epochs']}")
+    hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
@@ -256,12 +252,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if cfg.checkpoint is not None:
         ckpt = Checkpointer(cfg.checkpoint, run, rank=rank, world_size=size, log=log,
                             gather=lambda obj: _all_gather(obj, group))
-    state = ckpt.load() if ckpt is not None else None
-    epoch, loss_value, acc, stop, before = 0, float("nan"), {}, False, 0.0
-    if state is not None:
-        restore_training(state, model, opt, selection)
-        epoch, stop, before = state["epoch"], state["stopped_early"], state["elapsed_s"]
-        loss_value, acc = state["last"]["loss"], state["last"]["acc"]
+    at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
+    epoch, loss_value, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
     last = int(hp["epochs"])
     step_bytes: list[int] = []
     t_start = time.perf_counter()
@@ -291,7 +283,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         stop = selection.update(epoch, acc, val_loss, model)
         if stop:
             say(selection.stop_message(epoch))
-        if ckpt is not None and (stop or epoch % cfg.checkpoint.every == 0 or epoch == last):
+        if ckpt is not None and ckpt.due(epoch, stop, last):
             ckpt.save(epoch, training_state(model, opt, selection, loss=loss_value, acc=acc,
                                             stopped_early=stop,
                                             elapsed_s=before + time.perf_counter() - t_start))
