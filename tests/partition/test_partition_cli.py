@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sarc.partition import graph_fingerprint, load_partitions
-from sarc.partition.atomic import DirectoryExistsError
+from sarc.atomic import DirectoryExistsError
 from sarc.cli.partition import add_partition_parser
 from sarc.partition.graph_file import load_npz_graph
 
