@@ -37,13 +37,19 @@ BUILTIN_NODE = {"src": ("out_degree",), "dst": ("in_degree",)}
 
 @dataclass(frozen=True)
 class Feature:
-    """A declared node or edge feature: per-row shape and dtype."""
+    """A declared node or edge feature: per-row shape and dtype.
+
+    ``dtype=None`` (the default) is a float feature in the layer's precision: the
+    dtype of its parameters (``Layer.precision``), so ``layer.half()`` or
+    ``layer.to(torch.bfloat16)`` makes a half-precision layer whose features are
+    given in that dtype too. A named dtype (``"f32"``, ``"i64"``) is fixed.
+    """
 
     shape: tuple[int, ...] = ()
-    dtype: str = "f32"
+    dtype: str | None = None
 
-    def ir_type(self, domain: Domain) -> TensorType:
-        return TensorType(domain, DType(self.dtype), tuple(self.shape))
+    def ir_type(self, domain: Domain, precision: DType = DType.F32) -> TensorType:
+        return TensorType(domain, DType(self.dtype) if self.dtype else precision, tuple(self.shape))
 
 
 INDEX = Feature((), "i64")
@@ -65,8 +71,9 @@ class _Side:
     """What ``src``, ``dst`` and ``edge`` are inside the user's functions."""
 
     def __init__(self, layer: "Layer", tracer: Tracer, domain: Domain, gather: Op | None,
-                 role: str):
+                 role: str, precision: DType):
         object.__setattr__(self, "_layer", layer)
+        object.__setattr__(self, "_precision", precision)
         object.__setattr__(self, "_tracer", tracer)
         object.__setattr__(self, "_domain", domain)
         object.__setattr__(self, "_gather", gather)
@@ -77,9 +84,9 @@ class _Side:
             raise AttributeError(name)
         feats = self._layer._sarc_edge if self._domain is Domain.EDGE else self._layer._sarc_node
         if name in feats:
-            t = feats[name].ir_type(self._domain)
+            t = feats[name].ir_type(self._domain, self._precision)
         elif name in BUILTIN_NODE.get(self._domain.value, ()):
-            t = TensorType(self._domain, DType.F32, ())
+            t = TensorType(self._domain, self._precision, ())
         else:
             kind = "edge" if self._domain is Domain.EDGE else "node"
             declared = ", ".join(sorted(feats)) or "none"
@@ -186,11 +193,12 @@ class Layer(nn.Module):
         """Record message / reduce / update as IR (parameters become PARAM leaves)."""
         self._check_init()
         tracer = Tracer(type(self).__name__)
+        precision = self.precision()
         with _params_as_proxies(self, tracer), tracing(self.modules()):
             msgs = _named(self.message(
-                _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src"),
-                _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst"),
-                _Side(self, tracer, Domain.EDGE, None, "edge")), "message", "m", _loc_of(self.message))
+                _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src", precision),
+                _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst", precision),
+                _Side(self, tracer, Domain.EDGE, None, "edge", precision)), "message", "m", _loc_of(self.message))
             for name, p in msgs.items():
                 if p.type.domain is not Domain.EDGE:
                     raise DSLError(f"message {name!r} must be a per-edge value, got a "
@@ -207,7 +215,7 @@ class Layer(nn.Module):
                     raise DSLError(f"reduce result {name!r} is {p.type.domain.article} value; "
                                    f"aggregate edge values with sarc.sum/mean/max/min",
                                    tracer.builder.values[p.index].loc)
-            out = _named(self.update(_Side(self, tracer, Domain.DST, None, "dst"),
+            out = _named(self.update(_Side(self, tracer, Domain.DST, None, "dst", precision),
                                      _Bundle("aggregate", aggs)), "update", "h",
                          _loc_of(self.update))
             for name, p in out.items():
@@ -220,14 +228,30 @@ class Layer(nn.Module):
         verify(fn)
         return fn
 
+    def precision(self) -> DType:
+        """The dtype of the layer's float parameters (f32 without any): the dtype of its
+        float features declared without one. Parameters of two float dtypes are an error."""
+        seen: dict[torch.dtype, str] = {}
+        for name, p in self.named_parameters():
+            if p.is_floating_point():
+                seen.setdefault(p.dtype, name)
+        if len(seen) > 1:
+            (d1, n1), (d2, n2) = list(seen.items())[:2]
+            raise DSLError(f"layer {type(self).__name__} mixes parameter dtypes: {n1} is {d1}, "
+                           f"{n2} is {d2}; convert the whole layer (layer.to(dtype)) or use "
+                           f"torch.autocast", _loc_of(type(self).__init__))
+        return DType.from_torch(next(iter(seen))) if seen else DType.F32
+
     # Compilation and execution ------------------------------------------------------
     def compiled(self):
-        """The backend's kernel for this layer (compiled on first use)."""
-        if self._sarc_compiled is None:
+        """The backend's kernel for this layer (compiled on first use, and again when the
+        layer's precision changes, e.g. after ``layer.half()``)."""
+        precision = self.precision()
+        if self._sarc_compiled is None or self._sarc_compiled[0] is not precision:
             from .compiler import compile_function
-            self._sarc_compiled = compile_function(self.trace(), backend=self._sarc_backend,
-                                                   autodiff=self._sarc_autodiff)
-        return self._sarc_compiled
+            self._sarc_compiled = (precision, compile_function(
+                self.trace(), backend=self._sarc_backend, autodiff=self._sarc_autodiff))
+        return self._sarc_compiled[1]
 
     def set_backend(self, backend: str) -> "Layer":
         """Compile with ``backend`` ("torch", "triton") from the next call on."""

@@ -152,7 +152,9 @@ class Call:
         n = dg.num_local
         empty = torch.zeros(0, dtype=torch.int64, device=dg.device)
         self.own = Graph.from_edges(empty, empty, n).to(dg.device)
-        builtins = {"in_degree": dg.shard.in_degree, "out_degree": dg.shard.out_degree}
+        inputs = program.split.layer.inputs()  # the degrees in the layer's precision
+        builtins = {k: getattr(dg.shard, k).to(inputs[k].dtype.to_torch())
+                    for k in ("in_degree", "out_degree") if k in inputs}
         self.src_inputs = self.dst_inputs = {**builtins, **node_inputs}
         r, p = dg.rank, dg.size
         kept = self.plan.kept_peers

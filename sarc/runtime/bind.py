@@ -32,7 +32,8 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
     out: dict[str, torch.Tensor] = {}
     for name, t in fn.inputs().items():
         if name in BUILTINS and name not in node:
-            out[name] = g.in_degree if name == "in_degree" else g.out_degree
+            degree = g.in_degree if name == "in_degree" else g.out_degree
+            out[name] = degree.to(t.dtype.to_torch())  # in the layer's precision
             continue
         is_edge = t.domain is Domain.EDGE
         x = check_feature(layer, name, given, t, g.num_edges if is_edge else g.num_src,
@@ -83,7 +84,9 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
     want = t.dtype.to_torch()
     if x.dtype != want:
         if t.dtype.is_float and x.dtype.is_floating_point:
-            raise GraphError(f"feature {name!r} is {x.dtype}, the layer was declared with {want}")
+            raise GraphError(f"feature {name!r} is {x.dtype}, the layer computes in {want} (its "
+                             f"parameters' dtype): convert the features (x.to({want})) or the "
+                             f"layer (layer.to({x.dtype}))")
         if not t.dtype.is_float and not x.dtype.is_floating_point and x.dtype != torch.bool:
             x = x.to(want)
         else:

@@ -1,0 +1,109 @@
+"""Half and bfloat16 layers: ``layer.half()`` / ``layer.to(torch.bfloat16)`` makes a layer
+that computes in that dtype (its float features declared without a dtype follow its
+parameters), the gradients come back in it, and the result is the float32 layer's on the
+same rounded weights and features, to the low precision's rounding. ``torch.autocast``
+runs an float32 layer with low-precision matmuls. Mixed parameter dtypes and features of
+another precision are errors that say what to convert.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from difftest import random_block
+from zoo import LAYERS, features
+
+import sarc
+from sarc.errors import DSLError
+from sarc.graph import GraphError
+
+D = 6
+LOW = {"f16": (torch.float16, 2e-2), "bf16": (torch.bfloat16, 8e-2)}
+"""dtype -> (torch dtype, tolerance relative to the output's scale)."""
+
+
+@pytest.fixture
+def g() -> sarc.Graph:
+    return random_block(torch.Generator().manual_seed(3), 12, 12, 48)
+
+
+def _low(feats: dict, dtype) -> dict:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in feats.items()}
+
+
+def _scaled_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).abs().max() / (b.abs().max() + 1e-6))
+
+
+@pytest.mark.parametrize("precision", sorted(LOW))
+@pytest.mark.parametrize("model", sorted(LAYERS))
+def test_low_precision_layer_matches_float32_on_the_same_weights(model, precision, g):
+    dtype, tol = LOW[precision]
+    low = LAYERS[model](D).to(dtype).eval()
+    feats = _low(features(low, g, D), dtype)
+    ref = LAYERS[model](D).eval()
+    ref.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+
+    out = low(g, **feats)
+    assert out.dtype == dtype
+    expect = ref(g, **_low(feats, torch.float32))
+    assert _scaled_err(out, expect) < tol
+
+    out.float().square().sum().backward()
+    expect.square().sum().backward()
+    for (name, p), (_, q) in zip(low.named_parameters(), ref.named_parameters()):
+        if q.grad is None:
+            continue
+        assert p.grad is not None and p.grad.dtype == dtype, name
+        assert _scaled_err(p.grad, q.grad) < 4 * tol, name
+
+
+def test_layer_recompiles_when_its_precision_changes(g):
+    layer = LAYERS["gat_4heads_concat"](D).eval()
+    feats = features(layer, g, D)
+    assert layer(g, **feats).dtype == torch.float32
+    layer.half()
+    assert layer.precision() is sarc.ir.types.DType.F16
+    assert layer(g, **_low(feats, torch.float16)).dtype == torch.float16
+    layer.float()
+    assert layer(g, **feats).dtype == torch.float32
+
+
+def test_autocast_runs_a_float32_layer_in_bfloat16(g):
+    layer = LAYERS["sage"](D).eval()
+    feats = features(layer, g, D)
+    expect = layer(g, **feats)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(g, **feats)
+    assert _scaled_err(out, expect) < LOW["bf16"][1]
+
+
+def test_mixed_parameter_dtypes_are_an_error_naming_both(g):
+    layer = LAYERS["gat_1head"](D)
+    layer.lin.half()
+    with pytest.raises(DSLError, match=r"mixes parameter dtypes: .*lin\.weight.*float16"):
+        layer(g, **features(layer, g, D))
+
+
+def test_float32_features_for_a_half_layer_say_what_to_convert(g):
+    layer = LAYERS["gcn"](D).half()
+    with pytest.raises(GraphError, match=r"feature 'h' is torch\.float32, the layer computes "
+                                         r"in torch\.float16 .*x\.to\(torch\.float16\)"):
+        layer(g, **features(layer, g, D))
+
+
+def test_a_declared_dtype_stays_fixed_in_a_half_layer(g):
+    class Weighted(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"h": D}, edge={"w": sarc.Feature((), "f32")})
+            self.lin = torch.nn.Linear(D, 4)
+
+        def message(self, src, dst, edge):
+            return self.lin(src.h) * edge.w.unsqueeze(-1)
+
+        def reduce(self, msg):
+            return sarc.sum(msg.m)
+
+    layer = Weighted().half()
+    with pytest.raises(DSLError, match="dtype mismatch: f16 and f32"):
+        layer(g, h=torch.randn(g.num_src, D, dtype=torch.float16), w=torch.rand(g.num_edges))
