@@ -10,16 +10,19 @@ Modules, in pipeline order: ``split`` (a layer's IR cut at the exchange),
 kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the
 generated code itself comes from ``sarc.backends.dist_backend``),
-``batchnorm``, ``prepare`` (a worker's shard as the trainer's hyperparameters
+``batchnorm``, ``store`` (tensors sharded by global id: pull / push) and
+``embedding`` (sharded learnable embeddings, sparse optimizers), ``prepare`` (a worker's shard as the trainer's hyperparameters
 ask: self loops, features, masks), ``train`` (the worker's training loop),
 ``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``),
 ``agent`` (torchrun as ``sarc train`` runs it) and ``supervise`` (nothing of a run
 outlives it).
 """
 from .batchnorm import SyncBatchNorm
+from .embedding import Embedding, SparseAdagrad, SparseAdam
 from .exchange import ByteCounter
 from .graph import DistError, DistGraph
+from .store import ShardedTensor
 from .train import allreduce_gradients, global_cross_entropy
 
 __all__ = ["DistGraph", "DistError", "SyncBatchNorm", "ByteCounter", "allreduce_gradients",
-           "global_cross_entropy"]
+           "global_cross_entropy", "ShardedTensor", "Embedding", "SparseAdagrad", "SparseAdam"]

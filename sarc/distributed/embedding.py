@@ -1,0 +1,202 @@
+"""Learnable node embeddings sharded with the partition, and their sparse optimizers.
+
+``Embedding`` is a [num_rows, dim] table of which each worker holds its
+partition's rows (a ``ShardedTensor``): memory per worker is 1/P of the table,
+and 1/P of the optimizer state. ``emb(ids)`` pulls the rows of any global ids
+(a collective call: every worker calls it, with its own ids); their gradient
+stays sparse: the looked-up rows are leaves whose ``.grad`` the backward pass
+fills (nothing is sent then), and the optimizer's ``step`` sends each row's gradient to its owner (one
+exchange, repeats summed on both sides), which updates only the rows touched.
+The table is no ``nn.Parameter``, so the dense parameters' all-reduce and
+optimizer never see it.
+
+The optimizers follow torch's sparse ones exactly, so a P-worker run equals
+one process with ``nn.Embedding(sparse=True)``:
+
+- ``SparseAdagrad``: ``torch.optim.Adagrad`` on a sparse gradient: per-row sums
+  of squares, only the touched rows' sums and values change;
+- ``SparseAdam``: ``torch.optim.SparseAdam``: lazy first and second moments
+  (only the touched rows'), the bias correction by the table's step count
+  (the steps in which any worker's batch touched the table).
+
+Initial values are drawn per fixed block of global rows from a generator seeded
+by (seed, block), so every worker draws its rows as one process would, without
+holding the table: ``Embedding.initial_table`` is the whole table, for a
+single-process reference.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .exchange import Exchanger
+from .store import ShardedTensor, StoreError, coalesce
+
+INIT_BLOCK = 1 << 14
+"""Rows per block of the initial draw (each block its own generator)."""
+
+
+def _initial_rows(lo: int, hi: int, dim: int, seed: int, scale: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Rows lo .. hi-1 of the initial table: uniform(-scale, scale), drawn block by block."""
+    out = torch.empty(hi - lo, dim, dtype=dtype)
+    for b in range(lo // INIT_BLOCK, (hi - 1) // INIT_BLOCK + 1 if hi > lo else 0):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + b)
+        block = torch.rand(INIT_BLOCK, dim, generator=gen, dtype=torch.float64)
+        b_lo = b * INIT_BLOCK
+        a, z = max(lo, b_lo), min(hi, b_lo + INIT_BLOCK)
+        out[a - lo:z - lo] = ((block[a - b_lo:z - b_lo] * 2 - 1) * scale).to(dtype)
+    return out
+
+
+class Embedding(nn.Module):
+    """A learnable [num_rows, dim] table sharded by ``offsets`` (``ShardedGraph.node_offsets``).
+
+    One process: ``Embedding(num_rows, dim)``. A worker: ``Embedding.for_graph(dg, dim)``
+    (a ``DistGraph``) or pass ``offsets``, ``rank`` and ``exchanger``.
+    ``scale``: the half-width of the uniform initial values (default ``1 / sqrt(dim)``).
+    """
+
+    def __init__(self, num_rows: int | None, dim: int, *, offsets=None, rank: int = 0,
+                 exchanger: Exchanger | None = None, seed: int = 0, scale: float | None = None,
+                 dtype: torch.dtype = torch.float32, name: str = "embedding"):
+        super().__init__()
+        if offsets is None:
+            if num_rows is None or num_rows < 0:
+                raise StoreError(f"embedding {name!r} needs a row count or the partition's offsets")
+            offsets = torch.tensor([0, num_rows])
+        offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        if num_rows is not None and int(offsets[-1]) != num_rows:
+            raise StoreError(f"embedding {name!r} has {num_rows} rows but the partition "
+                             f"{int(offsets[-1])} nodes")
+        if dim < 1:
+            raise StoreError(f"embedding {name!r} needs a positive width, got {dim}")
+        self.dim, self.seed, self.name = dim, seed, name
+        self.scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+        lo, hi = int(offsets[rank]), int(offsets[rank + 1])
+        local = _initial_rows(lo, hi, dim, seed, self.scale, dtype)
+        self.store = ShardedTensor(local, offsets, rank, exchanger, name)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.steps = 0
+
+    @classmethod
+    def for_graph(cls, dg, dim: int, **kw) -> "Embedding":
+        """The table of ``dg``'s nodes (a ``DistGraph``), rows sharded as its partition."""
+        return cls(None, dim, offsets=dg.shard.node_offsets, rank=dg.rank,
+                   exchanger=dg.exchanger, **kw)
+
+    @property
+    def local(self) -> torch.Tensor:
+        """This worker's rows (global ids ``offsets[rank] ..``)."""
+        return self.store.local
+
+    @property
+    def num_rows(self) -> int:
+        return self.store.num_rows
+
+    def initial_table(self) -> torch.Tensor:
+        """The whole initial table, as every worker drew its rows (for a reference run)."""
+        return _initial_rows(0, self.num_rows, self.dim, self.seed, self.scale, self.local.dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of global ``ids`` [len(ids), dim]; collective (every worker calls it)."""
+        rows = self.store.pull(ids, phase="embedding")
+        if torch.is_grad_enabled():  # a leaf whose .grad the optimizer's step reads
+            rows.requires_grad_(True)
+            self.pending.append((torch.as_tensor(ids).to(torch.int64).cpu(), rows))
+        return rows
+
+    def take_gradient(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, gradient rows) of the lookups since the last step whose rows got a
+        gradient, repeats not yet summed; the lookups are forgotten."""
+        used = [(i, r.grad) for i, r in self.pending if r.grad is not None]
+        self.pending.clear()
+        if not used:
+            return torch.zeros(0, dtype=torch.int64), self.local.new_zeros((0, self.dim))
+        return torch.cat([i for i, _ in used]), torch.cat([g for _, g in used])
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_rows}, {self.dim}, rows {self.store.lo}.."
+                f"{self.store.lo + self.local.shape[0] - 1} here")
+
+
+class _SparseOptimizer:
+    """Shared by the sparse optimizers: gradients routed to their owners, summed, applied."""
+
+    def __init__(self, embeddings, lr: float):
+        self.embeddings = list(embeddings) if not isinstance(embeddings, Embedding) else [embeddings]
+        if not self.embeddings:
+            raise StoreError("a sparse optimizer needs at least one sarc Embedding")
+        for e in self.embeddings:
+            if not isinstance(e, Embedding):
+                raise StoreError(f"sparse optimizers update sarc Embeddings, got {type(e).__name__}")
+        if not lr > 0:
+            raise StoreError(f"learning rate must be positive, got {lr}")
+        self.lr = lr
+        self.state = [self.init_state(e) for e in self.embeddings]
+
+    def zero_grad(self) -> None:
+        for e in self.embeddings:
+            e.pending.clear()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for e, st in zip(self.embeddings, self.state):
+            ids, grads = e.take_gradient()
+            rows, vals = e.store.route(ids, grads, "add", phase="embedding_grad")
+            rows, vals = coalesce(rows, vals, "add")
+            if not _any_worker(e.store, rows.numel() > 0):
+                continue
+            e.steps += 1
+            self.update(e, st, rows, vals)
+
+
+def _any_worker(store: ShardedTensor, flag: bool) -> bool:
+    """Whether ``flag`` holds on any worker (collective with several workers)."""
+    if store.size == 1:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, group=store.exchanger.group)
+    return bool(t.item())
+
+
+class SparseAdagrad(_SparseOptimizer):
+    """``torch.optim.Adagrad`` on sparse gradients, each row on its owner."""
+
+    def __init__(self, embeddings, lr: float = 0.01, eps: float = 1e-10):
+        self.eps = eps
+        super().__init__(embeddings, lr)
+
+    def init_state(self, e: Embedding):
+        return {"sum": torch.zeros_like(e.local)}
+
+    def update(self, e: Embedding, st, rows, g) -> None:
+        st["sum"].index_add_(0, rows, g * g)
+        std = st["sum"].index_select(0, rows).sqrt_().add_(self.eps)
+        e.local.index_add_(0, rows, g / std, alpha=-self.lr)
+
+
+class SparseAdam(_SparseOptimizer):
+    """``torch.optim.SparseAdam``: lazy moments of the touched rows, each row on its owner."""
+
+    def __init__(self, embeddings, lr: float = 0.001, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.betas, self.eps = betas, eps
+        super().__init__(embeddings, lr)
+
+    def init_state(self, e: Embedding):
+        return {"m": torch.zeros_like(e.local), "v": torch.zeros_like(e.local)}
+
+    def update(self, e: Embedding, st, rows, g) -> None:
+        b1, b2 = self.betas
+        m_old, v_old = st["m"].index_select(0, rows), st["v"].index_select(0, rows)
+        dm = (g - m_old).mul_(1 - b1)
+        dv = (g * g - v_old).mul_(1 - b2)
+        st["m"].index_add_(0, rows, dm)
+        st["v"].index_add_(0, rows, dv)
+        numer = dm.add_(m_old)
+        denom = dv.add_(v_old).sqrt_().add_(self.eps)
+        step_size = self.lr * math.sqrt(1 - b2 ** e.steps) / (1 - b1 ** e.steps)
+        e.local.index_add_(0, rows, numer.div_(denom), alpha=-step_size)
