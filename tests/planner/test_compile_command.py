@@ -142,7 +142,8 @@ def test_compile_layer_returns_every_stage():
     from gat import GATLayer
 
     layer = GATLayer(6, 3, heads=2)
-    assert [name for name, _ in STAGES] == ["verify", "grad", "optimize", "lower"]
+    assert [name for name, _ in STAGES] == ["trace", "verify", "grad", "optimize", "plan",
+                                          "distribute", "lower"]
     c = compile_layer(layer.trace())
     assert c.backward is None and c.kernel.function is c.optimized
     assert len(c.optimized.values) < len(c.traced.values)  # the passes ran
