@@ -144,8 +144,37 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
         cols = g.src * num_types + types
         w = w.reshape(-1).to(x.dtype) if w is not None else None
         return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type), g)
-    rows = typed_linear(x.index_select(0, g.src), table, types)
+    rows = _GatheredTypedLinear.apply(x, table, types, g.src)
     return spmm(kind, g, rows, w, "edge")
+
+
+class _GatheredTypedLinear(torch.autograd.Function):
+    """y[e] = x[src[e]] @ table[types[e]] without keeping the gathered rows (E x D): the
+    backward pass gathers them again (x, only when the table needs a gradient, and the
+    types are what it keeps)."""
+
+    @staticmethod
+    def forward(ctx, x, table, types, src):
+        ctx.src, ctx.num_rows = src, x.shape[0]
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, table, types)
+        return typed_linear(x.detach().index_select(0, src), table.detach(), types)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, table, types = ctx.saved_tensors
+        order = torch.argsort(types, stable=True)
+        counts = torch.bincount(types, minlength=table.shape[0]).tolist()
+        src = ctx.src.index_select(0, order)
+        dys = torch.split(dy.index_select(0, order), counts)
+        dx = dtable = None
+        if ctx.needs_input_grad[0]:
+            dxe = torch.cat([d @ table[r].t() for r, d in enumerate(dys)], 0)
+            dx = dxe.new_zeros((ctx.num_rows, table.shape[1])).index_add_(0, src, dxe)
+        if ctx.needs_input_grad[1]:
+            xs = torch.split(x.index_select(0, src), counts)
+            dtable = torch.stack([xr.t() @ d for xr, d in zip(xs, dys)], 0)
+        return dx, dtable, None, None
 
 
 def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:

@@ -21,7 +21,7 @@ import sympy
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import BINARY_ELEMENTWISE, FUSED, Op
-from ..ir.types import E, N_DST, Domain, DType, TensorType
+from ..ir.types import E, N_DST, N_SRC, Domain, DType, TensorType
 
 B = sympy.Symbol("B", integer=True, nonnegative=True)
 """Remote source rows one worker receives per exchange (each row once)."""
@@ -65,6 +65,7 @@ class _Kept:
                                      or v.type.domain is Domain.SRC):
                 self.inputs[v.attr["name"]] = v.type
         self.seen: dict[object, TensorType] = {}
+        self.sized: dict[object, tuple[Domain, sympy.Expr]] = {}  # bytes not of one value's type
 
     def value(self, values, j: int, scope=()) -> None:
         while values[j].op is Op.RESHAPE:
@@ -77,6 +78,9 @@ class _Kept:
 
     def other(self, key, t: TensorType) -> None:
         self.seen.setdefault(key, t)
+
+    def bytes(self, key, domain: Domain, n: sympy.Expr) -> None:
+        self.sized.setdefault(key, (domain, n))
 
 
 def needs_grad(values, leaf) -> list[bool]:
@@ -134,7 +138,11 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
     if degree:
         kept.other(("degree", i), v.type.with_(feat=()))
     typed = typed_spmm_pattern(v)
-    if typed is not None:  # nodes x types products, summed by a CSR product of column src*R+type
+    if typed is not None:
+        # x @ table[r] per (node, type) summed by a CSR product of column src * R + type when
+        # nodes x types <= edges, else per edge from the gathered rows: either keeps an int64
+        # per edge (the columns, or the types), x for the table's gradient, the weights, and
+        # for theirs the products (per node and type, or per edge: the fewer)
         x, table, types, w = (None if k is None else ops[k] for k in typed)
         if need[table]:
             kept.value(values, x)
@@ -143,7 +151,8 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
             kept.value(values, w)
             if need[w]:
                 t = values[table].type
-                kept.other(("per type", i), values[x].type.with_(feat=(t.feat[0] * t.feat[2],)))
+                rows = sympy.Min(N_SRC * t.feat[0], E)
+                kept.bytes(("products", i), Domain.EDGE, rows * t.feat[2] * DTYPE_BYTES[t.dtype])
         return
     pattern = spmm_pattern(v)
     if pattern is not None:  # a CSR product keeps its edge weights (and x, for theirs)
@@ -187,10 +196,9 @@ def saved_for_backward(fn: Function, inputs_need_grad: bool = True) -> dict[str,
             _keep_fused(kept, fn.values, i, v, need)
         else:
             _keep_op(kept, fn.values, i, v, need)
-    seen = kept.seen
-    edge = sum((nbytes(t) for t in seen.values() if t.domain is Domain.EDGE), sympy.Integer(0))
-    node = sum((nbytes(t) for t in seen.values() if t.domain in (Domain.SRC, Domain.DST)),
-               sympy.Integer(0))
+    sized = [(t.domain, nbytes(t)) for t in kept.seen.values()] + list(kept.sized.values())
+    edge = sum((n for d, n in sized if d is Domain.EDGE), sympy.Integer(0))
+    node = sum((n for d, n in sized if d in (Domain.SRC, Domain.DST)), sympy.Integer(0))
     return {"edge": sympy.expand(edge), "node": sympy.expand(node), "total": sympy.expand(edge + node)}
 
 
@@ -354,11 +362,13 @@ def _src_closure(fn: Function, roots: list[int]) -> set[int]:
 
 
 def _needs_grad(fn: Function, j: int, memo: dict, inputs_need_grad: bool) -> bool:
-    """Does value ``j`` depend on a parameter (or on a feature input that needs grad)?"""
+    """Does value ``j`` depend on a parameter (or on a node feature input that needs grad:
+    ``inputs_need_grad``, a layer after the first; edge features come with the graph)?"""
     if j not in memo:
         v = fn.values[j]
         memo[j] = v.op is Op.PARAM or (
             inputs_need_grad and v.op is Op.INPUT and v.type.dtype.is_float
+            and v.type.domain is not Domain.EDGE
             and v.attr["name"] not in ("in_degree", "out_degree")
         ) or any(_needs_grad(fn, k, memo, inputs_need_grad) for k in v.inputs)
     return memo[j]

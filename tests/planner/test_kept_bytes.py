@@ -16,8 +16,9 @@ defined as the cost model defines it:
   and constants are not counted (they have the parameters' sizes), nor the graph's own
   tensors (its index and degrees live with the graph, not the step);
 - the layer's inputs are counted when an op keeps them (a linear keeps its input for
-  the weight's gradient), as every other value is; with ``inputs_need_grad`` every
-  float feature input needs a gradient (the planner's assumption).
+  the weight's gradient), as every other value is; with ``inputs_need_grad`` the node
+  features need a gradient, the edge features do not (the planner's assumption: a
+  layer after the first reads the one before, the edge features come with the graph).
 
 Tensors a custom autograd function keeps as attributes of ``ctx`` instead of saving them
 are invisible to the hooks; the kernels keep only the graph and sizes that way.
@@ -94,8 +95,7 @@ def test_plan_keeps_what_the_kernel_keeps(name, inputs_need_grad):
     g = _graph()
     layer = LAYERS[name](D).train()
     feats = features(layer, g, D)
-    for t in feats.values():
-        t.requires_grad_(inputs_need_grad and t.is_floating_point())
+    feats["h"].requires_grad_(inputs_need_grad)
     assert kept_by_plan(layer, g, inputs_need_grad) == kept_by_kernel(layer, g, feats)
 
 
@@ -104,5 +104,19 @@ def test_rgcn_keeps_an_edge_weight_and_a_column_per_edge_not_the_messages():
     runs before the plan: per edge its weight (4 bytes) and its column in the product
     (an int64), not a message (76 bytes per edge when the plan came before that pass)."""
     layer = LAYERS["rgcn"](D)
-    plan = compile_layer(layer, target=Target(), through="plan").plan
+    plan = compile_layer(layer, target=Target(inputs_need_grad=False), through="plan").plan
     assert str(plan.saved["edge"]) == "12*E"
+
+
+@pytest.mark.parametrize("inputs_need_grad", [True, False], ids=["input-grad", "no-input-grad"])
+def test_rgcn_on_a_graph_with_fewer_edges_than_nodes_times_types(inputs_need_grad):
+    """The typed product then runs per edge, not per (node, type): it keeps the same."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    src, dst = torch.randint(0, N, (101,), generator=gen), torch.randint(0, N, (101,), generator=gen)
+    g = sarc.Graph.from_edges(src, dst, N)
+    layer = LAYERS["rgcn"](D).train()
+    assert g.num_src * layer.rel.weight.shape[0] > g.num_edges
+    feats = features(layer, g, D)
+    feats["h"].requires_grad_(inputs_need_grad)
+    assert kept_by_plan(layer, g, inputs_need_grad) == kept_by_kernel(layer, g, feats)
