@@ -1,7 +1,7 @@
 """The plan's bytes kept for backward are the bytes the compiled kernel keeps.
 
-For every layer of the zoo (which has every layer class of ``models/``), on a small
-random graph, the plan's "kept for backward" figure (``LayerPlan.saved["total"]``, the
+For every layer of the zoo (which has every layer class of ``models/``) and of every
+model file as built, on a small random graph, the plan's "kept for backward" figure (``LayerPlan.saved["total"]``, the
 cost model's ``saved_for_backward`` formula evaluated at the graph's sizes) equals what
 autograd saves when the torch kernel runs the layer on a ``Graph``.
 
@@ -50,14 +50,15 @@ def _graph() -> sarc.Graph:
 
 def kept_by_kernel(layer: sarc.Layer, g: sarc.Graph, feats: dict) -> int:
     """Bytes of the distinct storages autograd saves for the layer's backward (see above)."""
-    graph = {t.untyped_storage().data_ptr() for t in vars(g).values() if isinstance(t, torch.Tensor)}
+    skip = {t.untyped_storage().data_ptr() for t in vars(g).values() if isinstance(t, torch.Tensor)}
+    skip |= {p.untyped_storage().data_ptr() for p in layer.parameters()}
     kept: dict[int, int] = {}
 
     def keep(t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         elems = storage.nbytes() // t.element_size()
         grows = elems > 0 and (elems % g.num_src == 0 or elems % g.num_edges == 0)
-        if grows and storage.data_ptr() not in graph:
+        if grows and storage.data_ptr() not in skip:
             kept[storage.data_ptr()] = storage.nbytes()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -97,6 +98,27 @@ def test_plan_keeps_what_the_kernel_keeps(name, inputs_need_grad):
     feats = features(layer, g, D)
     feats["h"].requires_grad_(inputs_need_grad)
     assert kept_by_plan(layer, g, inputs_need_grad) == kept_by_kernel(layer, g, feats)
+
+
+@pytest.mark.parametrize("model", sorted(p.stem for p in (ROOT / "models").glob("*.py")))
+def test_model_files_layers_plan_what_their_kernels_keep(model):
+    """Each layer of each model file as ``build_model`` makes it (its hyperparameters and
+    dataset's widths), the first one's input needing no gradient, as ``sarc compile`` plans."""
+    from sarc.artifacts import find_layers
+    from sarc.datasets import load_dataset
+    from sarc.loader import load_model_file
+    from sarc.train import DEFAULTS, build
+
+    spec = load_model_file(str(ROOT / "models" / f"{model}.py"))
+    hp = {**DEFAULTS, **spec.hparams}
+    net = build(spec, load_dataset(hp["dataset"]), hp)
+    g = _graph()
+    for k, (name, layer) in enumerate(find_layers(net)):
+        torch.manual_seed(0)
+        layer.train()
+        feats = features(layer, g, layer._sarc_node["h"].shape[0])
+        feats["h"].requires_grad_(k > 0)
+        assert kept_by_plan(layer, g, k > 0) == kept_by_kernel(layer, g, feats), name
 
 
 def test_rgcn_keeps_an_edge_weight_and_a_column_per_edge_not_the_messages():
