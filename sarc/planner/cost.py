@@ -21,6 +21,7 @@ import sympy
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import BINARY_ELEMENTWISE, FUSED, Op
+from ..ir.reducers import reducer
 from ..ir.types import E, N_DST, N_SRC, Domain, DType, TensorType
 
 B = sympy.Symbol("B", integer=True, nonnegative=True)
@@ -58,7 +59,6 @@ class _Kept:
     reshape keeps its input's, a layer input its name's (its src rows)."""
 
     def __init__(self, fn: Function):
-        self.fn = fn
         self.inputs: dict[str, TensorType] = {}
         for v in fn.values:
             if v.op is Op.INPUT and (v.attr["name"] not in self.inputs
@@ -83,7 +83,7 @@ class _Kept:
         self.sized.setdefault(key, (domain, n))
 
 
-def needs_grad(values, leaf) -> list[bool]:
+def _float_needs(values, leaf) -> list[bool]:
     """Per value: a float computed from a leaf for which ``leaf(value)`` is true."""
     out: list[bool] = []
     for v in values:
@@ -113,15 +113,22 @@ def _keep_op(kept: _Kept, values, i: int, v: Value, need: list[bool], scope=()) 
             kept.other(("mask", *scope, i), v.type)
         elif v.op is Op.TYPED_LINEAR and s == 2:  # its rows' order by type: an index per row
             kept.other(("order", *scope, i), values[v.inputs[2]].type)
-        elif len(v.inputs) == 1 or len(rule) == 1 or (v.op is Op.DIV and s == 1) or any(
-                need[k] for n, k in enumerate(v.inputs) if n != s):
+        elif _read_by_a_gradient(v, s, rule, need):
             kept.value(values, v.inputs[s], scope)
+
+
+def _read_by_a_gradient(v: Value, s: int, rule: tuple, need: list[bool]) -> bool:
+    """Is operand ``s`` read by the gradient of an operand that needs one? A unary rule's by
+    its own; a product's operand by the other's; a quotient's divisor by both."""
+    if len(v.inputs) == 1 or len(rule) == 1 or (v.op is Op.DIV and s == 1):
+        return True  # some operand needs a gradient (checked before)
+    return any(need[k] for n, k in enumerate(v.inputs) if n != s)
 
 
 def _keep_region(kept: _Kept, r: Region, operands: list[int], need: list[bool], i: int) -> list[bool]:
     """What a region run under plain autograd keeps (an sddmm, attention's scores): its ops'
     saves; an operand read per edge at src / dst is a gathered copy, one row per edge."""
-    rneed = needs_grad(r.values, lambda a: a.op is Op.ARG and need[operands[a.attr["index"]]])
+    rneed = _float_needs(r.values, lambda a: a.op is Op.ARG and need[operands[a.attr["index"]]])
     for k, rv in enumerate(r.values):
         if rv.op is not Op.ARG:
             _keep_op(kept, r.values, k, rv, rneed, ("region", i))
@@ -134,8 +141,7 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
     ops = v.inputs
     if not any(need[j] for j in ops):
         return
-    degree = v.op is Op.AGGREGATE and reducer_divides(v.attr["kind"])
-    if degree:
+    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree:  # a mean's divisor
         kept.other(("degree", i), v.type.with_(feat=()))
     typed = typed_spmm_pattern(v)
     if typed is not None:
@@ -179,14 +185,9 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
         kept.value(values, j)
 
 
-def reducer_divides(kind: str) -> bool:
-    from ..ir.reducers import reducer
-    return reducer(kind).by_degree
-
-
 def saved_for_backward(fn: Function, inputs_need_grad: bool = True) -> dict[str, sympy.Expr]:
     """Bytes kept between forward and backward, split by domain ("edge", "node", "total");
-    ``inputs_need_grad``: whether the layer's float feature inputs need gradients."""
+    ``inputs_need_grad``: whether the layer's node features need gradients."""
     memo: dict = {}
     need = [_needs_grad(fn, j, memo, inputs_need_grad) and v.type.dtype.is_float
             for j, v in enumerate(fn.values)]
