@@ -1,10 +1,12 @@
 """A model's compiled artifacts: IR, plan, kernels and schedules (what ``sarc compile``,
 ``sarc.cli.compile``, prints and writes).
 
-For every ``sarc.Layer`` in the model (in module order) ``compile_model`` traces the
-layer, compiles it (the pipeline and the backend's passes: the IR that runs) and plans
-the layers for the requested mode and worker count. ``write_artifacts`` writes the
-artifacts the user asks for (``--emit``) to ``--out``:
+For every ``sarc.Layer`` in the model (in module order) ``compile_model`` runs the
+compile pipeline (``sarc.compiler.compile_layer``: trace, passes and the backend's
+passes, plan for the requested mode and worker count, the cut at the exchange, kernel
+and schedule) and keeps every stage's result: what is printed and written is what
+runs. ``write_artifacts`` writes the artifacts the user asks for (``--emit``) to
+``--out``:
 
 - ``ir``:       ``<layer>.traced.ir`` and ``<layer>.ir`` (before / after passes)
 - ``plan``:     ``plan.txt`` and ``plan.json``
@@ -31,13 +33,13 @@ from torch import nn
 
 from . import names
 from .atomic import atomic_directory
-from .compiler import compile_layer
+from .compiler import Compilation, Target, compile_layer
 from .dsl import Layer
 from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.printer import format_function
-from .planner.plan import Plan, format_plan, plan_model
+from .planner.plan import LayerPlan, Plan, format_plan
 from .planner.stats import ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -50,11 +52,32 @@ class CompileError(SarcError):
 
 @dataclass(frozen=True)
 class CompiledLayer:
+    """One layer's compilation, under its name in the model."""
+
     name: str
-    traced: Function
-    optimized: Function
-    kernel_source: str
-    kernel_files: tuple[tuple[str, str], ...] = ()  # (file name, text) of each separate kernel
+    compilation: Compilation
+
+    @property
+    def traced(self) -> Function:
+        return self.compilation.traced
+
+    @property
+    def optimized(self) -> Function:
+        return self.compilation.optimized  # the IR that runs
+
+    @property
+    def plan(self) -> LayerPlan:
+        return self.compilation.plan
+
+    @property
+    def kernel_source(self) -> str:
+        return self.compilation.kernel.source
+
+    @property
+    def kernel_files(self) -> tuple[tuple[str, str], ...]:
+        """(file name, text) of each separate kernel (the Triton backend's)."""
+        kernel = self.compilation.kernel
+        return tuple(kernel.kernel_files().items()) if hasattr(kernel, "kernel_files") else ()
 
 
 @dataclass(frozen=True)
@@ -77,17 +100,19 @@ def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
 def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str = "torch",
                   workers: int = 1, stats: ShardStats | None = None,
                   mem_budget: int | None = None, baseline: bool = False,
-                  exec_mode: str | None = None) -> ModelArtifacts:
+                  exec_mode: str | None = None, schedules: bool = True) -> ModelArtifacts:
+    """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
+    at the exchange and generate its distributed schedule (always with ``workers > 1``).
+    The first layer's input features need no gradient."""
     t0 = time.perf_counter()
     compiled = []
-    for lname, layer in find_layers(model):
-        traced = layer.trace()
-        compiled_layer = compile_layer(traced, backend=backend)
-        kernel, optimized = compiled_layer.kernel, compiled_layer.optimized  # the IR that runs
-        files = tuple(kernel.kernel_files().items()) if hasattr(kernel, "kernel_files") else ()
-        compiled.append(CompiledLayer(lname, traced, optimized, kernel.source, files))
-    plan = plan_model([(c.name, c.optimized) for c in compiled], mode=mode, workers=workers,
-                      stats=stats, mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode)
+    for k, (lname, layer) in enumerate(find_layers(model)):
+        target = Target(mode=mode, workers=workers, stats=stats, exec_mode=exec_mode,
+                        mem_budget=mem_budget, baseline=baseline, inputs_need_grad=k > 0,
+                        distributed=schedules)
+        compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
+                                                           name=lname)))
+    plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats)
     return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
 
 
@@ -122,14 +147,11 @@ def format_schedule(art: ModelArtifacts) -> str:
 def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
     """Each layer's generated distributed schedule (the module ``sarc train --workers`` runs),
     for the plan's mode and workers."""
-    from .backends import dist_backend
-    from .distributed.split import split_layer
-    out = {}
-    for c, lp in zip(art.layers, art.plan.layers):
-        split = split_layer(c.optimized, lp.exchange)
-        out[c.name] = dist_backend.generate(split, lp, baseline=art.plan.baseline,
-                                            layer_name=c.name, workers=art.plan.workers)
-    return out
+    missing = [c.name for c in art.layers if c.compilation.schedule is None]
+    if missing:
+        raise CompileError(f"layers {', '.join(missing)} were compiled without their "
+                           f"schedules (compile_model(..., schedules=True))")
+    return {c.name: c.compilation.schedule.source for c in art.layers}
 
 
 def format_summary(art: ModelArtifacts) -> str:

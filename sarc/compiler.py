@@ -1,5 +1,7 @@
-"""The compilation pipeline, top to bottom: a traced layer -> verify -> grad -> passes and
-the backend's passes -> the backend's kernel (``STAGES``, run by ``compile_layer``)."""
+"""The compilation pipeline, top to bottom (``STAGES``, run by ``compile_layer``): a layer
+-> trace -> verify -> grad -> passes and the backend's passes -> plan for a ``Target`` ->
+the cut at the plan's exchange (distributed targets) -> the backend's kernel and the
+distributed schedule."""
 from __future__ import annotations
 
 import os
@@ -11,7 +13,10 @@ from .ir.function import Function
 from .ir.passes import (const_fold, cse, dce, fuse, fuse_typed_linear,
                         linear_through_aggregate, pushdown, split_concat)
 from .ir.printer import format_function
+from .ir.split import LayerSplit, split_layer
 from .ir.verifier import verify
+from .planner.plan import LayerPlan, plan_layer
+from .planner.stats import ShardStats
 
 BACKENDS = ("torch", "triton")
 
@@ -50,15 +55,49 @@ layer's backward IR (``sarc.ir.autodiff``), optimized and compiled like the laye
 
 
 @dataclass(frozen=True)
+class Target:
+    """What a layer is planned for (``sarc.planner.plan.plan_layer``'s arguments).
+
+    ``distributed``: cut the layer at the exchange and generate its distributed schedule
+    even on one worker (more than one worker always does)."""
+
+    mode: str = "full"                  # full | mfg | sampling
+    workers: int = 1
+    stats: ShardStats | None = None     # the shards' sizes (None: symbolic plan)
+    exec_mode: str | None = None        # sar | oneshot | hybrid (None: the planner's choice)
+    mem_budget: int | None = None       # bytes per worker for kept remote rows
+    baseline: bool = False              # the SAR-equivalent schedule
+    inputs_need_grad: bool = True       # the layer's feature inputs need gradients
+    distributed: bool = False
+
+    @property
+    def splits(self) -> bool:
+        """Whether the ``distribute`` stage cuts the layer."""
+        return self.distributed or self.workers > 1
+
+
+@dataclass(frozen=True)
 class Compilation:
-    """Every stage's result for one layer: what ``sarc compile`` prints is what runs."""
+    """Every stage's result for one layer (None for a stage not run): what ``sarc compile``
+    prints is what runs."""
 
     backend: str
+    name: str                         # the layer's name in the plan and the schedule
+    target: Target | None             # what ``plan`` planned for (None: no plan)
     traced: Function                  # as the tracer built it
     verified: Function                # checked (sarc.ir.verifier)
     backward: Function | None         # the layer's backward IR, optimized (autodiff="ir")
     optimized: Function               # after the pipeline and the backend's own passes
+    plan: LayerPlan | None            # the planner's choices for ``target``
+    split: LayerSplit | None          # ``optimized`` cut at the plan's exchange
     kernel: object                    # the backend's callable kernel (its ``function`` is ``optimized``)
+    schedule: object                  # the distributed schedule (``dist_backend.Generated``) of ``split``
+
+
+def _trace(c: dict) -> None:
+    layer = c["layer"]
+    c["traced"] = layer if isinstance(layer, Function) else layer.trace()
+    c["name"] = c["name"] or c["traced"].name
 
 
 def _verify(c: dict) -> None:
@@ -75,39 +114,67 @@ def _optimize(c: dict) -> None:
     c["optimized"] = optimize(c["verified"], c["passes"])
 
 
+def _plan(c: dict) -> None:
+    t = c["target"]
+    if t is not None:
+        c["plan"] = plan_layer(c["name"], c["optimized"], mode=t.mode, workers=t.workers,
+                               stats=t.stats, mem_budget=t.mem_budget, baseline=t.baseline,
+                               exec_mode=t.exec_mode, inputs_need_grad=t.inputs_need_grad)
+
+
+def _distribute(c: dict) -> None:
+    t = c["target"]
+    if t is not None and t.splits:
+        x = c["plan"].exchange
+        c["split"] = split_layer(c["optimized"], x.values if x is not None else None)
+
+
 def _lower(c: dict) -> None:
     if c["backend"] == "torch":
         from .backends import torch_backend as backend
     else:
         from .backends import triton_backend as backend
     c["kernel"] = backend.compile(c["optimized"], c["backward"])
+    if c.get("split") is not None:
+        from .backends import dist_backend
+        t = c["target"]
+        c["schedule"] = dist_backend.compile(c["split"], c["plan"], baseline=t.baseline,
+                                             layer_name=c["name"], workers=t.workers)
 
 
 STAGES: tuple[tuple[str, Callable[[dict], None]], ...] = (
-    ("verify", _verify), ("grad", _grad), ("optimize", _optimize), ("lower", _lower))
+    ("trace", _trace), ("verify", _verify), ("grad", _grad), ("optimize", _optimize),
+    ("plan", _plan), ("distribute", _distribute), ("lower", _lower))
 """The compile stages, in order; each reads and adds entries of the compilation's record.
-``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``BACKEND_PASSES``)."""
+``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``BACKEND_PASSES``);
+``plan`` and ``distribute`` run for a ``Target`` (``distribute`` when it ``splits``)."""
+NEEDS_TARGET = ("plan", "distribute")
 
 
-def compile_layer(fn: Function, backend: str = "torch", passes=PIPELINE,
-                  autodiff: str = "torch", through: str = "lower") -> Compilation:
-    """Run ``STAGES`` on the traced layer ``fn``, up to and including ``through``; every
-    stage's result (None for the stages not run)."""
+def compile_layer(layer, backend: str = "torch", passes=PIPELINE, autodiff: str = "torch",
+                  through: str = "lower", target: Target | None = None,
+                  name: str | None = None) -> Compilation:
+    """Run ``STAGES`` on ``layer`` (a ``sarc.Layer``, or its traced ``Function``), up to and
+    including ``through``; every stage's result. ``target``: what to plan for (None: no
+    plan, no split, no schedule); ``name``: the layer's name there (default: the traced
+    function's)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     if autodiff not in AUTODIFF:
         raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
-    extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
-    record = {"traced": fn, "backend": backend, "autodiff": autodiff,
-              "passes": (*passes, *extra)}
     if through not in dict(STAGES):
         raise ValueError(f"unknown stage {through!r}; stages: {', '.join(n for n, _ in STAGES)}")
-    for name, stage in STAGES:
+    if through in NEEDS_TARGET and target is None:
+        raise ValueError(f"stage {through!r} plans for a target; pass target=Target(...)")
+    extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
+    record = {"layer": layer, "name": name, "backend": backend, "autodiff": autodiff,
+              "target": target, "passes": (*passes, *extra)}
+    for stage_name, stage in STAGES:
         stage(record)
-        if name == through:
+        if stage_name == through:
             break
     if debug_level() >= 1 and "kernel" in record:
-        print(f"--- sarc: {fn.name} ({backend}) -> {record['kernel'].path} ---")
+        print(f"--- sarc: {record['name']} ({backend}) -> {record['kernel'].path} ---")
     return Compilation(**{f.name: record.get(f.name) for f in fields(Compilation)})
 
 

@@ -3,7 +3,7 @@
 The module (rendered from ``templates/dist_layer.py.j2``, written to a real
 file and imported, as the torch backend does) holds
 
-- the layer's parts (``sarc.distributed.split``) as PyTorch functions, one line per
+- the layer's parts (``sarc.ir.split``) as PyTorch functions, one line per
   IR value with the instruction above it, lowered by the torch backend's
   table; the edge part comes in variants, differing only in how aggregates
   and edge_softmax are lowered (to the block kernels of ``sarc.distributed.kernels``):
@@ -154,7 +154,7 @@ class Generated:
 
 def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str | None = None,
              workers: int = 1) -> str:
-    """The schedule module's source for ``split`` (``sarc.distributed.split.LayerSplit``) under ``plan``."""
+    """The schedule module's source for ``split`` (``sarc.ir.split.LayerSplit``) under ``plan``."""
     edge = split.edge
     agg_index = {name: i for name, i in edge.outputs}
     names = _Names({agg_index[a.name]: a.name for a in split.aggregates},

@@ -74,38 +74,48 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
         if w is not None:
             xe = xe * w.reshape(-1, *([1] * (xe.dim() - 1))).to(xe.dtype)
         return segment_reduce(kind, xe, g)
-    cols, n = (g.src, g.num_src) if side == "src" else (
-        torch.arange(g.num_edges, device=x.device), g.num_edges)
-    if w is None:
-        ones = torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
-        y = _csr_matmul(g.rowptr, cols, ones, (g.num_dst, n), x)
-    else:
-        y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), x)
-    return _finalize(kind, y, g)
+    cols, n = (g.src, g.num_src) if side == "src" else (None, g.num_edges)
+    w = w.reshape(-1).to(x.dtype) if w is not None else None
+    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x), g)
 
 
-class _WeightedSpmm(torch.autograd.Function):
-    """y = A_w @ x with A_w[v, u] = w[e] for each edge e = (u, v); multi-edges add up.
+def _columns(g: Graph, cols: torch.Tensor | None) -> torch.Tensor:
+    """A product's column of each edge: ``cols``, or the edge itself (None)."""
+    return cols if cols is not None else torch.arange(g.num_edges, device=g.rowptr.device)
 
-    Backward: dx = A_w^T @ dy (sparse), dw[e] = <dy[v], x[u]> (an SDDMM, computed
+
+def _weights(g: Graph, w: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return w.detach() if w is not None else torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
+
+
+class _CsrProduct(torch.autograd.Function):
+    """y = A_w @ x with A_w[v, col(e)] = w[e] for each edge e into v; multi-edges add up.
+    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: every weight is 1.
+
+    It keeps the weights (x too when they need a gradient) and the columns when they
+    are not the graph's; the ones and the edge numbering are rebuilt in backward.
+    Backward: dx = A_w^T @ dy (sparse), dw[e] = <dy[v], x[col(e)]> (an SDDMM, computed
     edge block by edge block so no E x D tensor is kept).
     """
 
     @staticmethod
     def forward(ctx, g, cols, n, w, x):
-        ctx.g, ctx.cols, ctx.n = g, cols, n
+        ctx.g, ctx.n, ctx.x_shape = g, n, x.shape
+        ctx.graph_cols = cols is g.src
         # x is needed only for dw: keep it only then
-        ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None)
-        ctx.x_shape = x.shape
-        return _csr_matmul(g.rowptr, cols, w.detach(), (g.num_dst, n), x.detach())
+        ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
+                              None if ctx.graph_cols else cols)
+        return _csr_matmul(g.rowptr, _columns(g, cols), _weights(g, w, x), (g.num_dst, n),
+                           x.detach())
 
     @staticmethod
     def backward(ctx, dy):
-        g, cols = ctx.g, ctx.cols
-        w, x = ctx.saved_tensors
+        g = ctx.g
+        w, x, cols = ctx.saved_tensors
+        cols = _columns(g, g.src if ctx.graph_cols else cols)
         dw = dx = None
         if ctx.needs_input_grad[4]:
-            a = csr(g.rowptr, cols, w.detach(), (g.num_dst, ctx.n))
+            a = csr(g.rowptr, cols, _weights(g, w, dy), (g.num_dst, ctx.n))
             dx = torch.sparse.mm(a.t(), dy.reshape(dy.shape[0], -1)).reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
             dw = torch.empty_like(w)
@@ -132,25 +142,46 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
     if g.num_src * num_types <= g.num_edges and x.dtype in _SPMM_DTYPES and g.num_edges:
         per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
         cols = g.src * num_types + types
-        n = g.num_src * num_types
-        if w is None or not w.requires_grad:
-            values = (torch.ones(g.num_edges, dtype=x.dtype, device=x.device) if w is None
-                      else w.reshape(-1).to(x.dtype))
-            y = _csr_matmul(g.rowptr, cols, values, (g.num_dst, n), per_type)
-        else:
-            y = _WeightedSpmm.apply(g, cols, n, w.reshape(-1).to(x.dtype), per_type)
-        return _finalize(kind, y, g)
-    rows = typed_linear(x.index_select(0, g.src), table, types)
+        w = w.reshape(-1).to(x.dtype) if w is not None else None
+        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type), g)
+    rows = _GatheredTypedLinear.apply(x, table, types, g.src)
     return spmm(kind, g, rows, w, "edge")
+
+
+class _GatheredTypedLinear(torch.autograd.Function):
+    """y[e] = x[src[e]] @ table[types[e]] without keeping the gathered rows (E x D): the
+    backward pass gathers them again (x, only when the table needs a gradient, and the
+    types are what it keeps)."""
+
+    @staticmethod
+    def forward(ctx, x, table, types, src):
+        ctx.src, ctx.num_rows = src, x.shape[0]
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, table, types)
+        return typed_linear(x.detach().index_select(0, src), table.detach(), types)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, table, types = ctx.saved_tensors
+        order = torch.argsort(types, stable=True)
+        counts = torch.bincount(types, minlength=table.shape[0]).tolist()
+        src = ctx.src.index_select(0, order)
+        dys = torch.split(dy.index_select(0, order), counts)
+        dx = dtable = None
+        if ctx.needs_input_grad[0]:
+            dxe = torch.cat([d @ table[r].t() for r, d in enumerate(dys)], 0)
+            dx = dxe.new_zeros((ctx.num_rows, table.shape[1])).index_add_(0, src, dxe)
+        if ctx.needs_input_grad[1]:
+            xs = torch.split(x.index_select(0, src), counts)
+            dtable = torch.stack([xr.t() @ d for xr, d in zip(xs, dys)], 0)
+        return dx, dtable, None, None
 
 
 def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[v] = sum of x[e] over the edges into v, as the CSR product [I_rows] @ x."""
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
-    ones = torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
-    cols = torch.arange(g.num_edges, device=x.device)
-    return _csr_matmul(g.rowptr, cols, ones, (g.num_dst, g.num_edges), x)
+    return _CsrProduct.apply(g, None, g.num_edges, None, x)
 
 
 def segment_reduce(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:

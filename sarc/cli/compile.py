@@ -1,10 +1,11 @@
 """``sarc compile``: a model file -> IR, plan, kernels and schedules, printed and written.
 
-For every ``sarc.Layer`` in the model (in module order) it traces the layer,
-runs the pass pipeline, generates the backend's code and plans the layer for
-the requested mode and worker count (``sarc.artifacts``), prints a summary and
-the plan, and writes the artifacts the user asks for (``--emit``) to ``--out``
-(see ``sarc.artifacts`` for the files).
+For every ``sarc.Layer`` in the model (in module order) it runs the compile
+pipeline (``sarc.compiler``: trace, passes, plan for the requested mode and
+worker count, the cut at the exchange, the backend's code and the schedule;
+``sarc.artifacts``), prints a summary and the plan it compiled, and writes the
+artifacts the user asks for (``--emit``) to ``--out`` (see ``sarc.artifacts``
+for the files).
 """
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def compile_command(args) -> int:
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
                         workers=args.workers, stats=stats,
                         mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
-                        baseline=args.baseline, exec_mode=args.exec_mode)
+                        baseline=args.baseline, exec_mode=args.exec_mode,
+                        schedules="schedule" in emit)
     print(format_summary(art), end="")
     if "plan" in emit:
         print(format_plan(art.plan), end="")

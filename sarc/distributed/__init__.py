@@ -5,7 +5,7 @@
     loss = global_loss(...) ; loss.backward()
     allreduce_gradients(model, group)        # parameter gradients summed over workers
 
-Modules, in pipeline order: ``split`` (a layer's IR cut at the exchange),
+Modules, in pipeline order (the cut of a layer at the exchange is ``sarc.ir.split``):
 ``merge`` (partial aggregates -> aggregates) and ``kernels`` (their block
 kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the

@@ -36,7 +36,7 @@ import math
 import torch
 
 from ..ir.reducers import NEG_INF, SOFTMAX, reducer, tie_share
-from .split import Aggregate
+from ..ir.split import Aggregate
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.reshape(mask.shape[0], *mask.shape[1:], *([1] * (like.dim() - mask.dim())))

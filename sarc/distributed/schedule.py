@@ -1,10 +1,11 @@
 """The schedule runtime: a layer called on a ``DistGraph`` runs its generated schedule.
 
 ``run_layer`` (what ``sarc.Layer.forward`` calls with a ``DistGraph``) binds the
-call's features, compiles the layer for the graph once (trace -> passes ->
-planner -> ``split_layer`` -> ``dist_backend``), and runs the generated
-``forward`` inside a ``torch.autograd.Function`` whose backward runs the
-generated ``backward``: the user's training loop stays plain PyTorch.
+call's features, compiles the layer for the graph once (``sarc.compiler.compile_layer``
+for the graph's target: trace -> passes -> plan -> the cut at the exchange ->
+the ``dist_backend`` schedule), and runs the generated ``forward`` inside a
+``torch.autograd.Function`` whose backward runs the generated ``backward``: the
+user's training loop stays plain PyTorch.
 
 ``Call`` is the runtime a generated schedule calls (``rt`` there): the parts'
 inputs, the row exchange of each pass over the source blocks (which peers'
@@ -26,14 +27,14 @@ from .. import compiler
 from ..graph import Graph
 from ..ir import rng
 from ..ir.ops import Op
+from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
-from ..planner.plan import LayerPlan, plan_layer
+from ..planner.plan import LayerPlan
 from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
 from .merge import NormalizerMerge, SiteShares, make_merge
-from .split import AGGREGATE_OPS, LayerSplit, split_layer
 
 
 @dataclass
@@ -56,14 +57,12 @@ class LayerProgram:
 
 def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
     # the layer's IR as it runs on one process (the pipeline and the torch backend's passes,
-    # whose kernels run the blocks), cut at the exchange below
-    fn = compiler.compile_layer(layer.trace(), "torch", through="optimize").optimized
-    lp = plan_layer(name, fn, mode="full", workers=dg.size, stats=dg.stats,
-                    mem_budget=dg.mem_budget, baseline=dg.baseline, exec_mode=dg.exec_mode,
-                    inputs_need_grad=inputs_need_grad)
-    split = split_layer(fn, lp.exchange)
-    gen = dist_backend.compile(split, lp, baseline=dg.baseline, layer_name=name, workers=dg.size)
-    return LayerProgram(name, lp, split, gen)
+    # whose kernels run the blocks), planned for dg, cut at the exchange, and its schedule
+    target = compiler.Target(workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
+                             mem_budget=dg.mem_budget, baseline=dg.baseline,
+                             inputs_need_grad=inputs_need_grad, distributed=True)
+    c = compiler.compile_layer(layer, "torch", target=target, name=name)
+    return LayerProgram(name, c.plan, c.split, c.schedule)
 
 
 def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:

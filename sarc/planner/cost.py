@@ -4,11 +4,14 @@ Formulas are in the graph sizes of a layer's block (``N_src``, ``N_dst``, ``E``)
 and, for distributed runs, ``B`` (remote rows a worker needs). They are
 evaluated on real statistics by substitution.
 
-Bytes kept for backward follow what reverse mode needs from each op (the
-``SAVES`` table: which operands, or the output, its gradient rule reads), as
-the PyTorch backend runs it: fused ops keep their operands (their edge values
-are recomputed), sparse products only their edge weights, attention its
-per-edge scores and weights (4 tensors of E x heads, never E x heads x D).
+Bytes kept for backward are what the PyTorch backend's kernel keeps when it runs
+(``tests/planner/test_kept_bytes.py`` checks them against autograd's saved tensors):
+each op keeps what its gradient rule reads (the ``SAVES`` table: operands, or the
+output) for the operands that need a gradient, nothing when none does; views (a
+reshape, a layer input's destination rows) keep their base once. Fused ops keep
+what their lowering keeps: a sparse product its edge weights (a typed one also its
+column index), attention its per-edge scores and weights (never E x heads x D),
+any other fused op its node operands (its edge values are recomputed).
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import sympy
 
 from ..ir.function import Function, Region, Value
 from ..ir.ops import BINARY_ELEMENTWISE, FUSED, Op
-from ..ir.types import E, N_DST, Domain, DType, TensorType
+from ..ir.reducers import reducer
+from ..ir.types import E, N_DST, N_SRC, Domain, DType, TensorType
 
 B = sympy.Symbol("B", integer=True, nonnegative=True)
 """Remote source rows one worker receives per exchange (each row once)."""
@@ -26,9 +30,10 @@ B = sympy.Symbol("B", integer=True, nonnegative=True)
 DTYPE_BYTES = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I64: 8}
 
 OUT = "out"
-# What each op's gradient rule reads: operand positions, or OUT for the result.
+# What each op's gradient rule reads: operand positions, or OUT for the result; a position
+# is kept only when another operand (a unary op: the operand itself) needs a gradient.
 SAVES: dict[Op, tuple] = {
-    Op.LINEAR: (0,), Op.MATMUL: (0,), Op.TYPED_LINEAR: (0, 2),
+    Op.LINEAR: (0, 1), Op.MATMUL: (0, 1), Op.TYPED_LINEAR: (0, 2),
     Op.MUL: (0, 1), Op.DIV: (0, 1),
     Op.EXP: (OUT,), Op.RELU: (OUT,), Op.SIGMOID: (OUT,), Op.TANH: (OUT,), Op.ELU: (OUT,),
     Op.LOG: (0,), Op.POW: (0,), Op.CLAMP_MIN: (0,), Op.LEAKY_RELU: (0,),
@@ -36,64 +41,165 @@ SAVES: dict[Op, tuple] = {
 }
 
 SAVED_BY_REDUCER: dict[str, tuple] = {
-    "sum": (), "mean": (),
-    "max": (0,), "min": (0,),   # a REDUCE keeps its edge values, to find the ties
-    "softmax": ("score",) * 4,  # score-sized: raw and activated scores, exponentials, weights
+    "sum": (), "mean": ("degree",),
+    "max": (0, OUT), "min": (0, OUT),  # the edge values and the result, to find the ties
+    "softmax": ("weights",),           # the softmax weights (score-sized)
 }
 """What each reducer's backward keeps (``sarc.ir.reducers``): operand positions of a
-``REDUCE``; for softmax, score-sized tensors of a softmax_aggregate (its operands are
-kept as every fused op's are)."""
+``REDUCE`` or its result; ``degree``: the in-degree column a mean divides by; for
+softmax, the weights of a softmax_aggregate (its scores are kept by the score's ops)."""
 
 
 def nbytes(t: TensorType) -> sympy.Expr:
     return t.numel_expr() * DTYPE_BYTES[t.dtype]
 
 
-def _saved(values, i: int, v: Value) -> list[tuple[object, TensorType]]:
-    """(identity, type) of each tensor value ``i`` keeps for its backward."""
-    if v.op in FUSED:
-        from ..ir.patterns import spmm_pattern, typed_spmm_pattern
-        pattern = spmm_pattern(v)
-        typed = typed_spmm_pattern(v)
-        if pattern is not None or typed is not None:  # a sparse product keeps its edge weights
-            w = pattern[1] if pattern is not None else typed[3]
-            return [] if w is None else [(v.inputs[w], values[v.inputs[w]].type)]
-        kept = [(j, values[j].type) for j in v.inputs if values[j].type.domain is not Domain.PARAM]
-        if v.op is Op.SOFTMAX_AGGREGATE:
-            s = v.attr["score"]
-            t = s.values[s.result].type
-            kept += [(("softmax", i, k), t) for k, _ in enumerate(SAVED_BY_REDUCER["softmax"])]
-        return kept
-    if v.op is Op.REDUCE:
-        return [(v.inputs[k], values[v.inputs[k]].type) for k in SAVED_BY_REDUCER[v.attr["kind"]]]
-    out = []
-    for s in SAVES.get(v.op, ()):
-        if s == OUT:
-            out.append((i, v.type))
-        elif s == "mask":
-            out.append((("mask", i), v.type.with_(dtype=DType.F16)))  # a byte per element; f16 ~ 2
-        else:
-            j = v.inputs[s]
-            t = values[j].type
-            if t.domain is not Domain.PARAM:
-                out.append((j, t))
+class _Kept:
+    """The tensors kept for backward, each once: key -> type. A key names a storage: a
+    reshape keeps its input's, a layer input its name's (its src rows)."""
+
+    def __init__(self, fn: Function):
+        self.inputs: dict[str, TensorType] = {}
+        for v in fn.values:
+            if v.op is Op.INPUT and (v.attr["name"] not in self.inputs
+                                     or v.type.domain is Domain.SRC):
+                self.inputs[v.attr["name"]] = v.type
+        self.seen: dict[object, TensorType] = {}
+        self.sized: dict[object, tuple[Domain, sympy.Expr]] = {}  # bytes not of one value's type
+
+    def value(self, values, j: int, scope=()) -> None:
+        while values[j].op is Op.RESHAPE:
+            j = values[j].inputs[0]
+        v = values[j]
+        if v.op is Op.INPUT:
+            self.seen.setdefault(("input", v.attr["name"]), self.inputs[v.attr["name"]])
+        elif v.type.domain is not Domain.PARAM:
+            self.seen.setdefault((*scope, j), v.type)
+
+    def other(self, key, t: TensorType) -> None:
+        self.seen.setdefault(key, t)
+
+    def bytes(self, key, domain: Domain, n: sympy.Expr) -> None:
+        self.sized.setdefault(key, (domain, n))
+
+
+def _float_needs(values, leaf) -> list[bool]:
+    """Per value: a float computed from a leaf for which ``leaf(value)`` is true."""
+    out: list[bool] = []
+    for v in values:
+        n = leaf(v) if v.op in (Op.INPUT, Op.PARAM, Op.ARG, Op.CONST) else any(out[j] for j in v.inputs)
+        out.append(bool(n) and v.type.dtype.is_float)
     return out
 
 
-def saved_for_backward(fn: Function) -> dict[str, sympy.Expr]:
-    """Bytes kept between forward and backward, split by domain ("edge", "node", "total")."""
-    seen: dict[object, TensorType] = {}
+def _keep_op(kept: _Kept, values, i: int, v: Value, need: list[bool], scope=()) -> None:
+    """What op ``i`` (not fused) keeps, per its gradient rule."""
+    if v.op is Op.REDUCE:
+        x = v.inputs[0]
+        if need[x]:
+            for s in SAVED_BY_REDUCER[v.attr["kind"]]:
+                if s == "degree":
+                    kept.other(("degree", *scope, i), v.type.with_(feat=()))
+                else:
+                    kept.value(values, i if s == OUT else v.inputs[s], scope)
+        return
+    rule = SAVES.get(v.op, ())
+    if not any(need[j] for j in v.inputs):
+        return
+    for s in rule:
+        if s == OUT:
+            kept.value(values, i, scope)
+        elif s == "mask":  # the kernel multiplies by a scale of the operand's type
+            kept.other(("mask", *scope, i), v.type)
+        elif v.op is Op.TYPED_LINEAR and s == 2:  # its rows' order by type: an index per row
+            kept.other(("order", *scope, i), values[v.inputs[2]].type)
+        elif _read_by_a_gradient(v, s, rule, need):
+            kept.value(values, v.inputs[s], scope)
+
+
+def _read_by_a_gradient(v: Value, s: int, rule: tuple, need: list[bool]) -> bool:
+    """Is operand ``s`` read by the gradient of an operand that needs one? A unary rule's by
+    its own; a product's operand by the other's; a quotient's divisor by both."""
+    if len(v.inputs) == 1 or len(rule) == 1 or (v.op is Op.DIV and s == 1):
+        return True  # some operand needs a gradient (checked before)
+    return any(need[k] for n, k in enumerate(v.inputs) if n != s)
+
+
+def _keep_region(kept: _Kept, r: Region, operands: list[int], need: list[bool], i: int) -> list[bool]:
+    """What a region run under plain autograd keeps (an sddmm, attention's scores): its ops'
+    saves; an operand read per edge at src / dst is a gathered copy, one row per edge."""
+    rneed = _float_needs(r.values, lambda a: a.op is Op.ARG and need[operands[a.attr["index"]]])
+    for k, rv in enumerate(r.values):
+        if rv.op is not Op.ARG:
+            _keep_op(kept, r.values, k, rv, rneed, ("region", i))
+    return rneed
+
+
+def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None:
+    """What fused op ``i`` keeps, as the PyTorch backend lowers it."""
+    from ..ir.patterns import arg_index, spmm_pattern, typed_spmm_pattern
+    ops = v.inputs
+    if not any(need[j] for j in ops):
+        return
+    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree:  # a mean's divisor
+        kept.other(("degree", i), v.type.with_(feat=()))
+    typed = typed_spmm_pattern(v)
+    if typed is not None:
+        # x @ table[r] per (node, type) summed by a CSR product of column src * R + type when
+        # nodes x types <= edges, else per edge from the gathered rows: either keeps an int64
+        # per edge (the columns, or the types), x for the table's gradient, the weights, and
+        # for theirs the products (per node and type, or per edge: the fewer)
+        x, table, types, w = (None if k is None else ops[k] for k in typed)
+        if need[table]:
+            kept.value(values, x)
+        kept.other(("columns", i), values[types].type)
+        if w is not None:
+            kept.value(values, w)
+            if need[w]:
+                t = values[table].type
+                rows = sympy.Min(N_SRC * t.feat[0], E)
+                kept.bytes(("products", i), Domain.EDGE, rows * t.feat[2] * DTYPE_BYTES[t.dtype])
+        return
+    pattern = spmm_pattern(v)
+    if pattern is not None:  # a CSR product keeps its edge weights (and x, for theirs)
+        x, w, _ = pattern
+        if w is not None:
+            kept.value(values, ops[w])
+            if need[ops[w]]:
+                kept.value(values, ops[x])
+        return
+    if v.op is Op.SDDMM:
+        _keep_region(kept, v.attr["body"], list(ops), need, i)
+        return
+    if v.op is Op.SOFTMAX_AGGREGATE:
+        value = v.attr["value"]
+        z = arg_index(value, value.result, "src")
+        if z is not None:  # scores per edge, their softmax weights, a CSR product per head
+            score = v.attr["score"]
+            rneed = _keep_region(kept, score, list(ops), need, i)
+            kept.other(("weights", i), score.values[score.result].type)
+            if rneed[score.result]:
+                kept.value(values, ops[z])
+            return
+    for j in ops:  # recomputed block by block from its operands
+        kept.value(values, j)
+
+
+def saved_for_backward(fn: Function, inputs_need_grad: bool = True) -> dict[str, sympy.Expr]:
+    """Bytes kept between forward and backward, split by domain ("edge", "node", "total");
+    ``inputs_need_grad``: whether the layer's node features need gradients."""
+    memo: dict = {}
+    need = [_needs_grad(fn, j, memo, inputs_need_grad) and v.type.dtype.is_float
+            for j, v in enumerate(fn.values)]
+    kept = _Kept(fn)
     for i, v in enumerate(fn.values):
-        for key, t in _saved(fn.values, i, v):
-            seen.setdefault(key, t)
-        for _, r in v.attrs:
-            if isinstance(r, Region) and v.op is Op.SDDMM:  # an sddmm runs under plain autograd
-                for k, rv in enumerate(r.values):
-                    for key, t in _saved(r.values, k, rv):
-                        seen.setdefault(("region", i, key), t)
-    edge = sum((nbytes(t) for t in seen.values() if t.domain is Domain.EDGE), sympy.Integer(0))
-    node = sum((nbytes(t) for t in seen.values() if t.domain in (Domain.SRC, Domain.DST)),
-               sympy.Integer(0))
+        if v.op in FUSED:
+            _keep_fused(kept, fn.values, i, v, need)
+        else:
+            _keep_op(kept, fn.values, i, v, need)
+    sized = [(t.domain, nbytes(t)) for t in kept.seen.values()] + list(kept.sized.values())
+    edge = sum((n for d, n in sized if d is Domain.EDGE), sympy.Integer(0))
+    node = sum((n for d, n in sized if d in (Domain.SRC, Domain.DST)), sympy.Integer(0))
     return {"edge": sympy.expand(edge), "node": sympy.expand(node), "total": sympy.expand(edge + node)}
 
 
@@ -257,11 +363,13 @@ def _src_closure(fn: Function, roots: list[int]) -> set[int]:
 
 
 def _needs_grad(fn: Function, j: int, memo: dict, inputs_need_grad: bool) -> bool:
-    """Does value ``j`` depend on a parameter (or on a feature input that needs grad)?"""
+    """Does value ``j`` depend on a parameter (or on a node feature input that needs grad:
+    ``inputs_need_grad``, a layer after the first; edge features come with the graph)?"""
     if j not in memo:
         v = fn.values[j]
         memo[j] = v.op is Op.PARAM or (
             inputs_need_grad and v.op is Op.INPUT and v.type.dtype.is_float
+            and v.type.domain is not Domain.EDGE
             and v.attr["name"] not in ("in_degree", "out_degree")
         ) or any(_needs_grad(fn, k, memo, inputs_need_grad) for k in v.inputs)
     return memo[j]

@@ -155,7 +155,7 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
     # the backward pass revisits the blocks only if a gradient flows through the edges
     bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
-    saved = saved_for_backward(fn)
+    saved = saved_for_backward(fn, inputs_need_grad)
     recomputed = [f"edge values of {v.op.value} %{i}" for i, v in enumerate(fn.values) if v.op in FUSED
                   and v.op is not Op.SDDMM]
     if chosen is not None and chosen.recompute:

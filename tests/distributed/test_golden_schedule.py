@@ -18,7 +18,7 @@ from gcn import GCNLayer
 
 from sarc.backends import dist_backend
 from sarc.compiler import optimize
-from sarc.distributed.split import split_layer
+from sarc.ir.split import split_layer
 from sarc.planner.plan import plan_layer
 from sarc.planner.stats import ShardStats
 
@@ -42,7 +42,7 @@ def schedule(name: str) -> str:
     fn = optimize(make().trace())
     lp = plan_layer(name, fn, workers=2, stats=STATS, exec_mode=mode, baseline=baseline,
                     inputs_need_grad=True)
-    return dist_backend.generate(split_layer(fn, lp.exchange), lp, baseline=baseline,
+    return dist_backend.generate(split_layer(fn, lp.exchange.values), lp, baseline=baseline,
                                  layer_name=name, workers=2)
 
 

@@ -1,4 +1,4 @@
-"""Splitting a layer at the exchange (sarc.distributed.split) and the merge rules (sarc.distributed.merge).
+"""Splitting a layer at the exchange (sarc.ir.split) and the merge rules (sarc.distributed.merge).
 
 In-process, no workers: the parts are run by the reference interpreter on the
 blocks of real shards and merged, and must give the interpreter's result on the
@@ -15,7 +15,7 @@ import sarc
 from sarc.compiler import optimize
 from sarc.distributed import kernels as DK
 from sarc.distributed.merge import ExtremumMerge, NormalizerMerge, SoftmaxMerge, SumMerge
-from sarc.distributed.split import SplitError, format_split, split_layer
+from sarc.ir.split import SplitError, format_split, split_layer
 from sarc.ir import interpreter
 from sarc.ir.ops import Op
 from sarc.ir.types import Domain
@@ -42,7 +42,7 @@ def test_every_exchange_candidate_splits_into_verified_parts(name):
     cands = exchange_candidates(fn)
     assert cands
     for ex in cands:
-        split = split_layer(fn, ex)
+        split = split_layer(fn, ex.values)
         # X crosses: the src part computes exactly the exchanged values, in order
         assert [k for k, _ in split.src.outputs] == [s.name for s in split.exchanged]
         assert all(v.type.domain is not Domain.SRC for v in split.src.values)
@@ -60,23 +60,23 @@ def test_every_exchange_candidate_splits_into_verified_parts(name):
 
 def test_kinds_and_softmax_sites():
     fn = optimize(GATLayer(D, 3, heads=2).trace())
-    split = split_layer(fn, exchange_candidates(fn)[0])
+    split = split_layer(fn, exchange_candidates(fn)[0].values)
     assert [a.kind for a in split.aggregates] == ["softmax"] and not split.softmax_sites
     assert split.aggregates[0].score_feat == (2,)
     assert [s.name for s in split.dst_values] == ["$d0"]  # er, read at the destinations
     fn = optimize(GATLayer(D, 3, heads=2, attn_drop=0.5).trace())
-    split = split_layer(fn, exchange_candidates(fn)[0])
+    split = split_layer(fn, exchange_candidates(fn)[0].values)
     assert [a.kind for a in split.aggregates] == ["sum"] and len(split.softmax_sites) == 1
     assert split.fetch_passes() == 2
     fn = optimize(LAYERS["sage"](D).trace())
-    assert [a.kind for a in split_layer(fn, exchange_candidates(fn)[0]).aggregates] == ["mean"]
+    assert [a.kind for a in split_layer(fn, exchange_candidates(fn)[0].values).aggregates] == ["mean"]
 
 
 def test_pushdown_exchange_sends_projected_values_baseline_sends_inputs():
     fn = optimize(GATLayer(32, 3, heads=2).trace())
     pushed, narrow, raw = exchange_candidates(fn)
     assert pushed.width == 2 + 6 and narrow.width == 6 and raw.width == 32
-    s_pushed, s_narrow, s_raw = (split_layer(fn, c) for c in (pushed, narrow, raw))
+    s_pushed, s_narrow, s_raw = (split_layer(fn, c.values) for c in (pushed, narrow, raw))
     assert s_pushed.row_width == 8 and s_narrow.row_width == 6 and s_raw.row_width == 32
     # baseline: the receiver recomputes W h on the rows it got (a linear in the edge part)
     assert any(v.op is Op.LINEAR for v in s_raw.edge.values)
@@ -93,7 +93,7 @@ def test_split_rejects_an_exchange_that_misses_a_source_input():
     pushed, raw = exchange_candidates(fn)
     narrow = type(raw)(raw.values[:1], raw.names[:1], D, 4, True, ())
     with pytest.raises(SplitError, match="does not carry"):
-        split_layer(fn, narrow)
+        split_layer(fn, narrow.values)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, whi
     src, dst, n, edata, parts = shards
     layer = LAYERS[name](D)
     fn = optimize(layer.trace())
-    split = split_layer(fn, exchange_candidates(fn)[which])
+    split = split_layer(fn, exchange_candidates(fn)[which].values)
     g = sarc.Graph.from_edges(src, dst, n)
     feats = features(layer, g, D)
     feats.update({k: v for k, v in edata.items() if k in feats})

@@ -15,7 +15,7 @@ import sarc
 from sarc.backends import torch_kernels, triton_grad, triton_kernels
 from sarc.distributed import kernels as DK
 from sarc.distributed import merge
-from sarc.distributed.split import BLOCK_KIND, Aggregate
+from sarc.ir.split import BLOCK_KIND, Aggregate
 from sarc.ir import autodiff, interpreter, ops
 from sarc.ir.reducers import REDUCE_KINDS, REDUCERS, Reducer, reducer
 from sarc.planner import cost

@@ -121,7 +121,8 @@ def test_printed_ir_and_plan_are_what_runs(model, backend):
 
 def test_rgcn_plan_keeps_what_the_torch_kernel_keeps():
     """RGCN's typed product is fused into the aggregate by the torch backend's pass; the
-    plan of that IR keeps 4 bytes per edge (the edge type), not the per-edge messages."""
+    plan of that IR keeps 12 bytes per edge (the edge weight and the product's int64
+    column), not the per-edge messages."""
     from sarc.artifacts import compile_model
     from sarc.loader import load_model_file
     from sarc.train import DEFAULTS, build
@@ -131,7 +132,7 @@ def test_rgcn_plan_keeps_what_the_torch_kernel_keeps():
     hp = {**DEFAULTS, **spec.hparams}
     net = build(spec, load_dataset(hp["dataset"]), hp)
     plan = compile_model(net, spec.name, backend="torch").plan
-    assert [str(lp.saved["edge"]) for lp in plan.layers] == ["4*E", "4*E"]
+    assert [str(lp.saved["edge"]) for lp in plan.layers] == ["12*E", "12*E"]
 
 
 def test_compile_layer_returns_every_stage():
@@ -142,7 +143,8 @@ def test_compile_layer_returns_every_stage():
     from gat import GATLayer
 
     layer = GATLayer(6, 3, heads=2)
-    assert [name for name, _ in STAGES] == ["verify", "grad", "optimize", "lower"]
+    assert [name for name, _ in STAGES] == ["trace", "verify", "grad", "optimize", "plan",
+                                          "distribute", "lower"]
     c = compile_layer(layer.trace())
     assert c.backward is None and c.kernel.function is c.optimized
     assert len(c.optimized.values) < len(c.traced.values)  # the passes ran

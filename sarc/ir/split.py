@@ -1,9 +1,10 @@
-"""Splitting a layer at the exchange: one optimized layer -> four IR functions.
+"""The cut at the exchange: one optimized layer -> four IR functions.
 
 A worker owns some destination nodes and receives, per source shard j, the rows
-of the exchanged values X (``sarc.planner.cost.Exchange``: e.g. ``W h`` and
-GAT's ``el``, or the raw ``h`` in baseline mode) that its edges from shard j
-read. ``split_layer`` cuts the layer's IR into the parts a schedule runs:
+of the exchanged values X (the values the planner chose to send,
+``sarc.planner.cost.Exchange.values``: e.g. ``W h`` and GAT's ``el``, or the raw
+``h`` in baseline mode) that its edges from shard j read. ``split_layer`` cuts
+the layer's IR into the parts a schedule runs:
 
 - ``src``: on the worker's owned rows, X from the layer's src-side inputs
   (node-local: its values are written in the dst domain, one row per owned node);
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Sequence
+
 from ..errors import SarcError
-from ..ir.function import Builder, Function
-from ..ir.ops import Op
-from ..ir.reducers import REDUCERS
-from ..ir.types import Domain, TensorType
-from ..ir.verifier import verify
-from ..planner.cost import Exchange
+from .function import Builder, Function
+from .ops import Op
+from .reducers import REDUCERS
+from .types import Domain, TensorType
+from .verifier import verify
 
 AGGREGATE_OPS = (Op.REDUCE, Op.AGGREGATE, Op.SOFTMAX_AGGREGATE)
 BLOCK_KIND = {name: "sum" for name, r in REDUCERS.items() if r.node_level and r.by_degree}
@@ -85,7 +87,6 @@ class SoftmaxSite:
 @dataclass(frozen=True)
 class LayerSplit:
     layer: Function
-    exchange: Exchange | None
     src: Function | None          # None when nothing crosses the network
     dst_pre: Function | None      # None when the edges read no dst value
     edge: Function
@@ -159,16 +160,18 @@ def _depends_on(fn: Function, roots: set[int]) -> list[bool]:
     return dep
 
 
-def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
-    """Cut the optimized layer ``fn`` at ``exchange`` (the planner's choice; None when
-    the layer reads no source rows)."""
+def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
+    """Cut the optimized layer ``fn`` where the values ``exchanged`` (indices in ``fn``, in
+    the order rows pack them: the planner's choice) cross the network; None when the layer
+    reads no source rows."""
     values = fn.values
     aggs = [i for i, v in enumerate(values) if v.op in AGGREGATE_OPS]
     if not aggs:
         raise SplitError(f"layer {fn.name} aggregates nothing over edges; it needs no exchange "
                          f"and no split (run it on each worker's nodes)")
     after_agg = _depends_on(fn, set(aggs))
-    x_index = {j: k for k, j in enumerate(exchange.values)} if exchange is not None else {}
+    exchanged = tuple(exchanged or ())
+    x_index = {j: k for k, j in enumerate(exchanged)}
     for j in x_index:
         if values[j].type.domain is not Domain.SRC:
             raise SplitError(f"exchanged value %{j} is a {values[j].type.domain.value} value; "
@@ -187,7 +190,7 @@ def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
             return f"{X_PREFIX}{x_index[i]}", v.type
         if v.type.domain is Domain.SRC and v.op is Op.INPUT:
             raise SplitError(f"the edges of {fn.name} read src input {v.attr['name']!r}, which "
-                             f"the exchange ({', '.join(exchange.names) if exchange else 'none'}) "
+                             f"the exchange ({', '.join(f'%{j}' for j in exchanged) or 'none'}) "
                              f"does not carry")
         if v.type.domain is Domain.DST and v.op not in AGGREGATE_OPS:
             if after_agg[i]:
@@ -216,11 +219,10 @@ def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
 
     # src part: X on owned rows (written as dst values: one row per owned node) ----------
     src_fn = None
-    exchanged: tuple[Slot, ...] = ()
-    if exchange is not None:
-        exchanged = tuple(Slot(f"{X_PREFIX}{k}", values[j].type, j) for k, j in enumerate(exchange.values))
+    slots = tuple(Slot(f"{X_PREFIX}{k}", values[j].type, j) for k, j in enumerate(exchanged))
+    if slots:
         src = _Part(fn, f"{fn.name}_src", lambda i: None, domain_map={Domain.SRC: Domain.DST})
-        src_fn = src.finish([(s.name, src.get(s.index)) for s in exchanged])
+        src_fn = src.finish([(s.name, src.get(s.index)) for s in slots])
 
     # dst parts: before the edges (what they read), after the merge (the outputs) ---------
     dst_values = tuple(d_slots.values())
@@ -239,13 +241,13 @@ def split_layer(fn: Function, exchange: Exchange | None) -> LayerSplit:
 
     post = _Part(fn, f"{fn.name}_dst_post", post_leaf)
     post_fn = post.finish([(name, post.get(i)) for name, i in fn.outputs])
-    return LayerSplit(fn, exchange, src_fn, dst_pre_fn, edge_fn, post_fn, exchanged,
+    return LayerSplit(fn, src_fn, dst_pre_fn, edge_fn, post_fn, slots,
                       dst_values, tuple(aggregates), sites)
 
 
 def format_split(split: LayerSplit) -> str:
     """The four parts as IR text, with the slots that join them."""
-    from ..ir.printer import format_function
+    from .printer import format_function
     out = [f"# {split.layer.name} split at the exchange: "
            + (", ".join(f"{s.name} = %{s.index}" for s in split.exchanged) or "nothing exchanged")]
     for title, part in (("src (owned rows)", split.src), ("dst_pre", split.dst_pre),
