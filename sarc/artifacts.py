@@ -39,7 +39,7 @@ from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.printer import format_function
-from .planner.plan import LayerPlan, Plan, format_plan
+from .planner.plan import LayerPlan, Plan, format_plan, share_budget
 from .planner.stats import ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -105,11 +105,18 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
     The first layer's input features need no gradient."""
     t0 = time.perf_counter()
+    layers = find_layers(model)
+    shared = [None] * len(layers)
+    if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
+        # the budget is the whole step's: the layers share it (share_budget)
+        fns = [(compile_layer(layer, backend, through="optimize").optimized, k > 0)
+               for k, (_, layer) in enumerate(layers)]
+        shared = share_budget(fns, stats, mem_budget, baseline)
     compiled = []
-    for k, (lname, layer) in enumerate(find_layers(model)):
+    for k, (lname, layer) in enumerate(layers):
         target = Target(mode=mode, workers=workers, stats=stats, exec_mode=exec_mode,
                         mem_budget=mem_budget, baseline=baseline, inputs_need_grad=k > 0,
-                        distributed=schedules)
+                        distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
                                                            name=lname)))
     plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats)

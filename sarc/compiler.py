@@ -65,7 +65,8 @@ class Target:
     workers: int = 1
     stats: ShardStats | None = None     # the shards' sizes (None: symbolic plan)
     exec_mode: str | None = None        # sar | oneshot | hybrid (None: the planner's choice)
-    mem_budget: int | None = None       # bytes per worker for kept remote rows
+    mem_budget: int | tuple[int, ...] | None = None  # bytes per worker kept for backward
+    kept_peers: tuple[tuple[int, ...], ...] | None = None  # the whole step's choice (share_budget)
     baseline: bool = False              # the SAR-equivalent schedule
     inputs_need_grad: bool = True       # the layer's feature inputs need gradients
     distributed: bool = False
@@ -119,7 +120,8 @@ def _plan(c: dict) -> None:
     if t is not None:
         c["plan"] = plan_layer(c["name"], c["optimized"], mode=t.mode, workers=t.workers,
                                stats=t.stats, mem_budget=t.mem_budget, baseline=t.baseline,
-                               exec_mode=t.exec_mode, inputs_need_grad=t.inputs_need_grad)
+                               exec_mode=t.exec_mode, inputs_need_grad=t.inputs_need_grad,
+                               kept_peers=t.kept_peers)
 
 
 def _distribute(c: dict) -> None:

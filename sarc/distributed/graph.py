@@ -75,6 +75,7 @@ class DistGraph:
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
+        self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
         self._csr = None
         trim_heap()  # the loading's and the setup's transients go back to the system
 
@@ -82,6 +83,11 @@ class DistGraph:
         """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
         from .schedule import run_layer
         return run_layer(layer, self, args, feats)
+
+    def share_memory(self, model) -> None:
+        """Share the memory budget over a whole step of ``model`` (before its first step)."""
+        from .schedule import share_memory
+        share_memory(model, self)
 
     # --- what layers and models read -----------------------------------------------------
     @property

@@ -29,7 +29,7 @@ from ..ir import rng
 from ..ir.ops import Op
 from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
-from ..planner.plan import LayerPlan
+from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
@@ -59,10 +59,41 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> La
     # the layer's IR as it runs on one process (the pipeline and the torch backend's passes,
     # whose kernels run the blocks), planned for dg, cut at the exchange, and its schedule
     target = compiler.Target(workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
-                             mem_budget=dg.mem_budget, baseline=dg.baseline,
-                             inputs_need_grad=inputs_need_grad, distributed=True)
+                             mem_budget=_budget_left(dg, layer), baseline=dg.baseline,
+                             inputs_need_grad=inputs_need_grad, distributed=True,
+                             kept_peers=dg.kept_share.get(id(layer)))
     c = compiler.compile_layer(layer, "torch", target=target, name=name)
     return LayerProgram(name, c.plan, c.split, c.schedule)
+
+
+def share_memory(model, dg: DistGraph) -> None:
+    """Share ``dg.mem_budget`` over a whole training step of ``model``: which peers' rows
+    each of its sarc layers keeps (``sarc.planner.plan.share_budget``; the layers in
+    module order, the first one's input needing no gradient). The trainer calls it
+    before the first step; the layers' programs are planned with the shares."""
+    from ..dsl import Layer
+    if dg.mem_budget is None or dg.size == 1 or dg.exec_mode not in (None, "hybrid"):
+        return
+    layers = [m for m in model.modules() if isinstance(m, Layer)]
+    fns = [(compiler.compile_layer(layer, "torch", through="optimize").optimized, k > 0)
+           for k, layer in enumerate(layers)]
+    for layer, kept in zip(layers, share_budget(fns, dg.stats, dg.mem_budget, dg.baseline)):
+        dg.kept_share[id(layer)] = kept
+    dg.programs.clear()
+
+
+def _budget_left(dg: DistGraph, layer):
+    """Per worker, the budget a layer not in a shared plan gets: what the layers planned
+    before it keep leaves, first come first served. (It cannot reserve what later layers
+    keep of their own shards; ``share_memory``, which the trainer calls, does.)"""
+    if dg.mem_budget is None or id(layer) in dg.kept_share:
+        return dg.mem_budget
+    taken = {}
+    for (lid, _), prog in dg.programs.items():
+        if lid != id(layer) and prog.plan.bytes_kept is not None:
+            kept = prog.plan.bytes_kept
+            taken[lid] = [max(a, b) for a, b in zip(taken.get(lid, kept), kept)]
+    return tuple(dg.mem_budget - sum(t[r] for t in taken.values()) for r in range(dg.size))
 
 
 def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:

@@ -70,6 +70,19 @@ class Plan:
         p = self.workers
         return [[(r, (r + k) % p, (r - k) % p) for r in range(p)] for k in range(1, p)]
 
+    def step_bytes_kept(self) -> list[int] | None:
+        """Per worker, the bytes a training step keeps for backward, all layers together."""
+        if self.stats is None or any(lp.bytes_kept is None for lp in self.layers):
+            return None
+        return [sum(lp.bytes_kept[r] for lp in self.layers) for r in range(self.workers)]
+
+    def over_budget(self) -> list[int]:
+        """The workers whose step keeps more than the memory budget."""
+        step = self.step_bytes_kept()
+        if step is None or self.mem_budget is None:
+            return []
+        return [r for r, b in enumerate(step) if b > self.mem_budget]
+
     def total_bytes_sent(self) -> list[int] | None:
         if self.stats is None:
             return None
@@ -138,24 +151,53 @@ def _local_kept(saved_total: sympy.Expr, stats: ShardStats, r: int) -> int:
     return int(saved_total.subs({N_SRC: n, N_DST: n, E: stats.edges[r]}))
 
 
+@dataclass(frozen=True)
+class _Costs:
+    """What planning one layer starts from: the exchange, the passes, what backward keeps."""
+
+    chosen: Exchange | None
+    alts: tuple[Exchange, ...]
+    passes: int        # forward fetches per round
+    bwd_passes: int    # backward passes over the blocks
+    saved: dict        # symbolic bytes kept for backward
+
+    def local_kept(self, stats: ShardStats) -> list[int]:
+        """Per worker, the bytes backward keeps of its own shard (kept in every mode)."""
+        return [_local_kept(self.saved["total"], stats, r) for r in range(stats.num_parts)]
+
+    def rows_saved_per_row_kept(self) -> int:
+        """Row transfers a kept remote row saves a worker in one step: the forward passes
+        after the first, the backward re-fetches, and the gradients sent back per pass
+        instead of once."""
+        grad = 1 if self.chosen is not None and self.chosen.needs_grad else 0
+        return (self.passes - 1) + self.bwd_passes + grad * max(self.bwd_passes - 1, 0)
+
+
+def _costs(fn: Function, baseline: bool, inputs_need_grad: bool) -> _Costs:
+    chosen, alts = _choose(exchange_candidates(fn, inputs_need_grad), baseline)
+    unfused = _has_unfused_softmax(fn)
+    passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
+    # the backward pass revisits the blocks only if a gradient flows through the edges
+    bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
+    return _Costs(chosen, alts, passes, bwd_passes, saved_for_backward(fn, inputs_need_grad))
+
+
 def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None,
-               inputs_need_grad: bool = True) -> LayerPlan:
-    """Plan one optimized layer."""
+               inputs_need_grad: bool = True,
+               kept_peers: tuple[tuple[int, ...], ...] | None = None) -> LayerPlan:
+    """Plan one optimized layer. ``kept_peers``: per worker, the peers whose rows it keeps,
+    as ``share_budget`` chose them for the whole step (else ``mem_budget`` is this layer's)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if exec_mode is not None and exec_mode not in EXEC_MODES:
         raise ValueError(f"unknown execution mode {exec_mode!r}; expected one of {', '.join(EXEC_MODES)}")
     if stats is not None and stats.num_parts != workers:
         raise ValueError(f"the partition has {stats.num_parts} parts but {workers} workers were asked for")
-    cands = exchange_candidates(fn, inputs_need_grad)
-    chosen, alts = _choose(cands, baseline)
-    unfused = _has_unfused_softmax(fn)
-    passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
-    # the backward pass revisits the blocks only if a gradient flows through the edges
-    bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
-    saved = saved_for_backward(fn, inputs_need_grad)
+    costs = _costs(fn, baseline, inputs_need_grad)
+    chosen, alts, passes, bwd_passes, saved = (costs.chosen, costs.alts, costs.passes,
+                                               costs.bwd_passes, costs.saved)
     recomputed = [f"edge values of {v.op.value} %{i}" for i, v in enumerate(fn.values) if v.op in FUSED
                   and v.op is not Op.SDDMM]
     if chosen is not None and chosen.recompute:
@@ -183,7 +225,11 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     p = workers
     bnd = stats.boundary
     local = [_local_kept(saved["total"], stats, r) for r in range(p)]
-    if exec_mode is not None:
+    if kept_peers is not None and exec_mode in (None, "hybrid"):
+        kept = [tuple(k) for k in kept_peers]
+        full = all(len(k) == p - 1 for k in kept)
+        em = exec_mode or ("oneshot" if full else ("sar" if not any(kept) else "hybrid"))
+    elif exec_mode is not None:
         em = exec_mode
         kept = [tuple(j for j in range(p) if j != r) if em == "oneshot" else () for r in range(p)]
         if em == "hybrid":
@@ -215,30 +261,66 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                      bwd_passes)
 
 
-def _fit(stats: ShardStats, rb: int, local: list[int], budget: int | None):
-    """Per worker, the peers whose rows fit the budget (largest first)."""
+def _fit(stats: ShardStats, rb: int, local: list[int], budget):
+    """Per worker, the peers whose rows fit the budget (largest first); ``budget`` is one
+    figure for every worker or one per worker."""
     p = stats.num_parts
     kept = []
     for r in range(p):
-        room = (budget if budget is not None else 0) - local[r]
+        mine_budget = budget if budget is None or isinstance(budget, int) else budget[r]
+        room = (mine_budget if mine_budget is not None else 0) - local[r]
         mine = []
         for j in sorted((j for j in range(p) if j != r), key=lambda j: -stats.boundary[r][j]):
             need = stats.boundary[r][j] * rb
-            if budget is not None and need <= room:
+            if mine_budget is not None and need <= room:
                 mine.append(j)
                 room -= need
         kept.append(tuple(sorted(mine)))
     return kept
 
 
+def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats, mem_budget: int,
+                 baseline: bool = False) -> list[tuple[tuple[int, ...], ...]]:
+    """The memory budget of a whole training step, shared by its layers: per layer
+    (``(optimized layer, its inputs need a gradient)``, in call order), per worker, the
+    peers whose rows it keeps.
+
+    Every layer keeps what its backward needs of the worker's own shard (that much is
+    spent whatever the plan); the room left on each worker goes to remote rows, the
+    (layer, peer) pairs that save the most row transfers per byte kept first (a layer
+    with a normalizer pass or a backward pass saves more), larger ones first among
+    equals, each taken if it fits. So the kept bytes summed over the layers stay
+    within ``mem_budget`` on every worker whenever the shards' own share does.
+    """
+    p = stats.num_parts
+    costs = [_costs(fn, baseline, need) for fn, need in layers]
+    room = [mem_budget - sum(c.local_kept(stats)[r] for c in costs) for r in range(p)]
+    kept: list[list[list[int]]] = [[[] for _ in range(p)] for _ in costs]
+    for r in range(p):
+        cands = [(c.rows_saved_per_row_kept(), stats.boundary[r][j] * c.chosen.row_bytes, l, j)
+                 for l, c in enumerate(costs) if c.chosen is not None
+                 for j in range(p) if j != r]
+        for _, need, l, j in sorted(cands, key=lambda t: (-t[0], -t[1], t[2], t[3])):
+            if need <= room[r]:
+                kept[l][r].append(j)
+                room[r] -= need
+    return [tuple(tuple(sorted(k)) for k in layer) for layer in kept]
+
+
 def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", workers: int = 1,
                stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None) -> Plan:
-    """Plan every layer of a model; the first layer's input features need no gradient."""
+    """Plan every layer of a model, the memory budget shared by the whole step
+    (``share_budget``); the first layer's input features need no gradient."""
+    needs = [k > 0 for k in range(len(layers))]
+    shared = [None] * len(layers)
+    if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
+        shared = share_budget([(fn, need) for (_, fn), need in zip(layers, needs)], stats,
+                              mem_budget, baseline)
     plans = tuple(plan_layer(name, fn, mode=mode, workers=workers, stats=stats,
                              mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode,
-                             inputs_need_grad=(k > 0))
-                  for k, (name, fn) in enumerate(layers))
+                             inputs_need_grad=need, kept_peers=kept)
+                  for (name, fn), need, kept in zip(layers, needs, shared))
     return Plan(mode, workers, mem_budget, baseline, plans, stats)
 
 
@@ -286,4 +368,12 @@ def format_plan(plan: Plan) -> str:
                 lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
         elif plan.workers > 1:
             lines.append(f"  bytes sent / worker / epoch: {lp.bytes_sent_expr}")
+    step = plan.step_bytes_kept()
+    if step is not None and plan.workers > 1:
+        lines.append(f"step: bytes kept / worker (all layers): max {_fmt_bytes(max(step))}"
+                     + (f" of the budget {budget}" if plan.mem_budget is not None else ""))
+        over = plan.over_budget()
+        if over:
+            lines.append(f"  over the budget on workers {over}: what backward keeps of their own "
+                         f"shards alone exceeds it (every layer sar: nothing remote kept)")
     return "\n".join(lines) + "\n"
