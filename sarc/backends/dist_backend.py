@@ -6,7 +6,7 @@ file and imported, as the torch backend does) holds
 - the layer's parts (``sarc.distributed.split``) as PyTorch functions, one line per
   IR value with the instruction above it, lowered by the torch backend's
   table; the edge part comes in variants, differing only in how aggregates
-  and edge_softmax are lowered (to the block kernels of ``sarc.distributed.kernels``):
+  and edge_softmax are lowered (to the block kernels of ``sarc.backends.torch_blocks``):
   ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
   (backward: a scalar whose gradient is the block's share), and, when a
   normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
@@ -32,7 +32,7 @@ from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
 from ..ir.patterns import arg_index, region_sides, region_width
-from .torch_backend import LOWERING, _region_function
+from .torch_backend import LOWERING, region_function
 
 Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
 
@@ -70,7 +70,7 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
         for attr, r in v.attrs:
             if isinstance(r, Region):
                 names.append(f"_{name}_v{i}_{attr}")
-                regions.append(_region_function(names[-1], r, len(v.inputs)))
+                regions.append(region_function(names[-1], r, len(v.inputs)))
         body.extend(f"    # {line}" for line in format_value(i, v, with_loc=True).split("\n"))
         body.append(f"    v{i} = {lower(i, v, names, [f'v{j}' for j in v.inputs])}")
         dead = [f"v{j}" for j in sorted(set(v.inputs)) if last.get(j) == i]
@@ -190,7 +190,7 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         for a in norm_aggs:
             v = edge.values[agg_index[a.name]]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
-            regions.append(_region_function(fname, v.attr["score"], len(v.inputs)))
+            regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
             sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
             tail.append(f"n_{a.name[1:]} = DK.softmax_normalizer({fname}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \

@@ -6,7 +6,7 @@
   instruction above it), in which every graph op calls a runtime op object
   (``ops[i]``, see ``triton_runtime``): an autograd function whose forward and
   backward launch generated kernels;
-- the kernels themselves, one standalone module per kernel (``triton_kernels``),
+- the kernels themselves, one standalone module per kernel (``triton_source``),
   each with a header naming the IR op it implements, its launch grid and its
   autotune space. ``sarc compile --backend triton --emit kernels`` writes them.
 
@@ -56,7 +56,7 @@ from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
 from . import codegen, torch_backend
-from . import triton_kernels as TK
+from . import triton_source as TK
 from .triton_grad import aggregate_grads, extra_types, sddmm_grads, softmax_grads
 from .triton_lower import TritonLoweringError
 
@@ -341,7 +341,7 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
             for attr, r in v.attrs:
                 if isinstance(r, Region):
                     names.append(f"_v{i}_{attr}")
-                    regions.append(torch_backend._region_function(names[-1], r, len(v.inputs)))
+                    regions.append(torch_backend.region_function(names[-1], r, len(v.inputs)))
             line = f"v{i} = {torch_backend.LOWERING[v.op](v, names + args)}"
         body.append(line)
         dead = [f"v{j}" for j in sorted(set(inputs[i])) if last[j] == i]
@@ -363,7 +363,7 @@ class TritonKernel:
 
     ``backward``, when set, is the compiled backward function of the layer
     (``autodiff="ir"``): gradients then come from its generated code, run as the
-    PyTorch backend runs it (``torch_backend._run_with_ir_backward``), instead of
+    PyTorch backend runs it (``torch_backend.run_with_ir_backward``), instead of
     the ops' own backward kernels.
     """
 
@@ -380,7 +380,7 @@ class TritonKernel:
         if training and seed is None:
             seed = rng.draw_seed()
         if self.backward is not None and torch.is_grad_enabled():
-            return torch_backend._run_with_ir_backward(self.bound(), g, inputs, params,
+            return torch_backend.run_with_ir_backward(self.bound(), g, inputs, params,
                                                        training, seed)
         return self.module.forward(g, inputs, params, training, seed, ops=self.ops)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import sarc
-from sarc.backends import torch_kernels, triton_grad, triton_kernels
-from sarc.distributed import kernels as DK
+from sarc.backends import torch_ops, triton_grad, triton_source
+from sarc.backends import torch_blocks as DK
 from sarc.distributed import merge
 from sarc.distributed.split import BLOCK_KIND, Aggregate
 from sarc.ir import autodiff, interpreter, ops
@@ -24,8 +24,8 @@ from sarc.planner import cost
 # kernels of its own, not an aggregate kernel's identity / combine)
 TABLES = [
     ("interpreter (sarc.ir.interpreter.ROW_REDUCE)", interpreter.ROW_REDUCE, True),
-    ("PyTorch kernels (sarc.backends.torch_kernels.SEGMENT_REDUCE)", torch_kernels.SEGMENT_REDUCE, True),
-    ("Triton codegen (sarc.backends.triton_kernels.ROW_REDUCE)", triton_kernels.ROW_REDUCE, False),
+    ("PyTorch kernels (sarc.backends.torch_ops.SEGMENT_REDUCE)", torch_ops.SEGMENT_REDUCE, True),
+    ("Triton codegen (sarc.backends.triton_source.ROW_REDUCE)", triton_source.ROW_REDUCE, False),
     ("Triton gradients (sarc.backends.triton_grad.EXTRAS)", triton_grad.EXTRAS, True),
     ("distributed merge (sarc.distributed.merge.MERGES)", merge.MERGES, True),
     ("planner cost (sarc.planner.cost.SAVED_BY_REDUCER)", cost.SAVED_BY_REDUCER, True),
@@ -110,11 +110,11 @@ def _partial(name: str, block: sarc.Graph, rows: list[torch.Tensor]):
                                   block, None, *rows)
     if reducer(name).selects:
         return DK.reduce_extremum_partial(name, rows[0], block)
-    return torch_kernels.segment_reduce(BLOCK_KIND.get(name, name), rows[0], block)
+    return torch_ops.segment_reduce(BLOCK_KIND.get(name, name), rows[0], block)
 
 
 @pytest.mark.parametrize("name", list(REDUCERS))
-def test_interpreter_torch_kernels_and_merged_blocks_agree(name):
+def test_interpreter_torch_ops_and_merged_blocks_agree(name):
     r = REDUCERS[name]
     gen = torch.Generator().manual_seed(7)
     g = _graph(gen)
@@ -122,7 +122,7 @@ def test_interpreter_torch_kernels_and_merged_blocks_agree(name):
     ref_in = [x.clone().requires_grad_() for x in rows]
     got_in = [x.clone().requires_grad_() for x in rows]
     want = interpreter.ROW_REDUCE[name](g, *ref_in)
-    got = torch_kernels.SEGMENT_REDUCE[name](g, *got_in)
+    got = torch_ops.SEGMENT_REDUCE[name](g, *got_in)
     torch.testing.assert_close(got, want)
     empty = torch.tensor(EMPTY)
     assert torch.equal(want[empty], torch.full_like(want[empty], r.empty))

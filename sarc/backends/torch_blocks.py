@@ -7,7 +7,7 @@ the backward "surrogates", are here; ``sarc.distributed.merge`` combines what th
 return. Shapes: a score has feature shape ``S`` (GAT: heads), a value ``S + C``.
 
 Forward partials (no autograd; evaluated destination-row block by block, so
-edge tensors exist one ``torch_kernels.EDGE_BLOCK_ELEMS`` block at a time):
+edge tensors exist one ``torch_ops.EDGE_BLOCK_ELEMS`` block at a time):
 
 - ``extremum_partial``: ``(y, count)``: the block's max (min) per destination
   and element, and how many of the block's edges attain it (0: no edge);
@@ -69,7 +69,7 @@ import math
 
 import torch
 
-from ..backends import torch_kernels as K
+from . import torch_ops as K
 from ..graph import Graph
 
 NEG_INF = float("-inf")
@@ -85,7 +85,7 @@ def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _by_row_blocks(g: Graph, sides, width: int, operands, fn):
     """``fn(block graph, *block operands)`` over destination-row blocks, results concatenated."""
-    outs = [fn(*K._block_args(g, sides, lo, hi, operands)) for lo, hi in K._row_blocks(g, width)]
+    outs = [fn(*K.block_args(g, sides, lo, hi, operands)) for lo, hi in K.row_blocks(g, width)]
     if len(outs) == 1:
         return outs[0]
     return tuple(torch.cat(parts, 0) for parts in zip(*outs))
@@ -125,7 +125,7 @@ def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tenso
     """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
     def block(gb, yb, *xs):
         return _select(body(gb, *_per_edge(gb, sides, xs)), yb, gb)
-    return K._fused(block, g, ("dst", *sides), width, (y, *operands))
+    return K.fused(block, g, ("dst", *sides), width, (y, *operands))
 
 
 def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor) -> torch.Tensor:
@@ -222,7 +222,7 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
-    return K._fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
+    return K.fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
                     (big_m, big_s, grad, d, *operands))
 
 
