@@ -27,7 +27,6 @@ from typing import Callable
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir.reducers import reducer
-from ..ir.printer import format_value
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
@@ -55,29 +54,11 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
               tail: list[str] = ()) -> tuple[list[list[str]], list[str]]:
     """Region functions and the body of ``def name(args)`` computing ``targets`` of ``fn``;
     ``tail``: the lines after the last value (the return)."""
-    need = _needed(fn, targets)
-    last: dict[int, int] = {}
-    for i in sorted(need):
-        for j in fn.values[i].inputs:
-            last[j] = i
-    for t in targets:
-        last[t] = len(fn.values)
-    regions: list[list[str]] = []
-    body: list[str] = [f"def {name}({args}):"]
-    for i in sorted(need):
-        v = fn.values[i]
-        names = []
-        for attr, r in v.attrs:
-            if isinstance(r, Region):
-                names.append(f"_{name}_v{i}_{attr}")
-                regions.append(region_function(names[-1], r, len(v.inputs)))
-        body.extend(f"    # {line}" for line in format_value(i, v, with_loc=True).split("\n"))
-        body.append(f"    v{i} = {lower(i, v, names, [f'v{j}' for j in v.inputs])}")
-        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last.get(j) == i]
-        if dead:
-            body.append(f"    del {', '.join(dead)}")
-    body.extend(f"    {line}" for line in tail)
-    return regions, body
+    regions, body = codegen.emit_values(
+        fn, sorted(_needed(fn, targets)),
+        lambda i, v, operands, region_names: lower(i, v, region_names(), operands),
+        live_out=targets, region_function=region_function, region_prefix=f"_{name}")
+    return regions, [f"def {name}({args}):", *(f"    {line}" for line in [*body, *tail])]
 
 
 def _dict(items: list[tuple[str, str]]) -> str:

@@ -172,22 +172,20 @@ def region_function(name: str, r: Region, n_operands: int) -> list[str]:
     return lines
 
 
+def lower(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
+    """Value ``v`` as a PyTorch expression (``codegen.Lower``): its regions' functions, then
+    its operands, through ``LOWERING``."""
+    return LOWERING[v.op](v, regions() + operands)
+
+
+def emit(fn: Function, indices, lower: codegen.Lower = lower, **kw):
+    """``codegen.emit_values`` with this backend's region functions."""
+    return codegen.emit_values(fn, indices, lower, region_function=region_function, **kw)
+
+
 def generate(fn: Function) -> str:
     """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``."""
-    last_use = codegen.last_uses(fn)
-    body: list[str] = []
-    regions: list[list[str]] = []
-    for i, v in enumerate(fn.values):
-        names = []
-        for attr, r in v.attrs:
-            if isinstance(r, Region):
-                names.append(f"_v{i}_{attr}")
-                regions.append(region_function(names[-1], r, len(v.inputs)))
-        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
-        body.append(f"v{i} = {LOWERING[v.op](v, names + [f'v{j}' for j in v.inputs])}")
-        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
-        if dead:
-            body.append(f"del {', '.join(dead)}")
+    regions, body = emit(fn, range(len(fn.values)), live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))

@@ -297,60 +297,50 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     strict = strict_default() if strict is None else strict
     folded = _folded_gathers(fn)
     skipped = set(folded.values())
-    inputs = {i: list(v.inputs) for i, v in enumerate(fn.values)}
+    inputs = {i: [] if i in skipped else list(v.inputs) for i, v in enumerate(fn.values)}
     for i, x in folded.items():
         inputs[i][0] = fn.values[x].inputs[0]
-    last = [-1] * len(fn.values)
-    for i in range(len(fn.values)):
-        if i not in skipped:
-            for j in inputs[i]:
-                last[j] = i
-    for _, j in fn.outputs:
-        last[j] = len(fn.values)
+    specs, kernels, fallbacks, op_lines = [], [], [], []
 
-    body, regions, specs, kernels, fallbacks, op_lines = [], [], [], [], [], []
-    for i, v in enumerate(fn.values):
-        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
+    def lower(i: int, v: Value, args: list[str], region_names) -> str | tuple[str, ...]:
         if i in skipped:
-            body.append(f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})")
-            continue
-        args = [f"v{j}" for j in inputs[i]]
-        line = None
-        if v.op in KERNEL_OPS:
-            try:
-                plan, spec = plan_op(fn, i, folded)
-            except TritonLoweringError as e:
-                reason = f"%{i} {v.op.value}: {e}"
-                if strict:
-                    raise TritonLoweringError(f"layer {fn.name}, {reason}") from None
-                log.warning("sarc triton backend: %s; running it with the PyTorch backend's "
-                            "kernels instead", reason)
-                fallbacks.append(reason)
-                body.append(f"# fallback to the PyTorch backend: {one_line(e)}")
-                if i in folded:  # the folded gather must exist after all
-                    args[0] = f"K.gather_{'src' if fn.values[folded[i]].op is Op.GATHER_SRC else 'dst'}({args[0]}, g)"
-            else:
-                n = len(specs)
-                specs.append((i, spec, v.type.dtype))
-                kernels.extend(plan.kernels)
-                op_lines.append(f"ops[{n}]: %{i} {v.op.value} -> kernels "
-                                + ", ".join(k.name for k in plan.kernels))
-                line = f"v{i} = ops[{n}](g, {', '.join(args)})"
-        if line is None:
-            names = []
-            for attr, r in v.attrs:
-                if isinstance(r, Region):
-                    names.append(f"_v{i}_{attr}")
-                    regions.append(torch_backend.region_function(names[-1], r, len(v.inputs)))
-            line = f"v{i} = {torch_backend.LOWERING[v.op](v, names + args)}"
-        body.append(line)
-        dead = [f"v{j}" for j in sorted(set(inputs[i])) if last[j] == i]
-        if dead:
-            body.append(f"del {', '.join(dead)}")
+            return (f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})",)
+        if v.op not in KERNEL_OPS:
+            return torch_backend.lower(i, v, args, region_names)
+        try:
+            plan, spec = plan_op(fn, i, folded)
+        except TritonLoweringError as e:
+            fallback(fn.name, i, v, e, strict, fallbacks)
+            if i in folded:  # the folded gather must exist after all
+                side = "src" if fn.values[folded[i]].op is Op.GATHER_SRC else "dst"
+                args = [f"K.gather_{side}({args[0]}, g)", *args[1:]]
+            return (f"# fallback to the PyTorch backend: {one_line(e)}",
+                    f"v{i} = {torch_backend.lower(i, v, args, region_names)}")
+        n = len(specs)
+        specs.append((i, spec, v.type.dtype))
+        kernels.extend(plan.kernels)
+        op_lines.append(f"ops[{n}]: %{i} {v.op.value} -> kernels "
+                        + ", ".join(k.name for k in plan.kernels))
+        return f"ops[{n}](g, {', '.join(args)})"
+
+    regions, body = torch_backend.emit(fn, range(len(fn.values)), lower, inputs=inputs,
+                                       live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     source = codegen.render("triton_layer.py.j2", fn=fn, body=body, outputs=outputs,
                             regions=regions, source=codegen.source_of(fn), op_lines=op_lines)
     return _Generated(source, specs, kernels, fallbacks)
+
+
+def fallback(layer: str, i: int, v: Value, error: TritonLoweringError, strict: bool,
+             fallbacks: list[str]) -> None:
+    """The no-silent-fallback rule: under ``strict`` the error is raised; otherwise a warning
+    names the op and the reason, and the reason is listed in ``fallbacks``."""
+    reason = f"%{i} {v.op.value}: {error}"
+    if strict:
+        raise TritonLoweringError(f"layer {layer}, {reason}") from None
+    log.warning("sarc triton backend: %s; running it with the PyTorch backend's kernels "
+                "instead", reason)
+    fallbacks.append(reason)
 
 
 def _user(folded: dict[int, int], x: int) -> int:
