@@ -6,14 +6,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from .backends.registry import BACKENDS, get_backend  # noqa: F401 (BACKENDS: the names)
 from .ir.autodiff import grad
 from .ir.function import Function
-from .ir.passes import (const_fold, cse, dce, fuse, fuse_typed_linear,
-                        linear_through_aggregate, pushdown, split_concat)
+from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
+                        split_concat)
 from .ir.printer import format_function
 from .ir.verifier import verify
-
-BACKENDS = ("torch", "triton")
 
 
 def debug_level() -> int:
@@ -38,10 +37,6 @@ def optimize(fn: Function, passes=PIPELINE) -> Function:
 
 UNFUSED = (const_fold, dce, cse, dce)
 """The pipeline without pushdown and fusion: the baseline benchmarks compare against."""
-
-
-BACKEND_PASSES = {"torch": (fuse_typed_linear, dce), "triton": ()}
-"""Passes one backend adds after the pipeline (fusions only its kernels implement)."""
 
 
 AUTODIFF = ("torch", "ir")
@@ -76,28 +71,23 @@ def _optimize(c: dict) -> None:
 
 
 def _lower(c: dict) -> None:
-    if c["backend"] == "torch":
-        from .backends import torch_backend as backend
-    else:
-        from .backends import triton_backend as backend
-    c["kernel"] = backend.compile(c["optimized"], c["backward"])
+    c["kernel"] = get_backend(c["backend"]).compile(c["optimized"], c["backward"])
 
 
 STAGES: tuple[tuple[str, Callable[[dict], None]], ...] = (
     ("verify", _verify), ("grad", _grad), ("optimize", _optimize), ("lower", _lower))
 """The compile stages, in order; each reads and adds entries of the compilation's record.
-``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``BACKEND_PASSES``)."""
+``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``Backend.passes``)."""
 
 
 def compile_layer(fn: Function, backend: str = "torch", passes=PIPELINE,
                   autodiff: str = "torch", through: str = "lower") -> Compilation:
     """Run ``STAGES`` on the traced layer ``fn``, up to and including ``through``; every
     stage's result (None for the stages not run)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    be = get_backend(backend)  # an unknown name is an error naming the available backends
     if autodiff not in AUTODIFF:
         raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
-    extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
+    extra = be.passes if passes == PIPELINE else ()
     record = {"traced": fn, "backend": backend, "autodiff": autodiff,
               "passes": (*passes, *extra)}
     if through not in dict(STAGES):

@@ -31,6 +31,7 @@ from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
 from ..ir.patterns import arg_index, region_sides, region_width
+from .registry import EdgeLowering, get_backend
 from .torch_backend import LOWERING, region_function
 
 Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
@@ -84,37 +85,43 @@ class _Names:
     sites: dict[int, str]
 
 
-def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
+def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLowering) -> Lower:
     """How the edge part's aggregates and edge_softmax are lowered in variant ``mode``
-    (``partials`` or ``surrogate``)."""
+    (``partials`` or ``surrogate``), on ``backend``'s ops and block ops."""
     def lower(i: int, v: Value, regions: list[str], ops: list[str]) -> str:
+        def block(op: str) -> str:
+            return backend.block_op(op, i, v)
         if v.op is Op.EDGE_SOFTMAX:
-            return f"DK.edge_softmax_global({ops[0]}, g, norms[{literal(names.sites[i])}])"
+            return f"{block('edge_softmax_global')}({ops[0]}, g, norms[{literal(names.sites[i])}])"
         name = names.aggs.get(i)
         if name is None:
-            return _default(i, v, regions, ops)
+            return backend.lower(i, v, regions, ops)
         kind = names.kinds[i]
         if v.op is Op.SOFTMAX_AGGREGATE:
+            regions = backend.body(i, v, regions)
             sides, width, operands = _fused_args(v, regions, ops)
             head = f"{regions[0]}, {regions[1]}, {sides}, {width}, g, {_value_src_index(v)}"
             if mode == "surrogate":
-                return f"DK.softmax_surrogate({head}, cot[{literal(name)}], {operands})"
+                return f"{block('softmax_surrogate')}({head}, cot[{literal(name)}], {operands})"
             if baseline:
-                return f"DK.softmax_normalized({head}, norms[{literal(name)}], {operands})"
-            return f"DK.softmax_partial({head}, {operands})"
+                return f"{block('softmax_normalized')}({head}, norms[{literal(name)}], {operands})"
+            return f"{block('softmax_partial')}({head}, {operands})"
         if reducer(kind).selects:
             if v.op is Op.REDUCE:
+                (how,) = backend.body(i, v, [literal(kind)])
                 if mode == "surrogate":
-                    return (f"DK.reduce_extremum_select({literal(kind)}, {ops[0]}, g, "
+                    return (f"{block('reduce_extremum_select')}({how}, {ops[0]}, g, "
                             f"cot[{literal(name)}][0])")
-                return f"DK.reduce_extremum_partial({literal(kind)}, {ops[0]}, g)"
+                return f"{block('reduce_extremum_partial')}({how}, {ops[0]}, g)"
+            regions = backend.body(i, v, regions)
             sides, width, operands = _fused_args(v, regions, ops)
             if mode == "surrogate":
-                return (f"DK.extremum_select({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
-                        f"cot[{literal(name)}][0], {operands})")
-            return (f"DK.extremum_partial({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
-                    f"{operands})")
-        return _default(i, v, regions, ops)  # sum (mean is a sum here): the block's aggregate
+                return (f"{block('extremum_select')}({literal(kind)}, {regions[0]}, {sides}, "
+                        f"{width}, g, cot[{literal(name)}][0], {operands})")
+            return (f"{block('extremum_partial')}({literal(kind)}, {regions[0]}, {sides}, "
+                    f"{width}, g, {operands})")
+        # sum (mean is a sum here): the block's aggregate
+        return backend.lower(i, v, regions, ops)
     return lower
 
 
@@ -128,14 +135,27 @@ def _surrogate_term(name: str, kind: str, var: str) -> str:
 
 @dataclass(frozen=True)
 class Generated:
+    """A schedule module; ``fallbacks``: the edge part's ops that run on the torch
+    backend's kernels instead of ``backend``'s, each with the reason."""
+
     source: str
     path: Path
     module: ModuleType
+    backend: str = "torch"
+    fallbacks: tuple[str, ...] = ()
 
 
 def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str | None = None,
-             workers: int = 1) -> str:
-    """The schedule module's source for ``split`` (``sarc.distributed.split.LayerSplit``) under ``plan``."""
+             workers: int = 1, backend: str = "torch") -> str:
+    """The schedule module's source for ``split`` (``sarc.distributed.split.LayerSplit``)
+    under ``plan``, its edge part on ``backend``'s kernels."""
+    return _generate(split, plan, baseline, layer_name, workers, backend)[0]
+
+
+def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, workers: int,
+              backend: str) -> tuple[str, EdgeLowering]:
+    be = get_backend(backend)
+    lowering = be.edge_lowering(split.edge, layer_name or split.layer.name)
     edge = split.edge
     agg_index = {name: i for name, i in edge.outputs}
     names = _Names({agg_index[a.name]: a.name for a in split.aggregates},
@@ -154,11 +174,11 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
     node_part(split.dst_pre, "dst_pre_part")
     targets = [agg_index[a.name] for a in split.aggregates]
     parts.append(emit_part(edge, "edge_partials", sig + ", norms", targets,
-                           _edge_lowering("partials", names, baseline),
+                           _edge_lowering("partials", names, baseline, lowering),
                            [f"return {_dict([(a.name, f'v{agg_index[a.name]}') for a in split.aggregates])}"]))
     terms = [_surrogate_term(a.name, a.kind, f"v{agg_index[a.name]}") for a in split.aggregates]
     parts.append(emit_part(edge, "edge_surrogate", sig + ", norms, cot", targets,
-                           _edge_lowering("surrogate", names, baseline),
+                           _edge_lowering("surrogate", names, baseline, lowering),
                            [f"return {' + '.join(terms)}"]))
     norm_aggs = [a for a in split.aggregates if a.kind == "softmax" and baseline]
     needs_norms = bool(split.softmax_sites or norm_aggs)
@@ -167,25 +187,29 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
         tail, regions = [], []
         for s, j in zip(split.softmax_sites, site_inputs):
-            tail.append(f'n_{s.name[1:]} = DK.score_normalizer(v{j}, g)')
+            op = lowering.block_op("score_normalizer", s.index, edge.values[s.index])
+            tail.append(f'n_{s.name[1:]} = {op}(v{j}, g)')
         for a in norm_aggs:
-            v = edge.values[agg_index[a.name]]
+            k = agg_index[a.name]
+            v = edge.values[k]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
             regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
             sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
-            tail.append(f"n_{a.name[1:]} = DK.softmax_normalizer({fname}, {sides}, {width}, g, {operands})")
+            op = lowering.block_op("softmax_normalizer", k, v)
+            tail.append(f"n_{a.name[1:]} = {op}({fname}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
                 [(a.name, f"n_{a.name[1:]}") for a in norm_aggs]
         tail.append(f"return {_dict(items)}")
-        r, body = emit_part(edge, "edge_normalizers", sig, site_inputs + agg_ops, tail=tail)
+        r, body = emit_part(edge, "edge_normalizers", sig, site_inputs + agg_ops,
+                            _plain(lowering), tail=tail)
         parts.append((r + regions, body))
     if split.softmax_sites:
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
-        terms = [f"DK.score_normalizer_surrogate(v{j}, g, norms[{literal(s.name)}], "
-                 f"cot[{literal(s.name)}]).sum()"
+        terms = [f"{lowering.block_op('score_normalizer_surrogate', s.index, edge.values[s.index])}"
+                 f"(v{j}, g, norms[{literal(s.name)}], cot[{literal(s.name)}]).sum()"
                  for s, j in zip(split.softmax_sites, site_inputs)]
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
-                               tail=[f"return {' + '.join(terms)}"]))
+                               _plain(lowering), tail=[f"return {' + '.join(terms)}"]))
     node_part(split.dst_post, "dst_post_part")
 
     ex = plan.exchange
@@ -208,16 +232,31 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         "baseline": baseline,
         "kept": plan.kept_peers,
         "bytes_sent": plan.bytes_sent,
+        "backend": backend,
+        "op_lines": lowering.op_lines,
+        "fallbacks": lowering.fallbacks,
     }
     functions = ["\n".join(lines) for regions, body in parts for lines in (*regions, body)]
-    return codegen.render("dist_layer.py.j2", h=header, functions=functions,
-                          has_src=split.src is not None,
-                          has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
-                          has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
+    package, module = be.blocks.__name__.rsplit(".", 1)
+    source = codegen.render("dist_layer.py.j2", h=header, functions=functions,
+                            blocks_package=package, blocks_module=module,
+                            has_src=split.src is not None,
+                            has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
+                            has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
+    return source, lowering
 
 
-def compile(split, plan: LayerPlan, **kw) -> Generated:
-    source = generate(split, plan, **kw)
+def _plain(lowering: EdgeLowering) -> Lower:
+    """The edge part's values on the backend's ops, no aggregate among them."""
+    return lambda i, v, regions, operands: lowering.lower(i, v, regions, operands)
+
+
+def compile(split, plan: LayerPlan, *, backend: str = "torch", baseline: bool = False,
+            layer_name: str | None = None, workers: int = 1) -> Generated:
+    """The schedule module of ``split`` under ``plan``, loaded; its edge part runs on
+    ``backend``'s kernels (``sarc.backends.registry``)."""
+    source, lowering = _generate(split, plan, baseline, layer_name, workers, backend)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path, module = codegen.load_module(f"{split.layer.name}_dist_{digest}", source)
-    return Generated(source, path, module)
+    module.ops = lowering.ops()
+    return Generated(source, path, module, backend, tuple(lowering.fallbacks))

@@ -183,6 +183,28 @@ def emit(fn: Function, indices, lower: codegen.Lower = lower, **kw):
     return codegen.emit_values(fn, indices, lower, region_function=region_function, **kw)
 
 
+class EdgeLowering:
+    """The torch backend's lowering of a distributed schedule's edge part
+    (``registry.EdgeLowering``): ``LOWERING``'s lines, ``torch_blocks``' block ops on the
+    values' region functions."""
+
+    def __init__(self, edge: Function, layer: str):
+        self.fallbacks: list[str] = []
+        self.op_lines: list[str] = []
+
+    def lower(self, i: int, v: Value, regions: list[str], operands: list[str]) -> str:
+        return LOWERING[v.op](v, regions + operands)
+
+    def body(self, i: int, v: Value, regions: list[str]) -> list[str]:
+        return regions
+
+    def block_op(self, name: str, i: int, v: Value) -> str:
+        return f"DK.{name}"
+
+    def ops(self) -> tuple:
+        return ()
+
+
 def generate(fn: Function) -> str:
     """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``."""
     regions, body = emit(fn, range(len(fn.values)), live_out=[j for _, j in fn.outputs])

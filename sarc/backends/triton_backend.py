@@ -240,7 +240,7 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
     raise AssertionError(f"{v.op} is not a kernel op")
 
 
-def _build(spec, name: str, mods: dict[str, ModuleType], dtype):
+def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
     """The runtime object of one op from its spec and loaded kernel modules."""
     from . import triton_runtime as T
 
@@ -405,23 +405,30 @@ class _Bound:
     backward: "_Bound | None"
 
 
-def compile(fn: Function, backward: Function | None = None,
-            strict: bool | None = None) -> TritonKernel:
-    """Compile layer ``fn``; with ``backward`` (its optimized backward function) the
-    gradients come from that IR, compiled by this backend too."""
+def load_ops(fn: Function, specs, kernels: list[TK.KernelSource]) -> tuple:
+    """The runtime objects of ``fn``'s values ``specs`` (``(index, spec, dtype)``, from
+    ``plan_op``), their ``kernels`` imported."""
     version = check_triton()
     interp = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-    gen = generate(fn, strict)
     # the kernels are decorated when imported: interpreted or compiled depends on the
     # environment then, so it is part of the cache key
     salt = f"triton {version} interpret={interp}"
     mods: dict[str, ModuleType] = {}
-    for k in gen.kernels:
+    for k in kernels:
         digest = hashlib.sha256((salt + k.source).encode()).hexdigest()[:16]
         _, mods[k.name] = codegen.load_module(f"{fn.name}_{k.name.replace('.', '_')}_{digest}",
                                               k.source)
-    ops = tuple(_build(spec, f"{fn.name} %{i} {fn.values[i].op.value}", mods, dt.to_torch())
-                for i, spec, dt in gen.specs)
+    return tuple(build_op(spec, f"{fn.name} %{i} {fn.values[i].op.value}", mods, dt.to_torch())
+                 for i, spec, dt in specs)
+
+
+def compile(fn: Function, backward: Function | None = None,
+            strict: bool | None = None) -> TritonKernel:
+    """Compile layer ``fn``; with ``backward`` (its optimized backward function) the
+    gradients come from that IR, compiled by this backend too."""
+    check_triton()
+    gen = generate(fn, strict)
+    ops = load_ops(fn, gen.specs, gen.kernels)
     digest = hashlib.sha256(gen.source.encode()).hexdigest()[:16]
     path, module = codegen.load_module(f"{fn.name}_triton_{digest}", gen.source)
     bwd = compile(backward, strict=strict) if backward is not None else None

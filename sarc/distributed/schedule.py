@@ -55,14 +55,16 @@ class LayerProgram:
 
 
 def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
-    # the layer's IR as it runs on one process (the pipeline and the torch backend's passes,
-    # whose kernels run the blocks), cut at the exchange below
-    fn = compiler.compile_layer(layer.trace(), "torch", through="optimize").optimized
+    # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
+    # backend, whose kernels run the blocks), cut at the exchange below
+    backend = layer._sarc_backend
+    fn = compiler.compile_layer(layer.trace(), backend, through="optimize").optimized
     lp = plan_layer(name, fn, mode="full", workers=dg.size, stats=dg.stats,
                     mem_budget=dg.mem_budget, baseline=dg.baseline, exec_mode=dg.exec_mode,
                     inputs_need_grad=inputs_need_grad)
     split = split_layer(fn, lp.exchange)
-    gen = dist_backend.compile(split, lp, baseline=dg.baseline, layer_name=name, workers=dg.size)
+    gen = dist_backend.compile(split, lp, backend=backend, baseline=dg.baseline, layer_name=name,
+                               workers=dg.size)
     return LayerProgram(name, lp, split, gen)
 
 

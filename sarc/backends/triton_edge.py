@@ -1,0 +1,77 @@
+"""The Triton backend's lowering of a distributed schedule's edge part.
+
+The edge part (``sarc.distributed.split``) is an IR function whose outputs are the
+layer's aggregates on one source block. Its graph ops get the Triton backend's kernels
+(``triton_backend.plan_op``) and run as ``ops[n](g, ...)``, as in a layer module: sum and
+mean aggregates (the block's partial; the surrogate ``sum(agg * cot)`` differentiates
+through the op's gradient kernels), sddmm, gathers, typed_linear, unfused sum reduces.
+The max / min aggregates and reduces hand their op to the block ops of ``triton_blocks``
+(partials and select surrogates on its kernels). The rest follows the backend's
+no-silent-fallback rule: an op the backend cannot lower, and every block op without a
+Triton kernel (``triton_blocks.FALLBACKS``), runs on the torch backend's kernels, with a
+warning naming the op and the reason, listed in ``fallbacks``; under
+``SARC_TRITON_STRICT=1`` the error is raised.
+"""
+from __future__ import annotations
+
+from ..ir.function import Function, Value
+from ..ir.ops import Op
+from . import torch_backend, triton_blocks
+from .triton_backend import KERNEL_OPS, fallback, load_ops, plan_op, strict_default
+from .triton_lower import TritonLoweringError
+
+
+class EdgeLowering:
+    """``registry.EdgeLowering`` for the Triton backend (see the module doc)."""
+
+    def __init__(self, edge: Function, layer: str, strict: bool | None = None):
+        self.edge, self.layer = edge, layer
+        self.strict = strict_default() if strict is None else strict
+        self.fallbacks: list[str] = []
+        self.op_lines: list[str] = []
+        self._index: dict[int, int | None] = {}   # value -> its op's position in ops
+        self._specs: list = []
+        self._kernels: list = []
+        self._reported: set[tuple[str, int]] = set()
+
+    def _op(self, i: int) -> int | None:
+        """The position of value ``i``'s op in ``ops`` (planned once), or None: it falls
+        back to the torch backend."""
+        if i not in self._index:
+            v = self.edge.values[i]
+            try:
+                plan, spec = plan_op(self.edge, i, {})
+            except TritonLoweringError as e:
+                fallback(self.layer, i, v, e, self.strict, self.fallbacks)
+                self._index[i] = None
+            else:
+                self._index[i] = len(self._specs)
+                self.op_lines.append(f"ops[{len(self._specs)}]: %{i} {v.op.value} -> kernels "
+                                     + ", ".join(k.name for k in plan.kernels))
+                self._specs.append((i, spec, v.type.dtype))
+                self._kernels.extend(plan.kernels)
+        return self._index[i]
+
+    def lower(self, i: int, v: Value, regions: list[str], operands: list[str]) -> str:
+        if v.op in KERNEL_OPS and v.op is not Op.EDGE_SOFTMAX:
+            n = self._op(i)
+            if n is not None:
+                return f"ops[{n}](g, {', '.join(operands)})"
+        return torch_backend.LOWERING[v.op](v, regions + operands)
+
+    def body(self, i: int, v: Value, regions: list[str]) -> list[str]:
+        if v.op is Op.SOFTMAX_AGGREGATE:
+            return regions
+        n = self._op(i)
+        return regions if n is None else [f"ops[{n}]"]
+
+    def block_op(self, name: str, i: int, v: Value) -> str:
+        why = triton_blocks.FALLBACKS.get(name)
+        if why is not None and (name, i) not in self._reported:
+            self._reported.add((name, i))
+            fallback(self.layer, i, v, TritonLoweringError(f"block op {name}: {why}"),
+                     self.strict, self.fallbacks)
+        return f"DK.{name}"
+
+    def ops(self) -> tuple:
+        return load_ops(self.edge, self._specs, self._kernels)
