@@ -34,11 +34,12 @@ from ..ir.patterns import arg_index, region_sides, region_width
 from .registry import EdgeLowering, get_backend
 from .torch_backend import LOWERING, region_function
 
-Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
+Lower = Callable[[int, Value, codegen.RegionNames, list[str]], str]
+"""(index, value, its region functions' names (written when called), operands) -> code."""
 
 
-def _default(i: int, v: Value, regions: list[str], operands: list[str]) -> str:
-    return LOWERING[v.op](v, regions + operands)
+def _default(i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
+    return LOWERING[v.op](v, regions() + operands)
 
 
 def _needed(fn: Function, targets: list[int]) -> set[int]:
@@ -57,7 +58,7 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
     ``tail``: the lines after the last value (the return)."""
     regions, body = codegen.emit_values(
         fn, sorted(_needed(fn, targets)),
-        lambda i, v, operands, region_names: lower(i, v, region_names(), operands),
+        lambda i, v, operands, region_names: lower(i, v, region_names, operands),
         live_out=targets, region_function=region_function, region_prefix=f"_{name}")
     return regions, [f"def {name}({args}):", *(f"    {line}" for line in [*body, *tail])]
 
@@ -88,7 +89,7 @@ class _Names:
 def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLowering) -> Lower:
     """How the edge part's aggregates and edge_softmax are lowered in variant ``mode``
     (``partials`` or ``surrogate``), on ``backend``'s ops and block ops."""
-    def lower(i: int, v: Value, regions: list[str], ops: list[str]) -> str:
+    def lower(i: int, v: Value, regions: codegen.RegionNames, ops: list[str]) -> str:
         def block(op: str) -> str:
             return backend.block_op(op, i, v)
         if v.op is Op.EDGE_SOFTMAX:
@@ -108,7 +109,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
             return f"{block('softmax_partial')}({head}, {operands})"
         if reducer(kind).selects:
             if v.op is Op.REDUCE:
-                (how,) = backend.body(i, v, [literal(kind)])
+                (how,) = backend.body(i, v, lambda: [literal(kind)])
                 if mode == "surrogate":
                     return (f"{block('reduce_extremum_select')}({how}, {ops[0]}, g, "
                             f"cot[{literal(name)}][0])")

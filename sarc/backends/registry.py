@@ -24,6 +24,7 @@ from typing import Callable, Protocol
 
 from ..ir.function import Function, Value
 from ..ir.passes import dce, fuse_typed_linear
+from .codegen import RegionNames
 
 BLOCK_OPS: dict[str, tuple[str, ...]] = {
     "sum": (),   # the partial is the block's aggregate, lowered with the edge part
@@ -54,11 +55,12 @@ class EdgeLowering(Protocol):
     op_lines: list[str]
     """What each object of ``ops()`` is (``ops[n]: %i op -> kernels ...``), for the header."""
 
-    def lower(self, i: int, v: Value, regions: list[str], operands: list[str]) -> str:
-        """Value ``i`` (not an aggregate a block op computes) as an expression."""
+    def lower(self, i: int, v: Value, regions: RegionNames, operands: list[str]) -> str:
+        """Value ``i`` (not an aggregate a block op computes) as an expression; calling
+        ``regions`` writes its region functions and names them."""
 
-    def body(self, i: int, v: Value, regions: list[str]) -> list[str]:
-        """What block ops get for value ``i`` in place of its ``regions`` (its region
+    def body(self, i: int, v: Value, regions: RegionNames) -> list[str]:
+        """What block ops get for value ``i`` in place of ``regions()`` (its region
         functions; for an unfused reduce, its kind): the same, or its compiled op."""
 
     def block_op(self, name: str, i: int, v: Value) -> str:

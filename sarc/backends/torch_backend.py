@@ -192,11 +192,11 @@ class EdgeLowering:
         self.fallbacks: list[str] = []
         self.op_lines: list[str] = []
 
-    def lower(self, i: int, v: Value, regions: list[str], operands: list[str]) -> str:
-        return LOWERING[v.op](v, regions + operands)
+    def lower(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
+        return LOWERING[v.op](v, regions() + operands)
 
-    def body(self, i: int, v: Value, regions: list[str]) -> list[str]:
-        return regions
+    def body(self, i: int, v: Value, regions: codegen.RegionNames) -> list[str]:
+        return regions()
 
     def block_op(self, name: str, i: int, v: Value) -> str:
         return f"DK.{name}"

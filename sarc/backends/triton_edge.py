@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..ir.function import Function, Value
 from ..ir.ops import Op
 from . import torch_backend, triton_blocks
+from .codegen import RegionNames
 from .triton_backend import KERNEL_OPS, fallback, load_ops, plan_op, strict_default
 from .triton_lower import TritonLoweringError
 
@@ -52,18 +53,18 @@ class EdgeLowering:
                 self._kernels.extend(plan.kernels)
         return self._index[i]
 
-    def lower(self, i: int, v: Value, regions: list[str], operands: list[str]) -> str:
+    def lower(self, i: int, v: Value, regions: RegionNames, operands: list[str]) -> str:
         if v.op in KERNEL_OPS and v.op is not Op.EDGE_SOFTMAX:
             n = self._op(i)
             if n is not None:
                 return f"ops[{n}](g, {', '.join(operands)})"
-        return torch_backend.LOWERING[v.op](v, regions + operands)
+        return torch_backend.LOWERING[v.op](v, regions() + operands)
 
-    def body(self, i: int, v: Value, regions: list[str]) -> list[str]:
+    def body(self, i: int, v: Value, regions: RegionNames) -> list[str]:
         if v.op is Op.SOFTMAX_AGGREGATE:
-            return regions
+            return regions()
         n = self._op(i)
-        return regions if n is None else [f"ops[{n}]"]
+        return regions() if n is None else [f"ops[{n}]"]
 
     def block_op(self, name: str, i: int, v: Value) -> str:
         why = triton_blocks.FALLBACKS.get(name)
