@@ -8,11 +8,15 @@ distributed merge of two edge blocks.
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import sarc
 from sarc.backends import torch_ops, triton_grad, triton_source
+from sarc import compiler
+from sarc.backends import registry
 from sarc.backends import torch_blocks as DK
 from sarc.distributed import merge
 from sarc.distributed.split import BLOCK_KIND, Aggregate
@@ -30,6 +34,7 @@ TABLES = [
     ("distributed merge (sarc.distributed.merge.MERGES)", merge.MERGES, True),
     ("planner cost (sarc.planner.cost.SAVED_BY_REDUCER)", cost.SAVED_BY_REDUCER, True),
     ("autodiff VJP (sarc.ir.autodiff.REDUCE_VJPS)", autodiff.REDUCE_VJPS, True),
+    ("distributed block ops (sarc.backends.registry.BLOCK_OPS)", registry.BLOCK_OPS, True),
 ]
 
 
@@ -80,6 +85,74 @@ def test_properties():
 def test_unknown_reducer_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown reduction 'prod'; expected one of sum, mean"):
         reducer("prod")
+
+
+# --- the backend interface ----------------------------------------------------------------
+
+def missing_members(backend: registry.Backend) -> list[str]:
+    """What ``backend`` lacks of the interface: a field, a block op of a reducer (or of an
+    unfused edge_softmax) or a method of its edge lowering."""
+    missing = [f"{backend.name}: {f}" for f in ("passes", "compile", "blocks", "edge_lowering")
+               if getattr(backend, f, None) is None]
+    for name in REDUCERS:
+        for op in registry.BLOCK_OPS.get(name, ()):
+            if not callable(getattr(backend.blocks, op, None)):
+                missing.append(f"{backend.name}: block op {op} of reducer {name}")
+    for op in registry.SITE_OPS:
+        if not callable(getattr(backend.blocks, op, None)):
+            missing.append(f"{backend.name}: block op {op} of edge_softmax")
+    edge = compiler.optimize(_sum_layer().trace())
+    lowering = backend.edge_lowering(edge, "probe")
+    for member in ("lower", "body", "block_op", "ops"):
+        if not callable(getattr(lowering, member, None)):
+            missing.append(f"{backend.name}: edge lowering's {member}")
+    for member in ("fallbacks", "op_lines"):
+        if not isinstance(getattr(lowering, member, None), list):
+            missing.append(f"{backend.name}: edge lowering's {member}")
+    return missing
+
+
+def _sum_layer():
+    from gcn import GCNLayer
+    return GCNLayer(4, 3)
+
+
+@pytest.mark.parametrize("name", registry.BACKENDS)
+def test_every_backend_implements_the_interface(name):
+    backend = registry.get_backend(name)
+    assert backend.name == name and registry.get_backend(name) is backend
+    assert all(callable(p) for p in backend.passes) and callable(backend.compile)
+    missing = missing_members(backend)
+    assert not missing, "backend members missing:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", registry.BACKENDS)
+def test_block_ops_have_the_torch_backends_signature(name):
+    blocks = registry.get_backend(name).blocks
+    for op in {op for ops in registry.BLOCK_OPS.values() for op in ops} | set(registry.SITE_OPS):
+        want = list(inspect.signature(getattr(DK, op)).parameters)
+        assert list(inspect.signature(getattr(blocks, op)).parameters) == want, \
+            f"{name}: block op {op} differs from torch_blocks.{op}"
+
+
+def test_a_backend_without_a_block_op_is_reported():
+    torch_backend = registry.get_backend("torch")
+    blocks = type(DK)("blocks_without_select")
+    for op in {op for ops in registry.BLOCK_OPS.values() for op in ops} | set(registry.SITE_OPS):
+        if op != "extremum_select":
+            setattr(blocks, op, getattr(DK, op))
+    lacking = registry.Backend("lacking", (), torch_backend.compile, blocks,
+                               torch_backend.edge_lowering)
+    assert missing_members(lacking) == ["lacking: block op extremum_select of reducer max",
+                                        "lacking: block op extremum_select of reducer min"]
+
+
+def test_an_unknown_backend_names_the_available_ones():
+    with pytest.raises(registry.UnknownBackend,
+                       match="unknown backend 'cuda'; available: torch, triton"):
+        registry.get_backend("cuda")
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; available: torch, triton"):
+        compiler.compile_layer(_sum_layer().trace(), "cuda")
 
 
 # --- the backends agree ------------------------------------------------------------------
