@@ -3,10 +3,12 @@
 The module (rendered from ``templates/dist_layer.py.j2``, written to a real
 file and imported, as the torch backend does) holds
 
-- the layer's parts (``sarc.distributed.split``) as PyTorch functions, one line per
-  IR value with the instruction above it, lowered by the torch backend's
-  table; the edge part comes in variants, differing only in how aggregates
-  and edge_softmax are lowered (to the block kernels of ``sarc.backends.torch_blocks``):
+- the layer's parts (``sarc.distributed.split``) as functions, one line per IR value
+  with the instruction above it (``codegen.emit_values``); the node parts lowered by
+  the torch backend's table, the edge part by the layer's backend
+  (``registry.Backend.edge_lowering``: on Triton its graph ops are Triton ops,
+  ``ops[n]``); the edge part comes in variants, differing only in how aggregates
+  and edge_softmax are lowered (to the backend's block ops, ``DK``):
   ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
   (backward: a scalar whose gradient is the block's share), and, when a
   normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
@@ -14,7 +16,8 @@ file and imported, as the torch backend does) holds
   over the runtime ``rt`` (``sarc.distributed.schedule.Call``): the exchange in rounds,
   the passes over source blocks, the merges, the parts' autograd.
 
-The header names the layer, the execution mode and the plan's choices.
+The header names the layer, the execution mode and the plan's choices, and, for a
+backend other than torch, its ops and the edge part's fallbacks to the torch backend.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Block kernels of the distributed edge part: partial aggregates and their backward.
+"""Block ops of the torch backend: the distributed edge part's partials and their backward.
 
 The generated edge part (``sarc.backends.dist_backend``) runs on one source
 block at a time. Sum aggregates are ordinary block aggregates (the torch
-backend's kernels). The aggregates whose partials need more than a value, and
-the backward "surrogates", are here; ``sarc.distributed.merge`` combines what they
+backend's runtime ops, ``torch_ops``). The aggregates whose partials need more than
+a value, and the backward "surrogates", are here (``registry.BLOCK_OPS``; every
+backend's block ops have this API, ``triton_blocks`` the Triton backend's); ``sarc.distributed.merge`` combines what they
 return. Shapes: a score has feature shape ``S`` (GAT: heads), a value ``S + C``.
 
 Forward partials (no autograd; evaluated destination-row block by block, so
