@@ -93,37 +93,40 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
     """How the edge part's aggregates and edge_softmax are lowered in variant ``mode``
     (``partials`` or ``surrogate``), on ``backend``'s ops and block ops."""
     def lower(i: int, v: Value, regions: codegen.RegionNames, ops: list[str]) -> str:
-        def block(op: str) -> str:
-            return backend.block_op(op, i, v)
+        def block(op: str, bodies: codegen.RegionNames = list) -> tuple[str, list[str]]:
+            return backend.block_op(op, i, v, bodies)
         if v.op is Op.EDGE_SOFTMAX:
-            return f"{block('edge_softmax_global')}({ops[0]}, g, norms[{literal(names.sites[i])}])"
+            f, _ = block("edge_softmax_global")
+            return f"{f}({ops[0]}, g, norms[{literal(names.sites[i])}])"
         name = names.aggs.get(i)
         if name is None:
             return backend.lower(i, v, regions, ops)
         kind = names.kinds[i]
         if v.op is Op.SOFTMAX_AGGREGATE:
-            regions = backend.body(i, v, regions)
-            sides, width, operands = _fused_args(v, regions, ops)
-            head = f"{regions[0]}, {regions[1]}, {sides}, {width}, g, {_value_src_index(v)}"
+            op = ("softmax_surrogate" if mode == "surrogate" else
+                  "softmax_normalized" if baseline else "softmax_partial")
+            f, (score, value) = block(op, regions)
+            sides, width, operands = _fused_args(v, [], ops)
+            head = f"{score}, {value}, {sides}, {width}, g, {_value_src_index(v)}"
             if mode == "surrogate":
-                return f"{block('softmax_surrogate')}({head}, cot[{literal(name)}], {operands})"
+                return f"{f}({head}, cot[{literal(name)}], {operands})"
             if baseline:
-                return f"{block('softmax_normalized')}({head}, norms[{literal(name)}], {operands})"
-            return f"{block('softmax_partial')}({head}, {operands})"
+                return f"{f}({head}, norms[{literal(name)}], {operands})"
+            return f"{f}({head}, {operands})"
         if reducer(kind).selects:
             if v.op is Op.REDUCE:
-                (how,) = backend.body(i, v, lambda: [literal(kind)])
                 if mode == "surrogate":
-                    return (f"{block('reduce_extremum_select')}({how}, {ops[0]}, g, "
-                            f"cot[{literal(name)}][0])")
-                return f"{block('reduce_extremum_partial')}({how}, {ops[0]}, g)"
-            regions = backend.body(i, v, regions)
-            sides, width, operands = _fused_args(v, regions, ops)
+                    f, (how,) = block("reduce_extremum_select", lambda: [literal(kind)])
+                    return f"{f}({how}, {ops[0]}, g, cot[{literal(name)}][0])"
+                f, (how,) = block("reduce_extremum_partial", lambda: [literal(kind)])
+                return f"{f}({how}, {ops[0]}, g)"
+            sides, width, operands = _fused_args(v, [], ops)
             if mode == "surrogate":
-                return (f"{block('extremum_select')}({literal(kind)}, {regions[0]}, {sides}, "
-                        f"{width}, g, cot[{literal(name)}][0], {operands})")
-            return (f"{block('extremum_partial')}({literal(kind)}, {regions[0]}, {sides}, "
-                    f"{width}, g, {operands})")
+                f, (body,) = block("extremum_select", regions)
+                return (f"{f}({literal(kind)}, {body}, {sides}, {width}, g, "
+                        f"cot[{literal(name)}][0], {operands})")
+            f, (body,) = block("extremum_partial", regions)
+            return f"{f}({literal(kind)}, {body}, {sides}, {width}, g, {operands})"
         # sum (mean is a sum here): the block's aggregate
         return backend.lower(i, v, regions, ops)
     return lower
@@ -191,7 +194,7 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
         agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
         tail, regions = [], []
         for s, j in zip(split.softmax_sites, site_inputs):
-            op = lowering.block_op("score_normalizer", s.index, edge.values[s.index])
+            op, _ = lowering.block_op("score_normalizer", s.index, edge.values[s.index], list)
             tail.append(f'n_{s.name[1:]} = {op}(v{j}, g)')
         for a in norm_aggs:
             k = agg_index[a.name]
@@ -199,7 +202,7 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
             fname = f"_edge_normalizers_{a.name[1:]}_score"
             regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
             sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
-            op = lowering.block_op("softmax_normalizer", k, v)
+            op, _ = lowering.block_op("softmax_normalizer", k, v, list)
             tail.append(f"n_{a.name[1:]} = {op}({fname}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
                 [(a.name, f"n_{a.name[1:]}") for a in norm_aggs]
@@ -209,9 +212,11 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
         parts.append((r + regions, body))
     if split.softmax_sites:
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
-        terms = [f"{lowering.block_op('score_normalizer_surrogate', s.index, edge.values[s.index])}"
-                 f"(v{j}, g, norms[{literal(s.name)}], cot[{literal(s.name)}]).sum()"
-                 for s, j in zip(split.softmax_sites, site_inputs)]
+        terms = []
+        for s, j in zip(split.softmax_sites, site_inputs):
+            op, _ = lowering.block_op("score_normalizer_surrogate", s.index,
+                                      edge.values[s.index], list)
+            terms.append(f"{op}(v{j}, g, norms[{literal(s.name)}], cot[{literal(s.name)}]).sum()")
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
                                _plain(lowering), tail=[f"return {' + '.join(terms)}"]))
     node_part(split.dst_post, "dst_post_part")

@@ -59,12 +59,11 @@ class EdgeLowering(Protocol):
         """Value ``i`` (not an aggregate a block op computes) as an expression; calling
         ``regions`` writes its region functions and names them."""
 
-    def body(self, i: int, v: Value, regions: RegionNames) -> list[str]:
-        """What block ops get for value ``i`` in place of ``regions()`` (its region
-        functions; for an unfused reduce, its kind): the same, or its compiled op."""
-
-    def block_op(self, name: str, i: int, v: Value) -> str:
-        """The expression of block op ``name`` called for value ``i``."""
+    def block_op(self, name: str, i: int, v: Value,
+                 bodies: RegionNames) -> tuple[str, list[str]]:
+        """Block op ``name`` called for value ``i``: the function's expression and what it
+        gets in place of ``bodies()`` (the value's region functions; for an unfused reduce,
+        its kind): the same, or the value's compiled op."""
 
     def ops(self) -> tuple:
         """The runtime objects the lines call as ``ops[n]`` (built once, after lowering)."""

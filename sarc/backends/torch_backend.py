@@ -195,11 +195,9 @@ class EdgeLowering:
     def lower(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
         return LOWERING[v.op](v, regions() + operands)
 
-    def body(self, i: int, v: Value, regions: codegen.RegionNames) -> list[str]:
-        return regions()
-
-    def block_op(self, name: str, i: int, v: Value) -> str:
-        return f"DK.{name}"
+    def block_op(self, name: str, i: int, v: Value,
+                 bodies: codegen.RegionNames) -> tuple[str, list[str]]:
+        return f"DK.{name}", bodies()
 
     def ops(self) -> tuple:
         return ()

@@ -13,10 +13,15 @@ lowering of the edge part (``triton_edge``) passes the value's compiled op
   its backward the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C``
   (C the tie count over every block) in place of the block's own.
 
+- ``softmax_partial`` / ``softmax_surrogate``: on the op compiled in float64 (``STATS``,
+  see ``torch_blocks``): the partial is its forward kernel's ``(lse, 1, out)``, the
+  surrogate its row-sum kernel, and its backward the op's gradient kernels fed the
+  merged state.
+
 Given a region function instead (an op the Triton backend could not lower), they are
-the torch backend's. The softmax's block ops and the unfused edge_softmax's have no
-Triton kernels yet (``FALLBACKS`` says why): they are the torch backend's, and the
-lowering lists each use in the schedule's ``fallbacks``.
+the torch backend's. The normalizer pass's block ops (baseline mode, an unfused
+edge_softmax) have no Triton kernels yet (``FALLBACKS`` says why): they are the torch
+backend's, and the lowering lists each use in the schedule's ``fallbacks``.
 """
 from __future__ import annotations
 
@@ -25,27 +30,24 @@ import torch
 from . import torch_blocks
 from .triton_runtime import FusedOp, check_device
 
-_STATS = ("the distributed softmax keeps its weights, sums and dots in float64 "
-          "(torch_blocks.STATS); the Triton softmax kernels accumulate in float32")
+_NORMALIZERS = ("no Triton kernel yet for the normalizer pass (baseline mode, unfused "
+                "edge_softmax): global weights exp(score - M) / S")
 
 FALLBACKS: dict[str, str] = {
-    "softmax_partial": _STATS,
-    "softmax_surrogate": _STATS,
-    "softmax_normalizer": _STATS,
-    "softmax_normalized": _STATS,
-    "score_normalizer": _STATS,
-    "edge_softmax_global": _STATS,
-    "score_normalizer_surrogate": _STATS,
+    "softmax_normalizer": _NORMALIZERS,
+    "softmax_normalized": _NORMALIZERS,
+    "score_normalizer": _NORMALIZERS,
+    "edge_softmax_global": _NORMALIZERS,
+    "score_normalizer_surrogate": _NORMALIZERS,
 }
 """Block ops without a Triton kernel, with the reason: they run on the torch backend."""
 
-softmax_partial = torch_blocks.softmax_partial
-softmax_surrogate = torch_blocks.softmax_surrogate
 softmax_normalizer = torch_blocks.softmax_normalizer
 softmax_normalized = torch_blocks.softmax_normalized
 score_normalizer = torch_blocks.score_normalizer
 edge_softmax_global = torch_blocks.edge_softmax_global
 score_normalizer_surrogate = torch_blocks.score_normalizer_surrogate
+STATS = torch_blocks.STATS
 
 
 def _ties(op: FusedOp, g, xs, y: torch.Tensor) -> torch.Tensor:
@@ -107,3 +109,67 @@ class _Select(torch.autograd.Function):
         feeds = [*xs, y, dy.to(y.dtype).contiguous()]
         grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[3:])
         return (None, None, None, *grads)
+
+
+# --- softmax ------------------------------------------------------------------------------
+
+def _in_stats(xs) -> list[torch.Tensor]:
+    return [x.to(STATS) if x.is_floating_point() else x for x in xs]
+
+
+def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
+    has = g.rowptr[1:] > g.rowptr[:-1]
+    return has.view(-1, *([1] * (like.dim() - 1)))
+
+
+@torch.no_grad()
+def softmax_partial(score, value, sides, width: int, g, value_index, *operands):
+    """(m, s, acc): the block's share of a softmax aggregate. On the op (compiled in
+    ``STATS``): its forward kernel's output and log-sum-exp, as the equivalent state
+    ``(lse, 1, out)`` (-inf, 0, 0 on rows without edges)."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_partial(score, value, sides, width, g, value_index,
+                                            *operands)
+    op = score
+    check_device(op.name, op.forward.main.kernel, [g.src, *operands])
+    out, lse = op.forward(g, _in_stats(operands), STATS)
+    has = _rows_with_edges(g, lse)
+    m = torch.where(has, lse, torch.full((), float("-inf"), dtype=STATS, device=lse.device))
+    return m, has.to(STATS).expand_as(lse).contiguous(), out
+
+
+def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *operands):
+    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v)
+    (``torch_blocks.softmax_surrogate``). On the op (compiled in ``STATS``): its row-sum
+    kernel computes it, its gradient kernels (fed the merged log-sum-exp ``M + log S``,
+    ``g`` and ``D``, and no projection: the block's share of a row's score gradients
+    does not sum to zero) its backward."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_surrogate(score, value, sides, width, g, value_index,
+                                              state, *operands)
+    op = score
+    big_m, big_s, grad, d = state
+    check_device(op.name, op.forward.main.kernel, [g.src, grad, *operands])
+    lse = big_m.to(STATS) + torch.log(big_s.to(STATS))
+    return _SoftmaxSurrogate.apply(op, g, lse, grad.to(STATS), d.to(STATS), *operands)
+
+
+class _SoftmaxSurrogate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: FusedOp, g, lse, grad, d, *operands):
+        xs = _in_stats(operands)
+        ctx.op, ctx.g = op, g
+        ctx.dtypes = [x.dtype for x in operands]
+        ctx.save_for_backward(lse, grad, d, *xs)
+        return op.row_sum(g, [*xs, grad.contiguous(), lse, d], STATS)
+
+    @staticmethod
+    def backward(ctx, dsur):
+        lse, grad, d, *xs = ctx.saved_tensors
+        dsur = dsur.to(STATS)
+        # the surrogate is linear in (g, D): a row's weight scales both
+        dy = (grad * dsur.reshape(*dsur.shape, *([1] * (grad.dim() - dsur.dim())))).contiguous()
+        feeds = [*xs, dy, lse, d * dsur, torch.zeros_like(lse)]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:])
+        return (None, None, None, None, None,
+                *(None if gr is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes)))

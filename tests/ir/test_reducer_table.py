@@ -103,7 +103,7 @@ def missing_members(backend: registry.Backend) -> list[str]:
             missing.append(f"{backend.name}: block op {op} of edge_softmax")
     edge = compiler.optimize(_sum_layer().trace())
     lowering = backend.edge_lowering(edge, "probe")
-    for member in ("lower", "body", "block_op", "ops"):
+    for member in ("lower", "block_op", "ops"):
         if not callable(getattr(lowering, member, None)):
             missing.append(f"{backend.name}: edge lowering's {member}")
     for member in ("fallbacks", "op_lines"):
