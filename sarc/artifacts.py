@@ -128,7 +128,8 @@ def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
     for c, lp in zip(art.layers, art.plan.layers):
         split = split_layer(c.optimized, lp.exchange)
         out[c.name] = dist_backend.generate(split, lp, baseline=art.plan.baseline,
-                                            layer_name=c.name, workers=art.plan.workers)
+                                            layer_name=c.name, workers=art.plan.workers,
+                                            backend=art.backend)
     return out
 
 

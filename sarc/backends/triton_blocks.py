@@ -3,7 +3,8 @@
 The API is ``torch_blocks``' (``registry.BLOCK_OPS``, ``registry.SITE_OPS``). Where the
 torch ops take a region function (or, for an unfused reduce, its kind), the Triton
 lowering of the edge part (``triton_edge``) passes the value's compiled op
-(``triton_runtime.FusedOp``), and the block op runs its kernels:
+(``triton_runtime.FusedOp``; a softmax's in place of its score region, None for its
+value region), and the block op runs its kernels:
 
 - ``extremum_partial`` / ``reduce_extremum_partial``: ``(y, count)`` of max / min: the
   op's forward kernel, then its tie-counting kernel (the one its backward splits ties
@@ -11,8 +12,7 @@ lowering of the edge part (``triton_edge``) passes the value's compiled op
 - ``extremum_select`` / ``reduce_extremum_select``: the surrogate whose gradient is the
   block's share of the merged extremum's: its value is ``y * ties`` (the tied edges' sum),
   its backward the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C``
-  (C the tie count over every block) in place of the block's own.
-
+  (C the tie count over every block) in place of the block's own;
 - ``softmax_partial`` / ``softmax_surrogate``: on the op compiled in float64 (``STATS``,
   see ``torch_blocks``): the partial is its forward kernel's ``(lse, 1, out)``, the
   surrogate its row-sum kernel, and its backward the op's gradient kernels fed the

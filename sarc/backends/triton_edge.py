@@ -6,7 +6,8 @@ layer's aggregates on one source block. Its graph ops get the Triton backend's k
 mean aggregates (the block's partial; the surrogate ``sum(agg * cot)`` differentiates
 through the op's gradient kernels), sddmm, gathers, typed_linear, unfused sum reduces.
 The max / min aggregates and reduces hand their op to the block ops of ``triton_blocks``
-(partials and select surrogates on its kernels). The rest follows the backend's
+(partials and select surrogates on its kernels), the softmax aggregates their op compiled
+in float64 (``in_dtype``: the distributed softmax's statistics). The rest follows the backend's
 no-silent-fallback rule: an op the backend cannot lower, and every block op without a
 Triton kernel (``triton_blocks.FALLBACKS``), runs on the torch backend's kernels, with a
 warning naming the op and the reason, listed in ``fallbacks``; under

@@ -211,3 +211,20 @@ def test_a_torch_schedule_names_no_triton_op():
     assert gen.backend == "torch" and gen.fallbacks == () and gen.module.ops == ()
     assert "ops[" not in gen.source and "import torch_blocks as DK" in gen.source
     assert os.path.exists(gen.path)
+
+
+def test_sarc_compile_writes_the_schedules_of_the_layers_backend(tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    out = tmp_path / "art"
+    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "compile", "models/gcn.py",
+                           "--backend", "triton", "--workers", "2", "--emit", "schedule",
+                           "--out", str(out)], cwd=root, text=True, capture_output=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("conv1", "conv2"):
+        text = (out / f"{name}.schedule.py").read_text()
+        assert "# Edge blocks on the triton backend's kernels:" in text
+        assert "import triton_blocks as DK" in text and "ops[0](g, " in text
