@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from ..ir.function import Function, Region, Value
+from ..ir.function import Function, Value
 from ..ir.ops import Op
 from ..ir.reducers import reducer
 from ..names import literal
@@ -76,7 +76,7 @@ def _value_src_index(v: Value) -> str:
     return "None" if z is None else str(z)
 
 
-def _fused_args(v: Value, regions: list[str], operands: list[str]) -> tuple[str, str, str]:
+def _fused_args(v: Value, operands: list[str]) -> tuple[str, str, str]:
     return repr(region_sides(v)), str(region_width(v)), ", ".join(operands)
 
 
@@ -106,7 +106,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
             op = ("softmax_surrogate" if mode == "surrogate" else
                   "softmax_normalized" if baseline else "softmax_partial")
             f, (score, value) = block(op, regions)
-            sides, width, operands = _fused_args(v, [], ops)
+            sides, width, operands = _fused_args(v, ops)
             head = f"{score}, {value}, {sides}, {width}, g, {_value_src_index(v)}"
             if mode == "surrogate":
                 return f"{f}({head}, cot[{literal(name)}], {operands})"
@@ -120,7 +120,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
                     return f"{f}({how}, {ops[0]}, g, cot[{literal(name)}][0])"
                 f, (how,) = block("reduce_extremum_partial", lambda: [literal(kind)])
                 return f"{f}({how}, {ops[0]}, g)"
-            sides, width, operands = _fused_args(v, [], ops)
+            sides, width, operands = _fused_args(v, ops)
             if mode == "surrogate":
                 f, (body,) = block("extremum_select", regions)
                 return (f"{f}({literal(kind)}, {body}, {sides}, {width}, g, "
@@ -201,7 +201,7 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
             v = edge.values[k]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
             regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
-            sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
+            sides, width, operands = _fused_args(v, [f"v{j}" for j in v.inputs])
             op, _ = lowering.block_op("softmax_normalizer", k, v, list)
             tail.append(f"n_{a.name[1:]} = {op}({fname}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
