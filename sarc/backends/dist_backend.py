@@ -200,10 +200,11 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
             k = agg_index[a.name]
             v = edge.values[k]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
-            regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
+            op, (score,) = lowering.block_op("softmax_normalizer", k, v, lambda: [fname])
+            if score == fname:
+                regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
             sides, width, operands = _fused_args(v, [f"v{j}" for j in v.inputs])
-            op, _ = lowering.block_op("softmax_normalizer", k, v, list)
-            tail.append(f"n_{a.name[1:]} = {op}({fname}, {sides}, {width}, g, {operands})")
+            tail.append(f"n_{a.name[1:]} = {op}({score}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
                 [(a.name, f"n_{a.name[1:]}") for a in norm_aggs]
         tail.append(f"return {_dict(items)}")

@@ -13,14 +13,15 @@ value region), and the block op runs its kernels:
   block's share of the merged extremum's: its value is ``y * ties`` (the tied edges' sum),
   its backward the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C``
   (C the tie count over every block) in place of the block's own;
-- ``softmax_partial`` / ``softmax_surrogate``: on the op compiled in float64 (``STATS``,
-  see ``torch_blocks``): the partial is its forward kernel's ``(lse, 1, out)``, the
-  surrogate its row-sum kernel, and its backward the op's gradient kernels fed the
-  merged state.
+- ``softmax_partial``, ``softmax_normalizer``, ``softmax_normalized``,
+  ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``):
+  the partial is its forward kernel's ``(lse, 1, out)``, the normalizer ``(lse, 1)``,
+  the normalized sum ``out * exp(lse - M) / S``; the surrogate is its row-sum kernel,
+  its backward the op's gradient kernels fed the merged state.
 
 Given a region function instead (an op the Triton backend could not lower), they are
-the torch backend's. The normalizer pass's block ops (baseline mode, an unfused
-edge_softmax) have no Triton kernels yet (``FALLBACKS`` says why): they are the torch
+the torch backend's. An unfused edge_softmax's block ops (its normalizer pass over an
+edge tensor) have no Triton kernels yet (``FALLBACKS`` says why): they are the torch
 backend's, and the lowering lists each use in the schedule's ``fallbacks``.
 """
 from __future__ import annotations
@@ -30,20 +31,16 @@ import torch
 from . import torch_blocks
 from .triton_runtime import FusedOp, check_device
 
-_NORMALIZERS = ("no Triton kernel yet for the normalizer pass (baseline mode, unfused "
-                "edge_softmax): global weights exp(score - M) / S")
+_SITES = ("no Triton kernel yet for an unfused edge_softmax's normalizer pass: "
+          "global weights exp(score - M) / S of an edge tensor")
 
 FALLBACKS: dict[str, str] = {
-    "softmax_normalizer": _NORMALIZERS,
-    "softmax_normalized": _NORMALIZERS,
-    "score_normalizer": _NORMALIZERS,
-    "edge_softmax_global": _NORMALIZERS,
-    "score_normalizer_surrogate": _NORMALIZERS,
+    "score_normalizer": _SITES,
+    "edge_softmax_global": _SITES,
+    "score_normalizer_surrogate": _SITES,
 }
 """Block ops without a Triton kernel, with the reason: they run on the torch backend."""
 
-softmax_normalizer = torch_blocks.softmax_normalizer
-softmax_normalized = torch_blocks.softmax_normalized
 score_normalizer = torch_blocks.score_normalizer
 edge_softmax_global = torch_blocks.edge_softmax_global
 score_normalizer_surrogate = torch_blocks.score_normalizer_surrogate
@@ -122,20 +119,48 @@ def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
     return has.view(-1, *([1] * (like.dim() - 1)))
 
 
-@torch.no_grad()
-def softmax_partial(score, value, sides, width: int, g, value_index, *operands):
-    """(m, s, acc): the block's share of a softmax aggregate. On the op (compiled in
-    ``STATS``): its forward kernel's output and log-sum-exp, as the equivalent state
-    ``(lse, 1, out)`` (-inf, 0, 0 on rows without edges)."""
-    if not isinstance(score, FusedOp):
-        return torch_blocks.softmax_partial(score, value, sides, width, g, value_index,
-                                            *operands)
-    op = score
+def _softmax(op: FusedOp, g, operands):
+    """The op's forward kernel on the block: (out, lse, (m, s)), ``(m, s) = (lse, 1)`` the
+    normalizer state equivalent to it (-inf, 0 on rows without edges)."""
     check_device(op.name, op.forward.main.kernel, [g.src, *operands])
     out, lse = op.forward(g, _in_stats(operands), STATS)
     has = _rows_with_edges(g, lse)
     m = torch.where(has, lse, torch.full((), float("-inf"), dtype=STATS, device=lse.device))
-    return m, has.to(STATS).expand_as(lse).contiguous(), out
+    return out, lse, (m, has.to(STATS).expand_as(lse).contiguous())
+
+
+@torch.no_grad()
+def softmax_partial(score, value, sides, width: int, g, value_index, *operands):
+    """(m, s, acc): the block's share of a softmax aggregate. On the op (compiled in
+    ``STATS``): its forward kernel's output and log-sum-exp, as the equivalent state
+    ``(lse, 1, out)``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_partial(score, value, sides, width, g, value_index,
+                                            *operands)
+    out, _, (m, s) = _softmax(score, g, operands)
+    return m, s, out
+
+
+@torch.no_grad()
+def softmax_normalizer(score, sides, width: int, g, *operands):
+    """(m, s) of a softmax aggregate's score on the block (a normalizer pass); on the op:
+    ``(lse, 1)``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_normalizer(score, sides, width, g, *operands)
+    return _softmax(score, g, operands)[2]
+
+
+@torch.no_grad()
+def softmax_normalized(score, value, sides, width: int, g, value_index, norm, *operands):
+    """sum over the block's edges of alpha * value, alpha normalized by the global (M, S);
+    on the op: its output rescaled, ``out * exp(lse - M) / S``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_normalized(score, value, sides, width, g, value_index,
+                                               norm, *operands)
+    big_m, big_s = norm
+    out, lse, (m, _) = _softmax(score, g, operands)
+    w = torch.exp(m - big_m.to(STATS)) / big_s.to(STATS)  # 0 where the block has no edge
+    return out * w.reshape(*w.shape, *([1] * (out.dim() - w.dim())))
 
 
 def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *operands):

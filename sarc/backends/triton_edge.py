@@ -86,8 +86,8 @@ class EdgeLowering:
         n = self._op(i, stats=v.op is Op.SOFTMAX_AGGREGATE)
         if n is None:
             return f"DK.{name}", bodies()
-        if v.op is Op.SOFTMAX_AGGREGATE:  # the op holds the score and the value
-            return f"DK.{name}", [f"ops[{n}]", "None"]
+        if v.op is Op.SOFTMAX_AGGREGATE:  # the op holds the score (and the value)
+            return f"DK.{name}", [f"ops[{n}]", "None"][:len(bodies())]
         return f"DK.{name}", [f"ops[{n}]"]
 
     def ops(self) -> tuple:

@@ -20,7 +20,7 @@ def test_strict_triton_refuses_a_schedule_block_op_on_torch(tmp_path):
                     "--emit", "schedule", "--out", tmp_path / "out",
                     env={"SARC_TRITON_STRICT": "1"})
     assert_error(proc, "layer conv1", "edge_softmax", "block op edge_softmax_global",
-                 "no Triton kernel yet for the normalizer pass")
+                 "no Triton kernel yet for an unfused edge_softmax's normalizer pass")
     assert not (tmp_path / "out").exists()
 
 
