@@ -8,17 +8,16 @@ import os
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from .backends.registry import BACKENDS, get_backend  # noqa: F401 (BACKENDS: the names)
 from .ir.autodiff import grad
 from .ir.function import Function
-from .ir.passes import (const_fold, cse, dce, fuse, fuse_typed_linear,
-                        linear_through_aggregate, pushdown, split_concat)
+from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
+                        split_concat)
 from .ir.printer import format_function
 from .ir.split import LayerSplit, split_layer
 from .ir.verifier import verify
 from .planner.plan import LayerPlan, plan_layer
 from .planner.stats import ShardStats
-
-BACKENDS = ("torch", "triton")
 
 
 def debug_level() -> int:
@@ -43,10 +42,6 @@ def optimize(fn: Function, passes=PIPELINE) -> Function:
 
 UNFUSED = (const_fold, dce, cse, dce)
 """The pipeline without pushdown and fusion: the baseline benchmarks compare against."""
-
-
-BACKEND_PASSES = {"torch": (fuse_typed_linear, dce), "triton": ()}
-"""Passes one backend adds after the pipeline (fusions only its kernels implement)."""
 
 
 AUTODIFF = ("torch", "ir")
@@ -132,23 +127,20 @@ def _distribute(c: dict) -> None:
 
 
 def _lower(c: dict) -> None:
-    if c["backend"] == "torch":
-        from .backends import torch_backend as backend
-    else:
-        from .backends import triton_backend as backend
-    c["kernel"] = backend.compile(c["optimized"], c["backward"])
+    c["kernel"] = get_backend(c["backend"]).compile(c["optimized"], c["backward"])
     if c.get("split") is not None:
         from .backends import dist_backend
         t = c["target"]
-        c["schedule"] = dist_backend.compile(c["split"], c["plan"], baseline=t.baseline,
-                                             layer_name=c["name"], workers=t.workers)
+        c["schedule"] = dist_backend.compile(c["split"], c["plan"], backend=c["backend"],
+                                             baseline=t.baseline, layer_name=c["name"],
+                                             workers=t.workers)
 
 
 STAGES: tuple[tuple[str, Callable[[dict], None]], ...] = (
     ("trace", _trace), ("verify", _verify), ("grad", _grad), ("optimize", _optimize),
     ("plan", _plan), ("distribute", _distribute), ("lower", _lower))
 """The compile stages, in order; each reads and adds entries of the compilation's record.
-``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``BACKEND_PASSES``);
+``optimize`` runs the pipeline (``PIPELINE``) and the backend's passes (``Backend.passes``);
 ``plan`` and ``distribute`` run for a ``Target`` (``distribute`` when it ``splits``)."""
 NEEDS_TARGET = ("plan", "distribute")
 
@@ -160,15 +152,14 @@ def compile_layer(layer, backend: str = "torch", passes=PIPELINE, autodiff: str 
     including ``through``; every stage's result. ``target``: what to plan for (None: no
     plan, no split, no schedule); ``name``: the layer's name there (default: the traced
     function's)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    be = get_backend(backend)  # an unknown name is an error naming the available backends
     if autodiff not in AUTODIFF:
         raise ValueError(f"unknown autodiff {autodiff!r}; available: {', '.join(AUTODIFF)}")
     if through not in dict(STAGES):
         raise ValueError(f"unknown stage {through!r}; stages: {', '.join(n for n, _ in STAGES)}")
     if through in NEEDS_TARGET and target is None:
         raise ValueError(f"stage {through!r} plans for a target; pass target=Target(...)")
-    extra = BACKEND_PASSES[backend] if passes == PIPELINE else ()
+    extra = be.passes if passes == PIPELINE else ()
     record = {"layer": layer, "name": name, "backend": backend, "autodiff": autodiff,
               "target": target, "passes": (*passes, *extra)}
     for stage_name, stage in STAGES:

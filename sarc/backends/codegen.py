@@ -1,4 +1,5 @@
-"""What every code generator shares: templates, liveness, writing and importing modules.
+"""What every code generator shares: templates, the body of one line per IR value
+(``emit_values``), writing and importing modules.
 
 Templates write names from the user's code through the filters ``literal`` (a string
 literal in code) and ``shown`` (a comment or docstring), see ``sarc.names``. Generated
@@ -14,12 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Callable, Iterable, Mapping, Sequence
 
 import jinja2
 
 from .. import names
 from ..errors import SarcError
-from ..ir.function import Function
+from ..ir.function import Function, Region, Value
+from ..ir.printer import format_value
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -35,15 +38,53 @@ def render(template: str, **ctx) -> str:
     return _ENV.get_template(template).render(**ctx)
 
 
-def last_uses(fn: Function) -> list[int]:
-    """For each value, the index of its last user (outputs count as used at the end)."""
-    last = [-1] * len(fn.values)
-    for i, v in enumerate(fn.values):
-        for j in v.inputs:
+RegionNames = Callable[[], list[str]]
+Lower = Callable[[int, Value, list[str], RegionNames], "str | tuple[str, ...]"]
+"""How a generator lowers value ``i``: ``(i, value, operand names, region names)`` -> the
+expression assigned to ``v{i}``, or the lines written in its place (a tuple). Calling
+the region names writes the value's regions as functions (``region_function``)."""
+
+RegionFunction = Callable[[str, Region, int], list[str]]
+
+
+def emit_values(fn: Function, indices: Iterable[int], lower: Lower, *, live_out: Iterable[int],
+                region_function: RegionFunction, inputs: Mapping[int, Sequence[int]] | None = None,
+                region_prefix: str = "") -> tuple[list[list[str]], list[str]]:
+    """The body every generator writes for ``fn``'s values ``indices`` (in order): per value,
+    its IR instruction as a comment, one line ``v{i} = ...`` (``lower``), then ``del`` of
+    the values no later line reads (``live_out`` stay alive). ``inputs`` overrides the
+    values a value reads (a kernel that reads a value's operand itself). Returns the
+    region functions the lowering asked for (named ``{region_prefix}_v{i}_{attr}``) and
+    the body's lines, unindented."""
+    order = list(indices)
+    reads = {i: list(fn.values[i].inputs if inputs is None else inputs[i]) for i in order}
+    last: dict[int, int] = {}
+    for i in order:
+        for j in reads[i]:
             last[j] = i
-    for _, j in fn.outputs:
+    for j in live_out:
         last[j] = len(fn.values)
-    return last
+    regions: list[list[str]] = []
+    body: list[str] = []
+    for i in order:
+        v = fn.values[i]
+        made: list[str] = []
+
+        def region_names(i=i, v=v, made=made) -> list[str]:
+            if not made:
+                for attr, r in v.attrs:
+                    if isinstance(r, Region):
+                        made.append(f"{region_prefix}_v{i}_{attr}")
+                        regions.append(region_function(made[-1], r, len(v.inputs)))
+            return list(made)
+
+        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
+        code = lower(i, v, [f"v{j}" for j in reads[i]], region_names)
+        body.extend(code if isinstance(code, tuple) else (f"v{i} = {code}",))
+        dead = [f"v{j}" for j in sorted(set(reads[i])) if last.get(j) == i]
+        if dead:
+            body.append(f"del {', '.join(dead)}")
+    return regions, body
 
 
 def source_of(fn: Function) -> str:

@@ -3,10 +3,12 @@
 The module (rendered from ``templates/dist_layer.py.j2``, written to a real
 file and imported, as the torch backend does) holds
 
-- the layer's parts (``sarc.ir.split``) as PyTorch functions, one line per
-  IR value with the instruction above it, lowered by the torch backend's
-  table; the edge part comes in variants, differing only in how aggregates
-  and edge_softmax are lowered (to the block kernels of ``sarc.distributed.kernels``):
+- the layer's parts (``sarc.ir.split``) as functions, one line per IR value
+  with the instruction above it (``codegen.emit_values``); the node parts lowered by
+  the torch backend's table, the edge part by the layer's backend
+  (``registry.Backend.edge_lowering``: on Triton its graph ops are Triton ops,
+  ``ops[n]``); the edge part comes in variants, differing only in how aggregates
+  and edge_softmax are lowered (to the backend's block ops, ``DK``):
   ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
   (backward: a scalar whose gradient is the block's share), and, when a
   normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
@@ -14,7 +16,8 @@ file and imported, as the torch backend does) holds
   over the runtime ``rt`` (``sarc.distributed.schedule.Call``): the exchange in rounds,
   the passes over source blocks, the merges, the parts' autograd.
 
-The header names the layer, the execution mode and the plan's choices.
+The header names the layer, the execution mode and the plan's choices, and, for a
+backend other than torch, its ops and the edge part's fallbacks to the torch backend.
 """
 from __future__ import annotations
 
@@ -24,21 +27,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-from ..ir.function import Function, Region, Value
+from ..ir.function import Function, Value
 from ..ir.ops import Op
 from ..ir.reducers import reducer
-from ..ir.printer import format_value
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
 from ..ir.patterns import arg_index, region_sides, region_width
-from .torch_backend import LOWERING, _region_function
+from .registry import EdgeLowering, get_backend
+from .torch_backend import LOWERING, region_function
 
-Lower = Callable[[int, Value, list[str], list[str]], str]  # (index, value, regions, operands)
+Lower = Callable[[int, Value, codegen.RegionNames, list[str]], str]
+"""(index, value, its region functions' names (written when called), operands) -> code."""
 
 
-def _default(i: int, v: Value, regions: list[str], operands: list[str]) -> str:
-    return LOWERING[v.op](v, regions + operands)
+def _default(i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
+    return LOWERING[v.op](v, regions() + operands)
 
 
 def _needed(fn: Function, targets: list[int]) -> set[int]:
@@ -55,29 +59,11 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
               tail: list[str] = ()) -> tuple[list[list[str]], list[str]]:
     """Region functions and the body of ``def name(args)`` computing ``targets`` of ``fn``;
     ``tail``: the lines after the last value (the return)."""
-    need = _needed(fn, targets)
-    last: dict[int, int] = {}
-    for i in sorted(need):
-        for j in fn.values[i].inputs:
-            last[j] = i
-    for t in targets:
-        last[t] = len(fn.values)
-    regions: list[list[str]] = []
-    body: list[str] = [f"def {name}({args}):"]
-    for i in sorted(need):
-        v = fn.values[i]
-        names = []
-        for attr, r in v.attrs:
-            if isinstance(r, Region):
-                names.append(f"_{name}_v{i}_{attr}")
-                regions.append(_region_function(names[-1], r, len(v.inputs)))
-        body.extend(f"    # {line}" for line in format_value(i, v, with_loc=True).split("\n"))
-        body.append(f"    v{i} = {lower(i, v, names, [f'v{j}' for j in v.inputs])}")
-        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last.get(j) == i]
-        if dead:
-            body.append(f"    del {', '.join(dead)}")
-    body.extend(f"    {line}" for line in tail)
-    return regions, body
+    regions, body = codegen.emit_values(
+        fn, sorted(_needed(fn, targets)),
+        lambda i, v, operands, region_names: lower(i, v, region_names, operands),
+        live_out=targets, region_function=region_function, region_prefix=f"_{name}")
+    return regions, [f"def {name}({args}):", *(f"    {line}" for line in [*body, *tail])]
 
 
 def _dict(items: list[tuple[str, str]]) -> str:
@@ -90,7 +76,7 @@ def _value_src_index(v: Value) -> str:
     return "None" if z is None else str(z)
 
 
-def _fused_args(v: Value, regions: list[str], operands: list[str]) -> tuple[str, str, str]:
+def _fused_args(v: Value, operands: list[str]) -> tuple[str, str, str]:
     return repr(region_sides(v)), str(region_width(v)), ", ".join(operands)
 
 
@@ -103,37 +89,46 @@ class _Names:
     sites: dict[int, str]
 
 
-def _edge_lowering(mode: str, names: _Names, baseline: bool) -> Lower:
+def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLowering) -> Lower:
     """How the edge part's aggregates and edge_softmax are lowered in variant ``mode``
-    (``partials`` or ``surrogate``)."""
-    def lower(i: int, v: Value, regions: list[str], ops: list[str]) -> str:
+    (``partials`` or ``surrogate``), on ``backend``'s ops and block ops."""
+    def lower(i: int, v: Value, regions: codegen.RegionNames, ops: list[str]) -> str:
+        def block(op: str, bodies: codegen.RegionNames = list) -> tuple[str, list[str]]:
+            return backend.block_op(op, i, v, bodies)
         if v.op is Op.EDGE_SOFTMAX:
-            return f"DK.edge_softmax_global({ops[0]}, g, norms[{literal(names.sites[i])}])"
+            f, _ = block("edge_softmax_global")
+            return f"{f}({ops[0]}, g, norms[{literal(names.sites[i])}])"
         name = names.aggs.get(i)
         if name is None:
-            return _default(i, v, regions, ops)
+            return backend.lower(i, v, regions, ops)
         kind = names.kinds[i]
         if v.op is Op.SOFTMAX_AGGREGATE:
-            sides, width, operands = _fused_args(v, regions, ops)
-            head = f"{regions[0]}, {regions[1]}, {sides}, {width}, g, {_value_src_index(v)}"
+            op = ("softmax_surrogate" if mode == "surrogate" else
+                  "softmax_normalized" if baseline else "softmax_partial")
+            f, (score, value) = block(op, regions)
+            sides, width, operands = _fused_args(v, ops)
+            head = f"{score}, {value}, {sides}, {width}, g, {_value_src_index(v)}"
             if mode == "surrogate":
-                return f"DK.softmax_surrogate({head}, cot[{literal(name)}], {operands})"
+                return f"{f}({head}, cot[{literal(name)}], {operands})"
             if baseline:
-                return f"DK.softmax_normalized({head}, norms[{literal(name)}], {operands})"
-            return f"DK.softmax_partial({head}, {operands})"
+                return f"{f}({head}, norms[{literal(name)}], {operands})"
+            return f"{f}({head}, {operands})"
         if reducer(kind).selects:
             if v.op is Op.REDUCE:
                 if mode == "surrogate":
-                    return (f"DK.reduce_extremum_select({literal(kind)}, {ops[0]}, g, "
-                            f"cot[{literal(name)}][0])")
-                return f"DK.reduce_extremum_partial({literal(kind)}, {ops[0]}, g)"
-            sides, width, operands = _fused_args(v, regions, ops)
+                    f, (how,) = block("reduce_extremum_select", lambda: [literal(kind)])
+                    return f"{f}({how}, {ops[0]}, g, cot[{literal(name)}][0])"
+                f, (how,) = block("reduce_extremum_partial", lambda: [literal(kind)])
+                return f"{f}({how}, {ops[0]}, g)"
+            sides, width, operands = _fused_args(v, ops)
             if mode == "surrogate":
-                return (f"DK.extremum_select({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
+                f, (body,) = block("extremum_select", regions)
+                return (f"{f}({literal(kind)}, {body}, {sides}, {width}, g, "
                         f"cot[{literal(name)}][0], {operands})")
-            return (f"DK.extremum_partial({literal(kind)}, {regions[0]}, {sides}, {width}, g, "
-                    f"{operands})")
-        return _default(i, v, regions, ops)  # sum (mean is a sum here): the block's aggregate
+            f, (body,) = block("extremum_partial", regions)
+            return f"{f}({literal(kind)}, {body}, {sides}, {width}, g, {operands})"
+        # sum (mean is a sum here): the block's aggregate
+        return backend.lower(i, v, regions, ops)
     return lower
 
 
@@ -147,14 +142,27 @@ def _surrogate_term(name: str, kind: str, var: str) -> str:
 
 @dataclass(frozen=True)
 class Generated:
+    """A schedule module; ``fallbacks``: the edge part's ops that run on the torch
+    backend's kernels instead of ``backend``'s, each with the reason."""
+
     source: str
     path: Path
     module: ModuleType
+    backend: str = "torch"
+    fallbacks: tuple[str, ...] = ()
 
 
 def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str | None = None,
-             workers: int = 1) -> str:
-    """The schedule module's source for ``split`` (``sarc.ir.split.LayerSplit``) under ``plan``."""
+             workers: int = 1, backend: str = "torch") -> str:
+    """The schedule module's source for ``split`` (``sarc.ir.split.LayerSplit``)
+    under ``plan``, its edge part on ``backend``'s kernels."""
+    return _generate(split, plan, baseline, layer_name, workers, backend)[0]
+
+
+def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, workers: int,
+              backend: str) -> tuple[str, EdgeLowering]:
+    be = get_backend(backend)
+    lowering = be.edge_lowering(split.edge, layer_name or split.layer.name)
     edge = split.edge
     agg_index = {name: i for name, i in edge.outputs}
     names = _Names({agg_index[a.name]: a.name for a in split.aggregates},
@@ -173,11 +181,11 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
     node_part(split.dst_pre, "dst_pre_part")
     targets = [agg_index[a.name] for a in split.aggregates]
     parts.append(emit_part(edge, "edge_partials", sig + ", norms", targets,
-                           _edge_lowering("partials", names, baseline),
+                           _edge_lowering("partials", names, baseline, lowering),
                            [f"return {_dict([(a.name, f'v{agg_index[a.name]}') for a in split.aggregates])}"]))
     terms = [_surrogate_term(a.name, a.kind, f"v{agg_index[a.name]}") for a in split.aggregates]
     parts.append(emit_part(edge, "edge_surrogate", sig + ", norms, cot", targets,
-                           _edge_lowering("surrogate", names, baseline),
+                           _edge_lowering("surrogate", names, baseline, lowering),
                            [f"return {' + '.join(terms)}"]))
     norm_aggs = [a for a in split.aggregates if a.kind == "softmax" and baseline]
     needs_norms = bool(split.softmax_sites or norm_aggs)
@@ -186,25 +194,32 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
         tail, regions = [], []
         for s, j in zip(split.softmax_sites, site_inputs):
-            tail.append(f'n_{s.name[1:]} = DK.score_normalizer(v{j}, g)')
+            op, _ = lowering.block_op("score_normalizer", s.index, edge.values[s.index], list)
+            tail.append(f'n_{s.name[1:]} = {op}(v{j}, g)')
         for a in norm_aggs:
-            v = edge.values[agg_index[a.name]]
+            k = agg_index[a.name]
+            v = edge.values[k]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
-            regions.append(_region_function(fname, v.attr["score"], len(v.inputs)))
-            sides, width, operands = _fused_args(v, [], [f"v{j}" for j in v.inputs])
-            tail.append(f"n_{a.name[1:]} = DK.softmax_normalizer({fname}, {sides}, {width}, g, {operands})")
+            op, (score,) = lowering.block_op("softmax_normalizer", k, v, lambda: [fname])
+            if score == fname:
+                regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
+            sides, width, operands = _fused_args(v, [f"v{j}" for j in v.inputs])
+            tail.append(f"n_{a.name[1:]} = {op}({score}, {sides}, {width}, g, {operands})")
         items = [(s.name, f"n_{s.name[1:]}") for s in split.softmax_sites] + \
                 [(a.name, f"n_{a.name[1:]}") for a in norm_aggs]
         tail.append(f"return {_dict(items)}")
-        r, body = emit_part(edge, "edge_normalizers", sig, site_inputs + agg_ops, tail=tail)
+        r, body = emit_part(edge, "edge_normalizers", sig, site_inputs + agg_ops,
+                            _plain(lowering), tail=tail)
         parts.append((r + regions, body))
     if split.softmax_sites:
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
-        terms = [f"DK.score_normalizer_surrogate(v{j}, g, norms[{literal(s.name)}], "
-                 f"cot[{literal(s.name)}]).sum()"
-                 for s, j in zip(split.softmax_sites, site_inputs)]
+        terms = []
+        for s, j in zip(split.softmax_sites, site_inputs):
+            op, _ = lowering.block_op("score_normalizer_surrogate", s.index,
+                                      edge.values[s.index], list)
+            terms.append(f"{op}(v{j}, g, norms[{literal(s.name)}], cot[{literal(s.name)}]).sum()")
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
-                               tail=[f"return {' + '.join(terms)}"]))
+                               _plain(lowering), tail=[f"return {' + '.join(terms)}"]))
     node_part(split.dst_post, "dst_post_part")
 
     ex = plan.exchange
@@ -227,16 +242,31 @@ def generate(split, plan: LayerPlan, *, baseline: bool = False, layer_name: str 
         "baseline": baseline,
         "kept": plan.kept_peers,
         "bytes_sent": plan.bytes_sent,
+        "backend": backend,
+        "op_lines": lowering.op_lines,
+        "fallbacks": lowering.fallbacks,
     }
     functions = ["\n".join(lines) for regions, body in parts for lines in (*regions, body)]
-    return codegen.render("dist_layer.py.j2", h=header, functions=functions,
-                          has_src=split.src is not None,
-                          has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
-                          has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
+    package, module = be.blocks.__name__.rsplit(".", 1)
+    source = codegen.render("dist_layer.py.j2", h=header, functions=functions,
+                            blocks_package=package, blocks_module=module,
+                            has_src=split.src is not None,
+                            has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
+                            has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
+    return source, lowering
 
 
-def compile(split, plan: LayerPlan, **kw) -> Generated:
-    source = generate(split, plan, **kw)
+def _plain(lowering: EdgeLowering) -> Lower:
+    """The edge part's values on the backend's ops, no aggregate among them."""
+    return lambda i, v, regions, operands: lowering.lower(i, v, regions, operands)
+
+
+def compile(split, plan: LayerPlan, *, backend: str = "torch", baseline: bool = False,
+            layer_name: str | None = None, workers: int = 1) -> Generated:
+    """The schedule module of ``split`` under ``plan``, loaded; its edge part runs on
+    ``backend``'s kernels (``sarc.backends.registry``)."""
+    source, lowering = _generate(split, plan, baseline, layer_name, workers, backend)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path, module = codegen.load_module(f"{split.layer.name}_dist_{digest}", source)
-    return Generated(source, path, module)
+    module.ops = lowering.ops()
+    return Generated(source, path, module, backend, tuple(lowering.fallbacks))

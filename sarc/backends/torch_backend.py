@@ -1,7 +1,7 @@
 """PyTorch backend: IR -> a readable Python module that runs on CPU and GPU.
 
 Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
-as a comment; graph ops call the CSR kernels of ``torch_kernels``. The module
+as a comment; graph ops call the CSR kernels of ``torch_ops``. The module
 is rendered from a jinja2 template, written to a real file (so tracebacks and
 debuggers show the generated code) and imported. Autograd gives the backward
 pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
@@ -161,7 +161,7 @@ LOWERING: dict[Op, Lowering] = {
 }
 
 
-def _region_function(name: str, r: Region, n_operands: int) -> list[str]:
+def region_function(name: str, r: Region, n_operands: int) -> list[str]:
     """A region as a Python function of the graph block and the per-edge operands."""
     args = ", ".join(f"a{k}" for k in range(n_operands))
     lines = [f"def {name}(g, {args}):"]
@@ -172,22 +172,40 @@ def _region_function(name: str, r: Region, n_operands: int) -> list[str]:
     return lines
 
 
+def lower(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
+    """Value ``v`` as a PyTorch expression (``codegen.Lower``): its regions' functions, then
+    its operands, through ``LOWERING``."""
+    return LOWERING[v.op](v, regions() + operands)
+
+
+def emit(fn: Function, indices, lower: codegen.Lower = lower, **kw):
+    """``codegen.emit_values`` with this backend's region functions."""
+    return codegen.emit_values(fn, indices, lower, region_function=region_function, **kw)
+
+
+class EdgeLowering:
+    """The torch backend's lowering of a distributed schedule's edge part
+    (``registry.EdgeLowering``): ``LOWERING``'s lines, ``torch_blocks``' block ops on the
+    values' region functions."""
+
+    def __init__(self, edge: Function, layer: str):
+        self.fallbacks: list[str] = []
+        self.op_lines: list[str] = []
+
+    def lower(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
+        return LOWERING[v.op](v, regions() + operands)
+
+    def block_op(self, name: str, i: int, v: Value,
+                 bodies: codegen.RegionNames) -> tuple[str, list[str]]:
+        return f"DK.{name}", bodies()
+
+    def ops(self) -> tuple:
+        return ()
+
+
 def generate(fn: Function) -> str:
     """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``."""
-    last_use = codegen.last_uses(fn)
-    body: list[str] = []
-    regions: list[list[str]] = []
-    for i, v in enumerate(fn.values):
-        names = []
-        for attr, r in v.attrs:
-            if isinstance(r, Region):
-                names.append(f"_v{i}_{attr}")
-                regions.append(_region_function(names[-1], r, len(v.inputs)))
-        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
-        body.append(f"v{i} = {LOWERING[v.op](v, names + [f'v{j}' for j in v.inputs])}")
-        dead = [f"v{j}" for j in sorted(set(v.inputs)) if last_use[j] == i]
-        if dead:
-            body.append(f"del {', '.join(dead)}")
+    regions, body = emit(fn, range(len(fn.values)), live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))
@@ -213,11 +231,11 @@ class TorchKernel:
         if training and seed is None:
             seed = rng.draw_seed()
         if self.backward is not None and torch.is_grad_enabled():
-            return _run_with_ir_backward(self, g, inputs, params, training, seed)
+            return run_with_ir_backward(self, g, inputs, params, training, seed)
         return self.module.forward(g, inputs, params, training, seed)
 
 
-def _run_with_ir_backward(kernel: TorchKernel, g, inputs, params, training, seed):
+def run_with_ir_backward(kernel: TorchKernel, g, inputs, params, training, seed):
     # The gradient outputs of the backward function say which leaves it differentiates.
     wanted = {name[len(GRAD_PREFIX):] for name, _ in kernel.backward.function.outputs}
     keys = [("param", k) for k in params if k in wanted]

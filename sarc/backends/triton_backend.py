@@ -6,7 +6,7 @@
   instruction above it), in which every graph op calls a runtime op object
   (``ops[i]``, see ``triton_runtime``): an autograd function whose forward and
   backward launch generated kernels;
-- the kernels themselves, one standalone module per kernel (``triton_kernels``),
+- the kernels themselves, one standalone module per kernel (``triton_source``),
   each with a header naming the IR op it implements, its launch grid and its
   autotune space. ``sarc compile --backend triton --emit kernels`` writes them.
 
@@ -56,7 +56,7 @@ from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
 from . import codegen, torch_backend
-from . import triton_kernels as TK
+from . import triton_source as TK
 from .triton_grad import aggregate_grads, extra_types, sddmm_grads, softmax_grads
 from .triton_lower import TritonLoweringError
 
@@ -240,7 +240,7 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
     raise AssertionError(f"{v.op} is not a kernel op")
 
 
-def _build(spec, name: str, mods: dict[str, ModuleType], dtype):
+def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
     """The runtime object of one op from its spec and loaded kernel modules."""
     from . import triton_runtime as T
 
@@ -297,60 +297,50 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     strict = strict_default() if strict is None else strict
     folded = _folded_gathers(fn)
     skipped = set(folded.values())
-    inputs = {i: list(v.inputs) for i, v in enumerate(fn.values)}
+    inputs = {i: [] if i in skipped else list(v.inputs) for i, v in enumerate(fn.values)}
     for i, x in folded.items():
         inputs[i][0] = fn.values[x].inputs[0]
-    last = [-1] * len(fn.values)
-    for i in range(len(fn.values)):
-        if i not in skipped:
-            for j in inputs[i]:
-                last[j] = i
-    for _, j in fn.outputs:
-        last[j] = len(fn.values)
+    specs, kernels, fallbacks, op_lines = [], [], [], []
 
-    body, regions, specs, kernels, fallbacks, op_lines = [], [], [], [], [], []
-    for i, v in enumerate(fn.values):
-        body.extend(f"# {line}" for line in format_value(i, v, with_loc=True).split("\n"))
+    def lower(i: int, v: Value, args: list[str], region_names) -> str | tuple[str, ...]:
         if i in skipped:
-            body.append(f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})")
-            continue
-        args = [f"v{j}" for j in inputs[i]]
-        line = None
-        if v.op in KERNEL_OPS:
-            try:
-                plan, spec = plan_op(fn, i, folded)
-            except TritonLoweringError as e:
-                reason = f"%{i} {v.op.value}: {e}"
-                if strict:
-                    raise TritonLoweringError(f"layer {fn.name}, {reason}") from None
-                log.warning("sarc triton backend: %s; running it with the PyTorch backend's "
-                            "kernels instead", reason)
-                fallbacks.append(reason)
-                body.append(f"# fallback to the PyTorch backend: {one_line(e)}")
-                if i in folded:  # the folded gather must exist after all
-                    args[0] = f"K.gather_{'src' if fn.values[folded[i]].op is Op.GATHER_SRC else 'dst'}({args[0]}, g)"
-            else:
-                n = len(specs)
-                specs.append((i, spec, v.type.dtype))
-                kernels.extend(plan.kernels)
-                op_lines.append(f"ops[{n}]: %{i} {v.op.value} -> kernels "
-                                + ", ".join(k.name for k in plan.kernels))
-                line = f"v{i} = ops[{n}](g, {', '.join(args)})"
-        if line is None:
-            names = []
-            for attr, r in v.attrs:
-                if isinstance(r, Region):
-                    names.append(f"_v{i}_{attr}")
-                    regions.append(torch_backend._region_function(names[-1], r, len(v.inputs)))
-            line = f"v{i} = {torch_backend.LOWERING[v.op](v, names + args)}"
-        body.append(line)
-        dead = [f"v{j}" for j in sorted(set(inputs[i])) if last[j] == i]
-        if dead:
-            body.append(f"del {', '.join(dead)}")
+            return (f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})",)
+        if v.op not in KERNEL_OPS:
+            return torch_backend.lower(i, v, args, region_names)
+        try:
+            plan, spec = plan_op(fn, i, folded)
+        except TritonLoweringError as e:
+            fallback(fn.name, i, v, e, strict, fallbacks)
+            if i in folded:  # the folded gather must exist after all
+                side = "src" if fn.values[folded[i]].op is Op.GATHER_SRC else "dst"
+                args = [f"K.gather_{side}({args[0]}, g)", *args[1:]]
+            return (f"# fallback to the PyTorch backend: {one_line(e)}",
+                    f"v{i} = {torch_backend.lower(i, v, args, region_names)}")
+        n = len(specs)
+        specs.append((i, spec, v.type.dtype))
+        kernels.extend(plan.kernels)
+        op_lines.append(f"ops[{n}]: %{i} {v.op.value} -> kernels "
+                        + ", ".join(k.name for k in plan.kernels))
+        return f"ops[{n}](g, {', '.join(args)})"
+
+    regions, body = torch_backend.emit(fn, range(len(fn.values)), lower, inputs=inputs,
+                                       live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     source = codegen.render("triton_layer.py.j2", fn=fn, body=body, outputs=outputs,
                             regions=regions, source=codegen.source_of(fn), op_lines=op_lines)
     return _Generated(source, specs, kernels, fallbacks)
+
+
+def fallback(layer: str, i: int, v: Value, error: TritonLoweringError, strict: bool,
+             fallbacks: list[str]) -> None:
+    """The no-silent-fallback rule: under ``strict`` the error is raised; otherwise a warning
+    names the op and the reason, and the reason is listed in ``fallbacks``."""
+    reason = f"%{i} {v.op.value}: {error}"
+    if strict:
+        raise TritonLoweringError(f"layer {layer}, {reason}") from None
+    log.warning("sarc triton backend: %s; running it with the PyTorch backend's kernels "
+                "instead", reason)
+    fallbacks.append(reason)
 
 
 def _user(folded: dict[int, int], x: int) -> int:
@@ -363,7 +353,7 @@ class TritonKernel:
 
     ``backward``, when set, is the compiled backward function of the layer
     (``autodiff="ir"``): gradients then come from its generated code, run as the
-    PyTorch backend runs it (``torch_backend._run_with_ir_backward``), instead of
+    PyTorch backend runs it (``torch_backend.run_with_ir_backward``), instead of
     the ops' own backward kernels.
     """
 
@@ -380,7 +370,7 @@ class TritonKernel:
         if training and seed is None:
             seed = rng.draw_seed()
         if self.backward is not None and torch.is_grad_enabled():
-            return torch_backend._run_with_ir_backward(self.bound(), g, inputs, params,
+            return torch_backend.run_with_ir_backward(self.bound(), g, inputs, params,
                                                        training, seed)
         return self.module.forward(g, inputs, params, training, seed, ops=self.ops)
 
@@ -415,23 +405,30 @@ class _Bound:
     backward: "_Bound | None"
 
 
-def compile(fn: Function, backward: Function | None = None,
-            strict: bool | None = None) -> TritonKernel:
-    """Compile layer ``fn``; with ``backward`` (its optimized backward function) the
-    gradients come from that IR, compiled by this backend too."""
+def load_ops(fn: Function, specs, kernels: list[TK.KernelSource]) -> tuple:
+    """The runtime objects of ``fn``'s values ``specs`` (``(index, spec, dtype)``, from
+    ``plan_op``), their ``kernels`` imported."""
     version = check_triton()
     interp = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-    gen = generate(fn, strict)
     # the kernels are decorated when imported: interpreted or compiled depends on the
     # environment then, so it is part of the cache key
     salt = f"triton {version} interpret={interp}"
     mods: dict[str, ModuleType] = {}
-    for k in gen.kernels:
+    for k in kernels:
         digest = hashlib.sha256((salt + k.source).encode()).hexdigest()[:16]
         _, mods[k.name] = codegen.load_module(f"{fn.name}_{k.name.replace('.', '_')}_{digest}",
                                               k.source)
-    ops = tuple(_build(spec, f"{fn.name} %{i} {fn.values[i].op.value}", mods, dt.to_torch())
-                for i, spec, dt in gen.specs)
+    return tuple(build_op(spec, f"{fn.name} %{i} {fn.values[i].op.value}", mods, dt.to_torch())
+                 for i, spec, dt in specs)
+
+
+def compile(fn: Function, backward: Function | None = None,
+            strict: bool | None = None) -> TritonKernel:
+    """Compile layer ``fn``; with ``backward`` (its optimized backward function) the
+    gradients come from that IR, compiled by this backend too."""
+    check_triton()
+    gen = generate(fn, strict)
+    ops = load_ops(fn, gen.specs, gen.kernels)
     digest = hashlib.sha256(gen.source.encode()).hexdigest()[:16]
     path, module = codegen.load_module(f"{fn.name}_triton_{digest}", gen.source)
     bwd = compile(backward, strict=strict) if backward is not None else None

@@ -390,7 +390,11 @@ class FusedOp:
 
     def run_backward(self, g: Graph, xs, saved, dy: torch.Tensor, needs) -> list:
         dy = dy.contiguous()
-        feeds = [*xs, *self.extras(g, xs, saved, dy)]
+        return self.operand_grads(g, xs, [*xs, *self.extras(g, xs, saved, dy)], needs)
+
+    def operand_grads(self, g: Graph, xs, feeds, needs) -> list:
+        """Each operand's gradient (None where not ``needs``) from the gradient kernels,
+        which read ``feeds``: the operands, then the extras (``triton_grad.EXTRAS``)."""
         grads: list[torch.Tensor | None] = []
         for k, (x, need) in enumerate(zip(xs, needs)):
             gr = self.grads.get(k)

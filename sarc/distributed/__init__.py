@@ -6,8 +6,8 @@
     allreduce_gradients(model, group)        # parameter gradients summed over workers
 
 Modules, in pipeline order (the cut of a layer at the exchange is ``sarc.ir.split``):
-``merge`` (partial aggregates -> aggregates) and ``kernels`` (their block
-kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
+``merge`` (partial aggregates -> aggregates; the block ops computing them are the
+backends', ``sarc.backends.registry.BLOCK_OPS``), ``exchange`` (rows in rounds, byte counters), ``graph``
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the
 generated code itself comes from ``sarc.backends.dist_backend``),
 ``batchnorm``, ``store`` (tensors sharded by global id: pull / push) and

@@ -1,7 +1,7 @@
 """Merge rules: the partial aggregates of the source blocks -> the layer's aggregates.
 
 Each source block j gives a partial for every aggregate of the layer
-(``sarc.distributed.kernels``); a merge folds them in, block by block in any order,
+(``sarc.backends.torch_blocks``); a merge folds them in, block by block in any order,
 so only one block's partial is held at a time, and afterwards gives the
 cotangent each block's backward surrogate needs (``MERGES``: one rule per reducer of
 ``sarc.ir.reducers``, whose ``combine``, ``beats`` and ``tie_share`` they use):
@@ -13,13 +13,13 @@ cotangent each block's backward surrogate needs (``MERGES``: one rule per reduce
   (0 where no block has: a node without incoming edges gets 0, as DGL and PyG
   give), with the number C of edges attaining it over all blocks; cotangent
   ``(y, g / C)``: every edge attaining the extremum gets ``g / C``, ties split
-  evenly across and within blocks, as ``torch_kernels`` does on one process.
+  evenly across and within blocks, as ``torch_ops`` does on one process.
 - softmax (a fused softmax_aggregate), online: per block (m_j, s_j, acc_j);
   ``M = max(M, m_j)``, ``S = S e^(M_old - M) + s_j e^(m_j - M)``, ``acc``
   likewise; ``y = acc / S``. One pass over the blocks (FlashAttention's
   rescaling). Cotangent ``(M, S, g, D)`` with ``D_v = <g_v, y_v>`` per score
   element: each block's backward is then independent of the others. ``S``,
-  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.distributed.kernels.STATS``: the
+  ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.backends.torch_blocks.STATS``: the
   score gradients cancel over each row, see there); ``y`` is handed on in the
   layer's dtype.
 - softmax with a normalizer pass first (baseline mode: no online softmax):
@@ -208,7 +208,7 @@ class NormalizerMerge(_AtRows):
 
 
 class SiteShares:
-    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.distributed.kernels``):
+    """The backward of an unfused ``edge_softmax`` across pieces (``sarc.backends.torch_blocks``):
     the main pass leaves, per piece, ``B_j = sum alpha_e g_e`` over its edges of each
     destination (float64, at the piece's rows); the normalizer pass gives each piece
     ``(gbar, B_j)`` at its rows, ``gbar = sum_j B_j`` over every piece of the row."""

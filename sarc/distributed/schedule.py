@@ -56,13 +56,14 @@ class LayerProgram:
 
 
 def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
-    # the layer's IR as it runs on one process (the pipeline and the torch backend's passes,
-    # whose kernels run the blocks), planned for dg, cut at the exchange, and its schedule
+    # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
+    # backend, whose kernels run the blocks), planned for dg, cut at the exchange, and its
+    # schedule
     target = compiler.Target(workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
                              mem_budget=_budget_left(dg, layer), baseline=dg.baseline,
                              inputs_need_grad=inputs_need_grad, distributed=True,
                              kept_peers=dg.kept_share.get(id(layer)))
-    c = compiler.compile_layer(layer, "torch", target=target, name=name)
+    c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
     return LayerProgram(name, c.plan, c.split, c.schedule)
 
 
@@ -75,7 +76,8 @@ def share_memory(model, dg: DistGraph) -> None:
     if dg.mem_budget is None or dg.size == 1 or dg.exec_mode not in (None, "hybrid"):
         return
     layers = [m for m in model.modules() if isinstance(m, Layer)]
-    fns = [(compiler.compile_layer(layer, "torch", through="optimize").optimized, k > 0)
+    fns = [(compiler.compile_layer(layer, layer._sarc_backend, through="optimize").optimized,
+            k > 0)
            for k, layer in enumerate(layers)]
     for layer, kept in zip(layers, share_budget(fns, dg.stats, dg.mem_budget, dg.baseline)):
         dg.kept_share[id(layer)] = kept

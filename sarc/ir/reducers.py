@@ -12,8 +12,8 @@ online rescaling, the extrema's comparison), the Triton accumulator's start valu
 runtime and the distributed merges call it with counts their kernels made).
 
 Each backend implements the reducers in one table keyed by name:
-``sarc.ir.interpreter.ROW_REDUCE``, ``sarc.backends.torch_kernels.SEGMENT_REDUCE``,
-``sarc.backends.triton_kernels.ROW_REDUCE`` and ``triton_grad.EXTRAS``,
+``sarc.ir.interpreter.ROW_REDUCE``, ``sarc.backends.torch_ops.SEGMENT_REDUCE``,
+``sarc.backends.triton_source.ROW_REDUCE`` and ``triton_grad.EXTRAS``,
 ``sarc.distributed.merge.MERGES``, ``sarc.planner.cost.SAVED_BY_REDUCER`` and
 ``sarc.ir.autodiff.REDUCE_VJPS``. Adding a reducer is one entry in ``REDUCERS`` and
 one per table; tests/ir/test_reducer_table.py names a table that lacks one.

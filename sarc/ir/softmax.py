@@ -25,7 +25,7 @@ accurate), and each row of ``dx'`` sums to the rounding of its own terms. Every
 backend computes this form: the interpreter and the PyTorch kernels call this
 function, the IR's VJP rule (``sarc.ir.autodiff``) emits it, the Triton kernels
 sum ``sigma`` per row; the distributed schedules, whose rows span workers,
-keep the softmax's sums and dots in float64 instead (``sarc.distributed.kernels``).
+keep the softmax's sums and dots in float64 instead (``sarc.backends.torch_blocks``).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from zoo import LAYERS, NUM_RELS, features
 
 import sarc
 from sarc.compiler import optimize
-from sarc.distributed import kernels as DK
+from sarc.backends import torch_blocks as DK
 from sarc.distributed.merge import ExtremumMerge, NormalizerMerge, SoftmaxMerge, SumMerge
 from sarc.ir.split import SplitError, format_split, split_layer
 from sarc.ir import interpreter

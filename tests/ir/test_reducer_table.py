@@ -8,12 +8,16 @@ distributed merge of two edge blocks.
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import sarc
-from sarc.backends import torch_kernels, triton_grad, triton_kernels
-from sarc.distributed import kernels as DK
+from sarc.backends import torch_ops, triton_grad, triton_source
+from sarc import compiler
+from sarc.backends import registry
+from sarc.backends import torch_blocks as DK
 from sarc.distributed import merge
 from sarc.ir.split import BLOCK_KIND, Aggregate
 from sarc.ir import autodiff, interpreter, ops
@@ -24,12 +28,13 @@ from sarc.planner import cost
 # kernels of its own, not an aggregate kernel's identity / combine)
 TABLES = [
     ("interpreter (sarc.ir.interpreter.ROW_REDUCE)", interpreter.ROW_REDUCE, True),
-    ("PyTorch kernels (sarc.backends.torch_kernels.SEGMENT_REDUCE)", torch_kernels.SEGMENT_REDUCE, True),
-    ("Triton codegen (sarc.backends.triton_kernels.ROW_REDUCE)", triton_kernels.ROW_REDUCE, False),
+    ("PyTorch kernels (sarc.backends.torch_ops.SEGMENT_REDUCE)", torch_ops.SEGMENT_REDUCE, True),
+    ("Triton codegen (sarc.backends.triton_source.ROW_REDUCE)", triton_source.ROW_REDUCE, False),
     ("Triton gradients (sarc.backends.triton_grad.EXTRAS)", triton_grad.EXTRAS, True),
     ("distributed merge (sarc.distributed.merge.MERGES)", merge.MERGES, True),
     ("planner cost (sarc.planner.cost.SAVED_BY_REDUCER)", cost.SAVED_BY_REDUCER, True),
     ("autodiff VJP (sarc.ir.autodiff.REDUCE_VJPS)", autodiff.REDUCE_VJPS, True),
+    ("distributed block ops (sarc.backends.registry.BLOCK_OPS)", registry.BLOCK_OPS, True),
 ]
 
 
@@ -82,6 +87,74 @@ def test_unknown_reducer_names_the_known_ones():
         reducer("prod")
 
 
+# --- the backend interface ----------------------------------------------------------------
+
+def missing_members(backend: registry.Backend) -> list[str]:
+    """What ``backend`` lacks of the interface: a field, a block op of a reducer (or of an
+    unfused edge_softmax) or a method of its edge lowering."""
+    missing = [f"{backend.name}: {f}" for f in ("passes", "compile", "blocks", "edge_lowering")
+               if getattr(backend, f, None) is None]
+    for name in REDUCERS:
+        for op in registry.BLOCK_OPS.get(name, ()):
+            if not callable(getattr(backend.blocks, op, None)):
+                missing.append(f"{backend.name}: block op {op} of reducer {name}")
+    for op in registry.SITE_OPS:
+        if not callable(getattr(backend.blocks, op, None)):
+            missing.append(f"{backend.name}: block op {op} of edge_softmax")
+    edge = compiler.optimize(_sum_layer().trace())
+    lowering = backend.edge_lowering(edge, "probe")
+    for member in ("lower", "block_op", "ops"):
+        if not callable(getattr(lowering, member, None)):
+            missing.append(f"{backend.name}: edge lowering's {member}")
+    for member in ("fallbacks", "op_lines"):
+        if not isinstance(getattr(lowering, member, None), list):
+            missing.append(f"{backend.name}: edge lowering's {member}")
+    return missing
+
+
+def _sum_layer():
+    from gcn import GCNLayer
+    return GCNLayer(4, 3)
+
+
+@pytest.mark.parametrize("name", registry.BACKENDS)
+def test_every_backend_implements_the_interface(name):
+    backend = registry.get_backend(name)
+    assert backend.name == name and registry.get_backend(name) is backend
+    assert all(callable(p) for p in backend.passes) and callable(backend.compile)
+    missing = missing_members(backend)
+    assert not missing, "backend members missing:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", registry.BACKENDS)
+def test_block_ops_have_the_torch_backends_signature(name):
+    blocks = registry.get_backend(name).blocks
+    for op in {op for ops in registry.BLOCK_OPS.values() for op in ops} | set(registry.SITE_OPS):
+        want = list(inspect.signature(getattr(DK, op)).parameters)
+        assert list(inspect.signature(getattr(blocks, op)).parameters) == want, \
+            f"{name}: block op {op} differs from torch_blocks.{op}"
+
+
+def test_a_backend_without_a_block_op_is_reported():
+    torch_backend = registry.get_backend("torch")
+    blocks = type(DK)("blocks_without_select")
+    for op in {op for ops in registry.BLOCK_OPS.values() for op in ops} | set(registry.SITE_OPS):
+        if op != "extremum_select":
+            setattr(blocks, op, getattr(DK, op))
+    lacking = registry.Backend("lacking", (), torch_backend.compile, blocks,
+                               torch_backend.edge_lowering)
+    assert missing_members(lacking) == ["lacking: block op extremum_select of reducer max",
+                                        "lacking: block op extremum_select of reducer min"]
+
+
+def test_an_unknown_backend_names_the_available_ones():
+    with pytest.raises(registry.UnknownBackend,
+                       match="unknown backend 'cuda'; available: torch, triton"):
+        registry.get_backend("cuda")
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; available: torch, triton"):
+        compiler.compile_layer(_sum_layer().trace(), "cuda")
+
+
 # --- the backends agree ------------------------------------------------------------------
 
 NUM_NODES, EMPTY = 9, (2, 7, 8)
@@ -110,11 +183,11 @@ def _partial(name: str, block: sarc.Graph, rows: list[torch.Tensor]):
                                   block, None, *rows)
     if reducer(name).selects:
         return DK.reduce_extremum_partial(name, rows[0], block)
-    return torch_kernels.segment_reduce(BLOCK_KIND.get(name, name), rows[0], block)
+    return torch_ops.segment_reduce(BLOCK_KIND.get(name, name), rows[0], block)
 
 
 @pytest.mark.parametrize("name", list(REDUCERS))
-def test_interpreter_torch_kernels_and_merged_blocks_agree(name):
+def test_interpreter_torch_ops_and_merged_blocks_agree(name):
     r = REDUCERS[name]
     gen = torch.Generator().manual_seed(7)
     g = _graph(gen)
@@ -122,7 +195,7 @@ def test_interpreter_torch_kernels_and_merged_blocks_agree(name):
     ref_in = [x.clone().requires_grad_() for x in rows]
     got_in = [x.clone().requires_grad_() for x in rows]
     want = interpreter.ROW_REDUCE[name](g, *ref_in)
-    got = torch_kernels.SEGMENT_REDUCE[name](g, *got_in)
+    got = torch_ops.SEGMENT_REDUCE[name](g, *got_in)
     torch.testing.assert_close(got, want)
     empty = torch.tensor(EMPTY)
     assert torch.equal(want[empty], torch.full_like(want[empty], r.empty))

@@ -15,8 +15,8 @@
 import torch
 import torch.nn.functional as F
 
-from sarc.backends import torch_kernels as K
-from sarc.distributed import kernels as DK
+from sarc.backends import torch_ops as K
+from sarc.backends import torch_blocks as DK
 
 
 def src_part(g, inputs, params, training, seed):

@@ -1,13 +1,14 @@
-"""Block kernels of the distributed edge part: partial aggregates and their backward.
+"""Block ops of the torch backend: the distributed edge part's partials and their backward.
 
 The generated edge part (``sarc.backends.dist_backend``) runs on one source
 block at a time. Sum aggregates are ordinary block aggregates (the torch
-backend's kernels). The aggregates whose partials need more than a value, and
-the backward "surrogates", are here; ``sarc.distributed.merge`` combines what they
+backend's runtime ops, ``torch_ops``). The aggregates whose partials need more than
+a value, and the backward "surrogates", are here (``registry.BLOCK_OPS``; every
+backend's block ops have this API, ``triton_blocks`` the Triton backend's); ``sarc.distributed.merge`` combines what they
 return. Shapes: a score has feature shape ``S`` (GAT: heads), a value ``S + C``.
 
 Forward partials (no autograd; evaluated destination-row block by block, so
-edge tensors exist one ``torch_kernels.EDGE_BLOCK_ELEMS`` block at a time):
+edge tensors exist one ``torch_ops.EDGE_BLOCK_ELEMS`` block at a time):
 
 - ``extremum_partial``: ``(y, count)``: the block's max (min) per destination
   and element, and how many of the block's edges attain it (0: no edge);
@@ -69,7 +70,7 @@ import math
 
 import torch
 
-from ..backends import torch_kernels as K
+from . import torch_ops as K
 from ..graph import Graph
 
 NEG_INF = float("-inf")
@@ -85,7 +86,7 @@ def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _by_row_blocks(g: Graph, sides, width: int, operands, fn):
     """``fn(block graph, *block operands)`` over destination-row blocks, results concatenated."""
-    outs = [fn(*K._block_args(g, sides, lo, hi, operands)) for lo, hi in K._row_blocks(g, width)]
+    outs = [fn(*K.block_args(g, sides, lo, hi, operands)) for lo, hi in K.row_blocks(g, width)]
     if len(outs) == 1:
         return outs[0]
     return tuple(torch.cat(parts, 0) for parts in zip(*outs))
@@ -125,7 +126,7 @@ def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tenso
     """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
     def block(gb, yb, *xs):
         return _select(body(gb, *_per_edge(gb, sides, xs)), yb, gb)
-    return K._fused(block, g, ("dst", *sides), width, (y, *operands))
+    return K.fused(block, g, ("dst", *sides), width, (y, *operands))
 
 
 def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor) -> torch.Tensor:
@@ -222,7 +223,7 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
-    return K._fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
+    return K.fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
                     (big_m, big_s, grad, d, *operands))
 
 

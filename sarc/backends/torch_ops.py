@@ -324,7 +324,7 @@ def _slice_operand(x: torch.Tensor, side: str, lo: int, hi: int, e0: int, e1: in
     return x
 
 
-def _row_blocks(g: Graph, width: int) -> list[tuple[int, int]]:
+def row_blocks(g: Graph, width: int) -> list[tuple[int, int]]:
     """Split destination rows into blocks of about EDGE_BLOCK_ELEMS edge elements."""
     max_edges = max(1, EDGE_BLOCK_ELEMS // max(1, width))
     if g.num_edges <= max_edges or g.num_dst <= 1:
@@ -343,7 +343,7 @@ class _Rematerialized(torch.autograd.Function):
         ctx.block_fn, ctx.g, ctx.sides, ctx.blocks = block_fn, g, sides, blocks
         ctx.save_for_backward(*operands)
         with torch.no_grad():
-            outs = [block_fn(*_block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
+            outs = [block_fn(*block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
     @staticmethod
@@ -357,7 +357,7 @@ class _Rematerialized(torch.autograd.Function):
             acc = [torch.zeros_like(x) for x in wrt]
             for lo, hi in ctx.blocks:
                 with torch.enable_grad():
-                    out = ctx.block_fn(*_block_args(ctx.g, ctx.sides, lo, hi, leaves))
+                    out = ctx.block_fn(*block_args(ctx.g, ctx.sides, lo, hi, leaves))
                 gs = torch.autograd.grad(out, wrt, grad_out[lo:hi], allow_unused=True)
                 for a, gr in zip(acc, gs):
                     if gr is not None:
@@ -367,19 +367,19 @@ class _Rematerialized(torch.autograd.Function):
         return (None, None, None, None, *grads)
 
 
-def _block_args(g: Graph, sides, lo: int, hi: int, operands):
+def block_args(g: Graph, sides, lo: int, hi: int, operands):
     if (lo, hi) == (0, g.num_dst):
         return (g, *operands)
     sub, e0, e1 = _sub_block(g, lo, hi)
     return (sub, *(_slice_operand(x, s, lo, hi, e0, e1) for x, s in zip(operands, sides)))
 
 
-def _fused(block_fn, g: Graph, sides, width: int, operands):
-    blocks = _row_blocks(g, width)
+def fused(block_fn, g: Graph, sides, width: int, operands):
+    blocks = row_blocks(g, width)
     if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands) \
             or not torch.is_grad_enabled():
         with torch.no_grad():
-            outs = [block_fn(*_block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
+            outs = [block_fn(*block_args(g, sides, lo, hi, operands)) for lo, hi in blocks]
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
     return _Rematerialized.apply(block_fn, g, sides, blocks, *operands)
 
@@ -388,7 +388,7 @@ def aggregate(kind: str, body, sides: tuple[str, ...], width: int, g: Graph, *op
     """y[v] = kind over the edges e into v of body(operands read at e)  (g-SpMM)."""
     def block(gb, *xs):
         return segment_reduce(kind, body(gb, *(per_edge(x, s, gb) for x, s in zip(xs, sides))), gb)
-    return _fused(block, g, sides, width, operands)
+    return fused(block, g, sides, width, operands)
 
 
 def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph, *operands):
@@ -396,7 +396,7 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
     def block(gb, *xs):
         per = [per_edge(x, s, gb) for x, s in zip(xs, sides)]
         return SEGMENT_REDUCE["softmax"](gb, score(gb, *per), value(gb, *per))
-    return _fused(block, g, sides, width, operands)
+    return fused(block, g, sides, width, operands)
 
 
 def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *operands):

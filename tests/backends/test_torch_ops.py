@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import sarc
-from sarc.backends import torch_kernels as K
+from sarc.backends import torch_ops as K
 
 
 def _graph(n: int, e: int, seed: int = 0) -> sarc.Graph:

@@ -1,0 +1,200 @@
+"""Block ops of the Triton backend: the distributed edge part's partials and surrogates.
+
+The API is ``torch_blocks``' (``registry.BLOCK_OPS``, ``registry.SITE_OPS``). Where the
+torch ops take a region function (or, for an unfused reduce, its kind), the Triton
+lowering of the edge part (``triton_edge``) passes the value's compiled op
+(``triton_runtime.FusedOp``; a softmax's in place of its score region, None for its
+value region), and the block op runs its kernels:
+
+- ``extremum_partial`` / ``reduce_extremum_partial``: ``(y, count)`` of max / min: the
+  op's forward kernel, then its tie-counting kernel (the one its backward splits ties
+  with) at ``y``;
+- ``extremum_select`` / ``reduce_extremum_select``: the surrogate whose gradient is the
+  block's share of the merged extremum's: its value is ``y * ties`` (the tied edges' sum),
+  its backward the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C``
+  (C the tie count over every block) in place of the block's own;
+- ``softmax_partial``, ``softmax_normalizer``, ``softmax_normalized``,
+  ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``):
+  the partial is its forward kernel's ``(lse, 1, out)``, the normalizer ``(lse, 1)``,
+  the normalized sum ``out * exp(lse - M) / S``; the surrogate is its row-sum kernel,
+  its backward the op's gradient kernels fed the merged state.
+
+Given a region function instead (an op the Triton backend could not lower), they are
+the torch backend's. An unfused edge_softmax's block ops (its normalizer pass over an
+edge tensor) have no Triton kernels yet (``FALLBACKS`` says why): they are the torch
+backend's, and the lowering lists each use in the schedule's ``fallbacks``.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import torch_blocks
+from .triton_runtime import FusedOp, check_device
+
+_SITES = ("no Triton kernel yet for an unfused edge_softmax's normalizer pass: "
+          "global weights exp(score - M) / S of an edge tensor")
+
+FALLBACKS: dict[str, str] = {
+    "score_normalizer": _SITES,
+    "edge_softmax_global": _SITES,
+    "score_normalizer_surrogate": _SITES,
+}
+"""Block ops without a Triton kernel, with the reason: they run on the torch backend."""
+
+score_normalizer = torch_blocks.score_normalizer
+edge_softmax_global = torch_blocks.edge_softmax_global
+score_normalizer_surrogate = torch_blocks.score_normalizer_surrogate
+STATS = torch_blocks.STATS
+
+
+def _ties(op: FusedOp, g, xs, y: torch.Tensor) -> torch.Tensor:
+    """Per destination and element, how many of the block's edges attain ``y``."""
+    return op.row_sum(g, [*xs, y], y.dtype)
+
+
+def _partial(op: FusedOp, g, xs):
+    check_device(op.name, op.forward.main.kernel, [g.src, *xs])
+    y, (exact,) = op.run_forward(g, xs)
+    return y, _ties(op, g, xs, exact).to(y.dtype)
+
+
+@torch.no_grad()
+def extremum_partial(kind: str, body, sides, width: int, g, *operands):
+    """(y, count) of ``kind`` over the block's edges of ``body`` (a fused aggregate)."""
+    if not isinstance(body, FusedOp):
+        return torch_blocks.extremum_partial(kind, body, sides, width, g, *operands)
+    return _partial(body, g, operands)
+
+
+@torch.no_grad()
+def reduce_extremum_partial(kind, x: torch.Tensor, g):
+    """(y, count) over the block's edges of the edge tensor ``x`` (a REDUCE; ``kind``: its op)."""
+    if not isinstance(kind, FusedOp):
+        return torch_blocks.reduce_extremum_partial(kind, x, g)
+    return _partial(kind, g, (x,))
+
+
+def extremum_select(kind: str, body, sides, width: int, g, y: torch.Tensor, *operands):
+    """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
+    if not isinstance(body, FusedOp):
+        return torch_blocks.extremum_select(kind, body, sides, width, g, y, *operands)
+    check_device(body.name, body.forward.main.kernel, [g.src, y, *operands])
+    return _Select.apply(body, g, y, *operands)
+
+
+def reduce_extremum_select(kind, x: torch.Tensor, g, y: torch.Tensor) -> torch.Tensor:
+    if not isinstance(kind, FusedOp):
+        return torch_blocks.reduce_extremum_select(kind, x, g, y)
+    check_device(kind.name, kind.forward.main.kernel, [g.src, x, y])
+    return _Select.apply(kind, g, y, x)
+
+
+class _Select(torch.autograd.Function):
+    """The block's edges attaining the merged extremum ``y``; backward: ``dy`` (the
+    cotangent's share per tied edge) through the op's gradient kernels."""
+
+    @staticmethod
+    def forward(ctx, op: FusedOp, g, y, *xs):
+        ties = _ties(op, g, xs, y)
+        ctx.op, ctx.g = op, g
+        ctx.save_for_backward(y, *xs)
+        return torch.where(ties > 0, y * ties, torch.zeros((), dtype=y.dtype, device=y.device))
+
+    @staticmethod
+    def backward(ctx, dy):
+        y, *xs = ctx.saved_tensors
+        feeds = [*xs, y, dy.to(y.dtype).contiguous()]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[3:])
+        return (None, None, None, *grads)
+
+
+# --- softmax ------------------------------------------------------------------------------
+
+def _in_stats(xs) -> list[torch.Tensor]:
+    return [x.to(STATS) if x.is_floating_point() else x for x in xs]
+
+
+def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
+    has = g.rowptr[1:] > g.rowptr[:-1]
+    return has.view(-1, *([1] * (like.dim() - 1)))
+
+
+def _softmax(op: FusedOp, g, operands):
+    """The op's forward kernel on the block: (out, lse, (m, s)), ``(m, s) = (lse, 1)`` the
+    normalizer state equivalent to it (-inf, 0 on rows without edges)."""
+    check_device(op.name, op.forward.main.kernel, [g.src, *operands])
+    out, lse = op.forward(g, _in_stats(operands), STATS)
+    has = _rows_with_edges(g, lse)
+    m = torch.where(has, lse, torch.full((), float("-inf"), dtype=STATS, device=lse.device))
+    return out, lse, (m, has.to(STATS).expand_as(lse).contiguous())
+
+
+@torch.no_grad()
+def softmax_partial(score, value, sides, width: int, g, value_index, *operands):
+    """(m, s, acc): the block's share of a softmax aggregate. On the op (compiled in
+    ``STATS``): its forward kernel's output and log-sum-exp, as the equivalent state
+    ``(lse, 1, out)``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_partial(score, value, sides, width, g, value_index,
+                                            *operands)
+    out, _, (m, s) = _softmax(score, g, operands)
+    return m, s, out
+
+
+@torch.no_grad()
+def softmax_normalizer(score, sides, width: int, g, *operands):
+    """(m, s) of a softmax aggregate's score on the block (a normalizer pass); on the op:
+    ``(lse, 1)``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_normalizer(score, sides, width, g, *operands)
+    return _softmax(score, g, operands)[2]
+
+
+@torch.no_grad()
+def softmax_normalized(score, value, sides, width: int, g, value_index, norm, *operands):
+    """sum over the block's edges of alpha * value, alpha normalized by the global (M, S);
+    on the op: its output rescaled, ``out * exp(lse - M) / S``."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_normalized(score, value, sides, width, g, value_index,
+                                               norm, *operands)
+    big_m, big_s = norm
+    out, lse, (m, _) = _softmax(score, g, operands)
+    w = torch.exp(m - big_m.to(STATS)) / big_s.to(STATS)  # 0 where the block has no edge
+    return out * w.reshape(*w.shape, *([1] * (out.dim() - w.dim())))
+
+
+def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *operands):
+    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v)
+    (``torch_blocks.softmax_surrogate``). On the op (compiled in ``STATS``): its row-sum
+    kernel computes it, its gradient kernels (fed the merged log-sum-exp ``M + log S``,
+    ``g`` and ``D``, and no projection: the block's share of a row's score gradients
+    does not sum to zero) its backward."""
+    if not isinstance(score, FusedOp):
+        return torch_blocks.softmax_surrogate(score, value, sides, width, g, value_index,
+                                              state, *operands)
+    op = score
+    big_m, big_s, grad, d = state
+    check_device(op.name, op.forward.main.kernel, [g.src, grad, *operands])
+    lse = big_m.to(STATS) + torch.log(big_s.to(STATS))
+    return _SoftmaxSurrogate.apply(op, g, lse, grad.to(STATS), d.to(STATS), *operands)
+
+
+class _SoftmaxSurrogate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: FusedOp, g, lse, grad, d, *operands):
+        xs = _in_stats(operands)
+        ctx.op, ctx.g = op, g
+        ctx.dtypes = [x.dtype for x in operands]
+        ctx.save_for_backward(lse, grad, d, *xs)
+        return op.row_sum(g, [*xs, grad.contiguous(), lse, d], STATS)
+
+    @staticmethod
+    def backward(ctx, dsur):
+        lse, grad, d, *xs = ctx.saved_tensors
+        dsur = dsur.to(STATS)
+        # the surrogate is linear in (g, D): a row's weight scales both
+        dy = (grad * dsur.reshape(*dsur.shape, *([1] * (grad.dim() - dsur.dim())))).contiguous()
+        feeds = [*xs, dy, lse, d * dsur, torch.zeros_like(lse)]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:])
+        return (None, None, None, None, None,
+                *(None if gr is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes)))

@@ -1,0 +1,230 @@
+"""A Triton layer's distributed schedule runs its edge blocks on Triton kernels and computes
+what the layer computes on a ``Graph``.
+
+One worker (P = 1, gloo) runs a training step of a two-layer model on the Triton backend
+over a ``DistGraph``; the same model on a ``Graph`` gives the reference: loss, parameter
+gradients and input gradients agree to 1e-5. The schedules say which ops run on Triton
+(``ops[n]``) and which fall back to the torch backend (``Generated.fallbacks``).
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import re
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sarc
+from sarc.backends import dist_backend
+from sarc.backends.triton_lower import TritonLoweringError
+from sarc.compiler import compile_layer
+from sarc.distributed.split import split_layer
+from sarc.partition import partition_graph
+from sarc.planner.plan import plan_layer
+
+N, E, FEATS, CLASSES = 24, 90, 5, 3
+TIMEOUT_S = 240
+
+
+def _models():
+    from distributed.models import MODELS
+    return MODELS
+
+
+def _graph():
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randint(0, N - 3, (E,), generator=gen)   # the last 3 nodes have no edges
+    dst = torch.randint(0, N - 3, (E,), generator=gen)
+    x = torch.randint(-2, 3, (N, FEATS), generator=gen).float()  # ties for max / min
+    x = x + 0.25 * torch.randn(N, FEATS, generator=gen) * (torch.rand(N, 1, generator=gen) < 0.5)
+    label = torch.randint(0, CLASSES, (N,), generator=gen)
+    train = torch.rand(N, generator=gen) < 0.7
+    return src, dst, x, label, train
+
+
+def _model(case: str) -> str:
+    return case.removesuffix("_baseline")
+
+
+def _on_triton(model, name):
+    """The model with every layer on the Triton backend; with attention dropout, in eval
+    mode (dropout off, edge_softmax still unfused) so both steps compute the same."""
+    for m in model.modules():
+        if isinstance(m, sarc.Layer):
+            m.set_backend("triton")
+    return model.eval() if name == "gat_attn_drop" else model
+
+
+def _step(model, g, x, label, train):
+    logits = model(g, x)
+    loss = F.cross_entropy(logits[train], label[train], reduction="sum") / int(train.sum())
+    loss.backward()
+    return loss
+
+
+def _worker(out_file, port, part_dir, name, state):
+    """One worker's step on its shard (the whole graph: P = 1); saves what it computed."""
+    try:
+        import torch.distributed as dist
+
+        from sarc.distributed import DistGraph
+        from sarc.partition import load_partitions
+        from sarc.runtime.sharded import ShardedGraph
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        try:
+            shard = ShardedGraph.from_partitions(load_partitions(part_dir, verify=False), 0)
+            model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
+            model.load_state_dict(state)
+            dg = DistGraph(shard, baseline=name.endswith("_baseline"))
+            x = shard.ndata["feat"].clone().requires_grad_()
+            loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"])
+            progs = list(dg.programs.values())
+            torch.save({"loss": loss.item(), "ids": shard.orig_node_ids, "x_grad": x.grad,
+                   "param_grads": {k: p.grad for k, p in model.named_parameters()},
+                   "backends": [p.generated.backend for p in progs],
+                   "fallbacks": [p.generated.fallbacks for p in progs],
+                   "sources": [p.source for p in progs]}, out_file)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, out_file)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _distributed_step(tmp_path, name, state, src, dst, x, label, train) -> dict:
+    pset = partition_graph(src, dst, N, 1, tmp_path / "parts", method="random",
+                           node_data={"feat": x, "label": label, "train_mask": train})
+    out_file = tmp_path / "step.pt"
+    p = multiprocessing.get_context("fork").Process(
+        target=_worker, args=(str(out_file), _free_port(), str(pset.path), name, state))
+    p.start()
+    p.join(TIMEOUT_S)
+    if p.is_alive():
+        p.kill()
+        pytest.fail(f"the worker did not finish in {TIMEOUT_S} s")
+    assert out_file.exists(), f"the worker exited ({p.exitcode}) without a result"
+    out = torch.load(out_file, weights_only=False)
+    assert "error" not in out, out.get("error")
+    return out
+
+
+def _close(got, want, what):
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()) + 1e-7,
+                               msg=lambda m: f"{what}: {m}")
+
+
+# model -> the block ops its schedules run on the torch backend (the rest: Triton kernels);
+# GAT with attention dropout (in eval mode) keeps an unfused edge_softmax: a normalizer pass;
+CASES = {
+    "gcn": set(),
+    "sage": set(),
+    "max": set(),
+    "gat": set(),
+    "gat_attn_drop": {"score_normalizer", "edge_softmax_global", "score_normalizer_surrogate"},
+    # baseline mode: a normalizer pass, blocks normalized with the global (M, S)
+    "gat_baseline": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_worker_step_on_triton_equals_the_graph_step(tmp_path, name):
+    src, dst, x, label, train = _graph()
+    torch.manual_seed(0)
+    model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    g = sarc.Graph.from_edges(src, dst, N)
+    xr = x.clone().requires_grad_()
+    loss = _step(model, g, xr, label, train)
+
+    out = _distributed_step(tmp_path, name, state, src, dst, x, label, train)
+
+    assert out["backends"] and set(out["backends"]) == {"triton"}
+    assert all("ops[0](g, " in s or "ops[0], " in s for s in out["sources"])
+    fell_back = {r.split("block op ")[1].split(":")[0] for fb in out["fallbacks"] for r in fb}
+    assert fell_back == CASES[name]
+    assert out["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    x_grad = torch.zeros_like(xr.grad)
+    x_grad[out["ids"]] = out["x_grad"]
+    _close(x_grad, xr.grad, "input gradient")
+    for k, p in model.named_parameters():
+        _close(out["param_grads"][k], p.grad, f"gradient of {k}")
+
+
+# --- the no-silent-fallback rule ----------------------------------------------------------
+
+def _gat_schedule(**kw):
+    """A GAT layer with attention dropout: an unfused edge_softmax, its normalizer pass."""
+    from gat import GATLayer
+    from sarc.planner.stats import ShardStats
+    layer = GATLayer(6, 4, heads=2, attn_drop=0.5)
+    fn = compile_layer(layer.trace(), "triton", through="optimize").optimized
+    lp = plan_layer("gat", fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
+                    exec_mode="sar", inputs_need_grad=True)
+    return dist_backend.compile(split_layer(fn, lp.exchange), lp, layer_name="gat", workers=2,
+                                backend="triton", **kw)
+
+
+def test_a_block_op_without_a_triton_kernel_is_listed_and_named_in_the_header(caplog):
+    gen = _gat_schedule()
+    assert gen.backend == "triton"
+    ops = [re.sub(r"^%\d+", "%i", f.split(": ", 2)[0]) + ": " + f.split(": ", 2)[1]
+           for f in gen.fallbacks]
+    assert ops == ["%i edge_softmax: block op edge_softmax_global",
+                   "%i edge_softmax: block op score_normalizer",
+                   "%i edge_softmax: block op score_normalizer_surrogate"]
+    assert all("an unfused edge_softmax's normalizer pass" in f for f in gen.fallbacks)
+    header = gen.source.split("import torch")[0]
+    for f in gen.fallbacks:
+        assert f"fallback to the PyTorch backend: {f}" in header
+    assert "ops[0]: " in header  # the scores' sddmm and the weighted sum are Triton ops
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("edge_softmax_global" in m and "PyTorch backend's kernels" in m for m in logged)
+
+
+def test_strict_mode_raises_on_a_block_op_without_a_triton_kernel(monkeypatch):
+    monkeypatch.setenv("SARC_TRITON_STRICT", "1")
+    with pytest.raises(TritonLoweringError, match=r"layer gat, %\d+ edge_softmax: block op "
+                                                  r"edge_softmax_global: .*an unfused "
+                                                  r"edge_softmax's normalizer pass"):
+        _gat_schedule()
+
+
+def test_a_torch_schedule_names_no_triton_op():
+    from gcn import GCNLayer
+    from sarc.planner.stats import ShardStats
+    fn = compile_layer(GCNLayer(6, 4).trace(), "torch", through="optimize").optimized
+    lp = plan_layer("gcn", fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
+                    exec_mode="sar", inputs_need_grad=True)
+    gen = dist_backend.compile(split_layer(fn, lp.exchange), lp, layer_name="gcn", workers=2)
+    assert gen.backend == "torch" and gen.fallbacks == () and gen.module.ops == ()
+    assert "ops[" not in gen.source and "import torch_blocks as DK" in gen.source
+    assert os.path.exists(gen.path)
+
+
+def test_sarc_compile_writes_the_schedules_of_the_layers_backend(tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    out = tmp_path / "art"
+    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "compile", "models/gcn.py",
+                           "--backend", "triton", "--workers", "2", "--emit", "schedule",
+                           "--out", str(out)], cwd=root, text=True, capture_output=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("conv1", "conv2"):
+        text = (out / f"{name}.schedule.py").read_text()
+        assert "# Edge blocks on the triton backend's kernels:" in text
+        assert "import triton_blocks as DK" in text and "ops[0](g, " in text
