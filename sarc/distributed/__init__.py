@@ -11,7 +11,8 @@ kernels), ``exchange`` (rows in rounds, byte counters), ``graph``
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the
 generated code itself comes from ``sarc.backends.dist_backend``),
 ``batchnorm``, ``prepare`` (a worker's shard as the trainer's hyperparameters
-ask: self loops, features, masks), ``train`` (the worker's training loop),
+ask: self loops, features, masks), ``train`` (a worker's run of the training loop of
+``sarc.training.loop``: its shard, the all-reduce, the report),
 ``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``),
 ``agent`` (torchrun as ``sarc train`` runs it) and ``supervise`` (nothing of a run
 outlives it).
@@ -19,7 +20,8 @@ outlives it).
 from .batchnorm import SyncBatchNorm
 from .exchange import ByteCounter
 from .graph import DistError, DistGraph
-from .train import allreduce_gradients, global_cross_entropy
+from ..training.loop import global_cross_entropy
+from .train import allreduce_gradients
 
 __all__ = ["DistGraph", "DistError", "SyncBatchNorm", "ByteCounter", "allreduce_gradients",
            "global_cross_entropy"]
