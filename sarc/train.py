@@ -4,11 +4,11 @@
 features as the model file's ``HPARAMS`` ask (self loops, row-normalized
 features, a learned embedding for featureless graphs: ``sarc.training.inputs``),
 trains with Adam on the labeled training nodes, evaluates train / val / test
-accuracy every epoch and returns a result dict. The epochs are those of
-``sarc.training.loop``, which the distributed workers run too. The model is selected on the validation set: the
-reported ``test_acc`` is the one at the epoch with the best validation
-accuracy (ties: the lower validation loss); without a validation set, the
-last epoch. Runs are deterministic given the seed.
+accuracy every epoch and returns a result dict. Its epochs are the loop the
+distributed workers run too (``sarc.training.loop``), on one process. The model
+is selected on the validation set: the reported ``test_acc`` is the one at the
+epoch with the best validation accuracy (ties: the lower validation loss);
+without a validation set, the last epoch. Runs are deterministic given the seed.
 """
 from __future__ import annotations
 

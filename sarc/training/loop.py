@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,9 @@ from torch import nn
 from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill, save_model,
                           training_state)
 from .inputs import SPLITS, EmbeddingInput, TrainError
+
+if TYPE_CHECKING:
+    from ..train import ModelSelection
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,13 +196,15 @@ class Outcome:
     elapsed_s: float = 0.0
 
 
-def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource, selection, *,
+def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
+        selection: ModelSelection, *,
         epochs: int, reduction: Reduction = ONE_PROCESS,
         checkpoint: CheckpointConfig | None = None, run: dict | None = None,
         log: Callable[[str], None] | None = print, log_every: int = 1,
         line: Callable[[int, float, dict, float], str] = epoch_line) -> Outcome:
     """Train ``model`` for up to ``epochs`` epochs of ``source``'s steps (collective over
-    ``reduction``'s workers), then load the epoch ``selection`` chose into it.
+    ``reduction``'s workers), then load the epoch ``selection`` chose into it. An epoch's
+    loss is the mean of its steps' losses.
 
     ``checkpoint``: save the training state there every ``checkpoint.every`` epochs, on an
     early stop and at the end, and resume from it first; ``run`` is what the checkpoint
@@ -248,7 +253,8 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource, select
     return Outcome(epoch, loss, acc, elapsed)
 
 
-def save_selected(path, selection, *, run: dict, hparams: dict, sizes: dict) -> None:
+def save_selected(path, selection: ModelSelection, *, run: dict, hparams: dict,
+                  sizes: dict) -> None:
     """Write the epoch ``selection`` chose as a trained model (``sarc.load_trained``)."""
     best = selection.best
     save_model(path, best["state"], run=run, hparams=hparams, sizes=sizes,

@@ -147,7 +147,7 @@ def test_self_loops_are_refused_on_edge_data_alike_on_a_shard(tmp_path):
 
     from sarc.distributed.prepare import with_self_loops
     gen = torch.Generator().manual_seed(0)
-    src, dst = torch.randint(0, 40, (200,), generator=gen), torch.randint(0, 40, (200,), generator=gen)
+    src, dst = (torch.randint(0, 40, (200,), generator=gen) for _ in range(2))
     pset = partition_graph(src, dst, 40, 2, tmp_path / "parts", method="random",
                            edge_data={"etype": torch.randint(0, 3, (200,), generator=gen)})
     shard = ShardedGraph.from_partitions(pset, 0)
