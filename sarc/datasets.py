@@ -360,7 +360,7 @@ def add_self_loops(src: torch.Tensor, dst: torch.Tensor, num_nodes: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """The edges without their self loops, then one self loop per node (as DGL / PyG)."""
     keep = src != dst
-    loops = torch.arange(num_nodes, dtype=src.dtype)
+    loops = torch.arange(num_nodes, dtype=src.dtype, device=src.device)
     return torch.cat([src[keep], loops]), torch.cat([dst[keep], loops])
 
 

@@ -2,12 +2,13 @@
 
 ``train(spec, dataset)`` loads the dataset, prepares the graph and the input
 features as the model file's ``HPARAMS`` ask (self loops, row-normalized
-features, a learned embedding for featureless graphs), trains with Adam on
-the labeled training nodes, evaluates train / val / test accuracy every epoch
-and returns a result dict. The model is selected on the validation set: the
-reported ``test_acc`` is the one at the epoch with the best validation
-accuracy (ties: the lower validation loss); without a validation set, the
-last epoch. Runs are deterministic given the seed.
+features, a learned embedding for featureless graphs: ``sarc.training.inputs``),
+trains with Adam on the labeled training nodes, evaluates train / val / test
+accuracy every epoch and returns a result dict. Its epochs are the loop the
+distributed workers run too (``sarc.training.loop``), on one process. The model
+is selected on the validation set: the reported ``test_acc`` is the one at the
+epoch with the best validation accuracy (ties: the lower validation loss);
+without a validation set, the last epoch. Runs are deterministic given the seed.
 """
 from __future__ import annotations
 
@@ -17,23 +18,23 @@ import inspect
 import math
 import numbers
 import os
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill, run_record,
-                         save_model, seed_all, training_state)
+from .checkpoint import CheckpointConfig, run_record, seed_all
 from .datasets import Dataset, add_self_loops, check_dataset, load_dataset
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
 from .partition.fingerprint import graph_fingerprint
+from .training.inputs import (EmbeddingInput, TrainError, check_self_loops, labeled_masks,
+                              node_features)
+from .training.loop import Batch, FullBatch, fit, save_selected
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "cora",       # the dataset a model file trains on by default
@@ -50,10 +51,6 @@ DEFAULTS: dict[str, Any] = {
 
 DATASET_FACTS = ("num_nodes", "num_etypes")
 """What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
-
-
-class TrainError(SarcError):
-    """The dataset and the model's hyperparameters do not fit together."""
 
 
 def known_hparams(spec: ModelSpec) -> dict[str, Any]:
@@ -161,35 +158,13 @@ class Prepared:
 def prepare(data: Dataset, hparams: dict[str, Any]) -> Prepared:
     """The graph and inputs of ``data`` as ``hparams`` (self_loops, norm_features) ask."""
     src, dst = data.edge_src, data.edge_dst
-    edge_inputs: dict[str, torch.Tensor] = {}
-    if data.etype is not None:
-        if hparams["self_loops"]:
-            raise TrainError(f"self_loops=True on the relational graph {data.name}: a self "
-                             f"loop has no edge type; model the self connection in the layer "
-                             f"(R-GCN's root weight) instead")
-        edge_inputs["etype"] = data.etype
+    edge_inputs = {"etype": data.etype} if data.etype is not None else {}
     if hparams["self_loops"]:
+        check_self_loops(edge_inputs, f"the relational graph {data.name}")
         src, dst = add_self_loops(src, dst, data.num_nodes)
     g = Graph.from_edges(src, dst, data.num_nodes)
-    x = data.feat
-    if hparams["norm_features"] and data.has_features:
-        x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
-    labeled = data.label >= 0
-    masks = {"train": data.train_mask & labeled, "val": data.val_mask & labeled,
-             "test": data.test_mask & labeled}
-    return Prepared(g, x, edge_inputs, data.label, masks)
-
-
-class EmbeddingInput(nn.Module):
-    """A learned ``[num_nodes, dim]`` input for graphs without node features."""
-
-    def __init__(self, model: nn.Module, num_nodes: int, dim: int):
-        super().__init__()
-        self.embedding = nn.Embedding(num_nodes, dim)
-        self.model = model
-
-    def forward(self, g, x, **edge_inputs):
-        return self.model(g, self.embedding.weight, **edge_inputs)
+    masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
+    return Prepared(g, node_features(data.feat, hparams), edge_inputs, data.label, masks)
 
 
 def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
@@ -297,15 +272,6 @@ class ModelSelection:
                 f"test {best['test_acc']:.4f} | {epochs} epochs in {seconds:.1f} s")
 
 
-def _metrics(logits: torch.Tensor, label: torch.Tensor, masks: dict[str, torch.Tensor]):
-    pred = logits.argmax(1)
-    acc = {k: float((pred[m] == label[m]).float().mean()) if bool(m.any()) else float("nan")
-           for k, m in masks.items()}
-    val_loss = (float(F.cross_entropy(logits[masks["val"]], label[masks["val"]]))
-                if bool(masks["val"].any()) else float("nan"))
-    return acc, val_loss
-
-
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
           seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
           log: Callable[[str], None] | None = print, log_every: int = 1,
@@ -329,66 +295,33 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     prep = prepare(data, hp)
     model = build(spec, data, hp)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
-    masks, label = prep.masks, prep.label
-    if not bool(masks["train"].any()):
+    counts = {k: int(m.sum()) for k, m in prep.masks.items()}
+    if not counts["train"]:
         raise TrainError(f"dataset {data.name} has no labeled training nodes")
-    has_val = bool(masks["val"].any())
     say(f"sarc train: {spec.name} on {data.name} ({data.num_nodes} nodes, {prep.graph.num_edges} "
         f"edges{', self loops added' if hp['self_loops'] else ''}), seed {seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
 
-    def forward():
-        return model(prep.graph, prep.x, **prep.edge_inputs)
-
-    selection = ModelSelection(has_val, hp["patience"])
-    best = selection.best
+    selection = ModelSelection(counts["val"] > 0, hp["patience"])
     run = None
     if checkpoint is not None or save:
         run = run_record(spec, hp, seed=seed, dataset=data.name,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
-    ckpt = Checkpointer(checkpoint, run, log=say) if checkpoint is not None else None
-    at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
-    epoch, acc, loss, stop, before = at.epoch, at.acc, at.loss, at.stopped_early, at.elapsed_s
-    last = int(hp["epochs"])
-    t_start = time.perf_counter()
-    for epoch in range(epoch + 1, 0 if stop else last + 1):
-        injected_kill(0, epoch)
-        t0 = time.perf_counter()
-        model.train()
-        opt.zero_grad()
-        loss = F.cross_entropy(forward()[masks["train"]], label[masks["train"]])
-        loss.backward()
-        opt.step()
-        loss = float(loss.detach())
-        model.eval()
-        with torch.no_grad():
-            acc, val_loss = _metrics(forward(), label, masks)
-        dt = time.perf_counter() - t0
-        if log and (epoch % log_every == 0 or epoch == 1 or epoch == hp["epochs"]):
-            say(f"epoch {epoch:4d} | loss {loss:.4f} | train {acc['train']:.4f} "
-                f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms")
-        stop = selection.update(epoch, acc, val_loss, model)
-        if stop:
-            say(selection.stop_message(epoch))
-        if ckpt is not None and ckpt.due(epoch, stop, last):
-            ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
-                                            stopped_early=stop,
-                                            elapsed_s=before + time.perf_counter() - t_start))
-        if stop:
-            break
-    elapsed = before + time.perf_counter() - t_start
-    say(selection.restore(model, epoch, elapsed))
+    source = FullBatch(Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
+                             train_total=counts["train"]), counts)
+    out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), checkpoint=checkpoint,
+              run=run, log=log, log_every=log_every)
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": data.num_nodes, "num_etypes": data.num_etypes}
-        save_model(save, best["state"], run=run, hparams=hp, sizes=sizes,
-                   metrics={k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")})
+        save_selected(save, selection, run=run, hparams=hp, sizes=sizes)
+    best = selection.best
     return {
         "model": spec.name, "dataset": data.name, "seed": seed,
-        "epochs": epoch, "best_epoch": best["epoch"],
+        "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
-        "final_test_acc": acc["test"], "final_loss": loss,
-        "time_s": elapsed, "epoch_ms": elapsed / epoch * 1e3,
+        "final_test_acc": out.acc["test"], "final_loss": out.loss,
+        "time_s": out.elapsed_s, "epoch_ms": out.elapsed_s / out.epochs * 1e3,
         "hparams": {k: v for k, v in hp.items()},
         "module": model,
     }

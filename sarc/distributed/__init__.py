@@ -11,8 +11,10 @@ backends', ``sarc.backends.registry.BLOCK_OPS``), ``exchange`` (rows in rounds, 
 (``DistGraph``), ``schedule`` (the runtime generated schedules call; the
 generated code itself comes from ``sarc.backends.dist_backend``),
 ``batchnorm``, ``store`` (tensors sharded by global id: pull / push) and
-``embedding`` (sharded learnable embeddings, sparse optimizers), ``prepare`` (a worker's shard as the trainer's hyperparameters
-ask: self loops, features, masks), ``train`` (the worker's training loop),
+``embedding`` (sharded learnable embeddings, sparse optimizers), ``prepare`` (a worker's
+shard as the trainer's hyperparameters ask: self loops, features, masks), ``train`` (a
+worker's run of the training loop of ``sarc.training.loop``: its shard, the all-reduce,
+the report),
 ``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``),
 ``agent`` (torchrun as ``sarc train`` runs it) and ``supervise`` (nothing of a run
 outlives it).
@@ -22,7 +24,8 @@ from .embedding import Embedding, SparseAdagrad, SparseAdam
 from .exchange import ByteCounter
 from .graph import DistError, DistGraph
 from .store import ShardedTensor
-from .train import allreduce_gradients, global_cross_entropy
+from ..training.loop import global_cross_entropy
+from .train import allreduce_gradients
 
 __all__ = ["DistGraph", "DistError", "SyncBatchNorm", "ByteCounter", "allreduce_gradients",
            "global_cross_entropy", "ShardedTensor", "Embedding", "SparseAdagrad", "SparseAdam"]

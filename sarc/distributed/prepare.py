@@ -1,13 +1,12 @@
 """A worker's training data: its shard prepared as the trainer's hyperparameters ask.
 
-The distributed counterpart of ``sarc.train.prepare``, on one shard:
+``sarc.train.prepare`` on one shard, with the same rules (``sarc.training.inputs``):
 
-- ``self_loops``: every edge u -> u dropped, one self loop per node added (as
-  ``sarc.datasets.add_self_loops`` on the whole graph). A node's loop lives in
-  its own shard's local block, so that is local work; but the whole-graph
-  out-degree of the *remote* rows a worker reads changes too, so the owners
-  send their new out-degrees of the boundary rows once (an exchange in the
-  ``setup`` phase);
+- ``self_loops``: every edge u -> u dropped, one self loop per node added
+  (``sarc.datasets.add_self_loops`` on the shard's local block, where a node's loop
+  lives). The whole-graph out-degree of the *remote* rows a worker reads changes
+  too, so the owners send their new out-degrees of the boundary rows once (an
+  exchange in the ``setup`` phase);
 - ``norm_features``: each node's features divided by their sum (local rows);
 - the labeled train / val / test masks, and the global counts a loss and the
   accuracies are normalized by (an all-reduce).
@@ -20,8 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..datasets import add_self_loops
 from ..graph import Graph
 from ..runtime.sharded import ShardedGraph
+from ..training.inputs import check_self_loops, labeled_masks, node_features
 from .exchange import Exchanger, RowFetch
 from .graph import DistError, comm_device
 
@@ -29,17 +30,14 @@ from .graph import DistError, comm_device
 def with_self_loops(shard: ShardedGraph, ex: Exchanger) -> ShardedGraph:
     """``shard`` of the graph with its self loops replaced by one per node (collective)."""
     r = shard.rank
-    if any(e for e in shard.edata):
-        raise DistError("self loops on a graph with edge data (a self loop has no edge type "
-                        "or weight); model the self connection in the layer instead")
+    check_self_loops([k for e in shard.edata for k in e], "the partitioned graph")
     n = shard.num_local
     local = shard.local_block
     order = torch.argsort(local.perm)  # back to the block's input order
     src, dst = local.src[order], local.dst[order]
-    loops = torch.bincount(dst[src == dst], minlength=n).to(torch.float32)
     keep = src != dst
-    ids = torch.arange(n, device=src.device)
-    new_src, new_dst = torch.cat([src[keep], ids]), torch.cat([dst[keep], ids])
+    loops = torch.bincount(dst[~keep], minlength=n).to(torch.float32)
+    new_src, new_dst = add_self_loops(src, dst, n)
     in_degree = shard.in_degree - loops + 1
     out_degree = shard.out_degree - loops + 1
     # the owners' new out-degrees of the rows each worker reads from them
@@ -81,15 +79,9 @@ def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData
         if k not in nd:
             raise DistError(f"the partition has no node data {k!r}; partition a node-"
                             f"classification dataset (sarc partition --dataset ...)")
-    x = nd.get("feat", torch.zeros(shard.num_local, 0))
-    if x.dim() != 2:
-        x = x.reshape(x.shape[0], -1)
-    x = x.to(torch.float32)
-    if hparams.get("norm_features") and x.shape[1] > 0:
-        x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
+    x = node_features(nd.get("feat", torch.zeros(shard.num_local, 0)), hparams)
     label = nd["label"].to(torch.int64)
-    labeled = label >= 0
-    masks = {k: nd[f"{k}_mask"].to(torch.bool) & labeled for k in ("train", "val", "test")}
+    masks = labeled_masks(label, nd["train_mask"], nd["val_mask"], nd["test_mask"])
     dev = comm_device(group)
     etype = [e["etype"] for e in shard.edata if "etype" in e]
     local = torch.tensor([int(masks["train"].sum()), int(masks["val"].sum()),

@@ -1,13 +1,13 @@
-"""One worker of distributed full-batch training: the loop each process runs.
+"""One worker of distributed full-batch training.
 
-It mirrors ``sarc.train.train`` (same hyperparameters, optimizer, model
-selection on validation accuracy, early stopping) on a shard: the model's
-sarc layers run their distributed schedules on a ``DistGraph``, the loss is
-normalized so that a P-worker step is the single-process step (each worker's
-summed loss over its training nodes, divided by the *global* number of
-training nodes; parameter gradients summed over the workers by
-``allreduce_gradients``), and accuracies and the validation loss are summed
-over the workers. Rank 0 prints; at the end every worker reports its peak
+It runs the loop of ``sarc train`` (``sarc.training.loop.fit``: the same
+hyperparameters, optimizer, model selection on validation accuracy, early
+stopping, checkpoints) on its shard: the model's sarc layers run their
+distributed schedules on a ``DistGraph``, the step's loss is divided by the
+*global* number of training nodes, and the reduction (``AllReduce``) sums the
+parameter gradients (``allreduce_gradients``), the loss, the accuracies' counts
+and the validation loss over the workers, so that a P-worker step is the
+single-process step. Rank 0 prints; at the end every worker reports its peak
 memory (RSS high-water mark, and CUDA's peak allocation on a GPU) and the
 bytes its exchanges sent and received.
 
@@ -21,24 +21,21 @@ from __future__ import annotations
 import datetime
 import json
 import resource
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill,
-                          partition_fingerprint, run_record, save_model, seed_all,
-                          training_state)
+from ..checkpoint import CheckpointConfig, partition_fingerprint, run_record, seed_all
 from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
-from ..train import EmbeddingInput, ModelSelection, TrainError, hyperparameters
+from ..train import ModelSelection, TrainError, hyperparameters
+from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from .exchange import ByteCounter, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -178,10 +175,42 @@ def broadcast_parameters(model: nn.Module, group=None) -> None:
         t.data.copy_(buf)
 
 
-def global_cross_entropy(logits: torch.Tensor, label: torch.Tensor, mask: torch.Tensor,
-                         total: int) -> torch.Tensor:
-    """This worker's share of the mean cross-entropy over ``total`` nodes of all workers."""
-    return F.cross_entropy(logits[mask], label[mask], reduction="sum") / max(1, total)
+class AllReduce:
+    """The loop's reduction (``sarc.training.loop.Reduction``) over the workers of
+    ``group``: gradients, the loss and evaluation's counts summed by all-reduces, the
+    counts in float64."""
+
+    dtype = torch.float64
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.device = comm_device(group)
+
+    def gradients(self, model: nn.Module) -> None:
+        allreduce_gradients(model, self.group)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.device)
+        dist.all_reduce(t, group=self.group)
+        return t
+
+    def gather(self, obj) -> list:
+        return _all_gather(obj, self.group)
+
+
+class ShardSteps(FullBatch):
+    """Full-batch steps on the worker's shard, with the bytes each step's exchanges sent
+    (``step_bytes``; the counter starts at zero every epoch)."""
+
+    def __init__(self, batch: Batch, counts: dict[str, int], counter: ByteCounter):
+        super().__init__(batch, counts)
+        self.counter, self.step_bytes = counter, []
+
+    def steps(self, epoch: int) -> Iterable[Batch]:
+        self.counter.reset()
+        yield self.batch
+        self.step_bytes.append(self.counter.total_sent)  # the step is done: see StepSource
 
 
 def peak_memory() -> dict[str, int]:
@@ -190,27 +219,6 @@ def peak_memory() -> dict[str, int]:
     if torch.cuda.is_available():
         out["cuda_peak"] = int(torch.cuda.max_memory_allocated())
     return out
-
-
-def _forward(model: nn.Module, dg: DistGraph, data: WorkerData, ids: torch.Tensor, edge_inputs):
-    if isinstance(model, EmbeddingInput):  # featureless graph: the local rows of the embedding
-        return model.model(dg, model.embedding.weight.index_select(0, ids), **edge_inputs)
-    return model(dg, data.x, **edge_inputs)
-
-
-def _metrics(logits, data: WorkerData, group):
-    pred = logits.argmax(1)
-    dev = comm_device(group)
-    correct = torch.tensor([float((pred[m] == data.label[m]).sum()) for m in data.masks.values()]
-                           + [float(F.cross_entropy(logits[data.masks["val"]], data.label[data.masks["val"]],
-                                                    reduction="sum")) if bool(data.masks["val"].any()) else 0.0],
-                           dtype=torch.float64, device=dev)
-    dist.all_reduce(correct, group=group)
-    c = correct.cpu().tolist()
-    acc = {k: c[i] / data.counts[k] if data.counts[k] else float("nan")
-           for i, k in enumerate(("train", "val", "test"))}
-    val_loss = c[3] / data.counts["val"] if data.counts["val"] else float("nan")
-    return acc, val_loss
 
 
 def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
@@ -238,60 +246,26 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
-    ids = shard.orig_node_ids
-    has_val = data.counts["val"] > 0
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
         f"({dist.get_backend(group)}), exec mode {cfg.exec_mode or 'planner'}"
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
 
-    selection = ModelSelection(has_val, hp["patience"])
+    selection = ModelSelection(data.counts["val"] > 0, hp["patience"])
     best = selection.best
     run = _run_record(spec, cfg, hp, size) if cfg.checkpoint or cfg.save_path else None
-    ckpt = None
-    if cfg.checkpoint is not None:
-        ckpt = Checkpointer(cfg.checkpoint, run, rank=rank, world_size=size, log=log,
-                            gather=lambda obj: _all_gather(obj, group))
-    at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
-    epoch, loss_value, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
+    source = ShardSteps(Batch(dg, data.x, edge_inputs, data.label, data.masks,
+                              train_total=data.counts["train"], node_ids=shard.orig_node_ids),
+                        data.counts, dg.counter)
     last = int(hp["epochs"])
-    step_bytes: list[int] = []
-    t_start = time.perf_counter()
-    for epoch in range(epoch + 1, 0 if stop else last + 1):
-        injected_kill(rank, epoch)
-        t0 = time.perf_counter()
-        dg.counter.reset()
-        model.train()
-        opt.zero_grad()
-        logits = _forward(model, dg, data, ids, edge_inputs)
-        loss = global_cross_entropy(logits, data.label, data.masks["train"], data.counts["train"])
-        loss.backward()
-        allreduce_gradients(model, group)
-        opt.step()
-        step_bytes.append(dg.counter.total_sent)
-        total = loss.detach().reshape(1).to(comm_device(group))
-        dist.all_reduce(total, group=group)
-        loss_value = float(total)
-        model.eval()
-        with torch.no_grad():
-            acc, val_loss = _metrics(_forward(model, dg, data, ids, edge_inputs), data, group)
-        dt = time.perf_counter() - t0
-        if epoch % max(1, cfg.log_every) == 0 or epoch == 1 or epoch == hp["epochs"]:
-            say(f"epoch {epoch:4d}/{hp['epochs']} | loss {loss_value:.4f} | train {acc['train']:.4f} "
-                f"val {acc['val']:.4f} test {acc['test']:.4f} | {dt * 1e3:.0f} ms | "
-                f"sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
-        stop = selection.update(epoch, acc, val_loss, model)
-        if stop:
-            say(selection.stop_message(epoch))
-        if ckpt is not None and ckpt.due(epoch, stop, last):
-            ckpt.save(epoch, training_state(model, opt, selection, loss=loss_value, acc=acc,
-                                            stopped_early=stop,
-                                            elapsed_s=before + time.perf_counter() - t_start))
-        if stop:
-            break
-    elapsed = before + time.perf_counter() - t_start
-    say(selection.restore(model, epoch, elapsed))
 
+    def line(*progress) -> str:
+        return (epoch_line(*progress, of=last) +
+                f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
+
+    out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
+              checkpoint=cfg.checkpoint, run=run, log=log, log_every=cfg.log_every, line=line)
+    step_bytes = source.step_bytes
     mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes[-1] if step_bytes else 0,
             "planned_step_bytes_sent": dg.planned_bytes_sent(),
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
@@ -299,10 +273,10 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     dist.all_gather_object(workers, mine, group=group)
     result = {
         "model": spec.name, "workers": size, "exec_mode": cfg.exec_mode, "baseline": cfg.baseline,
-        "seed": cfg.seed, "epochs": epoch, "best_epoch": best["epoch"],
+        "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
-        "final_test_acc": acc.get("test"), "final_loss": loss_value, "time_s": elapsed,
-        "epoch_ms": elapsed / max(1, epoch) * 1e3, "per_worker": workers,
+        "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,
+        "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, "per_worker": workers,
         "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
                   for p in dg.training_programs.values()],
     }
@@ -310,8 +284,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if rank == 0 and cfg.save_path:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
-        save_model(cfg.save_path, best["state"], run=run, hparams=hp, sizes=sizes,
-                   metrics={k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")})
+        save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
         write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
