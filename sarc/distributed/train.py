@@ -242,6 +242,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     torch.manual_seed(cfg.seed)
     model = _build(spec, data, hp, shard.num_nodes).to(device)
     broadcast_parameters(model, group)
+    dg.share_memory(model)  # the memory budget is the whole step's, shared by its layers
     seed_all(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     if not data.counts["train"]:
