@@ -1,0 +1,48 @@
+"""A step's rows of node data (features, labels) from their owners: one exchange.
+
+``fetch_rows(shard, ids, names)`` returns, for any new global ids, the rows of node
+data ``names`` (each row fetched once, however often it is asked for; a worker's
+own rows are not sent). The ids go to their owners and the rows come back, every
+named tensor of a row packed side by side in one message per peer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime.sharded import ShardedGraph
+from .comm import Comm
+from .spec import SamplingError
+
+
+def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dict[str, torch.Tensor]:
+    """``{name: rows of ndata[name] at ids}`` (collective: every worker calls it)."""
+    comm = comm if comm is not None else Comm()
+    missing = [n for n in names if n not in shard.ndata]
+    if missing:
+        raise SamplingError(f"no node data {', '.join(map(repr, missing))} to fetch (the graph "
+                            f"has: {', '.join(sorted(shard.ndata)) or 'none'})")
+    ids = torch.as_tensor(ids, dtype=torch.int64).cpu().reshape(-1)
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    owner = torch.searchsorted(shard.node_offsets.cpu(), uniq, right=True) - 1
+    asks = [uniq[owner == j] for j in range(comm.size)]
+    asked = comm.exchange(asks)
+    lo = shard.local_range[0]
+    cols = [shard.ndata[n] for n in names]
+    dtype = torch.float64 if any(c.dtype.is_floating_point for c in cols) else torch.int64
+    packed = torch.cat([c.reshape(c.shape[0], -1).to(dtype) for c in cols], 1) if cols else None
+    width = 0 if packed is None else packed.shape[1]
+    rows = comm.exchange([packed.index_select(0, a.to(packed.device) - lo).cpu()
+                          if packed is not None else torch.zeros(a.numel(), 0) for a in asked],
+                         sizes=[int(a.numel()) for a in asks])
+    out_rows = torch.zeros(uniq.numel(), width, dtype=dtype)
+    for j in range(comm.size):
+        out_rows[owner == j] = rows[j].to(dtype)
+    result, off = {}, 0
+    for n, c in zip(names, cols):
+        w = math.prod(c.shape[1:])
+        t = out_rows[:, off:off + w].to(c.dtype)
+        result[n] = t.reshape(uniq.numel(), *c.shape[1:])[inverse]
+        off += w
+    return result
