@@ -44,7 +44,12 @@ class NeighbourSampler:
             raise SamplingError(f"worker {self.comm.rank} of {self.comm.size} holds the shard of "
                                 f"part {shard.rank} of {shard.num_parts}")
         self.shard, self.spec = shard, spec
-        self.table = InEdges.of(shard, spec.prob)
+        try:  # the weights are this worker's edges': every worker learns if one is bad
+            table, problem = InEdges.of(shard, spec.prob), None
+        except SamplingError as e:
+            table, problem = None, str(e)
+        self.comm.agree(problem)
+        self.table = table
         self.offsets = shard.node_offsets.cpu()
 
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
@@ -53,11 +58,8 @@ class NeighbourSampler:
     def route_seeds(self, seeds) -> torch.Tensor:
         """This worker's share of the step's seeds: those it owns, from every worker
         (sorted, each once)."""
-        seeds = torch.as_tensor(seeds, dtype=torch.int64).cpu().reshape(-1)
-        n = self.shard.num_nodes
-        if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= n):
-            bad = int(seeds.min()) if int(seeds.min()) < 0 else int(seeds.max())
-            raise SamplingError(f"seed node {bad} is not a node of the graph (ids 0..{n - 1})")
+        seeds, problem = _seed_ids(seeds, self.shard.num_nodes)
+        self.comm.agree(problem)
         owner = self.owner(seeds)
         out = [torch.unique(seeds[owner == j]) for j in range(self.comm.size)]
         return torch.unique(torch.cat(self.comm.exchange(out)))
@@ -137,3 +139,15 @@ class NeighbourSampler:
                              tuple(edata), sh.orig_node_ids.cpu()[local], tuple(edge_ids))
         sampled = torch.bincount(pos, minlength=num_dst).to(torch.float32)
         return LayerBlock(k, shard, num_dst, nodes, tuple(remote), sampled)
+
+
+def _seed_ids(seeds, n: int) -> tuple[torch.Tensor, str | None]:
+    """(the seeds as a 1-d int64 tensor, what is wrong with them or None)."""
+    t = torch.as_tensor(seeds)
+    if t.dtype.is_floating_point or t.dtype == torch.bool:
+        return _EMPTY, f"seed nodes must be integer node ids, got {t.dtype}"
+    t = t.to(torch.int64).cpu().reshape(-1)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+        bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+        return _EMPTY, f"seed node {bad} is not a node of the graph (ids 0..{n - 1})"
+    return t, None

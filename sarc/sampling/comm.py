@@ -44,6 +44,23 @@ class Comm:
                                 f"{_first_line(e)}") from e
         return [t.cpu().tolist() for t in out]
 
+    def agree(self, problem: str | None) -> None:
+        """Raise on every worker if any found a problem in its own input (``problem``: its
+        message, or None), so that none is left waiting in the next exchange for a peer
+        that gave up."""
+        if self.size == 1:
+            if problem is not None:
+                raise SamplingError(problem)
+            return
+        flags = [f[0] for f in self.all_gather([int(problem is not None)])]
+        if problem is not None:
+            raise SamplingError(problem)
+        bad = [str(j) for j, f in enumerate(flags) if f]
+        if bad:
+            raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
+                                f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
+                                f"this worker stops with them")
+
     def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None
                  ) -> list[torch.Tensor]:
         """``outgoing[j]`` goes to worker j; returns what each worker sent this one (its own

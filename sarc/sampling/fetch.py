@@ -23,7 +23,15 @@ def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dic
     if missing:
         raise SamplingError(f"no node data {', '.join(map(repr, missing))} to fetch (the graph "
                             f"has: {', '.join(sorted(shard.ndata)) or 'none'})")
-    ids = torch.as_tensor(ids, dtype=torch.int64).cpu().reshape(-1)
+    ids = torch.as_tensor(ids).cpu().reshape(-1)
+    n = shard.num_nodes
+    problem = None
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        problem = f"node ids to fetch must be integers, got {ids.dtype}"
+    elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        problem = f"node {int(ids.min()) if int(ids.min()) < 0 else int(ids.max())} is not a node of the graph (ids 0..{n - 1})"
+    comm.agree(problem)
+    ids = ids.to(torch.int64)
     uniq, inverse = torch.unique(ids, return_inverse=True)
     owner = torch.searchsorted(shard.node_offsets.cpu(), uniq, right=True) - 1
     asks = [uniq[owner == j] for j in range(comm.size)]

@@ -34,9 +34,9 @@ def node_split(shard: ShardedGraph, mask, comm: Comm | None = None) -> tuple[tor
                                 f"{', '.join(sorted(shard.ndata)) or 'none'})")
         mask = shard.ndata[mask]
     mask = torch.as_tensor(mask).cpu()
-    if mask.dtype != torch.bool or mask.shape != (shard.num_local,):
-        raise SamplingError(f"the training mask must be a bool tensor with one entry per local "
-                            f"node ({shard.num_local}), got {mask.dtype} {list(mask.shape)}")
+    ok = mask.dtype == torch.bool and mask.shape == (shard.num_local,)
+    comm.agree(None if ok else f"the training mask must be a bool tensor with one entry per "
+                               f"local node ({shard.num_local}), got {mask.dtype} {list(mask.shape)}")
     lo = shard.local_range[0]
     local = mask.nonzero().squeeze(1)
     mine = torch.stack([local + lo, shard.orig_node_ids.cpu()[local]], 1)

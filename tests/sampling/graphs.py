@@ -55,6 +55,7 @@ def run_workers(fn, parts: int, tmp: Path, *args, timeout_s: float = 90.0) -> li
     """Fork ``parts`` gloo workers running ``fn(rank, group, *args)``; returns each one's
     result (saved with torch.save by the worker) by rank."""
     from distributed.harness import spawn
+    tmp.mkdir(parents=True, exist_ok=True)
     codes, reports = spawn(_worker, parts, (fn, parts, str(tmp), args), timeout_s=timeout_s)
     errors = [r for r in reports if r and r != "ok"]
     assert not errors and codes == [0] * parts, (codes, "\n".join(map(str, errors)))
