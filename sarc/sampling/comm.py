@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from .spec import SamplingError
 
-_TAG = 7001
+_TAG = 7000
+"""The messages' tag: a multiple of 4, never one of the row exchange's (1, 2, 3 + 4 * chunk)."""
 
 
 class Comm:

@@ -96,7 +96,7 @@ def sample(table: InEdges, rows: torch.Tensor, orig_ids: torch.Tensor, fanout: i
     first = torch.cumsum(deg, 0) - deg                      # each group's first candidate
     rank = torch.arange(int(deg.sum())) - first[pos]         # rank among its dst's in-edges
     cand = starts[pos] + rank
-    if fanout == ALL:
+    if fanout == ALL or not cand.numel():
         return cand, pos
     seed, epoch, layer = key
     w = table.weight

@@ -213,7 +213,14 @@ def test_node_split_is_balanced_and_covers_every_training_node_once(runs, graph)
         assert len({x["steps"] for x in loads}) == 1
         owned = sum(int(((x["nodes"] >= x["lo_hi"][0]) & (x["nodes"] < x["lo_hi"][1])).sum())
                     for x in loads)
-        assert owned >= len(train) - p * (p - 1)  # only the spill over a part's share moves
+        # only the spill over a part's share moves: worker t keeps its training nodes that
+        # fall in run t of the split (runs of n // p or n // p + 1, in id order)
+        new = runs[p][0]["orig_to_new"][sorted(train)]
+        counts = [int(((new >= x["lo_hi"][0]) & (new < x["lo_hi"][1])).sum()) for x in loads]
+        n, first = len(train), [sum(counts[:t]) for t in range(p + 1)]
+        run = [t * (n // p) + min(t, n % p) for t in range(p + 1)]
+        assert owned == sum(max(0, min(first[t + 1], run[t + 1]) - max(first[t], run[t]))
+                            for t in range(p))
         for e in range(2):
             seen = [int(n2o[v]) for x in loads for batch in x["epochs"][e] for v in batch.tolist()]
             assert sorted(seen) == sorted(train)

@@ -169,3 +169,14 @@ def test_probabilities_set_the_frequency():
     # weight 0 is never drawn, also when fewer edges have weight than the fanout asks
     counts = _frequencies(_star([0.0, 0.0, 1.0, 2.0]), SamplingSpec.of([3], prob="w"), 0, 50)
     assert counts.tolist() == [0, 0, 50, 50]
+
+
+def test_nodes_without_in_edges_get_empty_samples():
+    g = tiny_graph()
+    isolated = torch.tensor([27, 28, 29])
+    for spec in (SamplingSpec.of([2]), SamplingSpec.of([2], replace=True),
+                 SamplingSpec.of([2], replace=True, prob="w"), SamplingSpec.of([2], prob="w")):
+        sampler, rl = _sampler(g, spec)
+        block = sampler.sample(rl.orig_to_new[isolated], 0).blocks[0]
+        assert block.num_edges == 0 and block.num_dst == 3 and block.num_src == 3
+        assert block.sampled_in_degree.tolist() == [0.0, 0.0, 0.0]

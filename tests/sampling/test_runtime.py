@@ -38,6 +38,8 @@ def _weights(n):
 
 
 SPECS = {"mfg": SamplingSpec.mfg(2), "sampled": SamplingSpec.of([2, 3], seed=4)}
+RUNTIME = {"mfg": {}, "sampled": {"exec_mode": "oneshot", "chunk_rows": 2}}
+"""The MFG with the planner's choices; the sample in oneshot mode, in messages of 2 rows."""
 
 
 def _step(model, graphs, mb, n, group):
@@ -66,8 +68,8 @@ def _work(rank, group, g, parts):
         sampler = NeighbourSampler(shs[rank], spec, Comm(group))
         mb = sampler.sample(seeds[rank::parts], epoch=0)
         for kind in KINDS:
-            graphs = [DistGraph(b.shard, group, timeout=datetime.timedelta(seconds=60))
-                      for b in mb.blocks]
+            graphs = [DistGraph(b.shard, group, timeout=datetime.timedelta(seconds=60),
+                                **RUNTIME[spec_name]) for b in mb.blocks]
             out[spec_name, kind] = _step(_model(kind), graphs, mb, g.num_nodes, group)
             if parts == 1:  # the single-process path: the local blocks are the whole MFG
                 out[spec_name, kind, "graph"] = _step(_model(kind), [b.local_block for b in mb.blocks],
