@@ -435,7 +435,7 @@ class Merges:
     call's saved tensors alive until Python's cycle collector happens to run."""
 
     def __init__(self, call: Call, norms: dict):
-        self.split, self.num_local, self.device = call.split, call.dg.num_dst, call.dg.device
+        self.split, self.num_dst, self.device = call.split, call.dg.num_dst, call.dg.device
         deg = call.dg.edges_into
         self.rules = {a.name: make_merge(a, deg, norms.get(a.name) if call.dg.baseline else None)
                       for a in call.split.aggregates}
@@ -443,13 +443,13 @@ class Merges:
     def add(self, piece: Piece, parts: dict) -> None:
         """A piece's partial aggregates, at its destination rows."""
         for k, part in parts.items():
-            self.rules[k].add(part, piece.rows, self.num_local)
+            self.rules[k].add(part, piece.rows, self.num_dst)
 
     def finish(self) -> dict:
         out = {}
         for a in self.split.aggregates:
             t = self.split.edge.values[dict(self.split.edge.outputs)[a.name]].type
-            zeros = torch.zeros((self.num_local, *t.feat), dtype=t.dtype.to_torch(),
+            zeros = torch.zeros((self.num_dst, *t.feat), dtype=t.dtype.to_torch(),
                                 device=self.device)
             out[a.name] = self.rules[a.name].finish(zeros)
         return out
@@ -471,7 +471,7 @@ class NormalizerMerges:
     refer back to the call."""
 
     def __init__(self, call: Call):
-        self.device, self.num_local = call.dg.device, call.dg.num_dst
+        self.device, self.num_dst = call.dg.device, call.dg.num_dst
         split, n = call.split, call.dg.num_dst
         edge = split.edge
         self.types = {s.name: ((n, *s.feat), edge.values[s.index].type.dtype.to_torch())
@@ -485,7 +485,7 @@ class NormalizerMerges:
 
     def add(self, piece: Piece, parts: dict) -> None:
         for k, part in parts.items():
-            self.rules[k].add(part, piece.rows, self.num_local)
+            self.rules[k].add(part, piece.rows, self.num_dst)
 
     def finish(self) -> dict:
         return {k: r.finish(*self.types[k], self.device) for k, r in self.rules.items()}
