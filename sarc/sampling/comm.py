@@ -28,6 +28,7 @@ class Comm:
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.size = dist.get_world_size(group) if self.distributed else 1
         self.timeout = timeout
+        self.rows_received: dict[str, int] = {}  # per kind of exchange: rows from peers
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.distributed and dist.get_backend(group) == "nccl"
                        else torch.device("cpu"))
@@ -62,11 +63,12 @@ class Comm:
                                 f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
                                 f"this worker stops with them")
 
-    def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None
-                 ) -> list[torch.Tensor]:
+    def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None,
+                 kind: str = "ids") -> list[torch.Tensor]:
         """``outgoing[j]`` goes to worker j; returns what each worker sent this one (its own
-        ``outgoing[rank]`` as is). All tensors share dtype and trailing shape; ``sizes[j]``:
-        the rows worker j sends here, when known (else one ``all_gather`` finds them)."""
+        ``outgoing[rank]`` as is, not sent). All tensors share dtype and trailing shape;
+        ``sizes[j]``: the rows worker j sends here, when known (else one ``all_gather``
+        finds them). The rows received from peers are counted under ``kind``."""
         r, p = self.rank, self.size
         if len(outgoing) != p:
             raise SamplingError(f"an exchange needs one tensor per worker ({p}), got {len(outgoing)}")
@@ -76,6 +78,8 @@ class Comm:
             table = self.all_gather([int(t.shape[0]) for t in outgoing])
             sizes = [table[j][r] for j in range(p)]
         like = outgoing[r]
+        self.rows_received[kind] = self.rows_received.get(kind, 0) + sum(
+            n for j, n in enumerate(sizes) if j != r)
         incoming: list = [None] * p
         incoming[r] = like
         pending = []

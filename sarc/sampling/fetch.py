@@ -43,7 +43,7 @@ def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dic
     width = 0 if packed is None else packed.shape[1]
     rows = comm.exchange([packed.index_select(0, a.to(packed.device) - lo).cpu()
                           if packed is not None else torch.zeros(a.numel(), 0) for a in asked],
-                         sizes=[int(a.numel()) for a in asks])
+                         sizes=[int(a.numel()) for a in asks], kind="rows")
     out_rows = torch.zeros(uniq.numel(), width, dtype=dtype)
     for j in range(comm.size):
         out_rows[owner == j] = rows[j].to(dtype)

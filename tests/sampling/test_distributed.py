@@ -81,7 +81,10 @@ def _work(rank, group, g, parts):
     loader = SeedLoader(sh, "train_mask", batch_size=3, seed=5, comm=comm)
     out["loader"] = {"nodes": loader.nodes, "steps": len(loader), "lo_hi": (lo, hi),
                      "epochs": [list(loader.epoch(e)) for e in range(2)]}
+    before = comm.rows_received.get("rows", 0)
     out["fetch"] = fetch_rows(sh, rl.orig_to_new[torch.tensor(FETCH[rank:])], ["feat", "label"], comm)
+    out["fetched_rows"] = comm.rows_received.get("rows", 0) - before
+    out["owned_orig"] = sh.orig_node_ids
     return out
 
 
@@ -230,11 +233,15 @@ def test_node_split_is_balanced_and_covers_every_training_node_once(runs, graph)
 
 
 def test_fetch_gives_each_worker_the_rows_it_asked_for(runs, graph):
+    assert sum(r["fetched_rows"] for r in runs[3]) > 0
     for p in PARTS:
         for rank, r in enumerate(runs[p]):
             ids = torch.tensor(FETCH[rank:])
             assert torch.equal(r["fetch"]["feat"], graph.ndata["feat"][ids])
             assert torch.equal(r["fetch"]["label"], graph.ndata["label"][ids])
+            # each row once, and only the rows of other workers cross
+            remote = set(FETCH[rank:]) - set(r["owned_orig"].tolist())
+            assert r["fetched_rows"] == len(remote)
 
 
 # --- sarc layers on the blocks ------------------------------------------------------------
