@@ -28,6 +28,26 @@ class SamplingSpec:
     prob: str | None = None    # edge data name: unnormalized per-edge sampling weights
     seed: int = 0
 
+    def __post_init__(self):
+        fanouts = self.fanouts
+        if isinstance(fanouts, (str, bytes)) or not isinstance(fanouts, Sequence):
+            raise SamplingError(f"fanouts must be a list of integers, one per layer, got "
+                                f"{fanouts!r}")
+        for k, f in enumerate(fanouts, 1):
+            if isinstance(f, bool) or not isinstance(f, int):
+                raise SamplingError(f"the fanout of layer {k} must be an integer, got {f!r}")
+            if f < ALL:
+                raise SamplingError(f"the fanout of layer {k} is {f}: a fanout is a number of "
+                                    f"neighbours >= 0, or -1 for all of them")
+        if not fanouts:
+            raise SamplingError("fanouts is empty: give one fanout per graph layer")
+        if self.prob is not None and not (isinstance(self.prob, str) and self.prob):
+            raise SamplingError(f"prob must name edge data, got {self.prob!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise SamplingError(f"the sampling seed must be an integer, got {self.seed!r}")
+        object.__setattr__(self, "fanouts", tuple(int(f) for f in fanouts))
+        object.__setattr__(self, "replace", bool(self.replace))
+
     @property
     def num_layers(self) -> int:
         return len(self.fanouts)
@@ -40,30 +60,14 @@ class SamplingSpec:
     @staticmethod
     def of(fanouts: Sequence[int], *, layers: int | None = None, replace: bool = False,
            prob: str | None = None, seed: int = 0) -> "SamplingSpec":
-        """A checked spec; ``layers``: the model's number of graph layers, which the
-        fanouts must match."""
-        if isinstance(fanouts, (str, bytes)) or not isinstance(fanouts, Sequence):
-            raise SamplingError(f"fanouts must be a list of integers, one per layer, got "
-                                f"{fanouts!r}")
-        fan = []
-        for k, f in enumerate(fanouts, 1):
-            if isinstance(f, bool) or not isinstance(f, int):
-                raise SamplingError(f"the fanout of layer {k} must be an integer, got {f!r}")
-            if f < ALL:
-                raise SamplingError(f"the fanout of layer {k} is {f}: a fanout is a number of "
-                                    f"neighbours >= 0, or -1 for all of them")
-            fan.append(int(f))
-        if not fan:
-            raise SamplingError("fanouts is empty: give one fanout per graph layer")
-        if layers is not None and layers != len(fan):
-            raise SamplingError(f"{len(fan)} fanout{'s' * (len(fan) != 1)} "
-                                f"({', '.join(map(str, fan))}) for a model of {layers} graph "
-                                f"layer{'s' * (layers != 1)}: give one fanout per layer")
-        if prob is not None and not (isinstance(prob, str) and prob):
-            raise SamplingError(f"prob must name edge data, got {prob!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise SamplingError(f"the sampling seed must be an integer, got {seed!r}")
-        return SamplingSpec(tuple(fan), bool(replace), prob, int(seed))
+        """A spec for a model of ``layers`` graph layers, which the fanouts must match."""
+        spec = SamplingSpec(fanouts, replace, prob, seed)
+        n = spec.num_layers
+        if layers is not None and layers != n:
+            raise SamplingError(f"{n} fanout{'s' * (n != 1)} ({', '.join(map(str, spec.fanouts))}) "
+                                f"for a model of {layers} graph layer{'s' * (layers != 1)}: "
+                                f"give one fanout per layer")
+        return spec
 
     def check_edge_data(self, edge_names: Sequence[str]) -> None:
         """Raise unless the probability edge data (if any) is among ``edge_names``."""

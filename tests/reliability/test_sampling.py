@@ -33,6 +33,8 @@ def test_negative_fanout():
     with pytest.raises(SamplingError) as e:
         SamplingSpec.of([10, -2])
     _one_line(e, "layer 2", "-2", "-1 for all")
+    with pytest.raises(SamplingError, match="fanout of layer 1 is -5"):
+        SamplingSpec((-5,))  # built directly, checked the same
     assert SamplingSpec.of([-1, 0]).fanouts == (-1, 0)
 
 
