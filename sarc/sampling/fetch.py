@@ -3,7 +3,8 @@
 ``fetch_rows(shard, ids, names)`` returns, for any new global ids, the rows of node
 data ``names`` (each row fetched once, however often it is asked for; a worker's
 own rows are not sent). The ids go to their owners and the rows come back, every
-named tensor of a row packed side by side in one message per peer.
+named tensor of a row packed side by side (as exact 64-bit words) in one message
+per peer.
 """
 from __future__ import annotations
 
@@ -38,19 +39,27 @@ def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dic
     asked = comm.exchange(asks)
     lo = shard.local_range[0]
     cols = [shard.ndata[n] for n in names]
-    dtype = torch.float64 if any(c.dtype.is_floating_point for c in cols) else torch.int64
-    packed = torch.cat([c.reshape(c.shape[0], -1).to(dtype) for c in cols], 1) if cols else None
-    width = 0 if packed is None else packed.shape[1]
-    rows = comm.exchange([packed.index_select(0, a.to(packed.device) - lo).cpu()
-                          if packed is not None else torch.zeros(a.numel(), 0) for a in asked],
+    packed = torch.cat([_words(c) for c in cols], 1).cpu() if cols else torch.zeros(shard.num_local, 0, dtype=torch.int64)
+    rows = comm.exchange([packed.index_select(0, a - lo) for a in asked],
                          sizes=[int(a.numel()) for a in asks], kind="rows")
-    out_rows = torch.zeros(uniq.numel(), width, dtype=dtype)
+    got = torch.zeros(uniq.numel(), packed.shape[1], dtype=torch.int64)
     for j in range(comm.size):
-        out_rows[owner == j] = rows[j].to(dtype)
+        got[owner == j] = rows[j]
     result, off = {}, 0
     for n, c in zip(names, cols):
         w = math.prod(c.shape[1:])
-        t = out_rows[:, off:off + w].to(c.dtype)
-        result[n] = t.reshape(uniq.numel(), *c.shape[1:])[inverse]
+        result[n] = _unwords(got[:, off:off + w], c).reshape(uniq.numel(), *c.shape[1:])[inverse]
         off += w
     return result
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """[n, width] int64 holding ``t``'s rows exactly: floats as the bits of their float64
+    value, integers and bools as int64 (so features and labels go in one message)."""
+    t = t.reshape(t.shape[0], -1)
+    return t.to(torch.float64).view(torch.int64) if t.dtype.is_floating_point else t.to(torch.int64)
+
+
+def _unwords(words: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    words = words.contiguous()
+    return (words.view(torch.float64) if like.dtype.is_floating_point else words).to(like.dtype)

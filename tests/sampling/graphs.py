@@ -36,7 +36,8 @@ def tiny_graph(n: int = 30, e: int = 160, seed: int = 3, isolated: int = 3) -> T
     dst = torch.randint(0, n - isolated, (e,), generator=gen)
     ndata = {"feat": torch.randn(n, FEATS, generator=gen),
              "label": torch.randint(0, 3, (n,), generator=gen),
-             "train_mask": torch.rand(n, generator=gen) < 0.6}
+             "train_mask": torch.rand(n, generator=gen) < 0.6,
+             "uid": (torch.arange(n) << 57) + 1}  # integers a float64 cannot hold
     edata = {"w": torch.rand(e, generator=gen) * (torch.rand(e, generator=gen) < 0.8),
              "etype": torch.randint(0, 2, (e,), generator=gen)}
     return TinyGraph(n, src, dst, ndata, edata)

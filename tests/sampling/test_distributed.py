@@ -82,7 +82,7 @@ def _work(rank, group, g, parts):
     out["loader"] = {"nodes": loader.nodes, "steps": len(loader), "lo_hi": (lo, hi),
                      "epochs": [list(loader.epoch(e)) for e in range(2)]}
     before = comm.rows_received.get("rows", 0)
-    out["fetch"] = fetch_rows(sh, rl.orig_to_new[torch.tensor(FETCH[rank:])], ["feat", "label"], comm)
+    out["fetch"] = fetch_rows(sh, rl.orig_to_new[torch.tensor(FETCH[rank:])], ["feat", "label", "uid", "train_mask"], comm)
     out["fetched_rows"] = comm.rows_received.get("rows", 0) - before
     out["owned_orig"] = sh.orig_node_ids
     return out
@@ -238,7 +238,8 @@ def test_fetch_gives_each_worker_the_rows_it_asked_for(runs, graph):
         for rank, r in enumerate(runs[p]):
             ids = torch.tensor(FETCH[rank:])
             assert torch.equal(r["fetch"]["feat"], graph.ndata["feat"][ids])
-            assert torch.equal(r["fetch"]["label"], graph.ndata["label"][ids])
+            for name in ("label", "uid", "train_mask"):
+                assert torch.equal(r["fetch"][name], graph.ndata[name][ids]), name
             # each row once, and only the rows of other workers cross
             remote = set(FETCH[rank:]) - set(r["owned_orig"].tolist())
             assert r["fetched_rows"] == len(remote)
