@@ -40,7 +40,8 @@ class LayerBlock:
     shard: ShardedGraph                  # the layer's block on this worker (see the module)
     num_dst: int                         # its destinations: the first num_dst local rows
     src_nodes: torch.Tensor              # [num_local] new global id of each local row
-    remote_src_nodes: tuple[torch.Tensor, ...]  # [P]: new global id of block j's src rows (empty for j == rank)
+    remote_src_nodes: tuple[torch.Tensor, ...]  # [P]: new global id of block j's src rows
+                                                # (empty for j == rank)
     sampled_in_degree: torch.Tensor      # [num_dst] float32, sampled edges into each destination
 
     @property

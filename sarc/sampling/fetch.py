@@ -30,7 +30,8 @@ def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dic
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         problem = f"node ids to fetch must be integers, got {ids.dtype}"
     elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        problem = f"node {int(ids.min()) if int(ids.min()) < 0 else int(ids.max())} is not a node of the graph (ids 0..{n - 1})"
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        problem = f"node {bad} is not a node of the graph (ids 0..{n - 1})"
     comm.agree(problem)
     ids = ids.to(torch.int64)
     uniq, inverse = torch.unique(ids, return_inverse=True)
@@ -39,7 +40,8 @@ def fetch_rows(shard: ShardedGraph, ids, names, comm: Comm | None = None) -> dic
     asked = comm.exchange(asks)
     lo = shard.local_range[0]
     cols = [shard.ndata[n] for n in names]
-    packed = torch.cat([_words(c) for c in cols], 1).cpu() if cols else torch.zeros(shard.num_local, 0, dtype=torch.int64)
+    packed = (torch.cat([_words(c) for c in cols], 1).cpu() if cols
+              else torch.zeros(shard.num_local, 0, dtype=torch.int64))
     rows = comm.exchange([packed.index_select(0, a - lo) for a in asked],
                          sizes=[int(a.numel()) for a in asks], kind="rows")
     got = torch.zeros(uniq.numel(), packed.shape[1], dtype=torch.int64)

@@ -24,9 +24,11 @@ from .draws import SHUFFLE_KEY, uniform
 from .spec import SamplingError
 
 
-def node_split(shard: ShardedGraph, mask, comm: Comm | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def node_split(shard: ShardedGraph, mask, comm: Comm | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(this worker's training nodes as new global ids sorted, their original ids, the number
-    of training nodes in the graph). ``mask``: a bool node-data name or a [num_local] bool tensor."""
+    of training nodes in the graph). ``mask``: a bool node-data name or a [num_local] bool
+    tensor (collective)."""
     comm = comm if comm is not None else Comm()
     if isinstance(mask, str):
         if mask not in shard.ndata:

@@ -46,7 +46,8 @@ class InEdges:
         parts = []
         for j, b in enumerate(shard.blocks):
             rows = b.src.cpu()
-            src = rows + lo if j == shard.rank else shard.needed_rows[j].cpu()[rows] + int(shard.node_offsets[j])
+            src = (rows + lo if j == shard.rank
+                   else shard.needed_rows[j].cpu()[rows] + int(shard.node_offsets[j]))
             perm = b.perm.cpu()
             w = None
             if prob is not None:

@@ -35,7 +35,8 @@ def _layer_record(block) -> dict:
         srcs = block.src_nodes if j == sh.rank else block.remote_src_nodes[j]
         eids = sh.orig_edge_ids[j].index_select(0, b.perm)
         edges.append(torch.stack([srcs[b.src], block.dst_nodes[b.dst], eids], 1))
-    return {"rank": sh.rank, "src_nodes": block.src_nodes, "num_dst": block.num_dst, "offsets": sh.node_offsets,
+    return {"rank": sh.rank, "src_nodes": block.src_nodes, "num_dst": block.num_dst,
+            "offsets": sh.node_offsets,
             "needed": sh.needed_rows, "send": sh.send_rows, "remote": block.remote_src_nodes,
             "edges": torch.cat(edges), "orig": sh.orig_node_ids, "in_degree": sh.in_degree,
             "out_degree": sh.out_degree, "block_out_degree": [b.out_degree for b in sh.blocks],
@@ -82,7 +83,8 @@ def _work(rank, group, g, parts):
     out["loader"] = {"nodes": loader.nodes, "steps": len(loader), "lo_hi": (lo, hi),
                      "epochs": [list(loader.epoch(e)) for e in range(2)]}
     before = comm.rows_received.get("rows", 0)
-    out["fetch"] = fetch_rows(sh, rl.orig_to_new[torch.tensor(FETCH[rank:])], ["feat", "label", "uid", "train_mask"], comm)
+    out["fetch"] = fetch_rows(sh, rl.orig_to_new[torch.tensor(FETCH[rank:])],
+                              ["feat", "label", "uid", "train_mask"], comm)
     out["fetched_rows"] = comm.rows_received.get("rows", 0) - before
     out["owned_orig"] = sh.orig_node_ids
     return out
