@@ -1,4 +1,4 @@
-"""sarc layers through the distributed runtime (``DistGraph``) on the per-layer MFG blocks.
+"""sarc layers through the distributed runtime (``DistGraph``) on the per-layer blocks.
 
 On P = 1, 2, 3 gloo workers, each layer of a two-layer model runs its distributed
 schedule on that layer's ``LayerBlock.shard`` (a bipartite local block: the layer's
@@ -20,17 +20,31 @@ from sarc.sampling import Comm, NeighbourSampler, SamplingSpec
 from .graphs import run_workers, shards, tiny_graph
 
 SEEDS = [0, 4, 5, 9, 13, 21, 26, 28]
-KINDS = ("sage", "gcn", "gat")
+KINDS = ("sage", "gcn", "gat", "gin", "rgcn")
 
 
 def _model(kind: str):
     import gat
     import gcn
+    import gin
+    import rgcn
     import sage
     torch.manual_seed(1)
     make = {"sage": lambda i, o: sage.SAGELayer(i, o), "gcn": lambda i, o: gcn.GCNLayer(i, o),
-            "gat": lambda i, o: gat.GATLayer(i, o, heads=2, concat=o != 3)}[kind]
+            "gat": lambda i, o: gat.GATLayer(i, o, heads=2, concat=o != 3),
+            "gin": lambda i, o: gin.GINLayer(i, 6, o, eps=0.1, train_eps=True),
+            "rgcn": lambda i, o: rgcn.RGCNLayer(i, o, 2)}[kind]
     return torch.nn.ModuleList([make(5, 4), make(8 if kind == "gat" else 4, 3)])
+
+
+def _edge_inputs(kind: str, g, edge_ids: torch.Tensor) -> dict:
+    """R-GCN's edge inputs of the edges ``edge_ids`` (original ids, in the graph's edge
+    order): their relation and the whole graph's 1 / |N_r(v)|."""
+    if kind != "rgcn":
+        return {}
+    from rgcn import relation_norm
+    norm = relation_norm(g.full(), g.edata["etype"], 2)
+    return {"etype": g.edata["etype"][edge_ids], "norm": norm[edge_ids]}
 
 
 def _weights(n):
@@ -42,13 +56,15 @@ RUNTIME = {"mfg": {}, "sampled": {"exec_mode": "oneshot", "chunk_rows": 2}}
 """The MFG with the planner's choices; the sample in oneshot mode, in messages of 2 rows."""
 
 
-def _step(model, graphs, mb, n, group):
+def _step(kind, graphs, mb, g, group):
     """One step of the two layers on ``graphs`` (DistGraphs, or for one process the local
     blocks as Graphs): the outputs, their original ids, the gradients."""
+    model = _model(kind)
+    edges = [_edge_inputs(kind, g, torch.cat(b.shard.orig_edge_ids)) for b in mb.blocks]
     x = mb.blocks[0].shard.ndata["feat"].clone().requires_grad_(True)
-    y = model[1](graphs[1], F.relu(model[0](graphs[0], x)))
+    y = model[1](graphs[1], F.relu(model[0](graphs[0], x, **edges[0])), **edges[1])
     ids = mb.blocks[1].shard.orig_node_ids[:mb.blocks[1].num_dst]
-    (y * _weights(n)[ids]).sum().backward()
+    (y * _weights(g.num_nodes)[ids]).sum().backward()
     grads = {}
     for name, prm in model.named_parameters():
         t = prm.grad.clone()
@@ -70,10 +86,10 @@ def _work(rank, group, g, parts):
         for kind in KINDS:
             graphs = [DistGraph(b.shard, group, timeout=datetime.timedelta(seconds=60),
                                 **RUNTIME[spec_name]) for b in mb.blocks]
-            out[spec_name, kind] = _step(_model(kind), graphs, mb, g.num_nodes, group)
+            out[spec_name, kind] = _step(kind, graphs, mb, g, group)
             if parts == 1:  # the single-process path: the local blocks are the whole MFG
-                out[spec_name, kind, "graph"] = _step(_model(kind), [b.local_block for b in mb.blocks],
-                                                      mb, g.num_nodes, False)
+                out[spec_name, kind, "graph"] = _step(kind, [b.local_block for b in mb.blocks],
+                                                      mb, g, False)
     return out
 
 
@@ -95,7 +111,8 @@ def test_layers_on_mfg_shards_equal_the_full_graph(runs, graph, kind, p):
     model = _model(kind)
     x = graph.ndata["feat"].clone().requires_grad_(True)
     full_g = graph.full()
-    y = model[1](full_g, F.relu(model[0](full_g, x)))
+    edges = _edge_inputs(kind, graph, torch.arange(graph.src.numel()))
+    y = model[1](full_g, F.relu(model[0](full_g, x, **edges)), **edges)
     seeds = torch.tensor(SEEDS)
     (y[seeds] * _weights(n)[seeds]).sum().backward()
     got = [r["mfg", kind] for r in runs[p]]
