@@ -4,6 +4,7 @@ A worker holds its shard (``sarc.runtime.sharded.ShardedGraph``) in a process
 group. Calling a compiled layer with a ``DistGraph`` instead of a ``Graph``,
 
     out = layer(dg, h_local)                 # h_local: [num_local, ...], local rows
+                                             # out: [num_dst, ...], the first local rows
 
 runs the layer's distributed schedule (``sarc.distributed.schedule``) over the group:
 node features are this worker's rows (local row i = new global id lo + i),
@@ -77,6 +78,7 @@ class DistGraph:
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
         self._csr = None
+        self._edges_into = None
         trim_heap()  # the loading's and the setup's transients go back to the system
 
     def run_layer(self, layer, args: tuple, feats: dict):
@@ -92,10 +94,26 @@ class DistGraph:
     # --- what layers and models read -----------------------------------------------------
     @property
     def num_dst(self) -> int:
-        """This worker's nodes (the destinations of all its edges)."""
+        """The destinations of this worker's edges: its nodes, or on a minibatch layer's
+        shard (a bipartite local block, ``sarc.sampling.blocks``) their first rows."""
+        return self.shard.local_block.num_dst
+
+    @property
+    def num_local(self) -> int:
+        """This worker's rows (node features have one per row): its blocks' local sources."""
         return self.shard.num_local
 
-    num_local = num_dst
+    @property
+    def edges_into(self) -> torch.Tensor:
+        """[num_dst] float32: the edges into each destination over all the blocks, what a
+        mean divides by (the whole-graph in-degree on a full shard; on a sampled layer's
+        shard, the sample's)."""
+        if self._edges_into is None:
+            count = torch.zeros(self.num_dst, dtype=torch.float32, device=self.device)
+            for b in self.shard.blocks:
+                count += (b.rowptr[1:] - b.rowptr[:-1]).to(torch.float32)
+            self._edges_into = count
+        return self._edges_into
 
     @property
     def num_edges(self) -> int:

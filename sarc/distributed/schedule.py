@@ -159,7 +159,7 @@ class _DistLayer(torch.autograd.Function):
         grad_out = {}
         for (name, i), g in zip(fn.outputs, grads):
             if g is None:
-                g = torch.zeros((call.dg.num_local, *fn.values[i].type.feat),
+                g = torch.zeros((call.dg.num_dst, *fn.values[i].type.feat),
                                 dtype=fn.values[i].type.dtype.to_torch(), device=call.dg.device)
             grad_out[name] = g
         with torch.enable_grad():
@@ -188,6 +188,8 @@ class Call:
         builtins = {k: getattr(dg.shard, k).to(inputs[k].dtype.to_torch())
                     for k in ("in_degree", "out_degree") if k in inputs}
         self.src_inputs = self.dst_inputs = {**builtins, **node_inputs}
+        if dg.num_dst < n:  # a bipartite local block: the destinations are the first rows
+            self.dst_inputs = {k: t[:dg.num_dst] for k, t in self.src_inputs.items()}
         r, p = dg.rank, dg.size
         kept = self.plan.kept_peers
         self.kept_by_me = set(kept[r]) if p > 1 else set()
@@ -361,6 +363,8 @@ class Call:
             elif k.startswith("$d"):
                 self._accumulate(self.grad_d, k, g)
             elif k in self.node_inputs:
+                if g.shape[0] < self.dg.num_local:  # a dst part's, on the first rows
+                    g = torch.cat([g, g.new_zeros((self.dg.num_local - g.shape[0], *g.shape[1:]))])
                 self._accumulate(self.grad_node, k, g)
         return out
 
@@ -394,7 +398,7 @@ class Call:
             wrt["rows"] = row_leaf
         grads = self._grad(loss, wrt)
         self._take_param_grads(grads)
-        n = self.dg.num_local
+        n = self.dg.num_dst
         for k, g in grads.items():
             if k.startswith("$d"):
                 self._accumulate(self.grad_d, k, g, at, n)
@@ -423,7 +427,7 @@ class Call:
 
     def normalizer_cotangents(self) -> dict:
         """Per unfused edge_softmax site, what its main pass left (``merge.SiteShares``)."""
-        n = self.dg.num_local
+        n = self.dg.num_dst
         return {s.name: self.site_shares.get(s.name, SiteShares(n))
                 for s in self.split.softmax_sites}
 
@@ -465,21 +469,21 @@ class Merges:
     call's saved tensors alive until Python's cycle collector happens to run."""
 
     def __init__(self, call: Call, norms: dict):
-        self.split, self.num_local, self.device = call.split, call.dg.num_local, call.dg.device
-        deg = call.shard.in_degree
+        self.split, self.num_dst, self.device = call.split, call.dg.num_dst, call.dg.device
+        deg = call.dg.edges_into
         self.rules = {a.name: make_merge(a, deg, norms.get(a.name) if call.dg.baseline else None)
                       for a in call.split.aggregates}
 
     def add(self, piece: Piece, parts: dict) -> None:
         """A piece's partial aggregates, at its destination rows."""
         for k, part in parts.items():
-            self.rules[k].add(part, piece.rows, self.num_local)
+            self.rules[k].add(part, piece.rows, self.num_dst)
 
     def finish(self) -> dict:
         out = {}
         for a in self.split.aggregates:
             t = self.split.edge.values[dict(self.split.edge.outputs)[a.name]].type
-            zeros = torch.zeros((self.num_local, *t.feat), dtype=t.dtype.to_torch(),
+            zeros = torch.zeros((self.num_dst, *t.feat), dtype=t.dtype.to_torch(),
                                 device=self.device)
             out[a.name] = self.rules[a.name].finish(zeros)
         return out
@@ -501,8 +505,8 @@ class NormalizerMerges:
     refer back to the call."""
 
     def __init__(self, call: Call):
-        self.device, self.num_local = call.dg.device, call.dg.num_local
-        split, n = call.split, call.dg.num_local
+        self.device, self.num_dst = call.dg.device, call.dg.num_dst
+        split, n = call.split, call.dg.num_dst
         edge = split.edge
         self.types = {s.name: ((n, *s.feat), edge.values[s.index].type.dtype.to_torch())
                       for s in split.softmax_sites}
@@ -515,7 +519,7 @@ class NormalizerMerges:
 
     def add(self, piece: Piece, parts: dict) -> None:
         for k, part in parts.items():
-            self.rules[k].add(part, piece.rows, self.num_local)
+            self.rules[k].add(part, piece.rows, self.num_dst)
 
     def finish(self) -> dict:
         return {k: r.finish(*self.types[k], self.device) for k, r in self.rules.items()}

@@ -23,6 +23,12 @@ The exchange, per peer j (each boundary row listed once, sorted):
 So an aggregation over all edges into the local nodes is the sum (or max,
 ...) over j of the aggregation on ``blocks[j]`` of the rows ``x_j[needed_rows[j]]``.
 
+A minibatch layer's shard (``sarc.sampling.blocks``) has the same fields over the
+minibatch's nodes, with one difference: its local block is bipartite, the layer's
+destinations being the first ``local_block.num_dst`` of its ``num_local`` rows, and
+the other blocks have those ``num_dst`` destinations (``DistGraph`` runs a layer on
+either).
+
 Degrees are the whole graph's: ``in_degree``/``out_degree`` of the local
 nodes, and every block's ``in_degree`` (its dst nodes) and ``out_degree``
 (its src rows) are whole-graph degrees, as layers normalize by them.

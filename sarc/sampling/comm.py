@@ -1,0 +1,112 @@
+"""The collectives sampling needs: sizes gathered, tensors exchanged with every peer.
+
+``Comm`` wraps a torch.distributed process group, or nothing (one process: every
+exchange is the identity), so the single-process sampler and loader run the same
+code. ``exchange`` is an all-to-all of variable-length tensors built from
+point-to-point messages in rounds (round k: send to ``(r + k) % P``, receive
+from ``(r - k) % P``), because gloo before torch 2.3 has no ``all_to_all``; an
+empty message is not sent. A peer that fails or times out raises
+``SamplingError`` naming it, instead of leaving this worker waiting.
+"""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from .spec import SamplingError
+
+_TAG = 7000
+"""The messages' tag: a multiple of 4, never one of the row exchange's (1, 2, 3 + 4 * chunk)."""
+
+
+class Comm:
+    def __init__(self, group=None, *, timeout: datetime.timedelta | None = None):
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = group
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.size = dist.get_world_size(group) if self.distributed else 1
+        self.timeout = timeout
+        self.rows_received: dict[str, int] = {}  # per kind of exchange: rows from peers
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.distributed and dist.get_backend(group) == "nccl"
+                       else torch.device("cpu"))
+
+    def all_gather(self, values: list[int]) -> list[list[int]]:
+        """Every worker's ``values`` (the same length on all), by rank."""
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)
+        if self.size == 1:
+            return [mine.cpu().tolist()]
+        out = [torch.zeros_like(mine) for _ in range(self.size)]
+        try:
+            dist.all_gather(out, mine, group=self.group)
+        except RuntimeError as e:
+            raise SamplingError(f"gathering sizes from the workers failed: "
+                                f"{_first_line(e)}") from e
+        return [t.cpu().tolist() for t in out]
+
+    def agree(self, problem: str | None) -> None:
+        """Raise on every worker if any found a problem in its own input (``problem``: its
+        message, or None), so that none is left waiting in the next exchange for a peer
+        that gave up."""
+        if self.size == 1:
+            if problem is not None:
+                raise SamplingError(problem)
+            return
+        flags = [f[0] for f in self.all_gather([int(problem is not None)])]
+        if problem is not None:
+            raise SamplingError(problem)
+        bad = [str(j) for j, f in enumerate(flags) if f]
+        if bad:
+            raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
+                                f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
+                                f"this worker stops with them")
+
+    def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None,
+                 kind: str = "ids") -> list[torch.Tensor]:
+        """``outgoing[j]`` goes to worker j; returns what each worker sent this one (its own
+        ``outgoing[rank]`` as is, not sent). All tensors share dtype and trailing shape;
+        ``sizes[j]``: the rows worker j sends here, when known (else one ``all_gather``
+        finds them). The rows received from peers are counted under ``kind``."""
+        r, p = self.rank, self.size
+        if len(outgoing) != p:
+            raise SamplingError(f"an exchange needs one tensor per worker ({p}), got {len(outgoing)}")
+        if p == 1:
+            return [outgoing[0]]
+        if sizes is None:
+            table = self.all_gather([int(t.shape[0]) for t in outgoing])
+            sizes = [table[j][r] for j in range(p)]
+        like = outgoing[r]
+        self.rows_received[kind] = self.rows_received.get(kind, 0) + sum(
+            n for j, n in enumerate(sizes) if j != r)
+        incoming: list = [None] * p
+        incoming[r] = like
+        pending = []
+        for k in range(1, p):
+            to, frm = (r + k) % p, (r - k) % p
+            out = outgoing[to].to(self.device).contiguous()
+            if out.shape[0]:
+                pending.append((to, "send", dist.isend(out, self._global(to), group=self.group,
+                                                       tag=_TAG), out))
+            buf = torch.empty((sizes[frm], *like.shape[1:]), dtype=like.dtype, device=self.device)
+            if sizes[frm]:
+                pending.append((frm, "receive", dist.irecv(buf, self._global(frm),
+                                                           group=self.group, tag=_TAG), buf))
+            incoming[frm] = buf
+        for peer, what, work, _ in pending:
+            try:
+                work.wait() if self.timeout is None else work.wait(self.timeout)
+            except RuntimeError as e:
+                raise SamplingError(f"sampling exchange with worker {peer} failed ({what}; the "
+                                    f"worker died or did not answer in time): "
+                                    f"{_first_line(e)}") from e
+        return [t.to(like.device) for t in incoming]
+
+    def _global(self, peer: int) -> int:
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e)
+    return s.splitlines()[0] if s else type(e).__name__
