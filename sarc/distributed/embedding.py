@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .exchange import Exchanger
+from ..sampling.comm import Comm
 from .store import ShardedTensor, StoreError, coalesce
 
 INIT_BLOCK = 1 << 14
@@ -56,12 +56,12 @@ class Embedding(nn.Module):
     """A learnable [num_rows, dim] table sharded by ``offsets`` (``ShardedGraph.node_offsets``).
 
     One process: ``Embedding(num_rows, dim)``. A worker: ``Embedding.for_graph(dg, dim)``
-    (a ``DistGraph``) or pass ``offsets``, ``rank`` and ``exchanger``.
+    (a ``DistGraph``) or pass ``offsets``, ``rank`` and ``comm`` (a ``sarc.sampling.Comm``).
     ``scale``: the half-width of the uniform initial values (default ``1 / sqrt(dim)``).
     """
 
     def __init__(self, num_rows: int | None, dim: int, *, offsets=None, rank: int = 0,
-                 exchanger: Exchanger | None = None, seed: int = 0, scale: float | None = None,
+                 comm: Comm | None = None, seed: int = 0, scale: float | None = None,
                  dtype: torch.dtype = torch.float32, name: str = "embedding"):
         super().__init__()
         if offsets is None:
@@ -78,7 +78,7 @@ class Embedding(nn.Module):
         self.scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
         lo, hi = int(offsets[rank]), int(offsets[rank + 1])
         local = _initial_rows(lo, hi, dim, seed, self.scale, dtype)
-        self.store = ShardedTensor(local, offsets, rank, exchanger, name)
+        self.store = ShardedTensor(local, offsets, rank, comm, name)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.steps = 0
 
@@ -86,7 +86,7 @@ class Embedding(nn.Module):
     def for_graph(cls, dg, dim: int, **kw) -> "Embedding":
         """The table of ``dg``'s nodes (a ``DistGraph``), rows sharded as its partition."""
         return cls(None, dim, offsets=dg.shard.node_offsets, rank=dg.rank,
-                   exchanger=dg.exchanger, **kw)
+                   comm=Comm(dg.group, timeout=dg.exchanger.timeout), **kw)
 
     @property
     def local(self) -> torch.Tensor:
@@ -159,7 +159,7 @@ def _any_worker(store: ShardedTensor, flag: bool) -> bool:
     if store.size == 1:
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int64)
-    dist.all_reduce(t, group=store.exchanger.group)
+    dist.all_reduce(t, group=store.comm.group)
     return bool(t.item())
 
 

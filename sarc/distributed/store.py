@@ -7,10 +7,10 @@ and ``push(ids, values)`` adds to (or sets) them, wherever they live:
 
 - the ids are made unique first, so each row crosses the wire once however
   often a batch names it;
-- one exchange per call, in the rounds of ``sarc.distributed.exchange`` (round k:
-  send to ``r + k``, receive from ``r - k``): the counts, then the ids each
-  owner is asked for, then (pull) the rows coming back; every byte is counted
-  in the exchanger's ``ByteCounter`` under the call's phase;
+- one exchange per call (``sarc.sampling.Comm.exchange``: the ids each owner is
+  asked for, then (pull) the rows coming back, in rounds of point-to-point
+  messages); the rows received from peers are counted in the comm's
+  ``rows_received`` under the call's kind;
 - every worker takes part in every call (a worker that wants no rows sends
   empty requests), so calls are collective: all workers call ``pull`` /
   ``push`` on the same tensor in the same order.
@@ -24,12 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SarcError
-from .exchange import Exchanger
-
-IDS_TAG, ROWS_TAG = 1 << 20, (1 << 20) + 1
-"""Message tags of the store, apart from the schedules' (``exchange``); a count message
-goes under its payload's tag + ``COUNT``."""
-COUNT = 1 << 10
+from ..sampling.comm import Comm
 
 
 class StoreError(SarcError):
@@ -45,24 +40,23 @@ class ShardedTensor:
     """Rows ``offsets[r] .. offsets[r+1]-1`` of a [N, *shape] tensor live on worker r.
 
     ``local`` is this worker's rows (a plain tensor, updated in place by
-    ``push``); ``exchanger`` the worker's exchanger (None: one worker).
+    ``push``); ``comm`` the workers' ``Comm`` (None: one worker, no process group).
     """
 
     def __init__(self, local: torch.Tensor, offsets: torch.Tensor, rank: int,
-                 exchanger: Exchanger | None = None, name: str = "tensor"):
+                 comm: Comm | None = None, name: str = "tensor"):
         offsets = torch.as_tensor(offsets, dtype=torch.int64).cpu()
         size = offsets.numel() - 1
-        if exchanger is None and size != 1:
-            raise StoreError(f"sharded tensor {name!r} spans {size} workers but has no exchanger")
-        if exchanger is not None and exchanger.size != size:
-            raise StoreError(f"sharded tensor {name!r} has {size} shards, the process group "
-                             f"{exchanger.size} workers")
+        comm = comm if comm is not None else (Comm() if size == 1 else None)
+        if comm is None or comm.size != size:
+            raise StoreError(f"sharded tensor {name!r} has {size} shards but the process group "
+                             f"{'is missing' if comm is None else f'has {comm.size} workers'}")
         rows = int(offsets[rank + 1] - offsets[rank])
         if local.dim() == 0 or local.shape[0] != rows:
             raise StoreError(f"worker {rank} holds {rows} rows of {name!r}, got a local tensor "
                              f"of shape {list(local.shape)}")
         self.local, self.offsets, self.rank, self.size = local, offsets, rank, size
-        self.exchanger, self.name = exchanger, name
+        self.comm, self.name = comm, name
 
     @property
     def num_rows(self) -> int:
@@ -73,16 +67,19 @@ class ShardedTensor:
         return int(self.offsets[self.rank])
 
     def _check(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` as int64 on the CPU; a bad id on any worker stops every worker."""
         ids = torch.as_tensor(ids)
+        problem = None
         if ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 1:
-            raise StoreError(f"ids into {self.name!r} must be a 1-D integer tensor, got "
-                             f"{ids.dtype} of shape {list(ids.shape)}")
-        ids = ids.to(torch.int64).cpu()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
+            problem = (f"ids into {self.name!r} must be a 1-D integer tensor, got {ids.dtype} "
+                       f"of shape {list(ids.shape)}")
+        elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
             bad = ids[(ids < 0) | (ids >= self.num_rows)][0]
-            raise StoreError(f"id {int(bad)} is out of range for {self.name!r} "
-                             f"({self.num_rows} rows)")
-        return ids
+            problem = f"id {int(bad)} is out of range for {self.name!r} ({self.num_rows} rows)"
+        if self.size == 1 and problem is not None:
+            raise StoreError(problem)
+        self.comm.agree(problem)
+        return ids.to(torch.int64).cpu()
 
     # -- the exchange --------------------------------------------------------------------
     def _requests(self, uniq: torch.Tensor):
@@ -90,30 +87,6 @@ class ShardedTensor:
         own = owners(self.offsets, uniq)
         bounds = torch.searchsorted(own, torch.arange(self.size + 1), right=False)
         return [(int(bounds[j]), int(bounds[j + 1])) for j in range(self.size)]
-
-    def _swap(self, out: list[torch.Tensor], like: torch.Tensor, tag: int, phase: str,
-              row_shape=()) -> list[torch.Tensor | None]:
-        """Round by round, send ``out[peer]`` and receive what ``peer`` sends (sizes first)."""
-        ex = self.exchanger
-        got: list[torch.Tensor | None] = [None] * self.size
-        for _, to, frm in ex.rounds():
-            n_out = torch.tensor([out[to].shape[0]], dtype=torch.int64)
-            sent = ex.send(n_out, to, tag + COUNT, phase)
-            n_in = ex.recv((1,), torch.int64, torch.device("cpu"), frm, tag + COUNT,
-                           phase).wait()
-            sent.wait()
-            rows = int(n_in[0])
-            pend = []
-            if out[to].shape[0]:
-                pend.append(ex.send(out[to], to, tag, phase))
-            if rows:
-                got[frm] = ex.recv((rows, *row_shape), like.dtype, like.device, frm, tag,
-                                   phase).wait()
-            else:
-                got[frm] = like.new_empty((0, *row_shape))
-            for p in pend:
-                p.wait()
-        return got
 
     def pull(self, ids, phase: str = "pull") -> torch.Tensor:
         """The rows of global ``ids`` (any order, repeats allowed): [len(ids), *shape]."""
@@ -125,11 +98,10 @@ class ShardedTensor:
         rows[lo:hi] = self.local.index_select(0, (uniq[lo:hi] - self.lo).to(self.local.device))
         if self.size > 1:
             asks = [uniq[a:b] for a, b in spans]
-            asked = self._swap(asks, uniq, IDS_TAG, phase)  # the ids each peer wants of mine
+            asked = self.comm.exchange(asks, kind=f"{phase} ids")  # what each peer wants of mine
             answers = [self.local.index_select(0, (a - self.lo).to(self.local.device))
-                       if a is not None else self.local.new_empty((0, *self.local.shape[1:]))
                        for a in asked]
-            back = self._swap(answers, self.local, ROWS_TAG, phase, self.local.shape[1:])
+            back = self.comm.exchange(answers, sizes=[b - a for a, b in spans], kind=phase)
             for j, (a, b) in enumerate(spans):
                 if j != self.rank and b > a:
                     rows[a:b] = back[j]
@@ -151,9 +123,9 @@ class ShardedTensor:
         spans = self._requests(uniq)
         incoming = [(uniq[a:b], merged[a:b]) for a, b in spans]
         if self.size > 1:
-            got_ids = self._swap([i for i, _ in incoming], uniq, IDS_TAG, phase)
-            got_rows = self._swap([v for _, v in incoming], merged, ROWS_TAG, phase,
-                                  merged.shape[1:])
+            got_ids = self.comm.exchange([i for i, _ in incoming], kind=f"{phase} ids")
+            got_rows = self.comm.exchange([v for _, v in incoming],
+                                          sizes=[int(i.numel()) for i in got_ids], kind=phase)
             for j in range(self.size):
                 if j != self.rank:
                     incoming[j] = (got_ids[j], got_rows[j])

@@ -1,4 +1,5 @@
-"""The collectives sampling needs: sizes gathered, tensors exchanged with every peer.
+"""The collectives of mini-batches and sharded tensors: sizes gathered, tensors exchanged
+with every peer (``sarc.sampling``, ``sarc.distributed.store``).
 
 ``Comm`` wraps a torch.distributed process group, or nothing (one process: every
 exchange is the identity), so the single-process sampler and loader run the same
@@ -98,7 +99,7 @@ class Comm:
             try:
                 work.wait() if self.timeout is None else work.wait(self.timeout)
             except RuntimeError as e:
-                raise SamplingError(f"sampling exchange with worker {peer} failed ({what}; the "
+                raise SamplingError(f"exchange with worker {peer} failed ({what}; the "
                                     f"worker died or did not answer in time): "
                                     f"{_first_line(e)}") from e
         return [t.to(like.device) for t in incoming]

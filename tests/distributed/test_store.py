@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from sarc.distributed.embedding import Embedding, SparseAdagrad, SparseAdam
-from sarc.distributed.exchange import ByteCounter, Exchanger
 from sarc.distributed.store import ShardedTensor, StoreError
+from sarc.sampling import Comm
 
 from .harness import spawn
 
@@ -48,7 +48,7 @@ def _loss(rows: torch.Tensor, step: int, rank: int) -> torch.Tensor:
 def _join(rank: int, port: int, p: int):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=p, timeout=datetime.timedelta(seconds=30))
-    return Exchanger(rank, p, None, ByteCounter(), datetime.timedelta(seconds=30))
+    return Comm(timeout=datetime.timedelta(seconds=30))
 
 
 def _store_worker(rank, port, q, p):
@@ -59,9 +59,9 @@ def _store_worker(rank, port, q, p):
     st = ShardedTensor(whole[lo:hi].clone(), offsets, rank, ex, "x")
     ids = torch.tensor([N - 1, 0, 5, 5, N - 1, 12, 12, 12])[rank::p].flip(0)
     got = st.pull(ids)
-    ex.counter.reset()
+    ex.rows_received.clear()
     st.pull(torch.tensor([N - 1, N - 1, N - 1, 0]))
-    received = ex.counter.snapshot()["received"].get("pull", 0)
+    received = dict(ex.rows_received)
     st.push(torch.tensor([1, 1, N - 2]), torch.ones(3, 3))
     dist.barrier()
     q.put((rank, {"ids": ids.tolist(), "got": got.tolist(), "received": received,
@@ -81,19 +81,19 @@ def test_pull_and_push_across_workers(p):
     after[1] += 2 * p
     after[N - 2] += p
     assert torch.equal(torch.tensor([row for r in reports for row in r["local"]]), after)
-    # ids N-1 and 0 asked for: each distinct row from another worker arrives once, with
-    # its count messages (8 bytes per peer and call)
+    # ids N-1 and 0 asked for: each distinct row from another worker arrives once, and each
+    # row of mine is asked for once by every other worker
     for rank, r in enumerate(reports):
         lo, hi = int(offsets[rank]), int(offsets[rank + 1])
         remote = sum(1 for i in (N - 1, 0) if not lo <= i < hi)
-        counts = 2 * 8 * (p - 1)  # sizes of the ids and of the rows, per peer
-        asked_of_me = sum(1 for i in (N - 1, 0) if lo <= i < hi) * (p - 1) * 8
-        assert r["received"] == remote * 3 * 4 + asked_of_me + counts
+        asked_of_me = sum(1 for i in (N - 1, 0) if lo <= i < hi) * (p - 1)
+        assert r["received"].get("pull", 0) == remote
+        assert r["received"].get("pull ids", 0) == asked_of_me
 
 
 def _embedding_worker(rank, port, q, p, opt_name):
-    ex = _join(rank, port, p) if p > 1 else None
-    emb = Embedding(N, DIM, offsets=_offsets(p), rank=rank, exchanger=ex, seed=7)
+    comm = _join(rank, port, p) if p > 1 else None
+    emb = Embedding(N, DIM, offsets=_offsets(p), rank=rank, comm=comm, seed=7)
     opt = (SparseAdagrad(emb, lr=0.3) if opt_name == "adagrad" else SparseAdam(emb, lr=0.1))
     for step in range(STEPS):
         rows = emb(_lookups(step, rank, p))
@@ -145,13 +145,13 @@ def test_sharded_embedding_training_equals_one_process(p, opt_name):
 def test_initial_rows_do_not_depend_on_the_split():
     whole = Embedding(40000, 3, seed=2).initial_table()
     offsets = torch.tensor([0, 16383, 16385, 40000])
-    parts = [Embedding(None, 3, offsets=offsets, rank=r, exchanger=_FakeExchanger(3), seed=2).local
+    parts = [Embedding(None, 3, offsets=offsets, rank=r, comm=_FakeComm(3), seed=2).local
              for r in range(3)]
     assert torch.equal(torch.cat(parts), whole)
 
 
-class _FakeExchanger:
-    """Enough of an exchanger to build a shard's table without a process group."""
+class _FakeComm:
+    """Enough of a comm to build a shard's table without a process group."""
 
     def __init__(self, size):
         self.size = size
@@ -165,5 +165,5 @@ def test_bad_ids_and_shapes_are_errors_naming_the_tensor():
         st.pull(torch.tensor([0.5]))
     with pytest.raises(StoreError, match=r"push to 'feat': 2 ids with values of shape \[2, 3\]"):
         st.push(torch.tensor([0, 1]), torch.zeros(2, 3))
-    with pytest.raises(StoreError, match="spans 2 workers but has no exchanger"):
+    with pytest.raises(StoreError, match="has 2 shards but the process group is missing"):
         ShardedTensor(torch.zeros(5, 2), torch.tensor([0, 5, 9]), 0, None, "feat")
