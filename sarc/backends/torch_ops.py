@@ -4,9 +4,14 @@ Edges are sorted by destination (``Graph`` guarantees it), so every
 aggregation is a ``torch.segment_reduce`` over ``g.rowptr``: no atomics, no
 scatter, and autograd support on CPU and GPU. Nothing here loops over nodes or
 edges in Python; ``typed_linear`` loops over edge *types* only.
+
+Half and bfloat16 layers: every op that sums over edges (``accumulates``) sums in
+float32 and rounds its result once to the layer's dtype, forward and backward, so a
+node of many in-edges is as exact as one of few.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Callable
@@ -14,6 +19,31 @@ from typing import Callable
 import torch
 
 from ..graph import Graph
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _cast(out, dtype: torch.dtype):
+    if isinstance(out, torch.Tensor):
+        return out.to(dtype) if out.is_floating_point() else out
+    if isinstance(out, tuple):
+        return tuple(_cast(o, dtype) for o in out)
+    return out
+
+
+def accumulates(fn):
+    """An op summing over edges: half / bfloat16 operands are summed in float32, the result
+    rounded once to their dtype (the cast's gradient rounds the backward the same way)."""
+    @functools.wraps(fn)
+    def run(*args):
+        low = next((a for a in args
+                    if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION), None)
+        if low is None:
+            return fn(*args)
+        with torch.autocast(low.device.type, enabled=False):  # autocast would cast back down
+            return _cast(fn(*(a.float() if isinstance(a, torch.Tensor)
+                              and a.dtype in LOW_PRECISION else a for a in args)), low.dtype)
+    return run
 
 
 
@@ -61,6 +91,7 @@ def _finalize(kind: str, s: torch.Tensor, g: Graph) -> torch.Tensor:
     return reducer(kind).finalize(s, g.rowptr[1:] - g.rowptr[:-1])
 
 
+@accumulates
 def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
          side: str = "src") -> torch.Tensor:
     """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u]: CSR sparse matmul.
@@ -128,6 +159,7 @@ class _CsrProduct(torch.autograd.Function):
         return None, None, None, dw, dx
 
 
+@accumulates
 def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types: torch.Tensor,
                w: torch.Tensor | None = None) -> torch.Tensor:
     """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u] @ table[types[e]].
@@ -184,6 +216,7 @@ def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
     return _CsrProduct.apply(g, None, g.num_edges, None, x)
 
 
+@accumulates
 def segment_reduce(kind: str, x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[v] = kind over the edges into v of x[e]; the reducer's ``empty`` (0) where v has
     no edges."""
@@ -248,6 +281,7 @@ SEGMENT_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
 segments; softmax reads (score, value)."""
 
 
+@accumulates
 def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """softmax of x over the edges into each destination (max-shifted); its backward is
     the cancellation-free form of ``sarc.ir.softmax``."""
@@ -384,6 +418,7 @@ def fused(block_fn, g: Graph, sides, width: int, operands):
     return _Rematerialized.apply(block_fn, g, sides, blocks, *operands)
 
 
+@accumulates
 def aggregate(kind: str, body, sides: tuple[str, ...], width: int, g: Graph, *operands):
     """y[v] = kind over the edges e into v of body(operands read at e)  (g-SpMM)."""
     def block(gb, *xs):
@@ -391,6 +426,7 @@ def aggregate(kind: str, body, sides: tuple[str, ...], width: int, g: Graph, *op
     return fused(block, g, sides, width, operands)
 
 
+@accumulates
 def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph, *operands):
     """y[v] = sum over e into v of softmax_v(score)(e) * value(e)."""
     def block(gb, *xs):
@@ -399,6 +435,7 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
     return fused(block, g, sides, width, operands)
 
 
+@accumulates
 def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *operands):
     """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.
 
@@ -416,6 +453,7 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *ope
     return torch.stack(outs, 1).reshape(g.num_dst, *z.shape[1:])
 
 
+@accumulates
 def sddmm(body, sides: tuple[str, ...], g: Graph, *operands):
     """y[e] = body(operands read at e)  (g-SDDMM); the result is an edge tensor by definition."""
     return body(g, *(per_edge(x, s, g) for x, s in zip(operands, sides)))
@@ -428,6 +466,7 @@ def dropout(x: torch.Tensor, p: float, seed, key: int, training: bool) -> torch.
     return rng.dropout(x, p, seed, key, training)
 
 
+@accumulates
 def scatter_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src)."""
     # index_add_ is deterministic on the CPU; a CSC segment reduce needs a sort by
@@ -461,6 +500,7 @@ def typed_outer(x: torch.Tensor, c: torch.Tensor, types: torch.Tensor, num_types
     return torch.stack([xs[r].t() @ cs[r] for r in range(num_types)])
 
 
+@accumulates
 def index_add(x: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor:
     """y[r] = sum over the rows i with idx[i] = r of x[i]  (the transpose of a table lookup)."""
     return x.new_zeros((num_rows, *x.shape[1:])).index_add_(0, idx, x)
