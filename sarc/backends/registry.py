@@ -8,7 +8,7 @@ distributed schedule needs to run a layer's edge blocks on its kernels:
 - ``blocks``: the module of its *block ops*, the partials and backward surrogates of
   each reducer's distributed merge (``BLOCK_OPS``) and of an unfused edge_softmax
   (``SITE_OPS``), with the API of ``torch_blocks``;
-- ``edge_lowering(edge, layer)``: how the lines of the edge part (``sarc.distributed.split``)
+- ``edge_lowering(edge, layer)``: how the lines of the edge part (``sarc.ir.split``)
   are lowered (an ``EdgeLowering``), sum and mean aggregates included: their partial is
   the block's aggregate, their surrogate ``sum(agg * cot)`` takes its gradient from the
   aggregate's backward.

@@ -1,6 +1,6 @@
 """The Triton backend's lowering of a distributed schedule's edge part.
 
-The edge part (``sarc.distributed.split``) is an IR function whose outputs are the
+The edge part (``sarc.ir.split``) is an IR function whose outputs are the
 layer's aggregates on one source block. Its graph ops get the Triton backend's kernels
 (``triton_backend.plan_op``) and run as ``ops[n](g, ...)``, as in a layer module: sum and
 mean aggregates (the block's partial; the surrogate ``sum(agg * cot)`` differentiates

@@ -23,7 +23,7 @@ import sarc
 from sarc.backends import dist_backend
 from sarc.backends.triton_lower import TritonLoweringError
 from sarc.compiler import compile_layer
-from sarc.distributed.split import split_layer
+from sarc.ir.split import split_layer
 from sarc.partition import partition_graph
 from sarc.planner.plan import plan_layer
 
@@ -172,7 +172,7 @@ def _gat_schedule(**kw):
     fn = compile_layer(layer.trace(), "triton", through="optimize").optimized
     lp = plan_layer("gat", fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
                     exec_mode="sar", inputs_need_grad=True)
-    return dist_backend.compile(split_layer(fn, lp.exchange), lp, layer_name="gat", workers=2,
+    return dist_backend.compile(split_layer(fn, lp.exchange.values), lp, layer_name="gat", workers=2,
                                 backend="triton", **kw)
 
 
@@ -207,7 +207,7 @@ def test_a_torch_schedule_names_no_triton_op():
     fn = compile_layer(GCNLayer(6, 4).trace(), "torch", through="optimize").optimized
     lp = plan_layer("gcn", fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
                     exec_mode="sar", inputs_need_grad=True)
-    gen = dist_backend.compile(split_layer(fn, lp.exchange), lp, layer_name="gcn", workers=2)
+    gen = dist_backend.compile(split_layer(fn, lp.exchange.values), lp, layer_name="gcn", workers=2)
     assert gen.backend == "torch" and gen.fallbacks == () and gen.module.ops == ()
     assert "ops[" not in gen.source and "import torch_blocks as DK" in gen.source
     assert os.path.exists(gen.path)

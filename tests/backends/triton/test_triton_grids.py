@@ -1,0 +1,32 @@
+"""Launch grids stay within CUDA's limits for any graph size: 2^31 - 1 programs on grid
+axis 0, 65535 on axes 1 and 2. RGCN's typed product on 8M node x relation rows once asked
+for ~250k programs on axis 1 ("invalid argument" on an H100); its row blocks are axis 0."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import sarc
+from sarc.backends import codegen
+from zoo import LAYERS
+
+AXIS0, OTHER = 2**31 - 1, 65535
+
+
+def _typed_linear_module():
+    layer = LAYERS["rgcn"](8).set_backend("triton")
+    kernel = layer.compiled()
+    src = next(k for k in kernel.kernels if "typed_linear" in k.source and "def grid" in k.source)
+    _, module = codegen.load_module(f"grid_check_{abs(hash(src.source))}", src.source)
+    return module
+
+
+@pytest.mark.parametrize("rows,types,n", [(8_000_000, 8, 128), (2**28, 90, 512), (10, 1, 16)])
+def test_typed_linear_grid_fits_cuda_limits(rows, types, n):
+    module = _typed_linear_module()
+    groups = SimpleNamespace(max_count=rows, num_types=types)
+    for config in module.CONFIGS:
+        g = module.grid(groups, n, config.kwargs)
+        assert g[0] <= AXIS0 and g[1] <= OTHER and g[2] <= OTHER, (config.kwargs, g)
+        assert g[0] * config.kwargs["BLOCK_M"] >= rows  # every row is covered
