@@ -17,7 +17,8 @@ view (CSR: rows = destinations; CSC: rows = sources) and cached.
 
 Launching (``run``): on a GPU each kernel is wrapped in ``triton.autotune``
 over the ``CONFIGS`` listed in its generated module (configs larger than the
-bucket's degrees or the feature size pruned). Under Triton's interpreter
+bucket's degrees or the feature size pruned), its choices kept in Triton's cache
+for the next process (``persisted``). Under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors) there is nothing to time: the first
 config runs, its tiles shrunk to the bucket and feature sizes.
 """
@@ -91,6 +92,18 @@ def _prune(configs, named_args, **kwargs):
 _TUNED: dict[int, tuple] = {}  # id(kernel) -> (kernel, its autotuned wrapper)
 
 
+def persisted() -> dict:
+    """``triton.autotune``'s option to keep its choices on disk, where the installed Triton
+    has it (3.2 and later): in Triton's cache, keyed by the kernel's source, the device's
+    backend, the configs and the key's values (the shape bucket), so a second process
+    reuses them instead of benchmarking every config again."""
+    import inspect
+
+    import triton
+    return ({"cache_results": True}
+            if "cache_results" in inspect.signature(triton.autotune).parameters else {})
+
+
 def run(kernel, configs: Sequence, key: list[str], grid: Callable[[dict], tuple],
         args: Sequence, constexprs: dict, *, max_deg: int | None, d: int | None) -> None:
     """Launch ``kernel``: autotuned on a GPU; the first config under the interpreter."""
@@ -101,7 +114,8 @@ def run(kernel, configs: Sequence, key: list[str], grid: Callable[[dict], tuple]
     if id(kernel) not in _TUNED:
         import triton
         _TUNED[id(kernel)] = (kernel, triton.autotune(
-            configs=list(configs), key=key, prune_configs_by={"early_config_prune": _prune})(kernel))
+            configs=list(configs), key=key, prune_configs_by={"early_config_prune": _prune},
+            **persisted())(kernel))
     _TUNED[id(kernel)][1][grid](*args, **constexprs)
 
 

@@ -30,3 +30,18 @@ def test_typed_linear_grid_fits_cuda_limits(rows, types, n):
         g = module.grid(groups, n, config.kwargs)
         assert g[0] <= AXIS0 and g[1] <= OTHER and g[2] <= OTHER, (config.kwargs, g)
         assert g[0] * config.kwargs["BLOCK_M"] >= rows  # every row is covered
+
+
+def test_autotuning_is_persisted_where_triton_can():
+    """The autotuner keeps its choices on disk (Triton >= 3.2's ``cache_results``), so a
+    second process does not benchmark every config again."""
+    import inspect
+
+    import triton
+
+    from sarc.backends.triton_runtime import persisted
+    if "cache_results" in inspect.signature(triton.autotune).parameters:
+        assert persisted() == {"cache_results": True}
+        triton.autotune(configs=[triton.Config({})], key=[], **persisted())  # accepted
+    else:
+        assert persisted() == {}
