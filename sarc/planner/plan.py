@@ -405,7 +405,7 @@ def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, m
         raise ValueError(f"the block sample has {sample.num_layers} layers but the model has "
                          f"{len(layers)}")
     needs = [k > 0 for k in range(len(layers))]
-    largest = [ShardStats.elementwise_max(sample.layer(k)) for k in range(len(layers))]
+    largest = [sample.largest(k) for k in range(len(layers))]
     shared = [None] * len(layers)
     if mem_budget is not None and workers > 1 and exec_mode in (None, "hybrid"):
         shared = share_budget([(fn, need) for (_, fn), need in zip(layers, needs)], largest,

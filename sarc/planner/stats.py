@@ -133,6 +133,10 @@ class BlockSample:
         """Layer k's statistics (0: the input layer), one per batch."""
         return tuple(b[k] for b in self.batches)
 
+    def largest(self, k: int) -> ShardStats:
+        """Layer k's largest figures over the batches (what its plan is made for)."""
+        return ShardStats.elementwise_max(self.layer(k))
+
     def summary(self, k: int) -> dict:
         """Layer k's block sizes per worker, mean and max over the batches: destinations,
         source rows, edges, rows received from peers."""
