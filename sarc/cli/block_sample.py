@@ -115,16 +115,13 @@ def run_threads(size: int, work) -> list:
     return results
 
 
-def sample_blocks(pset, spec: SamplingSpec, *, batch_size: int, batches: int,
-                  mask: str = "train_mask", epoch: int = 0,
-                  shards: list[ShardedGraph] | None = None) -> BlockSample:
+def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int,
+                  batches: int, mask: str = "train_mask", epoch: int = 0) -> BlockSample:
     """The block statistics of the first ``batches`` steps of ``epoch`` (fewer if the epoch
-    has fewer) on the partition set ``pset``: ``batch_size`` seeds per worker from the
-    nodes of ``mask``, sampled per ``spec`` (``SamplingSpec.mfg``: every in-edge).
-    ``shards``: the P workers' shards, when already built."""
-    p = pset.num_parts
-    shards = shards if shards is not None else [ShardedGraph.from_partitions(pset, r)
-                                                for r in range(p)]
+    has fewer) on the P workers' ``shards`` (rank order; ``ShardedGraph.from_partitions``):
+    ``batch_size`` seeds per worker from the nodes of ``mask``, sampled per ``spec``
+    (``SamplingSpec.mfg``: every in-edge)."""
+    p = len(shards)
 
     def work(rank: int, comm: ThreadComm) -> list:
         loader = SeedLoader(shards[rank], mask, batch_size=batch_size, seed=spec.seed, comm=comm)

@@ -161,7 +161,9 @@ def _block_sample(model, pset, mode: str, fanouts, batch_size: int, batches: int
     """The blocks of ``batches`` minibatches sampled over the partition (``block_sample``)."""
     from ..artifacts import find_layers
     from ..sampling import SamplingSpec
+    from ..runtime.sharded import ShardedGraph
     from .block_sample import sample_blocks
     k = len(find_layers(model))
     spec = SamplingSpec.mfg(k) if mode == "mfg" else SamplingSpec.of(fanouts, layers=k)
-    return sample_blocks(pset, spec, batch_size=batch_size, batches=batches)
+    shards = [ShardedGraph.from_partitions(pset, r) for r in range(pset.num_parts)]
+    return sample_blocks(shards, spec, batch_size=batch_size, batches=batches)
