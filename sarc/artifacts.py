@@ -39,8 +39,8 @@ from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.printer import format_function
-from .planner.plan import LayerPlan, Plan, format_plan, share_budget
-from .planner.stats import ShardStats
+from .planner.plan import LayerPlan, Plan, format_plan, plan_minibatch, share_budget
+from .planner.stats import BlockSample, ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
 SET_KIND = "compile"  # the kind of set in its manifest (``sarc.atomic``)
@@ -100,12 +100,20 @@ def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
 def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str = "torch",
                   workers: int = 1, stats: ShardStats | None = None,
                   mem_budget: int | None = None, baseline: bool = False,
-                  exec_mode: str | None = None, schedules: bool = True) -> ModelArtifacts:
+                  exec_mode: str | None = None, schedules: bool = True,
+                  sample: BlockSample | None = None, batch_size: int | None = None,
+                  fanouts: tuple[int, ...] | None = None) -> ModelArtifacts:
     """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
-    The first layer's input features need no gradient."""
+    The first layer's input features need no gradient. A minibatch mode with a block
+    ``sample`` plans each layer on its own blocks (``plan_minibatch``); ``batch_size`` and
+    ``fanouts`` describe the minibatches of a plan without one."""
     t0 = time.perf_counter()
     layers = find_layers(model)
+    if sample is not None:
+        return _compile_minibatch(model, name, layers, sample, mode=mode, backend=backend,
+                                  workers=workers, mem_budget=mem_budget, baseline=baseline,
+                                  exec_mode=exec_mode, schedules=schedules, t0=t0)
     shared = [None] * len(layers)
     if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
         # the budget is the whole step's: the layers share it (share_budget)
@@ -119,7 +127,30 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                         distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
                                                            name=lname)))
-    plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats)
+    plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats,
+                None, batch_size, None if fanouts is None else tuple(fanouts))
+    return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
+
+
+def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
+                       mem_budget, baseline, exec_mode, schedules, t0) -> ModelArtifacts:
+    """Plan the minibatch step on the sample's blocks, then compile each layer for its plan:
+    the layer's largest blocks, the plan's execution mode and kept peers."""
+    if sample.num_layers != len(layers):
+        raise CompileError(f"the block sample has {sample.num_layers} layers but the model has "
+                           f"{len(layers)} sarc layers")
+    fns = [(lname, compile_layer(layer, backend, through="optimize").optimized)
+           for lname, layer in layers]
+    plan = plan_minibatch(fns, sample, mode=mode, workers=workers, mem_budget=mem_budget,
+                          baseline=baseline, exec_mode=exec_mode)
+    compiled = []
+    for k, ((lname, layer), lp) in enumerate(zip(layers, plan.layers)):
+        target = Target(mode=mode, workers=workers, stats=sample.largest(k),
+                        exec_mode=None if lp.exec_mode == "local" else lp.exec_mode,
+                        baseline=baseline, inputs_need_grad=k > 0, distributed=schedules,
+                        kept_peers=lp.kept_peers)
+        compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
+                                                           name=lname)))
     return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
 
 

@@ -6,6 +6,13 @@ worker count, the cut at the exchange, the backend's code and the schedule;
 ``sarc.artifacts``), prints a summary and the plan it compiled, and writes the
 artifacts the user asks for (``--emit``) to ``--out`` (see ``sarc.artifacts``
 for the files).
+
+With ``--mode mfg`` or ``--mode sampling`` and ``--partition``, each layer is planned
+on its own blocks: ``--batches`` minibatches of ``--batch-size`` seeds per worker are
+drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
+sampling; ``sarc.cli.block_sample``), and the plan prints per layer the blocks' sizes
+and the bytes a step sends and keeps (mean / max over the batches). Without
+``--partition`` the block sizes stay symbols.
 """
 from __future__ import annotations
 
@@ -18,7 +25,11 @@ from ..atomic import check_target
 from ..compiler import BACKENDS
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
-from .options import add_mode_arguments, check_mode_arguments, check_output_dir, parse_bytes
+from .options import (UsageError, add_mode_arguments, at_least, check_mode_arguments,
+                      check_output_dir, parse_bytes)
+
+DEFAULT_BATCH_SIZE = 1024
+DEFAULT_BATCHES = 8
 
 
 def add_compile_parser(sub) -> None:
@@ -31,6 +42,12 @@ def add_compile_parser(sub) -> None:
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
     p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    p.add_argument("--fanouts", help="--mode sampling: in-edges sampled per node at each layer, "
+                   "input layer first, e.g. 10,25 (-1: all)")
+    p.add_argument("--batch-size", type=int, help=f"--mode mfg|sampling: seed nodes per worker "
+                   f"and step (default {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--batches", type=int, help=f"--mode mfg|sampling with --partition: the "
+                   f"batches sampled to measure the blocks (default {DEFAULT_BATCHES})")
     p.add_argument("--baseline", action="store_true",
                    help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
     p.add_argument("--emit", default="ir,plan,kernels,schedule",
@@ -53,12 +70,46 @@ def check_compile_args(args) -> tuple[str, ...]:
         raise CompileError(f"--workers must be at least 1, got {args.workers}")
     if args.mem_budget is not None:
         parse_bytes(args.mem_budget)
+    check_minibatch_args(args)
     check_output_dir("--out", args.out)
     if args.out:
         check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
     elif args.overwrite:
         raise CompileError("--overwrite applies to --out, which is not given")
     return emit
+
+
+def parse_fanouts(text: str) -> tuple[int, ...]:
+    """``--fanouts 10,25`` -> (10, 25): integers, >= 0 or -1 (every in-edge)."""
+    parts = [t.strip() for t in text.split(",")]
+    try:
+        fanouts = tuple(int(t) for t in parts)
+    except ValueError:
+        raise UsageError(f"--fanouts {text}: give one integer per layer, comma-separated "
+                         f"(e.g. 10,25)") from None
+    bad = [f for f in fanouts if f < -1]
+    if bad:
+        raise UsageError(f"--fanouts {text}: a fanout is a number of neighbours >= 0, or -1 "
+                         f"for all of them, got {bad[0]}")
+    return fanouts
+
+
+def check_minibatch_args(args) -> None:
+    """The minibatch options fit the mode (``--fanouts`` only for sampling, none for full)."""
+    given = [o for o, v in (("--fanouts", args.fanouts), ("--batch-size", args.batch_size),
+                            ("--batches", args.batches)) if v is not None]
+    if args.mode == "full" and given:
+        raise UsageError(f"{', '.join(given)}: minibatch options, for --mode mfg or sampling "
+                         f"(--mode full trains on every node each step)")
+    if args.mode == "mfg" and args.fanouts is not None:
+        raise UsageError("--fanouts is for --mode sampling; --mode mfg takes every in-edge")
+    if args.fanouts is not None:
+        parse_fanouts(args.fanouts)
+    at_least("--batch-size", args.batch_size, 1)
+    at_least("--batches", args.batches, 1)
+    if args.mode == "sampling" and args.partition and args.fanouts is None:
+        raise UsageError("--mode sampling with --partition samples blocks to plan on: give "
+                         "--fanouts (one per layer, e.g. 10,25)")
 
 
 def compile_command(args) -> int:
@@ -71,18 +122,27 @@ def compile_command(args) -> int:
     hparams = {**DEFAULTS, **spec.hparams}
     data = load_dataset(args.dataset or hparams["dataset"])
     model = build(spec, data, hparams)
-    stats = None
+    stats = sample = pset = None
     if args.partition:
-        stats = _partition_stats(Path(args.partition))
-        if stats.num_parts != args.workers:
+        pset = _load_partitions(Path(args.partition))
+        if pset.num_parts != args.workers:
             if args.workers != 1:
-                raise CompileError(f"--partition has {stats.num_parts} parts but --workers is {args.workers}")
-            args.workers = stats.num_parts
+                raise CompileError(f"--partition has {pset.num_parts} parts but --workers is {args.workers}")
+            args.workers = pset.num_parts
+    fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
+    minibatch = args.mode != "full"
+    batch_size = (args.batch_size or DEFAULT_BATCH_SIZE) if minibatch else None
+    if pset is not None and minibatch:
+        sample = _block_sample(model, pset, args.mode, fanouts, batch_size,
+                               args.batches or DEFAULT_BATCHES)
+    elif pset is not None:
+        stats = ShardStats.from_partition_set(pset)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
                         workers=args.workers, stats=stats,
                         mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
                         baseline=args.baseline, exec_mode=args.exec_mode,
-                        schedules="schedule" in emit)
+                        schedules="schedule" in emit, sample=sample, batch_size=batch_size,
+                        fanouts=fanouts)
     print(format_summary(art), end="")
     if "plan" in emit:
         print(format_plan(art.plan), end="")
@@ -92,7 +152,18 @@ def compile_command(args) -> int:
     return 0
 
 
-def _partition_stats(path: Path) -> ShardStats:
-    """Statistics of a partition set written by ``sarc partition``."""
+def _load_partitions(path: Path):
     from ..partition import load_partitions
-    return ShardStats.from_partition_set(load_partitions(path))
+    return load_partitions(path)
+
+
+def _block_sample(model, pset, mode: str, fanouts, batch_size: int, batches: int):
+    """The blocks of ``batches`` minibatches sampled over the partition (``block_sample``)."""
+    from ..artifacts import find_layers
+    from ..sampling import SamplingSpec
+    from ..runtime.sharded import ShardedGraph
+    from .block_sample import sample_blocks
+    k = len(find_layers(model))
+    spec = SamplingSpec.mfg(k) if mode == "mfg" else SamplingSpec.of(fanouts, layers=k)
+    shards = [ShardedGraph.from_partitions(pset, r) for r in range(pset.num_parts)]
+    return sample_blocks(shards, spec, batch_size=batch_size, batches=batches)

@@ -14,6 +14,14 @@ For each layer it decides
   so no two workers send to one peer at once) and whether the next round is
   prefetched while the current one computes.
 
+In the minibatch modes (``mfg``, ``sampling``) a layer runs on its own blocks, which
+change from step to step: ``plan_model`` takes a ``BlockSample`` (per layer, the
+statistics of its blocks in a sample of batches), plans each layer for the largest
+figures of its sample (so the rows it keeps fit the budget in every batch of the
+sample), then evaluates that plan on every batch: bytes sent and kept per step, mean
+and max. Without a sample the plan is symbolic in the block's sizes (``N_src``,
+``N_dst``, ``E``, ``B``), which depend on the seeds.
+
 ``baseline=True`` plans the SAR-equivalent schedule: the raw layer input
 crosses the network (no pushdown across the exchange) and attention layers
 fetch twice (no online softmax), for comparison.
@@ -21,7 +29,7 @@ fetch twice (no online softmax), for comparison.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
 
@@ -30,9 +38,10 @@ from ..ir.ops import FUSED, Op
 from ..ir.types import E, N_DST, N_SRC
 from .cost import (B, Exchange, _needs_grad, exchange_candidates, forward_flops,
                    saved_for_backward)
-from .stats import ShardStats
+from .stats import BlockSample, ShardStats
 
 MODES = ("full", "mfg", "sampling")
+MINIBATCH_MODES = ("mfg", "sampling")
 EXEC_MODES = ("sar", "oneshot", "hybrid")
 
 
@@ -53,6 +62,37 @@ class LayerPlan:
     bytes_sent_expr: sympy.Expr = field(default=sympy.Integer(0))
     backward_passes: int = 1                 # backward passes over the blocks (2: unfused edge_softmax;
     #                                          0: no gradient flows through the edges)
+    batches: "BatchFigures | None" = None    # a minibatch layer's plan on each batch of the sample
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """A minibatch layer's plan evaluated on each batch of a sample, its choices (exchange,
+    execution mode, kept peers) fixed: what one training step sends and keeps."""
+
+    blocks: dict                              # BlockSample.summary: block sizes, mean / max
+    bytes_sent: tuple[tuple[int, ...], ...]   # [batch][worker], forward + backward
+    bytes_kept: tuple[tuple[int, ...], ...]   # [batch][worker]
+    fanout: int | None = None                 # in-edges sampled per destination (None: all)
+
+    @staticmethod
+    def _mean_max(rows) -> dict:
+        values = [v for row in rows for v in row]
+        return {"mean": sum(values) / len(values), "max": max(values)}
+
+    @property
+    def sent(self) -> dict:
+        """Bytes a worker sends in a step: mean and max over batches and workers."""
+        return self._mean_max(self.bytes_sent)
+
+    @property
+    def kept(self) -> dict:
+        return self._mean_max(self.bytes_kept)
+
+    def to_json(self) -> dict:
+        return {"blocks": self.blocks, "fanout": self.fanout,
+                "bytes_sent_per_step": {**self.sent, "per_batch": [list(b) for b in self.bytes_sent]},
+                "bytes_kept_per_step": {**self.kept, "per_batch": [list(b) for b in self.bytes_kept]}}
 
 
 @dataclass(frozen=True)
@@ -63,6 +103,13 @@ class Plan:
     baseline: bool
     layers: tuple[LayerPlan, ...]
     stats: ShardStats | None
+    sample: BlockSample | None = None    # the minibatch modes' block statistics
+    batch_size: int | None = None        # the minibatch modes' seeds per worker and step
+    fanouts: tuple[int, ...] | None = None  # sampling: per layer, input layer first
+
+    @property
+    def minibatch(self) -> bool:
+        return self.mode in MINIBATCH_MODES
 
     @property
     def rounds(self) -> list[list[tuple[int, int, int]]]:
@@ -71,8 +118,9 @@ class Plan:
         return [[(r, (r + k) % p, (r - k) % p) for r in range(p)] for k in range(1, p)]
 
     def step_bytes_kept(self) -> list[int] | None:
-        """Per worker, the bytes a training step keeps for backward, all layers together."""
-        if self.stats is None or any(lp.bytes_kept is None for lp in self.layers):
+        """Per worker, the bytes a training step keeps for backward, all layers together (a
+        minibatch plan: each layer's largest batch of the sample)."""
+        if any(lp.bytes_kept is None for lp in self.layers):
             return None
         return [sum(lp.bytes_kept[r] for lp in self.layers) for r in range(self.workers)]
 
@@ -84,7 +132,7 @@ class Plan:
         return [r for r, b in enumerate(step) if b > self.mem_budget]
 
     def total_bytes_sent(self) -> list[int] | None:
-        if self.stats is None:
+        if any(lp.bytes_sent is None for lp in self.layers):
             return None
         return [sum(lp.bytes_sent[r] for lp in self.layers) for r in range(self.workers)]
 
@@ -94,7 +142,7 @@ class Plan:
                                            "width": x.width, "row_bytes": x.row_bytes,
                                            "needs_grad": x.needs_grad,
                                            "recompute": list(x.recompute)}
-        return {
+        out = {
             "mode": self.mode, "workers": self.workers, "mem_budget": self.mem_budget,
             "baseline": self.baseline,
             "rounds": [[list(t) for t in rnd] for rnd in self.rounds],
@@ -109,8 +157,14 @@ class Plan:
                 "bytes_sent_per_worker": None if lp.bytes_sent is None else list(lp.bytes_sent),
                 "bytes_kept_per_worker": None if lp.bytes_kept is None else list(lp.bytes_kept),
                 "bytes_sent_formula": str(lp.bytes_sent_expr),
+                **({} if lp.batches is None else {"batches": lp.batches.to_json()}),
             } for lp in self.layers],
         }
+        if self.minibatch:
+            out["minibatch"] = {"batch_size": self.batch_size,
+                                "fanouts": None if self.fanouts is None else list(self.fanouts),
+                                "sample": None if self.sample is None else self.sample.to_json()}
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
@@ -147,8 +201,7 @@ def _choose(cands: list[Exchange], baseline: bool) -> tuple[Exchange | None, tup
 
 
 def _local_kept(saved_total: sympy.Expr, stats: ShardStats, r: int) -> int:
-    n = stats.nodes[r]
-    return int(saved_total.subs({N_SRC: n, N_DST: n, E: stats.edges[r]}))
+    return int(saved_total.subs({N_SRC: stats.nodes[r], N_DST: stats.dst(r), E: stats.edges[r]}))
 
 
 @dataclass(frozen=True)
@@ -279,8 +332,8 @@ def _fit(stats: ShardStats, rb: int, local: list[int], budget):
     return kept
 
 
-def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats, mem_budget: int,
-                 baseline: bool = False) -> list[tuple[tuple[int, ...], ...]]:
+def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats | list[ShardStats],
+                 mem_budget: int, baseline: bool = False) -> list[tuple[tuple[int, ...], ...]]:
     """The memory budget of a whole training step, shared by its layers: per layer
     (``(optimized layer, its inputs need a gradient)``, in call order), per worker, the
     peers whose rows it keeps.
@@ -291,13 +344,16 @@ def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats, mem_bud
     with a normalizer pass or a backward pass saves more), larger ones first among
     equals, each taken if it fits. So the kept bytes summed over the layers stay
     within ``mem_budget`` on every worker whenever the shards' own share does.
+    ``stats``: the shards', or per layer its blocks' (a minibatch step).
     """
-    p = stats.num_parts
+    per_layer = list(stats) if isinstance(stats, (list, tuple)) else [stats] * len(layers)
+    p = per_layer[0].num_parts
     costs = [_costs(fn, baseline, need) for fn, need in layers]
-    room = [mem_budget - sum(c.local_kept(stats)[r] for c in costs) for r in range(p)]
+    room = [mem_budget - sum(c.local_kept(st)[r] for c, st in zip(costs, per_layer))
+            for r in range(p)]
     kept: list[list[list[int]]] = [[[] for _ in range(p)] for _ in costs]
     for r in range(p):
-        cands = [(c.rows_saved_per_row_kept(), stats.boundary[r][j] * c.chosen.row_bytes, l, j)
+        cands = [(c.rows_saved_per_row_kept(), per_layer[l].boundary[r][j] * c.chosen.row_bytes, l, j)
                  for l, c in enumerate(costs) if c.chosen is not None
                  for j in range(p) if j != r]
         for _, need, l, j in sorted(cands, key=lambda t: (-t[0], -t[1], t[2], t[3])):
@@ -309,9 +365,15 @@ def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats, mem_bud
 
 def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", workers: int = 1,
                stats: ShardStats | None = None, mem_budget: int | None = None,
-               baseline: bool = False, exec_mode: str | None = None) -> Plan:
+               baseline: bool = False, exec_mode: str | None = None,
+               sample: BlockSample | None = None, batch_size: int | None = None,
+               fanouts: tuple[int, ...] | None = None) -> Plan:
     """Plan every layer of a model, the memory budget shared by the whole step
-    (``share_budget``); the first layer's input features need no gradient."""
+    (``share_budget``); the first layer's input features need no gradient. A minibatch
+    mode plans each layer on its blocks' statistics in ``sample`` (``plan_minibatch``)."""
+    if sample is not None:
+        return plan_minibatch(layers, sample, mode=mode, workers=workers, mem_budget=mem_budget,
+                              baseline=baseline, exec_mode=exec_mode)
     needs = [k > 0 for k in range(len(layers))]
     shared = [None] * len(layers)
     if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
@@ -321,7 +383,50 @@ def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", worker
                              mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode,
                              inputs_need_grad=need, kept_peers=kept)
                   for (name, fn), need, kept in zip(layers, needs, shared))
-    return Plan(mode, workers, mem_budget, baseline, plans, stats)
+    return Plan(mode, workers, mem_budget, baseline, plans, stats, None, batch_size,
+                None if fanouts is None else tuple(fanouts))
+
+
+def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, mode: str,
+                   workers: int, mem_budget: int | None = None, baseline: bool = False,
+                   exec_mode: str | None = None) -> Plan:
+    """Plan every layer of a minibatch step on its own blocks: each layer for the largest
+    figures of its blocks in ``sample`` (``ShardStats.elementwise_max``; the budget shared
+    by the layers as in ``plan_model``), then that plan, its choices fixed, on each batch
+    of the sample. A layer's ``bytes_sent`` / ``bytes_kept`` are per worker the largest
+    over the batches; ``batches`` holds every batch's figures."""
+    if mode not in MINIBATCH_MODES:
+        raise ValueError(f"a block sample plans a minibatch mode ({', '.join(MINIBATCH_MODES)}), "
+                         f"not {mode!r}")
+    if sample.num_parts != workers:
+        raise ValueError(f"the block sample has {sample.num_parts} workers but {workers} "
+                         f"workers were asked for")
+    if sample.num_layers != len(layers):
+        raise ValueError(f"the block sample has {sample.num_layers} layers but the model has "
+                         f"{len(layers)}")
+    needs = [k > 0 for k in range(len(layers))]
+    largest = [sample.largest(k) for k in range(len(layers))]
+    shared = [None] * len(layers)
+    if mem_budget is not None and workers > 1 and exec_mode in (None, "hybrid"):
+        shared = share_budget([(fn, need) for (_, fn), need in zip(layers, needs)], largest,
+                              mem_budget, baseline)
+    plans = []
+    for k, ((name, fn), need) in enumerate(zip(layers, needs)):
+        lp = plan_layer(name, fn, mode=mode, workers=workers, stats=largest[k],
+                        mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode,
+                        inputs_need_grad=need, kept_peers=shared[k])
+        fixed = None if lp.exec_mode == "local" else lp.exec_mode
+        per_batch = [plan_layer(name, fn, mode=mode, workers=workers, stats=st, baseline=baseline,
+                                exec_mode=fixed, inputs_need_grad=need, kept_peers=lp.kept_peers)
+                     for st in sample.layer(k)]
+        sent = tuple(b.bytes_sent for b in per_batch)
+        kept = tuple(b.bytes_kept for b in per_batch)
+        figures = BatchFigures(sample.summary(k), sent, kept,
+                               None if sample.fanouts is None else sample.fanouts[k])
+        plans.append(replace(lp, bytes_sent=tuple(map(max, zip(*sent))),
+                             bytes_kept=tuple(map(max, zip(*kept))), batches=figures))
+    return Plan(mode, workers, mem_budget, baseline, tuple(plans), None, sample,
+                sample.batch_size, sample.fanouts)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -339,10 +444,40 @@ def _passes_note(lp: LayerPlan, baseline: bool) -> str:
     return f", fetched twice ({why}; fetch_passes={lp.fetch_passes})"
 
 
+def _minibatch_lines(plan: Plan) -> list[str]:
+    fan = ("" if plan.fanouts is None
+           else f", fanouts {','.join(map(str, plan.fanouts))} (input layer first)")
+    seeds = "?" if plan.batch_size is None else str(plan.batch_size)
+    if plan.sample is None:
+        return [f"  minibatch: {seeds} seeds / worker / step{fan}; block sizes depend on the seeds: "
+                f"symbolic (N_src, N_dst, E, B of each layer's block; --partition measures them)"]
+    return [f"  minibatch: {seeds} seeds / worker / step{fan}; block sizes from "
+            f"{len(plan.sample.batches)} sampled batches (mean / max over batches and workers), "
+            f"each layer planned for its largest"]
+
+
+def _block_lines(b: BatchFigures, workers: int) -> list[str]:
+    def mm(d):
+        return f"{d['mean']:.1f} / {d['max']}"
+    blk = b.blocks
+    lines = [f"  blocks / worker (mean / max): dst {mm(blk['dst'])}, src {mm(blk['src'])}, "
+             f"edges {mm(blk['edges'])}, remote rows {mm(blk['remote_rows'])}"
+             + ("" if b.fanout is None else f"; fanout {b.fanout}")]
+    if workers > 1:
+        lines.append(f"  bytes sent / worker / step: mean {_fmt_bytes(b.sent['mean'])}, "
+                     f"max {_fmt_bytes(b.sent['max'])}")
+    lines.append(f"  bytes kept / worker / step: mean {_fmt_bytes(b.kept['mean'])}, "
+                 f"max {_fmt_bytes(b.kept['max'])}")
+    return lines
+
+
 def format_plan(plan: Plan) -> str:
     budget = "none" if plan.mem_budget is None else _fmt_bytes(plan.mem_budget)
+    per = "step" if plan.minibatch else "epoch"
     lines = [f"plan: mode={plan.mode} workers={plan.workers} mem-budget={budget} "
              f"{'baseline (SAR-equivalent)' if plan.baseline else 'pushdown+online-softmax'}"]
+    if plan.minibatch:
+        lines.extend(_minibatch_lines(plan))
     if plan.workers > 1:
         lines.append(f"  exchange rounds: {len(plan.rounds)} (round k: worker r -> r+k, "
                      f"r-k -> r), next round prefetched while the current one computes")
@@ -359,19 +494,29 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  forward flops: {lp.flops}")
         if lp.recomputed:
             lines.append(f"  recomputed in backward: {'; '.join(lp.recomputed)}")
-        if lp.bytes_sent is not None and plan.workers > 1:
+        if lp.batches is not None:
+            lines.extend(_block_lines(lp.batches, plan.workers))
+            if lp.exec_mode == "hybrid":
+                lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
+        elif lp.bytes_sent is not None and plan.workers > 1:
             s, k = lp.bytes_sent, lp.bytes_kept
-            lines.append(f"  bytes sent / worker / epoch: max {_fmt_bytes(max(s))}, "
+            lines.append(f"  bytes sent / worker / {per}: max {_fmt_bytes(max(s))}, "
                          f"mean {_fmt_bytes(sum(s) / len(s))}")
             lines.append(f"  bytes kept / worker: max {_fmt_bytes(max(k))}")
             if lp.exec_mode == "hybrid":
                 lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
         elif plan.workers > 1:
-            lines.append(f"  bytes sent / worker / epoch: {lp.bytes_sent_expr}")
+            lines.append(f"  bytes sent / worker / {per}: {lp.bytes_sent_expr}")
     step = plan.step_bytes_kept()
-    if step is not None and plan.workers > 1:
-        lines.append(f"step: bytes kept / worker (all layers): max {_fmt_bytes(max(step))}"
+    if step is not None and (plan.workers > 1 or plan.sample is not None):
+        lines.append(f"step: bytes kept / worker (all layers"
+                     f"{', each at its largest batch' if plan.sample is not None else ''}): "
+                     f"max {_fmt_bytes(max(step))}"
                      + (f" of the budget {budget}" if plan.mem_budget is not None else ""))
+        sent = plan.total_bytes_sent()
+        if plan.sample is not None and plan.workers > 1:
+            lines.append(f"step: bytes sent / worker (all layers, each at its largest batch): "
+                         f"max {_fmt_bytes(max(sent))}")
         over = plan.over_budget()
         if over:
             lines.append(f"  over the budget on workers {over}: what backward keeps of their own "

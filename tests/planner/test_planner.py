@@ -18,7 +18,7 @@ from sarc.compiler import UNFUSED, optimize
 from sarc.ir.types import E, N_DST, N_SRC
 from sarc.planner.cost import B, exchange_candidates, saved_for_backward
 from sarc.planner.plan import format_plan, plan_layer, plan_model
-from sarc.planner.stats import ShardStats
+from sarc.planner.stats import BlockSample, ShardStats
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "plan"
 
@@ -132,11 +132,29 @@ MODELS = {
 }
 
 
+def _block_sample(p: int, fanouts) -> BlockSample:
+    """Two batches of a two-layer step on ``p`` workers: 64 seeds per worker at the top,
+    the input layer's blocks wider; the second batch's blocks a little larger on worker 0."""
+    def layer(dst, src, edges, rows, extra):
+        bnd = tuple(tuple(0 if i == j else rows + (extra if i == 0 else 0) for j in range(p))
+                    for i in range(p))
+        return ShardStats(p, tuple(src + (extra if r == 0 else 0) for r in range(p)),
+                          (edges,) * p, bnd, (dst,) * p)
+    batches = tuple((layer(300, 900, 3000, 120, extra), layer(64, 300, 640, 40, extra))
+                    for extra in (0, 7))
+    return BlockSample(batches, 64, None if fanouts is None else tuple(fanouts))
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("mode", ["full", "mfg"])
+@pytest.mark.parametrize("mode", ["full", "mfg", "sampling"])
 def test_golden_plan(name, mode):
     layers = [(n, optimize(l.trace())) for n, l in MODELS[name]()]
-    plan = plan_model(layers, mode=mode, workers=4, stats=_stats_ring(4, rows=50, nodes=677, edges=3316))
+    if mode == "full":
+        plan = plan_model(layers, mode=mode, workers=4,
+                          stats=_stats_ring(4, rows=50, nodes=677, edges=3316))
+    else:
+        plan = plan_model(layers, mode=mode, workers=4,
+                          sample=_block_sample(4, [10, 25] if mode == "sampling" else None))
     text = format_plan(plan) + "\n" + plan.dumps()
     path = GOLDEN / f"{name}.{mode}.plan"
     if os.environ.get("SARC_UPDATE_GOLDEN") == "1":

@@ -1,0 +1,143 @@
+"""The block statistics ``sarc compile --mode mfg|sampling --partition DIR`` plans with.
+
+A minibatch layer runs on its own blocks (``sarc.sampling``), whose sizes depend on the
+step's seeds; the planner takes them as a ``BlockSample``: per sampled batch, per layer,
+the ``ShardStats`` of the layer's blocks over the P workers. They are measured, not
+modelled: the P workers' shards are built from the partition set, each worker's
+``SeedLoader`` deals it its seeds and its ``NeighbourSampler`` samples the batch,
+exactly as in training.
+
+The sampler is collective (the closure crosses shards; every worker takes part in every
+exchange), so the P workers run at once, as P threads of this process. They talk
+through ``ThreadComm``, the collectives of ``sarc.sampling.comm.Comm`` over shared
+memory (a barrier and a slot per worker): the sampler's code and the ids it exchanges
+are those of a gloo run, without P processes to start or ports to open. (A gloo group
+needs a process per rank: torch.distributed keeps one default group per process.)
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..planner.stats import BlockSample, ShardStats
+from ..runtime.sharded import ShardedGraph
+from ..sampling import NeighbourSampler, SamplingError, SamplingSpec, SeedLoader
+
+WAIT_S = 600.0
+"""How long a worker thread waits for its peers at a collective before giving up."""
+
+
+class _Hub:
+    """What P worker threads share: a barrier and one slot per worker."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=WAIT_S)
+        self.slots: list = [None] * size
+
+
+class ThreadComm:
+    """``sarc.sampling.Comm``'s collectives between the P threads of one process (worker
+    ``rank`` of ``hub``'s): every worker puts its part in its slot, all meet at the
+    barrier, each reads the others' parts, all meet again before the next collective."""
+
+    distributed = False
+    group = None
+    timeout = None
+    device = torch.device("cpu")
+
+    def __init__(self, hub: _Hub, rank: int):
+        self.hub, self.rank, self.size = hub, rank, hub.size
+        self.rows_received: dict[str, int] = {}
+
+    def _swap(self, mine) -> list:
+        hub = self.hub
+        hub.slots[self.rank] = mine
+        hub.barrier.wait()
+        everyone = list(hub.slots)
+        hub.barrier.wait()
+        return everyone
+
+    def all_gather(self, values: list[int]) -> list[list[int]]:
+        return [list(v) for v in self._swap([int(v) for v in values])]
+
+    def gather_objects(self, obj) -> list:
+        """Every worker's ``obj``, by rank (shared, not copied)."""
+        return self._swap(obj)
+
+    def agree(self, problem: str | None) -> None:
+        problems = self._swap(problem)
+        if problem is not None:
+            raise SamplingError(problem)
+        bad = [str(j) for j, q in enumerate(problems) if q is not None]
+        if bad:
+            raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
+                                f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
+                                f"this worker stops with them")
+
+    def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None,
+                 kind: str = "ids") -> list[torch.Tensor]:
+        r, p = self.rank, self.size
+        if len(outgoing) != p:
+            raise SamplingError(f"an exchange needs one tensor per worker ({p}), got {len(outgoing)}")
+        sent = self._swap(list(outgoing))
+        incoming = [outgoing[r] if j == r else sent[j][r].clone() for j in range(p)]
+        self.rows_received[kind] = self.rows_received.get(kind, 0) + sum(
+            int(t.shape[0]) for j, t in enumerate(incoming) if j != r)
+        return incoming
+
+
+def run_threads(size: int, work) -> list:
+    """``work(rank, comm)`` on ``size`` worker threads joined by ``ThreadComm``s; the results
+    by rank. A worker's error stops its peers (their barrier breaks) and is raised here."""
+    hub = _Hub(size)
+    results: list = [None] * size
+    errors: list = [None] * size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = work(rank, ThreadComm(hub, rank))
+        except BaseException as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
+            errors[rank] = e
+            hub.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"sampling-worker-{r}")
+               for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)),
+                 next((e for e in errors if e is not None), None))
+    if first is not None:
+        raise first
+    return results
+
+
+def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int,
+                  batches: int, mask: str = "train_mask", epoch: int = 0) -> BlockSample:
+    """The block statistics of the first ``batches`` steps of ``epoch`` (fewer if the epoch
+    has fewer) on the P workers' ``shards`` (rank order; ``ShardedGraph.from_partitions``):
+    ``batch_size`` seeds per worker from the nodes of ``mask``, sampled per ``spec``
+    (``SamplingSpec.mfg``: every in-edge)."""
+    p = len(shards)
+
+    def work(rank: int, comm: ThreadComm) -> list:
+        loader = SeedLoader(shards[rank], mask, batch_size=batch_size, seed=spec.seed, comm=comm)
+        sampler = NeighbourSampler(shards[rank], spec, comm)
+        out = []
+        for step, seeds in enumerate(loader.epoch(epoch)):
+            if step == batches:
+                break
+            blocks = comm.gather_objects([b.shard for b in sampler.sample(seeds, epoch).blocks])
+            if rank == 0:
+                out.append(tuple(ShardStats.from_shards([blocks[r][k] for r in range(p)])
+                                 for k in range(spec.num_layers)))
+        return out
+
+    measured = run_threads(p, work)[0]
+    if not measured:
+        raise SamplingError(f"no seed nodes in {mask!r}: the sample has no batch to measure")
+    fanouts = None if all(f == -1 for f in spec.fanouts) else spec.fanouts
+    return BlockSample(tuple(measured), batch_size, fanouts)

@@ -1,0 +1,66 @@
+"""Bad minibatch options of ``sarc compile --mode mfg|sampling``: each refused with one line
+naming the option (before the model is compiled; a fanout count that does not fit the
+model, once the model is built), nothing written."""
+from __future__ import annotations
+
+import pytest
+
+from .catalogue import case
+from .harness import ROOT, assert_error, run_sarc
+
+SAGE = ROOT / "models" / "sage.py"
+
+
+def refused(proc, out, *needles: str) -> str:
+    err = assert_error(proc, *needles)
+    assert not out.exists()
+    return err
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cora") / "parts"
+    proc = run_sarc("partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+                    "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@case("cli", "`sarc compile --mode mfg --fanouts 10,25` (mfg takes every in-edge)", "error")
+def test_fanouts_with_mfg(tmp_path):
+    refused(run_sarc("compile", SAGE, "--mode", "mfg", "--fanouts", "10,25", "--out",
+                     tmp_path / "o"), tmp_path / "o", "--fanouts", "--mode sampling")
+
+
+@case("cli", "`sarc compile --mode full --batch-size 64` (a minibatch option, full batch)", "error")
+def test_batch_size_with_full(tmp_path):
+    refused(run_sarc("compile", SAGE, "--batch-size", "64", "--out", tmp_path / "o"),
+            tmp_path / "o", "--batch-size", "--mode mfg or sampling")
+
+
+@case("cli", "`sarc compile --mode sampling --fanouts 10,x` or `--fanouts 10,-2`", "error")
+@pytest.mark.parametrize("fanouts,needle", [("10,x", "one integer per layer"),
+                                            ("10,-2", ">= 0, or -1")])
+def test_bad_fanouts(tmp_path, fanouts, needle):
+    refused(run_sarc("compile", SAGE, "--mode", "sampling", "--fanouts", fanouts, "--out",
+                     tmp_path / "o"), tmp_path / "o", f"--fanouts {fanouts}", needle)
+
+
+@case("cli", "`sarc compile --mode sampling --batch-size 0` or `--batches 0`", "error")
+@pytest.mark.parametrize("option", ["--batch-size", "--batches"])
+def test_batch_counts_below_one(tmp_path, option):
+    refused(run_sarc("compile", SAGE, "--mode", "sampling", option, "0", "--out",
+                     tmp_path / "o"), tmp_path / "o", option, "at least 1")
+
+
+@case("cli", "`sarc compile --mode sampling --partition DIR` without `--fanouts`", "error")
+def test_sampling_partition_without_fanouts(tmp_path, parts):
+    refused(run_sarc("compile", SAGE, "--mode", "sampling", "--partition", parts, "--out",
+                     tmp_path / "o"), tmp_path / "o", "--fanouts")
+
+
+@case("cli", "`sarc compile --mode sampling --fanouts 10` for a two-layer model", "error")
+def test_fanouts_for_another_number_of_layers(tmp_path, parts):
+    refused(run_sarc("compile", SAGE, "--mode", "sampling", "--partition", parts, "--fanouts",
+                     "10", "--out", tmp_path / "o"), tmp_path / "o", "1 fanout (10)",
+            "2 graph layers")
