@@ -52,7 +52,8 @@ class Step:
     ``quick_args`` are the ``--quick`` sizes (None: the step runs in full reports only).
     ``env`` is ``"main"`` (the interpreter running the report) or ``"dgl"`` (``--dgl-python``).
     ``plot(outcome, directory)`` returns ``[(png path, caption)]``; ``table(outcome)``
-    renders markdown tables from the JSON where the script prints none.
+    renders markdown tables from the JSON where the script prints none, and the output
+    from the line starting with ``notes_end`` on (that table as printed) is left out.
     """
 
     key: str
@@ -64,6 +65,7 @@ class Step:
     env: str = "main"
     plot: Callable | None = None
     table: Callable | None = None
+    notes_end: str | None = None
 
 
 @dataclasses.dataclass
@@ -253,11 +255,13 @@ def _plain_ticks():
 
 
 def table_bars(label: str, values: list[str], *, ylabel: str, title: str, log: bool = False,
-               table: int = 0, scale: float = 1.0):
-    """A step's ``plot``: bars of columns ``values`` of its printed table ``table``, per ``label``."""
+               table: int = 0, scale: float = 1.0, require: str | None = None):
+    """A step's ``plot``: bars of columns ``values`` of its printed table ``table``, per
+    ``label``; only the rows whose column ``require`` (if given) is not empty."""
     def plot(outcome: Outcome, directory: Path):
         t = outcome.tables[table]
-        rows = [r for r in t.rows if r and r[t.columns.index(label)]]
+        need = [t.columns.index(c) for c in (label, require) if c]
+        rows = [r for r in t.rows if all(k < len(r) and r[k] for k in need)]
         cats = [r[t.columns.index(label)] for r in rows]
         series = {}
         for v in values:
@@ -401,14 +405,15 @@ STEPS = [
          about="The planner's bytes per layer and training step (which the exchange "
                "counters equal), sar mode, max over workers.",
          plot=table_bars("layer", ["sarc (MiB)", "baseline (MiB)"], ylabel="MiB",
-                         title="bytes per layer and step")),
+                         title="bytes per layer and step (max over workers)",
+                         require="in -> out")),
     Step("distributed_step", "One-part distributed step against the layer on a Graph",
          "benchmarks/distributed_step.py",
          ["--nodes", "100000", "--edges", "1000000", "--repeats", "3", "--json", J],
          [*TINY, "--layers", "gcn,gat", "--repeats", "1", "--json", J],
          about="What the distributed schedule costs over the layer's own kernels when "
                "nothing crosses the network.", plot=plot_distributed_step,
-         table=table_distributed_step),
+         table=table_distributed_step, notes_end="layer "),
     Step("sampling", "Sampling", "benchmarks/sampling.py", [], None,
          about="Mini-batch training on sampled blocks."),
     Step("mfg", "MFG against full batch", "benchmarks/mfg_savings.py",
@@ -474,7 +479,7 @@ def machine_line(m: dict, torches: dict[str, str], when: str) -> str:
     ram = f"{m['ram'] / 2**30:.0f} GiB RAM" if m["ram"] else "RAM unknown"
     envs = ", ".join(f"torch {v} ({k})" for k, v in torches.items())
     return (f"**Machine:** {m['cpu']}, {m['cores']} cores, {ram}; {m['os']}; Python "
-            f"{m['python']}; {envs}; sarc {git_commit()}; {when}")
+            f"{m['python']}; {envs}; sarc {git_commit()}; started {when}")
 
 
 def section(outcome: Outcome, directory: Path, doc_dir: Path) -> str:
@@ -503,8 +508,11 @@ def section(outcome: Outcome, directory: Path, doc_dir: Path) -> str:
         lines += [*t.lines, ""]
     if s.table and outcome.data is not None:
         lines += [s.table(outcome), ""]
-    notes = [ln for ln in outcome.stdout.splitlines()
-             if ln.strip() and not ln.strip().startswith("|")]
+    printed = outcome.stdout.splitlines()
+    if s.notes_end:
+        printed = printed[:next((k for k, ln in enumerate(printed)
+                                 if ln.startswith(s.notes_end)), len(printed))]
+    notes = [ln for ln in printed if ln.strip() and not ln.strip().startswith("|")]
     if notes:
         lines += ["```text", *notes[:30], *(["..."] if len(notes) > 30 else []), "```", ""]
     if s.plot:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,28 @@ def test_unknown_step_is_refused(report, capsys):
     with pytest.raises(SystemExit):
         report.main(["--only", "fusion,nonesuch"])
     assert "unknown step nonesuch" in capsys.readouterr().err
+
+
+def test_a_step_past_its_timeout_is_stopped_with_its_children(report, tmp_path):
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "slow.py").write_text(textwrap.dedent(f'''
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        print("started", flush=True)
+        time.sleep(600)
+    '''))
+    step = report.Step("slow", "Slow section", str(tmp_path / "slow.py"), [], [])
+    outcome = report.run_step(step, quick=True, python={"main": sys.executable}, timeout=3,
+                              workdir=tmp_path)
+    assert outcome.status == "timeout" and outcome.stdout == "started\n"
+    child = int(pid_file.read_text())
+    for _ in range(100):  # the killed child is reaped by init, soon
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the step's child {child} outlived the timeout")
+    assert "**timed out**" in report.section(outcome, tmp_path, tmp_path)
