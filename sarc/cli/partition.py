@@ -161,7 +161,8 @@ def _progress_bar(steps: int):
     if tqdm is None or not sys.stderr.isatty():
         yield None
         return
-    bar = tqdm(total=steps, desc="partition", unit="step", file=sys.stderr, leave=False)
+    bar = tqdm(total=steps, desc="partition", unit="step", file=sys.stderr, leave=False,
+               mininterval=0, miniters=1)  # every stage shown: a few, each seconds long
 
     def advance(stage: str) -> None:
         bar.set_postfix_str(stage, refresh=False)
