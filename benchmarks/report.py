@@ -507,7 +507,10 @@ def section(outcome: Outcome, directory: Path, doc_dir: Path) -> str:
     for t in tables:
         lines += [*t.lines, ""]
     if s.table and outcome.data is not None:
-        lines += [s.table(outcome), ""]
+        try:
+            lines += [s.table(outcome), ""]
+        except Exception as err:  # noqa: BLE001 - JSON of another shape: said, not fatal
+            lines += [f"(No table from its JSON: {type(err).__name__}: {err}.)", ""]
     printed = outcome.stdout.splitlines()
     if s.notes_end:
         printed = printed[:next((k for k, ln in enumerate(printed)
@@ -531,10 +534,14 @@ def gpu_section(path: Path) -> str:
         return "\n".join([*lines, "No GPU run yet (its tables would be read from "
                           f"`{_shown_path(str(path))}`).", ""])
     try:
-        d = json.loads(path.read_text())
-    except ValueError as err:
-        return "\n".join([*lines, f"`{_shown_path(str(path))}` cannot be read: {err}.", ""])
-    lines += [f"From the last GPU run (`{_shown_path(str(path))}`), not from this machine.", ""]
+        return "\n".join([*lines, *_gpu_lines(json.loads(path.read_text()), path)])
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        kind = "no " + str(err) if isinstance(err, KeyError) else str(err)
+        return "\n".join([*lines, f"`{_shown_path(str(path))}` cannot be read: {kind}.", ""])
+
+
+def _gpu_lines(d: dict, path: Path) -> list[str]:
+    lines = [f"From the last GPU run (`{_shown_path(str(path))}`), not from this machine.", ""]
     for key, label in (("machine", "Machine"), ("date", "Date")):
         if d.get(key):
             value = d[key] if isinstance(d[key], str) else json.dumps(d[key])
@@ -550,7 +557,7 @@ def gpu_section(path: Path) -> str:
         lines.append("")
     if d.get("markdown"):
         lines += [d["markdown"].strip(), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_report(outcomes: list[Outcome], out: Path, *, quick: bool, header: str,
@@ -584,18 +591,25 @@ def run_report(steps: list[Step], out: Path, *, quick: bool, python: dict[str, s
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="sarc-bench-") as tmp:
         bar = tqdm(steps, desc="benchmarks", unit="step", file=sys.stderr, disable=None)
-        for k, step in enumerate(bar):
-            bar.set_postfix_str(step.key)
-            o = run_step(step, quick=quick, python=python, timeout=timeout, workdir=Path(tmp))
-            outcomes.append(o)
-            if logs is not None and o.command:
-                logs.mkdir(parents=True, exist_ok=True)
-                (logs / f"{step.key}.log").write_text(
-                    f"$ {o.command}\n# {o.status}, {o.seconds:.1f} s\n\n{o.stdout}\n--- stderr\n"
-                    f"{o.stderr}")
-            tqdm.write(f"[{k + 1}/{len(steps)}] {step.key}: {o.status}"
-                       + (f" ({o.seconds:.0f} s)" if o.command else "")
-                       + (f"; {o.note}" if o.note else ""), file=sys.stderr)
+        try:
+            for k, step in enumerate(bar):
+                bar.set_postfix_str(step.key)
+                o = run_step(step, quick=quick, python=python, timeout=timeout,
+                             workdir=Path(tmp))
+                outcomes.append(o)
+                if logs is not None and o.command:
+                    logs.mkdir(parents=True, exist_ok=True)
+                    (logs / f"{step.key}.log").write_text(
+                        f"$ {o.command}\n# {o.status}, {o.seconds:.1f} s\n\n{o.stdout}\n"
+                        f"--- stderr\n{o.stderr}")
+                tqdm.write(f"[{k + 1}/{len(steps)}] {step.key}: {o.status}"
+                           + (f" ({o.seconds:.0f} s)" if o.command else "")
+                           + (f"; {o.note}" if o.note else ""), file=sys.stderr)
+        except KeyboardInterrupt:  # what ran is written; the rest is said not to have run
+            outcomes += [Outcome(s, "skipped", note="the report was interrupted")
+                         for s in steps[len(outcomes):]]
+            write_report(outcomes, out, quick=quick, header=header, gpu_json=gpu_json)
+            raise
         write_report(outcomes, out, quick=quick, header=header, gpu_json=gpu_json)
     return outcomes
 
@@ -622,11 +636,20 @@ def main(argv=None) -> int:
     out = Path(args.out or (ROOT / ("out/bench-quick" if args.quick else "docs") / "benchmarks.md"))
     out.parent.mkdir(parents=True, exist_ok=True)
     timeout = args.timeout or (300.0 if args.quick else 1200.0)
-    outcomes = run_report(steps, out, quick=args.quick, timeout=timeout,
-                          python={"main": sys.executable, "dgl": args.dgl_python})
+    signal.signal(signal.SIGTERM, _stop)  # as Ctrl-C: the running step's processes are ended
+    try:
+        outcomes = run_report(steps, out, quick=args.quick, timeout=timeout,
+                              python={"main": sys.executable, "dgl": args.dgl_python})
+    except KeyboardInterrupt:
+        print(f"interrupted: wrote {out} with the steps that ran", file=sys.stderr)
+        return 130
     bad = [o.step.key for o in outcomes if o.status in ("failed", "timeout")]
     print(f"wrote {out}" + (f"; failed: {', '.join(bad)}" if bad else ""))
     return 1 if bad else 0
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -156,3 +156,12 @@ def test_a_step_past_its_timeout_is_stopped_with_its_children(report, tmp_path):
     else:
         raise AssertionError(f"the step's child {child} outlived the timeout")
     assert "**timed out**" in report.section(outcome, tmp_path, tmp_path)
+
+
+def test_a_malformed_gpu_file_is_said_not_fatal(report, tmp_path):
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"machine": "H100", "tables": [{"rows": [[1, 2]]}]}))
+    text = report.gpu_section(gpu)
+    assert "cannot be read" in text and "columns" in text
+    gpu.write_text("{not json")
+    assert "cannot be read" in report.gpu_section(gpu)
