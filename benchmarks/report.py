@@ -11,6 +11,8 @@ printed (markdown tables as printed, or rows from its ``--json`` file), PNG plot
 (matplotlib) under ``<out stem>/`` beside the document, and the machine and environment
 it ran in. A script that is missing, fails or runs past the timeout is reported as such
 and the other steps still run; each step's whole output goes to ``out/bench/logs/``.
+Ctrl-C or SIGTERM ends the running step's processes and writes the document with the
+steps that ran.
 
 The GPU section is not run here: it shows the tables of the last GPU run, committed as
 ``docs/benchmarks/gpu.json``: ``{"machine": ..., "date": ..., "command": ...,
@@ -47,7 +49,7 @@ JSON_PLACEHOLDER = "{json}"
 
 @dataclasses.dataclass
 class Step:
-    """One benchmark run: ``script`` (relative to the repository) with ``args``.
+    """One benchmark run: ``script`` (relative to the repository, or absolute) with ``args``.
 
     ``quick_args`` are the ``--quick`` sizes (None: the step runs in full reports only).
     ``env`` is ``"main"`` (the interpreter running the report) or ``"dgl"`` (``--dgl-python``).
