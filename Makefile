@@ -1,13 +1,15 @@
 # sarc's environments, tests and the default job.
 #   make run    set up .venv, compile models/gcn.py and train it on the embedded Cora
 #   make test   set up both environments and run the suite in each
+#   make bench  run the benchmarks that fit this machine (~30-40 min on 2 cores) and write
+#               docs/benchmarks.md; make bench-quick: tiny sizes, out/bench-quick/benchmarks.md
 # Environments are reused: they are rebuilt only when their requirements change.
 
 PYTHON ?= python3
 VENV := .venv
 VENV_DGL := .venv-dgl
 
-.PHONY: run test test-main test-dgl envs clean-envs
+.PHONY: run test test-main test-dgl envs clean-envs bench bench-quick
 
 $(VENV)/.stamp: requirements/main.txt pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +37,13 @@ test-dgl: $(VENV_DGL)/.stamp
 	SARC_REQUIRE_DGL=1 $(VENV_DGL)/bin/python -m pytest -q tests
 
 test: test-main test-dgl
+
+# The DGL environment's steps run where it exists (make envs) and are skipped otherwise.
+bench: $(VENV)/.stamp
+	$(VENV)/bin/python benchmarks/report.py --dgl-python $(VENV_DGL)/bin/python
+
+bench-quick: $(VENV)/.stamp
+	$(VENV)/bin/python benchmarks/report.py --quick --dgl-python $(VENV_DGL)/bin/python
 
 clean-envs:
 	rm -rf $(VENV) $(VENV_DGL)

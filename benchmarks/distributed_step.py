@@ -11,6 +11,7 @@ one warm-up step.
 
     python benchmarks/distributed_step.py [--nodes 100000] [--edges 2000000]
         [--features 64] [--layers gcn,sage,gat,max] [--backends torch,triton] [--repeats 5]
+        [--json PATH]
 
 The Triton rows need a GPU: without CUDA they are left out and the output says so.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import sys
@@ -65,6 +67,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", default="gcn,sage,gat,max")
     p.add_argument("--backends", default="torch,triton")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", help="write the measurements (seconds) to this file")
     args = p.parse_args(argv)
 
     import torch.distributed as dist
@@ -124,6 +127,12 @@ def main(argv=None) -> None:
     for name, backend, tg, td, fb in rows:
         print(f"{name:<6} {backend:<8} {tg * 1e3:>10.1f} {td * 1e3:>15.1f} {td / tg:>7.2f} "
               f"{fb:>10}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "device": str(device), "torch": torch.__version__,
+            "rows": [{"layer": name, "backend": backend, "graph_s": tg, "dist_s": td,
+                      "ratio": td / tg, "fallbacks": fb} for name, backend, tg, td, fb in rows]},
+            indent=1))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ not apply (``--parts``, if given, must match).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 
 from ..partition.graph_file import load_npz_graph
@@ -84,9 +86,10 @@ def partition_command(args) -> int:
                      "val_mask": ds.val_mask, "test_mask": ds.test_mask}
         edge_data = {"etype": ds.etype} if ds.etype is not None else {}
     method, seed = args.method or "metis", args.seed or 0
-    pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
-                           node_data=node_data, edge_data=edge_data, seed=seed,
-                           overwrite=args.overwrite)
+    with _progress_bar(3 + args.parts) as progress:
+        pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
+                               node_data=node_data, edge_data=edge_data, seed=seed,
+                               overwrite=args.overwrite, progress=progress)
     print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
           f"({method}, seed {seed})")
     _print_result(pset, node_data, edge_data)
@@ -145,6 +148,29 @@ def _check_options(args) -> None:
         raise UsageError(f"{', '.join(dgl_only)} only apply with --from-dgl")
     if args.no_pyg_extras and not args.from_pyg:
         raise UsageError("--no-pyg-extras only applies with --from-pyg")
+
+
+@contextlib.contextmanager
+def _progress_bar(steps: int):
+    """A callback advancing a bar of ``steps`` on stderr when stderr is a terminal; None
+    otherwise (pipes, logs, tests), and where tqdm is not installed: stdout stays the result."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is None or not sys.stderr.isatty():
+        yield None
+        return
+    bar = tqdm(total=steps, desc="partition", unit="step", file=sys.stderr, leave=False,
+               mininterval=0, miniters=1)  # every stage shown: a few, each seconds long
+
+    def advance(stage: str) -> None:
+        bar.set_postfix_str(stage, refresh=False)
+        bar.update()
+    try:
+        yield advance
+    finally:
+        bar.close()
 
 
 def _print_result(pset, node_data, edge_data) -> None:

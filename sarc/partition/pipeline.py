@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -23,14 +23,19 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
                     node_data: Mapping[str, torch.Tensor] | None = None,
                     edge_data: Mapping[str, torch.Tensor] | None = None,
                     balance: Sequence[str] = BALANCE_MASKS, seed: int = 0,
-                    overwrite: bool = False) -> PartitionSet:
+                    overwrite: bool = False,
+                    progress: Callable[[str], None] | None = None) -> PartitionSet:
     """Partition the graph (edges ``src[i] -> dst[i]``) into ``num_parts`` and write it to ``out``.
 
     ``node_data`` (``[N, ...]`` each) and ``edge_data`` (``[E, ...]``) are in
     the original order and travel with the nodes and edges. ``balance`` names
     the bool node masks in ``node_data`` to balance across parts (those
-    present). Returns the written set, as ``load_partitions(out)`` would.
+    present). ``progress``, where given, is called as each stage ends (the
+    assignment, the relabeling, the statistics, then each part written: 3 +
+    ``num_parts`` calls) with the stage's name. Returns the written set, as
+    ``load_partitions(out)`` would.
     """
+    done = progress or (lambda stage: None)
     check_target(Path(out), overwrite, SET_KIND)  # before the work, not only after it
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioning method {method!r}; available: "
@@ -43,13 +48,23 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     _check_rows(edge_data, src.numel(), "edge")
 
     part = PARTITIONERS[method](src, dst, num_nodes, num_parts, masks=masks, seed=seed)
+    done(f"assign ({method})")
     relabeling = relabel(part, num_parts)
+    done("relabel")
     stats = partition_stats(src, dst, relabeling, masks)
-    parts = cut_parts(src, dst, relabeling, node_data, edge_data)
+    done("statistics")
+    parts = _each_reported(cut_parts(src, dst, relabeling, node_data, edge_data), done)
     return write_partitions(out, parts, relabeling=relabeling,
                             fingerprint=graph_fingerprint(src, dst, num_nodes),
                             num_edges=src.numel(), stats=stats, method=method, seed=seed,
                             overwrite=overwrite)
+
+
+def _each_reported(parts: Iterable, done: Callable[[str], None]) -> Iterator:
+    """``parts``, calling ``done`` once the consumer asks past each (it has written it)."""
+    for p, part in enumerate(parts):
+        yield part
+        done(f"part {p}")
 
 
 def _check_rows(data: Mapping[str, torch.Tensor], rows: int, what: str) -> None:
