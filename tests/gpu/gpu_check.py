@@ -24,11 +24,28 @@ def _skip_reason() -> str | None:
     if not torch.cuda.is_available():
         return ("no CUDA GPU here (torch.cuda.is_available() is False): the GPU tests run "
                 "on a machine with one (scripts/gpu_session.sh)")
+    import os
+
     from sarc.backends import triton_backend
+    saved = os.environ.pop("TRITON_INTERPRET", None)  # Triton decorates its library on import
     try:
         triton_backend.check_triton()
     except triton_backend.TritonUnavailable as e:
         return str(e)
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    return interpreted_library()
+
+
+def interpreted_library() -> str | None:
+    """Why compiled kernels cannot work in this process: Triton was imported under
+    ``TRITON_INTERPRET=1`` (its own ``@triton.jit`` library functions are then the
+    interpreter's), e.g. by a whole-suite run that collected tests/backends/triton first."""
+    import triton.language.standard as standard
+    if any(type(v).__name__ == "InterpretedFunction" for v in vars(standard).values()):
+        return ("Triton was imported under TRITON_INTERPRET=1 in this process (a run that "
+                "collected tests/backends/triton first): run `pytest -m gpu tests/gpu` on its own")
     return None
 
 
