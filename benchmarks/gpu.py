@@ -28,7 +28,6 @@ On a machine without a CUDA GPU it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import re

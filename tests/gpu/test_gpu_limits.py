@@ -15,6 +15,9 @@ import sarc
 pytestmark = [pytest.mark.gpu, needs_gpu]
 
 CUDA_OTHER_AXES = 65535
+TYPED_PRODUCT_RTOL = 1e-3
+"""The weight gradient sums 8M products per relation (~1e-4 of float32 rounding in either
+order); a row block launched wrong, or a 32-bit offset that wraps, is off by O(1)."""
 MODELS = ["gcn", "sage", "gat_4heads_concat", "gin", "rgcn"]
 HUB = 100_000
 """In-edges of the hub node."""
@@ -52,7 +55,7 @@ def test_rgcn_typed_product_over_65535_row_blocks_of_one_relation():
             assert m.grid(groups, 8, c.kwargs)[0] > CUDA_OTHER_AXES
     feats = {"h": torch.randn(n, feats, generator=gen), "etype": etype,
              "norm": torch.rand(e, generator=gen) + 0.1}
-    compare(layer, g, on_gpu(feats), rtol=LONG_SUM_RTOL)
+    compare(layer, g, on_gpu(feats), rtol=TYPED_PRODUCT_RTOL)
 
 
 def _hub_graph(hub: int, seed: int = 0) -> sarc.Graph:
