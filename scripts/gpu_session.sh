@@ -7,18 +7,18 @@
 #
 # Installs nothing: it runs on the machine's python (PYTHON=...) with torch, triton and,
 # where present, torch_geometric and dgl. Every step runs under a timeout, its log and exit
-# code go to $OUT (default ./gpu-out), and a failed step does not stop the next.
+# code go to $OUT (default out/gpu, ignored by git), and a failed step does not stop the next.
 #   $OUT/env.txt        device, driver and package versions
 #   $OUT/tests.log      pytest -m gpu tests/gpu; $OUT/gpu-tests.xml (junit) when it finishes
 #   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
 #   $OUT/summary.txt    one line per step: name, exit code, seconds
-# Timeouts (seconds): TESTS_TIMEOUT, BENCH_TIMEOUT; BENCH_SIZES, BENCH_REPEAT override
-# the benchmark's sizes and repeats.
+# Timeouts (seconds): TESTS_TIMEOUT, BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
+# tests/gpu/test_gpu_precision.py alone), BENCH_SIZES, BENCH_REPEAT override what runs.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
-OUT="${OUT:-$ROOT/gpu-out}"
+OUT="${OUT:-$ROOT/out/gpu}"
 mkdir -p "$OUT"
 PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,6 +34,7 @@ else
     TESTS_TIMEOUT="${TESTS_TIMEOUT:-560}"
     BENCH_TIMEOUT="${BENCH_TIMEOUT:-560}"
 fi
+TESTS_PATHS="${TESTS_PATHS:-tests/gpu}"
 BENCH_SIZES="${BENCH_SIZES:-100k/2M,1M/40M,233k/114M}"
 BENCH_REPEAT="${BENCH_REPEAT:-3}"
 
@@ -85,7 +86,7 @@ for step in "${STEPS[@]}"; do
             run_step env 120 "$OUT/env.txt" env_info ;;
         tests)
             run_step tests "$TESTS_TIMEOUT" "$OUT/tests.log" \
-                "$PYTHON" -m pytest -m gpu tests/gpu -v -rfEs --durations=25 \
+                "$PYTHON" -m pytest -m gpu $TESTS_PATHS -v -rfEs --durations=25 \
                 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ;;
         bench)
             # the benchmark stops starting cells 60 s before its timeout, and prints its tables
