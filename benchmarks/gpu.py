@@ -714,6 +714,8 @@ def run(args, device: torch.device, device_name: str) -> Report:
             report.save()
             continue
         bench_size(b, report, args, device, out_of_time)
+        print(f"\n{label}:\n\n" + md_table(*layer_rows([c for c in report.cells if c.size == label],
+                                                         report.kernels, report.peak)), flush=True)
         if not epoch_done and (nodes, edges) == tuple(args.epoch_size):
             run_epoch(b, report, args, device, out_of_time)
             epoch_done = True
