@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU plan of sarc's Triton backend: the GPU tests, then the GPU benchmark.
+#
+#   bash scripts/gpu_session.sh              # env + tests + bench, in about 9.5 minutes
+#   bash scripts/gpu_session.sh tests        # one step, with up to 9.5 minutes of its own
+#   bash scripts/gpu_session.sh bench
+#
+# Installs nothing: it runs on the machine's python (PYTHON=...) with torch, triton and,
+# where present, torch_geometric and dgl. Every step runs under a timeout, its log and exit
+# code go to $OUT (default out/gpu, ignored by git), and a failed step does not stop the next.
+#   $OUT/env.txt        device, driver and package versions
+#   $OUT/tests.log      pytest -m gpu tests/gpu; $OUT/gpu-tests.xml (junit) when it finishes
+#   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
+#   $OUT/summary.txt    one line per step: name, exit code, seconds
+# Timeouts (seconds): TESTS_TIMEOUT, BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
+# tests/gpu/test_gpu_precision.py alone), BENCH_SIZES, BENCH_REPEAT override what runs.
+set -u
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+OUT="${OUT:-$ROOT/out/gpu}"
+mkdir -p "$OUT"
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET   # compiled kernels: the interpreter is for CPU-only machines
+
+STEPS=("$@")
+if [ ${#STEPS[@]} -eq 0 ] || [ "${STEPS[0]}" = all ]; then
+    STEPS=(env tests bench)
+    # one call of at most 10 minutes: the two long steps share it
+    TESTS_TIMEOUT="${TESTS_TIMEOUT:-250}"
+    BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
+else
+    TESTS_TIMEOUT="${TESTS_TIMEOUT:-560}"
+    BENCH_TIMEOUT="${BENCH_TIMEOUT:-560}"
+fi
+TESTS_PATHS="${TESTS_PATHS:-tests/gpu}"
+BENCH_SIZES="${BENCH_SIZES:-100k/2M,1M/40M,233k/114M}"
+BENCH_REPEAT="${BENCH_REPEAT:-3}"
+
+: > "$OUT/summary.txt"
+FAILED=0
+
+# run_step NAME TIMEOUT LOG COMMAND...: the command under a timeout, tee'd to LOG
+# (a shell function runs without one: timeout runs programs only)
+run_step() {
+    local name="$1" limit="$2" log="$3"
+    shift 3
+    local start rc
+    start=$(date +%s)
+    echo "== $name (timeout ${limit}s): $*" | tee "$log"
+    if command -v timeout > /dev/null && ! declare -F "$1" > /dev/null; then
+        timeout -k 15 "$limit" "$@" 2>&1 | tee -a "$log"
+    else
+        "$@" 2>&1 | tee -a "$log"
+    fi
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && echo "== $name: stopped after ${limit}s" | tee -a "$log"
+    echo "$name rc=$rc seconds=$(( $(date +%s) - start ))" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || FAILED=1
+    return 0
+}
+
+env_info() {
+    date -u
+    nvidia-smi || echo "nvidia-smi: not available"
+    "$PYTHON" - <<'EOF'
+import importlib
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
+for m in ("triton", "torch_geometric", "torch_sparse", "pyg_lib", "dgl", "sympy", "jinja2", "pytest"):
+    try:
+        print(m, importlib.import_module(m).__version__)
+    except Exception as e:  # noqa: BLE001
+        print(m, "not importable:", type(e).__name__, e)
+import torch.distributed as dist
+print("nccl", dist.is_available() and dist.is_nccl_available())
+EOF
+}
+
+for step in "${STEPS[@]}"; do
+    case "$step" in
+        env)
+            run_step env 120 "$OUT/env.txt" env_info ;;
+        tests)
+            run_step tests "$TESTS_TIMEOUT" "$OUT/tests.log" \
+                "$PYTHON" -m pytest -m gpu $TESTS_PATHS -v -rfEs --durations=25 \
+                -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ;;
+        bench)
+            # the benchmark stops starting cells 60 s before its timeout, and prints its tables
+            run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
+                "$PYTHON" benchmarks/gpu.py --sizes "$BENCH_SIZES" --repeat "$BENCH_REPEAT" \
+                --budget-s $(( BENCH_TIMEOUT > 120 ? BENCH_TIMEOUT - 60 : BENCH_TIMEOUT / 2 )) \
+                --json "$OUT/gpu.json" ;;
+        *)
+            echo "unknown step '$step' (steps: env, tests, bench, all)" | tee -a "$OUT/summary.txt"
+            FAILED=1 ;;
+    esac
+done
+
+echo "== summary ($OUT/summary.txt)"
+cat "$OUT/summary.txt"
+exit "$FAILED"

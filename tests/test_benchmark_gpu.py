@@ -1,0 +1,159 @@
+"""benchmarks/gpu.py on the CPU: its options, its tables, its exit without a GPU, and one
+dry run of every cell on a tiny graph (Triton's interpreter for the Triton column, wall
+time for CUDA events) that checks the bytes it divides by are the cost model's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "No CUDA GPU on this machine" in proc.stdout
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text,want", [("100k/2M", (100_000, 2_000_000)),
+                                       ("233k/114M", (233_000, 114_000_000)),
+                                       ("1.5k/20000", (1_500, 20_000)),
+                                       ("1G/3g", (10**9, 3 * 10**9))])
+def test_sizes_parse(text, want):
+    assert gpu.parse_size(text) == want
+    assert gpu.parse_size(gpu.size_label(*want)) == want
+
+
+def test_size_list_and_labels():
+    args = gpu.parse_args(["--sizes", "100k/2M, 1M/40M", "--layers", "GAT,RGCN"])
+    assert args.sizes == [(100_000, 2_000_000), (1_000_000, 40_000_000)]
+    assert [gpu.size_label(*s) for s in args.sizes] == ["100k/2M", "1M/40M"]
+    assert args.layers == ["GAT", "RGCN"]
+    assert gpu.parse_args([]).epoch_size == (233_000, 114_000_000)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sizes", "100k"], "is not NODES/EDGES"),
+    (["--sizes", "100q/2M"], "is not a count"),
+    (["--layers", "GCN,GIN"], "unknown GIN"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+])
+def test_bad_options_are_errors_that_name_them(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_markdown_table():
+    assert gpu.md_table(["a", "long b"], [[1, "x"], ["wide cell", ""]]) == (
+        "| a         | long b |\n"
+        "| --------- | ------ |\n"
+        "| 1         | x      |\n"
+        "| wide cell |        |")
+
+
+def test_peak_bandwidth_by_device_name():
+    assert gpu.peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert gpu.peak_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert gpu.peak_bandwidth("NVIDIA H200") == 4.8e12
+    assert gpu.peak_bandwidth("Some Future GPU") is None
+
+
+def test_layer_table_goals():
+    """Triton's time over the best peer that ran (an OOM peer is no peer); each fused
+    kernel's bandwidth and share of the peak, blank without a known peak."""
+    cells = [gpu.Cell("1M/40M", "GCN", "sarc triton", "ok", 10.0, 512.0),
+             gpu.Cell("1M/40M", "GCN", "sarc torch", "ok", 30.0, 2048.0),
+             gpu.Cell("1M/40M", "GCN", "PyG", "ok", 20.0, 1024.0, path="CSR"),
+             gpu.Cell("1M/40M", "GCN", "DGL", "OOM"),
+             gpu.Cell("1M/40M", "GAT", "sarc triton", "error", note="boom"),
+             gpu.Cell("1M/40M", "GAT", "PyG", "ok", 5.0, 1.0),
+             gpu.Cell("1M/40M", "GAT", "DGL", "n/a")]
+    kernels = [gpu.KernelBandwidth("1M/40M", "GCN", "%9 aggregate", 1_000_000_000, 1.0, "op")]
+    head, rows = gpu.layer_rows(cells, kernels, 3.35e12)
+    assert head == ["size", "layer", "sarc triton", "sarc torch", "PyG", "DGL",
+                    "triton / best peer", "fused kernels: bandwidth (of peak)"]
+    assert rows[0] == ["1M/40M", "GCN", "10.00 ms, 512 MiB", "30.00 ms, 2048 MiB",
+                       "20.00 ms, 1024 MiB (CSR)", "OOM", "0.50x", "%9 aggregate 1000 GB/s (30%)"]
+    assert rows[1] == ["1M/40M", "GAT", "error", "", "5.00 ms, 1 MiB", "n/a", "", ""]
+    _, rows = gpu.layer_rows(cells, kernels, None)
+    assert rows[0][-1] == "%9 aggregate 1000 GB/s"
+    _, krows = gpu.kernel_rows(kernels, None)
+    assert krows == [["1M/40M", "GCN", "%9 aggregate", "953.7 MiB", "1.000 ms", "1000 GB/s", "",
+                      "events around the op"]]
+
+
+DRY_RUN = """
+import sys, torch
+sys.path.insert(0, "benchmarks")
+import gpu
+args = gpu.parse_args(sys.argv[1:])
+gpu.run(args, torch.device("cpu"), "cpu")
+"""
+
+
+def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
+    """Each layer in every implementation that imports, the per-op bandwidth rows, the
+    epoch and the JSON, on a 40-node graph; the bytes are ``fused_traffic`` at its size.
+    A process of its own: Triton's interpreter must be on before Triton is imported."""
+    from sarc.backends import triton_backend
+    try:
+        triton_backend.check_triton()
+        has_triton = True
+    except triton_backend.TritonUnavailable:
+        has_triton = False
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", DRY_RUN, "--sizes", "40/160", "--layers", "GCN,RGCN",
+         "--feats", "8", "--rels", "3", "--repeat", "1", "--warmup", "0",
+         "--epoch-size", "40/160", "--epoch-feats", "6", "--epoch-classes", "3",
+         "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = json.loads(out.read_text())
+    cells = {(c["layer"], c["impl"]): c for c in saved["cells"]}
+    assert sorted({c["layer"] for c in saved["cells"]}) == ["GCN", "RGCN"]
+    pyg_ok = gpu.importable("torch_geometric") is None
+    for layer in ("GCN", "RGCN"):
+        assert cells[layer, "sarc torch"]["status"] == "ok" and cells[layer, "sarc torch"]["time_ms"] > 0
+        assert cells[layer, "sarc triton"]["status"] == ("ok" if has_triton else "error")
+        assert cells[layer, "PyG"]["status"] == ("ok" if pyg_ok else "n/a")
+        assert cells[layer, "DGL"]["status"] == ("ok" if gpu.importable("dgl") is None else "n/a")
+    if pyg_ok:
+        assert cells["GCN", "PyG"]["path"] in ("SparseTensor", "CSR")
+    assert [(c["impl"], c["status"]) for c in saved["epoch"]] == [
+        ("sarc triton", "ok" if has_triton else "error"), ("sarc torch", "ok")]
+
+    if has_triton:
+        from gcn import GCNLayer
+        from rgcn import RGCNLayer
+
+        from sarc.compiler import optimize
+        from sarc.ir.types import E, N_DST, N_SRC
+        from sarc.planner.cost import fused_traffic
+        want = set()
+        for name, layer in (("GCN", GCNLayer(8, 8)), ("RGCN", RGCNLayer(8, 8, 3))):
+            for t in fused_traffic(optimize(layer.trace())):
+                want.add((name, int(t.fused.subs({N_SRC: 40, N_DST: 40, E: 160}))))
+        got = {(k["layer"], k["predicted_bytes"]) for k in saved["kernels"]}
+        assert got == want
+        assert all(k["scope"] == "op" and k["time_ms"] > 0 for k in saved["kernels"])
+    else:
+        assert saved["kernels"] == []
+    assert saved["device"] == "cpu" and saved["peak_bandwidth_bytes_per_s"] is None
+    assert saved["tables"]["layers"].splitlines()[0].split("|")[1:3] == [" size   ", " layer "]
+    assert "epoch" in saved["tables"]
