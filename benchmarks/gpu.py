@@ -591,7 +591,13 @@ class Report:
                              "fraction_of_peak": (k.gbps() * 1e9 / self.peak if self.peak else None)}
                             for k in self.kernels],
                 "epoch": [asdict(c) for c in self.epoch],
-                "notes": self.notes, "tables": self.tables()}
+                "notes": self.notes, "tables": self.tables(),
+                # what benchmarks/report.py reads from docs/benchmarks/gpu.json
+                "machine": f"{self.device_name}, torch {torch.__version__}, "
+                           f"triton {_version('triton')}",
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "command": "python " + " ".join(sys.argv),
+                "markdown": "\n\n".join(f"### {k}\n\n{v}" for k, v in self.tables().items())}
 
     def save(self) -> None:
         if self.args.json is not None:

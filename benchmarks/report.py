@@ -550,7 +550,7 @@ def _gpu_lines(d: dict, path: Path) -> list[str]:
             lines += [f"**{label}:** {value}", ""]
     if d.get("command"):
         lines += ["```sh", str(d["command"]), "```", ""]
-    for t in d.get("tables", []):
+    for t in (d.get("tables") if isinstance(d.get("tables"), list) else []):
         if t.get("title"):
             lines += [f"### {t['title']}", ""]
         lines += ["| " + " | ".join(map(str, t["columns"])) + " |",

@@ -83,7 +83,7 @@ def test_quick_report_with_a_failing_and_a_missing_step(report, tmp_path):
     # The stub's section: its table as printed, its exact command (quick sizes), a plot.
     stub = doc.split("## Stub section")[1].split("\n## ")[0]
     assert "| name | seconds |\n|---|---|\n| small | 1.50 s |\n| large | 6.00 s |" in stub
-    assert f"{sys.executable} {tmp_path / 'stub.py'} --size 3 --json PATH.json" in stub
+    assert f"{report._shown_path(sys.executable)} {tmp_path / 'stub.py'} --size 3 --json PATH.json" in stub
     assert "stub graph: 3 nodes" in stub
     png = out.parent / "benchmarks" / "stub.png"
     assert "![stub times](benchmarks/stub.png)" in stub
