@@ -472,8 +472,11 @@ class TracedConv(PyGLayer):
                 cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
             raise _refuse(conv, "message_and_aggregate without message",
                           "sarc traces message, then aggregates with aggr")
-        for hook in ("aggregate", "propagate"):
-            if getattr(cls, hook) is not getattr(MessagePassing, hook):
+        # PyG replaces a class's propagate by generated code and keeps the original.
+        hooks = {"aggregate": cls.aggregate,
+                 "propagate": getattr(cls, "_orig_propagate", cls.propagate)}
+        for hook, fn in hooks.items():
+            if fn is not getattr(MessagePassing, hook):
                 raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
         params = inspect.signature(conv.forward).parameters
         self._takes_edge_attr = "edge_attr" in params
