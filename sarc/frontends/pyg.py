@@ -34,7 +34,7 @@ from torch import nn
 
 from .. import dsl
 from ..dsl import INDEX, Layer
-from ..errors import SarcError
+from ..errors import DSLError, SarcError
 from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
@@ -84,6 +84,13 @@ class PyGLayer(Layer):
             raise _refuse(self.conv, f"an {self.edge_input or 'edge_attr'} argument",
                           "this conv takes x and edge_index only")
         return PyGInputs(edge_index, num_nodes)
+
+    def trace(self):
+        """The layer's IR; a DSL error while tracing the conv's code names the conv's class."""
+        try:
+            return super().trace()
+        except DSLError as e:
+            raise DSLError(f"{type(self.conv).__name__}: {e.problem}", e.loc) from None
 
     def run(self, x, edge_index, edge_attr=None):
         """``conv(x, edge_index[, edge_attr])``, computed by the sarc layer."""
