@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -540,9 +541,10 @@ class TracedConv(PyGLayer):
         except (_Stop, SarcError):
             raise
         except Exception as e:
-            raise ConversionError(f"{cls}.forward cannot be traced: {type(e).__name__}: {e} (sarc "
-                                  f"traces a forward that computes on x and passes it, with "
-                                  f"edge_index unchanged, to self.propagate)") from e
+            raise ConversionError(f"{cls}.forward cannot be traced{_where(conv, e)}: "
+                                  f"{type(e).__name__}{': ' if str(e) else ''}{e} (sarc traces "
+                                  f"a forward that computes on x and passes it, with edge_index "
+                                  f"unchanged, to self.propagate)") from e
         finally:
             del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
         if not calls:
@@ -597,6 +599,19 @@ class TracedConv(PyGLayer):
             return conv.update(agg.agg, **extra)
 
         return self._forward(dst.x, ea, finish)
+
+
+def _where(conv, error: Exception) -> str:
+    """`` at FILE:LINE (`code`)``: the conv's own line that the error came through."""
+    try:
+        file = inspect.getsourcefile(type(conv).forward)
+    except TypeError:
+        return ""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == file]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno} ({(f.line or '').strip()})"
 
 
 def _end(conv, value, end: int, name: str):
