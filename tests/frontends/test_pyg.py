@@ -259,13 +259,17 @@ def readme_block(title: str) -> str:
 
 
 def test_readme_pyg_script_runs_as_shown():
+    from torch_geometric.data import Data
     code = readme_block("For PyG users")
     assert code == (ROOT / "examples" / "pyg_user.py").read_text().split("\n\n", 1)[1], \
         "README's 'For PyG users' script and examples/pyg_user.py differ"
     env = {"__name__": "pyg_user"}
     exec(compile(code, "README.md", "exec"), env)
-    losses = env["train"](epochs=5)
+    data = Data(x=torch.randn(N, D_IN), edge_index=graph(), y=torch.randint(0, 3, (N,)))
+    losses = env["train"](data, epochs=5)
     assert len(losses) == 5 and losses[-1] < losses[0]
+    model = env["Net"](D_IN, 8, 3)
+    assert all(type(m).__name__ == "PyGConv" for m in (model.conv1, model.conv2))
 
 
 # --- two workers ------------------------------------------------------------------------------
