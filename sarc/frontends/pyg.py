@@ -169,11 +169,6 @@ def _require(conv, ok: bool, construct: str, why: str = "") -> None:
         raise _refuse(conv, construct, why)
 
 
-def _no_edge_dim(conv) -> None:
-    _require(conv, getattr(conv, "edge_dim", None) is None, f"edge_dim={conv.edge_dim}",
-             "edge features in the attention")
-
-
 def _ones(edge_index: torch.Tensor) -> torch.Tensor:
     return torch.ones(edge_index.size(1), device=edge_index.device)
 
@@ -226,17 +221,18 @@ class SAGEConvLayer(PyGLayer):
 
 class GATConvLayer(PyGLayer):
     """GATConv: self loops as PyG's forward makes them (``remove_self_loops`` then
-    ``add_self_loops``), attention ``softmax(leaky_relu(a_s.z_u + a_d.z_v))``."""
+    ``add_self_loops``, edge features of the new loops by ``fill_value``), attention
+    ``softmax(leaky_relu(a_s.z_u + a_d.z_v [+ a_e.W_e e_uv]))``."""
+
+    edge_input = "edge_attr"
 
     def __init__(self, conv):
-        _no_edge_dim(conv)
         _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
-        super().__init__(conv, _in_channels(conv))
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
 
     def prepare(self, edge_index, num_nodes, edge_attr=None):
-        if edge_attr is not None:
-            raise _refuse(self.conv, "an edge_attr argument", "edge_dim is None")
-        return PyGInputs(_self_loops(self.conv, edge_index, num_nodes), num_nodes)
+        edge_index, edge_attr = _self_loops(self.conv, edge_index, edge_attr, num_nodes)
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
 
     def _project(self, x, side: str):
         c = self.conv
@@ -247,6 +243,8 @@ class GATConvLayer(PyGLayer):
         c = self.conv
         z_u, z_v = self._project(src.x, "src"), self._project(dst.x, "dst")
         score = (z_u * c.att_src).sum(-1) + (z_v * c.att_dst).sum(-1)
+        if c.edge_dim is not None:
+            score = score + (_edge_heads(c, edge.edge_attr) * c.att_edge).sum(-1)
         return {"z": z_u, "score": leaky_relu(score, c.negative_slope)}
 
     def reduce(self, msg):
@@ -258,24 +256,46 @@ class GATConvLayer(PyGLayer):
 
 
 class GATv2ConvLayer(GATConvLayer):
-    """GATv2Conv: attention ``softmax(a . leaky_relu(W_l x_u + W_r x_v))``."""
+    """GATv2Conv: attention ``softmax(a . leaky_relu(W_l x_u + W_r x_v [+ W_e e_uv]))``."""
 
     def message(self, src, dst, edge):
         c = self.conv
         x_l = c.lin_l(src.x).view(-1, c.heads, c.out_channels)
         lin_r = c.lin_l if c.share_weights else c.lin_r
-        x_r = lin_r(dst.x).view(-1, c.heads, c.out_channels)
-        score = (leaky_relu(x_r + x_l, c.negative_slope) * c.att).sum(-1)
+        x = lin_r(dst.x).view(-1, c.heads, c.out_channels) + x_l
+        if c.edge_dim is not None:
+            x = x + _edge_heads(c, edge.edge_attr)
+        score = (leaky_relu(x, c.negative_slope) * c.att).sum(-1)
         return {"z": x_l, "score": score}
 
 
-def _self_loops(conv, edge_index, num_nodes):
+def _edge_attr(conv) -> dict | None:
+    """The edge feature of a conv with ``edge_dim``: ``edge_attr`` [E, edge_dim]."""
+    return None if conv.edge_dim is None else {"edge_attr": conv.edge_dim}
+
+
+def _edge_inputs(conv, edge_index, edge_attr) -> dict:
+    """``edge_attr`` as [E, edge_dim]; without one, zeros, which the attention's edge term
+    (``lin_edge`` has no bias) turns into the 0 PyG adds when it skips the term."""
+    if conv.edge_dim is None:
+        if edge_attr is not None:
+            raise _refuse(conv, "an edge_attr argument", "edge_dim is None, so PyG ignores it")
+        return {}
+    if edge_attr is None:
+        return {"edge_attr": torch.zeros(edge_index.size(1), conv.edge_dim)}
+    return {"edge_attr": edge_attr.reshape(edge_attr.size(0), -1)}
+
+
+def _edge_heads(conv, edge_attr):
+    return conv.lin_edge(edge_attr).view(-1, conv.heads, conv.out_channels)
+
+
+def _self_loops(conv, edge_index, edge_attr, num_nodes):
     if not conv.add_self_loops:
-        return edge_index
+        return edge_index, edge_attr
     from torch_geometric.utils import add_self_loops, remove_self_loops
-    edge_index, _ = remove_self_loops(edge_index)
-    edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
-    return edge_index
+    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+    return add_self_loops(edge_index, edge_attr, fill_value=conv.fill_value, num_nodes=num_nodes)
 
 
 def _heads_out(conv, out, x_dst, res):
@@ -387,16 +407,30 @@ class RGCNConvLayer(PyGLayer):
 
 
 class ResGatedGraphConvLayer(PyGLayer):
-    """ResGatedGraphConv: ``sum_u act(W_k x_v + W_q x_u) * W_v x_u + W_s x_v + b``."""
+    """ResGatedGraphConv: ``sum_u act(k_v + q_u) * v_u + W_s x_v + b``, the keys, queries
+    and values ``W x`` (with ``edge_dim``: ``W [x, e_uv]`` per edge)."""
+
+    edge_input = "edge_attr"
 
     def __init__(self, conv):
-        _no_edge_dim(conv)
         _aggr_name(conv)
-        super().__init__(conv, _in_channels(conv))
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if self.conv.edge_dim is not None and edge_attr is None:
+            raise ConversionError("ResGatedGraphConv: edge_attr is required (edge_dim is set)")
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
 
     def message(self, src, dst, edge):
         c = self.conv
-        return c.act(c.lin_key(dst.x) + c.lin_query(src.x)) * c.lin_value(src.x)
+        if c.edge_dim is None:
+            k, q, v = c.lin_key(dst.x), c.lin_query(src.x), c.lin_value(src.x)
+        else:
+            e = edge.edge_attr
+            k = c.lin_key(torch.cat([dst.x, e], dim=-1))
+            q = c.lin_query(torch.cat([src.x, e], dim=-1))
+            v = c.lin_value(torch.cat([src.x, e], dim=-1))
+        return c.act(k + q) * v
 
     def update(self, dst, agg):
         c = self.conv
@@ -408,19 +442,28 @@ class TransformerConvLayer(PyGLayer):
     """TransformerConv (beta=False): ``sum_u softmax_u(q_v . k_u / sqrt(C)) v_u`` per head,
     heads concatenated or averaged, plus ``lin_skip(x_v)``."""
 
+    edge_input = "edge_attr"
+
     def __init__(self, conv):
-        _no_edge_dim(conv)
         _require(conv, not conv.beta, "beta=True", "the gated skip connection")
         _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
-        super().__init__(conv, _in_channels(conv))
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if self.conv.edge_dim is not None and edge_attr is None:
+            raise ConversionError("TransformerConv: edge_attr is required (edge_dim is set)")
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
 
     def message(self, src, dst, edge):
         c = self.conv
         H, C = c.heads, c.out_channels
         key = c.lin_key(src.x).view(-1, H, C)
+        value = c.lin_value(src.x).view(-1, H, C)
+        if c.edge_dim is not None:
+            e = _edge_heads(c, edge.edge_attr)
+            key, value = key + e, value + e
         query = c.lin_query(dst.x).view(-1, H, C)
-        return {"v": c.lin_value(src.x).view(-1, H, C),
-                "score": (query * key).sum(-1) / math.sqrt(C)}
+        return {"v": value, "score": (query * key).sum(-1) / math.sqrt(C)}
 
     def reduce(self, msg):
         alpha = dropout(dsl.edge_softmax(msg.score), self.conv.dropout)

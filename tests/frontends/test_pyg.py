@@ -95,7 +95,14 @@ CONVS = {
     "gat_3heads_concat": (lambda: pyg.GATConv(D_IN, 4, heads=3), None),
     "gat_3heads_mean": (lambda: pyg.GATConv(D_IN, 4, heads=3, concat=False), None),
     "gat_no_self_loops": (lambda: pyg.GATConv(D_IN, 4, heads=2, add_self_loops=False), None),
+    "gat_edge_dim": (lambda: pyg.GATConv(D_IN, 4, heads=2, edge_dim=D_EDGE), "edge_attr"),
+    "gat_edge_dim_fill_add": (lambda: pyg.GATConv(D_IN, 4, heads=2, edge_dim=D_EDGE,
+                                                  fill_value="add"), "edge_attr"),
+    "gat_edge_dim_no_attr": (lambda: pyg.GATConv(D_IN, 4, heads=2, edge_dim=D_EDGE), None),
+    "gat_residual": (lambda: pyg.GATConv(D_IN, 4, heads=2, residual=True), None),
     "gatv2": (lambda: pyg.GATv2Conv(D_IN, 4, heads=2), None),
+    "gatv2_edge_dim": (lambda: pyg.GATv2Conv(D_IN, 4, heads=2, edge_dim=D_EDGE,
+                                             fill_value=0.5), "edge_attr"),
     "gatv2_shared_mean": (lambda: pyg.GATv2Conv(D_IN, 4, heads=2, concat=False,
                                                 share_weights=True), None),
     "gin": (lambda: pyg.GINConv(mlp(D_IN, 4), eps=0.3), None),
@@ -106,8 +113,12 @@ CONVS = {
     "rgcn_bases": (lambda: pyg.RGCNConv(D_IN, 4, NUM_RELS, num_bases=2), "edge_type"),
     "rgcn_add": (lambda: pyg.RGCNConv(D_IN, 4, NUM_RELS, aggr="add"), "edge_type"),
     "res_gated": (lambda: pyg.ResGatedGraphConv(D_IN, 4), None),
+    "res_gated_edge_dim": (lambda: pyg.ResGatedGraphConv(D_IN, 4, edge_dim=D_EDGE),
+                           "edge_attr"),
     "transformer": (lambda: pyg.TransformerConv(D_IN, 4, heads=2), None),
     "transformer_mean": (lambda: pyg.TransformerConv(D_IN, 4, heads=2, concat=False), None),
+    "transformer_edge_dim": (lambda: pyg.TransformerConv(D_IN, 4, heads=2, edge_dim=D_EDGE),
+                             "edge_attr"),
     "transformer_no_root": (lambda: pyg.TransformerConv(D_IN, 4, heads=3, root_weight=False),
                             None),
     "user_edgeconv": (lambda: EdgeConvLike(D_IN, 4), None),
@@ -280,6 +291,7 @@ def _worker(rank, port, queue, layer, pset_path, edge_names, upstream, out_dir):
     from sarc.distributed.train import allreduce_gradients
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
+    import traceback
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2, timeout=datetime.timedelta(seconds=60))
     try:
@@ -293,29 +305,41 @@ def _worker(rank, port, queue, layer, pset_path, edge_names, upstream, out_dir):
                     "grads": {k: p.grad for k, p in layer.conv.named_parameters()}},
                    f"{out_dir}/r{rank}.pt")
         queue.put((rank, "done"))
+    except BaseException:
+        queue.put((rank, traceback.format_exc()))
+        raise
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["gcn", "gat_3heads_concat"])
+DISTRIBUTED = ["gcn", "gcn_improved_weighted", "sage_max", "gat_3heads_concat", "gat_edge_dim",
+               "gatv2", "gin_train_eps", "gine", "rgcn_bases", "res_gated",
+               "transformer_edge_dim", "user_edgeconv", "user_gated_mean"]
+
+
+@pytest.mark.parametrize("name", DISTRIBUTED)
 def test_two_workers_equal_one_process(name, tmp_path):
     from distributed.harness import spawn
     from sarc.partition import partition_graph
-    conv = CONVS[name][0]()
+    make, kind = CONVS[name]
+    conv = make()
     randomize_zeros(conv)
     layer = from_message_passing(conv)
     x = torch.randn(N, D_IN)
-    inputs = layer.prepare(graph(), N)   # the graph the conv's forward builds, self loops in
+    ei = graph()
+    extra = third_argument(kind, ei.size(1))
+    run_pyg = (lambda x: conv(x, ei)) if extra is None else (lambda x: conv(x, ei, extra))
+    inputs = layer.prepare(ei, N, extra)   # the graph the conv's forward builds, self loops in
     partition_graph(inputs.edge_index[0], inputs.edge_index[1], N, 2, tmp_path / "parts",
                     method="random", node_data={"feat": x}, edge_data=inputs.edge)
-    upstream = torch.randn(conv(x, graph()).shape)
+    upstream = torch.randn(run_pyg(x).shape)
     params = dict(conv.named_parameters())
-    out_p, xg_p, g_p = grads_of(lambda x: conv(x, graph()), x, params, upstream)
+    out_p, xg_p, g_p = grads_of(run_pyg, x, params, upstream)
     for p in params.values():
         p.grad = None
-    codes, _ = spawn(_worker, 2, (layer, str(tmp_path / "parts"), list(inputs.edge), upstream,
-                                  str(tmp_path)))
-    assert codes == [0, 0]
+    codes, said = spawn(_worker, 2, (layer, str(tmp_path / "parts"), list(inputs.edge),
+                                     upstream, str(tmp_path)))
+    assert codes == [0, 0], said
     reports = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     out, x_grad = torch.zeros_like(out_p), torch.zeros(N, D_IN)
     for r in reports:

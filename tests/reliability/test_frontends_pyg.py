@@ -33,9 +33,11 @@ def run(conv):
     return from_message_passing(conv).run(X, EDGE_INDEX)
 
 
-@case("dsl", "a PyG GATConv with edge features in its attention (edge_dim=2)", "error")
-def test_gat_edge_dim():
-    refused(lambda: from_message_passing(pyg.GATConv(5, 3, edge_dim=2)), "GATConv", "edge_dim=2")
+@case("dsl", "a PyG GATConv with separate source and target widths (in_channels=(5, 4))",
+      "error")
+def test_gat_bipartite_widths():
+    refused(lambda: from_message_passing(pyg.GATConv((5, 4), 3)), "GATConv",
+            "in_channels=(5, 4)")
 
 
 @case("dsl", "a PyG SAGEConv with an aggregation sarc has not (aggr='std')", "error")
