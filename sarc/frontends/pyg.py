@@ -82,7 +82,7 @@ class PyGLayer(Layer):
 
     def prepare(self, edge_index, num_nodes: int, edge_attr=None) -> PyGInputs:
         if edge_attr is not None:
-            raise _refuse(self.conv, f"an {self.edge_input or 'edge_attr'} argument",
+            raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
                           "this conv takes x and edge_index only")
         return PyGInputs(edge_index, num_nodes)
 
@@ -190,10 +190,11 @@ class GCNConvLayer(PyGLayer):
         if c.normalize:
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
             edge_index, weight = gcn_norm(edge_index, edge_attr, num_nodes, c.improved,
-                                          c.add_self_loops, c.flow, None)
+                                          c.add_self_loops, c.flow, c.lin.weight.dtype)
         else:
             weight = _ones(edge_index) if edge_attr is None else edge_attr
-        return PyGInputs(edge_index, num_nodes, {"edge_weight": weight.reshape(-1)})
+        weight = weight.reshape(-1).to(c.lin.weight.dtype)
+        return PyGInputs(edge_index, num_nodes, {"edge_weight": weight})
 
     def message(self, src, dst, edge):
         return edge.edge_weight.unsqueeze(-1) * self.conv.lin(src.x)
@@ -378,10 +379,10 @@ class RGCNConvLayer(PyGLayer):
         if _aggr_name(self.conv) == "mean":
             r = self.conv.num_relations
             key = edge_index[1] * r + etype
-            counts = torch.bincount(key, minlength=num_nodes * r).to(torch.float32)
+            counts = torch.bincount(key, minlength=num_nodes * r).to(self.conv.weight.dtype)
             norm = 1.0 / counts[key]
         else:
-            norm = _ones(edge_index)
+            norm = _ones(edge_index).to(self.conv.weight.dtype)
         return PyGInputs(edge_index, num_nodes, {"edge_type": etype, "norm": norm})
 
     def _table(self):
@@ -529,16 +530,18 @@ class TracedConv(PyGLayer):
         for hook, fn in hooks.items():
             if fn is not getattr(MessagePassing, hook):
                 raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
-        params = inspect.signature(conv.forward).parameters
-        self._takes_edge_attr = "edge_attr" in params
-        edge = None
-        if self._takes_edge_attr:
-            edge_dim = edge_dim if edge_dim is not None else getattr(conv, "edge_dim", None)
-            if edge_dim is None:
-                raise _refuse(conv, "edge_attr of unknown width",
-                              "give it: from_message_passing(conv, edge_dim=...)")
-            edge = {"edge_attr": edge_dim}
-        self.edge_input = "edge_attr" if self._takes_edge_attr else None
+        # forward(x, edge_index[, e]): e (edge_attr, edge_weight...) is an edge feature of
+        # that name, of width edge_dim (() for one number per edge); without edge_dim, an
+        # optional e is traced as None.
+        third = list(inspect.signature(conv.forward).parameters.values())[2:3]
+        edge_dim = edge_dim if edge_dim is not None else getattr(conv, "edge_dim", None)
+        self._takes_edge_attr = bool(third) and edge_dim is not None
+        self.edge_input = third[0].name if third else None
+        if third and edge_dim is None and third[0].default is inspect.Parameter.empty:
+            raise _refuse(conv, f"{third[0].name} of unknown width",
+                          "give it: from_message_passing(conv, edge_dim=...), () for one "
+                          "number per edge")
+        edge = {self.edge_input: edge_dim} if self._takes_edge_attr else None
         super().__init__(conv, _in_channels(conv, in_channels), edge=edge)
         self._message_args = list(inspect.signature(conv.message).parameters)
         for name in self._message_args:
@@ -550,10 +553,15 @@ class TracedConv(PyGLayer):
 
     def prepare(self, edge_index, num_nodes, edge_attr=None):
         if not self._takes_edge_attr:
+            if edge_attr is not None:
+                raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
+                              "imported without edge_dim, its forward was traced without it: "
+                              "from_message_passing(conv, edge_dim=...)")
             return super().prepare(edge_index, num_nodes, edge_attr)
         if edge_attr is None:
-            raise _refuse(self.conv, "a call without edge_attr", "its forward takes edge_attr")
-        return PyGInputs(edge_index, num_nodes, {"edge_attr": edge_attr})
+            raise _refuse(self.conv, f"a call without {self.edge_input}",
+                          f"it was imported with edge_dim for {self.edge_input}")
+        return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
 
     def _forward(self, x, edge_attr, on_propagate) -> Any:
         conv, cls = self.conv, type(self.conv).__name__
@@ -608,7 +616,7 @@ class TracedConv(PyGLayer):
 
     def message(self, src, dst, edge):
         conv = self.conv
-        ea = edge.edge_attr if self._takes_edge_attr else None
+        ea = edge[self.edge_input] if self._takes_edge_attr else None
         at_src = self._captured(src.x, ea)
         at_dst = self._captured(dst.x, ea) if any(a.endswith("_i") for a in self._message_args) else {}
         sig = inspect.signature(conv.message).parameters
@@ -635,10 +643,11 @@ class TracedConv(PyGLayer):
         conv = self.conv
         ea = None
         if self._takes_edge_attr:   # what forward may compute on edge_attr before propagate
-            ea = dsl._Side(self, dst._tracer, Domain.EDGE, None, "edge", dst._precision).edge_attr
+            edge = dsl._Side(self, dst._tracer, Domain.EDGE, None, "edge", dst._precision)
+            ea = edge[self.edge_input]
 
         def finish(kwargs):
-            extra = {n: _end(conv, kwargs[n], 1, n) for n in self._update_args if n in kwargs}
+            extra = {n: kwargs[n] for n in self._update_args if n in kwargs}   # as PyG: as given
             return conv.update(agg.agg, **extra)
 
         return self._forward(dst.x, ea, finish)

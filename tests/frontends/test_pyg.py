@@ -83,6 +83,24 @@ class GatedMean(MessagePassing):
         return torch.tanh(aggr_out)
 
 
+class WeightedSum(MessagePassing):
+    """GCN's message without its normalization: an optional weight per edge."""
+
+    def __init__(self, in_channels, out_channels):
+        super().__init__(aggr="add")
+        self.in_channels = in_channels
+        self.lin = nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        return self.propagate(edge_index, x=(self.lin(x), x), h=x, edge_weight=edge_weight)
+
+    def message(self, x_j, edge_weight):
+        return x_j if edge_weight is None else edge_weight.view(-1, 1) * x_j
+
+    def update(self, aggr_out, h):
+        return aggr_out + h.sum(-1, keepdim=True)
+
+
 # name -> (the conv, its third argument: None, "edge_attr" or "edge_type")
 CONVS = {
     "gcn": (lambda: pyg.GCNConv(D_IN, 4), None),
@@ -123,6 +141,8 @@ CONVS = {
                             None),
     "user_edgeconv": (lambda: EdgeConvLike(D_IN, 4), None),
     "user_gated_mean": (lambda: GatedMean(D_IN, 4, D_EDGE), "edge_attr"),
+    "user_weighted": (lambda: WeightedSum(D_IN, 4), None),
+    "user_weighted_given": (lambda: WeightedSum(D_IN, 4), "edge_weight"),
 }
 
 
@@ -173,7 +193,7 @@ def test_imported_conv_equals_pyg(name):
     randomize_zeros(conv)
     ei = graph()
     extra = third_argument(kind, ei.size(1))
-    layer = from_message_passing(conv)
+    layer = from_message_passing(conv, edge_dim=() if name == "user_weighted_given" else None)
     assert isinstance(layer, sarc.Layer)
     assert {id(p) for p in layer.parameters()} == {id(p) for p in conv.parameters()}
     call = (lambda m, x: m(x, ei)) if extra is None else (lambda m, x: m(x, ei, extra))

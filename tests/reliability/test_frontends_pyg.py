@@ -177,3 +177,22 @@ def test_sparse_adjacency():
 def test_bipartite_pair():
     refused(lambda: as_conv(pyg.SAGEConv(5, 3))((X, X[:2]), EDGE_INDEX), "SAGEConv",
             "(x_src, x_dst) pair")
+
+
+class EdgeAttrOfUnknownWidth(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.propagate(edge_index, x=x, edge_attr=edge_attr)
+
+    def message(self, x_j, edge_attr):
+        return x_j * edge_attr
+
+
+@case("dsl", "a MessagePassing whose forward needs edge_attr, imported without its width",
+      "error")
+def test_edge_attr_width_unknown():
+    refused(lambda: from_message_passing(EdgeAttrOfUnknownWidth()), "EdgeAttrOfUnknownWidth",
+            "edge_attr of unknown width", "edge_dim=")
