@@ -3,7 +3,7 @@
 - ``from_message_passing(conv)``: a ``sarc.Layer`` that holds ``conv`` (its parameters are
   the conv's own tensors, so training either trains both) and computes what
   ``conv(x, edge_index[, edge_attr])`` computes. The classes PyG ships with that sarc
-  models (``CONVERTERS``: GCNConv, SAGEConv, GATConv, GATv2Conv, GINConv, GINEConv,
+  models (GCNConv, SAGEConv, GATConv, GATv2Conv, GINConv, GINEConv,
   RGCNConv, ResGatedGraphConv, TransformerConv) are converted one by one, from the
   conv's attributes (heads, concat, aggr, eps...), into the DSL; any other
   ``MessagePassing`` (a user's subclass) has its own ``forward``, ``message`` and
@@ -149,7 +149,8 @@ def _plain_edge_index(conv, edge_index) -> torch.Tensor:
                       "pass edge_index as a [2, E] tensor")
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
         shape = list(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index).__name__
-        raise ConversionError(f"{type(conv).__name__}: edge_index must be a [2, E] tensor, got {shape}")
+        name = conv if isinstance(conv, str) else type(conv).__name__
+        raise ConversionError(f"{name}: edge_index must be a [2, E] tensor, got {shape}")
     return edge_index
 
 
@@ -177,7 +178,8 @@ def _ones(edge_index: torch.Tensor) -> torch.Tensor:
 
 class GCNConvLayer(PyGLayer):
     """GCNConv: ``gcn_norm`` (PyG's own, with ``add_remaining_self_loops``) gives each
-    edge its weight when the inputs are prepared; the layer sums ``w_uv * lin(x_u)``."""
+    edge its weight when the inputs are prepared; the layer sums ``w_uv * lin(x_u)``.
+    ``cached=True`` changes nothing here: the weights are those of the graph given."""
 
     edge_input = "edge_weight"
 

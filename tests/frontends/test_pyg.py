@@ -166,24 +166,32 @@ def randomize_zeros(conv) -> None:
                 p.copy_(torch.randn(p.shape) * 0.5)
 
 
-def grads_of(run, x, params, upstream):
+def grads_of(run, x, params, upstream, edge=None):
+    """``run(x[, edge])``'s output and the gradients of x, the params (and edge, if float)."""
     x = x.clone().requires_grad_(True)
+    args = (x,)
+    if edge is not None:
+        edge = edge.clone().requires_grad_(edge.is_floating_point())
+        args = (x, edge)
     for p in params.values():
         p.grad = None
-    out = run(x)
+    out = run(*args)
     (out * upstream).sum().backward()
     grads = {k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
              for k, p in params.items()}
+    if edge is not None and edge.is_floating_point():
+        grads["<edge features>"] = edge.grad
     return out.detach(), x.grad, grads
 
 
-def check_same(run_sarc, run_pyg, conv, x) -> None:
+def check_same(run_sarc, run_pyg, conv, x, edge=None) -> None:
     params = dict(conv.named_parameters())
-    upstream = torch.randn(run_pyg(x).shape)
-    out_s, xg_s, g_s = grads_of(run_sarc, x, params, upstream)
-    out_p, xg_p, g_p = grads_of(run_pyg, x, params, upstream)
+    upstream = torch.randn(run_pyg(x, *([] if edge is None else [edge])).shape)
+    out_s, xg_s, g_s = grads_of(run_sarc, x, params, upstream, edge)
+    out_p, xg_p, g_p = grads_of(run_pyg, x, params, upstream, edge)
+    assert set(g_s) == set(g_p)
     assert_all_close([("output", out_s, out_p), ("grad of x", xg_s, xg_p)]
-                     + [(f"grad of {k}", g_s[k], g_p[k]) for k in params])
+                     + [(f"grad of {k}", g_s[k], g_p[k]) for k in g_p])
 
 
 @pytest.mark.parametrize("name", CONVS)
@@ -196,8 +204,11 @@ def test_imported_conv_equals_pyg(name):
     layer = from_message_passing(conv, edge_dim=() if name == "user_weighted_given" else None)
     assert isinstance(layer, sarc.Layer)
     assert {id(p) for p in layer.parameters()} == {id(p) for p in conv.parameters()}
-    call = (lambda m, x: m(x, ei)) if extra is None else (lambda m, x: m(x, ei, extra))
-    check_same(lambda x: call(layer.run, x), lambda x: call(conv, x), conv, torch.randn(N, D_IN))
+    if extra is None:
+        check_same(lambda x: layer.run(x, ei), lambda x: conv(x, ei), conv, torch.randn(N, D_IN))
+    else:   # edge features get their gradient too
+        check_same(lambda x, e: layer.run(x, ei, e), lambda x, e: conv(x, ei, e), conv,
+                   torch.randn(N, D_IN), extra)
 
 
 def test_training_the_imported_layer_trains_the_conv():
