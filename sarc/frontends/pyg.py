@@ -79,6 +79,7 @@ class PyGLayer(Layer):
         _check_message_passing(conv)
         super().__init__(node={"x": in_channels}, edge=edge)
         self.conv = conv
+        self.train(conv.training)   # dropout follows the sarc layer's mode, from the conv's
 
     def prepare(self, edge_index, num_nodes: int, edge_attr=None) -> PyGInputs:
         if edge_attr is not None:

@@ -112,6 +112,7 @@ CONVS = {
     "gat_1head": (lambda: pyg.GATConv(D_IN, 4), None),
     "gat_3heads_concat": (lambda: pyg.GATConv(D_IN, 4, heads=3), None),
     "gat_3heads_mean": (lambda: pyg.GATConv(D_IN, 4, heads=3, concat=False), None),
+    "gat_dropout_eval": (lambda: pyg.GATConv(D_IN, 4, heads=2, dropout=0.5).eval(), None),
     "gat_no_self_loops": (lambda: pyg.GATConv(D_IN, 4, heads=2, add_self_loops=False), None),
     "gat_edge_dim": (lambda: pyg.GATConv(D_IN, 4, heads=2, edge_dim=D_EDGE), "edge_attr"),
     "gat_edge_dim_fill_add": (lambda: pyg.GATConv(D_IN, 4, heads=2, edge_dim=D_EDGE,
@@ -209,6 +210,17 @@ def test_imported_conv_equals_pyg(name):
     else:   # edge features get their gradient too
         check_same(lambda x, e: layer.run(x, ei, e), lambda x, e: conv(x, ei, e), conv,
                    torch.randn(N, D_IN), extra)
+
+
+def test_attention_dropout_follows_the_mode():
+    conv = pyg.TransformerConv(D_IN, 4, heads=2, dropout=0.5)
+    layer = from_message_passing(conv)
+    x, ei = torch.randn(N, D_IN), graph()
+    torch.manual_seed(1)
+    first = layer.run(x, ei)
+    assert not torch.equal(first, layer.run(x, ei))   # training: a mask per call
+    layer.eval()
+    assert_all_close([("eval output", layer.run(x, ei).detach(), conv(x, ei).detach())])
 
 
 def test_training_the_imported_layer_trains_the_conv():
