@@ -696,6 +696,10 @@ class PyGConv(nn.Module):
     tensor's identity, its version counter, the node count and ``edge_attr``'s identity);
     ``edge_attr`` is the layer's edge feature (``edge``: its name, needed when it declares
     several). A ``PyGLayer`` (``from_message_passing``) prepares the graph as its conv does.
+
+    The wrapper is transparent in state dicts: a wrapped conv saves and loads under the
+    conv's own keys (``conv1.lin.weight``, not ``conv1.layer.conv.lin.weight``), so a PyG
+    model's checkpoints load into the model whose convs are wrapped, and back.
     """
 
     def __init__(self, layer: Layer, *, node: str | None = None, edge: str | None = None):
@@ -708,6 +712,13 @@ class PyGConv(nn.Module):
         self.edge = edge if edge is not None or not layer._sarc_edge or isinstance(layer, PyGLayer) \
             else _only(layer._sarc_edge, "edge", type(layer).__name__)
         self._cache: tuple | None = None
+        self._register_state_dict_hook(_without_inner_prefix)
+        self._register_load_state_dict_pre_hook(_with_inner_prefix, with_module=True)
+
+    def inner_prefix(self) -> str:
+        """Where the wrapped parameters sit below this module: ``layer.`` or, for an
+        imported conv, ``layer.conv.``; state dicts leave it out."""
+        return "layer.conv." if isinstance(self.layer, PyGLayer) else "layer."
 
     def forward(self, x, edge_index, edge_attr=None, size=None):
         name = type(getattr(self.layer, "conv", self.layer)).__name__
@@ -745,6 +756,20 @@ class PyGConv(nn.Module):
         state = dict(super().__getstate__())
         state["_cache"] = None
         return state
+
+
+def _without_inner_prefix(module: PyGConv, state_dict, prefix, local_metadata) -> None:
+    inner = prefix + module.inner_prefix()
+    items = list(state_dict.items())
+    state_dict.clear()
+    for key, value in items:
+        state_dict[prefix + key[len(inner):] if key.startswith(inner) else key] = value
+
+
+def _with_inner_prefix(module: PyGConv, state_dict, prefix, *args) -> None:
+    inner = prefix + module.inner_prefix()
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 def _only(feats: dict, kind: str, layer: str) -> str:

@@ -285,6 +285,29 @@ def test_as_conv_builds_the_graph_once_per_edge_index():
                        layer(sarc.interop.from_pyg(ei2, N), x).detach())])
 
 
+class TwoConvs(nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        self.conv1 = wrap(pyg.GATConv(D_IN, 4, heads=2))
+        self.conv2 = wrap(pyg.GCNConv(8, 3))
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def test_pyg_checkpoints_load_into_the_wrapped_model_and_back():
+    plain, wrapped = TwoConvs(lambda c: c), TwoConvs(as_conv)
+    randomize_zeros(plain)
+    wrapped.load_state_dict(plain.state_dict())          # strict: every key matches
+    assert list(wrapped.state_dict()) == list(plain.state_dict())
+    x, ei = torch.randn(N, D_IN), graph()
+    assert_all_close([("output", wrapped(x, ei).detach(), plain(x, ei).detach())])
+    again = TwoConvs(lambda c: c)
+    again.load_state_dict(wrapped.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                 plain.state_dict().values()))
+
+
 def test_sequential_with_a_sarc_layer_trains_a_step():
     from torch_geometric.nn import Sequential
     model = Sequential("x, edge_index", [
