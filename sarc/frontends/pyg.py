@@ -149,7 +149,8 @@ def _plain_edge_index(conv, edge_index) -> torch.Tensor:
         raise _refuse(conv, f"a sparse adjacency ({edge_index.layout})",
                       "pass edge_index as a [2, E] tensor")
     if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
-        shape = list(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index).__name__
+        shape = (list(edge_index.shape) if isinstance(edge_index, torch.Tensor)
+                 else type(edge_index).__name__)
         name = conv if isinstance(conv, str) else type(conv).__name__
         raise ConversionError(f"{name}: edge_index must be a [2, E] tensor, got {shape}")
     return edge_index
@@ -621,7 +622,8 @@ class TracedConv(PyGLayer):
         conv = self.conv
         ea = edge[self.edge_input] if self._takes_edge_attr else None
         at_src = self._captured(src.x, ea)
-        at_dst = self._captured(dst.x, ea) if any(a.endswith("_i") for a in self._message_args) else {}
+        reads_dst = any(a.endswith("_i") for a in self._message_args)
+        at_dst = self._captured(dst.x, ea) if reads_dst else {}
         sig = inspect.signature(conv.message).parameters
         args = {}
         for name in self._message_args:
@@ -709,8 +711,9 @@ class PyGConv(nn.Module):
                                   f"{type(layer).__name__}")
         self.layer = layer
         self.node = node or _only(layer._sarc_node, "node", type(layer).__name__)
-        self.edge = edge if edge is not None or not layer._sarc_edge or isinstance(layer, PyGLayer) \
-            else _only(layer._sarc_edge, "edge", type(layer).__name__)
+        self.edge = edge
+        if edge is None and layer._sarc_edge and not isinstance(layer, PyGLayer):
+            self.edge = _only(layer._sarc_edge, "edge", type(layer).__name__)
         self._cache: tuple | None = None
         self._register_state_dict_hook(_without_inner_prefix)
         self._register_load_state_dict_pre_hook(_with_inner_prefix, with_module=True)
@@ -776,7 +779,8 @@ def _only(feats: dict, kind: str, layer: str) -> str:
     if len(feats) != 1:
         raise ConversionError(f"{layer} declares {len(feats)} {kind} features "
                               f"({', '.join(feats) or 'none'}); name the one PyG's "
-                              f"{'x' if kind == 'node' else 'edge_attr'} is: as_conv(layer, {kind}=...)")
+                              f"{'x' if kind == 'node' else 'edge_attr'} is: "
+                              f"as_conv(layer, {kind}=...)")
     return next(iter(feats))
 
 

@@ -196,3 +196,22 @@ class EdgeAttrOfUnknownWidth(MessagePassing):
 def test_edge_attr_width_unknown():
     refused(lambda: from_message_passing(EdgeAttrOfUnknownWidth()), "EdgeAttrOfUnknownWidth",
             "edge_attr of unknown width", "edge_dim=")
+
+
+class TwoNodeFeatures(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 5, "pos": 3})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "as_conv of a sarc layer with two node features, neither named as PyG's x",
+      "error")
+def test_as_conv_ambiguous_node_feature():
+    refused(lambda: as_conv(TwoNodeFeatures()), "TwoNodeFeatures", "2 node features",
+            "as_conv(layer, node=...)")
+    assert as_conv(TwoNodeFeatures(), node="h").node == "h"
