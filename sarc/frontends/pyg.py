@@ -1,0 +1,807 @@
+"""PyG users keep their models: PyG convolutions as sarc layers, sarc layers as PyG convolutions.
+
+- ``from_message_passing(conv)``: a ``sarc.Layer`` that holds ``conv`` (its parameters are
+  the conv's own tensors, so training either trains both) and computes what
+  ``conv(x, edge_index[, edge_attr])`` computes. The classes PyG ships with that sarc
+  models (GCNConv, SAGEConv, GATConv, GATv2Conv, GINConv, GINEConv,
+  RGCNConv, ResGatedGraphConv, TransformerConv) are converted one by one, from the
+  conv's attributes (heads, concat, aggr, eps...), into the DSL; any other
+  ``MessagePassing`` (a user's subclass) has its own ``forward``, ``message`` and
+  ``update`` traced (``TracedConv``). Whatever cannot be modelled exactly is a
+  ``ConversionError`` naming the conv's class and the construct.
+- ``as_conv(layer)``: a ``torch.nn.Module`` with PyG's calling convention,
+  ``forward(x, edge_index[, edge_attr], size=None)``, that builds the ``sarc.Graph`` of
+  an ``edge_index`` once (cached by the tensor's identity and version, and the node count)
+  and runs ``layer`` on it; it works inside ``torch_geometric.nn.Sequential``.
+
+What a conv's ``forward`` does to the graph (self loops added or removed, GCN's
+normalization, RGCN's per-relation mean) is done by PyG's own functions when the inputs
+are prepared (``PyGLayer.prepare``): the prepared edge list is the graph the sarc layer
+runs on, and the per-edge weights it needs are edge features. A distributed run
+partitions that prepared graph (its edges and edge features), not the raw one.
+
+PyG is imported inside the functions that need it, never when sarc is imported.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .. import dsl
+from ..dsl import INDEX, Layer
+from ..errors import DSLError, SarcError
+from ..graph import Graph
+from ..interop import from_pyg
+from ..ir.ops import Op
+from ..ir.types import Domain
+from ..trace import Proxy, dropout, leaky_relu
+
+
+class ConversionError(SarcError, TypeError):
+    """A PyG conv, or a call of one, that sarc cannot model exactly; names the class and
+    the construct."""
+
+
+def _refuse(conv, construct: str, why: str = "") -> ConversionError:
+    name = conv if isinstance(conv, str) else type(conv).__name__
+    return ConversionError(f"{name}: {construct} is not supported" + (f" ({why})" if why else ""))
+
+
+@dataclass
+class PyGInputs:
+    """A conv's graph after its ``forward``'s graph preparation, and its edge features."""
+
+    edge_index: torch.Tensor                 # [2, E'], the edges the layer aggregates over
+    num_nodes: int
+    edge: dict[str, torch.Tensor] = field(default_factory=dict)   # in edge_index's order
+
+    def graph(self) -> Graph:
+        return from_pyg(self.edge_index, self.num_nodes)
+
+
+class PyGLayer(Layer):
+    """A PyG conv as a sarc layer: node feature ``x``, the conv as submodule ``conv``.
+
+    ``prepare(edge_index, num_nodes, edge_attr)`` gives the graph and edge features
+    the layer runs on, so that ``layer(inputs.graph(), x, **inputs.edge)`` equals
+    ``conv(x, edge_index, edge_attr)``; ``run`` does both.
+    """
+
+    edge_input: str | None = None   # the conv's name of its third forward argument
+
+    def __init__(self, conv: nn.Module, in_channels: int, edge: dict | None = None):
+        _check_message_passing(conv)
+        super().__init__(node={"x": in_channels}, edge=edge)
+        self.conv = conv
+        self.train(conv.training)   # dropout follows the sarc layer's mode, from the conv's
+
+    def prepare(self, edge_index, num_nodes: int, edge_attr=None) -> PyGInputs:
+        if edge_attr is not None:
+            raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
+                          "this conv takes x and edge_index only")
+        return PyGInputs(edge_index, num_nodes)
+
+    def trace(self):
+        """The layer's IR; a DSL error while tracing the conv's code names the conv's class."""
+        try:
+            return super().trace()
+        except DSLError as e:
+            raise DSLError(f"{type(self.conv).__name__}: {e.problem}", e.loc) from None
+
+    def run(self, x, edge_index, edge_attr=None):
+        """``conv(x, edge_index[, edge_attr])``, computed by the sarc layer."""
+        inputs = self.prepare(_plain_edge_index(self.conv, edge_index), x.size(0), edge_attr)
+        return self(inputs.graph(), x, **inputs.edge)
+
+    def reduce(self, msg):
+        return _aggregate(self.conv, msg.m)
+
+
+# --- checks shared by every conv --------------------------------------------------------------
+
+def _check_message_passing(conv) -> None:
+    from torch_geometric.nn import MessagePassing
+    if not isinstance(conv, MessagePassing):
+        raise ConversionError(f"from_message_passing takes a torch_geometric.nn.MessagePassing "
+                              f"layer, got {type(conv).__name__}")
+    if getattr(conv, "flow", "source_to_target") != "source_to_target":
+        raise _refuse(conv, f"flow={conv.flow!r}", "sarc aggregates at edge_index[1], PyG's "
+                      "default flow='source_to_target'")
+    if getattr(conv, "decomposed_layers", 1) != 1:
+        raise _refuse(conv, f"decomposed_layers={conv.decomposed_layers}")
+    if getattr(conv, "node_dim", -2) not in (0, -2):
+        raise _refuse(conv, f"node_dim={conv.node_dim}")
+
+
+_REDUCERS = {"add": dsl.sum, "sum": dsl.sum, "mean": dsl.mean, "max": dsl.max, "min": dsl.min}
+_AGGREGATIONS = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
+                 "MinAggregation": "min"}
+
+
+def _aggr_name(conv) -> str:
+    aggr = getattr(conv, "aggr", None)
+    if isinstance(aggr, str) and aggr in _REDUCERS:
+        return aggr
+    module = getattr(conv, "aggr_module", None)
+    kind = _AGGREGATIONS.get(type(module).__name__)
+    if kind is not None and type(module).__module__.startswith("torch_geometric"):
+        return kind
+    shown = aggr if isinstance(aggr, str) else type(module).__name__
+    raise _refuse(conv, f"aggr={shown!r}", "sarc aggregates with sum/add, mean, max and min")
+
+
+def _aggregate(conv, value):
+    return _REDUCERS[_aggr_name(conv)](value)
+
+
+def _plain_edge_index(conv, edge_index) -> torch.Tensor:
+    """``edge_index`` as a [2, E] int64 tensor; a SparseTensor or sparse adjacency is refused."""
+    if type(edge_index).__name__ == "SparseTensor":
+        raise _refuse(conv, "a torch_sparse.SparseTensor adjacency",
+                      "pass edge_index as a [2, E] tensor")
+    if isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided:
+        raise _refuse(conv, f"a sparse adjacency ({edge_index.layout})",
+                      "pass edge_index as a [2, E] tensor")
+    if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.size(0) != 2:
+        shape = (list(edge_index.shape) if isinstance(edge_index, torch.Tensor)
+                 else type(edge_index).__name__)
+        name = conv if isinstance(conv, str) else type(conv).__name__
+        raise ConversionError(f"{name}: edge_index must be a [2, E] tensor, got {shape}")
+    return edge_index
+
+
+def _in_channels(conv, value=None) -> int:
+    ch = getattr(conv, "in_channels", None) if value is None else value
+    if isinstance(ch, int) and ch > 0:
+        return ch
+    if isinstance(ch, (tuple, list)):
+        raise _refuse(conv, f"in_channels={tuple(ch)} (separate source and target features)",
+                      "sarc's layer reads one node feature x on both ends of an edge")
+    raise _refuse(conv, f"in_channels={ch!r}", "give the width: from_message_passing(conv, "
+                  "in_channels=...); lazy (-1) convs are initialized by one PyG call first")
+
+
+def _require(conv, ok: bool, construct: str, why: str = "") -> None:
+    if not ok:
+        raise _refuse(conv, construct, why)
+
+
+def _ones(edge_index: torch.Tensor) -> torch.Tensor:
+    return torch.ones(edge_index.size(1), device=edge_index.device)
+
+
+# --- the classes PyG ships with -----------------------------------------------------------------
+
+class GCNConvLayer(PyGLayer):
+    """GCNConv: ``gcn_norm`` (PyG's own, with ``add_remaining_self_loops``) gives each
+    edge its weight when the inputs are prepared; the layer sums ``w_uv * lin(x_u)``.
+    ``cached=True`` changes nothing here: the weights are those of the graph given."""
+
+    edge_input = "edge_weight"
+
+    def __init__(self, conv):
+        _aggr_name(conv)
+        super().__init__(conv, _in_channels(conv), edge={"edge_weight": ()})
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        c = self.conv
+        if c.normalize:
+            from torch_geometric.nn.conv.gcn_conv import gcn_norm
+            edge_index, weight = gcn_norm(edge_index, edge_attr, num_nodes, c.improved,
+                                          c.add_self_loops, c.flow, c.lin.weight.dtype)
+        else:
+            weight = _ones(edge_index) if edge_attr is None else edge_attr
+        weight = weight.reshape(-1).to(c.lin.weight.dtype)
+        return PyGInputs(edge_index, num_nodes, {"edge_weight": weight})
+
+    def message(self, src, dst, edge):
+        return edge.edge_weight.unsqueeze(-1) * self.conv.lin(src.x)
+
+    def update(self, dst, agg):
+        return agg.agg + self.conv.bias if self.conv.bias is not None else agg.agg
+
+
+class SAGEConvLayer(PyGLayer):
+    """SAGEConv: ``lin_l(aggr_u x_u) + lin_r(x_v)``."""
+
+    def __init__(self, conv):
+        _aggr_name(conv)
+        _require(conv, not conv.project, "project=True")
+        _require(conv, not conv.normalize, "normalize=True", "F.normalize of the output")
+        super().__init__(conv, _in_channels(conv))
+
+    def message(self, src, dst, edge):
+        return src.x
+
+    def update(self, dst, agg):
+        out = self.conv.lin_l(agg.agg)
+        return out + self.conv.lin_r(dst.x) if self.conv.root_weight else out
+
+
+class GATConvLayer(PyGLayer):
+    """GATConv: self loops as PyG's forward makes them (``remove_self_loops`` then
+    ``add_self_loops``, edge features of the new loops by ``fill_value``), attention
+    ``softmax(leaky_relu(a_s.z_u + a_d.z_v [+ a_e.W_e e_uv]))``."""
+
+    edge_input = "edge_attr"
+
+    def __init__(self, conv):
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        edge_index, edge_attr = _self_loops(self.conv, edge_index, edge_attr, num_nodes)
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
+
+    def _project(self, x, side: str):
+        c = self.conv
+        lin = c.lin if c.lin is not None else getattr(c, f"lin_{side}")
+        return lin(x).view(-1, c.heads, c.out_channels)
+
+    def message(self, src, dst, edge):
+        c = self.conv
+        z_u, z_v = self._project(src.x, "src"), self._project(dst.x, "dst")
+        score = (z_u * c.att_src).sum(-1) + (z_v * c.att_dst).sum(-1)
+        if c.edge_dim is not None:
+            score = score + (_edge_heads(c, edge.edge_attr) * c.att_edge).sum(-1)
+        return {"z": z_u, "score": leaky_relu(score, c.negative_slope)}
+
+    def reduce(self, msg):
+        alpha = dropout(dsl.edge_softmax(msg.score), self.conv.dropout)
+        return dsl.sum(msg.z * alpha.unsqueeze(-1))
+
+    def update(self, dst, agg):
+        return _heads_out(self.conv, agg.agg, dst.x, getattr(self.conv, "res", None))
+
+
+class GATv2ConvLayer(GATConvLayer):
+    """GATv2Conv: attention ``softmax(a . leaky_relu(W_l x_u + W_r x_v [+ W_e e_uv]))``."""
+
+    def message(self, src, dst, edge):
+        c = self.conv
+        x_l = c.lin_l(src.x).view(-1, c.heads, c.out_channels)
+        lin_r = c.lin_l if c.share_weights else c.lin_r
+        x = lin_r(dst.x).view(-1, c.heads, c.out_channels) + x_l
+        if c.edge_dim is not None:
+            x = x + _edge_heads(c, edge.edge_attr)
+        score = (leaky_relu(x, c.negative_slope) * c.att).sum(-1)
+        return {"z": x_l, "score": score}
+
+
+def _edge_attr(conv) -> dict | None:
+    """The edge feature of a conv with ``edge_dim``: ``edge_attr`` [E, edge_dim]."""
+    return None if conv.edge_dim is None else {"edge_attr": conv.edge_dim}
+
+
+def _edge_inputs(conv, edge_index, edge_attr) -> dict:
+    """``edge_attr`` as [E, edge_dim]; without one, zeros, which the attention's edge term
+    (``lin_edge`` has no bias) turns into the 0 PyG adds when it skips the term."""
+    if conv.edge_dim is None:
+        if edge_attr is not None:
+            raise _refuse(conv, "an edge_attr argument", "edge_dim is None, so PyG ignores it")
+        return {}
+    if edge_attr is None:
+        return {"edge_attr": torch.zeros(edge_index.size(1), conv.edge_dim)}
+    return {"edge_attr": edge_attr.reshape(edge_attr.size(0), -1)}
+
+
+def _edge_heads(conv, edge_attr):
+    return conv.lin_edge(edge_attr).view(-1, conv.heads, conv.out_channels)
+
+
+def _self_loops(conv, edge_index, edge_attr, num_nodes):
+    if not conv.add_self_loops:
+        return edge_index, edge_attr
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+    return add_self_loops(edge_index, edge_attr, fill_value=conv.fill_value, num_nodes=num_nodes)
+
+
+def _heads_out(conv, out, x_dst, res):
+    """Heads concatenated or averaged, then the residual and the bias (GAT, GATv2)."""
+    out = out.flatten(1) if conv.concat else out.mean(1)
+    if res is not None:
+        out = out + res(x_dst)
+    return out + conv.bias if conv.bias is not None else out
+
+
+class GINConvLayer(PyGLayer):
+    """GINConv: ``nn((1 + eps) x_v + sum_u x_u)``. A fixed ``eps`` (a buffer) is read
+    when the layer compiles."""
+
+    def __init__(self, conv):
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        super().__init__(conv, _gin_in_channels(conv))
+
+    def message(self, src, dst, edge):
+        return src.x
+
+    def update(self, dst, agg):
+        return self.conv.nn(agg.agg + (1 + _eps(self.conv)) * dst.x)
+
+
+class GINEConvLayer(GINConvLayer):
+    """GINEConv: ``nn((1 + eps) x_v + sum_u relu(x_u + lin(e_uv)))``."""
+
+    edge_input = "edge_attr"
+
+    def __init__(self, conv):
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        width = conv.lin.in_channels if conv.lin is not None else _gin_in_channels(conv)
+        PyGLayer.__init__(self, conv, _gin_in_channels(conv), edge={"edge_attr": width})
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if edge_attr is None:
+            raise ConversionError("GINEConv: edge_attr is required (GINEConv's forward needs it)")
+        return PyGInputs(edge_index, num_nodes, {"edge_attr": edge_attr})
+
+    def message(self, src, dst, edge):
+        e = self.conv.lin(edge.edge_attr) if self.conv.lin is not None else edge.edge_attr
+        return (src.x + e).relu()
+
+
+def _gin_in_channels(conv) -> int:
+    first = conv.nn[0] if isinstance(conv.nn, nn.Sequential) else conv.nn
+    width = getattr(first, "in_features", getattr(first, "in_channels", None))
+    if not isinstance(width, int) or width <= 0:
+        raise _refuse(conv, f"nn={type(conv.nn).__name__} without an input width",
+                      "its first module needs in_features or in_channels")
+    return width
+
+
+def _eps(conv):
+    if isinstance(conv.eps, nn.Parameter) or isinstance(conv.eps, Proxy):
+        return conv.eps
+    return float(conv.eps)
+
+
+class RGCNConvLayer(PyGLayer):
+    """RGCNConv: ``x_v @ root + sum_r aggr_{u -r-> v} x_u @ W_r + bias``; per-relation
+    mean is a weight ``1 / |N_r(v)|`` per edge, computed when the inputs are prepared."""
+
+    edge_input = "edge_type"
+
+    def __init__(self, conv):
+        _require(conv, conv.num_blocks is None, f"num_blocks={conv.num_blocks}",
+                 "block-diagonal decomposition")
+        self_aggr = _aggr_name(conv)
+        _require(conv, self_aggr in ("add", "sum", "mean"), f"aggr={conv.aggr!r}",
+                 "a per-relation max or min")
+        super().__init__(conv, _in_channels(conv, conv.in_channels_l),
+                         edge={"edge_type": INDEX, "norm": ()})
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if edge_attr is None:
+            raise ConversionError("RGCNConv: edge_type is required (RGCNConv's third argument)")
+        etype = edge_attr.to(torch.int64)
+        if _aggr_name(self.conv) == "mean":
+            r = self.conv.num_relations
+            key = edge_index[1] * r + etype
+            counts = torch.bincount(key, minlength=num_nodes * r).to(self.conv.weight.dtype)
+            norm = 1.0 / counts[key]
+        else:
+            norm = _ones(edge_index).to(self.conv.weight.dtype)
+        return PyGInputs(edge_index, num_nodes, {"edge_type": etype, "norm": norm})
+
+    def _table(self):
+        c = self.conv
+        if c.num_bases is None:
+            return c.weight
+        flat = c.weight.reshape(c.num_bases, c.in_channels_l * c.out_channels)
+        return (c.comp @ flat).reshape(c.num_relations, c.in_channels_l, c.out_channels)
+
+    def message(self, src, dst, edge):
+        x = src.x
+        typed = x.tracer.emit(Op.TYPED_LINEAR, [x, self._table(), edge.edge_type])
+        return typed * edge.norm.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return dsl.sum(msg.m)   # the per-relation mean is in the edge weight
+
+    def update(self, dst, agg):
+        out = agg.agg
+        if self.conv.root is not None:
+            out = out + dst.x @ self.conv.root
+        return out + self.conv.bias if self.conv.bias is not None else out
+
+
+class ResGatedGraphConvLayer(PyGLayer):
+    """ResGatedGraphConv: ``sum_u act(k_v + q_u) * v_u + W_s x_v + b``, the keys, queries
+    and values ``W x`` (with ``edge_dim``: ``W [x, e_uv]`` per edge)."""
+
+    edge_input = "edge_attr"
+
+    def __init__(self, conv):
+        _aggr_name(conv)
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if self.conv.edge_dim is not None and edge_attr is None:
+            raise ConversionError("ResGatedGraphConv: edge_attr is required (edge_dim is set)")
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
+
+    def message(self, src, dst, edge):
+        c = self.conv
+        if c.edge_dim is None:
+            k, q, v = c.lin_key(dst.x), c.lin_query(src.x), c.lin_value(src.x)
+        else:
+            e = edge.edge_attr
+            k = c.lin_key(torch.cat([dst.x, e], dim=-1))
+            q = c.lin_query(torch.cat([src.x, e], dim=-1))
+            v = c.lin_value(torch.cat([src.x, e], dim=-1))
+        return c.act(k + q) * v
+
+    def update(self, dst, agg):
+        c = self.conv
+        out = agg.agg + c.lin_skip(dst.x) if c.root_weight else agg.agg
+        return out + c.bias if c.bias is not None else out
+
+
+class TransformerConvLayer(PyGLayer):
+    """TransformerConv (beta=False): ``sum_u softmax_u(q_v . k_u / sqrt(C)) v_u`` per head,
+    heads concatenated or averaged, plus ``lin_skip(x_v)``."""
+
+    edge_input = "edge_attr"
+
+    def __init__(self, conv):
+        _require(conv, not conv.beta, "beta=True", "the gated skip connection")
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if self.conv.edge_dim is not None and edge_attr is None:
+            raise ConversionError("TransformerConv: edge_attr is required (edge_dim is set)")
+        return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
+
+    def message(self, src, dst, edge):
+        c = self.conv
+        H, C = c.heads, c.out_channels
+        key = c.lin_key(src.x).view(-1, H, C)
+        value = c.lin_value(src.x).view(-1, H, C)
+        if c.edge_dim is not None:
+            e = _edge_heads(c, edge.edge_attr)
+            key, value = key + e, value + e
+        query = c.lin_query(dst.x).view(-1, H, C)
+        return {"v": value, "score": (query * key).sum(-1) / math.sqrt(C)}
+
+    def reduce(self, msg):
+        alpha = dropout(dsl.edge_softmax(msg.score), self.conv.dropout)
+        return dsl.sum(msg.v * alpha.unsqueeze(-1))
+
+    def update(self, dst, agg):
+        c = self.conv
+        out = agg.agg.flatten(1) if c.concat else agg.agg.mean(1)
+        return out + c.lin_skip(dst.x) if c.root_weight else out
+
+
+def _converters() -> dict[type, Callable[[nn.Module], PyGLayer]]:
+    from torch_geometric import nn as pyg
+    return {pyg.GCNConv: GCNConvLayer, pyg.SAGEConv: SAGEConvLayer, pyg.GATConv: GATConvLayer,
+            pyg.GATv2Conv: GATv2ConvLayer, pyg.GINConv: GINConvLayer,
+            pyg.GINEConv: GINEConvLayer, pyg.RGCNConv: RGCNConvLayer,
+            pyg.ResGatedGraphConv: ResGatedGraphConvLayer,
+            pyg.TransformerConv: TransformerConvLayer}
+
+
+# --- any other MessagePassing: its forward, message and update traced -----------------------------
+
+_EDGE_INDEX_ARGS = ("index", "ptr", "size_i", "size_j", "dim_size", "size", "edge_index",
+                    "edge_index_i", "edge_index_j", "adj_t")
+
+
+class _Stop(BaseException):
+    """Ends a traced ``forward`` at its ``propagate`` call (user code may catch Exception)."""
+
+    def __init__(self, kwargs: dict):
+        self.kwargs = kwargs
+
+
+class _EdgeIndex:
+    """Stands for ``edge_index`` while a conv's forward is traced: only propagate takes it."""
+
+    def __repr__(self) -> str:
+        return "edge_index"
+
+
+class TracedConv(PyGLayer):
+    """A user's ``MessagePassing`` subclass, traced from its own code.
+
+    Its ``forward(x, edge_index[, edge_attr])`` runs on sarc's traced values, with
+    ``self.propagate`` standing in for PyG's: the node values it passes are read at the
+    source (``name_j``) and target (``name_i``) of each edge, ``message`` and ``update``
+    are traced as written, and the aggregation is the conv's ``aggr``. The forward runs
+    once per end of an edge and once for the result, so it must pass ``edge_index``
+    to ``propagate`` unchanged, call it once, and draw no dropout before it.
+    """
+
+    def __init__(self, conv, in_channels: int | None = None, edge_dim=None):
+        from torch_geometric.nn import MessagePassing
+        cls = type(conv)
+        _aggr_name(conv)
+        if cls.message is MessagePassing.message and \
+                cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
+            raise _refuse(conv, "message_and_aggregate without message",
+                          "sarc traces message, then aggregates with aggr")
+        # PyG replaces a class's propagate by generated code and keeps the original.
+        hooks = {"aggregate": cls.aggregate,
+                 "propagate": getattr(cls, "_orig_propagate", cls.propagate)}
+        for hook, fn in hooks.items():
+            if fn is not getattr(MessagePassing, hook):
+                raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
+        # forward(x, edge_index[, e]): e (edge_attr, edge_weight...) is an edge feature of
+        # that name, of width edge_dim (() for one number per edge); without edge_dim, an
+        # optional e is traced as None.
+        third = list(inspect.signature(conv.forward).parameters.values())[2:3]
+        edge_dim = edge_dim if edge_dim is not None else getattr(conv, "edge_dim", None)
+        self._takes_edge_attr = bool(third) and edge_dim is not None
+        self.edge_input = third[0].name if third else None
+        if third and edge_dim is None and third[0].default is inspect.Parameter.empty:
+            raise _refuse(conv, f"{third[0].name} of unknown width",
+                          "give it: from_message_passing(conv, edge_dim=...), () for one "
+                          "number per edge")
+        edge = {self.edge_input: edge_dim} if self._takes_edge_attr else None
+        super().__init__(conv, _in_channels(conv, in_channels), edge=edge)
+        self._message_args = list(inspect.signature(conv.message).parameters)
+        for name in self._message_args:
+            if name in _EDGE_INDEX_ARGS:
+                raise _refuse(conv, f"message argument {name!r}",
+                              "per-edge graph structure (softmax over index/ptr, scatter); "
+                              "sarc models attention as sarc.edge_softmax")
+        self._update_args = list(inspect.signature(conv.update).parameters)[1:]
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None):
+        if not self._takes_edge_attr:
+            if edge_attr is not None:
+                raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
+                              "imported without edge_dim, its forward was traced without it: "
+                              "from_message_passing(conv, edge_dim=...)")
+            return super().prepare(edge_index, num_nodes, edge_attr)
+        if edge_attr is None:
+            raise _refuse(self.conv, f"a call without {self.edge_input}",
+                          f"it was imported with edge_dim for {self.edge_input}")
+        return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
+
+    def _forward(self, x, edge_attr, on_propagate) -> Any:
+        conv, cls = self.conv, type(self.conv).__name__
+        token = _EdgeIndex()
+        calls = []
+
+        def propagate(edge_index, size=None, **kwargs):
+            if edge_index is not token:
+                raise _refuse(conv, "a forward that changes edge_index before propagate",
+                              "prepare the graph before the call")
+            if size is not None:
+                raise _refuse(conv, "propagate(..., size=...)")
+            calls.append(kwargs)
+            if len(calls) > 1:
+                raise _refuse(conv, "a forward that calls propagate twice")
+            return on_propagate(kwargs)
+
+        def edge_updater(*args, **kwargs):
+            raise _refuse(conv, "edge_updater", "per-edge graph structure")
+
+        builder = x.tracer.builder
+        drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
+        args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)
+        object.__setattr__(conv, "propagate", propagate)
+        object.__setattr__(conv, "edge_updater", edge_updater)
+        try:
+            out = conv.forward(*args)
+        except (_Stop, SarcError):
+            raise
+        except Exception as e:
+            raise ConversionError(f"{cls}.forward cannot be traced{_where(conv, e)}: "
+                                  f"{type(e).__name__}{': ' if str(e) else ''}{e} (sarc traces "
+                                  f"a forward that computes on x and passes it, with edge_index "
+                                  f"unchanged, to self.propagate)") from e
+        finally:
+            del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
+        if not calls:
+            raise _refuse(conv, "a forward that never calls propagate")
+        if sum(1 for v in builder.values if v.op is Op.DROPOUT) > drops:
+            raise _refuse(conv, "dropout in forward before propagate",
+                          "each end of an edge would draw its own mask")
+        return out
+
+    def _captured(self, x, edge_attr) -> dict:
+        def stop(kwargs):
+            raise _Stop(kwargs)
+        try:
+            self._forward(x, edge_attr, stop)
+        except _Stop as s:
+            return s.kwargs
+        raise AssertionError("unreachable: _forward returns only through propagate")
+
+    def message(self, src, dst, edge):
+        conv = self.conv
+        ea = edge[self.edge_input] if self._takes_edge_attr else None
+        at_src = self._captured(src.x, ea)
+        reads_dst = any(a.endswith("_i") for a in self._message_args)
+        at_dst = self._captured(dst.x, ea) if reads_dst else {}
+        sig = inspect.signature(conv.message).parameters
+        args = {}
+        for name in self._message_args:
+            base, end = name[:-2], name[-2:]
+            if end == "_j" and base in at_src:
+                args[name] = _end(conv, at_src[base], 0, name)
+            elif end == "_i" and base in at_dst:
+                args[name] = _end(conv, at_dst[base], 1, name)
+            elif name in at_src:
+                value = at_src[name]
+                if isinstance(value, Proxy) and value.type.domain is not Domain.EDGE:
+                    raise _refuse(conv, f"message argument {name!r} holding node values",
+                                  f"read them per edge as {name}_j or {name}_i")
+                args[name] = value
+            elif sig[name].default is not inspect.Parameter.empty:
+                args[name] = sig[name].default
+            else:
+                raise _refuse(conv, f"message argument {name!r}", "propagate is not given it")
+        return conv.message(**args)
+
+    def update(self, dst, agg):
+        conv = self.conv
+        ea = None
+        if self._takes_edge_attr:   # what forward may compute on edge_attr before propagate
+            edge = dsl._Side(self, dst._tracer, Domain.EDGE, None, "edge", dst._precision)
+            ea = edge[self.edge_input]
+
+        def finish(kwargs):
+            extra = {n: kwargs[n] for n in self._update_args if n in kwargs}   # as PyG: as given
+            return conv.update(agg.agg, **extra)
+
+        return self._forward(dst.x, ea, finish)
+
+
+def _where(conv, error: Exception) -> str:
+    """`` at FILE:LINE (`code`)``: the conv's own line that the error came through."""
+    try:
+        file = inspect.getsourcefile(type(conv).forward)
+    except TypeError:
+        return ""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == file]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno} ({(f.line or '').strip()})"
+
+
+def _end(conv, value, end: int, name: str):
+    """The source (0) or target (1) side of a value given to propagate, as PyG reads it."""
+    if isinstance(value, (tuple, list)):
+        value = value[end]
+    if value is None:
+        raise _refuse(conv, f"message argument {name!r} with no value at that end of the edge")
+    return value
+
+
+# --- the two entry points -------------------------------------------------------------------------
+
+def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None) -> PyGLayer:
+    """A sarc layer computing ``conv(x, edge_index[, edge_attr])``, sharing ``conv``'s
+    parameters. ``in_channels`` / ``edge_dim`` give the widths of a user's conv that does
+    not record them (``conv.in_channels``, ``conv.edge_dim``)."""
+    convert = _converters().get(type(conv))
+    if convert is not None:
+        return convert(conv)
+    return TracedConv(conv, in_channels, edge_dim)
+
+
+class PyGConv(nn.Module):
+    """A sarc layer with PyG's calling convention: ``forward(x, edge_index[, edge_attr],
+    size=None)``. The ``sarc.Graph`` of an ``edge_index`` is built once and cached (by the
+    tensor's identity, its version counter, the node count and ``edge_attr``'s identity);
+    ``edge_attr`` is the layer's edge feature (``edge``: its name, needed when it declares
+    several). A ``PyGLayer`` (``from_message_passing``) prepares the graph as its conv does.
+
+    The wrapper is transparent in state dicts: a wrapped conv saves and loads under the
+    conv's own keys (``conv1.lin.weight``, not ``conv1.layer.conv.lin.weight``), so a PyG
+    model's checkpoints load into the model whose convs are wrapped, and back.
+    """
+
+    def __init__(self, layer: Layer, *, node: str | None = None, edge: str | None = None):
+        super().__init__()
+        if not isinstance(layer, Layer):
+            raise ConversionError(f"as_conv wraps a sarc.Layer or a PyG MessagePassing, got "
+                                  f"{type(layer).__name__}")
+        self.layer = layer
+        self.node = node or _only(layer._sarc_node, "node", type(layer).__name__)
+        self.edge = edge
+        if edge is None and layer._sarc_edge and not isinstance(layer, PyGLayer):
+            self.edge = _only(layer._sarc_edge, "edge", type(layer).__name__)
+        self._cache: tuple | None = None
+        self._register_state_dict_hook(_without_inner_prefix)
+        self._register_load_state_dict_pre_hook(_with_inner_prefix, with_module=True)
+
+    def inner_prefix(self) -> str:
+        """Where the wrapped parameters sit below this module: ``layer.`` or, for an
+        imported conv, ``layer.conv.``; state dicts leave it out."""
+        return "layer.conv." if isinstance(self.layer, PyGLayer) else "layer."
+
+    def forward(self, x, edge_index, edge_attr=None, size=None):
+        name = type(getattr(self.layer, "conv", self.layer)).__name__
+        if isinstance(x, (tuple, list)):
+            raise _refuse(name, "a (x_src, x_dst) pair of node features",
+                          "sarc's layers read one node feature tensor")
+        edge_index = _plain_edge_index(name, edge_index) if not isinstance(self.layer, PyGLayer) \
+            else _plain_edge_index(self.layer.conv, edge_index)
+        num = x.size(0) if size is None else _size(name, size, x.size(0))
+        g, edge = self._inputs(edge_index, num, edge_attr)
+        return self.layer(g, **{self.node: x}, **edge)
+
+    def _inputs(self, edge_index, num, edge_attr):
+        key = (edge_index._version, num, None if edge_attr is None else edge_attr._version)
+        c = self._cache
+        if c is not None and c[0] is edge_index and c[1] is edge_attr and c[2] == key:
+            return c[3], c[4]
+        if isinstance(self.layer, PyGLayer):
+            if isinstance(num, tuple):
+                raise _refuse(self.layer.conv, f"size={num} (a bipartite block)",
+                              "an imported conv runs on a graph whose nodes are its sources "
+                              "and targets")
+            prepared = self.layer.prepare(edge_index, num, edge_attr)
+            g, edge = prepared.graph(), prepared.edge
+        else:
+            g = from_pyg(edge_index, num)
+            if edge_attr is not None and self.edge is None:
+                raise ConversionError(f"{type(self.layer).__name__} declares no edge feature; "
+                                      f"it takes no edge_attr")
+            edge = {} if edge_attr is None else {self.edge: edge_attr}
+        self._cache = (edge_index, edge_attr, key, g, edge)
+        return g, edge
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state["_cache"] = None
+        return state
+
+
+def _without_inner_prefix(module: PyGConv, state_dict, prefix, local_metadata) -> None:
+    inner = prefix + module.inner_prefix()
+    items = list(state_dict.items())
+    state_dict.clear()
+    for key, value in items:
+        state_dict[prefix + key[len(inner):] if key.startswith(inner) else key] = value
+
+
+def _with_inner_prefix(module: PyGConv, state_dict, prefix, *args) -> None:
+    inner = prefix + module.inner_prefix()
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+def _only(feats: dict, kind: str, layer: str) -> str:
+    if len(feats) != 1:
+        raise ConversionError(f"{layer} declares {len(feats)} {kind} features "
+                              f"({', '.join(feats) or 'none'}); name the one PyG's "
+                              f"{'x' if kind == 'node' else 'edge_attr'} is: "
+                              f"as_conv(layer, {kind}=...)")
+    return next(iter(feats))
+
+
+def _size(name: str, size, rows: int):
+    if isinstance(size, int):
+        return size
+    num_src, num_dst = (int(s) for s in size)
+    if num_src != rows:
+        raise ConversionError(f"{name}: size={tuple(size)} but x has {rows} rows")
+    return num_src if num_src == num_dst else (num_src, num_dst)
+
+
+def as_conv(layer, **kwargs) -> PyGConv:
+    """``layer`` (a sarc layer, or a PyG ``MessagePassing`` imported first with
+    ``from_message_passing``) as a module PyG code calls like a conv."""
+    if not isinstance(layer, Layer) and isinstance(layer, nn.Module):
+        from torch_geometric.nn import MessagePassing
+        if isinstance(layer, MessagePassing):
+            layer = from_message_passing(layer)
+    return PyGConv(layer, **kwargs)
+
+
+__all__ = ["from_message_passing", "as_conv", "PyGConv", "PyGLayer", "PyGInputs", "TracedConv",
+           "ConversionError"]

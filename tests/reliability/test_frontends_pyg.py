@@ -1,0 +1,217 @@
+"""A PyG conv sarc cannot model exactly is refused with an error naming the conv's class and
+the construct, never converted into something else (``sarc.frontends.pyg``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("torch_geometric")
+from torch_geometric import nn as pyg  # noqa: E402
+from torch_geometric.nn import MessagePassing  # noqa: E402
+from torch_geometric.utils import add_self_loops, softmax  # noqa: E402
+
+import sarc  # noqa: E402
+from sarc.frontends.pyg import ConversionError, as_conv, from_message_passing  # noqa: E402
+
+from .catalogue import case  # noqa: E402
+
+EDGE_INDEX = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 0, 3, 3]])
+X = torch.randn(4, 5)
+
+
+def refused(make, *needles: str, error=ConversionError) -> str:
+    with pytest.raises(error) as info:
+        make()
+    text = str(info.value)
+    for n in needles:
+        assert n in text, (n, text)
+    return text
+
+
+def run(conv):
+    return from_message_passing(conv).run(X, EDGE_INDEX)
+
+
+@case("dsl", "a PyG GATConv with separate source and target widths (in_channels=(5, 4))",
+      "error")
+def test_gat_bipartite_widths():
+    refused(lambda: from_message_passing(pyg.GATConv((5, 4), 3)), "GATConv",
+            "in_channels=(5, 4)")
+
+
+@case("dsl", "a PyG SAGEConv with an aggregation sarc has not (aggr='std')", "error")
+def test_sage_std_aggregation():
+    refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="std")), "SAGEConv",
+            "aggr='std'")
+
+
+@case("dsl", "a PyG SAGEConv that normalizes its output (normalize=True)", "error")
+def test_sage_normalize():
+    refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, normalize=True)), "SAGEConv",
+            "normalize=True")
+
+
+@case("dsl", "a PyG TransformerConv with the gated skip (beta=True)", "error")
+def test_transformer_beta():
+    refused(lambda: from_message_passing(pyg.TransformerConv(5, 3, beta=True)),
+            "TransformerConv", "beta=True")
+
+
+@case("dsl", "a PyG RGCNConv with block-diagonal weights (num_blocks=5)", "error")
+def test_rgcn_blocks():
+    refused(lambda: from_message_passing(pyg.RGCNConv(5, 5, 2, num_blocks=5)), "RGCNConv",
+            "num_blocks=5")
+
+
+@case("dsl", "a PyG conv that aggregates at edge_index[0] (flow='target_to_source')", "error")
+def test_flow_target_to_source():
+    refused(lambda: from_message_passing(pyg.GCNConv(5, 3, flow="target_to_source")),
+            "GCNConv", "flow='target_to_source'")
+
+
+class SoftmaxByIndex(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+        self.att = nn.Linear(10, 1)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j, index, ptr, size_i):
+        alpha = softmax(self.att(torch.cat([x_i, x_j], -1)), index, ptr, size_i)
+        return alpha * x_j
+
+
+@case("tracer", "a MessagePassing message that takes index/ptr (PyG's softmax)", "error")
+def test_message_softmax_with_index():
+    refused(lambda: from_message_passing(SoftmaxByIndex()), "SoftmaxByIndex",
+            "message argument 'index'")
+
+
+class OnlyMessageAndAggregate(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message_and_aggregate(self, adj_t, x):
+        return adj_t @ x
+
+
+@case("tracer", "a MessagePassing with message_and_aggregate and no message", "error")
+def test_message_and_aggregate_only():
+    refused(lambda: from_message_passing(OnlyMessageAndAggregate()), "OnlyMessageAndAggregate",
+            "message_and_aggregate without message")
+
+
+class SelfLoopsInForward(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        edge_index, _ = add_self_loops(edge_index)
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_j):
+        return x_j
+
+
+@case("tracer", "a MessagePassing forward that rewrites edge_index (add_self_loops)", "error")
+def test_forward_changes_edge_index():
+    refused(lambda: run(SelfLoopsInForward()), "SelfLoopsInForward.forward cannot be traced",
+            "test_frontends_pyg.py", "add_self_loops(edge_index)")
+
+
+class BranchOnValue(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_j):
+        if x_j.sum() > 0:
+            return x_j
+        return -x_j
+
+
+@case("tracer", "a MessagePassing message with Python control flow on a traced value", "error")
+def test_message_control_flow():
+    text = refused(lambda: run(BranchOnValue()), "BranchOnValue", error=sarc.DSLError)
+    assert "test_frontends_pyg.py" in text   # at the user's line
+
+
+class DropoutBeforePropagate(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="mean")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        x = nn.functional.dropout(x, 0.5, self.training)
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return x_j - x_i
+
+
+@case("tracer", "a MessagePassing forward that draws dropout before propagate", "error")
+def test_dropout_in_forward():
+    refused(lambda: run(DropoutBeforePropagate()), "DropoutBeforePropagate",
+            "dropout in forward before propagate")
+
+
+@case("dsl", "a sparse adjacency instead of an edge_index given to an imported PyG conv",
+      "error")
+def test_sparse_adjacency():
+    adj = torch.sparse_coo_tensor(EDGE_INDEX, torch.ones(5), (4, 4))
+    refused(lambda: as_conv(pyg.GCNConv(5, 3))(X, adj), "GCNConv", "sparse adjacency")
+
+
+@case("dsl", "a (x_src, x_dst) pair of node features given to an imported PyG conv", "error")
+def test_bipartite_pair():
+    refused(lambda: as_conv(pyg.SAGEConv(5, 3))((X, X[:2]), EDGE_INDEX), "SAGEConv",
+            "(x_src, x_dst) pair")
+
+
+class EdgeAttrOfUnknownWidth(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.propagate(edge_index, x=x, edge_attr=edge_attr)
+
+    def message(self, x_j, edge_attr):
+        return x_j * edge_attr
+
+
+@case("dsl", "a MessagePassing whose forward needs edge_attr, imported without its width",
+      "error")
+def test_edge_attr_width_unknown():
+    refused(lambda: from_message_passing(EdgeAttrOfUnknownWidth()), "EdgeAttrOfUnknownWidth",
+            "edge_attr of unknown width", "edge_dim=")
+
+
+class TwoNodeFeatures(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 5, "pos": 3})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "as_conv of a sarc layer with two node features, neither named as PyG's x",
+      "error")
+def test_as_conv_ambiguous_node_feature():
+    refused(lambda: as_conv(TwoNodeFeatures()), "TwoNodeFeatures", "2 node features",
+            "as_conv(layer, node=...)")
+    assert as_conv(TwoNodeFeatures(), node="h").node == "h"
