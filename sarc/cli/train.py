@@ -46,7 +46,11 @@ def check_train_args(args):
         check_link_args(args, spec)
     elif args.negatives:
         raise UsageError("--negatives: an option of link prediction; it needs --task link")
-    return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+    hp = hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+    if args.task == "link":
+        from ..training.link import check_link_hparams
+        check_link_hparams(hp)
+    return spec, hp
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:

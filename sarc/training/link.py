@@ -124,8 +124,9 @@ def split_edges(src, dst, num_nodes: int, *, seed: int = 0,
                      as_pairs(cuts["test"]))
 
 
-def check_link_hparams(hp: dict[str, Any], num_nodes: int) -> None:
-    """The link task's hyperparameters in range for a graph of ``num_nodes`` nodes."""
+def check_link_hparams(hp: dict[str, Any], num_nodes: int | None = None) -> None:
+    """The link task's hyperparameters in range (for a graph of ``num_nodes`` nodes, where
+    given)."""
     if hp["negatives"] not in NEGATIVE_SAMPLERS:
         raise TrainError(f"hyperparameter negatives={hp['negatives']!r}: it must be one of "
                          f"{', '.join(NEGATIVE_SAMPLERS)}")
@@ -133,7 +134,7 @@ def check_link_hparams(hp: dict[str, Any], num_nodes: int) -> None:
         v = hp[key]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise TrainError(f"hyperparameter {key}={v!r}: it must be an integer >= 1")
-    if hp["eval_negatives"] > num_nodes:
+    if num_nodes is not None and hp["eval_negatives"] > num_nodes:
         raise TrainError(f"hyperparameter eval_negatives={hp['eval_negatives']} is more than "
                          f"the graph's {num_nodes} nodes; Hits@K and MRR rank each held-out "
                          f"edge among at most as many negatives as there are nodes")
