@@ -153,3 +153,27 @@ def test_p_workers_equal_one_process(reference, tmp_path, p):
         assert merged == want["negatives"][step]
     assert want["losses"][0] != want["losses"][-1]  # the steps trained
     assert any(float(g.abs().sum()) > 0 for g in want["grads"][0].values())
+
+
+def test_cli_on_two_workers_reports_the_one_process_result(tmp_path):
+    """``sarc train --task link --workers 2`` (split, partition, the split beside the parts,
+    the workers' dispatch) reports the metrics of the one-process run."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra):
+        out = tmp_path / f"r{len(extra)}.json"
+        proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py",
+                               "--task", "link", "--epochs", "2", "--set", "eval_negatives=50",
+                               "--negatives", "degree", "--json", out, *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(out.read_text()), proc.stdout
+
+    one, _ = run()
+    two, stdout = run("--workers", "2")
+    assert "link prediction" in stdout and "2 workers" in stdout
+    assert two["workers"] == 2 and one["workers"] == 1
+    for k in ("val_mrr", "test_mrr", "test_hits@10", "test_hits@50", "final_loss"):
+        assert two[k] == pytest.approx(one[k], rel=1e-5), k
