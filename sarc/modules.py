@@ -1,4 +1,5 @@
-"""Small torch helpers the model zoo shares (plain PyTorch, outside the compiled layers)."""
+"""Small torch helpers the model zoo shares (plain PyTorch, outside the compiled layers):
+input dropout, and the edge scorers of link prediction."""
 from __future__ import annotations
 
 import torch
@@ -28,3 +29,35 @@ def input_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     keep = torch.rand(vals.shape, dtype=vals.dtype, device=vals.device) >= p
     dropped = torch.where(keep, vals / (1.0 - p), torch.zeros((), dtype=vals.dtype, device=vals.device))
     return torch.zeros_like(flat).index_copy_(0, nz, dropped).view_as(x)
+
+
+class DotScorer(torch.nn.Module):
+    """An edge's logit: the dot product of its endpoints' embeddings."""
+
+    def forward(self, h_u: torch.Tensor, h_v: torch.Tensor) -> torch.Tensor:
+        return (h_u * h_v).sum(-1)
+
+
+class MLPScorer(torch.nn.Module):
+    """An edge's logit: a 2-layer MLP over the endpoints' elementwise product (symmetric
+    in u and v, as the graph's edges are)."""
+
+    def __init__(self, dim: int, hidden: int | None = None):
+        super().__init__()
+        hidden = hidden or dim
+        self.lin1 = torch.nn.Linear(dim, hidden)
+        self.lin2 = torch.nn.Linear(hidden, 1)
+
+    def forward(self, h_u: torch.Tensor, h_v: torch.Tensor) -> torch.Tensor:
+        return self.lin2(F.relu(self.lin1(h_u * h_v))).squeeze(-1)
+
+
+SCORERS = {"dot": DotScorer, "mlp": MLPScorer}
+"""Edge scorers of link prediction, by the name a model file's ``scorer`` takes."""
+
+
+def edge_scorer(name: str, dim: int) -> torch.nn.Module:
+    """The scorer called ``name`` (``SCORERS``) over ``dim``-wide embeddings."""
+    if name not in SCORERS:
+        raise ValueError(f"unknown scorer {name!r}; the scorers: {', '.join(SCORERS)}")
+    return DotScorer() if name == "dot" else MLPScorer(dim)

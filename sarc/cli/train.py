@@ -41,7 +41,16 @@ def check_train_args(args):
     check_input_dir("--data-dir", args.data_dir)
     check_output_file("--save", args.save)
     spec = load_model_file(args.model)
-    return spec, hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+    if args.task == "link":
+        from .link import check_link_args
+        check_link_args(args, spec)
+    elif args.negatives:
+        raise UsageError("--negatives: an option of link prediction; it needs --task link")
+    hp = hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+    if args.task == "link":
+        from ..training.link import check_link_hparams
+        check_link_hparams(hp)
+    return spec, hp
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
@@ -55,6 +64,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
     add_check_data_argument(p)
     p.add_argument("--epochs", type=int, help="most epochs (default: the model's HPARAMS)")
+    p.add_argument("--task", choices=("node", "link"), default="node",
+                   help="node classification (default), or link prediction on the graph's "
+                        "edges: test MRR and Hits@K (a link model file, e.g. models/sage_lp.py)")
+    p.add_argument("--negatives", choices=("uniform", "degree"),
+                   help="--task link: the negatives' distribution, uniform or by degree^0.75 "
+                        "(default: the model's HPARAMS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1,
                    help="processes: 1 trains in this process; P > 1 launches P workers through "
@@ -101,6 +116,9 @@ def train_command(args) -> int:
         import torch
         torch.set_num_threads(args.threads)
     data = load_dataset(args.dataset or hp["dataset"], args.data_dir, check=args.check_data)
+    if args.task == "link":
+        from .link import link_command
+        return link_command(args, spec, data)
     result = train(spec, data, epochs=args.epochs, seed=args.seed,
                    hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
                    log_every=args.log_every, checkpoint=checkpoint, save=args.save)

@@ -64,6 +64,9 @@ def partition_dataset(args, out: Path) -> str:
                         check=getattr(args, "check_data", True))
     node_data = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
                  "val_mask": data.val_mask, "test_mask": data.test_mask}
+    if getattr(args, "task", "node") == "link":
+        from .link import partition_link_dataset
+        return partition_link_dataset(args, data, out, node_data)
     edge_data = {"etype": data.etype} if data.etype is not None else {}
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
                            method=args.method, node_data=node_data, edge_data=edge_data,

@@ -224,6 +224,9 @@ def peak_memory() -> dict[str, int]:
 def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                  log: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Train ``spec``'s model on this worker's shard of ``cfg.partition`` (collective)."""
+    from .link import has_link_split, train_link_worker
+    if has_link_split(cfg.partition):  # a link-prediction set: sarc.distributed.link
+        return train_link_worker(spec, cfg, group, log)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
     hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)

@@ -14,7 +14,8 @@ epoch, layer, its original id) only), ``comm`` (sizes gathered, tensors exchange
 identity in one process), ``neighbours`` (a shard's in-edges and the neighbour
 sample), ``blocks`` (a layer's block as a ``ShardedGraph``), ``closure`` (the
 layers, from the seeds down), ``loader`` (``node_split`` and the seed batches),
-``fetch`` (rows of node data from their owners).
+``fetch`` (rows of node data from their owners), ``negative`` (link prediction's
+negative edges, drawn by key).
 """
 from .blocks import LayerBlock, MiniBatch
 from .closure import NeighbourSampler

@@ -27,6 +27,11 @@ loader (``graph``: the step's blocks; ``x``: the rows of their input nodes and
 seeds'; ``train_total``: the step's seeds over all workers), and whose ``evaluation``
 batches cover each labeled node once, so that their counts add up to
 ``StepSource.counts``. The loop does not change.
+
+A task other than node classification brings its own step and evaluation: a source
+with ``train_step(model, opt, batch, reduction)`` and ``evaluate(model, reduction)``
+(as ``train_step`` and ``evaluate`` here) is stepped and scored by them
+(``sarc.training.link``).
 """
 from __future__ import annotations
 
@@ -228,14 +233,16 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
         injected_kill(reduction.rank, epoch)
         t0 = time.perf_counter()
         model.train()
-        losses = [train_step(model, opt, batch, reduction) for batch in source.steps(epoch)]
+        step = getattr(source, "train_step", train_step)  # a task's own step (link.py)
+        losses = [step(model, opt, batch, reduction) for batch in source.steps(epoch)]
         if not losses:
             raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
                              f"gave no step")
         loss = sum(losses) / len(losses)
         model.eval()
         with torch.no_grad():
-            acc, val_loss = evaluate(model, source, reduction)
+            acc, val_loss = (source.evaluate(model, reduction) if hasattr(source, "evaluate")
+                             else evaluate(model, source, reduction))
         seconds = time.perf_counter() - t0
         if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
             say(line(epoch, loss, acc, seconds))

@@ -1,0 +1,45 @@
+"""``sarc train --task link``: link prediction on a dataset's edges, its options checked
+before any work, the run on one process (``sarc.training.link``; on P workers
+``sarc.distributed.link``)."""
+from __future__ import annotations
+
+import json
+
+from ..loader import parse_overrides
+from ..training.link import HITS_AT, LINK_DEFAULTS, train_links
+from .options import UsageError
+
+
+def check_link_args(args, spec) -> None:
+    """``sarc train --task link``'s options and model file, checked before any work;
+    ``--negatives`` becomes the ``negatives`` hyperparameter (so the workers get it)."""
+    missing = [k for k in LINK_DEFAULTS if k not in spec.hparams]
+    if missing:
+        raise UsageError(f"--task link: {spec.path or spec.name} is not a link-prediction model "
+                         f"file (its HPARAMS have no {', '.join(missing)}; a link model's "
+                         f"module has score(h_u, h_v), see models/sage_lp.py)")
+    given = [f for f, on in (("--checkpoint", getattr(args, "checkpoint", None)),
+                             ("--save", getattr(args, "save", None))) if on]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not supported with --task link")
+    if getattr(args, "partition", None):
+        raise UsageError("--partition: --task link partitions the dataset itself (its val and "
+                         "test edges leave the message graph first); leave --partition out")
+    if args.negatives:
+        args.overrides = [*args.overrides, f"negatives={args.negatives!r}"]
+
+
+def link_command(args, spec, data) -> int:
+    """``sarc train --task link`` on one process: train, print the result, write --json."""
+    result = train_links(spec, data, epochs=args.epochs, seed=args.seed,
+                         hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
+                         log_every=args.log_every)
+    hits = " ".join(f"hits@{k} {result[f'test_hits@{k}']:.4f}" for k in HITS_AT)
+    print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link prediction): "
+          f"test mrr {result['test_mrr']:.4f} {hits} (val mrr {result['val_mrr']:.4f}, epoch "
+          f"{result['best_epoch']} of {result['epochs']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
+            f.write("\n")
+    return 0
