@@ -488,8 +488,8 @@ class ProxyGraph:
         if isinstance(func, CopyMessageFunction):
             return {func.out_field: self._operand(func.target, func.in_field)}
         if isinstance(func, BinaryMessageFunction):
-            lhs = self._operand(func.lhs, func.lhs_field)
-            rhs = self._operand(func.rhs, func.rhs_field)
+            lhs, rhs = self._aligned(self._operand(func.lhs, func.lhs_field),
+                                     self._operand(func.rhs, func.rhs_field))
             if func.binary_op == "dot":
                 prod = lhs * rhs
                 return {func.out_field: prod.sum(-1).unsqueeze(-1)}
@@ -505,6 +505,16 @@ class ProxyGraph:
                                  "messages are per edge")
             return dict(out)
         self._refuse(f"message function {func!r}")
+
+    def _aligned(self, a: Proxy, b: Proxy) -> tuple[Proxy, Proxy]:
+        """Operands of a builtin broadcast as DGL's builtins do (NumPy's rule on the feature
+        shapes: the shorter padded with leading 1s; an [E] edge weight scales [E, D])."""
+        fa, fb = a.type.feat, b.type.feat
+        if len(fa) < len(fb):
+            a = self.tracer.emit(Op.RESHAPE, [a], {"feat": (1,) * (len(fb) - len(fa)) + fa})
+        elif len(fb) < len(fa):
+            b = self.tracer.emit(Op.RESHAPE, [b], {"feat": (1,) * (len(fa) - len(fb)) + fb})
+        return a, b
 
     def _operand(self, target: int, field: str) -> Proxy:
         from dgl.function.base import TargetCode
