@@ -38,12 +38,13 @@ import torch
 
 from ..dsl import Layer, _params_as_proxies
 from ..errors import DSLError, GraphError
+from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, call_torch, user_loc
 from ..trace_guards import tracing
 
-__all__ = ["DGLLayer", "from_dgl_module", "ProxyGraph"]
+__all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
 
 _REDUCERS = ("sum", "mean", "max", "min")
 _BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV}
@@ -125,6 +126,17 @@ class DGLLayer(Layer):
                     f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop before "
                     f"building the graph) or build the module with allow_zero_in_degree=True")
         return super().forward(g, *args, **feats)
+
+    def run_local(self, g, args: tuple, feats: dict):
+        """As ``Layer.run_local``; a module without dropout draws no dropout seed, so the
+        script's random stream (its own dropout between layers) is the DGL script's."""
+        from ..runtime.bind import bind_inputs
+        kernel = self.compiled()
+        inputs = bind_inputs(self, kernel.function, g, args, feats)
+        draws = any(v.op is Op.DROPOUT for v in kernel.function.values)
+        out = kernel(g, inputs, dict(self.named_parameters()), self.training,
+                     seed=None if draws else 0)
+        return out if len(out) > 1 else next(iter(out.values()))
 
 
 # --- proxies ---------------------------------------------------------------------------------
@@ -651,3 +663,68 @@ def _scalar_buffers(module: torch.nn.Module):
     finally:
         for mod, name, buf in saved:
             mod._buffers[name] = buf
+
+
+# --- DGL's modules called on sarc graphs ---------------------------------------------------
+
+def patch() -> None:
+    """Make every module of ``dgl.nn.pytorch.conv`` run through sarc when its graph is a
+    sarc graph: ``GraphConv(...)(g, x)`` with ``g`` a ``sarc.Graph`` or a worker's
+    ``DistGraph`` runs the module as ``from_dgl_module`` would, on the same parameters;
+    on a ``DGLGraph`` it runs DGL's own code. The features are declared from the first
+    call's tensors (rows of nodes: node features; rows of edges: edge features; int64:
+    types), one compiled layer per declaration. Process-wide; calling it again is a no-op.
+    """
+    import inspect
+
+    from dgl.nn.pytorch import conv
+    for name in dir(conv):
+        cls = getattr(conv, name)
+        if (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)
+                and "forward" in vars(cls) and not getattr(cls.forward, "_sarc_routed", False)):
+            cls.forward = _routed(cls.forward)
+
+
+def _routed(forward):
+    import functools
+    import inspect
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def run(self, graph, *args, **kwargs):
+        if isinstance(graph, ProxyGraph) or not hasattr(graph, "run_layer"):
+            return forward(self, graph, *args, **kwargs)   # a DGL graph, or sarc tracing it
+        bound = signature.bind(self, graph, *args, **kwargs)
+        names = list(signature.parameters)
+        feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None}
+        for k, v in feats.items():
+            if not isinstance(v, torch.Tensor):
+                raise DSLError(f"{type(self).__name__}: argument {k}={v!r} on a sarc graph; sarc "
+                               f"compiles the module's forward with tensor arguments only",
+                               user_loc())
+        layer = _layer_for(self, graph, feats)
+        layer.train(self.training)
+        return layer(graph, **feats)
+
+    run._sarc_routed = True
+    return run
+
+
+def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
+    from ..dsl import INDEX, Feature
+    num_nodes, num_edges = getattr(graph, "num_src", graph.num_dst), graph.num_edges
+    node, edge = {}, {}
+    for k, v in feats.items():
+        rows = v.shape[0] if v.dim() else None
+        if rows is None or rows not in (num_nodes, num_edges) or num_nodes == num_edges:
+            raise GraphError(f"{type(module).__name__}: cannot tell whether {k!r} "
+                             f"({list(v.shape)}) is per node ({num_nodes}) or per edge "
+                             f"({num_edges}); declare it with sarc.frontends.dgl.from_dgl_module")
+        decl = (INDEX if v.dim() == 1 and not v.is_floating_point()
+                else Feature(tuple(v.shape[1:])))
+        (node if rows == num_nodes else edge)[k] = decl
+    key = (tuple(node.items()), tuple(edge.items()))
+    cache = module.__dict__.setdefault("_sarc_layers", {})
+    if key not in cache:
+        cache[key] = DGLLayer(module, node=node, edge=edge)
+    return cache[key]
