@@ -82,8 +82,8 @@ class DGLLayer(Layer):
     def trace(self):
         self._check_init()
         name = self.module_name
-        tracer = _DGLTracer(name)
-        precision = tracer.precision = self.precision()
+        precision = self.precision()
+        tracer = _DGLTracer(name, precision)
         graph = ProxyGraph(tracer, name)
         b = tracer.builder
         feats: dict[str, Proxy] = {}
@@ -95,7 +95,7 @@ class DGLLayer(Layer):
                                                     feat.ir_type(Domain.EDGE, precision)))
         try:
             with _params_as_proxies(self, tracer), _scalar_buffers(self.module), \
-                    tracing(self.modules()), _dgl_routes(name):
+                    tracing(self.modules()), _dgl_routes(self.module):
                 out = self.module(graph, **feats)
         except DSLError as e:
             if e.problem.startswith(f"{name}:"):
@@ -116,6 +116,9 @@ class DGLLayer(Layer):
         return fn
 
     def forward(self, g, *args, **feats):
+        """As ``Layer.forward``. A module that refuses nodes without in-edges (DGL's
+        ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph``; a worker's
+        ``DistGraph`` is not checked (one worker's error would leave its peers waiting)."""
         self.compiled()   # traced: whether the module checks for nodes without in-edges
         if self._sarc_checks_in_degree:
             degree = getattr(g, "in_degree", None)
@@ -142,7 +145,13 @@ class DGLLayer(Layer):
 # --- proxies ---------------------------------------------------------------------------------
 
 class _DGLTracer(Tracer):
-    """A tracer whose values are ``_DGLProxy``s (DGL's code slices and converts them)."""
+    """A tracer whose values are ``_DGLProxy``s (DGL's code slices and converts them); it
+    knows the layer's precision (the degrees' dtype) and the graph it traces on."""
+
+    def __init__(self, name: str, precision):
+        super().__init__(name)
+        self.precision = precision
+        self.graph: ProxyGraph | None = None
 
     def emit(self, op, inputs, attrs=None):
         return _DGLProxy(self, super().emit(op, inputs, attrs).index)
@@ -571,8 +580,8 @@ def _edge_softmax(graph, logits, eids=None, norm_by="dst"):
     if not isinstance(logits, Proxy) or logits.type.domain is not Domain.EDGE:
         graph._refuse("edge_softmax of a value that is not per edge")
     feat = logits.type.feat
-    if len(feat) > 1 and feat[-1] == 1:
-        # DGL's attention scores are [E, heads, 1]; sarc fuses softmax-weighted sums of
+    if feat and feat[-1] == 1:
+        # DGL's attention scores are [E, heads, 1] or [E, 1]; sarc fuses softmax-weighted sums of
         # a score whose shape prefixes the value's ([E, heads] against [E, heads, D]).
         tracer = graph.tracer
         score = tracer.emit(Op.RESHAPE, [logits], {"feat": feat[:-1]})
@@ -610,10 +619,10 @@ def _refusal(name: str):
 
 
 @contextlib.contextmanager
-def _dgl_routes(owner: str):
-    """While ``owner`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
+def _dgl_routes(module: torch.nn.Module):
+    """While ``module`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
     linear, and DGL functions that change the graph are refused by name (in every loaded
-    ``dgl`` module that imported them)."""
+    ``dgl`` module and every module defining a class of ``module``'s tree that imported them)."""
     import dgl
     from dgl.nn.pytorch.linear import TypedLinear
     routes = {dgl.ops.edge_softmax: _edge_softmax}
@@ -624,8 +633,10 @@ def _dgl_routes(owner: str):
             routes[getattr(dgl, name)] = _refusal(f"dgl.{name}")
     swapped = []
     try:
+        users = {type(m).__module__ for m in module.modules()}
         for modname, mod in list(sys.modules.items()):
-            if mod is None or not (modname == "dgl" or modname.startswith("dgl.")):
+            if mod is None or not (modname == "dgl" or modname.startswith("dgl.")
+                                   or modname in users):
                 continue
             for attr, value in list(vars(mod).items()):
                 if callable(value) and _hashable(value) and value in routes:

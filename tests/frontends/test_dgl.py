@@ -19,6 +19,7 @@ pytest.importorskip("dgl")
 
 import dgl  # noqa: E402
 import dgl.function as fn  # noqa: E402
+from dgl.nn.functional import edge_softmax  # noqa: E402
 from dgl.nn.pytorch import (EdgeConv, GATConv, GATv2Conv, GINConv, GraphConv,  # noqa: E402
                             RelGraphConv, SAGEConv)
 from torch import nn  # noqa: E402
@@ -187,6 +188,32 @@ def test_udfs_that_reduce_over_the_mailbox_are_traced():
                 return g.dstdata["s"] + g.dstdata["x"] * g.dstdata["d"]
 
     module = UDFConv()
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    got = from_dgl_module(module, node={"feat": IN})(sarc.Graph.from_edges(src, dst, N), x)
+    torch.testing.assert_close(got, module(dgl.graph((src, dst), num_nodes=N), x),
+                               rtol=1e-5, atol=1e-5)
+
+
+class DotAttention(nn.Module):
+    """A user's attention layer: ``fn.u_dot_v`` scores, DGL's ``edge_softmax`` imported by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.v = nn.Linear(IN, 4), nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata.update({"q": self.q(feat), "v": self.v(feat)})
+            g.dstdata["q"] = self.q(feat[:g.num_dst_nodes()])
+            g.apply_edges(fn.u_dot_v("q", "q", "s"))
+            g.edata["a"] = edge_softmax(g, g.edata["s"] / 2.0)
+            g.update_all(fn.u_mul_e("v", "a", "m"), fn.sum("m", "h"))
+            return g.dstdata["h"]
+
+
+def test_edge_softmax_imported_by_a_users_module_is_sarcs():
+    module = DotAttention()
     src, dst = _edges(False)
     x = torch.randn(N, IN)
     got = from_dgl_module(module, node={"feat": IN})(sarc.Graph.from_edges(src, dst, N), x)
