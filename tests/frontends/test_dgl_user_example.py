@@ -38,3 +38,22 @@ def test_three_lines_make_the_dgl_script_a_sarc_one():
     got_losses, got_acc = runpy.run_path(str(SCRIPT), run_name="dgl_user")["main"](EPOCHS)
     assert got_losses == pytest.approx(want_losses, rel=1e-5)
     assert got_acc == pytest.approx(want_acc, abs=1e-3)
+
+
+def _sarc_train(*argv):
+    import os
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "examples/dgl_gcn.py",
+                           "--epochs", "3", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if line.startswith("selected epoch")][0]
+
+
+def test_sarc_trains_a_model_file_of_dgl_layers_on_one_and_two_workers():
+    one = _sarc_train()
+    two = _sarc_train("--workers", "2", "--method", "random")
+    accuracies = re.compile(r"val [0-9.]+ test [0-9.]+")
+    assert accuracies.search(one).group() == accuracies.search(two).group()
