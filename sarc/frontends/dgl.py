@@ -19,7 +19,11 @@ and records what it does as sarc IR:
 - ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
   degrees on a shard too); DGL's zero-in-degree check runs on the graph of each call;
 - buffers holding one number (GINConv's fixed ``eps``) are read as constants when
-  the layer is traced.
+  the layer is traced (a later change to them needs a new layer).
+
+``patch()`` makes DGL's conv modules do this by themselves when called on a sarc graph
+(``GraphConv(...)(g, x)`` with ``g`` a ``sarc.Graph`` or a worker's ``DistGraph``), so a
+DGL model runs unchanged; ``from_dgl`` converts a ``DGLGraph``.
 
 The result is a sarc ``Function``: planned, compiled by sarc's backends and run by
 its distributed schedules like any DSL layer. A construct sarc cannot lower exactly
