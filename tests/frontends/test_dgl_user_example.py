@@ -54,6 +54,6 @@ def _sarc_train(*argv):
 
 def test_sarc_trains_a_model_file_of_dgl_layers_on_one_and_two_workers():
     one = _sarc_train()
-    two = _sarc_train("--workers", "2", "--method", "random")
+    two = _sarc_train("--workers", "2", "--method", "random", "--timeout", "60")
     accuracies = re.compile(r"val [0-9.]+ test [0-9.]+")
     assert accuracies.search(one).group() == accuracies.search(two).group()
