@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .errors import SarcError
+from .errors import GraphError, SarcError
 
 EMBEDDED = ("cora", "aifb")
 """Datasets shipped in ``sarc/data``."""
@@ -362,6 +362,32 @@ def add_self_loops(src: torch.Tensor, dst: torch.Tensor, num_nodes: int
     keep = src != dst
     loops = torch.arange(num_nodes, dtype=src.dtype, device=src.device)
     return torch.cat([src[keep], loops]), torch.cat([dst[keep], loops])
+
+
+SELF_LOOP_FILL = 1.0
+"""A float edge feature's value on an added self loop: a unit weight, as PyG's
+``add_self_loops(fill_value=1.0)`` gives and as a weighted GCN counts a node's own row."""
+
+
+def add_self_loops_with_data(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
+                             edge_data: Mapping[str, torch.Tensor]
+                             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``add_self_loops`` with the edge features the model reads: the kept edges' values,
+    then ``SELF_LOOP_FILL`` on every loop for a float feature. An integer feature (an edge
+    type) has no value a loop could take: a ``GraphError`` naming it. Pass only the features
+    the model reads (``sarc.dsl.edge_inputs_for``): the others need no fill."""
+    keep = src != dst
+    out = {}
+    for name, values in edge_data.items():
+        if not values.is_floating_point():
+            raise GraphError(
+                f"edge feature {name!r} ({values.dtype}) is read by the model and the graph "
+                f"gets self loops (self_loops=True), but a self loop has no edge type or other "
+                f"integer value; set self_loops=False, or model the self connection in the "
+                f"layer (R-GCN's root weight)")
+        fill = values.new_full((num_nodes, *values.shape[1:]), SELF_LOOP_FILL)
+        out[name] = torch.cat([values[keep], fill])
+    return (*add_self_loops(src, dst, num_nodes), out)
 
 
 # --- synthetic graphs --------------------------------------------------------------------

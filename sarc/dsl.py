@@ -398,6 +398,20 @@ class TypedLinear(nn.Module):
         return torch.bmm(x.unsqueeze(1), w[types]).squeeze(1)
 
 
+def edge_inputs_for(model: nn.Module, carried: Mapping[str, Any]) -> dict[str, Any]:
+    """The edge features of ``carried`` (what a graph or partition holds) that ``model``
+    reads: those its sarc layers declare and its ``forward`` takes by name. A trainer calls
+    ``model(g, x, **edge_inputs_for(model, carried))``, so an edge feature a partition
+    happens to carry (``etype``) never reaches a model that does not read it."""
+    import inspect
+    declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
+    params = inspect.signature(model.forward).parameters.values()
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: carried[k] for k in dict.fromkeys(declared)
+            if k in carried and (takes_any or k in named)}
+
+
 def glorot_(t: torch.Tensor) -> torch.Tensor:
     """Glorot/Xavier uniform init over the last two dims (as PyG's ``glorot``)."""
     a = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
@@ -406,4 +420,4 @@ def glorot_(t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "sum", "mean", "max", "min",
-           "edge_softmax", "glorot_", "GraphError"]
+           "edge_softmax", "glorot_", "edge_inputs_for", "GraphError"]

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from .errors import DSLError
 from .ir.ops import Op
 from .ir.types import Domain
-from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, _is_int, _kind,
-                    _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
+from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, RowCount, _is_int,
+                    _kind, _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
 
 
 # --- axes ---------------------------------------------------------------------------------
@@ -351,7 +351,9 @@ def _reshape_function(input, shape):
 def _reshape(x: Proxy, shape: tuple) -> Proxy:
     t = x.type
     if t.domain is not Domain.PARAM:
-        if not shape or not _is_int(shape[0]) or shape[0] != -1:   # a RowCount, too
+        rows = shape[0] if shape else None
+        own_rows = isinstance(rows, RowCount) and rows.symbol == t.domain.rows  # x.shape[0]
+        if not own_rows and (not _is_int(rows) or rows != -1):
             raise DSLError("reshape a graph value with -1 as its first dim (the row axis), "
                            f"e.g. x.view(-1, heads, dim); got {list(shape)}", user_loc())
         shape = shape[1:]

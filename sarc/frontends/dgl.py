@@ -1,0 +1,745 @@
+"""DGL's nn modules, unmodified, compiled by sarc.
+
+``from_dgl_module(module, node=..., edge=...)`` wraps a DGL module (``GraphConv``,
+``SAGEConv``, ``GATConv``...) as a ``sarc.Layer`` sharing its parameters. Tracing the
+layer runs the module's own ``forward`` once, on a ``ProxyGraph`` (an object that
+answers the part of ``DGLGraph``'s interface DGL's layers use) and proxy features,
+and records what it does as sarc IR:
+
+- node code runs on source rows; ``feat[:g.num_dst_nodes()]`` (DGL's block
+  convention: the destinations are the first source rows) replays that code on the
+  destination rows, so the graph is presented as a block (``is_block`` is True);
+- ``update_all`` / ``apply_edges`` with DGL's builtins (``fn.copy_u``, ``fn.u_mul_e``,
+  ``fn.u_add_v``, ``fn.e_dot_v``, ... and ``fn.sum`` / ``mean`` / ``max`` / ``min``)
+  become gathers, edge math and reductions; message UDFs are traced as written
+  (``edges.src``, ``edges.dst``, ``edges.data``), reduce UDFs when they sum, average
+  or take the extremum of ``nodes.mailbox[...]`` over its mailbox axis;
+- ``dgl.ops.edge_softmax`` / ``dgl.nn.functional.edge_softmax`` become sarc's;
+  ``dgl.nn.TypedLinear`` (RelGraphConv's ``W[etype]``) becomes sarc's typed linear;
+- ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
+  degrees on a shard too); DGL's zero-in-degree check runs on the graph of each call;
+- buffers holding one number (GINConv's fixed ``eps``) are read as constants when
+  the layer is traced (a later change to them needs a new layer).
+
+``patch()`` makes DGL's conv modules do this by themselves when called on a sarc graph
+(``GraphConv(...)(g, x)`` with ``g`` a ``sarc.Graph`` or a worker's ``DistGraph``), so a
+DGL model runs unchanged; ``from_dgl`` converts a ``DGLGraph``.
+
+The result is a sarc ``Function``: planned, compiled by sarc's backends and run by
+its distributed schedules like any DSL layer. A construct sarc cannot lower exactly
+(an LSTM over the mailbox, ``g.ndata``, ``dgl.to_homogeneous``, random draws, a
+tensor that is not a parameter) is a ``DSLError`` naming the module class and the
+construct, at the line that used it. DGL is imported only inside these functions.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Mapping
+
+import torch
+
+from ..dsl import Layer, _params_as_proxies
+from ..errors import DSLError, GraphError
+from ..interop import from_dgl
+from ..ir.ops import Op
+from ..ir.types import Domain, TensorType
+from ..trace import Proxy, RowCount, Tracer, call_torch, user_loc
+from ..trace_guards import tracing
+
+__all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
+
+_REDUCERS = ("sum", "mean", "max", "min")
+_BINARY = {"add": Op.ADD, "sub": Op.SUB, "mul": Op.MUL, "div": Op.DIV}
+
+
+def from_dgl_module(module: torch.nn.Module, *, node: Mapping[str, Any],
+                    edge: Mapping[str, Any] | None = None, backend: str = "torch") -> "DGLLayer":
+    """``module`` (a DGL nn module) as a ``sarc.Layer`` sharing its parameters.
+
+    ``node`` and ``edge`` name the module's ``forward`` arguments the layer reads and
+    declare them as a DSL layer does (width, shape or ``sarc.Feature``): for GraphConv
+    ``node={"feat": 16}, edge={"edge_weight": ()}``, for RelGraphConv
+    ``node={"feat": 16}, edge={"etypes": sarc.INDEX}``. The layer is then called as
+    ``layer(g, feat, edge_weight)`` (or by name) on a ``sarc.Graph`` or a worker's
+    ``DistGraph``.
+    """
+    return DGLLayer(module, node=node, edge=edge, backend=backend)
+
+
+class DGLLayer(Layer):
+    """A DGL module traced into sarc's IR (see the module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, *, node: Mapping[str, Any],
+                 edge: Mapping[str, Any] | None = None, backend: str = "torch"):
+        super().__init__(node=node, edge=edge, backend=backend)
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"from_dgl_module takes a DGL nn module, got {type(module).__name__}")
+        self.module = module
+        self._sarc_checks_in_degree = False
+
+    @property
+    def module_name(self) -> str:
+        return type(self.module).__name__
+
+    def trace(self):
+        self._check_init()
+        name = self.module_name
+        precision = self.precision()
+        tracer = _DGLTracer(name, precision)
+        graph = ProxyGraph(tracer, name)
+        b = tracer.builder
+        feats: dict[str, Proxy] = {}
+        for fname, feat in self._sarc_node.items():
+            feats[fname] = _DGLProxy(tracer, b.leaf(Op.INPUT, fname,
+                                                    feat.ir_type(Domain.SRC, precision)))
+        for fname, feat in self._sarc_edge.items():
+            feats[fname] = _DGLProxy(tracer, b.leaf(Op.INPUT, fname,
+                                                    feat.ir_type(Domain.EDGE, precision)))
+        try:
+            with _params_as_proxies(self, tracer), _scalar_buffers(self.module), \
+                    tracing(self.modules()), _dgl_routes(self.module):
+                out = self.module(graph, **feats)
+        except DSLError as e:
+            if e.problem.startswith(f"{name}:"):
+                raise
+            raise DSLError(f"{name}: {e.problem}", e.loc) from None
+        if not isinstance(out, Proxy):
+            what = ("a tuple (get_attention=True, or several outputs)" if isinstance(out, tuple)
+                    else type(out).__name__)
+            raise DSLError(f"{name}: forward returned {what}; sarc compiles a module that returns "
+                           f"one node tensor", None)
+        if out.type.domain is not Domain.DST:
+            raise DSLError(f"{name}: forward returned {out.type.domain.article} value "
+                           f"{list(out.type.feat)}, not a value per destination node", None)
+        self._sarc_checks_in_degree = graph.checks_in_degree
+        from ..ir.verifier import verify
+        fn = b.finish([("h", out.index)])
+        verify(fn)
+        return fn
+
+    def forward(self, g, *args, **feats):
+        """As ``Layer.forward``. A module that refuses nodes without in-edges (DGL's
+        ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph``; a worker's
+        ``DistGraph`` is not checked (one worker's error would leave its peers waiting)."""
+        self.compiled()   # traced: whether the module checks for nodes without in-edges
+        if self._sarc_checks_in_degree:
+            degree = getattr(g, "in_degree", None)
+            from ..graph import Graph
+            if isinstance(g, Graph) and degree is not None and bool((degree == 0).any()):
+                raise GraphError(
+                    f"{self.module_name}: there are nodes without incoming edges, whose output "
+                    f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop before "
+                    f"building the graph) or build the module with allow_zero_in_degree=True")
+        return super().forward(g, *args, **feats)
+
+    def run_local(self, g, args: tuple, feats: dict):
+        """As ``Layer.run_local``; a module without dropout draws no dropout seed, so the
+        script's random stream (its own dropout between layers) is the DGL script's."""
+        from ..runtime.bind import bind_inputs
+        kernel = self.compiled()
+        inputs = bind_inputs(self, kernel.function, g, args, feats)
+        draws = any(v.op is Op.DROPOUT for v in kernel.function.values)
+        out = kernel(g, inputs, dict(self.named_parameters()), self.training,
+                     seed=None if draws else 0)
+        return out if len(out) > 1 else next(iter(out.values()))
+
+
+# --- proxies ---------------------------------------------------------------------------------
+
+class _DGLTracer(Tracer):
+    """A tracer whose values are ``_DGLProxy``s (DGL's code slices and converts them); it
+    knows the layer's precision (the degrees' dtype) and the graph it traces on."""
+
+    def __init__(self, name: str, precision):
+        super().__init__(name)
+        self.precision = precision
+        self.graph: ProxyGraph | None = None
+
+    def emit(self, op, inputs, attrs=None):
+        return _DGLProxy(self, super().emit(op, inputs, attrs).index)
+
+    def const(self, value, like):
+        return _DGLProxy(self, super().const(value, like).index)
+
+
+class _DGLProxy(Proxy):
+    """A traced value with what DGL's layers do to node tensors besides math:
+    ``x[:g.num_dst_nodes()]`` (its destination rows), ``.to(other)``, ``.float()``, and
+    ``g.in_degrees() == 0`` (DGL's zero-in-degree check)."""
+
+    __slots__ = ()
+    __hash__ = Proxy.__hash__
+
+    def __getitem__(self, key):
+        if _is_dst_rows(key):
+            domain = self.type.domain
+            if domain is Domain.DST:
+                return self
+            if domain is Domain.SRC:
+                return _DGLProxy(self.tracer, _to_dst(self.tracer, self.index))
+            raise DSLError(f"{_owner(self.tracer)}: the first num_dst_nodes() rows of "
+                           f"{domain.article} value are not destination nodes", user_loc())
+        return super().__getitem__(key)
+
+    def to(self, *args, **kwargs):
+        for a in (*args, *kwargs.values()):
+            dtype = a.dtype if isinstance(a, (Proxy, torch.Tensor)) else a
+            if isinstance(dtype, torch.dtype) and dtype != self.dtype:
+                raise DSLError(f"{_owner(self.tracer)}: .to({dtype}) of a {self.dtype} traced "
+                               f"value: sarc does not convert dtypes inside a layer", user_loc())
+        return self
+
+    def float(self):
+        return self.to(torch.float32)
+
+    def __eq__(self, other):
+        v = self.tracer.builder.values[self.index]
+        if (v.op is Op.INPUT and v.attr["name"] == "in_degree" and isinstance(other, int)
+                and other == 0):
+            return _ZeroInDegree(self.tracer)
+        return Proxy.__eq__(self, other)
+
+
+class _ZeroInDegree:
+    """``g.in_degrees() == 0`` while tracing: ``.any()`` is False and records that the
+    module checks, which each call of the compiled layer then does on its graph."""
+
+    def __init__(self, tracer: "_DGLTracer"):
+        self.tracer = tracer
+
+    def any(self) -> bool:
+        self.tracer.graph.checks_in_degree = True
+        return False
+
+    __bool__ = any
+
+
+def _is_dst_rows(key) -> bool:
+    return (isinstance(key, slice) and key.step is None and key.start in (None, 0)
+            and isinstance(key.stop, RowCount) and key.stop.symbol == Domain.DST.rows)
+
+
+def _to_dst(tracer: Tracer, index: int, memo: dict | None = None) -> int:
+    """The value ``index`` (node code on source rows) computed on the destination rows:
+    its instructions replayed from the destination rows of the same inputs."""
+    memo = {} if memo is None else memo
+    if index in memo:
+        return memo[index]
+    b = tracer.builder
+    v = b.values[index]
+    if v.type.domain in (Domain.DST, Domain.PARAM):
+        return index
+    if v.type.domain is not Domain.SRC:
+        raise DSLError(f"{_owner(tracer)}: {v.type.domain.article} value cannot be read per "
+                       f"destination node", v.loc)
+    if v.op is Op.INPUT:
+        if v.attr["name"] == "out_degree":
+            raise DSLError(f"{_owner(tracer)}: the destination rows of g.out_degrees() are not "
+                           f"an input sarc has (use in_degrees() per destination)", v.loc)
+        out = b.leaf(Op.INPUT, v.attr["name"], v.type.with_(domain=Domain.DST), v.loc)
+    elif v.op in (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.SCATTER_SRC, Op.DST_TO_SRC):
+        raise DSLError(f"{_owner(tracer)}: a source value computed from the graph's edges "
+                       f"cannot be replayed per destination node", v.loc)
+    else:
+        out = b.add(v.op, [_to_dst(tracer, i, memo) for i in v.inputs], v.attr, v.loc)
+    memo[index] = out
+    return out
+
+
+def _owner(tracer) -> str:
+    return tracer.builder.name
+
+
+class _Rows(RowCount):
+    """A graph size (``g.num_dst_nodes()``, ``g.num_edges()``) while tracing: usable as the
+    row dim of a view and as the end of ``x[:n]``. Compared with 0 it is False: DGL's
+    layers guard empty graphs that way, and sarc's reductions give 0 to a node without
+    edges, as DGL's guards do."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        if isinstance(other, int) and not isinstance(other, bool) and other == 0:
+            return False
+        return RowCount.__eq__(self, other)
+
+    __hash__ = RowCount.__hash__
+
+
+# --- the graph ---------------------------------------------------------------------------------
+
+class _Frame(MutableMapping):
+    """``g.srcdata`` / ``g.dstdata`` / ``g.edata``: traced values of one domain by name."""
+
+    def __init__(self, graph: "ProxyGraph", domain: Domain, what: str):
+        self._graph, self._domain, self._what = graph, domain, what
+        self._data: dict[str, Proxy] = {}
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __setitem__(self, key, value):
+        if not isinstance(value, Proxy):
+            raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is set to "
+                           f"{type(value).__name__}, not a value computed from the layer's "
+                           f"inputs and parameters", user_loc())
+        if value.type.domain is not self._domain:
+            raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is set to "
+                           f"{value.type.domain.article} value; it holds "
+                           f"{self._domain.value} values", user_loc())
+        self._data[key] = value
+
+    def __delitem__(self, key):
+        del self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class _EdgeBatch:
+    """What a message UDF receives: ``edges.src``, ``edges.dst`` (read per edge), ``edges.data``."""
+
+    def __init__(self, graph: "ProxyGraph"):
+        self.src = _Gathered(graph, graph.srcdata, Op.GATHER_SRC)
+        self.dst = _Gathered(graph, graph.dstdata, Op.GATHER_DST)
+        self.data = graph.edata
+        self._graph = graph
+
+    def __getattr__(self, name):
+        raise DSLError(f"{self._graph.owner}: edges.{name} in a message function is not "
+                       f"supported by sarc (edges.src, edges.dst and edges.data are)", user_loc())
+
+
+class _Gathered(Mapping):
+    def __init__(self, graph, frame, gather):
+        self._graph, self._frame, self._gather = graph, frame, gather
+
+    def __getitem__(self, key):
+        return self._graph.tracer.emit(self._gather, [self._frame[key]])
+
+    def __iter__(self):
+        return iter(self._frame)
+
+    def __len__(self):
+        return len(self._frame)
+
+
+class _NodeBatch:
+    """What a reduce UDF receives: ``nodes.mailbox`` and ``nodes.data`` (destination rows)."""
+
+    def __init__(self, graph: "ProxyGraph", messages: dict[str, Proxy]):
+        self.mailbox = {k: _Mailbox(graph, k, v) for k, v in messages.items()}
+        self.data = graph.dstdata
+        self._graph = graph
+
+    def __getattr__(self, name):
+        raise DSLError(f"{self._graph.owner}: nodes.{name} in a reduce function is not "
+                       f"supported by sarc (nodes.mailbox and nodes.data are)", user_loc())
+
+
+class _Mailbox:
+    """``nodes.mailbox[name]``: only a sum, mean, max or min over the mailbox axis (dim 1)
+    lowers to a sarc reduction; anything else (an LSTM, sorting, indexing) is refused."""
+
+    def __init__(self, graph, name, value):
+        self._graph, self._name, self._value = graph, name, value
+
+    def _refuse(self, what: str):
+        raise DSLError(f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: "
+                       f"sarc lowers a reduce function only when it sums, averages or takes the "
+                       f"max / min of the mailbox over dim 1 (e.g. fn.{_REDUCERS[0]}, "
+                       f"mailbox.sum(1))", user_loc())
+
+    def _reduce(self, kind, dim, keepdim=False):
+        full = 2 + len(self._value.type.feat)
+        if not isinstance(dim, int) or dim not in (1, 1 - full) or keepdim:
+            self._refuse(f"a {kind} over dim={dim!r}" + (" with keepdim" if keepdim else ""))
+        return self._graph.tracer.emit(Op.REDUCE, [self._value], {"kind": kind})
+
+    def sum(self, dim=None, keepdim=False):
+        return self._reduce("sum", dim, keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        return self._reduce("mean", dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        return _Extremum(self, self._reduce("max", dim, keepdim))
+
+    def min(self, dim=None, keepdim=False):
+        return _Extremum(self, self._reduce("min", dim, keepdim))
+
+    def amax(self, dim=None, keepdim=False):
+        return self._reduce("max", dim, keepdim)
+
+    def amin(self, dim=None, keepdim=False):
+        return self._reduce("min", dim, keepdim)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        box = args[0] if args else None
+        name = getattr(func, "__name__", "")
+        if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin"):
+            return getattr(box, name)(*args[1:], **kwargs)
+        mailbox = next(a for a in (*args, *kwargs.values()) if isinstance(a, _Mailbox))
+        mailbox._refuse(f"torch.{name}")
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._refuse(f".{name}")
+
+    def __getitem__(self, key):
+        self._refuse("indexing")
+
+
+class _Extremum(tuple):
+    """``mailbox.max(1)``: ``(values, indices)``; the indices are not traced."""
+
+    def __new__(cls, box, values):
+        self = super().__new__(cls, (values, None))
+        self._box = box
+        return self
+
+    @property
+    def values(self):
+        return self[0]
+
+    @property
+    def indices(self):
+        self._box._refuse("the arg-max / arg-min indices")
+
+
+class ProxyGraph:
+    """What a DGL module's ``forward`` receives while sarc traces it: a homogeneous block
+    (destinations first among the sources) whose data are traced values."""
+
+    is_block = True
+    is_homogeneous = True
+    ntypes = srctypes = dsttypes = ("_N",)
+    etypes = ("_E",)
+    canonical_etypes = (("_N", "_E", "_N"),)
+
+    def __init__(self, tracer: "_DGLTracer", owner: str):
+        self.tracer, self.owner = tracer, owner
+        tracer.graph = self
+        self.checks_in_degree = False
+        self.srcdata = _Frame(self, Domain.SRC, "srcdata")
+        self.dstdata = _Frame(self, Domain.DST, "dstdata")
+        self.edata = _Frame(self, Domain.EDGE, "edata")
+
+    def _refuse(self, what: str, hint: str = ""):
+        raise DSLError(f"{self.owner}: {what} is not supported by sarc's DGL front end"
+                       + (f" ({hint})" if hint else ""), user_loc())
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse(f"g.{name}")
+
+    @property
+    def ndata(self):
+        self._refuse("g.ndata", "a sarc graph is read as a block: use g.srcdata / g.dstdata")
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    @contextlib.contextmanager
+    def local_scope(self):
+        saved = [dict(f._data) for f in (self.srcdata, self.dstdata, self.edata)]
+        try:
+            yield self
+        finally:
+            for f, data in zip((self.srcdata, self.dstdata, self.edata), saved):
+                f._data = data
+
+    # sizes and degrees
+    def num_src_nodes(self, ntype=None):
+        return _Rows(Domain.SRC.rows)
+
+    def num_dst_nodes(self, ntype=None):
+        return _Rows(Domain.DST.rows)
+
+    def num_edges(self, etype=None):
+        return _Rows(Domain.EDGE.rows)
+
+    number_of_src_nodes = num_src_nodes
+    number_of_dst_nodes = num_dst_nodes
+    number_of_edges = num_edges
+
+    def num_nodes(self, ntype=None):
+        self._refuse("g.num_nodes()", "a block has num_src_nodes() and num_dst_nodes()")
+
+    number_of_nodes = num_nodes
+
+    def in_degrees(self, v=None, etype=None):
+        if v is not None:
+            self._refuse("g.in_degrees(v)", "the degrees of all destination nodes are")
+        return self._leaf("in_degree", Domain.DST)
+
+    def out_degrees(self, u=None, etype=None):
+        if u is not None:
+            self._refuse("g.out_degrees(u)", "the degrees of all source nodes are")
+        return self._leaf("out_degree", Domain.SRC)
+
+    def _leaf(self, name, domain):
+        b = self.tracer.builder
+        t = TensorType(domain, self.tracer.precision, ())
+        return _DGLProxy(self.tracer, b.leaf(Op.INPUT, name, t, user_loc()))
+
+    # message passing
+    def apply_edges(self, func, edges=None, etype=None):
+        if edges is not None:
+            self._refuse("g.apply_edges(func, edges)", "on all edges it is")
+        self.edata.update(self._messages(func))
+
+    def update_all(self, message_func, reduce_func, apply_node_func=None, etype=None):
+        if apply_node_func is not None:
+            self._refuse("update_all(..., apply_node_func)")
+        messages = self._messages(message_func)
+        self.dstdata.update(self._reduce(reduce_func, messages))
+
+    def multi_update_all(self, *args, **kwargs):
+        self._refuse("g.multi_update_all", "a sarc graph is homogeneous")
+
+    def _messages(self, func) -> dict[str, Proxy]:
+        from dgl.function.message import BinaryMessageFunction, CopyMessageFunction
+        if isinstance(func, CopyMessageFunction):
+            return {func.out_field: self._operand(func.target, func.in_field)}
+        if isinstance(func, BinaryMessageFunction):
+            lhs, rhs = self._aligned(self._operand(func.lhs, func.lhs_field),
+                                     self._operand(func.rhs, func.rhs_field))
+            if func.binary_op == "dot":
+                prod = lhs * rhs
+                return {func.out_field: prod.sum(-1).unsqueeze(-1)}
+            return {func.out_field: self.tracer.emit(_BINARY[func.binary_op], [lhs, rhs])}
+        if callable(func) and not _is_dgl_builtin(func):
+            out = func(_EdgeBatch(self))
+            if not isinstance(out, Mapping) or not all(isinstance(v, Proxy) for v in out.values()):
+                self._refuse(f"a message function returning {type(out).__name__}",
+                             "it returns a dict of edge values")
+            for k, v in out.items():
+                if v.type.domain is not Domain.EDGE:
+                    self._refuse(f"message {k!r} is {v.type.domain.article} value",
+                                 "messages are per edge")
+            return dict(out)
+        self._refuse(f"message function {func!r}")
+
+    def _aligned(self, a: Proxy, b: Proxy) -> tuple[Proxy, Proxy]:
+        """Operands of a builtin broadcast as DGL's builtins do (NumPy's rule on the feature
+        shapes: the shorter padded with leading 1s; an [E] edge weight scales [E, D])."""
+        fa, fb = a.type.feat, b.type.feat
+        if len(fa) < len(fb):
+            a = self.tracer.emit(Op.RESHAPE, [a], {"feat": (1,) * (len(fb) - len(fa)) + fa})
+        elif len(fb) < len(fa):
+            b = self.tracer.emit(Op.RESHAPE, [b], {"feat": (1,) * (len(fa) - len(fb)) + fb})
+        return a, b
+
+    def _operand(self, target: int, field: str) -> Proxy:
+        from dgl.function.base import TargetCode
+        if target == TargetCode.SRC:
+            return self.tracer.emit(Op.GATHER_SRC, [self.srcdata[field]])
+        if target == TargetCode.DST:
+            return self.tracer.emit(Op.GATHER_DST, [self.dstdata[field]])
+        return self.edata[field]
+
+    def _reduce(self, func, messages: dict[str, Proxy]) -> dict[str, Proxy]:
+        from dgl.function.reducer import SimpleReduceFunction
+        if isinstance(func, SimpleReduceFunction):
+            if func._name not in _REDUCERS:
+                self._refuse(f"reducer fn.{func._name}")
+            return {func.out_field: self.tracer.emit(Op.REDUCE, [messages[func.msg_field]],
+                                                     {"kind": func._name})}
+        if callable(func) and not _is_dgl_builtin(func):
+            out = func(_NodeBatch(self, messages))
+            if not isinstance(out, Mapping) or not all(isinstance(v, Proxy) for v in out.values()):
+                self._refuse(f"a reduce function returning {type(out).__name__}",
+                             "it returns a dict of destination values")
+            return dict(out)
+        self._refuse(f"reduce function {func!r}")
+
+
+def _is_dgl_builtin(func) -> bool:
+    from dgl.function.base import BuiltinFunction
+    return isinstance(func, BuiltinFunction)
+
+
+# --- DGL's functions, routed while a module is traced ------------------------------------------
+
+def _edge_softmax(graph, logits, eids=None, norm_by="dst"):
+    from dgl.base import ALL, is_all
+    if not isinstance(graph, ProxyGraph):
+        raise TypeError("sarc's edge_softmax runs on the graph sarc traces a module with")
+    if eids is not None and eids is not ALL and not is_all(eids):
+        graph._refuse("edge_softmax(..., eids)", "over all edges it is")
+    if norm_by != "dst":
+        graph._refuse(f"edge_softmax(..., norm_by={norm_by!r})",
+                      "sarc normalizes over each destination's incoming edges")
+    if not isinstance(logits, Proxy) or logits.type.domain is not Domain.EDGE:
+        graph._refuse("edge_softmax of a value that is not per edge")
+    feat = logits.type.feat
+    if feat and feat[-1] == 1:
+        # DGL's attention scores are [E, heads, 1] or [E, 1]; sarc fuses softmax-weighted sums of
+        # a score whose shape prefixes the value's ([E, heads] against [E, heads, D]).
+        tracer = graph.tracer
+        score = tracer.emit(Op.RESHAPE, [logits], {"feat": feat[:-1]})
+        return tracer.emit(Op.RESHAPE, [tracer.emit(Op.EDGE_SOFTMAX, [score])], {"feat": feat})
+    return graph.tracer.emit(Op.EDGE_SOFTMAX, [logits])
+
+
+def _reshape(input, shape):
+    """torch.reshape while a module is traced: a traced value's shape may name its rows
+    (``torch.reshape(x, x.shape[:1] + (1,))``), which torch's own argument parsing refuses."""
+    if isinstance(input, Proxy):
+        return call_torch(_TORCH_RESHAPE, (input, shape), {})
+    return _TORCH_RESHAPE(input, shape)
+
+
+_TORCH_RESHAPE = torch.reshape
+
+
+def _typed_linear(self, x, x_type, sorted_by_type=False):
+    """dgl.nn.TypedLinear's forward, traced: ``x[i] @ W[x_type[i]]``."""
+    if self.regularizer == "bdd":
+        raise DSLError(f"TypedLinear with regularizer='bdd' (block-diagonal weights) is not "
+                       f"supported by sarc's DGL front end (None and 'basis' are)", user_loc())
+    if not (isinstance(x, Proxy) and isinstance(x_type, Proxy)):
+        raise DSLError("TypedLinear needs traced features and a traced int64 type per row",
+                       user_loc())
+    return x.tracer.emit(Op.TYPED_LINEAR, [x, self.get_weight(), x_type])
+
+
+def _refusal(name: str):
+    def refuse(*args, **kwargs):
+        raise DSLError(f"{name} is not supported by sarc's DGL front end (a sarc graph is one "
+                       f"homogeneous block, fixed when the layer is traced)", user_loc())
+    return refuse
+
+
+@contextlib.contextmanager
+def _dgl_routes(module: torch.nn.Module):
+    """While ``module`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
+    linear, and DGL functions that change the graph are refused by name (in every loaded
+    ``dgl`` module and every module defining a class of ``module``'s tree that imported them)."""
+    import dgl
+    from dgl.nn.pytorch.linear import TypedLinear
+    routes = {dgl.ops.edge_softmax: _edge_softmax}
+    for name in ("to_homogeneous", "to_heterogeneous", "add_self_loop", "remove_self_loop",
+                 "to_bidirected", "add_reverse_edges", "to_simple", "node_subgraph",
+                 "edge_subgraph", "in_subgraph"):
+        if hasattr(dgl, name):
+            routes[getattr(dgl, name)] = _refusal(f"dgl.{name}")
+    swapped = []
+    try:
+        users = {type(m).__module__ for m in module.modules()}
+        for modname, mod in list(sys.modules.items()):
+            if mod is None or not (modname == "dgl" or modname.startswith("dgl.")
+                                   or modname in users):
+                continue
+            for attr, value in list(vars(mod).items()):
+                if callable(value) and _hashable(value) and value in routes:
+                    swapped.append((mod, attr, value))
+                    setattr(mod, attr, routes[value])
+        swapped.append((TypedLinear, "forward", TypedLinear.forward))
+        TypedLinear.forward = _typed_linear
+        swapped.append((torch, "reshape", _TORCH_RESHAPE))
+        torch.reshape = _reshape
+        yield
+    finally:
+        for mod, attr, value in reversed(swapped):
+            setattr(mod, attr, value)
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+@contextlib.contextmanager
+def _scalar_buffers(module: torch.nn.Module):
+    """Buffers of one element read as 0-d tensors (constants) while tracing."""
+    saved = []
+    try:
+        for mod in module.modules():
+            for name, buf in list(mod._buffers.items()):
+                if buf is not None and buf.numel() == 1 and buf.dim() == 1:
+                    saved.append((mod, name, buf))
+                    mod._buffers[name] = buf.detach().reshape(())
+        yield
+    finally:
+        for mod, name, buf in saved:
+            mod._buffers[name] = buf
+
+
+# --- DGL's modules called on sarc graphs ---------------------------------------------------
+
+def patch() -> None:
+    """Make every module of ``dgl.nn.pytorch.conv`` run through sarc when its graph is a
+    sarc graph: ``GraphConv(...)(g, x)`` with ``g`` a ``sarc.Graph`` or a worker's
+    ``DistGraph`` runs the module as ``from_dgl_module`` would, on the same parameters;
+    on a ``DGLGraph`` it runs DGL's own code. The features are declared from the first
+    call's tensors (rows of nodes: node features; rows of edges: edge features; int64:
+    types), one compiled layer per declaration. Process-wide; calling it again is a no-op.
+    """
+    import inspect
+
+    from dgl.nn.pytorch import conv
+    for name in dir(conv):
+        cls = getattr(conv, name)
+        if (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)
+                and "forward" in vars(cls) and not getattr(cls.forward, "_sarc_routed", False)):
+            cls.forward = _routed(cls.forward)
+
+
+def _routed(forward):
+    import functools
+    import inspect
+    signature = inspect.signature(forward)
+
+    @functools.wraps(forward)
+    def run(self, graph, *args, **kwargs):
+        if isinstance(graph, ProxyGraph) or not hasattr(graph, "run_layer"):
+            return forward(self, graph, *args, **kwargs)   # a DGL graph, or sarc tracing it
+        bound = signature.bind(self, graph, *args, **kwargs)
+        names = list(signature.parameters)
+        feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None}
+        for k, v in feats.items():
+            if not isinstance(v, torch.Tensor):
+                raise DSLError(f"{type(self).__name__}: argument {k}={v!r} on a sarc graph; sarc "
+                               f"compiles the module's forward with tensor arguments only",
+                               user_loc())
+        layer = _layer_for(self, graph, feats)
+        layer.train(self.training)
+        return layer(graph, **feats)
+
+    run._sarc_routed = True
+    return run
+
+
+def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
+    from ..dsl import INDEX, Feature
+    num_nodes, num_edges = getattr(graph, "num_src", graph.num_dst), graph.num_edges
+    node, edge = {}, {}
+    for k, v in feats.items():
+        rows = v.shape[0] if v.dim() else None
+        if rows is None or rows not in (num_nodes, num_edges) or num_nodes == num_edges:
+            raise GraphError(f"{type(module).__name__}: cannot tell whether {k!r} "
+                             f"({list(v.shape)}) is per node ({num_nodes}) or per edge "
+                             f"({num_edges}); declare it with sarc.frontends.dgl.from_dgl_module")
+        decl = (INDEX if v.dim() == 1 and not v.is_floating_point()
+                else Feature(tuple(v.shape[1:])))
+        (node if rows == num_nodes else edge)[k] = decl
+    key = (tuple(node.items()), tuple(edge.items()))
+    cache = module.__dict__.setdefault("_sarc_layers", {})
+    if key not in cache:
+        cache[key] = DGLLayer(module, node=node, edge=edge)
+    return cache[key]

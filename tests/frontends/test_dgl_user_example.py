@@ -1,0 +1,59 @@
+"""README's "For DGL users": the script it shows is examples/dgl_user.py, and the script equals
+the plain DGL script (its lines commented ``sarc`` removed) epoch for epoch (.venv-dgl)."""
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dgl")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "dgl_user.py"
+EPOCHS = 10
+
+
+def _readme_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## For DGL users", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_shows_the_tested_script():
+    assert _readme_block() == SCRIPT.read_text()
+
+
+def test_three_lines_make_the_dgl_script_a_sarc_one():
+    source = SCRIPT.read_text()
+    marked = [line for line in source.splitlines() if line.rstrip().endswith("# sarc")]
+    assert len(marked) == 3
+    plain = "\n".join(line for line in source.splitlines() if line not in marked)
+    assert "sarc." not in plain.replace("from sarc.datasets import load_dataset", "")
+
+    namespace = {"__name__": "dgl_user_plain"}
+    exec(compile(plain, "dgl_user_plain.py", "exec"), namespace)
+    want_losses, want_acc = namespace["main"](EPOCHS)
+    got_losses, got_acc = runpy.run_path(str(SCRIPT), run_name="dgl_user")["main"](EPOCHS)
+    assert got_losses == pytest.approx(want_losses, rel=1e-5)
+    assert got_acc == pytest.approx(want_acc, abs=1e-3)
+
+
+def _sarc_train(*argv):
+    import os
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "examples/dgl_gcn.py",
+                           "--epochs", "3", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if line.startswith("selected epoch")][0]
+
+
+def test_sarc_trains_a_model_file_of_dgl_layers_on_one_and_two_workers():
+    one = _sarc_train()
+    two = _sarc_train("--workers", "2", "--method", "random", "--timeout", "60")
+    accuracies = re.compile(r"val [0-9.]+ test [0-9.]+")
+    assert accuracies.search(one).group() == accuracies.search(two).group()
