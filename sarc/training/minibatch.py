@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from ..checkpoint import injected_kill
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
 from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
@@ -254,9 +255,10 @@ class MiniBatchSteps:
         if self.counter is not None:
             self.counter.reset()
         t0, seeds, n = time.perf_counter(), 0, 0
-        for mine, total in self.seeds.epoch(epoch):
+        for step, (mine, total) in enumerate(self.seeds.epoch(epoch), 1):
+            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
             yield self.batch(self.sampler.sample(mine, epoch), total)
-            seeds, n = seeds + total, n
+            seeds, n = seeds + total, step
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
                              "seconds": time.perf_counter() - t0,
                              "bytes_sent": None if self.counter is None else self.counter.total_sent})
@@ -293,7 +295,7 @@ class MiniBatchSteps:
         h = self.history[-1]
         rate = h["seeds"] / h["seconds"] if h["seconds"] > 0 else float("inf")
         sent = "" if h["bytes_sent"] is None else f", sent {h['bytes_sent'] / 2**20:.2f} MiB"
-        return f"{h['steps']} steps, {rate:.0f} samples/s{sent}"
+        return f"{h['steps']} step{'s' * (h['steps'] != 1)}, {rate:.0f} samples/s{sent}"
 
 
 def whole_graph_shard(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
