@@ -48,15 +48,16 @@ EPOCH_LINE = re.compile(r"epoch +\d+/\d+ \| loss [\d.]+ \| .* \| (\d+) steps?, \
                         r"sent [\d.]+ MiB \(worker 0\)")
 
 
-@pytest.mark.parametrize("model", ("sage", "gat"))
-def test_sampling_on_2_workers_is_the_single_process_run(tmp_path, model):
-    got, out = _sarc_train(model, "--workers", "2", "--mode", "sampling", "--fanouts", "10,25",
-                           "--batch-size", "64", "--epochs", "3", "--log-every", "1",
+def test_sampling_on_2_workers_is_the_single_process_run(tmp_path):
+    """GAT: self loops added on the workers' shards and on the single process's graph
+    sample alike; GraphSAGE runs under an external torchrun below."""
+    got, out = _sarc_train("gat", "--workers", "2", "--mode", "sampling", "--fanouts", "10,25",
+                           "--batch-size", "64", "--epochs", "2", "--log-every", "1",
                            json_path=tmp_path / "two.json")
     lines = [m for m in map(EPOCH_LINE.search, out.splitlines()) if m]
-    assert len(lines) == 3 and {m.group(1) for m in lines} == {"3"}, out  # 140 seeds / 64
-    assert got["mode"] == "sampling" and got["epochs"] == 3
-    want = _one_process(model, 3, MiniBatchConfig("sampling", (10, 25), batch_size=64))
+    assert len(lines) == 2 and {m.group(1) for m in lines} == {"3"}, out  # 140 seeds / 64
+    assert got["mode"] == "sampling" and got["epochs"] == 2
+    want = _one_process("gat", 2, MiniBatchConfig("sampling", (10, 25), batch_size=64))
     assert abs(got["final_loss"] - want["final_loss"]) <= 1e-4 * want["final_loss"]
     assert abs(got["test_acc"] - want["test_acc"]) <= 0.002
 
