@@ -226,11 +226,13 @@ class BlockGraphs:
     def __init__(self, group, mode: str, device: torch.device, **options):
         self.group, self.mode, self.device, self.options = group, mode, device, options
         self.graphs: dict[int, DistGraph] = {}
+        self.layer_names: dict = {}  # shared: the layers are named in call order
 
     def __call__(self, k: int, block) -> DistGraph:
         shard = block.shard.to(self.device)
         if k not in self.graphs:  # collective: every worker builds block k's first together
             self.graphs[k] = DistGraph(shard, self.group, mode=self.mode, **self.options)
+            self.graphs[k].layer_names = self.layer_names
             return self.graphs[k]
         return self.graphs[k].on_shard(shard)
 

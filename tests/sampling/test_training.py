@@ -108,13 +108,25 @@ def _one_step(kind, shard, config, group, rows_of):
 
 
 def _trajectory(kind, shard, group, rows_of):
-    """The losses of every sampled step of two epochs, training as the trainer does."""
+    """The losses of every sampled step of two epochs, training as the trainer does; on
+    workers, with the layer programs compiled over those steps."""
+    from sarc.distributed import schedule
     from sarc.distributed.train import AllReduce
     model = _model(kind)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     src, _ = _steps(kind, shard, SAMPLED, group, rows_of)
     red = ONE_PROCESS if group is False else AllReduce(group)
-    return [train_step(model, opt, b, red) for e in TRAJECTORY_EPOCHS for b in src.steps(e)]
+    compiled, compile_layer = [], schedule.compile_layer
+
+    def counted(layer, dg, name, need):
+        compiled.append(name)
+        return compile_layer(layer, dg, name, need)
+    schedule.compile_layer = counted
+    try:
+        losses = [train_step(model, opt, b, red) for e in TRAJECTORY_EPOCHS for b in src.steps(e)]
+    finally:
+        schedule.compile_layer = compile_layer
+    return losses if group is False else {"losses": losses, "compiled": compiled}
 
 
 def _rows(nd):
@@ -224,6 +236,13 @@ def test_sampled_losses_do_not_depend_on_the_worker_count(runs, one_process, kin
     want = one_process["trajectory", kind]
     assert len(want) >= 8 and len(set(want)) == len(want)  # steps that differ
     for p in (1, 2, 3):
-        got = runs[p][0]["trajectory", kind]
+        got = runs[p][0]["trajectory", kind]["losses"]
         assert len(got) == len(want)
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", PARTS)
+def test_layer_programs_are_compiled_once_for_every_step(runs, p):
+    """Two layers, each compiled on the first step's block and run on every later one."""
+    for r in runs[p]:
+        assert r["trajectory", "sage"]["compiled"] == ["SAGELayer#0", "SAGELayer#1"]
