@@ -7,9 +7,10 @@
 
 Per epoch, the labeled training nodes of the graph, reshuffled from (seed, epoch), come
 in batches of ``batch_size`` seeds over all workers (``SeedBatches``): a step's seeds are
-the same whatever the number of workers, and every worker takes every step. A step's blocks are the K-hop
-closure of the seeds of all workers (``NeighbourSampler``): every in-edge (``mfg``) or a
-sample of ``fanouts[k-1]`` in-edges per destination at layer k (``sampling``).
+the same whatever the number of workers, and every worker takes every step. A step's
+blocks are the K-hop closure of the seeds of all workers (``NeighbourSampler``): every
+in-edge (``mfg``) or a sample of ``fanouts[k-1]`` in-edges per destination at layer k
+(``sampling``).
 
 The model runs on the step's blocks as on one graph (``MiniBatchGraph``): its k-th sarc
 layer call runs on block k, a ``Graph`` on one process or a ``DistGraph`` on P workers
@@ -44,7 +45,7 @@ from ..runtime.sharded import ShardedGraph
 from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
 from ..sampling.draws import SHUFFLE_KEY, uniform
 from .inputs import TrainError
-from .loop import Batch
+from .loop import Batch, epoch_line
 
 MINIBATCH_MODES = ("mfg", "sampling")
 
@@ -52,8 +53,8 @@ MINIBATCH_MODES = ("mfg", "sampling")
 @dataclass(frozen=True)
 class MiniBatchConfig:
     """What a mini-batch mode samples per step. ``fanouts``: per layer, input layer first
-    (sampling only); ``batch_size``: seeds per worker and step (None: all of them, one
-    step per epoch). ``batch_size`` counts the step's seeds over all workers."""
+    (sampling only); ``batch_size``: the step's seeds over all workers (None: every
+    training node, one step per epoch)."""
 
     mode: str
     fanouts: tuple[int, ...] | None = None
@@ -285,7 +286,6 @@ class MiniBatchSteps:
 
     def epoch_line(self, epoch: int, loss: float, acc: dict, seconds: float) -> str:
         """The loop's epoch line with the epoch's steps, samples/s and bytes sent."""
-        from .loop import epoch_line
         return f"{epoch_line(epoch, loss, acc, seconds)} | {self.progress()}"
 
     def progress(self) -> str:

@@ -246,3 +246,32 @@ def test_layer_programs_are_compiled_once_for_every_step(runs, p):
     """Two layers, each compiled on the first step's block and run on every later one."""
     for r in runs[p]:
         assert r["trajectory", "sage"]["compiled"] == ["SAGELayer#0", "SAGELayer#1"]
+
+
+def test_a_model_that_does_not_call_one_layer_per_block_is_refused(graph):
+    import sage
+    from torch import nn
+
+    from sarc.training.inputs import TrainError
+    shard = whole_graph_shard(graph.src, graph.dst, graph.num_nodes, graph.edata,
+                              self_loops=False)
+    src, _ = _steps("sage", shard, MFG, False, _rows(graph.ndata))
+    (batch,) = list(src.steps(0))
+    layer = sage.SAGELayer(5, 5)
+
+    class Calls(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.n, self.layer = n, layer
+
+        def forward(self, g, x):
+            for _ in range(self.n):
+                x = self.layer(g, x)
+            return x
+
+    with pytest.raises(TrainError, match="made 1 sarc layer call in one forward pass, but the "
+                                         "step has 2 blocks"):
+        forward(Calls(1), batch)
+    with pytest.raises(TrainError, match="made more than 2 sarc layer calls"):
+        forward(Calls(3), batch)
+    assert forward(Calls(2), batch).shape == (int(graph.ndata["train_mask"].sum()), 5)
