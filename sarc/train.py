@@ -310,7 +310,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     selection = ModelSelection(counts["val"] > 0, hp["patience"])
     run = None
     if checkpoint is not None or save:
-        run = run_record(spec, hp, seed=seed, dataset=data.name,
+        recorded = minibatch.recorded(hp) if minibatch else hp
+        run = run_record(spec, recorded, seed=seed, dataset=data.name,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
     full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
                  train_total=counts["train"])

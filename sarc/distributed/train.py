@@ -341,6 +341,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
 def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
     pset = load_partitions(cfg.partition, verify=False)
+    hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
     return run_record(spec, hp, seed=cfg.seed, dataset=cfg.dataset or f"graph {pset.fingerprint}",
                       graph=pset.fingerprint, world_size=size,
                       partition=partition_fingerprint(pset))

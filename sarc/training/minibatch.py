@@ -78,6 +78,12 @@ class MiniBatchConfig:
             raise TrainError("--mode sampling needs --fanouts, one per graph layer "
                              "(e.g. --fanouts 10,25; -1 takes every in-edge)")
 
+    def recorded(self, hparams: dict) -> dict:
+        """``hparams`` with this mode, as a checkpoint records a run (so that a run of
+        another mode does not resume it)."""
+        fields = dataclasses.asdict(self)
+        return {**hparams, "training": ", ".join(f"{k}={v}" for k, v in fields.items())}
+
     def spec(self, layers: int, seed: int) -> SamplingSpec:
         """The sampling spec for a model of ``layers`` graph layers (checked against them)."""
         if self.mode == "mfg":

@@ -104,3 +104,14 @@ def test_a_worker_killed_mid_epoch_stops_the_others_with_an_error(monkeypatch):
         assert first.startswith(("SamplingError: gathering sizes from the workers failed",
                                  "SamplingError: sampling exchange with worker 1 failed")), first
         assert "peer" in first, first
+
+
+@case("checkpoint", "`--resume` of a full-batch checkpoint with `--mode sampling`", "error")
+def test_resuming_a_checkpoint_of_another_training_mode(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = ("train", SAGE, "--dataset", "cora", "--epochs", "2", "--checkpoint", ckpt)
+    first = run_sarc(*run)
+    assert first.returncode == 0, first.stderr[-2000:]
+    proc = run_sarc(*run, "--resume", "--mode", "sampling", "--fanouts", "5,5")
+    assert_error(proc, "hyperparameters differ", "training: '(unset)' in the checkpoint",
+                 "mode=sampling, fanouts=(5, 5)")
