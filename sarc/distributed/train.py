@@ -308,12 +308,14 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if cfg.minibatch is None:
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
-        programs = list(dg.training_programs.values())
+        programs, sampled = list(dg.training_programs.values()), {}
     else:  # the mean step of the last epoch; no plan predicts a sampled step's bytes
-        h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1}
+        h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
+                                                        "sampling_bytes_sent": 0}
         step_bytes, planned = h["bytes_sent"] // max(1, h["steps"]), None
+        sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"]}
         programs = [p for g in blocks.graphs.values() for p in g.training_programs.values()]
-    mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes,
+    mine = {"rank": rank, **peak_memory(), **sampled, "step_bytes_sent": step_bytes,
             "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
     workers: list = [None] * size

@@ -241,7 +241,8 @@ class MiniBatchSteps:
     ``graph_of(k, block)``: what layer k + 1 runs on for ``block`` (its local block on one
     process, a ``DistGraph`` on P workers); ``edge_names``: edge data the model takes as
     inputs (R-GCN's ``etype``). Per epoch it records the steps, the seeds trained on, the
-    seconds of the steps and, given a ``counter`` (``ByteCounter``), the bytes sent."""
+    seconds of the steps, the bytes the sampler sent and, given a ``counter`` (the layers'
+    ``ByteCounter``), the bytes the layers' exchanges sent."""
 
     def __init__(self, shard: ShardedGraph, config: MiniBatchConfig, *, layers: int, seed: int,
                  comm: Comm, rows: ShardRows, evaluation: Batch, counts: dict[str, int],
@@ -261,6 +262,7 @@ class MiniBatchSteps:
     def steps(self, epoch: int) -> Iterable[Batch]:
         if self.counter is not None:
             self.counter.reset()
+        sampled_before = self.comm.bytes_sent
         t0, seeds, n = time.perf_counter(), 0, 0
         for step, (mine, total) in enumerate(self.seeds.epoch(epoch), 1):
             injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
@@ -268,7 +270,8 @@ class MiniBatchSteps:
             seeds, n = seeds + total, step
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
                              "seconds": time.perf_counter() - t0,
-                             "bytes_sent": None if self.counter is None else self.counter.total_sent})
+                             "bytes_sent": None if self.counter is None else self.counter.total_sent,
+                             "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
 
     def batch(self, mb, total: int) -> Batch:
         """The step's ``Batch`` of the blocks ``mb`` (a ``MiniBatch``), ``total`` seeds over
@@ -300,7 +303,9 @@ class MiniBatchSteps:
             return ""
         h = self.history[-1]
         rate = h["seeds"] / h["seconds"] if h["seconds"] > 0 else float("inf")
-        sent = "" if h["bytes_sent"] is None else f", sent {h['bytes_sent'] / 2**20:.2f} MiB"
+        sent = ("" if h["bytes_sent"] is None else
+                f", sent {h['bytes_sent'] / 2**20:.2f} MiB + {h['sampling_bytes_sent'] / 2**20:.2f}"
+                f" MiB sampling")
         return f"{h['steps']} step{'s' * (h['steps'] != 1)}, {rate:.0f} samples/s{sent}"
 
 

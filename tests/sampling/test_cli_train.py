@@ -45,7 +45,7 @@ def _one_process(model: str, epochs: int, config: MiniBatchConfig | None) -> dic
 
 
 EPOCH_LINE = re.compile(r"epoch +\d+/\d+ \| loss [\d.]+ \| .* \| (\d+) steps?, \d+ samples/s, "
-                        r"sent [\d.]+ MiB \(worker 0\)")
+                        r"sent [\d.]+ MiB \+ [\d.]+ MiB sampling \(worker 0\)")
 
 
 def test_sampling_on_2_workers_is_the_single_process_run(tmp_path):
