@@ -268,9 +268,9 @@ class MiniBatchSteps:
             injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
             yield self.batch(self.sampler.sample(mine, epoch), total)
             seeds, n = seeds + total, step
+        layers_sent = None if self.counter is None else self.counter.total_sent
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
-                             "seconds": time.perf_counter() - t0,
-                             "bytes_sent": None if self.counter is None else self.counter.total_sent,
+                             "seconds": time.perf_counter() - t0, "bytes_sent": layers_sent,
                              "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
 
     def batch(self, mb, total: int) -> Batch:

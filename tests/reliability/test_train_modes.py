@@ -6,7 +6,6 @@ epoch stops the others with an error naming it, without a hang."""
 from __future__ import annotations
 
 import datetime
-import os
 import traceback
 
 import torch
