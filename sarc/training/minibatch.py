@@ -20,9 +20,10 @@ seeds' cross-entropies divided by the step's seeds over all workers.
 Nothing is fetched for a step: the sampler hands each worker the seeds it owns and
 makes its local rows of every block its own nodes, so the input rows (features, node
 ids for an embedding) and the seeds' labels are rows of the worker's shard; remote
-input rows cross in the first layer's exchange, as in full-batch training. Nothing
-overlaps either: a step samples, then computes; the sampler's exchanges and the
-layers' share the process group and run in program order.
+input rows cross in the first layer's exchange, as in full-batch training. On one
+process (no collectives) the next step is sampled in a thread while a step computes;
+on P workers the sampler's exchanges and the layers' share the process group, so a
+step samples, then computes.
 
 Evaluation is full-graph inference (``evaluation``: the full-batch batch of the whole
 graph or the worker's shard), so accuracies and the model selection are those of the
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -258,20 +260,43 @@ class MiniBatchSteps:
             raise TrainError(f"--drop-last with a batch size of {config.batch_size}: the graph "
                              f"has {self.seeds.total} training nodes, no full batch")
         self.history: list[dict] = []
+        self.prefetched = 0  # steps sampled ahead when the last step was handed out
 
     def steps(self, epoch: int) -> Iterable[Batch]:
         if self.counter is not None:
             self.counter.reset()
         sampled_before = self.comm.bytes_sent
         t0, seeds, n = time.perf_counter(), 0, 0
-        for step, (mine, total) in enumerate(self.seeds.epoch(epoch), 1):
-            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
-            yield self.batch(self.sampler.sample(mine, epoch), total)
+        for step, (mb, total) in enumerate(self.sampled(epoch), 1):
+            yield self.batch(mb, total)
             seeds, n = seeds + total, step
         layers_sent = None if self.counter is None else self.counter.total_sent
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
                              "seconds": time.perf_counter() - t0, "bytes_sent": layers_sent,
                              "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
+
+    def sampled(self, epoch: int):
+        """``(blocks, the step's seeds over all workers)`` per step of ``epoch``. Without
+        peers (one process, or one worker), the next step's blocks are sampled in a thread
+        while the caller computes this step; with peers, the sampler's exchanges share the
+        process group with the layers' and run between steps, in program order."""
+        def draw(step: int, mine: torch.Tensor):
+            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
+            return self.sampler.sample(mine, epoch)
+        batches = list(enumerate(self.seeds.epoch(epoch), 1))
+        if self.comm.size > 1:
+            for step, (mine, total) in batches:
+                yield draw(step, mine), total
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="sarc-sampling") as pool:
+            ahead = [pool.submit(draw, step, mine) for step, (mine, _) in batches[:1]]
+            for i, (step, (_, total)) in enumerate(batches):
+                mb = ahead.pop(0).result()
+                if i + 1 < len(batches):
+                    after, (mine, _) = batches[i + 1]
+                    ahead.append(pool.submit(draw, after, mine))
+                self.prefetched = len(ahead)
+                yield mb, total
 
     def batch(self, mb, total: int) -> Batch:
         """The step's ``Batch`` of the blocks ``mb`` (a ``MiniBatch``), ``total`` seeds over

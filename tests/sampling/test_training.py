@@ -275,3 +275,13 @@ def test_a_model_that_does_not_call_one_layer_per_block_is_refused(graph):
     with pytest.raises(TrainError, match="made more than 2 sarc layer calls"):
         forward(Calls(3), batch)
     assert forward(Calls(2), batch).shape == (int(graph.ndata["train_mask"].sum()), 5)
+
+
+def test_one_process_samples_the_next_step_while_a_step_computes(graph):
+    """Each step is handed out with the next one's sample under way (the losses of these
+    steps are those of P workers, which sample in turn: the trajectory test above)."""
+    shard = whole_graph_shard(graph.src, graph.dst, graph.num_nodes, graph.edata,
+                              self_loops=False)
+    src, _ = _steps("sage", shard, SAMPLED, False, _rows(graph.ndata))
+    ahead = [src.prefetched for _ in src.steps(1)]
+    assert len(ahead) >= 4 and ahead == [1] * (len(ahead) - 1) + [0]
