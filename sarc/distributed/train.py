@@ -216,6 +216,16 @@ class ShardSteps(FullBatch):
         self.step_bytes.append(self.counter.total_sent)  # the step is done: see StepSource
 
 
+def sampling_group(group=None, timeout: datetime.timedelta | None = None):
+    """A gloo process group of ``group``'s workers for the sampler alone (collective over
+    the whole world): its exchanges of ids run in a thread beside the training group's
+    collectives."""
+    ranks = (list(range(dist.get_world_size())) if group is None
+             else [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))])
+    kw = {} if timeout is None else {"timeout": timeout}
+    return dist.new_group(ranks, backend="gloo", **kw)
+
+
 class BlockGraphs:
     """``graph_of`` of a mini-batch step source on P workers: layer k's block as a
     ``DistGraph``. Layer k's first block (the first step's) builds it: the shards'
@@ -293,7 +303,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
                              counter=counter)
         source = MiniBatchSteps(shard, cfg.minibatch, layers=graph_layers(model), seed=cfg.seed,
-                                comm=Comm(group, timeout=timeout),
+                                comm=Comm(sampling_group(group, timeout), timeout=timeout),
+                                prefetch=True,
                                 rows=ShardRows(data.x, data.label, data.masks["train"]),
                                 evaluation=full, counts=data.counts, graph_of=blocks,
                                 edge_names=tuple(edge_inputs), counter=counter)

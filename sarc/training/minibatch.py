@@ -20,10 +20,10 @@ seeds' cross-entropies divided by the step's seeds over all workers.
 Nothing is fetched for a step: the sampler hands each worker the seeds it owns and
 makes its local rows of every block its own nodes, so the input rows (features, node
 ids for an embedding) and the seeds' labels are rows of the worker's shard; remote
-input rows cross in the first layer's exchange, as in full-batch training. On one
-process (no collectives) the next step is sampled in a thread while a step computes;
-on P workers the sampler's exchanges and the layers' share the process group, so a
-step samples, then computes.
+input rows cross in the first layer's exchange, as in full-batch training. The next
+step is sampled in a thread while a step computes (``prefetch``): on P workers the
+sampler has a process group of its own (gloo, ids only), so its exchanges never
+interleave with the layers' collectives on the training group.
 
 Evaluation is full-graph inference (``evaluation``: the full-batch batch of the whole
 graph or the worker's shard), so accuracies and the model selection are those of the
@@ -242,15 +242,18 @@ class MiniBatchSteps:
 
     ``graph_of(k, block)``: what layer k + 1 runs on for ``block`` (its local block on one
     process, a ``DistGraph`` on P workers); ``edge_names``: edge data the model takes as
-    inputs (R-GCN's ``etype``). Per epoch it records the steps, the seeds trained on, the
-    seconds of the steps, the bytes the sampler sent and, given a ``counter`` (the layers'
-    ``ByteCounter``), the bytes the layers' exchanges sent."""
+    inputs (R-GCN's ``etype``). ``prefetch``: sample the next step in a thread while a
+    step computes, which needs a ``comm`` whose process group nothing else uses at the
+    same time (default: only without peers). Per epoch it records the steps, the seeds
+    trained on, the seconds of the steps, the bytes the sampler sent and, given a
+    ``counter`` (the layers' ``ByteCounter``), the bytes the layers' exchanges sent."""
 
     def __init__(self, shard: ShardedGraph, config: MiniBatchConfig, *, layers: int, seed: int,
                  comm: Comm, rows: ShardRows, evaluation: Batch, counts: dict[str, int],
                  graph_of: Callable[[int, LayerBlock], Any], edge_names: Sequence[str] = (),
-                 counter=None):
+                 counter=None, prefetch: bool | None = None):
         self.shard, self.config, self.comm = shard, config, comm
+        self.prefetch = comm.size == 1 if prefetch is None else prefetch
         self.spec = config.spec(layers, seed)
         self.rows, self.eval_batch, self.counts = rows, evaluation, dict(counts)
         self.graph_of, self.edge_names, self.counter = graph_of, tuple(edge_names), counter
@@ -276,15 +279,14 @@ class MiniBatchSteps:
                              "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
 
     def sampled(self, epoch: int):
-        """``(blocks, the step's seeds over all workers)`` per step of ``epoch``. Without
-        peers (one process, or one worker), the next step's blocks are sampled in a thread
-        while the caller computes this step; with peers, the sampler's exchanges share the
-        process group with the layers' and run between steps, in program order."""
+        """``(blocks, the step's seeds over all workers)`` per step of ``epoch``. With
+        ``prefetch``, the next step's blocks are sampled in a thread while the caller
+        computes this step; else between steps, in program order."""
         def draw(step: int, mine: torch.Tensor):
             injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
             return self.sampler.sample(mine, epoch)
         batches = list(enumerate(self.seeds.epoch(epoch), 1))
-        if self.comm.size > 1:
+        if not self.prefetch:
             for step, (mine, total) in batches:
                 yield draw(step, mine), total
             return

@@ -59,7 +59,7 @@ def test_sampling_options_with_mode_mfg():
 
 def _sampling_worker(rank, port, queue):
     from sampling.graphs import shards, tiny_graph
-    from sarc.distributed.train import AllReduce, BlockGraphs
+    from sarc.distributed.train import AllReduce, BlockGraphs, sampling_group
     from sarc.sampling import Comm
     from sarc.training.loop import train_step
     from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows
@@ -76,7 +76,8 @@ def _sampling_worker(rank, port, queue):
         dist.all_reduce(t)
         counts["train"] = int(t)
         steps = MiniBatchSteps(shard, MiniBatchConfig("sampling", (2, 2), batch_size=3), layers=2,
-                               seed=0, comm=Comm(None, timeout=timeout),
+                               seed=0, comm=Comm(sampling_group(None, timeout), timeout=timeout),
+                               prefetch=True,  # as the trainer: the sampler a step ahead
                                rows=ShardRows(nd["feat"], nd["label"], nd["train_mask"]),
                                evaluation=None, counts=counts,
                                graph_of=BlockGraphs(None, "sampling", torch.device("cpu"),
@@ -98,10 +99,11 @@ def test_a_worker_killed_mid_epoch_stops_the_others_with_an_error(monkeypatch):
     monkeypatch.setenv("SARC_TEST_KILL_AT", "1:2.3")  # worker 1, epoch 2, before step 3
     codes, reports = spawn(_sampling_worker, 3, timeout_s=90)
     assert codes[1] == -9, (codes, reports)
-    for r in (0, 2):  # in the next step's first collective (gloo: the connection closed)
+    for r in (0, 2):  # in the step's layer exchange, or in the sampler's (a step ahead)
         first = str(reports[r]).splitlines()[0]
-        assert first.startswith(("SamplingError: gathering sizes from the workers failed",
-                                 "SamplingError: sampling exchange with worker 1 failed")), first
+        assert first.startswith(("ExchangeError: exchange with worker 1 failed",
+                                 "SamplingError: sampling exchange with worker 1 failed",
+                                 "SamplingError: gathering sizes from the workers failed")), first
         assert "peer" in first, first
 
 

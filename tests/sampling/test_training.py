@@ -60,14 +60,15 @@ def _shards(g, parts: int, method: str):
             for r, p in enumerate(cut_parts(g.src, g.dst, rl, g.ndata, g.edata))]
 
 
-def _steps(kind, shard, config, group, rows_of):
+def _steps(kind, shard, config, group, rows_of, prefetch=False):
     """The step source of ``config`` on ``shard``: DistGraphs in a group, the blocks'
-    Graphs on one process (``group is False``)."""
+    Graphs on one process (``group is False``); ``prefetch``: on workers, the sampler in a
+    group of its own, a step ahead (as the trainer runs it)."""
     if group is False:
         comm, graph_of = Comm(), (lambda k, b: b.local_block)
     else:
-        from sarc.distributed.train import BlockGraphs
-        comm = Comm(group)
+        from sarc.distributed.train import BlockGraphs, sampling_group
+        comm = Comm(sampling_group(group) if prefetch else group)
         graph_of = BlockGraphs(group, config.mode, torch.device("cpu"),
                                timeout=datetime.timedelta(seconds=60))
     x, label, train = rows_of
@@ -76,7 +77,8 @@ def _steps(kind, shard, config, group, rows_of):
               "val": 0, "test": 0}
     src = MiniBatchSteps(shard, config, layers=2, seed=5, comm=comm,
                          rows=ShardRows(x, label, train), evaluation=None, counts=counts,
-                         graph_of=graph_of, edge_names=("etype",) if kind == "rgcn" else ())
+                         graph_of=graph_of, edge_names=("etype",) if kind == "rgcn" else (),
+                         prefetch=None if group is False else prefetch)
     return src, x
 
 
@@ -107,14 +109,14 @@ def _one_step(kind, shard, config, group, rows_of):
             "x_ids": shard.orig_node_ids.clone()}
 
 
-def _trajectory(kind, shard, group, rows_of):
+def _trajectory(kind, shard, group, rows_of, prefetch=False):
     """The losses of every sampled step of two epochs, training as the trainer does; on
     workers, with the layer programs compiled over those steps."""
     from sarc.distributed import schedule
     from sarc.distributed.train import AllReduce
     model = _model(kind)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    src, _ = _steps(kind, shard, SAMPLED, group, rows_of)
+    src, _ = _steps(kind, shard, SAMPLED, group, rows_of, prefetch)
     red = ONE_PROCESS if group is False else AllReduce(group)
     compiled, compile_layer = [], schedule.compile_layer
 
@@ -144,6 +146,7 @@ def _work(rank, group, g, parts):
         out["above", kind] = _one_step(kind, shard, ABOVE_DEGREES, group, _rows(shard.ndata))
     for kind in ("sage", "rgcn"):
         out["trajectory", kind] = _trajectory(kind, shard, group, _rows(shard.ndata))
+    out["prefetched", "sage"] = _trajectory("sage", shard, group, _rows(shard.ndata), True)
     return out
 
 
@@ -236,9 +239,11 @@ def test_sampled_losses_do_not_depend_on_the_worker_count(runs, one_process, kin
     want = one_process["trajectory", kind]
     assert len(want) >= 8 and len(set(want)) == len(want)  # steps that differ
     for p in (1, 2, 3):
-        got = runs[p][0]["trajectory", kind]["losses"]
-        assert len(got) == len(want)
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+        for run in ("trajectory", "prefetched") if kind == "sage" else ("trajectory",):
+            got = runs[p][0][run, kind]["losses"]
+            assert len(got) == len(want)
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5,
+                                       atol=1e-6)
 
 
 @pytest.mark.parametrize("p", PARTS)
@@ -279,7 +284,7 @@ def test_a_model_that_does_not_call_one_layer_per_block_is_refused(graph):
 
 def test_one_process_samples_the_next_step_while_a_step_computes(graph):
     """Each step is handed out with the next one's sample under way (the losses of these
-    steps are those of P workers, which sample in turn: the trajectory test above)."""
+    steps are those of P workers, with and without prefetch: the trajectory test above)."""
     shard = whole_graph_shard(graph.src, graph.dst, graph.num_nodes, graph.edata,
                               self_loops=False)
     src, _ = _steps("sage", shard, SAMPLED, False, _rows(graph.ndata))
