@@ -34,7 +34,10 @@ from .loader import ModelSpec
 from .partition.fingerprint import graph_fingerprint
 from .training.inputs import (EmbeddingInput, TrainError, check_self_loops, labeled_masks,
                               node_features)
-from .training.loop import Batch, FullBatch, fit, save_selected
+from .sampling import Comm
+from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected
+from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
+                                 whole_graph_shard)
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "cora",       # the dataset a model file trains on by default
@@ -275,7 +278,8 @@ class ModelSelection:
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
           seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
           log: Callable[[str], None] | None = print, log_every: int = 1,
-          checkpoint: CheckpointConfig | None = None, save: str | None = None) -> dict[str, Any]:
+          checkpoint: CheckpointConfig | None = None, save: str | None = None,
+          minibatch: MiniBatchConfig | None = None) -> dict[str, Any]:
     """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
 
     ``hparams`` override the model file's ``HPARAMS``, which override
@@ -283,7 +287,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     A ``Dataset`` not built by ``Dataset.from_arrays`` or ``load_dataset`` is checked
     first (``check_dataset``). ``log=None`` is silent. ``checkpoint``: save the training
     state there and resume from it (``sarc.checkpoint``); ``save``: write the selected
-    model to that path.
+    model to that path. ``minibatch``: train in mfg or sampling mode
+    (``sarc.training.minibatch``), evaluating on the whole graph.
     """
     hp = hyperparameters(spec, hparams, epochs=epochs)
     data = (dataset if isinstance(dataset, Dataset) and dataset.checked
@@ -305,12 +310,19 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     selection = ModelSelection(counts["val"] > 0, hp["patience"])
     run = None
     if checkpoint is not None or save:
-        run = run_record(spec, hp, seed=seed, dataset=data.name,
+        recorded = minibatch.recorded(hp) if minibatch else hp
+        run = run_record(spec, recorded, seed=seed, dataset=data.name,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
-    source = FullBatch(Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
-                             train_total=counts["train"]), counts)
+    full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
+                 train_total=counts["train"])
+    source, line = FullBatch(full, counts), epoch_line
+    if minibatch is not None:
+        source = minibatch_source(data, prep, hp, model, minibatch, seed, full, counts)
+        say(f"{minibatch.mode} mode: {source.seeds.steps} steps per epoch, fanouts "
+            f"{', '.join(map(str, source.spec.fanouts))}")
+        line = source.epoch_line
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), checkpoint=checkpoint,
-              run=run, log=log, log_every=log_every)
+              run=run, log=log, log_every=log_every, line=line)
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": data.num_nodes, "num_etypes": data.num_etypes}
@@ -325,6 +337,19 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         "hparams": {k: v for k, v in hp.items()},
         "module": model,
     }
+
+
+def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,
+                     config: MiniBatchConfig, seed: int, full: Batch,
+                     counts: dict[str, int]) -> MiniBatchSteps:
+    """``config``'s steps on one process: the graph as one part, each layer on its block's
+    ``Graph``; evaluated on the whole graph (``full``)."""
+    shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, prep.edge_inputs,
+                              self_loops=hp["self_loops"])
+    return MiniBatchSteps(shard, config, layers=graph_layers(model), seed=seed, comm=Comm(),
+                          rows=ShardRows(prep.x, prep.label, prep.masks["train"]),
+                          evaluation=full, counts=counts, graph_of=lambda k, b: b.local_block,
+                          edge_names=tuple(prep.edge_inputs))
 
 
 def script_main(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:

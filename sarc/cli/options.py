@@ -56,6 +56,79 @@ def check_mode_arguments(args) -> None:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {args.mode!r}")
 
 
+def add_sampling_arguments(p, group=None) -> None:
+    """What ``--mode mfg`` and ``--mode sampling`` train on per step (``sarc train``, the
+    worker): ``--batch-size``, ``--fanouts``, ``--replace``, ``--prob``, ``--drop-last``,
+    ``--no-shuffle``."""
+    g = group or p
+    g.add_argument("--batch-size", type=int, metavar="B",
+                   help="mfg / sampling: training seeds per worker and step (default: all of "
+                        "them, one step per epoch)")
+    g.add_argument("--fanouts", metavar="F1,F2,...",
+                   help="sampling: in-edges sampled per node at each layer, input layer first "
+                        "(one per sarc layer of the model; -1: all of them), e.g. 10,25")
+    g.add_argument("--replace", action="store_true", help="sampling: draw with replacement")
+    g.add_argument("--prob", metavar="EDGE_DATA",
+                   help="sampling: edge data holding each edge's sampling weight")
+    g.add_argument("--drop-last", action="store_true",
+                   help="mfg / sampling: leave out the last batch when it is not full")
+    g.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                   help="mfg / sampling: the seeds in node order (default: reshuffled every "
+                        "epoch from the seed)")
+
+
+def parse_fanouts(text: str) -> tuple[int, ...]:
+    try:
+        fanouts = tuple(int(f) for f in text.split(","))
+    except ValueError:
+        raise UsageError(f"--fanouts: cannot read {text!r}: one integer per sarc layer, input "
+                         f"layer first, separated by commas (e.g. 10,25; -1 takes every "
+                         f"in-edge)") from None
+    for f in fanouts:
+        if f < -1:
+            raise UsageError(f"--fanouts {text}: {f} is not a fanout (a number of neighbours "
+                             f">= 0, or -1 for all of them)")
+    return fanouts
+
+
+def minibatch_config(args, layers: int | None = None):
+    """``--mode`` and the sampling options as a ``sarc.training.minibatch.MiniBatchConfig``
+    (None for ``--mode full``), checked; ``layers``: the model's sarc layers, which the
+    fanouts must match (None: not known here)."""
+    from ..training.minibatch import MiniBatchConfig
+    given = [f for f, on in (("--fanouts", args.fanouts is not None),
+                             ("--batch-size", args.batch_size is not None),
+                             ("--replace", args.replace), ("--prob", args.prob is not None),
+                             ("--drop-last", args.drop_last), ("--no-shuffle", not args.shuffle))
+             if on]
+    if args.mode == "full":
+        if given:
+            raise UsageError(f"{', '.join(given)}: mini-batch options; they need --mode "
+                             f"sampling (or --mode mfg); --mode full trains on every node "
+                             f"every step")
+        return None
+    at_least("--batch-size", args.batch_size, 1)
+    if args.mode == "mfg":
+        wrong = [f for f in given if f in ("--fanouts", "--replace", "--prob")]
+        if wrong:
+            raise UsageError(f"{', '.join(wrong)}: --mode mfg takes every in-edge at every "
+                             f"layer; sampling options need --mode sampling")
+        return MiniBatchConfig("mfg", batch_size=args.batch_size, shuffle=args.shuffle,
+                               drop_last=args.drop_last)
+    if args.fanouts is None:
+        raise UsageError("--mode sampling needs --fanouts, one per sarc layer of the model, "
+                         "input layer first (e.g. --fanouts 10,25)")
+    fanouts = parse_fanouts(args.fanouts)
+    if layers is not None and len(fanouts) != layers:
+        raise UsageError(f"--fanouts {args.fanouts}: {len(fanouts)} fanout"
+                         f"{'s' * (len(fanouts) != 1)} for a model of {layers} sarc layer"
+                         f"{'s' * (layers != 1)}; give one per layer, input layer first")
+    if args.prob is not None and not args.prob:
+        raise UsageError("--prob needs the name of edge data")
+    return MiniBatchConfig("sampling", fanouts, batch_size=args.batch_size, replace=args.replace,
+                           prob=args.prob, shuffle=args.shuffle, drop_last=args.drop_last)
+
+
 def check_seed(option: str, value: int | None) -> None:
     if value is not None and not 0 <= value < SEED_LIMIT:
         raise UsageError(f"{option} must be in 0 .. 2**31 - 1, got {value}")

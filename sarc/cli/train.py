@@ -6,9 +6,9 @@ import json
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, add_check_data_argument, add_mode_arguments, at_least,
-                      check_input_dir, check_mode_arguments, check_output_file,
-                      check_run_options)
+from .options import (UsageError, add_check_data_argument, add_mode_arguments,
+                      add_sampling_arguments, at_least, check_input_dir, check_mode_arguments,
+                      check_output_file, check_run_options, minibatch_config)
 
 
 def check_train_args(args):
@@ -20,9 +20,7 @@ def check_train_args(args):
 
     at_least("--workers", args.workers, 1)
     check_mode_arguments(args)
-    if args.mode != "full":
-        raise UsageError(f"--mode {args.mode}: sarc train trains full-batch (--mode full); "
-                         f"`sarc compile --mode {args.mode}` prints that mode's plan")
+    minibatch_config(args)  # the options alone; the fanouts against the model below
     if args.workers > 1 or args.partition:
         if args.quiet:
             raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
@@ -43,6 +41,9 @@ def check_train_args(args):
     spec = load_model_file(args.model)
     if args.task == "link":
         from .link import check_link_args
+        if args.mode != "full":
+            raise UsageError(f"--task link trains full-batch; --mode {args.mode} is for node "
+                             f"classification")
         check_link_args(args, spec)
     elif args.negatives:
         raise UsageError("--negatives: an option of link prediction; it needs --task link")
@@ -50,14 +51,27 @@ def check_train_args(args):
     if args.task == "link":
         from ..training.link import check_link_hparams
         check_link_hparams(hp)
+    if args.mode == "sampling":
+        minibatch_config(args, model_layers(spec, hp))
     return spec, hp
+
+
+def model_layers(spec, hp) -> int | None:
+    """The sarc layers of the model ``spec`` builds with ``hp`` (on small stand-in sizes),
+    or None if it does not build without the dataset (the trainer counts them then)."""
+    from ..training.minibatch import graph_layers
+    try:
+        return graph_layers(spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp))
+    except Exception:  # the model file's code; the trainer reports its errors
+        return None
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train", help="train a model file on a node-classification dataset",
-        description="Train the model of MODEL.py (its build_model and HPARAMS) full-batch "
-                    "on one process, and report validation-selected test accuracy.")
+        description="Train the model of MODEL.py (its build_model and HPARAMS) on one "
+                    "process or P workers, full-batch (--mode full) or in mini-batches "
+                    "(--mode mfg|sampling), and report validation-selected test accuracy.")
     p.add_argument("model", metavar="MODEL.py", help="the model file (defines build_model and HPARAMS)")
     p.add_argument("--dataset", help="dataset name (cora, aifb, citeseer, pubmed) or .npz path "
                    "(default: the model's HPARAMS['dataset'], else cora)")
@@ -76,6 +90,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                         "torchrun on this machine (gloo, or NCCL with CUDA), each on a shard")
     dist = p.add_argument_group("distributed training (--workers > 1)")
     add_mode_arguments(p, dist)
+    add_sampling_arguments(p, p.add_argument_group("mini-batch training (--mode mfg|sampling)"))
     dist.add_argument("--partition", metavar="DIR",
                       help="a partition set (sarc partition) with one part per worker; "
                            "default: partition the dataset into a temporary directory")
@@ -121,7 +136,8 @@ def train_command(args) -> int:
         return link_command(args, spec, data)
     result = train(spec, data, epochs=args.epochs, seed=args.seed,
                    hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
-                   log_every=args.log_every, checkpoint=checkpoint, save=args.save)
+                   log_every=args.log_every, checkpoint=checkpoint, save=args.save,
+                   minibatch=minibatch_config(args))
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "

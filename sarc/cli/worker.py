@@ -12,14 +12,15 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, add_mode_arguments, check_input_dir, check_mode_arguments,
-                      check_run_options, parse_bytes)
+from .options import (add_mode_arguments, add_sampling_arguments, check_input_dir,
+                      check_mode_arguments, check_run_options, minibatch_config, parse_bytes)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
     p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
     add_mode_arguments(p)
+    add_sampling_arguments(p)
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
     p.add_argument("--baseline", action="store_true",
                    help="the SAR-equivalent schedule: raw input crosses, no online softmax")
@@ -47,8 +48,7 @@ def check_worker_args(args) -> None:
     """Every option value checked before the worker joins its group (a bad one would
     otherwise fail inside the run, or after it)."""
     check_mode_arguments(args)
-    if args.mode != "full":
-        raise UsageError(f"--mode {args.mode}: the worker trains full-batch (--mode full)")
+    minibatch_config(args)
     check_run_options(args)
     check_input_dir("--partition", args.partition)
 
@@ -73,9 +73,13 @@ def run(args) -> int:
                        baseline=args.baseline, epochs=args.epochs, seed=args.seed,
                        hparams=parse_overrides(args.overrides), log_every=args.log_every,
                        json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
-                       checkpoint=checkpoint_config(args), save_path=args.save)
+                       checkpoint=checkpoint_config(args), save_path=args.save,
+                       minibatch=minibatch_config(args))
     spec = load_model_file(args.model)
-    hyperparameters(spec, cfg.hparams, epochs=args.epochs)  # before the group forms
+    hp = hyperparameters(spec, cfg.hparams, epochs=args.epochs)  # before the group forms
+    if args.mode == "sampling":
+        from .train import model_layers
+        minibatch_config(args, model_layers(spec, hp))
     return run_worker(spec, cfg, threads=args.threads)
 
 

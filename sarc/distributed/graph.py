@@ -21,6 +21,7 @@ number of parts.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import datetime
@@ -48,7 +49,8 @@ class DistGraph:
     def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
                  mem_budget: int | None = None, baseline: bool = False,
                  timeout: datetime.timedelta | None = DEFAULT_TIMEOUT,
-                 counter: ByteCounter | None = None, chunk_rows: int | None = DEFAULT_CHUNK_ROWS):
+                 counter: ByteCounter | None = None, chunk_rows: int | None = DEFAULT_CHUNK_ROWS,
+                 mode: str = "full"):
         if exec_mode is not None and exec_mode not in EXEC_MODES:
             raise DistError(f"unknown execution mode {exec_mode!r}; expected one of "
                             f"{', '.join(EXEC_MODES)}")
@@ -62,24 +64,42 @@ class DistGraph:
         self.shard, self.group = shard, group
         self.rank, self.size = rank, size
         self.exec_mode, self.mem_budget, self.baseline = exec_mode, mem_budget, baseline
+        self.mode = mode  # what the planner plans for: full, or a minibatch's mfg / sampling
         if chunk_rows is not None and chunk_rows < 1:
             raise DistError(f"chunk_rows must be a positive number of rows (or None), got {chunk_rows}")
         self.counter = counter if counter is not None else ByteCounter()
         self.exchanger = Exchanger(rank, size, group, self.counter, timeout)
         self.stats = gather_stats(shard, group, chunk_rows)
         self.chunk_rows = chunk_rows
-        self.pieces = cut_blocks(shard, chunk_rows)  # [P]: each source block in row chunks
-        offsets = [0]
-        for b in shard.blocks:
-            offsets.append(offsets[-1] + b.num_edges)
-        self.edge_offsets = tuple(offsets)
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
+        self._set_shard(shard)
+        trim_heap()  # the loading's and the setup's transients go back to the system
+
+    def _set_shard(self, shard: ShardedGraph) -> None:
+        self.shard = shard
+        self.pieces = cut_blocks(shard, self.chunk_rows)  # [P]: each source block in row chunks
+        offsets = [0]
+        for b in shard.blocks:
+            offsets.append(offsets[-1] + b.num_edges)
+        self.edge_offsets = tuple(offsets)
         self._csr = None
         self._edges_into = None
-        trim_heap()  # the loading's and the setup's transients go back to the system
+
+    def on_shard(self, shard: ShardedGraph) -> "DistGraph":
+        """This DistGraph's programs, exchanger and counter on another shard of the same
+        workers (the same layer's block of the next minibatch): nothing is gathered and
+        nothing compiled again. The programs keep the plans made on the shard they were
+        compiled for (its statistics); what a plan decides without a memory budget (the
+        execution mode, which peers' rows are kept) does not depend on them. Local."""
+        if (shard.rank, shard.num_parts) != (self.rank, self.size):
+            raise DistError(f"worker {self.rank} of {self.size} cannot run the shard of part "
+                            f"{shard.rank} of {shard.num_parts}")
+        other = copy.copy(self)
+        other._set_shard(shard)
+        return other
 
     def run_layer(self, layer, args: tuple, feats: dict):
         """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""

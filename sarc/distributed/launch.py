@@ -1,6 +1,7 @@
 """``sarc train --workers P``: distributed training on this machine, through torchrun.
 
-    sarc train MODEL.py --dataset cora --workers 4 [--mode sar|oneshot|hybrid]
+    sarc train MODEL.py --dataset cora --workers 4 [--exec sar|oneshot|hybrid]
+               [--mode full|mfg|sampling --fanouts 10,25 --batch-size 256]
                [--partition DIR | --method metis|random] [--mem-budget 512M] [--baseline]
                [--master-port PORT] [--timeout S]
 
@@ -35,6 +36,14 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
            "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
     if args.exec_mode:
         cmd += ["--exec", args.exec_mode]
+    if args.mode != "full":
+        cmd += ["--mode", args.mode]
+    for option, value in (("--batch-size", args.batch_size), ("--fanouts", args.fanouts),
+                          ("--prob", args.prob)):
+        if value is not None:
+            cmd += [f"{option}={value}"]
+    cmd += [flag for flag, on in (("--replace", args.replace), ("--drop-last", args.drop_last),
+                                  ("--no-shuffle", not args.shuffle)) if on]
     if args.mem_budget:
         cmd += ["--mem-budget", args.mem_budget]
     if args.baseline:

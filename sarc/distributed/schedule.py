@@ -59,7 +59,7 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> La
     # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
     # backend, whose kernels run the blocks), planned for dg, cut at the exchange, and its
     # schedule
-    target = compiler.Target(workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
+    target = compiler.Target(mode=dg.mode, workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
                              mem_budget=_budget_left(dg, layer), baseline=dg.baseline,
                              inputs_need_grad=inputs_need_grad, distributed=True,
                              kept_peers=dg.kept_share.get(id(layer)))

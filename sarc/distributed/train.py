@@ -35,7 +35,9 @@ from ..loader import ModelSpec
 from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
 from ..train import ModelSelection, TrainError, hyperparameters
+from ..sampling import Comm
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
+from ..training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers
 from .exchange import ByteCounter, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -56,6 +58,7 @@ class WorkerConfig:
     checkpoint: CheckpointConfig | None = None
     save_path: str | None = None   # rank 0 writes the selected model there
     dataset: str | None = None     # its name in checkpoints (default: the graph's fingerprint)
+    minibatch: MiniBatchConfig | None = None  # mfg / sampling mode (None: full-batch)
 
 
 def agree(ok: bool, message: str, group=None) -> None:
@@ -213,6 +216,37 @@ class ShardSteps(FullBatch):
         self.step_bytes.append(self.counter.total_sent)  # the step is done: see StepSource
 
 
+def sampling_group(group=None, timeout: datetime.timedelta | None = None):
+    """A gloo process group of ``group``'s workers for the sampler alone (collective over
+    the whole world): its exchanges of ids run in a thread beside the training group's
+    collectives."""
+    ranks = (list(range(dist.get_world_size())) if group is None
+             else [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))])
+    kw = {} if timeout is None else {"timeout": timeout}
+    return dist.new_group(ranks, backend="gloo", **kw)
+
+
+class BlockGraphs:
+    """``graph_of`` of a mini-batch step source on P workers: layer k's block as a
+    ``DistGraph``. Layer k's first block (the first step's) builds it: the shards'
+    statistics are gathered and the layer's programs compiled, planned for ``mode`` on
+    that block's statistics; every later block runs the same programs
+    (``DistGraph.on_shard``), so a step gathers and compiles nothing."""
+
+    def __init__(self, group, mode: str, device: torch.device, **options):
+        self.group, self.mode, self.device, self.options = group, mode, device, options
+        self.graphs: dict[int, DistGraph] = {}
+        self.layer_names: dict = {}  # shared: the layers are named in call order
+
+    def __call__(self, k: int, block) -> DistGraph:
+        shard = block.shard.to(self.device)
+        if k not in self.graphs:  # collective: every worker builds block k's first together
+            self.graphs[k] = DistGraph(shard, self.group, mode=self.mode, **self.options)
+            self.graphs[k].layer_names = self.layer_names
+            return self.graphs[k]
+        return self.graphs[k].on_shard(shard)
+
+
 def peak_memory() -> dict[str, int]:
     """This process's RSS high-water mark and, on a GPU, torch's peak allocation (bytes)."""
     out = {"rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -258,31 +292,57 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     selection = ModelSelection(data.counts["val"] > 0, hp["patience"])
     best = selection.best
     run = _run_record(spec, cfg, hp, size) if cfg.checkpoint or cfg.save_path else None
-    source = ShardSteps(Batch(dg, data.x, edge_inputs, data.label, data.masks,
-                              train_total=data.counts["train"], node_ids=shard.orig_node_ids),
-                        data.counts, dg.counter)
+    full = Batch(dg, data.x, edge_inputs, data.label, data.masks,
+                 train_total=data.counts["train"], node_ids=shard.orig_node_ids)
     last = int(hp["epochs"])
+    if cfg.minibatch is None:
+        source = ShardSteps(full, data.counts, dg.counter)
 
-    def line(*progress) -> str:
-        return (epoch_line(*progress, of=last) +
-                f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
+        def line(*progress) -> str:
+            return (epoch_line(*progress, of=last) +
+                    f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
+    else:
+        blocks = BlockGraphs(group, cfg.minibatch.mode, device, exec_mode=cfg.exec_mode,
+                             mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
+                             counter=counter)
+        source = MiniBatchSteps(shard, cfg.minibatch, layers=graph_layers(model), seed=cfg.seed,
+                                comm=Comm(sampling_group(group, timeout), timeout=timeout),
+                                prefetch=True,
+                                rows=ShardRows(data.x, data.label, data.masks["train"]),
+                                evaluation=full, counts=data.counts, graph_of=blocks,
+                                edge_names=tuple(edge_inputs), counter=counter)
+        say(f"{cfg.minibatch.mode} mode: {source.seeds.steps} steps per epoch, fanouts "
+            f"{', '.join(map(str, source.spec.fanouts))}")
+
+        def line(*progress) -> str:
+            return f"{epoch_line(*progress, of=last)} | {source.progress()} (worker 0)"
 
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
               checkpoint=cfg.checkpoint, run=run, log=log, log_every=cfg.log_every, line=line)
-    step_bytes = source.step_bytes
-    mine = {"rank": rank, **peak_memory(), "step_bytes_sent": step_bytes[-1] if step_bytes else 0,
-            "planned_step_bytes_sent": dg.planned_bytes_sent(),
+    if cfg.minibatch is None:
+        step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
+                               dg.planned_bytes_sent())
+        programs, sampled = list(dg.training_programs.values()), {}
+    else:  # the mean step of the last epoch; no plan predicts a sampled step's bytes
+        h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
+                                                        "sampling_bytes_sent": 0}
+        step_bytes, planned = h["bytes_sent"] // max(1, h["steps"]), None
+        sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"]}
+        programs = [p for g in blocks.graphs.values() for p in g.training_programs.values()]
+    mine = {"rank": rank, **peak_memory(), **sampled, "step_bytes_sent": step_bytes,
+            "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
     workers: list = [None] * size
     dist.all_gather_object(workers, mine, group=group)
     result = {
         "model": spec.name, "workers": size, "exec_mode": cfg.exec_mode, "baseline": cfg.baseline,
+        "mode": cfg.minibatch.mode if cfg.minibatch else "full",
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,
         "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, "per_worker": workers,
         "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
-                  for p in dg.training_programs.values()],
+                  for p in programs],
     }
     say(format_report(workers))
     if rank == 0 and cfg.save_path:
@@ -297,6 +357,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
 def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
     pset = load_partitions(cfg.partition, verify=False)
+    hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
     return run_record(spec, hp, seed=cfg.seed, dataset=cfg.dataset or f"graph {pset.fingerprint}",
                       graph=pset.fingerprint, world_size=size,
                       partition=partition_fingerprint(pset))

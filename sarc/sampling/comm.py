@@ -30,6 +30,7 @@ class Comm:
         self.size = dist.get_world_size(group) if self.distributed else 1
         self.timeout = timeout
         self.rows_received: dict[str, int] = {}  # per kind of exchange: rows from peers
+        self.bytes_sent = 0                       # by this worker's exchanges to its peers
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.distributed and dist.get_backend(group) == "nccl"
                        else torch.device("cpu"))
@@ -87,6 +88,7 @@ class Comm:
         for k in range(1, p):
             to, frm = (r + k) % p, (r - k) % p
             out = outgoing[to].to(self.device).contiguous()
+            self.bytes_sent += out.numel() * out.element_size()
             if out.shape[0]:
                 pending.append((to, "send", dist.isend(out, self._global(to), group=self.group,
                                                        tag=_TAG), out))

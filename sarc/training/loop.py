@@ -35,6 +35,7 @@ with ``train_step(model, opt, batch, reduction)`` and ``evaluate(model, reductio
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -142,10 +143,13 @@ def global_cross_entropy(logits: torch.Tensor, label: torch.Tensor, mask: torch.
 
 def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     """The model's output rows on ``batch``; an embedding input reads its rows of the
-    batch's nodes."""
-    if batch.node_ids is not None and isinstance(model, EmbeddingInput):
-        return model.on_rows(batch.graph, batch.node_ids, **batch.edge_inputs)
-    return model(batch.graph, batch.x, **batch.edge_inputs)
+    batch's nodes. A step's blocks (``minibatch.MiniBatchGraph``) count the pass's layer
+    calls."""
+    g = batch.graph
+    with g.forward_pass() if hasattr(g, "forward_pass") else contextlib.nullcontext():
+        if batch.node_ids is not None and isinstance(model, EmbeddingInput):
+            return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
+        return model(g, batch.x, **batch.edge_inputs)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,

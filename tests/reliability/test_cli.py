@@ -163,6 +163,7 @@ def test_old_mode_spellings_name_the_new_one(argv, new):
     refused_before_work(run_sarc("train", GCN, "--workers", "2", *argv), new)
 
 
-@case("cli", "`sarc train --mode mfg`, a mode sarc train does not run", "error")
-def test_train_mode_other_than_full(tmp_path):
-    refused_before_work(run_sarc("train", GCN, "--mode", "mfg"), "--mode mfg", "--mode full")
+@case("cli", "`sarc train --mode minibatch`, a mode that does not exist", "error")
+def test_train_mode_that_does_not_exist(tmp_path):
+    refused_before_work(run_sarc("train", GCN, "--mode", "minibatch"),
+                        "--mode must be one of full, mfg, sampling", "'minibatch'")

@@ -1,0 +1,356 @@
+"""Mini-batch training modes: MFG and neighbour sampling as step sources of the loop.
+
+    steps = MiniBatchSteps(shard, MiniBatchConfig("sampling", (10, 25), batch_size=256),
+                           layers=2, seed=0, comm=comm, rows=rows, evaluation=full,
+                           counts=counts, graph_of=graph_of)
+    fit(model, opt, steps, selection, epochs=..., reduction=...)
+
+Per epoch, the labeled training nodes of the graph, reshuffled from (seed, epoch), come
+in batches of ``batch_size`` seeds over all workers (``SeedBatches``): a step's seeds are
+the same whatever the number of workers, and every worker takes every step. A step's
+blocks are the K-hop closure of the seeds of all workers (``NeighbourSampler``): every
+in-edge (``mfg``) or a sample of ``fanouts[k-1]`` in-edges per destination at layer k
+(``sampling``).
+
+The model runs on the step's blocks as on one graph (``MiniBatchGraph``): its k-th sarc
+layer call runs on block k, a ``Graph`` on one process or a ``DistGraph`` on P workers
+(``graph_of``), so the model files do not change. The step's loss is the sum of the
+seeds' cross-entropies divided by the step's seeds over all workers.
+
+Nothing is fetched for a step: the sampler hands each worker the seeds it owns and
+makes its local rows of every block its own nodes, so the input rows (features, node
+ids for an embedding) and the seeds' labels are rows of the worker's shard; remote
+input rows cross in the first layer's exchange, as in full-batch training. The next
+step is sampled in a thread while a step computes (``prefetch``): on P workers the
+sampler has a process group of its own (gloo, ids only), so its exchanges never
+interleave with the layers' collectives on the training group.
+
+Evaluation is full-graph inference (``evaluation``: the full-batch batch of the whole
+graph or the worker's shard), so accuracies and the model selection are those of the
+full-batch trainer on the same weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from ..checkpoint import injected_kill
+from ..runtime.bind import resolve_features
+from ..runtime.sharded import ShardedGraph
+from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
+from ..sampling.draws import SHUFFLE_KEY, uniform
+from .inputs import TrainError
+from .loop import Batch, epoch_line
+
+MINIBATCH_MODES = ("mfg", "sampling")
+
+
+@dataclass(frozen=True)
+class MiniBatchConfig:
+    """What a mini-batch mode samples per step. ``fanouts``: per layer, input layer first
+    (sampling only); ``batch_size``: the step's seeds over all workers (None: every
+    training node, one step per epoch)."""
+
+    mode: str
+    fanouts: tuple[int, ...] | None = None
+    batch_size: int | None = None
+    replace: bool = False
+    prob: str | None = None
+    shuffle: bool = True
+    drop_last: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MINIBATCH_MODES:
+            raise TrainError(f"unknown mini-batch mode {self.mode!r}; expected one of "
+                             f"{', '.join(MINIBATCH_MODES)}")
+        b = self.batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise TrainError(f"the batch size must be a positive number of seed nodes, got {b!r}")
+        if self.mode == "mfg" and (self.fanouts is not None or self.replace or self.prob):
+            raise TrainError("--mode mfg takes every in-edge of every layer; --fanouts, "
+                             "--replace and --prob are for --mode sampling")
+        if self.mode == "sampling" and self.fanouts is None:
+            raise TrainError("--mode sampling needs --fanouts, one per graph layer "
+                             "(e.g. --fanouts 10,25; -1 takes every in-edge)")
+
+    def recorded(self, hparams: dict) -> dict:
+        """``hparams`` with this mode, as a checkpoint records a run (so that a run of
+        another mode does not resume it)."""
+        fields = dataclasses.asdict(self)
+        return {**hparams, "training": ", ".join(f"{k}={v}" for k, v in fields.items())}
+
+    def spec(self, layers: int, seed: int) -> SamplingSpec:
+        """The sampling spec for a model of ``layers`` graph layers (checked against them)."""
+        if self.mode == "mfg":
+            return SamplingSpec.mfg(layers, seed=seed)
+        try:
+            return SamplingSpec.of(list(self.fanouts), layers=layers, replace=self.replace,
+                                   prob=self.prob, seed=seed)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+
+
+def graph_layers(model: nn.Module) -> int:
+    """The sarc layers of ``model``: the blocks a step of it needs (each layer called once
+    per forward pass, as the model files do)."""
+    from ..dsl import Layer
+    return sum(1 for m in model.modules() if isinstance(m, Layer))
+
+
+class MiniBatchGraph:
+    """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
+    forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
+
+    What a model reads of ``g`` about nodes (``num_dst``, ``in_degree``, ...) answers for
+    the block of its next layer call. Edges are every block's, block after block: edge
+    inputs of the step (``Batch.edge_inputs``) and ``dst`` / ``perm`` / ``num_edges``
+    cover them all (``dst`` numbers each block's destinations after the previous
+    block's), and a layer call gets its block's slice of an edge input of that length;
+    so a per-edge quantity a model computes from ``g`` (R-GCN's 1 / |N_r(v)|) is each
+    block's."""
+
+    def __init__(self, graphs: Sequence[Any]):
+        if not graphs:
+            raise TrainError("a mini-batch graph needs at least one block")
+        self.graphs = tuple(graphs)
+        offsets = [0]
+        for g in self.graphs:
+            offsets.append(offsets[-1] + g.num_edges)
+        self.edge_offsets = tuple(offsets)
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def forward_pass(self):
+        """One forward pass: the layer calls start at block 1, and must use every block."""
+        self.calls = 0
+        yield self
+        if self.calls != len(self.graphs):
+            raise TrainError(self._mismatch(f"{self.calls} sarc layer call"
+                                            f"{'s' * (self.calls != 1)}"))
+
+    def _mismatch(self, what: str) -> str:
+        n = len(self.graphs)
+        return (f"the model made {what} in one forward pass, but the step has {n} block"
+                f"{'s' * (n != 1)} (one per sarc layer: the model's layers are counted when "
+                f"training starts, and --fanouts gives one per layer); a model in mfg or "
+                f"sampling mode calls each of its sarc layers once, input layer first")
+
+    @property
+    def current(self):
+        return self.graphs[min(self.calls, len(self.graphs) - 1)]
+
+    def run_layer(self, layer, args: tuple, feats: dict):
+        k = self.calls
+        if k >= len(self.graphs):
+            raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
+        given = resolve_features(layer, args, feats)
+        lo, hi = self.edge_offsets[k], self.edge_offsets[k + 1]
+        for name in layer._sarc_edge:
+            t = given.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == self.num_edges:
+                given[name] = t[lo:hi]
+        self.calls += 1
+        return self.graphs[k].run_layer(layer, (), given)
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_offsets[-1]
+
+    @property
+    def dst(self) -> torch.Tensor:
+        out, base = [], 0
+        for g in self.graphs:
+            out.append(g.dst + base)
+            base += g.num_dst
+        return torch.cat(out)
+
+    @property
+    def perm(self) -> torch.Tensor:
+        return torch.cat([g.perm + off for g, off in zip(self.graphs, self.edge_offsets)])
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name in ("graphs", "calls", "edge_offsets"):
+            raise AttributeError(name)
+        return getattr(self.current, name)
+
+    def __repr__(self) -> str:
+        return f"MiniBatchGraph({', '.join(map(repr, self.graphs))})"
+
+
+@dataclass(frozen=True, eq=False)
+class ShardRows:
+    """The rows a step reads of the worker's shard: its local nodes' input rows, labels
+    and training mask (labeled training nodes)."""
+
+    x: torch.Tensor
+    label: torch.Tensor
+    train: torch.Tensor
+
+
+class SeedBatches:
+    """Per epoch, the steps' seeds: the graph's labeled training nodes in the order of
+    ``draws.uniform(seed, epoch, SHUFFLE_KEY, original id)`` (original ids without
+    ``shuffle``), ``batch_size`` after ``batch_size`` (None: all in one step). A worker's
+    seeds of a step are its nodes among them; so the steps are the same whatever the
+    number of workers. Every worker keeps the original ids of all training nodes
+    (gathered once, 8 bytes a node) to place its own in the order."""
+
+    def __init__(self, shard: ShardedGraph, train: torch.Tensor, config: MiniBatchConfig,
+                 seed: int, comm: Comm):
+        train = torch.as_tensor(train).cpu()
+        if train.dtype != torch.bool or train.shape != (shard.num_local,):
+            raise TrainError(f"the training mask must be a bool tensor with one entry per local "
+                             f"node ({shard.num_local}), got {train.dtype} {list(train.shape)}")
+        local = train.nonzero().squeeze(1)
+        self.nodes = local + shard.local_range[0]                 # new global ids
+        mine = shard.orig_node_ids.cpu()[local]
+        everyone = torch.unique(torch.cat(comm.exchange([mine] * comm.size)))  # sorted
+        self.total = int(everyone.numel())
+        self.where = torch.searchsorted(everyone, mine)            # my nodes among all
+        self.everyone, self.seed, self.shuffle = everyone, seed, config.shuffle
+        self.batch_size = config.batch_size or max(1, self.total)
+        b = self.batch_size
+        self.steps = self.total // b if config.drop_last else -(-self.total // b)
+
+    def epoch(self, epoch: int):
+        """``(this worker's seeds, the step's seeds over all workers)`` per step."""
+        rank = torch.arange(self.total)
+        if self.shuffle:
+            order = torch.argsort(uniform(self.seed, epoch, SHUFFLE_KEY, self.everyone),
+                                  stable=True)
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(self.total)
+        mine = rank[self.where]
+        b = self.batch_size
+        step_of = mine // b
+        for s in range(self.steps):
+            pick = (step_of == s).nonzero().squeeze(1)
+            pick = pick[torch.argsort(mine[pick])]
+            yield self.nodes[pick], min(b, self.total - s * b)
+
+
+class MiniBatchSteps:
+    """The steps of ``config``'s mode on ``shard`` (a worker's, or on one process the
+    graph as one part): a ``sarc.training.loop.StepSource``.
+
+    ``graph_of(k, block)``: what layer k + 1 runs on for ``block`` (its local block on one
+    process, a ``DistGraph`` on P workers); ``edge_names``: edge data the model takes as
+    inputs (R-GCN's ``etype``). ``prefetch``: sample the next step in a thread while a
+    step computes, which needs a ``comm`` whose process group nothing else uses at the
+    same time (default: only without peers). Per epoch it records the steps, the seeds
+    trained on, the seconds of the steps, the bytes the sampler sent and, given a
+    ``counter`` (the layers' ``ByteCounter``), the bytes the layers' exchanges sent."""
+
+    def __init__(self, shard: ShardedGraph, config: MiniBatchConfig, *, layers: int, seed: int,
+                 comm: Comm, rows: ShardRows, evaluation: Batch, counts: dict[str, int],
+                 graph_of: Callable[[int, LayerBlock], Any], edge_names: Sequence[str] = (),
+                 counter=None, prefetch: bool | None = None):
+        self.shard, self.config, self.comm = shard, config, comm
+        self.prefetch = comm.size == 1 if prefetch is None else prefetch
+        self.spec = config.spec(layers, seed)
+        self.rows, self.eval_batch, self.counts = rows, evaluation, dict(counts)
+        self.graph_of, self.edge_names, self.counter = graph_of, tuple(edge_names), counter
+        self.sampler = NeighbourSampler(shard, self.spec, comm)
+        self.seeds = SeedBatches(shard, rows.train, config, seed, comm)
+        if not self.seeds.steps:
+            raise TrainError(f"--drop-last with a batch size of {config.batch_size}: the graph "
+                             f"has {self.seeds.total} training nodes, no full batch")
+        self.history: list[dict] = []
+        self.prefetched = 0  # steps sampled ahead when the last step was handed out
+
+    def steps(self, epoch: int) -> Iterable[Batch]:
+        if self.counter is not None:
+            self.counter.reset()
+        sampled_before = self.comm.bytes_sent
+        t0, seeds, n = time.perf_counter(), 0, 0
+        for step, (mb, total) in enumerate(self.sampled(epoch), 1):
+            yield self.batch(mb, total)
+            seeds, n = seeds + total, step
+        layers_sent = None if self.counter is None else self.counter.total_sent
+        self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
+                             "seconds": time.perf_counter() - t0, "bytes_sent": layers_sent,
+                             "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
+
+    def sampled(self, epoch: int):
+        """``(blocks, the step's seeds over all workers)`` per step of ``epoch``. With
+        ``prefetch``, the next step's blocks are sampled in a thread while the caller
+        computes this step; else between steps, in program order."""
+        def draw(step: int, mine: torch.Tensor):
+            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
+            return self.sampler.sample(mine, epoch)
+        batches = list(enumerate(self.seeds.epoch(epoch), 1))
+        if not self.prefetch:
+            for step, (mine, total) in batches:
+                yield draw(step, mine), total
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="sarc-sampling") as pool:
+            ahead = [pool.submit(draw, step, mine) for step, (mine, _) in batches[:1]]
+            for i, (step, (_, total)) in enumerate(batches):
+                mb = ahead.pop(0).result()
+                if i + 1 < len(batches):
+                    after, (mine, _) = batches[i + 1]
+                    ahead.append(pool.submit(draw, after, mine))
+                self.prefetched = len(ahead)
+                yield mb, total
+
+    def batch(self, mb, total: int) -> Batch:
+        """The step's ``Batch`` of the blocks ``mb`` (a ``MiniBatch``), ``total`` seeds over
+        all workers."""
+        lo = self.shard.local_range[0]
+        x_dev = self.rows.x.device
+        inputs = (mb.input_nodes - lo).to(x_dev)
+        seeds = (mb.seeds - lo).to(x_dev)
+        n = int(seeds.numel())
+        graph = MiniBatchGraph([self.graph_of(k, b) for k, b in enumerate(mb.blocks)])
+        edge_inputs = {name: torch.cat([e[name] for b in mb.blocks for e in b.shard.edata])
+                       .to(x_dev) for name in self.edge_names}
+        none = torch.zeros(n, dtype=torch.bool, device=x_dev)
+        return Batch(graph, self.rows.x.index_select(0, inputs), edge_inputs,
+                     self.rows.label.index_select(0, seeds),
+                     {"train": torch.ones_like(none), "val": none, "test": none},
+                     train_total=total, node_ids=mb.blocks[0].shard.orig_node_ids.to(x_dev))
+
+    def evaluation(self) -> Iterable[Batch]:
+        return (self.eval_batch,)
+
+    def epoch_line(self, epoch: int, loss: float, acc: dict, seconds: float) -> str:
+        """The loop's epoch line with the epoch's steps, samples/s and bytes sent."""
+        return f"{epoch_line(epoch, loss, acc, seconds)} | {self.progress()}"
+
+    def progress(self) -> str:
+        """The last epoch's steps, seeds per second and bytes sent (this worker)."""
+        if not self.history:
+            return ""
+        h = self.history[-1]
+        rate = h["seeds"] / h["seconds"] if h["seconds"] > 0 else float("inf")
+        sent = ("" if h["bytes_sent"] is None else
+                f", sent {h['bytes_sent'] / 2**20:.2f} MiB + {h['sampling_bytes_sent'] / 2**20:.2f}"
+                f" MiB sampling")
+        return f"{h['steps']} step{'s' * (h['steps'] != 1)}, {rate:.0f} samples/s{sent}"
+
+
+def whole_graph_shard(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
+                      edge_data: dict[str, torch.Tensor], *, self_loops: bool) -> ShardedGraph:
+    """The graph as the one part of a one-worker partition, for mini-batches on one process.
+    With ``self_loops``, every self loop is replaced by one per node, whose original edge id
+    is -1, as a worker's shard gets them (``sarc.distributed.prepare.with_self_loops``): the
+    samples are then those of any number of workers."""
+    from ..datasets import add_self_loops
+    from ..partition import cut_parts, relabel
+    from ..runtime.sharded import build_shard
+    one = relabel(torch.zeros(num_nodes, dtype=torch.int64), 1)  # the identity
+    if not self_loops:
+        (part,) = cut_parts(src, dst, one, {}, edge_data)
+        return build_shard(part, one.offsets, 0)
+    edge_ids = torch.cat([torch.arange(src.numel())[src != dst],
+                          torch.full((num_nodes,), -1, dtype=torch.int64)])
+    (part,) = cut_parts(*add_self_loops(src, dst, num_nodes), one, {}, {})
+    shard = build_shard(part, one.offsets, 0)
+    return dataclasses.replace(shard, orig_edge_ids=(edge_ids[shard.orig_edge_ids[0]],))
