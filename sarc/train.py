@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from .checkpoint import CheckpointConfig, run_record, seed_all
-from .datasets import Dataset, add_self_loops, check_dataset, load_dataset
+from .datasets import Dataset, add_self_loops_with_data, check_dataset, load_dataset
+from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
@@ -158,13 +159,19 @@ class Prepared:
     masks: dict[str, torch.Tensor]  # "train" / "val" / "test", labeled nodes only
 
 
-def prepare(data: Dataset, hparams: dict[str, Any]) -> Prepared:
-    """The graph and inputs of ``data`` as ``hparams`` (self_loops, norm_features) ask."""
+def prepare(data: Dataset, hparams: dict[str, Any], model: nn.Module | None = None) -> Prepared:
+    """The graph and inputs of ``data`` as ``hparams`` (self_loops, norm_features) ask.
+
+    With ``model``, the edge inputs are the edge data its layers declare and its forward
+    takes (``sarc.dsl.edge_inputs_for``), and self loops give a float one
+    ``sarc.datasets.SELF_LOOP_FILL``; without, all the edge data, and no self loops with it."""
     src, dst = data.edge_src, data.edge_dst
-    edge_inputs = {"etype": data.etype} if data.etype is not None else {}
+    carried = {"etype": data.etype} if data.etype is not None else {}
+    edge_inputs = edge_inputs_for(model, carried) if model is not None else carried
     if hparams["self_loops"]:
-        check_self_loops(edge_inputs, f"the relational graph {data.name}")
-        src, dst = add_self_loops(src, dst, data.num_nodes)
+        if model is None:
+            check_self_loops(edge_inputs, f"the relational graph {data.name}")
+        src, dst, edge_inputs = add_self_loops_with_data(src, dst, data.num_nodes, edge_inputs)
     g = Graph.from_edges(src, dst, data.num_nodes)
     masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
     return Prepared(g, node_features(data.feat, hparams), edge_inputs, data.label, masks)
@@ -297,8 +304,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     say = log or (lambda s: None)
 
     seed_all(seed)
-    prep = prepare(data, hp)
     model = build(spec, data, hp)
+    prep = prepare(data, hp, model)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     counts = {k: int(m.sum()) for k, m in prep.masks.items()}
     if not counts["train"]:

@@ -19,25 +19,29 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..datasets import add_self_loops
+from ..datasets import add_self_loops_with_data
 from ..graph import Graph
 from ..runtime.sharded import ShardedGraph
-from ..training.inputs import check_self_loops, labeled_masks, node_features
+from ..training.inputs import labeled_masks, node_features
 from .exchange import Exchanger, RowFetch
 from .graph import DistError, comm_device
 
 
-def with_self_loops(shard: ShardedGraph, ex: Exchanger) -> ShardedGraph:
-    """``shard`` of the graph with its self loops replaced by one per node (collective)."""
+def with_self_loops(shard: ShardedGraph, ex: Exchanger, reads=()) -> ShardedGraph:
+    """``shard`` of the graph with its self loops replaced by one per node (collective).
+
+    ``reads``: the edge data the model reads (``sarc.dsl.edge_inputs_for``); the shard keeps
+    only those, and the loops get ``sarc.datasets.SELF_LOOP_FILL`` in a float feature (an
+    integer one is an error naming it)."""
     r = shard.rank
-    check_self_loops([k for e in shard.edata for k in e], "the partitioned graph")
     n = shard.num_local
     local = shard.local_block
     order = torch.argsort(local.perm)  # back to the block's input order
     src, dst = local.src[order], local.dst[order]
     keep = src != dst
     loops = torch.bincount(dst[~keep], minlength=n).to(torch.float32)
-    new_src, new_dst = add_self_loops(src, dst, n)
+    new_src, new_dst, local_data = add_self_loops_with_data(
+        src, dst, n, {k: shard.edata[r][k] for k in reads})
     in_degree = shard.in_degree - loops + 1
     out_degree = shard.out_degree - loops + 1
     # the owners' new out-degrees of the rows each worker reads from them
@@ -55,8 +59,10 @@ def with_self_loops(shard: ShardedGraph, ex: Exchanger) -> ShardedGraph:
             blocks.append(dataclasses.replace(b, in_degree=in_degree, out_degree=out_deg))
     edge_ids = list(shard.orig_edge_ids)
     edge_ids[r] = torch.cat([edge_ids[r][order][keep], torch.full((n,), -1, dtype=torch.int64)])
+    edata = tuple(local_data if j == r else {k: e[k] for k in reads}
+                  for j, e in enumerate(shard.edata))
     return dataclasses.replace(shard, blocks=tuple(blocks), in_degree=in_degree,
-                               out_degree=out_degree, orig_edge_ids=tuple(edge_ids))
+                               out_degree=out_degree, orig_edge_ids=tuple(edge_ids), edata=edata)
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checkpoint import CheckpointConfig, partition_fingerprint, run_record, seed_all
+from ..dsl import edge_inputs_for
 from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import load_partitions
@@ -269,15 +270,17 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
     shard = load_shard(cfg.partition, group).to(device)
     counter = ByteCounter()
-    if hp["self_loops"]:
-        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout))
-    dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
-                   baseline=cfg.baseline, timeout=timeout, counter=counter)
     data = prepare_worker(shard, hp, group)
-    edge_inputs = {"etype": dg.edge_data("etype")} if data.num_etypes else {}
-
     torch.manual_seed(cfg.seed)
     model = _build(spec, data, hp, shard.num_nodes).to(device)
+    # the edge data the model reads, by its layers' declared names (not all the partition has)
+    reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
+    if hp["self_loops"]:
+        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout), reads)
+    dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
+                   baseline=cfg.baseline, timeout=timeout, counter=counter)
+    edge_inputs = {k: dg.edge_data(k) for k in reads}
+
     broadcast_parameters(model, group)
     dg.share_memory(model)  # the memory budget is the whole step's, shared by its layers
     seed_all(cfg.seed * 1000003 + rank)  # each worker its own dropout stream

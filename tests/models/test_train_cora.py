@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sarc.datasets import power_law_graph, sbm_graph
+from sarc.errors import GraphError
 from sarc.loader import load_model_file
 from sarc.modules import input_dropout
 from sarc.train import TrainError, train
@@ -73,7 +74,8 @@ def test_featureless_dataset_needs_an_embedding(one_thread):
 
 
 def test_self_loops_on_a_relational_graph_are_refused():
-    with pytest.raises(TrainError, match="self loop has no edge type"):
+    """R-GCN reads its edge type, which an added self loop has none of."""
+    with pytest.raises(GraphError, match="edge feature 'etype'.*self loop has no edge type"):
         train(load_model_file(MODELS / "rgcn.py"), "aifb", epochs=1, log=None,
               hparams={"self_loops": True})
 

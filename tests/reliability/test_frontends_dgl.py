@@ -193,25 +193,16 @@ def _train(*argv):
                     "--set", "embedding_dim=4", *argv, timeout=600)
 
 
-_WIRING = ("the trainers still pass every edge feature the data carries and refuse self loops "
-           "on edge data; sarc.train.prepare / sarc.distributed.train must bind "
-           "sarc.dsl.edge_inputs_for(model, ...) and add loops with "
-           "sarc.datasets.add_self_loops_with_data (sarc/training/inputs.py)")
-
-
-@pytest.mark.xfail(strict=True, reason=_WIRING)
 def test_gcn_trains_on_a_relational_graph_without_self_loops():
     proc = _train("--set", "self_loops=False")
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason=_WIRING)
 def test_gcn_trains_on_a_relational_graph_with_self_loops():
     proc = _train()   # GCN's HPARAMS add self loops; the edge types are not GCN's input
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason=_WIRING)
 def test_gcn_trains_on_two_workers_of_a_relational_graph():
     proc = _train("--workers", "2", "--method", "random")
     assert proc.returncode == 0, proc.stderr[-2000:]
