@@ -7,6 +7,7 @@ from gcn import GCNLayer
 from gin import GINLayer
 from rgcn import RGCNLayer
 from sage import SAGELayer
+from sage_lp import SAGELayer as LinkSAGELayer
 
 import sarc
 
@@ -17,6 +18,7 @@ LAYERS = {
     "gcn": lambda d: GCNLayer(d, 5),
     "gcn_nobias": lambda d: GCNLayer(d, 3, bias=False),
     "sage": lambda d: SAGELayer(d, 5),
+    "sage_lp": lambda d: LinkSAGELayer(d, 4),  # link prediction's encoder layer
     "gat_1head": lambda d: GATLayer(d, 5, heads=1),
     "gat_4heads_concat": lambda d: GATLayer(d, 3, heads=4),
     "gat_4heads_mean": lambda d: GATLayer(d, 3, heads=4, concat=False),

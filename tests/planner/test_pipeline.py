@@ -89,7 +89,7 @@ def test_the_distributed_runtime_runs_the_compilers_program():
 
     from sarc.distributed.schedule import compile_layer as program
 
-    dg = SimpleNamespace(size=2, stats=STATS, mem_budget=None, baseline=False, exec_mode=None,
+    dg = SimpleNamespace(size=2, stats=STATS, mem_budget=None, baseline=False, exec_mode=None, mode="full",
                          kept_share={}, programs={})
     layer = GATLayer(6, 3, heads=2)
     prog = program(layer, dg, "GATLayer#0", True)
