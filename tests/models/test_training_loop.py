@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from sarc.checkpoint import seed_all
 from sarc.datasets import load_dataset
+from sarc.errors import GraphError
 from sarc.loader import load_model_file
 from sarc.partition import partition_graph
 from sarc.runtime.sharded import ShardedGraph
@@ -139,7 +140,8 @@ def test_a_step_source_without_steps_is_an_error():
 
 
 def test_self_loops_are_refused_on_edge_data_alike_on_a_shard(tmp_path):
-    """One rule for a dataset and a worker's shard: a self loop has no edge type."""
+    """One rule for a dataset and a worker's shard: a self loop has no edge type (the shard:
+    when the model reads it; ``sarc.datasets.add_self_loops_with_data``)."""
     with pytest.raises(TrainError, match="whose edges carry etype, weight: a self loop has no "
                                          "edge type"):
         check_self_loops(["weight", "etype"], "the graph g")
@@ -151,6 +153,6 @@ def test_self_loops_are_refused_on_edge_data_alike_on_a_shard(tmp_path):
     pset = partition_graph(src, dst, 40, 2, tmp_path / "parts", method="random",
                            edge_data={"etype": torch.randint(0, 3, (200,), generator=gen)})
     shard = ShardedGraph.from_partitions(pset, 0)
-    with pytest.raises(TrainError, match="self_loops=True on the partitioned graph, whose edges "
-                                         "carry etype"):
-        with_self_loops(shard, ex=None)  # refused before any exchange
+    # on a shard, the edge data the model reads: an edge type has no value for a loop
+    with pytest.raises(GraphError, match="edge feature 'etype' .* a self loop has no edge type"):
+        with_self_loops(shard, ex=None, reads=("etype",))  # refused before any exchange
