@@ -23,6 +23,7 @@ import torch
 from ..planner.stats import BlockSample, ShardStats
 from ..runtime.sharded import ShardedGraph
 from ..sampling import NeighbourSampler, SamplingError, SamplingSpec, SeedLoader
+from ..sampling.comm import stop_with
 
 WAIT_S = 600.0
 """How long a worker thread waits for its peers at a collective before giving up."""
@@ -67,14 +68,7 @@ class ThreadComm:
         return self._swap(obj)
 
     def agree(self, problem: str | None) -> None:
-        problems = self._swap(problem)
-        if problem is not None:
-            raise SamplingError(problem)
-        bad = [str(j) for j, q in enumerate(problems) if q is not None]
-        if bad:
-            raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
-                                f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
-                                f"this worker stops with them")
+        stop_with(problem, [q is not None for q in self._swap(problem)])
 
     def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None,
                  kind: str = "ids") -> list[torch.Tensor]:

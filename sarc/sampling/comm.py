@@ -56,14 +56,7 @@ class Comm:
             if problem is not None:
                 raise SamplingError(problem)
             return
-        flags = [f[0] for f in self.all_gather([int(problem is not None)])]
-        if problem is not None:
-            raise SamplingError(problem)
-        bad = [str(j) for j, f in enumerate(flags) if f]
-        if bad:
-            raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
-                                f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
-                                f"this worker stops with them")
+        stop_with(problem, [bool(f[0]) for f in self.all_gather([int(problem is not None)])])
 
     def exchange(self, outgoing: list[torch.Tensor], sizes: list[int] | None = None,
                  kind: str = "ids") -> list[torch.Tensor]:
@@ -108,6 +101,18 @@ class Comm:
 
     def _global(self, peer: int) -> int:
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
+
+
+def stop_with(problem: str | None, failed: list[bool]) -> None:
+    """``agree``'s verdict, given this worker's ``problem`` and which workers had one: raise
+    this worker's own, else one naming the workers that could not go on."""
+    if problem is not None:
+        raise SamplingError(problem)
+    bad = [str(j) for j, f in enumerate(failed) if f]
+    if bad:
+        raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
+                            f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
+                            f"this worker stops with them")
 
 
 def _first_line(e: Exception) -> str:
