@@ -3,11 +3,10 @@ before any work, the run on one process (``sarc.training.link``; on P workers
 ``sarc.distributed.link``)."""
 from __future__ import annotations
 
-import json
 
 from ..loader import parse_overrides
 from ..training.link import HITS_AT, LINK_DEFAULTS, train_links
-from .options import UsageError
+from .options import UsageError, write_result
 
 
 def check_link_args(args, spec) -> None:
@@ -39,7 +38,5 @@ def link_command(args, spec, data) -> int:
           f"test mrr {result['test_mrr']:.4f} {hits} (val mrr {result['val_mrr']:.4f}, epoch "
           f"{result['best_epoch']} of {result['epochs']})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
-            f.write("\n")
+        write_result(args.json, result)
     return 0

@@ -216,3 +216,11 @@ def check_run_options(args) -> None:
     if args.mem_budget is not None:
         parse_bytes(args.mem_budget)
     check_output_file("--json", args.json)
+
+
+def write_result(path: str, result: dict) -> None:
+    """A run's ``--json`` report: its result without the trained module."""
+    import json
+    with open(path, "w") as f:
+        json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
+        f.write("\n")

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, add_check_data_argument, add_mode_arguments,
+from .options import (UsageError, write_result, add_check_data_argument, add_mode_arguments,
                       add_sampling_arguments, at_least, check_input_dir, check_mode_arguments,
                       check_output_file, check_run_options, minibatch_config)
 
@@ -143,7 +142,5 @@ def train_command(args) -> int:
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "
               f"epoch {result['best_epoch']} of {result['epochs']})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
-            f.write("\n")
+        write_result(args.json, result)
     return 0
