@@ -4,8 +4,9 @@ It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around 
 (``sarc.distributed.supervise``):
 
 - it dies with ``sarc train``: SIGTERM when its parent dies, on which torchrun stops
-  the workers and this process removes the run's directory (``SARC_RUN_DIR``), which
-  ``sarc train`` can no longer do; and it names itself the workers' parent
+  the workers; however it ends after ``sarc train`` died (stopped, or its workers
+  failed first), it removes the run's directory (``SARC_RUN_DIR``), which ``sarc
+  train`` can no longer do; and it names itself the workers' parent
   (``SARC_PARENT_PID``), so that they die with it;
 - torchrun's own files (``torchelastic_*``, its log directories) go in the run's
   directory, and go with it;
@@ -43,6 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = os.environ.get(RUN_DIR_ENV)
     signal.signal(signal.SIGTERM, _terminated)
     try:
+        return _run_torchrun(argv, run_dir)
+    finally:
+        # however torchrun ended (stopped, its workers failed): once sarc train is gone,
+        # nobody else removes the run's directory
+        if run_dir and parent and os.getppid() != int(parent):
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_torchrun(argv: list[str] | None, run_dir: str | None) -> int:
+    """torchrun's exit status as ``sarc train`` reads it (failed workers in FAILURES)."""
+    try:
         if not die_with_parent(signal.SIGTERM):
             raise _Terminated()
         if run_dir:
@@ -64,12 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         except SignalException as e:
             raise _Terminated() from e
     except _Terminated:
-        # torchrun has stopped its workers; if sarc train is gone, nobody else cleans up
-        if run_dir and parent and os.getppid() != int(parent):
-            shutil.rmtree(run_dir, ignore_errors=True)
         return 128 + signal.SIGTERM
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
