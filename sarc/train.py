@@ -38,7 +38,7 @@ from .training.inputs import (EmbeddingInput, TrainError, check_self_loops, labe
 from .sampling import Comm
 from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
-                                 whole_graph_shard)
+                                 local_blocks, whole_graph_shard)
 
 DEFAULTS: dict[str, Any] = {
     "dataset": "cora",       # the dataset a model file trains on by default
@@ -355,7 +355,7 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
                               self_loops=hp["self_loops"])
     return MiniBatchSteps(shard, config, layers=graph_layers(model), seed=seed, comm=Comm(),
                           rows=ShardRows(prep.x, prep.label, prep.masks["train"]),
-                          evaluation=full, counts=counts, graph_of=lambda k, b: b.local_block,
+                          evaluation=full, counts=counts, graphs_of=local_blocks,
                           edge_names=tuple(prep.edge_inputs))
 
 

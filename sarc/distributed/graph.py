@@ -201,18 +201,20 @@ def gather_stats(shard: ShardedGraph, group=None, chunk_rows: int | None = None)
     mine = torch.tensor([shard.num_local, sum(b.num_edges for b in shard.blocks),
                          -1 if chunk_rows is None else chunk_rows,
                          *(0 if j == shard.rank else shard.needed_rows[j].numel() for j in range(p)),
-                         *sends, *reads], dtype=torch.int64, device=comm_device(group))
+                         *sends, *reads, shard.local_block.num_dst],
+                        dtype=torch.int64, device=comm_device(group))
     allv = [torch.zeros_like(mine) for _ in range(p)]
     dist.all_gather(allv, mine, group=group)
     rows = [v.cpu().tolist() for v in allv]
-    check_boundaries([(r[3 + p:3 + 2 * p], r[3 + 2 * p:]) for r in rows],
+    check_boundaries([(r[3 + p:3 + 2 * p], r[3 + 2 * p:3 + 3 * p]) for r in rows],
                      [f"the shard of part {r}" for r in range(p)])
     if len({r[2] for r in rows}) > 1:
         raise DistError(f"the workers cut messages at different chunk_rows "
                         f"({', '.join(str(r[2]) if r[2] >= 0 else 'None' for r in rows)} by rank); "
                         f"give every worker's DistGraph the same")
-    return ShardStats(p, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                      tuple(tuple(r[3:3 + p]) for r in rows))
+    nodes, dst = tuple(r[0] for r in rows), tuple(r[-1] for r in rows)
+    return ShardStats(p, nodes, tuple(r[1] for r in rows), tuple(tuple(r[3:3 + p]) for r in rows),
+                      None if dst == nodes else dst)  # a minibatch block: its destinations
 
 
 def check_boundaries(digests: list, names: list[str]) -> None:

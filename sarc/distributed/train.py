@@ -38,7 +38,8 @@ from ..runtime.sharded import ShardedGraph
 from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
-from ..training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers
+from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
+                                  sarc_layers)
 from .exchange import ByteCounter, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -228,24 +229,82 @@ def sampling_group(group=None, timeout: datetime.timedelta | None = None):
 
 
 class BlockGraphs:
-    """``graph_of`` of a mini-batch step source on P workers: layer k's block as a
-    ``DistGraph``. Layer k's first block (the first step's) builds it: the shards'
-    statistics are gathered and the layer's programs compiled, planned for ``mode`` on
-    that block's statistics; every later block runs the same programs
-    (``DistGraph.on_shard``), so a step gathers and compiles nothing."""
+    """``graphs_of`` of a mini-batch step source on P workers: a step's blocks as
+    ``DistGraph``s, layer k's on block k. The first step builds them (collective: the
+    blocks' statistics are gathered, and the layers' programs are compiled on first use,
+    planned for ``mode`` on them); every later step runs the same programs
+    (``DistGraph.on_shard``), so a step gathers and compiles nothing.
 
-    def __init__(self, group, mode: str, device: torch.device, **options):
+    A memory budget (``mem_budget``) is the whole step's: the first step's blocks share
+    it over ``layers`` (the model's sarc layers in call order; ``share_budget``). A later
+    step's blocks may be larger than the first's: each worker prices what the planned
+    programs would keep of its own blocks (``step_kept_bytes``), and where that exceeds
+    the budget on any worker (one all-reduce), the step runs in sar, keeping no remote
+    row (those programs compiled once, on first need); ``over_budget_steps`` counts
+    such steps."""
+
+    def __init__(self, group, mode: str, device: torch.device, layers=(), **options):
         self.group, self.mode, self.device, self.options = group, mode, device, options
-        self.graphs: dict[int, DistGraph] = {}
+        self.layers = list(layers)
+        self.graphs: list[DistGraph] | None = None
+        self.fallback: list[DistGraph] | None = None
         self.layer_names: dict = {}  # shared: the layers are named in call order
+        self.shared: tuple | None = None  # (optimized layers, per layer the kept peers)
+        self.over_budget_steps = 0
 
-    def __call__(self, k: int, block) -> DistGraph:
-        shard = block.shard.to(self.device)
-        if k not in self.graphs:  # collective: every worker builds block k's first together
-            self.graphs[k] = DistGraph(shard, self.group, mode=self.mode, **self.options)
-            self.graphs[k].layer_names = self.layer_names
-            return self.graphs[k]
-        return self.graphs[k].on_shard(shard)
+    def __call__(self, blocks) -> list[DistGraph]:
+        shards = [b.shard.to(self.device) for b in blocks]
+        if self.graphs is None:  # collective: every worker builds the first step's together
+            self.graphs = self._build(shards, **self.options)
+            self._share_budget()
+            return self.graphs
+        if self.shared is not None and self._over_budget(shards):
+            self.over_budget_steps += 1
+            if self.fallback is None:
+                self.fallback = self._build(shards, **{**self.options, "exec_mode": "sar",
+                                                       "mem_budget": None})
+                return self.fallback
+            return [g.on_shard(s) for g, s in zip(self.fallback, shards)]
+        return [g.on_shard(s) for g, s in zip(self.graphs, shards)]
+
+    def _build(self, shards, **options) -> list[DistGraph]:
+        graphs = [DistGraph(s, self.group, mode=self.mode, **options) for s in shards]
+        for g in graphs:
+            g.layer_names = self.layer_names
+        return graphs
+
+    def _share_budget(self) -> None:
+        budget = self.options.get("mem_budget")
+        first = self.graphs[0]
+        if (budget is None or first.size == 1 or first.exec_mode not in (None, "hybrid")
+                or not self.layers):
+            return
+        if len(self.layers) != len(self.graphs):
+            raise TrainError(f"the model has {len(self.layers)} sarc layers but the step has "
+                             f"{len(self.graphs)} blocks")
+        from ..compiler import compile_layer
+        from ..planner.plan import share_budget
+        fns = [(compile_layer(layer, layer._sarc_backend, through="optimize").optimized, k > 0)
+               for k, layer in enumerate(self.layers)]
+        kept = share_budget(fns, [g.stats for g in self.graphs], budget, first.baseline)
+        for layer, g, k in zip(self.layers, self.graphs, kept):
+            g.kept_share[id(layer)] = k
+        self.shared = (fns, kept)
+
+    def _over_budget(self, shards) -> bool:
+        """Whether the planned programs would keep more than the budget of this step's
+        blocks on some worker (collective)."""
+        from ..planner.plan import step_kept_bytes
+        from ..planner.stats import ShardStats
+        fns, kept = self.shared
+        first = self.graphs[0]
+        budget = self.options["mem_budget"]
+        mine = budget if isinstance(budget, int) else budget[first.rank]
+        need = step_kept_bytes(fns, [ShardStats.of_worker(s) for s in shards], kept,
+                               first.rank, first.baseline)
+        over = torch.tensor([int(need > mine)], dtype=torch.int64, device=comm_device(self.group))
+        dist.all_reduce(over, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(over.item())
 
 
 def peak_memory() -> dict[str, int]:
@@ -305,14 +364,15 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             return (epoch_line(*progress, of=last) +
                     f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
     else:
-        blocks = BlockGraphs(group, cfg.minibatch.mode, device, exec_mode=cfg.exec_mode,
+        blocks = BlockGraphs(group, cfg.minibatch.mode, device, layers=sarc_layers(model),
+                             exec_mode=cfg.exec_mode,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
                              counter=counter)
         source = MiniBatchSteps(shard, cfg.minibatch, layers=graph_layers(model), seed=cfg.seed,
                                 comm=Comm(sampling_group(group, timeout), timeout=timeout),
                                 prefetch=True,
                                 rows=ShardRows(data.x, data.label, data.masks["train"]),
-                                evaluation=full, counts=data.counts, graph_of=blocks,
+                                evaluation=full, counts=data.counts, graphs_of=blocks,
                                 edge_names=tuple(edge_inputs), counter=counter)
         say(f"{cfg.minibatch.mode} mode: {source.seeds.steps} steps per epoch, fanouts "
             f"{', '.join(map(str, source.spec.fanouts))}")
@@ -330,8 +390,9 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
                                                         "sampling_bytes_sent": 0}
         step_bytes, planned = h["bytes_sent"] // max(1, h["steps"]), None
-        sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"]}
-        programs = [p for g in blocks.graphs.values() for p in g.training_programs.values()]
+        sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"],
+                   "over_budget_steps": blocks.over_budget_steps}
+        programs = [p for g in blocks.graphs or () for p in g.training_programs.values()]
     mine = {"rank": rank, **peak_memory(), **sampled, "step_bytes_sent": step_bytes,
             "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}

@@ -363,6 +363,23 @@ def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats | list[S
     return [tuple(tuple(sorted(k)) for k in layer) for layer in kept]
 
 
+def step_kept_bytes(layers: list[tuple[Function, bool]], stats: list[ShardStats],
+                    kept: list[tuple[tuple[int, ...], ...]], r: int,
+                    baseline: bool = False) -> int:
+    """The bytes worker ``r`` keeps for backward in one step whose layer ``l`` runs on
+    blocks of ``stats[l]`` keeping the rows of peers ``kept[l][r]`` (``share_budget``'s
+    choice): each layer's share of its own block and the kept remote rows, summed.
+    Only worker ``r``'s figures are read (``ShardStats.of_worker``: a worker can check a
+    step alone)."""
+    total = 0
+    for (fn, need), st, k in zip(layers, stats, kept):
+        c = _costs(fn, baseline, need)
+        total += _local_kept(c.saved["total"], st, r)
+        if c.chosen is not None:
+            total += c.chosen.row_bytes * sum(st.boundary[r][j] for j in k[r])
+    return total
+
+
 def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", workers: int = 1,
                stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None,

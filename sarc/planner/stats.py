@@ -48,6 +48,18 @@ class ShardStats:
             tuple(sh.local_block.num_dst for sh in shards))
 
     @staticmethod
+    def of_worker(shard) -> "ShardStats":
+        """What one worker knows of its own shard alone (``from_shards``' row of its rank;
+        the other workers' figures are 0): enough to price its own memory, not its
+        peers' traffic. Local."""
+        p, r = shard.num_parts, shard.rank
+        own = lambda v: tuple(v if j == r else 0 for j in range(p))  # noqa: E731
+        row = tuple(0 if j == r else int(shard.needed_rows[j].numel()) for j in range(p))
+        return ShardStats(p, own(shard.num_local), own(sum(b.num_edges for b in shard.blocks)),
+                          tuple(row if j == r else (0,) * p for j in range(p)),
+                          own(shard.local_block.num_dst))
+
+    @staticmethod
     def elementwise_max(stats: Sequence["ShardStats"]) -> "ShardStats":
         """Per worker (and worker pair), the largest figure of ``stats``: the statistics no
         batch of a sample exceeds anywhere."""

@@ -2,7 +2,7 @@
 
     steps = MiniBatchSteps(shard, MiniBatchConfig("sampling", (10, 25), batch_size=256),
                            layers=2, seed=0, comm=comm, rows=rows, evaluation=full,
-                           counts=counts, graph_of=graph_of)
+                           counts=counts, graphs_of=graphs_of)
     fit(model, opt, steps, selection, epochs=..., reduction=...)
 
 Per epoch, the labeled training nodes of the graph, reshuffled from (seed, epoch), come
@@ -14,7 +14,7 @@ in-edge (``mfg``) or a sample of ``fanouts[k-1]`` in-edges per destination at la
 
 The model runs on the step's blocks as on one graph (``MiniBatchGraph``): its k-th sarc
 layer call runs on block k, a ``Graph`` on one process or a ``DistGraph`` on P workers
-(``graph_of``), so the model files do not change. The step's loss is the sum of the
+(``graphs_of``), so the model files do not change. The step's loss is the sum of the
 seeds' cross-entropies divided by the step's seeds over all workers.
 
 Nothing is fetched for a step: the sampler hands each worker the seeds it owns and
@@ -97,11 +97,16 @@ class MiniBatchConfig:
             raise TrainError(str(e)) from None
 
 
-def graph_layers(model: nn.Module) -> int:
-    """The sarc layers of ``model``: the blocks a step of it needs (each layer called once
-    per forward pass, as the model files do)."""
+def sarc_layers(model: nn.Module) -> list:
+    """The sarc layers of ``model`` in module order, the order a forward pass calls them
+    in (each once, as the model files do): layer k runs on a step's block k."""
     from ..dsl import Layer
-    return sum(1 for m in model.modules() if isinstance(m, Layer))
+    return [m for m in model.modules() if isinstance(m, Layer)]
+
+
+def graph_layers(model: nn.Module) -> int:
+    """The blocks a step of ``model`` needs: one per sarc layer."""
+    return len(sarc_layers(model))
 
 
 class MiniBatchGraph:
@@ -184,6 +189,11 @@ class MiniBatchGraph:
         return f"MiniBatchGraph({', '.join(map(repr, self.graphs))})"
 
 
+def local_blocks(blocks: Sequence[LayerBlock]) -> list:
+    """``graphs_of`` on one process: each block's local block, a ``Graph``."""
+    return [b.local_block for b in blocks]
+
+
 @dataclass(frozen=True, eq=False)
 class ShardRows:
     """The rows a step reads of the worker's shard: its local nodes' input rows, labels
@@ -240,8 +250,8 @@ class MiniBatchSteps:
     """The steps of ``config``'s mode on ``shard`` (a worker's, or on one process the
     graph as one part): a ``sarc.training.loop.StepSource``.
 
-    ``graph_of(k, block)``: what layer k + 1 runs on for ``block`` (its local block on one
-    process, a ``DistGraph`` on P workers); ``edge_names``: edge data the model takes as
+    ``graphs_of(blocks)``: what each layer runs on for a step's blocks, layer k + 1 on
+    block k (the local blocks on one process, ``DistGraph``s on P workers: ``BlockGraphs``); ``edge_names``: edge data the model takes as
     inputs (R-GCN's ``etype``). ``prefetch``: sample the next step in a thread while a
     step computes, which needs a ``comm`` whose process group nothing else uses at the
     same time (default: only without peers). Per epoch it records the steps, the seeds
@@ -250,13 +260,13 @@ class MiniBatchSteps:
 
     def __init__(self, shard: ShardedGraph, config: MiniBatchConfig, *, layers: int, seed: int,
                  comm: Comm, rows: ShardRows, evaluation: Batch, counts: dict[str, int],
-                 graph_of: Callable[[int, LayerBlock], Any], edge_names: Sequence[str] = (),
+                 graphs_of: Callable[[Sequence[LayerBlock]], Sequence[Any]], edge_names: Sequence[str] = (),
                  counter=None, prefetch: bool | None = None):
         self.shard, self.config, self.comm = shard, config, comm
         self.prefetch = comm.size == 1 if prefetch is None else prefetch
         self.spec = config.spec(layers, seed)
         self.rows, self.eval_batch, self.counts = rows, evaluation, dict(counts)
-        self.graph_of, self.edge_names, self.counter = graph_of, tuple(edge_names), counter
+        self.graphs_of, self.edge_names, self.counter = graphs_of, tuple(edge_names), counter
         self.sampler = NeighbourSampler(shard, self.spec, comm)
         self.seeds = SeedBatches(shard, rows.train, config, seed, comm)
         if not self.seeds.steps:
@@ -308,7 +318,7 @@ class MiniBatchSteps:
         inputs = (mb.input_nodes - lo).to(x_dev)
         seeds = (mb.seeds - lo).to(x_dev)
         n = int(seeds.numel())
-        graph = MiniBatchGraph([self.graph_of(k, b) for k, b in enumerate(mb.blocks)])
+        graph = MiniBatchGraph(self.graphs_of(mb.blocks))
         edge_inputs = {name: torch.cat([e[name] for b in mb.blocks for e in b.shard.edata])
                        .to(x_dev) for name in self.edge_names}
         none = torch.zeros(n, dtype=torch.bool, device=x_dev)

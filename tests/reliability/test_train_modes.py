@@ -80,8 +80,8 @@ def _sampling_worker(rank, port, queue):
                                prefetch=True,  # as the trainer: the sampler a step ahead
                                rows=ShardRows(nd["feat"], nd["label"], nd["train_mask"]),
                                evaluation=None, counts=counts,
-                               graph_of=BlockGraphs(None, "sampling", torch.device("cpu"),
-                                                    timeout=timeout))
+                               graphs_of=BlockGraphs(None, "sampling", torch.device("cpu"),
+                                                     timeout=timeout))
         torch.manual_seed(0)
         model = sage.build_model(5, 3, hidden=4, dropout=0.0)
         opt = torch.optim.Adam(model.parameters())

@@ -20,7 +20,8 @@ from sarc.partition import cut_parts, metis_partition, random_partition, relabel
 from sarc.runtime.sharded import build_shard
 from sarc.sampling import Comm
 from sarc.training.loop import ONE_PROCESS, forward, global_cross_entropy, train_step
-from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, whole_graph_shard
+from sarc.training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks,
+                                     whole_graph_shard)
 
 from .graphs import run_workers, tiny_graph
 
@@ -65,19 +66,19 @@ def _steps(kind, shard, config, group, rows_of, prefetch=False):
     Graphs on one process (``group is False``); ``prefetch``: on workers, the sampler in a
     group of its own, a step ahead (as the trainer runs it)."""
     if group is False:
-        comm, graph_of = Comm(), (lambda k, b: b.local_block)
+        comm, graphs_of = Comm(), local_blocks
     else:
         from sarc.distributed.train import BlockGraphs, sampling_group
         comm = Comm(sampling_group(group) if prefetch else group)
-        graph_of = BlockGraphs(group, config.mode, torch.device("cpu"),
-                               timeout=datetime.timedelta(seconds=60))
+        graphs_of = BlockGraphs(group, config.mode, torch.device("cpu"),
+                                timeout=datetime.timedelta(seconds=60))
     x, label, train = rows_of
     x = x.clone().requires_grad_(True)
     counts = {"train": int(train.sum()) if group is False else _sum(int(train.sum()), group),
               "val": 0, "test": 0}
     src = MiniBatchSteps(shard, config, layers=2, seed=5, comm=comm,
                          rows=ShardRows(x, label, train), evaluation=None, counts=counts,
-                         graph_of=graph_of, edge_names=("etype",) if kind == "rgcn" else (),
+                         graphs_of=graphs_of, edge_names=("etype",) if kind == "rgcn" else (),
                          prefetch=None if group is False else prefetch)
     return src, x
 
