@@ -100,7 +100,9 @@ def sarc_row(report: dict, info: dict) -> dict:
                report["time_s"] / max(1, report.get("epochs", 1)))
     workers = report.get("per_worker") or []
     step = [w.get("step_bytes_sent") for w in workers if w.get("step_bytes_sent") is not None]
-    return {"epoch_s": epoch_s,
+    planned = [w.get("planned_step_bytes_sent") for w in workers]
+    return {"planned_step_bytes": (max(planned) if planned and None not in planned else None),
+            "epoch_s": epoch_s,
             "samples_s": report.get("samples_per_s", info["train"] / epoch_s),
             "rss": max((w.get("rss_peak", 0) for w in workers), default=None),
             "cuda": max((w["cuda_peak"] for w in workers if "cuda_peak" in w), default=None),
@@ -246,6 +248,8 @@ def print_table(rows) -> None:
             print(f"| {graph} | {system} | {p} | - | - | - | - | - | {r['error']} |")
             continue
         note = "gradient all-reduce only (whole graph per process)" if system == "dgl" else ""
+        if r.get("planned_step_bytes") is not None and p > 1:
+            note = f"planner: {_mib(r['planned_step_bytes'])} MiB / step (layers' exchanges)"
         print(f"| {graph} | {system} | {p} | {r['epoch_s']:.2f} | {r['samples_s']:.0f} "
               f"| {_mib(r['rss'])} | {_mib(r['cuda'])} | {_mib(r['step_bytes'])} | {note} |")
 

@@ -40,7 +40,7 @@ from ..sampling import Comm
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
-from .exchange import ByteCounter, Exchanger
+from .exchange import ByteCounter, ExchangeError, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
 
@@ -233,15 +233,19 @@ class BlockGraphs:
     ``DistGraph``s, layer k's on block k. The first step builds them (collective: the
     blocks' statistics are gathered, and the layers' programs are compiled on first use,
     planned for ``mode`` on them); every later step runs the same programs
-    (``DistGraph.on_shard``), so a step gathers and compiles nothing.
+    (``DistGraph.on_shard``), so a step compiles nothing.
 
-    A memory budget (``mem_budget``) is the whole step's: the first step's blocks share
-    it over ``layers`` (the model's sarc layers in call order; ``share_budget``). A later
-    step's blocks may be larger than the first's: each worker prices what the planned
-    programs would keep of its own blocks (``step_kept_bytes``), and where that exceeds
-    the budget on any worker (one all-reduce), the step runs in sar, keeping no remote
-    row (those programs compiled once, on first need); ``over_budget_steps`` counts
-    such steps."""
+    Every step gathers its blocks' statistics (one all-gather of a few integers per
+    layer), for two things:
+
+    - a memory budget (``mem_budget``) is the whole step's: the first step's blocks share
+      it over ``layers`` (the model's sarc layers in call order; ``share_budget``). A
+      later step's blocks may be larger than the first's; where the planned programs
+      would keep more than the budget of them on any worker (``step_kept_bytes``), the
+      step runs in sar, keeping no remote row (those programs compiled once, on first
+      need); ``over_budget_steps`` counts such steps;
+    - the planner's prediction of the bytes each step sends (``planned_bytes_sent``: the
+      programs that ran, on that step's blocks), which the exchanges' counters meet."""
 
     def __init__(self, group, mode: str, device: torch.device, layers=(), **options):
         self.group, self.mode, self.device, self.options = group, mode, device, options
@@ -251,21 +255,27 @@ class BlockGraphs:
         self.layer_names: dict = {}  # shared: the layers are named in call order
         self.shared: tuple | None = None  # (optimized layers, per layer the kept peers)
         self.over_budget_steps = 0
+        self.predicted: list[int | None] = []  # per step before the last: bytes planned
+        self._last: tuple[list, bool] | None = None  # the last step: its blocks' stats, in sar
 
     def __call__(self, blocks) -> list[DistGraph]:
         shards = [b.shard.to(self.device) for b in blocks]
         if self.graphs is None:  # collective: every worker builds the first step's together
             self.graphs = self._build(shards, **self.options)
             self._share_budget()
+            self._last = ([g.stats for g in self.graphs], False)
             return self.graphs
-        if self.shared is not None and self._over_budget(shards):
-            self.over_budget_steps += 1
-            if self.fallback is None:
-                self.fallback = self._build(shards, **{**self.options, "exec_mode": "sar",
-                                                       "mem_budget": None})
-                return self.fallback
-            return [g.on_shard(s) for g, s in zip(self.fallback, shards)]
-        return [g.on_shard(s) for g, s in zip(self.graphs, shards)]
+        stats, over = self._gather(shards)
+        self.predicted.append(self._predict(*self._last))  # its programs have run by now
+        self._last = (stats, over)
+        if not over:
+            return [g.on_shard(s) for g, s in zip(self.graphs, shards)]
+        self.over_budget_steps += 1
+        if self.fallback is None:
+            self.fallback = self._build(shards, **{**self.options, "exec_mode": "sar",
+                                                   "mem_budget": None})
+            return self.fallback
+        return [g.on_shard(s) for g, s in zip(self.fallback, shards)]
 
     def _build(self, shards, **options) -> list[DistGraph]:
         graphs = [DistGraph(s, self.group, mode=self.mode, **options) for s in shards]
@@ -291,20 +301,63 @@ class BlockGraphs:
             g.kept_share[id(layer)] = k
         self.shared = (fns, kept)
 
-    def _over_budget(self, shards) -> bool:
-        """Whether the planned programs would keep more than the budget of this step's
-        blocks on some worker (collective)."""
+    def _gather(self, shards) -> tuple[list, bool]:
+        """This step's blocks' statistics on every worker, and whether the planned programs
+        would keep more than the budget of them on some worker (collective)."""
         from ..planner.plan import step_kept_bytes
         from ..planner.stats import ShardStats
-        fns, kept = self.shared
         first = self.graphs[0]
-        budget = self.options["mem_budget"]
-        mine = budget if isinstance(budget, int) else budget[first.rank]
-        need = step_kept_bytes(fns, [ShardStats.of_worker(s) for s in shards], kept,
-                               first.rank, first.baseline)
-        over = torch.tensor([int(need > mine)], dtype=torch.int64, device=comm_device(self.group))
-        dist.all_reduce(over, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(over.item())
+        p, r = first.size, first.rank
+        over = 0
+        if self.shared is not None:
+            fns, kept = self.shared
+            budget = self.options["mem_budget"]
+            need = step_kept_bytes(fns, [ShardStats.of_worker(s) for s in shards], kept, r,
+                                   first.baseline)
+            over = int(need > (budget if isinstance(budget, int) else budget[r]))
+        mine = [over]
+        for s in shards:
+            mine += [s.num_local, sum(b.num_edges for b in s.blocks), s.local_block.num_dst,
+                     *(0 if j == r else int(s.needed_rows[j].numel()) for j in range(p))]
+        t = torch.tensor(mine, dtype=torch.int64, device=comm_device(self.group))
+        rows = [torch.zeros_like(t) for _ in range(p)]
+        try:
+            dist.all_gather(rows, t, group=self.group)
+        except RuntimeError as e:
+            raise ExchangeError(f"gathering the step's block sizes from the workers failed (a "
+                                f"worker died or did not answer in time): "
+                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        rows = [row.cpu().tolist() for row in rows]
+        width = p + 3
+        stats = []
+        for k in range(len(shards)):
+            cols = [row[1 + k * width:1 + (k + 1) * width] for row in rows]
+            stats.append(ShardStats(p, tuple(c[0] for c in cols), tuple(c[1] for c in cols),
+                                    tuple(tuple(c[3:]) for c in cols),
+                                    tuple(c[2] for c in cols)))
+        return stats, any(row[0] for row in rows)
+
+    def planned_bytes_sent(self, last: int) -> int | None:
+        """The planner's bytes this worker sent in the last ``last`` steps (forward +
+        backward of every layer), each step priced on its own blocks with the programs it
+        ran (None before a step ran or without ``layers``)."""
+        if self._last is None or last < 1:
+            return None
+        steps = self.predicted[max(0, len(self.predicted) - (last - 1)):] if last > 1 else []
+        steps = [*steps, self._predict(*self._last)]
+        return None if None in steps else sum(steps)
+
+    def _predict(self, stats: list, in_sar: bool) -> int | None:
+        from ..planner.plan import step_bytes_sent
+        if not self.layers:
+            return None
+        plans = []
+        for layer, g in zip(self.layers, self.fallback if in_sar else self.graphs):
+            prog = g.training_programs.get(id(layer))
+            if prog is None:  # the step ran without autograd
+                return None
+            plans.append(prog.plan)
+        return step_bytes_sent(plans, stats)[self.graphs[0].rank]
 
 
 def peak_memory() -> dict[str, int]:
@@ -386,10 +439,12 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
         programs, sampled = list(dg.training_programs.values()), {}
-    else:  # the mean step of the last epoch; no plan predicts a sampled step's bytes
+    else:  # the mean step of the last epoch, each step planned on its own blocks
         h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
                                                         "sampling_bytes_sent": 0}
-        step_bytes, planned = h["bytes_sent"] // max(1, h["steps"]), None
+        steps = max(1, h["steps"])
+        planned = blocks.planned_bytes_sent(h["steps"]) if source.history else None
+        step_bytes, planned = h["bytes_sent"] // steps, None if planned is None else planned // steps
         sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"],
                    "over_budget_steps": blocks.over_budget_steps}
         programs = [p for g in blocks.graphs or () for p in g.training_programs.values()]

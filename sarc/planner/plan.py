@@ -298,12 +298,7 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     # to a reader that keeps them and once per forward pass to one that does not, again per
     # backward pass to the readers that did not keep them; and the gradients of the rows it
     # received, once per backward pass (kept rows: accumulated, sent once at the end)
-    sent = []
-    for r in range(p):
-        fwd = sum(bnd[j][r] * (1 if r in kept[j] else passes) for j in range(p) if j != r)
-        refetch = sum(bnd[j][r] for j in range(p) if j != r and r not in kept[j])
-        grads = sum(bnd[r][j] * (1 if j in kept[r] else bwd_passes) for j in range(p) if j != r)
-        sent.append(rb * (fwd + bwd_passes * refetch + grad * grads))
+    sent = _bytes_sent(bnd, rb, kept, passes, bwd_passes, grad)
     kept_bytes = [local[r] + rb * sum(bnd[r][j] for j in kept[r]) for r in range(p)]
     if em != "oneshot":
         recomputed.append("remote rows (re-fetched in backward)")
@@ -312,6 +307,35 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     return LayerPlan(name, fn.name, em, chosen, alts, passes, saved, forward_flops(fn),
                      tuple(recomputed), tuple(kept), tuple(sent), tuple(kept_bytes), expr,
                      bwd_passes)
+
+
+def _bytes_sent(bnd, rb: int, kept, passes: int, bwd_passes: int, grad: int) -> list[int]:
+    """Per worker, the bytes of one step of a layer whose workers keep the rows of
+    ``kept[r]``'s peers, on blocks whose worker r reads ``bnd[r][j]`` rows of worker j."""
+    p = len(bnd)
+    sent = []
+    for r in range(p):
+        fwd = sum(bnd[j][r] * (1 if r in kept[j] else passes) for j in range(p) if j != r)
+        refetch = sum(bnd[j][r] for j in range(p) if j != r and r not in kept[j])
+        grads = sum(bnd[r][j] * (1 if j in kept[r] else bwd_passes) for j in range(p) if j != r)
+        sent.append(rb * (fwd + bwd_passes * refetch + grad * grads))
+    return sent
+
+
+def step_bytes_sent(plans: list[LayerPlan], stats: list[ShardStats]) -> list[int]:
+    """Per worker, the bytes one step sends whose layer ``l`` runs the program planned as
+    ``plans[l]`` (its exchange, passes and kept peers, fixed) on blocks of ``stats[l]``:
+    the prediction for a mini-batch step whose blocks are not those it was planned on."""
+    p = stats[0].num_parts
+    total = [0] * p
+    for lp, st in zip(plans, stats):
+        if lp.exchange is None or lp.exec_mode == "local":
+            continue
+        grad = 1 if lp.exchange.needs_grad else 0
+        sent = _bytes_sent(st.boundary, lp.exchange.row_bytes, lp.kept_peers, lp.fetch_passes,
+                           lp.backward_passes, grad)
+        total = [a + b for a, b in zip(total, sent)]
+    return total
 
 
 def _fit(stats: ShardStats, rb: int, local: list[int], budget):

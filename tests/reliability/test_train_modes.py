@@ -99,9 +99,11 @@ def test_a_worker_killed_mid_epoch_stops_the_others_with_an_error(monkeypatch):
     monkeypatch.setenv("SARC_TEST_KILL_AT", "1:2.3")  # worker 1, epoch 2, before step 3
     codes, reports = spawn(_sampling_worker, 3, timeout_s=90)
     assert codes[1] == -9, (codes, reports)
-    for r in (0, 2):  # in the step's layer exchange, or in the sampler's (a step ahead)
+    for r in (0, 2):  # in the step's layer exchange or size gathering, or the sampler's
         first = str(reports[r]).splitlines()[0]
         assert first.startswith(("ExchangeError: exchange with worker 1 failed",
+                                 "ExchangeError: gathering the step's block sizes from the "
+                                 "workers failed",
                                  "SamplingError: sampling exchange with worker 1 failed",
                                  "SamplingError: gathering sizes from the workers failed")), first
         assert "peer" in first, first

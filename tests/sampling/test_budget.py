@@ -10,7 +10,9 @@ the first step keeps when every remote row is kept,
 - some later step exceeds the first step's plan (so the fallback is exercised) and ran
   in sar;
 - the losses are those of the run without a budget (kept or re-fetched rows change the
-  traffic, never the result).
+  traffic, never the result);
+- each epoch's bytes, as the exchanges count them, are the planner's prediction for its
+  steps, each priced on its own blocks with the programs it ran (``planned_bytes_sent``).
 """
 from __future__ import annotations
 
@@ -42,17 +44,19 @@ def _model():
 
 
 def _source(shard, group, budget):
+    from sarc.distributed.exchange import ByteCounter
     from sarc.distributed.train import BlockGraphs
     nd = shard.ndata
     model = _model()
     counts = torch.tensor([int(nd["train_mask"].sum())])
     dist.all_reduce(counts, group=group)
+    counter = ByteCounter()
     blocks = BlockGraphs(group, CONFIG.mode, torch.device("cpu"), layers=sarc_layers(model),
-                         mem_budget=budget, timeout=TIMEOUT)
+                         mem_budget=budget, timeout=TIMEOUT, counter=counter)
     src = MiniBatchSteps(shard, CONFIG, layers=2, seed=5, comm=Comm(group), prefetch=False,
                          rows=ShardRows(nd["feat"], nd["label"], nd["train_mask"]),
                          evaluation=None, counts={"train": int(counts), "val": 0, "test": 0},
-                         graphs_of=blocks)
+                         graphs_of=blocks, counter=counter)
     return model, src, blocks
 
 
@@ -88,7 +92,7 @@ def _work(rank, group, g):
         model, src, blocks = _source(shard, group, b)
         layers, fns = _layers(model)
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
-        losses, kept, modes = [], [], []
+        losses, kept, modes, sent = [], [], [], []
         from sarc.distributed.train import AllReduce
         for e in EPOCHS:
             for batch in src.steps(e):
@@ -98,7 +102,9 @@ def _work(rank, group, g):
                 kept.append(step_kept_bytes(fns, [ShardStats.of_worker(dg.shard) for dg in dgs],
                                             [p.plan.kept_peers for p in progs], rank))
                 modes.append(tuple(p.plan.exec_mode for p in progs))
-        runs[name] = {"losses": losses, "kept": kept, "modes": modes,
+            h = src.history[-1]
+            sent.append((h["bytes_sent"], blocks.planned_bytes_sent(h["steps"])))
+        runs[name] = {"losses": losses, "kept": kept, "modes": modes, "sent": sent,
                       "over": blocks.over_budget_steps}
     return {"own": own, "whole": whole, "budget": budget, **runs}
 
@@ -134,3 +140,10 @@ def test_the_budget_changes_the_traffic_not_the_losses(records):
         assert len(got) == len(want) >= 4
         for a, b in zip(got, want):
             assert abs(a - b) <= 1e-5 * max(abs(b), 1e-12)
+
+
+def test_every_epoch_sends_the_bytes_planned_for_its_steps(records):
+    for rec in records:
+        for run in ("budgeted", "free"):
+            for counted, planned in rec[run]["sent"]:
+                assert counted > 0 and counted == planned, (run, counted, planned)

@@ -60,6 +60,8 @@ def test_sampling_on_2_workers_is_the_single_process_run(tmp_path):
     want = _one_process("gat", 2, MiniBatchConfig("sampling", (10, 25), batch_size=64))
     assert abs(got["final_loss"] - want["final_loss"]) <= 1e-4 * want["final_loss"]
     assert abs(got["test_acc"] - want["test_acc"]) <= 0.002
+    for w in got["per_worker"]:  # the last epoch's steps, each planned on its own blocks
+        assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
 
 
 def test_mfg_on_2_workers_trains_as_full_batch(tmp_path):

@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sarc.graph import Graph
 from sarc.sampling import Comm, NeighbourSampler, SamplingSpec
 
 from .graphs import run_workers, shards, tiny_graph
