@@ -79,17 +79,27 @@ def _env() -> dict:
 
 def run_sarc(graph: Path, info: dict, p: int, args, tmp: Path) -> dict:
     out = tmp / f"sarc-{graph.stem}-{p}.json"
+    # --batch-size is sarc's step over all workers: DGL's per-process batch times P
     cmd = [sys.executable, "-m", "sarc.cli", "train", str(ROOT / "models" / "sage.py"),
            "--dataset", str(graph), "--mode", "sampling", "--fanouts", args.fanouts,
-           "--batch-size", str(args.batch_size), "--workers", str(p), "--epochs", str(args.epochs),
-           "--set", f"hidden={args.hidden}", "--set", "dropout=0", "--quiet", "--json", str(out)]
+           "--batch-size", str(args.batch_size * p), "--workers", str(p),
+           "--epochs", str(args.epochs), "--set", f"hidden={args.hidden}", "--set", "dropout=0",
+           *(["--quiet"] if p == 1 else ["--log-every", str(args.epochs)]), "--json", str(out)]
     if len(args.fanout_list) != 2:
         return {"error": "models/sage.py has two layers: give two fanouts"}
-    proc = subprocess.run(cmd, text=True, capture_output=True, env=_env(), cwd=ROOT)
+    # one process reports no per-worker memory: its peak RSS is measured from outside
+    wrapper = ("import resource, subprocess, sys; c = subprocess.run(sys.argv[1:]).returncode; "
+               "print('RSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); "
+               "sys.exit(c)")
+    proc = subprocess.run([sys.executable, "-c", wrapper, *cmd], text=True, capture_output=True,
+                          env=_env(), cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
         last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
         return {"error": f"sarc train exited {proc.returncode}: {last}"}
-    return sarc_row(json.loads(out.read_text()), info)
+    row = sarc_row(json.loads(out.read_text()), info)
+    if row["rss"] is None:
+        row["rss"] = int(proc.stdout.rsplit("RSS ", 1)[1].split()[0])
+    return row
 
 
 def sarc_row(report: dict, info: dict) -> dict:
