@@ -323,7 +323,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         raise TrainError(f"dataset {data.name} has no labeled training nodes")
     say(f"sarc train: {spec.name} on {data.name} ({data.num_nodes} nodes, {prep.graph.num_edges} "
         f"edges{', self loops added' if hp['self_loops'] else ''}), seed {seed}, "
-        f"{sum(p.numel() for p in model.parameters())} parameters")
+        f"{sum(p.numel() for p in model.parameters())} parameters, on {prep.x.device} "
+        f"({backend} kernels)")
 
     selection = ModelSelection(counts["val"] > 0, hp["patience"])
     run = None

@@ -292,7 +292,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
-        f"({dist.get_backend(group)}), exec mode {cfg.exec_mode or 'planner'}"
+        f"({dist.get_backend(group)}, {device}, {cfg.backend} kernels), exec mode "
+        f"{cfg.exec_mode or 'planner'}"
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
 
