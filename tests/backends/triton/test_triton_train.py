@@ -78,3 +78,16 @@ def test_triton_on_two_workers_trains_as_torch_on_one_process(tmp_path):
     got = json.loads(out.read_text())
     assert (got["workers"], got["backend"], got["device"]) == (2, "triton", "cpu")
     assert_same_run(got, one_process("torch", hparams={"dropout": 0.0}))
+
+
+@pytest.mark.skipif(not os.environ.get("SARC_SLOW_TESTS"),
+                    reason="link prediction in the interpreter (about 10 s); set SARC_SLOW_TESTS=1")
+def test_triton_link_prediction_as_torch_on_one_process():
+    from sarc.training.link import train_links
+    data = Dataset.from_arrays(tiny_arrays(n=40, e=200), name="tiny")
+    spec = load_model_file(ROOT / "models" / "sage_lp.py")
+    got, want = (train_links(spec, data, epochs=2, log=None, backend=b,
+                             hparams={"eval_negatives": 20}) for b in ("triton", "torch"))
+    assert math.isclose(got["final_loss"], want["final_loss"], rel_tol=RTOL)
+    for k in ("val_mrr", "test_mrr", "best_epoch"):
+        assert math.isclose(got[k], want[k], rel_tol=1e-6), (k, got[k], want[k])
