@@ -116,3 +116,22 @@ def test_a_workers_data_is_made_on_the_shards_device_and_moves_whole(tmp_path, f
     moved = data.to("meta")
     assert not off_device(moved, "meta"), off_device(moved, "meta")
     assert (moved.counts, moved.num_classes) == (data.counts, data.num_classes)
+
+
+def test_the_embeddings_step_flag_is_reduced_on_the_comm_device(monkeypatch):
+    """``sarc.distributed.Embedding``'s optimizers agree on "any rows to update" with an
+    all-reduce: on NCCL its tensor must be on the GPU (``Comm.device``), not the CPU."""
+    from types import SimpleNamespace
+
+    from sarc.distributed import embedding
+
+    class Reduced(Exception):
+        pass
+
+    def all_reduce(t, group=None):
+        raise Reduced(t.device)
+    monkeypatch.setattr(embedding.dist, "all_reduce", all_reduce)
+    store = SimpleNamespace(size=2, comm=SimpleNamespace(group=None, device=torch.device("meta")))
+    with pytest.raises(Reduced) as seen:
+        embedding._any_worker(store, True)
+    assert seen.value.args[0] == torch.device("meta")
