@@ -349,7 +349,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     best = selection.best
     return {
         "model": spec.name, "dataset": data.name, "seed": seed,
-        "device": str(prep.x.device), "backend": backend, "epochs": out.epochs, "best_epoch": best["epoch"],
+        "device": str(prep.x.device), "backend": backend,
+        "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc["test"], "final_loss": out.loss,
         "time_s": out.elapsed_s, "epoch_ms": out.elapsed_s / out.epochs * 1e3,
