@@ -78,7 +78,7 @@ class Graph:
         dst_sorted, perm = torch.sort(dst, stable=True)
         src_sorted = src[perm]
         counts = torch.bincount(dst_sorted, minlength=num_dst)
-        rowptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+        rowptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
         rowptr[1:] = torch.cumsum(counts, 0)
         in_deg = counts.to(torch.float32) if in_degree is None else _degree(in_degree, num_dst, "in_degree")
         out_deg = (torch.bincount(src, minlength=num_src).to(torch.float32)
@@ -101,7 +101,7 @@ class Graph:
 
 
 def _as_index(t, name: str) -> torch.Tensor:
-    t = torch.as_tensor(t)
+    t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t)  # a tensor keeps its device
     if t.dim() != 1:
         raise GraphError(f"{name} must be a 1-d tensor of node ids, got shape {list(t.shape)}")
     if t.dtype.is_floating_point or t.dtype == torch.bool:
@@ -120,7 +120,7 @@ def _check_range(ids: torch.Tensor, n: int, name: str) -> None:
 
 
 def _degree(t, n: int, name: str) -> torch.Tensor:
-    t = torch.as_tensor(t).to(torch.float32)
+    t = (t if isinstance(t, torch.Tensor) else torch.as_tensor(t)).to(torch.float32)
     if t.shape != (n,):
         raise GraphError(f"{name} must have one entry per node ({n}), got shape {list(t.shape)}")
     return t

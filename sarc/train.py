@@ -36,6 +36,7 @@ from .partition.fingerprint import graph_fingerprint
 from .training.inputs import (EmbeddingInput, TrainError, check_self_loops, labeled_masks,
                               node_features)
 from .sampling import Comm
+from .training.device import placed
 from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                  local_blocks, whole_graph_shard)
@@ -157,6 +158,12 @@ class Prepared:
     edge_inputs: dict[str, torch.Tensor]
     label: torch.Tensor
     masks: dict[str, torch.Tensor]  # "train" / "val" / "test", labeled nodes only
+
+    def to(self, device) -> "Prepared":
+        """The graph and every input on ``device``."""
+        return Prepared(self.graph.to(device), self.x.to(device),
+                        {k: v.to(device) for k, v in self.edge_inputs.items()},
+                        self.label.to(device), {k: m.to(device) for k, m in self.masks.items()})
 
 
 def prepare(data: Dataset, hparams: dict[str, Any], model: nn.Module | None = None) -> Prepared:
@@ -286,7 +293,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
           seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
           log: Callable[[str], None] | None = print, log_every: int = 1,
           checkpoint: CheckpointConfig | None = None, save: str | None = None,
-          minibatch: MiniBatchConfig | None = None) -> dict[str, Any]:
+          minibatch: MiniBatchConfig | None = None, device: torch.device | str = "cpu",
+          backend: str = "torch") -> dict[str, Any]:
     """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
 
     ``hparams`` override the model file's ``HPARAMS``, which override
@@ -295,7 +303,9 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     first (``check_dataset``). ``log=None`` is silent. ``checkpoint``: save the training
     state there and resume from it (``sarc.checkpoint``); ``save``: write the selected
     model to that path. ``minibatch``: train in mfg or sampling mode
-    (``sarc.training.minibatch``), evaluating on the whole graph.
+    (``sarc.training.minibatch``), evaluating on the whole graph. ``device``: where the
+    model and its inputs live; ``backend``: the kernels of its sarc layers
+    (``sarc.training.device``).
     """
     hp = hyperparameters(spec, hparams, epochs=epochs)
     data = (dataset if isinstance(dataset, Dataset) and dataset.checked
@@ -305,14 +315,16 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
 
     seed_all(seed)
     model = build(spec, data, hp)
-    prep = prepare(data, hp, model)
+    prep = prepare(data, hp, model).to(device)
+    model = placed(model, device, backend)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     counts = {k: int(m.sum()) for k, m in prep.masks.items()}
     if not counts["train"]:
         raise TrainError(f"dataset {data.name} has no labeled training nodes")
     say(f"sarc train: {spec.name} on {data.name} ({data.num_nodes} nodes, {prep.graph.num_edges} "
         f"edges{', self loops added' if hp['self_loops'] else ''}), seed {seed}, "
-        f"{sum(p.numel() for p in model.parameters())} parameters")
+        f"{sum(p.numel() for p in model.parameters())} parameters, on {prep.x.device} "
+        f"({backend} kernels)")
 
     selection = ModelSelection(counts["val"] > 0, hp["patience"])
     run = None
@@ -337,6 +349,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     best = selection.best
     return {
         "model": spec.name, "dataset": data.name, "seed": seed,
+        "device": str(prep.x.device), "backend": backend,
         "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc["test"], "final_loss": out.loss,
@@ -349,13 +362,16 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
 def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,
                      config: MiniBatchConfig, seed: int, full: Batch,
                      counts: dict[str, int]) -> MiniBatchSteps:
-    """``config``'s steps on one process: the graph as one part, each layer on its block's
-    ``Graph``; evaluated on the whole graph (``full``)."""
-    shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, prep.edge_inputs,
+    """``config``'s steps on one process: the graph as one part, sampled on the CPU, each
+    layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
+    (``full``)."""
+    on_cpu = {k: v.cpu() for k, v in prep.edge_inputs.items()}  # sampled on the CPU
+    shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
                               self_loops=hp["self_loops"])
     return MiniBatchSteps(shard, config, layers=graph_layers(model), seed=seed, comm=Comm(),
                           rows=ShardRows(prep.x, prep.label, prep.masks["train"]),
-                          evaluation=full, counts=counts, graphs_of=local_blocks,
+                          evaluation=full, counts=counts,
+                          graphs_of=lambda blocks: local_blocks(blocks, prep.x.device),
                           edge_names=tuple(prep.edge_inputs))
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU plan of sarc's Triton backend: the GPU tests, then the GPU benchmark.
+# The GPU plan of sarc's Triton backend: the GPU tests, sarc train on the GPU, then the GPU
+# benchmark.
 #
-#   bash scripts/gpu_session.sh              # env + tests + bench, in about 9.5 minutes
+#   bash scripts/gpu_session.sh              # env + tests + train + bench, in about 9.5 minutes
 #   bash scripts/gpu_session.sh tests        # one step, with up to 9.5 minutes of its own
 #   bash scripts/gpu_session.sh bench
 #
@@ -10,9 +11,13 @@
 # code go to $OUT (default out/gpu, ignored by git), and a failed step does not stop the next.
 #   $OUT/env.txt        device, driver and package versions
 #   $OUT/tests.log      pytest -m gpu tests/gpu; $OUT/gpu-tests.xml (junit) when it finishes
+#   $OUT/train-cuda.log sarc train models/gcn.py on Cora, --device cuda --backend triton, one
+#                       process; $OUT/train-cuda.json its result
+#   $OUT/train-nccl.log the same as one NCCL worker (--workers 1 --partition); train-nccl.json
+#                       (tests/gpu/test_gpu_train.py holds both to the CPU run's losses)
 #   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
 #   $OUT/summary.txt    one line per step: name, exit code, seconds
-# Timeouts (seconds): TESTS_TIMEOUT, BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
+# Timeouts (seconds): TESTS_TIMEOUT, TRAIN_TIMEOUT (each train step), BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
 # tests/gpu/test_gpu_precision.py alone), BENCH_SIZES, BENCH_REPEAT override what runs.
 set -u
 
@@ -26,12 +31,14 @@ unset TRITON_INTERPRET   # compiled kernels: the interpreter is for CPU-only mac
 
 STEPS=("$@")
 if [ ${#STEPS[@]} -eq 0 ] || [ "${STEPS[0]}" = all ]; then
-    STEPS=(env tests bench)
-    # one call of at most 10 minutes: the two long steps share it
-    TESTS_TIMEOUT="${TESTS_TIMEOUT:-250}"
-    BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
+    STEPS=(env tests train bench)
+    # one call of at most 10 minutes: the long steps share it
+    TESTS_TIMEOUT="${TESTS_TIMEOUT:-230}"
+    TRAIN_TIMEOUT="${TRAIN_TIMEOUT:-45}"
+    BENCH_TIMEOUT="${BENCH_TIMEOUT:-230}"
 else
     TESTS_TIMEOUT="${TESTS_TIMEOUT:-560}"
+    TRAIN_TIMEOUT="${TRAIN_TIMEOUT:-270}"
     BENCH_TIMEOUT="${BENCH_TIMEOUT:-560}"
 fi
 TESTS_PATHS="${TESTS_PATHS:-tests/gpu}"
@@ -88,6 +95,16 @@ for step in "${STEPS[@]}"; do
             run_step tests "$TESTS_TIMEOUT" "$OUT/tests.log" \
                 "$PYTHON" -m pytest -m gpu $TESTS_PATHS -v -rfEs --durations=25 \
                 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ;;
+        train)
+            run_step train-cuda "$TRAIN_TIMEOUT" "$OUT/train-cuda.log" \
+                "$PYTHON" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
+                --backend triton --epochs 3 --json "$OUT/train-cuda.json"
+            run_step train-nccl "$TRAIN_TIMEOUT" "$OUT/train-nccl.log" bash -c \
+                '"$1" -m sarc.cli partition --dataset cora --parts 1 --method random \
+                     --out "$2/parts-cora-1" --overwrite &&
+                 "$1" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
+                     --backend triton --epochs 3 --workers 1 --partition "$2/parts-cora-1" \
+                     --json "$2/train-nccl.json"' bash "$PYTHON" "$OUT" ;;
         bench)
             # the benchmark stops starting cells 60 s before its timeout, and prints its tables
             run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
@@ -95,7 +112,7 @@ for step in "${STEPS[@]}"; do
                 --budget-s $(( BENCH_TIMEOUT > 120 ? BENCH_TIMEOUT - 60 : BENCH_TIMEOUT / 2 )) \
                 --json "$OUT/gpu.json" ;;
         *)
-            echo "unknown step '$step' (steps: env, tests, bench, all)" | tee -a "$OUT/summary.txt"
+            echo "unknown step '$step' (steps: env, tests, train, bench, all)" | tee -a "$OUT/summary.txt"
             FAILED=1 ;;
     esac
 done

@@ -224,3 +224,79 @@ def write_result(path: str, result: dict) -> None:
     with open(path, "w") as f:
         json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
         f.write("\n")
+
+
+def add_device_arguments(p, group=None) -> None:
+    """``--device cpu|cuda|cuda:N`` (where the model, its inputs and the shards live) and
+    ``--backend torch|triton`` (the kernels every sarc layer is compiled to), for ``sarc
+    train`` and its workers alike."""
+    from ..compiler import BACKENDS
+    g = group or p
+    g.add_argument("--device", default="cpu",
+                   help="where to train: cpu (default), cuda (a worker of --workers P takes "
+                        "cuda:LOCAL_RANK, with NCCL) or cuda:N (one process)")
+    g.add_argument("--backend", choices=BACKENDS, default="torch",
+                   help="the kernels of every sarc layer: torch (default) or triton (a GPU, "
+                        "or Triton's interpreter on the CPU under TRITON_INTERPRET=1)")
+
+
+_DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
+
+
+def parse_device(text: str):
+    """``--device``'s value as a ``torch.device``: cpu, cuda or cuda:N (not checked against
+    this machine: ``check_device``)."""
+    import torch
+    m = _DEVICE.fullmatch(text.strip())
+    if m is None or (m[1] == "cpu" and m[2] is not None):
+        raise UsageError(f"--device {text}: not a device sarc trains on; give cpu, cuda or "
+                         f"cuda:N (N: the index of a GPU)")
+    return torch.device(m[1], int(m[2]) if m[2] is not None else None)
+
+
+def check_device(text: str, processes: int = 1):
+    """``--device`` parsed and present on this machine for ``processes`` local processes
+    (each worker takes a GPU of its own); the ``torch.device``."""
+    import torch
+    device = parse_device(text)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else "torch.cuda.is_available() is False: no GPU or driver visible")
+        raise UsageError(f"--device {text}: no CUDA device ({why}; torch {torch.__version__}); "
+                         f"train on the CPU with --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and processes > 1:
+        raise UsageError(f"--device {text} names one GPU, but {processes} workers each take a "
+                         f"GPU of their own (cuda:LOCAL_RANK); give --device cuda")
+    wanted = processes if device.index is None else device.index + 1
+    if wanted > count:
+        what = (f"{processes} workers need {processes} GPUs" if device.index is None
+                else f"there is no GPU {device.index}")
+        raise UsageError(f"--device {text}: {what}; this machine has {count} CUDA device"
+                         f"{'s' * (count != 1)} (cuda:0 .. cuda:{count - 1})")
+    return device
+
+
+def check_backend(backend: str, device) -> None:
+    """``--backend triton`` needs a GPU, or Triton's interpreter on the CPU, and Triton."""
+    if backend != "triton":
+        return
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "") in ("", "0"):
+        raise UsageError("--backend triton on the CPU: Triton's kernels run on a GPU (--device "
+                         "cuda), or in Triton's interpreter on the CPU, slowly, with "
+                         "TRITON_INTERPRET=1 in the environment (TRITON_INTERPRET=1 sarc train "
+                         "... --backend triton)")
+    from ..backends.triton_backend import TritonUnavailable, check_triton
+    try:
+        check_triton()
+    except TritonUnavailable as e:
+        raise UsageError(f"--backend triton: {e}") from None
+
+
+def check_device_arguments(args, processes: int = 1):
+    """``--device`` and ``--backend`` checked before any work; the ``torch.device``."""
+    device = check_device(args.device, processes)
+    check_backend(args.backend, device)
+    return device

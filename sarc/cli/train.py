@@ -5,8 +5,9 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, write_result, add_check_data_argument, add_mode_arguments,
-                      add_sampling_arguments, at_least, check_input_dir, check_mode_arguments,
+from .options import (UsageError, write_result, add_check_data_argument, add_device_arguments,
+                      add_mode_arguments, add_sampling_arguments, at_least,
+                      check_device_arguments, check_input_dir, check_mode_arguments,
                       check_output_file, check_run_options, minibatch_config)
 
 
@@ -35,6 +36,7 @@ def check_train_args(args):
         raise UsageError(f"--master-port must be a TCP port (1 to 65535), got {args.master_port}")
     at_least("--max-restarts", args.max_restarts, 0)
     check_run_options(args)
+    check_device_arguments(args, args.workers if args.workers > 1 or args.partition else 1)
     check_input_dir("--data-dir", args.data_dir)
     check_output_file("--save", args.save)
     spec = load_model_file(args.model)
@@ -86,7 +88,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1,
                    help="processes: 1 trains in this process; P > 1 launches P workers through "
-                        "torchrun on this machine (gloo, or NCCL with CUDA), each on a shard")
+                        "torchrun on this machine (gloo, or NCCL with --device cuda), each on "
+                        "a shard")
+    add_device_arguments(p)
     dist = p.add_argument_group("distributed training (--workers > 1)")
     add_mode_arguments(p, dist)
     add_sampling_arguments(p, p.add_argument_group("mini-batch training (--mode mfg|sampling)"))
@@ -136,7 +140,7 @@ def train_command(args) -> int:
     result = train(spec, data, epochs=args.epochs, seed=args.seed,
                    hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
                    log_every=args.log_every, checkpoint=checkpoint, save=args.save,
-                   minibatch=minibatch_config(args))
+                   minibatch=minibatch_config(args), device=args.device, backend=args.backend)
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "

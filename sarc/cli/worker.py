@@ -12,8 +12,9 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (add_mode_arguments, add_sampling_arguments, check_input_dir,
-                      check_mode_arguments, check_run_options, minibatch_config, parse_bytes)
+from .options import (add_device_arguments, add_mode_arguments, add_sampling_arguments,
+                      check_backend, check_input_dir, check_mode_arguments, check_run_options,
+                      minibatch_config, parse_bytes, parse_device)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
     add_mode_arguments(p)
     add_sampling_arguments(p)
+    add_device_arguments(p)
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
     p.add_argument("--baseline", action="store_true",
                    help="the SAR-equivalent schedule: raw input crosses, no online softmax")
@@ -50,6 +52,7 @@ def check_worker_args(args) -> None:
     check_mode_arguments(args)
     minibatch_config(args)
     check_run_options(args)
+    check_backend(args.backend, parse_device(args.device))  # the GPU: when joining the group
     check_input_dir("--partition", args.partition)
 
 
@@ -74,7 +77,8 @@ def run(args) -> int:
                        hparams=parse_overrides(args.overrides), log_every=args.log_every,
                        json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
                        checkpoint=checkpoint_config(args), save_path=args.save,
-                       minibatch=minibatch_config(args))
+                       minibatch=minibatch_config(args), device=args.device,
+                       backend=args.backend)
     spec = load_model_file(args.model)
     hp = hyperparameters(spec, cfg.hparams, epochs=args.epochs)  # before the group forms
     if args.mode == "sampling":

@@ -158,7 +158,7 @@ def _any_worker(store: ShardedTensor, flag: bool) -> bool:
     """Whether ``flag`` holds on any worker (collective with several workers)."""
     if store.size == 1:
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=store.comm.device)
     dist.all_reduce(t, group=store.comm.group)
     return bool(t.item())
 

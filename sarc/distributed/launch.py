@@ -3,13 +3,14 @@
     sarc train MODEL.py --dataset cora --workers 4 [--exec sar|oneshot|hybrid]
                [--mode full|mfg|sampling --fanouts 10,25 --batch-size 256]
                [--partition DIR | --method metis|random] [--mem-budget 512M] [--baseline]
-               [--master-port PORT] [--timeout S]
+               [--master-port PORT] [--timeout S] [--device cpu|cuda] [--backend torch|triton]
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
 by default) into a temporary directory. Then torchrun (``sarc.distributed.agent``,
 ``--nproc-per-node P``) starts the workers (``sarc.cli.worker``) with a
-rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo on the CPU,
-NCCL when CUDA is present. Rank 0 prints the epochs, and at the end every
+rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo with ``--device
+cpu``, NCCL with ``--device cuda`` (each worker on the GPU of its local rank).
+Rank 0 prints the epochs, and at the end every
 worker's peak memory and bytes sent.
 
 Whatever ends the run (its end, a failed or killed worker or agent, SIGTERM or
@@ -33,7 +34,8 @@ from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_
 def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
     """The worker's arguments, as ``sarc.cli.worker`` parses them."""
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
-           "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout)]
+           "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout),
+           "--device", args.device, "--backend", args.backend]
     if args.exec_mode:
         cmd += ["--exec", args.exec_mode]
     if args.mode != "full":

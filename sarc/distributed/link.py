@@ -121,6 +121,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     """Train ``spec``'s link model on this worker's shard of ``cfg.partition`` (collective)."""
     from ..checkpoint import seed_all
     from ..train import hyperparameters
+    from ..training.device import placed
     from .exchange import ByteCounter, Exchanger
     from .graph import DistGraph, comm_device
     from .prepare import prepare_worker, with_self_loops
@@ -141,7 +142,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
                    baseline=cfg.baseline, timeout=timeout, counter=counter)
     data = prepare_worker(shard, hp, group)
     torch.manual_seed(cfg.seed)
-    model = _build(spec, data, hp, shard.num_nodes).to(device)
+    model = placed(_build(spec, data, hp, shard.num_nodes), device, cfg.backend)
     scorer_of(model)
     broadcast_parameters(model, group)
     dg.share_memory(model)

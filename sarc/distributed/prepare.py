@@ -58,7 +58,7 @@ def with_self_loops(shard: ShardedGraph, ex: Exchanger, reads=()) -> ShardedGrap
             out_deg = halo[j].squeeze(1) if j in halo else b.out_degree
             blocks.append(dataclasses.replace(b, in_degree=in_degree, out_degree=out_deg))
     edge_ids = list(shard.orig_edge_ids)
-    edge_ids[r] = torch.cat([edge_ids[r][order][keep], torch.full((n,), -1, dtype=torch.int64)])
+    edge_ids[r] = torch.cat([edge_ids[r][order][keep], edge_ids[r].new_full((n,), -1)])
     edata = tuple(local_data if j == r else {k: e[k] for k in reads}
                   for j, e in enumerate(shard.edata))
     return dataclasses.replace(shard, blocks=tuple(blocks), in_degree=in_degree,
@@ -77,6 +77,11 @@ class WorkerData:
     num_classes: int
     num_etypes: int
 
+    def to(self, device) -> "WorkerData":
+        """The rows, labels and masks on ``device`` (the counts and sizes are host data)."""
+        return dataclasses.replace(self, x=self.x.to(device), label=self.label.to(device),
+                                   masks={k: m.to(device) for k, m in self.masks.items()})
+
 
 def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData:
     """Features, labels and masks of the shard's nodes, with the global counts (collective)."""
@@ -85,7 +90,8 @@ def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData
         if k not in nd:
             raise DistError(f"the partition has no node data {k!r}; partition a node-"
                             f"classification dataset (sarc partition --dataset ...)")
-    x = node_features(nd.get("feat", torch.zeros(shard.num_local, 0)), hparams)
+    none = torch.zeros(shard.num_local, 0, device=shard.in_degree.device)  # featureless
+    x = node_features(nd.get("feat", none), hparams)
     label = nd["label"].to(torch.int64)
     masks = labeled_masks(label, nd["train_mask"], nd["val_mask"], nd["test_mask"])
     dev = comm_device(group)

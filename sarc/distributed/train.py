@@ -37,6 +37,7 @@ from ..partition import load_partitions
 from ..runtime.sharded import ShardedGraph
 from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
+from ..training.device import placed
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
@@ -61,6 +62,8 @@ class WorkerConfig:
     save_path: str | None = None   # rank 0 writes the selected model there
     dataset: str | None = None     # its name in checkpoints (default: the graph's fingerprint)
     minibatch: MiniBatchConfig | None = None  # mfg / sampling mode (None: full-batch)
+    device: str = "cpu"            # cpu, cuda (cuda:LOCAL_RANK) or cuda:N (sarc.distributed.worker)
+    backend: str = "torch"         # the kernels of the model's sarc layers
 
 
 def agree(ok: bool, message: str, group=None) -> None:
@@ -380,11 +383,12 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
-    shard = load_shard(cfg.partition, group).to(device)
+    shard = load_shard(cfg.partition, group)
     counter = ByteCounter()
-    data = prepare_worker(shard, hp, group)
+    data = prepare_worker(shard, hp, group).to(device)  # prepared on the CPU, moved once
+    shard = shard.to(device)
     torch.manual_seed(cfg.seed)
-    model = _build(spec, data, hp, shard.num_nodes).to(device)
+    model = placed(_build(spec, data, hp, shard.num_nodes), device, cfg.backend)
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
     if hp["self_loops"]:
@@ -400,7 +404,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
-        f"({dist.get_backend(group)}), exec mode {cfg.exec_mode or 'planner'}"
+        f"({dist.get_backend(group)}, {device}, {cfg.backend} kernels), exec mode "
+        f"{cfg.exec_mode or 'planner'}"
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
 
@@ -421,7 +426,9 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                              exec_mode=cfg.exec_mode,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
                              counter=counter)
-        source = MiniBatchSteps(shard, cfg.minibatch, layers=graph_layers(model), seed=cfg.seed,
+        # sampled on the CPU; each block's DistGraph moves it to the device (BlockGraphs)
+        source = MiniBatchSteps(shard.to("cpu"), cfg.minibatch, layers=graph_layers(model),
+                                seed=cfg.seed,
                                 comm=Comm(sampling_group(group, timeout), timeout=timeout),
                                 prefetch=True,
                                 rows=ShardRows(data.x, data.label, data.masks["train"]),
@@ -456,6 +463,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     result = {
         "model": spec.name, "workers": size, "exec_mode": cfg.exec_mode, "baseline": cfg.baseline,
         "mode": cfg.minibatch.mode if cfg.minibatch else "full",
+        "device": str(device), "backend": cfg.backend,
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,

@@ -9,7 +9,8 @@ It reads its place in the run from the environment torchrun sets (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so the same
 entry runs on one machine (``sarc train --workers P`` starts it) or on many
 (``torchrun --nnodes N --node-rank I --master-addr HOST ...`` on each). The
-process group is gloo on the CPU, NCCL when CUDA is present, and every
+process group is gloo with ``--device cpu`` and NCCL with ``--device cuda``, where
+each worker takes the GPU of its ``LOCAL_RANK`` (``worker_device``); every
 collective has the ``--timeout``. Errors are printed as ``sarc worker R:
 error: ...`` and the process exits with status 2.
 
@@ -48,11 +49,11 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     if threads:
         torch.set_num_threads(threads)
     cfg = dataclasses.replace(cfg, checkpoint=_resuming(cfg.checkpoint))
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = worker_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                             **_attempt_store(rank, timeout))
     try:
         train_worker(spec, cfg)
@@ -75,6 +76,37 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def worker_device(text: str):
+    """This worker's ``torch.device`` for ``--device text``: cpu; for cuda, the GPU of its
+    ``LOCAL_RANK`` (one per local worker); cuda:N where it is the machine's only worker."""
+    import torch
+
+    from .graph import DistError
+    device = torch.device(text)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise DistError(f"--device {text}: no CUDA device on this machine "
+                        f"(torch.cuda.is_available() is False); use --device cpu")
+    count = torch.cuda.device_count()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device.index is not None:
+        if local_workers > 1:
+            raise DistError(f"--device {text} names one GPU, but this machine runs "
+                            f"{local_workers} workers, each on a GPU of its own "
+                            f"(cuda:LOCAL_RANK); give --device cuda")
+        if device.index >= count:
+            raise DistError(f"--device {text}: this machine has {count} CUDA device"
+                            f"{'s' * (count != 1)} (cuda:0 .. cuda:{count - 1})")
+        return device
+    if local >= count:
+        raise DistError(f"--device cuda: this worker is local worker {local} (LOCAL_RANK) but "
+                        f"this machine has {count} CUDA device{'s' * (count != 1)}; start at "
+                        f"most {count} workers per machine (--nproc-per-node)")
+    return torch.device("cuda", local)
 
 
 def _attempt_store(rank: int, timeout: datetime.timedelta) -> dict:

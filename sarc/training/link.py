@@ -303,14 +303,17 @@ def link_result(selection, out, **facts) -> dict[str, Any]:
 
 def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
                 hparams: dict[str, Any] | None = None, log: Callable[[str], None] | None = print,
-                log_every: int = 1) -> dict[str, Any]:
-    """Train ``spec``'s link model on ``data`` (a checked ``Dataset``) on one process;
-    returns the selected epoch's val / test MRR and Hits@K."""
+                log_every: int = 1, device: torch.device | str = "cpu",
+                backend: str = "torch") -> dict[str, Any]:
+    """Train ``spec``'s link model on ``data`` (a checked ``Dataset``) on one process, on
+    ``device`` with ``backend``'s kernels (``sarc.training.device``); returns the selected
+    epoch's val / test MRR and Hits@K."""
     from ..checkpoint import seed_all
     from ..datasets import add_self_loops
     from ..graph import Graph
     from ..sampling.negative import negative_sampler
     from ..train import build, hyperparameters
+    from .device import placed
     from .inputs import node_features
     from .loop import fit
 
@@ -323,9 +326,9 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
     src, dst = split.message_edges()
     if hp["self_loops"]:
         src, dst = add_self_loops(src, dst, data.num_nodes)
-    g = Graph.from_edges(src, dst, data.num_nodes)
+    g = Graph.from_edges(src, dst, data.num_nodes).to(device)
     seed_all(seed)
-    model = build(spec, data, hp)
+    model = placed(build(spec, data, hp), device, backend)
     scorer_of(model)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     say = log or (lambda s: None)
@@ -334,10 +337,10 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
         f"test edges), {hp['negatives']} negatives, seed {seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters")
     empty = torch.zeros(0, dtype=torch.int64)
-    batch = Batch(g, node_features(data.feat, hp), {}, empty, {}, train_total=0)
+    batch = Batch(g, node_features(data.feat, hp).to(device), {}, empty, {}, train_total=0)
     mine = {s: torch.arange(split.pairs(s).shape[1]) for s in ("train", *EVAL_SPLITS)}
     source = LinkSteps(batch, split, row_of=torch.arange(data.num_nodes), mine=mine,
-                       rows=lambda h, ids: h.index_select(0, ids),
+                       rows=lambda h, ids: h.index_select(0, ids.to(h.device)),
                        sampler=negative_sampler(hp["negatives"], data.num_nodes, split.degree()),
                        hparams=hp, seed=seed)
     selection = link_selection(hp["patience"])

@@ -189,9 +189,9 @@ class MiniBatchGraph:
         return f"MiniBatchGraph({', '.join(map(repr, self.graphs))})"
 
 
-def local_blocks(blocks: Sequence[LayerBlock]) -> list:
-    """``graphs_of`` on one process: each block's local block, a ``Graph``."""
-    return [b.local_block for b in blocks]
+def local_blocks(blocks: Sequence[LayerBlock], device: torch.device | None = None) -> list:
+    """``graphs_of`` on one process: each block's local block, a ``Graph`` (on ``device``)."""
+    return [b.local_block if device is None else b.local_block.to(device) for b in blocks]
 
 
 @dataclass(frozen=True, eq=False)
