@@ -12,8 +12,8 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (add_mode_arguments, add_sampling_arguments, check_input_dir,
-                      check_mode_arguments, check_run_options, minibatch_config, parse_bytes)
+from .options import (add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
+                      check_input_dir, check_mode_arguments, check_run_options, minibatch_config, parse_bytes)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,6 +27,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_embedding_arguments(p)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--threads", type=int, help="torch CPU threads per worker")
     p.add_argument("--timeout", type=float, default=120.0,
