@@ -3,7 +3,8 @@
 ``train(spec, dataset)`` loads the dataset, prepares the graph and the input
 features as the model file's ``HPARAMS`` ask (self loops, row-normalized
 features, a learned embedding for featureless graphs: ``sarc.training.inputs``),
-trains with Adam on the labeled training nodes, evaluates train / val / test
+trains with Adam on the labeled training nodes (a learned embedding with a sparse
+optimizer: ``sarc.training.inputs.optimizer``), evaluates train / val / test
 accuracy every epoch and returns a result dict. Its epochs are the loop the
 distributed workers run too (``sarc.training.loop``), on one process. The model
 is selected on the validation set: the reported ``test_acc`` is the one at the

@@ -19,11 +19,11 @@ one process with ``nn.Embedding(sparse=True)``:
   (only the touched rows'), the bias correction by the table's step count
   (the steps in which any worker's batch touched the table).
 
-A row's initial values are a pure function of (seed, the row's key): ``keys``, one per
-local row, are the nodes' original ids in training (``sarc.training.inputs.
-initial_embedding``, which one process draws its ``nn.Embedding`` from), else the global
-row ids; so every worker draws its rows as one process would, without holding the
-table. ``Embedding.initial_table`` is the whole table, for a single-process reference.
+A row's initial values are a pure function of (seed, the row's key)
+(``sarc.training.inputs.initial_embedding``, which one process draws its
+``nn.Embedding`` from): ``keys``, one per local row, are the nodes' original ids in
+training, else the global row ids; so every worker draws its rows as one process
+would, without holding the table. ``Embedding.initial_table`` is the whole table, for a single-process reference.
 
 The local rows are the module's buffer ``weight``: ``state_dict`` holds this worker's
 rows (a checkpoint's, the model selection's copy), ``load_state_dict`` puts them back in
@@ -38,12 +38,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..sampling.comm import Comm
-from ..training.inputs import initial_embedding
+from ..training.inputs import EMBEDDING_OPTIMIZERS, initial_embedding
 from .store import ShardedTensor, StoreError, coalesce
-
-SPARSE_OPTIMIZERS = ("sparse_adam", "sparse_adagrad")
-"""The names of the sparse optimizers (``Embedding.sparse_optimizer``)."""
-
 
 class Embedding(nn.Module):
     """A learnable [num_rows, dim] table sharded by ``offsets`` (``ShardedGraph.node_offsets``).
@@ -109,10 +105,11 @@ class Embedding(nn.Module):
         return initial_embedding(keys, self.dim, self.seed, self.scale, self.local.dtype)
 
     def sparse_optimizer(self, name: str, lr: float) -> "_SparseOptimizer":
-        """The sparse optimizer ``name`` (``SPARSE_OPTIMIZERS``) of this table."""
-        if name not in SPARSE_OPTIMIZERS:
+        """The sparse optimizer ``name`` (``sparse_adam`` or ``sparse_adagrad``) of this
+        table."""
+        if name not in EMBEDDING_OPTIMIZERS:
             raise StoreError(f"unknown sparse optimizer {name!r}; expected one of "
-                             f"{', '.join(SPARSE_OPTIMIZERS)}")
+                             f"{', '.join(EMBEDDING_OPTIMIZERS)}")
         return (SparseAdam if name == "sparse_adam" else SparseAdagrad)(self, lr=lr)
 
     def _apply(self, fn, *args, **kwargs):
