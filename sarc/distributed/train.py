@@ -362,7 +362,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     say(format_report(workers))
     selected = whole_embedding(best["state"], model, shard, group, timeout) if cfg.save_path else None
     if rank == 0 and cfg.save_path:
-        best["state"] = selected
+        best["state"] = selected  # the selected state, its sharded embedding whole
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
