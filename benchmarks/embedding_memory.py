@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import multiprocessing
-import os
 import resource
 import socket
 import sys
