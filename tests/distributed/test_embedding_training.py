@@ -7,10 +7,11 @@ validation nodes, so the last epoch is the one kept): one process trains an
 (``train_worker``, real gloo processes) a ``sarc.distributed.Embedding`` sharded with the
 partition and sarc's sparse optimizers. Held equal: every step's loss, the embedding rows
 after training (gathered by original id) and the dense weights, full-batch and sampling
-mode, P = 2 (and 3 with ``SARC_SLOW_TESTS=1``); each worker holds and reports its own rows and their optimizer state only; a
-P-worker run resumed from its checkpoint is the uninterrupted run bit for bit, and
-``--save`` writes the whole table ``sarc.load_trained`` loads; link prediction
-(``SARC_SLOW_TESTS=1``) reports the one-process metrics.
+mode, P = 2 (and 3 with ``SARC_SLOW_TESTS=1``); each worker holds and reports its own
+rows and their optimizer state only; a P-worker run resumed from its checkpoint is the
+uninterrupted run bit for bit, and ``--save`` writes the whole table
+``sarc.load_trained`` loads; link prediction (``SARC_SLOW_TESTS=1``) reports the
+one-process metrics.
 """
 from __future__ import annotations
 
