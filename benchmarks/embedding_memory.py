@@ -3,7 +3,8 @@
 A featureless graph's input is a [rows, dim] table. Replicated (what a plain
 ``nn.Embedding`` + ``torch.optim.Adam`` + a gradient all-reduce does), every worker
 holds the table, its dense gradient and Adam's two moments: 16 bytes per entry,
-whatever P (10M x 128 float32: ~19 GiB per worker). Sharded
+whatever P (10M x 128 float32: ~19 GiB per worker, and Adam's step adds temporaries of
+the table's size). Sharded
 (``sarc.distributed.Embedding`` + ``SparseAdam``, what ``sarc train`` runs on a
 featureless graph), worker r holds its partition's rows and their moments only
 (12 bytes per entry, / P), and a step moves only the rows it reads.
@@ -40,11 +41,18 @@ BASE_BYTES = 600 * 2**20
 """What a worker process holds besides the table (python, torch, gloo), for the estimate."""
 
 
+REPLICATED_PEAK, SHARDED_PEAK = 7, 3
+"""A worker's peak over its table's bytes (measured at 100k x 128): replicated, the table,
+its dense gradient, Adam's two moments and the temporaries of Adam's step; sharded, its
+rows and their two moments."""
+
+
 def needed_bytes(kind: str, rows: int, dim: int, workers: int) -> int:
-    """The memory P workers of ``kind`` need on this machine: table + gradient + Adam
-    (replicated, each worker), or table + moments of 1/P of the rows (sharded)."""
+    """The memory P workers of ``kind`` need on this machine (``*_PEAK`` times the table,
+    or times the worker's 1/P of it)."""
     entry = rows * dim * 4
-    per_worker = 4 * entry if kind == "replicated" else 3 * -(-entry // workers)
+    per_worker = (REPLICATED_PEAK * entry if kind == "replicated"
+                  else SHARDED_PEAK * -(-entry // workers))
     return workers * (per_worker + BASE_BYTES)
 
 
