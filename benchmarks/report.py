@@ -423,6 +423,12 @@ STEPS = [
          [*TINY, "--workers", "1,2", "--no-cora"],
          about="Training on the K-hop closure of the labeled nodes against full-batch "
                "training when few nodes are labeled."),
+    Step("embedding_memory", "A featureless graph's embedding: replicated against sharded",
+         "benchmarks/embedding_memory.py", ["--rows", "10000000", "--workers", "1,2,4"],
+         ["--rows", "100000", "--workers", "1,2", "--steps", "1"],
+         about="A 10M x 128 learned input per worker: nn.Embedding + dense Adam + all-reduce "
+               "against sarc.distributed.Embedding + SparseAdam (configurations over this "
+               "machine's memory are not run)."),
     Step("triton_traffic", "Triton kernels: bytes moved (cost model)",
          "benchmarks/triton_kernels.py", ["--nodes", "100000", "--edges", "2000000"],
          [*TINY, "--feats", "16"],

@@ -10,7 +10,8 @@ classes:
   (``**_``).
 - ``HPARAMS`` (optional): a dict of hyperparameters. The trainer reads
   ``lr``, ``weight_decay``, ``epochs``, ``patience``, ``self_loops``,
-  ``norm_features``, ``embedding_dim`` and ``dataset`` (see
+  ``norm_features``, ``embedding_dim``, ``embedding_optimizer``, ``embedding_lr`` and
+  ``dataset`` (see
   ``sarc.train.DEFAULTS``); the rest is for ``build_model``.
 """
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``train(spec, dataset)`` loads the dataset, prepares the graph and the input
 features as the model file's ``HPARAMS`` ask (self loops, row-normalized
 features, a learned embedding for featureless graphs: ``sarc.training.inputs``),
-trains with Adam on the labeled training nodes, evaluates train / val / test
+trains with Adam on the labeled training nodes (a learned embedding with a sparse
+optimizer: ``sarc.training.inputs.optimizer``), evaluates train / val / test
 accuracy every epoch and returns a result dict. Its epochs are the loop the
 distributed workers run too (``sarc.training.loop``), on one process. The model
 is selected on the validation set: the reported ``test_acc`` is the one at the
@@ -33,8 +34,8 @@ from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
 from .partition.fingerprint import graph_fingerprint
-from .training.inputs import (EmbeddingInput, TrainError, check_self_loops, labeled_masks,
-                              node_features)
+from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
+                              check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
 from .training.device import placed
 from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected
@@ -50,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "self_loops": False,     # add a self loop to every node (GCN, GAT)
     "norm_features": False,  # divide each node's features by their sum (Kipf & Welling)
     "embedding_dim": None,   # featureless graphs: width of a learned node embedding input
+    "embedding_optimizer": "sparse_adam",  # its sparse optimizer: sparse_adam, sparse_adagrad
+    "embedding_lr": None,    # its learning rate (None: lr)
 }
 """The trainer's hyperparameters and their defaults; a model's ``HPARAMS`` override them."""
 
@@ -142,6 +145,10 @@ def _check_trainer_hparams(hp: dict[str, Any]) -> None:
         "norm_features": (lambda v: isinstance(v, bool), "True or False"),
         "embedding_dim": (lambda v: v is None or (is_int(v) and v >= 1),
                           "None or an integer >= 1"),
+        "embedding_optimizer": (lambda v: v in EMBEDDING_OPTIMIZERS,
+                                " or ".join(EMBEDDING_OPTIMIZERS)),
+        "embedding_lr": (lambda v: v is None or (is_real(v) and v > 0),
+                         "None or a finite number > 0"),
         "dataset": (lambda v: isinstance(v, str) and v != "", "a dataset name or .npz path"),
     }
     for key, (ok, want) in rules.items():
@@ -184,8 +191,11 @@ def prepare(data: Dataset, hparams: dict[str, Any], model: nn.Module | None = No
     return Prepared(g, node_features(data.feat, hparams), edge_inputs, data.label, masks)
 
 
-def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
-    """``spec.build_model`` on the dataset's sizes, with an embedding input if featureless."""
+def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int = 0,
+          table: Callable[[int, int], nn.Module] | None = None) -> nn.Module:
+    """``spec.build_model`` on the dataset's sizes, with an embedding input if featureless:
+    ``table(num_nodes, dim)`` (a worker's shard of it) or an ``nn.Embedding`` drawn from
+    ``seed`` (``sarc.training.inputs.EmbeddingInput``)."""
     in_feats = data.num_features
     emb = hparams["embedding_dim"]
     if not data.has_features:
@@ -207,7 +217,8 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any]) -> nn.Module:
         raise TrainError(f"{spec.path or spec.name}: build_model returned a "
                          f"{type(model).__name__}, not a torch.nn.Module")
     if not data.has_features:
-        model = EmbeddingInput(model, data.num_nodes, in_feats)
+        model = EmbeddingInput(model, data.num_nodes, in_feats,
+                               table(data.num_nodes, in_feats) if table else None, seed=seed)
     if not any(True for _ in model.parameters()):
         raise TrainError(f"{spec.path or spec.name}: the model has no parameters to train")
     return model
@@ -314,10 +325,10 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     say = log or (lambda s: None)
 
     seed_all(seed)
-    model = build(spec, data, hp)
+    model = build(spec, data, hp, seed=seed)
     prep = prepare(data, hp, model).to(device)
     model = placed(model, device, backend)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = optimizer(model, hp)
     counts = {k: int(m.sum()) for k, m in prep.masks.items()}
     if not counts["train"]:
         raise TrainError(f"dataset {data.name} has no labeled training nodes")

@@ -77,6 +77,33 @@ def add_sampling_arguments(p, group=None) -> None:
                         "epoch from the seed)")
 
 
+class _SetHyperparameter(argparse.Action):
+    """An option that stands for ``--set KEY=VALUE`` (appended to ``overrides``), so that it
+    is checked, recorded in checkpoints and passed to the workers as ``--set`` is."""
+
+    def __init__(self, option_strings, dest, key: str, **kw):
+        super().__init__(option_strings, "overrides", default=argparse.SUPPRESS, **kw)
+        self.key = key
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        items = list(getattr(namespace, "overrides", None) or [])
+        setattr(namespace, "overrides", items + [f"{self.key}={value!r}"])
+
+
+def add_embedding_arguments(p, group=None) -> None:
+    """``--embedding-optimizer`` and ``--embedding-lr``: how a featureless graph's learned
+    input (``--set embedding_dim=D``) trains; they set the hyperparameters of those names."""
+    from ..training.inputs import EMBEDDING_OPTIMIZERS
+    g = group or p
+    g.add_argument("--embedding-optimizer", action=_SetHyperparameter, key="embedding_optimizer",
+                   choices=EMBEDDING_OPTIMIZERS,
+                   help="the sparse optimizer of a featureless graph's learned node embedding: "
+                        "sparse_adam (torch's SparseAdam, the default) or sparse_adagrad; it "
+                        "updates only the rows a step read, on their owners with --workers")
+    g.add_argument("--embedding-lr", action=_SetHyperparameter, key="embedding_lr", type=float,
+                   metavar="LR", help="its learning rate (default: the model's lr)")
+
+
 def parse_fanouts(text: str) -> tuple[int, ...]:
     try:
         fanouts = tuple(int(f) for f in text.split(","))

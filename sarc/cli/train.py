@@ -6,8 +6,8 @@ import argparse
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
 from .options import (UsageError, write_result, add_check_data_argument, add_device_arguments,
-                      add_mode_arguments, add_sampling_arguments, at_least,
-                      check_device_arguments, check_input_dir, check_mode_arguments,
+                      add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
+                      at_least, check_device_arguments, check_input_dir, check_mode_arguments,
                       check_output_file, check_run_options, minibatch_config)
 
 
@@ -114,6 +114,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
+    add_embedding_arguments(p, p.add_argument_group("featureless graphs (--set embedding_dim=D)"))
     p.add_argument("--log-every", type=int, default=1, help="print every N-th epoch (default 1)")
     p.add_argument("--quiet", action="store_true", help="print only the final result")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")

@@ -12,9 +12,9 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (add_device_arguments, add_mode_arguments, add_sampling_arguments,
-                      check_backend, check_input_dir, check_mode_arguments, check_run_options,
-                      minibatch_config, parse_bytes, parse_device)
+from .options import (add_device_arguments, add_embedding_arguments, add_mode_arguments,
+                      add_sampling_arguments, check_backend, check_input_dir, check_mode_arguments,
+                      check_run_options, minibatch_config, parse_bytes, parse_device)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +29,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_embedding_arguments(p)
     p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--threads", type=int, help="torch CPU threads per worker")
     p.add_argument("--timeout", type=float, default=120.0,

@@ -19,10 +19,15 @@ one process with ``nn.Embedding(sparse=True)``:
   (only the touched rows'), the bias correction by the table's step count
   (the steps in which any worker's batch touched the table).
 
-Initial values are drawn per fixed block of global rows from a generator seeded
-by (seed, block), so every worker draws its rows as one process would, without
-holding the table: ``Embedding.initial_table`` is the whole table, for a
-single-process reference.
+A row's initial values are a pure function of (seed, the row's key)
+(``sarc.training.inputs.initial_embedding``, which one process draws its
+``nn.Embedding`` from): ``keys``, one per local row, are the nodes' original ids in
+training, else the global row ids; so every worker draws its rows as one process
+would, without holding the table. ``Embedding.initial_table`` is the whole table, for a single-process reference.
+
+The local rows are the module's buffer ``weight``: ``state_dict`` holds this worker's
+rows (a checkpoint's, the model selection's copy), ``load_state_dict`` puts them back in
+place; the optimizers' ``state_dict`` holds their state of the same rows.
 """
 from __future__ import annotations
 
@@ -33,24 +38,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..sampling.comm import Comm
+from ..training.inputs import EMBEDDING_OPTIMIZERS, initial_embedding
 from .store import ShardedTensor, StoreError, coalesce
-
-INIT_BLOCK = 1 << 14
-"""Rows per block of the initial draw (each block its own generator)."""
-
-
-def _initial_rows(lo: int, hi: int, dim: int, seed: int, scale: float,
-                  dtype: torch.dtype) -> torch.Tensor:
-    """Rows lo .. hi-1 of the initial table: uniform(-scale, scale), drawn block by block."""
-    out = torch.empty(hi - lo, dim, dtype=dtype)
-    for b in range(lo // INIT_BLOCK, (hi - 1) // INIT_BLOCK + 1 if hi > lo else 0):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + b)
-        block = torch.rand(INIT_BLOCK, dim, generator=gen, dtype=torch.float64)
-        b_lo = b * INIT_BLOCK
-        a, z = max(lo, b_lo), min(hi, b_lo + INIT_BLOCK)
-        out[a - lo:z - lo] = ((block[a - b_lo:z - b_lo] * 2 - 1) * scale).to(dtype)
-    return out
-
 
 class Embedding(nn.Module):
     """A learnable [num_rows, dim] table sharded by ``offsets`` (``ShardedGraph.node_offsets``).
@@ -62,13 +51,14 @@ class Embedding(nn.Module):
 
     def __init__(self, num_rows: int | None, dim: int, *, offsets=None, rank: int = 0,
                  comm: Comm | None = None, seed: int = 0, scale: float | None = None,
-                 dtype: torch.dtype = torch.float32, name: str = "embedding"):
+                 keys: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                 name: str = "embedding"):
         super().__init__()
         if offsets is None:
             if num_rows is None or num_rows < 0:
                 raise StoreError(f"embedding {name!r} needs a row count or the partition's offsets")
             offsets = torch.tensor([0, num_rows])
-        offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        offsets = torch.as_tensor(offsets, dtype=torch.int64).cpu()
         if num_rows is not None and int(offsets[-1]) != num_rows:
             raise StoreError(f"embedding {name!r} has {num_rows} rows but the partition "
                              f"{int(offsets[-1])} nodes")
@@ -77,7 +67,12 @@ class Embedding(nn.Module):
         self.dim, self.seed, self.name = dim, seed, name
         self.scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
         lo, hi = int(offsets[rank]), int(offsets[rank + 1])
-        local = _initial_rows(lo, hi, dim, seed, self.scale, dtype)
+        keys = torch.arange(lo, hi) if keys is None else torch.as_tensor(keys).cpu()
+        if keys.shape != (hi - lo,):
+            raise StoreError(f"embedding {name!r}: worker {rank} holds {hi - lo} rows, got "
+                             f"{list(keys.shape)} keys")
+        local = initial_embedding(keys, dim, seed, self.scale, dtype)
+        self.register_buffer("weight", local)
         self.store = ShardedTensor(local, offsets, rank, comm, name)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.steps = 0
@@ -97,9 +92,30 @@ class Embedding(nn.Module):
     def num_rows(self) -> int:
         return self.store.num_rows
 
-    def initial_table(self) -> torch.Tensor:
-        """The whole initial table, as every worker drew its rows (for a reference run)."""
-        return _initial_rows(0, self.num_rows, self.dim, self.seed, self.scale, self.local.dtype)
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this worker's rows."""
+        return self.local.numel() * self.local.element_size()
+
+    def initial_table(self, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole initial table, as the workers drew their rows (for a reference run);
+        ``keys``: each global row's key, as the workers were given theirs (default: the
+        global row ids)."""
+        keys = torch.arange(self.num_rows) if keys is None else keys
+        return initial_embedding(keys, self.dim, self.seed, self.scale, self.local.dtype)
+
+    def sparse_optimizer(self, name: str, lr: float) -> "_SparseOptimizer":
+        """The sparse optimizer ``name`` (``sparse_adam`` or ``sparse_adagrad``) of this
+        table."""
+        if name not in EMBEDDING_OPTIMIZERS:
+            raise StoreError(f"unknown sparse optimizer {name!r}; expected one of "
+                             f"{', '.join(EMBEDDING_OPTIMIZERS)}")
+        return (SparseAdam if name == "sparse_adam" else SparseAdagrad)(self, lr=lr)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self.store.local = self.weight  # a move (.to) makes a new buffer: the store reads it
+        return out
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of global ``ids`` [len(ids), dim]; collective (every worker calls it)."""
@@ -138,9 +154,33 @@ class _SparseOptimizer:
         self.lr = lr
         self.state = [self.init_state(e) for e in self.embeddings]
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for e in self.embeddings:
             e.pending.clear()
+
+    def state_dict(self) -> dict:
+        """This worker's state (its rows'), and each table's step count, as plain data."""
+        return {"steps": [e.steps for e in self.embeddings],
+                "state": [dict(st) for st in self.state]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put back a ``state_dict`` of the same tables and rows, in place."""
+        if len(state["state"]) != len(self.state):
+            raise StoreError(f"a sparse optimizer state of {len(state['state'])} tables, "
+                             f"this one updates {len(self.state)}")
+        for e, st, steps, saved in zip(self.embeddings, self.state, state["steps"],
+                                       state["state"]):
+            for k, t in st.items():
+                if k not in saved or saved[k].shape != t.shape:
+                    raise StoreError(f"the sparse optimizer state of {e.name!r} does not fit "
+                                     f"this worker's rows ({k}: {list(t.shape)})")
+                t.copy_(saved[k])
+            e.steps = int(steps)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of this worker's optimizer state."""
+        return sum(t.numel() * t.element_size() for st in self.state for t in st.values())
 
     @torch.no_grad()
     def step(self) -> None:

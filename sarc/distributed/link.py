@@ -108,8 +108,9 @@ def link_source(shard, dg, data, split: LinkSplit, hp: dict, seed: int, comm: Co
     for s in ("train", *EVAL_SPLITS):
         v = split.pairs(s)[1]
         mine[s] = torch.nonzero(owners(offsets, row_of[v]) == rank).squeeze(1)
+    from .train import global_ids
     batch = Batch(dg, data.x, {}, data.label, data.masks, train_total=0,
-                  node_ids=shard.orig_node_ids)
+                  node_ids=global_ids(shard))
     return LinkSteps(batch, split, row_of=row_of, mine=mine,
                      rows=lambda h, ids: pull_rows(h, ids, offsets, rank, comm),
                      sampler=negative_sampler(hp["negatives"], split.num_nodes, split.degree()),
@@ -125,7 +126,9 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     from .exchange import ByteCounter, Exchanger
     from .graph import DistGraph, comm_device
     from .prepare import prepare_worker, with_self_loops
-    from .train import AllReduce, _build, broadcast_parameters, load_shard, peak_memory
+    from ..training.inputs import optimizer
+    from .train import (AllReduce, _build, broadcast_parameters, embedding_bytes, load_shard,
+                        peak_memory, sharded_table)
 
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
@@ -142,12 +145,13 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
                    baseline=cfg.baseline, timeout=timeout, counter=counter)
     data = prepare_worker(shard, hp, group)
     torch.manual_seed(cfg.seed)
-    model = placed(_build(spec, data, hp, shard.num_nodes), device, cfg.backend)
+    model = placed(_build(spec, data, hp, shard.num_nodes,
+                          sharded_table(shard, group, timeout, cfg.seed)), device, cfg.backend)
     scorer_of(model)
     broadcast_parameters(model, group)
     dg.share_memory(model)
     seed_all(cfg.seed * 1000003 + rank)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = optimizer(model, hp)
     source = link_source(shard, dg, data, split, hp, cfg.seed, Comm(group, timeout=timeout), group)
     say(f"sarc train: {spec.name}, link prediction on {shard.num_nodes} nodes "
         f"({split.train.shape[1]} / {split.val.shape[1]} / {split.test.shape[1]} train / val / "
@@ -158,7 +162,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
               log=log, log_every=cfg.log_every, line=lambda *a: link_line(*a, of=last))
     workers: list = [None] * size
-    dist.all_gather_object(workers, {"rank": rank, **peak_memory()}, group=group)
+    dist.all_gather_object(workers, {"rank": rank, **peak_memory(), **embedding_bytes(model, opt)}, group=group)
     result = link_result(selection, out, model=spec.name, dataset=cfg.dataset, seed=cfg.seed,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:

@@ -17,6 +17,7 @@ go back to their owners and are added there).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -212,7 +213,8 @@ class Call:
     def pack(self, values: dict) -> torch.Tensor:
         """The exchanged values of every owned row side by side: [num_local, width]."""
         n = self.dg.num_local
-        cols = [values[s.name].reshape(n, -1) for s in self.split.exchanged]
+        cols = [values[s.name].reshape(n, math.prod(s.type.feat))  # n may be 0 (a sampled block)
+                for s in self.split.exchanged]
         return torch.cat(cols, 1).contiguous() if len(cols) > 1 else cols[0].contiguous()
 
     def unpack(self, rows: torch.Tensor) -> dict:

@@ -7,8 +7,12 @@ distributed schedules on a ``DistGraph``, the step's loss is divided by the
 *global* number of training nodes, and the reduction (``AllReduce``) sums the
 parameter gradients (``allreduce_gradients``), the loss, the accuracies' counts
 and the validation loss over the workers, so that a P-worker step is the
-single-process step. Rank 0 prints; at the end every worker reports its peak
-memory (RSS high-water mark, and CUDA's peak allocation on a GPU) and the
+single-process step. A featureless graph's learned input is a
+``sarc.distributed.Embedding`` sharded with the partition (``sharded_table``): a
+worker holds its nodes' rows and their optimizer state, a step reads its own rows,
+and the sparse optimizer updates the rows read on their owners. Rank 0 prints; at
+the end every worker reports its peak memory (RSS high-water mark, and CUDA's peak
+allocation on a GPU), its embedding's bytes (rows and optimizer state) and the
 bytes its exchanges sent and received.
 
 Before any training, every worker checks its input (its part of the
@@ -38,9 +42,11 @@ from ..runtime.sharded import ShardedGraph
 from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
 from ..training.device import placed
+from ..training.inputs import EMBEDDING_SCALE, optimizer
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
+from .embedding import Embedding
 from .exchange import ByteCounter, ExchangeError, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -174,10 +180,14 @@ def allreduce_gradients(model: nn.Module, group=None) -> None:
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:
-    """Every worker starts from worker 0's parameters."""
+    """Every worker starts from worker 0's parameters (a sharded embedding's rows are each
+    worker's own)."""
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dev = comm_device(group)
+    sharded = {id(m.weight) for m in model.modules() if isinstance(m, Embedding)}
     for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in sharded:
+            continue
         buf = t.data.to(dev)
         dist.broadcast(buf, src, group=group)
         t.data.copy_(buf)
@@ -388,7 +398,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     data = prepare_worker(shard, hp, group).to(device)  # prepared on the CPU, moved once
     shard = shard.to(device)
     torch.manual_seed(cfg.seed)
-    model = placed(_build(spec, data, hp, shard.num_nodes), device, cfg.backend)
+    model = placed(_build(spec, data, hp, shard.num_nodes,
+                          sharded_table(shard, group, timeout, cfg.seed)), device, cfg.backend)
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
     if hp["self_loops"]:
@@ -400,7 +411,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     broadcast_parameters(model, group)
     dg.share_memory(model)  # the memory budget is the whole step's, shared by its layers
     seed_all(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = optimizer(model, hp)
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
@@ -413,7 +424,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     best = selection.best
     run = _run_record(spec, cfg, hp, size) if cfg.checkpoint or cfg.save_path else None
     full = Batch(dg, data.x, edge_inputs, data.label, data.masks,
-                 train_total=data.counts["train"], node_ids=shard.orig_node_ids)
+                 train_total=data.counts["train"], node_ids=global_ids(shard))
     last = int(hp["epochs"])
     if cfg.minibatch is None:
         source = ShardSteps(full, data.counts, dg.counter)
@@ -455,7 +466,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"],
                    "over_budget_steps": blocks.over_budget_steps}
         programs = [p for g in blocks.graphs or () for p in g.training_programs.values()]
-    mine = {"rank": rank, **peak_memory(), **sampled, "step_bytes_sent": step_bytes,
+    mine = {"rank": rank, **peak_memory(), **embedding_bytes(model, opt), **sampled,
+            "step_bytes_sent": step_bytes,
             "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
     workers: list = [None] * size
@@ -472,7 +484,9 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                   for p in programs],
     }
     say(format_report(workers))
+    selected = whole_embedding(best["state"], model, shard, group, timeout) if cfg.save_path else None
     if rank == 0 and cfg.save_path:
+        best["state"] = selected  # the selected state, its sharded embedding whole
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
@@ -496,7 +510,60 @@ def _all_gather(obj, group) -> list:
     return out
 
 
-def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int) -> nn.Module:
+def global_ids(shard: ShardedGraph) -> torch.Tensor:
+    """The global ids (the partition's numbering) of the shard's local nodes."""
+    lo, hi = shard.local_range
+    return torch.arange(lo, hi, device=shard.orig_node_ids.device)
+
+
+def sharded_table(shard: ShardedGraph, group, timeout: datetime.timedelta, seed: int):
+    """``table(num_nodes, dim)`` for ``sarc.train.build``: a featureless graph's learned input
+    as this worker's shard of a ``sarc.distributed.Embedding``, each row drawn by its node's
+    original id (as one process draws the whole table)."""
+    def table(num_nodes: int, dim: int) -> Embedding:
+        return Embedding(num_nodes, dim, offsets=shard.node_offsets.cpu(), rank=shard.rank,
+                         comm=Comm(group, timeout=timeout), seed=seed, scale=EMBEDDING_SCALE,
+                         keys=shard.orig_node_ids.cpu())
+    return table
+
+
+def embedding_bytes(model: nn.Module, opt) -> dict[str, int]:
+    """This worker's bytes of sharded embedding rows and of their optimizer state (none
+    without a sharded embedding)."""
+    tables = [m for m in model.modules() if isinstance(m, Embedding)]
+    if not tables:
+        return {}
+    state = getattr(opt, "embedding", None)
+    return {"embedding_bytes": sum(t.nbytes for t in tables),
+            "embedding_state_bytes": int(getattr(state, "nbytes", 0))}
+
+
+def whole_embedding(state: dict, model: nn.Module, shard: ShardedGraph, group,
+                    timeout: datetime.timedelta) -> dict | None:
+    """``state`` (a worker's model state) with each sharded embedding's rows gathered on
+    rank 0 in original node order, the whole table ``sarc.load_trained`` loads; None on
+    the other ranks (collective)."""
+    comm = Comm(group, timeout=timeout)
+    names = [n for n, m in model.named_modules() if isinstance(m, Embedding)]
+    offsets = shard.node_offsets.cpu()
+    sizes = [int(offsets[j + 1] - offsets[j]) if comm.rank == 0 else 0 for j in range(comm.size)]
+    out = dict(state) if comm.rank == 0 else None
+    for name in names:
+        rows = state[f"{name}.weight"]
+        ids = comm.exchange([shard.orig_node_ids.cpu()] + [shard.orig_node_ids[:0].cpu()]
+                            * (comm.size - 1), sizes, kind="save ids")
+        got = comm.exchange([rows.cpu()] + [rows[:0].cpu()] * (comm.size - 1), sizes,
+                            kind="save rows")
+        if comm.rank == 0:
+            whole = rows.new_empty((int(offsets[-1]), rows.shape[1]), device="cpu")
+            for i, r in zip(ids, got):
+                whole[i] = r
+            out[f"{name}.weight"] = whole
+    return out
+
+
+def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int,
+           table=None) -> nn.Module:
     from ..datasets import Dataset
     # sarc.train.build reads the sizes off a Dataset; give it one with this graph's sizes
     empty = torch.zeros(0, dtype=torch.int64)
@@ -504,7 +571,7 @@ def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int) -> nn.Mo
                    empty, empty.bool(), empty.bool(), empty.bool(), data.num_classes,
                    etype=empty if data.num_etypes else None, num_etypes=data.num_etypes)
     from ..train import build
-    return build(spec, stub, hp)
+    return build(spec, stub, hp, table=table)
 
 
 def _mib(n: float) -> str:
@@ -513,12 +580,17 @@ def _mib(n: float) -> str:
 
 
 def format_report(workers: list[dict]) -> str:
-    """Per worker: peak memory, bytes sent / received in the last epoch."""
-    lines = ["worker    peak RSS   cuda peak  sent/epoch  recv/epoch  sent/step (planner)"]
+    """Per worker: peak memory, the sharded embedding's rows + optimizer state (if any),
+    bytes sent / received in the last epoch."""
+    emb = any("embedding_bytes" in w for w in workers)
+    lines = ["worker    peak RSS   cuda peak" + ("  embedding (rows + optimizer)" if emb else "")
+             + "  sent/epoch  recv/epoch  sent/step (planner)"]
     for w in workers:
         planned = "-" if w["planned_step_bytes_sent"] is None else _mib(w["planned_step_bytes_sent"])
+        table = (f"  {_mib(w['embedding_bytes']) + ' + ' + _mib(w['embedding_state_bytes']):>28}"
+                 if emb else "")
         lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10}  "
-                     f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}  "
+                     f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}{table}  "
                      f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
                      f"{_mib(w['step_bytes_sent'])} ({planned})")
     return "\n".join(lines)

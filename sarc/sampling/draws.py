@@ -16,6 +16,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 NEIGHBOUR_KEY, REPLACEMENT_DRAW, SHUFFLE_KEY, TRAIN_NEGATIVE, EVAL_NEGATIVE = 1, 2, 3, 4, 5
+EMBEDDING_INIT = 6
 """Tags of the kinds of draws, so that two kinds never share a key."""
 
 
@@ -46,3 +47,31 @@ def uniform(*fields) -> torch.Tensor:
     h = hash_keys(*fields)
     u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
     return torch.from_numpy(u)
+
+
+def _mix_in_place(z: np.ndarray, tmp: np.ndarray) -> None:
+    """``_mix`` without temporaries (``tmp``: scratch of ``z``'s shape)."""
+    for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=tmp)
+        np.bitwise_xor(z, tmp, out=z)
+        if mult is not None:
+            np.multiply(z, mult, out=z)
+
+
+def uniform_rows(keys, width: int, *fields, chunk: int = 1 << 16) -> torch.Tensor:
+    """[len(keys), width] float64 uniforms in (0, 1): row i a pure function of (``fields``,
+    ``keys[i]``), its column j the j-th number of a splitmix64 stream seeded by the row's
+    hash (a learned embedding's initial rows, drawn by node id on any worker). Computed
+    about ``chunk`` numbers at a time, in place."""
+    keys = _words(keys).reshape(-1)
+    rows = hash_keys(*fields, keys)[:keys.size]
+    out = torch.empty(keys.size, width, dtype=torch.float64)
+    cols = np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN
+    step = max(1, chunk // max(1, width))
+    with np.errstate(over="ignore"):
+        for a in range(0, keys.size, step):
+            z = (rows[a:a + step, None] + cols[None, :]).reshape(-1)
+            _mix_in_place(z, np.empty_like(z))
+            np.right_shift(z, np.uint64(11), out=z)
+            out[a:a + step] = torch.from_numpy(z.astype(np.float64).reshape(-1, width))
+    return out.add_(0.5).mul_(2.0 ** -53)

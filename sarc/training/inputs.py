@@ -5,7 +5,12 @@
   themselves get theirs from ``sarc.datasets.add_self_loops``;
 - ``norm_features``: each node's features divided by their sum (``node_features``);
 - the labeled train / val / test masks (``labeled_masks``);
-- ``embedding_dim``: a learned input for featureless graphs (``EmbeddingInput``).
+- ``embedding_dim``: a learned input for featureless graphs (``EmbeddingInput``), its rows
+  drawn by node id (``initial_embedding``) and trained by a sparse optimizer
+  (``embedding_optimizer``, ``embedding_lr``) beside the dense parameters' Adam
+  (``optimizer``): on one process an ``nn.Embedding(sparse=True)`` with torch's
+  ``SparseAdam`` / ``Adagrad``, on P workers ``sarc.distributed.Embedding`` sharded with
+  the partition, whose optimizers are those, exactly.
 """
 from __future__ import annotations
 
@@ -15,8 +20,15 @@ import torch
 from torch import nn
 
 from ..errors import SarcError
+from ..sampling.draws import EMBEDDING_INIT, uniform_rows
 
 SPLITS = ("train", "val", "test")
+
+EMBEDDING_OPTIMIZERS = ("sparse_adam", "sparse_adagrad")
+"""``embedding_optimizer``: torch's ``SparseAdam``, or ``Adagrad`` on sparse gradients."""
+
+EMBEDDING_SCALE = 1.0
+"""A learned input's initial values are uniform in (-EMBEDDING_SCALE, EMBEDDING_SCALE)."""
 
 
 class TrainError(SarcError):
@@ -50,18 +62,99 @@ def labeled_masks(label: torch.Tensor, train: torch.Tensor, val: torch.Tensor,
     return {k: m.to(torch.bool) & labeled for k, m in zip(SPLITS, (train, val, test))}
 
 
-class EmbeddingInput(nn.Module):
-    """A learned ``[num_nodes, dim]`` input for graphs without node features."""
+def initial_embedding(keys: torch.Tensor, dim: int, seed: int, scale: float,
+                      dtype: torch.dtype = torch.float32, chunk: int = 1 << 14) -> torch.Tensor:
+    """[len(keys), dim] initial rows, uniform in (-scale, scale): row i a pure function of
+    (seed, keys[i]), so a worker draws its nodes' rows as one process draws the whole table
+    (``keys``: the nodes' original ids). Drawn ``chunk`` rows at a time."""
+    keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
+    out = torch.empty(keys.numel(), dim, dtype=dtype)
+    for a in range(0, keys.numel(), chunk):
+        u = uniform_rows(keys[a:a + chunk], dim, seed, EMBEDDING_INIT)
+        out[a:a + chunk] = u.mul_(2.0).sub_(1.0).mul_(scale)
+    return out
 
-    def __init__(self, model: nn.Module, num_nodes: int, dim: int):
+
+class EmbeddingInput(nn.Module):
+    """A learned ``[num_nodes, dim]`` input for graphs without node features.
+
+    ``table``: the rows (default: an ``nn.Embedding(sparse=True)`` drawn by
+    ``initial_embedding`` from ``seed``); a worker passes its shard of the table
+    (``sarc.distributed.Embedding``), looked up by global row ids. Its gradient is sparse:
+    the rows a step reads. ``optimizer`` steps it with the sparse optimizer the
+    hyperparameters name."""
+
+    def __init__(self, model: nn.Module, num_nodes: int, dim: int, table: nn.Module | None = None,
+                 seed: int = 0):
         super().__init__()
-        self.embedding = nn.Embedding(num_nodes, dim)
+        if table is None:
+            table = nn.Embedding.from_pretrained(
+                initial_embedding(torch.arange(num_nodes), dim, seed, EMBEDDING_SCALE),
+                freeze=False, sparse=True)
+        self.embedding = table
         self.model = model
+        self.num_nodes = num_nodes
 
     def forward(self, g, x, **edge_inputs):
-        return self.model(g, self.embedding.weight, **edge_inputs)
+        return self.on_rows(g, torch.arange(self.num_nodes, device=x.device), **edge_inputs)
 
     def on_rows(self, g, node_ids: torch.Tensor, **edge_inputs):
-        """The model on the embedding's rows of ``node_ids`` (a shard's nodes, a step's
-        input nodes)."""
-        return self.model(g, self.embedding.weight.index_select(0, node_ids), **edge_inputs)
+        """The model on the embedding's rows of ``node_ids`` (global row ids: a shard's
+        nodes, a step's input nodes)."""
+        return self.model(g, self.embedding(node_ids), **edge_inputs)
+
+
+class Optimizers:
+    """The dense parameters' optimizer and an embedding's sparse one, stepped as one (the
+    loop's ``opt``); their states side by side in ``state_dict``."""
+
+    def __init__(self, dense: torch.optim.Optimizer | None, embedding):
+        self.dense, self.embedding = dense, embedding
+
+    def _each(self):
+        return [o for o in (self.dense, self.embedding) if o is not None]
+
+    def zero_grad(self) -> None:
+        for o in self._each():
+            o.zero_grad()
+
+    def step(self) -> None:
+        for o in self._each():
+            o.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dense": None if self.dense is None else self.dense.state_dict(),
+                "embedding": self.embedding.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.dense is not None:
+            self.dense.load_state_dict(state["dense"])
+        self.embedding.load_state_dict(state["embedding"])
+
+
+def embedding_optimizer(table: nn.Module, name: str, lr: float):
+    """The sparse optimizer ``name`` (``EMBEDDING_OPTIMIZERS``) of an embedding table: torch's
+    for an ``nn.Embedding``, the sharded table's own (``sparse_optimizer``) otherwise."""
+    if name not in EMBEDDING_OPTIMIZERS:
+        raise TrainError(f"hyperparameter embedding_optimizer={name!r}: it must be one of "
+                         f"{', '.join(EMBEDDING_OPTIMIZERS)}")
+    if isinstance(table, nn.Embedding):
+        kind = torch.optim.SparseAdam if name == "sparse_adam" else torch.optim.Adagrad
+        return kind(table.parameters(), lr=lr)
+    return table.sparse_optimizer(name, lr)
+
+
+def optimizer(model: nn.Module, hparams: dict[str, Any]):
+    """The run's optimizer: Adam (``lr``, ``weight_decay``) on the dense parameters and, for
+    an embedding input, ``embedding_optimizer`` (learning rate ``embedding_lr``, else
+    ``lr``; no weight decay) on its rows, updating only the rows a step read."""
+    def adam(params):
+        return torch.optim.Adam(params, lr=hparams["lr"], weight_decay=hparams["weight_decay"])
+    if not isinstance(model, EmbeddingInput):
+        return adam(model.parameters())
+    table = {id(p) for p in model.embedding.parameters()}
+    dense = [p for p in model.parameters() if id(p) not in table]
+    lr = hparams.get("embedding_lr") or hparams["lr"]
+    return Optimizers(adam(dense) if dense else None,
+                      embedding_optimizer(model.embedding,
+                                          hparams.get("embedding_optimizer", "sparse_adam"), lr))

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..sampling.negative import NEGATIVE_SAMPLERS, eval_negatives, train_negatives
-from .inputs import EmbeddingInput, TrainError
+from .inputs import EmbeddingInput, TrainError, optimizer
 from .loop import Batch, Reduction, forward
 
 HITS_AT = (10, 50, 100)
@@ -328,9 +328,9 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
         src, dst = add_self_loops(src, dst, data.num_nodes)
     g = Graph.from_edges(src, dst, data.num_nodes).to(device)
     seed_all(seed)
-    model = placed(build(spec, data, hp), device, backend)
+    model = placed(build(spec, data, hp, seed=seed), device, backend)
     scorer_of(model)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = optimizer(model, hp)
     say = log or (lambda s: None)
     say(f"sarc train: {spec.name}, link prediction on {data.name} ({data.num_nodes} nodes; "
         f"{split.train.shape[1]} / {split.val.shape[1]} / {split.test.shape[1]} train / val / "

@@ -64,7 +64,7 @@ class Batch:
     label: torch.Tensor                 # of the output rows
     masks: dict[str, torch.Tensor]      # "train" / "val" / "test": labeled output rows
     train_total: int                    # the step's training nodes over all workers
-    node_ids: torch.Tensor | None = None  # the input rows' node ids; None: every node, in order
+    node_ids: torch.Tensor | None = None  # the input rows' global ids; None: every node, in order
 
 
 class StepSource(Protocol):

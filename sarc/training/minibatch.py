@@ -18,8 +18,9 @@ layer call runs on block k, a ``Graph`` on one process or a ``DistGraph`` on P w
 seeds' cross-entropies divided by the step's seeds over all workers.
 
 Nothing is fetched for a step: the sampler hands each worker the seeds it owns and
-makes its local rows of every block its own nodes, so the input rows (features, node
-ids for an embedding) and the seeds' labels are rows of the worker's shard; remote
+makes its local rows of every block its own nodes, so the input rows (features, the
+global ids of an embedding input's rows) and the seeds' labels are rows of the worker's
+shard; remote
 input rows cross in the first layer's exchange, as in full-batch training. The next
 step is sampled in a thread while a step computes (``prefetch``): on P workers the
 sampler has a process group of its own (gloo, ids only), so its exchanges never
@@ -325,7 +326,7 @@ class MiniBatchSteps:
         return Batch(graph, self.rows.x.index_select(0, inputs), edge_inputs,
                      self.rows.label.index_select(0, seeds),
                      {"train": torch.ones_like(none), "val": none, "test": none},
-                     train_total=total, node_ids=mb.blocks[0].shard.orig_node_ids.to(x_dev))
+                     train_total=total, node_ids=mb.input_nodes.to(x_dev))
 
     def evaluation(self) -> Iterable[Batch]:
         return (self.eval_batch,)
