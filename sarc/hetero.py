@@ -119,7 +119,7 @@ def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggreg
             return stacked.sum(0)
         if aggregate == "mean":
             return stacked.mean(0)
-        return stacked.amax(0) if aggregate == "max" else stacked.amin(0)
+        return _extremum(stacked, aggregate)
     n = outs[0].shape[0]
     masks = torch.stack([torch.ones(n, dtype=torch.bool, device=outs[0].device) if c is None
                          else c for c in counted])
@@ -134,8 +134,14 @@ def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggreg
     fill = float("-inf") if aggregate == "max" else float("inf")
     picked = torch.where(masks, stacked, torch.full((), fill, dtype=stacked.dtype,
                                                     device=stacked.device))
-    best = picked.amax(0) if aggregate == "max" else picked.amin(0)
+    best = _extremum(picked, aggregate)
     return torch.where(masks.any(0), best, torch.zeros((), dtype=best.dtype, device=best.device))
+
+
+def _extremum(stacked: torch.Tensor, aggregate: str) -> torch.Tensor:
+    """The max (min) over the relations; on a tie the gradient goes to the first relation
+    that attains it, as DGL's ``HeteroGraphConv`` (``torch.max`` over the stacked outputs)."""
+    return (stacked.max(0) if aggregate == "max" else stacked.min(0)).values
 
 
 class TypedInput(nn.Module):

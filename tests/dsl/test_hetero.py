@@ -89,12 +89,13 @@ def reference(conv, src, dst, etype, w, x, ntype):
         else:
             counted.append(ntype == ntype[dst[keep][0]])
     total = torch.zeros_like(outs[0])
-    best = torch.full_like(outs[0], float("-inf"))
+    picked = []
     count = torch.zeros(n)
     for o, c in zip(outs, counted):
         total = total + torch.where(c.unsqueeze(1), o, torch.zeros(()))
-        best = torch.maximum(best, torch.where(c.unsqueeze(1), o, torch.full((), float("-inf"))))
+        picked.append(torch.where(c.unsqueeze(1), o, torch.full((), float("-inf"))))
         count = count + c.float()
+    best = torch.stack(picked).max(0).values  # ties: the first relation, as DGL
     if conv.aggregate == "sum":
         return total
     if conv.aggregate == "mean":
