@@ -30,6 +30,7 @@ from torch import nn
 from .dsl import Layer
 from .errors import DSLError, GraphError
 from .graph import Graph
+from .trace import user_loc
 
 AGGREGATES = ("sum", "mean", "max", "min")
 """How ``HeteroConv`` combines the relations' outputs at a destination node."""
@@ -53,18 +54,19 @@ class HeteroConv(nn.Module):
         super().__init__()
         if aggregate not in AGGREGATES:
             raise DSLError(f"HeteroConv: unknown aggregate {aggregate!r}; the aggregates: "
-                           f"{', '.join(AGGREGATES)}")
+                           f"{', '.join(AGGREGATES)}", user_loc())
         if not layers:
-            raise DSLError("HeteroConv needs at least one relation's layer")
+            raise DSLError("HeteroConv needs at least one relation's layer", user_loc())
         self.aggregate = aggregate
         ids: dict[int, Layer] = {}
         for key, layer in layers.items():
             rid = _relation_id(key, relations)
             if rid in ids:
-                raise DSLError(f"HeteroConv: relation {_named(rid, relations)} is given twice")
+                raise DSLError(f"HeteroConv: relation {_named(rid, relations)} is given twice",
+                               user_loc())
             if not isinstance(layer, Layer):
                 raise DSLError(f"HeteroConv: the layer of relation {_named(rid, relations)} is "
-                               f"a {type(layer).__name__}, not a sarc.Layer")
+                               f"a {type(layer).__name__}, not a sarc.Layer", user_loc())
             ids[rid] = layer
         self.relation_ids = tuple(ids)
         self.relation_names = tuple(relations) if relations is not None else None
@@ -76,17 +78,18 @@ class HeteroConv(nn.Module):
         for rid in self.relation_ids:
             fn = self.layers[str(rid)].trace()
             if len(fn.outputs) != 1:
+                names = ", ".join(k for k, _ in fn.outputs)
                 raise DSLError(f"HeteroConv: the layer of relation {self._name(rid)} has "
-                               f"{len(fn.outputs)} outputs ({', '.join(k for k, _ in fn.outputs)}); "
-                               f"a relation's layer returns one value per node")
-            shapes[rid] = tuple(fn[fn.outputs[0][1]].type.shape)
+                               f"{len(fn.outputs)} outputs ({names}); a relation's layer "
+                               f"returns one value per node", user_loc())
+            shapes[rid] = tuple(fn[fn.outputs[0][1]].type.feat)
         first = self.relation_ids[0]
         for rid, shape in shapes.items():
             if shape != shapes[first]:
                 raise DSLError(f"HeteroConv: aggregate {self.aggregate!r} combines outputs of one "
                                f"shape, but relation {self._name(first)}'s layer returns "
                                f"{list(shapes[first])} per node and relation {self._name(rid)}'s "
-                               f"{list(shape)}")
+                               f"{list(shape)}", user_loc())
 
     def _name(self, rid: int) -> str:
         return _named(rid, self.relation_names)
@@ -158,11 +161,12 @@ class TypedInput(nn.Module):
     def __init__(self, in_widths: Mapping[int, int], out_feats: int, bias: bool = True):
         super().__init__()
         if not in_widths:
-            raise DSLError("TypedInput needs the input width of at least one node type")
+            raise DSLError("TypedInput needs the input width of at least one node type",
+                           user_loc())
         for t, w in in_widths.items():
             if not isinstance(t, int) or t < 0 or not isinstance(w, int) or w < 1:
                 raise DSLError(f"TypedInput: node type {t!r} has width {w!r}; node types are "
-                               f"ints >= 0 and widths ints >= 1")
+                               f"ints >= 0 and widths ints >= 1", user_loc())
         self.in_widths = dict(in_widths)
         self.out_feats = out_feats
         self.lins = nn.ModuleDict({str(t): nn.Linear(w, out_feats, bias=bias)
@@ -175,10 +179,10 @@ class TypedInput(nn.Module):
         present = torch.unique(ntype).tolist()
         unknown = [t for t in present if t not in self.in_widths]
         if unknown:
-            raise GraphError(f"TypedInput: node type{'s' * (len(unknown) > 1)} "
-                             f"{', '.join(map(str, unknown))} {'have' if len(unknown) > 1 else 'has'} "
-                             f"no input width (widths are given for types "
-                             f"{', '.join(map(str, sorted(self.in_widths)))})")
+            given = ", ".join(map(str, sorted(self.in_widths)))
+            raise GraphError(f"TypedInput: no input width for node type "
+                             f"{', '.join(map(str, unknown))} (widths are given for types "
+                             f"{given})")
         out = x.new_zeros(x.shape[0], self.out_feats)
         for t in present:
             w = self.in_widths[t]
@@ -304,18 +308,18 @@ def _all_reduce(g, t: torch.Tensor, op: str) -> None:
 def _relation_id(key, names: Sequence[str] | None) -> int:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise DSLError(f"HeteroConv: a relation is an edge type id (int) or name (str), "
-                       f"got {key!r}")
+                       f"got {key!r}", user_loc())
     if isinstance(key, str):
         if names is None:
             raise DSLError(f"HeteroConv: relation {key!r} is a name, but no relations=[...] "
-                           f"(the edge types' names, in id order) was given")
+                           f"(the edge types' names, in id order) was given", user_loc())
         if key not in names:
             raise DSLError(f"HeteroConv: relation {key!r} is not one of the {len(names)} "
-                           f"relation names given")
+                           f"relation names given", user_loc())
         return list(names).index(key)
     if key < 0 or (names is not None and key >= len(names)):
         bound = f" (relations 0..{len(names) - 1})" if names is not None else ""
-        raise DSLError(f"HeteroConv: relation id {key} is out of range{bound}")
+        raise DSLError(f"HeteroConv: relation id {key} is out of range{bound}", user_loc())
     return key
 
 
