@@ -335,7 +335,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
               run=run, log=log, log_every=log_every, line=line)
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
-                 "num_nodes": data.num_nodes, "num_etypes": data.num_etypes}
+                 "num_nodes": data.num_nodes, "num_etypes": data.num_etypes,
+                 "num_ntypes": data.num_ntypes}
         save_selected(save, selection, run=run, hparams=hp, sizes=sizes)
     best = selection.best
     return {

@@ -356,7 +356,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     say(format_report(workers))
     if rank == 0 and cfg.save_path:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
-                 "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
+                 "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes,
+                 "num_ntypes": data.num_ntypes}
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
