@@ -96,6 +96,10 @@ class HeteroConv(nn.Module):
 
     def forward(self, g, *args, etype: torch.Tensor, ntype: torch.Tensor | None = None,
                 **feats):
+        unread = [k for k in feats if not any(k in m._sarc_edge or k in m._sarc_node
+                                              for m in self.layers.values())]
+        if unread:
+            raise GraphError(f"HeteroConv: no relation's layer reads {', '.join(unread)}")
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names)
         outs, counted = [], []
         for rid in self.relation_ids:
@@ -105,10 +109,6 @@ class HeteroConv(nn.Module):
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
             outs.append(layer(sub, *args, **mine))
             counted.append(rel.counted(rid))
-        unread = [k for k in feats if not any(k in m._sarc_edge or k in m._sarc_node
-                                              for m in self.layers.values())]
-        if unread:
-            raise GraphError(f"HeteroConv: no relation's layer reads {', '.join(unread)}")
         return combine(outs, counted, self.aggregate)
 
 
