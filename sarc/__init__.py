@@ -8,9 +8,11 @@ from .dsl import (INDEX, Feature, Layer, TypedLinear, edge_softmax, glorot_, max
                   min, sum)
 from .errors import DSLError, GraphError, SarcError
 from .graph import Graph
+from .hetero import HeteroConv, TypedInput
 from .trace import concat, dropout, elu, leaky_relu, linear
 from .version import __version__
 
 __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "max", "min",
-           "edge_softmax", "dropout", "leaky_relu", "elu", "concat", "linear", "glorot_",
+           "edge_softmax", "HeteroConv", "TypedInput", "dropout", "leaky_relu", "elu", "concat",
+           "linear", "glorot_",
            "DSLError", "GraphError", "SarcError", "load_trained"]

@@ -481,7 +481,8 @@ def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
     """Write a trained model: its weights, and what ``load_trained`` rebuilds it from.
 
     ``sizes``: ``in_feats`` (0 for a featureless graph), ``num_classes``,
-    ``num_nodes``, ``num_etypes``, the arguments ``build_model`` was called with.
+    ``num_nodes``, ``num_etypes`` (and ``num_ntypes`` for a graph of node types), the
+    arguments ``build_model`` was called with.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -524,7 +525,9 @@ def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
     shape_only = Dataset(saved["dataset"], int(s["num_nodes"]), empty, empty,
                          torch.zeros(0, int(s["in_feats"])), empty, empty.bool(), empty.bool(),
                          empty.bool(), int(s["num_classes"]),
-                         etype=empty if s["num_etypes"] else None, num_etypes=int(s["num_etypes"]))
+                         etype=empty if s["num_etypes"] else None, num_etypes=int(s["num_etypes"]),
+                         ntype=empty if s.get("num_ntypes") else None,
+                         num_ntypes=int(s.get("num_ntypes", 0)))
     model = build(spec, shape_only, hp)
     try:
         model.load_state_dict(saved["state_dict"])

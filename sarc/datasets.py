@@ -9,7 +9,10 @@ graphs of any size for benchmarks and tests, deterministic given a seed.
 Every dataset is a ``Dataset``: a directed edge list (an undirected edge is
 stored in both directions), node features (``[N, 0]`` when the graph has none),
 labels (``-1`` = unlabeled), train / val / test masks, and for relational
-graphs an edge type per edge.
+graphs an edge type per edge; for heterogeneous graphs a node type per node
+(``ntype``), whose features of different widths are padded with zeros to the
+widest in ``feat`` (``sarc.TypedInput`` reads each type's own columns). AIFB's node
+types are derived from its ``node_is_literal`` array (``AIFB_NODE_TYPES``).
 
 A dataset read from a file or built from arrays (``Dataset.from_arrays``) is
 checked first (``check_arrays``), so a bad file stops with an error naming the
@@ -41,8 +44,14 @@ FILE_NAMES = {"pubmed": ("pubmed.npz", "pubmed_nofeat.npz")}
 
 MASKS = ("train_mask", "val_mask", "test_mask")
 DATASET_KEYS = ("edge_src", "edge_dst", "label", *MASKS)
-"""The arrays every dataset holds; ``feat``, ``num_nodes``, ``num_classes``, ``etype`` and
-``num_etypes`` are optional (no features; the sizes are then inferred from the arrays)."""
+"""The arrays every dataset holds; ``feat``, ``num_nodes``, ``num_classes``, ``etype``,
+``num_etypes``, ``ntype`` and ``num_ntypes`` are optional (no features; the sizes are then
+inferred from the arrays)."""
+
+AIFB_NODE_TYPES = ("entity", "literal")
+"""AIFB's node types: an RDF entity (a URI or blank node: a subject, or an object that is
+not a literal) or a literal (a string or number, only ever an object), from the file's
+``node_is_literal``; every relation's destinations are of one of the two."""
 
 UNLABELED = -1
 """The label of a node without a class."""
@@ -74,6 +83,8 @@ class Dataset:
     num_classes: int
     etype: torch.Tensor | None = None  # [E] int64 edge type (relational graphs)
     num_etypes: int = 0
+    ntype: torch.Tensor | None = None  # [N] int64 node type (heterogeneous graphs)
+    num_ntypes: int = 0
     checked: bool = field(default=False, repr=False)
     """Built by ``from_arrays`` (``load_dataset``, the generators): the arrays passed
     ``check_arrays``; ``sarc.train`` checks a dataset built otherwise before using it."""
@@ -92,6 +103,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         rel = f", num_etypes={self.num_etypes}" if self.etype is not None else ""
+        rel += f", num_ntypes={self.num_ntypes}" if self.ntype is not None else ""
         return (f"Dataset({self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
                 f"num_features={self.num_features}, num_classes={self.num_classes}{rel}, "
                 f"train/val/test={int(self.train_mask.sum())}/{int(self.val_mask.sum())}/"
@@ -107,8 +119,10 @@ class Dataset:
         t = {k: torch.from_numpy(np.ascontiguousarray(a[k]))
              for k in ("edge_src", "edge_dst", "feat", "label", *MASKS)}
         etype = torch.from_numpy(np.ascontiguousarray(a["etype"])) if "etype" in a else None
+        ntype = torch.from_numpy(np.ascontiguousarray(a["ntype"])) if "ntype" in a else None
         return Dataset(name=name, num_nodes=a["num_nodes"], num_classes=a["num_classes"],
                        etype=etype, num_etypes=a["num_etypes"] if etype is not None else 0,
+                       ntype=ntype, num_ntypes=a["num_ntypes"] if ntype is not None else 0,
                        checked=True, **t)
 
 
@@ -118,6 +132,8 @@ def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
                                                              "num_classes")}
     if data.etype is not None:
         arrays.update(etype=data.etype, num_etypes=data.num_etypes)
+    if data.ntype is not None:
+        arrays.update(ntype=data.ntype, num_ntypes=data.num_ntypes)
     return Dataset.from_arrays(arrays, name=data.name, check=check)
 
 
@@ -133,7 +149,8 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
     ``[E]`` ids in ``[0, N)``; ``label`` integer ``[N]`` in ``0 .. C-1`` or ``-1``
     (unlabeled); each mask ``[N]`` boolean, or integers that are all 0 or 1 (read as
     False / True; anything else, such as node ids, is refused); ``feat`` numeric
-    ``[N, F]`` without NaN or Inf; ``etype`` integer ``[E]`` in ``[0, num_etypes)``. N,
+    ``[N, F]`` without NaN or Inf; ``etype`` integer ``[E]`` in ``[0, num_etypes)``; ``ntype``
+    integer ``[N]`` in ``[0, num_ntypes)``. N,
     C and the number of edge types are the file's ``num_nodes``, ``num_classes`` and
     ``num_etypes``, or else inferred (the label count, the largest label or edge type
     + 1). The result holds ``num_nodes``, ``num_classes`` and ``num_etypes`` as ints.
@@ -201,6 +218,15 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         if check:
             _in_range(etype, "etype", 0, r, "num_etypes", "edge", fail)
         out["etype"], out["num_etypes"] = etype, r
+
+    if "ntype" in out:
+        ntype = _int_vector(out["ntype"], "ntype", "node types", fail, length=n)
+        if "num_ntypes" in out:
+            t = _count(out["num_ntypes"], "num_ntypes", fail, low=1)
+        else:
+            t = int(ntype.max()) + 1 if ntype.size else 0
+        _in_range(ntype, "ntype", 0, t, "num_ntypes", "node", fail)
+        out["ntype"], out["num_ntypes"] = ntype, t
     else:
         out["num_etypes"] = 0
     return out
@@ -327,6 +353,9 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     path = dataset_path(name, root)
     arrays = read_npz(path)
     name = str(arrays["name"]) if "name" in arrays else Path(path).stem
+    if "node_is_literal" in arrays and "ntype" not in arrays:  # AIFB: AIFB_NODE_TYPES
+        arrays.update(ntype=np.asarray(arrays["node_is_literal"]).astype(np.int64),
+                      num_ntypes=np.int64(len(AIFB_NODE_TYPES)))
     return Dataset.from_arrays(arrays, name=name, source=str(path), check=check)
 
 

@@ -402,9 +402,12 @@ def edge_inputs_for(model: nn.Module, carried: Mapping[str, Any]) -> dict[str, A
     """The edge features of ``carried`` (what a graph or partition holds) that ``model``
     reads: those its sarc layers declare and its ``forward`` takes by name. A trainer calls
     ``model(g, x, **edge_inputs_for(model, carried))``, so an edge feature a partition
-    happens to carry (``etype``) never reaches a model that does not read it."""
+    happens to carry (``etype``) never reaches a model that does not read it. A module
+    that is not a layer names what it reads in ``sarc_inputs`` (``sarc.HeteroConv``:
+    ``etype`` and the node types ``ntype``)."""
     import inspect
     declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
+    declared += [k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())]
     params = inspect.signature(model.forward).parameters.values()
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}

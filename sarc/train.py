@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
 """The trainer's hyperparameters and their defaults; a model's ``HPARAMS`` override them."""
 
 
-DATASET_FACTS = ("num_nodes", "num_etypes")
+DATASET_FACTS = ("num_nodes", "num_etypes", "num_ntypes")
 """What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
 
 
@@ -186,6 +186,8 @@ def prepare(data: Dataset, hparams: dict[str, Any], model: nn.Module | None = No
         if model is None:
             check_self_loops(edge_inputs, f"the relational graph {data.name}")
         src, dst, edge_inputs = add_self_loops_with_data(src, dst, data.num_nodes, edge_inputs)
+    if model is not None and data.ntype is not None:  # node types, to a model that reads them
+        edge_inputs = {**edge_inputs, **edge_inputs_for(model, {"ntype": data.ntype})}
     g = Graph.from_edges(src, dst, data.num_nodes)
     masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
     return Prepared(g, node_features(data.feat, hparams), edge_inputs, data.label, masks)
@@ -204,9 +206,10 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
                              f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
                              f"embedding as the model's input")
         in_feats = int(emb)
+    types = {"num_ntypes": data.num_ntypes} if data.ntype is not None else {}
     try:
         model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
-                                 num_etypes=data.num_etypes, **hparams)
+                                 num_etypes=data.num_etypes, **types, **hparams)
     except SarcError:
         raise
     except Exception as e:  # the model file's code, on the user's hyperparameters
@@ -355,7 +358,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
               run=run, log=log, log_every=log_every, line=line)
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
-                 "num_nodes": data.num_nodes, "num_etypes": data.num_etypes}
+                 "num_nodes": data.num_nodes, "num_etypes": data.num_etypes,
+                 "num_ntypes": data.num_ntypes}
         save_selected(save, selection, run=run, hparams=hp, sizes=sizes)
     best = selection.best
     return {
@@ -376,6 +380,9 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     """``config``'s steps on one process: the graph as one part, sampled on the CPU, each
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
+    if "ntype" in prep.edge_inputs:
+        raise TrainError(f"{config.mode} mode: the model reads node types (sarc.HeteroConv, "
+                         f"sarc.TypedInput), which train full-batch only (--mode full)")
     on_cpu = {k: v.cpu() for k, v in prep.edge_inputs.items()}  # sampled on the CPU
     shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
                               self_loops=hp["self_loops"])

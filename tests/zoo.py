@@ -5,6 +5,7 @@ import torch
 from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
+from hetero_sage import SAGELayer as HeteroSAGELayer
 from rgcn import RGCNLayer
 from sage import SAGELayer
 from sage_lp import SAGELayer as LinkSAGELayer
@@ -19,6 +20,7 @@ LAYERS = {
     "gcn_nobias": lambda d: GCNLayer(d, 3, bias=False),
     "sage": lambda d: SAGELayer(d, 5),
     "sage_lp": lambda d: LinkSAGELayer(d, 4),  # link prediction's encoder layer
+    "hetero_sage": lambda d: HeteroSAGELayer(d, 5),  # a relation's layer of HeteroConv
     "gat_1head": lambda d: GATLayer(d, 5, heads=1),
     "gat_4heads_concat": lambda d: GATLayer(d, 3, heads=4),
     "gat_4heads_mean": lambda d: GATLayer(d, 3, heads=4, concat=False),

@@ -85,6 +85,8 @@ def partition_command(args) -> int:
         node_data = {"feat": ds.feat, "label": ds.label, "train_mask": ds.train_mask,
                      "val_mask": ds.val_mask, "test_mask": ds.test_mask}
         edge_data = {"etype": ds.etype} if ds.etype is not None else {}
+        if ds.ntype is not None:
+            node_data["ntype"] = ds.ntype
     method, seed = args.method or "metis", args.seed or 0
     with _progress_bar(3 + args.parts) as progress:
         pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,

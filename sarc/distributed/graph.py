@@ -106,6 +106,27 @@ class DistGraph:
         from .schedule import run_layer
         return run_layer(layer, self, args, feats)
 
+    def edge_subgraph(self, keep: torch.Tensor) -> "DistGraph":
+        """The DistGraph of the edges ``keep`` marks (bool, this DistGraph's edge order), over
+        the same nodes, in the same group (collective: every worker, in the same order). Its
+        layers exchange only the rows those edges read, normalize by the sub-graph's degrees
+        (``sarc.distributed.relations``), count bytes in this graph's counter, and their
+        programs join this graph's (plans, predicted bytes, memory shares)."""
+        from .relations import edge_subshard
+        if self.mode != "full":
+            raise DistError(f"a sub-graph of edges runs on a full-graph DistGraph, not on a "
+                            f"{self.mode} step's block")
+        if keep.shape != (self.num_edges,):
+            raise DistError(f"an edge mask has one entry per edge of the DistGraph "
+                            f"({self.num_edges}), got shape {list(keep.shape)}")
+        sub = DistGraph(edge_subshard(self.shard, keep, self.exchanger), self.group,
+                        exec_mode=self.exec_mode, mem_budget=self.mem_budget,
+                        baseline=self.baseline, timeout=self.exchanger.timeout,
+                        counter=self.counter, chunk_rows=self.chunk_rows, mode=self.mode)
+        sub.programs, sub.layer_names = self.programs, self.layer_names
+        sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
+        return sub
+
     def share_memory(self, model) -> None:
         """Share the memory budget over a whole step of ``model`` (before its first step)."""
         from .schedule import share_memory

@@ -79,6 +79,8 @@ def partition_dataset(args, out: Path) -> str:
         from .link import partition_link_dataset
         return partition_link_dataset(args, data, out, node_data)
     edge_data = {"etype": data.etype} if data.etype is not None else {}
+    if data.ntype is not None:
+        node_data["ntype"] = data.ntype
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
                            method=args.method, node_data=node_data, edge_data=edge_data,
                            seed=args.seed)

@@ -76,6 +76,7 @@ class WorkerData:
     num_features: int
     num_classes: int
     num_etypes: int
+    num_ntypes: int = 0       # node types (0: the partition has no ntype)
 
     def to(self, device) -> "WorkerData":
         """The rows, labels and masks on ``device`` (the counts and sizes are host data)."""
@@ -99,10 +100,13 @@ def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData
     local = torch.tensor([int(masks["train"].sum()), int(masks["val"].sum()),
                           int(masks["test"].sum())], dtype=torch.int64, device=dev)
     dist.all_reduce(local, group=group)
+    ntype = nd.get("ntype")
     maxes = torch.tensor([int(label.max()) if label.numel() else -1,
-                          max((int(t.max()) for t in etype if t.numel()), default=-1)],
+                          max((int(t.max()) for t in etype if t.numel()), default=-1),
+                          int(ntype.max()) if ntype is not None and ntype.numel() else -1],
                          dtype=torch.int64, device=dev)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
     counts = dict(zip(("train", "val", "test"), local.cpu().tolist()))
     return WorkerData(x, label, masks, counts, int(x.shape[1]), int(maxes[0]) + 1,
-                      int(maxes[1]) + 1 if etype else 0)
+                      int(maxes[1]) + 1 if etype else 0,
+                      int(maxes[2]) + 1 if ntype is not None else 0)

@@ -407,6 +407,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
                    baseline=cfg.baseline, timeout=timeout, counter=counter)
     edge_inputs = {k: dg.edge_data(k) for k in reads}
+    if "ntype" in shard.ndata:  # node types, to a model that reads them (its local rows)
+        edge_inputs.update(edge_inputs_for(model, {"ntype": shard.ndata["ntype"]}))
 
     broadcast_parameters(model, group)
     dg.share_memory(model)  # the memory budget is the whole step's, shared by its layers
@@ -433,6 +435,10 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             return (epoch_line(*progress, of=last) +
                     f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
     else:
+        if "ntype" in edge_inputs:
+            raise TrainError(f"{cfg.minibatch.mode} mode: the model reads node types "
+                             f"(sarc.HeteroConv, sarc.TypedInput), which train full-batch "
+                             f"only (--mode full)")
         blocks = BlockGraphs(group, cfg.minibatch.mode, device, layers=sarc_layers(model),
                              exec_mode=cfg.exec_mode,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
@@ -488,7 +494,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if rank == 0 and cfg.save_path:
         best["state"] = selected  # the selected state, its sharded embedding whole
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
-                 "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes}
+                 "num_nodes": shard.num_nodes, "num_etypes": data.num_etypes,
+                 "num_ntypes": data.num_ntypes}
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
@@ -569,7 +576,8 @@ def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int,
     empty = torch.zeros(0, dtype=torch.int64)
     stub = Dataset("partitioned", num_nodes, empty, empty, torch.zeros(0, data.num_features),
                    empty, empty.bool(), empty.bool(), empty.bool(), data.num_classes,
-                   etype=empty if data.num_etypes else None, num_etypes=data.num_etypes)
+                   etype=empty if data.num_etypes else None, num_etypes=data.num_etypes,
+                   ntype=empty if data.num_ntypes else None, num_ntypes=data.num_ntypes)
     from ..train import build
     return build(spec, stub, hp, table=table)
 

@@ -1,0 +1,327 @@
+"""Heterogeneous graphs as a homogeneous graph with an edge type per edge (``etype``)
+and, optionally, a node type per node (``ntype``).
+
+- ``HeteroConv({relation: layer, ...}, aggregate="sum")`` is DGL's ``HeteroGraphConv``:
+  each relation's layer (any ``sarc.Layer``) runs on that relation's sub-graph alone
+  (the edges whose ``etype`` is the relation, over the same nodes), and the outputs are
+  combined per destination node by ``sum``, ``mean``, ``max`` or ``min``.
+- ``TypedInput({ntype: in_width, ...}, out_width)`` projects each node type's features
+  (of its own width, the first columns of a zero-padded matrix) to one width.
+
+A relation's sub-graph has its own degrees (``dst.in_degree``, ``src.out_degree``,
+``sarc.mean``'s counts are the relation's, as DGL computes them on a relation's graph).
+On a ``sarc.distributed.DistGraph`` it is a ``DistGraph`` of its own
+(``DistGraph.edge_subgraph``): a relation's layer exchanges only the rows its edges
+read, planned on the relation's shard statistics. Sub-graphs are built on a graph's
+first call with an ``etype`` tensor and kept with the graph.
+
+As in DGL, a relation counts for the nodes of its destination type: with ``ntype``, the
+type every one of its destinations has (one per relation; its layer's output on nodes
+of other types is left out); without, every node. A node no relation counts for gets 0.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from .dsl import Layer
+from .errors import DSLError, GraphError
+from .graph import Graph
+from .trace import user_loc
+
+AGGREGATES = ("sum", "mean", "max", "min")
+"""How ``HeteroConv`` combines the relations' outputs at a destination node."""
+
+
+class HeteroConv(nn.Module):
+    """One layer per relation, each on its relation's edges; outputs combined per node.
+
+    ``layers`` maps a relation (an edge type id, or a name of ``relations``, the edge
+    types' names in id order) to a ``sarc.Layer``. Called as
+    ``conv(g, x, etype=etype, ntype=ntype, **features)``: ``x`` (and any positional
+    features) go to every layer; a keyword feature goes to the layers that declare it,
+    an edge feature cut to the relation's edges.
+    """
+
+    sarc_inputs = ("etype", "ntype")
+    """What the trainer hands a model that holds this module (``sarc.dsl.edge_inputs_for``)."""
+
+    def __init__(self, layers: Mapping[int | str, Layer], aggregate: str = "sum", *,
+                 relations: Sequence[str] | None = None):
+        super().__init__()
+        if aggregate not in AGGREGATES:
+            raise DSLError(f"HeteroConv: unknown aggregate {aggregate!r}; the aggregates: "
+                           f"{', '.join(AGGREGATES)}", user_loc())
+        if not layers:
+            raise DSLError("HeteroConv needs at least one relation's layer", user_loc())
+        self.aggregate = aggregate
+        ids: dict[int, Layer] = {}
+        for key, layer in layers.items():
+            rid = _relation_id(key, relations)
+            if rid in ids:
+                raise DSLError(f"HeteroConv: relation {_named(rid, relations)} is given twice",
+                               user_loc())
+            if not isinstance(layer, Layer):
+                raise DSLError(f"HeteroConv: the layer of relation {_named(rid, relations)} is "
+                               f"a {type(layer).__name__}, not a sarc.Layer", user_loc())
+            ids[rid] = layer
+        self.relation_ids = tuple(ids)
+        self.relation_names = tuple(relations) if relations is not None else None
+        self.layers = nn.ModuleDict({str(rid): layer for rid, layer in ids.items()})
+        self._check_widths()
+
+    def _check_widths(self) -> None:
+        shapes = {}
+        for rid in self.relation_ids:
+            fn = self.layers[str(rid)].trace()
+            if len(fn.outputs) != 1:
+                names = ", ".join(k for k, _ in fn.outputs)
+                raise DSLError(f"HeteroConv: the layer of relation {self._name(rid)} has "
+                               f"{len(fn.outputs)} outputs ({names}); a relation's layer "
+                               f"returns one value per node", user_loc())
+            shapes[rid] = tuple(fn[fn.outputs[0][1]].type.feat)
+        first = self.relation_ids[0]
+        for rid, shape in shapes.items():
+            if shape != shapes[first]:
+                raise DSLError(f"HeteroConv: aggregate {self.aggregate!r} combines outputs of one "
+                               f"shape, but relation {self._name(first)}'s layer returns "
+                               f"{list(shapes[first])} per node and relation {self._name(rid)}'s "
+                               f"{list(shape)}", user_loc())
+
+    def _name(self, rid: int) -> str:
+        return _named(rid, self.relation_names)
+
+    def forward(self, g, *args, etype: torch.Tensor, ntype: torch.Tensor | None = None,
+                **feats):
+        unread = [k for k in feats if not any(k in m._sarc_edge or k in m._sarc_node
+                                              for m in self.layers.values())]
+        if unread:
+            raise GraphError(f"HeteroConv: no relation's layer reads {', '.join(unread)}")
+        rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names)
+        outs, counted = [], []
+        for rid in self.relation_ids:
+            layer = self.layers[str(rid)]
+            sub, edges = rel.graphs[rid]
+            mine = {k: (v.index_select(0, edges) if k in layer._sarc_edge else v)
+                    for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
+            outs.append(layer(sub, *args, **mine))
+            counted.append(rel.counted(rid))
+        return combine(outs, counted, self.aggregate)
+
+
+def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggregate: str
+            ) -> torch.Tensor:
+    """The relations' outputs ``outs`` combined per node: over the relations whose
+    ``counted`` mask (bool per node; None: every node) holds the node; 0 where none does."""
+    if all(c is None for c in counted):
+        stacked = torch.stack(outs)
+        if aggregate == "sum":
+            return stacked.sum(0)
+        if aggregate == "mean":
+            return stacked.mean(0)
+        return _extremum(stacked, aggregate)
+    n = outs[0].shape[0]
+    masks = torch.stack([torch.ones(n, dtype=torch.bool, device=outs[0].device) if c is None
+                         else c for c in counted])
+    masks = masks.reshape(*masks.shape, *([1] * (outs[0].dim() - 1)))
+    stacked = torch.stack(outs)
+    if aggregate in ("sum", "mean"):
+        total = torch.where(masks, stacked, torch.zeros((), dtype=stacked.dtype,
+                                                        device=stacked.device)).sum(0)
+        if aggregate == "sum":
+            return total
+        return total / masks.sum(0).clamp_min(1).to(total.dtype)
+    fill = float("-inf") if aggregate == "max" else float("inf")
+    picked = torch.where(masks, stacked, torch.full((), fill, dtype=stacked.dtype,
+                                                    device=stacked.device))
+    best = _extremum(picked, aggregate)
+    return torch.where(masks.any(0), best, torch.zeros((), dtype=best.dtype, device=best.device))
+
+
+def _extremum(stacked: torch.Tensor, aggregate: str) -> torch.Tensor:
+    """The max (min) over the relations; on a tie the gradient goes to the first relation
+    that attains it, as DGL's ``HeteroGraphConv`` (``torch.max`` over the stacked outputs)."""
+    return (stacked.max(0) if aggregate == "max" else stacked.min(0)).values
+
+
+class TypedInput(nn.Module):
+    """Per node type, a linear map of that type's features to ``out_feats``.
+
+    ``in_widths[t]`` is the width of type t's features: the first ``in_widths[t]`` columns
+    of the input rows (a dataset's node features of types of different widths, padded
+    with zeros to the widest). ``forward(x, ntype)`` gives ``[N, out_feats]``:
+    ``x[v, :w_t] @ W_t + b_t`` for a node v of type t.
+    """
+
+    sarc_inputs = ("ntype",)
+
+    def __init__(self, in_widths: Mapping[int, int], out_feats: int, bias: bool = True):
+        super().__init__()
+        if not in_widths:
+            raise DSLError("TypedInput needs the input width of at least one node type",
+                           user_loc())
+        for t, w in in_widths.items():
+            if not isinstance(t, int) or t < 0 or not isinstance(w, int) or w < 1:
+                raise DSLError(f"TypedInput: node type {t!r} has width {w!r}; node types are "
+                               f"ints >= 0 and widths ints >= 1", user_loc())
+        self.in_widths = dict(in_widths)
+        self.out_feats = out_feats
+        self.lins = nn.ModuleDict({str(t): nn.Linear(w, out_feats, bias=bias)
+                                   for t, w in self.in_widths.items()})
+
+    def forward(self, x: torch.Tensor, ntype: torch.Tensor) -> torch.Tensor:
+        if ntype.shape != (x.shape[0],):
+            raise GraphError(f"TypedInput: ntype has shape {list(ntype.shape)}, but x has "
+                             f"{x.shape[0]} rows (one node type per row)")
+        present = torch.unique(ntype).tolist()
+        unknown = [t for t in present if t not in self.in_widths]
+        if unknown:
+            given = ", ".join(map(str, sorted(self.in_widths)))
+            raise GraphError(f"TypedInput: no input width for node type "
+                             f"{', '.join(map(str, unknown))} (widths are given for types "
+                             f"{given})")
+        out = x.new_zeros(x.shape[0], self.out_feats)
+        for t in present:
+            w = self.in_widths[t]
+            if w > x.shape[1]:
+                raise GraphError(f"TypedInput: node type {t}'s features are {w} wide, but x "
+                                 f"has {x.shape[1]} columns")
+            rows = torch.nonzero(ntype == t).squeeze(1)
+            out = out.index_put((rows,), self.lins[str(t)](x.index_select(0, rows)[:, :w]))
+        return out
+
+
+# --- relation sub-graphs ------------------------------------------------------------------
+
+class RelationGraphs:
+    """The sub-graphs of some relations of one graph (and, with node types, the nodes each
+    relation counts for)."""
+
+    def __init__(self, etype: torch.Tensor):
+        self.etype = etype
+        self.graphs: dict[int, tuple] = {}        # relation -> (its graph, its edges' positions)
+        self.dst_type: dict[int, int] = {}        # relation -> its destinations' node type
+        self.ntype: torch.Tensor | None = None    # the node types dst_type was found with
+        self.num_dst = 0
+
+    def counted(self, rid: int) -> torch.Tensor | None:
+        if self.ntype is None:
+            return None
+        return self.ntype[:self.num_dst] == self.dst_type[rid]
+
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
+                    ntype: torch.Tensor | None = None,
+                    names: Sequence[str] | None = None) -> RelationGraphs:
+    """Each of ``relations``' sub-graph of ``g`` (a ``Graph`` or a full-graph
+    ``DistGraph``; on a DistGraph collective), kept with ``g`` for the same ``etype``.
+    A relation without edges in the whole graph, or whose destinations are of several
+    node types, is a ``GraphError``."""
+    if not isinstance(g, Graph) and not hasattr(g, "edge_subgraph"):
+        raise GraphError(f"HeteroConv runs on a sarc.Graph or a worker's full-graph "
+                         f"DistGraph, got {type(g).__name__} (minibatch steps are not "
+                         f"supported)")
+    etype = torch.as_tensor(etype)
+    if etype.shape != (g.num_edges,) or etype.dtype.is_floating_point:
+        raise GraphError(f"HeteroConv: etype must hold an integer edge type per edge "
+                         f"({g.num_edges}), got {etype.dtype} of shape {list(etype.shape)}")
+    entries = _CACHE.setdefault(g, [])
+    rel = next((e for e in entries if e.etype is etype), None)
+    if rel is None:
+        rel = next((e for e in entries if torch.equal(e.etype, etype)), None)
+    if rel is None:
+        rel = RelationGraphs(etype)
+        entries.append(rel)
+    missing = [r for r in relations if r not in rel.graphs]
+    same_types = ntype is rel.ntype or (ntype is not None and rel.ntype is not None
+                                        and torch.equal(ntype, rel.ntype))
+    if missing or not same_types:
+        _find_dst_types(g, rel, etype, relations, ntype, names)
+    for r in missing:
+        keep = etype == r
+        rel.graphs[r] = (_edge_subgraph(g, keep), torch.nonzero(keep).squeeze(1))
+    return rel
+
+
+def _edge_subgraph(g, keep: torch.Tensor):
+    if not isinstance(g, Graph):
+        return g.edge_subgraph(keep)
+    order = torch.empty_like(g.perm)
+    order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
+    src, dst = g.src.index_select(0, order), g.dst.index_select(0, order)  # the input order
+    return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
+                            dst_in_src=g.dst_in_src)
+
+
+def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> None:
+    """Each relation's edge count over the whole graph and its destinations' node types;
+    a relation without edges, or with destinations of two types, is an error."""
+    dst = torch.empty_like(g.dst)
+    dst[g.perm] = g.dst  # each edge's destination, in the graph's edge order
+    num_dst = g.num_dst
+    if ntype is not None:
+        ntype = torch.as_tensor(ntype)
+        if ntype.shape[0] < num_dst or ntype.dim() != 1 or ntype.dtype.is_floating_point:
+            raise GraphError(f"HeteroConv: ntype must hold an integer node type per node "
+                             f"({num_dst}), got {ntype.dtype} of shape {list(ntype.shape)}")
+    top = torch.tensor([int(ntype.max()) if ntype is not None and ntype.numel() else 0],
+                       dtype=torch.int64, device=g.device)
+    _all_reduce(g, top, "max")
+    types = int(top) + 1
+    table = torch.zeros(len(relations), 1 + types, dtype=torch.int64, device=g.device)
+    for i, r in enumerate(relations):
+        at = dst[etype == r]
+        table[i, 0] = at.numel()
+        if ntype is not None:
+            table[i, 1:] = torch.bincount(ntype.index_select(0, at), minlength=types)[:types]
+    _all_reduce(g, table, "sum")
+    for i, r in enumerate(relations):
+        if int(table[i, 0]) == 0:
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the graph "
+                             f"(its edge types are the etype values the edges carry)")
+        if ntype is not None:
+            seen = torch.nonzero(table[i, 1:]).squeeze(1).tolist()
+            if len(seen) > 1:
+                raise GraphError(f"HeteroConv: relation {_named(r, names)} has destinations of "
+                                 f"node types {', '.join(map(str, seen))}; a relation counts for "
+                                 f"the nodes of one type (split it into one edge type per "
+                                 f"destination type)")
+            rel.dst_type[r] = seen[0]
+    rel.ntype, rel.num_dst = ntype, num_dst
+
+
+def _all_reduce(g, t: torch.Tensor, op: str) -> None:
+    """Over the workers of a DistGraph (nothing on a Graph)."""
+    if isinstance(g, Graph):
+        return
+    import torch.distributed as dist
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
+                    group=g.group)
+
+
+def _relation_id(key, names: Sequence[str] | None) -> int:
+    if isinstance(key, bool) or not isinstance(key, (int, str)):
+        raise DSLError(f"HeteroConv: a relation is an edge type id (int) or name (str), "
+                       f"got {key!r}", user_loc())
+    if isinstance(key, str):
+        if names is None:
+            raise DSLError(f"HeteroConv: relation {key!r} is a name, but no relations=[...] "
+                           f"(the edge types' names, in id order) was given", user_loc())
+        if key not in names:
+            raise DSLError(f"HeteroConv: relation {key!r} is not one of the {len(names)} "
+                           f"relation names given", user_loc())
+        return list(names).index(key)
+    if key < 0 or (names is not None and key >= len(names)):
+        bound = f" (relations 0..{len(names) - 1})" if names is not None else ""
+        raise DSLError(f"HeteroConv: relation id {key} is out of range{bound}", user_loc())
+    return key
+
+
+def _named(rid: int, names: Sequence[str] | None) -> str:
+    return f"{rid} ({names[rid]!r})" if names is not None and rid < len(names) else str(rid)
