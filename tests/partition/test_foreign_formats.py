@@ -190,7 +190,7 @@ def _heterogeneous(config):
     (lambda c: _truncate(c.parent / "part0" / "node_feat.dgl"),
      r"part0/node_feat\.dgl: truncated or corrupt DGL tensor file"),
     (lambda c: (c.parent / "part1" / "edge_feat.dgl").unlink(), r"edge_feat\.dgl: .* missing"),
-    (_heterogeneous, "heterogeneous DGL partition"),
+    (_heterogeneous, "node_map has no entry for type 'user'"),
 ])
 def test_dgl_damage_is_named(cora, tmp_path_factory, tmp_path, damage, message):
     require_dgl()
