@@ -237,7 +237,9 @@ def as_index(t, what: str, where) -> torch.Tensor:
 # --- reading foreign .pt files ------------------------------------------------------------
 
 _CONTAINERS = {("collections", "defaultdict"): collections.defaultdict,
-               ("collections", "OrderedDict"): collections.OrderedDict}
+               ("collections", "OrderedDict"): collections.OrderedDict,
+               # a defaultdict's factory (PyG's heterogeneous edge_feats.pt: defaultdict(dict))
+               ("builtins", "dict"): dict, ("__builtin__", "dict"): dict}
 
 
 @functools.cache
