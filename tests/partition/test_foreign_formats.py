@@ -410,7 +410,7 @@ class NotATensor:
     (lambda r: (r / "META.json").write_text("{"), "corrupt PyG metadata"),
     (lambda r: (r / "META.json").write_text(json.dumps({"num_parts": 2, "is_hetero": True,
                                                         "node_types": ["a", "b"]})),
-     "heterogeneous PyG partition"),
+     "PyG's metadata lacks 'edge_types'"),
     (lambda r: shutil.rmtree(r / "part_1"), r"part_1: part 1's directory is missing"),
     (lambda r: (r / "node_map.pt").write_bytes(b"not a torch file"),
      r"node_map\.pt: PyG's node map cannot be read"),
