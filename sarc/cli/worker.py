@@ -18,7 +18,8 @@ from .options import (add_mode_arguments, add_sampling_arguments, check_input_di
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
-    p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
+    p.add_argument("--partition", required=True,
+                   help="the partition set (sarc partition), or a DGL partition's NAME.json")
     add_mode_arguments(p)
     add_sampling_arguments(p)
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
@@ -50,7 +51,9 @@ def check_worker_args(args) -> None:
     check_mode_arguments(args)
     minibatch_config(args)
     check_run_options(args)
-    check_input_dir("--partition", args.partition)
+    from ..partition.source import is_dgl_partition
+    if not is_dgl_partition(args.partition):  # a DGL config is a file, read in place
+        check_input_dir("--partition", args.partition)
 
 
 def worker_command(args) -> None:
