@@ -34,6 +34,7 @@ from ..dsl import edge_inputs_for
 from ..errors import SarcError
 from ..loader import ModelSpec
 from ..partition import open_partition
+from ..partition.dgl_in_place import PeerPartError
 from ..runtime.sharded import ShardedGraph, build_shard
 from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
@@ -92,6 +93,8 @@ def load_shard(path: str, group=None) -> ShardedGraph:
         part = pset.load_part(rank, gather=lambda obj: _all_gather(obj, group))
         shard = build_shard(part, pset.node_offsets, rank)
         record = PartRecord.of(pset, shard)
+    except PeerPartError:
+        pass  # a peer could not read its part: the agreement stops all with its message
     except SarcError as e:
         problem = str(e)
     agree(problem is None, problem or "", group)

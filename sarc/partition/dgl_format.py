@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -416,7 +417,7 @@ def _load_graph(dgl, path: Path):
     try:
         graphs, _ = dgl.load_graphs(str(path))
     except Exception as e:  # DGLError on a corrupt or truncated file
-        raise PartitionError(f"{path}: cannot be read as a DGL graph: {e}") from e
+        raise PartitionError(f"{path}: cannot be read as a DGL graph: {_first_line(e)}") from e
     if len(graphs) != 1:
         raise PartitionError(f"{path}: holds {len(graphs)} graphs, a part file holds one")
     g = graphs[0]
@@ -425,6 +426,13 @@ def _load_graph(dgl, path: Path):
     if missing:
         raise PartitionError(f"{path}: not a DGL partition graph (lacks {', '.join(missing)})")
     return g
+
+
+def _first_line(e: Exception) -> str:
+    """DGL's C++ errors span lines (a stack trace follows): the line that says what failed."""
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+    line = next((l for l in lines if "Check failed" in l or "Error" in l), lines[0])
+    return re.sub(r"^\[[\d:]+\]\s*", "", line)
 
 
 def _load_feats(path: Path, type_names: Sequence[str]) -> dict[str, dict[str, torch.Tensor]]:

@@ -17,8 +17,8 @@ reads every part, in one process):
 2. each owner's out-degree of the rows it sends: the readers learn the
    whole-graph out-degree of their halo.
 
-A worker that cannot read its part says so in the first round, and every
-worker raises with its message.
+A worker that cannot read its part says so in the first round: it raises
+its error, and the others ``PeerPartError``.
 
 The original ids are those of ``orig_nids.pt`` / ``orig_eids.pt`` beside the
 config, as ``--from-dgl`` reads them; without them, DGL's shuffled ids (as
@@ -123,10 +123,17 @@ class DglPartition:
         except SarcError as e:
             mine, said = None, str(e)
         first = gather(("error", said) if mine is None else (mine.halo, mine.halo_edges))
-        for r, got in enumerate(first):
-            if got[0] == "error":
-                raise PartitionError(got[1] if r == p else f"worker {r}: {got[1]}")
+        if said is not None:
+            raise PartitionError(said)
+        failed = [r for r, got in enumerate(first) if got[0] == "error"]
+        if failed:
+            raise PeerPartError(f"worker {failed[0]}: {first[failed[0]][1]}")
         return mine.part(first, gather(mine.sent_degrees(first)), p)
+
+
+class PeerPartError(PartitionError):
+    """Another worker could not read its part (it raises its own error; the run's
+    agreement stops every worker with that one's message)."""
 
 
 def _size(path: Path) -> int | None:
