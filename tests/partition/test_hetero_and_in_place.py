@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from sarc.checkpoint import read_saved
+from sarc.errors import PartitionError
 from sarc.datasets import Dataset
 from sarc.loader import load_model_file
 from sarc.partition import (Part, load_partitions, open_partition, read_dgl_partitions,
@@ -29,7 +30,7 @@ from sarc.partition.foreign import MissingDependencyError
 from sarc.train import train
 
 from dgl_support import require_dgl
-from test_foreign_formats import random_graph
+from test_foreign_formats import random_graph, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,7 +175,7 @@ def test_dgl_in_place_without_dgl_says_to_convert(tmp_path, monkeypatch):
         open_partition(config)
     # a sarc set is never taken for a DGL partition
     (tmp_path / "set").mkdir()
-    with pytest.raises(Exception, match="metadata.json is missing"):
+    with pytest.raises(PartitionError, match="metadata.json is missing"):
         open_partition(tmp_path / "set")
 
 
@@ -200,7 +201,7 @@ def dgl_hetero(tmp_path, num_parts=2):
 
 
 @pytest.mark.dgl
-def test_dgl_heterogeneous_converts_to_the_homogeneous_graph(tmp_path):
+def test_dgl_heterogeneous_converts_to_the_homogeneous_graph(tmp_path, capsys):
     dgl = require_dgl()
     config, g, parts = dgl_hetero(tmp_path)
     graph = read_dgl_partitions(config)
@@ -223,6 +224,11 @@ def test_dgl_heterogeneous_converts_to_the_homogeneous_graph(tmp_path):
     assert types["etypes"] == [":".join(t) for t in g.canonical_etypes]
     assert types["node_data"]["feat"] == {"author": [4], "paper": [6]}
     assert types["node_data"]["label"] == {"paper": []}
+    # the command line says what it made of the types
+    assert run_cli(["--from-dgl", str(config), "--out", str(tmp_path / "cli")]) == 0
+    assert ("node types (3): author, institution, paper; edge types (4): "
+            "author:affiliated_with:institution, author:writes:paper, paper:cites:paper, "
+            "paper:written_by:author (node data ntype, edge data etype)") in capsys.readouterr().out
     # in place, the same parts
     in_place = open_partition(config)
     assert in_place.types["num_etypes"] == 4
