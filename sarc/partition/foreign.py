@@ -20,8 +20,8 @@ node data gains ``ntype`` and the edge data ``etype`` (int64 type ids), and
 ``merge_typed`` joins each type's data of one name into one tensor:
 
 - a type without the data gets a filler row: 0 for floating point data,
-  False for bool (masks), -1 for integers (``label``: unlabeled, so a type
-  without labels is never trained or evaluated on);
+  False for bool (masks), -1 for signed integers (``label``: unlabeled, so a
+  type without labels is never trained or evaluated on), 0 for unsigned ones;
 - floating point data of different widths per type (``feat`` of 128 columns
   for papers, 64 for authors) is zero-padded to the widest, and the width of
   each type is recorded in the set's ``types`` metadata;
@@ -169,7 +169,7 @@ def _join_types(name, rows_of, have, what, where):
                              f"(zero-padded to the widest)")
     dtype = functools.reduce(torch.promote_types, (x.dtype for x in have.values()))
     row = max(widths)
-    fill = {"float": 0, "bool": False, "integer": -1}[kind]
+    fill = {"float": 0, "bool": False, "integer": -1 if dtype.is_signed else 0}[kind]
     out = torch.full((sum(rows_of.values()), *row), fill, dtype=dtype)
     start = 0
     for t, count in rows_of.items():

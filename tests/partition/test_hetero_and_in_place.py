@@ -123,6 +123,36 @@ def rgcn_matches_one_process(tmp_path, converted, dataset):
         assert abs(two[k] - one[k]) <= 1e-6, k
 
 
+# --- joining the types' data -------------------------------------------------------------
+
+def test_merge_typed_pads_fills_and_refuses():
+    from sarc.partition.foreign import merge_typed
+    rows = {"paper": 2, "author": 3, "venue": 1}
+    data, shapes = merge_typed(rows, {
+        "paper": {"feat": torch.ones(2, 3), "label": torch.tensor([4, 5], dtype=torch.int32),
+                  "train_mask": torch.tensor([True, False]),
+                  "flags": torch.tensor([7, 8], dtype=torch.uint8)},
+        "author": {"feat": torch.full((3, 1), 2.0, dtype=torch.float64)}}, "node", "here")
+    assert torch.equal(data["feat"], torch.tensor([[1., 1, 1], [1, 1, 1], [2, 0, 0], [2, 0, 0],
+                                                   [2, 0, 0], [0, 0, 0]], dtype=torch.float64))
+    assert torch.equal(data["label"], torch.tensor([4, 5, -1, -1, -1, -1], dtype=torch.int32))
+    assert torch.equal(data["train_mask"], torch.tensor([True, False, False, False, False, False]))
+    assert torch.equal(data["flags"], torch.tensor([7, 8, 0, 0, 0, 0], dtype=torch.uint8))
+    assert shapes == {"feat": {"paper": [3], "author": [1]}, "flags": {"paper": []},
+                      "label": {"paper": []}, "train_mask": {"paper": []}}
+    for bad, message in (
+            ({"paper": {"x": torch.ones(2)}, "author": {"x": torch.ones(3, 2)}},
+             r"'x' has per-row shapes \[\] in 'paper', \[2\] in 'author'"),
+            ({"paper": {"x": torch.ones(2, 2, 2)}, "author": {"x": torch.ones(3, 2, 3)}},
+             "only floating point features of different widths"),
+            ({"paper": {"x": torch.ones(2)}, "author": {"x": torch.ones(3, dtype=torch.bool)}},
+             "torch.float32 in 'paper', torch.bool in 'author'"),
+            ({"paper": {"x": torch.ones(3)}}, "'x' of type 'paper' has 3 rows for 2 nodes"),
+            ({"paper": {"x": [1, 2]}}, "'x' of type 'paper' is list")):
+        with pytest.raises(PartitionError, match=message):
+            merge_typed(rows, bad, "node", "here")
+
+
 # --- DGL in place -------------------------------------------------------------------------
 
 @pytest.mark.dgl
