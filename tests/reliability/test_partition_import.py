@@ -35,7 +35,7 @@ def write_pyg_hetero(root: Path, feats: dict, *, drop_node: tuple | None = None)
     for t in ntypes:
         torch.save(torch.tensor(PART[t]), root / "node_map" / f"{t}.pt")
     eoff = 0
-    graphs, edge_part = [{}, {}], {}
+    graphs = [{}, {}]
     for et in etypes:
         src, dst = (torch.tensor(x) for x in EDGES[et])
         part = torch.tensor(PART[et[2]])[dst]
