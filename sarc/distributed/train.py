@@ -74,7 +74,8 @@ def agree(ok: bool, message: str, group=None) -> None:
 
 
 def load_shard(path: str, group=None) -> ShardedGraph:
-    """This worker's shard of the partition set at ``path``, checked against the group
+    """This worker's shard of the partition set at ``path`` (or of the DGL partition whose
+    config it is, read in place: ``sarc.partition.dgl_in_place``), checked against the group
     before any exchange: its size is the number of parts, every worker holds a part of the
     same set (graph fingerprint, parts, node ranges, the files' sha256), and the parts fit
     together (``check_parts``)."""
