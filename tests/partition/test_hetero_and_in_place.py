@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sarc_cli(*argv: str) -> subprocess.CompletedProcess:
+    """``sarc ARGV`` as a user runs it (the runs pass ``--timeout 300``: a loaded machine
+    must not stop a worker waiting for a slower peer)."""
     proc = subprocess.run([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, text=True,
                           capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -115,7 +117,7 @@ def direct_dataset(num, graph, feats, label, masks, ntypes, etypes) -> Dataset:
 def rgcn_matches_one_process(tmp_path, converted, dataset):
     out = tmp_path / "two.json"
     sarc_cli("train", "models/rgcn.py", "--partition", str(converted), "--workers", "2",
-             "--epochs", "3", "--json", str(out))
+             "--epochs", "3", "--timeout", "300", "--json", str(out))
     two = json.loads(out.read_text())
     one = train(load_model_file(ROOT / "models/rgcn.py"), dataset, epochs=3, log=None)
     assert abs(two["final_loss"] - one["final_loss"]) <= 1e-4 * one["final_loss"]
@@ -178,7 +180,7 @@ def test_dgl_in_place_trains_as_the_converted_set(tmp_path):
     runs = {}
     for name, partition in (("in_place", config), ("converted", tmp_path / "converted")):
         proc = sarc_cli("train", "models/gcn.py", "--partition", str(partition), "--workers",
-                        "2", "--epochs", "4", "--set", "dropout=0", "--json",
+                        "2", "--epochs", "4", "--set", "dropout=0", "--timeout", "300", "--json",
                         str(tmp_path / f"{name}.json"), "--save", str(tmp_path / f"{name}.pt"))
         runs[name] = (json.loads((tmp_path / f"{name}.json").read_text()),
                       re.findall(r"loss (\d+\.\d+)", proc.stdout),
