@@ -347,7 +347,7 @@ def check_launch(args, partition: str) -> None:
     ``--max-restarts`` times)."""
     from .loader import parse_overrides
     from .loader import load_model_file
-    from .partition import load_partitions
+    from .partition import open_partition
     from .train import DEFAULTS
 
     cfg = checkpoint_config(args)
@@ -355,7 +355,7 @@ def check_launch(args, partition: str) -> None:
         return
     spec = load_model_file(args.model)
     hp = {**DEFAULTS, **spec.hparams, **parse_overrides(args.overrides)}
-    pset = load_partitions(partition, verify=False)
+    pset = open_partition(partition, verify=False)
     read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=args.dataset or "",
                                   graph=pset.fingerprint, world_size=args.workers,
                                   partition=partition_fingerprint(pset)))

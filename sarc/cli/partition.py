@@ -4,7 +4,7 @@
                    [--no-check-data]
     sarc partition --graph FILE.npz --parts 4 --out DIR
     sarc partition --from-dgl DIR/NAME.json --out DIR [--dgl-orig-ids N E | --dgl-shuffled-ids]
-    sarc partition --from-pyg DIR --out DIR [--no-pyg-extras]
+    sarc partition --from-pyg DIR --out DIR [--no-pyg-extras] [--pyg-target-type TYPE]
 
 ``--dataset`` names a dataset of ``sarc.datasets`` (``--data-dir`` for those not
 embedded); ``--graph`` reads an ``.npz`` file with ``edge_src``, ``edge_dst``
@@ -16,7 +16,8 @@ and max / mean.
 ``--from-dgl`` and ``--from-pyg`` convert a partition DGL's
 ``partition_graph`` or PyG's ``Partitioner`` wrote, keeping its parts
 (``dgl_format``, ``pyg_format``): ``--parts``, ``--method`` and ``--seed`` do
-not apply (``--parts``, if given, must match).
+not apply (``--parts``, if given, must match). A heterogeneous partition
+becomes the homogeneous graph with ``ntype`` / ``etype`` ids (``foreign``).
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-pyg-extras", action="store_true",
                    help="do not read the labels and splits PyG's examples keep beside DIR "
                         "(NAME-label/, NAME-train-partitions/, ...)")
+    p.add_argument("--pyg-target-type", metavar="TYPE",
+                   help="a heterogeneous PyG partition: the node type its labels and splits "
+                        "are of (default: the one type with as many nodes as labels)")
     p.set_defaults(func=partition_command)
     return p
 
@@ -109,7 +113,8 @@ def convert_command(args) -> int:
                                     shuffled_ids=args.dgl_shuffled_ids)
     else:
         from ..partition.pyg_format import read_pyg_partitions
-        graph = read_pyg_partitions(args.from_pyg, dataset_extras=not args.no_pyg_extras)
+        graph = read_pyg_partitions(args.from_pyg, dataset_extras=not args.no_pyg_extras,
+                                    target_type=args.pyg_target_type)
     if args.parts is not None and args.parts != graph.num_parts:
         raise UsageError(f"--parts {args.parts}, but {args.from_dgl or args.from_pyg} has "
                          f"{graph.num_parts} parts")
@@ -118,6 +123,10 @@ def convert_command(args) -> int:
           f"{graph.num_parts} parts ({graph.method}"
           + (", DGL's shuffled ids" if graph.source.get("ids") == "dgl-shuffled" else "")
           + ")")
+    if graph.types:
+        t = graph.types
+        print(f"node types ({t['num_ntypes']}): {', '.join(t['ntypes'])}; edge types "
+              f"({t['num_etypes']}): {', '.join(t['etypes'])} (node data ntype, edge data etype)")
     _print_result(pset, graph.node_data, graph.edge_data)
     return 0
 
@@ -148,8 +157,10 @@ def _check_options(args) -> None:
                                ("--dgl-shuffled-ids", args.dgl_shuffled_ids)) if v]
     if dgl_only and not args.from_dgl:
         raise UsageError(f"{', '.join(dgl_only)} only apply with --from-dgl")
-    if args.no_pyg_extras and not args.from_pyg:
-        raise UsageError("--no-pyg-extras only applies with --from-pyg")
+    pyg_only = [f for f, v in (("--no-pyg-extras", args.no_pyg_extras),
+                               ("--pyg-target-type", args.pyg_target_type)) if v]
+    if pyg_only and not args.from_pyg:
+        raise UsageError(f"{', '.join(pyg_only)} only apply with --from-pyg")
 
 
 @contextlib.contextmanager

@@ -95,8 +95,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     add_mode_arguments(p, dist)
     add_sampling_arguments(p, p.add_argument_group("mini-batch training (--mode mfg|sampling)"))
     dist.add_argument("--partition", metavar="DIR",
-                      help="a partition set (sarc partition) with one part per worker; "
-                           "default: partition the dataset into a temporary directory")
+                      help="a partition set (sarc partition) with one part per worker, or the "
+                           "NAME.json of a DGL partition (read in place, with DGL); default: "
+                           "partition the dataset into a temporary directory")
     dist.add_argument("--method", choices=("metis", "random"), default="metis",
                       help="how to partition when no --partition is given (default metis)")
     dist.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")

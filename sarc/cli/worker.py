@@ -19,7 +19,8 @@ from .options import (add_device_arguments, add_embedding_arguments, add_mode_ar
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.py", help="the model file (build_model, HPARAMS)")
-    p.add_argument("--partition", required=True, help="the partition set (sarc partition)")
+    p.add_argument("--partition", required=True,
+                   help="the partition set (sarc partition), or a DGL partition's NAME.json")
     add_mode_arguments(p)
     add_sampling_arguments(p)
     add_device_arguments(p)
@@ -54,7 +55,9 @@ def check_worker_args(args) -> None:
     minibatch_config(args)
     check_run_options(args)
     check_backend(args.backend, parse_device(args.device))  # the GPU: when joining the group
-    check_input_dir("--partition", args.partition)
+    from ..partition.source import is_dgl_partition
+    if not is_dgl_partition(args.partition):  # a DGL config is a file, read in place
+        check_input_dir("--partition", args.partition)
 
 
 def worker_command(args) -> None:

@@ -92,14 +92,15 @@ def partition_dataset(args, out: Path) -> str:
 @stops_on_signals
 def launch(args) -> int:
     """Run ``args`` (a parsed ``sarc train``) on ``args.workers`` local processes."""
-    from ..partition import load_partitions
+    from ..partition import open_partition
 
     p = args.workers
     if args.max_restarts < 0:
         raise DistError(f"--max-restarts must be at least 0, got {args.max_restarts}")
     with run_directory() as tmp, rendezvous_port(args.master_port) as port:
         if args.partition:
-            pset = load_partitions(args.partition)  # complete and intact, before any worker starts
+            # complete and intact (a DGL partition: its config, and DGL here), before any worker starts
+            pset = open_partition(args.partition)
             if pset.num_parts != p:
                 raise DistError(f"--partition {args.partition} has {pset.num_parts} parts but "
                                 f"--workers is {p}; one worker per part")

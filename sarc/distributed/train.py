@@ -37,8 +37,9 @@ from ..checkpoint import CheckpointConfig, partition_fingerprint, run_record, se
 from ..dsl import edge_inputs_for
 from ..errors import SarcError
 from ..loader import ModelSpec
-from ..partition import load_partitions
-from ..runtime.sharded import ShardedGraph
+from ..partition import open_partition
+from ..partition.dgl_in_place import PeerPartError
+from ..runtime.sharded import ShardedGraph, build_shard
 from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
 from ..training.device import placed
@@ -83,7 +84,8 @@ def agree(ok: bool, message: str, group=None) -> None:
 
 
 def load_shard(path: str, group=None) -> ShardedGraph:
-    """This worker's shard of the partition set at ``path``, checked against the group
+    """This worker's shard of the partition set at ``path`` (or of the DGL partition whose
+    config it is, read in place: ``sarc.partition.dgl_in_place``), checked against the group
     before any exchange: its size is the number of parts, every worker holds a part of the
     same set (graph fingerprint, parts, node ranges, the files' sha256), and the parts fit
     together (``check_parts``)."""
@@ -91,13 +93,19 @@ def load_shard(path: str, group=None) -> ShardedGraph:
     trim_heap()  # from here, large buffers are mappings of their own (see trim_heap)
     shard, problem, record = None, None, None
     try:
-        pset = load_partitions(path, verify=False)
+        pset = open_partition(path, verify=False)  # a sarc set, or a DGL partition in place
         if pset.num_parts != size:
             problem = (f"{path}: the partition set has {pset.num_parts} parts but {size} "
                        f"workers were started; start one worker per part")
-        else:
-            shard = ShardedGraph.from_partitions(pset, rank)
-            record = PartRecord.of(pset, shard)
+    except SarcError as e:
+        problem = str(e)
+    agree(problem is None, problem or "", group)
+    try:  # collective for a DGL partition: its parts' boundaries come from the peers
+        part = pset.load_part(rank, gather=lambda obj: _all_gather(obj, group))
+        shard = build_shard(part, pset.node_offsets, rank)
+        record = PartRecord.of(pset, shard)
+    except PeerPartError:
+        pass  # a peer could not read its part: the agreement stops all with its message
     except SarcError as e:
         problem = str(e)
     agree(problem is None, problem or "", group)
@@ -504,7 +512,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
 
 def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
-    pset = load_partitions(cfg.partition, verify=False)
+    pset = open_partition(cfg.partition, verify=False)
     hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
     return run_record(spec, hp, seed=cfg.seed, dataset=cfg.dataset or f"graph {pset.fingerprint}",
                       graph=pset.fingerprint, world_size=size,

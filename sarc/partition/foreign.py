@@ -12,6 +12,27 @@ fingerprint of the original graph.
     read_pyg_partitions(ROOT)                       -> ForeignGraph
     write_foreign(graph, OUT)                       -> PartitionSet
 
+A heterogeneous partition (several node or edge types) becomes one
+homogeneous graph with type ids, as ``dgl.to_homogeneous`` and PyG's
+``HeteroData.to_homogeneous`` number it: nodes by type (in the foreign
+format's type order), then by their id within the type; edges likewise. The
+node data gains ``ntype`` and the edge data ``etype`` (int64 type ids), and
+``merge_typed`` joins each type's data of one name into one tensor:
+
+- a type without the data gets a filler row: 0 for floating point data,
+  False for bool (masks), -1 for signed integers (``label``: unlabeled, so a
+  type without labels is never trained or evaluated on), 0 for unsigned ones;
+- floating point data of different widths per type (``feat`` of 128 columns
+  for papers, 64 for authors) is zero-padded to the widest, and the width of
+  each type is recorded in the set's ``types`` metadata;
+- anything else that differs between types (integer data of different
+  widths, a float in one type and an integer in another, per-row shapes of
+  different ranks) and data that is not a numeric tensor are refused, naming
+  the data and the types.
+
+The set's metadata keeps the types (``types``: ``ntypes``, ``etypes``,
+``num_ntypes``, ``num_etypes``, and per data name the shape each type had).
+
 ``load_torch_file`` reads the ``.pt`` files of a foreign directory without
 running arbitrary code: ``torch.load(weights_only=True)``, or, for files it
 rejects only because of a plain container it does not allowlist (PyG writes
@@ -63,6 +84,7 @@ class ForeignGraph:
     edge_data: dict[str, torch.Tensor]
     method: str
     source: dict = field(default_factory=dict)
+    types: dict | None = None  # a heterogeneous graph's types (``merge_typed``); None: one type
 
     @property
     def num_parts(self) -> int:
@@ -91,7 +113,74 @@ def write_foreign(graph: ForeignGraph, out, *, overwrite: bool = False) -> Parti
     parts = cut_parts(graph.src, graph.dst, graph.relabeling, graph.node_data, graph.edge_data)
     return write_partitions(out, parts, relabeling=graph.relabeling, fingerprint=graph.fingerprint,
                             num_edges=graph.src.numel(), stats=stats, method=graph.method,
-                            seed=None, source=graph.source, overwrite=overwrite)
+                            seed=None, source=graph.source, types=graph.types,
+                            overwrite=overwrite)
+
+
+# --- heterogeneous graphs -----------------------------------------------------------------
+
+NTYPE, ETYPE = "ntype", "etype"
+"""The node data and edge data that hold a heterogeneous graph's type ids."""
+
+
+def types_record(ntypes, etypes, node_shapes: dict, edge_shapes: dict) -> dict:
+    """The ``types`` metadata of a heterogeneous graph: type names in id order, and per
+    data name the per-row shape each type had (types without it are absent)."""
+    return {"ntypes": list(ntypes), "etypes": list(etypes), "num_ntypes": len(ntypes),
+            "num_etypes": len(etypes), "node_data": node_shapes, "edge_data": edge_shapes}
+
+
+def merge_typed(rows_of: Mapping[str, int], data_of: Mapping[str, Mapping[str, torch.Tensor]],
+                what: str, where) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """Each type's data joined into one tensor per name, the types' rows in the order of
+    ``rows_of`` ({type: rows}); ``data_of`` is {type: {name: [rows, ...]}}. Returns the
+    tensors and, per name, each type's per-row shape (the module's docstring has the rules)."""
+    names = sorted({k for d in data_of.values() for k in d})
+    out, shapes = {}, {}
+    for name in names:
+        have = {t: data_of[t][name] for t in rows_of if name in data_of.get(t, {})}
+        for t, x in have.items():
+            if not isinstance(x, torch.Tensor) or x.dtype.is_complex or x.dim() == 0:
+                desc = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) \
+                    else type(x).__name__
+                raise PartitionError(f"{where}: {what} data {name!r} of type {t!r} is {desc}; "
+                                     f"sarc reads numeric tensors with a row per {what}")
+            if x.shape[0] != rows_of[t]:
+                raise PartitionError(f"{where}: {what} data {name!r} of type {t!r} has "
+                                     f"{x.shape[0]} rows for {rows_of[t]} {what}s")
+        out[name], shapes[name] = _join_types(name, rows_of, have, what, where)
+    return out, shapes
+
+
+def _join_types(name, rows_of, have, what, where):
+    kinds = {t: "bool" if x.dtype == torch.bool else "float" if x.dtype.is_floating_point
+             else "integer" for t, x in have.items()}
+    if len(set(kinds.values())) > 1:
+        listed = ", ".join(f"{have[t].dtype} in {t!r}" for t in have)
+        raise PartitionError(f"{where}: {what} data {name!r} is {listed}; sarc joins the types' "
+                             f"data only where all are floating point, all integer or all bool")
+    kind = next(iter(kinds.values()))
+    ranks = {x.dim() for x in have.values()}
+    widths = {tuple(x.shape[1:]) for x in have.values()}
+    if len(ranks) > 1 or (len(widths) > 1 and (kind != "float" or ranks != {2})):
+        listed = ", ".join(f"{list(x.shape[1:])} in {t!r}" for t, x in have.items())
+        raise PartitionError(f"{where}: {what} data {name!r} has per-row shapes {listed}; "
+                             f"only floating point features of different widths are joined "
+                             f"(zero-padded to the widest)")
+    dtype = functools.reduce(torch.promote_types, (x.dtype for x in have.values()))
+    row = max(widths)
+    fill = {"float": 0, "bool": False, "integer": -1 if dtype.is_signed else 0}[kind]
+    out = torch.full((sum(rows_of.values()), *row), fill, dtype=dtype)
+    start = 0
+    for t, count in rows_of.items():
+        if t in have:
+            x = have[t]
+            if x.dim() == 2:
+                out[start:start + count, :x.shape[1]] = x
+            else:
+                out[start:start + count] = x
+        start += count
+    return out, {t: list(x.shape[1:]) for t, x in have.items()}
 
 
 # --- checks shared by the readers ---------------------------------------------------------
@@ -148,7 +237,9 @@ def as_index(t, what: str, where) -> torch.Tensor:
 # --- reading foreign .pt files ------------------------------------------------------------
 
 _CONTAINERS = {("collections", "defaultdict"): collections.defaultdict,
-               ("collections", "OrderedDict"): collections.OrderedDict}
+               ("collections", "OrderedDict"): collections.OrderedDict,
+               # a defaultdict's factory (PyG's heterogeneous edge_feats.pt: defaultdict(dict))
+               ("builtins", "dict"): dict, ("__builtin__", "dict"): dict}
 
 
 @functools.cache

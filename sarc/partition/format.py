@@ -5,8 +5,9 @@
                          num_parts, node_offsets (part p owns new ids
                          node_offsets[p] .. node_offsets[p+1]-1), the node and edge
                          data (dtype, per-row shape), the stats (edge cut, per-part
-                         counts, balance) and per part: file, sha256, bytes,
-                         node range, edge count
+                         counts, balance), for a heterogeneous graph its types
+                         (``foreign.types_record``), and per part: file, sha256,
+                         bytes, node range, edge count
     DIR/part-P.pt        ``torch.save`` of ``Part.to_dict()`` (see ``parts``)
     DIR/sarc-set.json    the manifest of every set sarc writes (``sarc.atomic``)
 
@@ -47,12 +48,14 @@ def part_file_name(p: int) -> str:
 
 def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fingerprint: str,
                      num_edges: int, stats: PartitionStats, method: str, seed: int | None,
-                     source: dict | None = None, overwrite: bool = False) -> "PartitionSet":
+                     source: dict | None = None, types: dict | None = None,
+                     overwrite: bool = False) -> "PartitionSet":
     """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``.
 
     ``seed`` is None where the partitioner's seed is unknown (a converted
     foreign set); ``source``, where given, records where a converted partition
-    came from (its format and path) and is stored as is.
+    came from (its format and path) and is stored as is; so is ``types``, a
+    heterogeneous graph's types (``foreign.types_record``).
     """
     path = Path(path)
     entries = []
@@ -77,6 +80,7 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
                       "num_edges": int(num_edges)},
             "method": method, "seed": None if seed is None else int(seed),
             **({"source": source} if source else {}),
+            **({"types": types} if types else {}),
             "num_parts": relabeling.num_parts,
             "node_offsets": relabeling.offsets.tolist(),
             **schema,
@@ -121,14 +125,20 @@ class PartitionSet:
         return torch.tensor(self.meta["node_offsets"], dtype=torch.int64)
 
     @property
+    def types(self) -> dict | None:
+        """A heterogeneous graph's types (``foreign.types_record``); None for one type."""
+        return self.meta.get("types")
+
+    @property
     def stats(self) -> PartitionStats:
         return PartitionStats.from_json(self.meta["stats"])
 
     def part_path(self, p: int) -> Path:
         return self.path / self.meta["parts"][p]["file"]
 
-    def load_part(self, p: int) -> Part:
-        """Part ``p``, its file checked against the sha256 in the metadata."""
+    def load_part(self, p: int, gather=None) -> Part:
+        """Part ``p``, its file checked against the sha256 in the metadata (a part file
+        holds all a worker needs: ``gather``, for the sources that exchange, is unused)."""
         if not 0 <= p < self.num_parts:
             raise PartitionError(f"{self.path}: no part {p}; the set has {self.num_parts} parts "
                                  f"(0..{self.num_parts - 1})")

@@ -29,8 +29,10 @@ them beside ROOT, in the layout its documentation describes:
 them (``dataset_extras=True``) and any other per-node data given as
 ``node_data``, in original order.
 
-Not read: heterogeneous partitions (``is_hetero``), edge-level labels and
-link-prediction splits. Writing with the Partitioner needs pyg-lib or
+A heterogeneous partition (``is_hetero``, a ``HeteroData`` partitioned) is
+read by ``pyg_hetero`` as the homogeneous graph with type ids.
+
+Not read: edge-level labels and link-prediction splits. Writing with the Partitioner needs pyg-lib or
 torch-sparse (for METIS); reading needs neither, nor PyG itself.
 """
 from __future__ import annotations
@@ -53,15 +55,24 @@ SPLITS = ("train", "val", "test")
 
 
 def read_pyg_partitions(root, *, node_data: Mapping[str, torch.Tensor] | None = None,
-                        dataset_extras: bool = True) -> ForeignGraph:
+                        dataset_extras: bool = True, target_type: str | None = None
+                        ) -> ForeignGraph:
     """The graph and partition of a ``torch_geometric.distributed.Partitioner`` output at ``root``.
 
     ``node_data``: more per-node data (``[N, ...]``, original order) to carry;
     ``dataset_extras``: also read the labels and splits PyG's examples keep
-    beside ``root`` (``pyg_dataset_extras``).
+    beside ``root`` (``pyg_dataset_extras``); ``target_type``: the node type they are of,
+    in a heterogeneous partition (``pyg_hetero``).
     """
     root = Path(root)
     meta = _read_meta(root)
+    if meta["is_hetero"]:
+        from .pyg_hetero import read_pyg_hetero
+        return read_pyg_hetero(root, meta, node_data=node_data, dataset_extras=dataset_extras,
+                               target_type=target_type)
+    if target_type is not None:
+        raise PartitionError(f"{root}: a target type names the labeled type of a heterogeneous "
+                             f"partition; this one has one node type")
     num_parts = int(meta["num_parts"])
     node_map = as_index(load_torch_file(root / "node_map.pt", "PyG's node map"), "node_map",
                         root / "node_map.pt")
@@ -147,13 +158,11 @@ def pyg_dataset_extras(root, num_nodes: int) -> dict[str, torch.Tensor]:
     if name == root.name:
         return {}
     out = {}
-    for d in (f"{name}-label", f"{name}-labels"):
-        f = root.parent / d / "label.pt"
-        if f.is_file():
-            label = load_torch_file(f, "PyG's label file")
-            out["label"] = _rows(label, num_nodes, "label", f"{f} (node labels; edge-level "
-                                                               f"labels are not read)")
-            break
+    f = label_file(root)
+    if f is not None:
+        label = load_torch_file(f, "PyG's label file")
+        out["label"] = _rows(label, num_nodes, "label", f"{f} (node labels; edge-level "
+                                                           f"labels are not read)")
     for split in SPLITS:
         d = root.parent / f"{name}-{split}-partitions"
         if not d.is_dir():
@@ -171,6 +180,18 @@ def pyg_dataset_extras(root, num_nodes: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def label_file(root: Path) -> Path | None:
+    """``NAME-label/label.pt`` (or ``NAME-labels/``) beside ``root`` (``NAME-partitions``)."""
+    name = root.name.removesuffix("-partitions")
+    if name == root.name:
+        return None
+    for d in (f"{name}-label", f"{name}-labels"):
+        f = root.parent / d / "label.pt"
+        if f.is_file():
+            return f
+    return None
+
+
 def _read_meta(root: Path) -> dict:
     if not root.is_dir():
         raise PartitionError(f"{root}: no PyG partition directory here (not a directory)")
@@ -182,9 +203,6 @@ def _read_meta(root: Path) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise PartitionError(f"{meta_file}: corrupt PyG metadata: {e}") from e
     require_keys(meta, ("num_parts", "is_hetero"), "PyG's metadata", meta_file)
-    if meta["is_hetero"]:
-        raise PartitionError(f"{meta_file}: a heterogeneous PyG partition (node types "
-                             f"{meta.get('node_types')}); sarc reads homogeneous ones")
     if not isinstance(meta["num_parts"], int) or meta["num_parts"] < 1:
         raise PartitionError(f"{meta_file}: corrupt PyG metadata: num_parts={meta['num_parts']!r}")
     return meta

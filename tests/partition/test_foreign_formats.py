@@ -190,7 +190,7 @@ def _heterogeneous(config):
     (lambda c: _truncate(c.parent / "part0" / "node_feat.dgl"),
      r"part0/node_feat\.dgl: truncated or corrupt DGL tensor file"),
     (lambda c: (c.parent / "part1" / "edge_feat.dgl").unlink(), r"edge_feat\.dgl: .* missing"),
-    (_heterogeneous, "heterogeneous DGL partition"),
+    (_heterogeneous, "node_map has no entry for type 'user'"),
 ])
 def test_dgl_damage_is_named(cora, tmp_path_factory, tmp_path, damage, message):
     require_dgl()
@@ -410,7 +410,7 @@ class NotATensor:
     (lambda r: (r / "META.json").write_text("{"), "corrupt PyG metadata"),
     (lambda r: (r / "META.json").write_text(json.dumps({"num_parts": 2, "is_hetero": True,
                                                         "node_types": ["a", "b"]})),
-     "heterogeneous PyG partition"),
+     "PyG's metadata lacks 'edge_types'"),
     (lambda r: shutil.rmtree(r / "part_1"), r"part_1: part 1's directory is missing"),
     (lambda r: (r / "node_map.pt").write_bytes(b"not a torch file"),
      r"node_map\.pt: PyG's node map cannot be read"),
