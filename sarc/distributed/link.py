@@ -121,16 +121,19 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     """Train ``spec``'s link model on this worker's shard of ``cfg.partition`` (collective)."""
     from ..checkpoint import seed_all
     from ..train import hyperparameters
+    from ..training.optim import EagerAdam
     from .exchange import ByteCounter, Exchanger
     from .graph import DistGraph, comm_device
     from .prepare import prepare_worker, with_self_loops
-    from .train import AllReduce, _build, broadcast_parameters, load_shard, peak_memory
+    from .train import (AllReduce, _build, broadcast_parameters, load_shard, peak_memory,
+                        resident_bytes)
 
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
     hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group).to(device)
     split = LinkSplit.load(Path(cfg.partition) / LINK_FILE)
     check_link_hparams(hp, shard.num_nodes)
@@ -146,7 +149,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     broadcast_parameters(model, group)
     dg.share_memory(model)
     seed_all(cfg.seed * 1000003 + rank)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = EagerAdam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     source = link_source(shard, dg, data, split, hp, cfg.seed, Comm(group, timeout=timeout), group)
     say(f"sarc train: {spec.name}, link prediction on {shard.num_nodes} nodes "
         f"({split.train.shape[1]} / {split.val.shape[1]} / {split.test.shape[1]} train / val / "
@@ -157,7 +160,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
               log=log, log_every=cfg.log_every, line=lambda *a: link_line(*a, of=last))
     workers: list = [None] * size
-    dist.all_gather_object(workers, {"rank": rank, **peak_memory()}, group=group)
+    dist.all_gather_object(workers, {"rank": rank, **peak_memory(fixed_rss)}, group=group)
     result = link_result(selection, out, model=spec.name, dataset=cfg.dataset, seed=cfg.seed,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:

@@ -8,8 +8,10 @@ distributed schedules on a ``DistGraph``, the step's loss is divided by the
 parameter gradients (``allreduce_gradients``), the loss, the accuracies' counts
 and the validation loss over the workers, so that a P-worker step is the
 single-process step. Rank 0 prints; at the end every worker reports its peak
-memory (RSS high-water mark, and CUDA's peak allocation on a GPU) and the
-bytes its exchanges sent and received.
+memory (RSS high-water mark, split into the runtime it held before its shard and
+the rest, and CUDA's peak allocation on a GPU) and the bytes its exchanges sent
+and received. Its optimizer is ``sarc.training.optim.EagerAdam``: torch's Adam,
+without the compiler torch.optim imports.
 
 Before any training, every worker checks its input (its part of the
 partition set, the group's size, that all workers hold parts of the same
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
 from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
 from ..training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers
+from ..training.optim import EagerAdam
 from .exchange import ByteCounter, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
 from .prepare import WorkerData, prepare_worker, with_self_loops
@@ -248,9 +252,22 @@ class BlockGraphs:
         return self.graphs[k].on_shard(shard)
 
 
-def peak_memory() -> dict[str, int]:
-    """This process's RSS high-water mark and, on a GPU, torch's peak allocation (bytes)."""
-    out = {"rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+def resident_bytes() -> int:
+    """This process's RSS now (Linux's ``/proc``; elsewhere its high-water mark so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_memory(fixed_rss: int) -> dict[str, int]:
+    """This process's RSS high-water mark (``rss_peak``) in two parts: ``fixed_rss``, the
+    worker's runtime before its shard (torch, sarc, the process group: what every worker
+    holds, whatever P), measured by the caller, and ``data_rss``, the rest (the shard and
+    what the run computes on it); on a GPU, torch's peak allocation (bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"rss_peak": peak, "fixed_rss": fixed_rss, "data_rss": peak - fixed_rss}
     if torch.cuda.is_available():
         out["cuda_peak"] = int(torch.cuda.max_memory_allocated())
     return out
@@ -268,6 +285,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
+    fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group).to(device)
     counter = ByteCounter()
     data = prepare_worker(shard, hp, group)
@@ -284,7 +302,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     broadcast_parameters(model, group)
     dg.share_memory(model)  # the memory budget is the whole step's, shared by its layers
     seed_all(cfg.seed * 1000003 + rank)  # each worker its own dropout stream
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
+    opt = EagerAdam(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
@@ -332,7 +350,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         step_bytes, planned = h["bytes_sent"] // max(1, h["steps"]), None
         sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"]}
         programs = [p for g in blocks.graphs.values() for p in g.training_programs.values()]
-    mine = {"rank": rank, **peak_memory(), **sampled, "step_bytes_sent": step_bytes,
+    mine = {"rank": rank, **peak_memory(fixed_rss), **sampled, "step_bytes_sent": step_bytes,
             "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
     workers: list = [None] * size
@@ -389,11 +407,14 @@ def _mib(n: float) -> str:
 
 
 def format_report(workers: list[dict]) -> str:
-    """Per worker: peak memory, bytes sent / received in the last epoch."""
-    lines = ["worker    peak RSS   cuda peak  sent/epoch  recv/epoch  sent/step (planner)"]
+    """Per worker: peak memory (and its fixed and data parts, ``peak_memory``), bytes sent /
+    received in the last epoch."""
+    lines = ["worker    peak RSS = (    fixed +       data)   cuda peak  sent/epoch  recv/epoch  "
+             "sent/step (planner)"]
     for w in workers:
         planned = "-" if w["planned_step_bytes_sent"] is None else _mib(w["planned_step_bytes_sent"])
-        lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10}  "
+        lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10} = "
+                     f"({_mib(w['fixed_rss']):>9} + {_mib(w['data_rss']):>10})  "
                      f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}  "
                      f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
                      f"{_mib(w['step_bytes_sent'])} ({planned})")
