@@ -28,9 +28,10 @@ from .harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
-UNUSED = ("torch._dynamo", "torch._inductor", "triton")
-"""What torch's compiler brings (torch.optim's optimizers import torch._dynamo on first
-use, and it imports the rest: ~110 MiB per process with torch 2.13)."""
+UNUSED = ("torch._dynamo", "torch._inductor", "triton", "sarc.backends.triton_backend")
+"""Torch's compiler (torch.optim's optimizers import torch._dynamo on first use, and it
+imports the rest: ~110 MiB per process with torch 2.13) and the Triton backend, which a
+torch-backend run does not build."""
 
 WORKER = r"""
 import argparse, json, os, sys
