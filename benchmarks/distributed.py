@@ -226,8 +226,8 @@ def main() -> None:
                     w = r["workers"]
                     top = max(w, key=lambda x: x["rss_peak"])
                     row = {"model": model, "workers": p, "mode": mode + (" baseline" if baseline else ""),
-                           "rss_peak": top["rss_peak"], "fixed_rss": top["fixed_rss"],
-                           "data_rss": top["data_rss"],
+                           "rss_peak": top["rss_peak"], "rss_fixed": top["fixed_rss"],
+                           "rss_data": top["data_rss"],
                            "per_worker_rss": [(x["fixed_rss"], x["data_rss"]) for x in w],
                            "sent": max(x["sent"] for x in w),
                            "planned_ok": all(x["sent"] == x["planned"] for x in w),
@@ -235,7 +235,7 @@ def main() -> None:
                            "kept": [x["kept"] for x in w]}
                     results.append(row)
                     print(f"  {model:4s} P={p} {row['mode']:13s} peak {_gib(row['rss_peak'])} "
-                          f"(fixed {_gib(row['fixed_rss'])} + data {_gib(row['data_rss'])}), "
+                          f"(fixed {_gib(row['rss_fixed'])} + data {_gib(row['rss_data'])}), "
                           f"sent {_mib(row['sent'])} MiB, "
                           f"epoch {row['epoch_s']:.2f} s", flush=True)
     print()
@@ -250,11 +250,11 @@ def main() -> None:
     for r in results:
         base = one.get(r["model"])
         whole_x = r["rss_peak"] / base["rss_peak"] if base else None
-        data_x = f"{r['data_rss'] / base['data_rss']:.2f}" if base else "-"
+        data_x = f"{r['rss_data'] / base['rss_data']:.2f}" if base else "-"
         goal = ("-" if whole_x is None or r["workers"] != GOAL[0]
                 else f"{'met' if whole_x <= GOAL[1] else 'missed'} (<= {GOAL[1]})")
-        print(f"| {r['model']} | {r['workers']} | {r['mode']} | {_gib(r['fixed_rss'])} | "
-              f"{_gib(r['data_rss'])} | {_gib(r['rss_peak'])} | "
+        print(f"| {r['model']} | {r['workers']} | {r['mode']} | {_gib(r['rss_fixed'])} | "
+              f"{_gib(r['rss_data'])} | {_gib(r['rss_peak'])} | "
               f"{'-' if whole_x is None else f'{whole_x:.3f}'} | {goal} | {data_x} | "
               f"{_mib(r['sent'])} | {'yes' if r['planned_ok'] else 'NO'} | {r['epoch_s']:.2f} |")
     if args.json:
