@@ -123,18 +123,19 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     from ..checkpoint import seed_all
     from ..train import hyperparameters
     from ..training.device import placed
+    from ..training.inputs import optimizer
     from .exchange import ByteCounter, Exchanger
     from .graph import DistGraph, comm_device
     from .prepare import prepare_worker, with_self_loops
-    from ..training.inputs import optimizer
     from .train import (AllReduce, _build, broadcast_parameters, embedding_bytes, load_shard,
-                        peak_memory, sharded_table)
+                        peak_memory, resident_bytes, sharded_table)
 
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
     hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group).to(device)
     split = LinkSplit.load(Path(cfg.partition) / LINK_FILE)
     check_link_hparams(hp, shard.num_nodes)
@@ -162,7 +163,8 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
               log=log, log_every=cfg.log_every, line=lambda *a: link_line(*a, of=last))
     workers: list = [None] * size
-    dist.all_gather_object(workers, {"rank": rank, **peak_memory(), **embedding_bytes(model, opt)}, group=group)
+    dist.all_gather_object(workers, {"rank": rank, **peak_memory(fixed_rss),
+                                     **embedding_bytes(model, opt)}, group=group)
     result = link_result(selection, out, model=spec.name, dataset=cfg.dataset, seed=cfg.seed,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:

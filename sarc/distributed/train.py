@@ -11,9 +11,11 @@ single-process step. A featureless graph's learned input is a
 ``sarc.distributed.Embedding`` sharded with the partition (``sharded_table``): a
 worker holds its nodes' rows and their optimizer state, a step reads its own rows,
 and the sparse optimizer updates the rows read on their owners. Rank 0 prints; at
-the end every worker reports its peak memory (RSS high-water mark, and CUDA's peak
-allocation on a GPU), its embedding's bytes (rows and optimizer state) and the
-bytes its exchanges sent and received.
+the end every worker reports its peak memory (RSS high-water mark, split into the
+runtime it held before its shard and the rest, and CUDA's peak allocation on a GPU),
+its embedding's bytes (rows and optimizer state) and the bytes its exchanges sent
+and received. Its dense optimizer is ``sarc.training.optim.EagerAdam``: torch's Adam,
+without the compiler torch.optim imports.
 
 Before any training, every worker checks its input (its part of the
 partition set, the group's size, that all workers hold parts of the same
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,9 +384,22 @@ class BlockGraphs:
         return step_bytes_sent(plans, stats)[self.graphs[0].rank]
 
 
-def peak_memory() -> dict[str, int]:
-    """This process's RSS high-water mark and, on a GPU, torch's peak allocation (bytes)."""
-    out = {"rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+def resident_bytes() -> int:
+    """This process's RSS now (Linux's ``/proc``; elsewhere its high-water mark so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_memory(fixed_rss: int) -> dict[str, int]:
+    """This process's RSS high-water mark (``rss_peak``) in two parts: ``fixed_rss``, the
+    worker's runtime before its shard (torch, sarc, the process group: what every worker
+    holds, whatever P), measured by the caller, and ``data_rss``, the rest (the shard and
+    what the run computes on it); on a GPU, torch's peak allocation (bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"rss_peak": peak, "fixed_rss": fixed_rss, "data_rss": peak - fixed_rss}
     if torch.cuda.is_available():
         out["cuda_peak"] = int(torch.cuda.max_memory_allocated())
     return out
@@ -401,6 +417,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
+    fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group)
     counter = ByteCounter()
     data = prepare_worker(shard, hp, group).to(device)  # prepared on the CPU, moved once
@@ -480,7 +497,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"],
                    "over_budget_steps": blocks.over_budget_steps}
         programs = [p for g in blocks.graphs or () for p in g.training_programs.values()]
-    mine = {"rank": rank, **peak_memory(), **embedding_bytes(model, opt), **sampled,
+    mine = {"rank": rank, **peak_memory(fixed_rss), **embedding_bytes(model, opt), **sampled,
             "step_bytes_sent": step_bytes,
             "planned_step_bytes_sent": planned,
             "epoch_bytes_sent": dg.counter.total_sent, "epoch_bytes_received": dg.counter.total_received}
@@ -596,16 +613,18 @@ def _mib(n: float) -> str:
 
 
 def format_report(workers: list[dict]) -> str:
-    """Per worker: peak memory, the sharded embedding's rows + optimizer state (if any),
-    bytes sent / received in the last epoch."""
+    """Per worker: peak memory (and its fixed and data parts, ``peak_memory``), the sharded
+    embedding's rows + optimizer state (if any), bytes sent / received in the last epoch."""
     emb = any("embedding_bytes" in w for w in workers)
-    lines = ["worker    peak RSS   cuda peak" + ("  embedding (rows + optimizer)" if emb else "")
+    lines = ["worker    peak RSS = (    fixed +       data)   cuda peak"
+             + ("  embedding (rows + optimizer)" if emb else "")
              + "  sent/epoch  recv/epoch  sent/step (planner)"]
     for w in workers:
         planned = "-" if w["planned_step_bytes_sent"] is None else _mib(w["planned_step_bytes_sent"])
         table = (f"  {_mib(w['embedding_bytes']) + ' + ' + _mib(w['embedding_state_bytes']):>28}"
                  if emb else "")
-        lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10}  "
+        lines.append(f"{w['rank']:>6}  {_mib(w['rss_peak']):>10} = "
+                     f"({_mib(w['fixed_rss']):>9} + {_mib(w['data_rss']):>10})  "
                      f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}{table}  "
                      f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
                      f"{_mib(w['step_bytes_sent'])} ({planned})")

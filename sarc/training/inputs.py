@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import SarcError
 from ..sampling.draws import EMBEDDING_INIT, uniform_rows
+from .optim import EagerAdam
 
 SPLITS = ("train", "val", "test")
 
@@ -149,7 +150,7 @@ def optimizer(model: nn.Module, hparams: dict[str, Any]):
     an embedding input, ``embedding_optimizer`` (learning rate ``embedding_lr``, else
     ``lr``; no weight decay) on its rows, updating only the rows a step read."""
     def adam(params):
-        return torch.optim.Adam(params, lr=hparams["lr"], weight_decay=hparams["weight_decay"])
+        return EagerAdam(params, lr=hparams["lr"], weight_decay=hparams["weight_decay"])
     if not isinstance(model, EmbeddingInput):
         return adam(model.parameters())
     table = {id(p) for p in model.embedding.parameters()}

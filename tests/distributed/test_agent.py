@@ -25,6 +25,8 @@ def _failed(tmp_path):
     return ChildFailedError("worker", {0: failure})
 
 
+SARC_TRAIN = 4242  # the agent's parent while sarc train lives; init (1) adopts it after
+
 ENDINGS = {
     "returns": lambda tmp: None,
     "its workers failed": lambda tmp: _failed(tmp),
@@ -37,7 +39,9 @@ def run_dir(tmp_path, monkeypatch):
     d = tmp_path / "sarc-train-run"
     (d / "partition").mkdir(parents=True)
     monkeypatch.setenv(RUN_DIR_ENV, str(d))
-    monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
+    # sarc train's pid, whatever started the tests (their parent may be init itself)
+    monkeypatch.setattr(os, "getppid", lambda: SARC_TRAIN)
+    monkeypatch.setenv(PARENT_ENV, str(SARC_TRAIN))
     # never ask the kernel to signal the test process when its parent dies
     monkeypatch.setattr(agent, "die_with_parent", lambda sig: True)
     monkeypatch.setattr(agent.tempfile, "tempdir", agent.tempfile.tempdir)
