@@ -218,6 +218,8 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         if check:
             _in_range(etype, "etype", 0, r, "num_etypes", "edge", fail)
         out["etype"], out["num_etypes"] = etype, r
+    else:
+        out["num_etypes"] = 0
 
     if "ntype" in out:
         ntype = _int_vector(out["ntype"], "ntype", "node types", fail, length=n)
@@ -227,8 +229,6 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
             t = int(ntype.max()) + 1 if ntype.size else 0
         _in_range(ntype, "ntype", 0, t, "num_ntypes", "node", fail)
         out["ntype"], out["num_ntypes"] = ntype, t
-    else:
-        out["num_etypes"] = 0
     return out
 
 

@@ -38,6 +38,22 @@ def test_aifb_is_relational_and_featureless():
     assert (d.label[d.train_mask | d.test_mask] >= 0).all()
 
 
+@pytest.mark.parametrize("given", (None, 5))
+@pytest.mark.parametrize("ntype", (False, True))
+def test_edge_types_are_kept_with_and_without_node_types(given, ntype):
+    from sarc.datasets import Dataset
+    arrays = {"edge_src": [0, 1, 2], "edge_dst": [1, 2, 0], "etype": [0, 2, 1],
+              "label": [0, 1, -1], "train_mask": [1, 1, 0], "val_mask": [0, 0, 1],
+              "test_mask": [0, 0, 0]}
+    if given is not None:
+        arrays["num_etypes"] = given
+    if ntype:
+        arrays["ntype"] = [0, 1, 1]
+    d = Dataset.from_arrays(arrays)
+    assert d.num_etypes == (given or 3) and d.etype.tolist() == [0, 2, 1]
+    assert d.num_ntypes == (2 if ntype else 0)
+
+
 def test_unknown_dataset_names_the_places_looked(tmp_path):
     with pytest.raises(DatasetError, match="citeseer.*embedded datasets: cora, aifb"):
         load_dataset("citeseer", root=tmp_path)
