@@ -22,8 +22,6 @@ becomes the homogeneous graph with ``ntype`` / ``etype`` ids (``foreign``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
 from pathlib import Path
 
 from ..partition.graph_file import load_npz_graph
@@ -92,10 +90,12 @@ def partition_command(args) -> int:
         if ds.ntype is not None:
             node_data["ntype"] = ds.ntype
     method, seed = args.method or "metis", args.seed or 0
-    with _progress_bar(3 + args.parts) as progress:
+    from ..training.progress import progress_bar
+    with progress_bar(3 + args.parts, "partition", "step", mininterval=0) as bar:
         pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
                                node_data=node_data, edge_data=edge_data, seed=seed,
-                               overwrite=args.overwrite, progress=progress)
+                               overwrite=args.overwrite,
+                               progress=(lambda stage: bar.advance(1, stage)) if bar.shown else None)
     print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
           f"({method}, seed {seed})")
     _print_result(pset, node_data, edge_data)
@@ -161,29 +161,6 @@ def _check_options(args) -> None:
                                ("--pyg-target-type", args.pyg_target_type)) if v]
     if pyg_only and not args.from_pyg:
         raise UsageError(f"{', '.join(pyg_only)} only apply with --from-pyg")
-
-
-@contextlib.contextmanager
-def _progress_bar(steps: int):
-    """A callback advancing a bar of ``steps`` on stderr when stderr is a terminal; None
-    otherwise (pipes, logs, tests), and where tqdm is not installed: stdout stays the result."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is None or not sys.stderr.isatty():
-        yield None
-        return
-    bar = tqdm(total=steps, desc="partition", unit="step", file=sys.stderr, leave=False,
-               mininterval=0, miniters=1)  # every stage shown: a few, each seconds long
-
-    def advance(stage: str) -> None:
-        bar.set_postfix_str(stage, refresh=False)
-        bar.update()
-    try:
-        yield advance
-    finally:
-        bar.close()
 
 
 def _print_result(pset, node_data, edge_data) -> None:

@@ -48,6 +48,7 @@ from torch import nn
 from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill, save_model,
                           training_state)
 from .inputs import SPLITS, EmbeddingInput, TrainError
+from .progress import progress_bar
 
 if TYPE_CHECKING:
     from ..train import ModelSelection
@@ -233,32 +234,43 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
     epoch, loss, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
     t_start = time.perf_counter()
-    for epoch in range(epoch + 1, 0 if stop else epochs + 1):
-        injected_kill(reduction.rank, epoch)
-        t0 = time.perf_counter()
-        model.train()
-        step = getattr(source, "train_step", train_step)  # a task's own step (link.py)
-        losses = [step(model, opt, batch, reduction) for batch in source.steps(epoch)]
-        if not losses:
-            raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
-                             f"gave no step")
-        loss = sum(losses) / len(losses)
-        model.eval()
-        with torch.no_grad():
-            acc, val_loss = (source.evaluate(model, reduction) if hasattr(source, "evaluate")
-                             else evaluate(model, source, reduction))
-        seconds = time.perf_counter() - t0
-        if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
-            say(line(epoch, loss, acc, seconds))
-        stop = selection.update(epoch, acc, val_loss, model)
-        if stop:
-            say(selection.stop_message(epoch))
-        if ckpt is not None and ckpt.due(epoch, stop, epochs):
-            ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
-                                            stopped_early=stop,
-                                            elapsed_s=before + time.perf_counter() - t_start))
-        if stop:
-            break
+    # on a terminal, a bar: of the epochs, or of each epoch's steps where it has several
+    per_epoch = getattr(source, "steps_per_epoch", 1)
+    with progress_bar(0 if stop else epochs - epoch, "train", "epoch",
+                      enabled=speak and per_epoch == 1) as run_bar:
+        show = run_bar.printer(say)
+        for epoch in range(epoch + 1, 0 if stop else epochs + 1):
+            injected_kill(reduction.rank, epoch)
+            t0 = time.perf_counter()
+            model.train()
+            step = getattr(source, "train_step", train_step)  # a task's own step (link.py)
+            losses = []
+            with progress_bar(per_epoch, f"epoch {epoch}", "step",
+                              enabled=speak and per_epoch > 1) as bar:
+                for batch in source.steps(epoch):
+                    losses.append(step(model, opt, batch, reduction))
+                    bar.advance(status=f"loss {losses[-1]:.4f}")
+            if not losses:
+                raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
+                                 f"gave no step")
+            loss = sum(losses) / len(losses)
+            model.eval()
+            with torch.no_grad():
+                acc, val_loss = (source.evaluate(model, reduction) if hasattr(source, "evaluate")
+                                 else evaluate(model, source, reduction))
+            seconds = time.perf_counter() - t0
+            run_bar.advance(status=f"loss {loss:.4f}")
+            if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
+                show(line(epoch, loss, acc, seconds))
+            stop = selection.update(epoch, acc, val_loss, model)
+            if stop:
+                show(selection.stop_message(epoch))
+            if ckpt is not None and ckpt.due(epoch, stop, epochs):
+                ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
+                                                stopped_early=stop,
+                                                elapsed_s=before + time.perf_counter() - t_start))
+            if stop:
+                break
     elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
     return Outcome(epoch, loss, acc, elapsed)

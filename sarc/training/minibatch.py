@@ -276,6 +276,10 @@ class MiniBatchSteps:
         self.history: list[dict] = []
         self.prefetched = 0  # steps sampled ahead when the last step was handed out
 
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.seeds.steps
+
     def steps(self, epoch: int) -> Iterable[Batch]:
         if self.counter is not None:
             self.counter.reset()
