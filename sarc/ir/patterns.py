@@ -50,10 +50,28 @@ def edge_scalar(r: Region, j: int) -> int | None:
     return arg_index(r, j, "edge") if (v.op is Op.ARG and all(d == 1 for d in v.type.feat)) else None
 
 
+def edge_head_weight(r: Region, j: int, feat: tuple[int, ...]) -> int | None:
+    """The operand read by ``j`` if it is an edge value weighing the leading axes of
+    features ``feat``: of shape ``feat[:k] + (1, ...)``, k below ``len(feat)`` (a scalar
+    per edge when k = 0, one per head for GAT's ``x[src] * alpha.unsqueeze(-1)``), maybe
+    reshaped from the operand (a reshape keeps a row's element order: the operand holds
+    those weights)."""
+    t = r.values[j].type.feat
+    k = len(t)
+    while k and t[k - 1] == 1:
+        k -= 1
+    if len(t) != len(feat) or t[:k] != feat[:k] or (k and k == len(feat)):
+        return None  # not a weight of leading axes (a full-width edge value is no weight)
+    while r.values[j].op is Op.RESHAPE:
+        j = r.values[j].inputs[0]
+    return arg_index(r, j, "edge")
+
+
 def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     """(feature operand, edge-weight operand or None, its side) when an aggregate is a
-    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]`` (x may
-    also be an edge value: a weighted segment sum)."""
+    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]``, w a
+    scalar per edge or one per head (``edge_head_weight``); x may also be an edge
+    value: a weighted segment sum."""
     if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
         return None
     r = v.attr["body"]
@@ -64,7 +82,7 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     if res.op is Op.MUL:
         a, b = res.inputs
         for p, q in ((a, b), (b, a)):
-            w = edge_scalar(r, q)
+            w = edge_head_weight(r, q, res.type.feat)
             for side in ("src", "edge"):
                 x = arg_index(r, p, side)
                 if x is not None and w is not None and w != x and r.values[p].type == res.type:
