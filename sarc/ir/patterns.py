@@ -4,8 +4,9 @@ aggregate is a (typed, weighted) sparse product, which kernels run as CSR SpMM a
 keep only their edge weights for the backward."""
 from __future__ import annotations
 
-from .function import Region, Value
-from .ops import Op
+from .function import Function, Region, Value
+from .ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
+from .types import Domain
 from .reducers import reducer
 
 
@@ -110,3 +111,46 @@ def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
     if None in (x, table, types) or r.values[r.result].type.feat != t.type.feat:
         return None
     return x, table, types, w
+
+
+ROW_WISE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
+    Op.LINEAR, Op.MATMUL, Op.RESHAPE, Op.CONCAT, Op.SUM_AXIS, Op.SLICE, Op.EXPAND}
+"""Ops whose every row of the result is a function of the same row of their node operands
+(and of params): computing them on the first rows gives the first rows of the result.
+Dropout draws its mask for the whole tensor, so it is not one."""
+
+
+def dst_rows_of_src(fn: Function) -> dict[int, int]:
+    """dst value -> the earlier src value whose first ``num_dst`` rows it is.
+
+    A destination node is the source node of the same index (``sarc.graph``), so a dst
+    input is the source input's first rows, and a row-wise function (``ROW_WISE``) of
+    the dst inputs is the same function of the src inputs, cut to the dst rows: GAT's
+    ``lin(dst.h)`` is ``lin(src.h)[:num_dst]``, computed once instead of twice."""
+    keys: dict[int, tuple] = {}
+    src_value: dict[tuple, int] = {}
+    twins: dict[int, int] = {}
+    for i, v in enumerate(fn.values):
+        key = _row_key(v, keys)
+        if key is None:
+            continue
+        keys[i] = key
+        if v.type.domain is Domain.SRC:
+            src_value.setdefault(key, i)
+        elif v.type.domain is Domain.DST and v.op is not Op.INPUT and key in src_value:
+            twins[i] = src_value[key]
+    return twins
+
+
+def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:
+    """What a node value computes row by row, the same for its src and dst versions
+    (None: not row-wise, or not a node value)."""
+    if v.op is Op.PARAM or v.op is Op.CONST:
+        return (v.op, v.attrs, v.type)
+    if v.type.domain not in (Domain.SRC, Domain.DST):
+        return None
+    if v.op is Op.INPUT:
+        return (v.op, v.attrs, v.type.with_(domain=Domain.SRC))
+    if v.op not in ROW_WISE or any(j not in keys for j in v.inputs):
+        return None
+    return (v.op, v.attrs, tuple(keys[j] for j in v.inputs), v.type.feat, v.type.dtype)

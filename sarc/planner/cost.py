@@ -56,9 +56,12 @@ def nbytes(t: TensorType) -> sympy.Expr:
 
 class _Kept:
     """The tensors kept for backward, each once: key -> type. A key names a storage: a
-    reshape keeps its input's, a layer input its name's (its src rows)."""
+    reshape keeps its input's, a layer input its name's (its src rows), a dst value the
+    kernel takes as a src value's first rows (``patterns.dst_rows_of_src``) that value's."""
 
     def __init__(self, fn: Function):
+        from ..ir.patterns import dst_rows_of_src
+        self.twins = dst_rows_of_src(fn)  # dst values the kernel takes as src values' rows
         self.inputs: dict[str, TensorType] = {}
         for v in fn.values:
             if v.op is Op.INPUT and (v.attr["name"] not in self.inputs
@@ -68,8 +71,8 @@ class _Kept:
         self.sized: dict[object, tuple[Domain, sympy.Expr]] = {}  # bytes not of one value's type
 
     def value(self, values, j: int, scope=()) -> None:
-        while values[j].op is Op.RESHAPE:
-            j = values[j].inputs[0]
+        while values[j].op is Op.RESHAPE or (not scope and j in self.twins):
+            j = self.twins[j] if not scope and j in self.twins else values[j].inputs[0]
         v = values[j]
         if v.op is Op.INPUT:
             self.seen.setdefault(("input", v.attr["name"]), self.inputs[v.attr["name"]])

@@ -126,3 +126,17 @@ def test_softmax_spmm_equals_its_definition(heads):
     for p, q in zip(torch.autograd.grad((got * ct).sum(), [a, b, z]),
                     torch.autograd.grad((want * ct).sum(), [a, b, z])):
         torch.testing.assert_close(p, q)
+
+
+def test_a_dst_value_computed_like_a_src_value_is_its_rows():
+    """GAT's lin(dst.h) is lin(src.h)[:num_dst]: the generated code computes the linear once."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+    from gat import GATLayer
+
+    from sarc.compiler import compile_layer
+    source = compile_layer(GATLayer(5, 3, heads=2)).kernel.source
+    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+    assert sum("torch.matmul(" in line for line in code) == 1
+    assert any(line.endswith("[: g.num_dst]") and "inputs" not in line for line in code)
