@@ -88,7 +88,7 @@ def main(argv=None) -> None:
     ap.add_argument("--feats", type=int, default=128)
     ap.add_argument("--rels", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--layers", help="only the layers whose names contain one of these "
+    ap.add_argument("--layers", help="only the layers whose names start with one of these "
                     "(comma-separated, e.g. GCN,GAT)")
     ap.add_argument("--memory", action="store_true",
                     help="also measure each run's peak allocated bytes")
@@ -107,7 +107,7 @@ def main(argv=None) -> None:
     rows = []
     wanted = [w for w in (args.layers or "").split(",") if w]
     for name, layer, relational in layers(args.feats, args.rels):
-        if wanted and not any(w in name for w in wanted):
+        if wanted and not any(name.startswith(w) for w in wanted):
             continue
         layer = layer.train().set_backend("torch")
         feats = {"h": x, **(edge if relational else {})}

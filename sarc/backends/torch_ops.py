@@ -99,7 +99,7 @@ class Layout:
         self.src = g.src.to(self.index_dtype)
         self._transposed: tuple | None = None
         self._sddmm: tuple | None = None
-        self._ones: dict[torch.dtype, torch.Tensor] = {}
+        self._weights: dict[tuple, torch.Tensor] = {}
 
     def arrays(self, cols: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row pointer, column of each edge) of a product with ``n`` columns: the graph's
@@ -126,11 +126,22 @@ class Layout:
             self._sddmm = sddmm_pattern(self.g, self.rowptr, self.src, self.g.num_src)
         return self._sddmm
 
-    def ones(self, dtype: torch.dtype) -> torch.Tensor:
-        """A weight of 1 per edge (the values of an unweighted product), in ``dtype``."""
-        if dtype not in self._ones:
-            self._ones[dtype] = torch.ones(self.g.num_edges, dtype=dtype, device=self.g.device)
-        return self._ones[dtype]
+    def weights(self, kind: str, dtype: torch.dtype, transposed: bool = False) -> torch.Tensor:
+        """The values [E, 1] of an unweighted product reducing by ``kind``: 1 per edge for a
+        sum, 1 / max(1, in-degree of dst(e)) for a mean (so the product is the mean: no
+        division of its rows, nor of their gradient); in the transposed order if asked."""
+        key = (kind, dtype, transposed)
+        if key not in self._weights:
+            g = self.g
+            if kind == "mean":
+                count = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(dtype)
+                w = count.reciprocal().index_select(0, g.dst)
+            else:
+                w = torch.ones(g.num_edges, dtype=dtype, device=g.device)
+            if transposed and kind != "sum":
+                w = w.index_select(0, self.transposed()[2])
+            self._weights[key] = w.unsqueeze(1)
+        return self._weights[key]
 
 
 _LAYOUTS: "weakref.WeakKeyDictionary[Graph, Layout]" = weakref.WeakKeyDictionary()
@@ -180,8 +191,10 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
                   * w.reshape(w.shape[0], heads, 1).to(xe.dtype)).reshape(xe.shape)
         return segment_reduce(kind, xe, g)
     cols, n = (g.src, g.num_src) if side == "src" else (None, g.num_edges)
+    if w is None and side == "src":  # the graph's own weights: the product is the reduction
+        return _CsrProduct.apply(g, cols, n, None, x, kind)
     w = w.reshape(w.shape[0], heads).to(x.dtype) if w is not None else None
-    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x), g)
+    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum"), g)
 
 
 def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tensor:
@@ -189,11 +202,19 @@ def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tenso
     -> [m, H, F] (H = 1: one product of the flattened features)."""
     heads = w.shape[1]
     if heads == 1:
-        return torch.sparse.mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
+        return _sparse_mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
     out = x.new_empty(shape[0], heads, x.shape[2])
     for h in range(heads):
-        out[:, h] = torch.sparse.mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
+        out[:, h] = _sparse_mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
     return out
+
+
+def _sparse_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """CSR @ dense. On the CPU, torch's row-parallel reducing SpMM (``reduce="sum"``, torch
+    2.0 on), faster than the MKL product torch.sparse.mm calls otherwise."""
+    if x.device.type == "cpu":
+        return torch.sparse.mm(a, x, "sum")
+    return torch.sparse.mm(a, x)
 
 
 def sddmm_pattern(g: Graph, ptr: torch.Tensor, cols: torch.Tensor, n: int):
@@ -239,26 +260,27 @@ def _by_head(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 class _CsrProduct(torch.autograd.Function):
     """y = A_w @ x with A_w[v, col(e)] = w[e] for each edge e into v; multi-edges add up.
-    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: every weight is 1;
+    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: the graph's own
+    weights for reducing by ``unit`` (``Layout.weights``: 1, or 1 / in-degree for a mean);
     ``w`` [E, H]: one product per head h of x's features [n, H, F] with weights w[:, h].
 
     It keeps the weights (x too when they need a gradient) and the columns when they
-    are not the graph's; the graph's layout (its CSR and transposed index, the ones)
-    lives with the graph. Backward: dx = A_w^T @ dy (a CSR product over the transposed
+    are not the graph's; the graph's layout (its CSR and transposed index, its own
+    weights in both orders) lives with the graph. Backward: dx = A_w^T @ dy (a CSR product over the transposed
     index: per edge dy[dst(e)] w[e] when x is per edge), dw[e] = <dy[v], x[col(e)]>
     (an SDDMM, ``_sddmm``).
     """
 
     @staticmethod
-    def forward(ctx, g, cols, n, w, x):
+    def forward(ctx, g, cols, n, w, x, unit):
         lay = layout(g)
-        ctx.lay, ctx.n, ctx.x_shape = lay, n, x.shape
+        ctx.lay, ctx.n, ctx.x_shape, ctx.unit = lay, n, x.shape, unit
         ctx.graph_cols = cols is g.src
         # x is needed only for dw: keep it only then
         ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
                               None if ctx.graph_cols else cols)
         heads = 1 if w is None else w.shape[1]
-        ww = w.detach() if w is not None else lay.ones(x.dtype).unsqueeze(1)
+        ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
         ptr, c = lay.arrays(cols, n)
         y = _products(ptr, c, ww, (g.num_dst, n),
                       _by_head(x.detach(), heads))
@@ -273,10 +295,12 @@ class _CsrProduct(torch.autograd.Function):
         dy3 = _by_head(dy, heads)
         dw = dx = None
         if ctx.needs_input_grad[4]:
-            ww = w if w is not None else lay.ones(dy.dtype).unsqueeze(1)
+            ww = w if w is not None else lay.weights(ctx.unit, dy.dtype)
             if ctx.graph_cols:
                 ptr, rows, order = lay.transposed()
-                dx = _products(ptr, rows, ww.index_select(0, order), (n, g.num_dst), dy3)
+                wt = (ww.index_select(0, order) if w is not None
+                      else lay.weights(ctx.unit, dy.dtype, transposed=True))
+                dx = _products(ptr, rows, wt, (n, g.num_dst), dy3)
             elif cols is None:  # x per edge: dx[e] = w[e] dy[dst(e)]
                 dx = dy3.index_select(0, g.dst) * ww.unsqueeze(2)
             else:
@@ -289,7 +313,7 @@ class _CsrProduct(torch.autograd.Function):
             else:
                 pattern = sddmm_pattern(g, *lay.arrays(cols, n), n)
             dw = _sddmm(pattern, (g.num_dst, n), dy3, _by_head(x, heads))
-        return None, None, None, dw, dx
+        return None, None, None, dw, dx, None
 
 
 
@@ -310,7 +334,8 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
         per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
         cols = g.src * num_types + types
         w = w.reshape(-1, 1).to(x.dtype) if w is not None else None
-        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type), g)
+        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type,
+                                                 "sum"), g)
     rows = _GatheredTypedLinear.apply(x, table, types, g.src)
     return spmm(kind, g, rows, w, "edge")
 
@@ -348,7 +373,7 @@ def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[v] = sum of x[e] over the edges into v, as the CSR product [I_rows] @ x."""
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
-    return _CsrProduct.apply(g, None, g.num_edges, None, x)
+    return _CsrProduct.apply(g, None, g.num_edges, None, x, "sum")
 
 
 @accumulates

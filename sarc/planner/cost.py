@@ -144,7 +144,10 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
     ops = v.inputs
     if not any(need[j] for j in ops):
         return
-    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree:  # a mean's divisor
+    pattern = spmm_pattern(v)
+    own_weights = pattern is not None and pattern[1] is None and pattern[2] == "src"
+    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree and not own_weights:
+        # a mean's divisor (an unweighted product of x[src] has it in the graph's weights)
         kept.other(("degree", i), v.type.with_(feat=()))
     typed = typed_spmm_pattern(v)
     if typed is not None:
@@ -163,7 +166,6 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
                 rows = sympy.Min(N_SRC * t.feat[0], E)
                 kept.bytes(("products", i), Domain.EDGE, rows * t.feat[2] * DTYPE_BYTES[t.dtype])
         return
-    pattern = spmm_pattern(v)
     if pattern is not None:  # a CSR product keeps its edge weights (and x, for theirs)
         x, w, _ = pattern
         if w is not None:

@@ -140,3 +140,20 @@ def test_a_dst_value_computed_like_a_src_value_is_its_rows():
     code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
     assert sum("torch.matmul(" in line for line in code) == 1
     assert any(line.endswith("[: g.num_dst]") and "inputs" not in line for line in code)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+def test_unweighted_spmm_on_the_graphs_own_weights(kind, dtype):
+    """sum / mean of x[src] (the mean's 1 / in-degree in the graph's weights): values and the
+    gradient, a node without in-edges getting 0."""
+    g = _multi_graph()
+    x = torch.randn(5, 3, dtype=dtype, requires_grad=True)
+    got = K.spmm(kind, g, x)
+    want = torch.zeros(5, 3, dtype=dtype).index_add(0, g.dst, x[g.src])
+    if kind == "mean":
+        want = want / torch.bincount(g.dst, minlength=5).clamp(min=1).unsqueeze(-1)
+    torch.testing.assert_close(got, want)
+    ct = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad((got * ct).sum(), x)[0],
+                               torch.autograd.grad((want * ct).sum(), x)[0])
