@@ -82,17 +82,18 @@ def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 class Layout:
     """A graph's edge index as the sparse kernels read it, built once per graph
-    (``layout(g)``): the CSR arrays in the narrowest index dtype torch's sparse kernels
-    take (int32 halves the index traffic of MKL's SpMM where the sizes fit), and, made
-    on first use by a backward pass, the transposed (CSC) arrays: rows of each source,
-    sorted by source, and the edge each entry is (to permute the weights).
+    (``layout(g)``): the CSR arrays in int32 where the sizes fit (half the index bytes
+    to read), and, made on first use, the transposed (CSC) arrays of a backward pass
+    (rows of each source, sorted by source, and the edge each entry is), the distinct
+    pairs an SDDMM runs on, and the graph's own weights in both orders.
 
     A kernel keeps a layout on its autograd context, as it keeps the graph: both belong
-    to the graph, not to the step (``tests/planner/test_kept_bytes.py``).
+    to the graph, not to the step (``tests/planner/test_kept_bytes.py``). The layout
+    refers to its graph weakly, so the cache does not keep the graph alive.
     """
 
     def __init__(self, g: Graph):
-        self.g = g
+        self._graph = weakref.ref(g)
         fits = max(g.num_edges, g.num_src, g.num_dst) < 2 ** 31 - 1
         self.index_dtype = torch.int32 if fits else torch.int64
         self.rowptr = g.rowptr.to(self.index_dtype)
@@ -100,6 +101,10 @@ class Layout:
         self._transposed: tuple | None = None
         self._sddmm: tuple | None = None
         self._weights: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def g(self) -> Graph:
+        return self._graph()
 
     def arrays(self, cols: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row pointer, column of each edge) of a product with ``n`` columns: the graph's
@@ -266,15 +271,15 @@ class _CsrProduct(torch.autograd.Function):
 
     It keeps the weights (x too when they need a gradient) and the columns when they
     are not the graph's; the graph's layout (its CSR and transposed index, its own
-    weights in both orders) lives with the graph. Backward: dx = A_w^T @ dy (a CSR product over the transposed
-    index: per edge dy[dst(e)] w[e] when x is per edge), dw[e] = <dy[v], x[col(e)]>
-    (an SDDMM, ``_sddmm``).
+    weights in both orders) lives with the graph. Backward: dx = A_w^T @ dy (a CSR
+    product over the transposed index; per edge dy[dst(e)] w[e] when x is per edge),
+    dw[e] = <dy[v], x[col(e)]> (an SDDMM, ``_sddmm``).
     """
 
     @staticmethod
     def forward(ctx, g, cols, n, w, x, unit):
         lay = layout(g)
-        ctx.lay, ctx.n, ctx.x_shape, ctx.unit = lay, n, x.shape, unit
+        ctx.g, ctx.lay, ctx.n, ctx.x_shape, ctx.unit = g, lay, n, x.shape, unit
         ctx.graph_cols = cols is g.src
         # x is needed only for dw: keep it only then
         ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
@@ -282,14 +287,12 @@ class _CsrProduct(torch.autograd.Function):
         heads = 1 if w is None else w.shape[1]
         ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
         ptr, c = lay.arrays(cols, n)
-        y = _products(ptr, c, ww, (g.num_dst, n),
-                      _by_head(x.detach(), heads))
+        y = _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads))
         return y.reshape(g.num_dst, *x.shape[1:])
 
     @staticmethod
     def backward(ctx, dy):
-        lay, n = ctx.lay, ctx.n
-        g = lay.g
+        g, lay, n = ctx.g, ctx.lay, ctx.n
         w, x, cols = ctx.saved_tensors
         heads = 1 if w is None else w.shape[1]
         dy3 = _by_head(dy, heads)
@@ -628,7 +631,7 @@ class _SoftmaxProduct(torch.autograd.Function):
         lay = layout(g)
         heads = math.prod(s.shape[1:])
         alpha = _softmax_rows(s.detach().reshape(g.num_edges, heads), g)
-        ctx.lay, ctx.s_shape, ctx.z_shape = lay, s.shape, z.shape
+        ctx.g, ctx.lay, ctx.s_shape, ctx.z_shape = g, lay, s.shape, z.shape
         ctx.save_for_backward(alpha, z if ctx.needs_input_grad[1] else None)
         y = _products(lay.rowptr, lay.src, alpha, (g.num_dst, g.num_src), _by_head(z.detach(), heads))
         return y.reshape(g.num_dst, *z.shape[1:])
@@ -636,8 +639,7 @@ class _SoftmaxProduct(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        lay = ctx.lay
-        g = lay.g
+        g, lay = ctx.g, ctx.lay
         alpha, z = ctx.saved_tensors
         heads = alpha.shape[1]
         dy3 = _by_head(dy, heads)

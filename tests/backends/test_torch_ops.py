@@ -157,3 +157,14 @@ def test_unweighted_spmm_on_the_graphs_own_weights(kind, dtype):
     ct = torch.randn_like(want)
     torch.testing.assert_close(torch.autograd.grad((got * ct).sum(), x)[0],
                                torch.autograd.grad((want * ct).sum(), x)[0])
+
+
+def test_the_layout_cache_lets_its_graph_go():
+    import gc
+    import weakref
+    g = _multi_graph()
+    K.layout(g).transposed()
+    ref = weakref.ref(g)
+    del g
+    gc.collect()
+    assert ref() is None
