@@ -100,6 +100,7 @@ class Layout:
         self.src = g.src.to(self.index_dtype)
         self._transposed: tuple | None = None
         self._sddmm: tuple | None = None
+        self._edge_ids: torch.Tensor | None = None
         self._weights: dict[tuple, torch.Tensor] = {}
 
     @property
@@ -108,13 +109,15 @@ class Layout:
 
     def arrays(self, cols: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row pointer, column of each edge) of a product with ``n`` columns: the graph's
-        source (``cols`` is ``g.src``), the edge itself (None), or ``cols``; int64 where
-        ``n`` does not fit the layout's index dtype."""
+        source (``cols`` is ``g.src``), the edge itself (None: n is E, which fits), or
+        ``cols``; int64 where ``n`` does not fit the layout's index dtype."""
         g = self.g
         if cols is g.src:
             return self.rowptr, self.src
         if cols is None:
-            cols = torch.arange(g.num_edges, device=g.device)
+            if self._edge_ids is None:
+                self._edge_ids = torch.arange(g.num_edges, dtype=self.index_dtype, device=g.device)
+            return self.rowptr, self._edge_ids
         if n >= 2 ** 31 - 1:
             return g.rowptr, cols
         return self.rowptr, cols.to(self.index_dtype)
