@@ -4,11 +4,15 @@ Each layer of ``benchmarks/triton_kernels.py`` (GCN, GraphSAGE-mean, GAT 4x32 wi
 without attention dropout, GIN, RGCN) runs on a synthetic power-law graph, compiled by
 sarc for its PyTorch backend, and as the matching PyG and DGL layer where that library
 imports here (PyG in ``.venv``; DGL, and PyG, in ``.venv-dgl``, whose torch is 2.2.1:
-compare libraries within one run, not across environments). Median of ``--repeat``
-runs after one warm-up run.
+compare libraries within one run, not across environments). After one warm-up run each,
+the libraries run in turn, ``--repeat`` rounds (interleaved, so a load on the machine
+falls on all of them alike); the median of the rounds is reported. ``--memory`` adds
+each run's peak of bytes allocated through torch's CPU allocator (DGL's tensors are
+allocated there too), above what was allocated before the run, from the profiler's
+memory events.
 
     python benchmarks/layers_cpu.py [--nodes 100000] [--edges 1000000] [--feats 128]
-        [--repeat 3] [--json PATH]
+        [--repeat 3] [--layers GCN,GAT] [--memory] [--json PATH]
 """
 from __future__ import annotations
 
@@ -28,15 +32,37 @@ from sarc.datasets import power_law_graph  # noqa: E402
 from triton_kernels import _dgl_layer, _pyg_layer, layers  # noqa: E402
 
 
-def seconds(run, repeat: int) -> float:
-    """Median wall time of ``run()`` over ``repeat`` runs, after one warm-up run."""
-    run()
-    times = []
+def interleaved(runs: dict, repeat: int) -> dict:
+    """Median wall time of each ``runs[name]()`` over ``repeat`` rounds that run every one in
+    turn, after one warm-up run each; a run that raises gives its error (as text)."""
+    times: dict = {}
+    for name, run in runs.items():
+        try:
+            run()
+            times[name] = []
+        except Exception as err:  # noqa: BLE001 - one failing library should not hide the rest
+            times[name] = f"error: {type(err).__name__}: {err}"
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        for name, run in runs.items():
+            if isinstance(times[name], list):
+                t0 = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) if isinstance(v, list) else v for k, v in times.items()}
+
+
+def peak_bytes(run) -> int:
+    """Peak of the bytes torch's CPU allocator holds during ``run()``, above its start."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_us())
+    held = peak = 0
+    for e in events:
+        held += e.nbytes()
+        peak = max(peak, held)
+    return peak
 
 
 def libraries(data, n: int) -> dict:
@@ -62,6 +88,10 @@ def main(argv=None) -> None:
     ap.add_argument("--feats", type=int, default=128)
     ap.add_argument("--rels", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--layers", help="only the layers whose names start with one of these "
+                    "(comma-separated, e.g. GCN,GAT)")
+    ap.add_argument("--memory", action="store_true",
+                    help="also measure each run's peak allocated bytes")
     ap.add_argument("--json", help="write the measurements to this file")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -75,14 +105,17 @@ def main(argv=None) -> None:
     print(f"graph: {n} nodes, {e} edges, {args.feats} features; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; forward + backward, median of {args.repeat}\n")
     rows = []
+    wanted = [w for w in (args.layers or "").split(",") if w]
     for name, layer, relational in layers(args.feats, args.rels):
+        if wanted and not any(name.startswith(w) for w in wanted):
+            continue
         layer = layer.train().set_backend("torch")
         feats = {"h": x, **(edge if relational else {})}
 
-        def run_sarc():
+        def run_sarc(layer=layer, feats=feats):
             m_in = {**feats, "h": x.detach().requires_grad_()}
             layer(g, **m_in).sum().backward()
-        row = {"layer": name, "sarc": _timed(run_sarc, args.repeat)}
+        runs, row = {"sarc": run_sarc}, {"layer": name}
         for lib, graph in libs.items():
             try:
                 mod = (_pyg_layer if lib == "PyG" else _dgl_layer)(name, args.feats, args.rels).train()
@@ -97,7 +130,11 @@ def main(argv=None) -> None:
                 else:
                     out = mod(graph, xx, etype) if relational else mod(graph, xx)
                 out.sum().backward()
-            row[lib] = _timed(run_lib, args.repeat)
+            runs[lib] = run_lib
+        row.update(interleaved(runs, args.repeat))
+        if args.memory:
+            row["peak_bytes"] = {k: peak_bytes(run) for k, run in runs.items()
+                                 if isinstance(row[k], float)}
         rows.append(row)
         print(f"  {name}: done", file=sys.stderr, flush=True)
     head = ("layer", "sarc", *libs)
@@ -105,19 +142,19 @@ def main(argv=None) -> None:
     print("|" + "---|" * len(head))
     for row in rows:
         print("| " + " | ".join([row["layer"], *(_ms(row[k]) for k in head[1:])]) + " |")
+    if args.memory:
+        print("\npeak allocated bytes during one forward + backward (MiB):\n")
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in rows:
+            peaks = row.get("peak_bytes", {})
+            print("| " + " | ".join([row["layer"], *(f"{peaks[k] / 2**20:.1f}" if k in peaks
+                                                      else "-" for k in head[1:])]) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "args": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "graph": {"nodes": n, "edges": e}, "libraries": ["sarc", *libs],
             "unit": "seconds", "rows": rows}, indent=1))
-
-
-def _timed(run, repeat: int):
-    """Seconds, or the error that stopped the run (as text)."""
-    try:
-        return seconds(run, repeat)
-    except Exception as err:  # noqa: BLE001
-        return f"error: {type(err).__name__}: {err}"
 
 
 def _ms(v) -> str:

@@ -24,8 +24,8 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (arg_index, region_sides, region_width, spmm_pattern,
-                           typed_spmm_pattern)
+from ..ir.patterns import (arg_index, dst_rows_of_src, region_sides, region_width,
+                           spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from ..names import literal
@@ -92,7 +92,10 @@ def _fused(v: Value, a: list[str]) -> str:
         value = v.attr["value"]
         z = arg_index(value, value.result, "src")
         if z is not None:
-            return f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, g, {', '.join(operands)})"
+            score = v.attr["score"]
+            reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
+            return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, g, "
+                    f"{', '.join(operands)})")
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
     head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
@@ -204,8 +207,21 @@ class EdgeLowering:
 
 
 def generate(fn: Function) -> str:
-    """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``."""
-    regions, body = emit(fn, range(len(fn.values)), live_out=[j for _, j in fn.outputs])
+    """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``.
+
+    A dst value that is the first rows of a src value computed the same way
+    (``patterns.dst_rows_of_src``) is that value's rows, not computed again."""
+    twins = dst_rows_of_src(fn)
+    reads = {i: [twins[i]] if i in twins else list(v.inputs) for i, v in enumerate(fn.values)}
+    live = {j for _, j in fn.outputs}
+    for i in reversed(range(len(fn.values))):
+        if i in live:
+            live.update(reads[i])
+
+    def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
+        return f"{operands[0]}[: g.num_dst]" if i in twins else lower(i, v, operands, regions)
+    regions, body = emit(fn, sorted(live), lower_rows, live_out=[j for _, j in fn.outputs],
+                         inputs=reads)
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,
                           source=codegen.source_of(fn))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -79,11 +80,97 @@ def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
     return x.index_select(0, g.dst)
 
 
-def _csr_matmul(rowptr, col, values, shape, x: torch.Tensor) -> torch.Tensor:
-    """``A @ x`` for the CSR matrix (rowptr, col, values); x's feature dims flattened."""
-    a = csr(rowptr, col, values, shape)
-    y = torch.sparse.mm(a, x.reshape(x.shape[0], -1))
-    return y.reshape(shape[0], *x.shape[1:])
+class Layout:
+    """A graph's edge index as the sparse kernels read it, built once per graph
+    (``layout(g)``): the CSR arrays in int32 where the sizes fit (half the index bytes
+    to read), and, made on first use, the transposed (CSC) arrays of a backward pass
+    (rows of each source, sorted by source, and the edge each entry is), the distinct
+    pairs an SDDMM runs on, and the graph's own weights in both orders.
+
+    A kernel keeps a layout on its autograd context, as it keeps the graph: both belong
+    to the graph, not to the step (``tests/planner/test_kept_bytes.py``). The layout
+    refers to its graph weakly, so the cache does not keep the graph alive.
+    """
+
+    def __init__(self, g: Graph):
+        self._graph = weakref.ref(g)
+        fits = max(g.num_edges, g.num_src, g.num_dst) < 2 ** 31 - 1
+        self.index_dtype = torch.int32 if fits else torch.int64
+        self.rowptr = g.rowptr.to(self.index_dtype)
+        self.src = g.src.to(self.index_dtype)
+        self._transposed: tuple | None = None
+        self._sddmm: tuple | None = None
+        self._edge_ids: torch.Tensor | None = None
+        self._weights: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def g(self) -> Graph:
+        return self._graph()
+
+    def arrays(self, cols: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row pointer, column of each edge) of a product with ``n`` columns: the graph's
+        source (``cols`` is ``g.src``), the edge itself (None: n is E, which fits), or
+        ``cols``; int64 where ``n`` does not fit the layout's index dtype."""
+        g = self.g
+        if cols is g.src:
+            return self.rowptr, self.src
+        if cols is None:
+            if self._edge_ids is None:
+                self._edge_ids = torch.arange(g.num_edges, dtype=self.index_dtype, device=g.device)
+            return self.rowptr, self._edge_ids
+        if n >= 2 ** 31 - 1:
+            return g.rowptr, cols
+        return self.rowptr, cols.to(self.index_dtype)
+
+    def transposed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(colptr, dst rows, edge ids) of the graph's edges ordered by source (stable)."""
+        if self._transposed is None:
+            self._transposed = transpose(self.g.src, self.g.dst, self.g.num_src, self.index_dtype)
+        return self._transposed
+
+    def sddmm_pattern(self):
+        """``sddmm_pattern`` of the graph's edges (their columns the sources)."""
+        if self._sddmm is None:
+            self._sddmm = sddmm_pattern(self.g, self.rowptr, self.src, self.g.num_src)
+        return self._sddmm
+
+    def weights(self, kind: str, dtype: torch.dtype, transposed: bool = False) -> torch.Tensor:
+        """The values [E, 1] of an unweighted product reducing by ``kind``: 1 per edge for a
+        sum, 1 / max(1, in-degree of dst(e)) for a mean (so the product is the mean: no
+        division of its rows, nor of their gradient); in the transposed order if asked."""
+        key = (kind, dtype, transposed)
+        if key not in self._weights:
+            g = self.g
+            if kind == "mean":
+                count = (g.rowptr[1:] - g.rowptr[:-1]).clamp(min=1).to(dtype)
+                w = count.reciprocal().index_select(0, g.dst)
+            else:
+                w = torch.ones(g.num_edges, dtype=dtype, device=g.device)
+            if transposed and kind != "sum":
+                w = w.index_select(0, self.transposed()[2])
+            self._weights[key] = w.unsqueeze(1)
+        return self._weights[key]
+
+
+_LAYOUTS: "weakref.WeakKeyDictionary[Graph, Layout]" = weakref.WeakKeyDictionary()
+
+
+def layout(g: Graph) -> Layout:
+    """``g``'s ``Layout``, made on first use and dropped with the graph."""
+    lay = _LAYOUTS.get(g)
+    if lay is None:
+        lay = _LAYOUTS[g] = Layout(g)
+    return lay
+
+
+def transpose(cols: torch.Tensor, rows: torch.Tensor, num_cols: int, index_dtype: torch.dtype):
+    """The CSR arrays of a matrix's transpose from its entries' (row, column) in CSR order:
+    (pointer per column, row of each entry, the CSR position of each entry), entries
+    ordered by column, stably (so by row within a column)."""
+    order = torch.argsort(cols, stable=True)
+    ptr = torch.zeros(num_cols + 1, dtype=torch.int64, device=cols.device)
+    ptr[1:] = torch.cumsum(torch.bincount(cols, minlength=num_cols), 0)
+    return ptr.to(index_dtype), rows.index_select(0, order).to(index_dtype), order
 
 
 def _finalize(kind: str, s: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -96,67 +183,145 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
          side: str = "src") -> torch.Tensor:
     """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u]: CSR sparse matmul.
 
-    With ``side="edge"``, x is already per edge: y[v] = sum of w[e] * x[e].
-    No edge tensor is formed or kept; autograd gives ``A^T @ dy`` for x and an
-    SDDMM for w.
+    With ``side="edge"``, x is already per edge: y[v] = sum of w[e] * x[e]. ``w`` is a
+    scalar per edge, or one per head: ``w`` of shape [E, *heads] weighs the leading
+    feature axes ``heads`` of x (GAT's attention, [E, H, 1] against [N, H, D]), one
+    product per head. No edge tensor is formed or kept; the backward pass is
+    ``A^T @ dy`` for x and an SDDMM for w.
     """
+    heads = math.prod(w.shape[1:]) if w is not None else 1
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         xe = gather_src(x, g) if side == "src" else x
         if w is not None:
-            xe = xe * w.reshape(-1, *([1] * (xe.dim() - 1))).to(xe.dtype)
+            # sizes from the shapes, not -1: with no edges -1 is ambiguous
+            per_head = math.prod(xe.shape[1:]) // heads
+            xe = (xe.reshape(xe.shape[0], heads, per_head)
+                  * w.reshape(w.shape[0], heads, 1).to(xe.dtype)).reshape(xe.shape)
         return segment_reduce(kind, xe, g)
     cols, n = (g.src, g.num_src) if side == "src" else (None, g.num_edges)
-    w = w.reshape(-1).to(x.dtype) if w is not None else None
-    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x), g)
+    if w is None and side == "src":  # the graph's own weights: the product is the reduction
+        return _CsrProduct.apply(g, cols, n, None, x, kind)
+    w = w.reshape(w.shape[0], heads).to(x.dtype) if w is not None else None
+    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum"), g)
 
 
-def _columns(g: Graph, cols: torch.Tensor | None) -> torch.Tensor:
-    """A product's column of each edge: ``cols``, or the edge itself (None)."""
-    return cols if cols is not None else torch.arange(g.num_edges, device=g.rowptr.device)
+def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tensor:
+    """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]): x [n, H, F]
+    -> [m, H, F] (H = 1: one product of the flattened features)."""
+    heads = w.shape[1]
+    if heads == 1:
+        return _sparse_mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
+    out = x.new_empty(shape[0], heads, x.shape[2])
+    for h in range(heads):
+        out[:, h] = _sparse_mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
+    return out
 
 
-def _weights(g: Graph, w: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return w.detach() if w is not None else torch.ones(g.num_edges, dtype=x.dtype, device=x.device)
+def _sparse_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """CSR @ dense. On the CPU, torch's row-parallel reducing SpMM (``reduce="sum"``, torch
+    2.0 on), faster than the MKL product torch.sparse.mm calls otherwise."""
+    if x.device.type == "cpu":
+        return torch.sparse.mm(a, x, "sum")
+    return torch.sparse.mm(a, x)
+
+
+def sddmm_pattern(g: Graph, ptr: torch.Tensor, cols: torch.Tensor, n: int):
+    """The CSR pattern an SDDMM over the entries (dst(e), cols[e]) runs on: (ptr, cols, None)
+    when no (row, column) pair repeats, else the distinct pairs' (ptr, cols) and each
+    edge's pair (``torch.sparse.sampled_addmm`` refuses repeated entries; a repeated
+    pair's value is the same dot product)."""
+    key = g.dst * n + cols.long()
+    pairs, inverse = torch.unique(key, sorted=True, return_inverse=True)
+    if pairs.numel() == key.numel():
+        return ptr, cols, None
+    rows = torch.div(pairs, n, rounding_mode="floor")
+    uptr = torch.zeros(g.num_dst + 1, dtype=torch.int64, device=key.device)
+    uptr[1:] = torch.cumsum(torch.bincount(rows, minlength=g.num_dst), 0)
+    return uptr.to(ptr.dtype), (pairs - rows * n).to(cols.dtype), inverse
+
+
+def _sddmm(pattern, shape, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """d[e, h] = <a[row(e), h], b[col(e), h]> for each edge e of ``pattern``
+    (``sddmm_pattern``): a [m, H, F], b [n, H, F] -> [E, H]. ``torch.sparse.sampled_addmm``
+    on the CPU (no edge x feature tensor); elsewhere edge block by edge block."""
+    ptr, cols, inverse = pattern
+    heads, num = a.shape[1], cols.numel()
+    d = a.new_empty(num, heads)
+    if a.device.type == "cpu":
+        values = csr(ptr, cols, a.new_zeros(num), shape)
+        for h in range(heads):
+            d[:, h] = torch.sparse.sampled_addmm(values, a[:, h], b[:, h].t(), beta=0.0).values()
+        return d if inverse is None else d.index_select(0, inverse)
+    rows = torch.repeat_interleave(torch.arange(shape[0], device=a.device),
+                                   ptr[1:].long() - ptr[:-1].long(), output_size=num)
+    step = max(1, EDGE_BLOCK_ELEMS // max(1, heads * a.shape[2]))
+    for e0 in range(0, num, step):
+        e1 = min(num, e0 + step)
+        d[e0:e1] = (a.index_select(0, rows[e0:e1]) * b.index_select(0, cols[e0:e1].long())).sum(2)
+    return d if inverse is None else d.index_select(0, inverse)
+
+
+def _by_head(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of x as [rows, heads, features per head] (sizes from the shape: no -1)."""
+    return x.reshape(x.shape[0], heads, math.prod(x.shape[1:]) // heads)
 
 
 class _CsrProduct(torch.autograd.Function):
     """y = A_w @ x with A_w[v, col(e)] = w[e] for each edge e into v; multi-edges add up.
-    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: every weight is 1.
+    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: the graph's own
+    weights for reducing by ``unit`` (``Layout.weights``: 1, or 1 / in-degree for a mean);
+    ``w`` [E, H]: one product per head h of x's features [n, H, F] with weights w[:, h].
 
     It keeps the weights (x too when they need a gradient) and the columns when they
-    are not the graph's; the ones and the edge numbering are rebuilt in backward.
-    Backward: dx = A_w^T @ dy (sparse), dw[e] = <dy[v], x[col(e)]> (an SDDMM, computed
-    edge block by edge block so no E x D tensor is kept).
+    are not the graph's; the graph's layout (its CSR and transposed index, its own
+    weights in both orders) lives with the graph. Backward: dx = A_w^T @ dy (a CSR
+    product over the transposed index; per edge dy[dst(e)] w[e] when x is per edge),
+    dw[e] = <dy[v], x[col(e)]> (an SDDMM, ``_sddmm``).
     """
 
     @staticmethod
-    def forward(ctx, g, cols, n, w, x):
-        ctx.g, ctx.n, ctx.x_shape = g, n, x.shape
+    def forward(ctx, g, cols, n, w, x, unit):
+        lay = layout(g)
+        ctx.g, ctx.lay, ctx.n, ctx.x_shape, ctx.unit = g, lay, n, x.shape, unit
         ctx.graph_cols = cols is g.src
         # x is needed only for dw: keep it only then
         ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
                               None if ctx.graph_cols else cols)
-        return _csr_matmul(g.rowptr, _columns(g, cols), _weights(g, w, x), (g.num_dst, n),
-                           x.detach())
+        heads = 1 if w is None else w.shape[1]
+        ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
+        ptr, c = lay.arrays(cols, n)
+        y = _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads))
+        return y.reshape(g.num_dst, *x.shape[1:])
 
     @staticmethod
     def backward(ctx, dy):
-        g = ctx.g
+        g, lay, n = ctx.g, ctx.lay, ctx.n
         w, x, cols = ctx.saved_tensors
-        cols = _columns(g, g.src if ctx.graph_cols else cols)
+        heads = 1 if w is None else w.shape[1]
+        dy3 = _by_head(dy, heads)
         dw = dx = None
         if ctx.needs_input_grad[4]:
-            a = csr(g.rowptr, cols, _weights(g, w, dy), (g.num_dst, ctx.n))
-            dx = torch.sparse.mm(a.t(), dy.reshape(dy.shape[0], -1)).reshape(ctx.x_shape)
+            ww = w if w is not None else lay.weights(ctx.unit, dy.dtype)
+            if ctx.graph_cols:
+                ptr, rows, order = lay.transposed()
+                wt = (ww.index_select(0, order) if w is not None
+                      else lay.weights(ctx.unit, dy.dtype, transposed=True))
+                dx = _products(ptr, rows, wt, (n, g.num_dst), dy3)
+            elif cols is None:  # x per edge: dx[e] = w[e] dy[dst(e)]
+                dx = dy3.index_select(0, g.dst) * ww.unsqueeze(2)
+            else:
+                ptr, rows, order = transpose(cols, g.dst, n, lay.arrays(cols, n)[1].dtype)
+                dx = _products(ptr, rows, ww.index_select(0, order), (n, g.num_dst), dy3)
+            dx = dx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
-            dw = torch.empty_like(w)
-            width = max(1, x[0].numel()) if x.shape[0] else 1
-            step = max(1, EDGE_BLOCK_ELEMS // width)
-            x2, dy2 = x.reshape(x.shape[0], -1), dy.reshape(dy.shape[0], -1)
-            for e0 in range(0, g.num_edges, step):
-                e1 = min(g.num_edges, e0 + step)
-                dw[e0:e1] = (dy2.index_select(0, g.dst[e0:e1]) * x2.index_select(0, cols[e0:e1])).sum(1)
-        return None, None, None, dw, dx
+            if ctx.graph_cols:
+                pattern = lay.sddmm_pattern()
+            else:
+                pattern = sddmm_pattern(g, *lay.arrays(cols, n), n)
+            dw = _sddmm(pattern, (g.num_dst, n), dy3, _by_head(x, heads))
+        return None, None, None, dw, dx, None
+
+
 
 
 @accumulates
@@ -174,8 +339,9 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
     if g.num_src * num_types <= g.num_edges and x.dtype in _SPMM_DTYPES and g.num_edges:
         per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
         cols = g.src * num_types + types
-        w = w.reshape(-1).to(x.dtype) if w is not None else None
-        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type), g)
+        w = w.reshape(-1, 1).to(x.dtype) if w is not None else None
+        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type,
+                                                 "sum"), g)
     rows = _GatheredTypedLinear.apply(x, table, types, g.src)
     return spmm(kind, g, rows, w, "edge")
 
@@ -213,7 +379,7 @@ def segment_sum(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[v] = sum of x[e] over the edges into v, as the CSR product [I_rows] @ x."""
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         return torch.segment_reduce(x, "sum", offsets=g.rowptr, axis=0)
-    return _CsrProduct.apply(g, None, g.num_edges, None, x)
+    return _CsrProduct.apply(g, None, g.num_edges, None, x, "sum")
 
 
 @accumulates
@@ -436,21 +602,68 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
 
 
 @accumulates
-def softmax_spmm(score, sides: tuple[str, ...], value_index: int, g: Graph, *operands):
+def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[int, ...],
+                 g: Graph, *operands):
     """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.
 
-    The scores and weights (E x heads) are formed; the E x heads x D messages are not.
+    The score region reads the operands ``reads`` (gathered per edge); the scores and
+    weights (E x heads) are formed, the E x heads x D messages are not.
     """
-    per = [per_edge(x, s, g) for x, s in zip(operands, sides)]
-    alpha = edge_softmax(score(g, *per), g)
+    per = [per_edge(x, s, g) if k in reads else None
+           for k, (x, s) in enumerate(zip(operands, sides))]
+    scores = score(g, *per)
     z = operands[value_index]
-    if alpha.dim() == 1:
+    if z.dtype not in _SPMM_DTYPES or g.num_edges == 0:
+        alpha = edge_softmax(scores, g)
         return spmm("sum", g, z, alpha)
-    # Sizes from the feature shapes, not -1: with no edges (or no rows) -1 is ambiguous.
-    heads = math.prod(alpha.shape[1:])
-    zh = z.reshape(z.shape[0], heads, math.prod(z.shape[1:]) // heads)
-    outs = [spmm("sum", g, zh[:, h], alpha.reshape(-1, heads)[:, h]) for h in range(heads)]
-    return torch.stack(outs, 1).reshape(g.num_dst, *z.shape[1:])
+    return _SoftmaxProduct.apply(g, scores, z)
+
+
+class _SoftmaxProduct(torch.autograd.Function):
+    """y[v, h] = sum over the edges e into v of alpha[e, h] z[src(e), h], alpha the softmax
+    of the scores s [E, *heads] over each destination's edges: one CSR product per head
+    whose values are the weights.
+
+    It keeps the weights, and z when the scores need a gradient. Backward:
+    dz = A_alpha^T @ dy per head (the graph's transposed index), dalpha[e] =
+    <dy[dst(e)], z[src(e)]> (an SDDMM), ds from dalpha by ``edge_softmax_vjp``.
+    """
+
+    @staticmethod
+    def forward(ctx, g, s, z):
+        lay = layout(g)
+        heads = math.prod(s.shape[1:])
+        alpha = _softmax_rows(s.detach().reshape(g.num_edges, heads), g)
+        ctx.g, ctx.lay, ctx.s_shape, ctx.z_shape = g, lay, s.shape, z.shape
+        ctx.save_for_backward(alpha, z if ctx.needs_input_grad[1] else None)
+        y = _products(lay.rowptr, lay.src, alpha, (g.num_dst, g.num_src), _by_head(z.detach(), heads))
+        return y.reshape(g.num_dst, *z.shape[1:])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        g, lay = ctx.g, ctx.lay
+        alpha, z = ctx.saved_tensors
+        heads = alpha.shape[1]
+        dy3 = _by_head(dy, heads)
+        ds = dz = None
+        if ctx.needs_input_grad[2]:
+            ptr, rows, order = lay.transposed()
+            dz = _products(ptr, rows, alpha.index_select(0, order), (g.num_src, g.num_dst),
+                           dy3).reshape(ctx.z_shape)
+        if ctx.needs_input_grad[1]:
+            dalpha = _sddmm(lay.sddmm_pattern(), (g.num_dst, g.num_src), dy3, _by_head(z, heads))
+            ds = edge_softmax_vjp(alpha, dalpha, lambda t: segment_sum(t, g),
+                                  lambda t: t.index_select(0, g.dst)).reshape(ctx.s_shape)
+        return None, ds, dz
+
+
+def _softmax_rows(s: torch.Tensor, g: Graph) -> torch.Tensor:
+    """softmax of the scores s [E, H] over each destination's edges (max-shifted), as
+    ``_EdgeSoftmax`` computes it, with the edge temporaries reused in place."""
+    t = torch.segment_reduce(s, "max", offsets=g.rowptr, axis=0).index_select(0, g.dst)
+    torch.sub(s, t, out=t).exp_()
+    return t.div_(segment_sum(t, g).index_select(0, g.dst))
 
 
 @accumulates

@@ -4,8 +4,9 @@ aggregate is a (typed, weighted) sparse product, which kernels run as CSR SpMM a
 keep only their edge weights for the backward."""
 from __future__ import annotations
 
-from .function import Region, Value
-from .ops import Op
+from .function import Function, Region, Value
+from .ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
+from .types import Domain
 from .reducers import reducer
 
 
@@ -50,10 +51,28 @@ def edge_scalar(r: Region, j: int) -> int | None:
     return arg_index(r, j, "edge") if (v.op is Op.ARG and all(d == 1 for d in v.type.feat)) else None
 
 
+def edge_head_weight(r: Region, j: int, feat: tuple[int, ...]) -> int | None:
+    """The operand read by ``j`` if it is an edge value weighing the leading axes of
+    features ``feat``: of shape ``feat[:k] + (1, ...)``, k below ``len(feat)`` (a scalar
+    per edge when k = 0, one per head for GAT's ``x[src] * alpha.unsqueeze(-1)``), maybe
+    reshaped from the operand (a reshape keeps a row's element order: the operand holds
+    those weights)."""
+    t = r.values[j].type.feat
+    k = len(t)
+    while k and t[k - 1] == 1:
+        k -= 1
+    if len(t) != len(feat) or t[:k] != feat[:k] or (k and k == len(feat)):
+        return None  # not a weight of leading axes (a full-width edge value is no weight)
+    while r.values[j].op is Op.RESHAPE:
+        j = r.values[j].inputs[0]
+    return arg_index(r, j, "edge")
+
+
 def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     """(feature operand, edge-weight operand or None, its side) when an aggregate is a
-    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]`` (x may
-    also be an edge value: a weighted segment sum)."""
+    (weighted) sparse product: ``sum/mean of x[src]`` or ``of x[src] * w[e]``, w a
+    scalar per edge or one per head (``edge_head_weight``); x may also be an edge
+    value: a weighted segment sum."""
     if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).linear:
         return None
     r = v.attr["body"]
@@ -64,7 +83,7 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     if res.op is Op.MUL:
         a, b = res.inputs
         for p, q in ((a, b), (b, a)):
-            w = edge_scalar(r, q)
+            w = edge_head_weight(r, q, res.type.feat)
             for side in ("src", "edge"):
                 x = arg_index(r, p, side)
                 if x is not None and w is not None and w != x and r.values[p].type == res.type:
@@ -92,3 +111,46 @@ def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
     if None in (x, table, types) or r.values[r.result].type.feat != t.type.feat:
         return None
     return x, table, types, w
+
+
+ROW_WISE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
+    Op.LINEAR, Op.MATMUL, Op.RESHAPE, Op.CONCAT, Op.SUM_AXIS, Op.SLICE, Op.EXPAND}
+"""Ops whose every row of the result is a function of the same row of their node operands
+(and of params): computing them on the first rows gives the first rows of the result.
+Dropout draws its mask for the whole tensor, so it is not one."""
+
+
+def dst_rows_of_src(fn: Function) -> dict[int, int]:
+    """dst value -> the earlier src value whose first ``num_dst`` rows it is.
+
+    A destination node is the source node of the same index (``sarc.graph``), so a dst
+    input is the source input's first rows, and a row-wise function (``ROW_WISE``) of
+    the dst inputs is the same function of the src inputs, cut to the dst rows: GAT's
+    ``lin(dst.h)`` is ``lin(src.h)[:num_dst]``, computed once instead of twice."""
+    keys: dict[int, tuple] = {}
+    src_value: dict[tuple, int] = {}
+    twins: dict[int, int] = {}
+    for i, v in enumerate(fn.values):
+        key = _row_key(v, keys)
+        if key is None:
+            continue
+        keys[i] = key
+        if v.type.domain is Domain.SRC:
+            src_value.setdefault(key, i)
+        elif v.type.domain is Domain.DST and v.op is not Op.INPUT and key in src_value:
+            twins[i] = src_value[key]
+    return twins
+
+
+def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:
+    """What a node value computes row by row, the same for its src and dst versions
+    (None: not row-wise, or not a node value)."""
+    if v.op is Op.PARAM or v.op is Op.CONST:
+        return (v.op, v.attrs, v.type)
+    if v.type.domain not in (Domain.SRC, Domain.DST):
+        return None
+    if v.op is Op.INPUT:
+        return (v.op, v.attrs, v.type.with_(domain=Domain.SRC))
+    if v.op not in ROW_WISE or any(j not in keys for j in v.inputs):
+        return None
+    return (v.op, v.attrs, tuple(keys[j] for j in v.inputs), v.type.feat, v.type.dtype)

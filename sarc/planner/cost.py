@@ -56,9 +56,12 @@ def nbytes(t: TensorType) -> sympy.Expr:
 
 class _Kept:
     """The tensors kept for backward, each once: key -> type. A key names a storage: a
-    reshape keeps its input's, a layer input its name's (its src rows)."""
+    reshape keeps its input's, a layer input its name's (its src rows), a dst value the
+    kernel takes as a src value's first rows (``patterns.dst_rows_of_src``) that value's."""
 
     def __init__(self, fn: Function):
+        from ..ir.patterns import dst_rows_of_src
+        self.twins = dst_rows_of_src(fn)  # dst values the kernel takes as src values' rows
         self.inputs: dict[str, TensorType] = {}
         for v in fn.values:
             if v.op is Op.INPUT and (v.attr["name"] not in self.inputs
@@ -68,8 +71,8 @@ class _Kept:
         self.sized: dict[object, tuple[Domain, sympy.Expr]] = {}  # bytes not of one value's type
 
     def value(self, values, j: int, scope=()) -> None:
-        while values[j].op is Op.RESHAPE:
-            j = values[j].inputs[0]
+        while values[j].op is Op.RESHAPE or (not scope and j in self.twins):
+            j = self.twins[j] if not scope and j in self.twins else values[j].inputs[0]
         v = values[j]
         if v.op is Op.INPUT:
             self.seen.setdefault(("input", v.attr["name"]), self.inputs[v.attr["name"]])
@@ -141,7 +144,10 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
     ops = v.inputs
     if not any(need[j] for j in ops):
         return
-    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree:  # a mean's divisor
+    pattern = spmm_pattern(v)
+    own_weights = pattern is not None and pattern[1] is None and pattern[2] == "src"
+    if v.op is Op.AGGREGATE and reducer(v.attr["kind"]).by_degree and not own_weights:
+        # a mean's divisor (an unweighted product of x[src] has it in the graph's weights)
         kept.other(("degree", i), v.type.with_(feat=()))
     typed = typed_spmm_pattern(v)
     if typed is not None:
@@ -160,7 +166,6 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
                 rows = sympy.Min(N_SRC * t.feat[0], E)
                 kept.bytes(("products", i), Domain.EDGE, rows * t.feat[2] * DTYPE_BYTES[t.dtype])
         return
-    pattern = spmm_pattern(v)
     if pattern is not None:  # a CSR product keeps its edge weights (and x, for theirs)
         x, w, _ = pattern
         if w is not None:

@@ -112,7 +112,7 @@ def edge_partials(g, inputs, params, training, seed, norms):
     #             ^2: edge f32[E,2,1] = reshape(^1, feat=[2, 1])                   # gat.py:39
     #             ^3: edge f32[E,2,4] = mul(^0, ^2)                                # gat.py:39
     #             yield ^3
-    v8 = K.aggregate("sum", _edge_partials_v8_body, ('src', 'edge'), 8, g, v0, v7)
+    v8 = K.spmm("sum", g, v0, v7, "src")
     del v0, v7
     return {"$agg0": v8}
 
@@ -176,7 +176,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #             ^2: edge f32[E,2,1] = reshape(^1, feat=[2, 1])                   # gat.py:39
     #             ^3: edge f32[E,2,4] = mul(^0, ^2)                                # gat.py:39
     #             yield ^3
-    v8 = K.aggregate("sum", _edge_surrogate_v8_body, ('src', 'edge'), 8, g, v0, v7)
+    v8 = K.spmm("sum", g, v0, v7, "src")
     del v0, v7
     return (v8 * cot["$agg0"]).sum()
 
