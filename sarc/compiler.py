@@ -116,7 +116,7 @@ def _plan(c: dict) -> None:
         c["plan"] = plan_layer(c["name"], c["optimized"], mode=t.mode, workers=t.workers,
                                stats=t.stats, mem_budget=t.mem_budget, baseline=t.baseline,
                                exec_mode=t.exec_mode, inputs_need_grad=t.inputs_need_grad,
-                               kept_peers=t.kept_peers)
+                               kept_peers=t.kept_peers, distributed=t.splits)
 
 
 def _distribute(c: dict) -> None:

@@ -226,29 +226,35 @@ class _Costs:
         return (self.passes - 1) + self.bwd_passes + grad * max(self.bwd_passes - 1, 0)
 
 
-def _costs(fn: Function, baseline: bool, inputs_need_grad: bool) -> _Costs:
+def _costs(fn: Function, baseline: bool, inputs_need_grad: bool,
+           distributed: bool = True) -> _Costs:
     chosen, alts = _choose(exchange_candidates(fn, inputs_need_grad), baseline)
     unfused = _has_unfused_softmax(fn)
     passes = 2 if ((baseline and _has_softmax(fn)) or unfused) else 1
     # the backward pass revisits the blocks only if a gradient flows through the edges
     bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
-    return _Costs(chosen, alts, passes, bwd_passes, saved_for_backward(fn, inputs_need_grad))
+    return _Costs(chosen, alts, passes, bwd_passes,
+                  saved_for_backward(fn, inputs_need_grad, distributed=distributed))
 
 
 def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                stats: ShardStats | None = None, mem_budget: int | None = None,
                baseline: bool = False, exec_mode: str | None = None,
                inputs_need_grad: bool = True,
-               kept_peers: tuple[tuple[int, ...], ...] | None = None) -> LayerPlan:
+               kept_peers: tuple[tuple[int, ...], ...] | None = None,
+               distributed: bool | None = None) -> LayerPlan:
     """Plan one optimized layer. ``kept_peers``: per worker, the peers whose rows it keeps,
-    as ``share_budget`` chose them for the whole step (else ``mem_budget`` is this layer's)."""
+    as ``share_budget`` chose them for the whole step (else ``mem_budget`` is this layer's).
+    ``distributed``: the layer runs its distributed schedule (default: on more than one
+    worker), whose kept bytes are the schedule's, not a ``Graph`` kernel's."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if exec_mode is not None and exec_mode not in EXEC_MODES:
         raise ValueError(f"unknown execution mode {exec_mode!r}; expected one of {', '.join(EXEC_MODES)}")
     if stats is not None and stats.num_parts != workers:
         raise ValueError(f"the partition has {stats.num_parts} parts but {workers} workers were asked for")
-    costs = _costs(fn, baseline, inputs_need_grad)
+    costs = _costs(fn, baseline, inputs_need_grad,
+                   workers > 1 if distributed is None else distributed)
     chosen, alts, passes, bwd_passes, saved = (costs.chosen, costs.alts, costs.passes,
                                                costs.bwd_passes, costs.saved)
     recomputed = [f"edge values of {v.op.value} %{i}" for i, v in enumerate(fn.values) if v.op in FUSED

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from zoo import LAYERS, features
 
@@ -142,3 +143,17 @@ def test_rgcn_on_a_graph_with_fewer_edges_than_nodes_times_types(inputs_need_gra
     feats = features(layer, g, D)
     feats["h"].requires_grad_(inputs_need_grad)
     assert kept_by_plan(layer, g, inputs_need_grad) == kept_by_kernel(layer, g, feats)
+
+
+def test_a_distributed_plan_keeps_the_dst_value_its_schedule_computes():
+    """On a ``Graph`` the kernel takes GAT's ``lin(dst.h)`` as ``lin(src.h)``'s first rows
+    and keeps one storage; a distributed schedule computes the dst value on the worker's
+    own rows apart from the blocks' src values, and keeps both."""
+    from sarc.ir.patterns import dst_rows_of_src
+    layer = LAYERS["gat_4heads_concat"](D)
+    on_graph = compile_layer(layer, target=Target(), through="plan")
+    scheduled = compile_layer(layer, target=Target(distributed=True), through="plan").plan
+    assert dst_rows_of_src(on_graph.optimized), "no dst value computed like a src value"
+    heads, width, f32 = 4, 3, 4  # the dst value lin(dst.h): [N_dst, 4 heads x 3] float32
+    assert sympy.expand(scheduled.saved["total"] - on_graph.plan.saved["total"]) == \
+        heads * width * f32 * N_DST
