@@ -74,15 +74,26 @@ def share_memory(model, dg: DistGraph) -> None:
     module order, the first one's input needing no gradient). The trainer calls it
     before the first step; the layers' programs are planned with the shares."""
     from ..dsl import Layer
-    if dg.mem_budget is None or dg.size == 1 or dg.exec_mode not in (None, "hybrid"):
+    if not shares_budget(dg):
         return
     layers = [m for m in model.modules() if isinstance(m, Layer)]
-    fns = [(compiler.compile_layer(layer, layer._sarc_backend, through="optimize").optimized,
-            k > 0)
-           for k, layer in enumerate(layers)]
-    for layer, kept in zip(layers, share_budget(fns, dg.stats, dg.mem_budget, dg.baseline)):
+    for layer, kept in zip(layers, share_budget(step_layers(layers), dg.stats, dg.mem_budget,
+                                                dg.baseline)):
         dg.kept_share[id(layer)] = kept
     dg.programs.clear()
+
+
+def shares_budget(dg: DistGraph) -> bool:
+    """Whether the layers on ``dg`` share a memory budget (a plan of kept peers: several
+    workers, the planner's or the hybrid execution mode)."""
+    return dg.mem_budget is not None and dg.size > 1 and dg.exec_mode in (None, "hybrid")
+
+
+def step_layers(layers) -> list:
+    """A step's sarc layers, in call order, as ``share_budget`` prices them: each optimized
+    for its backend, and whether its input needs a gradient (all but the first's)."""
+    return [(compiler.compile_layer(layer, layer._sarc_backend, through="optimize").optimized,
+             k > 0) for k, layer in enumerate(layers)]
 
 
 def _budget_left(dg: DistGraph, layer):

@@ -308,19 +308,16 @@ class BlockGraphs:
         return graphs
 
     def _share_budget(self) -> None:
-        budget = self.options.get("mem_budget")
+        from ..planner.plan import share_budget
+        from .schedule import shares_budget, step_layers
         first = self.graphs[0]
-        if (budget is None or first.size == 1 or first.exec_mode not in (None, "hybrid")
-                or not self.layers):
+        if not shares_budget(first) or not self.layers:
             return
         if len(self.layers) != len(self.graphs):
             raise TrainError(f"the model has {len(self.layers)} sarc layers but the step has "
                              f"{len(self.graphs)} blocks")
-        from ..compiler import compile_layer
-        from ..planner.plan import share_budget
-        fns = [(compile_layer(layer, layer._sarc_backend, through="optimize").optimized, k > 0)
-               for k, layer in enumerate(self.layers)]
-        kept = share_budget(fns, [g.stats for g in self.graphs], budget, first.baseline)
+        fns = step_layers(self.layers)
+        kept = share_budget(fns, [g.stats for g in self.graphs], first.mem_budget, first.baseline)
         for layer, g, k in zip(self.layers, self.graphs, kept):
             g.kept_share[id(layer)] = k
         self.shared = (fns, kept)
@@ -339,10 +336,7 @@ class BlockGraphs:
             need = step_kept_bytes(fns, [ShardStats.of_worker(s) for s in shards], kept, r,
                                    first.baseline)
             over = int(need > (budget if isinstance(budget, int) else budget[r]))
-        mine = [over]
-        for s in shards:
-            mine += [s.num_local, sum(b.num_edges for b in s.blocks), s.local_block.num_dst,
-                     *(0 if j == r else int(s.needed_rows[j].numel()) for j in range(p))]
+        mine = [over, *(f for s in shards for f in ShardStats.worker_figures(s))]
         t = torch.tensor(mine, dtype=torch.int64, device=comm_device(self.group))
         rows = [torch.zeros_like(t) for _ in range(p)]
         try:
@@ -352,13 +346,9 @@ class BlockGraphs:
                                 f"worker died or did not answer in time): "
                                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         rows = [row.cpu().tolist() for row in rows]
-        width = p + 3
-        stats = []
-        for k in range(len(shards)):
-            cols = [row[1 + k * width:1 + (k + 1) * width] for row in rows]
-            stats.append(ShardStats(p, tuple(c[0] for c in cols), tuple(c[1] for c in cols),
-                                    tuple(tuple(c[3:]) for c in cols),
-                                    tuple(c[2] for c in cols)))
+        width = p + 3  # a layer's worker_figures
+        stats = [ShardStats.from_figures([row[1 + k * width:1 + (k + 1) * width] for row in rows])
+                 for k in range(len(shards))]
         return stats, any(row[0] for row in rows)
 
     def planned_bytes_sent(self, last: int) -> int | None:

@@ -218,6 +218,12 @@ class _Costs:
         """Per worker, the bytes backward keeps of its own shard (kept in every mode)."""
         return [_local_kept(self.saved["total"], stats, r) for r in range(stats.num_parts)]
 
+    def kept_bytes(self, stats: ShardStats, kept: tuple[int, ...], r: int) -> int:
+        """The bytes worker r keeps: its own share and the rows of the peers ``kept``."""
+        remote = 0 if self.chosen is None else self.chosen.row_bytes * sum(
+            stats.boundary[r][j] for j in kept)
+        return _local_kept(self.saved["total"], stats, r) + remote
+
     def rows_saved_per_row_kept(self) -> int:
         """Row transfers a kept remote row saves a worker in one step: the forward passes
         after the first, the backward re-fetches, and the gradients sent back per pass
@@ -305,7 +311,7 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     # backward pass to the readers that did not keep them; and the gradients of the rows it
     # received, once per backward pass (kept rows: accumulated, sent once at the end)
     sent = _bytes_sent(bnd, rb, kept, passes, bwd_passes, grad)
-    kept_bytes = [local[r] + rb * sum(bnd[r][j] for j in kept[r]) for r in range(p)]
+    kept_bytes = [costs.kept_bytes(stats, kept[r], r) for r in range(p)]
     if em != "oneshot":
         recomputed.append("remote rows (re-fetched in backward)")
     expr = (B * rb * (1 + grad) if em == "oneshot"
@@ -401,13 +407,8 @@ def step_kept_bytes(layers: list[tuple[Function, bool]], stats: list[ShardStats]
     choice): each layer's share of its own block and the kept remote rows, summed.
     Only worker ``r``'s figures are read (``ShardStats.of_worker``: a worker can check a
     step alone)."""
-    total = 0
-    for (fn, need), st, k in zip(layers, stats, kept):
-        c = _costs(fn, baseline, need)
-        total += _local_kept(c.saved["total"], st, r)
-        if c.chosen is not None:
-            total += c.chosen.row_bytes * sum(st.boundary[r][j] for j in k[r])
-    return total
+    return sum(_costs(fn, baseline, need).kept_bytes(st, k[r], r)
+               for (fn, need), st, k in zip(layers, stats, kept))
 
 
 def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", workers: int = 1,

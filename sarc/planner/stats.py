@@ -30,34 +30,42 @@ class ShardStats:
         return self.nodes[r] if self.dst_nodes is None else self.dst_nodes[r]
 
     @staticmethod
+    def worker_figures(shard) -> list[int]:
+        """One worker's figures of its shard (``sarc.runtime.sharded.ShardedGraph``: a
+        full-batch shard or a minibatch layer's block): its local rows, its blocks' edges,
+        the local block's destinations, then per worker the rows it reads from it (0 for
+        its own). Local; ``from_figures`` joins every worker's."""
+        p, r = shard.num_parts, shard.rank
+        return [shard.num_local, sum(b.num_edges for b in shard.blocks), shard.local_block.num_dst,
+                *(0 if j == r else int(shard.needed_rows[j].numel()) for j in range(p))]
+
+    @staticmethod
+    def from_figures(rows: Sequence[Sequence[int]]) -> "ShardStats":
+        """The statistics of every worker's ``worker_figures``, by rank."""
+        p = len(rows)
+        return ShardStats(p, tuple(int(f[0]) for f in rows), tuple(int(f[1]) for f in rows),
+                          tuple(tuple(int(b) for b in f[3:3 + p]) for f in rows),
+                          tuple(int(f[2]) for f in rows))
+
+    @staticmethod
     def from_shards(shards: Sequence) -> "ShardStats":
         """Statistics of the P workers' shards of one graph, in rank order: full-batch
-        shards or one minibatch layer's blocks (``sarc.runtime.sharded.ShardedGraph``:
-        its local rows, its blocks' edges, the rows it reads from each peer; the local
-        block's destinations)."""
+        shards or one minibatch layer's blocks."""
         p = len(shards)
         if [sh.rank for sh in shards] != list(range(p)) or any(sh.num_parts != p for sh in shards):
             raise ValueError(f"expected the shards of ranks 0..{p - 1} of one {p}-part graph, got "
                              f"ranks {[sh.rank for sh in shards]} of "
                              f"{sorted({sh.num_parts for sh in shards})} parts")
-        return ShardStats(
-            p, tuple(sh.num_local for sh in shards),
-            tuple(sum(b.num_edges for b in sh.blocks) for sh in shards),
-            tuple(tuple(0 if j == r else int(sh.needed_rows[j].numel()) for j in range(p))
-                  for r, sh in enumerate(shards)),
-            tuple(sh.local_block.num_dst for sh in shards))
+        return ShardStats.from_figures([ShardStats.worker_figures(sh) for sh in shards])
 
     @staticmethod
     def of_worker(shard) -> "ShardStats":
         """What one worker knows of its own shard alone (``from_shards``' row of its rank;
         the other workers' figures are 0): enough to price its own memory, not its
         peers' traffic. Local."""
-        p, r = shard.num_parts, shard.rank
-        own = lambda v: tuple(v if j == r else 0 for j in range(p))  # noqa: E731
-        row = tuple(0 if j == r else int(shard.needed_rows[j].numel()) for j in range(p))
-        return ShardStats(p, own(shard.num_local), own(sum(b.num_edges for b in shard.blocks)),
-                          tuple(row if j == r else (0,) * p for j in range(p)),
-                          own(shard.local_block.num_dst))
+        none = [0] * (3 + shard.num_parts)
+        return ShardStats.from_figures([ShardStats.worker_figures(shard) if j == shard.rank
+                                        else none for j in range(shard.num_parts)])
 
     @staticmethod
     def elementwise_max(stats: Sequence["ShardStats"]) -> "ShardStats":
