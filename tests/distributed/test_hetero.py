@@ -21,52 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarc
+from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
 
 from .harness import spawn
 
 N, E, RELS, CLASSES, HIDDEN = 60, 400, 4, 3, 6
 WIDTHS = {0: 4, 1: 7}
 REL_TOL = 1e-5
-
-
-class MeanLayer(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.neigh, self.root = nn.Linear(i, o), nn.Linear(i, o, bias=False)
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.mean(msg.m)
-
-    def update(self, dst, agg):
-        return self.neigh(agg.agg) + self.root(dst.h)
-
-
-class NormSumLayer(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i}, edge={"w": ()})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        norm = (src.out_degree.clamp(min=1) * dst.in_degree.clamp(min=1)) ** -0.5
-        return self.lin(src.h) * (norm * edge.w).unsqueeze(-1)
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
-
-
-class MaxLayer(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return torch.tanh(self.lin(src.h))
-
-    def reduce(self, msg):
-        return sarc.max(msg.m)
 
 
 class Net(nn.Module):

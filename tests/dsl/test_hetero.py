@@ -9,56 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import sarc
+from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
 
 N, E, F_IN, F_OUT, TYPES = 40, 220, 6, 5, 2
-
-
-class MeanLayer(sarc.Layer):
-    """GraphSAGE-mean: W_n mean(h_u) + b + W_s h_v."""
-
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.neigh, self.root = nn.Linear(i, o), nn.Linear(i, o, bias=False)
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.mean(msg.m)
-
-    def update(self, dst, agg):
-        return self.neigh(agg.agg) + self.root(dst.h)
-
-
-class NormSumLayer(sarc.Layer):
-    """GCN's symmetric norm with the relation's degrees: sum W h_u / sqrt(d_u d_v), an
-    edge weight w on each edge."""
-
-    def __init__(self, i, o):
-        super().__init__(node={"h": i}, edge={"w": ()})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        norm = (src.out_degree.clamp(min=1) * dst.in_degree.clamp(min=1)) ** -0.5
-        return self.lin(src.h) * (norm * edge.w).unsqueeze(-1)
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
-
-
-class MaxLayer(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return torch.tanh(self.lin(src.h))
-
-    def reduce(self, msg):
-        return sarc.max(msg.m)
 
 
 def reference_layer(layer, src, dst, w, x, n):
