@@ -4,7 +4,9 @@ The workload of DGL's multi-GPU sampling tutorial: GraphSAGE-mean (one layer per
 fanout, ReLU between, the given hidden size), neighbour sampling with the given fanouts
 (default 10,25, input layer first), minibatches of the training nodes, Adam, a few
 epochs. Per run: epoch time (mean over the epochs after the first when there are
-several), samples per second (training seeds per second), peak memory per worker (RSS,
+several; the seconds of the steps, as DGL's loop counts them: sarc evaluates once, after
+the last epoch, outside them), samples per second (training seeds per second), peak
+memory per worker (RSS,
 and torch's CUDA peak where there is a GPU) and bytes sent per step per worker.
 
 - sarc rows: ``sarc train models/sage.py --mode sampling --fanouts F --batch-size B
@@ -83,7 +85,8 @@ def run_sarc(graph: Path, info: dict, p: int, args, tmp: Path) -> dict:
     cmd = [sys.executable, "-m", "sarc.cli", "train", str(ROOT / "models" / "sage.py"),
            "--dataset", str(graph), "--mode", "sampling", "--fanouts", args.fanouts,
            "--batch-size", str(args.batch_size * p), "--workers", str(p),
-           "--epochs", str(args.epochs), "--set", f"hidden={args.hidden}", "--set", "dropout=0",
+           "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
+           "--set", f"hidden={args.hidden}", "--set", "dropout=0",
            *(["--quiet"] if p == 1 else ["--log-every", str(args.epochs)]), "--json", str(out)]
     if len(args.fanout_list) != 2:
         return {"error": "models/sage.py has two layers: give two fanouts"}

@@ -38,7 +38,7 @@ from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
 from .training.device import placed
-from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected
+from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                  local_blocks, whole_graph_shard)
 
@@ -305,7 +305,7 @@ class ModelSelection:
 
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
           seed: int = 0, hparams: dict[str, Any] | None = None, data_root: str | None = None,
-          log: Callable[[str], None] | None = print, log_every: int = 1,
+          log: Callable[[str], None] | None = print, log_every: int = 1, eval_every: int = 1,
           checkpoint: CheckpointConfig | None = None, save: str | None = None,
           minibatch: MiniBatchConfig | None = None, device: torch.device | str = "cpu",
           backend: str = "torch") -> dict[str, Any]:
@@ -355,7 +355,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
             f"{', '.join(map(str, source.spec.fanouts))}")
         line = source.epoch_line
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), checkpoint=checkpoint,
-              run=run, log=log, log_every=log_every, line=line)
+              run=run, log=log, log_every=log_every, eval_every=eval_every, line=line)
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": data.num_nodes, "num_etypes": data.num_etypes,
@@ -368,7 +368,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc["test"], "final_loss": out.loss,
-        "time_s": out.elapsed_s, "epoch_ms": out.elapsed_s / out.epochs * 1e3,
+        "time_s": out.elapsed_s, "epoch_ms": out.elapsed_s / out.epochs * 1e3, **timings(out),
         "hparams": {k: v for k, v in hp.items()},
         "module": model,
     }

@@ -32,7 +32,7 @@ def link_command(args, spec, data) -> int:
     """``sarc train --task link`` on one process: train, print the result, write --json."""
     result = train_links(spec, data, epochs=args.epochs, seed=args.seed,
                          hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
-                         log_every=args.log_every, device=args.device, backend=args.backend)
+                         log_every=args.log_every, eval_every=args.eval_every, device=args.device, backend=args.backend)
     hits = " ".join(f"hits@{k} {result[f'test_hits@{k}']:.4f}" for k in HITS_AT)
     print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link prediction): "
           f"test mrr {result['test_mrr']:.4f} {hits} (val mrr {result['val_mrr']:.4f}, epoch "

@@ -237,6 +237,7 @@ def check_run_options(args) -> None:
     budget, the result file's folder."""
     at_least("--epochs", args.epochs, 1)
     at_least("--log-every", args.log_every, 1)
+    at_least("--eval-every", args.eval_every, 1)
     at_least("--threads", args.threads, 1)
     check_seed("--seed", args.seed)
     check_timeout("--timeout", args.timeout)

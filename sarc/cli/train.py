@@ -117,6 +117,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="override a hyperparameter, e.g. --set hidden=32 --set lr=0.005")
     add_embedding_arguments(p, p.add_argument_group("featureless graphs (--set embedding_dim=D)"))
     p.add_argument("--log-every", type=int, default=1, help="print every N-th epoch (default 1)")
+    p.add_argument("--eval-every", type=int, default=1, metavar="N",
+                   help="evaluate every N-th epoch and the last (default 1); the model "
+                        "selection and early stopping see those epochs")
     p.add_argument("--quiet", action="store_true", help="print only the final result")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     p.set_defaults(func=train_command)
@@ -141,7 +144,7 @@ def train_command(args) -> int:
         return link_command(args, spec, data)
     result = train(spec, data, epochs=args.epochs, seed=args.seed,
                    hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
-                   log_every=args.log_every, checkpoint=checkpoint, save=args.save,
+                   log_every=args.log_every, eval_every=args.eval_every, checkpoint=checkpoint, save=args.save,
                    minibatch=minibatch_config(args), device=args.device, backend=args.backend)
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "

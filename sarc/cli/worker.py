@@ -32,6 +32,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     add_embedding_arguments(p)
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=1)
     p.add_argument("--threads", type=int, help="torch CPU threads per worker")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds any collective or exchange may wait for a peer (default 120)")
@@ -79,7 +80,7 @@ def run(args) -> int:
                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
                        baseline=args.baseline, epochs=args.epochs, seed=args.seed,
                        hparams=parse_overrides(args.overrides), log_every=args.log_every,
-                       json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
+                       eval_every=args.eval_every, json_path=args.json, timeout_s=args.timeout, dataset=args.dataset,
                        checkpoint=checkpoint_config(args), save_path=args.save,
                        minibatch=minibatch_config(args), device=args.device,
                        backend=args.backend)

@@ -34,7 +34,8 @@ from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_
 def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
     """The worker's arguments, as ``sarc.cli.worker`` parses them."""
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
-           "--log-every", str(max(1, args.log_every)), "--timeout", str(args.timeout),
+           "--log-every", str(max(1, args.log_every)), "--eval-every", str(args.eval_every),
+           "--timeout", str(args.timeout),
            "--device", args.device, "--backend", args.backend]
     if args.exec_mode:
         cmd += ["--exec", args.exec_mode]

@@ -161,7 +161,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     selection = link_selection(hp["patience"])
     last = int(hp["epochs"])
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
-              log=log, log_every=cfg.log_every, line=lambda *a: link_line(*a, of=last))
+              log=log, log_every=cfg.log_every, eval_every=cfg.eval_every, line=lambda *a: link_line(*a, of=last))
     workers: list = [None] * size
     dist.all_gather_object(workers, {"rank": rank, **peak_memory(fixed_rss),
                                      **embedding_bytes(model, opt)}, group=group)

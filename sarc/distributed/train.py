@@ -47,7 +47,7 @@ from ..train import ModelSelection, TrainError, hyperparameters
 from ..sampling import Comm
 from ..training.device import placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
-from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected
+from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
 from .embedding import Embedding
@@ -66,6 +66,7 @@ class WorkerConfig:
     seed: int = 0
     hparams: dict | None = None
     log_every: int = 1
+    eval_every: int = 1
     json_path: str | None = None
     timeout_s: float = 120.0
     checkpoint: CheckpointConfig | None = None
@@ -473,7 +474,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             return f"{epoch_line(*progress, of=last)} | {source.progress()} (worker 0)"
 
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
-              checkpoint=cfg.checkpoint, run=run, log=log, log_every=cfg.log_every, line=line)
+              checkpoint=cfg.checkpoint, run=run, log=log, log_every=cfg.log_every,
+              eval_every=cfg.eval_every, line=line)
     if cfg.minibatch is None:
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
@@ -500,7 +502,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,
-        "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, "per_worker": workers,
+        "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, **timings(out),
+        "per_worker": workers,
         "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
                   for p in programs],
     }

@@ -21,6 +21,7 @@ index)``: v's sample depends on nothing else.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -91,29 +92,20 @@ def sample(table: InEdges, rows: torch.Tensor, orig_ids: torch.Tensor, fanout: i
     (table indices, position in ``rows`` of each edge's destination), grouped by
     destination in ``rows`` order, each group in edge order (draw order with replacement).
     ``key``: (seed, epoch, layer)."""
-    starts, ends = table.rowptr[rows], table.rowptr[rows + 1]
-    deg = ends - starts
-    pos = torch.repeat_interleave(torch.arange(rows.numel()), deg)
-    first = torch.cumsum(deg, 0) - deg                      # each group's first candidate
-    rank = torch.arange(int(deg.sum())) - first[pos]         # rank among its dst's in-edges
-    cand = starts[pos] + rank
-    if fanout == ALL or not cand.numel():
-        return cand, pos
+    starts = table.rowptr[rows]
+    deg = table.rowptr[rows + 1] - starts
+    if fanout == ALL or not replace:
+        return _without_replacement(table, starts, deg, orig_ids, fanout, key)
     seed, epoch, layer = key
     w = table.weight
-    if not replace:
-        u = uniform(seed, epoch, layer, orig_ids[pos], NEIGHBOUR_KEY, rank)
-        score = torch.log(u)
-        if w is not None:
-            score = score / w[cand]                          # -inf where w == 0
-        by_score = torch.argsort(-score, stable=True)
-        order = by_score[torch.argsort(pos[by_score], stable=True)]
-        nth = torch.arange(order.numel()) - first[pos[order]]
-        keep = order[(nth < fanout) & torch.isfinite(score[order])]
-        keep = keep[torch.argsort(pos[keep] * (int(deg.max()) + 1) + rank[keep])] if keep.numel() else keep
-        return cand[keep], pos[keep]
     # with replacement: fanout draws per destination that has an edge of positive weight
-    total = deg.to(torch.float64) if w is None else _group_sums(w[cand], pos, rows.numel())
+    if w is None:
+        total = deg.to(torch.float64)
+    else:
+        cand, pos, first = _all_in_edges(starts, deg)
+        if not cand.numel():
+            return cand, pos
+        total = _group_sums(w[cand], pos, rows.numel())
     live = (total > 0).nonzero().squeeze(1)
     dpos = live.repeat_interleave(fanout)
     draw = torch.arange(fanout).repeat(live.numel())
@@ -126,6 +118,64 @@ def sample(table: InEdges, rows: torch.Tensor, orig_ids: torch.Tensor, fanout: i
     at = torch.searchsorted(cum, base[dpos] + u * total[dpos], right=True)
     at = torch.minimum(torch.maximum(at, first[dpos]), first[dpos] + deg[dpos] - 1)
     return cand[at], dpos
+
+
+def _all_in_edges(starts: torch.Tensor, deg: torch.Tensor):
+    """Every in-edge of the destinations (``starts``/``deg`` into the table): (table
+    indices, each one's destination position, each destination's first index in them)."""
+    pos = torch.repeat_interleave(torch.arange(deg.numel()), deg)
+    first = torch.cumsum(deg, 0) - deg
+    cand = starts[pos] + (torch.arange(pos.numel()) - first[pos])
+    return cand, pos, first
+
+
+def _without_replacement(table: InEdges, starts: torch.Tensor, deg: torch.Tensor,
+                         orig_ids: torch.Tensor, fanout: int, key) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``fanout`` in-edges of largest key per destination (every one with ``ALL``).
+
+    A destination with at most ``fanout`` in-edges keeps all of them (those of positive
+    weight), with no draw. The others are grouped by in-degree into buckets of widths
+    up to twice their smallest, and each bucket picks its edges with one ``topk`` over a
+    [destinations, width] table of keys (padding at -inf): work and memory in
+    proportion to the candidates, with no sort over all of them."""
+    w = table.weight
+    small = (deg <= fanout) if fanout != ALL else torch.ones_like(deg, dtype=torch.bool)
+    idx = small.nonzero().squeeze(1)
+    cand, pos, _ = _all_in_edges(starts[idx], deg[idx])
+    pos = idx[pos]
+    if w is not None and fanout != ALL:
+        keep = w[cand] > 0
+        cand, pos = cand[keep], pos[keep]
+    cands, poss = [cand], [pos]
+    big = (~small).nonzero().squeeze(1)
+    if big.numel():
+        seed, epoch, layer = key
+        bucket = torch.floor(torch.log2(deg[big].to(torch.float64))).to(torch.int64)
+        for b in torch.unique(bucket).tolist():
+            rows = big[bucket == b]
+            d = deg[rows]
+            width = int(d.max())
+            rank = torch.arange(width)
+            valid = rank[None, :] < d[:, None]
+            at = starts[rows][:, None] + rank[None, :]
+            flat = at[valid]
+            u = uniform(seed, epoch, layer, orig_ids[rows][:, None].expand(-1, width)[valid],
+                        NEIGHBOUR_KEY, rank[None, :].expand(rows.numel(), -1)[valid])
+            score = torch.log(u)
+            if w is not None:
+                score = score / w[flat]                      # -inf where w == 0
+            keys = torch.full((rows.numel(), width), -math.inf, dtype=torch.float64)
+            keys[valid] = score
+            top, pick = torch.topk(keys, fanout, dim=1, sorted=False)
+            pick = torch.where(torch.isfinite(top), pick, width)   # width: none
+            pick = torch.sort(pick, dim=1).values
+            got = pick < width
+            cands.append(at.gather(1, pick.clamp_max(width - 1))[got])
+            poss.append(rows[:, None].expand(-1, fanout)[got])
+    cand, pos = torch.cat(cands), torch.cat(poss)
+    order = torch.argsort(pos * (int(deg.max()) + 1 if deg.numel() else 1)
+                          + (cand - starts[pos])) if cand.numel() else cand
+    return cand[order], pos[order]
 
 
 def _group_sums(values: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:

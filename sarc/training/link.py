@@ -45,6 +45,7 @@ from torch import nn
 
 from ..sampling.negative import NEGATIVE_SAMPLERS, eval_negatives, train_negatives
 from .inputs import EmbeddingInput, TrainError, optimizer
+from .loop import epoch_line, timings
 from .loop import Batch, Reduction, forward
 
 HITS_AT = (10, 50, 100)
@@ -255,7 +256,9 @@ class LinkSteps:
 
 def link_line(epoch: int, loss: float, acc: dict[str, float], seconds: float, *,
               of: int | None = None) -> str:
-    """The progress line of a link-prediction epoch."""
+    """The progress line of a link-prediction epoch (``acc`` None: not evaluated)."""
+    if acc is None:
+        return epoch_line(epoch, loss, None, seconds, of=of)
     hits = " ".join(f"hits@{k} {acc[f'test_hits@{k}']:.4f}" for k in HITS_AT)
     return (f"epoch {epoch:4d}{'' if of is None else f'/{of}'} | loss {loss:.4f} | "
             f"val mrr {acc['val_mrr']:.4f} | test mrr {acc['test_mrr']:.4f} {hits} | "
@@ -298,12 +301,12 @@ def link_result(selection, out, **facts) -> dict[str, Any]:
     best = selection.best
     return {**facts, "task": "link", "epochs": out.epochs, "best_epoch": best["epoch"],
             **best["metrics"], "final_loss": out.loss, "time_s": out.elapsed_s,
-            "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3}
+            "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, **timings(out)}
 
 
 def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
                 hparams: dict[str, Any] | None = None, log: Callable[[str], None] | None = print,
-                log_every: int = 1, device: torch.device | str = "cpu",
+                log_every: int = 1, eval_every: int = 1, device: torch.device | str = "cpu",
                 backend: str = "torch") -> dict[str, Any]:
     """Train ``spec``'s link model on ``data`` (a checked ``Dataset``) on one process, on
     ``device`` with ``backend``'s kernels (``sarc.training.device``); returns the selected
@@ -345,7 +348,7 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
                        hparams=hp, seed=seed)
     selection = link_selection(hp["patience"])
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), log=log,
-              log_every=log_every, line=link_line)
+              log_every=log_every, eval_every=eval_every, line=link_line)
     return {**link_result(selection, out, model=spec.name, dataset=data.name, seed=seed,
                           negatives=hp["negatives"], workers=1),
             "module": model}

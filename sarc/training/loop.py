@@ -187,12 +187,14 @@ def evaluate(model: nn.Module, source: StepSource,
     return acc, val_loss
 
 
-def epoch_line(epoch: int, loss: float, acc: dict[str, float], seconds: float, *,
+def epoch_line(epoch: int, loss: float, acc: dict[str, float] | None, seconds: float, *,
                of: int | None = None) -> str:
-    """The progress line of an epoch (``of``: the number of epochs, shown as ``epoch/of``)."""
+    """The progress line of an epoch (``of``: the number of epochs, shown as ``epoch/of``;
+    ``acc`` None: an epoch without evaluation)."""
+    scores = ("" if acc is None else
+              f"train {acc['train']:.4f} val {acc['val']:.4f} test {acc['test']:.4f} | ")
     return (f"epoch {epoch:4d}{'' if of is None else f'/{of}'} | loss {loss:.4f} | "
-            f"train {acc['train']:.4f} val {acc['val']:.4f} test {acc['test']:.4f} | "
-            f"{seconds * 1e3:.0f} ms")
+            f"{scores}{seconds * 1e3:.0f} ms")
 
 
 @dataclass(frozen=True)
@@ -204,14 +206,16 @@ class Outcome:
     loss: float
     acc: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+    step_s: tuple = ()       # this attempt's epochs: seconds of their steps (no evaluation)
+    eval_s: tuple = ()       # and of their evaluations (0 where an epoch had none)
 
 
 def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
         selection: ModelSelection, *,
         epochs: int, reduction: Reduction = ONE_PROCESS,
         checkpoint: CheckpointConfig | None = None, run: dict | None = None,
-        log: Callable[[str], None] | None = print, log_every: int = 1,
-        line: Callable[[int, float, dict, float], str] = epoch_line) -> Outcome:
+        log: Callable[[str], None] | None = print, log_every: int = 1, eval_every: int = 1,
+        line: Callable[[int, float, dict | None, float], str] = epoch_line) -> Outcome:
     """Train ``model`` for up to ``epochs`` epochs of ``source``'s steps (collective over
     ``reduction``'s workers), then load the epoch ``selection`` chose into it. An epoch's
     loss is the mean of its steps' losses.
@@ -220,6 +224,8 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     early stop and at the end, and resume from it first; ``run`` is what the checkpoint
     belongs to (``sarc.checkpoint.run_record``). Rank 0 prints ``line(...)`` every
     ``log_every`` epochs (and the first and last) to ``log``; ``log=None`` is silent.
+    ``eval_every``: evaluate (and let ``selection`` see the epoch) every N-th epoch and
+    the last; on a large graph a sampled epoch costs less than one full-graph evaluation.
     """
     speak = bool(log) and reduction.rank == 0
 
@@ -234,6 +240,7 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
     epoch, loss, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
     t_start = time.perf_counter()
+    step_s, eval_s = [], []
     # on a terminal, a bar: of the epochs, or of each epoch's steps where it has several
     per_epoch = getattr(source, "steps_per_epoch", 1)
     with progress_bar(0 if stop else epochs - epoch, "train", "epoch",
@@ -254,15 +261,21 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
                 raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
                                  f"gave no step")
             loss = sum(losses) / len(losses)
-            model.eval()
-            with torch.no_grad():
-                acc, val_loss = (source.evaluate(model, reduction) if hasattr(source, "evaluate")
-                                 else evaluate(model, source, reduction))
+            t1 = time.perf_counter()
+            step_s.append(t1 - t0)
+            evaluated = epoch % max(1, eval_every) == 0 or epoch == epochs
+            if evaluated:
+                model.eval()
+                with torch.no_grad():
+                    acc, val_loss = (source.evaluate(model, reduction)
+                                     if hasattr(source, "evaluate")
+                                     else evaluate(model, source, reduction))
+            eval_s.append(time.perf_counter() - t1 if evaluated else 0.0)
             seconds = time.perf_counter() - t0
             run_bar.advance(status=f"loss {loss:.4f}")
             if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
-                show(line(epoch, loss, acc, seconds))
-            stop = selection.update(epoch, acc, val_loss, model)
+                show(line(epoch, loss, acc if evaluated else None, seconds))
+            stop = evaluated and selection.update(epoch, acc, val_loss, model)
             if stop:
                 show(selection.stop_message(epoch))
             if ckpt is not None and ckpt.due(epoch, stop, epochs):
@@ -273,7 +286,12 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
                 break
     elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
-    return Outcome(epoch, loss, acc, elapsed)
+    return Outcome(epoch, loss, acc, elapsed, tuple(step_s), tuple(eval_s))
+
+
+def timings(out: Outcome) -> dict[str, list[float]]:
+    """A run report's per-epoch seconds: of the steps, and of the evaluations."""
+    return {"epoch_times_s": list(out.step_s), "eval_times_s": list(out.eval_s)}
 
 
 def save_selected(path, selection: ModelSelection, *, run: dict, hparams: dict,

@@ -156,3 +156,45 @@ def test_self_loops_are_refused_on_edge_data_alike_on_a_shard(tmp_path):
     # on a shard, the edge data the model reads: an edge type has no value for a loop
     with pytest.raises(GraphError, match="edge feature 'etype' .* a self loop has no edge type"):
         with_self_loops(shard, ex=None, reads=("etype",))  # refused before any exchange
+
+
+class Recorded(ModelSelection):
+    """A model selection that records the epochs it is shown."""
+
+    def __init__(self):
+        super().__init__(True, None)
+        self.seen = []
+
+    def update(self, epoch, acc, val_loss, model):
+        self.seen.append(epoch)
+        return super().update(epoch, acc, val_loss, model)
+
+
+def test_evaluation_every_n_epochs_trains_the_same_and_selects_among_evaluated_epochs():
+    runs = {}
+    for every in (1, 3):
+        prep, model, opt = _setup({}, 7)  # dropout on: evaluation draws no mask
+        counts = _counts(prep.masks)
+        lines, selection = [], Recorded()
+        out = fit(model, opt, FullBatch(_batch(prep, prep.masks, counts["train"]), counts),
+                  selection, epochs=7, log=lines.append, eval_every=every)
+        runs[every] = (out, selection, lines, model)
+    (one, sel1, lines1, m1), (three, sel3, lines3, m3) = runs[1], runs[3]
+    assert sel1.seen == list(range(1, 8)) and sel3.seen == [3, 6, 7]
+    assert sel3.best["epoch"] in (3, 6, 7)
+    assert three.loss == one.loss and three.acc == one.acc  # epoch 7 is evaluated
+    assert len(three.step_s) == len(three.eval_s) == 7
+    assert [t > 0 for t in three.eval_s] == [e in (3, 6, 7) for e in range(1, 8)]
+    scored = ["val" in line for line in lines3 if line.startswith("epoch")]
+    assert scored == [e in (3, 6, 7) for e in range(1, 8)]
+    # the epoch lines agree on the losses; the weights after each epoch are the same
+    assert [ln.split("|")[1] for ln in lines1[:7]] == [ln.split("|")[1] for ln in lines3[:7]]
+
+
+def test_eval_every_below_one_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", str(MODELS / "gcn.py"),
+                           "--dataset", "cora", "--eval-every", "0"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "--eval-every" in proc.stderr and "Traceback" not in proc.stderr

@@ -38,10 +38,11 @@ def _sarc_train(model: str, *argv: str, json_path: Path) -> tuple[dict, str]:
     return json.loads(json_path.read_text()), proc.stdout
 
 
-def _one_process(model: str, epochs: int, config: MiniBatchConfig | None) -> dict:
+def _one_process(model: str, epochs: int, config: MiniBatchConfig | None,
+                 eval_every: int = 1) -> dict:
     hp = {k: float(v) for k, v in (a.split("=") for a in NO_DROPOUT[model][1::2])}
     return train(load_model_file(ROOT / f"models/{model}.py"), "cora", epochs=epochs,
-                 hparams=hp, log=None, minibatch=config)
+                 hparams=hp, log=None, minibatch=config, eval_every=eval_every)
 
 
 EPOCH_LINE = re.compile(r"epoch +\d+/\d+ \| loss [\d.]+ \| .* \| (\d+) steps?, \d+ samples/s, "
@@ -52,12 +53,16 @@ def test_sampling_on_2_workers_is_the_single_process_run(tmp_path):
     """GAT: self loops added on the workers' shards and on the single process's graph
     sample alike; GraphSAGE runs under an external torchrun below."""
     got, out = _sarc_train("gat", "--workers", "2", "--mode", "sampling", "--fanouts", "10,25",
-                           "--batch-size", "64", "--epochs", "2", "--log-every", "1",
-                           json_path=tmp_path / "two.json")
+                           "--batch-size", "64", "--epochs", "3", "--log-every", "1",
+                           "--eval-every", "2", json_path=tmp_path / "two.json")
     lines = [m for m in map(EPOCH_LINE.search, out.splitlines()) if m]
-    assert len(lines) == 2 and {m.group(1) for m in lines} == {"3"}, out  # 140 seeds / 64
-    assert got["mode"] == "sampling" and got["epochs"] == 2
-    want = _one_process("gat", 2, MiniBatchConfig("sampling", (10, 25), batch_size=64))
+    assert len(lines) == 3 and {m.group(1) for m in lines} == {"3"}, out  # 140 seeds / 64
+    assert got["mode"] == "sampling" and got["epochs"] == 3
+    # evaluated: epochs 2 and 3 (the last); the epoch times count the steps only
+    assert [t > 0 for t in got["eval_times_s"]] == [False, True, True]
+    assert len(got["epoch_times_s"]) == 3 and got["best_epoch"] in (2, 3)
+    want = _one_process("gat", 3, MiniBatchConfig("sampling", (10, 25), batch_size=64),
+                        eval_every=2)
     assert abs(got["final_loss"] - want["final_loss"]) <= 1e-4 * want["final_loss"]
     assert abs(got["test_acc"] - want["test_acc"]) <= 0.002
     for w in got["per_worker"]:  # the last epoch's steps, each planned on its own blocks
