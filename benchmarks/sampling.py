@@ -86,7 +86,7 @@ def run_sarc(graph: Path, info: dict, p: int, args, tmp: Path) -> dict:
            "--dataset", str(graph), "--mode", "sampling", "--fanouts", args.fanouts,
            "--batch-size", str(args.batch_size * p), "--workers", str(p),
            "--epochs", str(args.epochs), "--eval-every", str(args.epochs),
-           "--set", f"hidden={args.hidden}", "--set", "dropout=0",
+           "--set", f"hidden={args.hidden}", "--set", "dropout=0", "--set", "norm_features=False",
            *(["--quiet"] if p == 1 else ["--log-every", str(args.epochs)]), "--json", str(out)]
     if len(args.fanout_list) != 2:
         return {"error": "models/sage.py has two layers: give two fanouts"}

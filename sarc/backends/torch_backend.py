@@ -59,7 +59,7 @@ def _leaf(v: Value, a: list[str]) -> str:
     if v.op is Op.PARAM:
         return f"params[{name}]"
     if v.type.domain is Domain.DST:
-        return f"inputs[{name}][: g.num_dst]"
+        return f"K.dst_rows(inputs[{name}], g)"
     return f"inputs[{name}]"
 
 
@@ -219,7 +219,7 @@ def generate(fn: Function) -> str:
             live.update(reads[i])
 
     def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
-        return f"{operands[0]}[: g.num_dst]" if i in twins else lower(i, v, operands, regions)
+        return f"K.dst_rows({operands[0]}, g)" if i in twins else lower(i, v, operands, regions)
     regions, body = emit(fn, sorted(live), lower_rows, live_out=[j for _, j in fn.outputs],
                          inputs=reads)
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)

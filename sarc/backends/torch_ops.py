@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from ..graph import Graph
+from . import cpu_kernels
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -68,6 +69,13 @@ from ..ir.softmax import edge_softmax_vjp
 
 def _rowwise(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.view(-1, *([1] * (like.dim() - 1)))
+
+
+def dst_rows(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """The destinations' rows of a source-side x: its first ``g.num_dst`` rows, x itself
+    when those are all of them (on a whole graph), so that autograd adds the gradient
+    to x's instead of padding a copy with zeros."""
+    return x if x.shape[0] == g.num_dst else x[: g.num_dst]
 
 
 def gather_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
@@ -207,7 +215,11 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
 
 def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tensor:
     """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]): x [n, H, F]
-    -> [m, H, F] (H = 1: one product of the flattened features)."""
+    -> [m, H, F] (H = 1: one product of the flattened features). sarc's CPU kernel
+    (``cpu_kernels``) where it is built, else torch's products."""
+    k = cpu_kernels.kernels() if cpu_kernels.usable(x, w) else None
+    if k is not None:
+        return k.spmm(ptr, cols, w, x, shape[0])
     heads = w.shape[1]
     if heads == 1:
         return _sparse_mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
@@ -245,6 +257,10 @@ def _sddmm(pattern, shape, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (``sddmm_pattern``): a [m, H, F], b [n, H, F] -> [E, H]. ``torch.sparse.sampled_addmm``
     on the CPU (no edge x feature tensor); elsewhere edge block by edge block."""
     ptr, cols, inverse = pattern
+    k = cpu_kernels.kernels() if cpu_kernels.usable(a, b) else None
+    if k is not None:
+        d = k.sddmm(ptr, cols, a, b)
+        return d if inverse is None else d.index_select(0, inverse)
     heads, num = a.shape[1], cols.numel()
     d = a.new_empty(num, heads)
     if a.device.type == "cpu":
@@ -259,6 +275,21 @@ def _sddmm(pattern, shape, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         e1 = min(num, e0 + step)
         d[e0:e1] = (a.index_select(0, rows[e0:e1]) * b.index_select(0, cols[e0:e1].long())).sum(2)
     return d if inverse is None else d.index_select(0, inverse)
+
+
+def _dots(lay: Layout, cols: torch.Tensor | None, n: int, a: torch.Tensor,
+          b: torch.Tensor) -> torch.Tensor:
+    """d[e, h] = <a[dst(e), h], b[col(e), h]> over the edges of ``lay``'s graph, columns
+    as ``Layout.arrays`` takes them (``g.src``, None for the edge itself, or ``cols``).
+    sarc's CPU kernel takes repeated (row, column) entries; torch's needs them merged."""
+    g = lay.g
+    if cpu_kernels.kernels() is not None and cpu_kernels.usable(a, b):
+        pattern = (*lay.arrays(cols, n), None)
+    elif cols is g.src:
+        pattern = lay.sddmm_pattern()
+    else:
+        pattern = sddmm_pattern(g, *lay.arrays(cols, n), n)
+    return _sddmm(pattern, (g.num_dst, n), a, b)
 
 
 def _by_head(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -314,11 +345,7 @@ class _CsrProduct(torch.autograd.Function):
                 dx = _products(ptr, rows, ww.index_select(0, order), (n, g.num_dst), dy3)
             dx = dx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
-            if ctx.graph_cols:
-                pattern = lay.sddmm_pattern()
-            else:
-                pattern = sddmm_pattern(g, *lay.arrays(cols, n), n)
-            dw = _sddmm(pattern, (g.num_dst, n), dy3, _by_head(x, heads))
+            dw = _dots(lay, g.src if ctx.graph_cols else cols, n, dy3, _by_head(x, heads))
         return None, None, None, dw, dx, None
 
 
@@ -652,7 +679,7 @@ class _SoftmaxProduct(torch.autograd.Function):
             dz = _products(ptr, rows, alpha.index_select(0, order), (g.num_src, g.num_dst),
                            dy3).reshape(ctx.z_shape)
         if ctx.needs_input_grad[1]:
-            dalpha = _sddmm(lay.sddmm_pattern(), (g.num_dst, g.num_src), dy3, _by_head(z, heads))
+            dalpha = _dots(lay, g.src, g.num_src, dy3, _by_head(z, heads))
             ds = edge_softmax_vjp(alpha, dalpha, lambda t: segment_sum(t, g),
                                   lambda t: t.index_select(0, g.dst)).reshape(ctx.s_shape)
         return None, ds, dz

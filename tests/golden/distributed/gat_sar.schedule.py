@@ -21,7 +21,7 @@ from sarc.backends import torch_blocks as DK
 
 def src_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,16] = input "h"                                # gat.py:32
-    v0 = inputs["h"][: g.num_dst]
+    v0 = K.dst_rows(inputs["h"], g)
     # %1: param f32[8,16] = param "lin.weight"
     v1 = params["lin.weight"]
     # %2: dst f32[N_dst,8] = linear(%0, %1)                            # gat.py:32
@@ -35,7 +35,7 @@ def src_part(g, inputs, params, training, seed):
 
 def dst_pre_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,16] = input "h"                                # gat.py:33
-    v0 = inputs["h"][: g.num_dst]
+    v0 = K.dst_rows(inputs["h"], g)
     # %1: param f32[8,16] = param "lin.weight"
     v1 = params["lin.weight"]
     # %2: dst f32[N_dst,8] = linear(%0, %1)                            # gat.py:33
@@ -85,7 +85,7 @@ def edge_partials(g, inputs, params, training, seed, norms):
     v3 = v2.sum(2)
     del v2
     # %4: dst f32[N_dst,2] = input "$d0"                               # gat.py:34
-    v4 = inputs["$d0"][: g.num_dst]
+    v4 = K.dst_rows(inputs["$d0"], g)
     # %5: dst f32[N_dst,2,4] = softmax_aggregate(%3, %4, %0)           # gat.py:39
     #         score:
     #             ^0: edge f32[E,2] = arg 0 @src                                   # gat.py:34
@@ -131,7 +131,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     v3 = v2.sum(2)
     del v2
     # %4: dst f32[N_dst,2] = input "$d0"                               # gat.py:34
-    v4 = inputs["$d0"][: g.num_dst]
+    v4 = K.dst_rows(inputs["$d0"], g)
     # %5: dst f32[N_dst,2,4] = softmax_aggregate(%3, %4, %0)           # gat.py:39
     #         score:
     #             ^0: edge f32[E,2] = arg 0 @src                                   # gat.py:34
@@ -149,7 +149,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
 
 def dst_post_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,2,4] = input "$agg0"                           # gat.py:39
-    v0 = inputs["$agg0"][: g.num_dst]
+    v0 = K.dst_rows(inputs["$agg0"], g)
     # %1: dst f32[N_dst,8] = reshape(%0, feat=[8])                     # gat.py:42
     v1 = v0.reshape(v0.shape[0], 8)
     del v0

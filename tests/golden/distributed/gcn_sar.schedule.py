@@ -21,14 +21,14 @@ from sarc.backends import torch_blocks as DK
 
 def src_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,16] = input "h"                                # gcn.py:25
-    v0 = inputs["h"][: g.num_dst]
+    v0 = K.dst_rows(inputs["h"], g)
     # %1: param f32[8,16] = param "lin.weight"
     v1 = params["lin.weight"]
     # %2: dst f32[N_dst,8] = linear(%0, %1)                            # gcn.py:25
     v2 = torch.matmul(v0, v1.t())
     del v0, v1
     # %3: dst f32[N_dst] = input "out_degree"                          # gcn.py:25
-    v3 = inputs["out_degree"][: g.num_dst]
+    v3 = K.dst_rows(inputs["out_degree"], g)
     # %4: dst f32[N_dst] = clamp_min(%3, min=1.0)                      # gcn.py:25
     v4 = torch.clamp_min(v3, 1.0)
     del v3
@@ -82,9 +82,9 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
 
 def dst_post_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,8] = input "$agg0"                             # gcn.py:28
-    v0 = inputs["$agg0"][: g.num_dst]
+    v0 = K.dst_rows(inputs["$agg0"], g)
     # %1: dst f32[N_dst] = input "in_degree"                           # gcn.py:31
-    v1 = inputs["in_degree"][: g.num_dst]
+    v1 = K.dst_rows(inputs["in_degree"], g)
     # %2: dst f32[N_dst] = clamp_min(%1, min=1.0)                      # gcn.py:31
     v2 = torch.clamp_min(v1, 1.0)
     del v1

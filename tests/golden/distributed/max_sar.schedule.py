@@ -21,7 +21,7 @@ from sarc.backends import torch_blocks as DK
 
 def src_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,16] = input "h"                                # layers.py:19
-    v0 = inputs["h"][: g.num_dst]
+    v0 = K.dst_rows(inputs["h"], g)
     # %1: param f32[8,16] = param "lin.weight"
     v1 = params["lin.weight"]
     # %2: dst f32[N_dst,8] = linear(%0, %1)                            # layers.py:19
@@ -81,9 +81,9 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
 
 def dst_post_part(g, inputs, params, training, seed):
     # %0: dst f32[N_dst,8] = input "$agg0"                             # layers.py:22
-    v0 = inputs["$agg0"][: g.num_dst]
+    v0 = K.dst_rows(inputs["$agg0"], g)
     # %1: dst f32[N_dst,16] = input "h"                                # layers.py:25
-    v1 = inputs["h"][: g.num_dst]
+    v1 = K.dst_rows(inputs["h"], g)
     # %2: dst f32[N_dst] = sum_axis(%1, axis=0)                        # layers.py:25
     v2 = v1.sum(1)
     del v1

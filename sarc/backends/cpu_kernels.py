@@ -1,0 +1,156 @@
+"""The CPU sparse kernels (``cpu_kernels.c``): a CSR SpMM with per-head weights and an
+SDDMM, in C, built on first use with the system's C compiler.
+
+The torch backend's products over a graph are these two kernels (``torch_ops.spmm``, the
+GAT attention's weighted sums and their gradients). torch's own CSR products
+(``torch.sparse.mm``, ``sampled_addmm``) are 2x slower on a power-law graph, take one
+head at a time, and refuse repeated (row, column) entries; DGL's C++ kernels set the
+bar. Built with ``-O3 -march=native`` into sarc's private cache (``codegen.cache_dir``),
+named by a digest of the source, the compiler and the CPU, written atomically; loaded
+with ctypes, which releases the GIL for the call. Where no compiler works, or with
+``SARC_CPU_KERNELS=0``, ``kernels()`` is None and the torch backend uses torch's
+products (the same sums, in another order of additions).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
+NATIVE = "-march=native"
+"""Tried first; a compiler that does not know it builds without."""
+DTYPES = (torch.float32, torch.float64)
+SHARED_WORK = 1 << 16
+"""Multiply-adds from which a product runs on torch's intra-op threads."""
+
+_lock = threading.Lock()
+_loaded: dict[str, "Kernels | None"] = {}
+
+
+class Kernels:
+    """The loaded library's two entry points, on torch tensors."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path):
+        self.path = path
+        args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
+        for f in (self._spmm, self._sddmm):
+            f.argtypes, f.restype = args, ctypes.c_int
+
+    def spmm(self, ptr: torch.Tensor, cols: torch.Tensor, w: torch.Tensor | None,
+             x: torch.Tensor, m: int) -> torch.Tensor:
+        """[m, H, D]: row i, head h, the sum over row i's entries e of w[e, h] * x[cols[e], h]
+        (``w`` [E, H] or None for 1; ``x`` [n, H, D])."""
+        x = x.contiguous()
+        _, heads, width = x.shape
+        out = x.new_empty(m, heads, width)
+        if w is not None:
+            w = w.to(x.dtype).contiguous()
+            assert w.shape == (cols.numel(), heads), (w.shape, cols.shape, heads)
+        ptr, cols, wide = _index(ptr, cols)
+        self._spmm(ptr.data_ptr(), cols.data_ptr(), wide, None if w is None else w.data_ptr(),
+                   x.data_ptr(), out.data_ptr(), m, heads, width, x.dtype == torch.float64,
+                   _threads(cols.numel() * heads * width))
+        return out
+
+    def sddmm(self, ptr: torch.Tensor, cols: torch.Tensor, a: torch.Tensor,
+              b: torch.Tensor) -> torch.Tensor:
+        """[E, H]: for entry e of row i, < a[i, h], b[cols[e], h] > (a [m, H, D], b [n, H, D])."""
+        a, b = a.contiguous(), b.to(a.dtype).contiguous()
+        m, heads, width = a.shape
+        out = a.new_empty(cols.numel(), heads)
+        ptr, cols, wide = _index(ptr, cols)
+        self._sddmm(ptr.data_ptr(), cols.data_ptr(), wide, a.data_ptr(), b.data_ptr(),
+                    out.data_ptr(), m, heads, width, a.dtype == torch.float64,
+                    _threads(cols.numel() * heads * width))
+        return out
+
+
+def _threads(work: int) -> int:
+    """torch's intra-op threads, or 1 for a product too small to share (a thread costs
+    tens of microseconds to start)."""
+    return torch.get_num_threads() if work >= SHARED_WORK else 1
+
+
+def _index(ptr: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """ptr and cols in one index dtype, contiguous; 1 if it is int64."""
+    if ptr.dtype != cols.dtype:
+        ptr, cols = ptr.to(torch.int64), cols.to(torch.int64)
+    return ptr.contiguous(), cols.contiguous(), int(ptr.dtype == torch.int64)
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels take these operands: CPU tensors of one float dtype they know."""
+    return all(t.device.type == "cpu" for t in tensors) and tensors[0].dtype in DTYPES and \
+        all(t.dtype == tensors[0].dtype for t in tensors)
+
+
+def kernels() -> Kernels | None:
+    """The kernels, built and loaded on first use; None where they cannot be (no C
+    compiler, ``SARC_CPU_KERNELS=0``)."""
+    if os.environ.get("SARC_CPU_KERNELS", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    key = str(compiler)
+    if key not in _loaded:
+        with _lock:
+            if key not in _loaded:
+                _loaded[key] = _build(compiler) if compiler else None
+    return _loaded[key]
+
+
+def _build(compiler: str) -> Kernels | None:
+    from .codegen import cache_dir
+    source = SOURCE.read_bytes()
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    digest = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(),
+                                        _cpu().encode()])).hexdigest()[:16]
+    path = cache_dir() / f"cpu_kernels_{digest}.so"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu_kernels.", suffix=".so")
+        os.close(fd)
+        try:
+            for flags in ((NATIVE, *FLAGS), FLAGS):
+                proc = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE)],
+                                      capture_output=True, text=True, timeout=300)
+                if proc.returncode == 0:
+                    os.replace(tmp, path)
+                    break
+            else:
+                return None
+        except (OSError, subprocess.SubprocessError):
+            return None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    try:
+        return Kernels(ctypes.CDLL(str(path)), path)
+    except OSError:
+        return None
+
+
+def _cpu() -> str:
+    """What ``-march=native`` compiles for: the machine and its CPU's flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags}"

@@ -1,0 +1,130 @@
+"""sarc's CPU sparse kernels (``sarc/backends/cpu_kernels.c``) against dense float64
+references, on random CSR matrices with hubs, empty rows and repeated entries; the torch
+products they replace where they cannot be built."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sarc.backends import cpu_kernels, torch_ops
+from sarc.graph import Graph
+
+K = cpu_kernels.kernels()
+needs_kernels = pytest.mark.skipif(K is None, reason="no C compiler builds the CPU kernels here")
+
+
+def _csr(m: int, n: int, seed: int, index_dtype):
+    """A random CSR pattern: every 7th row empty, row 1 a hub, repeated (row, col) pairs."""
+    gen = torch.Generator().manual_seed(seed)
+    deg = torch.randint(0, 6, (m,), generator=gen)
+    deg[::7] = 0
+    deg[1] = 3 * n
+    ptr = torch.zeros(m + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(deg, 0)
+    cols = torch.randint(0, n, (int(ptr[-1]),), generator=gen)
+    return ptr.to(index_dtype), cols.to(index_dtype), gen
+
+
+def _dense(ptr, cols, w, m, n):
+    """[H, m, n] float64: entry (i, j) of head h the sum of w[e, h] over row i's entries in j."""
+    heads = w.shape[1]
+    rows = torch.repeat_interleave(torch.arange(m), (ptr[1:] - ptr[:-1]).long())
+    a = torch.zeros(heads, m, n, dtype=torch.float64)
+    for h in range(heads):
+        a[h].index_put_((rows, cols.long()), w[:, h].double(), accumulate=True)
+    return a
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (1, 7), (1, 64), (1, 130), (4, 16), (3, 33)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_spmm_is_the_dense_product(dtype, index_dtype, heads, width, weighted):
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, heads * 100 + width, index_dtype)
+    x = torch.randn(n, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    w = torch.randn(cols.numel(), heads, generator=gen, dtype=torch.float64).to(dtype)
+    got = K.spmm(ptr, cols, w if weighted else None, x, m)
+    a = _dense(ptr, cols, w if weighted else torch.ones(cols.numel(), heads), m, n)
+    want = torch.einsum("hmn,nhd->mhd", a, x.double())
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
+    assert got.dtype == dtype and got.shape == (m, heads, width)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (1, 100), (4, 8), (2, 65)])
+def test_sddmm_is_each_entrys_dot_product(dtype, index_dtype, heads, width):
+    m, n = 35, 25
+    ptr, cols, gen = _csr(m, n, 7 * heads + width, index_dtype)
+    a = torch.randn(m, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    b = torch.randn(n, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    got = K.sddmm(ptr, cols, a, b)
+    rows = torch.repeat_interleave(torch.arange(m), (ptr[1:] - ptr[:-1]).long())
+    want = (a.double()[rows] * b.double()[cols.long()]).sum(2)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
+
+
+@needs_kernels
+def test_the_result_does_not_depend_on_the_threads():
+    ptr, cols, gen = _csr(3000, 500, 1, torch.int32)
+    x = torch.randn(500, 2, 40, generator=gen)
+    a = torch.randn(3000, 2, 40, generator=gen)
+    w = torch.randn(cols.numel(), 2, generator=gen)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 5):
+            torch.set_num_threads(threads)
+            outs.append((K.spmm(ptr, cols, w, x, 3000), K.sddmm(ptr, cols, a, x)))
+    finally:
+        torch.set_num_threads(before)
+    for y, d in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(d, outs[0][1])
+
+
+def _layer_outputs(monkeypatch, built: bool):
+    """A weighted multi-head sum and a mean through ``torch_ops.spmm``, with their
+    gradients, with or without the kernels."""
+    if not built:
+        monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 50, (400,), generator=gen)
+    dst = torch.randint(0, 50, (400,), generator=gen)
+    g = Graph.from_edges(src, dst, 50)
+    x = torch.randn(50, 4, 8, generator=gen, requires_grad=True)
+    w = torch.randn(400, 4, 1, generator=gen, requires_grad=True)
+    y = torch_ops.spmm("sum", g, x, w) + torch_ops.spmm("mean", g, x)
+    y.pow(2).sum().backward()
+    return y.detach(), x.grad, w.grad
+
+
+@needs_kernels
+def test_the_torch_backend_gives_torchs_products_without_the_kernels(monkeypatch):
+    with_kernels = _layer_outputs(monkeypatch, True)
+    without = _layer_outputs(monkeypatch, False)
+    for a, b in zip(with_kernels, without):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_no_compiler_means_no_kernels_and_nothing_left_behind(monkeypatch, tmp_path):
+    monkeypatch.setenv("SARC_CACHE_DIR", str(tmp_path / "cache"))
+    assert cpu_kernels._build("/bin/false") is None          # compiles nothing
+    assert cpu_kernels._build(str(tmp_path / "no-such-cc")) is None
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    monkeypatch.setenv("SARC_CPU_KERNELS", "0")
+    assert cpu_kernels.kernels() is None
+
+
+@needs_kernels
+def test_the_library_is_built_once_into_the_private_cache():
+    from sarc.backends.codegen import cache_dir
+    assert K.path.parent == cache_dir() and K.path.name.startswith("cpu_kernels_")
+    assert oct(os.stat(cache_dir()).st_mode & 0o777) == "0o700"
+    assert cpu_kernels.kernels() is K
