@@ -75,8 +75,12 @@ class Graph:
             raise GraphError("node counts must be non-negative")
         _check_range(src, num_src, "src")
         _check_range(dst, num_dst, "dst")
-        dst_sorted, perm = torch.sort(dst, stable=True)
-        src_sorted = src[perm]
+        if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):  # already in CSR order
+            dst_sorted, perm = dst, torch.arange(dst.numel(), device=dst.device)
+            src_sorted = src
+        else:
+            dst_sorted, perm = torch.sort(dst, stable=True)
+            src_sorted = src[perm]
         counts = torch.bincount(dst_sorted, minlength=num_dst)
         rowptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
         rowptr[1:] = torch.cumsum(counts, 0)

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..graph import Graph
-from . import cpu_kernels
+from ..native import kernels as cpu_kernels
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -175,6 +175,10 @@ def transpose(cols: torch.Tensor, rows: torch.Tensor, num_cols: int, index_dtype
     """The CSR arrays of a matrix's transpose from its entries' (row, column) in CSR order:
     (pointer per column, row of each entry, the CSR position of each entry), entries
     ordered by column, stably (so by row within a column)."""
+    k = cpu_kernels.kernels() if cols.device.type == "cpu" else None
+    if k is not None:
+        ptr, rows_t, order = k.transpose(cols, rows, num_cols)
+        return ptr.to(index_dtype), rows_t.to(index_dtype), order
     order = torch.argsort(cols, stable=True)
     ptr = torch.zeros(num_cols + 1, dtype=torch.int64, device=cols.device)
     ptr[1:] = torch.cumsum(torch.bincount(cols, minlength=num_cols), 0)

@@ -7,17 +7,19 @@ in-edges is the same whatever the number of workers.
 
 ``sample`` picks, for each destination v of layer k, ``fanout`` of its in-edges:
 
-- without replacement: the ``fanout`` edges of largest key ``log(u) / w`` (uniform
-  ``u`` per edge, ``w`` its weight, 1 without probabilities): a uniform subset, or
-  with weights the weighted draw without replacement of Efraimidis and Spirakis (as
-  successive draws proportional to ``w`` among the edges not yet drawn); edges of
+- without replacement: the ``fanout`` edges of largest key, ``u`` (uniform per edge)
+  without probabilities, ``log(u) / w`` with weights ``w`` (ties to the lower rank):
+  a uniform subset, or the weighted draw without replacement of Efraimidis and Spirakis
+  (as successive draws proportional to ``w`` among the edges not yet drawn); edges of
   weight 0 are never drawn, so a node may get fewer than ``fanout``;
 - with replacement: ``fanout`` independent draws, each an edge with probability
   ``w / sum(w)`` (inverse CDF over the edges in their order);
 - ``fanout == -1``: every in-edge (weights ignored).
 
 Each ``u`` is ``draws.uniform(seed, epoch, k, orig id of v, tag, edge rank or draw
-index)``: v's sample depends on nothing else.
+index)``: v's sample depends on nothing else. On the CPU it is drawn by sarc's C kernel
+(``sarc.native``, a heap per node); without it by a bucketed top-k in torch: the same
+samples.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..native.kernels import kernels
 from ..runtime.sharded import ShardedGraph
 from .draws import NEIGHBOUR_KEY, REPLACEMENT_DRAW, uniform
 from .spec import ALL, SamplingError
@@ -92,6 +95,11 @@ def sample(table: InEdges, rows: torch.Tensor, orig_ids: torch.Tensor, fanout: i
     (table indices, position in ``rows`` of each edge's destination), grouped by
     destination in ``rows`` order, each group in edge order (draw order with replacement).
     ``key``: (seed, epoch, layer)."""
+    if fanout != ALL and not replace:
+        native = kernels()
+        if native is not None:
+            return native.sample(table.rowptr, rows, orig_ids, fanout, key, NEIGHBOUR_KEY,
+                                 table.weight)
     starts = table.rowptr[rows]
     deg = table.rowptr[rows + 1] - starts
     if fanout == ALL or not replace:
@@ -161,9 +169,7 @@ def _without_replacement(table: InEdges, starts: torch.Tensor, deg: torch.Tensor
             flat = at[valid]
             u = uniform(seed, epoch, layer, orig_ids[rows][:, None].expand(-1, width)[valid],
                         NEIGHBOUR_KEY, rank[None, :].expand(rows.numel(), -1)[valid])
-            score = torch.log(u)
-            if w is not None:
-                score = score / w[flat]                      # -inf where w == 0
+            score = u if w is None else torch.log(u) / w[flat]  # -inf where w == 0
             keys = torch.full((rows.numel(), width), -math.inf, dtype=torch.float64)
             keys[valid] = score
             top, pick = torch.topk(keys, fanout, dim=1, sorted=False)

@@ -184,8 +184,8 @@ def test_nodes_without_in_edges_get_empty_samples():
 
 def _by_definition(table, rows, orig_ids, fanout, key):
     """Sampling without replacement as the module defines it, in the plainest terms: per
-    destination, its in-edges of the ``fanout`` largest keys ``log(u) / w`` (none of
-    weight 0), listed in edge order."""
+    destination, its in-edges of the ``fanout`` largest keys, ``u`` or ``log(u) / w``
+    (none of weight 0), listed in edge order."""
     from sarc.sampling.draws import NEIGHBOUR_KEY
     cand, pos = [], []
     for i, v in enumerate(rows.tolist()):
@@ -195,7 +195,7 @@ def _by_definition(table, rows, orig_ids, fanout, key):
             keep = edges
         else:
             u = uniform(*key, int(orig_ids[i]), NEIGHBOUR_KEY, torch.arange(b - a))
-            score = torch.log(u) if table.weight is None else torch.log(u) / table.weight[edges]
+            score = u if table.weight is None else torch.log(u) / table.weight[edges]
             best = torch.argsort(-score, stable=True)[:fanout]
             keep = torch.sort(edges[best[torch.isfinite(score[best])]]).values
         cand.append(keep)
@@ -203,11 +203,19 @@ def _by_definition(table, rows, orig_ids, fanout, key):
     return torch.cat(cand), torch.cat(pos)
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("case", range(12))
-def test_bucketed_top_k_is_the_definition(case):
-    """The sampler's bucketed top-k equals the per-destination definition on random
-    graphs with hubs, zero weights, any fanout and any order of the destinations."""
+def test_sampling_is_the_definition(case, native, monkeypatch):
+    """The sampler (sarc's C kernel, or the bucketed top-k in torch without it) equals the
+    per-destination definition on random graphs with hubs, zero weights, any fanout and
+    any order of the destinations."""
+    from sarc.native import kernels
+    from sarc.sampling import neighbours
     from sarc.sampling.neighbours import InEdges, sample
+    if native and kernels.kernels() is None:
+        pytest.skip("no C compiler builds the CPU kernels here")
+    if not native:
+        monkeypatch.setattr(neighbours, "kernels", lambda: None)
     gen = torch.Generator().manual_seed(case)
     n = 60
     hubs = torch.randint(0, n, (4,), generator=gen)

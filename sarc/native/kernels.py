@@ -1,15 +1,17 @@
-"""The CPU sparse kernels (``cpu_kernels.c``): a CSR SpMM with per-head weights and an
-SDDMM, in C, built on first use with the system's C compiler.
+"""The CPU kernels (``kernels.c``): a CSR SpMM with per-head weights, an SDDMM, the
+transpose of an edge index, and neighbour sampling's per-node draws, in C, built on
+first use with the system's C compiler.
 
 The torch backend's products over a graph are these two kernels (``torch_ops.spmm``, the
 GAT attention's weighted sums and their gradients). torch's own CSR products
 (``torch.sparse.mm``, ``sampled_addmm``) are 2x slower on a power-law graph, take one
 head at a time, and refuse repeated (row, column) entries; DGL's C++ kernels set the
-bar. Built with ``-O3 -march=native`` into sarc's private cache (``codegen.cache_dir``),
+bar. Built with ``-O3 -march=native`` into sarc's private cache (``cache.cache_dir``),
 named by a digest of the source, the compiler and the CPU, written atomically; loaded
 with ctypes, which releases the GIL for the call. Where no compiler works, or with
 ``SARC_CPU_KERNELS=0``, ``kernels()`` is None and the torch backend uses torch's
-products (the same sums, in another order of additions).
+products (the same sums, in another order of additions), its argsort and the sampler's
+bucketed top-k (the same samples).
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+from .cache import cache_dir
+
+SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
 NATIVE = "-march=native"
 """Tried first; a compiler that does not know it builds without."""
@@ -48,6 +52,47 @@ class Kernels:
         self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
         for f in (self._spmm, self._sddmm):
             f.argtypes, f.restype = args, ctypes.c_int
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._transpose = lib.sarc_transpose
+        self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
+        self._sample = lib.sarc_sample
+        self._sample.argtypes = [p, p, p, i64, i64, i64, i64, i64, i64, p, p, p, p, ctypes.c_int]
+        self._sample.restype = ctypes.c_int
+
+    def transpose(self, cols: torch.Tensor, rows: torch.Tensor, num_cols: int):
+        """(colptr, rows in column order, the entry of each) of entries given by column and
+        row in row order: ``torch.argsort(cols, stable=True)`` by counting."""
+        cols, rows = cols.to(torch.int64).contiguous(), rows.to(torch.int64).contiguous()
+        colptr = torch.zeros(num_cols + 1, dtype=torch.int64)
+        colptr[1:] = torch.cumsum(torch.bincount(cols, minlength=num_cols), 0)
+        rows_t, order = torch.empty_like(rows), torch.empty_like(cols)
+        scratch = torch.empty(num_cols, dtype=torch.int64)  # held: the kernel writes to it
+        self._transpose(cols.data_ptr(), rows.data_ptr(), cols.numel(), colptr.data_ptr(),
+                        num_cols, scratch.data_ptr(), rows_t.data_ptr(), order.data_ptr())
+        return colptr, rows_t, order
+
+    def sample(self, rowptr: torch.Tensor, rows: torch.Tensor, orig: torch.Tensor, fanout: int,
+               key: tuple[int, int, int], tag: int, weight: torch.Tensor | None):
+        """Neighbour sampling without replacement (``sarc.sampling.neighbours``): (table
+        indices, destination positions) of the kept in-edges of ``rows``."""
+        rowptr, rows, orig = (t.to(torch.int64).contiguous() for t in (rowptr, rows, orig))
+        deg = rowptr.index_select(0, rows + 1) - rowptr.index_select(0, rows)
+        bound = deg.clamp(max=max(fanout, 0))
+        slot = torch.cumsum(bound, 0) - bound
+        out = torch.empty(int(bound.sum()), dtype=torch.int64)
+        count = torch.empty_like(bound)
+        if weight is not None:
+            weight = weight.to(torch.float64).contiguous()
+        seed, epoch, layer = key
+        self._sample(rowptr.data_ptr(), rows.data_ptr(), orig.data_ptr(), rows.numel(), fanout,
+                     seed, epoch, layer, tag, None if weight is None else weight.data_ptr(),
+                     slot.data_ptr(), out.data_ptr(), count.data_ptr(),
+                     _threads(int(deg.sum()) * 8))
+        pos = torch.repeat_interleave(torch.arange(rows.numel()), count)
+        if weight is not None:  # fewer than the bound where weights are 0
+            out = out[torch.arange(out.numel()) - slot.repeat_interleave(bound)
+                      < count.repeat_interleave(bound)]
+        return out, pos
 
     def spmm(self, ptr: torch.Tensor, cols: torch.Tensor, w: torch.Tensor | None,
              x: torch.Tensor, m: int) -> torch.Tensor:
@@ -112,7 +157,6 @@ def kernels() -> Kernels | None:
 
 
 def _build(compiler: str) -> Kernels | None:
-    from .codegen import cache_dir
     source = SOURCE.read_bytes()
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
@@ -127,7 +171,7 @@ def _build(compiler: str) -> Kernels | None:
         os.close(fd)
         try:
             for flags in ((NATIVE, *FLAGS), FLAGS):
-                proc = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE)],
+                proc = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"],
                                       capture_output=True, text=True, timeout=300)
                 if proc.returncode == 0:
                     os.replace(tmp, path)

@@ -1,4 +1,5 @@
-/* The CPU sparse kernels of sarc's torch backend (sarc/backends/cpu_kernels.py).
+/* The CPU kernels of sarc (sarc/native/kernels.py): the torch backend's sparse
+   products, the transpose of an edge index, and neighbour sampling's per-node draws.
 
    A CSR matrix of m rows: row i's entries are ptr[i] .. ptr[i+1]-1, entry e in column
    cols[e]. Dense operands are row-major [rows, H, D]: H heads of D numbers.
@@ -12,8 +13,10 @@
    accumulated in registers over chunks of 64 / 32 / 16 numbers of D and written once;
    the next entries' source rows are prefetched. Entries are added in CSR order, so the
    result does not depend on the number of threads. */
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define ROWS_PER_GRAB 32
 #define AHEAD 4
@@ -106,7 +109,7 @@ DEFINE_SDDMM(float, sddmm_f32)
 DEFINE_SDDMM(double, sddmm_f64)
 
 /* Run `rows` on `threads` threads (this one included); 0, or -1 if no thread started. */
-static int run(void *(*rows)(void *), Job *job, int threads) {
+static int run(void *(*rows)(void *), void *job, int threads) {
   pthread_t ids[256];
   int started = 0;
   if (threads > 256) threads = 256;
@@ -129,4 +132,119 @@ int sarc_sddmm(const void *ptr, const void *cols, int index64, const void *a, co
                void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
   Job job = {ptr, cols, index64, 0, b, a, out, m, H, D, 0};
   return run(is64 ? sddmm_f64_rows : sddmm_f32_rows, &job, threads);
+}
+
+/* transpose: the entries of a matrix ordered by column, stably (a counting sort):
+   given each entry's column cols[e] and row rows[e] in row order, and colptr (the
+   running count of entries per column, num_cols + 1), fill rows_t[k] and order[k] (the
+   entry) for the k-th entry in column order. O(E), one thread. */
+void sarc_transpose(const int64_t *cols, const int64_t *rows, int64_t num, const int64_t *colptr,
+                    int64_t num_cols, int64_t *next, int64_t *rows_t, int64_t *order) {
+  for (int64_t c = 0; c < num_cols; c++) next[c] = colptr[c];
+  for (int64_t e = 0; e < num; e++) {
+    const int64_t k = next[cols[e]]++;
+    rows_t[k] = rows[e];
+    order[k] = e;
+  }
+}
+
+/* Neighbour sampling without replacement (sarc/sampling/neighbours.py defines it): for
+   each destination r, of in-degree d = rowptr[row]..rowptr[row+1], keep every in-edge
+   if d <= fanout (those of positive weight, with weights), else the fanout edges of
+   largest key: u (uniform) or log(u) / w, ties to the lower rank; written at out[slot[r]
+   ..] in edge order, count[r] of them. u is the key (seed, epoch, layer, orig id, tag,
+   rank) hashed by splitmix64 as sarc.sampling.draws does. */
+#define GOLDEN 0x9E3779B97F4A7C15ULL
+static inline uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+typedef struct {
+  const int64_t *rowptr, *rows, *orig, *slot;
+  const double *weight;
+  int64_t n, fanout, seed, epoch, layer, tag;
+  int64_t *out, *count;
+  int64_t next;
+} Draw;
+
+/* a kept edge: its key and rank; "better" = larger key, then lower rank */
+typedef struct { double key; int64_t rank; } Kept;
+static inline int worse(Kept a, Kept b) { return a.key < b.key || (a.key == b.key && a.rank > b.rank); }
+
+static void sift_down(Kept *h, int64_t k, int64_t i) {   /* min-heap by "worse" */
+  for (;;) {
+    int64_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < k && worse(h[l], h[m])) m = l;
+    if (r < k && worse(h[r], h[m])) m = r;
+    if (m == i) return;
+    Kept t = h[i]; h[i] = h[m]; h[m] = t; i = m;
+  }
+}
+
+static int by_rank(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static void *draw_rows(void *arg) {
+  Draw *job = (Draw *)arg;
+  const int64_t k = job->fanout;
+  Kept *heap = (Kept *)malloc(sizeof(Kept) * (k > 0 ? k : 1));
+  int64_t *ranks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));
+  for (int64_t r0 = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED); r0 < job->n;
+       r0 = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED)) {
+    const int64_t r1 = r0 + ROWS_PER_GRAB < job->n ? r0 + ROWS_PER_GRAB : job->n;
+    for (int64_t r = r0; r < r1; r++) {
+      const int64_t lo = job->rowptr[job->rows[r]], d = job->rowptr[job->rows[r] + 1] - lo;
+      int64_t *out = job->out + job->slot[r], got = 0;
+      if (d <= k) {
+        for (int64_t i = 0; i < d; i++)
+          if (!job->weight || job->weight[lo + i] > 0) out[got++] = lo + i;
+        job->count[r] = got;
+        continue;
+      }
+      if (k == 0) {
+        job->count[r] = 0;
+        continue;
+      }
+      uint64_t h = 0;
+      const int64_t fields[5] = {job->seed, job->epoch, job->layer, job->orig[r], job->tag};
+      for (int f = 0; f < 5; f++) h = mix((h + GOLDEN) ^ (uint64_t)fields[f]);
+      int64_t size = 0;
+      for (int64_t i = 0; i < d; i++) {
+        const double u = ((double)(mix((h + GOLDEN) ^ (uint64_t)i) >> 11) + 0.5) * 0x1p-53;
+        Kept c = {u, i};
+        if (job->weight) {
+          const double w = job->weight[lo + i];
+          if (!(w > 0)) continue;           /* weight 0: never drawn */
+          c.key = log(u) / w;
+        }
+        if (size < k) {                     /* fill, then keep a min-heap of the best k */
+          heap[size++] = c;
+          if (size == k)
+            for (int64_t j = k / 2 - 1; j >= 0; j--) sift_down(heap, k, j);
+        } else if (worse(heap[0], c)) {
+          heap[0] = c;
+          sift_down(heap, k, 0);
+        }
+      }
+      for (int64_t j = 0; j < size; j++) ranks[j] = heap[j].rank;
+      qsort(ranks, size, sizeof(int64_t), by_rank);
+      for (int64_t j = 0; j < size; j++) out[j] = lo + ranks[j];
+      job->count[r] = size;
+    }
+  }
+  free(heap);
+  free(ranks);
+  return 0;
+}
+
+int sarc_sample(const int64_t *rowptr, const int64_t *rows, const int64_t *orig, int64_t n,
+                int64_t fanout, int64_t seed, int64_t epoch, int64_t layer, int64_t tag,
+                const double *weight, const int64_t *slot, int64_t *out, int64_t *count,
+                int threads) {
+  Draw job = {rowptr, rows, orig, slot, weight, n, fanout, seed, epoch, layer, tag, out, count, 0};
+  return run(draw_rows, &job, threads);
 }

@@ -1,4 +1,4 @@
-"""sarc's CPU sparse kernels (``sarc/backends/cpu_kernels.c``) against dense float64
+"""sarc's CPU kernels (``sarc/native/kernels.c``) against dense float64
 references, on random CSR matrices with hubs, empty rows and repeated entries; the torch
 products they replace where they cannot be built."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from sarc.backends import cpu_kernels, torch_ops
+from sarc.backends import torch_ops
+from sarc.native import kernels as cpu_kernels
 from sarc.graph import Graph
 
 K = cpu_kernels.kernels()
@@ -124,7 +125,38 @@ def test_no_compiler_means_no_kernels_and_nothing_left_behind(monkeypatch, tmp_p
 
 @needs_kernels
 def test_the_library_is_built_once_into_the_private_cache():
-    from sarc.backends.codegen import cache_dir
+    from sarc.native.cache import cache_dir
     assert K.path.parent == cache_dir() and K.path.name.startswith("cpu_kernels_")
     assert oct(os.stat(cache_dir()).st_mode & 0o777) == "0o700"
     assert cpu_kernels.kernels() is K
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(4))
+def test_transpose_is_the_stable_argsort_by_column(seed):
+    gen = torch.Generator().manual_seed(seed)
+    num_cols = 50
+    cols = torch.randint(0, num_cols - 5, (700,), generator=gen)  # the last columns empty
+    rows = torch.sort(torch.randint(0, 90, (700,), generator=gen)).values
+    ptr, rows_t, order = K.transpose(cols.to(torch.int32), rows, num_cols)
+    want = torch.argsort(cols, stable=True)
+    assert torch.equal(order, want) and torch.equal(rows_t, rows[want])
+    assert torch.equal(ptr[1:] - ptr[:-1], torch.bincount(cols, minlength=num_cols))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_graph_of_edges_in_csr_order_is_the_sorted_graph(seed):
+    """``Graph.from_edges`` skips its sort when the edges come grouped by destination (a
+    sampled block's do): the same graph as from the shuffled edges, sorted."""
+    gen = torch.Generator().manual_seed(seed)
+    dst = torch.sort(torch.randint(0, 40, (300,), generator=gen)).values
+    src = torch.randint(0, 60, (300,), generator=gen)
+    shuffled = torch.randperm(300, generator=gen)
+    a = Graph.from_edges(src, dst, num_src=60, num_dst=40)
+    b = Graph.from_edges(src[shuffled], dst[shuffled], num_src=60, num_dst=40)
+    assert torch.equal(a.perm, torch.arange(300)) and torch.equal(a.src, src)
+    for name in ("dst", "rowptr", "in_degree", "out_degree"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    # within a destination, the edges in their input order: the same edges
+    assert torch.equal(torch.sort(a.dst * 60 + a.src).values, torch.sort(b.dst * 60 + b.src).values)
+    assert torch.equal(b.src, src[shuffled][b.perm])
