@@ -57,7 +57,7 @@ def peak_bytes(run) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_us())
+                    key=lambda e: e.start_ns() if hasattr(e, "start_ns") else e.start_us())
     held = peak = 0
     for e in events:
         held += e.nbytes()

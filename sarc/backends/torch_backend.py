@@ -94,8 +94,8 @@ def _fused(v: Value, a: list[str]) -> str:
         if z is not None:
             score = v.attr["score"]
             reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
-            return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, g, "
-                    f"{', '.join(operands)})")
+            return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
+                    f"{region_width(v, 'score')}, g, {', '.join(operands)})")
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
     head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""

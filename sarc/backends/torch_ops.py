@@ -634,20 +634,88 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
 
 @accumulates
 def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[int, ...],
-                 g: Graph, *operands):
+                 width: int, g: Graph, *operands):
     """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.
 
-    The score region reads the operands ``reads`` (gathered per edge); the scores and
-    weights (E x heads) are formed, the E x heads x D messages are not.
+    The score region reads the operands ``reads`` (gathered per edge; ``width``: the widest
+    row of its edge values); the scores and
+    weights (E x heads) are formed, the E x heads x D messages are not. Under autograd
+    the region's own edge values are not kept: ``_RecomputedScores``.
     """
-    per = [per_edge(x, s, g) if k in reads else None
-           for k, (x, s) in enumerate(zip(operands, sides))]
-    scores = score(g, *per)
     z = operands[value_index]
+    read = tuple(x if k in reads else None for k, x in enumerate(operands))
+    per_edge_read = any(x is not None and s in ("src", "dst", "edge") for x, s in zip(read, sides))
+    if (torch.is_grad_enabled() and not torch.is_autocast_enabled() and per_edge_read
+            and any(x is not None and x.requires_grad for x in read)):
+        scores = _RecomputedScores.apply(score, sides, width, g, *read)
+    else:
+        scores = score(g, *[per_edge(x, s, g) if x is not None else None
+                            for x, s in zip(read, sides)])
     if z.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         alpha = edge_softmax(scores, g)
         return spmm("sum", g, z, alpha)
     return _SoftmaxProduct.apply(g, scores, z)
+
+
+def _edge_rows(x: torch.Tensor | None, side: str, g: Graph, e0: int, e1: int):
+    """Operand x as a region reads it on the edges [e0, e1) of g (CSR order)."""
+    if x is None or side in ("src", "dst"):
+        return None if x is None else x.index_select(0, (g.src if side == "src" else g.dst)[e0:e1])
+    return x[e0:e1] if side == "edge" else x
+
+
+def _edge_spans(g: Graph, width: int):
+    """Spans [e0, e1) of g's edges with at most EDGE_BLOCK_ELEMS values of ``width``."""
+    step = max(1, EDGE_BLOCK_ELEMS // max(1, width))
+    return [(e0, min(g.num_edges, e0 + step)) for e0 in range(0, max(1, g.num_edges), step)]
+
+
+class _RecomputedScores(torch.autograd.Function):
+    """A score region's scores [E, ...], computed span of edges by span of edges
+    (``_edge_spans``, at the scores' width) from the node operands, keeping none of the
+    region's edge values: backward computes each span's again, with autograd, and sends
+    the scores' gradient through it. The region is per edge and its dropout masks are
+    functions of their keys (``sarc.ir.rng``), so the second pass is the first. What is
+    kept is the operands, which the layer holds anyway; ``operands``: None where the
+    region does not read one."""
+
+    @staticmethod
+    def forward(ctx, score, sides, width, g, *operands):
+        ctx.score, ctx.sides, ctx.g = score, sides, g
+        ctx.save_for_backward(*operands)
+        out = None
+        for e0, e1 in _edge_spans(g, width):
+            s = score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(operands, sides)])
+            if out is None:
+                if e1 - e0 == g.num_edges:
+                    return s
+                out = s.new_empty(g.num_edges, *s.shape[1:])
+            out[e0:e1] = s
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, ds):
+        g, sides = ctx.g, ctx.sides
+        operands = ctx.saved_tensors
+        need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[4:])]
+        grads = [None] * len(operands)
+        width = math.prod(ds.shape[1:])
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(n) if x is not None else None
+                      for x, n in zip(operands, need)]
+            wanted = [leaf for leaf, n in zip(leaves, need) if n]
+            for e0, e1 in _edge_spans(g, width):
+                s = ctx.score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(leaves, sides)])
+                if not s.requires_grad:
+                    continue
+                part = iter(torch.autograd.grad(s, wanted, ds[e0:e1], allow_unused=True))
+                for k, n in enumerate(need):
+                    if n:
+                        d = next(part)
+                        if d is not None:
+                            grads[k] = d if grads[k] is None else grads[k].add_(d)
+        return None, None, None, None, *grads
 
 
 class _SoftmaxProduct(torch.autograd.Function):

@@ -21,11 +21,12 @@ def region_sides(v: Value) -> tuple[str, ...]:
     return tuple(sides[k] for k in range(len(v.inputs)))
 
 
-def region_width(v: Value) -> int:
-    """The widest per-edge row (elements) any of a fused op's regions computes."""
+def region_width(v: Value, only: str | None = None) -> int:
+    """The widest per-edge row (elements) any of a fused op's regions (the one named
+    ``only``) computes."""
     width = 1
-    for _, r in v.attrs:
-        if isinstance(r, Region):
+    for name, r in v.attrs:
+        if isinstance(r, Region) and only in (None, name):
             for a in r.values:
                 n = 1
                 for d in a.type.feat:

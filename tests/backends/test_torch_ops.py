@@ -101,10 +101,14 @@ def test_a_graphs_layout_is_made_once_and_transposes_it():
     assert torch.equal(ptr.long()[1:] - ptr.long()[:-1], torch.bincount(g.src, minlength=5))
 
 
+@pytest.mark.parametrize("block", [None, 3])
 @pytest.mark.parametrize("heads", [1, 2])
-def test_softmax_spmm_equals_its_definition(heads):
+def test_softmax_spmm_equals_its_definition(heads, block, monkeypatch):
     """softmax over each destination's edges of s = a[src] + b[dst], weighing z[src]: values and
-    gradients of a, b and z (multi-edges: each edge its own weight; node 3: no in-edges)."""
+    gradients of a, b and z (multi-edges: each edge its own weight; node 3: no in-edges).
+    ``block``: the score region's edge values a few at a time, recomputed in backward."""
+    if block is not None:
+        monkeypatch.setattr(K, "EDGE_BLOCK_ELEMS", block)
     g = _multi_graph()
     a = torch.randn(5, heads, requires_grad=True)
     b = torch.randn(5, heads, requires_grad=True)
@@ -113,7 +117,7 @@ def test_softmax_spmm_equals_its_definition(heads):
     def score(gb, a0, a1, a2):
         assert a2 is None  # the score does not read z: z is not gathered per edge
         return a0 + a1
-    got = K.softmax_spmm(score, ("src", "dst", "src"), 2, (0, 1), g, a, b, z)
+    got = K.softmax_spmm(score, ("src", "dst", "src"), 2, (0, 1), heads, g, a, b, z)
     s = a[g.src] + b[g.dst]
     want = torch.zeros(5, heads, 4)
     for v in range(5):
