@@ -416,8 +416,10 @@ STEPS = [
          about="What the distributed schedule costs over the layer's own kernels when "
                "nothing crosses the network.", plot=plot_distributed_step,
          table=table_distributed_step, notes_end="layer "),
-    Step("sampling", "Sampling", "benchmarks/sampling.py", [], None,
-         about="Mini-batch training on sampled blocks."),
+    Step("sampling", "Sampling", "benchmarks/sampling.py", ["--epochs", "2"], None, env="dgl",
+         about="Mini-batch neighbour-sampling training (GraphSAGE, fanouts 10,25) against "
+               "DGL's NeighborSampler + DataLoader, one process per worker on this machine "
+               "(the workers share its cores: time at P > 1 measures contention)."),
     Step("mfg", "MFG against full batch", "benchmarks/mfg_savings.py",
          ["--nodes", "100000", "--edges", "1000000", "--workers", "1,2,4"],
          [*TINY, "--workers", "1,2", "--no-cora"],
