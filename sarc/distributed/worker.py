@@ -55,10 +55,12 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                             **_attempt_store(rank, timeout))
+    status = 2
     try:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
         dist.barrier()
+        status = 0
     except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
         return 2
@@ -74,8 +76,34 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
                    f"{_peer_failure(e, cfg.timeout_s, 'a collective failed (a peer died)')}")
         return 2
     finally:
-        dist.destroy_process_group()
+        leave_group(dist, status, min(TEARDOWN_S, cfg.timeout_s))
     return 0
+
+
+TEARDOWN_S = 60.0
+"""How long leaving the process group may take before the worker exits without it."""
+
+
+def leave_group(dist, status: int, limit_s: float) -> None:
+    """``dist.destroy_process_group()``, or, if it has not returned after ``limit_s``
+    seconds, the process's exit with ``status``: the run is over by then (its result
+    written, its peers past the last barrier), and torch's gloo can hang in its
+    teardown on a loaded machine."""
+    import threading
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(limit_s):
+            _say_error(f"sarc worker: leaving the process group took over {limit_s:g} s; "
+                       f"exiting")
+            sys.stdout.flush()
+            os._exit(status)
+
+    threading.Thread(target=watch, name="sarc-teardown", daemon=True).start()
+    try:
+        dist.destroy_process_group()
+    finally:
+        done.set()
 
 
 def worker_device(text: str):
