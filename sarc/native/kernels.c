@@ -34,9 +34,12 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
   return index64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
-static int64_t grab(Job *job) {
-  return __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED);
-}
+/* for each row i this thread takes: ROWS_PER_GRAB at a time from the counter *next */
+#define EACH_ROW(i, next, n)                                                           \
+  for (int64_t i##0 = __atomic_fetch_add(next, ROWS_PER_GRAB, __ATOMIC_RELAXED);       \
+       i##0 < (n); i##0 = __atomic_fetch_add(next, ROWS_PER_GRAB, __ATOMIC_RELAXED))   \
+    for (int64_t i = i##0, i##1 = i##0 + ROWS_PER_GRAB < (n) ? i##0 + ROWS_PER_GRAB : (n); \
+         i < i##1; i++)
 
 #define SPMM_CHUNK(T, C)                                                              \
   {                                                                                   \
@@ -58,19 +61,16 @@ static int64_t grab(Job *job) {
     Job *job = (Job *)arg;                                                            \
     const T *x = (const T *)job->x, *w = (const T *)job->w;                           \
     const int64_t H = job->H, D = job->D, row = H * D;                                \
-    for (int64_t i0 = grab(job); i0 < job->m; i0 = grab(job)) {                       \
-      const int64_t i1 = i0 + ROWS_PER_GRAB < job->m ? i0 + ROWS_PER_GRAB : job->m;   \
-      for (int64_t i = i0; i < i1; i++) {                                             \
-        const int64_t lo = at(job->ptr, job->index64, i);                             \
-        const int64_t hi = at(job->ptr, job->index64, i + 1);                         \
-        T *o = (T *)job->out + i * row;                                               \
-        for (int64_t h = 0; h < H; h++) {                                             \
-          int64_t off = h * D;                                                        \
-          const int64_t end = off + D;                                                \
-          while (end - off >= 64) SPMM_CHUNK(T, 64)                                   \
-          while (end - off >= 16) SPMM_CHUNK(T, 16)                                   \
-          while (end - off >= 1) SPMM_CHUNK(T, 1)                                     \
-        }                                                                             \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      T *o = (T *)job->out + i * row;                                                 \
+      for (int64_t h = 0; h < H; h++) {                                               \
+        int64_t off = h * D;                                                          \
+        const int64_t end = off + D;                                                  \
+        while (end - off >= 64) SPMM_CHUNK(T, 64)                                     \
+        while (end - off >= 16) SPMM_CHUNK(T, 16)                                     \
+        while (end - off >= 1) SPMM_CHUNK(T, 1)                                       \
       }                                                                               \
     }                                                                                 \
     return 0;                                                                         \
@@ -82,21 +82,18 @@ static int64_t grab(Job *job) {
     const T *a = (const T *)job->a, *b = (const T *)job->x;                           \
     T *out = (T *)job->out;                                                           \
     const int64_t H = job->H, D = job->D, row = H * D;                                \
-    for (int64_t i0 = grab(job); i0 < job->m; i0 = grab(job)) {                       \
-      const int64_t i1 = i0 + ROWS_PER_GRAB < job->m ? i0 + ROWS_PER_GRAB : job->m;   \
-      for (int64_t i = i0; i < i1; i++) {                                             \
-        const int64_t lo = at(job->ptr, job->index64, i);                             \
-        const int64_t hi = at(job->ptr, job->index64, i + 1);                         \
-        const T *ar = a + i * row;                                                    \
-        for (int64_t e = lo; e < hi; e++) {                                           \
-          const T *br = b + at(job->cols, job->index64, e) * row;                     \
-          if (e + AHEAD < hi)                                                         \
-            __builtin_prefetch(b + at(job->cols, job->index64, e + AHEAD) * row);     \
-          for (int64_t h = 0; h < H; h++) {                                           \
-            T s = 0;                                                                  \
-            for (int64_t f = 0; f < D; f++) s += ar[h * D + f] * br[h * D + f];       \
-            out[e * H + h] = s;                                                       \
-          }                                                                           \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      const T *ar = a + i * row;                                                      \
+      for (int64_t e = lo; e < hi; e++) {                                             \
+        const T *br = b + at(job->cols, job->index64, e) * row;                       \
+        if (e + AHEAD < hi)                                                           \
+          __builtin_prefetch(b + at(job->cols, job->index64, e + AHEAD) * row);       \
+        for (int64_t h = 0; h < H; h++) {                                             \
+          T s = 0;                                                                    \
+          for (int64_t f = 0; f < D; f++) s += ar[h * D + f] * br[h * D + f];         \
+          out[e * H + h] = s;                                                         \
         }                                                                             \
       }                                                                               \
     }                                                                                 \
@@ -193,48 +190,44 @@ static void *draw_rows(void *arg) {
   const int64_t k = job->fanout;
   Kept *heap = (Kept *)malloc(sizeof(Kept) * (k > 0 ? k : 1));
   int64_t *ranks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));
-  for (int64_t r0 = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED); r0 < job->n;
-       r0 = __atomic_fetch_add(&job->next, ROWS_PER_GRAB, __ATOMIC_RELAXED)) {
-    const int64_t r1 = r0 + ROWS_PER_GRAB < job->n ? r0 + ROWS_PER_GRAB : job->n;
-    for (int64_t r = r0; r < r1; r++) {
-      const int64_t lo = job->rowptr[job->rows[r]], d = job->rowptr[job->rows[r] + 1] - lo;
-      int64_t *out = job->out + job->slot[r], got = 0;
-      if (d <= k) {
-        for (int64_t i = 0; i < d; i++)
-          if (!job->weight || job->weight[lo + i] > 0) out[got++] = lo + i;
-        job->count[r] = got;
-        continue;
-      }
-      if (k == 0) {
-        job->count[r] = 0;
-        continue;
-      }
-      uint64_t h = 0;
-      const int64_t fields[5] = {job->seed, job->epoch, job->layer, job->orig[r], job->tag};
-      for (int f = 0; f < 5; f++) h = mix((h + GOLDEN) ^ (uint64_t)fields[f]);
-      int64_t size = 0;
-      for (int64_t i = 0; i < d; i++) {
-        const double u = ((double)(mix((h + GOLDEN) ^ (uint64_t)i) >> 11) + 0.5) * 0x1p-53;
-        Kept c = {u, i};
-        if (job->weight) {
-          const double w = job->weight[lo + i];
-          if (!(w > 0)) continue;           /* weight 0: never drawn */
-          c.key = log(u) / w;
-        }
-        if (size < k) {                     /* fill, then keep a min-heap of the best k */
-          heap[size++] = c;
-          if (size == k)
-            for (int64_t j = k / 2 - 1; j >= 0; j--) sift_down(heap, k, j);
-        } else if (worse(heap[0], c)) {
-          heap[0] = c;
-          sift_down(heap, k, 0);
-        }
-      }
-      for (int64_t j = 0; j < size; j++) ranks[j] = heap[j].rank;
-      qsort(ranks, size, sizeof(int64_t), by_rank);
-      for (int64_t j = 0; j < size; j++) out[j] = lo + ranks[j];
-      job->count[r] = size;
+  EACH_ROW(r, &job->next, job->n) {
+    const int64_t lo = job->rowptr[job->rows[r]], d = job->rowptr[job->rows[r] + 1] - lo;
+    int64_t *out = job->out + job->slot[r], got = 0;
+    if (d <= k) {
+      for (int64_t i = 0; i < d; i++)
+        if (!job->weight || job->weight[lo + i] > 0) out[got++] = lo + i;
+      job->count[r] = got;
+      continue;
     }
+    if (k == 0) {
+      job->count[r] = 0;
+      continue;
+    }
+    uint64_t h = 0;
+    const int64_t fields[5] = {job->seed, job->epoch, job->layer, job->orig[r], job->tag};
+    for (int f = 0; f < 5; f++) h = mix((h + GOLDEN) ^ (uint64_t)fields[f]);
+    int64_t size = 0;
+    for (int64_t i = 0; i < d; i++) {
+      const double u = ((double)(mix((h + GOLDEN) ^ (uint64_t)i) >> 11) + 0.5) * 0x1p-53;
+      Kept c = {u, i};
+      if (job->weight) {
+        const double w = job->weight[lo + i];
+        if (!(w > 0)) continue;           /* weight 0: never drawn */
+        c.key = log(u) / w;
+      }
+      if (size < k) {                     /* fill, then keep a min-heap of the best k */
+        heap[size++] = c;
+        if (size == k)
+          for (int64_t j = k / 2 - 1; j >= 0; j--) sift_down(heap, k, j);
+      } else if (worse(heap[0], c)) {
+        heap[0] = c;
+        sift_down(heap, k, 0);
+      }
+    }
+    for (int64_t j = 0; j < size; j++) ranks[j] = heap[j].rank;
+    qsort(ranks, size, sizeof(int64_t), by_rank);
+    for (int64_t j = 0; j < size; j++) out[j] = lo + ranks[j];
+    job->count[r] = size;
   }
   free(heap);
   free(ranks);
