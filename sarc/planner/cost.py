@@ -182,7 +182,17 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
         z = arg_index(value, value.result, "src")
         if z is not None:  # scores per edge, their softmax weights, a CSR product per head
             score = v.attr["score"]
-            rneed = _keep_region(kept, score, list(ops), need, i)
+            reads = [a.attr for a in score.values if a.op is Op.ARG]
+            if (any(a["side"] in ("src", "dst", "edge") for a in reads)
+                    and any(need[ops[a["index"]]] for a in reads)):
+                # the scores are recomputed in backward from the operands they read
+                # (torch_ops._RecomputedScores): those are kept, none of the region's values
+                rneed = _float_needs(score.values,
+                                     lambda a: a.op is Op.ARG and need[ops[a.attr["index"]]])
+                for a in reads:
+                    kept.value(values, ops[a["index"]])
+            else:
+                rneed = _keep_region(kept, score, list(ops), need, i)
             kept.other(("weights", i), score.values[score.result].type)
             if rneed[score.result]:
                 kept.value(values, ops[z])
