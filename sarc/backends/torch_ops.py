@@ -221,7 +221,7 @@ def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tenso
     """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]): x [n, H, F]
     -> [m, H, F] (H = 1: one product of the flattened features). sarc's CPU kernel
     (``cpu_kernels``) where it is built, else torch's products."""
-    k = cpu_kernels.kernels() if cpu_kernels.usable(x, w) else None
+    k = cpu_kernels.kernels_for(x, w)
     if k is not None:
         return k.spmm(ptr, cols, w, x, shape[0])
     heads = w.shape[1]
@@ -261,7 +261,7 @@ def _sddmm(pattern, shape, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (``sddmm_pattern``): a [m, H, F], b [n, H, F] -> [E, H]. ``torch.sparse.sampled_addmm``
     on the CPU (no edge x feature tensor); elsewhere edge block by edge block."""
     ptr, cols, inverse = pattern
-    k = cpu_kernels.kernels() if cpu_kernels.usable(a, b) else None
+    k = cpu_kernels.kernels_for(a, b)
     if k is not None:
         d = k.sddmm(ptr, cols, a, b)
         return d if inverse is None else d.index_select(0, inverse)
@@ -287,7 +287,7 @@ def _dots(lay: Layout, cols: torch.Tensor | None, n: int, a: torch.Tensor,
     as ``Layout.arrays`` takes them (``g.src``, None for the edge itself, or ``cols``).
     sarc's CPU kernel takes repeated (row, column) entries; torch's needs them merged."""
     g = lay.g
-    if cpu_kernels.kernels() is not None and cpu_kernels.usable(a, b):
+    if cpu_kernels.kernels_for(a, b) is not None:
         pattern = (*lay.arrays(cols, n), None)
     elif cols is g.src:
         pattern = lay.sddmm_pattern()

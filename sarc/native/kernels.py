@@ -38,11 +38,12 @@ SHARED_WORK = 1 << 16
 """Multiply-adds from which a product runs on torch's intra-op threads."""
 
 _lock = threading.Lock()
-_loaded: dict[str, "Kernels | None"] = {}
+_loaded: dict[str | None, "Kernels | None"] = {}
+"""The kernels built with each ``$CC`` (None: unset, the ``cc`` on the PATH)."""
 
 
 class Kernels:
-    """The loaded library's two entry points, on torch tensors."""
+    """The loaded library's entry points, on torch tensors."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
@@ -144,16 +145,22 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def kernels() -> Kernels | None:
     """The kernels, built and loaded on first use; None where they cannot be (no C
-    compiler, ``SARC_CPU_KERNELS=0``)."""
+    compiler, ``SARC_CPU_KERNELS=0``). Called on every sparse op: after the first call
+    for a ``$CC``, a dictionary lookup."""
     if os.environ.get("SARC_CPU_KERNELS", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    key = str(compiler)
-    if key not in _loaded:
+    cc = os.environ.get("CC")
+    if cc not in _loaded:
         with _lock:
-            if key not in _loaded:
-                _loaded[key] = _build(compiler) if compiler else None
-    return _loaded[key]
+            if cc not in _loaded:
+                compiler = cc or shutil.which("cc") or shutil.which("gcc")
+                _loaded[cc] = _build(compiler) if compiler else None
+    return _loaded[cc]
+
+
+def kernels_for(*tensors: torch.Tensor) -> Kernels | None:
+    """The kernels where they are built and take these operands (``usable``), else None."""
+    return kernels() if usable(*tensors) else None
 
 
 def _build(compiler: str) -> Kernels | None:
