@@ -147,10 +147,13 @@ void sarc_transpose(const int64_t *cols, const int64_t *rows, int64_t num, const
 
 /* Neighbour sampling without replacement (sarc/sampling/neighbours.py defines it): for
    each destination r, of in-degree d = rowptr[row]..rowptr[row+1], keep every in-edge
-   if d <= fanout (those of positive weight, with weights), else the fanout edges of
-   largest key: u (uniform) or log(u) / w, ties to the lower rank; written at out[slot[r]
-   ..] in edge order, count[r] of them. u is the key (seed, epoch, layer, orig id, tag,
-   rank) hashed by splitmix64 as sarc.sampling.draws does. */
+   if d <= fanout (those of positive weight, with weights), else
+   - without weights, Floyd's uniform subset: for J = d - fanout .. d - 1, t = floor(u_J
+     (J + 1)); keep rank t unless kept already, then rank J (fanout draws, whatever d);
+   - with weights w, the fanout edges of largest key log(u_rank) / w, ties to the lower
+     rank (Efraimidis and Spirakis: every edge drawn);
+   written at out[slot[r]..] in edge order, count[r] of them. u_i is the key (seed, epoch,
+   layer, orig id, tag, i) hashed by splitmix64 as sarc.sampling.draws does. */
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 static inline uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -185,11 +188,39 @@ static int by_rank(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+static inline double uniform_at(uint64_t h, int64_t i) {
+  return ((double)(mix((h + GOLDEN) ^ (uint64_t)i) >> 11) + 0.5) * 0x1p-53;
+}
+
+/* Floyd's k ranks of 0..d-1 (k < d) into ranks[0..k), with set: an open-addressing table
+   of cap (a power of two >= 2k) slots, all -1 */
+#define SLOT(t, cap) ((int64_t)(((uint64_t)(t) * GOLDEN) >> 32) & ((cap) - 1))
+static void floyd(uint64_t h, int64_t d, int64_t k, int64_t *ranks, int64_t *set, int64_t cap) {
+  for (int64_t J = d - k, n = 0; J < d; J++, n++) {
+    int64_t t = (int64_t)(uniform_at(h, J) * (double)(J + 1));
+    if (t > J) t = J;
+    int64_t slot = SLOT(t, cap);
+    while (set[slot] >= 0 && set[slot] != t) slot = (slot + 1) & (cap - 1);
+    if (set[slot] == t) {               /* kept already: J, which no draw has reached */
+      t = J;
+      slot = SLOT(t, cap);
+      while (set[slot] >= 0) slot = (slot + 1) & (cap - 1);
+    }
+    set[slot] = t;
+    ranks[n] = t;
+  }
+  for (int64_t c = 0; c < cap; c++) set[c] = -1;   /* empty again: O(k) */
+}
+
 static void *draw_rows(void *arg) {
   Draw *job = (Draw *)arg;
   const int64_t k = job->fanout;
   Kept *heap = (Kept *)malloc(sizeof(Kept) * (k > 0 ? k : 1));
   int64_t *ranks = (int64_t *)malloc(sizeof(int64_t) * (k > 0 ? k : 1));
+  int64_t cap = 2;
+  while (cap < 2 * k) cap *= 2;
+  int64_t *set = (int64_t *)malloc(sizeof(int64_t) * cap);
+  for (int64_t c = 0; c < cap; c++) set[c] = -1;
   EACH_ROW(r, &job->next, job->n) {
     const int64_t lo = job->rowptr[job->rows[r]], d = job->rowptr[job->rows[r] + 1] - lo;
     int64_t *out = job->out + job->slot[r], got = 0;
@@ -207,14 +238,13 @@ static void *draw_rows(void *arg) {
     const int64_t fields[5] = {job->seed, job->epoch, job->layer, job->orig[r], job->tag};
     for (int f = 0; f < 5; f++) h = mix((h + GOLDEN) ^ (uint64_t)fields[f]);
     int64_t size = 0;
-    for (int64_t i = 0; i < d; i++) {
-      const double u = ((double)(mix((h + GOLDEN) ^ (uint64_t)i) >> 11) + 0.5) * 0x1p-53;
-      Kept c = {u, i};
-      if (job->weight) {
-        const double w = job->weight[lo + i];
-        if (!(w > 0)) continue;           /* weight 0: never drawn */
-        c.key = log(u) / w;
-      }
+    if (!job->weight) {
+      floyd(h, d, k, ranks, set, cap);
+      size = k;
+    } else for (int64_t i = 0; i < d; i++) {
+      const double w = job->weight[lo + i];
+      if (!(w > 0)) continue;             /* weight 0: never drawn */
+      Kept c = {log(uniform_at(h, i)) / w, i};
       if (size < k) {                     /* fill, then keep a min-heap of the best k */
         heap[size++] = c;
         if (size == k)
@@ -224,13 +254,15 @@ static void *draw_rows(void *arg) {
         sift_down(heap, k, 0);
       }
     }
-    for (int64_t j = 0; j < size; j++) ranks[j] = heap[j].rank;
+    if (job->weight)
+      for (int64_t j = 0; j < size; j++) ranks[j] = heap[j].rank;
     qsort(ranks, size, sizeof(int64_t), by_rank);
     for (int64_t j = 0; j < size; j++) out[j] = lo + ranks[j];
     job->count[r] = size;
   }
   free(heap);
   free(ranks);
+  free(set);
   return 0;
 }
 

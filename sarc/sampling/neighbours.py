@@ -7,19 +7,24 @@ in-edges is the same whatever the number of workers.
 
 ``sample`` picks, for each destination v of layer k, ``fanout`` of its in-edges:
 
-- without replacement: the ``fanout`` edges of largest key, ``u`` (uniform per edge)
-  without probabilities, ``log(u) / w`` with weights ``w`` (ties to the lower rank):
-  a uniform subset, or the weighted draw without replacement of Efraimidis and Spirakis
-  (as successive draws proportional to ``w`` among the edges not yet drawn); edges of
-  weight 0 are never drawn, so a node may get fewer than ``fanout``;
+- without replacement and probabilities, a uniform subset by Floyd's algorithm: of v's
+  ``d`` in-edges (ranked 0..d-1), for ``J = d - fanout .. d - 1`` the rank
+  ``t = floor(u_J (J + 1))``, or ``J`` if ``t`` is drawn already: ``fanout`` draws,
+  however many in-edges a hub has;
+- without replacement, with weights ``w``: the ``fanout`` edges of largest key
+  ``log(u_rank) / w`` (ties to the lower rank), the weighted draw without replacement
+  of Efraimidis and Spirakis (as successive draws proportional to ``w`` among the edges
+  not yet drawn); edges of weight 0 are never drawn, so a node may get fewer than
+  ``fanout``;
 - with replacement: ``fanout`` independent draws, each an edge with probability
   ``w / sum(w)`` (inverse CDF over the edges in their order);
 - ``fanout == -1``: every in-edge (weights ignored).
 
 Each ``u`` is ``draws.uniform(seed, epoch, k, orig id of v, tag, edge rank or draw
 index)``: v's sample depends on nothing else. On the CPU it is drawn by sarc's C kernel
-(``sarc.native``, a heap per node); without it by a bucketed top-k in torch: the same
-samples.
+(``sarc.native``: Floyd's draws, or a heap of the best keys per node); without it by
+the same draws in torch (Floyd's over all destinations at once, a bucketed top-k of the
+keys): the same samples.
 """
 from __future__ import annotations
 
@@ -139,12 +144,13 @@ def _all_in_edges(starts: torch.Tensor, deg: torch.Tensor):
 
 def _without_replacement(table: InEdges, starts: torch.Tensor, deg: torch.Tensor,
                          orig_ids: torch.Tensor, fanout: int, key) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``fanout`` in-edges of largest key per destination (every one with ``ALL``).
+    """Each destination's sample without replacement (every in-edge with ``ALL``).
 
     A destination with at most ``fanout`` in-edges keeps all of them (those of positive
-    weight), with no draw. The others are grouped by in-degree into buckets of widths
-    up to twice their smallest, and each bucket picks its edges with one ``topk`` over a
-    [destinations, width] table of keys (padding at -inf): work and memory in
+    weight), with no draw. Without weights the others draw by Floyd's algorithm, all
+    at once (``_floyd``). With weights they are grouped by in-degree into buckets of
+    widths up to twice their smallest, and each bucket picks its edges with one ``topk``
+    over a [destinations, width] table of keys (padding at -inf): work and memory in
     proportion to the candidates, with no sort over all of them."""
     w = table.weight
     small = (deg <= fanout) if fanout != ALL else torch.ones_like(deg, dtype=torch.bool)
@@ -156,7 +162,11 @@ def _without_replacement(table: InEdges, starts: torch.Tensor, deg: torch.Tensor
         cand, pos = cand[keep], pos[keep]
     cands, poss = [cand], [pos]
     big = (~small).nonzero().squeeze(1)
-    if big.numel():
+    if big.numel() and w is None:
+        ranks = _floyd(deg[big], orig_ids[big], fanout, key)
+        cands.append((starts[big][:, None] + ranks).reshape(-1))
+        poss.append(big.repeat_interleave(fanout))
+    elif big.numel():
         seed, epoch, layer = key
         bucket = torch.floor(torch.log2(deg[big].to(torch.float64))).to(torch.int64)
         for b in torch.unique(bucket).tolist():
@@ -182,6 +192,21 @@ def _without_replacement(table: InEdges, starts: torch.Tensor, deg: torch.Tensor
     order = torch.argsort(pos * (int(deg.max()) + 1 if deg.numel() else 1)
                           + (cand - starts[pos])) if cand.numel() else cand
     return cand[order], pos[order]
+
+
+def _floyd(deg: torch.Tensor, orig_ids: torch.Tensor, fanout: int, key) -> torch.Tensor:
+    """[n, fanout] the ranks Floyd's algorithm draws of each destination's ``deg`` (all
+    > fanout) in-edges, sorted: draw i of every destination at once."""
+    n = deg.numel()
+    ranks = torch.empty(n, fanout, dtype=torch.int64)
+    for i in range(fanout):
+        top = deg - fanout + i                                    # J
+        u = uniform(*key, orig_ids, NEIGHBOUR_KEY, top)
+        t = torch.minimum((u * (top + 1).to(torch.float64)).to(torch.int64), top)
+        if i:
+            t = torch.where((ranks[:, :i] == t[:, None]).any(1), top, t)
+        ranks[:, i] = t
+    return torch.sort(ranks, dim=1).values
 
 
 def _group_sums(values: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import injected_kill
+from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
 from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
@@ -285,9 +286,11 @@ class MiniBatchSteps:
             self.counter.reset()
         sampled_before = self.comm.bytes_sent
         t0, seeds, n = time.perf_counter(), 0, 0
-        for step, (mb, total) in enumerate(self.sampled(epoch), 1):
-            yield self.batch(mb, total)
-            seeds, n = seeds + total, step
+        kept = kept_between_steps() if self.rows.x.device.type == "cpu" else contextlib.nullcontext()
+        with kept:
+            for step, (mb, total) in enumerate(self.sampled(epoch), 1):
+                yield self.batch(mb, total)
+                seeds, n = seeds + total, step
         layers_sent = None if self.counter is None else self.counter.total_sent
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
                              "seconds": time.perf_counter() - t0, "bytes_sent": layers_sent,

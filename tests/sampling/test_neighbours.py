@@ -184,15 +184,24 @@ def test_nodes_without_in_edges_get_empty_samples():
 
 def _by_definition(table, rows, orig_ids, fanout, key):
     """Sampling without replacement as the module defines it, in the plainest terms: per
-    destination, its in-edges of the ``fanout`` largest keys, ``u`` or ``log(u) / w``
-    (none of weight 0), listed in edge order."""
+    destination, Floyd's draws of ``fanout`` of its ``d > fanout`` in-edges without
+    weights, else its in-edges of the ``fanout`` largest keys ``log(u) / w`` (none of
+    weight 0), listed in edge order."""
     from sarc.sampling.draws import NEIGHBOUR_KEY
     cand, pos = [], []
     for i, v in enumerate(rows.tolist()):
         a, b = int(table.rowptr[v]), int(table.rowptr[v + 1])
         edges = torch.arange(a, b)
+        d = b - a
         if fanout == -1:
             keep = edges
+        elif table.weight is None and d > fanout:
+            drawn = set()
+            for top in range(d - fanout, d):
+                u = float(uniform(*key, int(orig_ids[i]), NEIGHBOUR_KEY, top)[0])
+                t = min(int(u * (top + 1)), top)
+                drawn.add(top if t in drawn else t)
+            keep = a + torch.tensor(sorted(drawn), dtype=torch.int64)
         else:
             u = uniform(*key, int(orig_ids[i]), NEIGHBOUR_KEY, torch.arange(b - a))
             score = u if table.weight is None else torch.log(u) / table.weight[edges]
