@@ -20,6 +20,8 @@ exchange, with no seeds too.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..graph import Graph
@@ -51,6 +53,12 @@ class NeighbourSampler:
         self.comm.agree(problem)
         self.table = table
         self.offsets = shard.node_offsets.cpu()
+        self.orig_ids = shard.orig_node_ids.cpu()
+        self.in_degree, self.out_degree = shard.in_degree.cpu(), shard.out_degree.cpu()
+        # scratch of one sample() at a time: a local node's row in the layer's frontier,
+        # -1 between calls (a layer resets the rows it set: no pass over every node)
+        self._row_of = torch.full((shard.num_local,), -1, dtype=torch.int64)
+        self._lock = threading.Lock()
 
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.searchsorted(self.offsets, ids, right=True) - 1
@@ -67,52 +75,64 @@ class NeighbourSampler:
     def sample(self, seeds, epoch: int = 0) -> MiniBatch:
         """The step's blocks, input layer first (collective: every worker calls it, each with
         its seeds, possibly none)."""
-        sh, spec, comm = self.shard, self.spec, self.comm
+        with self._lock:
+            try:
+                return self._sample(seeds, epoch)
+            except BaseException:
+                self._row_of.fill_(-1)
+                raise
+
+    def _sample(self, seeds, epoch: int) -> MiniBatch:
+        sh, spec, comm, row_of = self.shard, self.spec, self.comm, self._row_of
         r, p = comm.rank, comm.size
         lo = sh.local_range[0]
         dst = self.route_seeds(seeds)
         blocks = []
         for k in range(spec.num_layers, 0, -1):
             rows = dst - lo
-            cand, pos = sample(self.table, rows, sh.orig_node_ids.cpu()[rows],
+            cand, pos = sample(self.table, rows, self.orig_ids.index_select(0, rows),
                                spec.fanouts[k - 1], spec.replace, (spec.seed, epoch, k))
-            src, blk = self.table.src[cand], self.table.block[cand]
-            requests = [_EMPTY if j == r else torch.unique(src[blk == j]) for j in range(p)]
+            src = self.table.src.index_select(0, cand)
+            edges = _by_owner(self.owner(src), p) if p > 1 else [None]
+            part = [src if e is None else src.index_select(0, e) for e in edges]
+            requests = [_EMPTY if j == r else torch.unique(part[j]) for j in range(p)]
             asked = comm.exchange(requests)
             # this worker's frontier_{k-1}: its frontier_k nodes first, then the others by id
-            row_of = torch.full((sh.num_local,), -1, dtype=torch.int64)
             row_of[rows] = torch.arange(rows.numel())
-            more = torch.unique(torch.cat([src[blk == r], *[a for j, a in enumerate(asked) if j != r]]))
-            more = more[row_of[more - lo] < 0]
+            more = torch.unique(torch.cat([part[r], *[a for j, a in enumerate(asked) if j != r]]))
+            more = more[row_of.index_select(0, more - lo) < 0]
             row_of[more - lo] = rows.numel() + torch.arange(more.numel())
             nodes = torch.cat([dst, more])
             answers = comm.exchange([_EMPTY if j == r else row_of[asked[j] - lo] for j in range(p)],
                                     sizes=[int(t.numel()) for t in requests])
             counts = [c[0] for c in comm.all_gather([int(nodes.numel())])]
-            blocks.append(self._layer_block(k, nodes, rows.numel(), cand, pos, requests, answers,
-                                            asked, row_of, counts))
+            blocks.append(self._layer_block(k, nodes, rows.numel(), cand, pos, edges, part,
+                                            requests, answers, asked, counts))
+            row_of[nodes - lo] = -1
             dst = nodes
         return MiniBatch(tuple(reversed(blocks)))
 
-    def _layer_block(self, k, nodes, num_dst, cand, pos, requests, answers, asked, row_of,
+    def _layer_block(self, k, nodes, num_dst, cand, pos, edges, part, requests, answers, asked,
                      counts) -> LayerBlock:
-        sh, t = self.shard, self.table
+        """Layer k's block: ``edges[j]`` (None: all) are the sampled edges ``cand`` (into
+        destinations ``pos``) from worker j's nodes ``part[j]``."""
+        sh, t, row_of = self.shard, self.table, self._row_of
         r, p = sh.rank, sh.num_parts
         lo = sh.local_range[0]
         local = nodes - lo
-        in_deg, out_deg = sh.in_degree.cpu(), sh.out_degree.cpu()
-        dst_in = in_deg[local[:num_dst]]
+        in_deg = self.in_degree.index_select(0, local)
+        out_deg = self.out_degree.index_select(0, local)
+        dst_in = in_deg[:num_dst]
         offsets = torch.zeros(p + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(torch.tensor(counts, dtype=torch.int64), 0)
         blocks, needed, send, edata, edge_ids, remote = [], [], [], [], [], []
-        for j in range(p):
-            e = (t.block[cand] == j).nonzero().squeeze(1)
-            ce, src = cand[e], t.src[cand[e]]
+        for j, (e, src) in enumerate(zip(edges, part)):
+            ce, dst = (cand, pos) if e is None else (cand[e], pos[e])
             if j == r:
                 rows = torch.arange(nodes.numel())
-                block = Graph.from_edges(row_of[src - lo], pos[e], num_src=nodes.numel(),
-                                         num_dst=num_dst, in_degree=dst_in,
-                                         out_degree=out_deg[local])
+                block = Graph.from_edges(row_of.index_select(0, src - lo), dst,
+                                         num_src=nodes.numel(), num_dst=num_dst,
+                                         in_degree=dst_in, out_degree=out_deg)
                 send_j = _EMPTY
                 remote.append(_EMPTY)
             else:
@@ -123,22 +143,28 @@ class NeighbourSampler:
                 src_rows = index[torch.searchsorted(requests[j], src)]
                 deg = torch.zeros(rows.numel(), dtype=torch.float32)
                 deg[src_rows] = sh.blocks[j].out_degree.cpu()[t.src_row[ce]]
-                block = Graph.from_edges(src_rows, pos[e], num_src=rows.numel(), num_dst=num_dst,
+                block = Graph.from_edges(src_rows, dst, num_src=rows.numel(), num_dst=num_dst,
                                          dst_in_src=False, in_degree=dst_in, out_degree=deg)
                 send_j = torch.sort(row_of[asked[j] - lo]).values
                 remote.append(requests[j][order])
             blocks.append(block)
             needed.append(rows)
             send.append(send_j)
-            edata.append({name: v.index_select(0, t.edge[ce].to(v.device))
+            at = t.edge.index_select(0, ce) if sh.edata[j] else None
+            edata.append({name: v.index_select(0, at.to(v.device))
                           for name, v in sh.edata[j].items()})
-            edge_ids.append(sh.orig_edge_ids[j].cpu().index_select(0, t.edge[ce]))
+            edge_ids.append(t.orig_edge.index_select(0, ce))
         shard = ShardedGraph(r, p, offsets, tuple(blocks), tuple(needed), tuple(send),
-                             in_deg[local], out_deg[local],
+                             in_deg, out_deg,
                              {name: v.index_select(0, local.to(v.device)) for name, v in sh.ndata.items()},
-                             tuple(edata), sh.orig_node_ids.cpu()[local], tuple(edge_ids))
+                             tuple(edata), self.orig_ids.index_select(0, local), tuple(edge_ids))
         sampled = torch.bincount(pos, minlength=num_dst).to(torch.float32)
         return LayerBlock(k, shard, num_dst, nodes, tuple(remote), sampled)
+
+
+def _by_owner(owner: torch.Tensor, p: int) -> list[torch.Tensor]:
+    """The positions of the entries of each owner 0..p-1, in order."""
+    return [(owner == j).nonzero().squeeze(1) for j in range(p)]
 
 
 def _seed_ids(seeds, n: int) -> tuple[torch.Tensor, str | None]:

@@ -42,8 +42,8 @@ from .spec import ALL, SamplingError
 @dataclass(frozen=True, eq=False)
 class InEdges:
     rowptr: torch.Tensor      # [num_local + 1]: in-edges of local row i are rowptr[i] .. rowptr[i+1]-1
-    src: torch.Tensor         # [E] source node, new global id
-    block: torch.Tensor       # [E] the source shard j (the edge is in shard.blocks[j])
+    src: torch.Tensor         # [E] source node, new global id (its owner j: the edge is in
+                              #     shard.blocks[j])
     src_row: torch.Tensor     # [E] its source row in blocks[j]
     edge: torch.Tensor        # [E] its index in blocks[j]'s input order (edata, orig_edge_ids)
     orig_edge: torch.Tensor   # [E] its original edge id
@@ -65,17 +65,17 @@ class InEdges:
                     raise SamplingError(f"no edge data {prob!r} for the sampling probabilities "
                                         f"(the graph has: {have})")
                 w = _weights(shard.edata[j][prob], prob).index_select(0, perm)
-            parts.append((b.dst.cpu(), src, torch.full_like(rows, j), rows, perm,
+            parts.append((b.dst.cpu(), src, rows, perm,
                           shard.orig_edge_ids[j].cpu().index_select(0, perm), w))
-        dst, src, block, src_row, edge, orig = (torch.cat([p[i] for p in parts]) for i in range(6))
-        weight = torch.cat([p[6] for p in parts]) if prob is not None else None
+        dst, src, src_row, edge, orig = (torch.cat([p[i] for p in parts]) for i in range(5))
+        weight = torch.cat([p[5] for p in parts]) if prob is not None else None
         order = torch.argsort(orig, stable=True)
         order = order[torch.argsort(dst[order], stable=True)]
         counts = torch.bincount(dst, minlength=shard.num_local)
         rowptr = torch.zeros(shard.num_local + 1, dtype=torch.int64)
         rowptr[1:] = torch.cumsum(counts, 0)
         pick = lambda t: t.index_select(0, order)  # noqa: E731
-        return InEdges(rowptr, pick(src), pick(block), pick(src_row), pick(edge), pick(orig),
+        return InEdges(rowptr, pick(src), pick(src_row), pick(edge), pick(orig),
                        None if weight is None else pick(weight))
 
     @property
