@@ -288,8 +288,8 @@ class MiniBatchSteps:
         t0, seeds, n = time.perf_counter(), 0, 0
         kept = kept_between_steps() if self.rows.x.device.type == "cpu" else contextlib.nullcontext()
         with kept:
-            for step, (mb, total) in enumerate(self.sampled(epoch), 1):
-                yield self.batch(mb, total)
+            for step, (mb, rows, total) in enumerate(self.sampled(epoch), 1):
+                yield self.batch(mb, total, rows)
                 seeds, n = seeds + total, step
         layers_sent = None if self.counter is None else self.counter.total_sent
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
@@ -297,41 +297,52 @@ class MiniBatchSteps:
                              "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
 
     def sampled(self, epoch: int):
-        """``(blocks, the step's seeds over all workers)`` per step of ``epoch``. With
-        ``prefetch``, the next step's blocks are sampled in a thread while the caller
-        computes this step; else between steps, in program order."""
+        """``(blocks, their input rows and labels or None, the step's seeds over all
+        workers)`` per step of ``epoch``. With ``prefetch``, the next step's blocks are
+        sampled in a thread while the caller computes this step, and on the CPU their
+        rows gathered there too (input rows that are learned are read after the step
+        before has updated them); else between steps, in program order."""
+        x = self.rows.x
+        gather = self.prefetch and x.device.type == "cpu" and not x.requires_grad
+
         def draw(step: int, mine: torch.Tensor):
             injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
-            return self.sampler.sample(mine, epoch)
+            mb = self.sampler.sample(mine, epoch)
+            return mb, self.input_rows(mb) if gather else None
         batches = list(enumerate(self.seeds.epoch(epoch), 1))
         if not self.prefetch:
             for step, (mine, total) in batches:
-                yield draw(step, mine), total
+                yield *draw(step, mine), total
             return
         with ThreadPoolExecutor(1, thread_name_prefix="sarc-sampling") as pool:
             ahead = [pool.submit(draw, step, mine) for step, (mine, _) in batches[:1]]
             for i, (step, (_, total)) in enumerate(batches):
-                mb = ahead.pop(0).result()
+                mb, rows = ahead.pop(0).result()
                 if i + 1 < len(batches):
                     after, (mine, _) = batches[i + 1]
                     ahead.append(pool.submit(draw, after, mine))
                 self.prefetched = len(ahead)
-                yield mb, total
+                yield mb, rows, total
 
-    def batch(self, mb, total: int) -> Batch:
-        """The step's ``Batch`` of the blocks ``mb`` (a ``MiniBatch``), ``total`` seeds over
-        all workers."""
+    def input_rows(self, mb) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input rows of the blocks ``mb`` and the labels of their seeds (rows of this
+        worker's shard)."""
         lo = self.shard.local_range[0]
         x_dev = self.rows.x.device
         inputs = (mb.input_nodes - lo).to(x_dev)
         seeds = (mb.seeds - lo).to(x_dev)
-        n = int(seeds.numel())
+        return self.rows.x.index_select(0, inputs), self.rows.label.index_select(0, seeds)
+
+    def batch(self, mb, total: int, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> Batch:
+        """The step's ``Batch`` of the blocks ``mb`` (a ``MiniBatch``), ``total`` seeds over
+        all workers; ``rows``: their ``input_rows`` where gathered already."""
+        x_dev = self.rows.x.device
+        x, label = rows if rows is not None else self.input_rows(mb)
         graph = MiniBatchGraph(self.graphs_of(mb.blocks))
         edge_inputs = {name: torch.cat([e[name] for b in mb.blocks for e in b.shard.edata])
                        .to(x_dev) for name in self.edge_names}
-        none = torch.zeros(n, dtype=torch.bool, device=x_dev)
-        return Batch(graph, self.rows.x.index_select(0, inputs), edge_inputs,
-                     self.rows.label.index_select(0, seeds),
+        none = torch.zeros(label.shape[0], dtype=torch.bool, device=x_dev)
+        return Batch(graph, x, edge_inputs, label,
                      {"train": torch.ones_like(none), "val": none, "test": none},
                      train_total=total, node_ids=mb.input_nodes.to(x_dev))
 

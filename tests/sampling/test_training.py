@@ -291,3 +291,25 @@ def test_one_process_samples_the_next_step_while_a_step_computes(graph):
     src, _ = _steps("sage", shard, SAMPLED, False, _rows(graph.ndata))
     ahead = [src.prefetched for _ in src.steps(1)]
     assert len(ahead) >= 4 and ahead == [1] * (len(ahead) - 1) + [0]
+
+
+def test_one_process_gathers_the_next_steps_rows_while_a_step_computes(graph):
+    """Input rows that are data (no gradient) are gathered with the next step's sample, in
+    the thread; learned ones are read in the step, after the step before updated them.
+    Either way a step's rows are those of its blocks."""
+    shard = whole_graph_shard(graph.src, graph.dst, graph.num_nodes, graph.edata,
+                              self_loops=False)
+    x, label, train = _rows(graph.ndata)
+    counts = {"train": int(train.sum()), "val": 0, "test": 0}
+
+    def source(x, prefetch):
+        return MiniBatchSteps(shard, SAMPLED, layers=2, seed=5, comm=Comm(),
+                              rows=ShardRows(x, label, train), evaluation=None, counts=counts,
+                              graphs_of=local_blocks, prefetch=prefetch)
+    ahead = [rows is not None for _, rows, _ in source(x, True).sampled(1)]
+    assert len(ahead) >= 4 and all(ahead)
+    learned = x.clone().requires_grad_(True)
+    assert not any(rows is not None for _, rows, _ in source(learned, True).sampled(1))
+    for a, b in zip(source(x, True).steps(1), source(x, False).steps(1), strict=True):
+        assert torch.equal(a.x, b.x) and torch.equal(a.label, b.label)
+        assert torch.equal(a.node_ids, b.node_ids)
