@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -212,7 +212,7 @@ def addmm(a: list[str]) -> str:
     return f"torch.addmm({a[0]}, {a[1]}, {a[2]}.t())"
 
 
-def accumulate_reads(fn: Function, fused: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
+def accumulate_reads(fn: Function, fused: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
     """What each add of ``fused`` reads as an ``addmm``: its other operand, the linear's x
     and W; the linear itself is read no more."""
     return {i: [other, *fn.values[linear].inputs] for i, (other, linear) in fused.items()}
