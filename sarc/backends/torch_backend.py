@@ -1,7 +1,8 @@
 """PyTorch backend: IR -> a readable Python module that runs on CPU and GPU.
 
 Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
-as a comment; graph ops call the CSR kernels of ``torch_ops``. The module
+as a comment (an add of a linear takes in the linear's line: one ``torch.addmm``);
+graph ops call the CSR kernels of ``torch_ops``. The module
 is rendered from a jinja2 template, written to a real file (so tracebacks and
 debuggers show the generated code) and imported. Autograd gives the backward
 pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
