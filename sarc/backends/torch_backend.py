@@ -240,7 +240,7 @@ def generate(fn: Function) -> str:
     live = _live(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
     fused = {i: (other, linear) for i, (other, linear) in linear_accumulates(fn).items()
-             if i in live and not {i, linear} & twins.keys() and linear not in rows_read}
+             if not {i, linear} & twins.keys() and linear not in rows_read}
     reads.update(accumulate_reads(fn, fused))
 
     def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:

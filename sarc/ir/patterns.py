@@ -160,7 +160,7 @@ def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:
 def linear_accumulates(fn: Function) -> dict[int, tuple[int, int]]:
     """add value -> (its other operand, the linear it adds) when ``other + linear(x, W)``
     can be one GEMM accumulating into ``other`` (``torch.addmm``, beta = 1), which saves
-    the add's pass over the result, forward and backward.
+    the add's pass over the result.
 
     The linear has no reader but the add (a function output is a reader), so its result
     need never exist on its own; it has the add's type, so only ``other`` broadcasts; and
