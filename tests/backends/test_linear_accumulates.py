@@ -80,8 +80,9 @@ def _w(b: Builder, name: str, out: int, inp: int = 4):
 
 
 def _feeds(*feat: int, **params: tuple[int, ...]):
-    return {"h": torch.randn(G.num_src, *(feat or (4,)))}, \
-        {k: torch.randn(*shape) for k, shape in params.items()}
+    """Random ``h`` (feature shape ``feat``, default [4]) and params of the given shapes."""
+    return ({"h": torch.randn(G.num_src, *(feat or (4,)))},
+            {k: torch.randn(*shape) for k, shape in params.items()})
 
 
 def test_bias_and_chain_fuse_both_operands_linear_fuses_the_second():
