@@ -25,7 +25,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from ..ir.function import Function, Value
 from ..ir.ops import Op
@@ -33,9 +33,9 @@ from ..ir.reducers import reducer
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
-from ..ir.patterns import arg_index, region_sides, region_width
+from ..ir.patterns import arg_index, linear_accumulates, region_sides, region_width
 from .registry import EdgeLowering, get_backend
-from .torch_backend import LOWERING, region_function
+from .torch_backend import LOWERING, accumulate_reads, addmm, region_function
 
 Lower = Callable[[int, Value, codegen.RegionNames, list[str]], str]
 """(index, value, its region functions' names (written when called), operands) -> code."""
@@ -45,25 +45,36 @@ def _default(i: int, v: Value, regions: codegen.RegionNames, operands: list[str]
     return LOWERING[v.op](v, regions() + operands)
 
 
-def _needed(fn: Function, targets: list[int]) -> set[int]:
+def _needed(fn: Function, targets: list[int], reads: Mapping[int, Sequence[int]]) -> set[int]:
     need, stack = set(), list(targets)
     while stack:
         i = stack.pop()
         if i not in need:
             need.add(i)
-            stack.extend(fn.values[i].inputs)
+            stack.extend(reads.get(i, fn.values[i].inputs))
     return need
 
 
 def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Lower = _default,
-              tail: list[str] = ()) -> tuple[list[list[str]], list[str]]:
+              tail: list[str] = (), reads: Mapping[int, Sequence[int]] | None = None
+              ) -> tuple[list[list[str]], list[str]]:
     """Region functions and the body of ``def name(args)`` computing ``targets`` of ``fn``;
-    ``tail``: the lines after the last value (the return)."""
+    ``tail``: the lines after the last value (the return); ``reads``: the values a value
+    reads where ``lower`` writes it from others than its operands."""
+    reads = reads or {}
+    order = sorted(_needed(fn, targets, reads))
     regions, body = codegen.emit_values(
-        fn, sorted(_needed(fn, targets)),
-        lambda i, v, operands, region_names: lower(i, v, region_names, operands),
-        live_out=targets, region_function=region_function, region_prefix=f"_{name}")
+        fn, order, lambda i, v, operands, region_names: lower(i, v, region_names, operands),
+        live_out=targets, region_function=region_function, region_prefix=f"_{name}",
+        inputs={i: reads.get(i, fn.values[i].inputs) for i in order})
     return regions, [f"def {name}({args}):", *(f"    {line}" for line in [*body, *tail])]
+
+
+def _node_lowering(fused: Mapping[int, tuple[int, int]]) -> Lower:
+    """A node part's values on the torch backend's lines, the adds of ``fused``
+    (``patterns.linear_accumulates``) as one ``addmm`` each."""
+    return lambda i, v, regions, operands: (addmm(operands) if i in fused else
+                                            _default(i, v, regions, operands))
 
 
 def _dict(items: list[tuple[str, str]]) -> str:
@@ -173,9 +184,11 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
 
     def node_part(fn: Function | None, name: str):
         if fn is not None:
+            fused = linear_accumulates(fn)
             outs = _dict([(k, f"v{i}") for k, i in fn.outputs])
             parts.append(emit_part(fn, name, sig, [i for _, i in fn.outputs],
-                                   tail=[f"return {outs}"]))
+                                   _node_lowering(fused), tail=[f"return {outs}"],
+                                   reads=accumulate_reads(fn, fused)))
 
     node_part(split.src, "src_part")
     node_part(split.dst_pre, "dst_pre_part")

@@ -27,7 +27,8 @@ Which kernels an IR op gets (``KERNEL_OPS``):
   of its backward.
 
 Node-level ops (linear maps, elementwise math on nodes, reshapes) and dropout
-run as PyTorch, exactly as in the PyTorch backend (its ``LOWERING`` table).
+run as PyTorch, exactly as in the PyTorch backend (its ``LOWERING`` table; an add
+of a linear as one ``torch.addmm``, ``patterns.linear_accumulates``).
 
 No silent fallback: when a graph op cannot be lowered (``TritonLoweringError``,
 e.g. a region that slices a feature axis), the op runs with the PyTorch
@@ -51,7 +52,7 @@ from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
-from ..ir.patterns import region_sides
+from ..ir.patterns import linear_accumulates, region_sides
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
@@ -300,11 +301,16 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     inputs = {i: [] if i in skipped else list(v.inputs) for i, v in enumerate(fn.values)}
     for i, x in folded.items():
         inputs[i][0] = fn.values[x].inputs[0]
+    fused = linear_accumulates(fn)
+    inputs.update(torch_backend.accumulate_reads(fn, fused))
+    fused_linears = {linear for _, linear in fused.values()}
     specs, kernels, fallbacks, op_lines = [], [], [], []
 
     def lower(i: int, v: Value, args: list[str], region_names) -> str | tuple[str, ...]:
         if i in skipped:
             return (f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})",)
+        if i in fused:
+            return torch_backend.addmm(args)
         if v.op not in KERNEL_OPS:
             return torch_backend.lower(i, v, args, region_names)
         try:
@@ -323,7 +329,8 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
                         + ", ".join(k.name for k in plan.kernels))
         return f"ops[{n}](g, {', '.join(args)})"
 
-    regions, body = torch_backend.emit(fn, range(len(fn.values)), lower, inputs=inputs,
+    emitted = [i for i in range(len(fn.values)) if i not in fused_linears]
+    regions, body = torch_backend.emit(fn, emitted, lower, inputs=inputs,
                                        live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     source = codegen.render("triton_layer.py.j2", fn=fn, body=body, outputs=outputs,

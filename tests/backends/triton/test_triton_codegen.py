@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from difftest import check_layer
 from gat import GATLayer
 from gcn import GCNLayer
 from rgcn import RGCNLayer
+from sage import SAGELayer
 from triton_check import GRAPHS, compare, power_law_block, set_backend
 
 import sarc
@@ -235,6 +237,18 @@ def test_gradient_without_a_kernel_falls_back(caplog):
     feats = {"h": torch.randn(g.num_src, 4), "etype": torch.randint(0, 3, (g.num_edges,))}
     with pytest.raises(AssertionError):  # compare insists on no fallback...
         compare(TableLayer(4), g, feats)
+
+
+def test_an_add_of_a_linear_is_one_addmm_as_in_the_torch_backend():
+    """SAGE's ``lin_neigh(mean) + b + lin_self(h)``: two ``torch.addmm`` lines beside the
+    aggregate's kernel, values and gradients as the interpreter's."""
+    g = GRAPHS["random"]
+    layer = set_backend(SAGELayer(4, 8), "triton")
+    code = [line.strip() for line in layer.compiled().source.splitlines()
+            if not line.strip().startswith("#")]
+    assert sum("torch.addmm(" in line for line in code) == 2, code
+    assert not any("torch.matmul(" in line or " + " in line for line in code), code
+    check_layer(layer, g, {"h": torch.randn(g.num_src, 4)})
 
 
 def test_missing_or_old_triton_is_an_error(monkeypatch):

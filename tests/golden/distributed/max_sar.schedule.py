@@ -24,14 +24,11 @@ def src_part(g, inputs, params, training, seed):
     v0 = K.dst_rows(inputs["h"], g)
     # %1: param f32[8,16] = param "lin.weight"
     v1 = params["lin.weight"]
-    # %2: dst f32[N_dst,8] = linear(%0, %1)                            # layers.py:19
-    v2 = torch.matmul(v0, v1.t())
-    del v0, v1
     # %3: param f32[8] = param "lin.bias"
     v3 = params["lin.bias"]
     # %4: dst f32[N_dst,8] = add(%2, %3)                               # layers.py:19
-    v4 = v2 + v3
-    del v2, v3
+    v4 = torch.addmm(v3, v0, v1.t())
+    del v0, v1, v3
     # %5: param f32[] = const 0.3                                      # layers.py:19
     v5 = torch.tensor(0.3, dtype=torch.float32, device=g.device)
     # %6: dst f32[N_dst,8] = sub(%4, %5)                               # layers.py:19

@@ -1,0 +1,212 @@
+"""An add of a linear's result, ``other + x @ W.t()``, runs as one ``torch.addmm``
+(``sarc.ir.patterns.linear_accumulates``): the generated code, which adds fuse and which
+stay a matmul and an add, and the values and gradients of both against the interpreter."""
+from __future__ import annotations
+
+import pytest
+import torch
+from difftest import assert_close, check_layer, one_torch_thread, random_block  # noqa: F401
+from sage import SAGELayer
+from zoo import LAYERS, features
+
+from sarc.backends import torch_backend
+from sarc.compiler import compile_layer, optimize
+from sarc.ir import interpreter
+from sarc.ir.function import Builder
+from sarc.ir.ops import Op
+from sarc.ir.patterns import linear_accumulates
+from sarc.ir.types import Domain, DType, TensorType
+
+G = random_block(torch.Generator().manual_seed(5), 9, 6, 30)  # more src than dst rows
+
+
+def _code(source: str) -> list[str]:
+    return [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+
+
+def test_sage_adds_its_bias_and_self_term_in_the_gemms():
+    """SAGE with the linear after the mean: ``lin_neigh(agg) + b + lin_self(h)`` is two
+    addmm, no add and no matmul of its own."""
+    code = _code(compile_layer(SAGELayer(4, 8)).kernel.source)
+    assert sum("torch.addmm(" in line for line in code) == 2, code
+    assert not any(" + " in line or "torch.matmul(" in line for line in code), code
+
+
+FUSED_LAYERS = ["gin", "gin_train_eps", "hetero_sage", "rgcn", "rgcn_bases", "rgcn_nobias",
+                "sage", "sage_lp"]
+
+
+@pytest.mark.parametrize("d", [3, 7])   # sage: linear after (3) and before (7) the mean
+@pytest.mark.parametrize("model", FUSED_LAYERS)
+def test_fused_layers_match_the_interpreter(model, d):
+    layer = LAYERS[model](d)
+    assert linear_accumulates(optimize(layer.trace()))
+    assert "torch.addmm(" in compile_layer(layer).kernel.source
+    check_layer(layer, G, features(layer, G, d))
+
+
+# --- built IR: what fuses and what does not -------------------------------------------------
+
+def _t(domain: Domain, *feat: int) -> TensorType:
+    return TensorType(domain, DType.F32, feat)
+
+
+def _check(fn, inputs: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> list[str]:
+    """Compiled ``fn`` == interpreted ``fn``, outputs and the gradients of every input and
+    param; the generated code's lines."""
+    kernel = torch_backend.compile(fn)
+    runs = []
+    for run in (lambda i, p: kernel(G, i, p, False),
+                lambda i, p: interpreter.run(fn, G, i, p)):
+        leaves = {k: t.clone().requires_grad_() for k, t in {**inputs, **params}.items()}
+        out = run({k: leaves[k] for k in inputs}, {k: leaves[k] for k in params})
+        torch.manual_seed(0)
+        loss = sum((out[k] * torch.randn_like(out[k])).sum() for k in sorted(out))
+        runs.append((out, dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))))
+    (out_c, grads_c), (out_r, grads_r) = runs
+    for k in out_r:
+        assert_close(out_c[k], out_r[k], what=f"output {k}")
+    for k in grads_r:
+        assert_close(grads_c[k], grads_r[k], what=f"grad of {k}")
+    return _code(kernel.source)
+
+
+def _h(b: Builder, domain: Domain = Domain.DST, *feat: int):
+    return b.leaf(Op.INPUT, "h", _t(domain, *(feat or (4,))))
+
+
+def _w(b: Builder, name: str, out: int, inp: int = 4):
+    return b.leaf(Op.PARAM, name, _t(Domain.PARAM, out, inp))
+
+
+def _feeds(*feat: int, **params: tuple[int, ...]):
+    """Random ``h`` (feature shape ``feat``, default [4]) and params of the given shapes."""
+    return ({"h": torch.randn(G.num_src, *(feat or (4,)))},
+            {k: torch.randn(*shape) for k, shape in params.items()})
+
+
+def test_bias_and_chain_fuse_both_operands_linear_fuses_the_second():
+    b = Builder("Chain")
+    h = _h(b)
+    l0 = b.add(Op.LINEAR, [h, _w(b, "w0", 5)])
+    s0 = b.add(Op.ADD, [l0, b.leaf(Op.PARAM, "bias", _t(Domain.PARAM, 5))])
+    l1 = b.add(Op.LINEAR, [h, _w(b, "w1", 5)])
+    s1 = b.add(Op.ADD, [s0, l1])
+    l2 = b.add(Op.LINEAR, [h, _w(b, "w2", 5)])
+    l3 = b.add(Op.LINEAR, [h, _w(b, "w3", 5)])
+    s2 = b.add(Op.ADD, [l2, l3])
+    fn = b.finish([("a", s1), ("b", s2)])
+    assert linear_accumulates(fn) == {s0: (fn.values[s0].inputs[1], l0), s1: (s0, l1),
+                                      s2: (l2, l3)}
+    code = _check(fn, *_feeds(w0=(5, 4), bias=(5,), w1=(5, 4), w2=(5, 4), w3=(5, 4)))
+    assert sum("torch.addmm(" in line for line in code) == 3
+    assert sum("torch.matmul(" in line for line in code) == 1  # l2, the add's other operand
+    assert not any(" + " in line for line in code)
+
+
+def test_broadcast_other_operands_fuse():
+    """A scalar constant, a [1, out] param and a [N, 1] node value broadcast in the GEMM."""
+    b = Builder("Broadcast")
+    h = _h(b)
+    a = b.add(Op.ADD, [b.add(Op.LINEAR, [h, _w(b, "w0", 3)]), b.const(0.5, _t(Domain.PARAM))])
+    c = b.add(Op.ADD, [b.leaf(Op.PARAM, "row", _t(Domain.PARAM, 1, 3)),
+                       b.add(Op.LINEAR, [h, _w(b, "w1", 3)])])
+    column = b.add(Op.ADD, [b.add(Op.LINEAR, [h, _w(b, "w2", 1)]),
+                            b.add(Op.LINEAR, [h, _w(b, "w3", 1)])])
+    e = b.add(Op.ADD, [column, b.add(Op.LINEAR, [h, _w(b, "w4", 3)])])
+    fn = b.finish([("h", b.add(Op.MUL, [b.add(Op.MUL, [a, c]), e]))])
+    assert len(linear_accumulates(fn)) == 4
+    code = _check(fn, *_feeds(w0=(3, 4), row=(1, 3), w1=(3, 4), w2=(1, 4), w3=(1, 4),
+                              w4=(3, 4)))
+    assert sum("torch.addmm(" in line for line in code) == 4, code
+
+
+def _not_fused(fn, feeds) -> None:
+    assert linear_accumulates(fn) == {}
+    code = _check(fn, *feeds)
+    assert not any("torch.addmm(" in line for line in code), code
+
+
+def test_a_linear_read_twice_is_not_fused():
+    b = Builder("Twice")
+    h = _h(b)
+    lin = b.add(Op.LINEAR, [h, _w(b, "w", 4)])
+    out = b.add(Op.MUL, [b.add(Op.ADD, [lin, h]), lin])
+    _not_fused(b.finish([("h", out)]), _feeds(w=(4, 4)))
+
+
+def test_a_linear_added_to_itself_is_not_fused():
+    b = Builder("Double")
+    lin = b.add(Op.LINEAR, [_h(b), _w(b, "w", 4)])
+    _not_fused(b.finish([("h", b.add(Op.ADD, [lin, lin]))]), _feeds(w=(4, 4)))
+
+
+def test_a_linear_that_is_an_output_is_not_fused():
+    b = Builder("Output")
+    h = _h(b)
+    lin = b.add(Op.LINEAR, [h, _w(b, "w", 4)])
+    fn = b.finish([("lin", lin), ("sum", b.add(Op.ADD, [lin, h]))])
+    _not_fused(fn, _feeds(w=(4, 4)))
+
+
+def test_a_linear_broadcast_by_the_add_is_not_fused():
+    """[N, 1] + [N, 4]: the linear's side would have to broadcast."""
+    b = Builder("Broadcasting")
+    h = _h(b)
+    _not_fused(b.finish([("h", b.add(Op.ADD, [b.add(Op.LINEAR, [h, _w(b, "w", 1)]), h]))]),
+               _feeds(w=(1, 4)))
+
+
+def test_a_linear_of_head_features_is_not_fused():
+    """x [N, H, C] is no matrix: addmm would need it flattened."""
+    b = Builder("Heads")
+    lin = b.add(Op.LINEAR, [_h(b, Domain.DST, 2, 4), _w(b, "w", 3)])
+    out = b.add(Op.ADD, [lin, b.leaf(Op.PARAM, "bias", _t(Domain.PARAM, 3))])
+    _not_fused(b.finish([("h", out)]), _feeds(2, 4, w=(3, 4), bias=(3,)))
+
+
+def test_a_linear_of_a_param_is_not_fused():
+    b = Builder("ParamLinear")
+    h = _h(b)
+    table = b.add(Op.LINEAR, [b.leaf(Op.PARAM, "p", _t(Domain.PARAM, 4)), _w(b, "w", 4)])
+    table = b.add(Op.ADD, [table, b.leaf(Op.PARAM, "bias", _t(Domain.PARAM, 4))])
+    _not_fused(b.finish([("h", b.add(Op.MUL, [h, table]))]),
+               _feeds(p=(4,), w=(4, 4), bias=(4,)))
+
+
+# --- with dst values computed as the rows of src values (patterns.dst_rows_of_src) -------------
+
+def _message_layer(b: Builder, w: int, bias: int | None = None) -> int:
+    """sum over edges of ``lin(src.h) [+ bias]``: the src value dst values can be rows of."""
+    z = b.add(Op.LINEAR, [_h(b, Domain.SRC), w])
+    if bias is not None:
+        z = b.add(Op.ADD, [z, bias])
+    return b.add(Op.REDUCE, [b.add(Op.GATHER_SRC, [z])], {"kind": "sum"})
+
+
+def test_a_linear_computed_as_rows_of_a_src_linear_is_not_recomputed():
+    """agg + lin(dst.h), lin(dst.h) being lin(src.h)'s rows: no addmm, one matmul."""
+    b = Builder("Twin")
+    w = _w(b, "w", 4)
+    agg = _message_layer(b, w)
+    fn = b.finish([("h", b.add(Op.ADD, [agg, b.add(Op.LINEAR, [_h(b), w])]))])
+    assert linear_accumulates(fn)
+    code = _check(fn, *_feeds(w=(4, 4)))
+    assert not any("torch.addmm(" in line for line in code), code
+    assert sum("torch.matmul(" in line for line in code) == 1
+    assert any("= K.dst_rows(v" in line for line in code), code
+
+
+def test_an_add_computed_as_rows_of_a_fused_src_add():
+    """lin(src.h) + b in the message and lin(dst.h) + b in the update: the src add is an
+    addmm, the dst add its rows."""
+    b = Builder("TwinAdd")
+    w = _w(b, "w", 4)
+    bias = b.leaf(Op.PARAM, "bias", _t(Domain.PARAM, 4))
+    agg = _message_layer(b, w, bias)
+    own = b.add(Op.ADD, [b.add(Op.LINEAR, [_h(b), w]), bias])
+    fn = b.finish([("h", b.add(Op.MUL, [agg, own]))])
+    code = _check(fn, *_feeds(w=(4, 4), bias=(4,)))
+    assert sum("torch.addmm(" in line for line in code) == 1, code
+    assert not any("torch.matmul(" in line for line in code), code
+    assert any("= K.dst_rows(v" in line for line in code), code
