@@ -217,13 +217,18 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
     return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum"), g)
 
 
-def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor) -> torch.Tensor:
-    """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]): x [n, H, F]
+def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor,
+              w_index: torch.Tensor | None = None) -> torch.Tensor:
+    """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]), the weights
+    of the entries ``w[w_index]`` where given (a transposed index's order): x [n, H, F]
     -> [m, H, F] (H = 1: one product of the flattened features). sarc's CPU kernel
-    (``cpu_kernels``) where it is built, else torch's products."""
+    (``cpu_kernels``, reading through ``w_index``) where it is built, else torch's
+    products."""
     k = cpu_kernels.kernels_for(x, w)
     if k is not None:
-        return k.spmm(ptr, cols, w, x, shape[0])
+        return k.spmm(ptr, cols, w, x, shape[0], w_index)
+    if w_index is not None:
+        w = w.index_select(0, w_index)
     heads = w.shape[1]
     if heads == 1:
         return _sparse_mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
@@ -339,14 +344,16 @@ class _CsrProduct(torch.autograd.Function):
             ww = w if w is not None else lay.weights(ctx.unit, dy.dtype)
             if ctx.graph_cols:
                 ptr, rows, order = lay.transposed()
-                wt = (ww.index_select(0, order) if w is not None
-                      else lay.weights(ctx.unit, dy.dtype, transposed=True))
-                dx = _products(ptr, rows, wt, (n, g.num_dst), dy3)
+                if w is not None:
+                    dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order)
+                else:
+                    dx = _products(ptr, rows, lay.weights(ctx.unit, dy.dtype, transposed=True),
+                                   (n, g.num_dst), dy3)
             elif cols is None:  # x per edge: dx[e] = w[e] dy[dst(e)]
                 dx = dy3.index_select(0, g.dst) * ww.unsqueeze(2)
             else:
                 ptr, rows, order = transpose(cols, g.dst, n, lay.arrays(cols, n)[1].dtype)
-                dx = _products(ptr, rows, ww.index_select(0, order), (n, g.num_dst), dy3)
+                dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order)
             dx = dx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
             dw = _dots(lay, g.src if ctx.graph_cols else cols, n, dy3, _by_head(x, heads))
@@ -748,13 +755,26 @@ class _SoftmaxProduct(torch.autograd.Function):
         ds = dz = None
         if ctx.needs_input_grad[2]:
             ptr, rows, order = lay.transposed()
-            dz = _products(ptr, rows, alpha.index_select(0, order), (g.num_src, g.num_dst),
-                           dy3).reshape(ctx.z_shape)
+            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3,
+                           order).reshape(ctx.z_shape)
         if ctx.needs_input_grad[1]:
             dalpha = _dots(lay, g.src, g.num_src, dy3, _by_head(z, heads))
-            ds = edge_softmax_vjp(alpha, dalpha, lambda t: segment_sum(t, g),
-                                  lambda t: t.index_select(0, g.dst)).reshape(ctx.s_shape)
+            ds = _softmax_vjp_into(dalpha, alpha, g).reshape(ctx.s_shape)
         return None, ds, dz
+
+
+def _softmax_vjp_into(dp: torch.Tensor, p: torch.Tensor, g: Graph) -> torch.Tensor:
+    """``edge_softmax_vjp(p, dp)`` [E, H] computed in ``dp``'s memory (the caller's, not
+    read after): ``p dp``, then twice the row sums and, span of edges by span of edges
+    (``_edge_spans``), each edge's share of them taken off. The only whole [E, H]
+    tensors are ``p`` and ``dp``; written out, the form holds five at once."""
+    dx = dp.mul_(p)
+    for _ in range(2):                  # <p, dp> per row, then the rounding sigma
+        sums = segment_sum(dx, g)
+        for e0, e1 in _edge_spans(g, math.prod(dx.shape[1:])):
+            share = sums.index_select(0, g.dst[e0:e1]).mul_(p[e0:e1])
+            dx[e0:e1].sub_(share)
+    return dx
 
 
 def _softmax_rows(s: torch.Tensor, g: Graph) -> torch.Tensor:

@@ -51,8 +51,9 @@ class Kernels:
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_int64, ctypes.c_int, ctypes.c_int]
         self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
-        for f in (self._spmm, self._sddmm):
-            f.argtypes, f.restype = args, ctypes.c_int
+        self._spmm.argtypes = args[:4] + [ctypes.c_void_p] + args[4:]
+        self._sddmm.argtypes = args
+        self._spmm.restype = self._sddmm.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self._transpose = lib.sarc_transpose
         self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
@@ -96,18 +97,25 @@ class Kernels:
         return out, pos
 
     def spmm(self, ptr: torch.Tensor, cols: torch.Tensor, w: torch.Tensor | None,
-             x: torch.Tensor, m: int) -> torch.Tensor:
-        """[m, H, D]: row i, head h, the sum over row i's entries e of w[e, h] * x[cols[e], h]
-        (``w`` [E, H] or None for 1; ``x`` [n, H, D])."""
+             x: torch.Tensor, m: int, w_index: torch.Tensor | None = None) -> torch.Tensor:
+        """[m, H, D]: row i, head h, the sum over row i's entries e of w[k, h] * x[cols[e], h]
+        with k = w_index[e] (None: e); ``w`` [K, H] or None for 1, ``x`` [n, H, D]. A
+        product over a transposed index reads the weights through ``w_index`` instead of
+        a permuted copy of them."""
         x = x.contiguous()
         _, heads, width = x.shape
         out = x.new_empty(m, heads, width)
         if w is not None:
             w = w.to(x.dtype).contiguous()
-            assert w.shape == (cols.numel(), heads), (w.shape, cols.shape, heads)
+            rows = cols.numel() if w_index is None else w.shape[0]
+            assert w.shape == (rows, heads), (w.shape, cols.shape, heads)
+        if w_index is not None:
+            w_index = w_index.to(torch.int64).contiguous()
+            assert w_index.shape == cols.shape, (w_index.shape, cols.shape)
         ptr, cols, wide = _index(ptr, cols)
         self._spmm(ptr.data_ptr(), cols.data_ptr(), wide, None if w is None else w.data_ptr(),
-                   x.data_ptr(), out.data_ptr(), m, heads, width, x.dtype == torch.float64,
+                   None if w_index is None else w_index.data_ptr(), x.data_ptr(),
+                   out.data_ptr(), m, heads, width, x.dtype == torch.float64,
                    _threads(cols.numel() * heads * width))
         return out
 

@@ -57,6 +57,21 @@ def test_spmm_is_the_dense_product(dtype, index_dtype, heads, width, weighted):
 
 
 @needs_kernels
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 7), (4, 16)])
+def test_spmm_reads_the_weights_through_an_index(index_dtype, heads, width):
+    """Weights given as rows of a table and each entry's row (a transposed index's order):
+    the product with the table's rows gathered."""
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 7 + heads, index_dtype)
+    x = torch.randn(n, heads, width, generator=gen)
+    table = torch.randn(cols.numel() + 5, heads, generator=gen)
+    index = torch.randperm(cols.numel() + 5, generator=gen)[:cols.numel()]
+    got = K.spmm(ptr, cols, table, x, m, index)
+    torch.testing.assert_close(got, K.spmm(ptr, cols, table[index], x, m), rtol=0, atol=0)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("heads,width", [(1, 1), (1, 100), (4, 8), (2, 65)])
