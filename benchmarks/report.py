@@ -387,6 +387,13 @@ STEPS = [
          ["--seeds", "1", "--models", "gcn"],
          about="Test accuracy at the epoch of best validation accuracy, public split, "
                "against the published figures.", plot=plot_cora),
+    Step("cora_epoch", "Cora epochs: sarc, DGL and PyG (.venv-dgl)", "benchmarks/cora_epoch.py",
+         ["--rounds", "5", "--epochs", "20"], ["--rounds", "1", "--epochs", "2", "--threads", "1"],
+         env="dgl",
+         about="A full-graph training epoch (forward, loss, backward, Adam) of 2-layer GCN and "
+               "GAT on Cora, the same models in each library: the per-call overhead.",
+         plot=table_bars("model, threads", ["sarc", "DGL", "PyG"], ylabel="ms per epoch",
+                         title="Cora training epoch", require="sarc")),
     Step("compile", "Compile time", "benchmarks/compile_time.py", [], ["--modes", "full"],
          about="Cold `sarc compile` of each model file (a fresh process each), per mode.",
          plot=plot_compile),

@@ -2,6 +2,8 @@
 input dropout, and the edge scorers of link prediction."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -22,13 +24,27 @@ def input_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0 or x.requires_grad or x.dim() != 2:
         return F.dropout(x, p, training)
     flat = x.reshape(-1)
-    nz = flat.nonzero().squeeze(1)
+    nz = _nonzeros(x, flat)
     if nz.numel() > SPARSE_DENSITY * flat.numel():
         return F.dropout(x, p, training)
     vals = flat.index_select(0, nz)
     keep = torch.rand(vals.shape, dtype=vals.dtype, device=vals.device) >= p
     dropped = torch.where(keep, vals / (1.0 - p), torch.zeros((), dtype=vals.dtype, device=vals.device))
     return torch.zeros_like(flat).index_copy_(0, nz, dropped).view_as(x)
+
+
+_last_nonzeros: tuple = (None, -1, None)
+
+
+def _nonzeros(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """The positions of ``flat``'s (x's) nonzeros, kept for the last tensor asked while it
+    is unchanged: a training run drops its one input matrix every epoch."""
+    global _last_nonzeros
+    ref, version, nz = _last_nonzeros
+    if ref is None or ref() is not x or version != x._version:
+        nz = flat.nonzero().squeeze(1)
+        _last_nonzeros = (weakref.ref(x), x._version, nz)
+    return nz
 
 
 class DotScorer(torch.nn.Module):

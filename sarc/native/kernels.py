@@ -34,7 +34,7 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
 NATIVE = "-march=native"
 """Tried first; a compiler that does not know it builds without."""
 DTYPES = (torch.float32, torch.float64)
-SHARED_WORK = 1 << 16
+SHARED_WORK = 1 << 22
 """Multiply-adds from which a product runs on torch's intra-op threads."""
 
 _lock = threading.Lock()
@@ -89,7 +89,7 @@ class Kernels:
         self._sample(rowptr.data_ptr(), rows.data_ptr(), orig.data_ptr(), rows.numel(), fanout,
                      seed, epoch, layer, tag, None if weight is None else weight.data_ptr(),
                      slot.data_ptr(), out.data_ptr(), count.data_ptr(),
-                     _threads(int(deg.sum()) * 8))
+                     _threads(int(deg.sum() if weight is not None else bound.sum()) * 8))
         pos = torch.repeat_interleave(torch.arange(rows.numel()), count)
         if weight is not None:  # fewer than the bound where weights are 0
             out = out[torch.arange(out.numel()) - slot.repeat_interleave(bound)

@@ -87,6 +87,24 @@ def test_a_model_without_parameters_is_refused():
         train(spec, "cora", epochs=1, log=None)
 
 
+def test_input_dropout_follows_an_input_changed_in_place_or_replaced():
+    """The nonzeros' positions are kept for the last input while it is unchanged: an
+    in-place write, or another tensor, is seen."""
+    torch.manual_seed(0)
+    x = torch.zeros(50, 40)
+    x[3, 5] = 1.0
+    assert input_dropout(x, 0.5, True)[x == 0].abs().sum() == 0
+    x.zero_()
+    x[7, 9] = 1.0                                  # moved, in place
+    for _ in range(20):
+        y = input_dropout(x, 0.5, True)
+        assert y[x == 0].abs().sum() == 0 and float(y[7, 9]) in (0.0, 2.0)
+    assert any(float(input_dropout(x, 0.5, True)[7, 9]) == 2.0 for _ in range(40))
+    other = torch.zeros(50, 40)
+    other[1, 1] = 3.0
+    assert any(float(input_dropout(other, 0.5, True)[1, 1]) == 6.0 for _ in range(40))
+
+
 def test_input_dropout_matches_dropout():
     torch.manual_seed(0)
     x = (torch.rand(300, 200) < 0.02).float() * torch.rand(300, 200)
