@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..checkpoint import injected_kill
+from ..checkpoint import injected_fault
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
 from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
@@ -298,7 +298,7 @@ class MiniBatchSteps:
         ``prefetch``, the next step's blocks are sampled in a thread while the caller
         computes this step; else between steps, in program order."""
         def draw(step: int, mine: torch.Tensor):
-            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
+            injected_fault(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
             return self.sampler.sample(mine, epoch)
         batches = list(enumerate(self.seeds.epoch(epoch), 1))
         if not self.prefetch:
