@@ -12,7 +12,9 @@ entry runs on one machine (``sarc train --workers P`` starts it) or on many
 process group is gloo with ``--device cpu`` and NCCL with ``--device cuda``, where
 each worker takes the GPU of its ``LOCAL_RANK`` (``worker_device``); every
 collective has the ``--timeout``. Errors are printed as ``sarc worker R:
-error: ...`` and the process exits with status 2.
+error: ...`` and the process exits with status 2; a timeout's is followed by the
+stacks of the other workers on this machine. On SIGUSR1 a worker writes its threads'
+stacks (``sarc.distributed.stacks``).
 
 Workers that torchrun restarts after a failure (``--max-restarts K``) resume from
 the latest complete checkpoint of ``--checkpoint DIR``, as if ``--resume`` had been
@@ -66,14 +68,13 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
         return 2
     except (ExchangeError, dist.DistError) as e:
         # dist.DistError: what torch.distributed raises when a peer is lost or times out
-        _say_error(f"sarc worker {rank}: error: {_peer_failure(e, cfg.timeout_s)}")
+        _say_peer_failure(rank, e, cfg.timeout_s)
         return 2
     except RuntimeError as e:
         if not _raised_by_torch_distributed(e):
             raise  # a bug: keep the traceback
         # gloo raises a plain RuntimeError from a collective whose peer is gone
-        _say_error(f"sarc worker {rank}: error: "
-                   f"{_peer_failure(e, cfg.timeout_s, 'a collective failed (a peer died)')}")
+        _say_peer_failure(rank, e, cfg.timeout_s, "a collective failed (a peer died)")
         return 2
     finally:
         leave_group(dist, status, min(TEARDOWN_S, cfg.timeout_s))
@@ -86,16 +87,18 @@ TEARDOWN_S = 60.0
 
 def leave_group(dist, status: int, limit_s: float) -> None:
     """``dist.destroy_process_group()``, or, if it has not returned after ``limit_s``
-    seconds, the process's exit with ``status``: the run is over by then (its result
-    written, its peers past the last barrier), and torch's gloo can hang in its
-    teardown on a loaded machine."""
+    seconds, the process's exit with ``status`` after its threads' stacks: the run is
+    over by then (its result written, its peers past the last barrier), and torch's
+    gloo can hang in its teardown on a loaded machine."""
+    import faulthandler
     import threading
     done = threading.Event()
 
     def watch() -> None:
         if not done.wait(limit_s):
             _say_error(f"sarc worker: leaving the process group took over {limit_s:g} s; "
-                       f"exiting")
+                       f"exiting; where it was, most recent call first:")
+            faulthandler.dump_traceback(sys.stderr, all_threads=True)
             sys.stdout.flush()
             os._exit(status)
 
@@ -176,13 +179,26 @@ def _raised_by_torch_distributed(e: BaseException) -> bool:
     return last is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in last
 
 
-def _peer_failure(e: BaseException, timeout_s: float, what: str = "") -> str:
+def _say_peer_failure(rank: int, e: BaseException, timeout_s: float, what: str = "") -> None:
     """A failed exchange or collective (``what`` failed), in words; a timeout says it is
-    ``--timeout``'s."""
+    ``--timeout``'s, and is followed by where the other workers on this machine are
+    (``sarc.distributed.stacks``): one of them is where the run is stuck."""
+    from .stacks import ask
+    from .supervise import RUN_DIR_ENV
+
     text = _first_line(e)
-    if "timed out" in text.lower() or "timeout" in text.lower():
-        return f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): {text}"
-    return f"{what}: {text}" if what else text
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    if timed_out:
+        text = (f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): "
+                f"{text}")
+    elif what:
+        text = f"{what}: {text}"
+    _say_error(f"sarc worker {rank}: error: {text}")
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if timed_out and run_dir:
+        peers = ask(run_dir, lambda name: name.startswith("worker ") and name != f"worker {rank}")
+        if peers:
+            _say_error(peers)
 
 
 def _first_line(e: BaseException) -> str:
@@ -211,11 +227,14 @@ def _exit(code: int) -> None:
 
 def enter(run) -> None:
     """The process's life: it ends with its parent (the torchrun agent), as torchrun cannot
-    stop workers once it is gone (see ``sarc.distributed.supervise``); then ``run()``."""
+    stop workers once it is gone (see ``sarc.distributed.supervise``), and writes its
+    stacks on SIGUSR1 (``sarc.distributed.stacks``); then ``run()``."""
     import signal
 
-    from .supervise import die_with_parent
+    from .stacks import dump_on_signal
+    from .supervise import RUN_DIR_ENV, die_with_parent
     if not die_with_parent(signal.SIGKILL):
         _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
         _exit(2)
+    dump_on_signal(f"worker {os.environ.get('RANK', '?')}", os.environ.get(RUN_DIR_ENV))
     _exit(run_guarded(run))
