@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import traceback
 
 from ..errors import SarcError
 
@@ -33,8 +34,14 @@ ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run_worker(spec, cfg, *, threads: int | None = None) -> int:
-    """One worker's run: join the group torchrun describes, train, leave; the exit
-    status (errors said as ``sarc worker R: error: ...``)."""
+    """One worker's run: join the group torchrun describes and train; the exit status
+    (errors said as ``sarc worker R: error: ...``).
+
+    The group is left by the process's exit (``enter``), never destroyed: destroying it
+    drops the last reference to torch 2.2's ``ProcessGroupGloo``, whose destructor can
+    block for good holding the GIL, where no watchdog thread can end it (a finished run
+    was seen waiting for ever on such a worker). By then the run's result is written and
+    every peer is past the last barrier."""
     import torch
     import torch.distributed as dist
 
@@ -57,12 +64,10 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                             **_attempt_store(rank, timeout))
-    status = 2
     try:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
         dist.barrier()
-        status = 0
     except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
         return 2
@@ -76,37 +81,7 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
         # gloo raises a plain RuntimeError from a collective whose peer is gone
         _say_peer_failure(rank, e, cfg.timeout_s, "a collective failed (a peer died)")
         return 2
-    finally:
-        leave_group(dist, status, min(TEARDOWN_S, cfg.timeout_s))
     return 0
-
-
-TEARDOWN_S = 60.0
-"""How long leaving the process group may take before the worker exits without it."""
-
-
-def leave_group(dist, status: int, limit_s: float) -> None:
-    """``dist.destroy_process_group()``, or, if it has not returned after ``limit_s``
-    seconds, the process's exit with ``status`` after its threads' stacks: the run is
-    over by then (its result written, its peers past the last barrier), and torch's
-    gloo can hang in its teardown on a loaded machine."""
-    import faulthandler
-    import threading
-    done = threading.Event()
-
-    def watch() -> None:
-        if not done.wait(limit_s):
-            _say_error(f"sarc worker: leaving the process group took over {limit_s:g} s; "
-                       f"exiting; where it was, most recent call first:")
-            faulthandler.dump_traceback(sys.stderr, all_threads=True)
-            sys.stdout.flush()
-            os._exit(status)
-
-    threading.Thread(target=watch, name="sarc-teardown", daemon=True).start()
-    try:
-        dist.destroy_process_group()
-    finally:
-        done.set()
 
 
 def worker_device(text: str):
@@ -216,10 +191,11 @@ def run_guarded(run) -> int:
 
 
 def _exit(code: int) -> None:
-    """Leave without running C++ static destructors: after a gloo process group, torch's
-    teardown sometimes aborts ("terminate called without an active exception", after Python
-    has finalized; seen with torch 2.13 under torchrun). The work is done and the output
-    flushed by then, and the exit status must say so."""
+    """Leave without Python's teardown or C++ static destructors: the process group's can
+    block (see ``run_worker``), and after a gloo process group torch's teardown sometimes
+    aborts ("terminate called without an active exception", after Python has finalized;
+    seen with torch 2.13 under torchrun). The work is done and the output flushed by
+    then, and the exit status must say so."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -237,4 +213,9 @@ def enter(run) -> None:
         _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
         _exit(2)
     dump_on_signal(f"worker {os.environ.get('RANK', '?')}", os.environ.get(RUN_DIR_ENV))
-    _exit(run_guarded(run))
+    try:
+        code = run_guarded(run)
+    except Exception:  # a bug: its traceback and Python's status for it, without its teardown
+        traceback.print_exc()
+        code = 1
+    _exit(code)
