@@ -22,6 +22,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -145,7 +146,6 @@ def printing_run(run_dir: str | os.PathLike) -> Iterator[None]:
     those of the processes of the run in ``run_dir``. A Python handler: the main thread
     of ``sarc train`` waits for the run in Python. Outside, ``sarc``'s own (``faulthandler``,
     to stderr) is back."""
-    import threading
     if threading.current_thread() is not threading.main_thread():
         yield
         return
