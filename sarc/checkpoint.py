@@ -38,6 +38,7 @@ import random
 import re
 import signal
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,6 +55,9 @@ KILL_ENV = "SARC_TEST_KILL_AT"
 """``RANK:EPOCH``: that worker kills itself (SIGKILL) as the epoch starts, in a run's
 first attempt only (torchrun's ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset): how the
 tests kill a worker mid-run."""
+STALL_ENV = "SARC_TEST_STALL_AT"
+"""``RANK:EPOCH``: that worker stops there for good, alive (``stall_forever``), in a run's
+first attempt only: how the tests hang a run."""
 
 _RANK_FILE = re.compile(r"epoch-(\d+)\.rank-(\d+)\.pt")
 _TEMP_FILE = re.compile(r"\.(epoch-\d+\.rank-\d+\.pt|checkpoint\.json)\..+\.tmp")
@@ -307,11 +311,23 @@ def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer,
                     state["last"]["loss"], state["last"]["acc"])
 
 
-def injected_kill(rank: int, epoch: int) -> None:
-    """SIGKILL this worker at ``$SARC_TEST_KILL_AT`` (``RANK:EPOCH``), first attempt only."""
-    at = os.environ.get(KILL_ENV)
-    if at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and at == f"{rank}:{epoch}":
+def injected_fault(rank: int, epoch: int | str) -> None:
+    """SIGKILL this worker at ``$SARC_TEST_KILL_AT``, stall it at ``$SARC_TEST_STALL_AT``
+    (``RANK:EPOCH``), first attempt only."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    here = f"{rank}:{epoch}"
+    if os.environ.get(KILL_ENV) == here:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STALL_ENV) == here:
+        stall_forever()
+
+
+def stall_forever() -> None:
+    """Sleep for good: a worker that stopped making progress, neither dead nor waiting on a
+    peer (its stacks name this function)."""
+    while True:
+        time.sleep(3600)
 
 
 def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:

@@ -16,6 +16,8 @@ and exit with status 2; anything else is a bug in sarc and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from typing import Any, Callable
 
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # where a command seems stuck: ``kill -USR1 PID`` prints its threads' stacks
+    # (``sarc.distributed.stacks``: sarc train --workers P adds its workers')
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

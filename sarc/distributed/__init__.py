@@ -16,8 +16,8 @@ shard as the trainer's hyperparameters ask: self loops, features, masks), ``trai
 worker's run of the training loop of ``sarc.training.loop``: its shard, the all-reduce,
 the report),
 ``worker`` (its torchrun entry point), ``launch`` (``sarc train --workers P``),
-``agent`` (torchrun as ``sarc train`` runs it) and ``supervise`` (nothing of a run
-outlives it).
+``agent`` (torchrun as ``sarc train`` runs it), ``supervise`` (nothing of a run
+outlives it) and ``stacks`` (where a run is stuck).
 """
 from .batchnorm import SyncBatchNorm
 from .embedding import Embedding, SparseAdagrad, SparseAdam

@@ -13,7 +13,8 @@ It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around 
 - workers that failed are written to ``RUN_DIR/failures.json`` (global rank, pid, exit
   status; a negative status is the signal that killed it) for ``sarc train``'s message,
   instead of torchrun's traceback and table: a worker that stopped with an error has
-  said why itself.
+  said why itself;
+- on SIGUSR1 it writes its threads' stacks (``sarc.distributed.stacks``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .stacks import dump_on_signal
 from .supervise import FAILURES, PARENT_ENV, RUN_DIR_ENV, die_with_parent
 
 _QUIET = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.environ.get(PARENT_ENV)
     run_dir = os.environ.get(RUN_DIR_ENV)
     signal.signal(signal.SIGTERM, _terminated)
+    dump_on_signal("torchrun", run_dir)
     try:
         return _run_torchrun(argv, run_dir)
     finally:

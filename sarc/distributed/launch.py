@@ -15,7 +15,9 @@ worker's peak memory and bytes sent.
 
 Whatever ends the run (its end, a failed or killed worker or agent, SIGTERM or
 Ctrl-C, SIGKILL of ``sarc train`` itself), no process of it is left and the
-temporary directory goes; how, in ``sarc.distributed.supervise``.
+temporary directory goes; how, in ``sarc.distributed.supervise``. Where it seems
+stuck, SIGUSR1 prints every thread's stack of each of its processes
+(``sarc.distributed.stacks``).
 
 Across machines, run the worker under torchrun on each (see ``sarc.cli.worker``).
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from ..checkpoint import check_launch, checkpoint_command_line
 from .graph import DistError
+from .stacks import printing_run
 from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_on_signals
 
 
@@ -98,7 +101,7 @@ def launch(args) -> int:
     p = args.workers
     if args.max_restarts < 0:
         raise DistError(f"--max-restarts must be at least 0, got {args.max_restarts}")
-    with run_directory() as tmp, rendezvous_port(args.master_port) as port:
+    with run_directory() as tmp, printing_run(tmp), rendezvous_port(args.master_port) as port:
         if args.partition:
             # complete and intact (a DGL partition: its config, and DGL here), before any worker starts
             pset = open_partition(args.partition)

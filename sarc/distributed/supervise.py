@@ -94,7 +94,7 @@ def start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _state(pid: int) -> str:
+def process_state(pid: int) -> str:
     """``pid``'s state in words where it cannot act on a signal (else "running")."""
     try:
         letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -459,5 +459,6 @@ class Run:
             since = self._pending_since.setdefault(pid, now)
             if now - since >= UNRESPONSIVE_S and pid not in self.forced:
                 who = "torchrun" if pid == self.proc.pid else _worker_name(pid)
-                self.forced[pid] = f"{who} did not stop when asked ({_state(pid)}) and was killed"
+                self.forced[pid] = (f"{who} did not stop when asked ({process_state(pid)}) "
+                                    f"and was killed")
                 _kill(pid, signal.SIGKILL)

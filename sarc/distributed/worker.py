@@ -12,7 +12,9 @@ entry runs on one machine (``sarc train --workers P`` starts it) or on many
 process group is gloo with ``--device cpu`` and NCCL with ``--device cuda``, where
 each worker takes the GPU of its ``LOCAL_RANK`` (``worker_device``); every
 collective has the ``--timeout``. Errors are printed as ``sarc worker R:
-error: ...`` and the process exits with status 2.
+error: ...`` and the process exits with status 2; a timeout's is followed by the
+stacks of the other workers on this machine. On SIGUSR1 a worker writes its threads'
+stacks (``sarc.distributed.stacks``).
 
 Workers that torchrun restarts after a failure (``--max-restarts K``) resume from
 the latest complete checkpoint of ``--checkpoint DIR``, as if ``--resume`` had been
@@ -24,6 +26,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import traceback
 
 from ..errors import SarcError
 
@@ -31,8 +34,14 @@ ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run_worker(spec, cfg, *, threads: int | None = None) -> int:
-    """One worker's run: join the group torchrun describes, train, leave; the exit
-    status (errors said as ``sarc worker R: error: ...``)."""
+    """One worker's run: join the group torchrun describes and train; the exit status
+    (errors said as ``sarc worker R: error: ...``).
+
+    The group is left by the process's exit (``enter``), never destroyed: destroying it
+    drops the last reference to torch 2.2's ``ProcessGroupGloo``, whose destructor can
+    block for good holding the GIL, where no watchdog thread can end it (a finished run
+    was seen waiting for ever on such a worker). By then the run's result is written and
+    every peer is past the last barrier."""
     import torch
     import torch.distributed as dist
 
@@ -55,55 +64,24 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                             **_attempt_store(rank, timeout))
-    status = 2
     try:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
         dist.barrier()
-        status = 0
     except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
         return 2
     except (ExchangeError, dist.DistError) as e:
         # dist.DistError: what torch.distributed raises when a peer is lost or times out
-        _say_error(f"sarc worker {rank}: error: {_peer_failure(e, cfg.timeout_s)}")
+        _say_peer_failure(rank, e, cfg.timeout_s)
         return 2
     except RuntimeError as e:
         if not _raised_by_torch_distributed(e):
             raise  # a bug: keep the traceback
         # gloo raises a plain RuntimeError from a collective whose peer is gone
-        _say_error(f"sarc worker {rank}: error: "
-                   f"{_peer_failure(e, cfg.timeout_s, 'a collective failed (a peer died)')}")
+        _say_peer_failure(rank, e, cfg.timeout_s, "a collective failed (a peer died)")
         return 2
-    finally:
-        leave_group(dist, status, min(TEARDOWN_S, cfg.timeout_s))
     return 0
-
-
-TEARDOWN_S = 60.0
-"""How long leaving the process group may take before the worker exits without it."""
-
-
-def leave_group(dist, status: int, limit_s: float) -> None:
-    """``dist.destroy_process_group()``, or, if it has not returned after ``limit_s``
-    seconds, the process's exit with ``status``: the run is over by then (its result
-    written, its peers past the last barrier), and torch's gloo can hang in its
-    teardown on a loaded machine."""
-    import threading
-    done = threading.Event()
-
-    def watch() -> None:
-        if not done.wait(limit_s):
-            _say_error(f"sarc worker: leaving the process group took over {limit_s:g} s; "
-                       f"exiting")
-            sys.stdout.flush()
-            os._exit(status)
-
-    threading.Thread(target=watch, name="sarc-teardown", daemon=True).start()
-    try:
-        dist.destroy_process_group()
-    finally:
-        done.set()
 
 
 def worker_device(text: str):
@@ -176,13 +154,26 @@ def _raised_by_torch_distributed(e: BaseException) -> bool:
     return last is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in last
 
 
-def _peer_failure(e: BaseException, timeout_s: float, what: str = "") -> str:
+def _say_peer_failure(rank: int, e: BaseException, timeout_s: float, what: str = "") -> None:
     """A failed exchange or collective (``what`` failed), in words; a timeout says it is
-    ``--timeout``'s."""
+    ``--timeout``'s, and is followed by where the other workers on this machine are
+    (``sarc.distributed.stacks``): one of them is where the run is stuck."""
+    from .stacks import ask
+    from .supervise import RUN_DIR_ENV
+
     text = _first_line(e)
-    if "timed out" in text.lower() or "timeout" in text.lower():
-        return f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): {text}"
-    return f"{what}: {text}" if what else text
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    if timed_out:
+        text = (f"no answer from a peer within --timeout {timeout_s:g} s (it stalled or died): "
+                f"{text}")
+    elif what:
+        text = f"{what}: {text}"
+    _say_error(f"sarc worker {rank}: error: {text}")
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if timed_out and run_dir:
+        peers = ask(run_dir, lambda name: name.startswith("worker ") and name != f"worker {rank}")
+        if peers:
+            _say_error(peers)
 
 
 def _first_line(e: BaseException) -> str:
@@ -200,10 +191,11 @@ def run_guarded(run) -> int:
 
 
 def _exit(code: int) -> None:
-    """Leave without running C++ static destructors: after a gloo process group, torch's
-    teardown sometimes aborts ("terminate called without an active exception", after Python
-    has finalized; seen with torch 2.13 under torchrun). The work is done and the output
-    flushed by then, and the exit status must say so."""
+    """Leave without Python's teardown or C++ static destructors: the process group's can
+    block (see ``run_worker``), and after a gloo process group torch's teardown sometimes
+    aborts ("terminate called without an active exception", after Python has finalized;
+    seen with torch 2.13 under torchrun). The work is done and the output flushed by
+    then, and the exit status must say so."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -211,11 +203,19 @@ def _exit(code: int) -> None:
 
 def enter(run) -> None:
     """The process's life: it ends with its parent (the torchrun agent), as torchrun cannot
-    stop workers once it is gone (see ``sarc.distributed.supervise``); then ``run()``."""
+    stop workers once it is gone (see ``sarc.distributed.supervise``), and writes its
+    stacks on SIGUSR1 (``sarc.distributed.stacks``); then ``run()``."""
     import signal
 
-    from .supervise import die_with_parent
+    from .stacks import dump_on_signal
+    from .supervise import RUN_DIR_ENV, die_with_parent
     if not die_with_parent(signal.SIGKILL):
         _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
         _exit(2)
-    _exit(run_guarded(run))
+    dump_on_signal(f"worker {os.environ.get('RANK', '?')}", os.environ.get(RUN_DIR_ENV))
+    try:
+        code = run_guarded(run)
+    except Exception:  # a bug: its traceback and Python's status for it, without its teardown
+        traceback.print_exc()
+        code = 1
+    _exit(code)

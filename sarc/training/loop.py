@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_kill, save_model,
+from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_fault, save_model,
                           training_state)
 from .inputs import SPLITS, EmbeddingInput, TrainError
 from .progress import progress_bar
@@ -247,7 +247,7 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
                       enabled=speak and per_epoch == 1) as run_bar:
         show = run_bar.printer(say)
         for epoch in range(epoch + 1, 0 if stop else epochs + 1):
-            injected_kill(reduction.rank, epoch)
+            injected_fault(reduction.rank, epoch)
             t0 = time.perf_counter()
             model.train()
             step = getattr(source, "train_step", train_step)  # a task's own step (link.py)

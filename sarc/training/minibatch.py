@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..checkpoint import injected_kill
+from ..checkpoint import injected_fault
 from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
@@ -306,7 +306,7 @@ class MiniBatchSteps:
         gather = self.prefetch and x.device.type == "cpu" and not x.requires_grad
 
         def draw(step: int, mine: torch.Tensor):
-            injected_kill(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
+            injected_fault(self.comm.rank, f"{epoch}.{step}")  # RANK:EPOCH.STEP, before sampling
             mb = self.sampler.sample(mine, epoch)
             return mb, self.input_rows(mb) if gather else None
         batches = list(enumerate(self.seeds.epoch(epoch), 1))

@@ -18,14 +18,15 @@ import pytest
 
 from sarc.loader import load_model_file
 from sarc.train import train
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sarc(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
     # a generous limit: on a loaded 2-core machine 4 workers run several times slower
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout)
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT,
+                              timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 

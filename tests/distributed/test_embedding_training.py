@@ -250,19 +250,20 @@ def test_link_prediction_on_two_workers_is_the_single_process_run(tmp_path):
     """``sarc train --task link`` on a featureless graph: the sharded embedding on 2 workers
     reports the one-process metrics; each worker holds its rows."""
     import json
-    import subprocess
     import sys
 
     import numpy as np
+
+    from timeouts import run_or_show_stacks
     np.savez(tmp_path / "g.npz", **{k: np.asarray(v) for k, v in _arrays().items()})
 
     def run(*extra):
         out = tmp_path / f"r{len(extra)}.json"
-        proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py",
-                               "--task", "link", "--dataset", tmp_path / "g.npz", "--epochs", "3",
-                               "--set", f"embedding_dim={DIM}", "--set", "eval_negatives=20",
-                               "--set", "dropout=0.0", "--json", out, *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        proc = run_or_show_stacks(
+            [sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py", "--task", "link",
+             "--dataset", tmp_path / "g.npz", "--epochs", "3", "--set", f"embedding_dim={DIM}",
+             "--set", "eval_negatives=20", "--set", "dropout=0.0", "--json", out, *extra],
+            cwd=ROOT, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(out.read_text())
 

@@ -159,15 +159,16 @@ def test_cli_on_two_workers_reports_the_one_process_result(tmp_path):
     """``sarc train --task link --workers 2`` (split, partition, the split beside the parts,
     the workers' dispatch) reports the metrics of the one-process run."""
     import json
-    import subprocess
     import sys
+
+    from timeouts import run_or_show_stacks
 
     def run(*extra):
         out = tmp_path / f"r{len(extra)}.json"
-        proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py",
-                               "--task", "link", "--epochs", "2", "--set", "eval_negatives=50",
-                               "--negatives", "degree", "--json", out, *extra],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        proc = run_or_show_stacks(
+            [sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py", "--task", "link",
+             "--epochs", "2", "--set", "eval_negatives=50", "--negatives", "degree",
+             "--json", out, *extra], cwd=ROOT, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(out.read_text()), proc.stdout
 

@@ -1,44 +1,58 @@
-"""A worker leaves its process group, or exits on its own when the teardown hangs (torch
-2.2's gloo does, now and then, on a loaded machine, after the run is over)."""
+"""A worker whose run is over exits with the run's status, whatever tearing down its process
+group would do: torch 2.2's gloo can block in it for good, holding the GIL (one worker of
+a finished two-worker run was seen stuck there, every other process of the run waiting
+for it).
+
+The worker runs for real (``sarc.cli.worker`` as torchrun starts it, a world of one on
+gloo), with ``destroy_process_group`` blocking in C with the GIL held, as gloo's
+destructor does: a watchdog thread in Python cannot end such a wait.
+"""
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
-import time
 from pathlib import Path
 
-import pytest
+import torch
+
+from sarc.partition import partition_graph
+from timeouts import run_or_show_stacks
+
+from .harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = """
-import sys, time
-from sarc.distributed.worker import leave_group
+WORKER = r"""
+import ctypes, sys
+import torch.distributed as dist
 
-class Dist:
-    def __init__(self, seconds): self.seconds = seconds
-    def destroy_process_group(self): time.sleep(self.seconds)
+def teardown_holding_the_gil(*args, **kwargs):
+    ctypes.PyDLL(None).sleep(600)  # a C call that keeps the GIL, as gloo's destructor does
 
-leave_group(Dist(float(sys.argv[1])), int(sys.argv[2]), 0.5)
-print("left")
+dist.destroy_process_group = teardown_holding_the_gil
+from sarc.cli.worker import main
+main(sys.argv[1:])
 """
 
 
-def _run(hang_s: float, status: int) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(hang_s), str(status)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    return proc, time.monotonic() - t0
+def _one_part(path: Path, n: int = 60):
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen)
+    node_data = {"feat": torch.randn(n, 6, generator=gen),
+                 "label": torch.randint(0, 3, (n,), generator=gen),
+                 "train_mask": torch.rand(n, generator=gen) < 0.6,
+                 "val_mask": torch.rand(n, generator=gen) < 0.2,
+                 "test_mask": torch.rand(n, generator=gen) < 0.2}
+    return partition_graph(src, dst, n, 1, path, method="random", node_data=node_data, seed=0)
 
 
-@pytest.mark.parametrize("status", [0, 2])
-def test_a_hanging_teardown_ends_the_process_with_the_runs_status(status):
-    proc, seconds = _run(60, status)
-    assert proc.returncode == status, proc.stderr
-    assert "left" not in proc.stdout and seconds < 30
-    assert "leaving the process group took over 0.5 s; exiting" in proc.stderr
-
-
-def test_a_teardown_that_returns_goes_on():
-    proc, _ = _run(0, 2)
-    assert proc.returncode == 0 and proc.stdout.strip() == "left" and proc.stderr == ""
+def test_a_worker_exits_with_its_status_whatever_the_teardown_would_do(tmp_path):
+    pset = _one_part(tmp_path / "parts")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = run_or_show_stacks([sys.executable, "-c", WORKER, str(ROOT / "models" / "gcn.py"),
+                               "--partition", pset.path, "--epochs", "2", "--threads", "1",
+                               "--timeout", "20"], env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "selected epoch" in proc.stdout, proc.stdout

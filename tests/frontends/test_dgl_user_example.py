@@ -44,10 +44,11 @@ def _sarc_train(*argv):
     import os
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "examples/dgl_gcn.py",
-                           "--epochs", "3", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          stdin=subprocess.DEVNULL)
+
+    from timeouts import run_or_show_stacks
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", "examples/dgl_gcn.py",
+                               "--epochs", "3", *argv], cwd=ROOT, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [line for line in proc.stdout.splitlines() if line.startswith("selected epoch")][0]
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from gpu_check import needs_gpu
+from timeouts import run_or_show_stacks
 
 pytestmark = [pytest.mark.gpu, needs_gpu]
 
@@ -29,9 +29,8 @@ def _nccl_missing() -> bool:
 
 
 def sarc(*argv: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, text=True,
-                          capture_output=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 

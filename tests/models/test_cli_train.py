@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from sarc.cli import main, parse_overrides
 from sarc.loader import ModelFileError, load_model_file
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 GCN = ROOT / "models" / "gcn.py"
@@ -42,8 +42,8 @@ def sarc_command() -> list[str]:
 
 def run_sarc(*args, timeout=120):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*sarc_command(), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    return run_or_show_stacks([*sarc_command(), *map(str, args)], timeout=timeout, env=env,
+                              cwd=ROOT)
 
 
 def test_sarc_train_subprocess(tmp_path):
@@ -119,7 +119,7 @@ def test_set_overrides():
 
 def test_model_file_runs_as_a_script():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(GCN), "--dataset", "cora", "--epochs", "2"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    proc = run_or_show_stacks([sys.executable, str(GCN), "--dataset", "cora", "--epochs", "2"],
+                              timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "selected epoch" in proc.stdout

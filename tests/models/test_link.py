@@ -3,7 +3,6 @@ hand-built examples), and ``sarc train --task link`` on Cora beating a random sc
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from sarc.graph import Graph
 from sarc.sampling.negative import eval_negatives, negative_sampler
 from sarc.training.link import (LinkSteps, rank_sums, ranks, split_edges)
 from sarc.training.loop import ONE_PROCESS, Batch
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,10 +98,9 @@ def test_evaluation_is_the_brute_force_mrr_and_hits():
 
 def test_cli_on_cora_beats_a_random_scorer(tmp_path):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py",
-                           "--task", "link", "--epochs", "5", "--set", "eval_negatives=100",
-                           "--negatives", "degree", "--json", out],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py",
+                               "--task", "link", "--epochs", "5", "--set", "eval_negatives=100",
+                               "--negatives", "degree", "--json", out], cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "test mrr" in proc.stdout and "hits@10" in proc.stdout
     r = json.loads(out.read_text())

@@ -31,6 +31,7 @@ from sarc.train import train
 
 from dgl_support import require_dgl
 from test_foreign_formats import random_graph, run_cli
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,8 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def sarc_cli(*argv: str) -> subprocess.CompletedProcess:
     """``sarc ARGV`` as a user runs it (the runs pass ``--timeout 300``: a loaded machine
     must not stop a worker waiting for a slower peer)."""
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, text=True,
-                          capture_output=True, timeout=600)
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *argv], cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from sarc.cli import main
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MODEL_FILES = sorted((ROOT / "models").glob("*.py"))
@@ -82,8 +82,9 @@ def test_compile_errors_are_clear(tmp_path, capsys):
 
 
 def test_compile_cli_subprocess(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sarc.cli", "compile", str(ROOT / "models" / "gat.py"),
-                        "--mode", "mfg", "--emit", "plan"], capture_output=True, text=True, timeout=120)
+    r = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "compile",
+                            str(ROOT / "models" / "gat.py"), "--mode", "mfg", "--emit", "plan"],
+                           timeout=120)
     assert r.returncode == 0, r.stderr
     assert "softmax_aggregate" in r.stdout or "aggregate" in r.stdout
 

@@ -6,14 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from timeouts import run_or_show_stacks
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_sarc(*argv, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
-    """``python -m sarc.cli ARGV`` in a subprocess: the CompletedProcess (text)."""
-    return subprocess.run([sys.executable, "-m", "sarc.cli", *map(str, argv)], cwd=cwd or ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    """``python -m sarc.cli ARGV`` in a subprocess: the CompletedProcess (text); past
+    ``timeout`` the test fails with its stacks."""
+    return run_or_show_stacks([sys.executable, "-m", "sarc.cli", *map(str, argv)],
+                              cwd=cwd or ROOT, timeout=timeout,
+                              env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
 def assert_error(proc, *needles: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sarc.checkpoint import (MANIFEST, CheckpointConfig, CheckpointError, check_
 from sarc.datasets import load_dataset
 from sarc.loader import load_model_file
 from sarc.train import prepare, train
+from timeouts import run_or_show_stacks
 
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
@@ -202,8 +202,8 @@ sys.exit(main(sys.argv[3:]))
 def test_a_kill_during_a_save_leaves_a_loadable_checkpoint(tmp_path, reference, moment, published):
     ckpt = tmp_path / "ckpt"
     argv = ["train", str(GCN), *RUN, "--checkpoint", str(ckpt)]
-    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, moment, str(ckpt), *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_or_show_stacks([sys.executable, "-c", KILL_DURING_SAVE, moment, str(ckpt), *argv],
+                              cwd=ROOT, timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     # the manifest names the previous checkpoint (or, once published, the new one): whole
     assert json.loads((ckpt / MANIFEST).read_text())["epoch"] == published

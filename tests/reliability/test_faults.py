@@ -72,10 +72,10 @@ class Training:
     """``sarc train`` in the background, in a session of its own (as from a shell), its
     output in files."""
 
-    def __init__(self, tmp: Path, *argv: str):
+    def __init__(self, tmp: Path, *argv: str, env: dict | None = None):
         self.tmp = tmp
         self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
-        env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "sarc.cli", "train", GCN, *argv],
                                          cwd=ROOT, env=env, stdout=out, stderr=err,
@@ -246,6 +246,45 @@ def test_a_stalled_worker_times_the_others_out_and_everything_stops(start):
     line = last_line(err)
     assert line.startswith("sarc train: error: distributed training failed"), err
     assert "worker 1 did not stop when asked (stopped) and was killed" in line, err
+    assert_stopped(run)
+
+
+def stacks_of(err: str, name: str) -> list[str]:
+    """The stacks printed for ``name`` ("worker 1"), each dump's frames as one text."""
+    dumps = err.split("\nstacks of ")
+    return [d.split("\n", 1)[1] for d in dumps[1:]
+            if d.startswith(f"{name} (pid ") and "), most recent call first:\n" in d]
+
+
+@case("faults", "one worker stops making progress, alive and outside any collective "
+      "(`SARC_TEST_STALL_AT`), --timeout 5; `kill -USR1` to sarc train meanwhile", "stacks")
+def test_a_stuck_worker_is_found_by_its_stacks(tmp_path, request):
+    run = Training(tmp_path, "--workers", "2", *LONG_RUN, "--timeout", "5",
+                   env={"SARC_TEST_STALL_AT": "1:2"})
+    request.addfinalizer(run.kill)
+    run.wait_for("epoch    1/")
+    # on SIGUSR1, sarc train prints its own stacks and every process's of the run: the
+    # stuck worker sleeps in stall_forever, its peer waits in gloo (C++, the GIL released)
+    waiting = []
+    for _ in range(3):
+        time.sleep(0.5)
+        os.kill(run.proc.pid, signal.SIGUSR1)
+        wait_until(lambda: len(stacks_of(run.output()[1], "worker 0")) > len(waiting),
+                   what="printed the stacks")
+        waiting = stacks_of(run.output()[1], "worker 0")
+        if "in wait\n" in waiting[-1]:
+            break
+    err = run.output()[1]
+    assert "sarc train (pid " in err and stacks_of(err, "torchrun"), err
+    assert "exchange.py" in waiting[-1] and "in wait\n" in waiting[-1], err
+    assert "in stall_forever\n" in stacks_of(err, "worker 1")[0], err
+    # then worker 0 gives up on its peer, and prints where the peer is
+    code, out, err = run.finish(60)
+    assert code == 2, err
+    gave_up = err[err.index("sarc worker 0: error: no answer from a peer within --timeout 5 s"):]
+    assert "in stall_forever\n" in stacks_of(gave_up, "worker 1")[0], err
+    assert not stacks_of(gave_up, "worker 0"), err
+    assert last_line(err).startswith("sarc train: error: distributed training failed"), err
     assert_stopped(run)
 
 

@@ -19,6 +19,7 @@ import pytest
 from sarc.loader import load_model_file
 from sarc.train import train
 from sarc.training.minibatch import MiniBatchConfig
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DROPOUT = {"sage": ["--set", "dropout=0"], "gat": ["--set", "dropout=0", "--set", "attn_drop=0"],
@@ -26,8 +27,8 @@ NO_DROPOUT = {"sage": ["--set", "dropout=0"], "gat": ["--set", "dropout=0", "--s
 
 
 def _run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, text=True, capture_output=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = run_or_show_stacks([sys.executable, *argv], cwd=ROOT, timeout=timeout,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

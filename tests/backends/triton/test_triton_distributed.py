@@ -214,15 +214,15 @@ def test_a_torch_schedule_names_no_triton_op():
 
 
 def test_sarc_compile_writes_the_schedules_of_the_layers_backend(tmp_path):
-    import subprocess
     import sys
+
+    from timeouts import run_or_show_stacks
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
     out = tmp_path / "art"
-    proc = subprocess.run([sys.executable, "-m", "sarc.cli", "compile", "models/gcn.py",
-                           "--backend", "triton", "--workers", "2", "--emit", "schedule",
-                           "--out", str(out)], cwd=root, text=True, capture_output=True,
-                          timeout=600)
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "compile", "models/gcn.py",
+                               "--backend", "triton", "--workers", "2", "--emit", "schedule",
+                               "--out", str(out)], cwd=root, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("conv1", "conv2"):
         text = (out / f"{name}.schedule.py").read_text()

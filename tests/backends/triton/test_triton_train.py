@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from sarc.datasets import Dataset
 from sarc.loader import load_model_file
 from sarc.train import train
 from sarc.training.minibatch import MiniBatchConfig
+from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[3]
 GCN = ROOT / "models" / "gcn.py"
@@ -68,11 +68,11 @@ def test_triton_on_two_workers_trains_as_torch_on_one_process(tmp_path):
     process's arithmetic."""
     np.savez(tmp_path / "tiny.npz", **tiny_arrays())
     out = tmp_path / "run.json"
-    proc = subprocess.run(
+    proc = run_or_show_stacks(
         [sys.executable, "-m", "sarc.cli", "train", str(GCN), "--dataset",
          str(tmp_path / "tiny.npz"), "--workers", "2", "--method", "random", "--epochs", "2",
          "--set", "dropout=0", "--backend", "triton", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
