@@ -16,6 +16,7 @@ and exit with status 2; anything else is a bug in sarc and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import signal
 import sys
@@ -64,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     # where a command seems stuck: ``kill -USR1 PID`` prints its threads' stacks
-    # (``sarc.distributed.stacks``: sarc train --workers P adds its workers')
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # (``sarc.distributed.stacks``: sarc train --workers P adds its workers'); not where
+    # stderr is no file (main called with its output captured, as by a test)
+    with contextlib.suppress(OSError, ValueError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
