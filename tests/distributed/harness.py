@@ -188,6 +188,10 @@ def _forked(fn, *args) -> None:
     # One intra-op thread: a forked child must not enter the OpenMP pool of a parent
     # that already used it (libgomp is not fork-safe; the child can hang).
     torch.set_num_threads(1)
+    # The workers' process groups are left by the child's exit (multiprocessing ends it
+    # with os._exit), never destroyed: torch 2.2's ProcessGroupGloo destructor can block
+    # for good holding the GIL (sarc.distributed.worker.run_worker), a hung test.
+    dist.destroy_process_group = lambda group=None: None
     fn(*args)
 
 
