@@ -33,9 +33,9 @@ from ..ir.reducers import reducer
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
-from ..ir.patterns import arg_index, linear_accumulates, region_sides, region_width
+from ..ir.patterns import accumulating_adds, arg_index, region_sides, region_width
 from .registry import EdgeLowering, get_backend
-from .torch_backend import LOWERING, accumulate_reads, addmm, region_function
+from .torch_backend import LOWERING, accumulate_reads, accumulated, region_function
 
 Lower = Callable[[int, Value, codegen.RegionNames, list[str]], str]
 """(index, value, its region functions' names (written when called), operands) -> code."""
@@ -70,11 +70,11 @@ def emit_part(fn: Function, name: str, args: str, targets: list[int], lower: Low
     return regions, [f"def {name}({args}):", *(f"    {line}" for line in [*body, *tail])]
 
 
-def _node_lowering(fused: Mapping[int, tuple[int, int]]) -> Lower:
+def _node_lowering(fn: Function, fused: Mapping[int, tuple[int, int]]) -> Lower:
     """A node part's values on the torch backend's lines, the adds of ``fused``
-    (``patterns.linear_accumulates``) as one ``addmm`` each."""
-    return lambda i, v, regions, operands: (addmm(operands) if i in fused else
-                                            _default(i, v, regions, operands))
+    (``patterns.accumulating_adds``) as one op each."""
+    return lambda i, v, regions, operands: (accumulated(fn, fused[i][1], operands) if i in fused
+                                            else _default(i, v, regions, operands))
 
 
 def _dict(items: list[tuple[str, str]]) -> str:
@@ -184,10 +184,10 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
 
     def node_part(fn: Function | None, name: str):
         if fn is not None:
-            fused = linear_accumulates(fn)
+            fused = accumulating_adds(fn)
             outs = _dict([(k, f"v{i}") for k, i in fn.outputs])
             parts.append(emit_part(fn, name, sig, [i for _, i in fn.outputs],
-                                   _node_lowering(fused), tail=[f"return {outs}"],
+                                   _node_lowering(fn, fused), tail=[f"return {outs}"],
                                    reads=accumulate_reads(fn, fused)))
 
     node_part(split.src, "src_part")

@@ -1,7 +1,8 @@
 """PyTorch backend: IR -> a readable Python module that runs on CPU and GPU.
 
 Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
-as a comment (an add of a linear takes in the linear's line: one ``torch.addmm``);
+as a comment (an add of a linear or a product takes in its line: one ``torch.addmm`` or
+``torch.addcmul``);
 graph ops call the CSR kernels of ``torch_ops``. The module
 is rendered from a jinja2 template, written to a real file (so tracebacks and
 debuggers show the generated code) and imported. Autograd gives the backward
@@ -25,7 +26,7 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (arg_index, dst_rows_of_src, linear_accumulates, region_sides,
+from ..ir.patterns import (accumulating_adds, arg_index, dst_rows_of_src, region_sides,
                            region_width, spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
@@ -207,16 +208,20 @@ class EdgeLowering:
         return ()
 
 
-def addmm(a: list[str]) -> str:
-    """``a[0] + a[1] @ a[2].t()`` as one GEMM accumulating into ``a[0]`` (beta = 1): an add of
-    ``patterns.linear_accumulates``, reading the values ``accumulate_reads`` gives."""
-    return f"torch.addmm({a[0]}, {a[1]}, {a[2]}.t())"
+def accumulated(fn: Function, added: int, a: list[str]) -> str:
+    """``a[0]`` plus the value ``added`` computes, in one op, for an add of
+    ``patterns.accumulating_adds`` reading the values ``accumulate_reads`` gives: a
+    linear's GEMM accumulating into ``a[0]`` (``torch.addmm``, beta = 1), a product's
+    ``torch.addcmul``."""
+    if fn.values[added].op is Op.LINEAR:
+        return f"torch.addmm({a[0]}, {a[1]}, {a[2]}.t())"
+    return f"torch.addcmul({a[0]}, {a[1]}, {a[2]})"
 
 
 def accumulate_reads(fn: Function, fused: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
-    """What each add of ``fused`` reads as an ``addmm``: its other operand, the linear's x
-    and W; the linear itself is read no more."""
-    return {i: [other, *fn.values[linear].inputs] for i, (other, linear) in fused.items()}
+    """What each add of ``fused`` reads as one op: its other operand and the operands of
+    the value it adds (a linear's x and W, a product's factors), which is read no more."""
+    return {i: [other, *fn.values[added].inputs] for i, (other, added) in fused.items()}
 
 
 def _live(fn: Function, reads: dict[int, list[int]]) -> set[int]:
@@ -232,21 +237,22 @@ def generate(fn: Function) -> str:
 
     A dst value that is the first rows of a src value computed the same way
     (``patterns.dst_rows_of_src``) is that value's rows, not computed again. An add of a
-    linear (``patterns.linear_accumulates``) is one ``torch.addmm`` where both are
-    computed as themselves and nothing else reads the linear (a dst linear may be the
-    rows of a src one)."""
+    linear or a product (``patterns.accumulating_adds``) is one ``torch.addmm`` or
+    ``torch.addcmul`` where both are computed as themselves and nothing else reads the
+    added value (a dst value may be the rows of a src one)."""
     twins = dst_rows_of_src(fn)
     reads = {i: [twins[i]] if i in twins else list(v.inputs) for i, v in enumerate(fn.values)}
     live = _live(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
-    fused = {i: (other, linear) for i, (other, linear) in linear_accumulates(fn).items()
-             if not {i, linear} & twins.keys() and linear not in rows_read}
+    fused = {i: (other, added) for i, (other, added) in accumulating_adds(fn).items()
+             if not {i, added} & twins.keys() and added not in rows_read}
     reads.update(accumulate_reads(fn, fused))
 
     def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
         if i in twins:
             return f"K.dst_rows({operands[0]}, g)"
-        return addmm(operands) if i in fused else lower(i, v, operands, regions)
+        return (accumulated(fn, fused[i][1], operands) if i in fused
+                else lower(i, v, operands, regions))
     regions, body = emit(fn, sorted(_live(fn, reads)), lower_rows,
                          live_out=[j for _, j in fn.outputs], inputs=reads)
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)

@@ -28,7 +28,8 @@ Which kernels an IR op gets (``KERNEL_OPS``):
 
 Node-level ops (linear maps, elementwise math on nodes, reshapes) and dropout
 run as PyTorch, exactly as in the PyTorch backend (its ``LOWERING`` table; an add
-of a linear as one ``torch.addmm``, ``patterns.linear_accumulates``).
+of a linear as one ``torch.addmm``, ``patterns.accumulating_adds``; a product stays its
+own value, which its kernels may read).
 
 No silent fallback: when a graph op cannot be lowered (``TritonLoweringError``,
 e.g. a region that slices a feature axis), the op runs with the PyTorch
@@ -52,7 +53,7 @@ from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
-from ..ir.patterns import linear_accumulates, region_sides
+from ..ir.patterns import accumulating_adds, region_sides
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
@@ -301,7 +302,7 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     inputs = {i: [] if i in skipped else list(v.inputs) for i, v in enumerate(fn.values)}
     for i, x in folded.items():
         inputs[i][0] = fn.values[x].inputs[0]
-    fused = linear_accumulates(fn)
+    fused = accumulating_adds(fn, ops=(Op.LINEAR,))
     inputs.update(torch_backend.accumulate_reads(fn, fused))
     fused_linears = {linear for _, linear in fused.values()}
     specs, kernels, fallbacks, op_lines = [], [], [], []
@@ -310,7 +311,7 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
         if i in skipped:
             return (f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})",)
         if i in fused:
-            return torch_backend.addmm(args)
+            return torch_backend.accumulated(fn, fused[i][1], args)
         if v.op not in KERNEL_OPS:
             return torch_backend.lower(i, v, args, region_names)
         try:

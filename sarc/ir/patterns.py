@@ -157,16 +157,18 @@ def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:
     return (v.op, v.attrs, tuple(keys[j] for j in v.inputs), v.type.feat, v.type.dtype)
 
 
-def linear_accumulates(fn: Function) -> dict[int, tuple[int, int]]:
-    """add value -> (its other operand, the linear it adds) when ``other + linear(x, W)``
-    can be one GEMM accumulating into ``other`` (``torch.addmm``, beta = 1), which saves
-    the add's pass over the result.
+def accumulating_adds(fn: Function, ops: tuple[Op, ...] = (Op.LINEAR, Op.MUL)
+                      ) -> dict[int, tuple[int, int]]:
+    """add value -> (its other operand, the value it adds) when ``other + linear(x, W)``
+    can be one GEMM accumulating into ``other`` (``torch.addmm``, beta = 1), or
+    ``other + a * b`` one ``torch.addcmul``: either saves the add's pass over the result.
 
-    The linear has no reader but the add (a function output is a reader), so its result
-    need never exist on its own; it has the add's type, so only ``other`` broadcasts; and
-    its x is a matrix at run time: a node or edge value with one feature axis (a param,
-    or rows of several feature axes such as heads, stay a matmul and an add). Where both
-    operands qualify, the second is the one fused."""
+    The added value (an op of ``ops``) has no reader but the add (a function output is
+    a reader), so its result need never exist on its own; it has the add's type, so only
+    ``other`` broadcasts; a linear's x is a matrix at run time: a node or edge value
+    with one feature axis (a param, or rows of several feature axes such as heads, stay
+    a matmul and an add). Where both operands qualify, a linear is fused before a
+    product, else the second operand."""
     readers = [0] * len(fn.values)
     for v in fn.values:
         for j in v.inputs:
@@ -174,19 +176,19 @@ def linear_accumulates(fn: Function) -> dict[int, tuple[int, int]]:
     for _, j in fn.outputs:
         readers[j] += 1
 
-    def accumulated(j: int, add: Value) -> bool:
+    def accumulated(j: int, add: Value, op: Op) -> bool:
         v = fn.values[j]
-        if v.op is not Op.LINEAR or readers[j] != 1 or v.type != add.type:
+        if v.op is not op or readers[j] != 1 or v.type != add.type:
             return False
         x = fn.values[v.inputs[0]].type
-        return x.domain is not Domain.PARAM and len(x.feat) == 1
+        return op is not Op.LINEAR or (x.domain is not Domain.PARAM and len(x.feat) == 1)
 
     fused: dict[int, tuple[int, int]] = {}
     for i, v in enumerate(fn.values):
         if v.op is Op.ADD:
             a, b = v.inputs
-            for other, linear in ((a, b), (b, a)):
-                if accumulated(linear, v):
-                    fused[i] = (other, linear)
-                    break
+            found = next(((other, added) for op in ops for other, added in ((a, b), (b, a))
+                          if accumulated(added, v, op)), None)
+            if found is not None:
+                fused[i] = found
     return fused

@@ -94,14 +94,11 @@ def dst_post_part(g, inputs, params, training, seed):
     # %4: dst f32[N_dst,1] = reshape(%3, feat=[1])                     # gcn.py:31
     v4 = v3.reshape(v3.shape[0], 1)
     del v3
-    # %5: dst f32[N_dst,8] = mul(%0, %4)                               # gcn.py:31
-    v5 = v0 * v4
-    del v0, v4
     # %6: param f32[8] = param "bias"
     v6 = params["bias"]
     # %7: dst f32[N_dst,8] = add(%5, %6)                               # gcn.py:32
-    v7 = v5 + v6
-    del v5, v6
+    v7 = torch.addcmul(v6, v0, v4)
+    del v0, v4, v6
     return {"h": v7}
 
 

@@ -1,6 +1,7 @@
-"""An add of a linear's result, ``other + x @ W.t()``, runs as one ``torch.addmm``
-(``sarc.ir.patterns.linear_accumulates``): the generated code, which adds fuse and which
-stay a matmul and an add, and the values and gradients of both against the interpreter."""
+"""An add of a linear's result, ``other + x @ W.t()``, runs as one ``torch.addmm``, an add
+of a product, ``other + a * b``, as one ``torch.addcmul`` (``sarc.ir.patterns.
+accumulating_adds``): the generated code, which adds fuse and which stay two ops, and the
+values and gradients of both against the interpreter."""
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,15 @@ from sarc.compiler import compile_layer, optimize
 from sarc.ir import interpreter
 from sarc.ir.function import Builder
 from sarc.ir.ops import Op
-from sarc.ir.patterns import linear_accumulates
+from sarc.ir.patterns import accumulating_adds
 from sarc.ir.types import Domain, DType, TensorType
 
 G = random_block(torch.Generator().manual_seed(5), 9, 6, 30)  # more src than dst rows
+
+
+def linear_accumulates(fn) -> dict[int, tuple[int, int]]:
+    """The adds of a linear."""
+    return accumulating_adds(fn, ops=(Op.LINEAR,))
 
 
 def _code(source: str) -> list[str]:
@@ -210,3 +216,38 @@ def test_an_add_computed_as_rows_of_a_fused_src_add():
     assert sum("torch.addmm(" in line for line in code) == 1, code
     assert not any("torch.matmul(" in line for line in code), code
     assert any("= K.dst_rows(v" in line for line in code), code
+
+
+# --- adds of a product: torch.addcmul ---------------------------------------------------------
+
+def test_gcn_scales_and_adds_its_bias_in_one_op():
+    """GCN's ``agg * in_degree^-1/2 + bias``: one addcmul, values and gradients as the
+    interpreter's."""
+    layer = LAYERS["gcn"](5)
+    fn = optimize(layer.trace())
+    assert any(fn.values[added].op is Op.MUL for _, added in accumulating_adds(fn).values())
+    assert "torch.addcmul(" in compile_layer(layer).kernel.source
+    check_layer(layer, G, features(layer, G, 5))
+
+
+def test_products_fuse_after_linears_and_only_as_themselves():
+    """``lin + a * b`` fuses the linear; ``a * b + c`` the product; a product read twice,
+    one that is an output and one the add broadcasts stay a mul and an add."""
+    b = Builder("Products")
+    h = _h(b)
+    scale = b.leaf(Op.PARAM, "scale", _t(Domain.PARAM, 4))
+    lin = b.add(Op.LINEAR, [h, _w(b, "w", 4)])
+    both = b.add(Op.ADD, [lin, b.add(Op.MUL, [h, scale])])           # the linear fuses
+    prod = b.add(Op.ADD, [b.add(Op.MUL, [both, h]), scale])          # the product fuses
+    twice = b.add(Op.MUL, [prod, scale])
+    reread = b.add(Op.ADD, [twice, twice])                           # read twice: no
+    column = b.add(Op.MUL, [b.add(Op.LINEAR, [h, _w(b, "w1", 1)]), b.const(2.0, _t(Domain.PARAM))])
+    broadcast = b.add(Op.ADD, [column, reread])                      # [N, 1] + [N, 4]: no
+    out = b.add(Op.MUL, [h, scale])
+    fn = b.finish([("h", broadcast), ("out", out), ("sum", b.add(Op.ADD, [out, h]))])
+    fused = accumulating_adds(fn)
+    assert {i: fn.values[added].op for i, (_, added) in fused.items()} == {
+        both: Op.LINEAR, prod: Op.MUL}, fused
+    code = _check(fn, *_feeds(scale=(4,), w=(4, 4), w1=(1, 4)))
+    assert sum("torch.addcmul(" in line for line in code) == 1, code
+    assert sum("torch.addmm(" in line for line in code) == 1, code
