@@ -56,3 +56,23 @@ def test_a_worker_exits_with_its_status_whatever_the_teardown_would_do(tmp_path)
                                "--timeout", "20"], env=env, cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "selected epoch" in proc.stdout, proc.stdout
+
+
+def test_the_run_gives_back_sarcs_own_stack_dump_where_stderr_is_captured(tmp_path, capsys):
+    """``printing_run`` puts faulthandler's dump back after the run, except where stderr
+    has no file descriptor (a test calling ``main`` with its output captured)."""
+    import faulthandler
+    import sys
+
+    from sarc.distributed.stacks import SIGNAL, printing_run
+    faulthandler.register(SIGNAL, file=sys.__stderr__, all_threads=True)
+    try:
+        with printing_run(tmp_path):
+            pass
+        assert not faulthandler.unregister(SIGNAL)   # captured stderr: none put back
+        faulthandler.register(SIGNAL, file=sys.__stderr__, all_threads=True)
+        with capsys.disabled(), printing_run(tmp_path):
+            pass
+        assert faulthandler.unregister(SIGNAL)       # a real stderr: put back
+    finally:
+        faulthandler.unregister(SIGNAL)
