@@ -169,16 +169,11 @@ def accumulating_adds(fn: Function, ops: tuple[Op, ...] = (Op.LINEAR, Op.MUL)
     with one feature axis (a param, or rows of several feature axes such as heads, stay
     a matmul and an add). Where both operands qualify, a linear is fused before a
     product, else the second operand."""
-    readers = [0] * len(fn.values)
-    for v in fn.values:
-        for j in v.inputs:
-            readers[j] += 1
-    for _, j in fn.outputs:
-        readers[j] += 1
+    users, outputs = fn.users(), {j for _, j in fn.outputs}
 
     def accumulated(j: int, add: Value, op: Op) -> bool:
         v = fn.values[j]
-        if v.op is not op or readers[j] != 1 or v.type != add.type:
+        if v.op is not op or len(users[j]) != 1 or j in outputs or v.type != add.type:
             return False
         x = fn.values[v.inputs[0]].type
         return op is not Op.LINEAR or (x.domain is not Domain.PARAM and len(x.feat) == 1)
