@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 import threading
@@ -31,7 +32,14 @@ _depth = 0
 
 
 def _libc():
-    if os.environ.get("SARC_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+    """glibc with its malloc tunables, or None (switched off, or another C library)."""
+    return None if os.environ.get("SARC_KEEP_FREED_MEMORY", "1") == "0" else _glibc()
+
+
+@functools.cache
+def _glibc():
+    """Looked up once: ``platform.libc_ver`` reads the interpreter's binary."""
+    if platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
