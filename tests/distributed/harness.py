@@ -141,8 +141,7 @@ def _worker(rank: int, world: int, port: int, plan_file: str, out_dir: str) -> N
     except BaseException:
         (out / f"error.r{rank}.txt").write_text(traceback.format_exc())
         raise
-    finally:
-        dist.destroy_process_group()
+    # The group is left by the forked process's exit, never destroyed (see _forked).
 
 
 def run_cases(cases: list[Case], specs: dict, workdir: Path, timeout_s: float = 240.0) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from sarc.graph import Graph
 from sarc.partition import partition_graph
 from sarc.runtime.sharded import ShardedGraph
 
-from .harness import free_port
+from .harness import spawn
 
 HOST_METADATA = {"node_offsets"}
 
@@ -91,31 +92,32 @@ def test_self_loops_create_every_tensor_on_the_shards_device(tmp_path, rank):
     assert not off_device(moved, "meta"), off_device(moved, "meta")
 
 
-@contextlib.contextmanager
-def one_worker_group():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+def _prepare_on_meta(rank, port, queue, shard_dir, feat):
+    """In a forked process (its gloo group is left by exiting, never destroyed: see
+    ``harness.spawn``): prepare a one-worker shard under the meta default device."""
+    shard = _shard(Path(shard_dir), parts=1)
+    if not feat:
+        shard = dataclasses.replace(shard, ndata={k: v for k, v in shard.ndata.items()
+                                                  if k != "feat"})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=1, timeout=datetime.timedelta(seconds=30))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    with default_device("meta"):
+        data = prepare_worker(shard, {"norm_features": True}, None)
+    moved = data.to("meta")
+    queue.put((rank, {"off_cpu": off_device(data, "cpu"), "off_meta": off_device(moved, "meta"),
+                      "x": tuple(data.x.shape), "num_local": shard.num_local,
+                      "same": (moved.counts, moved.num_classes) == (data.counts,
+                                                                    data.num_classes)}))
 
 
 @pytest.mark.parametrize("feat", [True, False], ids=["features", "featureless"])
 def test_a_workers_data_is_made_on_the_shards_device_and_moves_whole(tmp_path, feat):
-    shard = _shard(tmp_path, parts=1)
-    if not feat:
-        shard = dataclasses.replace(shard, ndata={k: v for k, v in shard.ndata.items()
-                                                  if k != "feat"})
-    hp = {"norm_features": True}
-    with one_worker_group():
-        with default_device("meta"):
-            data = prepare_worker(shard, hp, None)
-    assert not off_device(data, "cpu"), off_device(data, "cpu")
-    assert data.x.shape == (shard.num_local, 3 if feat else 0)
-    moved = data.to("meta")
-    assert not off_device(moved, "meta"), off_device(moved, "meta")
-    assert (moved.counts, moved.num_classes) == (data.counts, data.num_classes)
+    codes, (got,) = spawn(_prepare_on_meta, 1, (str(tmp_path), feat))
+    assert codes == [0], codes
+    assert not got["off_cpu"], got["off_cpu"]
+    assert got["x"] == (got["num_local"], 3 if feat else 0)
+    assert not got["off_meta"], got["off_meta"]
+    assert got["same"]
 
 
 def test_the_embeddings_step_flag_is_reduced_on_the_comm_device(monkeypatch):

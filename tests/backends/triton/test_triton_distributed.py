@@ -12,7 +12,6 @@ import datetime
 import multiprocessing
 import os
 import re
-import socket
 import traceback
 
 import pytest
@@ -26,6 +25,8 @@ from sarc.compiler import compile_layer
 from sarc.ir.split import split_layer
 from sarc.partition import partition_graph
 from sarc.planner.plan import plan_layer
+
+from distributed.harness import free_port
 
 N, E, FEATS, CLASSES = 24, 90, 5, 3
 TIMEOUT_S = 240
@@ -78,29 +79,22 @@ def _worker(out_file, port, part_dir, name, state):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1, timeout=datetime.timedelta(seconds=TIMEOUT_S))
-        try:
-            shard = ShardedGraph.from_partitions(load_partitions(part_dir, verify=False), 0)
-            model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
-            model.load_state_dict(state)
-            dg = DistGraph(shard, baseline=name.endswith("_baseline"))
-            x = shard.ndata["feat"].clone().requires_grad_()
-            loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"])
-            progs = list(dg.programs.values())
-            torch.save({"loss": loss.item(), "ids": shard.orig_node_ids, "x_grad": x.grad,
-                   "param_grads": {k: p.grad for k, p in model.named_parameters()},
-                   "backends": [p.generated.backend for p in progs],
-                   "fallbacks": [p.generated.fallbacks for p in progs],
-                   "sources": [p.source for p in progs]}, out_file)
-        finally:
-            dist.destroy_process_group()
+        # The group is left by this forked process's exit, never destroyed: torch 2.2's
+        # ProcessGroupGloo destructor can block for good holding the GIL.
+        shard = ShardedGraph.from_partitions(load_partitions(part_dir, verify=False), 0)
+        model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
+        model.load_state_dict(state)
+        dg = DistGraph(shard, baseline=name.endswith("_baseline"))
+        x = shard.ndata["feat"].clone().requires_grad_()
+        loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"])
+        progs = list(dg.programs.values())
+        torch.save({"loss": loss.item(), "ids": shard.orig_node_ids, "x_grad": x.grad,
+                    "param_grads": {k: p.grad for k, p in model.named_parameters()},
+                    "backends": [p.generated.backend for p in progs],
+                    "fallbacks": [p.generated.fallbacks for p in progs],
+                    "sources": [p.source for p in progs]}, out_file)
     except BaseException:
         torch.save({"error": traceback.format_exc()}, out_file)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _distributed_step(tmp_path, name, state, src, dst, x, label, train) -> dict:
@@ -108,7 +102,7 @@ def _distributed_step(tmp_path, name, state, src, dst, x, label, train) -> dict:
                            node_data={"feat": x, "label": label, "train_mask": train})
     out_file = tmp_path / "step.pt"
     p = multiprocessing.get_context("fork").Process(
-        target=_worker, args=(str(out_file), _free_port(), str(pset.path), name, state))
+        target=_worker, args=(str(out_file), free_port(), str(pset.path), name, state))
     p.start()
     p.join(TIMEOUT_S)
     if p.is_alive():
