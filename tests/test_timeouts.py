@@ -3,7 +3,10 @@ its time fails the test with where it was, and one that left a process holding i
 open names that process."""
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +49,39 @@ def test_a_process_left_holding_the_output_is_named_and_killed():
 def test_a_command_within_its_time_is_a_completed_process():
     proc = run_or_show_stacks([sys.executable, "-c", "print('hi')"], timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "hi\n", "")
+
+
+SUITE = '''
+import faulthandler, multiprocessing, time
+
+def _child(q):
+    faulthandler.dump_traceback_later(60)   # hung for good if the parent's watchdog came along
+    faulthandler.cancel_dump_traceback_later()
+    q.put("ok")
+
+def test_forks_a_process_that_uses_faulthandler():
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q,))
+    p.start()
+    p.join(20)
+    assert not p.is_alive() and q.get(timeout=1) == "ok"
+
+def test_stuck_for_good():
+    time.sleep(600)
+'''
+
+
+def test_the_suite_ends_a_stuck_test_with_its_stacks_and_forks_safely(tmp_path):
+    """tests/conftest.py's per-test limit: a test past it ends the run with where it was;
+    a process forked under the watch (as the distributed tests do) is not left hung."""
+    import conftest
+    (tmp_path / "conftest.py").write_text(Path(conftest.__file__).read_text())
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    env = {**os.environ, "SARC_TEST_LIMIT_S": "8"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_suite.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stdout.startswith("."), done.stdout  # the forking test passed
+    assert "Timeout" in done.stderr and "in test_stuck_for_good" in done.stderr, done.stderr
