@@ -29,7 +29,7 @@ os.environ.setdefault("SARC_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp"
 # runs inherits its locks, not the thread, and hangs for good in its own
 # dump_traceback_later; so it is stopped around every fork and restarted in the parent
 # for the time the test has left (pytest's faulthandler_timeout does not do that).
-TEST_LIMIT_S = float(os.environ.get("SARC_TEST_LIMIT_S", "600"))
+TEST_LIMIT_S = float(os.environ.get("SARC_TEST_LIMIT_S", "300"))
 _watch: dict = {}
 """While a test runs: its deadline and the file descriptor the stacks go to."""
 _stderr: list[int] = []
