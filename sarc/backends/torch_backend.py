@@ -2,8 +2,9 @@
 
 Each IR value becomes one line of ordinary PyTorch, its IR instruction above it
 as a comment (an add of a linear or a product takes in its line: one ``torch.addmm`` or
-``torch.addcmul``);
-graph ops call the CSR kernels of ``torch_ops``. The module
+``torch.addcmul``; a sparse product takes in the scaling of its operand and of its
+result by a number per node, at the line of the result's scaling); graph ops call the
+CSR kernels of ``torch_ops``. The module
 is rendered from a jinja2 template, written to a real file (so tracebacks and
 debuggers show the generated code) and imported. Autograd gives the backward
 pass, or, for a kernel compiled with a backward function (``autodiff="ir"``,
@@ -26,7 +27,8 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (accumulating_adds, arg_index, dst_rows_of_src, region_sides,
+from ..ir.patterns import (ScaledProduct, accumulating_adds, arg_index, dst_rows_of_src,
+                           region_sides, scaled_products,
                            region_width, spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
@@ -218,6 +220,15 @@ def accumulated(fn: Function, added: int, a: list[str]) -> str:
     return f"torch.addcmul({a[0]}, {a[1]}, {a[2]})"
 
 
+def scaled_product(p: ScaledProduct, a: list[str]) -> str:
+    """The call of a scaled sparse product reading ``p.reads()`` (names ``a``)."""
+    names = dict(zip(p.reads(), a))
+    scales = "".join(f", {side}_scale={names[j]}" for side, j in
+                     (("src", p.src_scale), ("dst", p.dst_scale)) if j is not None)
+    weight = names[p.weight] if p.weight is not None else "None"
+    return f"K.spmm({literal(p.kind)}, g, {names[p.x]}, {weight}, \"src\"{scales})"
+
+
 def accumulate_reads(fn: Function, fused: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
     """What each add of ``fused`` reads as one op: its other operand and the operands of
     the value it adds (a linear's x and W, a product's factors), which is read no more."""
@@ -239,18 +250,26 @@ def generate(fn: Function) -> str:
     (``patterns.dst_rows_of_src``) is that value's rows, not computed again. An add of a
     linear or a product (``patterns.accumulating_adds``) is one ``torch.addmm`` or
     ``torch.addcmul`` where both are computed as themselves and nothing else reads the
-    added value (a dst value may be the rows of a src one)."""
+    added value (a dst value may be the rows of a src one). A sparse product scaled by a
+    number per node (``patterns.scaled_products``) scales as it reads and writes."""
     twins = dst_rows_of_src(fn)
     reads = {i: [twins[i]] if i in twins else list(v.inputs) for i, v in enumerate(fn.values)}
+    # a scaled operand is not computed: not where a dst value would be its rows
+    scaled = {i: p for i, p in scaled_products(fn).items()
+              if not {i, p.aggregate} & twins.keys()
+              and not set(fn.values[p.aggregate].inputs) & set(twins.values())}
+    reads.update({i: p.reads() for i, p in scaled.items()})
     live = _live(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
     fused = {i: (other, added) for i, (other, added) in accumulating_adds(fn).items()
-             if not {i, added} & twins.keys() and added not in rows_read}
+             if not {i, added} & twins.keys() and added not in rows_read | scaled.keys()}
     reads.update(accumulate_reads(fn, fused))
 
     def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
         if i in twins:
             return f"K.dst_rows({operands[0]}, g)"
+        if i in scaled:
+            return scaled_product(scaled[i], operands)
         return (accumulated(fn, fused[i][1], operands) if i in fused
                 else lower(i, v, operands, regions))
     regions, body = emit(fn, sorted(_live(fn, reads)), lower_rows,

@@ -36,15 +36,18 @@ def _cast(out, dtype: torch.dtype):
 def accumulates(fn):
     """An op summing over edges: half / bfloat16 operands are summed in float32, the result
     rounded once to their dtype (the cast's gradient rounds the backward the same way)."""
+    def up(a):
+        return a.float() if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION else a
+
     @functools.wraps(fn)
-    def run(*args):
-        low = next((a for a in args
+    def run(*args, **kwargs):
+        low = next((a for a in (*args, *kwargs.values())
                     if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION), None)
         if low is None:
-            return fn(*args)
+            return fn(*args, **kwargs)
         with torch.autocast(low.device.type, enabled=False):  # autocast would cast back down
-            return _cast(fn(*(a.float() if isinstance(a, torch.Tensor)
-                              and a.dtype in LOW_PRECISION else a for a in args)), low.dtype)
+            return _cast(fn(*map(up, args), **{k: up(a) for k, a in kwargs.items()}),
+                         low.dtype)
     return run
 
 
@@ -192,15 +195,27 @@ def _finalize(kind: str, s: torch.Tensor, g: Graph) -> torch.Tensor:
 
 @accumulates
 def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
-         side: str = "src") -> torch.Tensor:
+         side: str = "src", src_scale: torch.Tensor | None = None,
+         dst_scale: torch.Tensor | None = None) -> torch.Tensor:
     """y[v] = sum (or mean) over the edges e = (u, v) of w[e] * x[u]: CSR sparse matmul.
 
     With ``side="edge"``, x is already per edge: y[v] = sum of w[e] * x[e]. ``w`` is a
     scalar per edge, or one per head: ``w`` of shape [E, *heads] weighs the leading
     feature axes ``heads`` of x (GAT's attention, [E, H, 1] against [N, H, D]), one
-    product per head. No edge tensor is formed or kept; the backward pass is
-    ``A^T @ dy`` for x and an SDDMM for w.
+    product per head. ``src_scale`` / ``dst_scale``, a number per source / destination
+    node ([N, 1, ..]), multiply x's rows and the result's (``patterns.scaled_products``:
+    GCN's degree normalization), in the product as it reads and writes where they need
+    no gradient. No edge tensor is formed or kept; the backward pass is ``A^T @ dy`` for x
+    (the scales swapped) and an SDDMM for w.
     """
+    if src_scale is not None or dst_scale is not None:
+        fused = x.dtype in _SPMM_DTYPES and g.num_edges and side == "src" and not any(
+            t is not None and t.requires_grad for t in (src_scale, dst_scale, w))
+        if not fused:
+            if src_scale is not None:
+                x = x * _per_row(src_scale, x)
+            y = spmm(kind, g, x, w, side)
+            return y if dst_scale is None else y * _per_row(dst_scale, y)
     heads = math.prod(w.shape[1:]) if w is not None else 1
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         xe = gather_src(x, g) if side == "src" else x
@@ -211,31 +226,44 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
                   * w.reshape(w.shape[0], heads, 1).to(xe.dtype)).reshape(xe.shape)
         return segment_reduce(kind, xe, g)
     cols, n = (g.src, g.num_src) if side == "src" else (None, g.num_edges)
+    scales = [None if t is None else t.detach().reshape(-1) for t in (dst_scale, src_scale)]
     if w is None and side == "src":  # the graph's own weights: the product is the reduction
-        return _CsrProduct.apply(g, cols, n, None, x, kind)
+        return _CsrProduct.apply(g, cols, n, None, x, kind, *scales)
     w = w.reshape(w.shape[0], heads).to(x.dtype) if w is not None else None
-    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum"), g)
+    return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum", *scales), g)
 
 
-def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor,
-              w_index: torch.Tensor | None = None) -> torch.Tensor:
-    """``A_h @ x_h`` for each head h of the CSR matrices (ptr, cols, w[:, h]), the weights
-    of the entries ``w[w_index]`` where given (a transposed index's order): x [n, H, F]
-    -> [m, H, F] (H = 1: one product of the flattened features). sarc's CPU kernel
-    (``cpu_kernels``, reading through ``w_index``) where it is built, else torch's
-    products."""
-    k = cpu_kernels.kernels_for(x, w)
+def _per_row(scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A number per row of ``x`` ([rows, 1, ..] or [rows]) shaped to broadcast over it."""
+    return scale.reshape(scale.shape[0], *[1] * (x.dim() - 1)).to(x.dtype)
+
+
+def _products(ptr, cols, w: torch.Tensor | None, shape, x: torch.Tensor,
+              w_index: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
+              col_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``diag(row_scale) A_h diag(col_scale) @ x_h`` for each head h of the CSR matrices
+    (ptr, cols, w[:, h]) (``w`` None: 1), the weights of the entries ``w[w_index]`` where
+    given (a transposed index's order): x [n, H, F] -> [m, H, F] (H = 1: one product of the
+    flattened features). sarc's CPU kernel (``cpu_kernels``, reading through ``w_index``,
+    scaling as it reads and writes) where it is built, else torch's products."""
+    k = cpu_kernels.kernels_for(x, *([] if w is None else [w]))
     if k is not None:
-        return k.spmm(ptr, cols, w, x, shape[0], w_index)
-    if w_index is not None:
+        return k.spmm(ptr, cols, w, x, shape[0], w_index, row_scale, col_scale)
+    if w is None:
+        w = x.new_ones(cols.numel(), 1)
+    elif w_index is not None:
         w = w.index_select(0, w_index)
+    if col_scale is not None:
+        x = x * col_scale.to(x.dtype).reshape(-1, 1, 1)
     heads = w.shape[1]
     if heads == 1:
-        return _sparse_mm(csr(ptr, cols, w.reshape(-1), shape), x.reshape(shape[1], -1))
-    out = x.new_empty(shape[0], heads, x.shape[2])
-    for h in range(heads):
-        out[:, h] = _sparse_mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
-    return out
+        out = _sparse_mm(csr(ptr, cols, w.reshape(-1), shape),
+                         x.reshape(shape[1], -1)).reshape(shape[0], *x.shape[1:])
+    else:
+        out = x.new_empty(shape[0], heads, x.shape[2])
+        for h in range(heads):
+            out[:, h] = _sparse_mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
+    return out if row_scale is None else out * row_scale.to(x.dtype).reshape(-1, 1, 1)
 
 
 def _sparse_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -307,36 +335,40 @@ def _by_head(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 class _CsrProduct(torch.autograd.Function):
-    """y = A_w @ x with A_w[v, col(e)] = w[e] for each edge e into v; multi-edges add up.
-    ``cols`` None: the column of edge e is e (x per edge); ``w`` None: the graph's own
-    weights for reducing by ``unit`` (``Layout.weights``: 1, or 1 / in-degree for a mean);
-    ``w`` [E, H]: one product per head h of x's features [n, H, F] with weights w[:, h].
+    """y = diag(rs) A_w diag(cs) @ x with A_w[v, col(e)] = w[e] for each edge e into v;
+    multi-edges add up. ``cols`` None: the column of edge e is e (x per edge); ``w`` None:
+    the graph's own weights for reducing by ``unit`` (``Layout.weights``: 1, or 1 /
+    in-degree for a mean); ``w`` [E, H]: one product per head h of x's features [n, H, F]
+    with weights w[:, h]; ``rs`` [num_dst], ``cs`` [n]: scales that need no gradient (or
+    None).
 
     It keeps the weights (x too when they need a gradient) and the columns when they
     are not the graph's; the graph's layout (its CSR and transposed index, its own
-    weights in both orders) lives with the graph. Backward: dx = A_w^T @ dy (a CSR
-    product over the transposed index; per edge dy[dst(e)] w[e] when x is per edge),
-    dw[e] = <dy[v], x[col(e)]> (an SDDMM, ``_sddmm``).
+    weights in both orders) lives with the graph. Backward: dx = diag(cs) A_w^T diag(rs)
+    @ dy (a CSR product over the transposed index; per edge dy[dst(e)] w[e] when x is
+    per edge), dw[e] = <dy[v], x[col(e)]> (an SDDMM, ``_sddmm``; unscaled products only).
     """
 
     @staticmethod
-    def forward(ctx, g, cols, n, w, x, unit):
+    def forward(ctx, g, cols, n, w, x, unit, rs=None, cs=None):
         lay = layout(g)
         ctx.g, ctx.lay, ctx.n, ctx.x_shape, ctx.unit = g, lay, n, x.shape, unit
         ctx.graph_cols = cols is g.src
+        assert (rs is None and cs is None) or not ctx.needs_input_grad[3], \
+            "a scaled product's weights take no gradient (torch_ops.spmm multiplies instead)"
         # x is needed only for dw: keep it only then
         ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
-                              None if ctx.graph_cols else cols)
+                              None if ctx.graph_cols else cols, rs, cs)
         heads = 1 if w is None else w.shape[1]
         ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
         ptr, c = lay.arrays(cols, n)
-        y = _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads))
+        y = _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads), None, rs, cs)
         return y.reshape(g.num_dst, *x.shape[1:])
 
     @staticmethod
     def backward(ctx, dy):
         g, lay, n = ctx.g, ctx.lay, ctx.n
-        w, x, cols = ctx.saved_tensors
+        w, x, cols, rs, cs = ctx.saved_tensors
         heads = 1 if w is None else w.shape[1]
         dy3 = _by_head(dy, heads)
         dw = dx = None
@@ -345,21 +377,19 @@ class _CsrProduct(torch.autograd.Function):
             if ctx.graph_cols:
                 ptr, rows, order = lay.transposed()
                 if w is not None:
-                    dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order)
+                    dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order, cs, rs)
                 else:
                     dx = _products(ptr, rows, lay.weights(ctx.unit, dy.dtype, transposed=True),
-                                   (n, g.num_dst), dy3)
+                                   (n, g.num_dst), dy3, None, cs, rs)
             elif cols is None:  # x per edge: dx[e] = w[e] dy[dst(e)]
                 dx = dy3.index_select(0, g.dst) * ww.unsqueeze(2)
             else:
                 ptr, rows, order = transpose(cols, g.dst, n, lay.arrays(cols, n)[1].dtype)
-                dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order)
+                dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order, cs, rs)
             dx = dx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
             dw = _dots(lay, g.src if ctx.graph_cols else cols, n, dy3, _by_head(x, heads))
-        return None, None, None, dw, dx, None
-
-
+        return None, None, None, dw, dx, None, None, None
 
 
 @accumulates

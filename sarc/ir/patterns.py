@@ -4,6 +4,8 @@ aggregate is a (typed, weighted) sparse product, which kernels run as CSR SpMM a
 keep only their edge weights for the backward."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .function import Function, Region, Value
 from .ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
 from .types import Domain
@@ -187,3 +189,62 @@ def accumulating_adds(fn: Function, ops: tuple[Op, ...] = (Op.LINEAR, Op.MUL)
             if found is not None:
                 fused[i] = found
     return fused
+
+
+@dataclass(frozen=True)
+class ScaledProduct:
+    """A sparse product (``spmm_pattern``) with its operand's and its result's scaling by a
+    number per node folded in: ``dst_scale * aggregate(x[src] * src_scale [* w[e]])``."""
+    aggregate: int
+    kind: str
+    x: int
+    weight: int | None
+    src_scale: int | None
+    dst_scale: int | None
+
+    def reads(self) -> list[int]:
+        return [j for j in (self.x, self.weight, self.src_scale, self.dst_scale) if j is not None]
+
+
+def scaled_products(fn: Function) -> dict[int, ScaledProduct]:
+    """value -> the scaled product it is, for the sparse products of source rows whose
+    operand is ``x * s`` or whose result is multiplied by ``s``, s a number per source /
+    destination node (GCN's ``h W / sqrt(deg_out(u))`` summed, times ``1 / sqrt(deg_in(v))``).
+    The value is the result's product where it is folded in, else the aggregate.
+
+    The product scales x's rows as it reads them and its result's as it writes them, and its
+    backward the other way round: neither node-sized product is written, in either pass.
+    Folded only where a reducer is linear (a scale commutes with it) and the product or
+    scaled value has no other reader (nor is an output)."""
+    users, outputs = fn.users(), {j for _, j in fn.outputs}
+
+    def scale_of(m: int, domain: Domain) -> tuple[int, int] | None:
+        """(the scaled value, the scale) when ``m`` multiplies a value by a number per node
+        of ``domain``."""
+        v = fn.values[m]
+        if v.op is not Op.MUL:
+            return None
+        for a, s in (v.inputs, v.inputs[::-1]):
+            t = fn.values[s].type
+            if (fn.values[a].type == v.type and t.domain is domain and t.dtype == v.type.dtype
+                    and all(d == 1 for d in t.feat) and a != s):
+                return a, s
+        return None
+
+    found: dict[int, ScaledProduct] = {}
+    for i, v in enumerate(fn.values):
+        pattern = spmm_pattern(v)
+        if pattern is None or pattern[2] != "src":
+            continue
+        x, w = v.inputs[pattern[0]], (None if pattern[1] is None else v.inputs[pattern[1]])
+        src = scale_of(x, Domain.SRC) if users[x] == [i] and x not in outputs else None
+        dst = None
+        if len(users[i]) == 1 and i not in outputs:
+            dst = scale_of(users[i][0], Domain.DST)
+            dst = dst if dst is not None and dst[0] == i else None
+        if src is None and dst is None:
+            continue
+        at = users[i][0] if dst is not None else i
+        found[at] = ScaledProduct(i, v.attr["kind"], src[0] if src else x, w,
+                                  src[1] if src else None, dst[1] if dst else None)
+    return found

@@ -4,8 +4,9 @@
    A CSR matrix of m rows: row i's entries are ptr[i] .. ptr[i+1]-1, entry e in column
    cols[e]. Dense operands are row-major [rows, H, D]: H heads of D numbers.
 
-   spmm:  out[i, h, :] = sum over the entries e of row i of  w[k, h] * x[cols[e], h, :],
-          k = widx[e] (widx NULL: k = e; w NULL: weight 1)
+   spmm:  out[i, h, :] = rs[i] * sum over the entries e of row i of
+                                       w[k, h] * cs[cols[e]] * x[cols[e], h, :],
+          k = widx[e] (widx NULL: k = e; w NULL: weight 1; rs, cs NULL: scale 1)
    sddmm: out[e, h]    = < a[i, h, :], b[cols[e], h, :] >  for each entry e of row i
 
    Rows are dealt to `threads` POSIX threads in chunks of 32 by an atomic counter (a
@@ -26,6 +27,7 @@ typedef struct {
   int index64;                  /* ptr and cols are int64 (else int32) */
   const void *w, *x, *a;        /* spmm: w (or NULL), x; sddmm: a, x is b */
   const int64_t *widx;          /* spmm: the row of w of each entry (NULL: the entry's) */
+  const void *rs, *cs;          /* spmm: a scale per row, per column (or NULL) */
   void *out;
   int64_t m, H, D;
   int64_t next;                 /* the next row to hand out */
@@ -47,13 +49,15 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     T acc[C];                                                                         \
     for (int f = 0; f < C; f++) acc[f] = 0;                                           \
     for (int64_t e = lo; e < hi; e++) {                                               \
-      const T *xr = x + at(job->cols, job->index64, e) * row + off;                   \
+      const int64_t col = at(job->cols, job->index64, e);                             \
+      const T *xr = x + col * row + off;                                              \
       if (e + AHEAD < hi)                                                             \
         __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * row + off);   \
-      const T v = w ? w[(widx ? widx[e] : e) * H + h] : (T)1;                         \
+      T v = w ? w[(widx ? widx[e] : e) * H + h] : (T)1;                               \
+      if (cs) v *= cs[col];                                                           \
       for (int f = 0; f < C; f++) acc[f] += v * xr[f];                                \
     }                                                                                 \
-    for (int f = 0; f < C; f++) o[off + f] = acc[f];                                  \
+    for (int f = 0; f < C; f++) o[off + f] = r * acc[f];                              \
     off += C;                                                                         \
   }
 
@@ -61,12 +65,14 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
   static void *NAME##_rows(void *arg) {                                               \
     Job *job = (Job *)arg;                                                            \
     const T *x = (const T *)job->x, *w = (const T *)job->w;                           \
+    const T *rs = (const T *)job->rs, *cs = (const T *)job->cs;                       \
     const int64_t *widx = job->widx;                                                  \
     const int64_t H = job->H, D = job->D, row = H * D;                                \
     EACH_ROW(i, &job->next, job->m) {                                                \
       const int64_t lo = at(job->ptr, job->index64, i);                               \
       const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
       T *o = (T *)job->out + i * row;                                                 \
+      const T r = rs ? rs[i] : (T)1;                                                  \
       for (int64_t h = 0; h < H; h++) {                                               \
         int64_t off = h * D;                                                          \
         const int64_t end = off + D;                                                  \
@@ -122,15 +128,15 @@ static int run(void *(*rows)(void *), void *job, int threads) {
 }
 
 int sarc_spmm(const void *ptr, const void *cols, int index64, const void *w,
-              const int64_t *widx, const void *x, void *out, int64_t m, int64_t H, int64_t D,
-              int is64, int threads) {
-  Job job = {ptr, cols, index64, w, x, 0, widx, out, m, H, D, 0};
+              const int64_t *widx, const void *rs, const void *cs, const void *x, void *out,
+              int64_t m, int64_t H, int64_t D, int is64, int threads) {
+  Job job = {ptr, cols, index64, w, x, 0, widx, rs, cs, out, m, H, D, 0};
   return run(is64 ? spmm_f64_rows : spmm_f32_rows, &job, threads);
 }
 
 int sarc_sddmm(const void *ptr, const void *cols, int index64, const void *a, const void *b,
                void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
-  Job job = {ptr, cols, index64, 0, b, a, 0, out, m, H, D, 0};
+  Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, out, m, H, D, 0};
   return run(is64 ? sddmm_f64_rows : sddmm_f32_rows, &job, threads);
 }
 

@@ -51,7 +51,7 @@ class Kernels:
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_int64, ctypes.c_int, ctypes.c_int]
         self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
-        self._spmm.argtypes = args[:4] + [ctypes.c_void_p] + args[4:]
+        self._spmm.argtypes = args[:4] + [ctypes.c_void_p] * 3 + args[4:]
         self._sddmm.argtypes = args
         self._spmm.restype = self._sddmm.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -97,12 +97,18 @@ class Kernels:
         return out, pos
 
     def spmm(self, ptr: torch.Tensor, cols: torch.Tensor, w: torch.Tensor | None,
-             x: torch.Tensor, m: int, w_index: torch.Tensor | None = None) -> torch.Tensor:
-        """[m, H, D]: row i, head h, the sum over row i's entries e of w[k, h] * x[cols[e], h]
-        with k = w_index[e] (None: e); ``w`` [K, H] or None for 1, ``x`` [n, H, D]. A
+             x: torch.Tensor, m: int, w_index: torch.Tensor | None = None,
+             row_scale: torch.Tensor | None = None,
+             col_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """[m, H, D]: row i, head h, ``row_scale[i]`` times the sum over row i's entries e of
+        w[k, h] * col_scale[c] * x[c, h] with c = cols[e], k = w_index[e] (None: e); ``w``
+        [K, H] or None for 1, the scales [m] and [n] or None for 1, ``x`` [n, H, D]. A
         product over a transposed index reads the weights through ``w_index`` instead of
         a permuted copy of them."""
         x = x.contiguous()
+        scales = [None if s is None else s.to(x.dtype).contiguous() for s in (row_scale, col_scale)]
+        for s, rows in zip(scales, (m, x.shape[0])):
+            assert s is None or s.shape == (rows,), (s.shape, rows)
         _, heads, width = x.shape
         out = x.new_empty(m, heads, width)
         if w is not None:
@@ -114,7 +120,8 @@ class Kernels:
             assert w_index.shape == cols.shape, (w_index.shape, cols.shape)
         ptr, cols, wide = _index(ptr, cols)
         self._spmm(ptr.data_ptr(), cols.data_ptr(), wide, None if w is None else w.data_ptr(),
-                   None if w_index is None else w_index.data_ptr(), x.data_ptr(),
+                   None if w_index is None else w_index.data_ptr(),
+                   *(None if s is None else s.data_ptr() for s in scales), x.data_ptr(),
                    out.data_ptr(), m, heads, width, x.dtype == torch.float64,
                    _threads(cols.numel() * heads * width))
         return out
