@@ -11,7 +11,7 @@
 
    Rows are dealt to `threads` POSIX threads in chunks of 32 by an atomic counter (a
    power-law graph's rows differ in length by orders of magnitude). A row's sums are
-   accumulated in registers over chunks of 64 / 32 / 16 numbers of D and written once;
+   accumulated in registers over chunks of 128 / 64 / 16 numbers of D and written once;
    the next entries' source rows are prefetched. Entries are added in CSR order, so the
    result does not depend on the number of threads. */
 #include <math.h>
@@ -76,6 +76,7 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
       for (int64_t h = 0; h < H; h++) {                                               \
         int64_t off = h * D;                                                          \
         const int64_t end = off + D;                                                  \
+        while (end - off >= 128) SPMM_CHUNK(T, 128)                                   \
         while (end - off >= 64) SPMM_CHUNK(T, 64)                                     \
         while (end - off >= 16) SPMM_CHUNK(T, 16)                                     \
         while (end - off >= 1) SPMM_CHUNK(T, 1)                                       \
