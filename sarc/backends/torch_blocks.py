@@ -146,18 +146,11 @@ STATS = torch.float64
 def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> torch.Tensor:
     """sum over edges e -> v of w[e] * value(e), in w's dtype; w has the score's shape [e, *S].
 
-    When the value is a source feature z (GAT), per head a weighted CSR product
-    (no e x S x C tensor); otherwise the value is formed per edge.
+    When the value is a source feature z (GAT), a CSR product weighted per head (no
+    e x S x C tensor); otherwise the value is formed per edge.
     """
-    if value_index is not None:
-        z = xs[value_index].to(w.dtype)
-        heads = math.prod(w.shape[1:]) if w.dim() > 1 else 1
-        if w.dim() == 1:
-            return K.spmm("sum", gb, z, w)
-        zh = z.reshape(z.shape[0], heads, math.prod(z.shape[1:]) // heads)
-        wf = w.reshape(-1, heads)
-        outs = [K.spmm("sum", gb, zh[:, h], wf[:, h]) for h in range(heads)]
-        return torch.stack(outs, 1).reshape(gb.num_dst, *z.shape[1:])
+    if value_index is not None:  # one product over every head: w [e, *S] weighs z's S axes
+        return K.spmm("sum", gb, xs[value_index].to(w.dtype), w)
     val = value(gb, *_per_edge(gb, sides, xs)).to(w.dtype)
     return K.segment_sum(_expand_to(w, val.dim()) * val, gb)
 
