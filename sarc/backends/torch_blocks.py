@@ -92,8 +92,10 @@ def _by_row_blocks(g: Graph, sides, width: int, operands, fn):
     return tuple(torch.cat(parts, 0) for parts in zip(*outs))
 
 
-def _per_edge(gb: Graph, sides, xs):
-    return [K.per_edge(x, s, gb) for x, s in zip(xs, sides)]
+def _per_edge(gb: Graph, sides, xs, skip: int | None = None):
+    """The operands as a region reads them, one row per edge; None for operand ``skip`` (a
+    softmax's value, which its score does not read: ``dist_backend._value_src_index``)."""
+    return [None if i == skip else K.per_edge(x, s, gb) for i, (x, s) in enumerate(zip(xs, sides))]
 
 
 # --- max / min ----------------------------------------------------------------------------
@@ -174,7 +176,7 @@ def _weights(sc: torch.Tensor, g: Graph, big_m: torch.Tensor, big_s: torch.Tenso
 def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *operands):
     """(m, s, acc): the block's share of a softmax aggregate, to be merged online."""
     def block(gb, *xs):
-        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb, STATS)
+        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs, value_index)), gb, STATS)
         return m, K.segment_sum(ex, gb), _weighted_sum(ex, value, value_index, gb, sides, xs)
     return _by_row_blocks(g, sides, width, operands, block)
 
@@ -194,7 +196,7 @@ def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, n
     big_m, big_s = norm
 
     def block(gb, mb, sb, *xs):
-        alpha = _weights(score(gb, *_per_edge(gb, sides, xs)), gb, mb, sb)
+        alpha = _weights(score(gb, *_per_edge(gb, sides, xs, value_index)), gb, mb, sb)
         return (_weighted_sum(alpha, value, value_index, gb, sides, xs),)
     (out,) = _by_row_blocks(g, ("dst", "dst", *sides), width, (big_m, big_s, *operands), block)
     return out
@@ -209,9 +211,15 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
     big_m, big_s, grad, d = state
 
     def block(gb, mb, sb, gr, db, *xs):
-        per = _per_edge(gb, sides, xs)
+        per = _per_edge(gb, sides, xs, value_index)
         sc = score(gb, *per)
         alpha = _weights(sc, gb, mb, sb)
+        if value_index is not None:
+            # sum_e alpha_e <g_v, z_u> = <g_v, sum_e alpha_e z_u>: one weighted product (its
+            # backward a transposed product and an SDDMM), no value or gradient per edge
+            agg = K.spmm("sum", gb, xs[value_index].to(STATS), alpha)
+            dot = (gr.to(STATS) * agg).reshape(*agg.shape[:sc.dim()], -1).sum(-1)
+            return dot - db.to(STATS) * K.segment_sum(alpha, gb)
         val = value(gb, *per).to(STATS)
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)

@@ -192,6 +192,44 @@ def test_online_softmax_merge_equals_softmax_over_all_edges():
     torch.testing.assert_close(dd, got.double().sum(-1), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("width", [8, 10_000_000])  # many row blocks, one
+def test_softmax_blocks_weigh_a_source_value_as_they_weigh_it_per_edge(width):
+    """A softmax whose value is a source feature z its score does not read
+    (``value_index``): the partial's weighted sum and the surrogate's <g_v, z_u> as sparse
+    products equal the per-edge forms, values and gradients (score operands and z)."""
+    gen = torch.Generator().manual_seed(1)
+    src, dst = torch.randint(0, 9, (60,), generator=gen), torch.randint(0, 7, (60,), generator=gen)
+    g = sarc.Graph.from_edges(src, dst, num_src=9, num_dst=7, dst_in_src=False)
+    el, er = torch.randn(9, 3, generator=gen), torch.randn(7, 3, generator=gen)
+    z = torch.randn(9, 3, 4, generator=gen)
+    sides = ("src", "dst", "src")
+
+    def score(gb, a, b, c):
+        return torch.nn.functional.leaky_relu(a + b, 0.2)
+
+    def value(gb, a, b, c):
+        return c
+    merge = SoftmaxMerge(2)
+    merge.add(DK.softmax_partial(score, value, sides, width, g, None, el, er, z))
+    want_out = merge.finish(torch.zeros(7, 3, 4))
+    state = merge.cotangent(torch.randn(7, 3, 4, generator=gen))
+    runs = []
+    for value_index in (None, 2):
+        merge = SoftmaxMerge(2)
+        merge.add(DK.softmax_partial(score, value, sides, width, g, value_index, el, er, z))
+        out = merge.finish(torch.zeros(7, 3, 4))
+        leaves = [t.clone().requires_grad_() for t in (el, er, z)]
+        sur = DK.softmax_surrogate(score, value, sides, width, g, value_index, state, *leaves)
+        cot = torch.randn(sur.shape, generator=torch.Generator().manual_seed(2), dtype=sur.dtype)
+        runs.append((out, sur, torch.autograd.grad((sur * cot).sum(), leaves)))
+    (out0, sur0, grads0), (out1, sur1, grads1) = runs
+    torch.testing.assert_close(out0, want_out)
+    torch.testing.assert_close(out1, out0)
+    torch.testing.assert_close(sur1, sur0)
+    for a, b in zip(grads1, grads0):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("kind", ["max", "min"])
 def test_extremum_merge_counts_ties_across_blocks(kind):
     gen = torch.Generator().manual_seed(1)

@@ -96,7 +96,7 @@ def edge_partials(g, inputs, params, training, seed, norms):
     #         value:
     #             ^0: edge f32[E,2,4] = arg 2 @src                                 # gat.py:32
     #             yield ^0
-    v8 = DK.softmax_normalized(_edge_partials_v8_score, _edge_partials_v8_value, ('src', 'dst', 'src'), 8, g, 2, norms["$agg0"], v6, v7, v3)
+    v8 = DK.softmax_normalized(_edge_partials_v8_score, _edge_partials_v8_value, ('src', 'dst', 'src'), 2, g, 2, norms["$agg0"], v6, v7, v3)
     del v3, v6, v7
     return {"$agg0": v8}
 
@@ -150,7 +150,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #         value:
     #             ^0: edge f32[E,2,4] = arg 2 @src                                 # gat.py:32
     #             yield ^0
-    v8 = DK.softmax_surrogate(_edge_surrogate_v8_score, _edge_surrogate_v8_value, ('src', 'dst', 'src'), 8, g, 2, cot["$agg0"], v6, v7, v3)
+    v8 = DK.softmax_surrogate(_edge_surrogate_v8_score, _edge_surrogate_v8_value, ('src', 'dst', 'src'), 2, g, 2, cot["$agg0"], v6, v7, v3)
     del v3, v6, v7
     return v8.sum()
 

@@ -96,7 +96,7 @@ def edge_partials(g, inputs, params, training, seed, norms):
     #         value:
     #             ^0: edge f32[E,2,4] = arg 2 @src                                 # gat.py:32
     #             yield ^0
-    v5 = DK.softmax_partial(_edge_partials_v5_score, _edge_partials_v5_value, ('src', 'dst', 'src'), 8, g, 2, v3, v4, v0)
+    v5 = DK.softmax_partial(_edge_partials_v5_score, _edge_partials_v5_value, ('src', 'dst', 'src'), 2, g, 2, v3, v4, v0)
     del v0, v3, v4
     return {"$agg0": v5}
 
@@ -142,7 +142,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #         value:
     #             ^0: edge f32[E,2,4] = arg 2 @src                                 # gat.py:32
     #             yield ^0
-    v5 = DK.softmax_surrogate(_edge_surrogate_v5_score, _edge_surrogate_v5_value, ('src', 'dst', 'src'), 8, g, 2, cot["$agg0"], v3, v4, v0)
+    v5 = DK.softmax_surrogate(_edge_surrogate_v5_score, _edge_surrogate_v5_value, ('src', 'dst', 'src'), 2, g, 2, cot["$agg0"], v3, v4, v0)
     del v0, v3, v4
     return v5.sum()
 
