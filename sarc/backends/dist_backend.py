@@ -81,13 +81,13 @@ def _dict(items: list[tuple[str, str]]) -> str:
     return "{" + ", ".join(f"{literal(k)}: {v}" for k, v in items) + "}"
 
 
-def _value_src_index(v: Value) -> str:
+def _value_src_index(v: Value) -> int | None:
     """The operand a softmax aggregate's value is (a source feature, GAT's z) when the score
     does not read it: the block ops then weigh it in a sparse product, never per edge."""
     value = v.attr["value"]
     z = arg_index(value, value.result, "src")
     score_reads = {a.attr["index"] for a in v.attr["score"].values if a.op is Op.ARG}
-    return "None" if z is None or z in score_reads else str(z)
+    return None if z in score_reads else z
 
 
 def _fused_args(v: Value, operands: list[str]) -> tuple[str, str, str]:
@@ -122,7 +122,7 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
             f, (score, value) = block(op, regions)
             sides, width, operands = _fused_args(v, ops)
             value_index = _value_src_index(v)
-            if value_index != "None":  # no value per edge: blocks as wide as the score
+            if value_index is not None:  # no value per edge: blocks as wide as the score
                 width = str(region_width(v, "score"))
             head = f"{score}, {value}, {sides}, {width}, g, {value_index}"
             if mode == "surrogate":

@@ -213,9 +213,9 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
             t is not None and t.requires_grad for t in (src_scale, dst_scale, w))
         if not fused:
             if src_scale is not None:
-                x = x * _per_row(src_scale, x)
+                x = x * _rowwise(src_scale.reshape(-1), x).to(x.dtype)
             y = spmm(kind, g, x, w, side)
-            return y if dst_scale is None else y * _per_row(dst_scale, y)
+            return y if dst_scale is None else y * _rowwise(dst_scale.reshape(-1), y).to(y.dtype)
     heads = math.prod(w.shape[1:]) if w is not None else 1
     if x.dtype not in _SPMM_DTYPES or g.num_edges == 0:
         xe = gather_src(x, g) if side == "src" else x
@@ -233,28 +233,21 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
     return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum", *scales), g)
 
 
-def _per_row(scale: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A number per row of ``x`` ([rows, 1, ..] or [rows]) shaped to broadcast over it."""
-    return scale.reshape(scale.shape[0], *[1] * (x.dim() - 1)).to(x.dtype)
-
-
-def _products(ptr, cols, w: torch.Tensor | None, shape, x: torch.Tensor,
+def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor,
               w_index: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
               col_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``diag(row_scale) A_h diag(col_scale) @ x_h`` for each head h of the CSR matrices
-    (ptr, cols, w[:, h]) (``w`` None: 1), the weights of the entries ``w[w_index]`` where
-    given (a transposed index's order): x [n, H, F] -> [m, H, F] (H = 1: one product of the
+    (ptr, cols, w[:, h]), the weights of the entries ``w[w_index]`` where given (a
+    transposed index's order): x [n, H, F] -> [m, H, F] (H = 1: one product of the
     flattened features). sarc's CPU kernel (``cpu_kernels``, reading through ``w_index``,
     scaling as it reads and writes) where it is built, else torch's products."""
-    k = cpu_kernels.kernels_for(x, *([] if w is None else [w]))
+    k = cpu_kernels.kernels_for(x, w)
     if k is not None:
         return k.spmm(ptr, cols, w, x, shape[0], w_index, row_scale, col_scale)
-    if w is None:
-        w = x.new_ones(cols.numel(), 1)
-    elif w_index is not None:
+    if w_index is not None:
         w = w.index_select(0, w_index)
     if col_scale is not None:
-        x = x * col_scale.to(x.dtype).reshape(-1, 1, 1)
+        x = x * _rowwise(col_scale, x).to(x.dtype)
     heads = w.shape[1]
     if heads == 1:
         out = _sparse_mm(csr(ptr, cols, w.reshape(-1), shape),
@@ -263,7 +256,7 @@ def _products(ptr, cols, w: torch.Tensor | None, shape, x: torch.Tensor,
         out = x.new_empty(shape[0], heads, x.shape[2])
         for h in range(heads):
             out[:, h] = _sparse_mm(csr(ptr, cols, w[:, h].contiguous(), shape), x[:, h])
-    return out if row_scale is None else out * row_scale.to(x.dtype).reshape(-1, 1, 1)
+    return out if row_scale is None else out * _rowwise(row_scale, out).to(x.dtype)
 
 
 def _sparse_mm(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
