@@ -27,8 +27,8 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (ScaledProduct, accumulating_adds, arg_index, dst_rows_of_src,
-                           region_sides, scaled_products,
+from ..ir.patterns import (ScaledProduct, accumulating_adds, arg_index, contractions,
+                           dst_rows_of_src, inplace_adds, region_sides, scaled_products,
                            region_width, spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
@@ -251,7 +251,10 @@ def generate(fn: Function) -> str:
     linear or a product (``patterns.accumulating_adds``) is one ``torch.addmm`` or
     ``torch.addcmul`` where both are computed as themselves and nothing else reads the
     added value (a dst value may be the rows of a src one). A sparse product scaled by a
-    number per node (``patterns.scaled_products``) scales as it reads and writes."""
+    number per node (``patterns.scaled_products``) scales as it reads and writes. A sum
+    of a product read by nothing else (``patterns.contractions``) is one contraction. An
+    add whose operand nothing reads after it is written over that operand where autograd
+    allows (``patterns.inplace_adds``, ``torch_ops.add_``)."""
     twins = dst_rows_of_src(fn)
     reads = {i: [twins[i]] if i in twins else list(v.inputs) for i, v in enumerate(fn.values)}
     # a scaled operand is not computed: not where a dst value would be its rows
@@ -259,17 +262,28 @@ def generate(fn: Function) -> str:
               if not {i, p.aggregate} & twins.keys()
               and not set(fn.values[p.aggregate].inputs) & set(twins.values())}
     reads.update({i: p.reads() for i, p in scaled.items()})
+    contracted = {i: ab for i, ab in contractions(fn).items()
+                  if not {i, fn.values[i].inputs[0]} & twins.keys()}
+    reads.update({i: list(ab) for i, ab in contracted.items()})
     live = _live(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
     fused = {i: (other, added) for i, (other, added) in accumulating_adds(fn).items()
              if not {i, added} & twins.keys() and added not in rows_read | scaled.keys()}
     reads.update(accumulate_reads(fn, fused))
+    # not over a value whose rows a dst value is (``K.dst_rows``: a view of it)
+    inplace = {i: k for i, (k, chain) in inplace_adds(fn).items()
+               if not ({i, *chain} & (fused.keys() | twins.keys() | set(twins.values())))}
 
     def lower_rows(i: int, v: Value, operands: list[str], regions: codegen.RegionNames) -> str:
         if i in twins:
             return f"K.dst_rows({operands[0]}, g)"
         if i in scaled:
             return scaled_product(scaled[i], operands)
+        if i in contracted:
+            return f"K.contract({operands[0]}, {operands[1]}, {_axis(v)})"
+        if i in inplace:
+            k = inplace[i]
+            return f"K.add_({operands[k]}, {operands[1 - k]})"
         return (accumulated(fn, fused[i][1], operands) if i in fused
                 else lower(i, v, operands, regions))
     regions, body = emit(fn, sorted(_live(fn, reads)), lower_rows,

@@ -235,15 +235,22 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
 
 def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor,
               w_index: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
-              col_scale: torch.Tensor | None = None) -> torch.Tensor:
+              col_scale: torch.Tensor | None = None, as_shape=None) -> torch.Tensor:
     """``diag(row_scale) A_h diag(col_scale) @ x_h`` for each head h of the CSR matrices
     (ptr, cols, w[:, h]), the weights of the entries ``w[w_index]`` where given (a
     transposed index's order): x [n, H, F] -> [m, H, F] (H = 1: one product of the
-    flattened features). sarc's CPU kernel (``cpu_kernels``, reading through ``w_index``,
-    scaling as it reads and writes) where it is built, else torch's products."""
+    flattened features), reshaped to ``as_shape`` where given (written in that shape, not
+    a view of another: a gradient that autograd may add to in place). sarc's CPU kernel
+    (``cpu_kernels``, reading through ``w_index``, scaling as it reads and writes) where
+    it is built, else torch's products."""
     k = cpu_kernels.kernels_for(x, w)
     if k is not None:
-        return k.spmm(ptr, cols, w, x, shape[0], w_index, row_scale, col_scale)
+        out = None if as_shape is None else x.new_empty(as_shape)
+        y = k.spmm(ptr, cols, w, x, shape[0], w_index, row_scale, col_scale, out=out)
+        return y if out is None else out
+    if as_shape is not None:
+        y = _products(ptr, cols, w, shape, x, w_index, row_scale, col_scale)
+        return y if y.shape == as_shape else y.reshape(as_shape)
     if w_index is not None:
         w = w.index_select(0, w_index)
     if col_scale is not None:
@@ -355,8 +362,8 @@ class _CsrProduct(torch.autograd.Function):
         heads = 1 if w is None else w.shape[1]
         ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
         ptr, c = lay.arrays(cols, n)
-        y = _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads), None, rs, cs)
-        return y.reshape(g.num_dst, *x.shape[1:])
+        return _products(ptr, c, ww, (g.num_dst, n), _by_head(x.detach(), heads), None, rs, cs,
+                         as_shape=(g.num_dst, *x.shape[1:]))
 
     @staticmethod
     def backward(ctx, dy):
@@ -370,16 +377,18 @@ class _CsrProduct(torch.autograd.Function):
             if ctx.graph_cols:
                 ptr, rows, order = lay.transposed()
                 if w is not None:
-                    dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order, cs, rs)
+                    dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order, cs, rs,
+                                   as_shape=ctx.x_shape)
                 else:
                     dx = _products(ptr, rows, lay.weights(ctx.unit, dy.dtype, transposed=True),
-                                   (n, g.num_dst), dy3, None, cs, rs)
+                                   (n, g.num_dst), dy3, None, cs, rs, as_shape=ctx.x_shape)
             elif cols is None:  # x per edge: dx[e] = w[e] dy[dst(e)]
                 dx = dy3.index_select(0, g.dst) * ww.unsqueeze(2)
             else:
                 ptr, rows, order = transpose(cols, g.dst, n, lay.arrays(cols, n)[1].dtype)
                 dx = _products(ptr, rows, ww, (n, g.num_dst), dy3, order, cs, rs)
-            dx = dx.reshape(ctx.x_shape)
+            if dx.shape != ctx.x_shape:
+                dx = dx.reshape(ctx.x_shape)
         if ctx.needs_input_grad[3]:
             dw = _dots(lay, g.src if ctx.graph_cols else cols, n, dy3, _by_head(x, heads))
         return None, None, None, dw, dx, None, None, None
@@ -675,8 +684,11 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[i
     z = operands[value_index]
     read = tuple(x if k in reads else None for k, x in enumerate(operands))
     per_edge_read = any(x is not None and s in ("src", "dst", "edge") for x, s in zip(read, sides))
-    if (torch.is_grad_enabled() and not torch.is_autocast_enabled() and per_edge_read
-            and any(x is not None and x.requires_grad for x in read)):
+    recompute = (torch.is_grad_enabled() and not torch.is_autocast_enabled() and per_edge_read
+                 and any(x is not None and x.requires_grad for x in read))
+    if recompute and z.dtype in _SPMM_DTYPES and g.num_edges:
+        return _RecomputedSoftmaxProduct.apply(score, sides, width, g, z, *read)
+    if recompute:
         scores = _RecomputedScores.apply(score, sides, width, g, *read)
     else:
         scores = score(g, *[per_edge(x, s, g) if x is not None else None
@@ -687,6 +699,110 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[i
     return _SoftmaxProduct.apply(g, scores, z)
 
 
+_OUTPUT_NOT_SAVED = frozenset({
+    "_CsrProductBackward", "_SoftmaxProductBackward", "_RecomputedSoftmaxProductBackward",
+    "AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "MmBackward0",
+    "AddmmBackward0", "BmmBackward0", "UnsafeViewBackward0"})
+"""Backward nodes that do not read their op's result: a result of theirs may be written over."""
+
+
+def add_(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b, written over a (or over the tensor a is a reshape of) where nothing can read
+    a's values after: the generated code reads a no more (``patterns.inplace_adds``), and
+    autograd does not keep it for backward (its node is one of ``_OUTPUT_NOT_SAVED``, or
+    it needs no gradient). Else, or where a's shape or dtype is not the sum's, a + b."""
+    base = a if a._base is None else a._base
+    if (a.shape != torch.broadcast_shapes(a.shape, b.shape) or torch.result_type(a, b) != a.dtype
+            or base.numel() != a.numel() or not (a.is_contiguous() and base.is_contiguous())
+            or base.requires_grad != a.requires_grad  # a view autograd does not see as one
+            or (base.requires_grad and type(base.grad_fn).__name__ not in _OUTPUT_NOT_SAVED)):
+        return a + b
+    if base is a:
+        return a.add_(b)
+    try:
+        onto = b.expand(a.shape).view(base.shape)
+    except RuntimeError:  # b's broadcast is not a view in base's shape
+        return a + b
+    return base.add_(onto).view(a.shape)
+
+
+def contract(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    """``(a * b).sum(dim)`` (a and b broadcast) without the product: a block of rows at a
+    time (``ROW_BLOCK_ELEMS``); in backward, the gradient of a full-size factor is the
+    gradient times the other factor (its size, as any gradient of it), that of a factor
+    broadcast to the product's shape is summed block by block."""
+    return _Contract.apply(a, b, dim)
+
+
+ROW_BLOCK_ELEMS = 1 << 20
+"""Elements of a broadcast product (rows x width) one block of ``contract`` writes."""
+
+
+def _row_blocks(shape: torch.Size):
+    """Row spans [r0, r1) of a product of ``shape``."""
+    if not shape:
+        return [(0, 1)]
+    step = max(1, ROW_BLOCK_ELEMS // max(1, math.prod(shape[1:])))
+    return [(r0, min(shape[0], r0 + step)) for r0 in range(0, max(1, shape[0]), step)]
+
+
+def _block(x: torch.Tensor, ndim: int, r0: int, r1: int) -> torch.Tensor:
+    """The rows [r0, r1) of the product that factor x (broadcast to ``ndim`` axes) gives."""
+    return x[r0:r1] if x.dim() == ndim and x.shape[0] != 1 else x
+
+
+class _Contract(torch.autograd.Function):
+    """``contract``: it keeps the factors (which the layer holds anyway)."""
+
+    @staticmethod
+    def forward(ctx, a, b, dim):
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        dim = dim % len(shape)
+        ctx.dim, ctx.shape = dim, shape
+        ctx.save_for_backward(a, b)
+        blocks = _row_blocks(shape)
+        if dim == 0 or len(blocks) == 1:  # a sum over the rows: no row blocks
+            return torch.mul(a, b).sum(dim)
+        out = a.new_empty(shape[:dim] + shape[dim + 1:], dtype=torch.result_type(a, b))
+        for r0, r1 in blocks:
+            torch.sum(torch.mul(_block(a, len(shape), r0, r1), _block(b, len(shape), r0, r1)),
+                      dim, out=out[r0:r1])
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad = grad.unsqueeze(ctx.dim)
+        # a broadcast factor's (summed block by block) first: its blocks are gone before
+        # a full-size factor's gradient is written
+        order = sorted(range(2), key=lambda k: (a, b)[k].shape == ctx.shape)
+        grads = [None, None, None]
+        for k in order:
+            if ctx.needs_input_grad[k]:
+                grads[k] = _factor_grad((a, b)[k], (b, a)[k], grad, ctx.shape)
+        return tuple(grads)
+
+
+def _factor_grad(x: torch.Tensor, other: torch.Tensor, grad: torch.Tensor,
+                 shape: torch.Size) -> torch.Tensor:
+    """The gradient of factor x of ``contract`` given the sum's (unsqueezed at its axis)."""
+    if x.shape == shape:  # not a view where it need not be: autograd adds to it in place
+        d = torch.mul(grad, other).to(x.dtype)
+        return d if d.shape == shape else d.expand(shape)
+    nd = len(shape)
+    rows = x.dim() == nd and x.shape[0] != 1  # x has the product's rows
+    out = torch.zeros_like(x)
+    for r0, r1 in _row_blocks(shape):
+        part = torch.mul(_block(grad, nd, r0, r1), _block(other, nd, r0, r1))
+        part = part.expand(r1 - r0, *shape[1:]).sum_to_size(_block(x, nd, r0, r1).shape)
+        if rows:
+            out[r0:r1] = part
+        else:
+            out += part
+    return out
+
+
 def _edge_rows(x: torch.Tensor | None, side: str, g: Graph, e0: int, e1: int):
     """Operand x as a region reads it on the edges [e0, e1) of g (CSR order)."""
     if x is None or side in ("src", "dst"):
@@ -694,26 +810,24 @@ def _edge_rows(x: torch.Tensor | None, side: str, g: Graph, e0: int, e1: int):
     return x[e0:e1] if side == "edge" else x
 
 
+SPAN_ELEMS = 1 << 18
+"""Edge-value elements (edges x width) of one span of a region computed span by span (a
+sixteenth of a fused block's: the region's several edge values are live at once, beside
+the whole layer's node-sized ones)."""
+
+
 def _edge_spans(g: Graph, width: int):
-    """Spans [e0, e1) of g's edges with at most EDGE_BLOCK_ELEMS values of ``width``."""
-    step = max(1, EDGE_BLOCK_ELEMS // max(1, width))
+    """Spans [e0, e1) of g's edges with at most SPAN_ELEMS values of ``width``."""
+    step = max(1, SPAN_ELEMS // max(1, width))
     return [(e0, min(g.num_edges, e0 + step)) for e0 in range(0, max(1, g.num_edges), step)]
 
 
-class _RecomputedScores(torch.autograd.Function):
+def _span_scores(score, sides, width: int, g: Graph, operands) -> torch.Tensor:
     """A score region's scores [E, ...], computed span of edges by span of edges
-    (``_edge_spans``, at the scores' width) from the node operands, keeping none of the
-    region's edge values: backward computes each span's again, with autograd, and sends
-    the scores' gradient through it. The region is per edge and its dropout masks are
-    functions of their keys (``sarc.ir.rng``), so the second pass is the first. What is
-    kept is the operands, which the layer holds anyway; ``operands``: None where the
-    region does not read one."""
-
-    @staticmethod
-    def forward(ctx, score, sides, width, g, *operands):
-        ctx.score, ctx.sides, ctx.g = score, sides, g
-        ctx.save_for_backward(*operands)
-        out = None
+    (``_edge_spans``, at the scores' width) from the node operands (None where the region
+    reads none), without autograd: no edge value of the region outlives its span."""
+    out = None
+    with torch.no_grad():
         for e0, e1 in _edge_spans(g, width):
             s = score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(operands, sides)])
             if out is None:
@@ -721,31 +835,117 @@ class _RecomputedScores(torch.autograd.Function):
                     return s
                 out = s.new_empty(g.num_edges, *s.shape[1:])
             out[e0:e1] = s
-        return out
+    return out
+
+
+def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
+                      ds: torch.Tensor) -> list[torch.Tensor | None]:
+    """The gradients of the operands ``need`` names, given that of the region's scores
+    ``ds``: the region again span by span, with autograd, each span's scores' gradient
+    sent through it (its dropout masks are functions of their keys, ``sarc.ir.rng``, so
+    the second pass is the first)."""
+    grads: list[torch.Tensor | None] = [None] * len(operands)
+    width = math.prod(ds.shape[1:])
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_(n) if x is not None else None
+                  for x, n in zip(operands, need)]
+        wanted = [leaf for leaf, n in zip(leaves, need) if n]
+        for e0, e1 in _edge_spans(g, width):
+            s = score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(leaves, sides)])
+            if not s.requires_grad:
+                continue
+            part = iter(torch.autograd.grad(s, wanted, ds[e0:e1], allow_unused=True))
+            for k, n in enumerate(need):
+                if n:
+                    d = next(part)
+                    if d is not None:
+                        grads[k] = d if grads[k] is None else grads[k].add_(d)
+    return grads
+
+
+class _RecomputedScores(torch.autograd.Function):
+    """A score region's scores [E, ...] (``_span_scores``), keeping none of the region's
+    edge values: backward computes each span's again (``_span_score_grads``). What is
+    kept is the operands, which the layer holds anyway; ``operands``: None where the
+    region does not read one."""
+
+    @staticmethod
+    def forward(ctx, score, sides, width, g, *operands):
+        ctx.score, ctx.sides, ctx.g = score, sides, g
+        ctx.save_for_backward(*operands)
+        return _span_scores(score, sides, width, g, operands)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, ds):
-        g, sides = ctx.g, ctx.sides
         operands = ctx.saved_tensors
         need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[4:])]
-        grads = [None] * len(operands)
-        width = math.prod(ds.shape[1:])
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(n) if x is not None else None
-                      for x, n in zip(operands, need)]
-            wanted = [leaf for leaf, n in zip(leaves, need) if n]
-            for e0, e1 in _edge_spans(g, width):
-                s = ctx.score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(leaves, sides)])
-                if not s.requires_grad:
-                    continue
-                part = iter(torch.autograd.grad(s, wanted, ds[e0:e1], allow_unused=True))
-                for k, n in enumerate(need):
-                    if n:
-                        d = next(part)
-                        if d is not None:
-                            grads[k] = d if grads[k] is None else grads[k].add_(d)
-        return None, None, None, None, *grads
+        return None, None, None, None, *_span_score_grads(ctx.score, ctx.sides, ctx.g,
+                                                          operands, need, ds)
+
+
+def _own(s: torch.Tensor, operands) -> torch.Tensor:
+    """Scores to overwrite: s, or a contiguous copy where s is not contiguous or is an
+    operand's memory (a region that returns an edge operand as it is)."""
+    storage = s.untyped_storage().data_ptr()
+    if s.is_contiguous() and not any(x is not None and x.untyped_storage().data_ptr() == storage
+                                     for x in operands):
+        return s
+    return s.clone(memory_format=torch.contiguous_format)
+
+
+class _RecomputedSoftmaxProduct(torch.autograd.Function):
+    """y[v, h] = sum over the edges e into v of alpha[e, h] z[src(e), h], alpha the softmax
+    of a score region's scores over each destination's edges: ``_RecomputedScores`` and
+    ``_SoftmaxProduct`` in one, whose only [E, H] tensor is alpha.
+
+    Forward: the scores span by span (``_span_scores``), turned into alpha in their own
+    memory (``_softmax_rows_``), one CSR product per head. It keeps alpha, z and the
+    region's operands. Backward: dz = A_alpha^T @ dy; the scores' gradient written over
+    alpha, row by row from the SDDMM <dy[dst(e)], z[src(e)]> (the C kernel's
+    ``softmax_vjp``; without it ``_softmax_vjp_into`` over the SDDMM's [E, H]); then the
+    operands' gradients through the region span by span (``_span_score_grads``). A second
+    backward of the same graph (``retain_graph``) computes alpha again from the operands.
+    """
+
+    @staticmethod
+    def forward(ctx, score, sides, width, g, z, *operands):
+        ctx.score, ctx.sides, ctx.width, ctx.g = score, sides, width, g
+        ctx.lay, ctx.z_shape, ctx.spent = layout(g), z.shape, False
+        s = _own(_span_scores(score, sides, width, g, operands), operands)
+        ctx.s_shape, heads = s.shape, math.prod(s.shape[1:])
+        alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
+        ctx.save_for_backward(alpha, z, *operands)
+        return _products(ctx.lay.rowptr, ctx.lay.src, alpha, (g.num_dst, g.num_src),
+                         _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        g, lay = ctx.g, ctx.lay
+        alpha, z, *operands = ctx.saved_tensors
+        heads = math.prod(ctx.s_shape[1:])
+        if ctx.spent:  # the first backward wrote the scores' gradient over alpha
+            s = _own(_span_scores(ctx.score, ctx.sides, ctx.width, g, operands), operands)
+            alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
+        dy3, z3 = _by_head(dy, heads), _by_head(z, heads)
+        dz = None
+        if ctx.needs_input_grad[4]:
+            ptr, rows, order = lay.transposed()
+            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3, order,
+                           as_shape=ctx.z_shape)
+        need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[5:])]
+        grads: list = [None] * len(operands)
+        if any(need):
+            k = cpu_kernels.kernels_for(dy3, z3, alpha)
+            if k is not None and alpha.is_contiguous():
+                ds = k.softmax_vjp(*lay.arrays(g.src, g.num_src), dy3, z3, alpha)
+                ctx.spent = True
+            else:
+                ds = _softmax_vjp_into(_dots(lay, g.src, g.num_src, dy3, z3), alpha, g)
+            grads = _span_score_grads(ctx.score, ctx.sides, g, operands, need,
+                                      ds.reshape(ctx.s_shape))
+        return None, None, None, None, dz, *grads
 
 
 class _SoftmaxProduct(torch.autograd.Function):
@@ -765,8 +965,8 @@ class _SoftmaxProduct(torch.autograd.Function):
         alpha = _softmax_rows(s.detach().reshape(g.num_edges, heads), g)
         ctx.g, ctx.lay, ctx.s_shape, ctx.z_shape = g, lay, s.shape, z.shape
         ctx.save_for_backward(alpha, z if ctx.needs_input_grad[1] else None)
-        y = _products(lay.rowptr, lay.src, alpha, (g.num_dst, g.num_src), _by_head(z.detach(), heads))
-        return y.reshape(g.num_dst, *z.shape[1:])
+        return _products(lay.rowptr, lay.src, alpha, (g.num_dst, g.num_src),
+                         _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -778,8 +978,8 @@ class _SoftmaxProduct(torch.autograd.Function):
         ds = dz = None
         if ctx.needs_input_grad[2]:
             ptr, rows, order = lay.transposed()
-            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3,
-                           order).reshape(ctx.z_shape)
+            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3, order,
+                           as_shape=ctx.z_shape)
         if ctx.needs_input_grad[1]:
             dalpha = _dots(lay, g.src, g.num_src, dy3, _by_head(z, heads))
             ds = _softmax_vjp_into(dalpha, alpha, g).reshape(ctx.s_shape)
@@ -798,6 +998,19 @@ def _softmax_vjp_into(dp: torch.Tensor, p: torch.Tensor, g: Graph) -> torch.Tens
             share = sums.index_select(0, g.dst[e0:e1]).mul_(p[e0:e1])
             dx[e0:e1].sub_(share)
     return dx
+
+
+def _softmax_rows_(s: torch.Tensor, g: Graph) -> torch.Tensor:
+    """``_softmax_rows`` computed in s's memory, which it returns: the shifts and the
+    divisions gathered span of edges by span of edges, no other [E, H] tensor."""
+    shift = torch.segment_reduce(s, "max", offsets=g.rowptr, axis=0)
+    spans = _edge_spans(g, math.prod(s.shape[1:]))
+    for e0, e1 in spans:
+        s[e0:e1].sub_(shift.index_select(0, g.dst[e0:e1])).exp_()
+    total = segment_sum(s, g)
+    for e0, e1 in spans:
+        s[e0:e1].div_(total.index_select(0, g.dst[e0:e1]))
+    return s
 
 
 def _softmax_rows(s: torch.Tensor, g: Graph) -> torch.Tensor:

@@ -248,3 +248,58 @@ def scaled_products(fn: Function) -> dict[int, ScaledProduct]:
         found[at] = ScaledProduct(i, v.attr["kind"], src[0] if src else x, w,
                                   src[1] if src else None, dst[1] if dst else None)
     return found
+
+
+def contractions(fn: Function) -> dict[int, tuple[int, int]]:
+    """sum value -> the two factors of the product it sums, for ``sum_axis(a * b)`` whose
+    product has no other reader (nor is an output): one contraction that never writes
+    the product (GAT's attention logits ``(z * att).sum(-1)``, node-sized z, a vector
+    per head), nor, in backward, the product of the gradient with z."""
+    users, outputs = fn.users(), {j for _, j in fn.outputs}
+    found: dict[int, tuple[int, int]] = {}
+    for i, v in enumerate(fn.values):
+        if v.op is not Op.SUM_AXIS:
+            continue
+        m = v.inputs[0]
+        if fn.values[m].op is Op.MUL and users[m] == [i] and m not in outputs:
+            a, b = fn.values[m].inputs
+            found[i] = (a, b)
+    return found
+
+
+FRESH = frozenset({Op.AGGREGATE, Op.SOFTMAX_AGGREGATE, Op.LINEAR, Op.MATMUL, Op.ADD, Op.SUB})
+"""Ops whose result is a new tensor of their own in every backend (never an operand's
+memory): what an add may write over."""
+
+
+def inplace_adds(fn: Function) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """add value -> (the operand, 0 or 1, it may be written over; the values whose memory
+    that is: the operand and those it is a reshape of) for an operand of the add's type
+    (the other broadcasts to it), read by nothing else, nor an output, computed by an op
+    of ``FRESH`` or a reshape of such a value that nothing else reads (GAT's
+    ``agg.flatten(1) + bias``): the add then needs no memory of its own. Whether
+    autograd still needs the operand's values is for the backend to see at run time."""
+    users, outputs = fn.users(), {j for _, j in fn.outputs}
+
+    def written_over(j: int, add: int) -> tuple[int, ...] | None:
+        if fn.values[j].type != fn.values[add].type:
+            return None
+        chain: list[int] = []
+        while True:
+            if users[j] != [add] or j in outputs:
+                return None
+            chain.append(j)
+            v = fn.values[j]
+            if v.op is not Op.RESHAPE:
+                return tuple(chain) if v.op in FRESH else None
+            add, j = j, v.inputs[0]
+
+    found: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for i, v in enumerate(fn.values):
+        if v.op is Op.ADD:
+            for k, j in enumerate(v.inputs):
+                chain = written_over(j, i)
+                if chain is not None:
+                    found[i] = (k, chain)
+                    break
+    return found

@@ -8,6 +8,12 @@
                                        w[k, h] * cs[cols[e]] * x[cols[e], h, :],
           k = widx[e] (widx NULL: k = e; w NULL: weight 1; rs, cs NULL: scale 1)
    sddmm: out[e, h]    = < a[i, h, :], b[cols[e], h, :] >  for each entry e of row i
+   softmax_vjp: p[e, h] <- p[e, h] (d[e, h] - sum over row i's entries f of p[f, h] d[f, h])
+          with d[e, h] = < a[i, h, :], b[cols[e], h, :] >: the gradient of the scores whose
+          softmax over each row is p, given d, the gradient of p (an SDDMM), written over p
+
+   The operand read by row (spmm's x by column, sddmm's and softmax_vjp's a by row) has a
+   row stride `ld` (H * D, or 0 for one row broadcast to all: an expanded gradient).
 
    Rows are dealt to `threads` POSIX threads in chunks of 32 by an atomic counter (a
    power-law graph's rows differ in length by orders of magnitude). A row's sums are
@@ -30,7 +36,9 @@ typedef struct {
   const void *rs, *cs;          /* spmm: a scale per row, per column (or NULL) */
   void *out;
   int64_t m, H, D;
+  int64_t ld;                   /* the row stride of spmm's x, sddmm's a */
   int64_t next;                 /* the next row to hand out */
+  int64_t widest;               /* softmax_vjp: the most entries of a row */
 } Job;
 
 static inline int64_t at(const void *p, int index64, int64_t i) {
@@ -50,9 +58,9 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     for (int f = 0; f < C; f++) acc[f] = 0;                                           \
     for (int64_t e = lo; e < hi; e++) {                                               \
       const int64_t col = at(job->cols, job->index64, e);                             \
-      const T *xr = x + col * row + off;                                              \
+      const T *xr = x + col * ld + off;                                               \
       if (e + AHEAD < hi)                                                             \
-        __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * row + off);   \
+        __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * ld + off);    \
       T v = w ? w[(widx ? widx[e] : e) * H + h] : (T)1;                               \
       if (cs) v *= cs[col];                                                           \
       for (int f = 0; f < C; f++) acc[f] += v * xr[f];                                \
@@ -67,7 +75,7 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     const T *x = (const T *)job->x, *w = (const T *)job->w;                           \
     const T *rs = (const T *)job->rs, *cs = (const T *)job->cs;                       \
     const int64_t *widx = job->widx;                                                  \
-    const int64_t H = job->H, D = job->D, row = H * D;                                \
+    const int64_t H = job->H, D = job->D, row = H * D, ld = job->ld;                  \
     EACH_ROW(i, &job->next, job->m) {                                                \
       const int64_t lo = at(job->ptr, job->index64, i);                               \
       const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
@@ -85,6 +93,20 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     return 0;                                                                         \
   }
 
+/* d[h] = < ar[h, :], b[cols[e], h, :] > for each head h of entry e, the next entries'
+   rows of b prefetched */
+#define DOTS(T, d)                                                                    \
+  {                                                                                   \
+    const T *br = b + at(job->cols, job->index64, e) * row;                           \
+    if (e + AHEAD < hi)                                                               \
+      __builtin_prefetch(b + at(job->cols, job->index64, e + AHEAD) * row);           \
+    for (int64_t h = 0; h < H; h++) {                                                 \
+      T s = 0;                                                                        \
+      for (int64_t f = 0; f < D; f++) s += ar[h * D + f] * br[h * D + f];             \
+      (d)[h] = s;                                                                     \
+    }                                                                                 \
+  }
+
 #define DEFINE_SDDMM(T, NAME)                                                         \
   static void *NAME##_rows(void *arg) {                                               \
     Job *job = (Job *)arg;                                                            \
@@ -94,18 +116,42 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     EACH_ROW(i, &job->next, job->m) {                                                \
       const int64_t lo = at(job->ptr, job->index64, i);                               \
       const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
-      const T *ar = a + i * row;                                                      \
-      for (int64_t e = lo; e < hi; e++) {                                             \
-        const T *br = b + at(job->cols, job->index64, e) * row;                       \
-        if (e + AHEAD < hi)                                                           \
-          __builtin_prefetch(b + at(job->cols, job->index64, e + AHEAD) * row);       \
-        for (int64_t h = 0; h < H; h++) {                                             \
-          T s = 0;                                                                    \
-          for (int64_t f = 0; f < D; f++) s += ar[h * D + f] * br[h * D + f];         \
-          out[e * H + h] = s;                                                         \
-        }                                                                             \
-      }                                                                               \
+      const T *ar = a + i * job->ld;                                                  \
+      for (int64_t e = lo; e < hi; e++) DOTS(T, out + e * H)                          \
     }                                                                                 \
+    return 0;                                                                         \
+  }
+
+/* Row i's p d into a scratch of the longest row's size, then twice (the second over the
+   first's rounding) its sum per head, in double, taken off in shares of p: the steps of
+   sarc.backends.torch_ops._softmax_vjp_into on one row. */
+#define DEFINE_SOFTMAX_VJP(T, NAME)                                                   \
+  static void *NAME##_rows(void *arg) {                                               \
+    Job *job = (Job *)arg;                                                            \
+    const T *a = (const T *)job->a, *b = (const T *)job->x;                           \
+    T *p = (T *)job->out;                                                             \
+    const int64_t H = job->H, D = job->D, row = H * D;                                \
+    T *t = (T *)malloc(sizeof(T) * (job->widest > 0 ? job->widest : 1) * H);         \
+    if (!t) return 0; /* the rows go to the other threads */                          \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      const T *ar = a + i * job->ld;                                                  \
+      for (int64_t e = lo; e < hi; e++) {                                             \
+        T *d = t + (e - lo) * H;                                                      \
+        DOTS(T, d)                                                                    \
+        for (int64_t h = 0; h < H; h++) d[h] *= p[e * H + h];                         \
+      }                                                                               \
+      for (int64_t h = 0; h < H; h++)                                                 \
+        for (int pass = 0; pass < 2; pass++) {                                        \
+          double c = 0;                                                               \
+          for (int64_t k = 0; k < hi - lo; k++) c += t[k * H + h];                    \
+          const T share = (T)c;                                                       \
+          for (int64_t k = 0; k < hi - lo; k++) t[k * H + h] -= share * p[(lo + k) * H + h]; \
+        }                                                                             \
+      for (int64_t k = 0; k < (hi - lo) * H; k++) p[lo * H + k] = t[k];               \
+    }                                                                                 \
+    free(t);                                                                          \
     return 0;                                                                         \
   }
 
@@ -113,8 +159,10 @@ DEFINE_SPMM(float, spmm_f32)
 DEFINE_SPMM(double, spmm_f64)
 DEFINE_SDDMM(float, sddmm_f32)
 DEFINE_SDDMM(double, sddmm_f64)
+DEFINE_SOFTMAX_VJP(float, softmax_vjp_f32)
+DEFINE_SOFTMAX_VJP(double, softmax_vjp_f64)
 
-/* Run `rows` on `threads` threads (this one included); 0, or -1 if no thread started. */
+/* Run `rows` on `threads` threads (this one included; as many as start). */
 static int run(void *(*rows)(void *), void *job, int threads) {
   pthread_t ids[256];
   int started = 0;
@@ -129,16 +177,24 @@ static int run(void *(*rows)(void *), void *job, int threads) {
 }
 
 int sarc_spmm(const void *ptr, const void *cols, int index64, const void *w,
-              const int64_t *widx, const void *rs, const void *cs, const void *x, void *out,
-              int64_t m, int64_t H, int64_t D, int is64, int threads) {
-  Job job = {ptr, cols, index64, w, x, 0, widx, rs, cs, out, m, H, D, 0};
+              const int64_t *widx, const void *rs, const void *cs, const void *x, int64_t ldx,
+              void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
+  Job job = {ptr, cols, index64, w, x, 0, widx, rs, cs, out, m, H, D, ldx, 0, 0};
   return run(is64 ? spmm_f64_rows : spmm_f32_rows, &job, threads);
 }
 
-int sarc_sddmm(const void *ptr, const void *cols, int index64, const void *a, const void *b,
-               void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
-  Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, out, m, H, D, 0};
+int sarc_sddmm(const void *ptr, const void *cols, int index64, const void *a, int64_t lda,
+               const void *b, void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
+  Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, out, m, H, D, lda, 0, 0};
   return run(is64 ? sddmm_f64_rows : sddmm_f32_rows, &job, threads);
+}
+
+int sarc_softmax_vjp(const void *ptr, const void *cols, int index64, const void *a, int64_t lda,
+                     const void *b, void *p, int64_t m, int64_t H, int64_t D, int64_t widest,
+                     int is64, int threads) {
+  Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, p, m, H, D, lda, 0, widest};
+  run(is64 ? softmax_vjp_f64_rows : softmax_vjp_f32_rows, &job, threads);
+  return job.next >= m ? 0 : -1;   /* rows left: no thread had its scratch */
 }
 
 /* transpose: the entries of a matrix ordered by column, stably (a counting sort):

@@ -1,8 +1,8 @@
 """The CPU kernels (``kernels.c``): a CSR SpMM with per-head weights, an SDDMM, the
-transpose of an edge index, and neighbour sampling's per-node draws, in C, built on
-first use with the system's C compiler.
+softmax's backward over an SDDMM, the transpose of an edge index, and neighbour
+sampling's per-node draws, in C, built on first use with the system's C compiler.
 
-The torch backend's products over a graph are these two kernels (``torch_ops.spmm``, the
+The torch backend's products over a graph are these kernels (``torch_ops.spmm``, the
 GAT attention's weighted sums and their gradients). torch's own CSR products
 (``torch.sparse.mm``, ``sampled_addmm``) are 2x slower on a power-law graph, take one
 head at a time, and refuse repeated (row, column) entries; DGL's C++ kernels set the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -50,11 +51,14 @@ class Kernels:
         args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                 ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-        self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
-        self._spmm.argtypes = args[:4] + [ctypes.c_void_p] * 3 + args[4:]
-        self._sddmm.argtypes = args
-        self._spmm.restype = self._sddmm.restype = ctypes.c_int
         p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._spmm, self._sddmm = lib.sarc_spmm, lib.sarc_sddmm
+        self._softmax_vjp = lib.sarc_softmax_vjp
+        self._spmm.argtypes = args[:4] + [p] * 4 + [i64] + args[5:]
+        self._sddmm.argtypes = args[:4] + [i64] + args[4:]
+        self._softmax_vjp.argtypes = args[:4] + [i64] + args[4:9] + [i64] + args[9:]
+        for f in (self._spmm, self._sddmm, self._softmax_vjp):
+            f.restype = ctypes.c_int
         self._transpose = lib.sarc_transpose
         self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
         self._sample = lib.sarc_sample
@@ -99,18 +103,23 @@ class Kernels:
     def spmm(self, ptr: torch.Tensor, cols: torch.Tensor, w: torch.Tensor | None,
              x: torch.Tensor, m: int, w_index: torch.Tensor | None = None,
              row_scale: torch.Tensor | None = None,
-             col_scale: torch.Tensor | None = None) -> torch.Tensor:
+             col_scale: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         """[m, H, D]: row i, head h, ``row_scale[i]`` times the sum over row i's entries e of
         w[k, h] * col_scale[c] * x[c, h] with c = cols[e], k = w_index[e] (None: e); ``w``
         [K, H] or None for 1, the scales [m] and [n] or None for 1, ``x`` [n, H, D]. A
         product over a transposed index reads the weights through ``w_index`` instead of
-        a permuted copy of them."""
-        x = x.contiguous()
+        a permuted copy of them. Written into ``out`` where given (contiguous, m x H x D
+        numbers of x's dtype, in any shape)."""
+        n = x.shape[0]
+        x, ldx = _rows(x)
         scales = [None if s is None else s.to(x.dtype).contiguous() for s in (row_scale, col_scale)]
-        for s, rows in zip(scales, (m, x.shape[0])):
+        for s, rows in zip(scales, (m, n)):
             assert s is None or s.shape == (rows,), (s.shape, rows)
         _, heads, width = x.shape
-        out = x.new_empty(m, heads, width)
+        if out is None:
+            out = x.new_empty(m, heads, width)
+        assert out.is_contiguous() and out.dtype == x.dtype and out.numel() == m * heads * width
         if w is not None:
             w = w.to(x.dtype).contiguous()
             rows = cols.numel() if w_index is None else w.shape[0]
@@ -121,7 +130,7 @@ class Kernels:
         ptr, cols, wide = _index(ptr, cols)
         self._spmm(ptr.data_ptr(), cols.data_ptr(), wide, None if w is None else w.data_ptr(),
                    None if w_index is None else w_index.data_ptr(),
-                   *(None if s is None else s.data_ptr() for s in scales), x.data_ptr(),
+                   *(None if s is None else s.data_ptr() for s in scales), x.data_ptr(), ldx,
                    out.data_ptr(), m, heads, width, x.dtype == torch.float64,
                    _threads(cols.numel() * heads * width))
         return out
@@ -129,20 +138,47 @@ class Kernels:
     def sddmm(self, ptr: torch.Tensor, cols: torch.Tensor, a: torch.Tensor,
               b: torch.Tensor) -> torch.Tensor:
         """[E, H]: for entry e of row i, < a[i, h], b[cols[e], h] > (a [m, H, D], b [n, H, D])."""
-        a, b = a.contiguous(), b.to(a.dtype).contiguous()
         m, heads, width = a.shape
+        (a, lda), b = _rows(a), b.to(a.dtype).contiguous()
         out = a.new_empty(cols.numel(), heads)
         ptr, cols, wide = _index(ptr, cols)
-        self._sddmm(ptr.data_ptr(), cols.data_ptr(), wide, a.data_ptr(), b.data_ptr(),
+        self._sddmm(ptr.data_ptr(), cols.data_ptr(), wide, a.data_ptr(), lda, b.data_ptr(),
                     out.data_ptr(), m, heads, width, a.dtype == torch.float64,
                     _threads(cols.numel() * heads * width))
         return out
+
+    def softmax_vjp(self, ptr: torch.Tensor, cols: torch.Tensor, a: torch.Tensor,
+                    b: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The gradient [E, H] of scores whose softmax over each row's entries is ``p``
+        [E, H] (contiguous, of a's dtype), given that of p, ``sddmm(ptr, cols, a, b)``:
+        ``p (d - sum over the row of p d)`` per head, computed row by row and written over
+        ``p`` (no [E, H] tensor but p)."""
+        m, heads, width = a.shape
+        (a, lda), b = _rows(a), b.to(a.dtype).contiguous()
+        assert p.is_contiguous() and p.dtype == a.dtype and p.shape == (cols.numel(), heads)
+        widest = int((ptr[1:] - ptr[:-1]).max()) if m else 0
+        ptr, cols, wide = _index(ptr, cols)
+        if self._softmax_vjp(ptr.data_ptr(), cols.data_ptr(), wide, a.data_ptr(), lda,
+                             b.data_ptr(), p.data_ptr(), m, heads, width, widest,
+                             a.dtype == torch.float64,
+                             _threads(cols.numel() * heads * width)) != 0:
+            raise MemoryError(f"softmax_vjp: no scratch of {widest} x {heads} numbers")
+        return p
 
 
 def _threads(work: int) -> int:
     """torch's intra-op threads, or 1 for a product too small to share (a thread costs
     tens of microseconds to start)."""
     return torch.get_num_threads() if work >= SHARED_WORK else 1
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [n, H, D] as the kernels read it, and its row stride: a gradient broadcast to
+    every row (``expand``, as a sum's is) is read as its one row, stride 0; other
+    operands contiguous."""
+    if x.shape[0] > 1 and x.stride(0) == 0:
+        return x[:1].contiguous(), 0
+    return x.contiguous(), math.prod(x.shape[1:])
 
 
 def _index(ptr: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

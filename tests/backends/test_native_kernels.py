@@ -87,6 +87,76 @@ def test_sddmm_is_each_entrys_dot_product(dtype, index_dtype, heads, width):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
 
 
+def _softmax_vjp_reference(ptr, cols, a, b, p):
+    """p (d - sum over the row of p d) per head, d the SDDMM of a and b: float64."""
+    m = a.shape[0]
+    rows = torch.repeat_interleave(torch.arange(m), (ptr[1:] - ptr[:-1]).long())
+    d = (a.double()[rows] * b.double()[cols.long()]).sum(2)
+    pd = p.double() * d
+    sums = torch.zeros(m, p.shape[1], dtype=torch.float64).index_add_(0, rows, pd)
+    return pd - p.double() * sums[rows]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (1, 100), (4, 8), (3, 33)])
+def test_softmax_vjp_is_the_softmax_gradient_over_each_row(dtype, index_dtype, heads, width):
+    """Written over p, for rows with no entries, a hub row (longer than any other: the
+    thread's scratch) and repeated entries; p a softmax over each row's entries."""
+    m, n = 35, 25
+    ptr, cols, gen = _csr(m, n, 3 * heads + width, index_dtype)
+    a = torch.randn(m, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    b = torch.randn(n, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    rows = torch.repeat_interleave(torch.arange(m), (ptr[1:] - ptr[:-1]).long())
+    s = torch.randn(cols.numel(), heads, generator=gen, dtype=torch.float64)
+    e = (s - s.max()).exp()
+    p = (e / torch.zeros(m, heads, dtype=torch.float64).index_add_(0, rows, e)[rows]).to(dtype)
+    want = _softmax_vjp_reference(ptr, cols, a, b, p)
+    q = p.clone()
+    got = K.softmax_vjp(ptr, cols, a, b, q)
+    assert got.data_ptr() == q.data_ptr()
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
+    # each row's gradient sums to zero per head (the second pass takes off the rounding)
+    sums = torch.zeros(m, heads, dtype=torch.float64).index_add_(0, rows, got.double())
+    assert sums.abs().max() <= (1e-14 if dtype == torch.float64 else 1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_operand_broadcast_to_every_row_is_read_as_one_row(dtype):
+    """A gradient expanded from one row (a sum's: stride 0) is read in place, not copied:
+    spmm's x, sddmm's and softmax_vjp's a give what their contiguous copies give."""
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 11, torch.int64)
+    w = torch.randn(cols.numel(), 3, generator=gen, dtype=dtype)
+    b = torch.randn(n, 3, 5, generator=gen, dtype=dtype)
+    row = torch.randn(1, 3, 5, generator=gen, dtype=dtype)
+    for rows in (n, m):
+        wide = row.expand(rows, 3, 5)
+        assert wide.stride(0) == 0
+        if rows == n:
+            assert torch.equal(K.spmm(ptr, cols, w, wide, m), K.spmm(ptr, cols, w, wide.contiguous(), m))
+        else:
+            assert torch.equal(K.sddmm(ptr, cols, wide, b), K.sddmm(ptr, cols, wide.contiguous(), b))
+            p = torch.rand(cols.numel(), 3, generator=gen, dtype=dtype)
+            assert torch.equal(K.softmax_vjp(ptr, cols, wide, b, p.clone()),
+                               K.softmax_vjp(ptr, cols, wide.contiguous(), b, p.clone()))
+    scalar = torch.ones((), dtype=dtype).expand(n, 3, 5)  # every stride 0, as out.sum()'s
+    assert torch.equal(K.spmm(ptr, cols, w, scalar, m), K.spmm(ptr, cols, w, scalar.contiguous(), m))
+
+
+@needs_kernels
+def test_spmm_writes_into_a_given_tensor_of_any_shape():
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 5, torch.int64)
+    x = torch.randn(n, 2, 4, generator=gen)
+    out = torch.empty(m, 8)
+    assert K.spmm(ptr, cols, None, x, m, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, K.spmm(ptr, cols, None, x, m).reshape(m, 8))
+
+
 @needs_kernels
 def test_the_result_does_not_depend_on_the_threads():
     ptr, cols, gen = _csr(3000, 500, 1, torch.int32)
@@ -98,11 +168,12 @@ def test_the_result_does_not_depend_on_the_threads():
     try:
         for threads in (1, 2, 5):
             torch.set_num_threads(threads)
-            outs.append((K.spmm(ptr, cols, w, x, 3000), K.sddmm(ptr, cols, a, x)))
+            outs.append((K.spmm(ptr, cols, w, x, 3000), K.sddmm(ptr, cols, a, x),
+                         K.softmax_vjp(ptr, cols, a, x, w.abs().contiguous())))
     finally:
         torch.set_num_threads(before)
-    for y, d in outs[1:]:
-        assert torch.equal(y, outs[0][0]) and torch.equal(d, outs[0][1])
+    for got in outs[1:]:
+        assert all(torch.equal(y, z) for y, z in zip(got, outs[0]))
 
 
 def _layer_outputs(monkeypatch, built: bool):

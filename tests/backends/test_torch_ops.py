@@ -108,7 +108,7 @@ def test_softmax_spmm_equals_its_definition(heads, block, monkeypatch):
     gradients of a, b and z (multi-edges: each edge its own weight; node 3: no in-edges).
     ``block``: the score region's edge values a few at a time, recomputed in backward."""
     if block is not None:
-        monkeypatch.setattr(K, "EDGE_BLOCK_ELEMS", block)
+        monkeypatch.setattr(K, "SPAN_ELEMS", block)
     g = _multi_graph()
     a = torch.randn(5, heads, requires_grad=True)
     b = torch.randn(5, heads, requires_grad=True)
