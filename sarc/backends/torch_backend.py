@@ -72,11 +72,12 @@ def _dtype(v: Value) -> str:
                        "f64": "float64", "i64": "int64"}[v.type.dtype.value]
 
 
-def _fused(v: Value, a: list[str]) -> str:
+def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> str:
     """Fused ops get their region functions' names first, then their operands.
 
     Aggregates that are sparse matrix products (copy a source feature, maybe
-    times an edge weight; attention over a source feature) run as CSR SpMM.
+    times an edge weight; attention over a source feature) run as CSR SpMM. ``folds``:
+    an attention's operands given as a contraction's factor (``softmax_folds``).
     """
     n = len([1 for _, r in v.attrs if isinstance(r, Region)])
     regions, operands = a[:n], a[n:]
@@ -98,8 +99,9 @@ def _fused(v: Value, a: list[str]) -> str:
         if z is not None:
             score = v.attr["score"]
             reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
+            fold = f", folds={folds!r}" if folds else ""
             return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
-                    f"{region_width(v, 'score')}, g, {', '.join(operands)})")
+                    f"{region_width(v, 'score')}, g, {', '.join(operands)}{fold})")
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
     head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
@@ -243,6 +245,41 @@ def _live(fn: Function, reads: dict[int, list[int]]) -> set[int]:
     return live
 
 
+def softmax_value(v: Value) -> int | None:
+    """The operand of an attention (``softmax_aggregate``) that ``_fused`` runs as
+    ``K.softmax_spmm``: its value, a source feature z (None: another form)."""
+    if v.op is not Op.SOFTMAX_AGGREGATE:
+        return None
+    value = v.attr["value"]
+    return arg_index(value, value.result, "src")
+
+
+def softmax_folds(fn: Function, contracted: Mapping[int, tuple[int, int]],
+                  twins: Mapping[int, int]) -> dict[int, dict[int, tuple[int, int]]]:
+    """attention value -> {operand k: (its contraction's param factor, the sum's torch
+    dim)} for a score operand that is ``contract(z's rows, p)``, z the attention's
+    value (its dst rows: a dst twin of z), p a param, read by the attention alone: the
+    attention computes it from z and p, and its backward adds the contraction's
+    gradient to z's in place (``torch_ops.softmax_spmm``'s ``folds``)."""
+    users, outputs = fn.users(), {j for _, j in fn.outputs}
+    found: dict[int, dict[int, tuple[int, int]]] = {}
+    for i, v in enumerate(fn.values):
+        zi = softmax_value(v)
+        if zi is None:
+            continue
+        z = v.inputs[zi]
+        for k, c in enumerate(v.inputs):
+            if k == zi or c not in contracted or users[c] != [i] or c in outputs \
+                    or v.inputs.count(c) != 1:
+                continue
+            for a, p in (contracted[c], contracted[c][::-1]):
+                rows_of_z = a == z if fn.values[a].type.domain is Domain.SRC else twins.get(a) == z
+                if rows_of_z and fn.values[p].op is Op.PARAM:
+                    found.setdefault(i, {})[k] = (p, _axis(fn.values[c]))
+                    break
+    return found
+
+
 def generate(fn: Function) -> str:
     """Python source of ``forward(g, inputs, params, training, seed)`` for ``fn``.
 
@@ -252,7 +289,8 @@ def generate(fn: Function) -> str:
     ``torch.addcmul`` where both are computed as themselves and nothing else reads the
     added value (a dst value may be the rows of a src one). A sparse product scaled by a
     number per node (``patterns.scaled_products``) scales as it reads and writes. A sum
-    of a product read by nothing else (``patterns.contractions``) is one contraction. An
+    of a product read by nothing else (``patterns.contractions``) is one contraction, or,
+    read by an attention of z whose factor is z, part of it (``softmax_folds``). An
     add whose operand nothing reads after it is written over that operand where autograd
     allows (``patterns.inplace_adds``, ``torch_ops.add_``)."""
     twins = dst_rows_of_src(fn)
@@ -265,6 +303,9 @@ def generate(fn: Function) -> str:
     contracted = {i: ab for i, ab in contractions(fn).items()
                   if not {i, fn.values[i].inputs[0]} & twins.keys()}
     reads.update({i: list(ab) for i, ab in contracted.items()})
+    folds = softmax_folds(fn, contracted, twins)
+    for i, fold in folds.items():
+        reads[i] = [fold[k][0] if k in fold else j for k, j in enumerate(fn.values[i].inputs)]
     live = _live(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
     fused = {i: (other, added) for i, (other, added) in accumulating_adds(fn).items()
@@ -281,6 +322,9 @@ def generate(fn: Function) -> str:
             return scaled_product(scaled[i], operands)
         if i in contracted:
             return f"K.contract({operands[0]}, {operands[1]}, {_axis(v)})"
+        if i in folds:
+            return _fused(v, regions() + operands,
+                          tuple((k, dim) for k, (_, dim) in sorted(folds[i].items())))
         if i in inplace:
             k = inplace[i]
             return f"K.add_({operands[k]}, {operands[1 - k]})"

@@ -673,21 +673,28 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
 
 @accumulates
 def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[int, ...],
-                 width: int, g: Graph, *operands):
+                 width: int, g: Graph, *operands, folds: tuple[tuple[int, int], ...] = ()):
     """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.
 
     The score region reads the operands ``reads`` (gathered per edge; ``width``: the widest
-    row of its edge values); the scores and
-    weights (E x heads) are formed, the E x heads x D messages are not. Under autograd
-    the region's own edge values are not kept: ``_RecomputedScores``.
+    row of its edge values); the scores and weights (E x heads) are formed, the E x heads
+    x D messages are not. Under autograd the region's own edge values are not kept, and
+    the weights are the only edge tensor: ``_RecomputedSoftmaxProduct``. ``folds``: (k,
+    dim) where operand k is not given but its factor p, the operand being
+    ``contract(z's rows, p, dim)`` (GAT's ``(z * att).sum(-1)``, ``patterns.contractions``;
+    z's rows on the operand's side): the product's backward adds that contraction's
+    gradient to z's in place (``_fold``).
     """
     z = operands[value_index]
     read = tuple(x if k in reads else None for k, x in enumerate(operands))
     per_edge_read = any(x is not None and s in ("src", "dst", "edge") for x, s in zip(read, sides))
     recompute = (torch.is_grad_enabled() and not torch.is_autocast_enabled() and per_edge_read
-                 and any(x is not None and x.requires_grad for x in read))
-    if recompute and z.dtype in _SPMM_DTYPES and g.num_edges:
-        return _RecomputedSoftmaxProduct.apply(score, sides, width, g, z, *read)
+                 and any(x is not None and x.requires_grad for x in (z, *read)))
+    if recompute and z.dtype in _SPMM_DTYPES and g.num_edges and _folds_fit(z, read, sides, folds, g):
+        return _RecomputedSoftmaxProduct.apply(score, sides, width, g, folds, z, *read)
+    if folds:
+        read = _unfolded(z, read, sides, folds, g, contract)
+        recompute = recompute and any(x is not None and x.requires_grad for x in read)
     if recompute:
         scores = _RecomputedScores.apply(score, sides, width, g, *read)
     else:
@@ -841,25 +848,33 @@ def _span_scores(score, sides, width: int, g: Graph, operands) -> torch.Tensor:
 def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
                       ds: torch.Tensor) -> list[torch.Tensor | None]:
     """The gradients of the operands ``need`` names, given that of the region's scores
-    ``ds``: the region again span by span, with autograd, each span's scores' gradient
-    sent through it (its dropout masks are functions of their keys, ``sarc.ir.rng``, so
-    the second pass is the first)."""
-    grads: list[torch.Tensor | None] = [None] * len(operands)
+    ``ds``: the region again span by span, with autograd from each span's rows of its
+    operands, each span's scores' gradient sent through it and the rows' gradients added
+    into the operands' (no operand-sized tensor per span). The region's dropout masks are
+    functions of their keys (``sarc.ir.rng``), so the second pass is the first."""
+    grads: list[torch.Tensor | None] = [torch.zeros_like(x) if x is not None and n else None
+                                        for x, n in zip(operands, need)]
     width = math.prod(ds.shape[1:])
     with torch.enable_grad():
-        leaves = [x.detach().requires_grad_(n) if x is not None else None
-                  for x, n in zip(operands, need)]
-        wanted = [leaf for leaf, n in zip(leaves, need) if n]
         for e0, e1 in _edge_spans(g, width):
-            s = score(g, *[_edge_rows(x, side, g, e0, e1) for x, side in zip(leaves, sides)])
+            leaves = [None if x is None else
+                      _edge_rows(x, side, g, e0, e1).detach().requires_grad_(n)
+                      for x, side, n in zip(operands, sides, need)]
+            s = score(g, *leaves)
             if not s.requires_grad:
                 continue
-            part = iter(torch.autograd.grad(s, wanted, ds[e0:e1], allow_unused=True))
-            for k, n in enumerate(need):
-                if n:
-                    d = next(part)
-                    if d is not None:
-                        grads[k] = d if grads[k] is None else grads[k].add_(d)
+            wanted = [k for k, n in enumerate(need) if n]
+            part = torch.autograd.grad(s, [leaves[k] for k in wanted], ds[e0:e1],
+                                       allow_unused=True)
+            for k, d in zip(wanted, part):
+                if d is None:
+                    continue
+                if sides[k] in ("src", "dst"):
+                    grads[k].index_add_(0, (g.src if sides[k] == "src" else g.dst)[e0:e1], d)
+                elif sides[k] == "edge":
+                    grads[k][e0:e1].add_(d)
+                else:
+                    grads[k].add_(d)
     return grads
 
 
@@ -909,33 +924,40 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, score, sides, width, g, z, *operands):
-        ctx.score, ctx.sides, ctx.width, ctx.g = score, sides, width, g
+    def forward(ctx, score, sides, width, g, folds, z, *operands):
+        ctx.score, ctx.sides, ctx.width, ctx.g, ctx.folds = score, sides, width, g, folds
         ctx.lay, ctx.z_shape, ctx.spent = layout(g), z.shape, False
-        s = _own(_span_scores(score, sides, width, g, operands), operands)
+        ops = _unfolded(z, operands, sides, folds, g, _contract_values)
+        s = _own(_span_scores(score, sides, width, g, ops), ops)
         ctx.s_shape, heads = s.shape, math.prod(s.shape[1:])
         alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
-        ctx.save_for_backward(alpha, z, *operands)
+        ctx.save_for_backward(alpha, z, *operands, *(ops[k] for k, _ in folds))
         return _products(ctx.lay.rowptr, ctx.lay.src, alpha, (g.num_dst, g.num_src),
                          _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        g, lay = ctx.g, ctx.lay
-        alpha, z, *operands = ctx.saved_tensors
+        g, lay, folds = ctx.g, ctx.lay, ctx.folds
+        alpha, z, *saved = ctx.saved_tensors
+        operands, folded = saved[:len(ctx.sides)], saved[len(ctx.sides):]
+        ops = list(operands)
+        for (k, _), x in zip(folds, folded):
+            ops[k] = x
         heads = math.prod(ctx.s_shape[1:])
         if ctx.spent:  # the first backward wrote the scores' gradient over alpha
-            s = _own(_span_scores(ctx.score, ctx.sides, ctx.width, g, operands), operands)
+            s = _own(_span_scores(ctx.score, ctx.sides, ctx.width, g, ops), ops)
             alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
         dy3, z3 = _by_head(dy, heads), _by_head(z, heads)
         dz = None
-        if ctx.needs_input_grad[4]:
+        if ctx.needs_input_grad[5]:
             ptr, rows, order = lay.transposed()
             dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3, order,
                            as_shape=ctx.z_shape)
-        need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[5:])]
-        grads: list = [None] * len(operands)
+        need = [x is not None and n for x, n in zip(ops, ctx.needs_input_grad[6:])]
+        for k, _ in folds:  # a folded operand's gradient goes on to z's and its factor's
+            need[k] = ctx.needs_input_grad[5] or ctx.needs_input_grad[6 + k]
+        grads: list = [None] * len(ops)
         if any(need):
             k = cpu_kernels.kernels_for(dy3, z3, alpha)
             if k is not None and alpha.is_contiguous():
@@ -943,9 +965,11 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
                 ctx.spent = True
             else:
                 ds = _softmax_vjp_into(_dots(lay, g.src, g.num_src, dy3, z3), alpha, g)
-            grads = _span_score_grads(ctx.score, ctx.sides, g, operands, need,
-                                      ds.reshape(ctx.s_shape))
-        return None, None, None, None, dz, *grads
+            grads = _span_score_grads(ctx.score, ctx.sides, g, ops, need, ds.reshape(ctx.s_shape))
+        for k, dim in folds:
+            grads[k] = _fold(grads[k], z, dz, operands[k], ctx.sides[k], dim, g,
+                             ctx.needs_input_grad[6 + k])
+        return None, None, None, None, None, dz, *grads
 
 
 class _SoftmaxProduct(torch.autograd.Function):
@@ -998,6 +1022,53 @@ def _softmax_vjp_into(dp: torch.Tensor, p: torch.Tensor, g: Graph) -> torch.Tens
             share = sums.index_select(0, g.dst[e0:e1]).mul_(p[e0:e1])
             dx[e0:e1].sub_(share)
     return dx
+
+
+def _fold_rows(z: torch.Tensor, side: str, g: Graph) -> torch.Tensor:
+    """z's rows that a folded operand of ``side`` contracts: all, or the dst rows."""
+    return z if side == "src" else z[:g.num_dst]
+
+
+def _folds_fit(z, operands, sides, folds, g: Graph) -> bool:
+    """Whether each fold's factor broadcasts to z's rows (a contraction's backward can
+    then add to z's gradient in place)."""
+    for k, _ in folds:
+        rows = _fold_rows(z, sides[k], g)
+        p = operands[k]
+        if p is None or torch.broadcast_shapes(rows.shape, p.shape) != rows.shape \
+                or torch.result_type(rows, p) != z.dtype:
+            return False
+    return True
+
+
+def _unfolded(z, operands, sides, folds, g: Graph, contracted) -> tuple:
+    """The operands with each fold's contraction in its place: ``contracted(z's rows, p,
+    dim)``."""
+    ops = list(operands)
+    for k, dim in folds:
+        ops[k] = contracted(_fold_rows(z, sides[k], g), operands[k], dim)
+    return tuple(ops)
+
+
+def _contract_values(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+    with torch.no_grad():
+        return contract(a.detach(), b.detach(), dim)
+
+
+def _fold(d: torch.Tensor | None, z: torch.Tensor, dz: torch.Tensor | None, p: torch.Tensor,
+          side: str, dim: int, g: Graph, p_needs_grad: bool) -> torch.Tensor | None:
+    """Given the gradient d of a folded operand ``contract(z's rows, p, dim)``: adds
+    ``d * p`` to z's gradient ``dz`` in place, block of rows by block (no other z-sized
+    tensor), and returns p's."""
+    if d is None:
+        return None
+    rows = _fold_rows(z, side, g)
+    grad = d.unsqueeze(dim % rows.dim())
+    if dz is not None:
+        out = _fold_rows(dz, side, g)
+        for r0, r1 in _row_blocks(rows.shape):
+            out[r0:r1].add_(torch.mul(grad[r0:r1], p))
+    return _factor_grad(p, rows, grad, rows.shape) if p_needs_grad else None
 
 
 def _softmax_rows_(s: torch.Tensor, g: Graph) -> torch.Tensor:

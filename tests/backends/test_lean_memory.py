@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import sarc
 from sarc.backends import torch_ops as K
 from sarc.compiler import compile_layer
-from sarc.ir.patterns import contractions, inplace_adds
+from sarc.backends.torch_backend import softmax_folds
+from sarc.ir.patterns import contractions, dst_rows_of_src, inplace_adds
 from sarc.native import kernels as native
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
@@ -219,13 +220,48 @@ def test_gat_keeps_no_edge_tensor_but_its_weights(monkeypatch):
     assert sum(s >= edge_bytes for s in sizes) == 1, sorted(sizes)[-6:]
 
 
-def test_gats_code_contracts_and_adds_in_place():
-    """The attention logits are contractions, the bias add is written over the product."""
+def test_gats_code_folds_its_logits_into_the_attention_and_adds_in_place():
+    """The attention logits (z * att).sum(-1) are the attention's folds (computed from z
+    and att inside it), the bias add is written over the product: one matmul, one
+    attention, one add, no multiply."""
     source = compile_layer(GATLayer(5, 3, heads=2)).kernel.source
     code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
-    assert sum("K.contract(" in line for line in code) == 2, code
-    assert any("K.add_(" in line for line in code), code
-    assert not any(" * " in line for line in code), code
+    (attention,) = [line for line in code if "K.softmax_spmm(" in line]
+    assert attention.endswith("folds=((0, 2), (1, 2)))"), attention
+    assert not any("K.contract(" in line or " * " in line for line in code), code
+    assert sum("K.add_(" in line for line in code) == 1, code
+
+
+@pytest.mark.parametrize("span", [None, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_attention_with_folded_logits_is_its_definition(span, dtype, cpu_kernels, monkeypatch):
+    """``folds``: operands 0 and 1 given as their factors, the operands being (z * p).sum
+    over z's rows (src) and its dst rows; values and the gradients of z and both factors,
+    twice (retain_graph), against the same attention of the contractions written out."""
+    if span is not None:
+        monkeypatch.setattr(K, "SPAN_ELEMS", span)
+    g = sarc.Graph.from_edges(torch.randint(0, 30, (200,), generator=torch.Generator().manual_seed(5)),
+                              torch.randint(0, 20, (200,), generator=torch.Generator().manual_seed(6)),
+                              num_src=30, num_dst=20)
+    gen = torch.Generator().manual_seed(7)
+    z = torch.randn(30, 3, 4, generator=gen, dtype=dtype, requires_grad=True)
+    p_src, p_dst = (torch.randn(1, 3, 4, generator=gen, dtype=dtype, requires_grad=True)
+                    for _ in range(2))
+    sides = ("src", "dst", "src", "edge")
+    got = K.softmax_spmm(_score, sides, 2, (0, 1), 3, g, p_src, p_dst, z, None,
+                         folds=((0, 2), (1, 2)))
+    assert type(got.grad_fn).__name__ == "_RecomputedSoftmaxProductBackward"
+    want = K.softmax_spmm(_score, sides, 2, (0, 1), 3, g, (z * p_src).sum(2),
+                          (z[:20] * p_dst).sum(2), z, None)
+    torch.testing.assert_close(got, want)
+    ct = torch.randn(want.shape, generator=gen, dtype=dtype)
+    wanted = torch.autograd.grad(want, (z, p_src, p_dst), ct)
+    for _ in range(2):
+        for a, b in zip(torch.autograd.grad(got, (z, p_src, p_dst), ct, retain_graph=True), wanted):
+            torch.testing.assert_close(a, b)
+    with torch.no_grad():  # no autograd: the contractions computed, then the attention
+        torch.testing.assert_close(K.softmax_spmm(_score, sides, 2, (0, 1), 3, g, p_src, p_dst,
+                                                  z, None, folds=((0, 2), (1, 2))), want)
 
 
 class _SelfTerm(sarc.Layer):
@@ -262,7 +298,13 @@ def test_no_add_is_written_over_a_value_whose_rows_a_dst_value_reads():
 
 
 def test_the_patterns_name_what_they_fold():
+    """GAT's two logits are contractions of z (src) and of its dst rows with a param;
+    its bias add is written over the product's reshape."""
     fn = compile_layer(GATLayer(5, 3, heads=2)).kernel.function
-    assert len(contractions(fn)) == 2
+    twins = dst_rows_of_src(fn)
+    contracted = contractions(fn)
+    assert len(contracted) == 2
+    ((i, fold),) = softmax_folds(fn, contracted, twins).items()
+    assert sorted(fold) == [0, 1] and all(fn.values[p].op.name == "PARAM" for p, _ in fold.values())
     assert any(fn.values[j].op.name == "RESHAPE" for _, chain in inplace_adds(fn).values()
                for j in chain)
