@@ -132,18 +132,37 @@ def test_softmax_spmm_equals_its_definition(heads, block, monkeypatch):
         torch.testing.assert_close(p, q)
 
 
+class _SelfLinear(sarc.Layer):
+    """sum of lin(src.h) plus lin(dst.h): the dst linear is lin(src.h)[:num_dst]."""
+
+    def __init__(self):
+        super().__init__(node={"h": 5})
+        self.lin = torch.nn.Linear(5, 3, bias=False)
+
+    def message(self, src, dst, edge):
+        return {"m": self.lin(src.h)}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg * self.lin(dst.h)
+
+
 def test_a_dst_value_computed_like_a_src_value_is_its_rows():
-    """GAT's lin(dst.h) is lin(src.h)[:num_dst]: the generated code computes the linear once."""
+    """lin(dst.h) is lin(src.h)[:num_dst]: the generated code computes the linear once and
+    reads its rows (GAT's, too: its attention reads them, ``softmax_folds``)."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
     from gat import GATLayer
 
     from sarc.compiler import compile_layer
-    source = compile_layer(GATLayer(5, 3, heads=2)).kernel.source
-    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
-    assert sum("torch.matmul(" in line for line in code) == 1
-    assert any(line.startswith("v") and "= K.dst_rows(v" in line for line in code), code
+    for layer, rows_read in ((_SelfLinear(), True), (GATLayer(5, 3, heads=2), False)):
+        source = compile_layer(layer).kernel.source
+        code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+        assert sum("torch.matmul(" in line for line in code) == 1, code
+        assert any(line.startswith("v") and "= K.dst_rows(v" in line for line in code) == rows_read, code
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
