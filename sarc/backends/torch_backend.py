@@ -267,13 +267,13 @@ def softmax_folds(fn: Function, contracted: Mapping[int, tuple[int, int]],
         zi = softmax_value(v)
         if zi is None:
             continue
-        z = v.inputs[zi]
+        z, sides = v.inputs[zi], region_sides(v)
         for k, c in enumerate(v.inputs):
             if k == zi or c not in contracted or users[c] != [i] or c in outputs \
-                    or v.inputs.count(c) != 1:
+                    or v.inputs.count(c) != 1 or sides[k] not in ("src", "dst"):
                 continue
             for a, p in (contracted[c], contracted[c][::-1]):
-                rows_of_z = a == z if fn.values[a].type.domain is Domain.SRC else twins.get(a) == z
+                rows_of_z = a == z if sides[k] == "src" else twins.get(a) == z
                 if rows_of_z and fn.values[p].op is Op.PARAM:
                     found.setdefault(i, {})[k] = (p, _axis(fn.values[c]))
                     break
