@@ -33,7 +33,7 @@ from ..ir.reducers import reducer
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
-from ..ir.patterns import accumulating_adds, arg_index, region_sides, region_width
+from ..ir.patterns import accumulating_adds, region_sides, region_width, softmax_value
 from .registry import EdgeLowering, get_backend
 from .torch_backend import LOWERING, accumulate_reads, accumulated, region_function
 
@@ -84,8 +84,7 @@ def _dict(items: list[tuple[str, str]]) -> str:
 def _value_src_index(v: Value) -> int | None:
     """The operand a softmax aggregate's value is (a source feature, GAT's z) when the score
     does not read it: the block ops then weigh it in a sparse product, never per edge."""
-    value = v.attr["value"]
-    z = arg_index(value, value.result, "src")
+    z = softmax_value(v)
     score_reads = {a.attr["index"] for a in v.attr["score"].values if a.op is Op.ARG}
     return None if z in score_reads else z
 

@@ -27,9 +27,9 @@ from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (ScaledProduct, accumulating_adds, arg_index, contractions,
-                           dst_rows_of_src, inplace_adds, region_sides, scaled_products,
-                           region_width, spmm_pattern, typed_spmm_pattern)
+from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dst_rows_of_src,
+                           inplace_adds, region_sides, region_width, scaled_products,
+                           softmax_value, spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from ..names import literal
@@ -93,15 +93,13 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
         x, w, side = pattern
         weight = f", {operands[w]}" if w is not None else ", None"
         return f"K.spmm({literal(v.attr['kind'])}, g, {operands[x]}{weight}, {literal(side)})"
-    if v.op is Op.SOFTMAX_AGGREGATE:
-        value = v.attr["value"]
-        z = arg_index(value, value.result, "src")
-        if z is not None:
-            score = v.attr["score"]
-            reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
-            fold = f", folds={folds!r}" if folds else ""
-            return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
-                    f"{region_width(v, 'score')}, g, {', '.join(operands)}{fold})")
+    z = softmax_value(v)
+    if z is not None:
+        score = v.attr["score"]
+        reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
+        fold = f", folds={folds!r}" if folds else ""
+        return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
+                f"{region_width(v, 'score')}, g, {', '.join(operands)}{fold})")
     if v.op is Op.SDDMM:
         return f"K.sddmm({regions[0]}, {sides!r}, g, {', '.join(operands)})"
     head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
@@ -243,15 +241,6 @@ def _live(fn: Function, reads: dict[int, list[int]]) -> set[int]:
         if i in live:
             live.update(reads[i])
     return live
-
-
-def softmax_value(v: Value) -> int | None:
-    """The operand of an attention (``softmax_aggregate``) that ``_fused`` runs as
-    ``K.softmax_spmm``: its value, a source feature z (None: another form)."""
-    if v.op is not Op.SOFTMAX_AGGREGATE:
-        return None
-    value = v.attr["value"]
-    return arg_index(value, value.result, "src")
 
 
 def softmax_folds(fn: Function, contracted: Mapping[int, tuple[int, int]],

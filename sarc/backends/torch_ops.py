@@ -855,6 +855,7 @@ def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
     grads: list[torch.Tensor | None] = [torch.zeros_like(x) if x is not None and n else None
                                         for x, n in zip(operands, need)]
     width = math.prod(ds.shape[1:])
+    wanted = [k for k, n in enumerate(need) if n]
     with torch.enable_grad():
         for e0, e1 in _edge_spans(g, width):
             leaves = [None if x is None else
@@ -863,7 +864,6 @@ def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
             s = score(g, *leaves)
             if not s.requires_grad:
                 continue
-            wanted = [k for k, n in enumerate(need) if n]
             part = torch.autograd.grad(s, [leaves[k] for k in wanted], ds[e0:e1],
                                        allow_unused=True)
             for k, d in zip(wanted, part):
@@ -909,6 +909,13 @@ def _own(s: torch.Tensor, operands) -> torch.Tensor:
     return s.clone(memory_format=torch.contiguous_format)
 
 
+def _recomputed_weights(score, sides, width: int, g: Graph, operands):
+    """(alpha [E, H], the scores' shape): the softmax of the score region's scores,
+    computed span by span and turned into alpha in their own memory."""
+    s = _own(_span_scores(score, sides, width, g, operands), operands)
+    return _softmax_rows_(s.reshape(g.num_edges, math.prod(s.shape[1:])), g), s.shape
+
+
 class _RecomputedSoftmaxProduct(torch.autograd.Function):
     """y[v, h] = sum over the edges e into v of alpha[e, h] z[src(e), h], alpha the softmax
     of a score region's scores over each destination's edges: ``_RecomputedScores`` and
@@ -928,9 +935,8 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
         ctx.score, ctx.sides, ctx.width, ctx.g, ctx.folds = score, sides, width, g, folds
         ctx.lay, ctx.z_shape, ctx.spent = layout(g), z.shape, False
         ops = _unfolded(z, operands, sides, folds, g, _contract_values)
-        s = _own(_span_scores(score, sides, width, g, ops), ops)
-        ctx.s_shape, heads = s.shape, math.prod(s.shape[1:])
-        alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
+        alpha, ctx.s_shape = _recomputed_weights(score, sides, width, g, ops)
+        heads = alpha.shape[1]
         ctx.save_for_backward(alpha, z, *operands, *(ops[k] for k, _ in folds))
         return _products(ctx.lay.rowptr, ctx.lay.src, alpha, (g.num_dst, g.num_src),
                          _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
@@ -944,10 +950,9 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
         ops = list(operands)
         for (k, _), x in zip(folds, folded):
             ops[k] = x
-        heads = math.prod(ctx.s_shape[1:])
+        heads = alpha.shape[1]
         if ctx.spent:  # the first backward wrote the scores' gradient over alpha
-            s = _own(_span_scores(ctx.score, ctx.sides, ctx.width, g, ops), ops)
-            alpha = _softmax_rows_(s.reshape(g.num_edges, heads), g)
+            alpha, _ = _recomputed_weights(ctx.score, ctx.sides, ctx.width, g, ops)
         dy3, z3 = _by_head(dy, heads), _by_head(z, heads)
         dz = None
         if ctx.needs_input_grad[5]:
@@ -986,7 +991,7 @@ class _SoftmaxProduct(torch.autograd.Function):
     def forward(ctx, g, s, z):
         lay = layout(g)
         heads = math.prod(s.shape[1:])
-        alpha = _softmax_rows(s.detach().reshape(g.num_edges, heads), g)
+        alpha = _softmax_rows_(s.detach().reshape(g.num_edges, heads).clone(), g)
         ctx.g, ctx.lay, ctx.s_shape, ctx.z_shape = g, lay, s.shape, z.shape
         ctx.save_for_backward(alpha, z if ctx.needs_input_grad[1] else None)
         return _products(lay.rowptr, lay.src, alpha, (g.num_dst, g.num_src),
@@ -1072,7 +1077,8 @@ def _fold(d: torch.Tensor | None, z: torch.Tensor, dz: torch.Tensor | None, p: t
 
 
 def _softmax_rows_(s: torch.Tensor, g: Graph) -> torch.Tensor:
-    """``_softmax_rows`` computed in s's memory, which it returns: the shifts and the
+    """softmax of the scores s [E, H] over each destination's edges (max-shifted), as
+    ``_EdgeSoftmax`` computes it, in s's memory, which it returns: the shifts and the
     divisions gathered span of edges by span of edges, no other [E, H] tensor."""
     shift = torch.segment_reduce(s, "max", offsets=g.rowptr, axis=0)
     spans = _edge_spans(g, math.prod(s.shape[1:]))
@@ -1082,14 +1088,6 @@ def _softmax_rows_(s: torch.Tensor, g: Graph) -> torch.Tensor:
     for e0, e1 in spans:
         s[e0:e1].div_(total.index_select(0, g.dst[e0:e1]))
     return s
-
-
-def _softmax_rows(s: torch.Tensor, g: Graph) -> torch.Tensor:
-    """softmax of the scores s [E, H] over each destination's edges (max-shifted), as
-    ``_EdgeSoftmax`` computes it, with the edge temporaries reused in place."""
-    t = torch.segment_reduce(s, "max", offsets=g.rowptr, axis=0).index_select(0, g.dst)
-    torch.sub(s, t, out=t).exp_()
-    return t.div_(segment_sum(t, g).index_select(0, g.dst))
 
 
 @accumulates

@@ -94,6 +94,16 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     return None
 
 
+def softmax_value(v: Value) -> int | None:
+    """The operand an attention (``softmax_aggregate``) weighs when its value is a source
+    feature as it is (GAT's z): a sparse product per head weighted by the softmax, no
+    message per edge (None: another form, or not an attention)."""
+    if v.op is not Op.SOFTMAX_AGGREGATE:
+        return None
+    value = v.attr["value"]
+    return arg_index(value, value.result, "src")
+
+
 def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
     """(x, table, types, weight or None) operands when an aggregate sums
     ``typed_linear(x[src], table, types[e]) [* w[e]]`` (see passes.fuse_typed)."""

@@ -24,7 +24,8 @@ edge's gradient becomes, in effect, minus the sum of the others' (each
 accurate), and each row of ``dx'`` sums to the rounding of its own terms. Every
 backend computes this form: the interpreter and the PyTorch edge softmax call this
 function, the PyTorch attention product computes it in place, span by span of edges
-(``torch_ops._softmax_vjp_into``, once differentiable), the IR's VJP rule
+(``torch_ops._softmax_vjp_into``, once differentiable), or row by row with sarc's C
+kernel (``sarc.native``'s ``softmax_vjp``), the IR's VJP rule
 (``sarc.ir.autodiff``) emits it, the Triton kernels
 sum ``sigma`` per row; the distributed schedules, whose rows span workers,
 keep the softmax's sums and dots in float64 instead (``sarc.backends.torch_blocks``).

@@ -141,7 +141,7 @@ def _keep_region(kept: _Kept, r: Region, operands: list[int], need: list[bool], 
 
 def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None:
     """What fused op ``i`` keeps, as the PyTorch backend lowers it."""
-    from ..ir.patterns import arg_index, spmm_pattern, typed_spmm_pattern
+    from ..ir.patterns import softmax_value, spmm_pattern, typed_spmm_pattern
     ops = v.inputs
     if not any(need[j] for j in ops):
         return
@@ -178,15 +178,14 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
         _keep_region(kept, v.attr["body"], list(ops), need, i)
         return
     if v.op is Op.SOFTMAX_AGGREGATE:
-        value = v.attr["value"]
-        z = arg_index(value, value.result, "src")
+        z = softmax_value(v)
         if z is not None:  # scores per edge, their softmax weights, a CSR product per head
             score = v.attr["score"]
             reads = [a.attr for a in score.values if a.op is Op.ARG]
             if (any(a["side"] in ("src", "dst", "edge") for a in reads)
                     and any(need[ops[a["index"]]] for a in reads)):
                 # the scores are recomputed in backward from the operands they read
-                # (torch_ops._RecomputedScores): those are kept, none of the region's values
+                # (torch_ops._RecomputedSoftmaxProduct): those are kept, none of the region's values
                 rneed = _float_needs(score.values,
                                      lambda a: a.op is Op.ARG and need[ops[a.attr["index"]]])
                 for a in reads:
