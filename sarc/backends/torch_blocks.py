@@ -213,19 +213,48 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
     def block(gb, mb, sb, gr, db, *xs):
         per = _per_edge(gb, sides, xs, value_index)
         sc = score(gb, *per)
-        alpha = _weights(sc, gb, mb, sb)
         if value_index is not None:
-            # sum_e alpha_e <g_v, z_u> = <g_v, sum_e alpha_e z_u>: one weighted product (its
-            # backward a transposed product and an SDDMM), no value or gradient per edge
-            agg = K.spmm("sum", gb, xs[value_index].to(STATS), alpha)
-            dot = (gr.to(STATS) * agg).reshape(*agg.shape[:sc.dim()], -1).sum(-1)
-            return dot - db.to(STATS) * K.segment_sum(alpha, gb)
+            return _SourceValueShares.apply(sc, xs[value_index], mb, sb, gr, db, gb)
+        alpha = _weights(sc, gb, mb, sb)
         val = value(gb, *per).to(STATS)
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
     return K.fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
                     (big_m, big_s, grad, d, *operands))
+
+
+class _SourceValueShares(torch.autograd.Function):
+    """The surrogate of a softmax block whose value is a source feature z its score does not
+    read (GAT): per destination v, ``sum_e ds_e`` with ``ds_e = alpha_e (<g_v, z_u> - D_v)``
+    over the block's edges e = (u, v). ``torch_ops.softmax_shares`` computes alpha and ds
+    (the dots and arithmetic in ``STATS``, rounded once, as the module doc asks); backward,
+    with ``c_v`` the output's cotangent: ``ds_e c_v`` to the score, ``A_{alpha c}^T g`` (a
+    transposed product) to z. No node row or edge value in ``STATS`` is formed, nor a
+    value per edge."""
+
+    @staticmethod
+    def forward(ctx, sc, z, big_m, big_s, grad, d, g):
+        heads = math.prod(sc.shape[1:])
+        by_head = lambda t: t.reshape(t.shape[0], heads, math.prod(t.shape[1:]) // heads)
+        alpha, ds = K.softmax_shares(g, sc.detach().reshape(-1, heads), by_head(z.detach()),
+                                     big_m.reshape(-1, heads), big_s.reshape(-1, heads),
+                                     by_head(grad), d.reshape(-1, heads))
+        ctx.g, ctx.sc_shape, ctx.z_shape, ctx.z_dtype = g, sc.shape, z.shape, z.dtype
+        ctx.save_for_backward(alpha, ds, by_head(grad))
+        return K.segment_sum(ds.to(STATS), g).reshape(g.num_dst, *sc.shape[1:])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, cot):
+        alpha, ds, grad = ctx.saved_tensors
+        g, heads = ctx.g, alpha.shape[1]
+        c = cot.reshape(g.num_dst, heads).to(alpha.dtype).index_select(0, g.dst)
+        dsc = (ds * c).reshape(ctx.sc_shape) if ctx.needs_input_grad[0] else None
+        dz = None
+        if ctx.needs_input_grad[1]:
+            dz = K.transposed_product(g, alpha * c, grad, ctx.z_shape).to(ctx.z_dtype)
+        return dsc, dz, None, None, None, None, None
 
 
 # --- unfused edge_softmax: global normalizers -------------------------------------------

@@ -956,9 +956,7 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
         dy3, z3 = _by_head(dy, heads), _by_head(z, heads)
         dz = None
         if ctx.needs_input_grad[5]:
-            ptr, rows, order = lay.transposed()
-            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3, order,
-                           as_shape=ctx.z_shape)
+            dz = transposed_product(g, alpha, dy3, ctx.z_shape)
         need = [x is not None and n for x, n in zip(ops, ctx.needs_input_grad[6:])]
         for k, _ in folds:  # a folded operand's gradient goes on to z's and its factor's
             need[k] = ctx.needs_input_grad[5] or ctx.needs_input_grad[6 + k]
@@ -1006,13 +1004,42 @@ class _SoftmaxProduct(torch.autograd.Function):
         dy3 = _by_head(dy, heads)
         ds = dz = None
         if ctx.needs_input_grad[2]:
-            ptr, rows, order = lay.transposed()
-            dz = _products(ptr, rows, alpha, (g.num_src, g.num_dst), dy3, order,
-                           as_shape=ctx.z_shape)
+            dz = transposed_product(g, alpha, dy3, ctx.z_shape)
         if ctx.needs_input_grad[1]:
             dalpha = _dots(lay, g.src, g.num_src, dy3, _by_head(z, heads))
             ds = _softmax_vjp_into(dalpha, alpha, g).reshape(ctx.s_shape)
         return None, ds, dz
+
+
+def transposed_product(g: Graph, w: torch.Tensor, y: torch.Tensor, shape) -> torch.Tensor:
+    """x[u, h] = sum over the edges e = (u, v) of w[e, h] * y[v, h]: the transpose of the
+    per-head product (w [E, H], y [N_dst, H, F]), written in ``shape`` ([N_src, ...])."""
+    ptr, rows, order = layout(g).transposed()
+    return _products(ptr, rows, w.to(y.dtype), (g.num_src, g.num_dst), y, order,
+                     as_shape=shape)
+
+
+def softmax_shares(g: Graph, sc: torch.Tensor, z: torch.Tensor, m: torch.Tensor,
+                   s: torch.Tensor, dy: torch.Tensor, d: torch.Tensor):
+    """(alpha, ds) [E, H] in sc's dtype of a softmax over each destination's edges whose
+    statistics are known (its max ``m`` and sum ``s``, and ``d = <dy, y>`` of its output y
+    = sum alpha z): ``alpha = exp(sc - m[v]) / s[v]``, ``ds = alpha (<dy[v], z[u]> - d[v])``,
+    the score gradient, its dots and arithmetic in float64 (a row's gradients then cancel
+    as they do in float64; ``torch_blocks``' note). ``sc`` [E, H], ``z`` [N_src, H, F],
+    ``dy`` [N_dst, H, F], ``m`` [N_dst, H], ``s`` and ``d`` [N_dst, H] (float64). sarc's C
+    kernel (one pass, no dot or node row in float64 kept) where built; else span of edges
+    by span of edges."""
+    k = cpu_kernels.kernels_for(dy, z, sc)
+    if k is not None:
+        return k.softmax_shares(*layout(g).arrays(g.src, g.num_src), dy, z, sc, m, s, d)
+    f64 = torch.float64
+    dots = torch.empty(sc.shape, dtype=f64, device=sc.device)
+    for e0, e1 in _edge_spans(g, math.prod(z.shape[1:])):
+        dots[e0:e1] = (dy.index_select(0, g.dst[e0:e1]).to(f64)
+                       * z.index_select(0, g.src[e0:e1]).to(f64)).sum(-1)
+    alpha = torch.exp(sc.to(f64) - m.to(f64).index_select(0, g.dst)) / s.to(f64).index_select(0, g.dst)
+    ds = alpha * dots.sub_(d.to(f64).index_select(0, g.dst))
+    return alpha.to(sc.dtype), ds.to(sc.dtype)
 
 
 def _softmax_vjp_into(dp: torch.Tensor, p: torch.Tensor, g: Graph) -> torch.Tensor:

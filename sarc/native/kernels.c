@@ -11,6 +11,10 @@
    softmax_vjp: p[e, h] <- p[e, h] (d[e, h] - sum over row i's entries f of p[f, h] d[f, h])
           with d[e, h] = < a[i, h, :], b[cols[e], h, :] >: the gradient of the scores whose
           softmax over each row is p, given d, the gradient of p (an SDDMM), written over p
+   softmax_shares: alpha[e, h] = exp(sc[e, h] - mx[i, h]) / s[i, h] and
+          ds[e, h] = alpha[e, h] (< a[i, h, :], b[cols[e], h, :] > - dd[i, h]): the share of
+          the scores' gradient of a softmax whose row statistics (max mx, sum s, the
+          output's dot dd) are known, its dots and arithmetic in double whatever T
 
    The operand read by row (spmm's x by column, sddmm's and softmax_vjp's a by row) has a
    row stride `ld` (H * D, or 0 for one row broadcast to all: an expanded gradient).
@@ -39,6 +43,9 @@ typedef struct {
   int64_t ld;                   /* the row stride of spmm's x, sddmm's a */
   int64_t next;                 /* the next row to hand out */
   int64_t widest;               /* softmax_vjp: the most entries of a row */
+  const void *sc, *mx;          /* softmax_shares: the scores, their row maxima (T) */
+  const double *s, *dd;         /* softmax_shares: the row sums, the output's dots */
+  void *ds;                     /* softmax_shares: the scores' gradient (out: alpha) */
 } Job;
 
 static inline int64_t at(const void *p, int index64, int64_t i) {
@@ -155,12 +162,46 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     return 0;                                                                         \
   }
 
+/* Row i's weights and score gradients from its statistics: one pass over its entries,
+   the dots accumulated in double (products of two floats are exact there), so that a
+   row's gradients cancel as they do in double (sarc.backends.torch_blocks). */
+#define DEFINE_SOFTMAX_SHARES(T, NAME)                                                \
+  static void *NAME##_rows(void *arg) {                                               \
+    Job *job = (Job *)arg;                                                            \
+    const T *a = (const T *)job->a, *b = (const T *)job->x;                           \
+    const T *sc = (const T *)job->sc, *mx = (const T *)job->mx;                       \
+    T *alpha = (T *)job->out, *ds = (T *)job->ds;                                     \
+    const int64_t H = job->H, D = job->D, row = H * D;                                \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      const T *ar = a + i * job->ld;                                                  \
+      for (int64_t e = lo; e < hi; e++) {                                             \
+        const T *br = b + at(job->cols, job->index64, e) * row;                       \
+        if (e + AHEAD < hi)                                                           \
+          __builtin_prefetch(b + at(job->cols, job->index64, e + AHEAD) * row);       \
+        for (int64_t h = 0; h < H; h++) {                                             \
+          double dot = 0;                                                             \
+          for (int64_t f = 0; f < D; f++)                                             \
+            dot += (double)ar[h * D + f] * (double)br[h * D + f];                     \
+          const double w = exp((double)sc[e * H + h] - (double)mx[i * H + h])         \
+                           / job->s[i * H + h];                                       \
+          alpha[e * H + h] = (T)w;                                                    \
+          ds[e * H + h] = (T)(w * (dot - job->dd[i * H + h]));                        \
+        }                                                                             \
+      }                                                                               \
+    }                                                                                 \
+    return 0;                                                                         \
+  }
+
 DEFINE_SPMM(float, spmm_f32)
 DEFINE_SPMM(double, spmm_f64)
 DEFINE_SDDMM(float, sddmm_f32)
 DEFINE_SDDMM(double, sddmm_f64)
 DEFINE_SOFTMAX_VJP(float, softmax_vjp_f32)
 DEFINE_SOFTMAX_VJP(double, softmax_vjp_f64)
+DEFINE_SOFTMAX_SHARES(float, softmax_shares_f32)
+DEFINE_SOFTMAX_SHARES(double, softmax_shares_f64)
 
 /* Run `rows` on `threads` threads (this one included; as many as start). */
 static int run(void *(*rows)(void *), void *job, int threads) {
@@ -195,6 +236,14 @@ int sarc_softmax_vjp(const void *ptr, const void *cols, int index64, const void 
   Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, p, m, H, D, lda, 0, widest};
   run(is64 ? softmax_vjp_f64_rows : softmax_vjp_f32_rows, &job, threads);
   return job.next >= m ? 0 : -1;   /* rows left: no thread had its scratch */
+}
+
+int sarc_softmax_shares(const void *ptr, const void *cols, int index64, const void *a,
+                        int64_t lda, const void *b, const void *sc, const void *mx,
+                        const double *s, const double *dd, void *alpha, void *ds, int64_t m,
+                        int64_t H, int64_t D, int is64, int threads) {
+  Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, alpha, m, H, D, lda, 0, 0, sc, mx, s, dd, ds};
+  return run(is64 ? softmax_shares_f64_rows : softmax_shares_f32_rows, &job, threads);
 }
 
 /* transpose: the entries of a matrix ordered by column, stably (a counting sort):

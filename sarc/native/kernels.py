@@ -1,5 +1,6 @@
 """The CPU kernels (``kernels.c``): a CSR SpMM with per-head weights, an SDDMM, the
-softmax's backward over an SDDMM, the transpose of an edge index, and neighbour
+softmax's backward over an SDDMM, a distributed softmax's score gradients from its row
+statistics, the transpose of an edge index, and neighbour
 sampling's per-node draws, in C, built on first use with the system's C compiler.
 
 The torch backend's products over a graph are these kernels (``torch_ops.spmm``, the
@@ -57,7 +58,9 @@ class Kernels:
         self._spmm.argtypes = args[:4] + [p] * 4 + [i64] + args[5:]
         self._sddmm.argtypes = args[:4] + [i64] + args[4:]
         self._softmax_vjp.argtypes = args[:4] + [i64] + args[4:9] + [i64] + args[9:]
-        for f in (self._spmm, self._sddmm, self._softmax_vjp):
+        self._softmax_shares = lib.sarc_softmax_shares
+        self._softmax_shares.argtypes = args[:4] + [i64] + [p] * 7 + [i64] * 3 + args[9:]
+        for f in (self._spmm, self._sddmm, self._softmax_vjp, self._softmax_shares):
             f.restype = ctypes.c_int
         self._transpose = lib.sarc_transpose
         self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
@@ -164,6 +167,27 @@ class Kernels:
                              _threads(cols.numel() * heads * width)) != 0:
             raise MemoryError(f"softmax_vjp: no scratch of {widest} x {heads} numbers")
         return p
+
+    def softmax_shares(self, ptr: torch.Tensor, cols: torch.Tensor, a: torch.Tensor,
+                       b: torch.Tensor, sc: torch.Tensor, mx: torch.Tensor, s: torch.Tensor,
+                       dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, ds) [E, H] in a's dtype of a softmax over each row's entries whose row
+        statistics are known: ``alpha = exp(sc - mx[i]) / s[i]`` and ``ds = alpha (<a[i],
+        b[cols[e]]> - dd[i])`` per head, the dots and arithmetic in double. ``a`` [m, H, D],
+        ``b`` [n, H, D], ``sc`` [E, H], ``mx`` [m, H] of a's dtype; ``s``, ``dd`` [m, H]
+        (float64)."""
+        m, heads, width = a.shape
+        (a, lda), b = _rows(a), b.to(a.dtype).contiguous()
+        sc, mx = (t.to(a.dtype).reshape(-1, heads).contiguous() for t in (sc, mx))
+        s, dd = (t.to(torch.float64).reshape(-1, heads).contiguous() for t in (s, dd))
+        assert sc.shape == (cols.numel(), heads) and mx.shape == s.shape == dd.shape == (m, heads)
+        alpha, ds = torch.empty_like(sc), torch.empty_like(sc)
+        ptr, cols, wide = _index(ptr, cols)
+        self._softmax_shares(ptr.data_ptr(), cols.data_ptr(), wide, a.data_ptr(), lda,
+                             b.data_ptr(), sc.data_ptr(), mx.data_ptr(), s.data_ptr(),
+                             dd.data_ptr(), alpha.data_ptr(), ds.data_ptr(), m, heads, width,
+                             a.dtype == torch.float64, _threads(cols.numel() * heads * width))
+        return alpha, ds
 
 
 def _threads(work: int) -> int:

@@ -125,6 +125,43 @@ def test_softmax_vjp_is_the_softmax_gradient_over_each_row(dtype, index_dtype, h
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (4, 8), (3, 33)])
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_softmax_shares_are_the_weights_and_score_gradients_in_double(dtype, index_dtype, heads,
+                                                                      width, broadcast):
+    """alpha = exp(sc - mx) / s and ds = alpha (<a, b> - dd) per entry: both rounded once
+    from double (the dots of floats are exact products summed in double), for rows with
+    no entries, a hub row and repeated entries; ``a`` broadcast to every row (stride 0)."""
+    m, n = 35, 25
+    ptr, cols, gen = _csr(m, n, 5 * heads + width, index_dtype)
+    a = torch.randn(1 if broadcast else m, heads, width, generator=gen, dtype=torch.float64)
+    a = (a.expand(m, heads, width) if broadcast else a).to(dtype)
+    b = torch.randn(n, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    rows = torch.repeat_interleave(torch.arange(m), (ptr[1:] - ptr[:-1]).long())
+    sc = (torch.randn(cols.numel(), heads, generator=gen, dtype=torch.float64) * 5).to(dtype)
+    mx = torch.full((m, heads), -1e30, dtype=torch.float64).index_reduce_(
+        0, rows, sc.double(), "amax").to(dtype)
+    ex = torch.exp(sc.double() - mx.double()[rows])
+    s = torch.ones(m, heads, dtype=torch.float64).index_add_(0, rows, ex) - 1
+    s = torch.where(s > 0, s, 1.0)
+    dd = torch.randn(m, heads, generator=gen, dtype=torch.float64)
+    alpha, ds = K.softmax_shares(ptr, cols, a, b, sc, mx, s, dd)
+    want_alpha = ex / s[rows]
+    dots = (a.double()[rows] * b.double()[cols.long()]).sum(2)
+    want_ds = want_alpha * (dots - dd[rows])
+    assert alpha.dtype == ds.dtype == dtype
+    if dtype == torch.float64:
+        torch.testing.assert_close(alpha, want_alpha, rtol=1e-14, atol=0)
+        torch.testing.assert_close(ds, want_ds, rtol=1e-12, atol=1e-15)
+    else:  # correctly rounded, to a unit in the last place
+        assert torch.equal(alpha, want_alpha.to(dtype)) or \
+            ((alpha.double() - want_alpha).abs() <= 1.2e-7 * want_alpha.abs()).all()
+        assert ((ds.double() - want_ds).abs() <= 1.2e-7 * want_ds.abs() + 1e-30).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_an_operand_broadcast_to_every_row_is_read_as_one_row(dtype):
     """A gradient expanded from one row (a sum's: stride 0) is read in place, not copied:
     spmm's x, sddmm's and softmax_vjp's a give what their contiguous copies give."""

@@ -192,8 +192,15 @@ def test_online_softmax_merge_equals_softmax_over_all_edges():
     torch.testing.assert_close(dd, got.double().sum(-1), rtol=1e-6, atol=1e-7)
 
 
+@pytest.fixture(params=["kernels", "torch"])
+def cpu_kernels(request, monkeypatch):
+    """sarc's C kernels on, or torch's ops in their place (``SARC_CPU_KERNELS=0``)."""
+    monkeypatch.setenv("SARC_CPU_KERNELS", "1" if request.param == "kernels" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("width", [8, 10_000_000])  # many row blocks, one
-def test_softmax_blocks_weigh_a_source_value_as_they_weigh_it_per_edge(width):
+def test_softmax_blocks_weigh_a_source_value_as_they_weigh_it_per_edge(width, cpu_kernels):
     """A softmax whose value is a source feature z its score does not read
     (``value_index``): the partial's weighted sum and the surrogate's <g_v, z_u> as sparse
     products equal the per-edge forms, values and gradients (score operands and z)."""
@@ -228,6 +235,75 @@ def test_softmax_blocks_weigh_a_source_value_as_they_weigh_it_per_edge(width):
     torch.testing.assert_close(sur1, sur0)
     for a, b in zip(grads1, grads0):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("value_index", [None, 2])
+def test_softmax_block_score_gradients_cancel_as_in_float64(value_index, cpu_kernels):
+    """At large scores one edge holds nearly all of a row's weight and the row's score
+    gradients nearly cancel: a float32 dot (error ~ eps |g| |z|) would swamp them. Split over
+    blocks and merged, the float32 layer's score-operand gradients equal float64's to
+    float32's rounding of the terms themselves (``torch_blocks``' note), the dst operand's
+    (the row sums of the gradients) included."""
+    gen = torch.Generator().manual_seed(3)
+    n, e = 12, 90
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n - 2, (e,), generator=gen)
+    g = sarc.Graph.from_edges(src, dst, num_src=n, num_dst=n, dst_in_src=False)
+    # multiples of 2^-10: the scores el + er are exact in float32, as in float64
+    el, er = ((torch.randn(n, 2, generator=gen) * k * 1024).round() / 1024 for k in (10, 1))
+    z = torch.randn(n, 2, 3, generator=gen) + 1.0
+    cot = torch.randn(n, 2, 3, generator=gen)
+    sides = ("src", "dst", "src")
+
+    def score(gb, a, b, c):
+        return a + b  # linear: a row's dst-operand gradient is the sum of its score gradients
+
+    def value(gb, a, b, c):
+        return c
+
+    def layer(dtype, blocks):
+        """sum over the blocks' surrogates' gradients, the blocks merged as the runtime does."""
+        leaves = [t.to(dtype) for t in (el, er, z)]
+        merge = SoftmaxMerge(2)
+        for idx in blocks:
+            merge.add(DK.softmax_partial(score, value, sides, 8, _edges(g, idx), value_index,
+                                         *leaves))
+        merge.finish(torch.zeros(n, 2, 3, dtype=dtype))
+        state = merge.cotangent(cot.to(dtype))
+        grads = [torch.zeros_like(t) for t in leaves]
+        for idx in blocks:
+            xs = [t.clone().requires_grad_() for t in leaves]
+            sur = DK.softmax_surrogate(score, value, sides, 8, _edges(g, idx), value_index,
+                                       state, *xs)
+            for acc, grad in zip(grads, torch.autograd.grad(sur.sum(), xs)):
+                acc += grad
+        return grads
+
+    blocks = _split_edges(g, 3, gen)
+    want = layer(torch.float64, blocks)
+    got = layer(torch.float32, blocks)
+    # the gradient's terms in float64, ds_e = alpha_e (<cot_v, z_u> - D_v): a score operand's
+    # gradient may round as much as the sum of its terms' magnitudes
+    sc = (el[src] + er[dst]).double()
+    m = torch.full((n, 2), float("-inf"), dtype=torch.float64).index_reduce(0, dst, sc, "amax")
+    ex = torch.exp(sc - m[dst])
+    alpha = ex / torch.zeros(n, 2, dtype=torch.float64).index_add(0, dst, ex)[dst]
+    dot = (cot.double()[dst] * z.double()[src]).sum(-1)
+    d = torch.zeros(n, 2, dtype=torch.float64).index_add(0, dst, alpha * dot)
+    ds = (alpha * (dot - d[dst])).abs()
+    bounds = [torch.zeros(n, 2, dtype=torch.float64).index_add(0, i, ds) for i in (src, dst)]
+    has = bounds[1][:n - 2] > 0
+    # most rows: the terms far below float32's error of a dot (~1e-7 |cot| |z|)
+    assert (bounds[1][:n - 2][has] < 1e-4).sum() >= 5
+    for a, b, bound in zip(got[:2], want[:2], bounds):
+        bad = (a.double() - b).abs() > 1e-6 * bound + 1e-30
+        assert not bad.any(), (a[bad], b[bad], bound[bad])
+    torch.testing.assert_close(got[2].double(), want[2], rtol=1e-5, atol=1e-6)
+
+
+def _edges(g: sarc.Graph, idx: torch.Tensor) -> sarc.Graph:
+    """The block of g's edges ``idx`` (all of g's sources and destinations)."""
+    return sarc.Graph.from_edges(g.src[idx], g.dst[idx], num_src=g.num_src,
+                                 num_dst=g.num_dst, dst_in_src=False)
 
 
 @pytest.mark.parametrize("kind", ["max", "min"])
