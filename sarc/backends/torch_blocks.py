@@ -45,7 +45,11 @@ the dots are computed in float64 (``STATS``) in the forward partials, the
 merge and the surrogate alike, so ``D_v`` is ``sum_e alpha_e <g, value_e>`` of
 the same weights to float64 precision and each score gradient comes out
 correctly rounded; the layer's output and every gradient stay in the layer's
-dtype.
+dtype. Where the value is a source feature z (GAT), the surrogate forms no
+float64 tensor but its result: each score gradient is computed in double and
+rounded once (``torch_ops.softmax_shares``: sarc's C kernel, one pass over the
+block's rows), and z's gradient, which does not cancel, is a transposed product
+in the layer's dtype (``_SourceValueShares``).
 
 An unfused ``edge_softmax``: its weights ``alpha = exp(score - M) / S`` (float64
 normalizers from a normalizer pass) feed arbitrary edge code, and its score

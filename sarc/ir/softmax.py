@@ -28,7 +28,9 @@ function, the PyTorch attention product computes it in place, span by span of ed
 kernel (``sarc.native``'s ``softmax_vjp``), the IR's VJP rule
 (``sarc.ir.autodiff``) emits it, the Triton kernels
 sum ``sigma`` per row; the distributed schedules, whose rows span workers,
-keep the softmax's sums and dots in float64 instead (``sarc.backends.torch_blocks``).
+keep the softmax's sums and dots in float64 instead (``sarc.backends.torch_blocks``;
+a block whose value is a source feature takes its score gradients from sarc's C
+``softmax_shares``, its dots in double).
 """
 from __future__ import annotations
 
