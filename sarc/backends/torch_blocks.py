@@ -153,10 +153,10 @@ def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> 
     """sum over edges e -> v of w[e] * value(e), in w's dtype; w has the score's shape [e, *S].
 
     When the value is a source feature z (GAT), a CSR product weighted per head (no
-    e x S x C tensor); otherwise the value is formed per edge.
+    e x S x C tensor, nor a copy of z in w's dtype); otherwise the value is formed per edge.
     """
     if value_index is not None:  # one product over every head: w [e, *S] weighs z's S axes
-        return K.spmm("sum", gb, xs[value_index].to(w.dtype), w)
+        return K.weighted_sum(gb, w, xs[value_index])
     val = value(gb, *_per_edge(gb, sides, xs)).to(w.dtype)
     return K.segment_sum(_expand_to(w, val.dim()) * val, gb)
 

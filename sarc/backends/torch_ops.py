@@ -233,6 +233,25 @@ def spmm(kind: str, g: Graph, x: torch.Tensor, w: torch.Tensor | None = None,
     return _finalize(kind, _CsrProduct.apply(g, cols, n, w, x, "sum", *scales), g)
 
 
+def weighted_sum(g: Graph, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """y[v] = sum over the edges e = (u, v) of w[e, h] * x[u, h] (w [E, H], x [N_src, H, ..]),
+    summed and returned in w's dtype, without autograd: sarc's C kernel reads a float32 x
+    as it is under float64 weights (no float64 copy of x), torch's products take a copy."""
+    heads = math.prod(w.shape[1:])
+    x3, w2 = _by_head(x, heads), w.reshape(w.shape[0], heads)
+    shape = (g.num_dst, *x.shape[1:])
+    if g.num_edges == 0:
+        return x.new_zeros(shape, dtype=w.dtype)
+    lay = layout(g)
+    k = cpu_kernels.kernels() if x.device.type == "cpu" and w.device.type == "cpu" and (
+        x.dtype == w.dtype in cpu_kernels.DTYPES
+        or (x.dtype, w.dtype) == (torch.float32, torch.float64)) else None
+    if k is not None:
+        return k.spmm(lay.rowptr, lay.src, w2, x3, g.num_dst, dtype=w.dtype).reshape(shape)
+    return _products(lay.rowptr, lay.src, w2, (g.num_dst, g.num_src), x3.to(w.dtype),
+                     as_shape=shape)
+
+
 def _products(ptr, cols, w: torch.Tensor, shape, x: torch.Tensor,
               w_index: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
               col_scale: torch.Tensor | None = None, as_shape=None) -> torch.Tensor:

@@ -6,7 +6,8 @@
 
    spmm:  out[i, h, :] = rs[i] * sum over the entries e of row i of
                                        w[k, h] * cs[cols[e]] * x[cols[e], h, :],
-          k = widx[e] (widx NULL: k = e; w NULL: weight 1; rs, cs NULL: scale 1)
+          k = widx[e] (widx NULL: k = e; w NULL: weight 1; rs, cs NULL: scale 1); in
+          float, in double, or in double over a float x (read as it is, not copied)
    sddmm: out[e, h]    = < a[i, h, :], b[cols[e], h, :] >  for each entry e of row i
    softmax_vjp: p[e, h] <- p[e, h] (d[e, h] - sum over row i's entries f of p[f, h] d[f, h])
           with d[e, h] = < a[i, h, :], b[cols[e], h, :] >: the gradient of the scores whose
@@ -59,13 +60,13 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     for (int64_t i = i##0, i##1 = i##0 + ROWS_PER_GRAB < (n) ? i##0 + ROWS_PER_GRAB : (n); \
          i < i##1; i++)
 
-#define SPMM_CHUNK(T, C)                                                              \
+#define SPMM_CHUNK(T, TX, C)                                                          \
   {                                                                                   \
     T acc[C];                                                                         \
     for (int f = 0; f < C; f++) acc[f] = 0;                                           \
     for (int64_t e = lo; e < hi; e++) {                                               \
       const int64_t col = at(job->cols, job->index64, e);                             \
-      const T *xr = x + col * ld + off;                                               \
+      const TX *xr = x + col * ld + off;                                              \
       if (e + AHEAD < hi)                                                             \
         __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * ld + off);    \
       T v = w ? w[(widx ? widx[e] : e) * H + h] : (T)1;                               \
@@ -76,10 +77,11 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     off += C;                                                                         \
   }
 
-#define DEFINE_SPMM(T, NAME)                                                          \
+#define DEFINE_SPMM(T, TX, NAME)                                                      \
   static void *NAME##_rows(void *arg) {                                               \
     Job *job = (Job *)arg;                                                            \
-    const T *x = (const T *)job->x, *w = (const T *)job->w;                           \
+    const TX *x = (const TX *)job->x;                                                 \
+    const T *w = (const T *)job->w;                                                   \
     const T *rs = (const T *)job->rs, *cs = (const T *)job->cs;                       \
     const int64_t *widx = job->widx;                                                  \
     const int64_t H = job->H, D = job->D, row = H * D, ld = job->ld;                  \
@@ -91,10 +93,10 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
       for (int64_t h = 0; h < H; h++) {                                               \
         int64_t off = h * D;                                                          \
         const int64_t end = off + D;                                                  \
-        while (end - off >= 128) SPMM_CHUNK(T, 128)                                   \
-        while (end - off >= 64) SPMM_CHUNK(T, 64)                                     \
-        while (end - off >= 16) SPMM_CHUNK(T, 16)                                     \
-        while (end - off >= 1) SPMM_CHUNK(T, 1)                                       \
+        while (end - off >= 128) SPMM_CHUNK(T, TX, 128)                                   \
+        while (end - off >= 64) SPMM_CHUNK(T, TX, 64)                                     \
+        while (end - off >= 16) SPMM_CHUNK(T, TX, 16)                                     \
+        while (end - off >= 1) SPMM_CHUNK(T, TX, 1)                                       \
       }                                                                               \
     }                                                                                 \
     return 0;                                                                         \
@@ -194,8 +196,9 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
     return 0;                                                                         \
   }
 
-DEFINE_SPMM(float, spmm_f32)
-DEFINE_SPMM(double, spmm_f64)
+DEFINE_SPMM(float, float, spmm_f32)
+DEFINE_SPMM(double, double, spmm_f64)
+DEFINE_SPMM(double, float, spmm_f64x32)
 DEFINE_SDDMM(float, sddmm_f32)
 DEFINE_SDDMM(double, sddmm_f64)
 DEFINE_SOFTMAX_VJP(float, softmax_vjp_f32)
@@ -219,9 +222,10 @@ static int run(void *(*rows)(void *), void *job, int threads) {
 
 int sarc_spmm(const void *ptr, const void *cols, int index64, const void *w,
               const int64_t *widx, const void *rs, const void *cs, const void *x, int64_t ldx,
-              void *out, int64_t m, int64_t H, int64_t D, int is64, int threads) {
+              void *out, int64_t m, int64_t H, int64_t D, int prec, int threads) {
   Job job = {ptr, cols, index64, w, x, 0, widx, rs, cs, out, m, H, D, ldx, 0, 0};
-  return run(is64 ? spmm_f64_rows : spmm_f32_rows, &job, threads);
+  /* prec 0: float; 1: double; 2: double weights, sums and result over a float x */
+  return run(prec == 2 ? spmm_f64x32_rows : prec ? spmm_f64_rows : spmm_f32_rows, &job, threads);
 }
 
 int sarc_sddmm(const void *ptr, const void *cols, int index64, const void *a, int64_t lda,

@@ -107,24 +107,29 @@ class Kernels:
              x: torch.Tensor, m: int, w_index: torch.Tensor | None = None,
              row_scale: torch.Tensor | None = None,
              col_scale: torch.Tensor | None = None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """[m, H, D]: row i, head h, ``row_scale[i]`` times the sum over row i's entries e of
         w[k, h] * col_scale[c] * x[c, h] with c = cols[e], k = w_index[e] (None: e); ``w``
         [K, H] or None for 1, the scales [m] and [n] or None for 1, ``x`` [n, H, D]. A
         product over a transposed index reads the weights through ``w_index`` instead of
         a permuted copy of them. Written into ``out`` where given (contiguous, m x H x D
-        numbers of x's dtype, in any shape)."""
+        numbers of the result's dtype, in any shape). ``dtype``: that of the weights, the
+        sums and the result (x's where None); float64 over a float32 x reads x as it is."""
         n = x.shape[0]
         x, ldx = _rows(x)
-        scales = [None if s is None else s.to(x.dtype).contiguous() for s in (row_scale, col_scale)]
+        dtype = dtype or x.dtype
+        prec = 2 if (dtype, x.dtype) == (torch.float64, torch.float32) else \
+            int(dtype == torch.float64)
+        assert prec == 2 or dtype == x.dtype, (dtype, x.dtype)
+        scales = [None if s is None else s.to(dtype).contiguous() for s in (row_scale, col_scale)]
         for s, rows in zip(scales, (m, n)):
             assert s is None or s.shape == (rows,), (s.shape, rows)
         _, heads, width = x.shape
         if out is None:
-            out = x.new_empty(m, heads, width)
-        assert out.is_contiguous() and out.dtype == x.dtype and out.numel() == m * heads * width
+            out = x.new_empty(m, heads, width, dtype=dtype)
+        assert out.is_contiguous() and out.dtype == dtype and out.numel() == m * heads * width
         if w is not None:
-            w = w.to(x.dtype).contiguous()
+            w = w.to(dtype).contiguous()
             rows = cols.numel() if w_index is None else w.shape[0]
             assert w.shape == (rows, heads), (w.shape, cols.shape, heads)
         if w_index is not None:
@@ -134,8 +139,7 @@ class Kernels:
         self._spmm(ptr.data_ptr(), cols.data_ptr(), wide, None if w is None else w.data_ptr(),
                    None if w_index is None else w_index.data_ptr(),
                    *(None if s is None else s.data_ptr() for s in scales), x.data_ptr(), ldx,
-                   out.data_ptr(), m, heads, width, x.dtype == torch.float64,
-                   _threads(cols.numel() * heads * width))
+                   out.data_ptr(), m, heads, width, prec, _threads(cols.numel() * heads * width))
         return out
 
     def sddmm(self, ptr: torch.Tensor, cols: torch.Tensor, a: torch.Tensor,

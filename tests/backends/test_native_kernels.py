@@ -87,6 +87,28 @@ def test_sddmm_is_each_entrys_dot_product(dtype, index_dtype, heads, width):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * 10)
 
 
+@needs_kernels
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (4, 8), (2, 130)])
+def test_spmm_in_double_reads_a_float_operand_as_it_is(index_dtype, heads, width):
+    """Weights, sums and result in float64 over a float32 x: the product of x's float64
+    copy, bit for bit (the same sums in the same order), with scales and a transposed
+    index's weights."""
+    m, n = 30, 20
+    ptr, cols, gen = _csr(m, n, 11 * heads + width, index_dtype)
+    x = torch.randn(n, heads, width, generator=gen)
+    w = torch.randn(cols.numel(), heads, generator=gen, dtype=torch.float64)
+    rs, cs = torch.rand(m, generator=gen, dtype=torch.float64), torch.rand(n, generator=gen,
+                                                                            dtype=torch.float64)
+    widx = torch.randperm(cols.numel(), generator=gen)
+    for args in ((), (widx, rs, cs)):
+        got = K.spmm(ptr, cols, w, x, m, *args, dtype=torch.float64)
+        assert got.dtype == torch.float64
+        assert torch.equal(got, K.spmm(ptr, cols, w, x.double(), m, *args))
+    with pytest.raises(AssertionError):  # float32 sums over a float64 x: not a mode
+        K.spmm(ptr, cols, w.float(), x.double(), m, dtype=torch.float32)
+
+
 def _softmax_vjp_reference(ptr, cols, a, b, p):
     """p (d - sum over the row of p d) per head, d the SDDMM of a and b: float64."""
     m = a.shape[0]
