@@ -243,9 +243,8 @@ def weighted_sum(g: Graph, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if g.num_edges == 0:
         return x.new_zeros(shape, dtype=w.dtype)
     lay = layout(g)
-    k = cpu_kernels.kernels() if x.device.type == "cpu" and w.device.type == "cpu" and (
-        x.dtype == w.dtype in cpu_kernels.DTYPES
-        or (x.dtype, w.dtype) == (torch.float32, torch.float64)) else None
+    mixed = (x.dtype, w.dtype) == (torch.float32, torch.float64) and w.device.type == "cpu"
+    k = cpu_kernels.kernels_for(x, w) or (cpu_kernels.kernels_for(x) if mixed else None)
     if k is not None:
         return k.spmm(lay.rowptr, lay.src, w2, x3, g.num_dst, dtype=w.dtype).reshape(shape)
     return _products(lay.rowptr, lay.src, w2, (g.num_dst, g.num_src), x3.to(w.dtype),
@@ -1056,8 +1055,9 @@ def softmax_shares(g: Graph, sc: torch.Tensor, z: torch.Tensor, m: torch.Tensor,
     for e0, e1 in _edge_spans(g, math.prod(z.shape[1:])):
         dots[e0:e1] = (dy.index_select(0, g.dst[e0:e1]).to(f64)
                        * z.index_select(0, g.src[e0:e1]).to(f64)).sum(-1)
-    alpha = torch.exp(sc.to(f64) - m.to(f64).index_select(0, g.dst)) / s.to(f64).index_select(0, g.dst)
-    ds = alpha * dots.sub_(d.to(f64).index_select(0, g.dst))
+    at_dst = lambda t: t.to(f64).index_select(0, g.dst)
+    alpha = torch.exp(sc.to(f64) - at_dst(m)) / at_dst(s)
+    ds = alpha * dots.sub_(at_dst(d))
     return alpha.to(sc.dtype), ds.to(sc.dtype)
 
 
