@@ -239,13 +239,9 @@ class _SourceValueShares(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, sc, z, big_m, big_s, grad, d, g):
-        heads = math.prod(sc.shape[1:])
-        by_head = lambda t: t.reshape(t.shape[0], heads, math.prod(t.shape[1:]) // heads)
-        alpha, ds = K.softmax_shares(g, sc.detach().reshape(-1, heads), by_head(z.detach()),
-                                     big_m.reshape(-1, heads), big_s.reshape(-1, heads),
-                                     by_head(grad), d.reshape(-1, heads))
+        alpha, ds = K.softmax_shares(g, sc.detach(), z.detach(), big_m, big_s, grad, d)
         ctx.g, ctx.sc_shape, ctx.z_shape, ctx.z_dtype = g, sc.shape, z.shape, z.dtype
-        ctx.save_for_backward(alpha, ds, by_head(grad))
+        ctx.save_for_backward(alpha, ds, grad)
         return K.segment_sum(ds.to(STATS), g).reshape(g.num_dst, *sc.shape[1:])
 
     @staticmethod

@@ -1031,10 +1031,11 @@ class _SoftmaxProduct(torch.autograd.Function):
 
 def transposed_product(g: Graph, w: torch.Tensor, y: torch.Tensor, shape) -> torch.Tensor:
     """x[u, h] = sum over the edges e = (u, v) of w[e, h] * y[v, h]: the transpose of the
-    per-head product (w [E, H], y [N_dst, H, F]), written in ``shape`` ([N_src, ...])."""
+    per-head product (w [E, H], y [N_dst, ...] read as H heads), written in ``shape``
+    ([N_src, ...])."""
     ptr, rows, order = layout(g).transposed()
-    return _products(ptr, rows, w.to(y.dtype), (g.num_src, g.num_dst), y, order,
-                     as_shape=shape)
+    return _products(ptr, rows, w.to(y.dtype), (g.num_src, g.num_dst),
+                     _by_head(y, w.shape[1]), order, as_shape=shape)
 
 
 def softmax_shares(g: Graph, sc: torch.Tensor, z: torch.Tensor, m: torch.Tensor,
@@ -1043,10 +1044,13 @@ def softmax_shares(g: Graph, sc: torch.Tensor, z: torch.Tensor, m: torch.Tensor,
     statistics are known (its max ``m`` and sum ``s``, and ``d = <dy, y>`` of its output y
     = sum alpha z): ``alpha = exp(sc - m[v]) / s[v]``, ``ds = alpha (<dy[v], z[u]> - d[v])``,
     the score gradient, its dots and arithmetic in float64 (a row's gradients then cancel
-    as they do in float64; ``torch_blocks``' note). ``sc`` [E, H], ``z`` [N_src, H, F],
-    ``dy`` [N_dst, H, F], ``m`` [N_dst, H], ``s`` and ``d`` [N_dst, H] (float64). sarc's C
-    kernel (one pass, no dot or node row in float64 kept) where built; else span of edges
-    by span of edges."""
+    as they do in float64; ``torch_blocks``' note). ``sc`` [E, *S] (H = prod S heads),
+    ``z`` [N_src, *S, ...], ``dy`` [N_dst, *S, ...], ``m`` [N_dst, *S], ``s`` and ``d``
+    [N_dst, *S] (float64). sarc's C kernel (one pass, no dot or node row in float64 kept)
+    where built; else span of edges by span of edges."""
+    heads = math.prod(sc.shape[1:])
+    sc, m, s, d = (t.reshape(t.shape[0], heads) for t in (sc, m, s, d))
+    z, dy = _by_head(z, heads), _by_head(dy, heads)
     k = cpu_kernels.kernels_for(dy, z, sc)
     if k is not None:
         return k.softmax_shares(*layout(g).arrays(g.src, g.num_src), dy, z, sc, m, s, d)

@@ -93,10 +93,10 @@ static inline int64_t at(const void *p, int index64, int64_t i) {
       for (int64_t h = 0; h < H; h++) {                                               \
         int64_t off = h * D;                                                          \
         const int64_t end = off + D;                                                  \
-        while (end - off >= 128) SPMM_CHUNK(T, TX, 128)                                   \
-        while (end - off >= 64) SPMM_CHUNK(T, TX, 64)                                     \
-        while (end - off >= 16) SPMM_CHUNK(T, TX, 16)                                     \
-        while (end - off >= 1) SPMM_CHUNK(T, TX, 1)                                       \
+        while (end - off >= 128) SPMM_CHUNK(T, TX, 128)                               \
+        while (end - off >= 64) SPMM_CHUNK(T, TX, 64)                                 \
+        while (end - off >= 16) SPMM_CHUNK(T, TX, 16)                                 \
+        while (end - off >= 1) SPMM_CHUNK(T, TX, 1)                                   \
       }                                                                               \
     }                                                                                 \
     return 0;                                                                         \
