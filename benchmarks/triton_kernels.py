@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "models"))
 
 import sarc  # noqa: E402
-from sarc.compiler import optimize  # noqa: E402
+from sarc.compiler import compile_layer  # noqa: E402
 from sarc.datasets import power_law_graph  # noqa: E402
 from sarc.ir.types import E, N_DST, N_SRC  # noqa: E402
 from sarc.planner.cost import fused_traffic  # noqa: E402
@@ -64,7 +64,7 @@ def traffic_table(args) -> str:
     sizes = {N_SRC: args.nodes, N_DST: args.nodes, E: args.edges}
     rows = []
     for name, layer, _ in layers(args.feats, args.rels):
-        fn = optimize(layer.trace())
+        fn = compile_layer(layer, "triton", through="optimize").optimized  # its passes too
         for t in fused_traffic(fn):
             fused, naive = int(t.fused.subs(sizes)), int(t.naive.subs(sizes))
             rows.append((name, f"%{t.value} {t.op}", f"{fused / 2**20:.1f} MiB",

@@ -92,7 +92,8 @@ def _torch() -> Backend:
 
 def _triton() -> Backend:
     from . import triton_backend, triton_blocks, triton_edge
-    return Backend("triton", (), triton_backend.compile, triton_blocks, triton_edge.EdgeLowering)
+    return Backend("triton", (fuse_typed_linear, dce), triton_backend.compile, triton_blocks,
+                   triton_edge.EdgeLowering)
 
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {"torch": _torch, "triton": _triton}

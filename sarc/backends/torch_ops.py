@@ -423,7 +423,7 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
     keeps an E x D tensor for the backward pass.
     """
     num_types, _, out = table.shape
-    _check_types(types, num_types)
+    check_types(types, num_types)
     if g.num_src * num_types <= g.num_edges and x.dtype in _SPMM_DTYPES and g.num_edges:
         per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
         cols = g.src * num_types + types
@@ -563,7 +563,8 @@ class _EdgeSoftmax(torch.autograd.Function):
                                 lambda t: t.index_select(0, g.dst)), None
 
 
-def _check_types(types: torch.Tensor, num_types: int) -> None:
+def check_types(types: torch.Tensor, num_types: int) -> None:
+    """Every type id indexes the weight table (an id out of range would read past it)."""
     if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
         raise ValueError(f"type id out of range: the weight table has {num_types} types "
                          f"(ids 0..{num_types - 1}), got ids in "
@@ -573,7 +574,7 @@ def _check_types(types: torch.Tensor, num_types: int) -> None:
 def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
     """y[i] = x[i] @ w[types[i]]: rows grouped by type, one matmul per type."""
     num_types = w.shape[0]
-    _check_types(types, num_types)
+    check_types(types, num_types)
     order = torch.argsort(types, stable=True)
     counts = torch.bincount(types, minlength=num_types).tolist()
     parts = torch.split(x.index_select(0, order), counts)

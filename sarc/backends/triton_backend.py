@@ -24,7 +24,12 @@ Which kernels an IR op gets (``KERNEL_OPS``):
   ``edge_softmax`` gets its own two kernels;
 - ``typed_linear``: a segment GEMM over rows grouped by type, fusing the gather
   of its input when that input is a node value read per edge, plus the kernels
-  of its backward.
+  of its backward;
+- an aggregate of a typed linear's rows (``passes.fuse_typed_linear``, one of
+  this backend's passes as of the PyTorch backend's): the aggregate over a node
+  x type table (a batched GEMM computes the table), the aggregate over per-edge
+  rows and those rows' segment GEMM; ``TypedAggregateOp`` takes the table where
+  nodes x types are no more than edges, as the PyTorch backend's ``typed_spmm``.
 
 Node-level ops (linear maps, elementwise math on nodes, reshapes) and dropout
 run as PyTorch, exactly as in the PyTorch backend (its ``LOWERING`` table; an add
@@ -43,7 +48,7 @@ import hashlib
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -53,7 +58,7 @@ from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
-from ..ir.patterns import accumulating_adds, region_sides
+from ..ir.patterns import accumulating_adds, region_sides, typed_spmm_pattern
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
@@ -195,6 +200,8 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
                        tuple(format_value(i, v, with_loc=True).split("\n")))
     prefix = f"v{i}_{v.op.value}"
     types = [fn.values[j].type for j in v.inputs]
+    if typed_spmm_pattern(v) is not None:
+        return _typed_plan(origin, prefix, v, types)
     if v.op in (Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE):
         regions = {k: r for k, r in v.attrs if isinstance(r, Region)}
         sides = region_sides(v)
@@ -223,23 +230,74 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
         gather = None
         if i in folded:
             gather = "src" if x.op is Op.GATHER_SRC else "dst"
-        dt = v.type.dtype
-        f = plan.add(TK.typed_linear(origin, f"{prefix}.forward", "forward", dt))
-        gx = plan.add(TK.typed_linear(origin, f"{prefix}.grad_x", "input gradient: "
-                                      "dx[i] = dy[i] @ W[t_i]^T (per row, before the scatter)", dt))
-        gw = plan.add(TK.typed_outer(origin, f"{prefix}.grad_w", dt))
-        scatter = None
-        if gather is not None:
-            node_t = fn.values[x.inputs[0]].type
-            edge_t = node_t.with_(domain=Domain.EDGE)
-            scatter = _aggregate_kernels(
-                plan, origin, f"{prefix}.grad_x_scatter",
-                f"input gradient: the per-edge dx summed into the {gather} rows it was gathered "
-                f"from ({'a transposed aggregate over CSC' if gather == 'src' else 'CSR'})",
-                _copy_region(edge_t, "edge"), "sum", _VIEW[gather], [edge_t], node_t.feat,
-                TK.cdtype_of([edge_t]), True)
-        return plan, ("typed_linear", gather, f, gx, gw, scatter)
+        node_t = fn.values[x.inputs[0]].type if gather is not None else None
+        return plan, _typed_linear_kernels(plan, origin, prefix, v.type.dtype, gather, node_t)
     raise AssertionError(f"{v.op} is not a kernel op")
+
+
+def _typed_linear_kernels(plan: _Plan, origin, prefix: str, dt, gather: str | None,
+                          node_t: TensorType | None) -> tuple:
+    """The segment GEMM's kernels (forward, input and weight gradients, and the scatter of
+    the input gradient to the node rows when the input is gathered at ``gather``)."""
+    f = plan.add(TK.typed_linear(origin, f"{prefix}.forward", "forward", dt))
+    gx = plan.add(TK.typed_linear(origin, f"{prefix}.grad_x", "input gradient: "
+                                  "dx[i] = dy[i] @ W[t_i]^T (per row, before the scatter)", dt))
+    gw = plan.add(TK.typed_outer(origin, f"{prefix}.grad_w", dt))
+    scatter = None
+    if gather is not None:
+        edge_t = node_t.with_(domain=Domain.EDGE)
+        scatter = _aggregate_kernels(
+            plan, origin, f"{prefix}.grad_x_scatter",
+            f"input gradient: the per-edge dx summed into the {gather} rows it was gathered "
+            f"from ({'a transposed aggregate over CSC' if gather == 'src' else 'CSR'})",
+            _copy_region(edge_t, "edge"), "sum", _VIEW[gather], [edge_t], node_t.feat,
+            TK.cdtype_of([edge_t]), True)
+    return ("typed_linear", gather, f, gx, gw, scatter)
+
+
+def _rows_region(body: Region, drop: tuple[int, ...], side: str) -> Region:
+    """``body`` with its typed linear read as operand 0 at ``side`` (the typed rows) and its
+    other operands renumbered after it; the linear's own operands ``drop`` are gone."""
+    rest = [k for k in sorted({a.attr["index"] for a in body.values if a.op is Op.ARG})
+            if k not in drop]
+    values: list[Value] = []
+    remap: dict[int, int] = {}
+    for r, rv in enumerate(body.values):
+        if rv.op is Op.ARG and rv.attr["index"] in drop:
+            continue
+        remap[r] = len(values)
+        if rv.op is Op.TYPED_LINEAR:
+            t = rv.type
+            values.append(Value(Op.ARG, (), (("index", 0), ("side", side)), t, rv.loc))
+        elif rv.op is Op.ARG:
+            attrs = dict(rv.attrs, index=1 + rest.index(rv.attr["index"]))
+            values.append(replace(rv, attrs=tuple(attrs.items())))
+        else:
+            values.append(replace(rv, inputs=tuple(remap[q] for q in rv.inputs)))
+    return Region(tuple(values), remap[body.result])
+
+
+def _typed_plan(origin: TK.Origin, prefix: str, v: Value, types: list[TensorType]):
+    """An aggregate of a typed linear's rows (``passes.fuse_typed_linear``): the aggregate
+    over a node x type table and the one over per-edge rows, and the segment GEMM's kernels
+    for the latter (``triton_runtime.TypedAggregateOp`` picks one per graph)."""
+    x, table, tids, _ = typed_spmm_pattern(v)
+    body = v.attr["body"]
+    rows_t = next(rv.type for rv in body.values if rv.op is Op.TYPED_LINEAR)
+    rest = [t for k, t in enumerate(types) if k not in (x, table, tids)]
+    plan = _Plan()
+    specs = []
+    for name, side, domain in (("table", "src", types[x].domain), ("edges", "edge", Domain.EDGE)):
+        region = _rows_region(body, (x, table, tids), side)
+        part_types = [rows_t.with_(domain=domain), *rest]
+        sides = {a.attr["index"]: a.attr["side"] for a in region.values if a.op is Op.ARG}
+        part, spec = _fused_plan(origin, f"{prefix}.{name}", v, v.attr["kind"], "dst",
+                                 {"body": region}, part_types,
+                                 tuple(sides[k] for k in range(len(part_types))))
+        plan.kernels.extend(part.kernels)
+        specs.append(spec)
+    linear = _typed_linear_kernels(plan, origin, f"{prefix}.rows", rows_t.dtype, "src", types[x])
+    return plan, ("typed_aggregate", x, table, tids, *specs, linear)
 
 
 def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
@@ -266,6 +324,11 @@ def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
                          agg(row_sum) if row_sum is not None else None, value_extra)
     if spec[0] == "edge_softmax":
         return T.EdgeSoftmaxOp(name, mods[spec[1]], mods[spec[2]])
+    if spec[0] == "typed_aggregate":
+        _, x, table, tids, by_table, by_edge, linear = spec
+        return T.TypedAggregateOp(name, x, table, tids, build_op(by_table, name, mods, dtype),
+                                  build_op(by_edge, name, mods, dtype),
+                                  build_op(linear, name, mods, dtype))
     _, gather, f, gx, gw, scatter = spec
     return T.TypedLinearOp(name, gather, mods[f], mods[gx], mods[gw],
                            agg(scatter) if scatter is not None else None)

@@ -1,9 +1,10 @@
 """What the Triton backend's generated code runs on: schedules, launches, autograd.
 
 Generated layer modules call the op objects built here (``FusedOp``,
-``EdgeSoftmaxOp``, ``TypedLinearOp``); each op is a ``torch.autograd.Function``
-whose forward and backward launch generated Triton kernels, so a layer compiled
-for Triton is a drop-in for the PyTorch backend, gradients included.
+``EdgeSoftmaxOp``, ``TypedLinearOp``, ``TypedAggregateOp``); each op is a
+``torch.autograd.Function`` whose forward and backward launch generated Triton
+kernels, so a layer compiled for Triton is a drop-in for the PyTorch backend,
+gradients included.
 
 Scheduling rows (``graph_view``): a kernel that aggregates over the edges of
 each row runs one program per *work item*. Rows are grouped into degree
@@ -35,6 +36,7 @@ import torch
 from ..errors import SarcError
 from ..graph import Graph
 from ..ir.reducers import REDUCERS, tie_share
+from .torch_ops import check_types
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -251,10 +253,7 @@ class TypeGroups:
 
 
 def type_groups(types: torch.Tensor, num_types: int) -> TypeGroups:
-    if types.numel() and (int(types.min()) < 0 or int(types.max()) >= num_types):
-        raise ValueError(f"type id out of range: the weight table has {num_types} types "
-                         f"(ids 0..{num_types - 1}), got ids in "
-                         f"[{int(types.min())}, {int(types.max())}]")
+    check_types(types, num_types)
     order = torch.argsort(types, stable=True)
     counts = torch.bincount(types, minlength=num_types)
     seg = torch.zeros(num_types + 1, dtype=torch.int64, device=types.device)
@@ -502,39 +501,172 @@ def _widen(module: ModuleType, x: torch.Tensor) -> bool:
     return interpreted(module.kernel) and x.dtype == torch.bfloat16
 
 
+def typed_rows(op: TypedLinearOp, g: Graph, x: torch.Tensor, w: torch.Tensor,
+               groups: TypeGroups) -> torch.Tensor:
+    """``y[i] = x[i] @ W[t_i]`` (x's rows gathered when ``op.gather``), one segment GEMM."""
+    k, n = w.shape[1], w.shape[2]
+    y = torch.empty((groups.order.numel(), n), dtype=x.dtype, device=x.device)
+    if y.shape[0]:
+        op.forward.launch(run, x, w, y, groups, op.rows(g), k, n, _widen(op.forward, x))
+    return y
+
+
+def typed_rows_grads(op: TypedLinearOp, g: Graph, x: torch.Tensor, w: torch.Tensor,
+                     groups: TypeGroups, dy: torch.Tensor, need_x: bool, need_w: bool):
+    """The gradients of ``typed_rows`` for x (scattered back to its node rows when it was
+    gathered) and W, from the rows' gradient ``dy``."""
+    k, n = w.shape[1], w.shape[2]
+    dy = dy.contiguous()
+    dx = dw = None
+    if need_x:
+        rows = torch.empty((dy.shape[0], k), dtype=x.dtype, device=x.device)
+        if dy.shape[0]:
+            op.grad_x.launch(run, dy, w.transpose(1, 2), rows, groups, None, n, k,
+                             _widen(op.grad_x, dy))
+        dx = rows if op.scatter is None else op.scatter(g, [rows], x.dtype)
+    if need_w:
+        acc = torch.zeros(w.shape, dtype=_acc_dtype(w.dtype), device=w.device)
+        if dy.shape[0]:
+            op.grad_w.launch(run, x, dy, acc, groups, op.rows(g), k, n, _widen(op.grad_w, x))
+        dw = acc.to(w.dtype)
+    return dx, dw
+
+
 class _TypedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: TypedLinearOp, g: Graph, x, w, types):
         groups = type_groups(types, w.shape[0])
-        k, n = w.shape[1], w.shape[2]
-        y = torch.empty((types.numel(), n), dtype=x.dtype, device=x.device)
-        if types.numel():
-            op.forward.launch(run, x, w, y, groups, op.rows(g), k, n, _widen(op.forward, x))
         ctx.op, ctx.g, ctx.groups = op, g, groups
         ctx.save_for_backward(x, w)
-        return y
+        return typed_rows(op, g, x, w, groups)
 
     @staticmethod
     def backward(ctx, dy):
-        op, g, groups = ctx.op, ctx.g, ctx.groups
         x, w = ctx.saved_tensors
-        k, n = w.shape[1], w.shape[2]
-        dy = dy.contiguous()
-        dx = dw = None
-        if ctx.needs_input_grad[2]:
-            rows = torch.empty((dy.shape[0], k), dtype=x.dtype, device=x.device)
-            if dy.shape[0]:
-                op.grad_x.launch(run, dy, w.transpose(1, 2), rows, groups, None, n, k,
-                                 _widen(op.grad_x, dy))
-            dx = rows if op.scatter is None else op.scatter(g, [rows], x.dtype)
-        if ctx.needs_input_grad[3]:
-            acc = torch.zeros(w.shape, dtype=_acc_dtype(w.dtype), device=w.device)
-            if dy.shape[0]:
-                op.grad_w.launch(run, x, dy, acc, groups, op.rows(g), k, n, _widen(op.grad_w, x))
-            dw = acc.to(w.dtype)
+        dx, dw = typed_rows_grads(ctx.op, ctx.g, x, w, ctx.groups, dy,
+                                  ctx.needs_input_grad[2], ctx.needs_input_grad[3])
         return None, None, dx, dw, None
 
 
+# --- an aggregate of typed rows ------------------------------------------------------------
+
+_TYPED: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def typed_graph(g: Graph, types: torch.Tensor, num_types: int) -> Graph:
+    """``g`` with the source of edge e renamed ``src[e] * num_types + types[e]``: its rows
+    are those of a node x type table. Cached per graph while its type ids are the same
+    tensor, unchanged (a new graph's views are built once)."""
+    cache = _TYPED.setdefault(g, {})
+    hit = cache.get(num_types)
+    if hit is not None and hit[0] is types and hit[1] == types._version:
+        return hit[2]
+    check_types(types, num_types)
+    src = g.src * num_types + types
+    n = g.num_src * num_types
+    gt = Graph(num_src=n, num_dst=g.num_dst, src=src, dst=g.dst, perm=g.perm, rowptr=g.rowptr,
+               in_degree=g.in_degree,
+               out_degree=torch.bincount(src, minlength=n).to(torch.float32), dst_in_src=False)
+    cache[num_types] = (types, types._version, gt)
+    return gt
+
+
+@dataclass(frozen=True)
+class TypedAggregateOp:
+    """An aggregate of a typed linear's rows, ``y[v] = kind_e body(x[src e] @ W[t_e], rest)``
+    (``passes.fuse_typed_linear``; operands ``x``, ``table``, ``types`` at their positions,
+    the body's other operands ``rest``), as the PyTorch backend's ``typed_spmm`` computes it:
+
+    - when nodes x types are no more than edges, ``x @ W[r]`` once per (node, type) pair
+      (a batched GEMM) and the aggregate ``by_table`` over ``typed_graph``, whose sources are
+      the table's rows;
+    - otherwise the rows per edge (``linear``: the segment GEMM with x's rows gathered) and
+      the aggregate ``by_edge`` of them.
+
+    Neither keeps a table or E x D rows for the backward pass: only the operands; the rows
+    are computed again there where another operand's gradient reads them.
+    """
+
+    name: str
+    x: int
+    table: int
+    types: int
+    by_table: FusedOp
+    by_edge: FusedOp
+    linear: TypedLinearOp
+
+    def __call__(self, g: Graph, *xs: torch.Tensor) -> torch.Tensor:
+        check_device(self.name, self.by_table.forward.main.kernel, [g.src, *xs])
+        return _TypedAggregateFunction.apply(self, g, *xs)
+
+    def split(self, xs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        rest = [a for k, a in enumerate(xs) if k not in (self.x, self.table, self.types)]
+        return xs[self.x], xs[self.table], xs[self.types], rest
+
+
+def _table_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The node x type table ``x @ W[r]`` ([N * R, out]); half and bfloat16 computed in
+    float32 and kept there (the aggregate reads it as is and rounds its result once)."""
+    acc = _acc_dtype(x.dtype)
+    return torch.einsum("ni,rio->nro", x.to(acc), w.to(acc)).reshape(-1, w.shape[2])
+
+
+class _TypedAggregateFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: TypedAggregateOp, g: Graph, *xs):
+        x, w, types, rest = op.split(xs)
+        num_types = w.shape[0]
+        ctx.by_table = g.num_src * num_types <= g.num_edges
+        if ctx.by_table:
+            gt = typed_graph(g, types, num_types)
+            y, _ = op.by_table.run_forward(gt, [_table_rows(x, w), *rest])
+            ctx.graph = gt
+        else:
+            groups = type_groups(types, num_types)
+            y, _ = op.by_edge.run_forward(g, [typed_rows(op.linear, g, x, w, groups), *rest])
+            ctx.graph, ctx.groups = g, groups
+        ctx.op, ctx.g = op, g
+        ctx.save_for_backward(*xs)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        op = ctx.op
+        xs = ctx.saved_tensors
+        x, w, _, rest = op.split(xs)
+        needs = ctx.needs_input_grad[2:]
+        need_rest = [n for k, n in enumerate(needs) if k not in (op.x, op.table, op.types)]
+        agg = op.by_table if ctx.by_table else op.by_edge
+        rows = None
+        if any(need_rest):  # their gradient regions read the rows
+            rows = (_table_rows(x, w) if ctx.by_table
+                    else typed_rows(op.linear, ctx.g, x, w, ctx.groups))
+        operands = [rows, *rest]
+        dy = dy.contiguous()
+        feeds = [*operands, *agg.extras(ctx.graph, operands, (), dy)]
+        rest_grads = iter(agg.operand_grads(ctx.graph, operands, feeds, [False, *need_rest])[1:])
+        dx = dw = None
+        if needs[op.x] or needs[op.table]:
+            if ctx.by_table:
+                acc = _acc_dtype(x.dtype)
+                d_rows = agg.grads[0].kernel(ctx.graph, feeds, acc)
+                d_rows = d_rows.view(x.shape[0], w.shape[0], w.shape[2])
+                if needs[op.x]:
+                    dx = torch.einsum("nro,rio->ni", d_rows, w.to(acc)).to(x.dtype)
+                if needs[op.table]:
+                    dw = torch.einsum("ni,nro->rio", x.to(acc), d_rows).to(w.dtype)
+            else:
+                d_rows = agg.grads[0].kernel(ctx.graph, feeds, x.dtype)
+                dx, dw = typed_rows_grads(op.linear, ctx.g, x, w, ctx.groups, d_rows,
+                                          needs[op.x], needs[op.table])
+        grads = []
+        for k in range(len(xs)):
+            grads.append(dx if k == op.x else dw if k == op.table else None if k == op.types
+                         else next(rest_grads))
+        return (None, None, *grads)
+
+
 __all__ = ["AggregateKernel", "SddmmKernel", "SoftmaxKernel", "Grad", "FusedOp", "EdgeSoftmaxOp",
-           "TypedLinearOp", "graph_view", "type_groups", "run", "SPLIT_EDGES", "BUCKETS",
-           "TritonRuntimeError"]
+           "TypedLinearOp", "TypedAggregateOp", "typed_graph", "graph_view", "type_groups", "run",
+           "SPLIT_EDGES", "BUCKETS", "TritonRuntimeError"]

@@ -296,6 +296,37 @@ def _region_naive(r: Region) -> sympy.Expr:
     return total
 
 
+def _typed_traffic(fn: Function, v: Value) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """(fused, naive) bytes of an aggregate of a typed linear's rows (``fuse_typed_linear``),
+    as the backends run it: where nodes x types are no more than edges, the node x type table
+    written in float32 (a batched GEMM reading x and W) and read per edge by the aggregate;
+    otherwise each edge's row computed (x read per edge) and written, then read by the
+    aggregate. Both read the other edge operands and the CSR index, and write the result.
+    Naive: the gather, the typed linear and the region's other ops each materialized."""
+    from ..ir.patterns import region_sides, typed_spmm_pattern
+    typed = typed_spmm_pattern(v)
+    if typed is None:
+        return None
+    x, table, types = (fn.values[v.inputs[k]].type for k in typed[:3])
+    body = v.attr["body"]
+    rows = next(r.type for r in body.values if r.op is Op.TYPED_LINEAR)
+    per_row = _numel(rows) * DTYPE_BYTES[rows.dtype]
+    others = sympy.Integer(0)
+    for k, (j, side) in enumerate(zip(v.inputs, region_sides(v))):
+        if k not in typed[:2]:
+            t = fn.values[j].type
+            others += nbytes(t) if side == "param" else E * nbytes(t) / t.domain.rows
+    tail = others + nbytes(v.type) + E * INDEX_BYTES + (N_DST + 1) * INDEX_BYTES
+    num_types = table.feat[0]
+    acc = 8 if rows.dtype is DType.F64 else 4  # the table's entries
+    by_table = nbytes(x) + nbytes(table) + (N_SRC * num_types + E) * _numel(rows) * acc
+    by_edge = nbytes(table) + E * nbytes(x) / x.domain.rows + E * INDEX_BYTES + 2 * E * per_row
+    fused = sympy.Piecewise((by_table + tail, N_SRC * num_types <= E), (by_edge + tail, True))
+    naive = _region_naive(body) + nbytes(v.type) + E * INDEX_BYTES + (N_DST + 1) * INDEX_BYTES
+    naive += nbytes(body.values[body.result].type)  # the reduce reads the edge result
+    return sympy.expand(fused), sympy.expand(naive)
+
+
 def fused_traffic(fn: Function) -> list[Traffic]:
     """``Traffic`` of each fused op of ``fn`` (an optimized layer), in order."""
     from ..ir.patterns import region_sides
@@ -309,6 +340,10 @@ def fused_traffic(fn: Function) -> list[Traffic]:
             out.append(Traffic(i, v.op.value, sympy.expand(common), sympy.expand(naive)))
             continue
         if v.op not in FUSED:
+            continue
+        typed = _typed_traffic(fn, v)
+        if typed is not None:
+            out.append(Traffic(i, v.op.value, *typed))
             continue
         fused = sympy.Integer(0)
         for j, side in zip(v.inputs, region_sides(v)):

@@ -1,7 +1,8 @@
 """Sizes where a GPU launch breaks and an interpreter run does not: more than 65535 row
-blocks of one relation in RGCN's typed product (grid axes 1 and 2 stop at 65535; see
-tests/backends/triton/test_triton_grids.py), a hub of 100k in-edges, and many rows without
-in-edges. Each against the PyTorch backend on the same GPU, outputs and every gradient."""
+blocks of one relation in RGCN's per-edge typed product (grid axes 1 and 2 stop at 65535; see
+tests/backends/triton/test_triton_grids.py), an 8M-row node x relation table, a hub of 100k
+in-edges, and many rows without in-edges. Each against the PyTorch backend on the same GPU,
+outputs and every gradient."""
 from __future__ import annotations
 
 import pytest
@@ -26,15 +27,16 @@ ZERO_IN = (50_000, 10_000, 200_000)
 
 
 def _typed_linear_modules(layer: sarc.Layer) -> list:
-    """The typed product's generated modules (those with a launch ``grid``)."""
-    op = next(o for o in layer.compiled().ops if type(o).__name__ == "TypedLinearOp")
-    return [m for m in kernel_modules(op) if hasattr(m, "grid")]
+    """The per-edge typed product's generated modules (those with a launch ``grid``)."""
+    op = next(o for o in layer.compiled().ops if type(o).__name__ == "TypedAggregateOp")
+    return [m for m in kernel_modules(op.linear) if hasattr(m, "grid")]
 
 
 def test_rgcn_typed_product_over_65535_row_blocks_of_one_relation():
     """One relation holds more rows than 65535 blocks of the largest BLOCK_M: every config
-    the autotuner may pick launches more than 65535 programs on the row axis."""
-    n, feats = 200_000, 8
+    the autotuner may pick launches more than 65535 programs on the row axis. Nodes x
+    relations exceed the edges, so the product runs per edge (the segment GEMM)."""
+    feats = 8
     layer = RGCNLayer(feats, 8, num_rels=2).to(CUDA).set_backend("triton")
     modules = _typed_linear_modules(layer)
     assert modules
@@ -43,6 +45,7 @@ def test_rgcn_typed_product_over_65535_row_blocks_of_one_relation():
     gen = torch.Generator().manual_seed(0)
     other = rows // 100  # the second relation's rows
     e = rows + other
+    n = e  # 2 n > e: per edge
     src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
     etype = torch.cat([torch.zeros(rows, dtype=torch.long), torch.ones(other, dtype=torch.long)])
     etype = etype[torch.randperm(e, generator=gen)]
@@ -54,6 +57,22 @@ def test_rgcn_typed_product_over_65535_row_blocks_of_one_relation():
         for c in m.CONFIGS:
             assert m.grid(groups, 8, c.kwargs)[0] > CUDA_OTHER_AXES
     feats = {"h": torch.randn(n, feats, generator=gen), "etype": etype,
+             "norm": torch.rand(e, generator=gen) + 0.1}
+    compare(layer, g, on_gpu(feats), rtol=TYPED_PRODUCT_RTOL)
+
+
+def test_rgcn_node_by_relation_table_of_8m_rows():
+    """1M nodes x 8 relations, 8.4M edges: the product runs over the node x relation table
+    (8M rows, the size whose typed product once failed to launch), aggregated per
+    destination and, in the backward pass, per table row (the typed graph's CSC view)."""
+    n, rels, e = 1_000_000, 8, 8_400_000
+    gen = torch.Generator().manual_seed(1)
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+    g = graph(src, dst, n)
+    assert n * rels <= e
+    layer = RGCNLayer(8, 8, num_rels=rels).to(CUDA)
+    feats = {"h": torch.randn(n, 8, generator=gen),
+             "etype": torch.randint(0, rels, (e,), generator=gen),
              "norm": torch.rand(e, generator=gen) + 0.1}
     compare(layer, g, on_gpu(feats), rtol=TYPED_PRODUCT_RTOL)
 

@@ -48,8 +48,22 @@ def _graph():
     return src, dst, x, label, train
 
 
-def _model(case: str) -> str:
-    return case.removesuffix("_baseline")
+RELATIONS = {"rgcn": 3, "rgcn_per_edge": 5}
+"""Relational cases: their relation counts. N x 3 <= E: R-GCN's typed product over the node
+x relation table; N x 5 > E: per edge."""
+
+
+def _model(case: str):
+    if case in RELATIONS:
+        return _models()["rgcn"](FEATS, CLASSES, num_etypes=RELATIONS[case])
+    return _models()[case.removesuffix("_baseline")](FEATS, CLASSES)
+
+
+def _etype(name: str) -> dict:
+    if name not in RELATIONS:
+        return {}
+    return {"etype": torch.randint(0, RELATIONS[name], (E,),
+                                   generator=torch.Generator().manual_seed(5))}
 
 
 def _on_triton(model, name):
@@ -61,8 +75,8 @@ def _on_triton(model, name):
     return model.eval() if name == "gat_attn_drop" else model
 
 
-def _step(model, g, x, label, train):
-    logits = model(g, x)
+def _step(model, g, x, label, train, **edge_inputs):
+    logits = model(g, x, **edge_inputs)
     loss = F.cross_entropy(logits[train], label[train], reduction="sum") / int(train.sum())
     loss.backward()
     return loss
@@ -82,11 +96,12 @@ def _worker(out_file, port, part_dir, name, state):
         # The group is left by this forked process's exit, never destroyed: torch 2.2's
         # ProcessGroupGloo destructor can block for good holding the GIL.
         shard = ShardedGraph.from_partitions(load_partitions(part_dir, verify=False), 0)
-        model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
+        model = _on_triton(_model(name), name)
         model.load_state_dict(state)
         dg = DistGraph(shard, baseline=name.endswith("_baseline"))
         x = shard.ndata["feat"].clone().requires_grad_()
-        loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"])
+        edge_inputs = {"etype": dg.edge_data("etype")} if name in RELATIONS else {}
+        loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"], **edge_inputs)
         progs = list(dg.programs.values())
         torch.save({"loss": loss.item(), "ids": shard.orig_node_ids, "x_grad": x.grad,
                     "param_grads": {k: p.grad for k, p in model.named_parameters()},
@@ -99,7 +114,8 @@ def _worker(out_file, port, part_dir, name, state):
 
 def _distributed_step(tmp_path, name, state, src, dst, x, label, train) -> dict:
     pset = partition_graph(src, dst, N, 1, tmp_path / "parts", method="random",
-                           node_data={"feat": x, "label": label, "train_mask": train})
+                           node_data={"feat": x, "label": label, "train_mask": train},
+                           edge_data=_etype(name))
     out_file = tmp_path / "step.pt"
     p = multiprocessing.get_context("fork").Process(
         target=_worker, args=(str(out_file), free_port(), str(pset.path), name, state))
@@ -129,6 +145,9 @@ CASES = {
     "gat_attn_drop": {"score_normalizer", "edge_softmax_global", "score_normalizer_surrogate"},
     # baseline mode: a normalizer pass, blocks normalized with the global (M, S)
     "gat_baseline": set(),
+    # the typed product over the node x relation table, and per edge
+    "rgcn": set(),
+    "rgcn_per_edge": set(),
 }
 
 
@@ -136,11 +155,11 @@ CASES = {
 def test_one_worker_step_on_triton_equals_the_graph_step(tmp_path, name):
     src, dst, x, label, train = _graph()
     torch.manual_seed(0)
-    model = _on_triton(_models()[_model(name)](FEATS, CLASSES), name)
+    model = _on_triton(_model(name), name)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     g = sarc.Graph.from_edges(src, dst, N)
     xr = x.clone().requires_grad_()
-    loss = _step(model, g, xr, label, train)
+    loss = _step(model, g, xr, label, train, **_etype(name))  # edge data in the input order
 
     out = _distributed_step(tmp_path, name, state, src, dst, x, label, train)
 
