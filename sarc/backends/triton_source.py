@@ -74,6 +74,27 @@ ROW_BLOCK_E = [(32, 4), (16, 2), (64, 4), (128, 8)]
 EDGE_BLOCK_E = [(128, 4), (64, 4), (256, 8), (32, 2)]
 TILED_EDGE_CONFIGS = [({"BLOCK_E": 64, "BLOCK_D": 128}, 4), ({"BLOCK_E": 128, "BLOCK_D": 64}, 4),
                       ({"BLOCK_E": 256, "BLOCK_D": 32}, 8), ({"BLOCK_E": 32, "BLOCK_D": 256}, 4)]
+
+NARROW = 32
+"""A tiled feature axis at most this wide gets tiles of its own (padded) width: the tiles
+above are 32 to 256 features wide, and the autotuner prunes those wider than the axis."""
+
+NARROW_ROW_BLOCK_E = (16, 32, 64, 128)
+NARROW_EDGE_BLOCK_E = (64, 128, 256, 512)
+ELEMS_PER_WARP = 256
+"""Tile elements per warp of a narrow tile (8 per thread), 1 to 8 warps."""
+
+
+def _tiled(wide: list[tuple[dict[str, int], int]], narrow_e: tuple[int, ...], d: int,
+           width: int) -> list[tuple[dict[str, int], int]]:
+    """Configs of a kernel tiling a feature axis of ``d`` elements: ``wide``, or for a narrow
+    axis (GAT's 8-wide heads, a 7-class output layer) ``BLOCK_D`` its padded width and more
+    edges per tile, so a program's lanes hold features rather than padding; warps by the
+    tile's elements (``width``: an edge's padded elements, the other axes included)."""
+    if d > NARROW:
+        return wide
+    return [({"BLOCK_E": e, "BLOCK_D": pow2(d)}, max(1, min(8, e * width // ELEMS_PER_WARP)))
+            for e in narrow_e]
 MAX_TILE = 16384
 """Elements of the widest register tile an untiled kernel may hold per program."""
 
@@ -205,7 +226,9 @@ def aggregate(origin: Origin, name: str, role: str, body: Region, kind: str, vie
     reduce = red.tile
     offs, mask = _row_store("slot", tile.axes)
     d = _tiled_size(tile)
-    configs = TILED_ROW_CONFIGS if d > 1 else _untiled(ROW_BLOCK_E, _width(list(em.tiles.values())))
+    width = _width(list(em.tiles.values()))
+    configs = (_tiled(TILED_ROW_CONFIGS, NARROW_ROW_BLOCK_E, d, width) if d > 1
+               else _untiled(ROW_BLOCK_E, width))
     row_side = "destination" if view == "csr" else "source"
     doc = [f"Reduction: {kind} over the edges of each {row_side} row "
            f"({'CSR' if view == 'csr' else 'CSC: the transposed graph'}); accumulation in "
@@ -261,7 +284,8 @@ def softmax_aggregate(origin: Origin, name: str, score: Region, value: Region,
     s_offs, s_mask = _row_store("slot", s_tile.axes)
     d = _tiled_size(v_tile)
     tiles = list(se.tiles.values()) + list(ve.tiles.values())
-    configs = TILED_ROW_CONFIGS if d > 1 else _untiled(ROW_BLOCK_E, _width(tiles))
+    configs = (_tiled(TILED_ROW_CONFIGS, NARROW_ROW_BLOCK_E, d, _width(tiles)) if d > 1
+               else _untiled(ROW_BLOCK_E, _width(tiles)))
     doc = ["One pass over each destination row's edges: running max m and sum l of "
            "exp(score - m) per score element, the accumulator rescaled by exp(m_old - m_new) "
            f"(FlashAttention's online softmax); accumulation in {ve.cdtype.removeprefix('tl.')}.",
@@ -310,7 +334,9 @@ def sddmm(origin: Origin, name: str, role: str, body: Region, types: list[Tensor
         terms.append(bcast(a.index(), i + 1, rank) + (f" * {stride}" if stride != 1 else ""))
     masks = [bcast("emask", 0, rank), *axis_mask(tile.axes, rank, 1)]
     d = _tiled_size(tile)
-    configs = TILED_EDGE_CONFIGS if d > 1 else _untiled(EDGE_BLOCK_E, _width(list(em.tiles.values())))
+    width = _width(list(em.tiles.values()))
+    configs = (_tiled(TILED_EDGE_CONFIGS, NARROW_EDGE_BLOCK_E, d, width) if d > 1
+               else _untiled(EDGE_BLOCK_E, width))
     doc = [f"One value per edge, edge-parallel (no reduction); computed in "
            f"{em.cdtype.removeprefix('tl.')}, stored in the op's dtype."]
     grid = "(cdiv(E, BLOCK_E), cdiv(D, BLOCK_D))" if d > 1 else "(cdiv(E, BLOCK_E), 1)"

@@ -45,3 +45,29 @@ def test_autotuning_is_persisted_where_triton_can():
         triton.autotune(configs=[triton.Config({})], key=[], **persisted())  # accepted
     else:
         assert persisted() == {}
+
+
+# --- tiles as wide as the features --------------------------------------------------------
+
+@pytest.mark.parametrize("width", [2, 3, 7, 8, 16, 31, 32, 33, 64, 100, 257])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_autotuned_tiles_are_no_wider_than_the_features(heads, width):
+    """Every config the autotuner keeps for a kernel tiling a feature axis of D elements
+    has BLOCK_D <= max(16, pow2(D)), for every degree bucket: a 7-class output head is not
+    run in tiles 64 features wide with 57 of them padding."""
+    from sarc.backends.triton_lower import pow2
+    from sarc.backends.triton_runtime import _prune
+    from gat import GATLayer
+    layer = GATLayer(12, width, heads=heads, attn_drop=0.3).set_backend("triton")  # + sddmm
+    tiled = 0
+    for k in layer.compiled().kernels:
+        _, module = codegen.load_module(f"tiles_{abs(hash(k.source))}", k.source)
+        d = getattr(module, "D", 1)
+        if d <= 1 or not any("BLOCK_D" in c.kwargs for c in module.CONFIGS):
+            continue
+        tiled += 1
+        for max_deg in ((16, 128, 1024) if "MAX_DEG" in module.KEY else (None,)):
+            args = {"D": d, **({"MAX_DEG": max_deg} if max_deg else {})}
+            for c in _prune(module.CONFIGS, args):
+                assert c.kwargs["BLOCK_D"] <= max(16, pow2(d)), (k.name, d, c.kwargs)
+    assert tiled
