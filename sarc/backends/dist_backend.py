@@ -10,7 +10,9 @@ file and imported, as the torch backend does) holds
   ``ops[n]``); the edge part comes in variants, differing only in how aggregates
   and edge_softmax are lowered (to the backend's block ops, ``DK``):
   ``edge_partials`` (forward: partial aggregates), ``edge_surrogate``
-  (backward: a scalar whose gradient is the block's share), and, when a
+  (backward: a scalar whose gradient is the block's share; only its gradient is
+  read, so a sum's or mean's surrogate runs the aggregate's backward alone where the
+  backend can, ``EdgeLowering.surrogate``), and, when a
   normalizer pass is needed, ``edge_normalizers`` / ``normalizer_surrogate``;
 - ``forward(rt)`` and ``backward(rt, grad_out)``: the schedule, step by step,
   over the runtime ``rt`` (``sarc.distributed.schedule.Call``): the exchange in rounds,
@@ -143,7 +145,9 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
                         f"cot[{literal(name)}][0], {operands})")
             f, (body,) = block("extremum_partial", regions)
             return f"{f}({literal(kind)}, {body}, {sides}, {width}, g, {operands})"
-        # sum (mean is a sum here): the block's aggregate
+        # sum (mean is a sum here): the block's aggregate; its surrogate sum(agg * cot)
+        if mode == "surrogate":
+            return backend.surrogate(i, v, regions, ops, f"cot[{literal(name)}]")
         return backend.lower(i, v, regions, ops)
     return lower
 
@@ -153,7 +157,7 @@ def _surrogate_term(name: str, kind: str, var: str) -> str:
         return f"{var}.sum()"
     if reducer(kind).selects:  # cotangent (y, g / ties): the ties' share
         return f"({var} * cot[{literal(name)}][1]).sum()"
-    return f"({var} * cot[{literal(name)}]).sum()"
+    return var  # the backend's surrogate (EdgeLowering.surrogate)
 
 
 @dataclass(frozen=True)

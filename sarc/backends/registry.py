@@ -11,7 +11,7 @@ distributed schedule needs to run a layer's edge blocks on its kernels:
 - ``edge_lowering(edge, layer)``: how the lines of the edge part (``sarc.ir.split``)
   are lowered (an ``EdgeLowering``), sum and mean aggregates included: their partial is
   the block's aggregate, their surrogate ``sum(agg * cot)`` takes its gradient from the
-  aggregate's backward.
+  aggregate's backward (``EdgeLowering.surrogate``: that backward alone, where it can).
 
 ``get_backend(name)`` returns one; backends are built on first use, so importing the
 registry imports no backend.
@@ -58,6 +58,12 @@ class EdgeLowering(Protocol):
     def lower(self, i: int, v: Value, regions: RegionNames, operands: list[str]) -> str:
         """Value ``i`` (not an aggregate a block op computes) as an expression; calling
         ``regions`` writes its region functions and names them."""
+
+    def surrogate(self, i: int, v: Value, regions: RegionNames, operands: list[str],
+                  cot: str) -> str:
+        """The backward surrogate of sum / mean aggregate ``i``, ``sum(v_i * cot)``, as an
+        expression: only its gradient is read, so a backend whose aggregate has its
+        backward apart runs that alone, not the aggregate."""
 
     def block_op(self, name: str, i: int, v: Value,
                  bodies: RegionNames) -> tuple[str, list[str]]:

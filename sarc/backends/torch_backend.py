@@ -202,6 +202,16 @@ class EdgeLowering:
     def lower(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str]) -> str:
         return LOWERING[v.op](v, regions() + operands)
 
+    def surrogate(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str],
+                  cot: str) -> str:
+        pattern = spmm_pattern(v) if typed_spmm_pattern(v) is None else None
+        if pattern is None:
+            return f"({self.lower(i, v, regions, operands)} * {cot}).sum()"
+        x, w, side = pattern
+        weight = operands[w] if w is not None else "None"
+        return (f"K.spmm_surrogate({cot}, {literal(v.attr['kind'])}, g, {operands[x]}, {weight}, "
+                f"{literal(side)})")
+
     def block_op(self, name: str, i: int, v: Value,
                  bodies: codegen.RegionNames) -> tuple[str, list[str]]:
         return f"DK.{name}", bodies()

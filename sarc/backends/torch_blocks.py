@@ -28,7 +28,8 @@ gradient, given the merged state and the output cotangent:
   C the tie count over *all* blocks: ties split evenly, as on one process);
 - ``softmax_surrogate``: ``sum_e alpha_e (<g_v, value_e> - D_v)``, ``D_v = <g_v, out_v>``,
   alpha from the final (M, S): its gradient is ``alpha_e g_v`` for the value
-  and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's;
+  and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's
+  (summed over the destinations too: a scalar computed for its gradient alone);
 - ``score_normalizer_surrogate``: the normalizer pass's share of an unfused
   edge_softmax's score gradient (below).
 
@@ -207,8 +208,9 @@ def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, n
 
 
 def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, state, *operands):
-    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v), in
-    ``STATS`` (its gradients come back in the operands' dtypes).
+    """The sum over destinations v and the block's edges e of alpha_e (<g_v, value_e> - D_v),
+    in ``STATS``, for its gradient alone (``torch_ops.fused_surrogate``: the value is not
+    computed; the gradients come back in the operands' dtypes).
 
     ``state`` = (M, S, g, D) from ``merge.SoftmaxMerge.cotangent``.
     """
@@ -224,8 +226,8 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
-    return K.fused(block, g, ("dst", "dst", "dst", "dst", *sides), width,
-                    (big_m, big_s, grad, d, *operands))
+    return K.fused_surrogate(block, g, ("dst", "dst", "dst", "dst", *sides), width,
+                             (big_m, big_s, grad, d, *operands))
 
 
 class _SourceValueShares(torch.autograd.Function):

@@ -368,15 +368,20 @@ class _CsrProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, g, cols, n, w, x, unit, rs=None, cs=None):
-        lay = layout(g)
-        ctx.g, ctx.lay, ctx.n, ctx.x_shape, ctx.unit = g, lay, n, x.shape, unit
+    def keep(ctx, g, cols, n, w, x, unit, rs, cs) -> None:
+        """What the backward pass reads."""
+        ctx.g, ctx.lay, ctx.n, ctx.x_shape, ctx.unit = g, layout(g), n, x.shape, unit
         ctx.graph_cols = cols is g.src
         assert (rs is None and cs is None) or not ctx.needs_input_grad[3], \
             "a scaled product's weights take no gradient (torch_ops.spmm multiplies instead)"
         # x is needed only for dw: keep it only then
         ctx.save_for_backward(w, x if ctx.needs_input_grad[3] else None,
                               None if ctx.graph_cols else cols, rs, cs)
+
+    @staticmethod
+    def forward(ctx, g, cols, n, w, x, unit, rs=None, cs=None):
+        _CsrProduct.keep(ctx, g, cols, n, w, x, unit, rs, cs)
+        lay = ctx.lay
         heads = 1 if w is None else w.shape[1]
         ww = w.detach() if w is not None else lay.weights(unit, x.dtype)
         ptr, c = lay.arrays(cols, n)
@@ -410,6 +415,41 @@ class _CsrProduct(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             dw = _dots(lay, g.src if ctx.graph_cols else cols, n, dy3, _by_head(x, heads))
         return None, None, None, dw, dx, None, None, None
+
+
+class _CsrProductVjp(torch.autograd.Function):
+    """``sum(_CsrProduct(...) * cot)`` for its gradient alone: a distributed block's backward
+    surrogate, differentiated and never read. Forward keeps what the product's backward
+    reads and computes nothing; backward is the product's, with ``dy = cot``."""
+
+    @staticmethod
+    def forward(ctx, g, cols, n, w, x, unit, rs, cs, cot):
+        _CsrProduct.keep(ctx, g, cols, n, w, x, unit, rs, cs)
+        ctx.cot = cot.detach()
+        return x.new_zeros(())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        dy = (ctx.cot * grad).reshape(ctx.g.num_dst, *ctx.x_shape[1:])
+        return (*_CsrProduct.backward(ctx, dy), None)
+
+
+def spmm_surrogate(cot: torch.Tensor, kind: str, g: Graph, x: torch.Tensor,
+                   w: torch.Tensor | None = None, side: str = "src") -> torch.Tensor:
+    """``(spmm(kind, g, x, w, side) * cot).sum()``, a distributed block's surrogate (only its
+    gradient is read): where the product is one ``_CsrProduct`` its forward is not run, the
+    gradient is the product's backward with ``dy = cot``; otherwise the expression as is."""
+    direct = (x.dtype in _SPMM_DTYPES and g.num_edges and not cot.requires_grad
+              and ((w is None and side == "src") or kind == "sum"))
+    if not direct:
+        return (spmm(kind, g, x, w, side) * cot).sum()
+    cols, n = (g.src, g.num_src) if side == "src" else (None, g.num_edges)
+    if w is None and side == "src":
+        return _CsrProductVjp.apply(g, cols, n, None, x, kind, None, None, cot)
+    heads = math.prod(w.shape[1:]) if w is not None else 1
+    w = w.reshape(w.shape[0], heads).to(x.dtype) if w is not None else None
+    return _CsrProductVjp.apply(g, cols, n, w, x, "sum", None, None, cot)
 
 
 @accumulates
@@ -637,22 +677,45 @@ class _Rematerialized(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        operands = ctx.saved_tensors
-        needs = ctx.needs_input_grad[4:]
-        leaves = [x.detach().requires_grad_(n) for x, n in zip(operands, needs)]
-        wrt = [x for x in leaves if x.requires_grad]
-        grads = [None] * len(leaves)
-        if wrt:
-            acc = [torch.zeros_like(x) for x in wrt]
-            for lo, hi in ctx.blocks:
-                with torch.enable_grad():
-                    out = ctx.block_fn(*block_args(ctx.g, ctx.sides, lo, hi, leaves))
-                gs = torch.autograd.grad(out, wrt, grad_out[lo:hi], allow_unused=True)
-                for a, gr in zip(acc, gs):
-                    if gr is not None:
-                        a.add_(gr)
-            it = iter(acc)
-            grads = [next(it) if x.requires_grad else None for x in leaves]
+        grads = _block_grads(ctx, ctx.needs_input_grad[4:], lambda out, lo, hi: grad_out[lo:hi])
+        return (None, None, None, None, *grads)
+
+
+def _block_grads(ctx, needs, cotangent) -> list:
+    """The operands' gradients of a rematerialized op: each block computed again with
+    autograd and differentiated against ``cotangent(out, lo, hi)``, the gradients added."""
+    operands = ctx.saved_tensors
+    leaves = [x.detach().requires_grad_(n) for x, n in zip(operands, needs)]
+    wrt = [x for x in leaves if x.requires_grad]
+    if not wrt:
+        return [None] * len(leaves)
+    acc = [torch.zeros_like(x) for x in wrt]
+    for lo, hi in ctx.blocks:
+        with torch.enable_grad():
+            out = ctx.block_fn(*block_args(ctx.g, ctx.sides, lo, hi, leaves))
+        gs = torch.autograd.grad(out, wrt, cotangent(out, lo, hi), allow_unused=True)
+        for a, gr in zip(acc, gs):
+            if gr is not None:
+                a.add_(gr)
+    it = iter(acc)
+    return [next(it) if x.requires_grad else None for x in leaves]
+
+
+class _RematerializedSum(torch.autograd.Function):
+    """``fused_surrogate``: forward keeps the operands and computes nothing; backward is a
+    rematerialized op's with the cotangent 1 on every output."""
+
+    @staticmethod
+    def forward(ctx, block_fn, g, sides, blocks, *operands):
+        ctx.block_fn, ctx.g, ctx.sides, ctx.blocks = block_fn, g, sides, blocks
+        ctx.save_for_backward(*operands)
+        return torch.zeros((), dtype=torch.float64, device=g.device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        grads = _block_grads(ctx, ctx.needs_input_grad[4:],
+                             lambda out, lo, hi: grad.to(out.dtype).expand_as(out))
         return (None, None, None, None, *grads)
 
 
@@ -661,6 +724,16 @@ def block_args(g: Graph, sides, lo: int, hi: int, operands):
         return (g, *operands)
     sub, e0, e1 = _sub_block(g, lo, hi)
     return (sub, *(_slice_operand(x, s, lo, hi, e0, e1) for x, s in zip(operands, sides)))
+
+
+def fused_surrogate(block_fn, g: Graph, sides, width: int, operands) -> torch.Tensor:
+    """``fused(block_fn, ...).sum()`` for its gradient alone (a distributed block's
+    surrogate, differentiated and never read; its value here is 0): no block runs in the
+    forward pass, each runs once, with autograd, in the backward pass."""
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands) \
+            or not torch.is_grad_enabled():
+        return fused(block_fn, g, sides, width, operands).sum()
+    return _RematerializedSum.apply(block_fn, g, sides, row_blocks(g, width), *operands)
 
 
 def fused(block_fn, g: Graph, sides, width: int, operands):

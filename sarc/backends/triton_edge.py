@@ -74,6 +74,13 @@ class EdgeLowering:
                 return f"ops[{n}](g, {', '.join(operands)})"
         return torch_backend.LOWERING[v.op](v, regions() + operands)
 
+    def surrogate(self, i: int, v: Value, regions: RegionNames, operands: list[str],
+                  cot: str) -> str:
+        n = self._op(i) if v.op is Op.AGGREGATE else None
+        if n is None:
+            return f"({self.lower(i, v, regions, operands)} * {cot}).sum()"
+        return f"ops[{n}].surrogate(g, {cot}, {', '.join(operands)})"
+
     def block_op(self, name: str, i: int, v: Value,
                  bodies: RegionNames) -> tuple[str, list[str]]:
         why = triton_blocks.FALLBACKS.get(name)

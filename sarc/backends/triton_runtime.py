@@ -368,6 +368,15 @@ class FusedOp:
         check_device(self.name, self.forward.main.kernel, [g.src, *xs])
         return _FusedFunction.apply(self, g, *xs)
 
+    def surrogate(self, g: Graph, cot: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+        """``sum(self(g, *xs) * cot)`` for its gradient alone (a distributed block's
+        surrogate, never read): a sum or mean needs nothing of its forward, so none runs;
+        the backward kernels run with ``dy = cot``."""
+        if self.kind not in REDUCERS or not REDUCERS[self.kind].linear or cot.requires_grad:
+            return (self(g, *xs) * cot).sum()
+        check_device(self.name, self.forward.main.kernel, [g.src, *xs])
+        return _FusedVjp.apply(self, g, cot, *xs)
+
     def run_forward(self, g: Graph, xs) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         if self.kind == "softmax":
             out, lse = self.forward(g, xs, self.dtype)
@@ -419,6 +428,23 @@ class FusedOp:
             else:
                 grads.append(gr.kernel(g, feeds, x.dtype))
         return grads
+
+
+class _FusedVjp(torch.autograd.Function):
+    """``FusedOp.surrogate``: forward keeps the operands and computes nothing."""
+
+    @staticmethod
+    def forward(ctx, op: FusedOp, g: Graph, cot, *xs):
+        ctx.op, ctx.g, ctx.cot = op, g, cot.detach()
+        ctx.save_for_backward(*xs)
+        return cot.new_zeros(())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        grads = ctx.op.run_backward(ctx.g, ctx.saved_tensors, (), ctx.cot * grad,
+                                    ctx.needs_input_grad[3:])
+        return (None, None, None, *grads)
 
 
 class _FusedFunction(torch.autograd.Function):
@@ -599,6 +625,13 @@ class TypedAggregateOp:
         check_device(self.name, self.by_table.forward.main.kernel, [g.src, *xs])
         return _TypedAggregateFunction.apply(self, g, *xs)
 
+    def surrogate(self, g: Graph, cot: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+        """``sum(self(g, *xs) * cot)`` for its gradient alone, as ``FusedOp.surrogate``."""
+        if cot.requires_grad:
+            return (self(g, *xs) * cot).sum()
+        check_device(self.name, self.by_table.forward.main.kernel, [g.src, *xs])
+        return _TypedAggregateVjp.apply(self, g, cot, *xs)
+
     def split(self, xs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         rest = [a for k, a in enumerate(xs) if k not in (self.x, self.table, self.types)]
         return xs[self.x], xs[self.table], xs[self.types], rest
@@ -613,58 +646,84 @@ def _table_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 class _TypedAggregateFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op: TypedAggregateOp, g: Graph, *xs):
-        x, w, types, rest = op.split(xs)
+    def keep(ctx, op: TypedAggregateOp, g: Graph, xs) -> None:
+        """Which way the op runs on ``g`` and what its backward pass reads."""
+        _, w, types, _ = op.split(xs)
         num_types = w.shape[0]
         ctx.by_table = g.num_src * num_types <= g.num_edges
         if ctx.by_table:
-            gt = typed_graph(g, types, num_types)
-            y, _ = op.by_table.run_forward(gt, [_table_rows(x, w), *rest])
-            ctx.graph = gt
+            ctx.graph = typed_graph(g, types, num_types)
         else:
-            groups = type_groups(types, num_types)
-            y, _ = op.by_edge.run_forward(g, [typed_rows(op.linear, g, x, w, groups), *rest])
-            ctx.graph, ctx.groups = g, groups
+            ctx.graph, ctx.groups = g, type_groups(types, num_types)
         ctx.op, ctx.g = op, g
         ctx.save_for_backward(*xs)
-        return y
+
+    @staticmethod
+    def forward(ctx, op: TypedAggregateOp, g: Graph, *xs):
+        _TypedAggregateFunction.keep(ctx, op, g, xs)
+        x, w, _, rest = op.split(xs)
+        if ctx.by_table:
+            return op.by_table.run_forward(ctx.graph, [_table_rows(x, w), *rest])[0]
+        rows = typed_rows(op.linear, g, x, w, ctx.groups)
+        return op.by_edge.run_forward(g, [rows, *rest])[0]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        op = ctx.op
-        xs = ctx.saved_tensors
-        x, w, _, rest = op.split(xs)
-        needs = ctx.needs_input_grad[2:]
-        need_rest = [n for k, n in enumerate(needs) if k not in (op.x, op.table, op.types)]
-        agg = op.by_table if ctx.by_table else op.by_edge
-        rows = None
-        if any(need_rest):  # their gradient regions read the rows
-            rows = (_table_rows(x, w) if ctx.by_table
-                    else typed_rows(op.linear, ctx.g, x, w, ctx.groups))
-        operands = [rows, *rest]
-        dy = dy.contiguous()
-        feeds = [*operands, *agg.extras(ctx.graph, operands, (), dy)]
-        rest_grads = iter(agg.operand_grads(ctx.graph, operands, feeds, [False, *need_rest])[1:])
-        dx = dw = None
-        if needs[op.x] or needs[op.table]:
-            if ctx.by_table:
-                acc = _acc_dtype(x.dtype)
-                d_rows = agg.grads[0].kernel(ctx.graph, feeds, acc)
-                d_rows = d_rows.view(x.shape[0], w.shape[0], w.shape[2])
-                if needs[op.x]:
-                    dx = torch.einsum("nro,rio->ni", d_rows, w.to(acc)).to(x.dtype)
-                if needs[op.table]:
-                    dw = torch.einsum("ni,nro->rio", x.to(acc), d_rows).to(w.dtype)
-            else:
-                d_rows = agg.grads[0].kernel(ctx.graph, feeds, x.dtype)
-                dx, dw = typed_rows_grads(op.linear, ctx.g, x, w, ctx.groups, d_rows,
-                                          needs[op.x], needs[op.table])
-        grads = []
-        for k in range(len(xs)):
-            grads.append(dx if k == op.x else dw if k == op.table else None if k == op.types
-                         else next(rest_grads))
-        return (None, None, *grads)
+        return (None, None, *_typed_aggregate_grads(ctx, dy, ctx.needs_input_grad[2:]))
+
+
+def _typed_aggregate_grads(ctx, dy: torch.Tensor, needs) -> list:
+    """The operands' gradients of a ``TypedAggregateOp`` from its output's, ``ctx`` as
+    ``_TypedAggregateFunction.keep`` left it (None where not ``needs``)."""
+    op = ctx.op
+    xs = ctx.saved_tensors
+    x, w, _, rest = op.split(xs)
+    need_rest = [n for k, n in enumerate(needs) if k not in (op.x, op.table, op.types)]
+    agg = op.by_table if ctx.by_table else op.by_edge
+    rows = None
+    if any(need_rest):  # their gradient regions read the rows
+        rows = (_table_rows(x, w) if ctx.by_table
+                else typed_rows(op.linear, ctx.g, x, w, ctx.groups))
+    operands = [rows, *rest]
+    dy = dy.contiguous()
+    feeds = [*operands, *agg.extras(ctx.graph, operands, (), dy)]
+    rest_grads = iter(agg.operand_grads(ctx.graph, operands, feeds, [False, *need_rest])[1:])
+    dx = dw = None
+    if needs[op.x] or needs[op.table]:
+        if ctx.by_table:
+            acc = _acc_dtype(x.dtype)
+            d_rows = agg.grads[0].kernel(ctx.graph, feeds, acc)
+            d_rows = d_rows.view(x.shape[0], w.shape[0], w.shape[2])
+            if needs[op.x]:
+                dx = torch.einsum("nro,rio->ni", d_rows, w.to(acc)).to(x.dtype)
+            if needs[op.table]:
+                dw = torch.einsum("ni,nro->rio", x.to(acc), d_rows).to(w.dtype)
+        else:
+            d_rows = agg.grads[0].kernel(ctx.graph, feeds, x.dtype)
+            dx, dw = typed_rows_grads(op.linear, ctx.g, x, w, ctx.groups, d_rows,
+                                      needs[op.x], needs[op.table])
+    grads = []
+    for k in range(len(xs)):
+        grads.append(dx if k == op.x else dw if k == op.table else None if k == op.types
+                     else next(rest_grads))
+    return grads
+
+
+class _TypedAggregateVjp(torch.autograd.Function):
+    """``TypedAggregateOp.surrogate``: forward computes nothing; backward is the op's."""
+
+    @staticmethod
+    def forward(ctx, op: TypedAggregateOp, g: Graph, cot, *xs):
+        _TypedAggregateFunction.keep(ctx, op, g, xs)
+        ctx.cot = cot.detach()
+        return cot.new_zeros(())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return (None, None, None,
+                *_typed_aggregate_grads(ctx, ctx.cot * grad, ctx.needs_input_grad[3:]))
 
 
 __all__ = ["AggregateKernel", "SddmmKernel", "SoftmaxKernel", "Grad", "FusedOp", "EdgeSoftmaxOp",

@@ -129,18 +129,6 @@ def _edge_surrogate_v5_body(g, a0, a1):
     return r3
 
 
-def _edge_surrogate_v8_body(g, a0, a1):
-    # ^0: edge f32[E,2,4] = arg 0 @src                                 # gat.py:32
-    r0 = a0
-    # ^1: edge f32[E,2] = arg 1 @edge                                  # gat.py:38
-    r1 = a1
-    # ^2: edge f32[E,2,1] = reshape(^1, feat=[2, 1])                   # gat.py:39
-    r2 = r1.reshape(r1.shape[0], 2, 1)
-    # ^3: edge f32[E,2,4] = mul(^0, ^2)                                # gat.py:39
-    r3 = r0 * r2
-    return r3
-
-
 def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     # %0: src f32[N_src,2,4] = input "$x0"                             # gat.py:32
     v0 = inputs["$x0"]
@@ -176,9 +164,9 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #             ^2: edge f32[E,2,1] = reshape(^1, feat=[2, 1])                   # gat.py:39
     #             ^3: edge f32[E,2,4] = mul(^0, ^2)                                # gat.py:39
     #             yield ^3
-    v8 = K.spmm("sum", g, v0, v7, "src")
+    v8 = K.spmm_surrogate(cot["$agg0"], "sum", g, v0, v7, "src")
     del v0, v7
-    return (v8 * cot["$agg0"]).sum()
+    return v8
 
 
 def _edge_normalizers_v5_body(g, a0, a1):

@@ -62,12 +62,6 @@ def edge_partials(g, inputs, params, training, seed, norms):
     return {"$agg0": v1}
 
 
-def _edge_surrogate_v1_body(g, a0):
-    # ^0: edge f32[E,8] = arg 0 @src                                   # gcn.py:25
-    r0 = a0
-    return r0
-
-
 def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     # %0: src f32[N_src,8] = input "$x0"                               # gcn.py:25
     v0 = inputs["$x0"]
@@ -75,9 +69,9 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #         body:
     #             ^0: edge f32[E,8] = arg 0 @src                                   # gcn.py:25
     #             yield ^0
-    v1 = K.spmm("sum", g, v0, None, "src")
+    v1 = K.spmm_surrogate(cot["$agg0"], "sum", g, v0, None, "src")
     del v0
-    return (v1 * cot["$agg0"]).sum()
+    return v1
 
 
 def dst_post_part(g, inputs, params, training, seed):
