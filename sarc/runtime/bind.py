@@ -6,6 +6,7 @@ feature, what was expected and what was given.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Mapping
 
 import torch
@@ -39,9 +40,27 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
         x = check_feature(layer, name, given, t, g.num_edges if is_edge else g.num_src,
                           "edges" if is_edge else "source nodes", g.device)
         if is_edge:
-            x = x.index_select(0, g.perm)
+            x = in_csr_order(x, g, name)
         out[name] = x
     return out
+
+
+_CSR_ORDER: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def in_csr_order(x: torch.Tensor, g: Graph, name: str) -> torch.Tensor:
+    """Edge input ``x`` (given in the input edge order) in the graph's CSR order. An integer
+    input (type ids) is permuted once per graph and tensor while unchanged, the copy kept
+    with the graph (one per input name): the same tensor each call, so what the kernels
+    cache by it (Triton's node x type graph) is built once. A float input is permuted on
+    every call, its gradient flowing back through the permutation."""
+    if x.is_floating_point():
+        return x.index_select(0, g.perm)
+    cache = _CSR_ORDER.setdefault(g, {})
+    hit = cache.get(name)
+    if hit is None or hit[0] is not x or hit[1] != x._version:
+        hit = cache[name] = (x, x._version, x.index_select(0, g.perm))
+    return hit[2]
 
 
 def resolve_features(layer, args: tuple, feats: Mapping) -> dict[str, object]:

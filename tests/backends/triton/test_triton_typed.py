@@ -159,3 +159,21 @@ def test_type_ids_changed_in_place_are_read_again():
     feats["etype"].copy_(torch.randint(0, types, (edges,), generator=torch.Generator()
                                        .manual_seed(9)))
     torch.testing.assert_close(tri(g, **feats), ref(g, **feats))
+
+
+def test_the_node_by_type_graph_is_built_once_for_a_graph_and_its_type_ids(monkeypatch):
+    """Steps on one graph with the same type-id tensor build the node x type graph (and its
+    views) once: the layer's binding hands the op the same permuted ids each call."""
+    nodes, edges, types = SIZES["table"]
+    g = _graph(nodes, edges)
+    layer = set_backend(Typed("sum", 6, 5, types), "triton")
+    feats = _feats(g, 6, types)
+    built = []
+    real = triton_runtime.check_types  # called by typed_graph when it builds one
+    monkeypatch.setattr(triton_runtime, "check_types", lambda *a: built.append(1) or real(*a))
+    for _ in range(3):
+        layer(g, **feats).sum().backward()
+    assert len(built) == 1
+    feats["etype"] = feats["etype"].clone()  # another tensor: built again
+    layer(g, **feats)
+    assert len(built) == 2
