@@ -135,14 +135,15 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
             if v.op is Op.REDUCE:
                 if mode == "surrogate":
                     f, (how,) = block("reduce_extremum_select", lambda: [literal(kind)])
-                    return f"{f}({how}, {ops[0]}, g, cot[{literal(name)}][0])"
+                    return (f"{f}({how}, {ops[0]}, g, cot[{literal(name)}][0], "
+                            f"cot[{literal(name)}][1])")
                 f, (how,) = block("reduce_extremum_partial", lambda: [literal(kind)])
                 return f"{f}({how}, {ops[0]}, g)"
             sides, width, operands = _fused_args(v, ops)
             if mode == "surrogate":
                 f, (body,) = block("extremum_select", regions)
                 return (f"{f}({literal(kind)}, {body}, {sides}, {width}, g, "
-                        f"cot[{literal(name)}][0], {operands})")
+                        f"cot[{literal(name)}][0], cot[{literal(name)}][1], {operands})")
             f, (body,) = block("extremum_partial", regions)
             return f"{f}({literal(kind)}, {body}, {sides}, {width}, g, {operands})"
         # sum (mean is a sum here): the block's aggregate; its surrogate sum(agg * cot)
@@ -153,11 +154,10 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
 
 
 def _surrogate_term(name: str, kind: str, var: str) -> str:
-    if kind == "softmax":
-        return f"{var}.sum()"
-    if reducer(kind).selects:  # cotangent (y, g / ties): the ties' share
-        return f"({var} * cot[{literal(name)}][1]).sum()"
-    return var  # the backend's surrogate (EdgeLowering.surrogate)
+    """The block's surrogate of aggregate ``name``, a scalar: the block ops' (the selects
+    weighed by the cotangent's share of each tie, g / ties) and the backend's
+    (``EdgeLowering.surrogate``) are already."""
+    return f"{var}.sum()" if kind == "softmax" else var
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ with respect to the block's inputs is the block's share of the layer's
 gradient, given the merged state and the output cotangent:
 
 - ``extremum_select``: ``sum over e of [x_e == Y_v] x_e`` (cotangent ``g / C``,
-  C the tie count over *all* blocks: ties split evenly, as on one process);
+  C the tie count over *all* blocks: ties split evenly, as on one process), weighed by
+  that cotangent and summed: a scalar computed for its gradient alone;
 - ``softmax_surrogate``: ``sum_e alpha_e (<g_v, value_e> - D_v)``, ``D_v = <g_v, out_v>``,
   alpha from the final (M, S): its gradient is ``alpha_e g_v`` for the value
   and ``alpha_e (<g_v, value_e> - D_v)`` for the score, exactly the softmax's
@@ -129,15 +130,20 @@ def _select(x: torch.Tensor, y: torch.Tensor, g: Graph) -> torch.Tensor:
     return K.segment_sum(torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), g)
 
 
-def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tensor, *operands):
-    """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
+def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tensor,
+                    share: torch.Tensor, *operands):
+    """The sum over destinations v and the block's edges e -> v of ``share[v] * body(e)``
+    where ``body(e)`` equals the merged ``y[v]``, for its gradient alone
+    (``torch_ops.fused_surrogate``)."""
     def block(gb, yb, *xs):
         return _select(body(gb, *_per_edge(gb, sides, xs)), yb, gb)
-    return K.fused(block, g, ("dst", *sides), width, (y, *operands))
+    return K.fused_surrogate(block, g, ("dst", *sides), width, (y, *operands), share)
 
 
-def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor) -> torch.Tensor:
-    return _select(x, y, g)
+def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor,
+                           share: torch.Tensor) -> torch.Tensor:
+    """``extremum_select`` of an edge tensor ``x`` (a REDUCE)."""
+    return (_select(x, y, g) * share).sum()
 
 
 # --- softmax ------------------------------------------------------------------------------

@@ -703,20 +703,22 @@ def _block_grads(ctx, needs, cotangent) -> list:
 
 class _RematerializedSum(torch.autograd.Function):
     """``fused_surrogate``: forward keeps the operands and computes nothing; backward is a
-    rematerialized op's with the cotangent 1 on every output."""
+    rematerialized op's with the cotangent ``cot`` (None: 1 on every output)."""
 
     @staticmethod
-    def forward(ctx, block_fn, g, sides, blocks, *operands):
-        ctx.block_fn, ctx.g, ctx.sides, ctx.blocks = block_fn, g, sides, blocks
+    def forward(ctx, block_fn, g, sides, blocks, cot, *operands):
+        ctx.block_fn, ctx.g, ctx.sides, ctx.blocks, ctx.cot = block_fn, g, sides, blocks, cot
         ctx.save_for_backward(*operands)
         return torch.zeros((), dtype=torch.float64, device=g.device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        grads = _block_grads(ctx, ctx.needs_input_grad[4:],
-                             lambda out, lo, hi: grad.to(out.dtype).expand_as(out))
-        return (None, None, None, None, *grads)
+        def cotangent(out, lo, hi):
+            c = grad.to(out.dtype)
+            return c.expand_as(out) if ctx.cot is None else ctx.cot[lo:hi].to(out.dtype) * c
+        grads = _block_grads(ctx, ctx.needs_input_grad[5:], cotangent)
+        return (None, None, None, None, None, *grads)
 
 
 def block_args(g: Graph, sides, lo: int, hi: int, operands):
@@ -726,14 +728,18 @@ def block_args(g: Graph, sides, lo: int, hi: int, operands):
     return (sub, *(_slice_operand(x, s, lo, hi, e0, e1) for x, s in zip(operands, sides)))
 
 
-def fused_surrogate(block_fn, g: Graph, sides, width: int, operands) -> torch.Tensor:
-    """``fused(block_fn, ...).sum()`` for its gradient alone (a distributed block's
-    surrogate, differentiated and never read; its value here is 0): no block runs in the
-    forward pass, each runs once, with autograd, in the backward pass."""
+def fused_surrogate(block_fn, g: Graph, sides, width: int, operands,
+                    cot: torch.Tensor | None = None) -> torch.Tensor:
+    """``(fused(block_fn, ...) * cot).sum()`` (``cot`` None: ``.sum()``) for its gradient
+    alone (a distributed block's surrogate, differentiated and never read; its value here is
+    0): no block runs in the forward pass, each runs once, with autograd, in the backward
+    pass."""
     if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in operands) \
-            or not torch.is_grad_enabled():
-        return fused(block_fn, g, sides, width, operands).sum()
-    return _RematerializedSum.apply(block_fn, g, sides, row_blocks(g, width), *operands)
+            or not torch.is_grad_enabled() or (cot is not None and cot.requires_grad):
+        out = fused(block_fn, g, sides, width, operands)
+        return (out if cot is None else out * cot).sum()
+    cot = cot.detach() if cot is not None else None
+    return _RematerializedSum.apply(block_fn, g, sides, row_blocks(g, width), cot, *operands)
 
 
 def fused(block_fn, g: Graph, sides, width: int, operands):

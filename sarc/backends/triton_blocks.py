@@ -74,38 +74,42 @@ def reduce_extremum_partial(kind, x: torch.Tensor, g):
     return _partial(kind, g, (x,))
 
 
-def extremum_select(kind: str, body, sides, width: int, g, y: torch.Tensor, *operands):
-    """sum over the block's edges e -> v of ``body(e)`` where it equals the merged ``y[v]``."""
+def extremum_select(kind: str, body, sides, width: int, g, y: torch.Tensor,
+                    share: torch.Tensor, *operands):
+    """The sum over the block's edges e -> v attaining the merged ``y[v]`` of
+    ``share[v] * body(e)``, for its gradient alone (``torch_blocks.extremum_select``)."""
     if not isinstance(body, FusedOp):
-        return torch_blocks.extremum_select(kind, body, sides, width, g, y, *operands)
+        return torch_blocks.extremum_select(kind, body, sides, width, g, y, share, *operands)
     check_device(body.name, body.forward.main.kernel, [g.src, y, *operands])
-    return _Select.apply(body, g, y, *operands)
+    return _Select.apply(body, g, y, share, *operands)
 
 
-def reduce_extremum_select(kind, x: torch.Tensor, g, y: torch.Tensor) -> torch.Tensor:
+def reduce_extremum_select(kind, x: torch.Tensor, g, y: torch.Tensor,
+                           share: torch.Tensor) -> torch.Tensor:
     if not isinstance(kind, FusedOp):
-        return torch_blocks.reduce_extremum_select(kind, x, g, y)
+        return torch_blocks.reduce_extremum_select(kind, x, g, y, share)
     check_device(kind.name, kind.forward.main.kernel, [g.src, x, y])
-    return _Select.apply(kind, g, y, x)
+    return _Select.apply(kind, g, y, share, x)
 
 
 class _Select(torch.autograd.Function):
-    """The block's edges attaining the merged extremum ``y``; backward: ``dy`` (the
-    cotangent's share per tied edge) through the op's gradient kernels."""
+    """``extremum_select`` on the op's kernels: forward computes nothing (only the gradient
+    is read); backward: ``share`` (the cotangent's share per tied edge) through the op's
+    gradient kernels, which pick the edges attaining ``y``."""
 
     @staticmethod
-    def forward(ctx, op: FusedOp, g, y, *xs):
-        ties = _ties(op, g, xs, y)
+    def forward(ctx, op: FusedOp, g, y, share, *xs):
         ctx.op, ctx.g = op, g
-        ctx.save_for_backward(y, *xs)
-        return torch.where(ties > 0, y * ties, torch.zeros((), dtype=y.dtype, device=y.device))
+        ctx.save_for_backward(y, share.detach(), *xs)
+        return y.new_zeros(())
 
     @staticmethod
-    def backward(ctx, dy):
-        y, *xs = ctx.saved_tensors
-        feeds = [*xs, y, dy.to(y.dtype).contiguous()]
-        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[3:])
-        return (None, None, None, *grads)
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        y, share, *xs = ctx.saved_tensors
+        feeds = [*xs, y, (share * grad).to(y.dtype).contiguous()]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[4:])
+        return (None, None, None, None, *grads)
 
 
 # --- softmax ------------------------------------------------------------------------------

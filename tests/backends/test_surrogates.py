@@ -2,8 +2,8 @@
 ``torch_ops.spmm_surrogate`` (``sum(spmm(...) * cot)``) has the expression's gradients for
 every form of the product (unweighted sum and mean, an edge scalar, a weight per head, an
 edge operand, low precision, no edges), and where the product is one CSR product its
-forward is not run; ``torch_ops.fused_surrogate`` (``fused(...).sum()``, the softmax
-blocks') runs each row block once, in the backward pass."""
+forward is not run; ``torch_ops.fused_surrogate`` (``(fused(...) * cot).sum()``, the
+softmax and select blocks') runs each row block once, in the backward pass."""
 from __future__ import annotations
 
 import pytest
@@ -65,10 +65,11 @@ def test_surrogate_has_the_expressions_gradients(form, monkeypatch):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("weighted", [False, True])  # .sum(), (* cot).sum()
 @pytest.mark.parametrize("width", [4, K.EDGE_BLOCK_ELEMS // 8])  # one row block, many
-def test_fused_surrogate_runs_each_block_once_in_the_backward_pass(width):
-    """``fused_surrogate`` = ``fused(...).sum()`` for its gradient: no block runs in the
-    forward pass, each runs once in the backward pass, the gradients are the same."""
+def test_fused_surrogate_runs_each_block_once_in_the_backward_pass(width, weighted):
+    """``fused_surrogate`` = ``(fused(...) * cot).sum()`` for its gradient: no block runs in
+    the forward pass, each runs once in the backward pass, the gradients are the same."""
     g = _graph(30, 200)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(g.num_src, 4, generator=gen, requires_grad=True)
@@ -79,10 +80,12 @@ def test_fused_surrogate_runs_each_block_once_in_the_backward_pass(width):
         calls.append(gb.num_dst)
         return K.segment_sum(torch.tanh(xb.index_select(0, gb.src) * wb.unsqueeze(-1)), gb)
 
-    want = torch.autograd.grad(K.fused(block, g, ("src", "edge"), width, (x, w)).sum(), [x, w])
+    cot = torch.randn(g.num_dst, 4, generator=gen) if weighted else None
+    out = K.fused(block, g, ("src", "edge"), width, (x, w))
+    want = torch.autograd.grad((out * cot if weighted else out).sum(), [x, w])
     blocks = len(K.row_blocks(g, width))
     calls.clear()
-    loss = K.fused_surrogate(block, g, ("src", "edge"), width, (x, w))
+    loss = K.fused_surrogate(block, g, ("src", "edge"), width, (x, w), cot)
     assert calls == [] and loss.item() == 0
     got = torch.autograd.grad(loss, [x, w])
     assert len(calls) == blocks and sum(calls) == g.num_dst

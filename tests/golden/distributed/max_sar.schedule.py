@@ -71,9 +71,9 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #         body:
     #             ^0: edge f32[E,8] = arg 0 @src                                   # layers.py:19
     #             yield ^0
-    v1 = DK.extremum_select("max", _edge_surrogate_v1_body, ('src',), 8, g, cot["$agg0"][0], v0)
+    v1 = DK.extremum_select("max", _edge_surrogate_v1_body, ('src',), 8, g, cot["$agg0"][0], cot["$agg0"][1], v0)
     del v0
-    return (v1 * cot["$agg0"][1]).sum()
+    return v1
 
 
 def dst_post_part(g, inputs, params, training, seed):
