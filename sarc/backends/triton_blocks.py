@@ -10,14 +10,17 @@ value region), and the block op runs its kernels:
   op's forward kernel, then its tie-counting kernel (the one its backward splits ties
   with) at ``y``;
 - ``extremum_select`` / ``reduce_extremum_select``: the surrogate whose gradient is the
-  block's share of the merged extremum's: its value is ``y * ties`` (the tied edges' sum),
-  its backward the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C``
-  (C the tie count over every block) in place of the block's own;
+  block's share of the merged extremum's, computed for its gradient alone: its backward
+  the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C`` (C the tie
+  count over every block) in place of the block's own;
 - ``softmax_partial``, ``softmax_normalizer``, ``softmax_normalized``,
-  ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``):
-  the partial is its forward kernel's ``(lse, 1, out)``, the normalizer ``(lse, 1)``,
-  the normalized sum ``out * exp(lse - M) / S``; the surrogate is its row-sum kernel,
-  its backward the op's gradient kernels fed the merged state.
+  ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``),
+  whose kernels load the operands as they are (float32 is exact in float64: no float64
+  copy) and compute in ``STATS``: the partial is its forward
+  kernel's ``(lse, 1, out)``, the normalizer ``(lse, 1)``, the normalized sum
+  ``out * exp(lse - M) / S``; the surrogate, computed for its gradient alone, is the
+  op's gradient kernels fed the merged state, each gradient accumulated in ``STATS`` and
+  rounded once.
 
 Given a region function instead (an op the Triton backend could not lower), they are
 the torch backend's. An unfused edge_softmax's block ops (its normalizer pass over an
@@ -114,10 +117,6 @@ class _Select(torch.autograd.Function):
 
 # --- softmax ------------------------------------------------------------------------------
 
-def _in_stats(xs) -> list[torch.Tensor]:
-    return [x.to(STATS) if x.is_floating_point() else x for x in xs]
-
-
 def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
     has = g.rowptr[1:] > g.rowptr[:-1]
     return has.view(-1, *([1] * (like.dim() - 1)))
@@ -127,7 +126,7 @@ def _softmax(op: FusedOp, g, operands):
     """The op's forward kernel on the block: (out, lse, (m, s)), ``(m, s) = (lse, 1)`` the
     normalizer state equivalent to it (-inf, 0 on rows without edges)."""
     check_device(op.name, op.forward.main.kernel, [g.src, *operands])
-    out, lse = op.forward(g, _in_stats(operands), STATS)
+    out, lse = op.forward(g, operands, STATS)
     has = _rows_with_edges(g, lse)
     m = torch.where(has, lse, torch.full((), float("-inf"), dtype=STATS, device=lse.device))
     return out, lse, (m, has.to(STATS).expand_as(lse).contiguous())
@@ -168,11 +167,11 @@ def softmax_normalized(score, value, sides, width: int, g, value_index, norm, *o
 
 
 def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *operands):
-    """Per destination, sum over the block's edges of alpha_e (<g_v, value_e> - D_v)
-    (``torch_blocks.softmax_surrogate``). On the op (compiled in ``STATS``): its row-sum
-    kernel computes it, its gradient kernels (fed the merged log-sum-exp ``M + log S``,
-    ``g`` and ``D``, and no projection: the block's share of a row's score gradients
-    does not sum to zero) its backward."""
+    """The sum over destinations and the block's edges of alpha_e (<g_v, value_e> - D_v),
+    for its gradient alone (``torch_blocks.softmax_surrogate``). On the op (compiled in
+    ``STATS``): its gradient kernels, fed the merged log-sum-exp ``M + log S``, ``g`` and
+    ``D``, and no projection (the block's share of a row's score gradients does not sum to
+    zero)."""
     if not isinstance(score, FusedOp):
         return torch_blocks.softmax_surrogate(score, value, sides, width, g, value_index,
                                               state, *operands)
@@ -184,21 +183,23 @@ def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *o
 
 
 class _SoftmaxSurrogate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, op: FusedOp, g, lse, grad, d, *operands):
-        xs = _in_stats(operands)
-        ctx.op, ctx.g = op, g
-        ctx.dtypes = [x.dtype for x in operands]
-        ctx.save_for_backward(lse, grad, d, *xs)
-        return op.row_sum(g, [*xs, grad.contiguous(), lse, d], STATS)
+    """``softmax_surrogate`` on the op's kernels, summed over the destinations: forward
+    computes nothing (only the gradient is read)."""
 
     @staticmethod
+    def forward(ctx, op: FusedOp, g, lse, grad, d, *operands):
+        ctx.op, ctx.g = op, g
+        ctx.dtypes = [x.dtype for x in operands]
+        ctx.save_for_backward(lse, grad, d, *operands)
+        return lse.new_zeros(())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dsur):
         lse, grad, d, *xs = ctx.saved_tensors
         dsur = dsur.to(STATS)
-        # the surrogate is linear in (g, D): a row's weight scales both
-        dy = (grad * dsur.reshape(*dsur.shape, *([1] * (grad.dim() - dsur.dim())))).contiguous()
-        feeds = [*xs, dy, lse, d * dsur, torch.zeros_like(lse)]
-        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:])
+        # the surrogate is linear in (g, D): its cotangent scales both
+        feeds = [*xs, (grad * dsur).contiguous(), lse, d * dsur, torch.zeros_like(lse)]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:], STATS)
         return (None, None, None, None, None,
                 *(None if gr is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes)))

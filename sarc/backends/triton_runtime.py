@@ -414,19 +414,22 @@ class FusedOp:
         dy = dy.contiguous()
         return self.operand_grads(g, xs, [*xs, *self.extras(g, xs, saved, dy)], needs)
 
-    def operand_grads(self, g: Graph, xs, feeds, needs) -> list:
+    def operand_grads(self, g: Graph, xs, feeds, needs, dtype: torch.dtype | None = None) -> list:
         """Each operand's gradient (None where not ``needs``) from the gradient kernels,
-        which read ``feeds``: the operands, then the extras (``triton_grad.EXTRAS``)."""
+        which read ``feeds``: the operands, then the extras (``triton_grad.EXTRAS``); in
+        the operand's dtype, or ``dtype``."""
         grads: list[torch.Tensor | None] = []
         for k, (x, need) in enumerate(zip(xs, needs)):
             gr = self.grads.get(k)
             if not need or gr is None:
                 grads.append(None)
-            elif gr.side == "param":
-                rows = gr.kernel(g, feeds, _acc_dtype(x.dtype))
-                grads.append(rows.sum(0).reshape(x.shape).to(x.dtype))
+                continue
+            dt = dtype or x.dtype
+            if gr.side == "param":
+                rows = gr.kernel(g, feeds, _acc_dtype(dt))
+                grads.append(rows.sum(0).reshape(x.shape).to(dt))
             else:
-                grads.append(gr.kernel(g, feeds, x.dtype))
+                grads.append(gr.kernel(g, feeds, dt))
         return grads
 
 
