@@ -142,12 +142,13 @@ def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
         from gcn import GCNLayer
         from rgcn import RGCNLayer
 
-        from sarc.compiler import optimize
+        from sarc.compiler import compile_layer
         from sarc.ir.types import E, N_DST, N_SRC
         from sarc.planner.cost import fused_traffic
         want = set()
         for name, layer in (("GCN", GCNLayer(8, 8)), ("RGCN", RGCNLayer(8, 8, 3))):
-            for t in fused_traffic(optimize(layer.trace())):
+            fn = compile_layer(layer, "triton", through="optimize").optimized  # the kernel's IR
+            for t in fused_traffic(fn):
                 want.add((name, int(t.fused.subs({N_SRC: 40, N_DST: 40, E: 160}))))
         got = {(k["layer"], k["predicted_bytes"]) for k in saved["kernels"]}
         assert got == want
