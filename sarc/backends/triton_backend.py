@@ -267,8 +267,7 @@ def _rows_region(body: Region, drop: tuple[int, ...], side: str) -> Region:
             continue
         remap[r] = len(values)
         if rv.op is Op.TYPED_LINEAR:
-            t = rv.type
-            values.append(Value(Op.ARG, (), (("index", 0), ("side", side)), t, rv.loc))
+            values.append(Value(Op.ARG, (), (("index", 0), ("side", side)), rv.type, rv.loc))
         elif rv.op is Op.ARG:
             attrs = dict(rv.attrs, index=1 + rest.index(rv.attr["index"]))
             values.append(replace(rv, attrs=tuple(attrs.items())))
