@@ -296,35 +296,23 @@ def _region_naive(r: Region) -> sympy.Expr:
     return total
 
 
-def _typed_traffic(fn: Function, v: Value) -> tuple[sympy.Expr, sympy.Expr] | None:
-    """(fused, naive) bytes of an aggregate of a typed linear's rows (``fuse_typed_linear``),
-    as the backends run it: where nodes x types are no more than edges, the node x type table
-    written in float32 (a batched GEMM reading x and W) and read per edge by the aggregate;
-    otherwise each edge's row computed (x read per edge) and written, then read by the
-    aggregate. Both read the other edge operands and the CSR index, and write the result.
-    Naive: the gather, the typed linear and the region's other ops each materialized."""
-    from ..ir.patterns import region_sides, typed_spmm_pattern
+def _typed_rows(fn: Function, v: Value) -> tuple[int, sympy.Expr] | None:
+    """For an aggregate of a typed linear's rows (``fuse_typed_linear``): its input operand
+    and the bytes that make the rows it reads, as the backends make them. Where nodes x
+    types are no more than edges, the node x type table written in float32 (a batched GEMM
+    reading x) and read per edge; otherwise each edge's row computed (x read per edge
+    through the edge's source) and written, then read. The weights, the other operands,
+    the index and the result are the aggregate's, counted as any fused op's."""
+    from ..ir.patterns import typed_spmm_pattern
     typed = typed_spmm_pattern(v)
     if typed is None:
         return None
-    x, table, types = (fn.values[v.inputs[k]].type for k in typed[:3])
-    body = v.attr["body"]
-    rows = next(r.type for r in body.values if r.op is Op.TYPED_LINEAR)
-    per_row = _numel(rows) * DTYPE_BYTES[rows.dtype]
-    others = sympy.Integer(0)
-    for k, (j, side) in enumerate(zip(v.inputs, region_sides(v))):
-        if k not in typed[:2]:
-            t = fn.values[j].type
-            others += nbytes(t) if side == "param" else E * nbytes(t) / t.domain.rows
-    tail = others + nbytes(v.type) + E * INDEX_BYTES + (N_DST + 1) * INDEX_BYTES
-    num_types = table.feat[0]
+    x, table = (fn.values[v.inputs[k]].type for k in typed[:2])
+    rows = next(r.type for r in v.attr["body"].values if r.op is Op.TYPED_LINEAR)
     acc = 8 if rows.dtype is DType.F64 else 4  # the table's entries
-    by_table = nbytes(x) + nbytes(table) + (N_SRC * num_types + E) * _numel(rows) * acc
-    by_edge = nbytes(table) + E * nbytes(x) / x.domain.rows + E * INDEX_BYTES + 2 * E * per_row
-    fused = sympy.Piecewise((by_table + tail, N_SRC * num_types <= E), (by_edge + tail, True))
-    naive = _region_naive(body) + nbytes(v.type) + E * INDEX_BYTES + (N_DST + 1) * INDEX_BYTES
-    naive += nbytes(body.values[body.result].type)  # the reduce reads the edge result
-    return sympy.expand(fused), sympy.expand(naive)
+    by_table = nbytes(x) + (N_SRC * table.feat[0] + E) * _numel(rows) * acc
+    by_edge = E * nbytes(x) / x.domain.rows + E * INDEX_BYTES + 2 * nbytes(rows)
+    return typed[0], sympy.Piecewise((by_table, N_SRC * table.feat[0] <= E), (by_edge, True))
 
 
 def fused_traffic(fn: Function) -> list[Traffic]:
@@ -341,12 +329,11 @@ def fused_traffic(fn: Function) -> list[Traffic]:
             continue
         if v.op not in FUSED:
             continue
-        typed = _typed_traffic(fn, v)
-        if typed is not None:
-            out.append(Traffic(i, v.op.value, *typed))
-            continue
-        fused = sympy.Integer(0)
-        for j, side in zip(v.inputs, region_sides(v)):
+        typed = _typed_rows(fn, v)
+        fused = typed[1] if typed is not None else sympy.Integer(0)
+        for k, (j, side) in enumerate(zip(v.inputs, region_sides(v))):
+            if typed is not None and k == typed[0]:
+                continue  # read through the typed rows
             t = fn.values[j].type
             per = nbytes(t) / t.domain.rows if t.domain.rows is not None else nbytes(t)
             # a row kernel reads destination operands once per row; an SDDMM, per edge
@@ -368,7 +355,8 @@ def fused_traffic(fn: Function) -> list[Traffic]:
             fused += N_DST * _numel(st) * 4  # log-sum-exp per row, float32
             naive += 4 * nbytes(st) + E * INDEX_BYTES  # softmax: 3 reads, 1 write
             naive += nbytes(st) + nbytes(v.type.with_(domain=Domain.EDGE))  # alpha * value
-        out.append(Traffic(i, v.op.value, sympy.expand(fused), sympy.expand(naive)))
+        out.append(Traffic(i, v.op.value, sympy.expand(sympy.piecewise_fold(fused)),
+                           sympy.expand(naive)))
     return out
 
 
