@@ -18,11 +18,15 @@ Edge data handed to a layer is in the order the edges were given;
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 
 from .errors import GraphError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,6 +106,20 @@ class Graph:
     def __repr__(self) -> str:
         split = "" if self.dst_in_src else ", dst_in_src=False"
         return f"Graph(num_src={self.num_src}, num_dst={self.num_dst}, num_edges={self.num_edges}{split})"
+
+
+_DERIVED: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+def derived(g: Graph, key, x: torch.Tensor, build: Callable[[], T]) -> T:
+    """What ``build()`` makes of ``g`` and its tensor ``x`` (an edge input: type ids), kept
+    with the graph under ``key`` while ``x`` is the same tensor, unchanged: one per key, so
+    steps on one graph build it once and another tensor replaces it."""
+    cache = _DERIVED.setdefault(g, {})
+    hit = cache.get(key)
+    if hit is None or hit[0] is not x or hit[1] != x._version:
+        hit = cache[key] = (x, x._version, build())
+    return hit[2]
 
 
 def _as_index(t, name: str) -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import SarcError
-from ..graph import Graph
+from ..graph import Graph, derived
 from ..ir.reducers import REDUCERS, tie_share
 from .torch_ops import check_types
 
@@ -250,6 +250,11 @@ class TypeGroups:
     seg: torch.Tensor
     num_types: int
     max_count: int
+
+
+def graph_type_groups(g: Graph, types: torch.Tensor, num_types: int) -> TypeGroups:
+    """``type_groups`` of an edge tensor of ``g``, kept with the graph (``graph.derived``)."""
+    return derived(g, ("type groups", num_types), types, lambda: type_groups(types, num_types))
 
 
 def type_groups(types: torch.Tensor, num_types: int) -> TypeGroups:
@@ -564,7 +569,7 @@ def typed_rows_grads(op: TypedLinearOp, g: Graph, x: torch.Tensor, w: torch.Tens
 class _TypedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: TypedLinearOp, g: Graph, x, w, types):
-        groups = type_groups(types, w.shape[0])
+        groups = graph_type_groups(g, types, w.shape[0])
         ctx.op, ctx.g, ctx.groups = op, g, groups
         ctx.save_for_backward(x, w)
         return typed_rows(op, g, x, w, groups)
@@ -579,25 +584,19 @@ class _TypedLinearFunction(torch.autograd.Function):
 
 # --- an aggregate of typed rows ------------------------------------------------------------
 
-_TYPED: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
-
-
 def typed_graph(g: Graph, types: torch.Tensor, num_types: int) -> Graph:
     """``g`` with the source of edge e renamed ``src[e] * num_types + types[e]``: its rows
-    are those of a node x type table. Cached per graph while its type ids are the same
-    tensor, unchanged (a new graph's views are built once)."""
-    cache = _TYPED.setdefault(g, {})
-    hit = cache.get(num_types)
-    if hit is not None and hit[0] is types and hit[1] == types._version:
-        return hit[2]
-    check_types(types, num_types)
-    src = g.src * num_types + types
-    n = g.num_src * num_types
-    gt = Graph(num_src=n, num_dst=g.num_dst, src=src, dst=g.dst, perm=g.perm, rowptr=g.rowptr,
-               in_degree=g.in_degree,
-               out_degree=torch.bincount(src, minlength=n).to(torch.float32), dst_in_src=False)
-    cache[num_types] = (types, types._version, gt)
-    return gt
+    are those of a node x type table. Kept with the graph while its type ids are the same
+    tensor, unchanged (``graph.derived``: its views are built once)."""
+    def build() -> Graph:
+        check_types(types, num_types)
+        src = g.src * num_types + types
+        n = g.num_src * num_types
+        return Graph(num_src=n, num_dst=g.num_dst, src=src, dst=g.dst, perm=g.perm,
+                     rowptr=g.rowptr, in_degree=g.in_degree,
+                     out_degree=torch.bincount(src, minlength=n).to(torch.float32),
+                     dst_in_src=False)
+    return derived(g, ("typed graph", num_types), types, build)
 
 
 @dataclass(frozen=True)
@@ -657,7 +656,7 @@ class _TypedAggregateFunction(torch.autograd.Function):
         if ctx.by_table:
             ctx.graph = typed_graph(g, types, num_types)
         else:
-            ctx.graph, ctx.groups = g, type_groups(types, num_types)
+            ctx.graph, ctx.groups = g, graph_type_groups(g, types, num_types)
         ctx.op, ctx.g = op, g
         ctx.save_for_backward(*xs)
 

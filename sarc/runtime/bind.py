@@ -6,13 +6,12 @@ feature, what was expected and what was given.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Mapping
 
 import torch
 
 from ..errors import GraphError
-from ..graph import Graph
+from ..graph import Graph, derived
 from ..ir.function import Function
 from ..ir.types import Domain
 
@@ -45,22 +44,15 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
     return out
 
 
-_CSR_ORDER: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
-
-
 def in_csr_order(x: torch.Tensor, g: Graph, name: str) -> torch.Tensor:
     """Edge input ``x`` (given in the input edge order) in the graph's CSR order. An integer
     input (type ids) is permuted once per graph and tensor while unchanged, the copy kept
-    with the graph (one per input name): the same tensor each call, so what the kernels
-    cache by it (Triton's node x type graph) is built once. A float input is permuted on
-    every call, its gradient flowing back through the permutation."""
+    with the graph (``graph.derived``, one per input name): the same tensor each call, so
+    what the kernels derive from it (Triton's node x type graph) is built once. A float
+    input is permuted on every call, its gradient flowing back through the permutation."""
     if x.is_floating_point():
         return x.index_select(0, g.perm)
-    cache = _CSR_ORDER.setdefault(g, {})
-    hit = cache.get(name)
-    if hit is None or hit[0] is not x or hit[1] != x._version:
-        hit = cache[name] = (x, x._version, x.index_select(0, g.perm))
-    return hit[2]
+    return derived(g, ("csr order", name), x, lambda: x.index_select(0, g.perm))
 
 
 def resolve_features(layer, args: tuple, feats: Mapping) -> dict[str, object]:
