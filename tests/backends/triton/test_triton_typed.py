@@ -161,15 +161,17 @@ def test_type_ids_changed_in_place_are_read_again():
     torch.testing.assert_close(tri(g, **feats), ref(g, **feats))
 
 
-def test_the_node_by_type_graph_is_built_once_for_a_graph_and_its_type_ids(monkeypatch):
+@pytest.mark.parametrize("way", sorted(SIZES))
+def test_what_the_type_ids_give_is_built_once_for_a_graph_and_its_type_ids(way, monkeypatch):
     """Steps on one graph with the same type-id tensor build the node x type graph (and its
-    views) once: the layer's binding hands the op the same permuted ids each call."""
-    nodes, edges, types = SIZES["table"]
+    views) or the rows' type groups once: the layer's binding hands the op the same
+    permuted ids each call (``graph.derived``)."""
+    nodes, edges, types = SIZES[way]
     g = _graph(nodes, edges)
     layer = set_backend(Typed("sum", 6, 5, types), "triton")
     feats = _feats(g, 6, types)
     built = []
-    real = triton_runtime.check_types  # called by typed_graph when it builds one
+    real = triton_runtime.check_types  # called when the graph or the groups are built
     monkeypatch.setattr(triton_runtime, "check_types", lambda *a: built.append(1) or real(*a))
     for _ in range(3):
         layer(g, **feats).sum().backward()
