@@ -148,7 +148,9 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
             return f"{f}({literal(kind)}, {body}, {sides}, {width}, g, {operands})"
         # sum (mean is a sum here): the block's aggregate; its surrogate sum(agg * cot)
         if mode == "surrogate":
-            return backend.surrogate(i, v, regions, ops, f"cot[{literal(name)}]")
+            cot = f"cot[{literal(name)}]"
+            own = backend.surrogate(i, v, regions, ops, cot)
+            return own or f"({backend.lower(i, v, regions, ops)} * {cot}).sum()"
         return backend.lower(i, v, regions, ops)
     return lower
 

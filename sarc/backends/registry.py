@@ -60,10 +60,11 @@ class EdgeLowering(Protocol):
         ``regions`` writes its region functions and names them."""
 
     def surrogate(self, i: int, v: Value, regions: RegionNames, operands: list[str],
-                  cot: str) -> str:
+                  cot: str) -> str | None:
         """The backward surrogate of sum / mean aggregate ``i``, ``sum(v_i * cot)``, as an
         expression: only its gradient is read, so a backend whose aggregate has its
-        backward apart runs that alone, not the aggregate."""
+        backward apart runs that alone, not the aggregate; None where it has none (the
+        caller then writes ``sum(v_i * cot)`` over ``lower``)."""
 
     def block_op(self, name: str, i: int, v: Value,
                  bodies: RegionNames) -> tuple[str, list[str]]:

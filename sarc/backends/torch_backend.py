@@ -203,10 +203,10 @@ class EdgeLowering:
         return LOWERING[v.op](v, regions() + operands)
 
     def surrogate(self, i: int, v: Value, regions: codegen.RegionNames, operands: list[str],
-                  cot: str) -> str:
+                  cot: str) -> str | None:
         pattern = spmm_pattern(v) if typed_spmm_pattern(v) is None else None
         if pattern is None:
-            return f"({self.lower(i, v, regions, operands)} * {cot}).sum()"
+            return None
         x, w, side = pattern
         weight = operands[w] if w is not None else "None"
         return (f"K.spmm_surrogate({cot}, {literal(v.attr['kind'])}, g, {operands[x]}, {weight}, "

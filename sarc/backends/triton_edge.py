@@ -75,10 +75,10 @@ class EdgeLowering:
         return torch_backend.LOWERING[v.op](v, regions() + operands)
 
     def surrogate(self, i: int, v: Value, regions: RegionNames, operands: list[str],
-                  cot: str) -> str:
+                  cot: str) -> str | None:
         n = self._op(i) if v.op is Op.AGGREGATE else None
         if n is None:
-            return f"({self.lower(i, v, regions, operands)} * {cot}).sum()"
+            return None
         return f"ops[{n}].surrogate(g, {cot}, {', '.join(operands)})"
 
     def block_op(self, name: str, i: int, v: Value,

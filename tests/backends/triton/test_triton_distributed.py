@@ -82,6 +82,28 @@ def _step(model, g, x, label, train, **edge_inputs):
     return loss
 
 
+def _spy_softmax_reads(reads: list) -> None:
+    """Record the dtypes of the floating operands every softmax kernel and softmax gradient
+    kernel is given (this forked worker's classes are patched, not the test process's)."""
+    from sarc.backends import triton_runtime as rt
+
+    def floats(xs):
+        return [str(x.dtype) for x in xs if x.is_floating_point()]
+
+    real_call, real_grads = rt.SoftmaxKernel.__call__, rt.FusedOp.operand_grads
+
+    def call(self, g, xs, dtype):
+        reads.append(("forward", str(dtype), floats(xs)))
+        return real_call(self, g, xs, dtype)
+
+    def grads(self, g, xs, feeds, needs, dtype=None):
+        if self.kind == "softmax":
+            reads.append(("backward", str(dtype), floats(xs)))
+        return real_grads(self, g, xs, feeds, needs, dtype)
+
+    rt.SoftmaxKernel.__call__, rt.FusedOp.operand_grads = call, grads
+
+
 def _worker(out_file, port, part_dir, name, state):
     """One worker's step on its shard (the whole graph: P = 1); saves what it computed."""
     try:
@@ -91,6 +113,8 @@ def _worker(out_file, port, part_dir, name, state):
         from sarc.partition import load_partitions
         from sarc.runtime.sharded import ShardedGraph
         torch.set_num_threads(1)
+        softmax_reads: list = []
+        _spy_softmax_reads(softmax_reads)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1, timeout=datetime.timedelta(seconds=TIMEOUT_S))
         # The group is left by this forked process's exit, never destroyed: torch 2.2's
@@ -107,7 +131,8 @@ def _worker(out_file, port, part_dir, name, state):
                     "param_grads": {k: p.grad for k, p in model.named_parameters()},
                     "backends": [p.generated.backend for p in progs],
                     "fallbacks": [p.generated.fallbacks for p in progs],
-                    "sources": [p.source for p in progs]}, out_file)
+                    "sources": [p.source for p in progs],
+                    "softmax_reads": softmax_reads}, out_file)
     except BaseException:
         torch.save({"error": traceback.format_exc()}, out_file)
 
@@ -173,6 +198,13 @@ def test_one_worker_step_on_triton_equals_the_graph_step(tmp_path, name):
     _close(x_grad, xr.grad, "input gradient")
     for k, p in model.named_parameters():
         _close(out["param_grads"][k], p.grad, f"gradient of {k}")
+    if name in ("gat", "gat_baseline"):
+        # the blocks' kernels, compiled in float64, read the float32 operands themselves:
+        # no float64 copy of z or the scores per block
+        reads = out["softmax_reads"]
+        assert {(way, dtype) for way, dtype, _ in reads} >= {("forward", "torch.float64"),
+                                                              ("backward", "torch.float64")}
+        assert all(d == "torch.float32" for *_, ds in reads for d in ds), reads
 
 
 # --- the no-silent-fallback rule ----------------------------------------------------------
