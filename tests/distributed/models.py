@@ -3,6 +3,7 @@ two-layer max / min nets."""
 from __future__ import annotations
 
 import torch.nn.functional as F
+from attention_layers import ScoreShapes
 from gat import build_model as gat
 from gcn import build_model as gcn
 from gin import build_model as gin
@@ -38,6 +39,19 @@ class TiedMaxNet(nn.Module):
         return self.conv2(g, self.conv1(g, x))
 
 
+class ScoreShapesNet(nn.Module):
+    """Dot-product attention with a score per channel shared by two heads (an unfused edge
+    softmax), then one kept as [1, 1] (fused, the score reshaped to a scalar per edge)."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1 = ScoreShapes(in_feats, 2, hidden, "channel")
+        self.conv2 = ScoreShapes(2 * hidden, 1, num_classes, "keepdim")
+
+    def forward(self, g, x):
+        return self.conv2(g, F.elu(self.conv1(g, x)))
+
+
 MODELS = {
     "gcn": lambda f, c, **_: gcn(f, c, hidden=8, dropout=0.0),
     "sage": lambda f, c, **_: sage(f, c, hidden=8, dropout=0.0),
@@ -50,4 +64,5 @@ MODELS = {
                                                          num_bases=2),
     "max": lambda f, c, **_: MaxNet(f, 6, c),
     "tied_max": lambda f, c, **_: TiedMaxNet(f, 6, c),
+    "score_shapes": lambda f, c, **_: ScoreShapesNet(f, 4, c),
 }

@@ -42,11 +42,12 @@ class _Regions:
     def _single_use(self, j: int) -> bool:
         return len(self.users[j]) == 1 and j not in self.outputs
 
-    def build(self, root: int, name: str, inline_root: bool) -> Region:
+    def build(self, root: int, name: str, inline_root: bool,
+              feat: tuple[int, ...] | None = None) -> Region:
         """The region computing old value ``root``; single-use subterms are absorbed.
 
         With ``inline_root`` False a root that has other users is read as an
-        operand instead of recomputed.
+        operand instead of recomputed. ``feat``: the result reshaped to these features.
         """
         b = Builder(name)
         memo: dict[int, int] = {}
@@ -74,11 +75,22 @@ class _Regions:
             memo[j] = out
             return out
 
-        return b.finish_region(visit(root, True))
+        out = visit(root, True)
+        if feat is not None and feat != self.fn.values[root].type.feat:
+            out = b.add(Op.RESHAPE, [out], {"feat": feat}, self.fn.values[root].loc)
+        return b.finish_region(out)
 
 
 def _softmax_parts(fn: Function, users, e: int):
-    """If edge value ``e`` is ``[reshape(]edge_softmax(s)[)] * v``: (s, v, absorbed values)."""
+    """If edge value ``e`` is ``[reshape(]edge_softmax(s)[)] * v`` and the weights meet v's
+    features as a prefix of them: (s, v, absorbed values, the score's features there).
+
+    The weights are ``s``'s features, trailing size-1 axes appended by the reshapes, so
+    softmax_aggregate's score is ``s`` reshaped to the weights' features up to their
+    trailing ones (softmax is per element: it commutes with the reshape): ``[H, 1]``
+    against ``[H, C]`` is the score ``[H]``. Where the weights broadcast along a leading
+    axis of v (``[1, C]`` against ``[H, C]``) they are no prefix: the product stays
+    unfused."""
     v = fn.values[e]
     if v.op is not Op.MUL:
         return None
@@ -92,9 +104,15 @@ def _softmax_parts(fn: Function, users, e: int):
             chain.append(j)
             j = fn.values[j].inputs[0]
         sm = fn.values[j]
-        if (sm.op is Op.EDGE_SOFTMAX and len(users[j]) == 1
-                and fn.values[other].type.feat == v.type.feat):
-            return sm.inputs[0], other, [*chain, j]
+        feat, weights = fn.values[other].type.feat, fn.values[a].type.feat
+        if (sm.op is not Op.EDGE_SOFTMAX or len(users[j]) != 1 or feat != v.type.feat
+                or len(weights) != len(feat)):  # fewer: broadcast from the right
+            continue
+        n = len(weights)
+        while n and weights[n - 1] == 1:
+            n -= 1
+        if weights[:n] == feat[:n]:
+            return sm.inputs[0], other, [*chain, j], weights[:n]
     return None
 
 
@@ -112,8 +130,8 @@ def fuse(fn: Function) -> Function:
         single = regions._single_use(e)
         parts = _softmax_parts(fn, users, e) if single and reducer(v.attr["kind"]) is SUM else None
         if parts is not None:
-            s, val, chain = parts
-            attrs = {"score": regions.build(s, "score", regions._single_use(s)),
+            s, val, chain, score_feat = parts
+            attrs = {"score": regions.build(s, "score", regions._single_use(s), score_feat),
                      "value": regions.build(val, "value", regions._single_use(val))}
             regions.absorbed.update([e, *chain])
             plans[i] = (Op.SOFTMAX_AGGREGATE, attrs, regions.operands)

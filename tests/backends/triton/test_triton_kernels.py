@@ -29,6 +29,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_layers import SCORES, ScoreShapes
 from gat import GATLayer
 from rgcn import RGCNLayer
 from torch import nn
@@ -123,6 +124,14 @@ def test_extremum_ties(kind, graph):
 def test_softmax_aggregate(heads, graph):
     g = GRAPHS[graph]
     compare(AttentionLayer(heads, 3), g, {"h": torch.randn(g.num_src, heads, 3)})
+
+
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_softmax_weights_of_other_shapes(score):
+    """A score kept with a size-1 axis, a scalar per edge, one per element, one per
+    channel shared by the heads (unfused: an edge softmax, then the product's sum)."""
+    torch.manual_seed(0)
+    compare(ScoreShapes(5, 2, 4, score), power_law_block(), {"h": torch.randn(24, 5)})
 
 
 def test_softmax_aggregate_large_scores_stay_finite():
