@@ -37,7 +37,8 @@ The set's metadata keeps the types (``types``: ``ntypes``, ``etypes``,
 running arbitrary code: ``torch.load(weights_only=True)``, or, for files it
 rejects only because of a plain container it does not allowlist (PyG writes
 ``collections.defaultdict``), an unpickler that admits torch's weights-only
-globals and those containers, nothing else.
+globals and those containers, nothing else, and that fills in only objects the
+file itself made (never a class or a global, so loading changes no state).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ import collections
 import functools
 import pickle
 import types
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -256,26 +258,89 @@ def _allowed_globals() -> dict[tuple[str, str], object]:
     return allowed
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+@functools.cache
+def _buildable_types() -> frozenset[type]:
+    """The allowlisted classes whose fresh instances BUILD may fill in (a tensor, a storage)."""
+    return frozenset(v for v in _allowed_globals().values() if isinstance(v, type))
+
+
+class _RestrictedUnpickler(pickle._Unpickler):
+    """pickle's unpickler with its globals limited to ``_allowed_globals()`` and, like torch's
+    weights-only unpickler, every opcode that changes an object already on the stack limited
+    to plain targets: BUILD to an instance of an allowlisted class (never a class, whose
+    attributes are process-wide state, nor an allowlisted global itself), SETITEM(S) to a
+    dict, APPEND(S) to a list, ADDITEMS to a set. It is pickle's Python unpickler because
+    the C one's opcode table cannot be overridden."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
     def find_class(self, module, name):
         obj = _allowed_globals().get((module, name))
         if obj is None:
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a partition file")
         return obj
 
+    def _check_target(self, obj, allowed: tuple[type, ...], opcode: str) -> None:
+        if type(obj) not in allowed or any(obj is g for g in _allowed_globals().values()):
+            what = f"the class {obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) \
+                else f"a {type(obj).__module__}.{type(obj).__qualname__}"
+            raise pickle.UnpicklingError(f"{opcode} on {what} is not allowed in a partition file")
 
-_RESTRICTED_PICKLE = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=pickle.load,
+    def load_build(self):
+        self._check_target(self.stack[-2], tuple(_buildable_types()), "BUILD")
+        super().load_build()
+    dispatch[pickle.BUILD[0]] = load_build
+
+    _DICTS = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+    def load_setitem(self):
+        self._check_target(self.stack[-3], self._DICTS, "SETITEM")
+        super().load_setitem()
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_setitems(self):
+        self._check_target(self.metastack[-1][-1], self._DICTS, "SETITEMS")
+        super().load_setitems()
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def load_append(self):
+        self._check_target(self.stack[-2], (list,), "APPEND")
+        super().load_append()
+    dispatch[pickle.APPEND[0]] = load_append
+
+    def load_appends(self):
+        self._check_target(self.metastack[-1][-1], (list,), "APPENDS")
+        super().load_appends()
+    dispatch[pickle.APPENDS[0]] = load_appends
+
+    def load_additems(self):
+        self._check_target(self.metastack[-1][-1], (set,), "ADDITEMS")
+        super().load_additems()
+    dispatch[pickle.ADDITEMS[0]] = load_additems
+
+
+def _restricted_load(file, **kwargs):
+    return _RestrictedUnpickler(file, **kwargs).load()
+
+
+# torch.load calls both: the Unpickler for the object, load for a legacy file's headers
+_RESTRICTED_PICKLE = types.SimpleNamespace(Unpickler=_RestrictedUnpickler, load=_restricted_load,
                                            __name__="sarc_restricted_pickle")
 
 
 def load_torch_file(path: Path, what: str):
-    """The object ``torch.save`` wrote at ``path``, loaded without running code from it."""
+    """The object ``torch.save`` wrote at ``path``, loaded without running code from it and
+    without changing any object that existed before (a class, a module's global)."""
     if not path.is_file():
         raise PartitionError(f"{path}: {what} is missing")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        pass  # a container torch does not allowlist (PyG's edge_feats.pt is a defaultdict)
+    except pickle.UnpicklingError as e:
+        # torch's weights-only unpickler refuses a defaultdict (PyG's edge_feats.pt) even
+        # with add_safe_globals: it fills only dict, OrderedDict and Counter. Only a zip
+        # archive, what torch.save writes, gets the second reader.
+        if not zipfile.is_zipfile(path):
+            raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
     except Exception as e:
         raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
     try:

@@ -447,6 +447,58 @@ def test_restricted_load_reads_plain_containers_only(tmp_path):
         load_torch_file(f, "x")
 
 
+
+def _with_pickle(path, pkl):
+    """A torch.save zip archive at ``path`` whose object pickle is ``pkl``."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    torch.save({}, buf)
+    with zipfile.ZipFile(buf) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            zout.writestr(item, pkl if item.filename.endswith("/data.pkl") else data)
+
+
+def test_restricted_load_changes_no_class_and_runs_nothing(tmp_path):
+    import collections
+    import pickle
+    import struct
+
+    def text(s):
+        return b"X" + struct.pack("<I", len(s)) + s.encode()
+
+    def build_on_class(module, name, attr, value_pickle):  # BUILD(cls, (None, {attr: value}))
+        return (f"c{module}\n{name}\n".encode() + b"N}" + text(attr) + value_pickle
+                + b"s\x86b0")
+
+    f = tmp_path / "node_map.pt"
+    _with_pickle(f, b"\x80\x02" + build_on_class("collections", "Counter", "most_common",
+                                                  b"cbuiltins\nset\n") + b"}.")
+    # (torch 2.2's allowlist lacks Counter: refused before its BUILD)
+    with pytest.raises(PartitionError, match="not allowed in a partition file"):
+        load_torch_file(f, "x")
+    assert collections.Counter("aab").most_common() == [("a", 2), ("b", 1)]
+    _with_pickle(f, b"\x80\x02" + build_on_class("torch.storage", "UntypedStorage", "pwned",
+                                                  text("yes")) + b"}.")
+    with pytest.raises(PartitionError, match="BUILD on the class torch.storage.UntypedStorage"
+                                             "|UntypedStorage is not allowed"):
+        load_torch_file(f, "x")
+    assert not hasattr(torch.storage.UntypedStorage, "pwned")
+    # filling a global instead of a fresh object: SETITEM on an allowlisted singleton
+    _with_pickle(f, b"\x80\x02ctorch\nfloat32\n" + text("k") + text("v") + b"s.")
+    with pytest.raises(PartitionError, match="SETITEM on a torch.dtype|does not support item"):
+        load_torch_file(f, "x")
+
+    class RunsCode:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "ran"), "w"))  # creates the file
+
+    f.write_bytes(pickle.dumps(RunsCode(), protocol=2))  # not a zip: torch's legacy format
+    with pytest.raises(PartitionError, match="cannot be read"):
+        load_torch_file(f, "x")
+    assert not (tmp_path / "ran").exists()
+
 def test_cli_options_that_do_not_apply(tmp_path):
     from sarc.cli import UsageError
     pyg_by_hand(tmp_path / "p", GOOD)
