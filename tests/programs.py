@@ -56,6 +56,8 @@ class Spec:
     update_act: str | None             # a unary op after the update, or None
     concat: int | None                 # lins index of a linear over the concatenated aggregates
     update_norm: bool                  # scale the update by in_degree ** -0.5 (as GCN)
+    update_out: tuple | None = None    # (lins index, broadcast): a linear narrowing d over the
+    #                                    aggregates (plus in_degree [N, 1] if broadcast)
 
 
 class _Ctx:
@@ -137,8 +139,11 @@ def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
     update_self = ctx.lin(din, d, draw(st.booleans())) if draw(st.booleans()) else None
     update_act = draw(st.sampled_from((None,) + UNARY))
     concat = ctx.lin(n * d, d, True) if n > 1 and draw(st.booleans()) else None
+    update_norm = draw(st.booleans())
+    update_out = ((ctx.lin(d, d - 1, draw(st.booleans())), draw(st.booleans()))
+                  if d > 1 and draw(st.booleans()) else None)
     return Spec(din, d, use_x, use_w, use_t, tuple(ctx.lins), tuple(ctx.params), tuple(ctx.typed),
-                messages, tuple(reduces), update_self, update_act, concat, draw(st.booleans()))
+                messages, tuple(reduces), update_self, update_act, concat, update_norm, update_out)
 
 
 def _unary(name: str, x):
@@ -265,9 +270,17 @@ class RandomLayer(sarc.Layer):
                 h = h + p
         if s.update_self is not None:
             h = h + self.lins[s.update_self](dst.h)
+        if s.update_out is not None:
+            k, broadcast = s.update_out
+            h = self.lins[k](h + dst.in_degree.unsqueeze(-1) if broadcast else h)
         if s.update_norm:
             h = h * dst.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)
         return _unary(s.update_act, h) if s.update_act else h
+
+
+def out_width(spec: Spec) -> int:
+    """The width of the layer's output ``h``."""
+    return spec.d - 1 if spec.update_out is not None else spec.d
 
 
 def make_layer(spec: Spec) -> sarc.Layer:

@@ -16,7 +16,7 @@ from gcn import GCNLayer
 from gin import GINLayer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from programs import features, graphs, make_layer, specs
+from programs import features, graphs, make_layer, out_width, specs
 from rgcn import RGCNLayer
 from sage import SAGELayer
 
@@ -52,7 +52,7 @@ def test_random_programs(spec, g, seed):
     torch.manual_seed(seed)
     layer = make_layer(spec)
     out = check_layer(layer, g, features(layer, g, seed))
-    assert out["h"].shape == (g.num_dst, spec.d)
+    assert out["h"].shape == (g.num_dst, out_width(spec))
 
 
 @settings(max_examples=30, deadline=None)

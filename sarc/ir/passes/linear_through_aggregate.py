@@ -7,7 +7,9 @@ Sum and mean are linear, so both orders compute the same function; when W
 maps to fewer features than it reads (``out < in``), the aggregation (and,
 after ``pushdown``, what crosses shards) runs on the narrow side: GraphSAGE's
 ``W_neigh mean(h)`` and GIN's ``MLP(h + sum h)`` aggregate ``W h``. The rewrite
-applies only to values no one else reads, and only when it narrows.
+applies only to values no one else reads, only when it narrows, and only through sums
+whose terms have the sum's features (a broadcast term, ``agg + deg.unsqueeze(-1)``, is
+not W's input: ``W(a + b)`` is no ``Wa + Wb`` there).
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ def linear_through_aggregate(fn: Function) -> Function:
             return False
         if v.op is Op.REDUCE:
             return reducer(v.attr["kind"]).linear
-        if v.op in (Op.ADD, Op.SUB):
-            return all(fn.values[k].type.domain is not Domain.PARAM for k in v.inputs) and \
+        if v.op in (Op.ADD, Op.SUB):  # W(a + b) = Wa + Wb for terms of the sum's shape
+            return all(fn.values[k].type.domain is not Domain.PARAM
+                       and fn.values[k].type.feat == v.type.feat for k in v.inputs) and \
                 any(movable(k) for k in v.inputs)
         return False
 
