@@ -113,6 +113,33 @@ def test_bad_metadata_is_refused(cora_set, tmp_path, damage, message):
         load_partitions(out)
 
 
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["parts"][0].pop("sha256"), r"lacks parts\[0\]\.sha256"),
+    (lambda m: m["parts"][1].pop("nodes"), r"lacks parts\[1\]\.nodes"),
+    (lambda m: m["parts"][0].update(sha256=None), r"parts\[0\]\.sha256 must be a sha256"),
+    (lambda m: m["parts"][2].update(file=7), r"parts\[2\]\.file must be a string, got 7"),
+    (lambda m: m["parts"][0].update(file="part-1.pt"), r"bad part file name 'part-1\.pt'"),
+    (lambda m: m["parts"][0].update(nodes=[0, 1]), r"parts\[0\]\.nodes is \[0, 1\], node_off"),
+    (lambda m: m.update(parts=[1, 2, 3, 4]), r"parts\[0\] must be an object, got 1"),
+    (lambda m: m.update(node_offsets=5), "node_offsets must be a list of non-negative int"),
+    (lambda m: m.update(graph=[]), r"graph must be an object, got \[\]"),
+    (lambda m: m["graph"].update(num_nodes="2708"), "graph.num_nodes must be a non-negative"),
+    (lambda m: m.update(stats={}), "lacks stats.num_edges"),
+    (lambda m: m["stats"]["counts"].pop("nodes"), "lacks stats.counts.nodes"),
+    (lambda m: m["stats"]["counts"].update(halo=[1, 2]), "stats.counts.halo has 2 counts for 4"),
+    (lambda m: m.update(num_parts=0), "num_parts must be a positive integer, got 0"),
+    (lambda m: m.update(num_parts=True), "num_parts must be a positive integer, got True"),
+    (lambda m: m.update(types=[]), "types must be an object"),
+])
+def test_hand_edited_metadata_names_the_field(cora_set, tmp_path, change, message):
+    out = copy_set(cora_set, tmp_path)
+    meta = json.loads((out / "metadata.json").read_text())
+    change(meta)  # valid JSON, the wrong shape
+    (out / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(PartitionError, match="metadata.json: corrupt metadata.*" + message):
+        load_partitions(out)
+
 def test_load_part_range(cora_set):
     with pytest.raises(PartitionError, match="no part 4"):
         cora_set.load_part(4)
