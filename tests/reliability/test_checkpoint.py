@@ -344,6 +344,37 @@ def test_load_trained_refuses_an_edited_model_file(tmp_path):
         sarc.load_trained(tmp_path / "missing.pt", copy)
 
 
+
+_SAVED = {"format": "sarc-model", "version": 1, "model": "gcn.py",
+          "model_sha256": hashlib.sha256(GCN.read_bytes()).hexdigest(), "dataset": "cora",
+          "hparams": "{}", "metrics": {}, "state_dict": {},
+          "sizes": {"in_feats": 5, "num_classes": 3, "num_nodes": 10, "num_etypes": 0}}
+_ABSENT = object()
+
+
+@case("checkpoint", "a file tagged as a saved model whose fields are missing or of the wrong "
+      "type (`hparams` a list, `state_dict` not tensors, a negative size), to `load_trained`",
+      "error")
+@pytest.mark.parametrize("change, message", [
+    ({"hparams": _ABSENT}, "lacks hparams"),
+    ({"hparams": 7}, "hparams must be a JSON object in a string, got 7"),
+    ({"hparams": "{oops"}, "hparams is not JSON"),
+    ({"hparams": "[1]"}, r"hparams must be a JSON object, got \[1\]"),
+    ({"model_sha256": None}, "model_sha256 must be a sha256 hex digest, got None"),
+    ({"state_dict": [1]}, r"state_dict must be a dict of named tensors, got \[1\]"),
+    ({"state_dict": {"w": 1.0}}, "state_dict must be a dict of named tensors"),
+    ({"sizes": {}}, "lacks sizes.in_feats"),
+    ({"sizes": {**_SAVED["sizes"], "in_feats": -5}}, "sizes.in_feats must be a non-negative "
+                                                     "integer, got -5"),
+    ({"sizes": {**_SAVED["sizes"], "num_ntypes": "2"}}, "sizes.num_ntypes must be"),
+    ({"dataset": 3}, "dataset must be a string, got 3"),
+])
+def test_a_damaged_saved_model_names_the_field(tmp_path, change, message):
+    path = tmp_path / "m.pt"
+    torch.save({k: v for k, v in {**_SAVED, **change}.items() if v is not _ABSENT}, path)
+    with pytest.raises(CheckpointError, match=r"m\.pt: corrupt saved model.*" + message):
+        sarc.load_trained(path, GCN)
+
 def test_random_states_round_trip_as_plain_data():
     import random
 
