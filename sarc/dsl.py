@@ -25,11 +25,11 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .errors import DSLError, GraphError
+from .errors import DSLError, GraphError, SourceLoc
 from .ir.function import Function
 from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
-from .trace import Proxy, Tracer, traces, user_loc
+from .trace import Proxy, Tracer, call_returning, traces, user_loc
 from .trace_guards import tracing
 
 BUILTIN_NODE = {"src": ("out_degree",), "dst": ("in_degree",)}
@@ -130,13 +130,40 @@ class _Bundle:
         raise DSLError(f"access {self._kind}s by name, e.g. msg.m", user_loc())
 
 
-def _named(result: Any, what: str, default: str, loc_hint) -> dict[str, Proxy]:
+@dataclass(frozen=True)
+class _Results:
+    """What message, reduce or update returned, by name, and the user's line that returned it."""
+
+    values: dict[str, Proxy]
+    loc: SourceLoc | None
+
+
+_RESULT_NAMES = {"message": "read in reduce as msg.<key>",
+                 "reduce": "read in update as agg.<key>",
+                 "update": "the names of the layer's outputs"}
+
+
+def _results(what: str, default: str, fn, *args) -> _Results:
+    """The named results of the user's ``fn(*args)`` (``what``: message, reduce, update):
+    one traced value (named ``default``) or a non-empty dict of them keyed by identifiers
+    (``msg.z``; ``_`` is left to the bundle's own names). Errors about them name the line
+    that returned them (``fn``'s def line where that line cannot be seen)."""
+    result, loc = call_returning(fn, *args)
+    loc = loc or _loc_of(fn)
     if isinstance(result, Proxy):
-        return {default: result}
-    if isinstance(result, Mapping) and result and all(isinstance(v, Proxy) for v in result.values()):
-        return dict(result)
-    raise DSLError(f"{what} must return a traced value or a dict of them, got "
-                   f"{type(result).__name__}", loc_hint)
+        return _Results({default: result}, loc)
+    if not isinstance(result, Mapping) or not result:
+        got = "an empty dict" if isinstance(result, Mapping) else type(result).__name__
+        raise DSLError(f"{what} must return a traced value or a dict of them, got {got}", loc)
+    for key, value in result.items():
+        if not (isinstance(key, str) and key.isidentifier() and not key.startswith("_")):
+            raise DSLError(f"{what} returned a dict with the key {key!r}: the keys are "
+                           f"{_RESULT_NAMES[what]}, so each must be a str that is a Python "
+                           f"identifier not starting with '_'", loc)
+        if not isinstance(value, Proxy):
+            raise DSLError(f"{what} returned {key!r} as a {type(value).__name__}, not a traced "
+                           f"value", loc)
+    return _Results(dict(result), loc)
 
 
 class Layer(nn.Module):
@@ -195,36 +222,36 @@ class Layer(nn.Module):
         tracer = Tracer(type(self).__name__)
         precision = self.precision()
         with _params_as_proxies(self, tracer), tracing(self.modules()):
-            msgs = _named(self.message(
-                _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src", precision),
-                _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst", precision),
-                _Side(self, tracer, Domain.EDGE, None, "edge", precision)), "message", "m", _loc_of(self.message))
-            for name, p in msgs.items():
+            msgs = _results("message", "m", self.message,
+                            _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src", precision),
+                            _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst", precision),
+                            _Side(self, tracer, Domain.EDGE, None, "edge", precision))
+            for name, p in msgs.values.items():
                 if p.type.domain is not Domain.EDGE:
                     raise DSLError(f"message {name!r} must be a per-edge value, got a "
                                    f"{p.type.domain.value} value {list(p.type.shape)}",
-                                   tracer.builder.values[p.index].loc)
-            bundle = _Bundle("message", msgs)
-            aggs = _named(self.reduce(bundle), "reduce", "agg", _loc_of(self.reduce))
-            for name, p in msgs.items():
+                                   tracer.builder.values[p.index].loc or msgs.loc)
+            bundle = _Bundle("message", msgs.values)
+            aggs = _results("reduce", "agg", self.reduce, bundle)
+            for name, p in msgs.values.items():
                 if name not in bundle._used:
                     raise DSLError(f"message {name!r} is never used by reduce",
-                                   tracer.builder.values[p.index].loc)
-            for name, p in aggs.items():
+                                   tracer.builder.values[p.index].loc or msgs.loc)
+            # A result's error names the line that returned it: the value may come from
+            # elsewhere (reduce returning msg.m made in message, a parameter made nowhere).
+            for name, p in aggs.values.items():
                 if p.type.domain is not Domain.DST:
                     raise DSLError(f"reduce result {name!r} is {p.type.domain.article} value; "
-                                   f"aggregate edge values with sarc.sum/mean/max/min",
-                                   tracer.builder.values[p.index].loc)
-            out = _named(self.update(_Side(self, tracer, Domain.DST, None, "dst", precision),
-                                     _Bundle("aggregate", aggs)), "update", "h",
-                         _loc_of(self.update))
-            for name, p in out.items():
+                                   f"aggregate edge values with sarc.sum/mean/max/min", aggs.loc)
+            out = _results("update", "h", self.update,
+                           _Side(self, tracer, Domain.DST, None, "dst", precision),
+                           _Bundle("aggregate", aggs.values))
+            for name, p in out.values.items():
                 if p.type.domain is not Domain.DST:
                     raise DSLError(f"update result {name!r} must be a dst value, got a "
-                                   f"{p.type.domain.value} value {list(p.type.shape)}",
-                                   tracer.builder.values[p.index].loc)
+                                   f"{p.type.domain.value} value {list(p.type.shape)}", out.loc)
         from .ir.verifier import verify
-        fn = tracer.builder.finish((k, p.index) for k, p in out.items())
+        fn = tracer.builder.finish((k, p.index) for k, p in out.values.items())
         verify(fn)
         return fn
 
@@ -308,7 +335,6 @@ def _no_init(cls: type, when: str) -> str:
 
 
 def _loc_of(fn):
-    from .errors import SourceLoc
     code = getattr(fn, "__code__", None)
     return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name) if code else None
 

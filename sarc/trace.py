@@ -24,11 +24,15 @@ a ``DSLError`` at the user's line:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
 import inspect
 import numbers
 import os
 import sys
+import sysconfig
+import threading
 from typing import Any, Callable, Iterable
 
 import torch
@@ -38,23 +42,112 @@ from .ir.function import Builder
 from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
 
-_SARC_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+def _package_dir(name: str) -> str | None:
+    """The folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    origin = spec.origin if spec is not None else None
+    return os.path.dirname(os.path.abspath(origin)) if origin else None
+
+
+# Code that is never the user's: sarc and the libraries a layer calls into (torch, numpy);
+# and Python's standard library, apart from the installed packages a venv keeps inside it.
+_SARC_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_NUMPY_DIR = (_package_dir("numpy") or "<no numpy>") + os.sep
+_LIBRARY_DIRS = (_SARC_DIR, _package_dir("torch") + os.sep, _NUMPY_DIR)
+_STDLIB_DIRS = tuple(dict.fromkeys(os.path.abspath(d) + os.sep for d in (
+    sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib")) if d))
+# Where installed packages live, in a venv, a system Python or a Debian one.
+_INSTALLED = tuple(os.sep + d + os.sep for d in ("site-packages", "dist-packages"))
+
+
+def _installed(path: str) -> bool:
+    return any(d in path for d in _INSTALLED)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_core_library(path: str) -> bool:
+    if path.startswith("<frozen"):   # importlib's and other frozen stdlib modules
+        return True
+    path = os.path.abspath(path)
+    return path.startswith(_LIBRARY_DIRS) or (path.startswith(_STDLIB_DIRS)
+                                              and not _installed(path))
+
+
+def _is_sarc(path: str) -> bool:
+    return os.path.abspath(path).startswith(_SARC_DIR)
 
 
 def _is_library(path: str) -> bool:
-    path = os.path.abspath(path)
-    return path.startswith(_SARC_DIR + os.sep) or path.startswith(_TORCH_DIR + os.sep)
+    """Whether ``path`` is library code, skipped when looking for the user's line: sarc,
+    torch, numpy, the standard library and installed packages, except the files of the
+    modules being traced (``traced_code``): a layer or a converted PyG / DGL module
+    installed under site-packages is still the code the user's error is in."""
+    if _is_core_library(path):
+        return True
+    return _installed(os.path.abspath(path)) and (
+        os.path.abspath(path) not in getattr(_TRACED, "files", ()))
+
+
+_TRACED = threading.local()
+
+
+@contextlib.contextmanager
+def traced_code(files: Iterable[str]):
+    """While tracing: ``files`` (those defining the traced modules' classes) are the user's
+    code even where they are installed packages."""
+    saved = getattr(_TRACED, "files", frozenset())
+    _TRACED.files = saved | {os.path.abspath(f) for f in files if not _is_core_library(f)}
+    try:
+        yield
+    finally:
+        _TRACED.files = saved
 
 
 def user_loc() -> SourceLoc | None:
-    """The innermost stack frame outside sarc and torch: the user's line."""
+    """The innermost stack frame outside library code (``_is_library``): the user's line."""
     f = sys._getframe(1)
     while f is not None:
         if not _is_library(f.f_code.co_filename):
             return SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return None
+
+
+def _numpy_caller() -> str | None:
+    """The numpy function the user called, when it is what calls into sarc: ``np.sum(x,
+    axis=-1)`` calls ``x.sum(axis=-1, out=None)`` on a traced value."""
+    f, name = sys._getframe(1), None
+    while f is not None and _is_library(f.f_code.co_filename):
+        if os.path.abspath(f.f_code.co_filename).startswith(_NUMPY_DIR):
+            name = f.f_code.co_name
+        f = f.f_back
+    return name
+
+
+def call_returning(fn: Callable, *args) -> tuple[Any, SourceLoc | None]:
+    """``fn(*args)`` and the user's line it returned from, which an error about its result
+    names (``return msg.m`` in reduce). The line is read from ``fn``'s frame after the call;
+    the frame is caught by a profile hook that removes itself at once. None where another
+    profiler is installed (it is left alone) or ``fn`` is library code."""
+    frames = []
+
+    def catch(frame, event, arg):
+        if event == "call":
+            frames.append(frame)
+            sys.setprofile(None)
+
+    if sys.getprofile() is None:
+        sys.setprofile(catch)
+    try:
+        result = fn(*args)
+    finally:
+        if sys.getprofile() is catch:
+            sys.setprofile(None)
+    f = frames[0] if frames else None
+    if f is None or _is_library(f.f_code.co_filename):
+        return result, None
+    return result, SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
 
 
 _NO_CONTROL_FLOW = ("a traced value has no concrete value while tracing, so data-dependent "
@@ -141,7 +234,22 @@ _READS_VALUE = frozenset({"item", "tolist", "numpy", "data_ptr", "storage",
                           "untyped_storage"})
 
 
+_CONVERSIONS = frozenset({"to", "type", "type_as", "float", "double", "half", "bfloat16",
+                          "long", "int", "short", "bool", "byte", "char"})
+_INSTEAD = {
+    "size": "use x.shape: x.shape[-1] is a feature size, x.shape[0] the row count (which "
+            "view and reshape take as their first size)",
+}
+
+
 def _method_message(name: str) -> str:
+    if name in _INSTEAD:
+        return f"Tensor.{name} is not supported in a sarc layer; {_INSTEAD[name]}"
+    if name in _CONVERSIONS:
+        return (f"Tensor.{name}: a sarc layer does not convert dtypes; declare each feature "
+                f"in the dtype the layer computes in (sarc.Feature(shape, dtype); a float "
+                f"feature follows the layer's precision, layer.half()) and give it in that "
+                f"dtype")
     if name in _READS_VALUE:
         return f"Tensor.{name} reads the value of a traced tensor: {_NO_CONTROL_FLOW}"
     if name.endswith("_"):
@@ -352,7 +460,11 @@ class Traced:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise DSLError(f"{name}: {e}", user_loc()) from None
+            via = _numpy_caller()
+            hint = (f" (numpy.{via} called it with numpy's arguments: numpy functions are not "
+                    f"traced; use the torch function or Tensor method, e.g. torch.sum(x, dim))"
+                    if via else "")
+            raise DSLError(f"{name}: {e}{hint}", user_loc()) from None
         for arg, default in self.fixed.items():
             if arg in bound.arguments and not _same(bound.arguments[arg], default):
                 raise DSLError(f"{name}: argument {arg}={_show(bound.arguments[arg])} is not "

@@ -8,14 +8,15 @@
   functions) is refused at the user's line: it would be baked into the compiled layer
   as a constant. (A random generator object the user made before the trace, such as
   ``np.random.default_rng()`` kept on the layer, is not seen.)
-- A call Python refuses at the user's line (a wrong keyword to a torch function) is a
-  ``DSLError`` there, not a traceback.
+- A call Python refuses at the user's line (a wrong keyword to a torch function, an
+  ``nn.Module`` called with an extra argument) is a ``DSLError`` there, not a traceback.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
 import threading
+from types import ModuleType
 from typing import Callable, Iterable
 
 import torch
@@ -23,7 +24,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .errors import DSLError, SourceLoc
-from .trace import TRAINING, _has_proxy, _is_library, _torch_name, user_loc
+from .trace import (TRAINING, _has_proxy, _is_core_library, _is_library, _is_sarc, _torch_name,
+                    traced_code, user_loc)
 
 
 def _random_message(name: str) -> str:
@@ -113,44 +115,61 @@ def _refuse_python_randomness(namespaces: Iterable[dict]):
             ns[key] = value
 
 
-def _user_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
-    """The globals of the (non-library) modules defining the classes of ``modules``."""
-    spaces = {}
+def _traced_modules(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
+    """The Python modules defining the classes of ``modules`` (and their bases), sarc's,
+    torch's, numpy's and the standard library's left out: the code being traced, whose
+    lines the errors name, even where it is an installed package (a PyG or DGL conv)."""
+    found = {}
     for m in modules:
         for cls in type(m).__mro__:
             mod = sys.modules.get(cls.__module__)
             path = getattr(mod, "__file__", None)
-            if mod is not None and path and not _is_library(path):
-                spaces[id(mod)] = vars(mod)
-    return list(spaces.values())
+            if mod is not None and path and not _is_core_library(path):
+                found[id(mod)] = mod
+    return list(found.values())
 
 
-def _raised_at_user_line(e: BaseException) -> SourceLoc | None:
-    """The user's line when ``e`` was raised there, not in a library: Python refusing a call
-    (a wrong keyword, too many arguments) raises in the caller's frame."""
+def _raised_by_a_call_at(e: BaseException) -> SourceLoc | None:
+    """The user's line whose call raised ``e``: the innermost user frame of its traceback,
+    when no sarc code ran below it. Python refusing a call raises in the caller's frame (a
+    wrong keyword to a function of the user's) or in a library's (an nn.Module called with
+    an extra argument raises inside torch); a TypeError from sarc's own code is not the
+    user's call, and stays as it is."""
+    user, below_user = None, []
     tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if not _is_library(path):
+            user, below_user = tb, []
+        elif user is not None:
+            below_user.append(path)
         tb = tb.tb_next
-    if tb is None or _is_library(tb.tb_frame.f_code.co_filename):
+    if user is None or any(_is_sarc(p) for p in below_user):
         return None
-    return SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+    code = user.tb_frame.f_code
+    return SourceLoc(code.co_filename, user.tb_lineno, code.co_name)
 
 
 @contextlib.contextmanager
 def tracing(modules: Iterable[torch.nn.Module]):
     """While a layer is traced: ``module.training`` of ``modules`` reads ``TRAINING``,
-    random draws outside sarc's dropout are refused at the user's line, and a call that
-    Python refuses at the user's line (a TypeError raised there) is a DSLError there."""
+    random draws outside sarc's dropout are refused at the user's line, the files of the
+    modules' classes are the user's code (``sarc.trace.traced_code``), and a call that
+    Python refuses (a TypeError from the user's call, see ``_raised_by_a_call_at``) is a
+    DSLError at the user's line."""
     modules = list(modules)
     modes = [m.training for m in modules]
+    traced = _traced_modules(modules)
     try:
         for m in modules:
             m.training = TRAINING
-        with _refuse_python_randomness(_user_namespaces(modules)), _RefuseTorchRandomness():
+        with traced_code(mod.__file__ for mod in traced), \
+                _refuse_python_randomness([vars(mod) for mod in traced]), \
+                _RefuseTorchRandomness():
             try:
                 yield
             except TypeError as e:
-                loc = _raised_at_user_line(e)
+                loc = _raised_by_a_call_at(e)
                 if loc is None:
                     raise
                 raise DSLError(str(e), loc) from None

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import DSLError
-from .ir.ops import Op
+from .ir.ops import INTEGER_HINT, Op
 from .ir.types import Domain
 from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, RowCount, _is_int,
                     _kind, _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
@@ -79,7 +79,28 @@ def _first_proxy(*xs) -> Proxy:
 
 def _arith(op: Op, a, b) -> Proxy:
     p = _first_proxy(a, b)
-    return p.tracer.emit(op, [p.tracer.lift(a, p), p.tracer.lift(b, p)])
+    xs = [p.tracer.lift(a, p), p.tracer.lift(b, p)]
+    for x in xs:
+        if not x.type.dtype.is_float:
+            raise DSLError(_integer_arithmetic(x), user_loc())
+    return p.tracer.emit(op, xs)
+
+
+_READ_AS = {Op.GATHER_SRC: "src", Op.GATHER_DST: "dst"}
+
+
+def _integer_arithmetic(x: Proxy) -> str:
+    """The error for arithmetic on an integer value, naming the feature it reads."""
+    values = x.tracer.builder.values
+    v, role = values[x.index], None
+    while v.op is Op.RESHAPE or v.op in _READ_AS:   # edge.etype.unsqueeze(-1), src.ntype
+        role = role or _READ_AS.get(v.op)
+        v = values[v.inputs[0]]
+    what = f"an integer ({x.type.dtype.value}) value"
+    if v.op is Op.INPUT:
+        read = f"{role or v.type.domain.value}.{v.attr['name']}"
+        what = f"{read} is an integer feature ({x.type.dtype.value}) and"
+    return f"{what} is used in arithmetic: {INTEGER_HINT}"
 
 
 # The DSL's functions (sarc.linear, ...), also the recorders of their torch namesakes.
@@ -349,7 +370,7 @@ def _reshape_function(input, shape):
 
 
 def _reshape(x: Proxy, shape: tuple) -> Proxy:
-    t = x.type
+    t, written = x.type, list(shape)
     if t.domain is not Domain.PARAM:
         rows = shape[0] if shape else None
         own_rows = isinstance(rows, RowCount) and rows.symbol == t.domain.rows  # x.shape[0]
@@ -359,13 +380,24 @@ def _reshape(x: Proxy, shape: tuple) -> Proxy:
         shape = shape[1:]
     if not all(_is_int(s) for s in shape):
         raise DSLError(f"reshape takes int sizes, got {list(shape)}", user_loc())
-    return _emit(Op.RESHAPE, x, feat=_resolve_minus_one(shape, t.feat))
+    return _emit(Op.RESHAPE, x, feat=_resolve_minus_one(shape, t.feat, written))
 
 
-def _resolve_minus_one(shape, feat: tuple[int, ...]) -> tuple[int, ...]:
+def _resolve_minus_one(shape, feat: tuple[int, ...], written: list) -> tuple[int, ...]:
+    """The feature sizes ``shape`` with its -1 inferred; ``written`` is the shape as the user
+    wrote it (the row axis included), for the errors."""
     shape = [int(s) for s in shape]
+    # As torch: a size is >= 0, or -1 once (inferred). A product check alone would pass
+    # view(-1, -2, -2) on 4 features, which fails only when the generated code runs.
+    bad = [s for s in shape if s < -1]
+    if bad:
+        raise DSLError(f"reshape to {written}: invalid size {bad[0]}; a size is a positive int, "
+                       f"or -1 (at most once) for the size inferred from the others", user_loc())
     if shape.count(-1) > 1:
         raise DSLError("at most one -1 in a feature reshape", user_loc())
+    if -1 in shape and 0 in shape:
+        raise DSLError(f"reshape to {written}: the -1 is ambiguous next to a size 0 (any size "
+                       f"fits it)", user_loc())
     if -1 in shape:
         known = _prod(s for s in shape if s != -1)
         shape[shape.index(-1)] = _prod(feat) // known if known else 0

@@ -127,6 +127,19 @@ def _fmt(t: TensorType) -> str:
     return "[" + ", ".join(str(d) for d in t.shape) + "]"
 
 
+# Integer values come from integer features (sarc.INDEX, Feature(dtype="i64")): type ids.
+INTEGER_HINT = ("an integer feature is an index, which picks a weight per type "
+                "(sarc.TypedLinear(x, edge.etype), a parameter table W[edge.etype]); a layer "
+                "does not convert it (.float() and .to() are not traced), so a feature used "
+                "in arithmetic is declared as a float (its width, or sarc.Feature(shape)) and "
+                "given as a float tensor")
+
+
+def _integer(x: TensorType, what: str) -> None:
+    if not x.dtype.is_float:
+        _fail(f"{what} on an integer ({x.dtype.value}) value {_fmt(x)}: {INTEGER_HINT}")
+
+
 def binary_type(a: TensorType, b: TensorType) -> TensorType:
     """Type of an elementwise binary op: same domain, or one side a param."""
     if a.domain is not Domain.PARAM and b.domain is not Domain.PARAM and a.domain is not b.domain:
@@ -135,10 +148,10 @@ def binary_type(a: TensorType, b: TensorType) -> TensorType:
             hint = " without a gather (use src./dst. inside message to read node values per edge)"
         _fail(f"cannot combine {a.domain.article} value {_fmt(a)} with "
               f"{b.domain.article} value {_fmt(b)}{hint}")
+    _integer(a, "elementwise math")
+    _integer(b, "elementwise math")
     if a.dtype is not b.dtype:
         _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
-    if not a.dtype.is_float:
-        _fail("elementwise math on an integer (index) value")
     if a.domain is Domain.PARAM and b.domain is Domain.PARAM:
         return TensorType(Domain.PARAM, a.dtype, _broadcast_feat(a.feat, b.feat))
     if a.domain is Domain.PARAM:
@@ -155,8 +168,7 @@ def binary_type(a: TensorType, b: TensorType) -> TensorType:
 
 def _unary(ts, attrs):
     (x,) = ts
-    if not x.dtype.is_float:
-        _fail(f"elementwise math on an integer (index) value {_fmt(x)}")
+    _integer(x, "elementwise math")
     return x
 
 
@@ -186,8 +198,7 @@ def _reduce(ts, attrs):
     if x.domain is not Domain.EDGE:
         _fail(f"a reduce aggregates edge values into destination nodes, but its input "
               f"is {x.domain.article} value {_fmt(x)}")
-    if not x.dtype.is_float:
-        _fail("reduce of an integer (index) value")
+    _integer(x, "a reduce")
     return x.with_(domain=Domain.DST)
 
 
@@ -226,6 +237,7 @@ def _matmul(ts, attrs):
         _fail(f"matmul needs a 2-d parameter on the right, got {b}")
     if not a.feat or a.feat[-1] != b.feat[0]:
         _fail(f"matmul: shapes {_fmt(a)} and {list(b.feat)} do not match")
+    _integer(a, "matmul")
     if a.dtype is not b.dtype:
         _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
     return a.with_(feat=(*a.feat[:-1], b.feat[1]))

@@ -12,6 +12,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -252,6 +253,144 @@ class WriteToSide(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class NonStringMessageKey(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        m = src.h * 2.0
+        return {0: m}  # ERR:message-key
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class PrivateAggregateKey(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return {"_agg": sarc.sum(msg.m)}  # ERR:reduce-key
+
+
+class NumberMessage(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return {"m": src.h, "scale": 2.0}  # ERR:number-message
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class NumpyReduction(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return np.sum(src.h, axis=-1)  # ERR:numpy
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class NegativeViewSize(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h.view(-1, -2, -2).sum(-1)  # ERR:view-negative
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class AmbiguousView(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h.view(-1, 0, -1)  # ERR:view-zero
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class UpdateReturnsParam(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.lin = nn.Linear(4, 4)
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin.weight  # ERR:update-param
+
+
+class ReduceWithoutAggregating(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h * 2.0
+
+    def reduce(self, msg):
+        return msg.m  # ERR:no-aggregate
+
+
+class ModuleCalledWrongly(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.lin = nn.Linear(4, 4)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h, 3)  # ERR:module-call
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class IntegerArithmetic(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.etype.unsqueeze(-1)  # ERR:integer
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class IntegerToFloat(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.etype.float().unsqueeze(-1)  # ERR:float
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class SizeMethod(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h.view(src.h.size(0), 2, 2).sum(-1)  # ERR:size
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 CASES = [
     (MixInReduce, "mix-reduce", [r"cannot combine a dst value \[N_dst, 3\] with an edge value \[E, 3\]",
                                  "without a gather"]),
@@ -272,6 +411,26 @@ CASES = [
     (ReduceOverRows, "row-axis", ["row axis", "sarc.sum"]),
     (SumOverAllAxes, "all-axes", ["mean over all axes is not supported"]),
     (WriteToSide, "write", ["read-only"]),
+    (NonStringMessageKey, "message-key", ["message returned a dict with the key 0",
+                                          r"read in reduce as msg\.<key>", "Python identifier"]),
+    (PrivateAggregateKey, "reduce-key", ["reduce returned a dict with the key '_agg'",
+                                         "not starting with '_'"]),
+    (NumberMessage, "number-message", ["message returned 'scale' as a float, not a traced value"]),
+    (NumpyReduction, "numpy", ["unexpected keyword argument 'axis'", "numpy.sum called it",
+                               "numpy functions are not traced"]),
+    (NegativeViewSize, "view-negative", [r"reshape to \[-1, -2, -2\]: invalid size -2"]),
+    (AmbiguousView, "view-zero", [r"reshape to \[-1, 0, -1\]: the -1 is ambiguous"]),
+    (UpdateReturnsParam, "update-param", [r"update result 'h' must be a dst value, got a param "
+                                          r"value \[4, 4\]"]),
+    (ReduceWithoutAggregating, "no-aggregate", ["reduce result 'agg' is an edge value",
+                                                "sarc.sum/mean/max/min"]),
+    (ModuleCalledWrongly, "module-call", [r"Linear.forward\(\) takes 2 positional arguments"]),
+    (IntegerArithmetic, "integer", [r"edge\.etype is an integer feature \(i64\)",
+                                    "sarc.TypedLinear", "declared as a float"]),
+    (IntegerToFloat, "float", [r"Tensor\.float: a sarc layer does not convert dtypes",
+                               r"sarc\.Feature\(shape, dtype\)"]),
+    (SizeMethod, "size", [r"Tensor\.size is not supported", r"use x\.shape",
+                          r"x\.shape\[0\] the row count"]),
 ]
 
 
@@ -315,6 +474,59 @@ def test_feature_declared_as_node_and_edge():
 def test_bad_feature_declaration():
     with pytest.raises(sarc.DSLError, match="feature 'h' must be declared as an int"):
         sarc.Layer(node={"h": "wide"})
+
+
+def test_library_code_is_never_the_users_line():
+    """numpy's, the standard library's and installed packages' frames are skipped when the
+    user's line is looked for; the user's own file is not."""
+    import functools
+
+    from sarc.trace import _is_library
+    assert _is_library(np.__file__) and _is_library(functools.__file__)
+    assert _is_library(torch.__file__) and _is_library(sarc.__file__)
+    assert _is_library(os.path.join(os.sep, "opt", "py", "site-packages", "pkg", "mod.py"))
+    assert _is_library(os.path.join(os.sep, "usr", "lib", "python3", "dist-packages", "m.py"))
+    assert not _is_library(str(THIS))
+
+
+def test_a_layer_installed_as_a_package_is_the_users_code(tmp_path, monkeypatch):
+    """A layer whose file is under site-packages (a pip-installed model package, a PyG or DGL
+    module converted by sarc's frontends) is the code its errors point into."""
+    pkg = tmp_path / "site-packages" / "installed_models"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "bad.py").write_text(
+        "import sarc\n\n\n"
+        "class Bad(sarc.Layer):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(node={'h': 3})\n\n"
+        "    def message(self, src, dst, edge):\n"
+        "        return src.h.softmax(-1)\n\n"
+        "    def reduce(self, msg):\n"
+        "        return sarc.sum(msg.m)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    from installed_models.bad import Bad
+    with pytest.raises(sarc.DSLError) as info:
+        Bad().trace()
+    assert os.path.samefile(info.value.loc.file, pkg / "bad.py") and info.value.loc.line == 9
+
+
+def test_an_installed_profiler_is_left_alone():
+    """The line a result was returned from is read through a profile hook only where none is
+    installed; with one, the error names the function's def line, and the hook stays."""
+    import sys
+
+    def profiler(frame, event, arg):
+        pass
+
+    sys.setprofile(profiler)
+    try:
+        with pytest.raises(sarc.DSLError) as info:
+            ReduceWithoutAggregating().trace()
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+    assert info.value.loc.line == ReduceWithoutAggregating.reduce.__code__.co_firstlineno
 
 
 # --- graph construction errors -----------------------------------------------------------------
@@ -447,3 +659,25 @@ def test_feature_that_is_not_a_tensor(gcn):
 def test_not_a_graph(gcn):
     with pytest.raises(sarc.GraphError, match="runs on a sarc.Graph, got tuple"):
         gcn(([0, 1], [1, 0]), torch.randn(2, 3))
+
+
+def test_a_type_error_inside_sarc_is_not_the_users(monkeypatch):
+    """A TypeError from sarc's own code (a bug) is not made a DSLError at the user's line,
+    whereas one from a library the user called wrongly is (ModuleCalledWrongly)."""
+    import sarc.trace_torch
+
+    class SumFeatures(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"h": 3})
+
+        def message(self, src, dst, edge):
+            return src.h.sum(-1)
+
+        def reduce(self, msg):
+            return sarc.sum(msg.m)
+
+    # sarc calling one of its functions wrongly: Python raises in sarc's frame
+    monkeypatch.setattr(sarc.trace_torch, "_sum_axes", sarc.trace_torch._is_int)
+    with pytest.raises(TypeError, match="takes 1 positional argument") as info:
+        SumFeatures().trace()
+    assert not isinstance(info.value, sarc.DSLError)
