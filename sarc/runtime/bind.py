@@ -84,6 +84,14 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
     if name not in given:
         raise GraphError(f"{type(layer).__name__} reads feature {name!r}, which was not given")
     x = given[name]
+    if x is None:
+        # A model passes None on for an input it was not given (forward(g, x, e=None)): a
+        # trainer gives a model only the edge data its graph has.
+        kind = "edge" if t.domain is Domain.EDGE else "node"
+        raise GraphError(f"feature {name!r} is None: {type(layer).__name__} reads the {kind} "
+                         f"feature {name!r}, and the graph or dataset the model runs on has no "
+                         f"{kind} data {name!r} (a model that takes it as {name}=None gets None); "
+                         f"give the data {name!r}, or use a layer that does not read it")
     if not isinstance(x, torch.Tensor):
         raise GraphError(f"feature {name!r} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() == 0 or x.shape[0] != rows:

@@ -661,6 +661,14 @@ def test_not_a_graph(gcn):
         gcn(([0, 1], [1, 0]), torch.randn(2, 3))
 
 
+def test_edge_feature_the_graph_lacks(rgcn):
+    """A model passing on an edge input it was not given (forward(g, x, norm=None)) gives the
+    layer None: the error says the data has no such edge data."""
+    with pytest.raises(sarc.GraphError, match="feature 'norm' is None: RGCNLayer reads the edge "
+                                              "feature 'norm', .* has no edge data 'norm'"):
+        rgcn(graph(), torch.randn(4, 3), etype=torch.zeros(5, dtype=torch.int64), norm=None)
+
+
 def test_a_type_error_inside_sarc_is_not_the_users(monkeypatch):
     """A TypeError from sarc's own code (a bug) is not made a DSLError at the user's line,
     whereas one from a library the user called wrongly is (ModuleCalledWrongly)."""
