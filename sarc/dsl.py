@@ -5,7 +5,7 @@ A layer declares the node and edge features it reads and its parameters
 
 - ``message(src, dst, edge)``: per-edge values. ``src.h`` and ``dst.h`` read node
   feature ``h`` at each edge's endpoints, ``edge.w`` an edge feature. Returns one
-  value or a dict of named messages.
+  value or a dict of named messages (its keys identifiers, read in reduce as ``msg.<key>``).
 - ``reduce(msg)``: aggregates messages into destination nodes with ``sarc.sum``,
   ``sarc.mean``, ``sarc.max``, ``sarc.min``; ``sarc.edge_softmax`` normalizes edge
   scores over each destination's incoming edges first.
