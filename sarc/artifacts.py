@@ -21,7 +21,9 @@ its sets): into a temporary sibling, then swapped into place, so an error or a k
 leaves the old set or the new one. A missing or empty ``--out`` is written; a set an
 earlier ``sarc compile`` wrote is replaced with ``--overwrite``; anything else (the
 user's files, a file, another kind of set) is refused before the model is compiled.
-File names come from the model's submodule names, made safe (``sarc.names.file_stem``).
+File names come from the model's submodule names, made safe (``sarc.names.file_stem``);
+layers whose files would share a name (``a`` and ``a.traced``: stems keep dots) take
+stems that end in a digest of their names instead.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from torch import nn
 
 from . import names
-from .atomic import atomic_directory
+from .atomic import MANIFEST, atomic_directory
 from .compiler import Compilation, Target, compile_layer
 from .dsl import Layer
 from .errors import SarcError
@@ -218,29 +220,69 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...], *,
                     overwrite: bool = False) -> list[Path]:
     """Write the chosen artifacts as the set at ``out``, all at once (``sarc.atomic``);
     ``overwrite`` replaces a set an earlier compile wrote there."""
+    schedules = schedule_sources(art) if "schedule" in emit else {}
+    stems = _layer_stems(art)
     files: dict[str, str] = {}
     for c in art.layers:
-        stem = names.file_stem(c.name)
-        if "ir" in emit:
-            files[f"{stem}.traced.ir"] = format_function(c.traced)
-            files[f"{stem}.ir"] = format_function(c.optimized)
-        if "kernels" in emit:
-            files[f"{stem}.{art.backend}.py"] = c.kernel_source
-            for name, text in c.kernel_files:
-                files[f"{stem}.kernels/{_python_file(name)}"] = text
+        files.update(_layer_files(art, c, stems[c.name], emit, schedules))
     if "plan" in emit:
         files["plan.txt"] = format_plan(art.plan)
         files["plan.json"] = art.plan.dumps()
     if "schedule" in emit:
         files["schedule.txt"] = format_schedule(art)
-        for lname, source in schedule_sources(art).items():
-            files[f"{names.file_stem(lname)}.schedule.py"] = source
     with atomic_directory(out, kind=SET_KIND, overwrite=overwrite) as tmp:
         for rel, text in files.items():
             path = names.inside(tmp, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     return [Path(out) / rel for rel in files]
+
+
+_SET_FILES = ("plan.txt", "plan.json", "schedule.txt")  # the set's files besides the layers'
+
+
+def _layer_files(art: ModelArtifacts, c: CompiledLayer, stem: str, emit: tuple[str, ...],
+                 schedules: dict[str, str]) -> dict[str, str]:
+    """Layer ``c``'s files, named from ``stem``."""
+    files: dict[str, str] = {}
+    if "ir" in emit:
+        files[f"{stem}.traced.ir"] = format_function(c.traced)
+        files[f"{stem}.ir"] = format_function(c.optimized)
+    if "kernels" in emit:
+        files[f"{stem}.{art.backend}.py"] = c.kernel_source
+        for name, text in c.kernel_files:
+            files[f"{stem}.kernels/{_python_file(name)}"] = text
+    if c.name in schedules:
+        files[f"{stem}.schedule.py"] = schedules[c.name]
+    return files
+
+
+def _layer_stems(art: ModelArtifacts) -> dict[str, str]:
+    """Each layer's file stem: ``names.file_stem`` of its name; but where a layer's file
+    would have the name of another layer's (stems keep dots: layer ``a``'s traced IR
+    ``a.traced.ir`` is layer ``a.traced``'s optimized IR), each layer of the clash takes
+    the stem that ends in a digest of its name. Clashes are found among the files of every
+    kind, emitted or not, so a layer's files have the same names whatever ``--emit``."""
+    stems = {c.name: names.file_stem(c.name) for c in art.layers}
+    stems.update((name, names.file_stem(name, digest=True)) for name in _clashing(art, stems))
+    clashing = _clashing(art, stems)
+    if clashing:  # two names of one digest
+        raise CompileError(f"layers {', '.join(sorted(map(repr, clashing)))} would write files "
+                           f"of the same name")
+    return stems
+
+
+def _clashing(art: ModelArtifacts, stems: dict[str, str]) -> set[str]:
+    """The layers that would write a file (or folder) another layer or the set writes."""
+    every_schedule = dict.fromkeys(stems, "")
+    owner = dict.fromkeys((*_SET_FILES, MANIFEST), "")  # top-level entry -> its layer
+    clashing = set()
+    for c in art.layers:
+        for rel in _layer_files(art, c, stems[c.name], EMITS, every_schedule):
+            top = rel.split("/")[0]
+            if owner.setdefault(top, c.name) != c.name:
+                clashing |= {c.name, owner[top]} - {""}
+    return clashing
 
 
 def _python_file(name: str) -> str:

@@ -64,16 +64,16 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _MAX_STEM = 96
 
 
-def file_stem(name: str) -> str:
+def file_stem(name: str, *, digest: bool = False) -> str:
     """A file name for ``name``: ``name`` itself when it is made of ``[A-Za-z0-9_.-]``,
-    does not start with a dot and is not too long; else those characters (others become
-    ``_``, leading dots too) plus ``-`` and a digest of ``name``."""
+    does not start with a dot and is not too long (and ``digest`` is false); else those
+    characters (others become ``_``, leading dots too) plus ``-`` and a digest of ``name``."""
     if not isinstance(name, str):
         raise BadNameError(f"names in a sarc layer must be strings, got {name!r} "
                          f"({type(name).__name__})")
     safe = _UNSAFE.sub("_", name)
     safe = "_" * (len(safe) - len(safe.lstrip("."))) + safe.lstrip(".")
-    if safe == name and 0 < len(name) <= _MAX_STEM:
+    if safe == name and 0 < len(name) <= _MAX_STEM and not digest:
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{safe[:_MAX_STEM]}-{digest}"

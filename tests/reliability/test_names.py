@@ -148,6 +148,33 @@ def test_submodule_named_an_absolute_path(tmp_path):
     assert (out / f"{stem}.ir").is_file() and (out / f"{stem}.torch.py").is_file()
 
 
+
+def test_layers_whose_files_would_share_a_name(tmp_path):
+    """Layer ``a`` writes its traced IR to ``a.traced.ir``; a layer held by ``a`` as
+    ``traced`` (named ``a.traced``) would write its optimized IR there: each layer keeps
+    files of its own, whatever is emitted."""
+    from sarc.artifacts import compile_model, write_artifacts
+    model = nn.Module()
+    model.a = make_layer(cls="Outer")()
+    model.a.traced = make_layer(cls="Inner")()
+    model.b = make_layer(cls="Other")()
+    art = compile_model(model, "clash", workers=2)
+    for emit in (("ir",), ("ir", "kernels", "schedule")):
+        out = tmp_path / "-".join(emit)
+        written = write_artifacts(art, out, emit)
+        per_layer = 2 * ("ir" in emit) + ("kernels" in emit) + ("schedule" in emit)
+        assert len(set(written)) == len(written) == 3 * per_layer + ("schedule" in emit)
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            [p.name for p in written] + ["sarc-set.json"])
+        ir = {p.name: p.read_text() for p in written if p.name.endswith(".ir")}
+        assert "b.ir" in ir and "b.traced.ir" in ir  # no clash: b's names are unchanged
+        a_names = sorted(n for n in ir if n.startswith("a"))
+        assert a_names == sorted([f"{names.file_stem('a', digest=True)}.ir",
+                                  f"{names.file_stem('a', digest=True)}.traced.ir",
+                                  f"{names.file_stem('a.traced', digest=True)}.ir",
+                                  f"{names.file_stem('a.traced', digest=True)}.traced.ir"])
+        assert all(("Inner" in ir[n]) == ("traced-" in n) for n in a_names), a_names
+
 @case("names", "a layer class named `../../x` (its generated module's file name)", "literal")
 def test_class_name_that_climbs_out_of_the_cache(tmp_path, monkeypatch):
     cache = tmp_path / "a" / "b" / "cache"
