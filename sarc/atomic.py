@@ -19,7 +19,8 @@ What ``path`` may be (``check_target``, which the commands also run before their
 How, step by step (each step calls ``_step(name)``, a no-op the tests replace to kill
 the process there):
 
-- ``created``: a temporary sibling ``.NAME.tmp-PID-RAND`` (same file system);
+- ``created``: a temporary sibling ``.NAME.tmp-PID-RAND`` (same file system; NAME is
+  the target's name, or for a name too long for that, its start and a digest of it);
 - ``written``: the ``with`` block has written the files;
 - ``sealed``: the manifest is written, every file and directory fsynced;
 - ``swapped``: the new set is at ``path``: renamed there (``path`` missing or empty), or
@@ -40,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import re
@@ -164,8 +166,36 @@ def _holds_cwd(path: Path) -> bool:
 
 # --- what an interrupted write left -----------------------------------------------------------
 
+# A sibling's name is ".NAME.tmp-PID-RAND" (or .old-): the bytes it adds to NAME, with a
+# PID of up to 10 digits. A file name may have 255 bytes (NAME_MAX).
+_NAME_MAX = 255
+_SIBLING_BYTES = len("..tmp-") + 10 + len("-") + 8
+
+
+def _sibling_stem(path: Path) -> str:
+    """The NAME of ``path``'s temporary siblings: its name where the sibling's name fits
+    in NAME_MAX, else the name's first characters, ``-`` and a digest of the whole name
+    (still one NAME per ``path``, so a later run finds a dead writer's siblings)."""
+    name = path.name
+    raw = os.fsencode(name)
+    if len(raw) + _SIBLING_BYTES <= _NAME_MAX:
+        return name
+    tag = "-" + hashlib.sha256(raw).hexdigest()[:16]
+    room, size, keep = _NAME_MAX - _SIBLING_BYTES - len(tag), 0, 0
+    for c in name:  # whole characters (a multi-byte one is kept or dropped whole)
+        size += len(os.fsencode(c))
+        if size > room:
+            break
+        keep += 1
+    return name[:keep] + tag
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    return path.parent / f".{_sibling_stem(path)}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def _leftover_pattern(path: Path) -> re.Pattern:
-    return re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}")
+    return re.compile(rf"\.{re.escape(_sibling_stem(path))}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}")
 
 
 def _alive(pid: int) -> bool:
@@ -216,7 +246,7 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
     path = _absolute(path)
     check_target(path, overwrite, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = _sibling(path, "tmp")
     tmp.mkdir()
     _step("created")
     try:
@@ -252,7 +282,7 @@ def _move_into_place(tmp: Path, path: Path, kind: str, overwrite: bool) -> None:
         _step("swapped")
         shutil.rmtree(tmp)  # now the old set
         return
-    old = path.parent / f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    old = _sibling(path, "old")
     os.rename(path, old)
     _step("aside")
     os.rename(tmp, path)

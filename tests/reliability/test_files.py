@@ -250,3 +250,19 @@ def _dead_pid() -> int:
         os._exit(0)
     os.waitpid(pid, 0)
     return pid
+
+
+@case("files", "`--out` a name of 255 bytes (the longest a file system allows), replaced and "
+      "killed mid-replace", "old-or-new")
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+@pytest.mark.parametrize("name", ["b" * 255, "é" * 127 + "b"], ids=["ascii", "two-byte"])
+def test_the_longest_out_name(tmp_path, gcn_artifacts, name, exchange):
+    out = tmp_path / name
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    old = snapshot(out)
+    assert killed_at("sealed", lambda: write_artifacts(gcn_artifacts, out, ("plan",),
+                                                        overwrite=True), exchange=exchange) == KILLED
+    assert snapshot(out) == old and len(siblings(out)) == 2  # the dead writer's sibling
+    assert killed_at("never", lambda: write_artifacts(gcn_artifacts, out, ("plan",),
+                                                       overwrite=True), exchange=exchange) == 0
+    assert "plan.txt" in snapshot(out) and siblings(out) == [name]  # and the leftover went
