@@ -75,8 +75,8 @@ def file_stem(name: str, *, digest: bool = False) -> str:
     safe = "_" * (len(safe) - len(safe.lstrip("."))) + safe.lstrip(".")
     if safe == name and 0 < len(name) <= _MAX_STEM and not digest:
         return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{safe[:_MAX_STEM]}-{digest}"
+    tag = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:_MAX_STEM]}-{tag}"
 
 
 def inside(folder: Path, relative: str) -> Path:
