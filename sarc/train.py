@@ -154,6 +154,33 @@ def _check_trainer_hparams(hp: dict[str, Any]) -> None:
     for key, (ok, want) in rules.items():
         if not ok(hp[key]):
             raise TrainError(f"hyperparameter {key}={hp[key]!r}: it must be {want}")
+    _check_model_hparams(hp)
+
+
+SIZE_HPARAMS = ("hidden", "heads", "out_heads", "num_heads", "num_layers", "layers", "out",
+                "num_bases")
+"""Model hyperparameters that are a count of something (units, heads, layers): an integer
+value must be at least 1 (None, where a model takes it, is the model's to read)."""
+
+
+def is_probability_name(key: str) -> bool:
+    """A hyperparameter named as a dropout rate: ``dropout``, ``attn_drop``, ``feat_drop``,
+    ``input_dropout``, ``alpha_dropout``, ``dropout_rate`` ..."""
+    return any(t in ("drop", "dropout", "dropedge") for t in key.lower().split("_"))
+
+
+def _check_model_hparams(hp: dict[str, Any]) -> None:
+    """The model's hyperparameters whose range is known by their name, in range: a dropout
+    rate a probability in [0, 1) (torch would raise mid-forward, or 1 drop everything), a
+    count (``SIZE_HPARAMS``) at least 1. Values of other types are the model's own."""
+    for key, v in hp.items():
+        if not isinstance(v, numbers.Real) or isinstance(v, bool) or key in DEFAULTS:
+            continue
+        if is_probability_name(key) and not (math.isfinite(v) and 0 <= v < 1):
+            raise TrainError(f"hyperparameter {key}={v!r}: a dropout rate, it must be a "
+                             f"probability in [0, 1)")
+        if key in SIZE_HPARAMS and isinstance(v, numbers.Integral) and v < 1:
+            raise TrainError(f"hyperparameter {key}={v!r}: a count, it must be an integer >= 1")
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,11 +17,39 @@ def refused_before_work(proc, *needles: str) -> str:
     return err
 
 
-@case("cli", "`--set hidden=-1` (the model cannot be built)", "error")
-def test_set_value_the_model_rejects():
-    proc = run_sarc("train", GCN, "--set", "hidden=-1", "--epochs", "2")
-    err = assert_error(proc, "building the model with hidden=-1 failed", "gcn.py")
+EVEN_WIDTH = """\
+from torch import nn
+
+HPARAMS = {"width": 16}
+
+
+def build_model(in_feats, num_classes, width=16, **_):
+    if width % 2:
+        raise ValueError(f"width must be even, got {width}")
+    return nn.Sequential(nn.Linear(in_feats, width), nn.Linear(width, num_classes))
+"""
+
+
+@case("cli", "`--set width=3` (the model cannot be built)", "error")
+def test_set_value_the_model_rejects(tmp_path):
+    model = tmp_path / "even.py"
+    model.write_text(EVEN_WIDTH)
+    proc = run_sarc("train", model, "--set", "width=3", "--epochs", "2")
+    err = assert_error(proc, "building the model with width=3 failed", "even.py",
+                       "width must be even")
     assert "epoch" not in proc.stdout, proc.stdout
+
+
+@case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
+             "hyperparameter out of its range)", "error")
+@pytest.mark.parametrize("model,item,needles", [
+    (GCN, "dropout=1.5", ("dropout=1.5", "probability in [0, 1)")),
+    (GCN, "dropout=1.0", ("dropout=1.0", "probability in [0, 1)")),
+    (ROOT / "models" / "gat.py", "attn_drop=-0.1", ("attn_drop=-0.1", "probability")),
+    (GCN, "hidden=0", ("hidden=0", "integer >= 1")),
+    (ROOT / "models" / "gat.py", "heads=0", ("heads=0", "integer >= 1"))])
+def test_set_model_value_out_of_range(model, item, needles):
+    refused_before_work(run_sarc("train", model, "--set", item, "--epochs", "1"), *needles)
 
 
 @case("cli", "`--set lr=abc` (a string for a float)", "error")
