@@ -181,7 +181,7 @@ def format_schedule(art: ModelArtifacts) -> str:
                 "no gradient leaves (the exchanged rows need none)"
             lines.append(f"    round {k}: {refetch}recompute the edge values, {grad}")
         lines.append("    all-reduce parameter gradients")
-    return "\n".join(lines) + "\n"
+    return "".join(names.one_line(line) + "\n" for line in lines)  # names stay on their line
 
 
 def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
@@ -206,8 +206,8 @@ def format_summary(art: ModelArtifacts) -> str:
             exch, width = " + ".join(lp.exchange.names), str(lp.exchange.width)
             sent = (f"{max(lp.bytes_sent) / 2**20:.2f} MiB" if lp.bytes_sent is not None
                     else f"{lp.bytes_sent_expr} bytes")
-        rows.append([c.name, c.traced.name, str(len(c.traced)), str(len(c.optimized)), fused,
-                     lp.exec_mode, exch, width, sent])
+        rows.append([names.one_line(x) for x in (c.name, c.traced.name, str(len(c.traced)),
+                     str(len(c.optimized)), fused, lp.exec_mode, exch, width, sent)])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()
     out = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]

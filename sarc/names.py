@@ -55,8 +55,10 @@ def shown(name: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """Free text (which may hold names) for a ``#`` comment: non-printable characters,
-    line breaks first, written as escapes."""
+    """Free text (which may hold names) for one line: of a ``#`` comment, of a report
+    (``plan.txt``, ``schedule.txt``) or of the terminal. Non-printable characters (line
+    breaks, terminal escapes, bidirectional controls) are written as escapes, so a name
+    can neither end the line nor drive the terminal."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 

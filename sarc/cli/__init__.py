@@ -22,6 +22,7 @@ import signal
 import sys
 from typing import Any, Callable
 
+from .. import names
 from ..errors import SarcError
 from ..loader import parse_overrides
 from .options import UsageError
@@ -73,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SarcError as e:
-        print(f"sarc {args.command}: error: {e}", file=sys.stderr)
+        # every other non-printable character (a name's terminal escapes) shown escaped
+        # (``names.one_line``); the message's line breaks are kept
+        text = "\n".join(map(names.one_line, str(e).split("\n")))
+        print(f"sarc {args.command}: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import names
 from ..partition.graph_file import load_npz_graph
 from ..partition.partitioners import PARTITIONERS
 from ..partition.pipeline import partition_graph
@@ -125,8 +126,8 @@ def convert_command(args) -> int:
           + ")")
     if graph.types:
         t = graph.types
-        print(f"node types ({t['num_ntypes']}): {', '.join(t['ntypes'])}; edge types "
-              f"({t['num_etypes']}): {', '.join(t['etypes'])} (node data ntype, edge data etype)")
+        print(f"node types ({t['num_ntypes']}): {_listed(t['ntypes'])}; edge types "
+              f"({t['num_etypes']}): {_listed(t['etypes'])} (node data ntype, edge data etype)")
     _print_result(pset, graph.node_data, graph.edge_data)
     return 0
 
@@ -163,7 +164,12 @@ def _check_options(args) -> None:
         raise UsageError(f"{', '.join(pyg_only)} only apply with --from-pyg")
 
 
+def _listed(items) -> str:
+    """Names from the graph's files, for the terminal (``names.one_line``)."""
+    return ", ".join(map(names.one_line, items)) or "-"
+
+
 def _print_result(pset, node_data, edge_data) -> None:
-    print(f"node data: {', '.join(node_data) or '-'}; edge data: {', '.join(edge_data) or '-'}")
+    print(f"node data: {_listed(node_data)}; edge data: {_listed(edge_data)}")
     print(pset.stats.format())
     print(f"wrote {pset.path}")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
+from .. import names
 from ..ir.function import Function
 from ..ir.ops import FUSED, Op
 from ..ir.types import E, N_DST, N_SRC
@@ -569,4 +570,4 @@ def format_plan(plan: Plan) -> str:
         if over:
             lines.append(f"  over the budget on workers {over}: what backward keeps of their own "
                          f"shards alone exceeds it (every layer sar: nothing remote kept)")
-    return "\n".join(lines) + "\n"
+    return "".join(names.one_line(line) + "\n" for line in lines)  # names stay on their line

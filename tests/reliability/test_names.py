@@ -175,6 +175,26 @@ def test_layers_whose_files_would_share_a_name(tmp_path):
                                   f"{names.file_stem('a.traced', digest=True)}.traced.ir"])
         assert all(("Inner" in ir[n]) == ("traced-" in n) for n in a_names), a_names
 
+
+def test_names_with_terminal_escapes_are_printed_escaped(tmp_path):
+    """A submodule and a class named with terminal escapes and a newline: what ``sarc
+    compile`` prints, ``plan.txt`` and ``schedule.txt`` show them escaped, on their line."""
+    sub, cls = "conv\x1b[2J\x1b[31mFAKE\nwrote 0 files", "Evil\x1b]0;title\x07\u202e"
+    path = tmp_path / "escapes.py"
+    path.write_text(MODEL_FILE.format(cls=cls, feat="h", sub=sub))
+    out = tmp_path / "out"
+    proc = run_sarc("compile", path, "--workers", "2", "--emit", "plan,schedule", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for where, text in (("stdout", proc.stdout), ("plan.txt", (out / "plan.txt").read_text()),
+                        ("schedule.txt", (out / "schedule.txt").read_text())):
+        assert all(line.isprintable() for line in text.splitlines()), where
+        assert not any(line.startswith("wrote 0 files") for line in text.splitlines()), where
+        assert "conv\\x1b[2J\\x1b[31mFAKE\\nwrote 0 files" in text, where
+    assert "Evil\\x1b]0;title\\x07\\u202e" in proc.stdout
+    proc = run_sarc("compile", tmp_path / "no\x1b[31mpe.py")  # an error naming the name
+    assert_error(proc, "no\\x1b[31mpe.py")
+    assert all(line.isprintable() for line in proc.stderr.splitlines())
+
 @case("names", "a layer class named `../../x` (its generated module's file name)", "literal")
 def test_class_name_that_climbs_out_of_the_cache(tmp_path, monkeypatch):
     cache = tmp_path / "a" / "b" / "cache"
