@@ -86,7 +86,7 @@ def main(argv=None) -> None:
         if wanted is not None and name not in wanted:
             continue
         fn = layer.trace()
-        params = dict(layer.named_parameters())
+        params = layer.leaf_tensors()
         ein = edge if relational else {}
         result = []
         for passes in (UNFUSED, PIPELINE):

@@ -221,7 +221,7 @@ class Layer(nn.Module):
         self._check_init()
         tracer = Tracer(type(self).__name__)
         precision = self.precision()
-        with _params_as_proxies(self, tracer), tracing(self.modules()):
+        with _params_as_proxies(self, tracer, precision), tracing(self.modules()):
             msgs = _results("message", "m", self.message,
                             _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src", precision),
                             _Side(self, tracer, Domain.DST, Op.GATHER_DST, "dst", precision),
@@ -269,14 +269,28 @@ class Layer(nn.Module):
                            f"torch.autocast", _loc_of(type(self).__init__))
         return DType.from_torch(next(iter(seen))) if seen else DType.F32
 
+    def leaf_tensors(self) -> dict[str, torch.Tensor]:
+        """What the layer's PARAM leaves read, by name: its parameters, and its floating-point
+        buffers in the layer's precision (a buffer is state read at each call, so an annealed
+        temperature or a loaded one is never a stale constant)."""
+        out = dict(self.named_parameters())
+        dtype = None
+        for name, b in self.named_buffers():
+            if b.is_floating_point():
+                dtype = dtype or self.precision().to_torch()
+                out[name] = b if b.dtype == dtype else b.to(dtype)
+        return out
+
     # Compilation and execution ------------------------------------------------------
     def compiled(self):
-        """The backend's kernel for this layer (compiled on first use, and again when the
-        layer's precision changes, e.g. after ``layer.half()``)."""
-        precision = self.precision()
-        if self._sarc_compiled is None or self._sarc_compiled[0] is not precision:
+        """The backend's kernel for this layer: compiled on first use, and again when what
+        the trace read has changed (``layer_state.state_key``: the precision after
+        ``layer.half()``, a number on the layer, a parameter's shape)."""
+        from .layer_state import state_key
+        key = state_key(self)
+        if self._sarc_compiled is None or self._sarc_compiled[0] != key:
             from .compiler import compile_function
-            self._sarc_compiled = (precision, compile_function(
+            self._sarc_compiled = (key, compile_function(
                 self.trace(), backend=self._sarc_backend, autodiff=self._sarc_autodiff))
         return self._sarc_compiled[1]
 
@@ -325,8 +339,7 @@ class Layer(nn.Module):
         from .runtime.bind import bind_inputs
         kernel = self.compiled()
         inputs = bind_inputs(self, kernel.function, g, args, feats)
-        params = dict(self.named_parameters())
-        out = kernel(g, inputs, params, self.training)
+        out = kernel(g, inputs, self.leaf_tensors(), self.training)
         return out if len(out) > 1 else next(iter(out.values()))
 
 
@@ -340,23 +353,25 @@ def _loc_of(fn):
 
 
 @contextlib.contextmanager
-def _params_as_proxies(layer: nn.Module, tracer: Tracer):
-    """Swap every parameter for a PARAM proxy while tracing, then put them back."""
+def _params_as_proxies(layer: nn.Module, tracer: Tracer, precision: DType):
+    """Swap every parameter and floating-point buffer (in ``precision``, as
+    ``Layer.leaf_tensors`` passes it) for a PARAM proxy while tracing, then put them back."""
     saved = []
     try:
         for mod_name, mod in layer.named_modules():
-            for pname, param in list(mod._parameters.items()):
-                if param is None:
-                    continue
-                full = f"{mod_name}.{pname}" if mod_name else pname
-                t = TensorType(Domain.PARAM, DType.from_torch(param.dtype), tuple(param.shape))
-                proxy = Proxy(tracer, tracer.builder.leaf(Op.PARAM, full, t))
-                saved.append((mod, pname, param))
-                mod._parameters[pname] = proxy
+            for table, floats_only in ((mod._parameters, False), (mod._buffers, True)):
+                for pname, x in list(table.items()):
+                    if x is None or floats_only and not x.is_floating_point():
+                        continue
+                    full = f"{mod_name}.{pname}" if mod_name else pname
+                    dtype = precision if floats_only else DType.from_torch(x.dtype)
+                    t = TensorType(Domain.PARAM, dtype, tuple(x.shape))
+                    saved.append((table, pname, x))
+                    table[pname] = Proxy(tracer, tracer.builder.leaf(Op.PARAM, full, t))
         yield
     finally:
-        for mod, pname, param in saved:
-            mod._parameters[pname] = param
+        for table, pname, x in saved:
+            table[pname] = x
 
 
 # --- reductions and graph functions ------------------------------------------------------

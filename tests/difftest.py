@@ -79,7 +79,7 @@ def reference(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor
     """The interpreter's outputs for ``layer`` (traced IR unless ``fn`` is given)."""
     fn = layer.trace() if fn is None else fn
     inputs = bind_inputs(layer, fn, g, (), feats)
-    return interpreter.run(fn, g, inputs, dict(layer.named_parameters()), layer.training)
+    return interpreter.run(fn, g, inputs, layer.leaf_tensors(), layer.training)
 
 
 def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor],

@@ -30,6 +30,7 @@ from ..ir import rng
 from ..ir.ops import Op
 from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
+from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, resolve_features
 from .exchange import RowFetch, send_kept_grads
@@ -40,12 +41,14 @@ from .merge import NormalizerMerge, SiteShares, make_merge
 
 @dataclass
 class LayerProgram:
-    """A layer compiled for a distributed graph: its plan, its split, its schedule module."""
+    """A layer compiled for a distributed graph: its plan, its split, its schedule module;
+    ``state``: the layer's ``layer_state.state_key`` it was compiled at."""
 
     name: str
     plan: LayerPlan
     split: LayerSplit
     generated: dist_backend.Generated
+    state: tuple = ()
 
     @property
     def module(self):
@@ -111,11 +114,14 @@ def _budget_left(dg: DistGraph, layer):
 
 
 def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
-    """The layer's program on ``dg``, compiled on first use (named by class and first-call order)."""
+    """The layer's program on ``dg``, compiled on first use (named by class and first-call
+    order), and again when what its trace read has changed (``Layer.compiled``)."""
     key = (id(layer), inputs_need_grad)
-    if key not in dg.programs:
+    state = state_key(layer)
+    if key not in dg.programs or dg.programs[key].state != state:
         name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
         dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad)
+        dg.programs[key].state = state
     return dg.programs[key]
 
 
@@ -136,7 +142,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         else:
             node_inputs[name] = check_feature(layer, name, given, t, dg.num_local,
                                               "local nodes", dg.device)
-    params = {k: p for k, p in layer.named_parameters() if k in fn.params()}
+    params = {k: p for k, p in layer.leaf_tensors().items() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog
     training = layer.training

@@ -98,7 +98,7 @@ class DGLLayer(Layer):
             feats[fname] = _DGLProxy(tracer, b.leaf(Op.INPUT, fname,
                                                     feat.ir_type(Domain.EDGE, precision)))
         try:
-            with _params_as_proxies(self, tracer), _scalar_buffers(self.module), \
+            with _params_as_proxies(self, tracer, precision), _scalar_buffers(self.module), \
                     tracing(self.modules()), _dgl_routes(self.module):
                 out = self.module(graph, **feats)
         except DSLError as e:
@@ -141,7 +141,7 @@ class DGLLayer(Layer):
         kernel = self.compiled()
         inputs = bind_inputs(self, kernel.function, g, args, feats)
         draws = any(v.op is Op.DROPOUT for v in kernel.function.values)
-        out = kernel(g, inputs, dict(self.named_parameters()), self.training,
+        out = kernel(g, inputs, self.leaf_tensors(), self.training,
                      seed=None if draws else 0)
         return out if len(out) > 1 else next(iter(out.values()))
 
@@ -666,12 +666,13 @@ def _hashable(x) -> bool:
 
 @contextlib.contextmanager
 def _scalar_buffers(module: torch.nn.Module):
-    """Buffers of one element read as 0-d tensors (constants) while tracing."""
+    """Buffers of one element that are not PARAM leaves (``_params_as_proxies`` made the
+    floating-point ones leaves) read as 0-d tensors (constants) while tracing."""
     saved = []
     try:
         for mod in module.modules():
             for name, buf in list(mod._buffers.items()):
-                if buf is not None and buf.numel() == 1 and buf.dim() == 1:
+                if isinstance(buf, torch.Tensor) and buf.numel() == 1 and buf.dim() == 1:
                     saved.append((mod, name, buf))
                     mod._buffers[name] = buf.detach().reshape(())
         yield

@@ -14,6 +14,7 @@ from torch import nn
 from zoo import LAYERS, features
 
 import sarc
+from sarc.ir.types import DType
 
 D = 6
 
@@ -146,3 +147,68 @@ def test_layers_in_a_model():
                                                        "l2.lin.weight"]
     net(g, x).sum().backward()
     assert all(p.grad is not None for p in net.parameters())
+
+
+# --- state the trace reads besides the parameters: buffers, numbers on the layer ----------
+
+class Scaled(sarc.Layer):
+    """Reads a float buffer (a temperature), a float vector buffer, an int buffer, a number
+    attribute and an optional parameter."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("temp", torch.tensor(1.0))
+        self.register_buffer("mask", torch.tensor([1.0, 0.5, 2.0]))
+        self.register_buffer("shift", torch.tensor(0))
+        self.alpha = 0.5
+        self.bias = nn.Parameter(torch.zeros(3))
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) / self.temp * self.mask + self.shift
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        h = self.alpha * agg.agg
+        return h + self.bias if self.bias is not None else h
+
+
+def _plain_scaled(layer: Scaled, g: sarc.Graph, h: torch.Tensor) -> torch.Tensor:
+    m = layer.lin(h[g.src]) / layer.temp * layer.mask + layer.shift
+    out = layer.alpha * torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+    return out + layer.bias if layer.bias is not None else out
+
+
+def test_state_read_by_the_trace_is_followed(g):
+    torch.manual_seed(0)
+    layer, h = Scaled(), torch.randn(g.num_src, 3)
+    assert_close(layer(g, h), _plain_scaled(layer, g, h).detach())
+    kernel = layer.compiled()
+    # buffers' values are the kernel's inputs: changed in place or loaded, no new trace
+    layer.temp.fill_(4.0)
+    layer.load_state_dict({"mask": torch.tensor([3.0, -1.0, 0.25])}, strict=False)
+    assert_close(layer(g, h), _plain_scaled(layer, g, h).detach())
+    assert layer.compiled() is kernel
+    # what the trace read as constants: traced again when changed
+    for change in (lambda: setattr(layer, "alpha", 2.0), lambda: layer.shift.add_(3),
+                   lambda: setattr(layer, "bias", None)):
+        change()
+        assert_close(layer(g, h), _plain_scaled(layer, g, h).detach())
+        assert layer.compiled() is not kernel
+        kernel = layer.compiled()
+    assert layer.compiled() is kernel  # nothing changed: the same kernel
+
+
+def test_buffers_are_leaves_in_the_layers_precision(g):
+    torch.manual_seed(0)
+    layer = Scaled()
+    layer.temp = torch.tensor(2.0, dtype=torch.float64)  # read in the layer's float32
+    fn = layer.trace()
+    leaves = {v.attr["name"]: v.type for v in fn.values if v.op.value == "param"}
+    assert leaves["temp"].dtype is DType.F32 and leaves["mask"].feat == (3,)
+    assert "shift" not in leaves  # an integer buffer is read as a constant
+    assert layer.leaf_tensors()["temp"].dtype == torch.float32
+    h = torch.randn(g.num_src, 3)
+    assert_close(layer(g, h), reference(layer, g, {"h": h})["h"])

@@ -1,0 +1,79 @@
+"""What a compiled layer was traced from besides its parameters' values: the key that says
+when its kernel must be traced and compiled again.
+
+Tracing reads a layer's state in three ways:
+
+- parameters and floating-point buffers are PARAM leaves: their values are the kernel's
+  inputs at each call, so only their names, shapes and dtypes are traced;
+- Python numbers, strings and flags on the layer and its submodules (``self.alpha``,
+  ``self.heads``) are read as constants or steer the trace;
+- other tensors that are neither (an integer buffer, a 0-d tensor attribute) are read
+  as constants.
+
+``state_key`` covers the last two and the first's shapes: a kernel compiled at one key is
+valid while the key is the same, so a layer whose ``alpha`` is annealed, or whose integer
+buffer is updated in place (its version counter moves), or whose parameter is replaced
+by one of another shape, is traced again, never run on a stale constant. Reading it costs
+no device synchronization: tensors are keyed by identity and version, not by value.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+from torch import nn
+
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
+"""nn.Module's own attributes: hooks, the parameter / buffer / module tables, the mode
+(which a trace never reads as a constant: see ``trace_guards``)."""
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, enum.Enum)
+_MAX_ITEMS = 256
+"""Containers of scalars up to this size are keyed by value; a larger one by identity and
+length (a table that large is not configuration a layer reads as constants)."""
+
+
+def _plain(value: Any) -> Any:
+    """A value's key: scalars as they are, small containers of them as tuples, tensors by
+    identity and version; None where the value is nothing a trace reads as a constant."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+    if isinstance(value, (tuple, list, dict, set, frozenset)):
+        if len(value) > _MAX_ITEMS:
+            return ("container", id(value), len(value))
+        items = sorted(value.items(), key=repr) if isinstance(value, dict) else (
+            sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)
+        keys = tuple(_plain(x) for x in items)
+        return None if any(k is None for k in keys) else (type(value).__name__, keys)
+    return None
+
+
+def _leaf(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.dtype)
+
+
+def state_key(layer: nn.Module) -> tuple:
+    """The key of everything ``layer``'s trace depends on besides its parameters' and
+    floating-point buffers' values (see the module doc)."""
+    key = []
+    for path, mod in layer.named_modules():
+        key.append(("module", path, type(mod)))
+        for name, value in vars(mod).items():
+            if name in _MODULE_INTERNALS or name.startswith("_sarc"):
+                continue
+            k = _plain(value)
+            if k is not None:
+                key.append((path, name, k))
+        for name, p in mod._parameters.items():
+            key.append((path, name, None if p is None else _leaf(p)))
+        for name, b in mod._buffers.items():
+            if b is None:
+                key.append((path, name, None))
+            elif b.is_floating_point():
+                key.append((path, name, _leaf(b)))
+            else:
+                key.append((path, name, _plain(b)))
+    return tuple(key)
