@@ -25,7 +25,7 @@ from typing import Any, Callable
 from .. import names
 from ..errors import SarcError
 from ..loader import parse_overrides
-from .options import UsageError
+from .options import UsageError, attach_values
 
 
 def _train_parser(subparsers):
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     # stderr is no file (main called with its output captured, as by a test)
     with contextlib.suppress(OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args) or 0)
     except SarcError as e:

@@ -3,9 +3,9 @@
 A minibatch layer runs on its own blocks (``sarc.sampling``), whose sizes depend on the
 step's seeds; the planner takes them as a ``BlockSample``: per sampled batch, per layer,
 the ``ShardStats`` of the layer's blocks over the P workers. They are measured, not
-modelled: the P workers' shards are built from the partition set, each worker's
-``SeedLoader`` deals it its seeds and its ``NeighbourSampler`` samples the batch,
-exactly as in training.
+modelled: the P workers' shards are built from the partition set, the trainer's
+``SeedBatches`` deals each worker its seeds of a step (``batch_size`` over all workers)
+and its ``NeighbourSampler`` samples the batch, exactly as in training.
 
 The sampler is collective (the closure crosses shards; every worker takes part in every
 exchange), so the P workers run at once, as P threads of this process. They talk
@@ -22,8 +22,9 @@ import torch
 
 from ..planner.stats import BlockSample, ShardStats
 from ..runtime.sharded import ShardedGraph
-from ..sampling import NeighbourSampler, SamplingError, SamplingSpec, SeedLoader
+from ..sampling import NeighbourSampler, SamplingError, SamplingSpec
 from ..sampling.comm import stop_with
+from ..training.minibatch import MiniBatchConfig, SeedBatches
 
 WAIT_S = 600.0
 """How long a worker thread waits for its peers at a collective before giving up."""
@@ -113,15 +114,17 @@ def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size:
                   batches: int, mask: str = "train_mask", epoch: int = 0) -> BlockSample:
     """The block statistics of the first ``batches`` steps of ``epoch`` (fewer if the epoch
     has fewer) on the P workers' ``shards`` (rank order; ``ShardedGraph.from_partitions``):
-    ``batch_size`` seeds per worker from the nodes of ``mask``, sampled per ``spec``
-    (``SamplingSpec.mfg``: every in-edge)."""
+    the training steps' seeds, ``batch_size`` per step over all workers from the nodes of
+    ``mask``, sampled per ``spec`` (``SamplingSpec.mfg``: every in-edge)."""
     p = len(shards)
+    config = MiniBatchConfig("mfg", batch_size=batch_size)  # the seeds: the same in each mode
 
     def work(rank: int, comm: ThreadComm) -> list:
-        loader = SeedLoader(shards[rank], mask, batch_size=batch_size, seed=spec.seed, comm=comm)
+        train = shards[rank].ndata[mask]
+        loader = SeedBatches(shards[rank], train, config, spec.seed, comm)
         sampler = NeighbourSampler(shards[rank], spec, comm)
         out = []
-        for step, seeds in enumerate(loader.epoch(epoch)):
+        for step, (seeds, _) in enumerate(loader.epoch(epoch)):
             if step == batches:
                 break
             blocks = comm.gather_objects([b.shard for b in sampler.sample(seeds, epoch).blocks])

@@ -8,8 +8,8 @@ artifacts the user asks for (``--emit``) to ``--out`` (see ``sarc.artifacts``
 for the files).
 
 With ``--mode mfg`` or ``--mode sampling`` and ``--partition``, each layer is planned
-on its own blocks: ``--batches`` minibatches of ``--batch-size`` seeds per worker are
-drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
+on its own blocks: ``--batches`` minibatches of ``--batch-size`` seeds (per step over all
+workers, as ``sarc train`` deals them) are drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
 sampling; ``sarc.cli.block_sample``), and the plan prints per layer the blocks' sizes
 and the bytes a step sends and keeps (mean / max over the batches). Without
 ``--partition`` the block sizes stay symbols.
@@ -44,8 +44,8 @@ def add_compile_parser(sub) -> None:
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
     p.add_argument("--fanouts", help="--mode sampling: in-edges sampled per node at each layer, "
                    "input layer first, e.g. 10,25 (-1: all)")
-    p.add_argument("--batch-size", type=int, help=f"--mode mfg|sampling: seed nodes per worker "
-                   f"and step (default {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--batch-size", type=int, help=f"--mode mfg|sampling: seed nodes per step over "
+                   f"all workers, as sarc train takes it (default {DEFAULT_BATCH_SIZE})")
     p.add_argument("--batches", type=int, help=f"--mode mfg|sampling with --partition: the "
                    f"batches sampled to measure the blocks (default {DEFAULT_BATCHES})")
     p.add_argument("--baseline", action="store_true",

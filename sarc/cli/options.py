@@ -62,8 +62,9 @@ def add_sampling_arguments(p, group=None) -> None:
     ``--no-shuffle``."""
     g = group or p
     g.add_argument("--batch-size", type=int, metavar="B",
-                   help="mfg / sampling: training seeds per worker and step (default: all of "
-                        "them, one step per epoch)")
+                   help="mfg / sampling: training seeds per step over all workers (the same "
+                        "steps whatever the number of workers; default: all of them, one step "
+                        "per epoch)")
     g.add_argument("--fanouts", metavar="F1,F2,...",
                    help="sampling: in-edges sampled per node at each layer, input layer first "
                         "(one per sarc layer of the model; -1: all of them), e.g. 10,25")
@@ -102,6 +103,30 @@ def add_embedding_arguments(p, group=None) -> None:
                         "updates only the rows a step read, on their owners with --workers")
     g.add_argument("--embedding-lr", action=_SetHyperparameter, key="embedding_lr", type=float,
                    metavar="LR", help="its learning rate (default: the model's lr)")
+
+
+SIGNED_LISTS = ("--fanouts",)
+"""Options whose value may start with a minus sign: argparse takes ``-1,-1`` (not one
+number) for an option, so ``attach_values`` gives it as ``--fanouts=-1,-1``."""
+
+
+def attach_values(argv: list[str]) -> list[str]:
+    """``argv`` with each option of ``SIGNED_LISTS`` followed by a list of signed integers
+    written as ``OPTION=VALUE``."""
+    out: list[str] = []
+    k = 0
+    while k < len(argv):
+        a = argv[k]
+        if a == "--":
+            return out + argv[k:]
+        if a in SIGNED_LISTS and k + 1 < len(argv) and re.fullmatch(r"-\d+(,\s*-?\d+)*",
+                                                                    argv[k + 1]):
+            out.append(f"{a}={argv[k + 1]}")
+            k += 2
+            continue
+        out.append(a)
+        k += 1
+    return out
 
 
 def parse_fanouts(text: str) -> tuple[int, ...]:

@@ -498,9 +498,9 @@ def _minibatch_lines(plan: Plan) -> list[str]:
            else f", fanouts {','.join(map(str, plan.fanouts))} (input layer first)")
     seeds = "?" if plan.batch_size is None else str(plan.batch_size)
     if plan.sample is None:
-        return [f"  minibatch: {seeds} seeds / worker / step{fan}; block sizes depend on the seeds: "
+        return [f"  minibatch: {seeds} seeds / step over all workers{fan}; block sizes depend on the seeds: "
                 f"symbolic (N_src, N_dst, E, B of each layer's block; --partition measures them)"]
-    return [f"  minibatch: {seeds} seeds / worker / step{fan}; block sizes from "
+    return [f"  minibatch: {seeds} seeds / step over all workers{fan}; block sizes from "
             f"{len(plan.sample.batches)} sampled batches (mean / max over batches and workers), "
             f"each layer planned for its largest"]
 

@@ -129,7 +129,7 @@ class BlockSample:
     k+1's blocks (input layer first) in batch b, over P workers.
 
     ``fanouts``: in-edges sampled per destination at each layer (None: every in-edge,
-    the MFG); ``batch_size``: seeds per worker and step."""
+    the MFG); ``batch_size``: seeds per step over all workers (as in training)."""
 
     batches: tuple[tuple[ShardStats, ...], ...]
     batch_size: int

@@ -22,7 +22,8 @@ from sarc.cli.block_sample import run_threads, sample_blocks
 from sarc.compiler import compile_layer
 from sarc.planner.plan import format_plan, plan_layer, plan_minibatch, plan_model
 from sarc.planner.stats import BlockSample, ShardStats
-from sarc.sampling import NeighbourSampler, SamplingError, SamplingSpec, SeedLoader
+from sarc.sampling import NeighbourSampler, SamplingError, SamplingSpec
+from sarc.training.minibatch import MiniBatchConfig, SeedBatches
 from sampling.graphs import run_workers, shards, tiny_graph
 
 KINDS = ("gcn", "sage", "gat")
@@ -56,9 +57,10 @@ def _work(rank, group, g, parts):
     out = {}
     for name, spec in SPECS.items():
         comm = Comm(group)
-        loader = SeedLoader(shs[rank], "train_mask", batch_size=BATCH, seed=spec.seed, comm=comm)
+        loader = SeedBatches(shs[rank], shs[rank].ndata["train_mask"],
+                             MiniBatchConfig("mfg", batch_size=BATCH), spec.seed, comm)
         sampler = NeighbourSampler(shs[rank], spec, comm)
-        mbs = [sampler.sample(seeds, 0) for _, seeds in zip(range(STEPS), loader.epoch(0))]
+        mbs = [sampler.sample(seeds, 0) for _, (seeds, _) in zip(range(STEPS), loader.epoch(0))]
         out[name, "blocks"] = [[b.shard for b in mb.blocks] for mb in mbs]
         mb = mbs[0]
         for kind in KINDS:

@@ -64,3 +64,13 @@ def test_fanouts_for_another_number_of_layers(tmp_path, parts):
     refused(run_sarc("compile", SAGE, "--mode", "sampling", "--partition", parts, "--fanouts",
                      "10", "--out", tmp_path / "o"), tmp_path / "o", "1 fanout (10)",
             "2 graph layers")
+
+
+def test_fanouts_that_start_with_a_minus_sign(tmp_path, parts):
+    """``--fanouts -1,-1`` (every in-edge at every layer) is the fanouts, not an option
+    argparse does not know; a wrong one is the fanouts' own error."""
+    proc = run_sarc("compile", SAGE, "--mode", "sampling", "--fanouts", "-1,-1", "--partition",
+                    parts, "--out", tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    refused(run_sarc("compile", SAGE, "--mode", "sampling", "--fanouts", "-2,-1", "--out",
+                     tmp_path / "p"), tmp_path / "p", "--fanouts -2,-1", ">= 0, or -1")
