@@ -226,13 +226,9 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
     ``table(num_nodes, dim)`` (a worker's shard of it) or an ``nn.Embedding`` drawn from
     ``seed`` (``sarc.training.inputs.EmbeddingInput``)."""
     in_feats = data.num_features
-    emb = hparams["embedding_dim"]
+    check_features(data.name, data.has_features, hparams)
     if not data.has_features:
-        if not emb:
-            raise TrainError(f"dataset {data.name} has no node features; set embedding_dim "
-                             f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
-                             f"embedding as the model's input")
-        in_feats = int(emb)
+        in_feats = int(hparams["embedding_dim"])
     types = {"num_ntypes": data.num_ntypes} if data.ntype is not None else {}
     try:
         model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
@@ -252,6 +248,44 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
     if not any(True for _ in model.parameters()):
         raise TrainError(f"{spec.path or spec.name}: the model has no parameters to train")
     return model
+
+
+def output_check(spec: ModelSpec, model: nn.Module, num_classes: int,
+                 dataset: str) -> Callable[[torch.Tensor], None]:
+    """``fit``'s check of the model's output: [nodes, ``num_classes``] logits of the classes
+    of ``dataset`` (its name, in the error). Another width would train silently (more
+    columns: a classifier over classes that do not exist) or fail in the loss (fewer)."""
+    def check(logits: torch.Tensor) -> None:
+        if logits.dim() == 2 and logits.shape[1] == num_classes:
+            return
+        got = (f"{logits.shape[1]} columns per node" if logits.dim() == 2
+               else f"shape {list(logits.shape)}")
+        fix = (f"{spec.path or spec.name} looks like a link-prediction model (it has "
+               f"score(h_u, h_v) or the link task's HPARAMS): train it with --task link"
+               if looks_like_link_model(spec, model) else
+               f"build_model's output must have num_classes ({num_classes}) columns, one "
+               f"logit per class")
+        raise TrainError(f"{spec.path or spec.name}: the model's output has {got}, but "
+                         f"dataset {dataset} has {num_classes} classes; {fix}")
+    return check
+
+
+def looks_like_link_model(spec: ModelSpec, model: nn.Module) -> bool:
+    """A model file made for ``--task link``: its module scores edges (``score``) or its
+    ``HPARAMS`` declare the link task's (``sarc.training.link.LINK_DEFAULTS``)."""
+    from .training.link import LINK_DEFAULTS
+    inner = model.model if isinstance(model, EmbeddingInput) else model
+    return callable(getattr(inner, "score", None)) or any(k in spec.hparams for k in LINK_DEFAULTS)
+
+
+def check_features(dataset: str, has_features: bool, hparams: dict[str, Any]) -> None:
+    """A graph without node features trains only on a learned embedding: ``embedding_dim``
+    set. ``dataset``: its name in the error (``sarc train --workers P`` checks it before
+    partitioning, ``build`` on every path)."""
+    if not has_features and not hparams["embedding_dim"]:
+        raise TrainError(f"dataset {dataset} has no node features; set embedding_dim "
+                         f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
+                         f"embedding as the model's input")
 
 
 def _chosen(spec: ModelSpec, hparams: dict[str, Any]) -> str:
@@ -352,6 +386,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     data = (dataset if isinstance(dataset, Dataset) and dataset.checked
             else check_dataset(dataset) if isinstance(dataset, Dataset)
             else load_dataset(dataset or hp["dataset"], data_root))
+    hp["dataset"] = data.name  # what it trains on (the model file's default or not): recorded
     say = log or (lambda s: None)
 
     seed_all(seed)
@@ -382,7 +417,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
             f"{', '.join(map(str, source.spec.fanouts))}")
         line = source.epoch_line
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), checkpoint=checkpoint,
-              run=run, log=log, log_every=log_every, eval_every=eval_every, line=line)
+              run=run, log=log, log_every=log_every, eval_every=eval_every, line=line,
+              check_output=output_check(spec, model, data.num_classes, data.name))
     if save:
         sizes = {"in_feats": data.num_features, "num_classes": data.num_classes,
                  "num_nodes": data.num_nodes, "num_etypes": data.num_etypes,

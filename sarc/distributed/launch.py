@@ -6,7 +6,8 @@
                [--master-port PORT] [--timeout S] [--device cpu|cuda] [--backend torch|triton]
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
-by default) into a temporary directory. Then torchrun (``sarc.distributed.agent``,
+by default) into a temporary directory; with it, a ``--dataset`` must be the graph the set
+holds (its fingerprint), since the workers train on the set and record that name. Then torchrun (``sarc.distributed.agent``,
 ``--nproc-per-node P``) starts the workers (``sarc.cli.worker``) with a
 rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo with ``--device
 cpu``, NCCL with ``--device cuda`` (each worker on the GPU of its local rank).
@@ -24,6 +25,7 @@ Across machines, run the worker under torchrun on each (see ``sarc.cli.worker``)
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -34,8 +36,11 @@ from .stacks import printing_run
 from .supervise import PortInUse, reserve_port, run_agent, run_directory, stops_on_signals
 
 
-def worker_command_line(args, partition: str, json_path: str | None) -> list[str]:
-    """The worker's arguments, as ``sarc.cli.worker`` parses them."""
+def worker_command_line(args, partition: str, json_path: str | None,
+                        dataset: str | None = None) -> list[str]:
+    """The worker's arguments, as ``sarc.cli.worker`` parses them. ``dataset``: the name of
+    the dataset ``partition`` holds (checked: ``checked_dataset``), which the workers record;
+    None where it is not known."""
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
            "--log-every", str(max(1, args.log_every)), "--eval-every", str(args.eval_every),
            "--timeout", str(args.timeout),
@@ -60,23 +65,69 @@ def worker_command_line(args, partition: str, json_path: str | None) -> list[str
         cmd += ["--set", item]
     if json_path:
         cmd += ["--json", json_path]
-    if args.dataset:
-        cmd += ["--dataset", args.dataset]
+    if dataset:
+        cmd += ["--dataset", dataset]
     return cmd + checkpoint_command_line(args)
 
 
-def partition_dataset(args, out: Path) -> str:
-    """Partition ``args.dataset`` (or the model's) into ``out``; returns the directory."""
-    from ..loader import parse_overrides
-    from ..datasets import load_dataset
-    from ..loader import load_model_file
-    from ..partition import partition_graph
+def run_hparams(args) -> dict:
+    """The run's hyperparameters (the model file's, ``--set``), as the workers take them."""
+    from ..loader import load_model_file, parse_overrides
     from ..train import hyperparameters
+    return hyperparameters(load_model_file(args.model), parse_overrides(args.overrides))
 
-    spec = load_model_file(args.model)
-    hp = hyperparameters(spec, parse_overrides(args.overrides))
-    data = load_dataset(args.dataset or hp["dataset"], args.data_dir,
-                        check=getattr(args, "check_data", True))
+
+def load_run_dataset(args, name: str):
+    """The dataset ``name`` as ``sarc train`` loads it (``--data-dir``, ``--no-check-data``)."""
+    from ..datasets import load_dataset
+    return load_dataset(name, args.data_dir, check=getattr(args, "check_data", True))
+
+
+def checked_dataset(args, pset) -> str | None:
+    """The name of ``--dataset`` where it is the graph the partition set ``pset`` (of
+    ``--partition``) holds, the same edges over the same nodes (its recorded fingerprint);
+    None without ``--dataset``. The workers train on the partition and record this name,
+    so a dataset that is another graph is refused rather than recorded."""
+    from ..partition import graph_fingerprint
+    if not args.dataset:
+        return None
+    if pset.fingerprint.startswith("dgl:"):
+        raise DistError(f"--dataset {args.dataset} with --partition {args.partition}: a DGL "
+                        f"partition read in place does not record its whole graph, so sarc "
+                        f"cannot check that it is {args.dataset}; leave --dataset out (the run "
+                        f"then names the graph by its partition's fingerprint), or convert it "
+                        f"with sarc partition --from-dgl")
+    data = load_run_dataset(args, args.dataset)
+    fingerprint = graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes)
+    if fingerprint != pset.fingerprint:
+        raise DistError(f"--dataset {args.dataset} is not the graph partitioned in --partition "
+                        f"{args.partition}: {data.name} has {data.num_nodes} nodes and "
+                        f"{data.num_edges} edges (graph {fingerprint[:19]}), the partition's "
+                        f"graph {pset.num_nodes} nodes and {pset.num_edges} edges (graph "
+                        f"{pset.fingerprint[:19]}); the workers train on the partition: leave "
+                        f"--dataset out, or partition {data.name}")
+    return data.name
+
+
+def check_partition_features(args, pset, dataset: str | None, hp: dict) -> None:
+    """A partition set without node features needs ``embedding_dim``, refused before any
+    worker starts, as on one process (a DGL partition read in place: by its workers)."""
+    from ..train import check_features
+    schema = pset.meta.get("node_data")
+    if isinstance(schema, dict) and "label" in schema:  # a sarc set of a node dataset
+        feat = schema.get("feat")
+        width = math.prod(feat.get("shape", ())) if isinstance(feat, dict) else 0
+        check_features(dataset or f"partitioned at {args.partition}", width > 0, hp)
+
+
+def partition_dataset(args, data, out: Path, hp: dict) -> str:
+    """Partition ``data`` (``--dataset``, or the model's) into ``out``; returns the
+    directory. A dataset the model cannot train on (no features, no ``embedding_dim``) is
+    refused first."""
+    from ..partition import partition_graph
+    from ..train import check_features
+
+    check_features(data.name, data.has_features, hp)
     node_data = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
                  "val_mask": data.val_mask, "test_mask": data.test_mask}
     if getattr(args, "task", "node") == "link":
@@ -109,14 +160,19 @@ def launch(args) -> int:
                 raise DistError(f"--partition {args.partition} has {pset.num_parts} parts but "
                                 f"--workers is {p}; one worker per part")
             partition = args.partition
+            dataset = checked_dataset(args, pset)
+            check_partition_features(args, pset, dataset, run_hparams(args))
         else:
-            partition = partition_dataset(args, Path(tmp) / "parts")
+            hp = run_hparams(args)
+            data = load_run_dataset(args, args.dataset or hp["dataset"])
+            partition, dataset = partition_dataset(args, data, Path(tmp) / "parts", hp), data.name
         check_launch(args, partition)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
         cmd = [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",
                "--master-port", str(port), "--max-restarts", str(args.max_restarts),
-               "-m", "sarc.cli.worker", *worker_command_line(args, partition, args.json),
+               "-m", "sarc.cli.worker",
+               *worker_command_line(args, partition, args.json, dataset),
                "--threads", str(threads)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         outcome = run_agent(cmd, env, tmp)

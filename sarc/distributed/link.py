@@ -127,8 +127,9 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     from .exchange import ByteCounter, Exchanger
     from .graph import DistGraph, comm_device
     from .prepare import prepare_worker, with_self_loops
-    from .train import (AllReduce, _build, broadcast_parameters, embedding_bytes, load_shard,
-                        peak_memory, resident_bytes, sharded_table)
+    from .train import (AllReduce, _build, broadcast_parameters, count_parameters,
+                        dataset_name, embedding_bytes, load_shard, peak_memory,
+                        recorded_dataset, resident_bytes, sharded_table)
 
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
@@ -147,7 +148,8 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     data = prepare_worker(shard, hp, group)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,
-                          sharded_table(shard, group, timeout, cfg.seed)), device, cfg.backend)
+                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg)),
+                   device, cfg.backend)
     scorer_of(model)
     broadcast_parameters(model, group)
     dg.share_memory(model)
@@ -157,7 +159,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     say(f"sarc train: {spec.name}, link prediction on {shard.num_nodes} nodes "
         f"({split.train.shape[1]} / {split.val.shape[1]} / {split.test.shape[1]} train / val / "
         f"test edges), {size} workers, {hp['negatives']} negatives, seed {cfg.seed}, "
-        f"{sum(p.numel() for p in model.parameters())} parameters")
+        f"{count_parameters(model)} parameters")
     selection = link_selection(hp["patience"])
     last = int(hp["epochs"])
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
@@ -165,7 +167,8 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     workers: list = [None] * size
     dist.all_gather_object(workers, {"rank": rank, **peak_memory(fixed_rss),
                                      **embedding_bytes(model, opt)}, group=group)
-    result = link_result(selection, out, model=spec.name, dataset=cfg.dataset, seed=cfg.seed,
+    result = link_result(selection, out, model=spec.name, dataset=recorded_dataset(cfg),
+                         seed=cfg.seed,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic

@@ -43,7 +43,7 @@ from ..loader import ModelSpec
 from ..partition import open_partition
 from ..partition.dgl_in_place import PeerPartError
 from ..runtime.sharded import ShardedGraph, build_shard
-from ..train import ModelSelection, TrainError, hyperparameters
+from ..train import ModelSelection, TrainError, hyperparameters, output_check
 from ..sampling import Comm
 from ..training.device import placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
@@ -71,7 +71,8 @@ class WorkerConfig:
     timeout_s: float = 120.0
     checkpoint: CheckpointConfig | None = None
     save_path: str | None = None   # rank 0 writes the selected model there
-    dataset: str | None = None     # its name in checkpoints (default: the graph's fingerprint)
+    dataset: str | None = None     # the partitioned dataset's name, recorded in checkpoints,
+                                   # --save files and --json (default: the graph's fingerprint)
     minibatch: MiniBatchConfig | None = None  # mfg / sampling mode (None: full-batch)
     device: str = "cpu"            # cpu, cuda (cuda:LOCAL_RANK) or cuda:N (sarc.distributed.worker)
     backend: str = "torch"         # the kernels of the model's sarc layers
@@ -405,6 +406,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
     hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)
+    hp["dataset"] = recorded_dataset(cfg)  # what it trains on, not the model file's default
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
@@ -415,7 +417,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     shard = shard.to(device)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,
-                          sharded_table(shard, group, timeout, cfg.seed)), device, cfg.backend)
+                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg)),
+                   device, cfg.backend)
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
     if hp["self_loops"]:
@@ -436,7 +439,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         f"({dist.get_backend(group)}, {device}, {cfg.backend} kernels), exec mode "
         f"{cfg.exec_mode or 'planner'}"
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
-        f"{sum(p.numel() for p in model.parameters())} parameters")
+        f"{count_parameters(model)} parameters")
 
     selection = ModelSelection(data.counts["val"] > 0, hp["patience"])
     best = selection.best
@@ -475,7 +478,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
     out = fit(model, opt, source, selection, epochs=last, reduction=AllReduce(group),
               checkpoint=cfg.checkpoint, run=run, log=log, log_every=cfg.log_every,
-              eval_every=cfg.eval_every, line=line)
+              eval_every=cfg.eval_every, line=line,
+              check_output=output_check(spec, model, data.num_classes, dataset_name(cfg)))
     if cfg.minibatch is None:
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
@@ -496,13 +500,15 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     workers: list = [None] * size
     dist.all_gather_object(workers, mine, group=group)
     result = {
-        "model": spec.name, "workers": size, "exec_mode": cfg.exec_mode, "baseline": cfg.baseline,
+        "model": spec.name, "dataset": hp["dataset"], "workers": size, "exec_mode": cfg.exec_mode,
+        "baseline": cfg.baseline,
         "mode": cfg.minibatch.mode if cfg.minibatch else "full",
         "device": str(device), "backend": cfg.backend,
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,
         "epoch_ms": out.elapsed_s / max(1, out.epochs) * 1e3, **timings(out),
+        "hparams": dict(hp),
         "per_worker": workers,
         "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
                   for p in programs],
@@ -517,16 +523,37 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
-        write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(cfg.json_path), json.dumps(result, indent=2, default=repr) + "\n")
     return {**result, "module": model}
 
 
 def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
     pset = open_partition(cfg.partition, verify=False)
     hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
-    return run_record(spec, hp, seed=cfg.seed, dataset=cfg.dataset or f"graph {pset.fingerprint}",
+    return run_record(spec, hp, seed=cfg.seed, dataset=recorded_dataset(cfg, pset),
                       graph=pset.fingerprint, world_size=size,
                       partition=partition_fingerprint(pset))
+
+
+def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:
+    """The dataset a worker's run records (checkpoints, ``--save``, ``--json``): the name
+    ``sarc train`` checked against the partition, else the partitioned graph's fingerprint."""
+    if cfg.dataset:
+        return cfg.dataset
+    pset = pset or open_partition(cfg.partition, verify=False)
+    return f"graph {pset.fingerprint}"
+
+
+def dataset_name(cfg: WorkerConfig) -> str:
+    """The dataset as errors name it: its name, else where its partition set is."""
+    return cfg.dataset or f"partitioned at {cfg.partition}"
+
+
+def count_parameters(model: nn.Module) -> int:
+    """The whole model's parameters, as one process counts them: a sharded embedding
+    (not an ``nn.Parameter``, and only its rows here) at its full size."""
+    return (sum(p.numel() for p in model.parameters())
+            + sum(m.num_rows * m.dim for m in model.modules() if isinstance(m, Embedding)))
 
 
 def _all_gather(obj, group) -> list:
@@ -588,11 +615,12 @@ def whole_embedding(state: dict, model: nn.Module, shard: ShardedGraph, group,
 
 
 def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int,
-           table=None) -> nn.Module:
+           table=None, *, name: str) -> nn.Module:
     from ..datasets import Dataset
-    # sarc.train.build reads the sizes off a Dataset; give it one with this graph's sizes
+    # sarc.train.build reads the sizes off a Dataset; give it one with this graph's sizes and
+    # the dataset's name (``dataset_name``), which its errors say
     empty = torch.zeros(0, dtype=torch.int64)
-    stub = Dataset("partitioned", num_nodes, empty, empty, torch.zeros(0, data.num_features),
+    stub = Dataset(name, num_nodes, empty, empty, torch.zeros(0, data.num_features),
                    empty, empty.bool(), empty.bool(), empty.bool(), data.num_classes,
                    etype=empty if data.num_etypes else None, num_etypes=data.num_etypes,
                    ntype=empty if data.num_ntypes else None, num_ntypes=data.num_ntypes)

@@ -33,9 +33,15 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     present). ``progress``, where given, is called as each stage ends (the
     assignment, the relabeling, the statistics, then each part written: 3 +
     ``num_parts`` calls) with the stage's name. Returns the written set, as
-    ``load_partitions(out)`` would.
+    ``load_partitions(out)`` would. More parts than nodes is an error (a ``GraphError``
+    before any work): those parts could own nothing; METIS may still leave a part empty.
     """
     done = progress or (lambda stage: None)
+    if int(num_parts) > max(int(num_nodes), 1):  # one part of an empty graph is its whole
+        raise GraphError(f"{num_parts} parts for a graph of {num_nodes} nodes: at least "
+                         f"{int(num_parts) - int(num_nodes)} parts would own no node (and no "
+                         f"worker of them anything to train on); give at most {num_nodes} "
+                         f"parts")
     check_target(Path(out), overwrite, SET_KIND)  # before the work, not only after it
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioning method {method!r}; available: "

@@ -36,6 +36,7 @@ with ``train_step(model, opt, batch, reduction)`` and ``evaluate(model, reductio
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -154,11 +155,15 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,
-               reduction: Reduction) -> float:
-    """One optimizer step on ``batch``; the step's loss over all workers."""
+               reduction: Reduction,
+               check_output: Callable[[torch.Tensor], None] | None = None) -> float:
+    """One optimizer step on ``batch``; the step's loss over all workers. ``check_output``
+    sees the model's output rows before the loss reads them (``fit``'s)."""
     opt.zero_grad()
-    loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
-                                batch.train_total)
+    logits = forward(model, batch)
+    if check_output is not None:
+        check_output(logits)
+    loss = global_cross_entropy(logits, batch.label, batch.masks["train"], batch.train_total)
     loss.backward()
     reduction.gradients(model)
     opt.step()
@@ -215,7 +220,8 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
         epochs: int, reduction: Reduction = ONE_PROCESS,
         checkpoint: CheckpointConfig | None = None, run: dict | None = None,
         log: Callable[[str], None] | None = print, log_every: int = 1, eval_every: int = 1,
-        line: Callable[[int, float, dict | None, float], str] = epoch_line) -> Outcome:
+        line: Callable[[int, float, dict | None, float], str] = epoch_line,
+        check_output: Callable[[torch.Tensor], None] | None = None) -> Outcome:
     """Train ``model`` for up to ``epochs`` epochs of ``source``'s steps (collective over
     ``reduction``'s workers), then load the epoch ``selection`` chose into it. An epoch's
     loss is the mean of its steps' losses.
@@ -226,6 +232,10 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     ``log_every`` epochs (and the first and last) to ``log``; ``log=None`` is silent.
     ``eval_every``: evaluate (and let ``selection`` see the epoch) every N-th epoch and
     the last; on a large graph a sampled epoch costs less than one full-graph evaluation.
+    ``check_output(logits)``: raises where the model's output rows cannot be the classes'
+    logits (``sarc.train.output_check``), called on the first epoch's steps' outputs before
+    their loss, so before any optimizer step: every worker's model is the same, so all
+    raise there alike.
     """
     speak = bool(log) and reduction.rank == 0
 
@@ -250,7 +260,10 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
             injected_fault(reduction.rank, epoch)
             t0 = time.perf_counter()
             model.train()
-            step = getattr(source, "train_step", train_step)  # a task's own step (link.py)
+            step = getattr(source, "train_step", None)  # a task's own step (link.py)
+            if step is None:
+                step = functools.partial(train_step, check_output=check_output)
+                check_output = None  # checked once: the first step of this run
             losses = []
             with progress_bar(per_epoch, f"epoch {epoch}", "step",
                               enabled=speak and per_epoch > 1) as bar:

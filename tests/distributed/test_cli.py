@@ -51,10 +51,16 @@ def test_rgcn_on_aifb_2_workers_oneshot_matches_1_worker(tmp_path):
     """A featureless graph (a learned embedding's local rows), edge types through the
     partition, the oneshot mode."""
     out = tmp_path / "two.json"
-    _sarc("train", "models/rgcn.py", "--workers", "2", "--exec", "oneshot", "--epochs", "4",
-          "--method", "random", "--json", str(out))
+    proc = _sarc("train", "models/rgcn.py", "--workers", "2", "--exec", "oneshot", "--epochs",
+                 "4", "--method", "random", "--json", str(out))
     two = json.loads(out.read_text())
     one = train(load_model_file(ROOT / "models/rgcn.py"), "aifb", epochs=4, log=None)
+    # the whole model's parameters, the sharded embedding's rows at the table's full size
+    count = sum(p.numel() for p in one["module"].parameters())
+    assert f"{count} parameters" in proc.stdout, (count, proc.stdout[:400])
+    # the report records what was trained on, as one process's does
+    assert two["dataset"] == one["dataset"] == "aifb"
+    assert two["hparams"] == {k: v for k, v in one["hparams"].items()}
     assert abs(two["test_acc"] - one["test_acc"]) <= 0.005
     assert abs(two["final_loss"] - one["final_loss"]) <= 1e-4 * one["final_loss"]
     assert {p["exec_mode"] for p in two["plans"]} == {"oneshot"}

@@ -100,7 +100,7 @@ def _worker(rank, port, q, p, partition):
     dg = DistGraph(shard, None)
     data = prepare_worker(shard, hp, None)
     torch.manual_seed(SEED)
-    model = _build(spec, data, hp, N)
+    model = _build(spec, data, hp, N, name="the test graph")
     broadcast_parameters(model, None)
     opt = torch.optim.Adam(model.parameters(), lr=hp["lr"])
     source = link_source(shard, dg, data, split, hp, SEED,

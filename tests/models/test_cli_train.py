@@ -61,6 +61,18 @@ def test_sarc_train_subprocess(tmp_path):
         "gcn", "cora", 3, 1)
 
 
+def test_json_and_saved_model_record_the_dataset_trained_on(tmp_path):
+    """gcn.py's HPARAMS name Cora; trained on AIFB, the report and the saved model say AIFB."""
+    from sarc.checkpoint import read_saved
+    out, saved = tmp_path / "r.json", tmp_path / "m.pt"
+    assert main(["train", str(GCN), "--dataset", "aifb", "--set", "embedding_dim=4",
+                 "--epochs", "1", "--quiet", "--json", str(out), "--save", str(saved)]) == 0
+    result = json.loads(out.read_text())
+    assert result["dataset"] == result["hparams"]["dataset"] == "aifb"
+    s = read_saved(saved)
+    assert s["dataset"] == s["hparams"]["dataset"] == "aifb"
+
+
 def test_dsl_error_prints_file_and_line_without_traceback(tmp_path):
     model = tmp_path / "broken.py"
     model.write_text(BAD_LAYER)

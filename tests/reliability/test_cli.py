@@ -195,3 +195,82 @@ def test_old_mode_spellings_name_the_new_one(argv, new):
 def test_train_mode_that_does_not_exist(tmp_path):
     refused_before_work(run_sarc("train", GCN, "--mode", "minibatch"),
                         "--mode must be one of full, mfg, sampling", "'minibatch'")
+
+
+NARROW = """\
+from torch import nn
+
+HPARAMS = {"dataset": "cora"}
+
+
+class Narrow(nn.Module):
+    def __init__(self, in_feats, out):
+        super().__init__()
+        self.lin = nn.Linear(in_feats, out)
+
+    def forward(self, g, x):
+        return self.lin(x)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Narrow(in_feats, num_classes - 3)  # fewer outputs than classes
+"""
+
+
+@case("cli", "a model whose output width is not the dataset's number of classes (a link "
+             "model without `--task link`, a model of 4 outputs for Cora's 7 classes), on "
+             "one process and on workers", "error")
+@pytest.mark.parametrize("model,workers,needles", [
+    ("sage_lp", 1, ("sage_lp.py", "64 columns per node", "cora has 7 classes", "--task link")),
+    ("narrow", 1, ("narrow.py", "4 columns per node", "cora has 7 classes", "num_classes")),
+    ("narrow", 2, ("narrow.py", "4 columns per node", "cora has 7 classes"))])
+def test_model_output_width_other_than_the_classes(tmp_path, model, workers, needles):
+    path = ROOT / "models" / "sage_lp.py"
+    if model == "narrow":
+        path = tmp_path / "narrow.py"
+        path.write_text(NARROW)
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "2", "--workers", workers,
+                    "--method", "random")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in proc.stderr, (n, proc.stderr)
+    assert "epoch" not in proc.stdout, proc.stdout  # refused on the first step, before it ends
+
+
+@case("cli", "`--workers 2 --partition DIR --dataset cora` where DIR holds another graph "
+             "(AIFB)", "error")
+def test_dataset_other_than_the_partitioned_graph(tmp_path):
+    parts = tmp_path / "aifb_parts"
+    assert run_sarc("partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
+                    "--out", parts).returncode == 0
+    refused_before_work(run_sarc("train", GCN, "--partition", parts, "--dataset", "cora",
+                                 "--workers", "2", "--epochs", "1", "--save",
+                                 tmp_path / "m.pt"),
+                        "--dataset cora is not the graph partitioned in --partition",
+                        str(parts), "2708 nodes", "8285 nodes")
+    assert not (tmp_path / "m.pt").exists()
+
+
+@case("cli", "`--workers 2` on a featureless dataset (AIFB) without `embedding_dim`, "
+             "partitioned by the run or given as `--partition`", "error")
+def test_featureless_dataset_refused_before_partitioning(tmp_path):
+    refused_before_work(run_sarc("train", GCN, "--dataset", "aifb", "--workers", "2",
+                                 "--epochs", "1"),
+                        "dataset aifb has no node features", "embedding_dim")
+    parts = tmp_path / "aifb_parts"
+    assert run_sarc("partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
+                    "--out", parts).returncode == 0
+    err = refused_before_work(run_sarc("train", GCN, "--partition", parts, "--workers", "2",
+                                       "--epochs", "1"),
+                              f"dataset partitioned at {parts} has no node features",
+                              "embedding_dim")
+    assert "dataset partitioned has" not in err
+
+
+@case("cli", "`sarc partition --parts 5000` for Cora's 2708 nodes (more parts than nodes)",
+      "error")
+def test_partition_more_parts_than_nodes(tmp_path):
+    out = tmp_path / "parts"
+    refused_before_work(run_sarc("partition", "--dataset", "cora", "--parts", "5000",
+                                 "--out", out), "5000 parts", "2708 nodes")
+    assert not out.exists()
