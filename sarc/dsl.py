@@ -146,7 +146,8 @@ _RESULT_NAMES = {"message": "read in reduce as msg.<key>",
 def _results(what: str, default: str, fn, *args) -> _Results:
     """The named results of the user's ``fn(*args)`` (``what``: message, reduce, update):
     one traced value (named ``default``) or a non-empty dict of them keyed by identifiers
-    (``msg.z``; ``_`` is left to the bundle's own names). Errors about them name the line
+    (``msg.z``; ``_`` is left to the bundle's own names), for update's outputs by any
+    non-empty str (generated code quotes them). Errors about them name the line
     that returned them (``fn``'s def line where that line cannot be seen)."""
     result, loc = call_returning(fn, *args)
     loc = loc or _loc_of(fn)
@@ -156,7 +157,11 @@ def _results(what: str, default: str, fn, *args) -> _Results:
         got = "an empty dict" if isinstance(result, Mapping) else type(result).__name__
         raise DSLError(f"{what} must return a traced value or a dict of them, got {got}", loc)
     for key, value in result.items():
-        if not (isinstance(key, str) and key.isidentifier() and not key.startswith("_")):
+        if what == "update":  # names the caller reads from a dict: any non-empty str
+            if not (isinstance(key, str) and key):
+                raise DSLError(f"update returned a dict with the key {key!r}: the keys are "
+                               f"{_RESULT_NAMES[what]}, so each must be a non-empty str", loc)
+        elif not (isinstance(key, str) and key.isidentifier() and not key.startswith("_")):
             raise DSLError(f"{what} returned a dict with the key {key!r}: the keys are "
                            f"{_RESULT_NAMES[what]}, so each must be a str that is a Python "
                            f"identifier not starting with '_'", loc)

@@ -19,6 +19,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 # fork-safe). It also makes float results independent of the machine's core count.
 torch.set_num_threads(1)
 
+# Without a GPU, Triton kernels run in Triton's interpreter. Set before any test module
+# imports one (``@triton.jit`` reads it when a kernel is decorated), whatever the order the
+# test files are collected in.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Generated modules go to a per-run temp dir, not the user's cache.
 os.environ.setdefault("SARC_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"sarc-test-{os.getpid()}"))
 

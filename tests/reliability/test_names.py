@@ -108,10 +108,15 @@ def test_update_dict_key(tmp_path):
     assert not marker.exists()
 
 
-@case("names", "a key of the dict message returns that closes the generated dict", "literal")
+@case("names", "a key of the dict message returns that would close the generated dict",
+      "error")
 def test_message_dict_key(tmp_path):
     marker = marker_of(tmp_path)
-    run_against_plain(make_layer(cls="QuoteMessage", msg=f'm": {code_payload(marker)}, "z'))
+    layer = make_layer(cls="QuoteMessage", msg=f'm": {code_payload(marker)}, "z')()
+    g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    with pytest.raises(SarcError, match="read in reduce as msg.<key>, so each must be a str "
+                                        "that is a Python identifier"):
+        layer(g, torch.randn(2, WIDTH))
     assert not marker.exists()
 
 
@@ -246,7 +251,7 @@ def test_model_file_name_with_a_newline(tmp_path):
 def test_non_string_output_key(tmp_path):
     layer = make_layer(cls="IntKey", out=7)()
     g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
-    with pytest.raises(SarcError, match="must be strings, got 7"):
+    with pytest.raises(SarcError, match="the key 7: .* must be a non-empty str"):
         layer(g, torch.randn(2, WIDTH))
 
 
