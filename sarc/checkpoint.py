@@ -358,10 +358,11 @@ def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
     return meta
 
 
-def check_launch(args, partition: str) -> None:
+def check_launch(args, partition: str, minibatch=None, dataset: str | None = None) -> None:
     """What the workers of ``sarc train --workers P`` (``args``) would refuse in the
     checkpoint directory, refused before any starts (a refused resume is not retried
-    ``--max-restarts`` times)."""
+    ``--max-restarts`` times). ``minibatch``: the run's ``MiniBatchConfig`` (None: full
+    batch), recorded as the workers record it; ``dataset``: the name the workers record."""
     from .loader import parse_overrides
     from .loader import load_model_file
     from .partition import open_partition
@@ -372,8 +373,9 @@ def check_launch(args, partition: str) -> None:
         return
     spec = load_model_file(args.model)
     hp = {**DEFAULTS, **spec.hparams, **parse_overrides(args.overrides)}
+    hp = minibatch.recorded(hp) if minibatch is not None else hp
     pset = open_partition(partition, verify=False)
-    read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=args.dataset or "",
+    read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=dataset or "",
                                   graph=pset.fingerprint, world_size=args.workers,
                                   partition=partition_fingerprint(pset)))
 

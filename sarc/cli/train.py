@@ -134,7 +134,7 @@ def train_command(args) -> int:
     spec, hp = check_train_args(args)
     if args.workers > 1 or args.partition:
         from ..distributed.launch import launch
-        return launch(args)
+        return launch(args, minibatch_config(args))
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)

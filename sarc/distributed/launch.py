@@ -145,8 +145,9 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
 
 
 @stops_on_signals
-def launch(args) -> int:
-    """Run ``args`` (a parsed ``sarc train``) on ``args.workers`` local processes."""
+def launch(args, minibatch=None) -> int:
+    """Run ``args`` (a parsed ``sarc train``) on ``args.workers`` local processes;
+    ``minibatch``: its ``MiniBatchConfig`` (None: full batch)."""
     from ..partition import open_partition
 
     p = args.workers
@@ -166,7 +167,7 @@ def launch(args) -> int:
             hp = run_hparams(args)
             data = load_run_dataset(args, args.dataset or hp["dataset"])
             partition, dataset = partition_dataset(args, data, Path(tmp) / "parts", hp), data.name
-        check_launch(args, partition)
+        check_launch(args, partition, minibatch, dataset)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
         cmd = [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1",
                "--nproc-per-node", str(p), "--master-addr", "127.0.0.1",

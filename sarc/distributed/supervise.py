@@ -298,13 +298,14 @@ def stop_received() -> int | None:
 
 
 def stops_on_signals(command):
-    """``command(args) -> exit status`` (``sarc train``), stopped by ``STOP_SIGNALS``: the
-    run stops (``stop_on_signals``), one line says so, and the status is 128 + the signal."""
+    """``command(args, ...) -> exit status`` (``sarc train``), stopped by ``STOP_SIGNALS``:
+    the run stops (``stop_on_signals``), one line says so, and the status is 128 + the
+    signal."""
     @functools.wraps(command)
-    def run(args) -> int:
+    def run(args, *more) -> int:
         try:
             with stop_on_signals():
-                return command(args)
+                return command(args, *more)
         except Stopped as e:
             done = ("no worker was running" if e.outcome is None
                     else e.outcome.leftovers() or "torchrun and every worker were stopped")

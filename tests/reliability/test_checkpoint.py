@@ -152,6 +152,23 @@ def test_distributed_resume_after_a_killed_worker(tmp_path):
                   _load(tmp_path / "ref.pt")["state_dict"])
 
 
+def test_distributed_minibatch_resume_equals_an_uninterrupted_run(tmp_path):
+    """``--resume`` of a ``--workers 2 --mode mfg`` run: the launcher's check records the
+    mode as the workers do (it refused every such resume as another run's checkpoint)."""
+    parts = tmp_path / "parts"
+    _ok(run_sarc("partition", "--dataset", "cora", "--parts", "2", "--out", parts))
+    common = ("--threads", "1", "--workers", "2", "--partition", parts, "--timeout", "30",
+              "--mode", "mfg", "--batch-size", "512", "--checkpoint-every", "1")
+    _ok(run_sarc("train", GCN, "--epochs", "3", *common, "--checkpoint", tmp_path / "ref",
+                 "--save", tmp_path / "ref.pt"))
+    _ok(run_sarc("train", GCN, "--epochs", "2", *common, "--checkpoint", tmp_path / "ckpt"))
+    proc = _ok(run_sarc("train", GCN, "--epochs", "3", *common, "--checkpoint",
+                        tmp_path / "ckpt", "--resume", "--save", tmp_path / "model.pt"))
+    assert "resuming from" in proc.stdout
+    _assert_equal(_load(tmp_path / "model.pt")["state_dict"],
+                  _load(tmp_path / "ref.pt")["state_dict"])
+
+
 # --- a kill during a save -----------------------------------------------------------------
 
 KILL_DURING_SAVE = r"""
