@@ -151,7 +151,25 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     with g.forward_pass() if hasattr(g, "forward_pass") else contextlib.nullcontext():
         if batch.node_ids is not None and isinstance(model, EmbeddingInput):
             return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
-        return model(g, batch.x, **batch.edge_inputs)
+        try:
+            return model(g, batch.x, **batch.edge_inputs)
+        except TypeError:
+            _check_call(model, (g, batch.x), batch.edge_inputs)
+            raise
+
+
+def _check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A ``TrainError`` where ``model(*args, **kwargs)`` does not fit its ``forward`` (a
+    TypeError raised inside a forward that does fit is the model's own)."""
+    import inspect
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as e:
+        edge = "".join(f", {k}=..." for k in kwargs)
+        raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
+                         f"model(graph, x{edge}): {e}; build_model must return a module whose "
+                         f"forward takes the graph, the node features and the edge data its "
+                         f"sarc layers read by name") from None
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,

@@ -40,6 +40,16 @@ def test_set_value_the_model_rejects(tmp_path):
     assert "epoch" not in proc.stdout, proc.stdout
 
 
+@case("cli", "a model whose forward does not take (graph, x) (an `nn.Sequential`)", "error")
+def test_model_whose_forward_takes_other_arguments(tmp_path):
+    model = tmp_path / "even.py"
+    model.write_text(EVEN_WIDTH)
+    proc = run_sarc("train", model, "--epochs", "2")
+    assert_error(proc, "the model (Sequential) cannot be called as model(graph, x)",
+                 "too many positional arguments")
+    assert "Traceback" not in proc.stderr
+
+
 @case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
              "hyperparameter out of its range)", "error")
 @pytest.mark.parametrize("model,item,needles", [
