@@ -9,6 +9,11 @@ and records what it does as sarc IR:
 - node code runs on source rows; ``feat[:g.num_dst_nodes()]`` (DGL's block
   convention: the destinations are the first source rows) replays that code on the
   destination rows, so the graph is presented as a block (``is_block`` is True);
+- ``g.srcdata``, ``g.dstdata`` and ``g.ndata`` are one store, as on a DGL graph: a
+  value written through one is read through the others (node code replayed on the
+  other side's rows), and a source and a destination value combine per node. What an
+  ``update_all`` computed per destination node and a later message reads per source
+  node (a second hop) is refused: one sarc layer is one round of message passing;
 - ``update_all`` / ``apply_edges`` with DGL's builtins (``fn.copy_u``, ``fn.u_mul_e``,
   ``fn.u_add_v``, ``fn.e_dot_v``, ... and ``fn.sum`` / ``mean`` / ``max`` / ``min``)
   become gathers, edge math and reductions; message UDFs are traced as written
@@ -27,8 +32,8 @@ DGL model runs unchanged; ``from_dgl`` converts a ``DGLGraph``.
 
 The result is a sarc ``Function``: planned, compiled by sarc's backends and run by
 its distributed schedules like any DSL layer. A construct sarc cannot lower exactly
-(an LSTM over the mailbox, ``g.ndata``, ``dgl.to_homogeneous``, random draws, a
-tensor that is not a parameter) is a ``DSLError`` naming the module class and the
+(an LSTM over the mailbox, a second round of message passing, ``dgl.to_homogeneous``,
+random draws, a tensor that is not a parameter) is a ``DSLError`` naming the module class and the
 construct, at the line that used it. DGL is imported only inside these functions.
 """
 from __future__ import annotations
@@ -110,6 +115,8 @@ class DGLLayer(Layer):
                     else type(out).__name__)
             raise DSLError(f"{name}: forward returned {what}; sarc compiles a module that returns "
                            f"one node tensor", None)
+        if out.type.domain is Domain.SRC:
+            out = _as_dst(graph, out)   # a value per node of the graph, read per destination
         if out.type.domain is not Domain.DST:
             raise DSLError(f"{name}: forward returned {out.type.domain.article} value "
                            f"{list(out.type.feat)}, not a value per destination node", None)
@@ -156,8 +163,19 @@ class _DGLTracer(Tracer):
         super().__init__(name)
         self.precision = precision
         self.graph: ProxyGraph | None = None
+        # node code replayed on the other side's rows (source index -> destination index and
+        # back), shared by every read so that a value has one form per side
+        self.dst_of: dict[int, int] = {}
+        self.src_of: dict[int, int] = {}
 
     def emit(self, op, inputs, attrs=None):
+        domains = {p.type.domain for p in inputs if isinstance(p, Proxy)}
+        if Domain.SRC in domains and Domain.DST in domains:
+            # a source and a destination value combined: on a DGL graph both are per node,
+            # the same nodes, so the source value is read on the destination rows
+            inputs = [_DGLProxy(self, _to_dst(self, p.index, self.dst_of))
+                      if isinstance(p, Proxy) and p.type.domain is Domain.SRC else p
+                      for p in inputs]
         return _DGLProxy(self, super().emit(op, inputs, attrs).index)
 
     def const(self, value, like):
@@ -178,7 +196,8 @@ class _DGLProxy(Proxy):
             if domain is Domain.DST:
                 return self
             if domain is Domain.SRC:
-                return _DGLProxy(self.tracer, _to_dst(self.tracer, self.index))
+                return _DGLProxy(self.tracer, _to_dst(self.tracer, self.index,
+                                                      self.tracer.dst_of))
             raise DSLError(f"{_owner(self.tracer)}: the first num_dst_nodes() rows of "
                            f"{domain.article} value are not destination nodes", user_loc())
         return super().__getitem__(key)
@@ -245,6 +264,45 @@ def _to_dst(tracer: Tracer, index: int, memo: dict | None = None) -> int:
     else:
         out = b.add(v.op, [_to_dst(tracer, i, memo) for i in v.inputs], v.attr, v.loc)
     memo[index] = out
+    getattr(tracer, "src_of", {}).setdefault(out, index)
+    return out
+
+
+def _to_src(tracer: Tracer, index: int, what: str) -> int:
+    """The destination value ``index`` computed on the source rows: the value it was replayed
+    from, or its node code replayed from the source rows of the same inputs. What the edges
+    computed per destination node (``update_all``'s result) has no source form in one sarc
+    layer: reading it back per source node is a second round of message passing."""
+    memo = tracer.src_of
+    if index in memo:
+        return memo[index]
+    b = tracer.builder
+    v = b.values[index]
+    if v.type.domain in (Domain.SRC, Domain.PARAM):
+        return index
+    if v.type.domain is not Domain.DST:
+        raise DSLError(f"{_owner(tracer)}: {what} is {v.type.domain.article} value, read per "
+                       f"source node", user_loc())
+    if v.op is Op.INPUT:
+        if v.attr["name"] == "in_degree":
+            raise DSLError(f"{_owner(tracer)}: {what} is computed from g.in_degrees() and read "
+                           f"per source node (as a message's source side, or by an operation "
+                           f"with a source value); sarc has the in-degrees of destination nodes "
+                           f"and the out-degrees of source nodes, not the in-degrees of source "
+                           f"nodes", user_loc())
+        out = b.leaf(Op.INPUT, v.attr["name"], v.type.with_(domain=Domain.SRC), v.loc)
+    elif v.op in (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.EDGE_SOFTMAX, Op.SCATTER_SRC,
+                  Op.DST_TO_SRC):
+        raise DSLError(f"{_owner(tracer)}: {what} holds what message passing computed per "
+                       f"destination node (an update_all's result) and is read per source "
+                       f"node (by a message's source side, edges.src or g.srcdata): a second "
+                       f"round of message passing inside one module, which one sarc layer "
+                       f"does not compute; split the module into one layer per round",
+                       user_loc())
+    else:
+        out = b.add(v.op, [_to_src(tracer, i, what) for i in v.inputs], v.attr, v.loc)
+    memo[index] = out
+    tracer.dst_of.setdefault(out, index)
     return out
 
 
@@ -271,24 +329,38 @@ class _Rows(RowCount):
 # --- the graph ---------------------------------------------------------------------------------
 
 class _Frame(MutableMapping):
-    """``g.srcdata`` / ``g.dstdata`` / ``g.edata``: traced values of one domain by name."""
+    """``g.srcdata`` / ``g.dstdata`` / ``g.ndata`` (views of one node store, as on a DGL graph:
+    a value written through one is read through the others, per source or per destination
+    node as the view reads it) or ``g.edata``."""
 
-    def __init__(self, graph: "ProxyGraph", domain: Domain, what: str):
+    def __init__(self, graph: "ProxyGraph", domain: Domain | None, what: str,
+                 data: dict[str, Proxy] | None = None):
         self._graph, self._domain, self._what = graph, domain, what
-        self._data: dict[str, Proxy] = {}
+        self._data: dict[str, Proxy] = {} if data is None else data
 
     def __getitem__(self, key):
-        return self._data[key]
+        if key not in self._data:
+            raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is read before it is "
+                           f"set (set: {', '.join(map(repr, self._data)) or 'nothing'})",
+                           user_loc())
+        value = self._data[key]
+        if self._domain is Domain.SRC:
+            return _as_src(self._graph, value, f"g.{self._what}[{key!r}]")
+        if self._domain is Domain.DST:
+            return _as_dst(self._graph, value)
+        return value
 
     def __setitem__(self, key, value):
         if not isinstance(value, Proxy):
             raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is set to "
                            f"{type(value).__name__}, not a value computed from the layer's "
                            f"inputs and parameters", user_loc())
-        if value.type.domain is not self._domain:
+        node = self._domain is not Domain.EDGE
+        if (value.type.domain not in (Domain.SRC, Domain.DST)) if node else \
+                (value.type.domain is not Domain.EDGE):
             raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is set to "
                            f"{value.type.domain.article} value; it holds "
-                           f"{self._domain.value} values", user_loc())
+                           f"{'node' if node else 'edge'} values", user_loc())
         self._data[key] = value
 
     def __delitem__(self, key):
@@ -299,6 +371,26 @@ class _Frame(MutableMapping):
 
     def __len__(self):
         return len(self._data)
+
+    def __contains__(self, key):
+        return key in self._data
+
+
+def _as_dst(graph: "ProxyGraph", value: Proxy) -> Proxy:
+    """A node value read per destination node (a source value's replay on the dst rows)."""
+    if value.type.domain is Domain.SRC:
+        return _DGLProxy(graph.tracer, _to_dst(graph.tracer, value.index, graph.tracer.dst_of))
+    return value
+
+
+def _as_src(graph: "ProxyGraph", value: Proxy, what: str) -> Proxy:
+    """A node value read per source node: a destination value is one only when it is node
+    code on the layer's inputs (replayed on the source rows); a value a message passing
+    computed per destination node, read again as a source value (a second hop inside one
+    module), is not something one sarc layer computes."""
+    if value.type.domain is Domain.DST:
+        return _DGLProxy(graph.tracer, _to_src(graph.tracer, value.index, what))
+    return value
 
 
 class _EdgeBatch:
@@ -416,8 +508,11 @@ class _Extremum(tuple):
 
 
 class ProxyGraph:
-    """What a DGL module's ``forward`` receives while sarc traces it: a homogeneous block
-    (destinations first among the sources) whose data are traced values."""
+    """What a DGL module's ``forward`` receives while sarc traces it: a homogeneous graph
+    whose data are traced values. It says it is a block (``is_block``), so that DGL's layers
+    take their destination features as the first source rows (``feat[:num_dst_nodes()]``,
+    the same rows of a graph); its node data are one store, as a DGL graph's are:
+    ``g.srcdata``, ``g.dstdata`` and ``g.ndata`` read and write the same values."""
 
     is_block = True
     is_homogeneous = True
@@ -429,9 +524,20 @@ class ProxyGraph:
         self.tracer, self.owner = tracer, owner
         tracer.graph = self
         self.checks_in_degree = False
-        self.srcdata = _Frame(self, Domain.SRC, "srcdata")
-        self.dstdata = _Frame(self, Domain.DST, "dstdata")
+        self._nodes: dict[str, Proxy] = {}
         self.edata = _Frame(self, Domain.EDGE, "edata")
+
+    @property
+    def srcdata(self):
+        return _Frame(self, Domain.SRC, "srcdata", self._nodes)
+
+    @property
+    def dstdata(self):
+        return _Frame(self, Domain.DST, "dstdata", self._nodes)
+
+    @property
+    def ndata(self):
+        return _Frame(self, None, "ndata", self._nodes)
 
     def _refuse(self, what: str, hint: str = ""):
         raise DSLError(f"{self.owner}: {what} is not supported by sarc's DGL front end"
@@ -443,21 +549,18 @@ class ProxyGraph:
         self._refuse(f"g.{name}")
 
     @property
-    def ndata(self):
-        self._refuse("g.ndata", "a sarc graph is read as a block: use g.srcdata / g.dstdata")
-
-    @property
     def device(self):
         return torch.device("cpu")
 
     @contextlib.contextmanager
     def local_scope(self):
-        saved = [dict(f._data) for f in (self.srcdata, self.dstdata, self.edata)]
+        nodes, edges = dict(self._nodes), dict(self.edata._data)
         try:
             yield self
         finally:
-            for f, data in zip((self.srcdata, self.dstdata, self.edata), saved):
-                f._data = data
+            self._nodes.clear()
+            self._nodes.update(nodes)
+            self.edata._data = edges
 
     # sizes and degrees
     def num_src_nodes(self, ntype=None):

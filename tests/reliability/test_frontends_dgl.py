@@ -58,16 +58,19 @@ def test_to_homogeneous_is_refused():
     assert err.loc.file == __file__
 
 
-@case("tracer", "`g.ndata[...]` written in a DGL module's forward", "error-at-line")
-def test_ndata_is_refused():
-    _dgl()
+@case("tracer", "`g.ndata[...]` an update_all wrote, sent again by a second update_all (a "
+      "second hop in one DGL module)", "error-at-line")
+def test_second_hop_is_refused():
+    dgl = _dgl()
 
-    class NData(nn.Module):
+    class TwoHops(nn.Module):
         def forward(self, g, feat):
             g.ndata["h"] = feat
-            return feat
+            g.update_all(dgl.function.copy_u("h", "m"), dgl.function.sum("m", "h"))
+            g.update_all(dgl.function.copy_u("h", "m"), dgl.function.sum("m", "h"))
+            return g.ndata["h"]
 
-    err = _refused(NData(), "g.ndata", "srcdata")
+    err = _refused(TwoHops(), "second round of message passing")
     assert err.loc.file == __file__
 
 

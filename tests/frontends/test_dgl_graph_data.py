@@ -1,0 +1,219 @@
+"""A DGL module's graph data through sarc (``sarc.frontends.dgl``; .venv-dgl): what the module
+computes on the DGL graph, output and every gradient, or a sarc error naming the module and
+the construct.
+
+On a DGL graph (not a block) ``g.srcdata``, ``g.dstdata`` and ``g.ndata`` are one store: a
+value written through one is read through the others.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("dgl")
+
+import dgl  # noqa: E402
+import dgl.function as fn  # noqa: E402
+from torch import nn  # noqa: E402
+
+import sarc  # noqa: E402
+import sarc.frontends.dgl  # noqa: E402
+from sarc.errors import DSLError  # noqa: E402
+from sarc.frontends.dgl import from_dgl_module  # noqa: E402
+
+N, IN = 12, 5
+
+
+def _edges(self_loops=False):
+    """30 random edges among nodes 0..8 (9..11 without edges), 4 of them doubled."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 9, (30,), generator=gen)
+    dst = torch.randint(0, 9, (30,), generator=gen)
+    src, dst = torch.cat([src, src[:4]]), torch.cat([dst, dst[:4]])
+    if self_loops:
+        src, dst = torch.cat([src, torch.arange(N)]), torch.cat([dst, torch.arange(N)])
+    return src, dst
+
+
+def _randomized(module):
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return module
+
+
+def _close(got, want, what):
+    assert got is not None and want is not None, what
+    scale = max(float(want.abs().max()), 1e-3)
+    err = float((got - want).abs().max())
+    assert err <= 1e-5 * scale, f"{what}: max |sarc - dgl| = {err:.3g}, max |dgl| = {scale:.3g}"
+
+
+def _equals_dgl(module, node=None, edge=None, self_loops=False):
+    """``module`` through sarc equals ``module`` on the DGL graph: output, input and parameter
+    gradients. ``edge``: name -> feature shape of random edge inputs."""
+    torch.manual_seed(0)
+    module = _randomized(module)
+    ref = copy.deepcopy(module)
+    src, dst = _edges(self_loops)
+    gen = torch.Generator().manual_seed(1)
+    node = node or {"feat": IN}
+    feats = {k: torch.randn(N, w, generator=gen) for k, w in node.items()}
+    feats.update({k: torch.rand(src.numel(), *shape, generator=gen) + 0.1
+                  for k, shape in (edge or {}).items()})
+    mine = {k: v.clone().requires_grad_(True) for k, v in feats.items()}
+    theirs = {k: v.clone().requires_grad_(True) for k, v in feats.items()}
+    layer = from_dgl_module(module, node=node, edge=edge or {})
+    out = layer(sarc.Graph.from_edges(src, dst, N), **mine)
+    want = ref(dgl.graph((src, dst), num_nodes=N), **theirs)
+    assert out.shape == want.shape
+    _close(out, want, "output")
+    w = torch.randn(want.shape, generator=gen)
+    (out * w).sum().backward()
+    (want * w).sum().backward()
+    for k in feats:
+        _close(mine[k].grad, theirs[k].grad, f"gradient of {k}")
+    grads = dict(module.named_parameters())
+    for k, p in ref.named_parameters():
+        if p.grad is None:   # a parameter DGL's graph does not reach
+            assert grads[k].grad is None or not grads[k].grad.any(), k
+            continue
+        _close(grads[k].grad, p.grad, f"gradient of {k}")
+
+
+def _refused(module, *needles):
+    layer = from_dgl_module(module, node={"feat": IN})
+    src, dst = _edges()
+    with pytest.raises(DSLError) as err:
+        layer(sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN))
+    text = str(err.value)
+    for n in (f"{type(module).__name__}: ", *needles):
+        assert n in text, (n, text)
+    assert err.value.loc is not None and err.value.loc.file == __file__, text
+    return err.value
+
+
+# --- srcdata, dstdata and ndata are one store --------------------------------------------------
+
+class SrcReadAtDst(nn.Module):
+    """Writes g.srcdata['h'] only and reads 'h' at both ends of each edge."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.apply_edges(fn.u_sub_v("h", "h", "d"))
+            g.update_all(fn.copy_e("d", "m"), fn.sum("m", "o"))
+            return g.dstdata["o"] + g.dstdata["h"]
+
+
+class DstReadAtSrc(nn.Module):
+    """Writes g.dstdata['h'] (node code on the inputs) and sends it from the sources."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.dstdata["h"] = torch.tanh(self.lin(feat[:g.num_dst_nodes()]))
+            g.update_all(lambda edges: {"m": edges.src["h"] * edges.dst["h"]}, fn.sum("m", "o"))
+            return g.dstdata["o"]
+
+
+class NData(nn.Module):
+    """g.ndata as a homogeneous graph's module writes it, the result read back from it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.ndata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.mean("m", "a"))
+            return g.ndata["a"] + g.ndata["h"] * 2.0
+
+
+class SrcOverwrittenByDst(nn.Module):
+    """On a graph, writing dstdata['x'] replaces srcdata['x'] too."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.other = nn.Linear(IN, 4), nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["x"] = self.other(feat)
+            g.dstdata["x"] = self.lin(feat[:g.num_dst_nodes()])
+            g.update_all(fn.copy_u("x", "m"), fn.sum("m", "o"))
+            return g.dstdata["o"]
+
+
+class EGAT(nn.Module):
+    """DGL's EGATConv (it writes a source value into g.dstdata), node output."""
+
+    def __init__(self):
+        super().__init__()
+        from dgl.nn.pytorch import EGATConv
+        self.conv = EGATConv(IN, 2, 3, 3, num_heads=2)
+
+    def forward(self, g, nfeats, efeats):
+        h, _ = self.conv(g, nfeats, efeats)
+        return h.flatten(1)
+
+
+@pytest.mark.parametrize("make", [SrcReadAtDst, DstReadAtSrc, NData, SrcOverwrittenByDst],
+                         ids=lambda m: m.__name__)
+def test_node_data_is_one_store_as_on_a_dgl_graph(make):
+    _equals_dgl(make())
+
+
+def test_egatconv_equals_dgl():
+    _equals_dgl(EGAT(), node={"nfeats": IN}, edge={"efeats": (2,)}, self_loops=True)
+
+
+class TwoHops(nn.Module):
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = feat
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))   # DGL: sends the first hop's h
+            return g.dstdata["h"]
+
+
+class EdgesAfterUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            g.apply_edges(fn.u_add_v("h", "h", "s"))   # DGL: both ends read the aggregated h
+            g.update_all(fn.copy_e("s", "m"), fn.sum("m", "o"))
+            return g.dstdata["o"]
+
+
+class NDataTwoHops(nn.Module):
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.ndata["h"] = feat
+            for _ in range(2):
+                g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            return g.ndata["h"]
+
+
+@pytest.mark.parametrize("make", [TwoHops, EdgesAfterUpdate, NDataTwoHops],
+                         ids=lambda m: m.__name__)
+def test_a_second_round_of_message_passing_is_refused(make):
+    """What update_all computed per destination node, sent again from the source nodes: DGL's
+    second hop, which one sarc layer does not compute (sarc read the input again)."""
+    _refused(make(), "second round of message passing", "'h'")
