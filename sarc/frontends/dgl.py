@@ -18,7 +18,8 @@ and records what it does as sarc IR:
   ``fn.u_add_v``, ``fn.e_dot_v``, ... and ``fn.sum`` / ``mean`` / ``max`` / ``min``)
   become gathers, edge math and reductions; message UDFs are traced as written
   (``edges.src``, ``edges.dst``, ``edges.data``), reduce UDFs when they sum, average
-  or take the extremum of ``nodes.mailbox[...]`` over its mailbox axis;
+  or take the extremum of ``nodes.mailbox[...]`` over its mailbox axis (their results
+  are 0 on nodes without in-edges, where DGL does not call them);
 - ``dgl.ops.edge_softmax`` / ``dgl.nn.functional.edge_softmax`` become sarc's;
   ``dgl.nn.TypedLinear`` (RelGraphConv's ``W[etype]``) becomes sarc's typed linear;
 - ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
@@ -664,8 +665,28 @@ class ProxyGraph:
             if not isinstance(out, Mapping) or not all(isinstance(v, Proxy) for v in out.values()):
                 self._refuse(f"a reduce function returning {type(out).__name__}",
                              "it returns a dict of destination values")
-            return dict(out)
+            return {k: self._received_only(k, v) for k, v in out.items()}
         self._refuse(f"reduce function {func!r}")
+
+    def _received_only(self, key: str, value: Proxy) -> Proxy:
+        """A reduce UDF's result as DGL gives it: DGL runs the UDF on the nodes with in-edges
+        only and fills the others with 0, so what the UDF adds to its reductions (node data,
+        constants, a bias, an activation) is masked off the nodes without in-edges. A plain
+        reduction of the mailbox is 0 there already."""
+        if value.type.domain is Domain.SRC:
+            value = _as_dst(self, value)
+        if value.type.domain is not Domain.DST:
+            self._refuse(f"reduce result {key!r} is {value.type.domain.article} value",
+                         "a reduce function returns values per destination node")
+        if self.tracer.builder.values[value.index].op is Op.REDUCE:
+            return value
+        tracer = self.tracer
+        degree = self.in_degrees()
+        one = tracer.const(1.0, value)
+        has_edges = one - (one - degree).relu()   # 1 where in-degree >= 1, else 0
+        if value.type.feat:
+            has_edges = tracer.emit(Op.RESHAPE, [has_edges], {"feat": (1,) * len(value.type.feat)})
+        return tracer.emit(Op.MUL, [value, has_edges])
 
 
 def _is_dgl_builtin(func) -> bool:

@@ -217,3 +217,45 @@ def test_a_second_round_of_message_passing_is_refused(make):
     """What update_all computed per destination node, sent again from the source nodes: DGL's
     second hop, which one sarc layer does not compute (sarc read the input again)."""
     _refused(make(), "second round of message passing", "'h'")
+
+
+# --- reduce UDFs run on the nodes with in-edges only ---------------------------------------------
+
+class ReduceWithNodeData(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            h = self.lin(feat)
+            g.srcdata["h"] = h
+            g.dstdata["h0"] = h[:g.num_dst_nodes()]
+            g.update_all(fn.copy_u("h", "m"),
+                         lambda nodes: {"o": nodes.mailbox["m"].sum(1) + nodes.data["h0"]})
+            return g.dstdata["o"]
+
+
+class ReduceWithBiasAndActivation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+        self.bias = nn.Parameter(torch.zeros(4))
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), lambda nodes: {
+                "a": torch.sigmoid(nodes.mailbox["m"].max(1).values + self.bias),
+                "b": nodes.mailbox["m"].mean(1) * 2.0 + 1.0,
+                "c": nodes.mailbox["m"].sum(1)})
+            return g.dstdata["a"] + g.dstdata["b"] * g.dstdata["c"]
+
+
+@pytest.mark.parametrize("make", [ReduceWithNodeData, ReduceWithBiasAndActivation],
+                         ids=lambda m: m.__name__)
+def test_a_reduce_udf_gives_zero_on_nodes_without_in_edges(make):
+    """DGL calls a reduce UDF on the nodes with in-edges only and gives the others 0; what the
+    UDF adds to its reductions is not computed there (sarc gave nodes.data, a constant, a
+    bias or sigmoid(0) on those nodes)."""
+    _equals_dgl(make())
