@@ -185,8 +185,8 @@ class _DGLTracer(Tracer):
 
 class _DGLProxy(Proxy):
     """A traced value with what DGL's layers do to node tensors besides math:
-    ``x[:g.num_dst_nodes()]`` (its destination rows), ``.to(other)``, ``.float()``, and
-    ``g.in_degrees() == 0`` (DGL's zero-in-degree check)."""
+    ``x[:g.num_dst_nodes()]`` (its destination rows), ``.to(other)``, ``.float()``,
+    ``.device`` and ``g.in_degrees() == 0`` (DGL's zero-in-degree check)."""
 
     __slots__ = ()
     __hash__ = Proxy.__hash__
@@ -213,6 +213,12 @@ class _DGLProxy(Proxy):
 
     def float(self):
         return self.to(torch.float32)
+
+    @property
+    def device(self):
+        """The device of the traced value: the graph's (``norm.to(feat.device)``, a no-op on a
+        traced value, runs as DGL's layers write it; each call runs where its graph is)."""
+        return self.tracer.graph.device if self.tracer.graph is not None else torch.device("cpu")
 
     def __eq__(self, other):
         v = self.tracer.builder.values[self.index]
@@ -346,7 +352,7 @@ class _Frame(MutableMapping):
                            user_loc())
         value = self._data[key]
         if self._domain is Domain.SRC:
-            return _as_src(self._graph, value, f"g.{self._what}[{key!r}]")
+            return _as_src(self._graph, value, f"node data {key!r}")
         if self._domain is Domain.DST:
             return _as_dst(self._graph, value)
         return value
@@ -823,6 +829,32 @@ def patch() -> None:
         if (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)
                 and "forward" in vars(cls) and not getattr(cls.forward, "_sarc_routed", False)):
             cls.forward = _routed(cls.forward)
+    from ..distributed.graph import DistGraph
+    from ..graph import Graph
+    for cls in (Graph, DistGraph):
+        if "__getattr__" not in vars(cls):
+            cls.__getattr__ = _not_a_dgl_graph
+
+
+class NotADGLGraphError(DSLError, AttributeError):
+    """A module that is not one of DGL's convs used a ``DGLGraph`` method on a sarc graph."""
+
+
+def _not_a_dgl_graph(self, name: str):
+    """``__getattr__`` of sarc's graphs after ``patch()``: a ``DGLGraph`` method a user's own
+    module calls on a sarc graph (``g.local_scope()``, ``g.update_all``...) says how to run the
+    module through sarc, instead of "'Graph' object has no attribute"."""
+    import dgl
+    if name.startswith("_") or not hasattr(dgl.DGLGraph, name):
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    caller = sys._getframe(1).f_locals.get("self")
+    who = (f"{type(caller).__name__}: " if isinstance(caller, torch.nn.Module) else "")
+    raise NotADGLGraphError(
+        f"{who}g.{name} on a sarc graph ({type(self).__name__}), which is not a DGLGraph: "
+        f"patch() runs dgl.nn.pytorch.conv's modules through sarc by themselves; a module of "
+        f"your own runs through sarc as sarc.frontends.dgl.from_dgl_module(module, "
+        f"node={{...}}, edge={{...}}) called on the sarc graph (or call it on the DGL graph)",
+        user_loc())
 
 
 def _routed(forward):

@@ -16,6 +16,7 @@ pytest.importorskip("dgl")
 
 import dgl  # noqa: E402
 import dgl.function as fn  # noqa: E402
+from dgl.nn.pytorch import GCN2Conv, SGConv, TAGConv  # noqa: E402
 from torch import nn  # noqa: E402
 
 import sarc  # noqa: E402
@@ -259,3 +260,73 @@ def test_a_reduce_udf_gives_zero_on_nodes_without_in_edges(make):
     UDF adds to its reductions is not computed there (sarc gave nodes.data, a constant, a
     bias or sigmoid(0) on those nodes)."""
     _equals_dgl(make())
+
+
+# --- DGL's idioms on a traced value, a user's module on a sarc graph ----------------------------
+
+class DeviceIdiom(nn.Module):
+    """``norm.to(feat.device)``, as DGL's own layers write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            norm = torch.pow(g.out_degrees().to(feat).clamp(min=1), -0.5)
+            norm = norm.to(feat.device).unsqueeze(1)
+            assert isinstance(feat.device, torch.device)
+            g.srcdata["h"] = self.lin(feat).to(feat.device) * norm
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            return g.dstdata["h"]
+
+
+def test_device_of_a_traced_value():
+    _equals_dgl(DeviceIdiom())
+
+
+@pytest.mark.parametrize("make", [lambda: SGConv(IN, 3), lambda: TAGConv(IN, 3),
+                                  lambda: GCN2Conv(IN, 1, allow_zero_in_degree=True)],
+                         ids=["SGConv", "TAGConv", "GCN2Conv"])
+def test_stock_convs_scaling_sources_by_in_degree_are_refused_by_name(make):
+    """These read ``.device`` (now traced) and scale the source features by the in-degrees,
+    which sarc has per destination node only: refused, naming the module and the construct."""
+    module = make()
+    src, dst = _edges(self_loops=True)
+    x = torch.randn(N, IN)
+    node = {"feat": IN, "feat_0": IN} if type(module).__name__ == "GCN2Conv" else {"feat": IN}
+    layer = from_dgl_module(module, node=node)
+    with pytest.raises(DSLError) as err:
+        layer(sarc.Graph.from_edges(src, dst, N), *([x] * len(node)))
+    text = str(err.value)
+    assert f"{type(module).__name__}: " in text and "in-degrees of source nodes" in text, text
+
+
+class OwnModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            return g.dstdata["h"]
+
+
+def test_a_users_own_module_on_a_sarc_graph_points_to_from_dgl_module():
+    """After patch(), DGL's convs run on a sarc graph; a module of the user's own reaching for a
+    DGLGraph method on it is told to wrap the module (it was "'Graph' object has no attribute
+    'local_scope'")."""
+    sarc.frontends.dgl.patch()
+    src, dst = _edges()
+    g = sarc.Graph.from_edges(src, dst, N)
+    with pytest.raises(DSLError) as err:
+        OwnModule()(g, torch.randn(N, IN))
+    text = str(err.value)
+    for needle in ("OwnModule: ", "g.local_scope", "from_dgl_module"):
+        assert needle in text, (needle, text)
+    assert err.value.loc is not None and err.value.loc.file == __file__
+    assert not hasattr(g, "local_scope") and not hasattr(g, "no_such_attribute")
+    # wrapped as the error says, it equals DGL
+    _equals_dgl(OwnModule())
