@@ -125,14 +125,17 @@ _AGGREGATIONS = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggrega
 
 
 def _aggr_name(conv) -> str:
+    """What PyG aggregates with: ``aggr_module``, which ``aggregate`` calls (``aggr`` is the
+    name it was built from; setting ``conv.aggr`` later changes nothing in PyG)."""
     aggr = getattr(conv, "aggr", None)
-    if isinstance(aggr, str) and aggr in _REDUCERS:
-        return aggr
     module = getattr(conv, "aggr_module", None)
     kind = _AGGREGATIONS.get(type(module).__name__)
     if kind is not None and type(module).__module__.startswith("torch_geometric"):
         return kind
-    shown = aggr if isinstance(aggr, str) else type(module).__name__
+    if module is None and "aggr_module" not in vars(conv).get("_modules", {}) \
+            and isinstance(aggr, str) and aggr in _REDUCERS:
+        return aggr   # a MessagePassing built without aggr_module (not PyG's own)
+    shown = aggr if isinstance(aggr, str) and module is None else type(module).__name__
     raise _refuse(conv, f"aggr={shown!r}", "sarc aggregates with sum/add, mean, max and min")
 
 
