@@ -5,9 +5,10 @@
   ``conv(x, edge_index[, edge_attr])`` computes. The classes PyG ships with that sarc
   models (GCNConv, SAGEConv, GATConv, GATv2Conv, GINConv, GINEConv,
   RGCNConv, ResGatedGraphConv, TransformerConv) are converted one by one, from the
-  conv's attributes (heads, concat, aggr, eps...), into the DSL; any other
-  ``MessagePassing`` (a user's subclass) has its own ``forward``, ``message`` and
-  ``update`` traced (``TracedConv``). Whatever cannot be modelled exactly is a
+  conv's attributes (heads, concat, aggr, eps...), into the DSL, and so is a subclass
+  of one that overrides none of its methods; any other ``MessagePassing`` has its own
+  ``forward``, ``message`` and ``update`` traced (``TracedConv``), its ``edge_index`` a
+  tensor it may only pass to ``propagate``. Whatever cannot be modelled exactly is a
   ``ConversionError`` naming the conv's class and the construct.
 - ``as_conv(layer)``: a ``torch.nn.Module`` with PyG's calling convention,
   ``forward(x, edge_index[, edge_attr], size=None)``, that builds the ``sarc.Graph`` of
@@ -24,8 +25,10 @@ PyG is imported inside the functions that need it, never when sarc is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,7 +43,7 @@ from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
-from ..trace import Proxy, dropout, leaky_relu
+from ..trace import Proxy, Tracer, dropout, leaky_relu
 
 
 class ConversionError(SarcError, TypeError):
@@ -505,11 +508,130 @@ class _Stop(BaseException):
         self.kwargs = kwargs
 
 
-class _EdgeIndex:
-    """Stands for ``edge_index`` while a conv's forward is traced: only propagate takes it."""
+class _EdgeIndex(torch.Tensor):
+    """Stands for ``edge_index`` while a conv's forward is traced.
 
-    def __repr__(self) -> str:
-        return "edge_index"
+    It is a ``torch.Tensor``, so the forward takes the branches it takes for the real
+    ``[2, E]`` tensor (``if isinstance(edge_index, Tensor): ...``). What it may do with it
+    is pass it to ``propagate`` or ask what every edge_index sarc runs on has (a strided,
+    not sparse, 2-d tensor); any other use (its size, an index, ``add_self_loops``,
+    ``gcn_norm``...) is recorded and refused, naming the function and the forward's line,
+    even where the forward catches the error: sarc runs the conv on the graph as given.
+    """
+
+    _FACTS = {"torch.Tensor.layout.__get__": torch.strided,
+              "torch.Tensor.is_sparse.__get__": False,
+              "torch.Tensor.is_sparse_csr.__get__": False,
+              "torch.Tensor.ndim.__get__": 2, "torch.Tensor.dim": 2}
+
+    @staticmethod
+    def make(conv) -> "_EdgeIndex":
+        t = torch.Tensor._make_subclass(_EdgeIndex, torch.empty(2, 0, dtype=torch.long))
+        t._sarc_conv, t._sarc_refused = conv, []
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in cls._FACTS:
+            return cls._FACTS[name]
+        if name in ("torch.Tensor.__repr__", "torch.Tensor.__str__", "torch.Tensor.__format__"):
+            return "edge_index"
+        if name == "torch.Tensor.__hash__":
+            return id(args[0])
+        token = next((a for a in _flat((args, kwargs or {})) if isinstance(a, _EdgeIndex)), None)
+        conv = token._sarc_conv if token is not None else "a MessagePassing"
+        shown = name[:-len(".__get__")] if name.endswith(".__get__") else name
+        if shown.startswith("torch.Tensor."):
+            method = shown[len("torch.Tensor."):]
+            shown = "edge_index[...]" if method == "__getitem__" else f"edge_index.{method}"
+        error = _refuse(conv, f"a forward that reads or changes edge_index ({shown}"
+                        f"{_forward_line(conv)})",
+                        "sarc runs the conv's message and update on the graph as given, so "
+                        "graph preparation in forward (self loops, normalization) would be "
+                        "skipped; prepare the graph before the call, or import a conv that "
+                        "passes edge_index to propagate unchanged")
+        if token is not None:
+            token._sarc_refused.append(error)
+        raise error
+
+
+def _flat(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _flat(v)
+    else:
+        yield value
+
+
+def _forward_line(conv) -> str:
+    """`` at FILE:LINE``: the innermost line of the conv's forward on the stack."""
+    code = getattr(getattr(type(conv), "forward", None), "__code__", None)
+    f = sys._getframe(1)
+    while f is not None and code is not None:
+        if f.f_code is code:
+            return f" at {f.f_code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+class _TensorProxy(Proxy):
+    """A traced value that ``isinstance(value, torch.Tensor)`` accepts, as the conv's code
+    sees a real tensor (``if isinstance(x, Tensor): x = (x, x)``); it traces as a Proxy."""
+
+    __slots__ = ()
+
+    @property
+    def __class__(self):
+        return torch.Tensor
+
+    def size(self, dim: int | None = None):
+        """As ``shape``: a feature size is a number, the row count has no value."""
+        return tuple(self.shape) if dim is None else self.shape[dim]
+
+
+class _TensorTracer(Tracer):
+    """The tracer while a conv's own code runs: every value it makes is a ``_TensorProxy``."""
+
+    def emit(self, op, inputs, attrs=None):
+        p = super().emit(op, inputs, attrs)
+        return _TensorProxy(p.tracer, p.index)
+
+    def const(self, value, like):
+        p = super().const(value, like)
+        return _TensorProxy(p.tracer, p.index)
+
+
+def _as_tensor(value):
+    if type(value) is Proxy:
+        return _TensorProxy(value.tracer, value.index)
+    return value
+
+
+@contextlib.contextmanager
+def _conv_code(conv, tracer):
+    """While the conv's forward, message and update run: its traced values, parameters
+    among them, are ``isinstance(..., Tensor)`` as PyG's code expects."""
+    if type(tracer) is not Tracer:   # already inside (or another tracer: left as it is)
+        yield
+        return
+    saved = []
+    tracer.__class__ = _TensorTracer
+    try:
+        for mod in conv.modules():
+            for table in (mod._parameters, mod._buffers):
+                for name, value in list(table.items()):
+                    if type(value) is Proxy:
+                        saved.append((table, name, value))
+                        table[name] = _as_tensor(value)
+        yield
+    finally:
+        tracer.__class__ = Tracer
+        for table, name, value in saved:
+            table[name] = value
 
 
 class TracedConv(PyGLayer):
@@ -518,9 +640,10 @@ class TracedConv(PyGLayer):
     Its ``forward(x, edge_index[, edge_attr])`` runs on sarc's traced values, with
     ``self.propagate`` standing in for PyG's: the node values it passes are read at the
     source (``name_j``) and target (``name_i``) of each edge, ``message`` and ``update``
-    are traced as written, and the aggregation is the conv's ``aggr``. The forward runs
-    once per end of an edge and once for the result, so it must pass ``edge_index``
-    to ``propagate`` unchanged, call it once, and draw no dropout before it.
+    are traced as written, and the aggregation is the conv's ``aggr_module``. The forward
+    runs once per end of an edge and once for the result, so it must pass ``edge_index``
+    (``_EdgeIndex``) to ``propagate`` unchanged, call it once, and draw no dropout before
+    it; the values it sees (``_TensorProxy``) are ``isinstance(..., Tensor)``.
     """
 
     def __init__(self, conv, in_channels: int | None = None, edge_dim=None):
@@ -531,16 +654,16 @@ class TracedConv(PyGLayer):
                 cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
             raise _refuse(conv, "message_and_aggregate without message",
                           "sarc traces message, then aggregates with aggr")
-        # PyG replaces a class's propagate by generated code and keeps the original.
-        hooks = {"aggregate": cls.aggregate,
-                 "propagate": getattr(cls, "_orig_propagate", cls.propagate)}
-        for hook, fn in hooks.items():
-            if fn is not getattr(MessagePassing, hook):
+        for hook, overridden in (("aggregate", cls.aggregate is not MessagePassing.aggregate),
+                                 ("propagate", _overrides_propagate(cls))):
+            if overridden:
                 raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
         # forward(x, edge_index[, e]): e (edge_attr, edge_weight...) is an edge feature of
         # that name, of width edge_dim (() for one number per edge); without edge_dim, an
         # optional e is traced as None.
-        third = list(inspect.signature(conv.forward).parameters.values())[2:3]
+        params = list(inspect.signature(conv.forward).parameters.values())
+        _check_forward_signature(conv, params)
+        third = params[2:3]
         edge_dim = edge_dim if edge_dim is not None else getattr(conv, "edge_dim", None)
         self._takes_edge_attr = bool(third) and edge_dim is not None
         self.edge_input = third[0].name if third else None
@@ -571,45 +694,45 @@ class TracedConv(PyGLayer):
         return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
 
     def _forward(self, x, edge_attr, on_propagate) -> Any:
-        conv, cls = self.conv, type(self.conv).__name__
-        token = _EdgeIndex()
+        conv = self.conv
+        token = _EdgeIndex.make(conv)
         calls = []
+        builder = x.tracer.builder
+        drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
+
+        def refused():   # what the forward did to edge_index, even if it caught the error
+            if token._sarc_refused:
+                raise token._sarc_refused[0]
 
         def propagate(edge_index, size=None, **kwargs):
+            refused()
             if edge_index is not token:
-                raise _refuse(conv, "a forward that changes edge_index before propagate",
-                              "prepare the graph before the call")
+                raise _refuse(conv, f"a forward that changes edge_index before propagate"
+                              f"{_forward_line(conv)}", "prepare the graph before the call")
             if size is not None:
                 raise _refuse(conv, "propagate(..., size=...)")
             calls.append(kwargs)
             if len(calls) > 1:
                 raise _refuse(conv, "a forward that calls propagate twice")
+            if sum(1 for v in builder.values if v.op is Op.DROPOUT) > drops:
+                raise _refuse(conv, "dropout in forward before propagate",
+                              "each end of an edge would draw its own mask")
             return on_propagate(kwargs)
 
         def edge_updater(*args, **kwargs):
             raise _refuse(conv, "edge_updater", "per-edge graph structure")
 
-        builder = x.tracer.builder
-        drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
+        x, edge_attr = _as_tensor(x), _as_tensor(edge_attr)
         args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)
         object.__setattr__(conv, "propagate", propagate)
         object.__setattr__(conv, "edge_updater", edge_updater)
         try:
-            out = conv.forward(*args)
-        except (_Stop, SarcError):
-            raise
-        except Exception as e:
-            raise ConversionError(f"{cls}.forward cannot be traced{_where(conv, e)}: "
-                                  f"{type(e).__name__}{': ' if str(e) else ''}{e} (sarc traces "
-                                  f"a forward that computes on x and passes it, with edge_index "
-                                  f"unchanged, to self.propagate)") from e
+            out = _call_conv(conv, "forward", conv.forward, *args)
         finally:
             del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
+        refused()
         if not calls:
             raise _refuse(conv, "a forward that never calls propagate")
-        if sum(1 for v in builder.values if v.op is Op.DROPOUT) > drops:
-            raise _refuse(conv, "dropout in forward before propagate",
-                          "each end of an edge would draw its own mask")
         return out
 
     def _captured(self, x, edge_attr) -> dict:
@@ -622,32 +745,62 @@ class TracedConv(PyGLayer):
         raise AssertionError("unreachable: _forward returns only through propagate")
 
     def message(self, src, dst, edge):
+        with _conv_code(self.conv, src.x.tracer):
+            return self._message(src, dst, edge)
+
+    def _message(self, src, dst, edge):
         conv = self.conv
         ea = edge[self.edge_input] if self._takes_edge_attr else None
-        at_src = self._captured(src.x, ea)
+        x_src = src.x
+        at_src = self._captured(x_src, ea)
         reads_dst = any(a.endswith("_i") for a in self._message_args)
-        at_dst = self._captured(dst.x, ea) if reads_dst else {}
+        x_dst = dst.x if reads_dst else None
+        at_dst = self._captured(x_dst, ea) if reads_dst else {}
+        builder = x_src.tracer.builder
+        # Inside message the node values given to forward are read per edge already, so
+        # what forward computed from x is per edge too: PyG reads it per node. Where a
+        # value comes from says which it is.
+        from_x = {x_src.index} | ({x_dst.index} if reads_dst else set())
+        from_edge = {ea.index} if isinstance(ea, Proxy) else set()
         sig = inspect.signature(conv.message).parameters
         args = {}
         for name in self._message_args:
             base, end = name[:-2], name[-2:]
-            if end == "_j" and base in at_src:
-                args[name] = _end(conv, at_src[base], 0, name)
-            elif end == "_i" and base in at_dst:
-                args[name] = _end(conv, at_dst[base], 1, name)
+            if end in ("_j", "_i") and base in (at_src if end == "_j" else at_dst):
+                value = _end(conv, (at_src if end == "_j" else at_dst)[base],
+                             0 if end == "_j" else 1, name)
+                if not isinstance(value, Proxy) or not _reaches(builder, value, from_x) \
+                        or _reaches(builder, value, from_edge):
+                    what = ("edge values" if isinstance(value, Proxy)
+                            and _reaches(builder, value, from_edge) else
+                            "values that are not computed from x" if isinstance(value, Proxy)
+                            else f"a {type(value).__name__}")
+                    raise _refuse(conv, f"message argument {name!r} on {what}",
+                                  f"PyG reads {name} as row edge_index[{0 if end == '_j' else 1}]"
+                                  f" of {base}; sarc reads node values computed from x at the "
+                                  f"ends of an edge")
+                args[name] = value
             elif name in at_src:
                 value = at_src[name]
-                if isinstance(value, Proxy) and value.type.domain is not Domain.EDGE:
+                if isinstance(value, (tuple, list)) and any(isinstance(v, Proxy) for v in value):
+                    raise _refuse(conv, f"message argument {name!r} holding a pair of node "
+                                  f"values", f"read them per edge as {name}_j or {name}_i")
+                if isinstance(value, Proxy) and _reaches(builder, value, from_x):
                     raise _refuse(conv, f"message argument {name!r} holding node values",
-                                  f"read them per edge as {name}_j or {name}_i")
-                args[name] = value
+                                  f"PyG passes message the whole [N, ...] tensor; read them "
+                                  f"per edge as {name}_j or {name}_i")
+                args[name] = value   # per edge, or the same for every edge (a parameter)
             elif sig[name].default is not inspect.Parameter.empty:
                 args[name] = sig[name].default
             else:
                 raise _refuse(conv, f"message argument {name!r}", "propagate is not given it")
-        return conv.message(**args)
+        return _call_conv(conv, "message", conv.message, **args)
 
     def update(self, dst, agg):
+        with _conv_code(self.conv, dst.x.tracer):
+            return self._update(dst, agg)
+
+    def _update(self, dst, agg):
         conv = self.conv
         ea = None
         if self._takes_edge_attr:   # what forward may compute on edge_attr before propagate
@@ -656,15 +809,61 @@ class TracedConv(PyGLayer):
 
         def finish(kwargs):
             extra = {n: kwargs[n] for n in self._update_args if n in kwargs}   # as PyG: as given
-            return conv.update(agg.agg, **extra)
+            return _call_conv(conv, "update", conv.update, _as_tensor(agg.agg), **extra)
 
         return self._forward(dst.x, ea, finish)
 
 
-def _where(conv, error: Exception) -> str:
+def _reaches(builder, value, targets: set) -> bool:
+    """Whether the traced ``value`` is computed from one of the values ``targets``."""
+    seen, stack = set(), [value.index]
+    while stack:
+        i = stack.pop()
+        if i in targets:
+            return True
+        if i not in seen:
+            seen.add(i)
+            stack.extend(builder.values[i].inputs)
+    return False
+
+
+def _check_forward_signature(conv, params) -> None:
+    """sarc calls ``forward(x, edge_index[, edge_attr])``: refuse another signature."""
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    shown = f"forward({', '.join(names)})"
+    if len(names) < 2:
+        raise _refuse(conv, shown, "sarc calls forward(x, edge_index[, edge_attr])")
+    if names[1] != "edge_index" and ("edge_index" in names[2:] or "adj_t" in names[2:]):
+        raise _refuse(conv, f"{shown}, edge_index not its second argument",
+                      "sarc calls forward(x, edge_index[, edge_attr]); its second argument "
+                      "would be taken for edge_index and the third for an edge feature")
+    required = [p.name for p in params[3:] if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise _refuse(conv, f"{shown}, which requires {', '.join(required)}",
+                      "sarc calls forward(x, edge_index[, edge_attr])")
+
+
+def _call_conv(conv, what: str, fn, *args, **kwargs):
+    """The conv's ``forward``, ``message`` or ``update`` on traced values; an error from
+    inside it is a ConversionError naming the conv, the method and its line."""
+    try:
+        return fn(*args, **kwargs)
+    except (_Stop, SarcError):
+        raise
+    except Exception as e:
+        cls = type(conv).__name__
+        raise ConversionError(f"{cls}.{what} cannot be traced{_where(conv, e, what)}: "
+                              f"{type(e).__name__}{': ' if str(e) else ''}{e} (sarc traces "
+                              f"a forward that computes on x and passes it, with edge_index "
+                              f"unchanged, to self.propagate, and message and update on the "
+                              f"values propagate is given)") from e
+
+
+def _where(conv, error: Exception, what: str = "forward") -> str:
     """`` at FILE:LINE (`code`)``: the conv's own line that the error came through."""
     try:
-        file = inspect.getsourcefile(type(conv).forward)
+        file = inspect.getsourcefile(getattr(type(conv), what))
     except TypeError:
         return ""
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == file]
@@ -689,10 +888,52 @@ def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None)
     """A sarc layer computing ``conv(x, edge_index[, edge_attr])``, sharing ``conv``'s
     parameters. ``in_channels`` / ``edge_dim`` give the widths of a user's conv that does
     not record them (``conv.in_channels``, ``conv.edge_dim``)."""
-    convert = _converters().get(type(conv))
+    convert = _converter(type(conv))
     if convert is not None:
         return convert(conv)
     return TracedConv(conv, in_channels, edge_dim)
+
+
+# What a subclass may define and still be the stock conv the converter models.
+_NOT_MODELLED = frozenset({"__init__", "reset_parameters", "__repr__", "extra_repr",
+                           "__module__", "__qualname__", "__doc__", "__annotations__",
+                           "__dict__", "__weakref__", "__firstlineno__", "__static_attributes__",
+                           "_orig_propagate", "_jinja_propagate"})
+
+
+def _converter(cls) -> Callable[[nn.Module], PyGLayer] | None:
+    """The converter of a stock class, or of a subclass of one that overrides none of its
+    methods (a subclass that changes ``message``, ``update``, ``forward``... is traced
+    from its own code instead, as any other MessagePassing)."""
+    from torch_geometric.nn import MessagePassing
+    converters = _converters()
+    stock = next((c for c in cls.__mro__ if c in converters), None)
+    if stock is None:
+        return None
+    for sub in cls.__mro__[:cls.__mro__.index(stock)]:
+        # PyG generates propagate and collect on each class from its code (the class's
+        # own propagate is kept as _orig_propagate, checked below).
+        generated = {"propagate", "collect"} if "_orig_propagate" in vars(sub) else set()
+        for name in vars(sub):
+            if name not in _NOT_MODELLED and name not in generated and hasattr(stock, name):
+                return None
+    if _overrides_propagate(cls):
+        return None
+    return converters[stock]
+
+
+def _overrides_propagate(cls) -> bool:
+    """Whether a class in ``cls``'s MRO defines its own ``propagate``. PyG replaces each
+    class's propagate by code it generates (``_jinja_propagate``) and keeps what it
+    replaced as ``_orig_propagate``: PyG's own, or the generated one of a parent (a class
+    with its own propagate is not generated: both name its function)."""
+    from torch_geometric.nn import MessagePassing
+    pyg = {MessagePassing.propagate} | {
+        vars(c)["_jinja_propagate"] for c in cls.__mro__
+        if "_jinja_propagate" in vars(c)
+        and vars(c)["_jinja_propagate"] is not vars(c).get("_orig_propagate")}
+    return any(vars(c)[name] not in pyg for c in cls.__mro__
+               for name in ("propagate", "_orig_propagate") if name in vars(c))
 
 
 class PyGConv(nn.Module):
@@ -796,14 +1037,22 @@ def _size(name: str, size, rows: int):
     return num_src if num_src == num_dst else (num_src, num_dst)
 
 
-def as_conv(layer, **kwargs) -> PyGConv:
+def as_conv(layer, *, node: str | None = None, edge: str | None = None,
+            in_channels: int | None = None, edge_dim=None) -> PyGConv:
     """``layer`` (a sarc layer, or a PyG ``MessagePassing`` imported first with
-    ``from_message_passing``) as a module PyG code calls like a conv."""
+    ``from_message_passing(layer, in_channels=..., edge_dim=...)``) as a module PyG code
+    calls like a conv; ``node`` / ``edge`` name a sarc layer's features PyG's ``x`` and
+    ``edge_attr`` are."""
     if not isinstance(layer, Layer) and isinstance(layer, nn.Module):
         from torch_geometric.nn import MessagePassing
         if isinstance(layer, MessagePassing):
-            layer = from_message_passing(layer)
-    return PyGConv(layer, **kwargs)
+            layer = from_message_passing(layer, in_channels=in_channels, edge_dim=edge_dim)
+            in_channels = edge_dim = None
+    if in_channels is not None or edge_dim is not None:
+        raise ConversionError(f"as_conv: in_channels= and edge_dim= are for a PyG "
+                              f"MessagePassing (from_message_passing's), not a "
+                              f"{type(layer).__name__}, which declares its features")
+    return PyGConv(layer, node=node, edge=edge)
 
 
 __all__ = ["from_message_passing", "as_conv", "PyGConv", "PyGLayer", "PyGInputs", "TracedConv",

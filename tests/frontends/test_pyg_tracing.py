@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 pytest.importorskip("torch_geometric")
+from torch_geometric import nn as pyg  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
+from torch_geometric.utils import add_self_loops  # noqa: E402
 
 from interop.interop_check import assert_all_close  # noqa: E402
-from sarc.frontends.pyg import as_conv, from_message_passing  # noqa: E402
+from sarc.frontends.pyg import (ConversionError, GCNConvLayer, SAGEConvLayer,  # noqa: E402
+                                TracedConv, as_conv, from_message_passing)
 
 N, D = 7, 3
 
@@ -72,6 +76,160 @@ def check_both_paths(conv, edge=None, **options) -> None:
         check_same(run, lambda x, *e: conv(x, ei, *e), conv, torch.randn(N, D), *extra)
 
 
+# --- 1. graph preparation under isinstance(edge_index, Tensor) is refused, not skipped ----------
+
+class SelfLoopSum(MessagePassing):
+    """PyG's idiom: self loops added when edge_index is a Tensor."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+
+    def forward(self, x, edge_index):
+        if isinstance(edge_index, Tensor):
+            edge_index, _ = add_self_loops(edge_index, num_nodes=x.shape[0])
+        return self.propagate(edge_index, x=x)
+
+
+class CatchesTheRefusal(SelfLoopSum):
+    """A forward that swallows the error of its graph preparation is still refused."""
+
+    def forward(self, x, edge_index):
+        try:
+            edge_index, _ = add_self_loops(edge_index, num_nodes=N)
+        except Exception:   # noqa: BLE001 - the point of the test
+            pass
+        return self.propagate(edge_index, x=x)
+
+
+class TanhGCN(pyg.GCNConv):
+    """A user's tweak of GCNConv: only update overridden; GCNConv's forward normalizes."""
+
+    def update(self, aggr_out):
+        return torch.tanh(aggr_out)
+
+
+PREPARES_THE_GRAPH = {
+    "lgconv": (lambda: pyg.LGConv(), {"in_channels": D}, None),
+    "appnp": (lambda: pyg.APPNP(K=1, alpha=0.1), {"in_channels": D}, None),
+    "sgconv_weighted": (lambda: pyg.SGConv(D, 2, K=1), {"edge_dim": ()}, "weight"),
+    "gcn_subclass_update": (lambda: TanhGCN(D, 2), {}, None),
+    "self_loops_isinstance": (lambda: SelfLoopSum(), {}, None),
+    "self_loops_caught": (lambda: CatchesTheRefusal(), {}, None),
+}
+
+
+@pytest.mark.parametrize("name", PREPARES_THE_GRAPH)
+def test_graph_preparation_in_forward_is_refused(name):
+    make, options, edge = PREPARES_THE_GRAPH[name]
+    conv = make()
+    ei, x = graph(), torch.randn(N, D)
+    extra = [] if edge is None else [torch.rand(ei.size(1)) + 0.5]
+    cls = type(conv).__name__
+    with pytest.raises(ConversionError, match=rf"^{cls}: a forward that reads or changes "
+                                              rf"edge_index \(.* at .*:\d+\)"):
+        from_message_passing(conv, **options).run(x, ei, *extra)
+    with pytest.raises(ConversionError, match=rf"^{cls}: a forward that reads or changes"):
+        as_conv(conv, **options)(x, ei, *extra)
+
+
+# --- subclasses of the converted classes -----------------------------------------------------------
+
+class PlainGCN(pyg.GCNConv):
+    """Only a new __init__: still GCNConv, converted as one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.note = "mine"
+
+
+class DoubledSAGE(pyg.SAGEConv):
+    def message(self, x_j):
+        return 2 * x_j
+
+
+def test_a_subclass_that_overrides_nothing_is_converted():
+    conv = PlainGCN(D, 2)
+    randomize_zeros(conv)
+    assert type(from_message_passing(conv)) is GCNConvLayer
+    check_both_paths(conv)
+
+
+def test_a_subclass_that_overrides_message_is_traced():
+    conv = DoubledSAGE(D, 2)
+    randomize_zeros(conv)
+    layer = from_message_passing(conv)
+    assert type(layer) is TracedConv and not isinstance(layer, SAGEConvLayer)
+    check_both_paths(conv)
+
+
+class SubOfUserConv(SelfLoopSum):
+    """A subclass of a user's conv PyG already generated a propagate for."""
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x * 2)
+
+
+def test_a_subclass_of_an_instantiated_user_conv_is_traced():
+    SelfLoopSum()   # PyG generates SelfLoopSum.propagate, which the subclass inherits
+    check_both_paths(SubOfUserConv())
+
+
+# --- x passes isinstance(x, Tensor): PyG's (x, x) pair ----------------------------------------------
+
+X_PAIR = {
+    "graphconv": lambda: pyg.GraphConv(D, 2),
+    "graphconv_mean": lambda: pyg.GraphConv(D, 2, aggr="mean"),
+    "leconv": lambda: pyg.LEConv(D, 2),
+    "simpleconv_cat": lambda: pyg.SimpleConv(combine_root="cat"),
+}
+
+
+@pytest.mark.parametrize("name", X_PAIR)
+def test_convs_that_pair_x_equal_pyg(name):
+    conv = X_PAIR[name]()
+    randomize_zeros(conv)
+    check_both_paths(conv, in_channels=D)
+
+
+# --- 2. dropout after propagate is traced ----------------------------------------------------------
+
+class DropAfter(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.lin = nn.Linear(D, 4)
+
+    def forward(self, x, edge_index):
+        out = self.propagate(edge_index, x=self.lin(x))
+        return F.dropout(out, p=0.5, training=self.training)
+
+
+class DropBefore(DropAfter):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=F.dropout(x, p=0.5, training=self.training))
+
+
+def test_dropout_after_propagate_follows_the_mode():
+    conv = DropAfter()
+    ei, x = graph(), torch.randn(N, D)
+    layer = from_message_passing(conv)
+    conv.eval()
+    layer.eval()
+    check_same(lambda x: layer.run(x, ei), lambda x: conv(x, ei), conv, x)
+    full = conv(x, ei).detach()
+    layer.train()
+    got = layer.run(x, ei).detach()
+    kept = got != 0
+    assert 0 < kept.sum() < got.numel()
+    assert torch.allclose(got[kept], 2 * full[kept], atol=1e-5)
+
+
+def test_dropout_before_propagate_is_refused():
+    with pytest.raises(ConversionError, match="DropBefore: dropout in forward before propagate"):
+        from_message_passing(DropBefore().eval()).run(torch.randn(N, D), graph())
+
+
 # --- 3. the aggregation is PyG's aggr_module, not the aggr attribute -------------------------------
 
 class Sum(MessagePassing):
@@ -88,3 +246,98 @@ def test_aggr_set_after_construction_is_what_pyg_uses():
     conv = Sum()
     conv.aggr = "mean"   # PyG keeps summing with aggr_module
     check_both_paths(conv)
+
+
+# --- 4. errors name the conv and the construct; parameters given to propagate -----------------------
+
+class ParamKwarg(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.w = nn.Parameter(torch.randn(D))
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x, w=self.w * 2)
+
+    def message(self, x_j, w):
+        return x_j * w
+
+
+def test_a_parameter_given_to_propagate_equals_pyg():
+    check_both_paths(ParamKwarg())
+
+
+class EdgeNeeds(MessagePassing):
+    def __init__(self, edge_dim=None):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.lin = nn.Linear(2, D)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.propagate(edge_index, x=x, e=edge_attr)
+
+    def message(self, x_j, e):
+        return x_j * self.lin(e)
+
+
+def test_as_conv_takes_from_message_passing_options():
+    conv = EdgeNeeds()
+    check_both_paths(conv, torch.randn(graph().size(1), 2), edge_dim=2)
+    with pytest.raises(ConversionError, match="edge_index of unknown width|edge_attr of unknown"):
+        as_conv(EdgeNeeds())
+    with pytest.raises(ConversionError, match="as_conv: in_channels= and edge_dim= are for"):
+        as_conv(from_message_passing(Sum()), in_channels=D)
+
+
+class NoneWeight(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+
+    def forward(self, x, edge_index, edge_weight=None):
+        return self.propagate(edge_index, x=x, edge_weight=edge_weight)
+
+    def message(self, x_j, edge_weight):
+        return edge_weight.view(-1, 1) * x_j
+
+
+class NodeKwarg(ParamKwarg):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x, w=x)
+
+
+class EdgeAtAnEnd(EdgeNeeds):
+    def message(self, x_j, e_j):
+        return x_j * self.lin(e_j)
+
+
+class ParamAtAnEnd(ParamKwarg):
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x, w=self.w.unsqueeze(0))
+
+    def message(self, x_j, w_j):
+        return x_j * w_j
+
+
+REFUSED = {
+    "message_raises": (lambda: NoneWeight(), {},
+                       r"^NoneWeight\.message cannot be traced at .*: AttributeError"),
+    "node_values_unsuffixed": (lambda: NodeKwarg(), {},
+                               r"^NodeKwarg: message argument 'w' holding node values"),
+    "edge_values_at_an_end": (lambda: EdgeAtAnEnd(), {"edge_dim": 2},
+                              r"^EdgeAtAnEnd: message argument 'e_j' on edge values"),
+    "param_at_an_end": (lambda: ParamAtAnEnd(), {},
+                        r"^ParamAtAnEnd: message argument 'w_j' on values that are not"),
+    "pointnet_signature": (lambda: pyg.PointNetConv(nn.Linear(D + 3, 2)), {"in_channels": D},
+                           r"^PointNetConv: forward\(x, pos, edge_index\), edge_index not its "
+                           r"second argument"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_what_cannot_be_modelled_is_a_clear_error(name):
+    make, options, message = REFUSED[name]
+    ei = graph()
+    extra = [torch.randn(ei.size(1), 2)] if "edge_dim" in options else []
+    with pytest.raises(ConversionError, match=message):
+        from_message_passing(make(), **options).run(torch.randn(N, D), ei, *extra)
