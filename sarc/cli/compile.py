@@ -41,6 +41,9 @@ def add_compile_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
     p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a hyperparameter the model is built with, as sarc train takes it "
+                        "(repeatable), e.g. --set hidden=64")
     p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
     p.add_argument("--fanouts", help="--mode sampling: in-edges sampled per node at each layer, "
                    "input layer first, e.g. 10,25 (-1: all)")
@@ -115,11 +118,12 @@ def check_minibatch_args(args) -> None:
 def compile_command(args) -> int:
     from ..datasets import load_dataset
     from ..loader import load_model_file
-    from ..train import DEFAULTS, build
+    from ..loader import parse_overrides
+    from ..train import build, hyperparameters
 
     emit = check_compile_args(args)
     spec = load_model_file(args.model)
-    hparams = {**DEFAULTS, **spec.hparams}
+    hparams = hyperparameters(spec, parse_overrides(args.overrides))
     data = load_dataset(args.dataset or hparams["dataset"])
     model = build(spec, data, hparams)
     stats = sample = pset = None

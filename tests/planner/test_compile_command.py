@@ -81,6 +81,22 @@ def test_compile_errors_are_clear(tmp_path, capsys):
     assert not (tmp_path / "o2").exists()
 
 
+def test_compile_builds_the_model_with_set_hyperparameters(tmp_path, capsys):
+    """``--set`` as sarc train takes it: the hidden width reaches the plan, a featureless
+    graph compiles with an embedding, and a wrong value is the trainer's error."""
+    gcn = str(ROOT / "models" / "gcn.py")
+    assert main(["compile", gcn, "--set", "hidden=40", "--emit", "plan"]) == 0
+    assert "40 x 4 B/row" in capsys.readouterr().out
+    pubmed = str(ROOT.parent / "shared" / "datasets" / "pubmed_nofeat.npz")
+    if Path(pubmed).exists():
+        assert main(["compile", gcn, "--dataset", pubmed]) == 2
+        assert "--set embedding_dim=64" in capsys.readouterr().err
+        assert main(["compile", gcn, "--dataset", pubmed, "--set", "embedding_dim=8"]) == 0
+        capsys.readouterr()
+    assert main(["compile", gcn, "--set", "hidden=abc"]) == 2
+    assert "hidden takes an int" in capsys.readouterr().err
+
+
 def test_compile_cli_subprocess(tmp_path):
     r = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "compile",
                             str(ROOT / "models" / "gat.py"), "--mode", "mfg", "--emit", "plan"],
