@@ -144,10 +144,15 @@ def call_returning(fn: Callable, *args) -> tuple[Any, SourceLoc | None]:
     finally:
         if sys.getprofile() is catch:
             sys.setprofile(None)
-    f = frames[0] if frames else None
-    if f is None or _is_library(f.f_code.co_filename):
-        return result, None
-    return result, SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+    f = frames.pop() if frames else None
+    try:
+        if f is None or _is_library(f.f_code.co_filename):
+            return result, None
+        return result, SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+    finally:
+        # fn's frame holds this one (f_back), which holds it: a cycle that would keep every
+        # caller's frame, and what their locals hold, alive until the collector runs
+        del f
 
 
 _NO_CONTROL_FLOW = ("a traced value has no concrete value while tracing, so data-dependent "
