@@ -28,6 +28,23 @@ from .errors import GraphError
 
 T = TypeVar("T")
 
+_MISSING_ATTRIBUTE_HOOKS: list[Callable[[object, str], None]] = []
+
+
+def on_missing_attribute(hook: Callable[[object, str], None]) -> None:
+    """Call ``hook(graph, name)`` when code reads an attribute a graph layers run on (a
+    ``Graph``, a worker's ``DistGraph``) lacks, before the AttributeError: a front end's
+    hint (``frontends.dgl.patch``: a DGLGraph method called on a sarc graph)."""
+    if hook not in _MISSING_ATTRIBUTE_HOOKS:
+        _MISSING_ATTRIBUTE_HOOKS.append(hook)
+
+
+def missing_attribute(graph, name: str):
+    """``__getattr__`` of the graphs layers run on: the hooks, then the AttributeError."""
+    for hook in _MISSING_ATTRIBUTE_HOOKS:
+        hook(graph, name)
+    raise AttributeError(f"{type(graph).__name__!r} object has no attribute {name!r}")
+
 
 @dataclass(frozen=True, eq=False)
 class Graph:
@@ -44,6 +61,8 @@ class Graph:
     @property
     def num_edges(self) -> int:
         return int(self.src.numel())
+
+    __getattr__ = missing_attribute
 
     def run_layer(self, layer, args: tuple, feats: dict):
         """``layer(g, ...)`` on this block: the layer's compiled kernel (``Layer.run_local``)."""

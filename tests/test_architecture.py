@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 
 GROUPS = {"sarc.train": "sarc.training", "sarc.checkpoint": "sarc.training",
-          "sarc.trace_torch": "sarc.trace", "sarc.trace_guards": "sarc.trace"}
+          "sarc.trace_torch": "sarc.trace", "sarc.trace_guards": "sarc.trace",
+          "sarc.layer_state": "sarc.dsl"}
 """Modules that the table names as one package (docs/architecture.md says which)."""
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import SarcError
+from ..graph import missing_attribute
 from ..planner.plan import EXEC_MODES
 from ..planner.stats import ShardStats
 from ..runtime.sharded import ShardedGraph
@@ -46,6 +47,8 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 class DistGraph:
+    __getattr__ = missing_attribute  # sarc.graph's hooks (a front end's hint), then the error
+
     def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
                  mem_budget: int | None = None, baseline: bool = False,
                  timeout: datetime.timedelta | None = DEFAULT_TIMEOUT,

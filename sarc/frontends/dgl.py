@@ -829,25 +829,23 @@ def patch() -> None:
         if (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)
                 and "forward" in vars(cls) and not getattr(cls.forward, "_sarc_routed", False)):
             cls.forward = _routed(cls.forward)
-    from ..distributed.graph import DistGraph
-    from ..graph import Graph
-    for cls in (Graph, DistGraph):
-        if "__getattr__" not in vars(cls):
-            cls.__getattr__ = _not_a_dgl_graph
+    from ..graph import on_missing_attribute
+    on_missing_attribute(_not_a_dgl_graph)
 
 
 class NotADGLGraphError(DSLError, AttributeError):
     """A module that is not one of DGL's convs used a ``DGLGraph`` method on a sarc graph."""
 
 
-def _not_a_dgl_graph(self, name: str):
-    """``__getattr__`` of sarc's graphs after ``patch()``: a ``DGLGraph`` method a user's own
-    module calls on a sarc graph (``g.local_scope()``, ``g.update_all``...) says how to run the
-    module through sarc, instead of "'Graph' object has no attribute"."""
+def _not_a_dgl_graph(self, name: str) -> None:
+    """The hook sarc's graphs call, after ``patch()``, for an attribute they lack
+    (``graph.on_missing_attribute``): a ``DGLGraph`` method a user's own module calls on a
+    sarc graph (``g.local_scope()``, ``g.update_all``...) says how to run the module through
+    sarc, instead of "'Graph' object has no attribute"."""
     import dgl
     if name.startswith("_") or not hasattr(dgl.DGLGraph, name):
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-    caller = sys._getframe(1).f_locals.get("self")
+        return
+    caller = sys._getframe(2).f_locals.get("self")  # the reader (under graph.missing_attribute)
     who = (f"{type(caller).__name__}: " if isinstance(caller, torch.nn.Module) else "")
     raise NotADGLGraphError(
         f"{who}g.{name} on a sarc graph ({type(self).__name__}), which is not a DGLGraph: "
