@@ -138,8 +138,11 @@ def _aggr_name(conv) -> str:
     if module is None and "aggr_module" not in vars(conv).get("_modules", {}) \
             and isinstance(aggr, str) and aggr in _REDUCERS:
         return aggr   # a MessagePassing built without aggr_module (not PyG's own)
-    shown = aggr if isinstance(aggr, str) and module is None else type(module).__name__
-    raise _refuse(conv, f"aggr={shown!r}", "sarc aggregates with sum/add, mean, max and min")
+    if isinstance(aggr, str):
+        shown = f"aggr={aggr!r}" + ("" if module is None else f" ({type(module).__name__})")
+    else:
+        shown = f"aggr={type(module).__name__}"
+    raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min")
 
 
 def _aggregate(conv, value):

@@ -71,8 +71,8 @@ def _recording_losses() -> list:
     import sarc.training.loop as loop
     losses, step = [], loop.train_step
 
-    def recorded(*args):
-        losses.append(step(*args))
+    def recorded(*args, **kwargs):
+        losses.append(step(*args, **kwargs))
         return losses[-1]
     loop.train_step = recorded
     return losses
