@@ -295,8 +295,10 @@ class Layer(nn.Module):
         key = state_key(self)
         if self._sarc_compiled is None or self._sarc_compiled[0] != key:
             from .compiler import compile_function
-            self._sarc_compiled = (key, compile_function(
-                self.trace(), backend=self._sarc_backend, autodiff=self._sarc_autodiff))
+            kernel = compile_function(self.trace(), backend=self._sarc_backend,
+                                      autodiff=self._sarc_autodiff)
+            # the key again: the trace has said which buffers it read as numbers
+            self._sarc_compiled = (state_key(self), kernel)
         return self._sarc_compiled[1]
 
     def set_backend(self, backend: str) -> "Layer":
@@ -357,11 +359,45 @@ def _loc_of(fn):
     return SourceLoc(code.co_filename, code.co_firstlineno, code.co_name) if code else None
 
 
+class _BufferProxy(Proxy):
+    """A floating-point buffer while tracing: a PARAM leaf read at each call; where the
+    layer's code uses it as a Python number (``math.sqrt(self.tau)``, ``float``, an ``if``),
+    its value now, a constant, and its name goes to ``seen`` (the layer's
+    ``_sarc_numbers``), whose buffers the layer's state key then watches
+    (``layer_state.state_key``)."""
+
+    __slots__ = ("value", "name", "seen")
+
+    def __init__(self, tracer: Tracer, index: int, value: torch.Tensor, name: str, seen: set):
+        super().__init__(tracer, index)
+        self.value, self.name, self.seen = value, name, seen
+
+    def _number(self) -> torch.Tensor:
+        if self.value.numel() != 1:
+            raise DSLError(f"buffer {self.name} of shape {list(self.value.shape)} used as a "
+                           f"Python number: only a one-element buffer has one", user_loc())
+        self.seen.add(self.name)
+        return self.value.detach().reshape(())
+
+    def __float__(self):
+        return float(self._number())
+
+    def __bool__(self):
+        return bool(self._number())
+
+    def __int__(self):
+        return int(self._number())
+
+    __index__ = __int__
+
+
 @contextlib.contextmanager
 def _params_as_proxies(layer: nn.Module, tracer: Tracer, precision: DType):
     """Swap every parameter and floating-point buffer (in ``precision``, as
     ``Layer.leaf_tensors`` passes it) for a PARAM proxy while tracing, then put them back."""
     saved = []
+    numbers: set[str] = set()
+    layer._sarc_numbers = numbers
     try:
         for mod_name, mod in layer.named_modules():
             for table, floats_only in ((mod._parameters, False), (mod._buffers, True)):
@@ -372,7 +408,9 @@ def _params_as_proxies(layer: nn.Module, tracer: Tracer, precision: DType):
                     dtype = precision if floats_only else DType.from_torch(x.dtype)
                     t = TensorType(Domain.PARAM, dtype, tuple(x.shape))
                     saved.append((table, pname, x))
-                    table[pname] = Proxy(tracer, tracer.builder.leaf(Op.PARAM, full, t))
+                    leaf = tracer.builder.leaf(Op.PARAM, full, t)
+                    table[pname] = (_BufferProxy(tracer, leaf, x, full, numbers) if floats_only
+                                    else Proxy(tracer, leaf))
         yield
     finally:
         for table, pname, x in saved:

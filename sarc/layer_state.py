@@ -7,14 +7,16 @@ Tracing reads a layer's state in three ways:
   inputs at each call, so only their names, shapes and dtypes are traced;
 - Python numbers, strings and flags on the layer and its submodules (``self.alpha``,
   ``self.heads``) are read as constants or steer the trace;
-- other tensors that are neither (an integer buffer, a 0-d tensor attribute) are read
-  as constants.
+- other tensors that are neither (an integer buffer, a 0-d tensor attribute), and a
+  floating-point buffer the layer's code uses as a Python number (``math.sqrt(self.tau)``),
+  are read as constants.
 
 ``state_key`` covers the last two and the first's shapes: a kernel compiled at one key is
 valid while the key is the same, so a layer whose ``alpha`` is annealed, or whose integer
 buffer is updated in place (its version counter moves), or whose parameter is replaced
 by one of another shape, is traced again, never run on a stale constant. Reading it costs
-no device synchronization: tensors are keyed by identity and version, not by value.
+no device synchronization: tensors are keyed by identity and version, not by value (the
+key holds them, so a freed tensor's id is never taken for a new one's).
 """
 from __future__ import annotations
 
@@ -34,20 +36,40 @@ _MAX_ITEMS = 256
 length (a table that large is not configuration a layer reads as constants)."""
 
 
+class _Same:
+    """An object in a key by identity (and a tensor's version counter): held, so its id is
+    never a later object's, and compared with ``is`` (never a tensor's ``==``)."""
+
+    __slots__ = ("obj", "version")
+
+    def __init__(self, obj: Any):
+        self.obj, self.version = obj, getattr(obj, "_version", None)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Same) and self.obj is other.obj and self.version == other.version
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
 def _plain(value: Any) -> Any:
-    """A value's key: scalars as they are, small containers of them as tuples, tensors by
-    identity and version; None where the value is nothing a trace reads as a constant."""
+    """A value's key: scalars as they are, small containers of them as tuples (a dict's in
+    its order, a set's as a frozenset), tensors by identity and version; None where the
+    value is nothing a trace reads as a constant. No value is formatted or compared
+    element by element: a tensor's ``repr`` or ``==`` would read it (a device sync)."""
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, torch.Tensor):
-        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+        return _Same(value)
     if isinstance(value, (tuple, list, dict, set, frozenset)):
         if len(value) > _MAX_ITEMS:
-            return ("container", id(value), len(value))
-        items = sorted(value.items(), key=repr) if isinstance(value, dict) else (
-            sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)
+            return _Same(value), len(value)
+        items = [x for kv in value.items() for x in kv] if isinstance(value, dict) else value
         keys = tuple(_plain(x) for x in items)
-        return None if any(k is None for k in keys) else (type(value).__name__, keys)
+        if any(k is None for k in keys):
+            return None
+        return type(value).__name__, frozenset(keys) if isinstance(value, (set, frozenset)) \
+            else keys
     return None
 
 
@@ -57,7 +79,9 @@ def _leaf(t: torch.Tensor) -> tuple:
 
 def state_key(layer: nn.Module) -> tuple:
     """The key of everything ``layer``'s trace depends on besides its parameters' and
-    floating-point buffers' values (see the module doc)."""
+    floating-point buffers' values (see the module doc): those buffers too where its last
+    trace read one as a Python number (``layer._sarc_numbers``, ``dsl._BufferProxy``)."""
+    numbers = getattr(layer, "_sarc_numbers", ())
     key = []
     for path, mod in layer.named_modules():
         key.append(("module", path, type(mod)))
@@ -70,9 +94,10 @@ def state_key(layer: nn.Module) -> tuple:
         for name, p in mod._parameters.items():
             key.append((path, name, None if p is None else _leaf(p)))
         for name, b in mod._buffers.items():
+            full = f"{path}.{name}" if path else name
             if b is None:
                 key.append((path, name, None))
-            elif b.is_floating_point():
+            elif b.is_floating_point() and full not in numbers:
                 key.append((path, name, _leaf(b)))
             else:
                 key.append((path, name, _plain(b)))

@@ -121,7 +121,7 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
     if key not in dg.programs or dg.programs[key].state != state:
         name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
         dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad)
-        dg.programs[key].state = state
+        dg.programs[key].state = state_key(layer)  # after the trace (Layer.compiled)
     return dg.programs[key]
 
 

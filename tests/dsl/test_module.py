@@ -212,3 +212,37 @@ def test_buffers_are_leaves_in_the_layers_precision(g):
     assert layer.leaf_tensors()["temp"].dtype == torch.float32
     h = torch.randn(g.num_src, 3)
     assert_close(layer(g, h), reference(layer, g, {"h": h})["h"])
+
+
+class Tempered(sarc.Layer):
+    """A buffer read as a Python number (``math.sqrt``), a 0-d tensor attribute (a constant)."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.register_buffer("temperature", torch.tensor(4.0))
+        self.scale = torch.tensor(2.0)
+
+    def message(self, src, dst, edge):
+        import math
+        return src.h * self.scale / math.sqrt(self.temperature)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_buffers_and_tensors_read_as_numbers_are_watched(g):
+    layer, h = Tempered(), torch.randn(g.num_src, 3)
+
+    def plain():
+        m = h[g.src] * float(layer.scale) / float(layer.temperature) ** 0.5
+        return torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+
+    assert_close(layer(g, h), plain())
+    layer.temperature.fill_(9.0)   # read as a number: a constant, traced again
+    assert_close(layer(g, h), plain())
+    for step in range(30):
+        # two new tensors between calls, the first freed by the second: the key holds the
+        # tensor it was made at, so a new one at a freed one's address is never taken for it
+        layer.scale = torch.tensor(-1.0)
+        layer.scale = torch.tensor(float(step))
+        assert_close(layer(g, h), plain(), what=f"step {step}")
