@@ -170,21 +170,23 @@ def _kind(x: Any) -> str:
 
 
 class Tracer:
-    """Owns the builder while one layer is traced."""
+    """Owns the builder while one layer is traced. ``proxy_type``: the class of the values
+    it makes (a front end may make them look like what the code it traces expects)."""
 
     def __init__(self, name: str):
         self.builder = Builder(name)
+        self.proxy_type: type = Proxy
 
     def emit(self, op: Op, inputs: list["Proxy"], attrs: dict | None = None) -> "Proxy":
         for p in inputs:
             if p.tracer is not self:
                 raise DSLError("a value from another layer's trace was used here", user_loc())
         idx = self.builder.add(op, [p.index for p in inputs], attrs, user_loc())
-        return Proxy(self, idx)
+        return self.proxy_type(self, idx)
 
     def const(self, value: float, like: "Proxy") -> "Proxy":
         t = TensorType(Domain.PARAM, like.type.dtype if like.type.dtype.is_float else DType.F32, ())
-        return Proxy(self, self.builder.const(value, t, user_loc()))
+        return self.proxy_type(self, self.builder.const(value, t, user_loc()))
 
     def lift(self, x: Any, like: "Proxy") -> "Proxy":
         """Turn a python number or 0-d tensor into a constant; reject other tensors."""

@@ -43,7 +43,7 @@ from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
-from ..trace import Proxy, Tracer, dropout, leaky_relu
+from ..trace import Proxy, dropout, leaky_relu
 
 
 class ConversionError(SarcError, TypeError):
@@ -596,18 +596,6 @@ class _TensorProxy(Proxy):
         return tuple(self.shape) if dim is None else self.shape[dim]
 
 
-class _TensorTracer(Tracer):
-    """The tracer while a conv's own code runs: every value it makes is a ``_TensorProxy``."""
-
-    def emit(self, op, inputs, attrs=None):
-        p = super().emit(op, inputs, attrs)
-        return _TensorProxy(p.tracer, p.index)
-
-    def const(self, value, like):
-        p = super().const(value, like)
-        return _TensorProxy(p.tracer, p.index)
-
-
 def _as_tensor(value):
     if type(value) is Proxy:
         return _TensorProxy(value.tracer, value.index)
@@ -617,12 +605,13 @@ def _as_tensor(value):
 @contextlib.contextmanager
 def _conv_code(conv, tracer):
     """While the conv's forward, message and update run: its traced values, parameters
-    among them, are ``isinstance(..., Tensor)`` as PyG's code expects."""
-    if type(tracer) is not Tracer:   # already inside (or another tracer: left as it is)
+    among them, are ``isinstance(..., Tensor)`` as PyG's code expects (the tracer makes
+    ``_TensorProxy`` values)."""
+    if tracer.proxy_type is not Proxy:   # already inside (or a tracer with values of its own)
         yield
         return
     saved = []
-    tracer.__class__ = _TensorTracer
+    tracer.proxy_type = _TensorProxy
     try:
         for mod in conv.modules():
             for table in (mod._parameters, mod._buffers):
@@ -632,7 +621,7 @@ def _conv_code(conv, tracer):
                         table[name] = _as_tensor(value)
         yield
     finally:
-        tracer.__class__ = Tracer
+        tracer.proxy_type = Proxy
         for table, name, value in saved:
             table[name] = value
 
