@@ -36,7 +36,6 @@ import json
 import os
 import random
 import re
-import reprlib
 import signal
 import tempfile
 import time
@@ -49,6 +48,7 @@ import torch
 from torch import nn
 
 from .errors import SarcError
+from .records import Record
 
 FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
 MANIFEST = "checkpoint.json"
@@ -512,29 +512,15 @@ def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
         "metrics": dict(metrics), "state_dict": dict(state_dict)}))
 
 
-def _is_count(v) -> bool:
-    return type(v) is int and v >= 0
-
-
-# What a saved model holds besides its format and version, field by field: a check and
-# what the field must be. ``read_saved`` checks them all, so a damaged or hand-made file
-# is refused naming the field, not where ``load_trained`` first uses it.
-_SAVED_FIELDS = {
-    "model": (lambda v: isinstance(v, str), "a string"),
-    "model_sha256": (lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v) is not None,
-                     "a sha256 hex digest"),
-    "dataset": (lambda v: isinstance(v, str), "a string"),
-    "hparams": (lambda v: isinstance(v, str), "a JSON object in a string"),
-    "sizes": (lambda v: isinstance(v, dict), "a dict"),
-    "metrics": (lambda v: isinstance(v, dict), "a dict"),
-    "state_dict": (lambda v: isinstance(v, dict) and all(
-        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()),
-        "a dict of named tensors"),
-}
-# ``sizes``: the arguments ``build_model`` was called with (``num_ntypes`` only for a graph
-# of node types).
-_SAVED_SIZES = {"in_feats": True, "num_classes": True, "num_nodes": True, "num_etypes": True,
-                "num_ntypes": False}
+# What a saved model holds besides its format and version, field by field (``sarc.records``;
+# ``sizes``: the arguments ``build_model`` was called with, ``num_ntypes`` only for a graph
+# of node types). ``read_saved`` checks them all, so a damaged or hand-made file is refused
+# naming the field, not where ``load_trained`` first uses it.
+_SAVED_SCHEMA = {"model": "str", "model_sha256": "sha256", "dataset": "str",
+                 "hparams": "json-str", "sizes": "object", "metrics": "object",
+                 "state_dict": "tensors", "sizes.in_feats": "count",
+                 "sizes.num_classes": "count", "sizes.num_nodes": "count",
+                 "sizes.num_etypes": "count", "sizes.num_ntypes": "count?"}
 
 
 def read_saved(path) -> dict:
@@ -547,27 +533,13 @@ def read_saved(path) -> dict:
     if saved.get("format") != MODEL_FORMAT or saved.get("version") != VERSION:
         raise CheckpointError(f"{path}: not a model saved by sarc train --save (version {VERSION})")
 
-    def bad(field, desc, value):
-        return CheckpointError(f"{path}: corrupt saved model: {field} must be {desc}, got "
-                               f"{reprlib.repr(value)}")
-
-    for key, (ok, desc) in _SAVED_FIELDS.items():
-        if key not in saved:
-            raise CheckpointError(f"{path}: corrupt saved model, lacks {key}")
-        if not ok(saved[key]):
-            raise bad(key, desc, saved[key])
-    for key, required in _SAVED_SIZES.items():
-        if key not in saved["sizes"]:
-            if required:
-                raise CheckpointError(f"{path}: corrupt saved model, lacks sizes.{key}")
-        elif not _is_count(saved["sizes"][key]):
-            raise bad(f"sizes.{key}", "a non-negative integer", saved["sizes"][key])
+    record = Record(f"{path}: corrupt saved model", CheckpointError)
+    record.check_fields(saved, _SAVED_SCHEMA)
     try:
         hparams = json.loads(saved["hparams"])
     except ValueError as e:
         raise CheckpointError(f"{path}: corrupt saved model: hparams is not JSON ({e})") from e
-    if not isinstance(hparams, dict):
-        raise bad("hparams", "a JSON object", hparams)
+    record.check_value(hparams, "json-object", "hparams")
     return {**saved, "hparams": hparams}
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -32,6 +31,7 @@ import torch
 from ..version import __version__
 from ..errors import PartitionError
 from ..atomic import atomic_directory
+from ..records import Record
 from .fingerprint import graph_fingerprint
 from .parts import Part
 from .relabel import Relabeling
@@ -200,22 +200,8 @@ def load_partitions(path, *, fingerprint: str | None = None, verify: bool = True
     return pset
 
 
-# What metadata.json holds, field by field: the JSON each must be ("?": may be absent).
-# ``_check_metadata`` checks every field here before anything reads one, so a hand-edited
-# file is refused naming the field rather than failing wherever it is first used.
-_KINDS = {
-    "object": (lambda v: isinstance(v, dict), "an object"),
-    "list": (lambda v: isinstance(v, list), "a list"),
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "count": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
-    "positive": (lambda v: type(v) is int and v > 0, "a positive integer"),
-    "counts": (lambda v: isinstance(v, list) and all(type(x) is int and x >= 0 for x in v),
-               "a list of non-negative integers"),
-    "range": (lambda v: isinstance(v, list) and len(v) == 2
-              and all(type(x) is int and x >= 0 for x in v), "a [first, end) pair of node ids"),
-    "sha256": (lambda v: isinstance(v, str) and len(v) == 64
-               and all(c in "0123456789abcdef" for c in v), "a sha256 hex digest"),
-}
+# What metadata.json holds, field by field: the kind each must be ("?": may be absent;
+# ``sarc.records``). ``_check_metadata`` checks every field here before anything reads one.
 _META_SCHEMA = {"graph": "object", "graph.fingerprint": "str", "graph.num_nodes": "count",
                 "graph.num_edges": "count", "method": "str", "num_parts": "positive",
                 "node_offsets": "counts", "parts": "list", "stats": "object",
@@ -225,32 +211,6 @@ _META_SCHEMA = {"graph": "object", "graph.fingerprint": "str", "graph.num_nodes"
 _PART_SCHEMA = {"file": "str", "sha256": "sha256", "nodes": "range", "num_edges": "count?",
                 "bytes": "count?"}
 
-_ABSENT = object()
-
-
-def _check_value(value, kind: str, name: str, meta_file: Path) -> None:
-    ok, desc = _KINDS[kind]
-    if not ok(value):
-        raise PartitionError(f"{meta_file}: corrupt metadata: {name} must be {desc}, got "
-                             f"{reprlib.repr(value)}")
-
-
-def _check_fields(d: dict, schema: Mapping[str, str], prefix: str, meta_file: Path) -> None:
-    """Check ``d`` against ``schema`` (dotted field -> kind), in order, so an object is
-    checked before its fields; an error names ``prefix`` + the field."""
-    for field, kind in schema.items():
-        value = d
-        for key in field.split("."):
-            value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
-        if kind.endswith("?"):
-            if value is _ABSENT or value is None:
-                continue
-            kind = kind[:-1]
-        elif value is _ABSENT:
-            raise PartitionError(f"{meta_file}: corrupt metadata, lacks {prefix}{field}")
-        _check_value(value, kind, prefix + field, meta_file)
-
-
 
 def _check_metadata(meta, meta_file: Path) -> None:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -259,11 +219,12 @@ def _check_metadata(meta, meta_file: Path) -> None:
     if meta.get("version") != VERSION:
         raise PartitionError(f"{meta_file}: partition format version {meta.get('version')!r}; "
                              f"this sarc reads version {VERSION} (partition the graph again)")
-    _check_fields(meta, _META_SCHEMA, "", meta_file)
+    record = Record(f"{meta_file}: corrupt metadata", PartitionError)
+    record.check_fields(meta, _META_SCHEMA)
     num_parts, offsets, parts = meta["num_parts"], meta["node_offsets"], meta["parts"]
     for p, entry in enumerate(parts):
-        _check_value(entry, "object", f"parts[{p}]", meta_file)
-        _check_fields(entry, _PART_SCHEMA, f"parts[{p}].", meta_file)
+        record.check_value(entry, "object", f"parts[{p}]")
+        record.check_fields(entry, _PART_SCHEMA, f"parts[{p}].")
     if len(parts) != num_parts or len(offsets) != num_parts + 1:
         raise PartitionError(f"{meta_file}: corrupt metadata: num_parts={num_parts} but "
                              f"{len(parts)} part entries and {len(offsets)} node offsets")
@@ -287,7 +248,7 @@ def _check_metadata(meta, meta_file: Path) -> None:
     if "nodes" not in counts:
         raise PartitionError(f"{meta_file}: corrupt metadata, lacks stats.counts.nodes")
     for key, c in counts.items():
-        _check_value(c, "counts", f"stats.counts.{key}", meta_file)
+        record.check_value(c, "counts", f"stats.counts.{key}")
         if len(c) != num_parts:
             raise PartitionError(f"{meta_file}: corrupt metadata: stats.counts.{key} has "
                                  f"{len(c)} counts for {num_parts} parts")

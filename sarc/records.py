@@ -1,0 +1,72 @@
+"""Records read back from disk, checked field by field against a table.
+
+A file sarc wrote can come back hand-edited, truncated or made by someone else. Each
+reader states what its record holds (``{"graph.num_nodes": "count", "types": "object?"}``:
+a dotted field, the kind it must be, ``?`` where it may be absent) and checks the whole
+table before reading a field, so a damaged file is refused naming the field rather than
+failing wherever the field is first used.
+"""
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Callable, Mapping
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _is_tensor(v) -> bool:
+    import torch
+    return isinstance(v, torch.Tensor)
+
+
+KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "json-str": (lambda v: isinstance(v, str), "a JSON object in a string"),
+    "json-object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "count": (_is_count, "a non-negative integer"),
+    "positive": (lambda v: type(v) is int and v > 0, "a positive integer"),
+    "counts": (lambda v: isinstance(v, list) and all(_is_count(x) for x in v),
+               "a list of non-negative integers"),
+    "range": (lambda v: isinstance(v, list) and len(v) == 2 and all(_is_count(x) for x in v),
+              "a [first, end) pair of node ids"),
+    "sha256": (lambda v: isinstance(v, str) and len(v) == 64
+               and all(c in "0123456789abcdef" for c in v), "a sha256 hex digest"),
+    "tensors": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and _is_tensor(t) for k, t in v.items()), "a dict of named tensors"),
+}
+"""kind -> (its check, what a value of it is, for the error)."""
+
+_ABSENT = object()
+
+
+class Record:
+    """The errors of one record: ``what`` names it (``"x/metadata.json: corrupt metadata"``)
+    and ``error`` is the exception class the reader raises."""
+
+    def __init__(self, what: str, error: type[Exception]):
+        self.what, self.error = what, error
+
+    def check_value(self, value, kind: str, name: str) -> None:
+        """Refuse ``value`` unless it is of ``kind``; the error names the field ``name``."""
+        ok, desc = KINDS[kind]
+        if not ok(value):
+            raise self.error(f"{self.what}: {name} must be {desc}, got {reprlib.repr(value)}")
+
+    def check_fields(self, record, schema: Mapping[str, str], prefix: str = "") -> None:
+        """Check ``record`` against ``schema`` (dotted field -> kind), in order, so an object
+        is checked before its fields; an error names ``prefix`` + the field."""
+        for field, kind in schema.items():
+            value = record
+            for key in field.split("."):
+                value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
+            if kind.endswith("?"):
+                if value is _ABSENT or value is None:
+                    continue
+                kind = kind[:-1]
+            elif value is _ABSENT:
+                raise self.error(f"{self.what}, lacks {prefix}{field}")
+            self.check_value(value, kind, prefix + field)
