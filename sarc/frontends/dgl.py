@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -174,7 +175,7 @@ class _DGLTracer(Tracer):
         if Domain.SRC in domains and Domain.DST in domains:
             # a source and a destination value combined: on a DGL graph both are per node,
             # the same nodes, so the source value is read on the destination rows
-            inputs = [_DGLProxy(self, _to_dst(self, p.index, self.dst_of))
+            inputs = [_DGLProxy(self, _replay(self, p.index, Domain.DST))
                       if isinstance(p, Proxy) and p.type.domain is Domain.SRC else p
                       for p in inputs]
         return _DGLProxy(self, super().emit(op, inputs, attrs).index)
@@ -197,8 +198,7 @@ class _DGLProxy(Proxy):
             if domain is Domain.DST:
                 return self
             if domain is Domain.SRC:
-                return _DGLProxy(self.tracer, _to_dst(self.tracer, self.index,
-                                                      self.tracer.dst_of))
+                return _DGLProxy(self.tracer, _replay(self.tracer, self.index, Domain.DST))
             raise DSLError(f"{_owner(self.tracer)}: the first num_dst_nodes() rows of "
                            f"{domain.article} value are not destination nodes", user_loc())
         return super().__getitem__(key)
@@ -247,69 +247,70 @@ def _is_dst_rows(key) -> bool:
             and isinstance(key.stop, RowCount) and key.stop.symbol == Domain.DST.rows)
 
 
-def _to_dst(tracer: Tracer, index: int, memo: dict | None = None) -> int:
-    """The value ``index`` (node code on source rows) computed on the destination rows:
-    its instructions replayed from the destination rows of the same inputs."""
-    memo = {} if memo is None else memo
-    if index in memo:
-        return memo[index]
-    b = tracer.builder
-    v = b.values[index]
-    if v.type.domain in (Domain.DST, Domain.PARAM):
-        return index
-    if v.type.domain is not Domain.SRC:
-        raise DSLError(f"{_owner(tracer)}: {v.type.domain.article} value cannot be read per "
-                       f"destination node", v.loc)
-    if v.op is Op.INPUT:
-        if v.attr["name"] == "out_degree":
-            raise DSLError(f"{_owner(tracer)}: the destination rows of g.out_degrees() are not "
-                           f"an input sarc has (use in_degrees() per destination)", v.loc)
-        out = b.leaf(Op.INPUT, v.attr["name"], v.type.with_(domain=Domain.DST), v.loc)
-    elif v.op in (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.SCATTER_SRC, Op.DST_TO_SRC):
-        raise DSLError(f"{_owner(tracer)}: a source value computed from the graph's edges "
-                       f"cannot be replayed per destination node", v.loc)
-    else:
-        out = b.add(v.op, [_to_dst(tracer, i, memo) for i in v.inputs], v.attr, v.loc)
-    memo[index] = out
-    getattr(tracer, "src_of", {}).setdefault(out, index)
-    return out
+_EDGE_MADE = (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.EDGE_SOFTMAX, Op.SCATTER_SRC,
+              Op.DST_TO_SRC)
+"""Ops whose result was computed from the graph's edges: node code made from one has no
+form on the other side's rows."""
 
 
-def _to_src(tracer: Tracer, index: int, what: str) -> int:
-    """The destination value ``index`` computed on the source rows: the value it was replayed
-    from, or its node code replayed from the source rows of the same inputs. What the edges
-    computed per destination node (``update_all``'s result) has no source form in one sarc
-    layer: reading it back per source node is a second round of message passing."""
-    memo = tracer.src_of
+@dataclass(frozen=True)
+class _Side:
+    """What replaying node code onto one side's rows needs to say: the rows' name, the
+    degree input that side does not have, and why a value made from edges cannot cross."""
+
+    name: str
+    missing_degree: str
+    no_degree: str
+    from_edges: str
+
+
+_SIDES = {
+    Domain.DST: _Side(
+        "destination", "out_degree",
+        "{what} is computed from g.out_degrees() and read per destination node; sarc has the "
+        "out-degrees of source nodes and the in-degrees of destination nodes (use "
+        "in_degrees() per destination)",
+        "{what} is a source value computed from the graph's edges and read per destination "
+        "node: it cannot be replayed on the destination rows"),
+    Domain.SRC: _Side(
+        "source", "in_degree",
+        "{what} is computed from g.in_degrees() and read per source node (as a message's "
+        "source side, or by an operation with a source value); sarc has the in-degrees of "
+        "destination nodes and the out-degrees of source nodes, not the in-degrees of source "
+        "nodes",
+        "{what} holds what message passing computed per destination node (an update_all's "
+        "result) and is read per source node (by a message's source side, edges.src or "
+        "g.srcdata): a second round of message passing inside one module, which one sarc "
+        "layer does not compute; split the module into one layer per round"),
+}
+
+
+def _replay(tracer: "_DGLTracer", index: int, to: Domain, what: str = "the value") -> int:
+    """The node value ``index`` on the rows of side ``to`` (``Domain.SRC`` / ``DST``): the
+    value it was replayed from, or its instructions replayed from ``to``'s rows of the same
+    inputs. DGL keeps one tensor per node for both sides; sarc has a value per side, and
+    each value has one form per side (``tracer.src_of`` / ``dst_of``, both directions)."""
+    memo, back = ((tracer.dst_of, tracer.src_of) if to is Domain.DST
+                  else (tracer.src_of, tracer.dst_of))
     if index in memo:
         return memo[index]
-    b = tracer.builder
+    b, side = tracer.builder, _SIDES[to]
     v = b.values[index]
-    if v.type.domain in (Domain.SRC, Domain.PARAM):
+    if v.type.domain in (to, Domain.PARAM):
         return index
-    if v.type.domain is not Domain.DST:
+    if v.type.domain not in _SIDES:
         raise DSLError(f"{_owner(tracer)}: {what} is {v.type.domain.article} value, read per "
-                       f"source node", user_loc())
+                       f"{side.name} node", user_loc())
+    if v.op is Op.INPUT and v.attr["name"] == side.missing_degree:
+        raise DSLError(f"{_owner(tracer)}: {side.no_degree.format(what=what)}", user_loc())
+    if v.op in _EDGE_MADE:
+        raise DSLError(f"{_owner(tracer)}: {side.from_edges.format(what=what)}", user_loc())
     if v.op is Op.INPUT:
-        if v.attr["name"] == "in_degree":
-            raise DSLError(f"{_owner(tracer)}: {what} is computed from g.in_degrees() and read "
-                           f"per source node (as a message's source side, or by an operation "
-                           f"with a source value); sarc has the in-degrees of destination nodes "
-                           f"and the out-degrees of source nodes, not the in-degrees of source "
-                           f"nodes", user_loc())
-        out = b.leaf(Op.INPUT, v.attr["name"], v.type.with_(domain=Domain.SRC), v.loc)
-    elif v.op in (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.EDGE_SOFTMAX, Op.SCATTER_SRC,
-                  Op.DST_TO_SRC):
-        raise DSLError(f"{_owner(tracer)}: {what} holds what message passing computed per "
-                       f"destination node (an update_all's result) and is read per source "
-                       f"node (by a message's source side, edges.src or g.srcdata): a second "
-                       f"round of message passing inside one module, which one sarc layer "
-                       f"does not compute; split the module into one layer per round",
-                       user_loc())
+        out = b.leaf(Op.INPUT, v.attr["name"], v.type.with_(domain=to), v.loc)
     else:
-        out = b.add(v.op, [_to_src(tracer, i, what) for i in v.inputs], v.attr, v.loc)
+        out = b.add(v.op, [_replay(tracer, i, to, what) for i in v.inputs], v.attr, v.loc)
     memo[index] = out
-    tracer.dst_of.setdefault(out, index)
+    back.setdefault(out, index)
     return out
 
 
@@ -386,7 +387,7 @@ class _Frame(MutableMapping):
 def _as_dst(graph: "ProxyGraph", value: Proxy) -> Proxy:
     """A node value read per destination node (a source value's replay on the dst rows)."""
     if value.type.domain is Domain.SRC:
-        return _DGLProxy(graph.tracer, _to_dst(graph.tracer, value.index, graph.tracer.dst_of))
+        return _DGLProxy(graph.tracer, _replay(graph.tracer, value.index, Domain.DST))
     return value
 
 
@@ -396,7 +397,7 @@ def _as_src(graph: "ProxyGraph", value: Proxy, what: str) -> Proxy:
     computed per destination node, read again as a source value (a second hop inside one
     module), is not something one sarc layer computes."""
     if value.type.domain is Domain.DST:
-        return _DGLProxy(graph.tracer, _to_src(graph.tracer, value.index, what))
+        return _DGLProxy(graph.tracer, _replay(graph.tracer, value.index, Domain.SRC, what))
     return value
 
 

@@ -302,6 +302,25 @@ def test_stock_convs_scaling_sources_by_in_degree_are_refused_by_name(make):
     assert f"{type(module).__name__}: " in text and "in-degrees of source nodes" in text, text
 
 
+class OutDegreePerDestination(nn.Module):
+    """Scales what it aggregated by the out-degrees: per destination node, which sarc
+    does not have (it has them per source node)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            return g.dstdata["h"] * g.out_degrees().float().unsqueeze(1)
+
+
+def test_out_degrees_read_per_destination_are_refused_at_the_line():
+    _refused(OutDegreePerDestination(), "g.out_degrees()", "per destination node")
+
+
 class OwnModule(nn.Module):
     def __init__(self):
         super().__init__()
