@@ -689,11 +689,11 @@ class ProxyGraph:
             return value
         tracer = self.tracer
         degree = self.in_degrees()
-        one = tracer.const(1.0, value)
-        has_edges = one - (one - degree).relu()   # 1 where in-degree >= 1, else 0
         if value.type.feat:
-            has_edges = tracer.emit(Op.RESHAPE, [has_edges], {"feat": (1,) * len(value.type.feat)})
-        return tracer.emit(Op.MUL, [value, has_edges])
+            degree = tracer.emit(Op.RESHAPE, [degree], {"feat": (1,) * len(value.type.feat)})
+        # a select, not a product with a 0/1 mask: an inf or NaN the UDF makes from an empty
+        # mailbox is not there to multiply
+        return tracer.emit(Op.WHERE_POS, [degree, value, tracer.const(0.0, value)])
 
 
 def _is_dgl_builtin(func) -> bool:

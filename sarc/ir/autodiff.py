@@ -235,6 +235,18 @@ def _vjp_elu(bw, v, y, ct, needs):
     return (bw.emit(Op.WHERE_POS, [x, ct, neg]),)
 
 
+def _vjp_where_pos(bw, v, y, ct, needs):
+    """y = a where c > 0 else b: the cotangent goes to the operand each row took (where, not
+    a product with a 0/1 mask, so an inf or NaN the other operand holds never reaches it);
+    c is piecewise constant."""
+    c, _, _ = v.inputs
+    _, ta, tb = _operand_types(bw, v)
+    zero = bw.const(0.0, ct)
+    return (None,
+            bw.unbroadcast(bw.emit(Op.WHERE_POS, [c, ct, zero]), ta) if needs[1] else None,
+            bw.unbroadcast(bw.emit(Op.WHERE_POS, [c, zero, ct]), tb) if needs[2] else None)
+
+
 def _vjp_dropout(bw, v, y, ct, needs):
     # the same mask (same key, same call seed) applied to the cotangent
     return (bw.emit(Op.DROPOUT, [ct], p=v.attr["p"], key=v.attr["key"]),)
@@ -341,6 +353,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.LEAKY_RELU: _vjp_leaky_relu,
     Op.ELU: _vjp_elu,
     Op.DROPOUT: _vjp_dropout,
+    Op.WHERE_POS: _vjp_where_pos,
     Op.ADD: _vjp_add,
     Op.SUB: _vjp_sub,
     Op.MUL: _vjp_mul,
@@ -375,7 +388,6 @@ NOT_DIFFERENTIABLE: dict[Op, str] = {
     Op.TYPED_OUTER: _BACKWARD_ONLY,
     Op.INDEX_ADD: _BACKWARD_ONLY,
     Op.TRANSPOSE: _BACKWARD_ONLY,
-    Op.WHERE_POS: _BACKWARD_ONLY,
     Op.EXPAND: _BACKWARD_ONLY,
 }
 

@@ -68,6 +68,26 @@ def _gin_mlp():
     return nn.Sequential(nn.Linear(IN, 8), nn.ReLU(), nn.Linear(8, 4))
 
 
+class MaskedReduce(nn.Module):
+    """A reduce UDF that reads node data and makes -inf and inf from an empty mailbox: DGL
+    calls it on the nodes with in-edges only and gives the others 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+        self.bias = nn.Parameter(torch.zeros(4))
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            h = self.lin(feat)
+            g.srcdata["h"] = h
+            g.dstdata["h0"] = h[:g.num_dst_nodes()]
+            g.update_all(fn.copy_u("h", "m"), lambda nodes: {
+                "o": torch.log(nodes.mailbox["m"].sum(1) ** 2) + nodes.data["h0"] * self.bias,
+                "r": 1.0 / nodes.mailbox["m"].max(1).values})
+            return g.dstdata["o"] + g.dstdata["r"]
+
+
 # (id, module factory, edge inputs, self loops needed)
 CASES = [
     ("graphconv-both", lambda: GraphConv(IN, 4), (), True),
@@ -95,6 +115,7 @@ CASES = [
      ("etypes",), False),
     ("relgraph-no-self-loop", lambda: RelGraphConv(IN, 4, R, self_loop=False), ("etypes",), False),
     ("edgeconv", lambda: EdgeConv(IN, 4), (), True),
+    ("reduce-udf-masked", MaskedReduce, (), False),
 ]
 
 EDGE_DECL = {"edge_weight": (), "etypes": sarc.INDEX, "norm": (1,)}
@@ -225,7 +246,8 @@ def test_edge_softmax_imported_by_a_users_module_is_sarcs():
 
 DIST_CASES = [("graphconv-both", 2), ("graphconv-both", 3), ("gat-heads", 2), ("gat-heads", 3),
               ("sage-mean", 2), ("sage-pool", 2), ("gatv2", 2), ("gin-sum", 2), ("relgraph", 2),
-              ("relgraph-basis", 2), ("edgeconv", 2), ("graphconv-edge-weight", 2)]
+              ("relgraph-basis", 2), ("edgeconv", 2), ("graphconv-edge-weight", 2),
+              ("reduce-udf-masked", 3)]
 
 
 def _dist_worker(rank, port, queue, parts_dir, name, state, world, patched=False):

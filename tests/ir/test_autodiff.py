@@ -692,3 +692,39 @@ def test_ir_autodiff_without_gradients_runs_the_forward_only():
     assert out.grad_fn is None
     with pytest.raises(ValueError, match="unknown autodiff"):
         layer.set_autodiff("jax")
+
+
+# --- a select in the forward ------------------------------------------------------------
+
+def test_where_pos_sends_the_cotangent_to_the_operand_each_row_took():
+    """``where_pos(c, a, b)`` (the DGL front end masks a reduce UDF's result with it): the
+    cotangent reaches ``a`` where c > 0 and ``b`` elsewhere, with ``c`` [N, 1] and a
+    parameter ``b`` broadcast; an inf in the operand not taken never reaches the output."""
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3]), 5)
+    b = Builder("select")
+    x = b.leaf(Op.INPUT, "x", TensorType(Domain.DST, DType.F64, (3,)))
+    c = b.leaf(Op.INPUT, "c", TensorType(Domain.DST, DType.F64, (1,)))
+    d = b.leaf(Op.INPUT, "d", TensorType(Domain.DST, DType.F64, (3,)))
+    w = b.leaf(Op.PARAM, "w", TensorType(Domain.PARAM, DType.F64, (3,)))
+    a = b.add(Op.TANH, [b.add(Op.MUL, [x, w])])
+    other = b.add(Op.ADD, [b.add(Op.NEG, [x]), w])
+    y = b.add(Op.WHERE_POS, [c, a, other])
+    scalar = TensorType(Domain.PARAM, DType.F64, ())
+    z = b.add(Op.WHERE_POS, [c, b.add(Op.DIV, [b.const(1.0, scalar), d]), b.const(0.0, scalar)])
+    fn = verify(b.finish([("y", y), ("z", z)]))
+    cs = torch.tensor([[1.0], [-1.0], [0.0], [2.0], [-0.5]], dtype=torch.float64)
+    ds = torch.rand(5, 3, dtype=torch.float64) + 0.5
+    ds[cs[:, 0] <= 0] = 0.0  # 1 / d is inf on the rows where z takes 0
+    inputs = {"x": torch.randn(5, 3, dtype=torch.float64, requires_grad=True), "c": cs, "d": ds}
+    params = {"w": torch.randn(3, dtype=torch.float64, requires_grad=True)}
+    out = interpreter.run(fn, g, inputs, params, training=False, seed=0)
+    taken = cs[:, 0] > 0
+    assert torch.equal(out["z"][~taken], torch.zeros(3, 3, dtype=torch.float64))
+    assert torch.equal(out["z"][taken], 1.0 / ds[taken])
+    cot = {k: torch.randn(5, 3, dtype=torch.float64) for k in out}
+    want = torch.autograd.grad((out["y"] * cot["y"]).sum(), [inputs["x"], params["w"]])
+    with torch.no_grad():
+        pg, ig = interpreter.run_backward(grad(fn, wrt_inputs=["x"]), g, inputs, params, cot,
+                                          training=False, seed=0)
+    assert_close(ig["x"], want[0], 1e-12, "grad of x")
+    assert_close(pg["w"], want[1], 1e-12, "grad of w")
