@@ -39,6 +39,12 @@ def on_missing_attribute(hook: Callable[[object, str], None]) -> None:
         _MISSING_ATTRIBUTE_HOOKS.append(hook)
 
 
+def off_missing_attribute(hook: Callable[[object, str], None]) -> None:
+    """Stop calling ``hook`` (``on_missing_attribute``'s); a hook not installed is ignored."""
+    if hook in _MISSING_ATTRIBUTE_HOOKS:
+        _MISSING_ATTRIBUTE_HOOKS.remove(hook)
+
+
 def missing_attribute(graph, name: str):
     """``__getattr__`` of the graphs layers run on: the hooks, then the AttributeError."""
     for hook in _MISSING_ATTRIBUTE_HOOKS:

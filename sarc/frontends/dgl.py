@@ -834,6 +834,21 @@ def patch() -> None:
     on_missing_attribute(_not_a_dgl_graph)
 
 
+def unpatch() -> None:
+    """Undo ``patch()``: DGL's convs run DGL's own ``forward`` again on any graph, and a
+    DGLGraph method called on a sarc graph is a plain AttributeError. Layers compiled
+    while patched stay cached on their modules, unused."""
+    import inspect
+
+    from dgl.nn.pytorch import conv
+    for name in dir(conv):
+        cls = getattr(conv, name)
+        if inspect.isclass(cls) and getattr(vars(cls).get("forward"), "_sarc_routed", False):
+            cls.forward = cls.forward.__wrapped__
+    from ..graph import off_missing_attribute
+    off_missing_attribute(_not_a_dgl_graph)
+
+
 class NotADGLGraphError(DSLError, AttributeError):
     """A module that is not one of DGL's convs used a ``DGLGraph`` method on a sarc graph."""
 

@@ -16,7 +16,7 @@ pytest.importorskip("dgl")
 
 import dgl  # noqa: E402
 import dgl.function as fn  # noqa: E402
-from dgl.nn.pytorch import GCN2Conv, SGConv, TAGConv  # noqa: E402
+from dgl.nn.pytorch import GCN2Conv, GraphConv, SGConv, TAGConv  # noqa: E402
 from torch import nn  # noqa: E402
 
 import sarc  # noqa: E402
@@ -366,3 +366,25 @@ def test_a_users_own_module_on_a_sarc_graph_points_to_from_dgl_module():
     assert not hasattr(g, "local_scope") and not hasattr(g, "no_such_attribute")
     # wrapped as the error says, it equals DGL
     _equals_dgl(OwnModule())
+
+
+def test_unpatch_gives_dgl_its_own_forward_back():
+    """``unpatch()`` undoes ``patch()``: the convs' own ``forward`` again, and a DGLGraph
+    method on a sarc graph a plain AttributeError (no hint hook left behind)."""
+    original = GraphConv.forward
+    sarc.frontends.dgl.patch()
+    try:
+        assert getattr(GraphConv.forward, "_sarc_routed", False)
+        sarc.frontends.dgl.unpatch()
+        assert not getattr(GraphConv.forward, "_sarc_routed", False)
+        assert GraphConv.forward is getattr(original, "__wrapped__", original)
+        src, dst = _edges()
+        g = sarc.Graph.from_edges(src, dst, N)
+        with pytest.raises(AttributeError) as err:
+            OwnModule()(g, torch.randn(N, IN))
+        assert not isinstance(err.value, DSLError), err.value
+        sarc.frontends.dgl.unpatch()   # twice: a no-op
+    finally:
+        sarc.frontends.dgl.patch()   # as the other tests of this process may have left it
+        if not getattr(original, "_sarc_routed", False):
+            sarc.frontends.dgl.unpatch()
