@@ -14,7 +14,8 @@ from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
 from .options import (add_device_arguments, add_embedding_arguments, add_mode_arguments,
                       add_sampling_arguments, check_backend, check_input_dir, check_mode_arguments,
-                      check_run_options, minibatch_config, parse_bytes, parse_device)
+                      check_run_options, minibatch_config, parse_bytes, parse_device,
+                      UsageError)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,7 +38,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds any collective or exchange may wait for a peer (default 120)")
     p.add_argument("--json", metavar="PATH", help="rank 0 writes the result as JSON to PATH")
-    p.add_argument("--dataset", help="the dataset's name, recorded in checkpoints and --save files")
+    p.add_argument("--dataset", help="the dataset's name, recorded in checkpoints and --save "
+                   "files (default: the one the partition set records); a set that records "
+                   "another refuses it")
     add_checkpoint_arguments(p)
 
 
@@ -59,6 +62,23 @@ def check_worker_args(args) -> None:
     from ..partition.source import is_dgl_partition
     if not is_dgl_partition(args.partition):  # a DGL config is a file, read in place
         check_input_dir("--partition", args.partition)
+        check_recorded_dataset(args)
+
+
+def check_recorded_dataset(args) -> None:
+    """``--dataset`` names what the run records; a set that records the dataset it was
+    partitioned from (``sarc partition --dataset``) refuses another name. A set without
+    one (partitioned from arrays, or from another tool's files) takes the name as given:
+    ``sarc train --partition`` checks it against the graph before starting workers."""
+    from ..partition import open_partition
+    if not args.dataset:
+        return
+    recorded = open_partition(args.partition, verify=False).dataset
+    if recorded is not None and recorded != args.dataset:
+        raise UsageError(f"--dataset {args.dataset}: --partition {args.partition} was "
+                         f"partitioned from the dataset {recorded}; the workers train on the "
+                         f"partition: leave --dataset out (the run then records {recorded}) "
+                         f"or give --dataset {recorded}")
 
 
 def worker_command(args) -> None:

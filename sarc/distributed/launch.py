@@ -106,7 +106,9 @@ def checked_dataset(args, pset) -> str | None:
                         f"graph {pset.num_nodes} nodes and {pset.num_edges} edges (graph "
                         f"{pset.fingerprint[:19]}); the workers train on the partition: leave "
                         f"--dataset out, or partition {data.name}")
-    return data.name
+    # the same graph: the workers record the name the set was partitioned under, which
+    # they check their --dataset against (``sarc.cli.worker``)
+    return pset.dataset or data.name
 
 
 def check_partition_features(args, pset, dataset: str | None, hp: dict) -> None:
@@ -138,7 +140,7 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
         node_data["ntype"] = data.ntype
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
                            method=args.method, node_data=node_data, edge_data=edge_data,
-                           seed=args.seed)
+                           seed=args.seed, dataset=data.name)
     print(f"partitioned {data.name} ({data.num_nodes} nodes, {data.num_edges} edges) into "
           f"{args.workers} parts ({args.method}): edge cut {pset.stats.edge_cut}", flush=True)
     return str(out)

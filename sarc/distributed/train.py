@@ -537,11 +537,12 @@ def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict
 
 def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:
     """The dataset a worker's run records (checkpoints, ``--save``, ``--json``): the name
-    ``sarc train`` checked against the partition, else the partitioned graph's fingerprint."""
+    ``sarc train`` checked against the partition, else the one the set records, else the
+    partitioned graph's fingerprint."""
     if cfg.dataset:
         return cfg.dataset
     pset = pset or open_partition(cfg.partition, verify=False)
-    return f"graph {pset.fingerprint}"
+    return pset.dataset or f"graph {pset.fingerprint}"
 
 
 def dataset_name(cfg: WorkerConfig) -> str:

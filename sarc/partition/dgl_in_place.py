@@ -97,6 +97,7 @@ class DglPartition:
     fingerprint = property(lambda self: self.meta["graph"]["fingerprint"])
     method = property(lambda self: self.layout.method)
     types = property(lambda self: self.meta.get("types"))
+    dataset = None   # DGL's config names the graph, not a dataset sarc loads
 
     @property
     def node_offsets(self) -> torch.Tensor:

@@ -121,6 +121,14 @@ class PartitionSet:
         return self.meta["method"]
 
     @property
+    def dataset(self) -> str | None:
+        """The name of the dataset partitioned (``partition_graph(..., dataset=)``: ``sarc
+        partition --dataset``, ``sarc train --workers P``); None where none was recorded."""
+        source = self.meta.get("source")
+        name = source.get("dataset") if isinstance(source, dict) else None
+        return name if isinstance(name, str) else None
+
+    @property
     def node_offsets(self) -> torch.Tensor:
         """[P + 1] int64: part p owns new ids node_offsets[p] .. node_offsets[p+1]-1."""
         return torch.tensor(self.meta["node_offsets"], dtype=torch.int64)

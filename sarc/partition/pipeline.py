@@ -24,7 +24,8 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
                     edge_data: Mapping[str, torch.Tensor] | None = None,
                     balance: Sequence[str] = BALANCE_MASKS, seed: int = 0,
                     overwrite: bool = False,
-                    progress: Callable[[str], None] | None = None) -> PartitionSet:
+                    progress: Callable[[str], None] | None = None,
+                    dataset: str | None = None) -> PartitionSet:
     """Partition the graph (edges ``src[i] -> dst[i]``) into ``num_parts`` and write it to ``out``.
 
     ``node_data`` (``[N, ...]`` each) and ``edge_data`` (``[E, ...]``) are in
@@ -32,7 +33,9 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     the bool node masks in ``node_data`` to balance across parts (those
     present). ``progress``, where given, is called as each stage ends (the
     assignment, the relabeling, the statistics, then each part written: 3 +
-    ``num_parts`` calls) with the stage's name. Returns the written set, as
+    ``num_parts`` calls) with the stage's name. ``dataset``: the name of the dataset the
+    graph is, recorded (``source.dataset``) so that a worker given another ``--dataset``
+    refuses the set (``PartitionSet.dataset``). Returns the written set, as
     ``load_partitions(out)`` would. More parts than nodes is an error (a ``GraphError``
     before any work): those parts could own nothing; METIS may still leave a part empty.
     """
@@ -63,6 +66,7 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     return write_partitions(out, parts, relabeling=relabeling,
                             fingerprint=graph_fingerprint(src, dst, num_nodes),
                             num_edges=src.numel(), stats=stats, method=method, seed=seed,
+                            source={"dataset": dataset} if dataset else None,
                             overwrite=overwrite)
 
 

@@ -261,6 +261,22 @@ def test_dataset_other_than_the_partitioned_graph(tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
+@case("cli", "`sarc worker --dataset citeseer` (under the user's own torchrun) on a set "
+             "`sarc partition --dataset cora` wrote", "error")
+def test_worker_dataset_other_than_the_one_partitioned(tmp_path):
+    from sarc.partition import load_partitions
+    from sarc.distributed.train import WorkerConfig, recorded_dataset
+
+    parts = tmp_path / "cora_parts"
+    assert run_sarc("partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+                    "--out", parts).returncode == 0
+    assert load_partitions(parts).dataset == "cora"
+    proc = run_sarc("worker", GCN, "--partition", parts, "--dataset", "citeseer")
+    assert_error(proc, "--dataset citeseer", "partitioned from the dataset cora")
+    # without --dataset, a worker records the set's dataset, not the graph's fingerprint
+    assert recorded_dataset(WorkerConfig(partition=str(parts))) == "cora"
+
+
 @case("cli", "`--workers 2` on a featureless dataset (AIFB) without `embedding_dim`, "
              "partitioned by the run or given as `--partition`", "error")
 def test_featureless_dataset_refused_before_partitioning(tmp_path):
