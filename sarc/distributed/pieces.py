@@ -70,8 +70,11 @@ def cut_blocks(shard, chunk_rows: int | None) -> tuple[tuple[Piece, ...], ...]:
 
 def whole_blocks(shard) -> tuple[tuple[Piece, ...], ...]:
     """``[P]``: each block as one piece over every local node, without a copy (an exchange
-    that moves a peer's rows in one message, e.g. degrees at setup)."""
-    return tuple((Piece(j, 0, 0, b.num_src, b),) for j, b in enumerate(shard.blocks))
+    that moves a peer's rows in one message, e.g. degrees at setup). A peer's block of no
+    source rows has no piece, as in ``cut_blocks``: the peer sends nothing for it (``chunks``
+    of 0 rows), so a piece would wait for a message that never comes."""
+    return tuple((Piece(j, 0, 0, b.num_src, b),) if b.num_src or j == shard.rank else ()
+                 for j, b in enumerate(shard.blocks))
 
 
 def _cut(b: Graph, lo: int, hi: int) -> tuple[Graph, torch.Tensor]:

@@ -1,0 +1,97 @@
+"""``sarc train --workers P`` equals one process on graphs whose shape the exactness
+cases do not have: parts that share no edge or read from each other one way only (a
+worker with nothing to receive from a peer), and datasets that declare more classes or
+relations than their data uses (the model's sizes are the dataset's, not the data's)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sarc.loader import load_model_file
+from sarc.train import train
+from timeouts import run_or_show_stacks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dataset(path: Path, src, dst, n: int, **extra) -> Path:
+    rng = np.random.default_rng(0)
+    # node i in split i % 3: every clique balanced, so METIS (which balances the splits)
+    # parts along the cliques
+    masks = {k: np.arange(n) % 3 == i for i, k in enumerate(("train_mask", "val_mask",
+                                                             "test_mask"))}
+    np.savez(path, edge_src=np.asarray(src, np.int64), edge_dst=np.asarray(dst, np.int64),
+             feat=rng.random((n, 6)).astype(np.float32), label=rng.integers(0, 3, n),
+             num_nodes=np.int64(n), **masks, **extra)
+    return path
+
+
+def _cliques(k: int, size: int):
+    """``k`` disjoint cliques of ``size`` nodes (no self loops)."""
+    src, dst = [], []
+    for c in range(k):
+        for i in range(size):
+            for j in range(size):
+                if i != j:
+                    src.append(c * size + i)
+                    dst.append(c * size + j)
+    return src, dst
+
+
+def _one_way(tmp_path):
+    src, dst = _cliques(2, 10)
+    return _dataset(tmp_path / "one_way.npz", src + [0], dst + [10], 20), "metis"
+
+
+def _no_edges(tmp_path):
+    return _dataset(tmp_path / "no_edges.npz", [], [], 30), "random"
+
+
+def _five_cliques(tmp_path):
+    return _dataset(tmp_path / "cliques.npz", *_cliques(5, 6), 30), "metis"
+
+
+def _sarc(*argv, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *map(str, argv)], cwd=ROOT,
+                              timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def _equal_runs(tmp_path, model: str, data: Path, workers: int, method: str, *sets: str):
+    """P workers (through ``sarc partition`` + ``sarc train --partition``) and one process
+    train the same: every epoch's loss and the final parameters."""
+    parts = tmp_path / "parts"
+    _sarc("partition", "--dataset", data, "--parts", workers, "--method", method, "--out", parts)
+    out, saved = tmp_path / "p.json", tmp_path / "p.pt"
+    argv = ["--epochs", "3", "--set", "dropout=0", *(a for s in sets for a in ("--set", s))]
+    _sarc("train", ROOT / "models" / model, "--partition", parts, "--workers", workers,
+          "--timeout", "30", "--json", out, "--save", saved, *argv)
+    many = json.loads(out.read_text())
+    hp = {"dropout": 0.0, **{k: json.loads(v) for k, v in (s.split("=") for s in sets)}}
+    one = train(load_model_file(ROOT / "models" / model), str(data), epochs=3, hparams=hp,
+                log=None)
+    import torch
+    state = torch.load(saved, weights_only=True)["state_dict"]
+    mine = one["module"].state_dict()
+    assert set(state) == set(mine)
+    for k, v in mine.items():
+        assert state[k].shape == v.shape, (k, state[k].shape, v.shape)
+        assert torch.allclose(state[k], v, rtol=1e-4, atol=1e-6), k
+    assert abs(many["final_loss"] - one["final_loss"]) <= 1e-4 * max(1.0, one["final_loss"])
+    return many, one
+
+
+@pytest.mark.parametrize("make,workers", [(_one_way, 2), (_no_edges, 2), (_five_cliques, 4)],
+                         ids=["one-way", "no-edges", "five-cliques-P4"])
+def test_parts_that_read_nothing_from_a_peer(tmp_path, make, workers):
+    """GCN adds self loops on the workers, which exchange the new out-degrees: a worker
+    that reads no row of a peer waited for a message the peer never sends (a hang until
+    --timeout)."""
+    data, method = make(tmp_path)
+    _equal_runs(tmp_path, "gcn.py", data, workers, method)
