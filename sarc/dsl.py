@@ -48,8 +48,48 @@ class Feature:
     shape: tuple[int, ...] = ()
     dtype: str | None = None
 
+    def __post_init__(self):
+        # checked where it is declared: the user's line, not the layer's first call
+        loc = _declaring_line()
+        if not (isinstance(self.shape, (tuple, list))
+                and all(type(d) is int and d >= 0 for d in self.shape)):
+            raise DSLError(f"sarc.Feature shape must be a tuple of non-negative ints, got "
+                           f"{self.shape!r}", loc)
+        object.__setattr__(self, "shape", tuple(self.shape))
+        dtype = self.dtype
+        if dtype is None:
+            return
+        names = ", ".join(repr(d.value) for d in DType)
+        if isinstance(dtype, torch.dtype):
+            try:
+                dtype = DType.from_torch(dtype).value
+            except TypeError:
+                hint = (" (a mask or flag: give it as a float 0 / 1, or as int64 ids)"
+                        if dtype == torch.bool else "")
+                raise DSLError(f"sarc.Feature dtype {dtype} is not one sarc computes with; "
+                               f"dtypes are {names} (or torch.float32, torch.int64, ...)"
+                               f"{hint}", loc) from None
+        if dtype not in {d.value for d in DType}:
+            raise DSLError(f"sarc.Feature dtype {self.dtype!r} is not one sarc computes with; "
+                           f"dtypes are {names} (or torch.float32, torch.int64, ...)", loc)
+        object.__setattr__(self, "dtype", dtype)
+
     def ir_type(self, domain: Domain, precision: DType = DType.F32) -> TensorType:
         return TensorType(domain, DType(self.dtype) if self.dtype else precision, tuple(self.shape))
+
+
+def _declaring_line():
+    """The line that declared a feature: the innermost frame outside sarc, torch and the
+    standard library, and outside the code dataclasses generate (``Feature.__init__``)."""
+    import sys
+    from .trace import _is_library
+    f = sys._getframe(1)
+    while f is not None:
+        path = f.f_code.co_filename
+        if not path.startswith("<") and not _is_library(path):
+            return SourceLoc(path, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
 
 
 INDEX = Feature((), "i64")

@@ -32,7 +32,7 @@ from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
-from ..runtime.bind import BUILTINS, check_feature, resolve_features
+from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
@@ -142,6 +142,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         else:
             node_inputs[name] = check_feature(layer, name, given, t, dg.num_local,
                                               "local nodes", dg.device)
+    check_type_ids(layer, fn, {**node_inputs, **edge_inputs})  # this worker's rows
     params = {k: p for k, p in layer.leaf_tensors().items() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog

@@ -185,12 +185,20 @@ def _expand(v: Value, x: torch.Tensor) -> torch.Tensor:
 Impl = Callable[..., torch.Tensor]
 
 # Each implementation takes (value, graph, ctx, *operand tensors).
+
+def _ids_of(idx: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``idx`` where every id is a row of ``table``; torch would wrap a negative one."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
+        raise ValueError(f"type id out of range: the table has {table.shape[0]} rows, got ids "
+                         f"in [{int(idx.min())}, {int(idx.max())}]")
+    return idx
+
 IMPLS: dict[Op, Impl] = {
     Op.GATHER_SRC: lambda v, g, c, x: x[g.src],
     Op.GATHER_DST: lambda v, g, c, x: x[g.dst],
     Op.REDUCE: lambda v, g, c, x: _scatter(v.attr["kind"], x, g),
     Op.EDGE_SOFTMAX: lambda v, g, c, x: _edge_softmax(x, g),
-    Op.INDEX: lambda v, g, c, table, idx: table[idx],
+    Op.INDEX: lambda v, g, c, table, idx: table[_ids_of(idx, table)],
     Op.NEG: lambda v, g, c, x: -x,
     Op.EXP: lambda v, g, c, x: torch.exp(x),
     Op.LOG: lambda v, g, c, x: torch.log(x),
@@ -209,7 +217,8 @@ IMPLS: dict[Op, Impl] = {
     Op.DIV: lambda v, g, c, a, b: a / b,
     Op.LINEAR: lambda v, g, c, x, w: x @ w.t(),
     Op.MATMUL: lambda v, g, c, a, b: a @ b,
-    Op.TYPED_LINEAR: lambda v, g, c, x, w, idx: torch.bmm(x.unsqueeze(1), w[idx]).squeeze(1),
+    Op.TYPED_LINEAR: lambda v, g, c, x, w, idx: torch.bmm(x.unsqueeze(1),
+                                                          w[_ids_of(idx, w)]).squeeze(1),
     Op.RESHAPE: lambda v, g, c, x: _reshape(v, x),
     Op.CONCAT: lambda v, g, c, *xs: torch.cat(xs, _graph_axis(v, v.attr["axis"])),
     Op.SUM_AXIS: lambda v, g, c, x: x.sum(_graph_axis(v, v.attr["axis"])),

@@ -1,8 +1,8 @@
 """Checking and binding a layer call's tensors before any kernel runs.
 
 Every problem with the data (a missing feature, a wrong row count, a wrong
-feature shape or dtype) is a ``GraphError`` (a ``ValueError``) naming the
-feature, what was expected and what was given.
+feature shape or dtype, a type id outside the table it indexes) is a ``GraphError``
+(a ``ValueError``) naming the feature, what was expected and what was given.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 
 from ..errors import GraphError
 from ..graph import Graph, derived
-from ..ir.function import Function
+from ..ir.function import Function, Region
+from ..ir.ops import Op
 from ..ir.types import Domain
 
 BUILTINS = ("in_degree", "out_degree")
@@ -41,7 +42,67 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
         if is_edge:
             x = in_csr_order(x, g, name)
         out[name] = x
+    check_type_ids(layer, fn, out)
     return out
+
+
+_INDEXED = {Op.INDEX: (0, 1), Op.TYPED_LINEAR: (1, 2)}
+"""The ops that index a table by an integer value: op -> (table operand, index operand)."""
+
+
+def type_id_tables(fn: Function) -> dict[str, tuple[int, str]]:
+    """Integer input -> (rows of the smallest table it indexes, that table's name): the
+    range its ids must be in (``W[edge.etype]``, ``TypedLinear(x, edge.etype)``), found in
+    ``fn`` and in the regions its fused ops hold."""
+    out: dict[str, tuple[int, str]] = {}
+
+    def walk(values, outer):
+        for v in values:
+            for attr in v.attr.values():
+                if isinstance(attr, Region):
+                    walk(attr.values, (values, v, outer))
+            if v.op not in _INDEXED:
+                continue
+            t, i = _INDEXED[v.op]
+            table, index = _origin(values, v.inputs[t], outer), _origin(values, v.inputs[i], outer)
+            if index.op is not Op.INPUT or not table.type.feat:
+                continue
+            rows, name = table.type.feat[0], index.attr["name"]
+            what = f"parameter {table.attr['name']!r}" if table.op is Op.PARAM else "a table"
+            if name not in out or rows < out[name][0]:
+                out[name] = (rows, what)
+
+    walk(fn.values, None)
+    return out
+
+
+def _origin(values, j: int, outer):
+    """Value ``j`` of ``values`` seen through a region's arguments (``outer``: the values
+    holding the region, the fused op, their own outer) and through reshapes and gathers
+    (``src.ntype``, ``edge.etype.view(-1)``): an input, a parameter, or what made it."""
+    v = values[j]
+    while True:
+        if v.op is Op.ARG and outer is not None:
+            values, fused, outer = outer
+            v = values[fused.inputs[v.attr["index"]]]
+        elif v.op in (Op.RESHAPE, Op.GATHER_SRC, Op.GATHER_DST):
+            v = values[v.inputs[0]]
+        else:
+            return v
+
+
+def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> None:
+    """Every id of an integer input indexes the tables it is used with: an id out of range
+    would read another type's weights (a negative one wraps in torch) or past the table."""
+    for name, (rows, table) in type_id_tables(fn).items():
+        x = inputs.get(name)
+        if x is None or not x.numel():
+            continue
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= rows:
+            raise GraphError(f"{type(layer).__name__}: feature {name!r} holds type ids in "
+                             f"[{lo}, {hi}], but it indexes {table} of {rows} rows (ids 0.."
+                             f"{rows - 1})")
 
 
 def in_csr_order(x: torch.Tensor, g: Graph, name: str) -> torch.Tensor:

@@ -476,6 +476,66 @@ def test_bad_feature_declaration():
         sarc.Layer(node={"h": "wide"})
 
 
+def test_feature_dtypes_are_checked_where_declared():
+    """A torch dtype names the same dtype as its string; one sarc does not compute with (a
+    bool mask, int32) or a misspelled name is refused at the declaring line, not at the
+    layer's first call."""
+    assert sarc.Feature((), torch.int64) == sarc.INDEX
+    assert sarc.Feature((3,), torch.float16) == sarc.Feature((3,), "f16")
+    expect_dsl_error(lambda: sarc.Feature((), torch.bool),  # ERR:bool-feature
+                     "bool-feature", "torch.bool is not one sarc computes with", "'i64'",
+                     "float 0 / 1")
+    expect_dsl_error(lambda: sarc.Feature((), "float"),  # ERR:named-dtype
+                     "named-dtype", "dtype 'float'", "'f32'")
+    expect_dsl_error(lambda: sarc.Feature((-1,)),  # ERR:feature-shape
+                     "feature-shape", "non-negative ints")
+
+
+class TableByType(sarc.Layer):
+    """W[edge.etype] beside TypedLinear(src.h, edge.etype): both index tables of 3 types."""
+
+    def __init__(self, typed: bool):
+        super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX})
+        self.typed = typed
+        self.lin = sarc.TypedLinear(4, 3, 3) if typed else nn.Linear(4, 3)
+        self.bias = nn.Parameter(torch.randn(3, 3))
+
+    def message(self, src, dst, edge):
+        h = self.lin(src.h, edge.etype) if self.typed else self.lin(src.h)
+        return {"m": h + self.bias[edge.etype]}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["table", "typed-linear"])
+@pytest.mark.parametrize("ids", [[0, -1, 2, 1, 0], [0, 3, 2, 1, 0]], ids=["minus-one", "num-types"])
+@pytest.mark.parametrize("backend", ["interpreter", "torch", "triton"])
+def test_type_ids_outside_the_table_are_refused(backend, ids, typed):
+    """An id outside 0..R-1 is an error naming the feature and the table on every backend
+    (torch would wrap -1 to the last type; a Triton kernel would read past the table)."""
+    from difftest import reference
+    layer, g = TableByType(typed), graph()
+    feats = {"h": torch.randn(4, 4), "etype": torch.tensor(ids)}
+    with pytest.raises(sarc.GraphError, match=r"TableByType: feature 'etype' holds type ids in "
+                       r"\[-?\d, \d\], but it indexes parameter '[\w.]+' of 3 rows \(ids 0..2\)"):
+        if backend == "interpreter":
+            reference(layer, g, feats)
+        else:
+            layer.set_backend(backend)
+            layer(g, **feats)
+
+
+def test_the_interpreter_refuses_ids_outside_the_table():
+    """The oracle itself: a negative id is not wrapped to the last row."""
+    from sarc.ir import interpreter
+    layer, g = TableByType(False), graph()
+    fn = layer.trace()
+    inputs = {"h": torch.randn(4, 4), "etype": torch.tensor([0, -1, 2, 1, 0])}
+    with pytest.raises(ValueError, match=r"type id out of range: the table has 3 rows"):
+        interpreter.run(fn, g, inputs, layer.leaf_tensors(), False)
+
+
 def test_library_code_is_never_the_users_line():
     """numpy's, the standard library's and installed packages' frames are skipped when the
     user's line is looked for; the user's own file is not."""
