@@ -101,6 +101,15 @@ class Dataset:
     def has_features(self) -> bool:
         return self.num_features > 0
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """What the model is built for besides its features: the classes, and the edge and
+        node types where the graph has them, as declared (a class or a relation no node or
+        edge uses still has its output and weights); a partition set records them."""
+        return {"num_classes": self.num_classes,
+                **({"num_etypes": self.num_etypes} if self.etype is not None else {}),
+                **({"num_ntypes": self.num_ntypes} if self.ntype is not None else {})}
+
     def __repr__(self) -> str:
         rel = f", num_etypes={self.num_etypes}" if self.etype is not None else ""
         rel += f", num_ntypes={self.num_ntypes}" if self.ntype is not None else ""

@@ -96,6 +96,7 @@ def partition_command(args) -> int:
         pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
                                node_data=node_data, edge_data=edge_data, seed=seed,
                                overwrite=args.overwrite, dataset=None if args.graph else name,
+                               sizes=None if args.graph else ds.sizes,
                                progress=(lambda stage: bar.advance(1, stage)) if bar.shown else None)
     print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
           f"({method}, seed {seed})")

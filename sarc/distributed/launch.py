@@ -140,7 +140,7 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
         node_data["ntype"] = data.ntype
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
                            method=args.method, node_data=node_data, edge_data=edge_data,
-                           seed=args.seed, dataset=data.name)
+                           seed=args.seed, dataset=data.name, sizes=data.sizes)
     print(f"partitioned {data.name} ({data.num_nodes} nodes, {data.num_edges} edges) into "
           f"{args.workers} parts ({args.method}): edge cut {pset.stats.edge_cut}", flush=True)
     return str(out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -84,8 +85,12 @@ class WorkerData:
                                    masks={k: m.to(device) for k, m in self.masks.items()})
 
 
-def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData:
-    """Features, labels and masks of the shard's nodes, with the global counts (collective)."""
+def prepare_worker(shard: ShardedGraph, hparams: dict, group=None,
+                   sizes: Mapping[str, int] | None = None) -> WorkerData:
+    """Features, labels and masks of the shard's nodes, with the global counts (collective).
+    ``sizes``: the classes and types the partitioned dataset declares (``PartitionSet.sizes``),
+    which the model is built for as on one process; where the set records none, the largest
+    label and type ids over all workers + 1."""
     nd = shard.ndata
     for k in ("label", "train_mask", "val_mask", "test_mask"):
         if k not in nd:
@@ -107,6 +112,9 @@ def prepare_worker(shard: ShardedGraph, hparams: dict, group=None) -> WorkerData
                          dtype=torch.int64, device=dev)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
     counts = dict(zip(("train", "val", "test"), local.cpu().tolist()))
-    return WorkerData(x, label, masks, counts, int(x.shape[1]), int(maxes[0]) + 1,
-                      int(maxes[1]) + 1 if etype else 0,
-                      int(maxes[2]) + 1 if ntype is not None else 0)
+    declared = sizes or {}
+    seen = [int(m) + 1 for m in maxes.cpu().tolist()]
+    return WorkerData(x, label, masks, counts, int(x.shape[1]),
+                      max(declared.get("num_classes", 0), seen[0]),
+                      max(declared.get("num_etypes", 0), seen[1]) if etype else 0,
+                      max(declared.get("num_ntypes", 0), seen[2]) if ntype is not None else 0)

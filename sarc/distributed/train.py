@@ -413,7 +413,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group)
     counter = ByteCounter()
-    data = prepare_worker(shard, hp, group).to(device)  # prepared on the CPU, moved once
+    sizes = open_partition(cfg.partition, verify=False).sizes  # the dataset's classes, types
+    data = prepare_worker(shard, hp, group, sizes).to(device)  # prepared on the CPU, moved once
     shard = shard.to(device)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,

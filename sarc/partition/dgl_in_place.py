@@ -98,6 +98,7 @@ class DglPartition:
     method = property(lambda self: self.layout.method)
     types = property(lambda self: self.meta.get("types"))
     dataset = None   # DGL's config names the graph, not a dataset sarc loads
+    sizes = property(lambda self: {})  # nor its classes: the workers count them
 
     @property
     def node_offsets(self) -> torch.Tensor:

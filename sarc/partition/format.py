@@ -50,6 +50,7 @@ def part_file_name(p: int) -> str:
 def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fingerprint: str,
                      num_edges: int, stats: PartitionStats, method: str, seed: int | None,
                      source: dict | None = None, types: dict | None = None,
+                     sizes: Mapping[str, int] | None = None,
                      overwrite: bool = False) -> "PartitionSet":
     """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``.
 
@@ -82,6 +83,7 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
             "method": method, "seed": None if seed is None else int(seed),
             **({"source": source} if source else {}),
             **({"types": types} if types else {}),
+            **({"sizes": {k: int(v) for k, v in sizes.items()}} if sizes else {}),
             "num_parts": relabeling.num_parts,
             "node_offsets": relabeling.offsets.tolist(),
             **schema,
@@ -127,6 +129,12 @@ class PartitionSet:
         source = self.meta.get("source")
         name = source.get("dataset") if isinstance(source, dict) else None
         return name if isinstance(name, str) else None
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The dataset's declared classes and types (``partition_graph(..., sizes=)``); empty
+        where none were recorded (the workers then count them from the data)."""
+        return dict(self.meta.get("sizes") or {})
 
     @property
     def node_offsets(self) -> torch.Tensor:
@@ -215,7 +223,8 @@ _META_SCHEMA = {"graph": "object", "graph.fingerprint": "str", "graph.num_nodes"
                 "node_offsets": "counts", "parts": "list", "stats": "object",
                 "stats.num_edges": "count", "stats.edge_cut": "count", "stats.counts": "object",
                 "node_data": "object?", "edge_data": "object?", "source": "object?",
-                "types": "object?"}
+                "types": "object?", "sizes": "object?", "sizes.num_classes": "count?",
+                "sizes.num_etypes": "count?", "sizes.num_ntypes": "count?"}
 _PART_SCHEMA = {"file": "str", "sha256": "sha256", "nodes": "range", "num_edges": "count?",
                 "bytes": "count?"}
 

@@ -25,7 +25,8 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
                     balance: Sequence[str] = BALANCE_MASKS, seed: int = 0,
                     overwrite: bool = False,
                     progress: Callable[[str], None] | None = None,
-                    dataset: str | None = None) -> PartitionSet:
+                    dataset: str | None = None,
+                    sizes: Mapping[str, int] | None = None) -> PartitionSet:
     """Partition the graph (edges ``src[i] -> dst[i]``) into ``num_parts`` and write it to ``out``.
 
     ``node_data`` (``[N, ...]`` each) and ``edge_data`` (``[E, ...]``) are in
@@ -35,7 +36,9 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     assignment, the relabeling, the statistics, then each part written: 3 +
     ``num_parts`` calls) with the stage's name. ``dataset``: the name of the dataset the
     graph is, recorded (``source.dataset``) so that a worker given another ``--dataset``
-    refuses the set (``PartitionSet.dataset``). Returns the written set, as
+    refuses the set (``PartitionSet.dataset``); ``sizes``: its ``Dataset.sizes`` (the
+    declared classes and types), recorded so that the workers build the model one process
+    builds (``PartitionSet.sizes``), not one sized by the largest label or type. Returns the written set, as
     ``load_partitions(out)`` would. More parts than nodes is an error (a ``GraphError``
     before any work): those parts could own nothing; METIS may still leave a part empty.
     """
@@ -67,6 +70,7 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
                             fingerprint=graph_fingerprint(src, dst, num_nodes),
                             num_edges=src.numel(), stats=stats, method=method, seed=seed,
                             source={"dataset": dataset} if dataset else None,
+                            sizes=sizes,
                             overwrite=overwrite)
 
 

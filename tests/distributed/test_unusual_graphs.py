@@ -95,3 +95,21 @@ def test_parts_that_read_nothing_from_a_peer(tmp_path, make, workers):
     --timeout)."""
     data, method = make(tmp_path)
     _equal_runs(tmp_path, "gcn.py", data, workers, method)
+
+
+def test_classes_the_labels_do_not_use(tmp_path):
+    """A dataset declaring 5 classes whose labels use 0..2: P workers build the 5-class
+    model one process builds (they counted the largest label + 1)."""
+    src, dst = _cliques(3, 6)
+    data = _dataset(tmp_path / "classes.npz", src, dst, 18, num_classes=np.int64(5))
+    many, one = _equal_runs(tmp_path, "sage.py", data, 2, "random")
+    assert one["module"].state_dict()["conv2.lin_neigh.weight"].shape[0] == 5
+
+
+def test_relations_no_edge_has(tmp_path):
+    """A relational dataset declaring 4 edge types whose edges use 0..2 (R-GCN): the
+    workers build 4 relations' weights, as one process does."""
+    src, dst = _cliques(3, 6)
+    etype = np.arange(len(src)) % 3
+    data = _dataset(tmp_path / "rel.npz", src, dst, 18, etype=etype, num_etypes=np.int64(4))
+    _equal_runs(tmp_path, "rgcn.py", data, 3, "random")
