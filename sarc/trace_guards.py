@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .errors import DSLError, SourceLoc
+from .errors import DSLError, SarcError, SourceLoc
 from .trace import (TRAINING, _has_proxy, _is_core_library, _is_library, _is_sarc, _torch_name,
                     traced_code, user_loc)
 
@@ -155,8 +155,9 @@ def tracing(modules: Iterable[torch.nn.Module]):
     """While a layer is traced: ``module.training`` of ``modules`` reads ``TRAINING``,
     random draws outside sarc's dropout are refused at the user's line, the files of the
     modules' classes are the user's code (``sarc.trace.traced_code``), and a call that
-    Python refuses (a TypeError from the user's call, see ``_raised_by_a_call_at``) is a
-    DSLError at the user's line."""
+    Python refuses, or an error the user's own code raises (a TypeError from the user's
+    call, an AttributeError or NameError from a misspelt name; see ``_raised_by_a_call_at``),
+    is a DSLError at the user's line."""
     modules = list(modules)
     modes = [m.training for m in modules]
     traced = _traced_modules(modules)
@@ -168,11 +169,14 @@ def tracing(modules: Iterable[torch.nn.Module]):
                 _RefuseTorchRandomness():
             try:
                 yield
-            except TypeError as e:
+            except SarcError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the user's code failing as Python
                 loc = _raised_by_a_call_at(e)
                 if loc is None:
                     raise
-                raise DSLError(str(e), loc) from None
+                what = "" if isinstance(e, TypeError) else f"{type(e).__name__}: "
+                raise DSLError(f"{what}{e}", loc) from None
     finally:
         for m, mode in zip(modules, modes):
             m.training = mode

@@ -391,6 +391,28 @@ class SizeMethod(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class MisspeltDSLFunction(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.meen(msg.m)  # ERR:misspelt
+
+
+class UndefinedName(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h * scale  # noqa: F821  # ERR:undefined
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 CASES = [
     (MixInReduce, "mix-reduce", [r"cannot combine a dst value \[N_dst, 3\] with an edge value \[E, 3\]",
                                  "without a gather"]),
@@ -431,6 +453,8 @@ CASES = [
                                r"sarc\.Feature\(shape, dtype\)"]),
     (SizeMethod, "size", [r"Tensor\.size is not supported", r"use x\.shape",
                           r"x\.shape\[0\] the row count"]),
+    (MisspeltDSLFunction, "misspelt", ["AttributeError", "meen"]),
+    (UndefinedName, "undefined", ["NameError", "'scale' is not defined"]),
 ]
 
 

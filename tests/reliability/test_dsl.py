@@ -185,3 +185,47 @@ def test_training_mode_is_restored_after_tracing(training):
     with pytest.raises(sarc.DSLError):
         layer.trace()
     assert all(m.training is training for m in layer.modules())
+
+
+MISSPELT_MODEL = """\
+import sarc
+from torch import nn
+
+
+class Mean(sarc.Layer):
+    def __init__(self, in_feats, out_feats):
+        super().__init__(node={"h": in_feats})
+        self.lin = nn.Linear(in_feats, out_feats)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return sarc.meen(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, in_feats, num_classes):
+        super().__init__()
+        self.conv = Mean(in_feats, num_classes)
+
+    def forward(self, g, x):
+        return self.conv(g, x)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+"""
+
+
+@case("dsl", "a misspelt name in reduce (`sarc.meen`), through `sarc compile` and `sarc train`",
+      "error-at-line")
+@pytest.mark.parametrize("command", ["compile", "train"])
+def test_a_python_error_in_the_users_function_is_one_line_at_its_line(tmp_path, command):
+    from .harness import assert_error, run_sarc
+    model = tmp_path / "misspelt.py"
+    model.write_text(MISSPELT_MODEL)
+    argv = ["--out", tmp_path / "out"] if command == "compile" else ["--epochs", "1"]
+    proc = run_sarc(command, model, *argv)
+    assert_error(proc, "misspelt.py:14 (in reduce)", "AttributeError", "meen")
+    assert not (tmp_path / "out").exists()
