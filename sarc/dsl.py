@@ -379,7 +379,13 @@ class Layer(nn.Module):
             raise GraphError(f"a sarc layer runs on a sarc.Graph, got {type(g).__name__} (build "
                              f"one with sarc.Graph.from_edges or sarc.interop; a worker's shard "
                              f"is a sarc.distributed.DistGraph)")
-        return run(self, args, feats)
+        try:
+            return run(self, args, feats)
+        except GraphError as e:
+            if e.layer is not None:  # a layer called inside this one's call said where
+                raise
+            # which of the model's layers, called at which line, was given the wrong data
+            raise e.at_call(type(self).__name__, user_loc()) from None
 
     def run_local(self, g, args: tuple, feats: dict):
         """The layer's compiled kernel on the block ``g`` (a ``Graph``)."""

@@ -39,7 +39,23 @@ class DSLError(SarcError):
 
 
 class GraphError(SarcError, ValueError):
-    """A graph or its data is malformed (ids out of range, row counts off)."""
+    """A graph or its data is malformed (ids out of range, row counts off).
+
+    ``layer`` and ``loc``: the layer whose call found it and the user's line that called
+    it (``Layer.forward`` adds them: a model of several layers says which one)."""
+
+    def __init__(self, message: str, layer: str | None = None, loc: SourceLoc | None = None):
+        self.problem, self.layer, self.loc = message, layer, loc
+        text = message if layer is None else f"calling {layer}: {message}"
+        if loc is not None:
+            where = f"{loc}" + (f" (in {loc.func})" if loc.func else "")
+            code = loc.source_line()
+            text = f"{where}: {text}" + (f"\n    {code}" if code else "")
+        super().__init__(text)
+
+    def at_call(self, layer: str, loc: SourceLoc | None) -> "GraphError":
+        """This error as found by the call of ``layer`` at the user's line ``loc``."""
+        return type(self)(self.problem, layer, loc)
 
 
 class PartitionError(SarcError, ValueError):

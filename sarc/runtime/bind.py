@@ -100,7 +100,7 @@ def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> N
             continue
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= rows:
-            raise GraphError(f"{type(layer).__name__}: feature {name!r} holds type ids in "
+            raise GraphError(f"feature {name!r} holds type ids in "
                              f"[{lo}, {hi}], but it indexes {table} of {rows} rows (ids 0.."
                              f"{rows - 1})")
 

@@ -541,7 +541,7 @@ def test_type_ids_outside_the_table_are_refused(backend, ids, typed):
     from difftest import reference
     layer, g = TableByType(typed), graph()
     feats = {"h": torch.randn(4, 4), "etype": torch.tensor(ids)}
-    with pytest.raises(sarc.GraphError, match=r"TableByType: feature 'etype' holds type ids in "
+    with pytest.raises(sarc.GraphError, match=r"feature 'etype' holds type ids in "
                        r"\[-?\d, \d\], but it indexes parameter '[\w.]+' of 3 rows \(ids 0..2\)"):
         if backend == "interpreter":
             reference(layer, g, feats)
@@ -708,6 +708,31 @@ def test_wrong_edge_row_count(rgcn):
 def test_wrong_feature_width(gcn):
     with pytest.raises(sarc.GraphError, match=r"feature 'h' has per-row shape \[5\], declared \[3\]"):
         gcn(graph(), torch.randn(4, 5))
+
+
+class TwoLayers(nn.Module):
+    """The second layer declared one feature wider than the first makes."""
+
+    def __init__(self):
+        super().__init__()
+        from gcn import GCNLayer
+        self.first, self.second = GCNLayer(3, 4), GCNLayer(5, 2)
+
+    def forward(self, g, x):
+        return self.second(g, self.first(g, x))  # ERR:second-layer
+
+
+def test_a_data_error_names_the_layer_and_the_line_that_called_it():
+    """In a model of several layers, which one was given the wrong data, and where."""
+    model = TwoLayers()
+    with pytest.raises(sarc.GraphError) as info:
+        model(graph(), torch.randn(4, 3))
+    err = info.value
+    assert err.layer == "GCNLayer" and err.loc is not None and err.loc.line == line_of("second-layer")
+    text = str(err)
+    assert f"test_errors.py:{line_of('second-layer')} (in forward): calling GCNLayer: feature " \
+           f"'h' has per-row shape [4], declared [5]" in text, text
+    assert SOURCE[line_of("second-layer") - 1].strip() in text
 
 
 def test_missing_feature(rgcn):
