@@ -7,7 +7,8 @@
 
 Without ``--partition`` the dataset is partitioned first (``--method``, METIS
 by default) into a temporary directory; with it, a ``--dataset`` must be the graph the set
-holds (its fingerprint), since the workers train on the set and record that name. Then torchrun (``sarc.distributed.agent``,
+holds (its fingerprint) with the node data it holds (their digests, where recorded), since
+the workers train on the set and record that name. Then torchrun (``sarc.distributed.agent``,
 ``--nproc-per-node P``) starts the workers (``sarc.cli.worker``) with a
 rendezvous on 127.0.0.1 at ``--master-port`` or a free port: gloo with ``--device
 cpu``, NCCL with ``--device cuda`` (each worker on the GPU of its local rank).
@@ -85,9 +86,11 @@ def load_run_dataset(args, name: str):
 
 def checked_dataset(args, pset) -> str | None:
     """The name of ``--dataset`` where it is the graph the partition set ``pset`` (of
-    ``--partition``) holds, the same edges over the same nodes (its recorded fingerprint);
-    None without ``--dataset``. The workers train on the partition and record this name,
-    so a dataset that is another graph is refused rather than recorded."""
+    ``--partition``) holds, the same edges over the same nodes (its recorded fingerprint),
+    with the same features, labels and splits where the set records their digests
+    (``check_node_data``); None without ``--dataset``. The workers train on the partition
+    and record this name, so a dataset that is another graph, or the graph with other node
+    data, is refused rather than recorded."""
     from ..partition import graph_fingerprint
     if not args.dataset:
         return None
@@ -106,9 +109,42 @@ def checked_dataset(args, pset) -> str | None:
                         f"graph {pset.num_nodes} nodes and {pset.num_edges} edges (graph "
                         f"{pset.fingerprint[:19]}); the workers train on the partition: leave "
                         f"--dataset out, or partition {data.name}")
+    check_node_data(args, pset, data)
     # the same graph: the workers record the name the set was partitioned under, which
     # they check their --dataset against (``sarc.cli.worker``)
     return pset.dataset or data.name
+
+
+_NODE_DATA_KINDS = (("features", ("feat",)), ("labels", ("label",)),
+                    ("splits", ("train_mask", "val_mask", "test_mask")))
+"""The node data a partition set records digests of, by what a user calls them."""
+
+
+def check_node_data(args, pset, data) -> None:
+    """Refuse ``data`` (``--dataset``, the graph of ``pset``) where its features, labels or
+    splits are not those partitioned: compared by the digests the set records (one pass
+    over each array); a set without them (an older sarc's, a DGL or PyG conversion) is
+    checked by its graph alone."""
+    from ..partition.fingerprint import node_data_digests
+    recorded = pset.node_digests
+    if not recorded:
+        return
+    arrays = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
+              "val_mask": data.val_mask, "test_mask": data.test_mask}
+    mine = node_data_digests(arrays, keys=recorded)
+    differ = {k for k, digest in recorded.items() if mine.get(k, digest) != digest}
+    kinds = [kind for kind, keys in _NODE_DATA_KINDS if differ & set(keys)]
+    if not kinds:
+        return
+    splits = [k.removesuffix("_mask") for k in ("train_mask", "val_mask", "test_mask")
+              if k in differ]
+    what = ", ".join(f"{kind} ({', '.join(splits)})" if kind == "splits" else kind
+                     for kind in kinds)
+    raise DistError(f"--dataset {args.dataset} has the graph partitioned in --partition "
+                    f"{args.partition} but other node data: its {what} differ from those "
+                    f"partitioned{f' (from {pset.dataset})' if pset.dataset else ''}; the "
+                    f"workers train on the partition's data: leave --dataset out, or "
+                    f"partition {data.name}")
 
 
 def check_partition_features(args, pset, dataset: str | None, hp: dict) -> None:

@@ -2,6 +2,7 @@
 
     DIR/metadata.json    format and version, the graph's fingerprint, the method
                          (and, for a converted DGL / PyG partition, its source),
+                         the digests of its node data (``node_digests``),
                          num_parts, node_offsets (part p owns new ids
                          node_offsets[p] .. node_offsets[p+1]-1), the node and edge
                          data (dtype, per-row shape), the stats (edge cut, per-part
@@ -51,13 +52,15 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
                      num_edges: int, stats: PartitionStats, method: str, seed: int | None,
                      source: dict | None = None, types: dict | None = None,
                      sizes: Mapping[str, int] | None = None,
+                     node_digests: Mapping[str, str] | None = None,
                      overwrite: bool = False) -> "PartitionSet":
     """Write ``parts`` (``relabeling.num_parts`` of them, in order) as a partition set at ``path``.
 
     ``seed`` is None where the partitioner's seed is unknown (a converted
     foreign set); ``source``, where given, records where a converted partition
     came from (its format and path) and is stored as is; so is ``types``, a
-    heterogeneous graph's types (``foreign.types_record``).
+    heterogeneous graph's types (``foreign.types_record``); ``node_digests``, the
+    digests of the node data in the original order (``node_data_digests``).
     """
     path = Path(path)
     entries = []
@@ -84,6 +87,7 @@ def write_partitions(path, parts: Iterable[Part], *, relabeling: Relabeling, fin
             **({"source": source} if source else {}),
             **({"types": types} if types else {}),
             **({"sizes": {k: int(v) for k, v in sizes.items()}} if sizes else {}),
+            **({"node_digests": dict(node_digests)} if node_digests else {}),
             "num_parts": relabeling.num_parts,
             "node_offsets": relabeling.offsets.tolist(),
             **schema,
@@ -135,6 +139,13 @@ class PartitionSet:
         """The dataset's declared classes and types (``partition_graph(..., sizes=)``); empty
         where none were recorded (the workers then count them from the data)."""
         return dict(self.meta.get("sizes") or {})
+
+    @property
+    def node_digests(self) -> dict[str, str]:
+        """The digests of the node data partitioned, in the original order (features,
+        labels, splits: ``node_data_digests``); empty where none were recorded (a set of an
+        older sarc, or converted from DGL or PyG)."""
+        return dict(self.meta.get("node_digests") or {})
 
     @property
     def node_offsets(self) -> torch.Tensor:
@@ -224,7 +235,10 @@ _META_SCHEMA = {"graph": "object", "graph.fingerprint": "str", "graph.num_nodes"
                 "stats.num_edges": "count", "stats.edge_cut": "count", "stats.counts": "object",
                 "node_data": "object?", "edge_data": "object?", "source": "object?",
                 "types": "object?", "sizes": "object?", "sizes.num_classes": "count?",
-                "sizes.num_etypes": "count?", "sizes.num_ntypes": "count?"}
+                "sizes.num_etypes": "count?", "sizes.num_ntypes": "count?",
+                "node_digests": "object?", "node_digests.feat": "str?",
+                "node_digests.label": "str?", "node_digests.train_mask": "str?",
+                "node_digests.val_mask": "str?", "node_digests.test_mask": "str?"}
 _PART_SCHEMA = {"file": "str", "sha256": "sha256", "nodes": "range", "num_edges": "count?",
                 "bytes": "count?"}
 

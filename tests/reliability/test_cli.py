@@ -300,3 +300,33 @@ def test_partition_more_parts_than_nodes(tmp_path):
     refused_before_work(run_sarc("partition", "--dataset", "cora", "--parts", "5000",
                                  "--out", out), "5000 parts", "2708 nodes")
     assert not out.exists()
+
+
+@case("cli", "`--workers 2 --partition DIR --dataset B.npz` where B has the edges DIR was "
+             "partitioned with but other features, labels or splits", "error")
+def test_dataset_with_the_partitioned_graph_but_other_node_data(tmp_path):
+    import numpy as np
+
+    def ring(feat_scale: float, val: bool):
+        n = 40
+        ids = np.arange(n)
+        return {"edge_src": ids, "edge_dst": (ids + 1) % n,
+                "feat": np.random.default_rng(0).random((n, 4), dtype=np.float32) * feat_scale,
+                "label": ids % 3, "train_mask": ids % 3 == 0, "val_mask": (ids % 3 == 1) & val,
+                "test_mask": ids % 3 == 2, "num_nodes": np.int64(n)}
+
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, **ring(1.0, True))
+    np.savez(b, **ring(2.0, False))  # the same edges, other features and no validation nodes
+    parts = tmp_path / "a_parts"
+    assert run_sarc("partition", "--dataset", a, "--parts", "2", "--method", "random",
+                    "--out", parts).returncode == 0
+    err = refused_before_work(run_sarc("train", ROOT / "models" / "sage.py", "--partition",
+                                       parts, "--dataset", b, "--workers", "2", "--epochs",
+                                       "1", "--save", tmp_path / "m.pt"),
+                              f"--dataset {b} has the graph partitioned in --partition "
+                              f"{parts} but other node data",
+                              "its features, splits (val) differ", "(from a)",
+                              "leave --dataset out, or partition b")
+    assert "labels" not in err
+    assert not (tmp_path / "m.pt").exists()
