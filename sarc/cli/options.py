@@ -272,11 +272,11 @@ def check_run_options(args) -> None:
 
 
 def write_result(path: str, result: dict) -> None:
-    """A run's ``--json`` report: its result without the trained module."""
-    import json
+    """A run's ``--json`` report: its result without the trained module, strict JSON (a
+    metric without a value is ``null``: ``sarc.training.loop.result_json``)."""
+    from ..training.loop import result_json
     with open(path, "w") as f:
-        json.dump({k: v for k, v in result.items() if k != "module"}, f, indent=2)
-        f.write("\n")
+        f.write(result_json(result))
 
 
 def add_device_arguments(p, group=None) -> None:

@@ -15,7 +15,6 @@ gradient of the embedding rows, and through them of the parameters, is exact.
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -172,5 +171,6 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
-        write_atomic(Path(cfg.json_path), json.dumps(result, indent=2) + "\n")
+        from ..training.loop import result_json
+        write_atomic(Path(cfg.json_path), result_json(result))
     return {**result, "module": model}

@@ -25,7 +25,6 @@ stop with its message, instead of some waiting for the others forever.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import resource
 from dataclasses import dataclass
@@ -47,7 +46,8 @@ from ..train import ModelSelection, TrainError, hyperparameters, output_check
 from ..sampling import Comm
 from ..training.device import placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
-from ..training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
+from ..training.loop import (Batch, FullBatch, epoch_line, fit, result_json, save_selected,
+                             timings)
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
 from .embedding import Embedding
@@ -524,7 +524,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
         from ..backends.codegen import write_atomic
-        write_atomic(Path(cfg.json_path), json.dumps(result, indent=2, default=repr) + "\n")
+        write_atomic(Path(cfg.json_path), result_json(result))
     return {**result, "module": model}
 
 

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -318,6 +319,31 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
     return Outcome(epoch, loss, acc, elapsed, tuple(step_s), tuple(eval_s))
+
+
+def result_json(result: dict) -> str:
+    """A run's ``--json`` report as strict JSON text: its result without the trained
+    module, a metric without a value (the accuracy of an empty split, a loss that is
+    not finite: NaN or infinite) as ``null``, which every JSON parser reads (Python's
+    ``json`` would write ``NaN``, which is not JSON); anything else not JSON as its
+    ``repr``."""
+    import json
+    body = {k: v for k, v in result.items() if k != "module"}
+    return json.dumps(_finite_or_null(body), indent=2, default=repr, allow_nan=False) + "\n"
+
+
+def _finite_or_null(value):
+    if isinstance(value, np.generic):  # a numpy scalar: its Python value
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        return _finite_or_null(value.item())
+    return value
 
 
 def timings(out: Outcome) -> dict[str, list[float]]:
