@@ -285,6 +285,7 @@ for _op, _fns in {
     Op.RELU: (torch.relu, torch.Tensor.relu),
     Op.SIGMOID: (torch.sigmoid, torch.Tensor.sigmoid),
     Op.TANH: (torch.tanh, torch.Tensor.tanh),
+    Op.ERF: (torch.erf, torch.special.erf, torch.Tensor.erf),
     Op.NEG: (torch.neg, torch.negative, torch.Tensor.neg, torch.Tensor.negative,
              torch.Tensor.__neg__),
 }.items():
@@ -292,6 +293,62 @@ for _op, _fns in {
 traces(F.relu)(_elementwise(Op.RELU, "inplace"))
 traces(F.sigmoid)(_elementwise(Op.SIGMOID, ""))
 traces(F.tanh)(_elementwise(Op.TANH, ""))
+
+
+# Activations composed of the ops above: every backend runs them, and autodiff gives
+# torch's own gradient formulas.
+
+@traces(F.gelu)
+def _gelu(input, approximate="none"):
+    """``0.5 x (1 + erf(x / sqrt 2))``, or with ``approximate="tanh"`` torch's tanh form."""
+    x = _traced(input, "gelu")
+    if approximate == "none":
+        return 0.5 * x * (1.0 + _emit(Op.ERF, x * (1.0 / math.sqrt(2.0))))
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + _emit(Op.TANH, inner))
+    raise DSLError(f"F.gelu: approximate must be 'none' or 'tanh', got {approximate!r}",
+                   user_loc())
+
+
+@traces(F.silu, torch.nn.functional.silu)
+def _silu(input, inplace=Fixed(False)):
+    x = _traced(input, "silu")
+    return x * _emit(Op.SIGMOID, x)
+
+
+@traces(F.softplus)
+def _softplus(input, beta=1.0, threshold=20.0):
+    """torch's ``log(1 + exp(beta x)) / beta``, and ``x`` where ``beta x > threshold``: a
+    select between the two, the log's argument capped at the threshold so that the side not
+    taken is finite too (its gradient, 0 there, never meets an inf)."""
+    x = _traced(input, "softplus")
+    beta, threshold = _number(beta, "softplus's beta"), _number(threshold, "softplus's threshold")
+    z = x * beta if beta != 1.0 else x
+    capped = -_emit(Op.CLAMP_MIN, -z, min=-threshold)  # min(z, threshold)
+    smooth = _emit(Op.LOG, 1.0 + _emit(Op.EXP, capped))
+    out = x.tracer.emit(Op.WHERE_POS, [z - threshold, z, smooth])
+    return out / beta if beta != 1.0 else out
+
+
+@traces(F.layer_norm)
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last ``normalized_shape``
+    feature axes (the biased variance, as torch)."""
+    x = _traced(input, "layer_norm")
+    shape = (normalized_shape,) if _is_int(normalized_shape) else tuple(normalized_shape)
+    feat = x.type.feat
+    if not shape or len(shape) > len(feat) or tuple(feat[len(feat) - len(shape):]) != shape:
+        raise DSLError(f"layer_norm over {list(shape)}: the value's feature shape "
+                       f"{list(feat)} does not end with it", user_loc())
+    axes = list(range(len(feat) - len(shape), len(feat)))
+    n = float(_prod(shape))
+    centered = x - _sum_axes(x, axes, True) / n
+    var = _sum_axes(centered * centered, axes, True) / n
+    out = centered * _emit(Op.POW, var + _number(eps, "layer_norm's eps"), exponent=-0.5)
+    if weight is not None:
+        out = out * weight
+    return out if bias is None else out + bias
 
 
 @traces(torch.positive, torch.Tensor.positive, torch.Tensor.__pos__)
@@ -322,11 +379,19 @@ def _clamp_min(input, min, *, out=Fixed(None)):
     return _emit(Op.CLAMP_MIN, _traced(input, "clamp_min"), min=_number(min, "clamp's min"))
 
 
+@traces(torch.clamp_max, torch.Tensor.clamp_max)
+def _clamp_max(input, max, *, out=Fixed(None)):
+    """``-clamp_min(-x, -max)``: torch's gradient too (it passes where x <= max)."""
+    x = _traced(input, "clamp_max")
+    return -_emit(Op.CLAMP_MIN, -x, min=-_number(max, "clamp's max"))
+
+
 @traces(torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip)
-def _clamp(input, min=None, max=Fixed(None), *, out=Fixed(None)):
-    if min is None:
-        raise DSLError("clamp needs min=...: sarc traces clamp(min=...) only", user_loc())
-    return _clamp_min.record(input, min)
+def _clamp(input, min=None, max=None, *, out=Fixed(None)):
+    if min is None and max is None:
+        raise DSLError("clamp needs min=... or max=...", user_loc())
+    x = input if min is None else _clamp_min.record(input, min)
+    return x if max is None else _clamp_max.record(x, max)
 
 
 @traces(torch.sum, torch.Tensor.sum)
@@ -421,6 +486,29 @@ def _unsqueeze(input, dim):
     return _emit(Op.RESHAPE, x, feat=feat)
 
 
+@traces(torch.squeeze, torch.Tensor.squeeze)
+def _squeeze(input, dim=None):
+    """The size-1 feature axes dropped (``dim``: an int or a tuple of them; an axis that is
+    not of size 1 stays, as in torch); the row axis is never one."""
+    x = _traced(input, "squeeze")
+    t = x.type
+    param = t.domain is Domain.PARAM
+    if dim is None:
+        axes = [a for a, s in enumerate(t.feat) if s == 1]
+    else:
+        dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+        axes = []
+        for d in dims:
+            if not _is_int(d):
+                raise DSLError(f"squeeze: dim must be an int, got {_kind(d)}", user_loc())
+            if not param and d in (0, -len(t.shape)):
+                continue  # the row axis: torch leaves it unless there is one row
+            axes.append(_dim_to_axis(x, d) if not param else d % max(len(t.feat), 1))
+        axes = [a for a in axes if t.feat[a] == 1]
+    feat = tuple(s for a, s in enumerate(t.feat) if a not in set(axes))
+    return x if feat == t.feat else _emit(Op.RESHAPE, x, feat=feat)
+
+
 @traces(torch.flatten, torch.Tensor.flatten)
 def _flatten(input, start_dim=0, end_dim=-1):
     x = _traced(input, "flatten")
@@ -438,8 +526,40 @@ def _flatten(input, start_dim=0, end_dim=-1):
 def _getitem(input, key):
     if isinstance(key, Proxy):
         return key.tracer.emit(Op.INDEX, [key.tracer.lift(input, key), key])
+    if isinstance(input, Proxy):
+        axes = _new_axes(input, key)
+        if axes is not None:
+            return axes
     raise DSLError("only a parameter table indexed by an int64 node or edge value "
-                   "(e.g. W[edge.etype]) is supported; slicing is not", user_loc())
+                   "(e.g. W[edge.etype]) and new axes (x[..., None], x[:, None]) are "
+                   "supported; slicing is not", user_loc())
+
+
+def _new_axes(x: Proxy, key) -> Proxy | None:
+    """``x[..., None]``, ``x[:, None, :]``: full slices, one Ellipsis and ``None`` (a new
+    axis of size 1), a reshape; None for any other key (a slice or an index)."""
+    items = key if isinstance(key, tuple) else (key,)
+    full = slice(None)
+    if not all(k is None or k is Ellipsis or (isinstance(k, slice) and k == full) for k in items) \
+            or sum(k is Ellipsis for k in items) > 1:
+        return None
+    shape = list(x.type.shape)
+    real = sum(k is not None and k is not Ellipsis for k in items)
+    if real > len(shape):
+        return None
+    if Ellipsis in items:
+        e = items.index(Ellipsis)
+        items = items[:e] + (full,) * (len(shape) - real) + items[e + 1:]
+    else:
+        items = items + (full,) * (len(shape) - real)
+    out, it = [], iter(shape)
+    for k in items:
+        out.append(1 if k is None else next(it))
+    if x.type.domain is not Domain.PARAM:
+        if items[0] is None:
+            raise DSLError("cannot insert an axis before the row axis", user_loc())
+        out = out[1:]
+    return _emit(Op.RESHAPE, x, feat=tuple(out))
 
 
 def _method(func) -> Callable:

@@ -36,7 +36,7 @@ NUM_TYPES = 3
 REDUCERS = {"sum": sarc.sum, "mean": sarc.mean, "max": sarc.max, "min": sarc.min}
 REDUCE_KINDS = (*REDUCERS, "softmax")
 UNARY = ("relu", "tanh", "sigmoid", "neg", "leaky_relu", "elu", "exp_tanh", "log_sigmoid",
-         "square", "clamp", "dropout")
+         "square", "clamp", "dropout", "gelu", "silu", "softplus", "clamp_both")
 BINARY = ("add", "sub", "mul", "div")
 
 
@@ -169,6 +169,14 @@ def _unary(name: str, x):
         return x.clamp_min(-0.5)
     if name == "dropout":      # active in training mode only
         return sarc.dropout(x, 0.3)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "silu":
+        return F.silu(x)
+    if name == "softplus":
+        return F.softplus(x, beta=1.5, threshold=2.0)
+    if name == "clamp_both":
+        return x.clamp(-0.5, 0.5)
     raise AssertionError(name)
 
 

@@ -450,6 +450,7 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.RELU: lambda v, x: f"tl.maximum({x}, 0.0)",
     Op.SIGMOID: lambda v, x: f"tl.sigmoid({x})",
     Op.TANH: lambda v, x: f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
+    Op.ERF: lambda v, x: f"tl.math.erf({x})",
     Op.POW: _pow,
     Op.CLAMP_MIN: lambda v, x: f"tl.maximum({x}, {_const(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, x: f"tl.where({x} > 0, {x}, {x} * {_const(v.attr['slope'])})",

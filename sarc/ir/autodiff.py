@@ -37,6 +37,7 @@ backward is the same dropout (same ``key``, same seed) of the cotangent.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable, Sequence
 
 from ..errors import DSLError
@@ -208,6 +209,14 @@ def _vjp_tanh(bw, v, y, ct, needs):
     return (bw.mul(ct, bw.emit(Op.SUB, [bw.const(1.0, y), bw.mul(y, y)])),)
 
 
+def _vjp_erf(bw, v, y, ct, needs):
+    # d erf(x) = 2 / sqrt(pi) * exp(-x^2)
+    x = v.inputs[0]
+    d = bw.mul(bw.const(2.0 / math.sqrt(math.pi), x),
+               bw.emit(Op.EXP, [bw.emit(Op.NEG, [bw.mul(x, x)])]))
+    return (bw.mul(ct, d),)
+
+
 def _vjp_pow(bw, v, y, ct, needs):
     e = v.attr["exponent"]
     if e == 0.0:
@@ -348,6 +357,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.RELU: _vjp_relu,
     Op.SIGMOID: _vjp_sigmoid,
     Op.TANH: _vjp_tanh,
+    Op.ERF: _vjp_erf,
     Op.POW: _vjp_pow,
     Op.CLAMP_MIN: _vjp_clamp_min,
     Op.LEAKY_RELU: _vjp_leaky_relu,

@@ -36,6 +36,7 @@ class Op(enum.Enum):
     RELU = "relu"
     SIGMOID = "sigmoid"
     TANH = "tanh"
+    ERF = "erf"                # the error function (GELU's)
     POW = "pow"                # attrs: exponent
     CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
     LEAKY_RELU = "leaky_relu"  # attrs: slope
@@ -77,7 +78,7 @@ class Op(enum.Enum):
     EXPAND = "expand"              # attrs: feat        broadcast size-1 / missing leading axes
 
 
-UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH,
+UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})

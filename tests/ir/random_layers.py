@@ -5,8 +5,9 @@ traced, a graph (a full graph or a block: nodes without in-edges, self loops,
 multi-edges) and its features. A recipe composes, across the edge and the dst
 domain:
 
-- unary math (relu, sigmoid, tanh, leaky_relu, elu, neg, clamp_min, pow, exp,
-  log, rsqrt), each kept finite on any input (exp of a tanh, log of 1.5 + tanh);
+- unary math (relu, sigmoid, tanh, leaky_relu, elu, neg, clamp_min, clamp, pow, exp,
+  log, rsqrt, gelu, silu, softplus), each kept finite on any input (exp of a tanh, log of
+  1.5 + tanh);
 - binary math between values of one shape, and with parameters of every shape
   that broadcasts (per feature, ``[1, ...]`` over the row axis, per last axis,
   scalar), the parameter on either side, some through param-domain math;
@@ -47,6 +48,11 @@ UNARY = {
     "exp": lambda x: torch.exp(torch.tanh(x)),
     "log": lambda x: torch.log(1.5 + torch.tanh(x)),
     "rsqrt": lambda x: (1.0 + x * x).rsqrt(),
+    "gelu": lambda x: F.gelu(x),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": lambda x: F.silu(x),
+    "softplus": lambda x: F.softplus(x, beta=2.0, threshold=1.0),
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
 }
 BINARY = {
     "add": lambda a, b: a + b,

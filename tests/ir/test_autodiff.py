@@ -287,6 +287,7 @@ ROUNDING_RULES = {
     Op.RELU: _elementwise(0), Op.CLAMP_MIN: _elementwise(0), Op.LEAKY_RELU: _elementwise(1),
     Op.EXP: _elementwise(ELEMENTARY_ROUNDING), Op.LOG: _elementwise(ELEMENTARY_ROUNDING),
     Op.SIGMOID: _elementwise(ELEMENTARY_ROUNDING), Op.TANH: _elementwise(ELEMENTARY_ROUNDING),
+    Op.ERF: _elementwise(ELEMENTARY_ROUNDING),
     Op.POW: _elementwise(ELEMENTARY_ROUNDING), Op.ELU: _elementwise(ELEMENTARY_ROUNDING),
     Op.REDUCE: _reduce_bound,
     Op.EDGE_SOFTMAX: _edge_softmax_bound,
