@@ -155,7 +155,7 @@ class UnsupportedFunctional(sarc.Layer):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return F.gelu(src.h)  # ERR:functional
+        return F.hardswish(src.h)  # ERR:functional
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -424,7 +424,7 @@ CASES = [
     (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
     (UnsupportedTorch, "torch-fn", ["torch function torch.sin is not supported"]),
-    (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.gelu is not supported"]),
+    (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.hardswish is not supported"]),
     (UnsupportedMethod, "method", ["Tensor.softmax is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
     (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),
