@@ -192,6 +192,17 @@ def test_convs_that_pair_x_equal_pyg(name):
     check_both_paths(conv, in_channels=D)
 
 
+@pytest.mark.parametrize("edge_dim", [0, 3])
+def test_cgconv_with_its_softplus_equals_pyg(edge_dim):
+    """CGConv's message gates a softplus: traced (F.softplus), with and without edge
+    features."""
+    conv = pyg.CGConv(D, dim=edge_dim)
+    randomize_zeros(conv)
+    edge = torch.randn(graph().shape[1], edge_dim) if edge_dim else None
+    options = {"in_channels": D, **({"edge_dim": edge_dim} if edge_dim else {})}
+    check_both_paths(conv, edge, **options)
+
+
 # --- 2. dropout after propagate is traced ----------------------------------------------------------
 
 class DropAfter(MessagePassing):
