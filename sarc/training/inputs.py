@@ -48,10 +48,17 @@ def check_self_loops(edge_data: Iterable[str], graph: str) -> None:
 
 def node_features(feat: torch.Tensor, hparams: dict[str, Any]) -> torch.Tensor:
     """The nodes' input rows: ``feat`` as a float32 matrix, each row divided by its sum
-    when ``norm_features`` asks (a graph without features has ``[N, 0]``)."""
+    when ``norm_features`` asks (a graph without features has ``[N, 0]``). That is for
+    non-negative features (word counts, as Cora's): a row of mixed signs can sum to about
+    0, and dividing by it would blow the row up, so negative features are refused."""
     x = feat if feat.dim() == 2 else feat.reshape(feat.shape[0], -1)
     x = x.to(torch.float32)
     if hparams["norm_features"] and x.shape[1] > 0:
+        if bool((x < 0).any()):
+            raise TrainError(f"norm_features divides each node's features by their sum, which "
+                             f"is for non-negative features (counts), and these have negative "
+                             f"values (as low as {float(x.min()):.4g}); set norm_features=False "
+                             f"(--set norm_features=False, or in HPARAMS)")
         x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
     return x
 

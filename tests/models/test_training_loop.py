@@ -198,3 +198,17 @@ def test_eval_every_below_one_is_a_usage_error(tmp_path):
                            "--dataset", "cora", "--eval-every", "0"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "--eval-every" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_norm_features_refuses_negative_features():
+    """Dividing a row by its sum is for non-negative features: a row of mixed signs sums to
+    about 0 and would blow up (a loss of 1e11), so it is an error saying what to set."""
+    from sarc.training.inputs import TrainError, node_features
+    x = torch.tensor([[1.0, -0.999], [0.5, 0.5]])
+    with pytest.raises(TrainError, match=r"negative values \(as low as -0.999\); set "
+                                         r"norm_features=False"):
+        node_features(x, {"norm_features": True})
+    assert torch.equal(node_features(x, {"norm_features": False}), x)
+    counts = torch.tensor([[2.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    assert torch.equal(node_features(counts, {"norm_features": True}),
+                       torch.tensor([[0.5, 0.0, 0.5], [0.0, 0.0, 0.0]]))
