@@ -148,6 +148,22 @@ def partition_fingerprint(pset) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+def _training_differences(saved: str | None, now: str | None) -> list[str]:
+    """How two runs' mini-batch modes differ (``MiniBatchConfig.recorded``'s ``training``
+    field; a full-batch run records none): the mode, else the options that differ."""
+    def fields(text):
+        return dict(re.findall(r"(\w+)=(.*?)(?=, \w+=|$)", text)) if text else {"mode": "full"}
+    a, b = fields(saved), fields(now)
+    if a == b:
+        return []
+    if a.get("mode") != b.get("mode"):
+        return [f"the mode differs (--mode {a.get('mode')} in the checkpoint, --mode "
+                f"{b.get('mode')} now)"]
+    diff = [f"{k}: {a.get(k)} in the checkpoint, {b.get(k)} now"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [f"the --mode {b.get('mode')} options differ ({'; '.join(diff)})"]
+
+
 def run_differences(saved: dict, now: dict) -> list[str]:
     """How the run that wrote a checkpoint differs from this one, one phrase per field."""
     out = []
@@ -157,9 +173,11 @@ def run_differences(saved: dict, now: dict) -> list[str]:
                    f"{now['model_sha256'][:12]})")
     if saved.get("hparams") != now["hparams"]:
         a, b = json.loads(saved.get("hparams") or "{}"), json.loads(now["hparams"])
+        out += _training_differences(a.pop("training", None), b.pop("training", None))
         diff = [f"{k}: {a.get(k, '(unset)')!r} in the checkpoint, {b.get(k, '(unset)')!r} now"
                 for k in sorted(set(a) | set(b)) if a.get(k, KeyError) != b.get(k, KeyError)]
-        out.append(f"hyperparameters differ ({'; '.join(diff)})")
+        if diff:
+            out.append(f"hyperparameters differ ({'; '.join(diff)})")
     if saved.get("seed") != now["seed"]:
         out.append(f"the seed differs ({saved.get('seed')} in the checkpoint, {now['seed']} now)")
     if saved.get("graph") != now["graph"]:
