@@ -29,14 +29,16 @@ def check_link_args(args, spec) -> None:
 
 
 def link_command(args, spec, data) -> int:
-    """``sarc train --task link`` on one process: train, print the result, write --json."""
+    """``sarc train --task link`` on one process: train, print the result (the log's last
+    line; with --quiet the only line), write --json."""
     result = train_links(spec, data, epochs=args.epochs, seed=args.seed,
                          hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
                          log_every=args.log_every, eval_every=args.eval_every, device=args.device, backend=args.backend)
-    hits = " ".join(f"hits@{k} {result[f'test_hits@{k}']:.4f}" for k in HITS_AT)
-    print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link prediction): "
-          f"test mrr {result['test_mrr']:.4f} {hits} (val mrr {result['val_mrr']:.4f}, epoch "
-          f"{result['best_epoch']} of {result['epochs']})")
+    if args.quiet:  # otherwise the run's log ends with it (``selected epoch ...``)
+        hits = " ".join(f"hits@{k} {result[f'test_hits@{k}']:.4f}" for k in HITS_AT)
+        print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link "
+              f"prediction): test mrr {result['test_mrr']:.4f} {hits} (val mrr "
+              f"{result['val_mrr']:.4f}, epoch {result['best_epoch']} of {result['epochs']})")
     if args.json:
         write_result(args.json, result)
     return 0
