@@ -39,6 +39,7 @@ from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
 from .sampling import Comm
 from .training.device import placed
 from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
+from .training.progress import plural
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                  local_blocks, whole_graph_shard)
 
@@ -353,7 +354,8 @@ class ModelSelection:
         self.stale = state["stale"]
 
     def stop_message(self, epoch: int) -> str:
-        return f"early stop at epoch {epoch}: {self.stale} epochs without a better val acc or loss"
+        return (f"early stop at epoch {epoch}: {plural(self.stale, 'epoch')} without a better "
+                f"val acc or loss")
 
     def restore(self, model: nn.Module, epochs: int, seconds: float) -> str:
         """Load the selected epoch's weights into ``model``; returns the summary line."""
@@ -361,7 +363,7 @@ class ModelSelection:
         model.load_state_dict(best["state"])
         how = "best validation accuracy" if self.has_val else "last epoch, no validation set"
         return (f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
-                f"test {best['test_acc']:.4f} | {epochs} epochs in {seconds:.1f} s")
+                f"test {best['test_acc']:.4f} | {plural(epochs, 'epoch')} in {seconds:.1f} s")
 
 
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,
@@ -413,7 +415,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     source, line = FullBatch(full, counts), epoch_line
     if minibatch is not None:
         source = minibatch_source(data, prep, hp, model, minibatch, seed, full, counts)
-        say(f"{minibatch.mode} mode: {source.seeds.steps} steps per epoch, fanouts "
+        say(f"{minibatch.mode} mode: {plural(source.seeds.steps, 'step')} per epoch, fanouts "
             f"{', '.join(map(str, source.spec.fanouts))}")
         line = source.epoch_line
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), checkpoint=checkpoint,

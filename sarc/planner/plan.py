@@ -501,7 +501,8 @@ def _minibatch_lines(plan: Plan) -> list[str]:
         return [f"  minibatch: {seeds} seeds / step over all workers{fan}; block sizes depend on the seeds: "
                 f"symbolic (N_src, N_dst, E, B of each layer's block; --partition measures them)"]
     return [f"  minibatch: {seeds} seeds / step over all workers{fan}; block sizes from "
-            f"{len(plan.sample.batches)} sampled batches (mean / max over batches and workers), "
+            f"{len(plan.sample.batches)} sampled batch{'es' * (len(plan.sample.batches) != 1)} "
+            f"(mean / max over batches and workers), "
             f"each layer planned for its largest"]
 
 

@@ -47,6 +47,7 @@ from ..sampling.negative import NEGATIVE_SAMPLERS, eval_negatives, train_negativ
 from .inputs import EmbeddingInput, TrainError, optimizer
 from .loop import epoch_line, timings
 from .loop import Batch, Reduction, forward
+from .progress import plural
 
 HITS_AT = (10, 50, 100)
 """The K of the Hits@K evaluation reports."""
@@ -283,15 +284,16 @@ def link_selection(patience: int | None):
             return stop
 
         def stop_message(self, epoch: int) -> str:
-            return f"early stop at epoch {epoch}: {self.stale} epochs without a better val mrr"
+            return (f"early stop at epoch {epoch}: {plural(self.stale, 'epoch')} without a "
+                    f"better val mrr")
 
         def restore(self, model, epochs: int, seconds: float) -> str:
             model.load_state_dict(self.best["state"])
             m = self.best["metrics"]
             hits = " ".join(f"hits@{k} {m[f'test_hits@{k}']:.4f}" for k in HITS_AT)
             return (f"selected epoch {self.best['epoch']} (best validation MRR): val mrr "
-                    f"{m['val_mrr']:.4f} test mrr {m['test_mrr']:.4f} {hits} | {epochs} "
-                    f"epochs in {seconds:.1f} s")
+                    f"{m['val_mrr']:.4f} test mrr {m['test_mrr']:.4f} {hits} | "
+                    f"{plural(epochs, 'epoch')} in {seconds:.1f} s")
 
     return LinkSelection(True, patience)
 

@@ -1,4 +1,5 @@
-"""Progress bars of long runs (``sarc train``'s epochs and steps, ``sarc partition``'s stages).
+"""Progress bars of long runs (``sarc train``'s epochs and steps, ``sarc partition``'s stages),
+and ``plural``, the counts their lines print.
 
 A bar is drawn with tqdm on stderr when stderr is a terminal; in pipes, logs and tests,
 or where tqdm is not installed, it is a ``Bar`` that draws nothing, so what a command
@@ -38,6 +39,12 @@ class Bar:
             with bar.external_write_mode(file=bar.fp):
                 log(text)
         return write
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the noun for it, as the lines of a run print counts: ``1 step``, ``2 steps``
+    (``many``: the plural where it is not ``one`` + s)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 @contextlib.contextmanager
