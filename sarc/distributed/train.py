@@ -48,6 +48,7 @@ from ..training.device import placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
 from ..training.loop import (Batch, FullBatch, epoch_line, fit, result_json, save_selected,
                              timings)
+from ..training.progress import plural
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
 from .embedding import Embedding
@@ -471,7 +472,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                                 rows=ShardRows(data.x, data.label, data.masks["train"]),
                                 evaluation=full, counts=data.counts, graphs_of=blocks,
                                 edge_names=tuple(edge_inputs), counter=counter)
-        say(f"{cfg.minibatch.mode} mode: {source.seeds.steps} steps per epoch, fanouts "
+        say(f"{cfg.minibatch.mode} mode: {plural(source.seeds.steps, 'step')} per epoch, fanouts "
             f"{', '.join(map(str, source.spec.fanouts))}")
 
         def line(*progress) -> str:
