@@ -25,7 +25,7 @@ from typing import Any, Callable
 from .. import names
 from ..errors import SarcError
 from ..loader import parse_overrides
-from .options import UsageError, attach_values
+from .options import ArgumentParser, UsageError, attach_values
 
 
 def _train_parser(subparsers):
@@ -54,8 +54,8 @@ SUBCOMMANDS: tuple[Callable[[Any], Any], ...] = (_train_parser, _compile_parser,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sarc", description="sarc: a compiler for "
-                                     "distributed training of graph neural networks")
+    parser = ArgumentParser(prog="sarc", description="sarc: a compiler for "
+                            "distributed training of graph neural networks")
     from ..version import __version__
     parser.add_argument("--version", action="version", version=f"sarc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -16,6 +16,25 @@ class UsageError(SarcError):
     """A command-line argument that cannot be honoured."""
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors (a value not among an option's choices, an unknown
+    option, a missing argument, a value of the wrong type) are one line, ``PROG: error:
+    ...``, with exit status 2, as sarc's own checks report them (``sarc COMMAND --help``
+    shows the usage). Its subcommands' parsers are of this class too."""
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            name = (max(action.option_strings, key=len) if action.option_strings
+                    else action.metavar or action.dest)
+            raise argparse.ArgumentError(None, f"{name} must be one of "
+                                               f"{', '.join(map(str, action.choices))}, "
+                                               f"got {value!r}")
+
+    def error(self, message: str):
+        message = message[len("argument "):] if message.startswith("argument ") else message
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
 SEED_LIMIT = 2**31
 """Seeds are 0 .. 2**31 - 1: what every seeded library here (torch, numpy, METIS) accepts."""
 

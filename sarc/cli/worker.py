@@ -12,10 +12,10 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (add_device_arguments, add_embedding_arguments, add_mode_arguments,
-                      add_sampling_arguments, check_backend, check_input_dir, check_mode_arguments,
-                      check_run_options, minibatch_config, parse_bytes, parse_device,
-                      UsageError)
+from .options import (ArgumentParser, add_device_arguments, add_embedding_arguments,
+                      add_mode_arguments, add_sampling_arguments, check_backend, check_input_dir,
+                      check_mode_arguments, check_run_options, minibatch_config, parse_bytes,
+                      parse_device, UsageError)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,8 +115,8 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> None:
     from ..distributed.worker import enter
 
-    p = argparse.ArgumentParser(prog="python -m sarc.cli.worker",
-                                description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m sarc.cli.worker",
+                       description=__doc__.split("\n\n")[0])
     add_worker_arguments(p)
     args = p.parse_args(argv)
     enter(lambda: run(args))
