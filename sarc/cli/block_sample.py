@@ -110,19 +110,37 @@ def run_threads(size: int, work) -> list:
     return results
 
 
-def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int,
+def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int | None,
                   batches: int, mask: str = "train_mask", epoch: int = 0) -> BlockSample:
     """The block statistics of the first ``batches`` steps of ``epoch`` (fewer if the epoch
     has fewer) on the P workers' ``shards`` (rank order; ``ShardedGraph.from_partitions``):
-    the training steps' seeds, ``batch_size`` per step over all workers from the nodes of
-    ``mask``, sampled per ``spec`` (``SamplingSpec.mfg``: every in-edge)."""
+    the training steps' seeds, ``batch_size`` per step over all workers (None: all of them
+    in one step, as ``sarc train`` by default) from the labeled nodes of ``mask``, sampled
+    per ``spec`` (``SamplingSpec.mfg``: every in-edge)."""
+    return sample_epoch(shards, spec, batch_size=batch_size, batches=batches, mask=mask,
+                        epoch=epoch)[0]
+
+
+def sample_epoch(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int | None,
+                 batches: int, mask: str = "train_mask",
+                 epoch: int = 0) -> tuple[BlockSample, int]:
+    """``sample_blocks``'s sample, and the steps of the whole epoch (more than the sample's
+    batches where ``batches`` cut it short, fewer where the epoch has fewer). The sample's
+    ``batch_size`` is the one the steps took (``batch_size``, or every seed)."""
     p = len(shards)
     config = MiniBatchConfig("mfg", batch_size=batch_size)  # the seeds: the same in each mode
+    taken: list = [None, None]
 
     def work(rank: int, comm: ThreadComm) -> list:
-        train = shards[rank].ndata[mask]
+        nd = shards[rank].ndata
+        train = nd[mask].to(torch.bool)
+        if nd.get("label") is not None and nd["label"].dim() == 1:
+            # a label < 0 is none: the trainer's seeds are labeled nodes (labeled_masks)
+            train = train & (nd["label"] >= 0)
         loader = SeedBatches(shards[rank], train, config, spec.seed, comm)
         sampler = NeighbourSampler(shards[rank], spec, comm)
+        if rank == 0:
+            taken[:] = [loader.batch_size, loader.steps]
         out = []
         for step, (seeds, _) in enumerate(loader.epoch(epoch)):
             if step == batches:
@@ -135,6 +153,7 @@ def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size:
 
     measured = run_threads(p, work)[0]
     if not measured:
-        raise SamplingError(f"no seed nodes in {mask!r}: the sample has no batch to measure")
+        raise SamplingError(f"no labeled seed nodes in {mask!r}: the sample has no batch to "
+                            f"measure")
     fanouts = None if all(f == -1 for f in spec.fanouts) else spec.fanouts
-    return BlockSample(tuple(measured), batch_size, fanouts)
+    return BlockSample(tuple(measured), taken[0], fanouts), taken[1]

@@ -8,8 +8,10 @@ artifacts the user asks for (``--emit``) to ``--out`` (see ``sarc.artifacts``
 for the files).
 
 With ``--mode mfg`` or ``--mode sampling`` and ``--partition``, each layer is planned
-on its own blocks: ``--batches`` minibatches of ``--batch-size`` seeds (per step over all
-workers, as ``sarc train`` deals them) are drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
+on its own blocks: the first ``--batches`` steps of an epoch (fewer where an epoch has
+fewer; the output says so), each of ``--batch-size`` seeds over all workers as ``sarc
+train`` deals them (default, as ``sarc train``: all training seeds, one step per epoch),
+are drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
 sampling; ``sarc.cli.block_sample``), and the plan prints per layer the blocks' sizes
 and the bytes a step sends and keeps (mean / max over the batches). Without
 ``--partition`` the block sizes stay symbols.
@@ -25,11 +27,11 @@ from ..atomic import check_target
 from ..compiler import BACKENDS
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
-from .options import (UsageError, add_mode_arguments, at_least, check_mode_arguments,
-                      check_output_dir, parse_bytes)
+from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
+                      check_mode_arguments, check_output_dir, parse_bytes, plural)
 
-DEFAULT_BATCH_SIZE = 1024
 DEFAULT_BATCHES = 8
+DEFAULT_EMIT = ",".join(EMITS)
 
 
 def add_compile_parser(sub) -> None:
@@ -37,24 +39,32 @@ def add_compile_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the model file (defines build_model and HPARAMS)")
     add_mode_arguments(p)
-    p.add_argument("--backend", choices=BACKENDS, default="torch")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--backend", choices=BACKENDS, default="torch",
+                   help="the kernels every sarc layer is compiled to: torch (default) or triton")
+    p.add_argument("--workers", type=int, default=1, metavar="P",
+                   help="the workers to plan for (default 1; with --partition: its parts)")
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
     p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyperparameter the model is built with, as sarc train takes it "
                         "(repeatable), e.g. --set hidden=64")
-    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    p.add_argument("--mem-budget", metavar="SIZE", help=MEM_BUDGET_HELP)
     p.add_argument("--fanouts", help="--mode sampling: in-edges sampled per node at each layer, "
                    "input layer first, e.g. 10,25 (-1: all)")
-    p.add_argument("--batch-size", type=int, help=f"--mode mfg|sampling: seed nodes per step over "
-                   f"all workers, as sarc train takes it (default {DEFAULT_BATCH_SIZE})")
-    p.add_argument("--batches", type=int, help=f"--mode mfg|sampling with --partition: the "
-                   f"batches sampled to measure the blocks (default {DEFAULT_BATCHES})")
+    p.add_argument("--batch-size", type=int, metavar="B",
+                   help="--mode mfg|sampling: training seeds per step over all workers, as sarc "
+                        "train takes it (default, as sarc train's: all of them, one step per "
+                        "epoch)")
+    p.add_argument("--batches", type=int, metavar="N",
+                   help=f"--mode mfg|sampling with --partition: the first N steps of an epoch "
+                        f"sampled to measure the blocks (default {DEFAULT_BATCHES}; fewer when an "
+                        f"epoch has fewer)")
     p.add_argument("--baseline", action="store_true",
                    help="plan the SAR-equivalent schedule (no pushdown across the exchange, no online softmax)")
-    p.add_argument("--emit", default="ir,plan,kernels,schedule",
-                   help=f"comma-separated artifacts to write: {', '.join(EMITS)}")
+    p.add_argument("--emit", default=DEFAULT_EMIT, metavar="A,B,...",
+                   help=f"comma-separated artifacts to write to --out (the plan is printed "
+                        f"when it is among them): {', '.join(EMITS)} (default: all four, "
+                        f"{DEFAULT_EMIT})")
     p.add_argument("--out", help="the directory to write the artifacts to: missing or empty, "
                    "or a set an earlier sarc compile wrote (with --overwrite)")
     p.add_argument("--overwrite", action="store_true",
@@ -135,10 +145,13 @@ def compile_command(args) -> int:
             args.workers = pset.num_parts
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     minibatch = args.mode != "full"
-    batch_size = (args.batch_size or DEFAULT_BATCH_SIZE) if minibatch else None
+    batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
+    note = None
     if pset is not None and minibatch:
-        sample = _block_sample(model, pset, args.mode, fanouts, batch_size,
-                               args.batches or DEFAULT_BATCHES)
+        asked = args.batches or DEFAULT_BATCHES
+        sample, steps = _block_sample(model, pset, args.mode, fanouts, args.batch_size, asked)
+        batch_size = sample.batch_size
+        note = sampled_note(len(sample.batches), steps, args.batches)
     elif pset is not None:
         stats = ShardStats.from_partition_set(pset)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
@@ -148,6 +161,8 @@ def compile_command(args) -> int:
                         schedules="schedule" in emit, sample=sample, batch_size=batch_size,
                         fanouts=fanouts)
     print(format_summary(art), end="")
+    if note:
+        print(note)
     if "plan" in emit:
         print(format_plan(art.plan), end="")
     if args.out:
@@ -161,13 +176,32 @@ def _load_partitions(path: Path):
     return load_partitions(path)
 
 
-def _block_sample(model, pset, mode: str, fanouts, batch_size: int, batches: int):
-    """The blocks of ``batches`` minibatches sampled over the partition (``block_sample``)."""
+def training_seeds(data) -> int:
+    """The dataset's labeled training nodes: ``sarc train``'s seeds of an epoch, and its
+    default batch size (one step per epoch)."""
+    from ..training.inputs import labeled_masks
+    masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
+    return max(1, int(masks["train"].sum()))
+
+
+def sampled_note(drawn: int, steps: int, asked: int | None) -> str | None:
+    """The line that says the sample has fewer batches than ``--batches`` asked for (an
+    epoch has only ``steps``); None when it has them all or ``--batches`` was not given."""
+    if asked is None or drawn >= asked:
+        return None
+    return (f"minibatch: {plural(drawn, 'sampled batch', 'sampled batches')} (an epoch has "
+            f"{steps}; --batches {asked} asked for more)")
+
+
+def _block_sample(model, pset, mode: str, fanouts, batch_size: int | None, batches: int):
+    """The blocks of the first ``batches`` steps of an epoch sampled over the partition
+    (``block_sample``), and the steps of an epoch; ``batch_size`` None: every training
+    seed in one step, as ``sarc train``."""
     from ..artifacts import find_layers
     from ..sampling import SamplingSpec
     from ..runtime.sharded import ShardedGraph
-    from .block_sample import sample_blocks
+    from .block_sample import sample_epoch
     k = len(find_layers(model))
     spec = SamplingSpec.mfg(k) if mode == "mfg" else SamplingSpec.of(fanouts, layers=k)
     shards = [ShardedGraph.from_partitions(pset, r) for r in range(pset.num_parts)]
-    return sample_blocks(shards, spec, batch_size=batch_size, batches=batches)
+    return sample_epoch(shards, spec, batch_size=batch_size, batches=batches)

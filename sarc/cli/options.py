@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import SarcError
 from ..planner.plan import EXEC_MODES, MODES
+from ..training.progress import plural  # noqa: F401 (the commands' counts)
 
 
 class UsageError(SarcError):
@@ -41,6 +42,13 @@ SEED_LIMIT = 2**31
 
 MAX_TIMEOUT_S = 1e9
 """The longest --timeout, in seconds (about 31 years; torch's timers overflow far beyond)."""
+
+
+MEM_BUDGET_HELP = ("per worker, the most one training step keeps for its backward pass, all "
+                   "layers together: each layer's share of the worker's own rows first, the "
+                   "room left for remote rows kept rather than fetched again (the planner picks "
+                   "oneshot, hybrid or sar per layer to fit), e.g. 512M; default: no budget "
+                   "(sar in --mode full, oneshot in mfg and sampling, unless --exec says)")
 
 
 def at_least(option: str, value: int | None, low: int) -> None:
@@ -298,15 +306,20 @@ def write_result(path: str, result: dict) -> None:
         f.write(result_json(result))
 
 
-def add_device_arguments(p, group=None) -> None:
+def add_device_arguments(p, group=None, worker: bool = False) -> None:
     """``--device cpu|cuda|cuda:N`` (where the model, its inputs and the shards live) and
     ``--backend torch|triton`` (the kernels every sarc layer is compiled to), for ``sarc
-    train`` and its workers alike."""
+    train`` and its workers (``worker``: the help of one worker under torchrun) alike."""
     from ..compiler import BACKENDS
     g = group or p
-    g.add_argument("--device", default="cpu",
-                   help="where to train: cpu (default), cuda (a worker of --workers P takes "
-                        "cuda:LOCAL_RANK, with NCCL) or cuda:N (one process)")
+    if worker:
+        device_help = ("where this worker trains: cpu (default), or cuda: the GPU of its "
+                       "LOCAL_RANK (cuda:LOCAL_RANK, with NCCL), a GPU per worker of the "
+                       "machine; cuda:N only where it is the machine's only worker")
+    else:
+        device_help = ("where to train: cpu (default), cuda (a worker of --workers P takes "
+                       "cuda:LOCAL_RANK, with NCCL) or cuda:N (one process)")
+    g.add_argument("--device", default="cpu", help=device_help)
     g.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="the kernels of every sarc layer: torch (default) or triton (a GPU, "
                         "or Triton's interpreter on the CPU under TRITON_INTERPRET=1)")

@@ -5,7 +5,7 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (UsageError, write_result, add_check_data_argument, add_device_arguments,
+from .options import (MEM_BUDGET_HELP, UsageError, write_result, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
                       at_least, check_device_arguments, check_input_dir, check_mode_arguments,
                       check_output_file, check_run_options, minibatch_config)
@@ -100,7 +100,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                            "partition the dataset into a temporary directory")
     dist.add_argument("--method", choices=("metis", "random"), default="metis",
                       help="how to partition when no --partition is given (default metis)")
-    dist.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    dist.add_argument("--mem-budget", metavar="SIZE", help=MEM_BUDGET_HELP)
     dist.add_argument("--baseline", action="store_true",
                       help="the SAR-equivalent schedule: the raw layer input crosses the "
                            "network, no online softmax")

@@ -12,10 +12,10 @@ import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
-from .options import (ArgumentParser, add_device_arguments, add_embedding_arguments,
-                      add_mode_arguments, add_sampling_arguments, check_backend, check_input_dir,
-                      check_mode_arguments, check_run_options, minibatch_config, parse_bytes,
-                      parse_device, UsageError)
+from .options import (MEM_BUDGET_HELP, ArgumentParser, add_device_arguments,
+                      add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
+                      check_backend, check_input_dir, check_mode_arguments, check_run_options,
+                      minibatch_config, parse_bytes, parse_device, UsageError)
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +24,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="the partition set (sarc partition), or a DGL partition's NAME.json")
     add_mode_arguments(p)
     add_sampling_arguments(p)
-    add_device_arguments(p)
-    p.add_argument("--mem-budget", help="memory per worker for kept remote rows, e.g. 512M")
+    add_device_arguments(p, worker=True)
+    p.add_argument("--mem-budget", metavar="SIZE", help=MEM_BUDGET_HELP)
     p.add_argument("--baseline", action="store_true",
                    help="the SAR-equivalent schedule: raw input crosses, no online softmax")
     p.add_argument("--epochs", type=int)
