@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import os
 import signal
 import sys
 from typing import Any, Callable
@@ -82,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (sarc compile ... | head): stop quietly, as a
+        # shell command does; stdout points at devnull so the interpreter's flush at exit
+        # does not fail again
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError", "parse_overrides"]
