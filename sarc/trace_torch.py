@@ -509,6 +509,62 @@ def _squeeze(input, dim=None):
     return x if feat == t.feat else _emit(Op.RESHAPE, x, feat=feat)
 
 
+def _permuted(x: Proxy, perm: tuple[int, ...]) -> Proxy:
+    return x if perm == tuple(range(len(perm))) else _emit(Op.PERMUTE, x, perm=perm)
+
+
+@traces(torch.transpose, torch.swapaxes, torch.swapdims, torch.Tensor.transpose,
+        torch.Tensor.swapaxes, torch.Tensor.swapdims)
+def _transpose(input, dim0, dim1):
+    """Two feature axes swapped (``x.view(-1, H, C).transpose(1, 2)``); the row axis of a
+    node or edge value stays first."""
+    x = _traced(input, "transpose")
+    a, b = _dim_to_axis(x, dim0), _dim_to_axis(x, dim1)
+    perm = list(range(len(x.type.feat)))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permuted(x, tuple(perm))
+
+
+@traces(torch.permute)
+def _permute(input, dims):
+    x = _traced(input, "permute")
+    dims = tuple(dims)
+    rows = x.type.domain is not Domain.PARAM
+    if len(dims) != len(x.type.shape) or not all(_is_int(d) for d in dims):
+        raise DSLError(f"permute{list(dims)} does not name each axis of a value of shape "
+                       f"{_shape(x.type)} once", user_loc())
+    full = [d % len(x.type.shape) for d in dims]
+    if sorted(full) != list(range(len(full))):
+        raise DSLError(f"permute{list(dims)} names an axis twice", user_loc())
+    if rows:
+        if full[0] != 0:
+            raise DSLError(f"permute{list(dims)} moves the row axis of {x.type.domain.article} "
+                           f"value; it stays first (permute its feature axes)", user_loc())
+        full = [d - 1 for d in full[1:]]
+    return _permuted(x, tuple(full))
+
+
+@traces(torch.Tensor.permute)
+def _permute_method(input, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
+        dims = tuple(dims[0])
+    return _permute.record(input, dims)
+
+
+@traces(torch.t, torch.Tensor.t, torch.Tensor.T.__get__, torch.Tensor.mT.__get__)
+def _t(input):
+    """A parameter's last two axes swapped (``x @ self.W.T``; ``.t()`` and ``.T`` of a
+    2-d one, ``.mT`` of any); a node or edge value's rows cannot move."""
+    x = _traced(input, "t")
+    if x.type.domain is not Domain.PARAM:
+        raise DSLError(f"the transpose of {x.type.domain.article} value would move its row "
+                       f"axis; swap two feature axes with x.transpose(1, 2)", user_loc())
+    n = len(x.type.feat)
+    if n < 2:
+        return x
+    return _permuted(x, (*range(n - 2), n - 1, n - 2))
+
+
 @traces(torch.flatten, torch.Tensor.flatten)
 def _flatten(input, start_dim=0, end_dim=-1):
     x = _traced(input, "flatten")
@@ -527,39 +583,143 @@ def _getitem(input, key):
     if isinstance(key, Proxy):
         return key.tracer.emit(Op.INDEX, [key.tracer.lift(input, key), key])
     if isinstance(input, Proxy):
-        axes = _new_axes(input, key)
-        if axes is not None:
-            return axes
+        return _basic_index(input, key)
     raise DSLError("only a parameter table indexed by an int64 node or edge value "
-                   "(e.g. W[edge.etype]) and new axes (x[..., None], x[:, None]) are "
-                   "supported; slicing is not", user_loc())
+                   "(e.g. W[edge.etype]) is supported", user_loc())
 
 
-def _new_axes(x: Proxy, key) -> Proxy | None:
-    """``x[..., None]``, ``x[:, None, :]``: full slices, one Ellipsis and ``None`` (a new
-    axis of size 1), a reshape; None for any other key (a slice or an index)."""
+def _basic_index(x: Proxy, key) -> Proxy:
+    """Basic indexing of a traced value: ranges and single entries of its feature axes
+    (``x[:, :8]``, ``x[..., 0]``), new axes (``None``) and one ``...``; the row axis of a
+    node or edge value is taken whole (``:``). Slices, then one reshape."""
     items = key if isinstance(key, tuple) else (key,)
-    full = slice(None)
-    if not all(k is None or k is Ellipsis or (isinstance(k, slice) and k == full) for k in items) \
-            or sum(k is Ellipsis for k in items) > 1:
-        return None
-    shape = list(x.type.shape)
+    for k in items:
+        if not (k is None or k is Ellipsis or isinstance(k, slice) or _is_int(k)):
+            raise DSLError(f"indexing by {_kind(k)} is not supported: a traced value takes "
+                           f"ranges, ints, None and ... (and a parameter table an int64 "
+                           f"node or edge value, W[edge.etype])", user_loc())
+    if sum(k is Ellipsis for k in items) > 1:
+        raise DSLError("an index can have only one ellipsis (...)", user_loc())
+    t = x.type
+    shape = list(t.shape)
     real = sum(k is not None and k is not Ellipsis for k in items)
     if real > len(shape):
-        return None
+        raise DSLError(f"too many indices ({real}) for a value of shape {_shape(t)}", user_loc())
     if Ellipsis in items:
         e = items.index(Ellipsis)
-        items = items[:e] + (full,) * (len(shape) - real) + items[e + 1:]
+        items = items[:e] + (slice(None),) * (len(shape) - real) + items[e + 1:]
     else:
-        items = items + (full,) * (len(shape) - real)
-    out, it = [], iter(shape)
+        items = items + (slice(None),) * (len(shape) - real)
+    rows = t.domain is not Domain.PARAM
+    out, final, d = x, [], 0
     for k in items:
-        out.append(1 if k is None else next(it))
-    if x.type.domain is not Domain.PARAM:
-        if items[0] is None:
-            raise DSLError("cannot insert an axis before the row axis", user_loc())
-        out = out[1:]
-    return _emit(Op.RESHAPE, x, feat=tuple(out))
+        if k is None:
+            if rows and d == 0:
+                raise DSLError("cannot insert an axis before the row axis", user_loc())
+            final.append(1)
+            continue
+        size = shape[d]
+        if rows and d == 0:
+            if not (isinstance(k, slice) and k == slice(None)):
+                raise DSLError(f"the rows of {t.domain.article} value are taken whole (':'); "
+                               f"index its feature axes (x[:, 0], x[..., :8])", user_loc())
+            final.append(size)
+            d += 1
+            continue
+        axis = d - 1 if rows else d
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            if step != 1:
+                raise DSLError(f"a slice with step {k.step} is not supported (step 1 only)",
+                               user_loc())
+            if stop <= start:
+                raise DSLError(f"the slice [{k.start}:{k.stop}] of an axis of size {size} is "
+                               f"empty", user_loc())
+            if (start, stop) != (0, size):
+                out = _emit(Op.SLICE, out, axis=axis, start=start, stop=stop)
+            final.append(stop - start)
+        else:
+            i = int(k) + size if k < 0 else int(k)
+            if not 0 <= i < size:
+                raise DSLError(f"index {k} is out of range for an axis of size {size}",
+                               user_loc())
+            out = _emit(Op.SLICE, out, axis=axis, start=i, stop=i + 1)
+        d += 1
+    feat = tuple(final[1:] if rows else final)
+    return out if feat == out.type.feat else _emit(Op.RESHAPE, out, feat=feat)
+
+
+def _pieces(x: Proxy, dim, sizes: list[int], what: str) -> tuple[Proxy, ...]:
+    """``x`` cut along ``dim`` into consecutive pieces of ``sizes``."""
+    axis = _dim_to_axis(x, dim)
+    full = x.type.feat[axis]
+    if sum(sizes) != full or any(s <= 0 for s in sizes):
+        raise DSLError(f"{what}: sizes {sizes} are not positive sizes adding up to the axis' "
+                       f"{full}", user_loc())
+    out, start = [], 0
+    for n in sizes:
+        out.append(x if n == full else _emit(Op.SLICE, x, axis=axis, start=start,
+                                              stop=start + n))
+        start += n
+    return tuple(out)
+
+
+def _split_sizes(size: int, split, what: str) -> list[int]:
+    if _is_int(split):
+        if split <= 0:
+            raise DSLError(f"{what}: split size must be positive, got {split}", user_loc())
+        return [min(split, size - a) for a in range(0, size, split)]
+    if isinstance(split, (tuple, list)) and all(_is_int(s) for s in split):
+        return [int(s) for s in split]
+    raise DSLError(f"{what}: split sizes must be an int or a list of ints, got {_kind(split)}",
+                   user_loc())
+
+
+@traces(torch.split)
+def _split(tensor, split_size_or_sections, dim=0):
+    x = _traced(tensor, "split")
+    size = x.type.feat[_dim_to_axis(x, dim)]
+    return _pieces(x, dim, _split_sizes(size, split_size_or_sections, "split"), "split")
+
+
+@traces(torch.Tensor.split)
+def _split_method(input, split_size, dim=0):
+    return _split.record(input, split_size, dim)
+
+
+@traces(torch.chunk, torch.Tensor.chunk)
+def _chunk(input, chunks, dim=0):
+    """torch's chunks: pieces of ceil(size / chunks), the last one shorter (or fewer)."""
+    x = _traced(input, "chunk")
+    if not _is_int(chunks) or chunks <= 0:
+        raise DSLError(f"chunk: chunks must be a positive int, got {chunks!r}", user_loc())
+    size = x.type.feat[_dim_to_axis(x, dim)]
+    return _pieces(x, dim, _split_sizes(size, -(-size // chunks), "chunk"), "chunk")
+
+
+@traces(torch.narrow, torch.Tensor.narrow)
+def _narrow(input, dim, start, length):
+    x = _traced(input, "narrow")
+    axis = _dim_to_axis(x, dim)
+    size = x.type.feat[axis]
+    if not (_is_int(start) and _is_int(length)):
+        raise DSLError("narrow: start and length must be ints", user_loc())
+    start = start + size if start < 0 else start
+    if not (0 <= start and length > 0 and start + length <= size):
+        raise DSLError(f"narrow({dim}, {start}, {length}) is out of range for an axis of size "
+                       f"{size}", user_loc())
+    if (start, length) == (0, size):
+        return x
+    return _emit(Op.SLICE, x, axis=axis, start=start, stop=start + length)
+
+
+@traces(torch.unbind, torch.Tensor.unbind)
+def _unbind(input, dim=0):
+    x = _traced(input, "unbind")
+    axis = _dim_to_axis(x, dim)
+    feat = x.type.feat[:axis] + x.type.feat[axis + 1:]
+    return tuple(_emit(Op.RESHAPE, p, feat=feat)
+                 for p in _pieces(x, dim, [1] * x.type.feat[axis], "unbind"))
 
 
 def _method(func) -> Callable:
@@ -577,3 +737,6 @@ for _name in dir(torch.Tensor):
     _f = getattr(torch.Tensor, _name, None)
     if _name in _OPERATORS or id(_f) in _TRACED_IDS:
         setattr(Proxy, _name, _method(_f))
+# properties: a traced value's transposes
+Proxy.T = property(lambda self: call_torch(torch.Tensor.T.__get__, (self,), {}))
+Proxy.mT = property(lambda self: call_torch(torch.Tensor.mT.__get__, (self,), {}))

@@ -107,6 +107,11 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
             f"{', '.join(operands)})")
 
 
+def _torch_perm(v: Value) -> tuple[int, ...]:
+    perm = tuple(int(p) for p in v.attr["perm"])
+    return perm if v.type.domain is Domain.PARAM else (0, *(p + 1 for p in perm))
+
+
 def _expand(v: Value, a: list[str]) -> str:
     feat = ", ".join(str(d) for d in v.attr["feat"])
     if v.type.domain is Domain.PARAM:
@@ -166,6 +171,8 @@ LOWERING: dict[Op, Lowering] = {
     Op.WHERE_POS: lambda v, a: f"torch.where({a[0]} > 0, {a[1]}, {a[2]})",
     Op.EQ_MASK: lambda v, a: f"({a[0]} == {a[1]}).to({_dtype(v)})",
     Op.EXPAND: _expand,
+    Op.PERMUTE: lambda v, a: f"{a[0]}.permute{_torch_perm(v)!r}",
+    Op.PAD: lambda v, a: f"K.pad_axis({a[0]}, {_axis(v)}, {v.attr['before']}, {v.attr['after']})",
 }
 
 

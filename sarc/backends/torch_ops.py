@@ -1273,6 +1273,12 @@ def index_add(x: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor
     return x.new_zeros((num_rows, *x.shape[1:])).index_add_(0, idx, x)
 
 
+def pad_axis(x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
+    """``x`` with ``before`` and ``after`` zeros along ``dim`` (the gradient of a slice)."""
+    pad = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [before, after]
+    return torch.nn.functional.pad(x, pad)
+
+
 def expand_rows(x: torch.Tensor, feat: tuple[int, ...]) -> torch.Tensor:
     """Broadcast the feature axes of a node or edge value to ``feat`` (a view)."""
     lead = len(feat) - (x.dim() - 1)

@@ -487,6 +487,8 @@ NOT_IN_KERNELS: dict[Op, str] = {
                 "draws its mask from sarc.ir.rng)",
     Op.CONCAT: "concatenating register tiles along a feature axis has no Triton primitive",
     Op.SLICE: "slicing a register tile along a feature axis has no Triton primitive",
+    Op.PAD: "padding a register tile along a feature axis has no Triton primitive",
+    Op.PERMUTE: "permuting a register tile's feature axes: left to PyTorch",
     Op.LINEAR: _NODE, Op.MATMUL: _NODE, Op.TYPED_LINEAR: _NODE,
     Op.DST_TO_SRC: _NODE, Op.DIV_EDGE_COUNT: _NODE, Op.SUM_ROWS: _NODE,
     Op.ROW_OUTER: _NODE, Op.TYPED_OUTER: _NODE, Op.TRANSPOSE: _NODE,

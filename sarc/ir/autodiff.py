@@ -338,6 +338,18 @@ def _vjp_concat(bw, v, y, ct, needs):
     return out
 
 
+def _vjp_permute(bw, v, y, ct, needs):
+    perm = tuple(v.attr["perm"])
+    inverse = tuple(sorted(range(len(perm)), key=perm.__getitem__))
+    return (bw.emit(Op.PERMUTE, [ct], perm=inverse),)
+
+
+def _vjp_slice(bw, v, y, ct, needs):
+    size = bw.type(v.inputs[0]).feat[v.attr["axis"]]
+    return (bw.emit(Op.PAD, [ct], axis=v.attr["axis"], before=v.attr["start"],
+                    after=size - v.attr["stop"]),)
+
+
 def _vjp_sum_axis(bw, v, y, ct, needs):
     feat = bw.type(v.inputs[0]).feat
     axis = v.attr["axis"] % len(feat)
@@ -374,6 +386,8 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.RESHAPE: _vjp_reshape,
     Op.CONCAT: _vjp_concat,
     Op.SUM_AXIS: _vjp_sum_axis,
+    Op.SLICE: _vjp_slice,
+    Op.PERMUTE: _vjp_permute,
 }
 
 _BACKWARD_ONLY = "an op of backward functions (second-order gradients are not supported)"
@@ -385,7 +399,6 @@ NOT_DIFFERENTIABLE: dict[Op, str] = {
     Op.PARAM: "a leaf: its cotangent is a gradient output",
     Op.CONST: "a constant",
     Op.EQ_MASK: "piecewise constant: zero gradient",
-    Op.SLICE: _AFTER_PASSES,
     Op.ARG: _AFTER_PASSES,
     Op.AGGREGATE: _AFTER_PASSES,
     Op.SDDMM: _AFTER_PASSES,
@@ -399,6 +412,7 @@ NOT_DIFFERENTIABLE: dict[Op, str] = {
     Op.INDEX_ADD: _BACKWARD_ONLY,
     Op.TRANSPOSE: _BACKWARD_ONLY,
     Op.EXPAND: _BACKWARD_ONLY,
+    Op.PAD: _BACKWARD_ONLY,
 }
 
 ZERO_GRADIENT = frozenset({Op.EQ_MASK})

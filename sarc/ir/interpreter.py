@@ -182,6 +182,24 @@ def _expand(v: Value, x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], *([1] * lead), *x.shape[1:]).expand(x.shape[0], *feat)
 
 
+def _torch_perm(v: Value) -> tuple[int, ...]:
+    """A PERMUTE's feature-axis permutation as torch dims (the row axis stays first)."""
+    perm = tuple(v.attr["perm"])
+    return perm if v.type.domain is Domain.PARAM else (0, *(p + 1 for p in perm))
+
+
+def _pad(x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
+    shape = list(x.shape)
+    parts = []
+    for n, part in ((before, None), (None, x), (after, None)):
+        if part is not None:
+            parts.append(part)
+        elif n:
+            shape[dim] = n
+            parts.append(x.new_zeros(shape))
+    return torch.cat(parts, dim)
+
+
 Impl = Callable[..., torch.Tensor]
 
 # Each implementation takes (value, graph, ctx, *operand tensors).
@@ -242,6 +260,9 @@ IMPLS: dict[Op, Impl] = {
     Op.WHERE_POS: lambda v, g, c, cond, a, b: torch.where(cond > 0, a, b),
     Op.EQ_MASK: lambda v, g, c, a, b: (a == b).to(v.type.dtype.to_torch()),
     Op.EXPAND: lambda v, g, c, x: _expand(v, x),
+    Op.PERMUTE: lambda v, g, c, x: x.permute(*_torch_perm(v)),
+    Op.PAD: lambda v, g, c, x: _pad(x, _graph_axis(v, v.attr["axis"]), v.attr["before"],
+                                    v.attr["after"]),
 }
 
 

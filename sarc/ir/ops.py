@@ -56,6 +56,7 @@ class Op(enum.Enum):
     CONCAT = "concat"          # attrs: axis
     SUM_AXIS = "sum_axis"      # attrs: axis
     SLICE = "slice"            # attrs: axis, start, stop   (a feature-axis range)
+    PERMUTE = "permute"        # attrs: perm   the feature axes reordered (transpose, permute)
     # fused graph ops (made by the fusion pass); attrs hold a Region: a per-edge
     # expression over the operands, each read at the edge's src, dst, or the edge itself
     ARG = "arg"                # attrs: index, side    (a Region's operand, per edge)
@@ -76,6 +77,8 @@ class Op(enum.Enum):
     WHERE_POS = "where_pos"        # y = a where c > 0 else b  (broadcasting)
     EQ_MASK = "eq_mask"            # y = 1.0 where a == b else 0.0  (broadcasting)
     EXPAND = "expand"              # attrs: feat        broadcast size-1 / missing leading axes
+    PAD = "pad"                    # attrs: axis, before, after   zeros around a feature axis
+    #                                (the transpose of slice)
 
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
@@ -304,6 +307,14 @@ def _sum_axis(ts, attrs):
     return x.with_(feat=x.feat[:axis] + x.feat[axis + 1:])
 
 
+def _permute(ts, attrs):
+    (x,) = ts
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(len(x.feat))):
+        _fail(f"permute {list(perm)} is not a permutation of the {len(x.feat)} feature axes")
+    return x.with_(feat=tuple(x.feat[p] for p in perm))
+
+
 def _slice(ts, attrs):
     (x,) = ts
     axis = _norm_axis(attrs["axis"], len(x.feat))
@@ -377,6 +388,7 @@ TYPE_RULES: dict[Op, TypeRule] = {
     Op.CONCAT: _concat,
     Op.SUM_AXIS: _sum_axis,
     Op.SLICE: _slice,
+    Op.PERMUTE: _permute,
     Op.ARG: _leaf,
     Op.AGGREGATE: _aggregate,
     Op.SDDMM: _sddmm,
@@ -392,7 +404,7 @@ ARITY: dict[Op, int | None] = {
     **{op: 2 for op in BINARY_ELEMENTWISE},
     Op.GATHER_SRC: 1, Op.GATHER_DST: 1, Op.REDUCE: 1, Op.EDGE_SOFTMAX: 1,
     Op.INDEX: 2, Op.LINEAR: 2, Op.MATMUL: 2, Op.TYPED_LINEAR: 3,
-    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.SLICE: 1,
+    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.SLICE: 1, Op.PERMUTE: 1,
     Op.ARG: 0, Op.AGGREGATE: None, Op.SDDMM: None, Op.SOFTMAX_AGGREGATE: None,
 }
 FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})
@@ -405,7 +417,7 @@ FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})
 
 BACKWARD_OPS = frozenset({Op.SCATTER_SRC, Op.DST_TO_SRC, Op.DIV_EDGE_COUNT, Op.SUM_ROWS,
                           Op.ROW_OUTER, Op.TYPED_OUTER, Op.INDEX_ADD, Op.TRANSPOSE,
-                          Op.WHERE_POS, Op.EQ_MASK, Op.EXPAND})
+                          Op.WHERE_POS, Op.EQ_MASK, Op.EXPAND, Op.PAD})
 
 
 def _float(x: TensorType, what: str) -> None:
@@ -475,6 +487,17 @@ def _where_pos(ts, attrs):
     return binary_type(binary_type(c, a), b)
 
 
+def _pad(ts, attrs):
+    (x,) = ts
+    axis = _norm_axis(attrs["axis"], len(x.feat))
+    before, after = attrs["before"], attrs["after"]
+    if before < 0 or after < 0:
+        _fail(f"pad by {before}, {after}: the counts are non-negative")
+    feat = list(x.feat)
+    feat[axis] += before + after
+    return x.with_(feat=tuple(feat))
+
+
 def _expand(ts, attrs):
     (x,) = ts
     feat = tuple(attrs["feat"])
@@ -496,11 +519,12 @@ TYPE_RULES.update({
     Op.WHERE_POS: _where_pos,
     Op.EQ_MASK: lambda ts, attrs: binary_type(*ts),
     Op.EXPAND: _expand,
+    Op.PAD: _pad,
 })
 ARITY.update({
     Op.SCATTER_SRC: 1, Op.DST_TO_SRC: 1, Op.DIV_EDGE_COUNT: 1, Op.SUM_ROWS: 1,
     Op.ROW_OUTER: 2, Op.TYPED_OUTER: 3, Op.INDEX_ADD: 2, Op.TRANSPOSE: 1,
-    Op.WHERE_POS: 3, Op.EQ_MASK: 2, Op.EXPAND: 1,
+    Op.WHERE_POS: 3, Op.EQ_MASK: 2, Op.EXPAND: 1, Op.PAD: 1,
 })
 
 

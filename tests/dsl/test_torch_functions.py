@@ -103,7 +103,13 @@ def test_equals_torch(name, backend):
 
 
 @pytest.mark.parametrize("key, message", [
-    (lambda x: x[:, 1:3], "slicing is not"),
+    (lambda x: x[1:3], "taken whole"),
+    (lambda x: x[:, ::2], "step 2"),
+    (lambda x: x[:, 5:2], "is empty"),
+    (lambda x: x.split([3, 3], -1), "adding up to the axis' 8"),
+    (lambda x: x.chunk(2), "row axis"),
+    (lambda x: x.t(), "would move its row axis"),
+    (lambda x: x.view(-1, 2, 4).permute(1, 0, 2), "moves the row axis"),
     (lambda x: x[None], "before the row axis"),
     (lambda x: F.gelu(x, approximate="erf"), "approximate must be 'none' or 'tanh'"),
     (lambda x: F.layer_norm(x, (3,)), r"layer_norm over \[3\]"),
@@ -113,3 +119,151 @@ def test_what_is_not_modelled_is_refused(key, message):
     layer = Apply(lambda s, x: key(x))
     with pytest.raises(sarc.DSLError, match=message):
         layer.trace()
+
+
+# --- ranges of feature axes: slicing, split, chunk, narrow, unbind -----------------------------
+
+SLICES = {
+    "slice-last": lambda s, x: x[:, 2:6] * x[..., :4],
+    "slice-negative": lambda s, x: x[:, -3:] + x[:, 1:-4],
+    "int-index": lambda s, x: x.view(-1, 2, 4)[:, 1] * x[:, 0:1] + x[..., 5, None],
+    "heads": lambda s, x: x.view(-1, 2, 4)[:, :, 1:3].flatten(1),
+    "chunk": lambda s, x: (lambda a, b: a * torch.sigmoid(b))(*x.chunk(2, dim=-1)),
+    "chunk-uneven": lambda s, x: torch.cat([p.sum(-1, keepdim=True) for p in x.chunk(3, -1)], -1),
+    "split": lambda s, x: (lambda a, b, c: a * c + b.sum(-1, keepdim=True))(*x.split([3, 2, 3], -1)),
+    "split-int": lambda s, x: torch.cat(torch.split(x, 3, dim=1)[::-1], -1),
+    "narrow": lambda s, x: x.narrow(-1, 2, 3) - torch.narrow(x, 1, 0, 3),
+    "unbind": lambda s, x: sum(x.view(-1, 4, 2).unbind(1)),
+    "param-slice": lambda s, x: x[:, :4] * s.w[:4] + x[:, 4:] @ s.m[2:, :4],
+}
+
+
+class ApplyWithParams(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.w = nn.Parameter(torch.randn(W))
+        self.m = nn.Parameter(torch.randn(6, 5))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(SLICES))
+def test_ranges_equal_torch(name, backend):
+    torch.manual_seed(1)
+    layer = ApplyWithParams(SLICES[name])
+    layer.set_backend(backend)
+    x = _features().requires_grad_()
+    out = layer(LOOPS, x)
+    xr = _features().requires_grad_()
+    want = SLICES[name](layer, xr)
+    assert_close(out, want, 1e-5, "output")
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad((out * cot).sum(), [x, *layer.parameters()], allow_unused=True)
+    ref = torch.autograd.grad((want * cot).sum(), [xr, *layer.parameters()], allow_unused=True)
+    for a, b in zip(got, ref):
+        if b is None:
+            assert a is None or not a.any()
+            continue
+        assert_close(a, b, 1e-5, "gradient", 1e-6)
+    torch.manual_seed(1)
+    check_layer(ApplyWithParams(SLICES[name]), LOOPS, {"h": _features()})
+
+
+class SliceInMessage(sarc.Layer):
+    """Ranges of an edge value inside the message (fused on the torch backend; Triton
+    leaves a sliced region to PyTorch) and of an aggregate in update."""
+
+    def __init__(self):
+        super().__init__(node={"h": W})
+        self.lin = nn.Linear(W, 8)
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h)
+        gate, value = z.chunk(2, dim=-1)
+        return {"m": torch.sigmoid(gate + dst.h[:, :4]) * value}
+
+    def reduce(self, msg):
+        return {"s": sarc.sum(msg.m), "x": sarc.max(msg.m[:, 1:3])}
+
+    def update(self, dst, agg):
+        return torch.cat([agg.s[:, :2], agg.x], -1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_ranges_in_messages_equal_the_interpreter(backend):
+    torch.manual_seed(0)
+    g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
+    layer = SliceInMessage()
+    layer.set_backend(backend)
+    check_layer(layer, g, {"h": torch.randn(20, W)})
+
+
+# --- axes reordered: transpose, permute, a parameter's .T -------------------------------------
+
+AXES = {
+    "transpose": lambda s, x: x.view(-1, 2, 4).transpose(1, 2).reshape(-1, 8) * x,
+    "transpose-negative": lambda s, x: torch.transpose(x.view(-1, 2, 4), -1, -2).flatten(1),
+    "swapaxes": lambda s, x: x.view(-1, 2, 2, 2).swapaxes(1, 3).flatten(1),
+    "permute": lambda s, x: x.view(-1, 2, 2, 2).permute(0, 3, 1, 2).flatten(1)
+    + torch.permute(x.view(-1, 4, 2), (0, 2, 1)).flatten(1),
+    "param-T": lambda s, x: x @ s.m8.T + x @ s.m8.t() + x @ s.m8.mT,
+    "param-permute": lambda s, x: (x.view(-1, 2, 4) * s.w3.permute(1, 0, 2)[0]).flatten(1),
+}
+
+
+class ApplyWithMatrices(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.m8 = nn.Parameter(torch.randn(5, W))
+        self.w3 = nn.Parameter(torch.randn(2, 1, 4))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(AXES))
+def test_axes_reordered_equal_torch(name, backend):
+    torch.manual_seed(1)
+    layer = ApplyWithMatrices(AXES[name])
+    layer.set_backend(backend)
+    x = _features().requires_grad_()
+    out = layer(LOOPS, x)
+    xr = _features().requires_grad_()
+    want = AXES[name](layer, xr)
+    assert_close(out, want, 1e-5, "output")
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    got = torch.autograd.grad((out * cot).sum(), [x, *layer.parameters()], allow_unused=True)
+    ref = torch.autograd.grad((want * cot).sum(), [xr, *layer.parameters()], allow_unused=True)
+    for a, b in zip(got, ref):
+        if b is None:
+            assert a is None or not a.any()
+            continue
+        assert_close(a, b, 1e-5, "gradient", 1e-6)
+    torch.manual_seed(1)
+    check_layer(ApplyWithMatrices(AXES[name]), LOOPS, {"h": _features()})
+
+
+class HeadsTransposed(sarc.Layer):
+    """Heads as [E, C, H] inside the message (the transpose of a per-edge value)."""
+
+    def __init__(self):
+        super().__init__(node={"h": W})
+        self.lin = nn.Linear(W, 6)
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h).view(-1, 2, 3).transpose(1, 2)          # [E, 3, 2]
+        score = (z * dst.h[:, None, :2]).sum(1)                      # [E, 2]
+        return {"z": z, "s": score}
+
+    def reduce(self, msg):
+        w = sarc.edge_softmax(msg.s)                                  # [E, 2]
+        return sarc.sum(msg.z * w[:, None, :])
+
+    def update(self, dst, agg):
+        return agg.agg.transpose(1, 2).flatten(1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_transposed_heads_in_messages_equal_the_interpreter(backend):
+    torch.manual_seed(0)
+    g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
+    layer = HeadsTransposed()
+    layer.set_backend(backend)
+    check_layer(layer, g, {"h": torch.randn(20, W)})

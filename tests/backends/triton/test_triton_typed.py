@@ -141,8 +141,8 @@ def test_type_ids_out_of_range_are_an_error_either_way(way, bad):
     layer = set_backend(Typed("sum", 6, 5, types), "triton")
     feats = _feats(g, 6, types)
     feats["etype"][edges // 2] = types if bad == "types" else bad
-    with pytest.raises(ValueError, match=r"type id out of range: the weight table has "
-                                         rf"{types} types"):
+    with pytest.raises(ValueError, match=r"feature 'etype' holds type ids in \[-?\d+, \d+\], "
+                                         rf"but it indexes parameter '[\w.]+' of {types} rows"):
         layer(g, **feats)
 
 
