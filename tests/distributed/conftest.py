@@ -53,6 +53,8 @@ def _cases() -> list[Case]:
         Case("gat_p3_baseline", "gat", 3, baseline=True),
         Case("tied_max_p3_sar", "tied_max", 3, "random", extra={"feat": "int"}),
         Case("score_shapes_p3_sar", "score_shapes", 3, "random"),
+        Case("feature_axes_p3_sar", "feature_axes", 3, "random"),
+        Case("feature_axes_p2_oneshot", "feature_axes", 2, exec_mode="oneshot"),
         Case("rgcn_p3_oneshot", "rgcn", 3, "random", exec_mode="oneshot"),
         # features without a gradient: GraphSAGE's first layer has no gradient through its
         # edges (no backward pass over the blocks); the baseline GAT's exchanged rows need none

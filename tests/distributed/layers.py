@@ -39,3 +39,30 @@ class TiedMaxLayer(sarc.Layer):
 
     def reduce(self, msg):
         return sarc.max(msg.m)
+
+
+class FeatureAxesLayer(sarc.Layer):
+    """Attention over transposed heads with a gated, normalized value: chunk, slices, new
+    axes, transpose, layer norm, GELU, SiLU, softplus and clamp, across the exchange."""
+
+    def __init__(self, in_feats: int, out_feats: int, heads: int = 2):
+        super().__init__(node={"h": in_feats})
+        self.heads, self.d = heads, out_feats
+        self.lin = nn.Linear(in_feats, 2 * heads * out_feats)
+        self.att = nn.Linear(in_feats, heads, bias=False)
+        self.norm = nn.LayerNorm(out_feats)
+        self.out = nn.Parameter(torch.randn(out_feats, out_feats) * 0.3)
+
+    def message(self, src, dst, edge):
+        value, gate = self.lin(src.h).chunk(2, dim=-1)
+        z = (torch.nn.functional.gelu(value) * torch.sigmoid(gate)).view(-1, self.heads, self.d)
+        z = z.transpose(1, 2)                                            # [E, d, H]
+        score = torch.nn.functional.softplus(self.att(dst.h) + self.att(src.h)[:, :self.heads])
+        return {"z": self.norm(z.transpose(1, 2)).transpose(1, 2), "s": score.clamp(0.1, 5.0)}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.z * sarc.edge_softmax(msg.s)[:, None, :])
+
+    def update(self, dst, agg):
+        heads = agg.agg.unbind(-1)
+        return torch.nn.functional.silu(sum(heads) @ self.out.T)
