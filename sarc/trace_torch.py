@@ -407,6 +407,101 @@ def _mean(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None))
     return _sum_axes(x, axes, keepdim) / float(_prod(x.type.feat[a] for a in axes))
 
 
+def _extremum_axes(x: Proxy, axes: list[int], keepdim, kind: str) -> Proxy:
+    out = x
+    for a in reversed(axes):
+        out = _emit(Op.MAX_AXIS, out, axis=a, kind=kind)
+    if keepdim:
+        feat = list(x.type.feat)
+        for a in axes:
+            feat[a] = 1
+        out = _emit(Op.RESHAPE, out, feat=tuple(feat))
+    return out
+
+
+@traces(torch.amax, torch.Tensor.amax)
+def _amax(input, dim=(), keepdim=False, *, out=Fixed(None)):
+    """The maximum over feature axes (torch's gradient: tied entries share it evenly)."""
+    x = _traced(input, "amax")
+    return _extremum_axes(x, _feature_axes(x, dim, "amax"), keepdim, "max")
+
+
+@traces(torch.amin, torch.Tensor.amin)
+def _amin(input, dim=(), keepdim=False, *, out=Fixed(None)):
+    x = _traced(input, "amin")
+    return _extremum_axes(x, _feature_axes(x, dim, "amin"), keepdim, "min")
+
+
+class _ValuesOnly:
+    """``torch.max(x, dim)``'s result while tracing: ``.values`` (or ``[0]``) is traced;
+    the indices are integers computed from values, which a layer does not trace."""
+
+    def __init__(self, values: Proxy, what: str):
+        self.values, self._what = values, what
+
+    @property
+    def indices(self):
+        raise DSLError(f"{self._what}(x, dim).indices: the positions of the extrema are not "
+                       f"traced; use .values (or torch.a{self._what}(x, dim))", user_loc())
+
+    def __getitem__(self, i):
+        return self.values if i == 0 else self.indices
+
+    def __iter__(self):
+        return iter((self.values, self.indices))
+
+
+def _extremum_method(kind: str):
+    def record(input, dim=None, keepdim=False):
+        x = _traced(input, kind)
+        if dim is None:
+            raise DSLError(f"{kind} over all axes is not supported; name a feature dim "
+                           f"(x.{kind}(-1).values), or aggregate over edges with sarc.{kind}",
+                           user_loc())
+        if isinstance(dim, Proxy) or not _is_int(dim):
+            raise DSLError(f"{kind}(x, other): the elementwise {kind} of two values is not "
+                           f"traced; x.{kind}(dim) takes a feature axis", user_loc())
+        return _ValuesOnly(_extremum_axes(x, [_dim_to_axis(x, dim)], keepdim, kind), kind)
+    return record
+
+
+traces(torch.max, torch.Tensor.max)(_extremum_method("max"))
+traces(torch.min, torch.Tensor.min)(_extremum_method("min"))
+
+
+@traces(F.softmax)
+def _softmax(input, dim=None, _stacklevel=3, dtype=Fixed(None)):
+    """``exp(x - max) / sum(exp(x - max))`` over a feature axis (over the edges into a
+    node it is ``sarc.edge_softmax``)."""
+    x = _traced(input, "softmax")
+    if dim is None:
+        raise DSLError("softmax needs dim= (a feature axis); over a node's incoming edges "
+                       "use sarc.edge_softmax", user_loc())
+    axes = [_dim_to_axis(x, dim)]
+    e = _emit(Op.EXP, x - _extremum_axes(x, axes, True, "max"))
+    return e / _sum_axes(e, axes, True)
+
+
+@traces(F.log_softmax)
+def _log_softmax(input, dim=None, _stacklevel=3, dtype=Fixed(None)):
+    x = _traced(input, "log_softmax")
+    if dim is None:
+        raise DSLError("log_softmax needs dim= (a feature axis)", user_loc())
+    axes = [_dim_to_axis(x, dim)]
+    shifted = x - _extremum_axes(x, axes, True, "max")
+    return shifted - _emit(Op.LOG, _sum_axes(_emit(Op.EXP, shifted), axes, True))
+
+
+@traces(torch.softmax, torch.Tensor.softmax)
+def _softmax_function(input, dim, dtype=Fixed(None)):
+    return _softmax.record(input, dim)
+
+
+@traces(torch.log_softmax, torch.Tensor.log_softmax)
+def _log_softmax_function(input, dim, dtype=Fixed(None)):
+    return _log_softmax.record(input, dim)
+
+
 def _sum_axes(x: Proxy, axes: list[int], keepdim) -> Proxy:
     out = x
     for a in reversed(axes):
@@ -551,7 +646,7 @@ def _permute_method(input, *dims):
     return _permute.record(input, dims)
 
 
-@traces(torch.t, torch.Tensor.t, torch.Tensor.T.__get__, torch.Tensor.mT.__get__)
+@traces(torch.t, torch.Tensor.t)
 def _t(input):
     """A parameter's last two axes swapped (``x @ self.W.T``; ``.t()`` and ``.T`` of a
     2-d one, ``.mT`` of any); a node or edge value's rows cannot move."""
@@ -563,6 +658,11 @@ def _t(input):
     if n < 2:
         return x
     return _permuted(x, (*range(n - 2), n - 1, n - 2))
+
+
+@traces(torch.Tensor.T.__get__, torch.Tensor.mT.__get__)
+def _t_property(instance, owner=None):
+    return _t.record(instance)
 
 
 @traces(torch.flatten, torch.Tensor.flatten)

@@ -153,6 +153,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.RESHAPE: _reshape,
     Op.CONCAT: lambda v, a: f"torch.cat([{', '.join(a)}], {_axis(v)})",
     Op.SUM_AXIS: lambda v, a: f"{a[0]}.sum({_axis(v)})",
+    Op.MAX_AXIS: lambda v, a: f"{a[0]}.a{v.attr['kind']}({_axis(v)})",
     Op.SLICE: lambda v, a: (f"{a[0]}.narrow({_axis(v)}, {v.attr['start']}, "
                             f"{v.attr['stop'] - v.attr['start']})"),
     Op.ARG: lambda v, a: f"a{v.attr['index']}",

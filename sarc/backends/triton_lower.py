@@ -488,6 +488,7 @@ NOT_IN_KERNELS: dict[Op, str] = {
     Op.CONCAT: "concatenating register tiles along a feature axis has no Triton primitive",
     Op.SLICE: "slicing a register tile along a feature axis has no Triton primitive",
     Op.PAD: "padding a register tile along a feature axis has no Triton primitive",
+    Op.MAX_AXIS: "the maximum over a feature axis: left to PyTorch",
     Op.PERMUTE: "permuting a register tile's feature axes: left to PyTorch",
     Op.LINEAR: _NODE, Op.MATMUL: _NODE, Op.TYPED_LINEAR: _NODE,
     Op.DST_TO_SRC: _NODE, Op.DIV_EDGE_COUNT: _NODE, Op.SUM_ROWS: _NODE,

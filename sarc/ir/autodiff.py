@@ -338,6 +338,18 @@ def _vjp_concat(bw, v, y, ct, needs):
     return out
 
 
+def _vjp_max_axis(bw, v, y, ct, needs):
+    """torch.amax's gradient: the entries equal to the maximum share it evenly."""
+    x = v.inputs[0]
+    feat = bw.type(x).feat
+    axis = v.attr["axis"] % len(feat)
+    kept = (*feat[:axis], 1, *feat[axis + 1:])
+    hit = bw.emit(Op.EQ_MASK, [x, bw.emit(Op.RESHAPE, [y], feat=kept)])
+    count = bw.emit(Op.RESHAPE, [bw.emit(Op.SUM_AXIS, [hit], axis=axis)], feat=kept)
+    share = bw.emit(Op.DIV, [bw.emit(Op.RESHAPE, [ct], feat=kept), count])
+    return (bw.mul(hit, share),)
+
+
 def _vjp_permute(bw, v, y, ct, needs):
     perm = tuple(v.attr["perm"])
     inverse = tuple(sorted(range(len(perm)), key=perm.__getitem__))
@@ -387,6 +399,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.CONCAT: _vjp_concat,
     Op.SUM_AXIS: _vjp_sum_axis,
     Op.SLICE: _vjp_slice,
+    Op.MAX_AXIS: _vjp_max_axis,
     Op.PERMUTE: _vjp_permute,
 }
 

@@ -241,6 +241,8 @@ IMPLS: dict[Op, Impl] = {
     Op.RESHAPE: lambda v, g, c, x: _reshape(v, x),
     Op.CONCAT: lambda v, g, c, *xs: torch.cat(xs, _graph_axis(v, v.attr["axis"])),
     Op.SUM_AXIS: lambda v, g, c, x: x.sum(_graph_axis(v, v.attr["axis"])),
+    Op.MAX_AXIS: lambda v, g, c, x: (x.amax if v.attr["kind"] == "max" else x.amin)(
+        _graph_axis(v, v.attr["axis"])),
     Op.SLICE: lambda v, g, c, x: x.narrow(_graph_axis(v, v.attr["axis"]), v.attr["start"],
                                           v.attr["stop"] - v.attr["start"]),
     Op.AGGREGATE: lambda v, g, c, *xs: _scatter(v.attr["kind"], run_region(v.attr["body"], g, c, xs), g),

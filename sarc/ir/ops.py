@@ -55,6 +55,7 @@ class Op(enum.Enum):
     RESHAPE = "reshape"        # attrs: feat
     CONCAT = "concat"          # attrs: axis
     SUM_AXIS = "sum_axis"      # attrs: axis
+    MAX_AXIS = "max_axis"      # attrs: axis, kind ("max" / "min")   torch.amax / amin
     SLICE = "slice"            # attrs: axis, start, stop   (a feature-axis range)
     PERMUTE = "permute"        # attrs: perm   the feature axes reordered (transpose, permute)
     # fused graph ops (made by the fusion pass); attrs hold a Region: a per-edge
@@ -315,6 +316,13 @@ def _permute(ts, attrs):
     return x.with_(feat=tuple(x.feat[p] for p in perm))
 
 
+def _max_axis(ts, attrs):
+    (x,) = ts
+    if attrs["kind"] not in ("max", "min"):
+        _fail(f"max_axis kind {attrs['kind']!r}; expected max or min")
+    return _sum_axis(ts, attrs)
+
+
 def _slice(ts, attrs):
     (x,) = ts
     axis = _norm_axis(attrs["axis"], len(x.feat))
@@ -387,6 +395,7 @@ TYPE_RULES: dict[Op, TypeRule] = {
     Op.RESHAPE: _reshape,
     Op.CONCAT: _concat,
     Op.SUM_AXIS: _sum_axis,
+    Op.MAX_AXIS: _max_axis,
     Op.SLICE: _slice,
     Op.PERMUTE: _permute,
     Op.ARG: _leaf,
@@ -404,7 +413,8 @@ ARITY: dict[Op, int | None] = {
     **{op: 2 for op in BINARY_ELEMENTWISE},
     Op.GATHER_SRC: 1, Op.GATHER_DST: 1, Op.REDUCE: 1, Op.EDGE_SOFTMAX: 1,
     Op.INDEX: 2, Op.LINEAR: 2, Op.MATMUL: 2, Op.TYPED_LINEAR: 3,
-    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.SLICE: 1, Op.PERMUTE: 1,
+    Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.MAX_AXIS: 1, Op.SLICE: 1,
+    Op.PERMUTE: 1,
     Op.ARG: 0, Op.AGGREGATE: None, Op.SDDMM: None, Op.SOFTMAX_AGGREGATE: None,
 }
 FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})

@@ -166,7 +166,7 @@ class UnsupportedMethod(sarc.Layer):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return src.h.softmax(-1)  # ERR:method
+        return src.h.cumsum(-1)  # ERR:method
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -425,7 +425,7 @@ CASES = [
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
     (UnsupportedTorch, "torch-fn", ["torch function torch.sin is not supported"]),
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.hardswish is not supported"]),
-    (UnsupportedMethod, "method", ["Tensor.softmax is not supported"]),
+    (UnsupportedMethod, "method", ["Tensor.cumsum is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
     (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),
     (Slicing, "slice", ["the rows of an edge value are taken whole", r"x\[:, 0\]"]),
@@ -585,7 +585,7 @@ def test_a_layer_installed_as_a_package_is_the_users_code(tmp_path, monkeypatch)
         "    def __init__(self):\n"
         "        super().__init__(node={'h': 3})\n\n"
         "    def message(self, src, dst, edge):\n"
-        "        return src.h.softmax(-1)\n\n"
+        "        return src.h.cumsum(-1)\n\n"
         "    def reduce(self, msg):\n"
         "        return sarc.sum(msg.m)\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))

@@ -109,6 +109,10 @@ def test_equals_torch(name, backend):
     (lambda x: x.split([3, 3], -1), "adding up to the axis' 8"),
     (lambda x: x.chunk(2), "row axis"),
     (lambda x: x.t(), "would move its row axis"),
+    (lambda x: x.max(-1).indices, "are not traced; use .values"),
+    (lambda x: x.max(), "max over all axes is not supported"),
+    (lambda x: torch.max(x, x), "elementwise max of two values is not traced"),
+    (lambda x: F.softmax(x), "softmax needs dim="),
     (lambda x: x.view(-1, 2, 4).permute(1, 0, 2), "moves the row axis"),
     (lambda x: x[None], "before the row axis"),
     (lambda x: F.gelu(x, approximate="erf"), "approximate must be 'none' or 'tanh'"),
@@ -267,3 +271,37 @@ def test_transposed_heads_in_messages_equal_the_interpreter(backend):
     layer = HeadsTransposed()
     layer.set_backend(backend)
     check_layer(layer, g, {"h": torch.randn(20, W)})
+
+
+# --- extrema and softmax over a feature axis ---------------------------------------------------
+
+EXTREMA = {
+    "amax": lambda s, x: x.view(-1, 2, 4).amax(-1) * 1.0 + torch.amin(x, dim=1, keepdim=True),
+    "amax-axes": lambda s, x: x.view(-1, 2, 2, 2).amax(dim=(1, 3)),
+    "max-values": lambda s, x: x.view(-1, 2, 4).max(-1).values + torch.min(x.view(-1, 4, 2), 1)[0].sum(-1, keepdim=True),
+    "max-keepdim": lambda s, x: x - x.max(dim=-1, keepdim=True).values,
+    "softmax": lambda s, x: F.softmax(x.view(-1, 2, 4), dim=-1).flatten(1) + x.softmax(1),
+    "softmax-heads": lambda s, x: torch.softmax(x.view(-1, 4, 2), 1).flatten(1),
+    "log-softmax": lambda s, x: F.log_softmax(x, dim=-1) + x.log_softmax(-1),
+    # every entry ties (x * 0 + 1), and the clamped rows tie at 0: amax's gradient is shared
+    "ties": lambda s, x: (x * 0.0 + 1.0).amax(-1, keepdim=True) * x
+    + x.clamp(max=0.0).amax(-1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(EXTREMA))
+def test_extrema_and_softmax_equal_torch(name, backend):
+    torch.manual_seed(1)
+    layer = Apply(EXTREMA[name])
+    layer.set_backend(backend)
+    x = _features().requires_grad_()
+    out = layer(LOOPS, x)
+    xr = _features().requires_grad_()
+    want = EXTREMA[name](layer, xr)
+    assert_close(out, want, 1e-5, "output")
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    (got,) = torch.autograd.grad((out * cot).sum(), [x])
+    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
+    assert_close(got, ref, 1e-5, "gradient", 1e-6)
+    check_layer(Apply(EXTREMA[name]), LOOPS, {"h": _features()})

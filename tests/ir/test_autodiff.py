@@ -272,7 +272,8 @@ _ROUNDED = lambda v, g, ctx, y, xs, es: _EXACT(v, g, ctx, y, xs, es) + y.abs()  
 
 ROUNDING_RULES = {
     Op.GATHER_SRC: _EXACT, Op.GATHER_DST: _EXACT, Op.RESHAPE: _EXACT, Op.SLICE: _EXACT,
-    Op.TRANSPOSE: _EXACT, Op.EXPAND: _EXACT, Op.PAD: _EXACT, Op.PERMUTE: _EXACT, Op.DST_TO_SRC: _EXACT, Op.INDEX: _EXACT,
+    Op.TRANSPOSE: _EXACT, Op.EXPAND: _EXACT, Op.PAD: _EXACT, Op.PERMUTE: _EXACT,
+    Op.MAX_AXIS: _EXACT, Op.DST_TO_SRC: _EXACT, Op.INDEX: _EXACT,
     Op.NEG: lambda v, g, ctx, y, xs, es: es[0],
     Op.CONCAT: lambda v, g, ctx, y, xs, es: IMPLS[v.op](v, g, ctx, *es),
     Op.WHERE_POS: lambda v, g, ctx, y, xs, es: IMPLS[v.op](v, g, ctx, xs[0], *es[1:]),
