@@ -408,15 +408,7 @@ def _mean(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None))
 
 
 def _extremum_axes(x: Proxy, axes: list[int], keepdim, kind: str) -> Proxy:
-    out = x
-    for a in reversed(axes):
-        out = _emit(Op.MAX_AXIS, out, axis=a, kind=kind)
-    if keepdim:
-        feat = list(x.type.feat)
-        for a in axes:
-            feat[a] = 1
-        out = _emit(Op.RESHAPE, out, feat=tuple(feat))
-    return out
+    return _reduce_axes(x, axes, keepdim, Op.MAX_AXIS, kind=kind)
 
 
 @traces(torch.amax, torch.Tensor.amax)
@@ -503,9 +495,15 @@ def _log_softmax_function(input, dim, dtype=Fixed(None)):
 
 
 def _sum_axes(x: Proxy, axes: list[int], keepdim) -> Proxy:
+    return _reduce_axes(x, axes, keepdim, Op.SUM_AXIS)
+
+
+def _reduce_axes(x: Proxy, axes: list[int], keepdim, op: Op, **attrs) -> Proxy:
+    """``op`` (SUM_AXIS, MAX_AXIS) over each of ``axes``, last first; ``keepdim``: size 1
+    kept in their place."""
     out = x
     for a in reversed(axes):
-        out = _emit(Op.SUM_AXIS, out, axis=a)
+        out = _emit(op, out, axis=a, **attrs)
     if keepdim:
         feat = list(x.type.feat)
         for a in axes:

@@ -70,6 +70,11 @@ def _features():
     return x
 
 
+def _seeded(cls, fn):
+    torch.manual_seed(1)
+    return cls(fn)
+
+
 def _layer(name):
     torch.manual_seed(1)
     module = MODULES[name]() if name in MODULES else None
@@ -83,23 +88,34 @@ def _layer(name):
 LOOPS = sarc.Graph.from_edges(torch.arange(N), torch.arange(N), N)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("name", sorted(set(CASES) - {"squeeze"}) + ["squeeze"])
-def test_equals_torch(name, backend):
-    layer = _layer(name)
+def _equals_torch(make, fn, backend: str) -> None:
+    """``make()``'s layer (``update`` returning ``fn(layer, h)``) on ``backend`` equals ``fn``
+    run by torch on the same tensor: output, the input's and every parameter's gradient;
+    and a fresh one equals the interpreter."""
+    layer = make()
     layer.set_backend(backend)
     x = _features().requires_grad_()
     out = layer(LOOPS, x)
     xr = _features().requires_grad_()
-    want = CASES[name](layer, xr)
+    want = fn(layer, xr)
     assert out.shape == want.shape
     assert_close(out, want, 1e-5, "output")
     cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad((out * cot).sum(), [x, *layer.parameters()])
-    ref = torch.autograd.grad((want * cot).sum(), [xr, *layer.parameters()])
+    leaves = [*layer.parameters()]
+    got = torch.autograd.grad((out * cot).sum(), [x, *leaves], allow_unused=True)
+    ref = torch.autograd.grad((want * cot).sum(), [xr, *leaves], allow_unused=True)
     for a, b in zip(got, ref):
+        if b is None:
+            assert a is None or not a.any()
+            continue
         assert_close(a, b, 1e-5, "gradient", 1e-6)
-    check_layer(_layer(name), LOOPS, {"h": _features()})  # the interpreter agrees too
+    check_layer(make(), LOOPS, {"h": _features()})  # the interpreter agrees too
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(set(CASES) - {"squeeze"}) + ["squeeze"])
+def test_equals_torch(name, backend):
+    _equals_torch(lambda: _layer(name), CASES[name], backend)
 
 
 @pytest.mark.parametrize("key, message", [
@@ -152,24 +168,7 @@ class ApplyWithParams(Apply):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("name", sorted(SLICES))
 def test_ranges_equal_torch(name, backend):
-    torch.manual_seed(1)
-    layer = ApplyWithParams(SLICES[name])
-    layer.set_backend(backend)
-    x = _features().requires_grad_()
-    out = layer(LOOPS, x)
-    xr = _features().requires_grad_()
-    want = SLICES[name](layer, xr)
-    assert_close(out, want, 1e-5, "output")
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad((out * cot).sum(), [x, *layer.parameters()], allow_unused=True)
-    ref = torch.autograd.grad((want * cot).sum(), [xr, *layer.parameters()], allow_unused=True)
-    for a, b in zip(got, ref):
-        if b is None:
-            assert a is None or not a.any()
-            continue
-        assert_close(a, b, 1e-5, "gradient", 1e-6)
-    torch.manual_seed(1)
-    check_layer(ApplyWithParams(SLICES[name]), LOOPS, {"h": _features()})
+    _equals_torch(lambda: _seeded(ApplyWithParams, SLICES[name]), SLICES[name], backend)
 
 
 class SliceInMessage(sarc.Layer):
@@ -224,24 +223,7 @@ class ApplyWithMatrices(Apply):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("name", sorted(AXES))
 def test_axes_reordered_equal_torch(name, backend):
-    torch.manual_seed(1)
-    layer = ApplyWithMatrices(AXES[name])
-    layer.set_backend(backend)
-    x = _features().requires_grad_()
-    out = layer(LOOPS, x)
-    xr = _features().requires_grad_()
-    want = AXES[name](layer, xr)
-    assert_close(out, want, 1e-5, "output")
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad((out * cot).sum(), [x, *layer.parameters()], allow_unused=True)
-    ref = torch.autograd.grad((want * cot).sum(), [xr, *layer.parameters()], allow_unused=True)
-    for a, b in zip(got, ref):
-        if b is None:
-            assert a is None or not a.any()
-            continue
-        assert_close(a, b, 1e-5, "gradient", 1e-6)
-    torch.manual_seed(1)
-    check_layer(ApplyWithMatrices(AXES[name]), LOOPS, {"h": _features()})
+    _equals_torch(lambda: _seeded(ApplyWithMatrices, AXES[name]), AXES[name], backend)
 
 
 class HeadsTransposed(sarc.Layer):
@@ -292,16 +274,4 @@ EXTREMA = {
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("name", sorted(EXTREMA))
 def test_extrema_and_softmax_equal_torch(name, backend):
-    torch.manual_seed(1)
-    layer = Apply(EXTREMA[name])
-    layer.set_backend(backend)
-    x = _features().requires_grad_()
-    out = layer(LOOPS, x)
-    xr = _features().requires_grad_()
-    want = EXTREMA[name](layer, xr)
-    assert_close(out, want, 1e-5, "output")
-    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    (got,) = torch.autograd.grad((out * cot).sum(), [x])
-    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
-    assert_close(got, ref, 1e-5, "gradient", 1e-6)
-    check_layer(Apply(EXTREMA[name]), LOOPS, {"h": _features()})
+    _equals_torch(lambda: Apply(EXTREMA[name]), EXTREMA[name], backend)
