@@ -535,9 +535,12 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"layer {lp.name} ({lp.layer_class}): exec={lp.exec_mode}")
         if lp.exchange is not None:
             x = lp.exchange
-            lines.append(f"  exchanged: {' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
-                         f"{', gradients sent back' if x.needs_grad else ''}"
-                         f"{_passes_note(lp, plan.baseline)}")
+            row = f"{' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
+            if plan.workers > 1:
+                lines.append(f"  exchanged: {row}{', gradients sent back' if x.needs_grad else ''}"
+                             f"{_passes_note(lp, plan.baseline)}")
+            else:  # what P workers would send; one sends nothing
+                lines.append(f"  exchanged on P > 1 workers: {row} (one worker: nothing sent)")
             for a in lp.alternatives:
                 lines.append(f"  not chosen: {' + '.join(a.names)} = {a.width} x {a.dtype_bytes} B/row")
         lines.append(f"  kept for backward: edge {lp.saved['edge']} B, node {lp.saved['node']} B")

@@ -97,6 +97,20 @@ def test_compile_builds_the_model_with_set_hyperparameters(tmp_path, capsys):
     assert "hidden takes an int" in capsys.readouterr().err
 
 
+def test_a_one_worker_plan_sends_nothing(tmp_path, capsys):
+    """One worker exchanges nothing: its plan names what P workers would send, without
+    the gradients sent back or a second fetch it would claim."""
+    gcn = str(ROOT / "models" / "gcn.py")
+    assert main(["compile", gcn, "--emit", "plan", "--out", str(tmp_path / "one")]) == 0
+    out = capsys.readouterr().out
+    assert "exchanged on P > 1 workers: %8:mul[16] = 16 x 4 B/row (one worker: nothing sent)" \
+        in out, out
+    assert "gradients sent back" not in out and "fetched twice" not in out
+    assert main(["compile", gcn, "--emit", "plan", "--workers", "2",
+                 "--out", str(tmp_path / "two")]) == 0
+    assert "exchanged: %8:mul[16] = 16 x 4 B/row, gradients sent back" in capsys.readouterr().out
+
+
 def test_compile_cli_subprocess(tmp_path):
     r = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "compile",
                             str(ROOT / "models" / "gat.py"), "--mode", "mfg", "--emit", "plan"],
