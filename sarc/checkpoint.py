@@ -290,6 +290,12 @@ def read_plain(path: Path, sha256: str | None = None) -> dict:
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:
+        if "Weights only load failed" in str(e):
+            # torch's text goes on to say how to load it anyway, which would run the
+            # file's code: sarc never does, and does not suggest it
+            raise CheckpointError(f"{path}: not a sarc checkpoint file: it holds Python "
+                                  f"objects other than tensors and plain data, which sarc "
+                                  f"does not load") from None
         raise CheckpointError(f"{path}: not a sarc checkpoint file ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})") from e
     if not isinstance(obj, dict):

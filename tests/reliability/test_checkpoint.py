@@ -411,3 +411,21 @@ def test_check_plain_names_what_is_not_plain():
     check_plain({"a": [torch.zeros(1), 1, 2.0, "x", None, True, (1, 2)]})
     with pytest.raises(TypeError, match=r"checkpoint\['a'\]\[1\]: a \w*Path, not plain data"):
         check_plain({"a": [1, Path(".")]})
+
+
+class _NotPlainData:
+    pass
+
+
+@case("checkpoint", "a `.pt` file holding a Python object (a pickled class), given to "
+      "`load_trained`", "error")
+def test_a_file_of_python_objects_is_refused_without_advice_to_run_it(tmp_path):
+    """torch's refusal goes on to say how to load such a file anyway (running its code);
+    sarc's says what the file is, and nothing of the sort."""
+    path = tmp_path / "m.pt"
+    torch.save({"format": "sarc-model", "obj": _NotPlainData()}, path)
+    with pytest.raises(CheckpointError) as info:
+        sarc.load_trained(path, GCN)
+    text = str(info.value)
+    assert "m.pt: not a sarc checkpoint file: it holds Python objects" in text, text
+    assert "weights_only" not in text and "trust" not in text and "\x1b" not in text, text
