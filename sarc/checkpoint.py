@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from .errors import SarcError
-from .records import Record
+from .records import Record, load_plain
 
 FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
 MANIFEST = "checkpoint.json"
@@ -287,17 +287,7 @@ def read_plain(path: Path, sha256: str | None = None) -> dict:
         raise CheckpointError(f"{path}: cannot be read: {e.strerror or e}") from e
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(f"{path}: corrupt (its sha256 is not the one {MANIFEST} records)")
-    try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:
-        if "Weights only load failed" in str(e):
-            # torch's text goes on to say how to load it anyway, which would run the
-            # file's code: sarc never does, and does not suggest it
-            raise CheckpointError(f"{path}: not a sarc checkpoint file: it holds Python "
-                                  f"objects other than tensors and plain data, which sarc "
-                                  f"does not load") from None
-        raise CheckpointError(f"{path}: not a sarc checkpoint file ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    obj = load_plain(io.BytesIO(data), f"{path}: not a sarc checkpoint file", CheckpointError)
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: not a sarc checkpoint file")
     return obj

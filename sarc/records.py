@@ -35,12 +35,33 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
               "a [first, end) pair of node ids"),
     "sha256": (lambda v: isinstance(v, str) and len(v) == 64
                and all(c in "0123456789abcdef" for c in v), "a sha256 hex digest"),
+    "tensor": (_is_tensor, "a tensor"),
     "tensors": (lambda v: isinstance(v, dict) and all(
         isinstance(k, str) and _is_tensor(t) for k, t in v.items()), "a dict of named tensors"),
 }
 """kind -> (its check, what a value of it is, for the error)."""
 
 _ABSENT = object()
+
+
+def load_plain(source, what: str, error: type[Exception]):
+    """``torch.load(source, weights_only=True)``: tensors and plain data, never code. A file
+    it refuses raises ``error`` naming ``what`` and why in one line; where the file holds
+    other Python objects, torch's own text goes on to say how to load it anyway (running
+    its code), which sarc does not pass on."""
+    import torch
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise error(f"{what}: {load_problem(e)}") from None
+
+
+def load_problem(e: BaseException) -> str:
+    """Why ``torch.load(..., weights_only=True)`` refused a file, in one line."""
+    if "Weights only load failed" in str(e):
+        return "it holds Python objects other than tensors and plain data, which sarc does not load"
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {first}"
 
 
 class Record:

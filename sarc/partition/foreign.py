@@ -340,9 +340,9 @@ def load_torch_file(path: Path, what: str):
         # with add_safe_globals: it fills only dict, OrderedDict and Counter. Only a zip
         # archive, what torch.save writes, gets the second reader.
         if not zipfile.is_zipfile(path):
-            raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
+            raise PartitionError(f"{path}: {what} cannot be read: {load_problem(e)}") from None
     except Exception as e:
-        raise PartitionError(f"{path}: {what} cannot be read: {e}") from e
+        raise PartitionError(f"{path}: {what} cannot be read: {load_problem(e)}") from None
     try:
         return torch.load(path, map_location="cpu", weights_only=False,
                           pickle_module=_RESTRICTED_PICKLE)

@@ -32,7 +32,7 @@ import torch
 from ..version import __version__
 from ..errors import PartitionError
 from ..atomic import atomic_directory
-from ..records import Record
+from ..records import Record, load_plain
 from .fingerprint import graph_fingerprint
 from .parts import Part
 from .relabel import Relabeling
@@ -173,10 +173,9 @@ class PartitionSet:
         entry = self.meta["parts"][p]
         file = self.part_path(p)
         data = _read_checked(file, entry["sha256"])
-        try:
-            d = torch.load(io.BytesIO(data), weights_only=True)
-        except Exception as e:  # sha256 matched, so the writer wrote something torch.load rejects
-            raise PartitionError(f"{file}: cannot be read as a partition file: {e}") from e
+        # the sha256 matched: the writer wrote something torch.load rejects
+        d = load_plain(io.BytesIO(data), f"{file}: cannot be read as a partition file",
+                       PartitionError)
         part = Part.from_dict(d, str(file))
         if [part.lo, part.hi] != list(entry["nodes"]):
             raise PartitionError(f"{file}: holds nodes [{part.lo}, {part.hi}), the metadata says "

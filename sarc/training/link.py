@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..records import Record, load_plain
 from ..sampling.negative import NEGATIVE_SAMPLERS, eval_negatives, train_negatives
 from .inputs import EmbeddingInput, TrainError, optimizer
 from .loop import epoch_line, timings
@@ -63,6 +64,10 @@ LINK_DEFAULTS: dict[str, Any] = {
     "eval_negatives": 1000,      # negatives per val / test pair
 }
 """The link task's hyperparameters; a link model file's ``HPARAMS`` declare them."""
+
+
+_SPLIT_SCHEMA = {"num_nodes": "count", "train": "tensor", "val": "tensor", "test": "tensor"}
+"""What a link split's file holds (``LinkSplit.to_dict``), checked when it is read back."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +103,12 @@ class LinkSplit:
 
     @staticmethod
     def load(path) -> "LinkSplit":
-        d = torch.load(path, weights_only=True)
+        d = load_plain(path, f"{path}: not a link split sarc wrote", TrainError)
+        Record(f"{path}: corrupt link split", TrainError).check_fields(d, _SPLIT_SCHEMA)
+        for k in ("train", "val", "test"):
+            if d[k].dim() != 2 or d[k].shape[0] != 2 or d[k].dtype != torch.int64:
+                raise TrainError(f"{path}: corrupt link split: {k} must be a [2, n] int64 tensor "
+                                 f"of node pairs, got {d[k].dtype} {list(d[k].shape)}")
         return LinkSplit(int(d["num_nodes"]), d["train"], d["val"], d["test"])
 
 

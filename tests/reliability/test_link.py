@@ -2,6 +2,9 @@
 epoch is trained."""
 from __future__ import annotations
 
+import pytest
+import torch
+
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 
@@ -43,3 +46,21 @@ def test_negatives_without_the_link_task():
     proc = run_sarc("train", SAGE, "--negatives", "degree")
     assert_error(proc, "--negatives", "--task link")
     assert proc.stdout == "", proc.stdout
+
+
+@case("files", "a damaged link split file (`link_split.pt` of a link set: Python objects, "
+      "a missing split, pairs of the wrong shape)", "error")
+@pytest.mark.parametrize("content, message", [
+    ({"num_nodes": 4, "obj": object}, "holds Python objects other than tensors"),
+    ({"num_nodes": 4, "train": torch.zeros(2, 3, dtype=torch.int64)}, "lacks val"),
+    ({"num_nodes": 4, "train": torch.zeros(3, 3, dtype=torch.int64),
+      "val": torch.zeros(2, 0, dtype=torch.int64), "test": torch.zeros(2, 0, dtype=torch.int64)},
+     r"train must be a \[2, n\] int64 tensor"),
+])
+def test_a_damaged_link_split_names_what_is_wrong(tmp_path, content, message):
+    from sarc.training.inputs import TrainError
+    from sarc.training.link import LinkSplit
+    path = tmp_path / "split.pt"
+    torch.save(content, path)
+    with pytest.raises(TrainError, match=message):
+        LinkSplit.load(path)
