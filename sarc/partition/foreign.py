@@ -55,6 +55,7 @@ import torch
 
 from ..errors import PartitionError, SarcError
 from ..atomic import check_target
+from ..records import load_problem
 from .fingerprint import graph_fingerprint
 from .format import SET_KIND, PartitionSet, write_partitions
 from .parts import cut_parts
