@@ -122,10 +122,13 @@ class ExtremumMerge(_AtRows):
         self.y = torch.where(better, y, self.y)
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
+        """y in the layer's dtype (``zeros``'). The merged y stays as the blocks gave it
+        for the cotangent: a block op that computes in float32 for a half-precision layer
+        (Triton's) gives its exact extremum, which its backward compares edges with."""
         if self.y is None:
             self.y, self.count = zeros.clone(), zeros.clone()
         self.y = torch.where(self.count > 0, self.y, torch.zeros((), dtype=self.y.dtype))
-        return self.y
+        return self.y.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
         return self.y, tie_share(g, self.count)

@@ -273,3 +273,82 @@ def test_sarc_compile_writes_the_schedules_of_the_layers_backend(tmp_path):
         text = (out / f"{name}.schedule.py").read_text()
         assert "# Edge blocks on the triton backend's kernels:" in text
         assert "import triton_blocks as DK" in text and "ops[0](g, " in text
+
+
+# --- max / min of a message from both ends, in half precision ---------------------------------
+
+class _MaxOfBothEnds(sarc.Layer):
+    """max (or min) of lin(h_u) + lin(h_v): a per-edge value the kernels recompute in float32
+    in the backward, where they pick the edges attaining the merged extremum."""
+
+    def __init__(self, kind: str):
+        super().__init__(node={"h": FEATS})
+        self.lin, self.kind = torch.nn.Linear(FEATS, 4), kind
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) + self.lin(dst.h)
+
+    def reduce(self, msg):
+        return sarc.max(msg.m) if self.kind == "max" else sarc.min(msg.m)
+
+
+def _half_worker(out_file, port, part_dir, kind, dtype, state):
+    try:
+        import torch.distributed as dist
+
+        from sarc.distributed import DistGraph
+        from sarc.partition import load_partitions
+        from sarc.runtime.sharded import ShardedGraph
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        shard = ShardedGraph.from_partitions(load_partitions(part_dir, verify=False), 0)
+        layer = _MaxOfBothEnds(kind).to(dtype)
+        layer.load_state_dict(state)
+        layer.set_backend("triton")
+        x = shard.ndata["feat"].to(dtype).requires_grad_()
+        out = layer(DistGraph(shard), x)
+        (out.float() * shard.ndata["w"]).sum().backward()
+        torch.save({"ids": shard.orig_node_ids, "out": out.detach(), "x_grad": x.grad,
+                    "w_grad": layer.lin.weight.grad}, out_file)
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, out_file)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_half_precision_extremum_schedule_equals_the_graph_step(tmp_path, kind, dtype):
+    """The blocks' partials give the exact (float32) extremum, which the merge rounds for the
+    output only: the backward kernels compare each edge with the exact one. With the rounded
+    one, no recomputed edge matched and every gradient was near 0."""
+    src, dst, x, _, _ = _graph()
+    w = torch.randn(N, 4, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    layer = _MaxOfBothEnds(kind).to(dtype)
+    layer.set_backend("triton")
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    xr = x.to(dtype).requires_grad_()
+    want = layer(sarc.Graph.from_edges(src, dst, N), xr)
+    (want.float() * w).sum().backward()
+
+    pset = partition_graph(src, dst, N, 1, tmp_path / "parts", method="random",
+                           node_data={"feat": x, "w": w})
+    out_file = tmp_path / "step.pt"
+    p = multiprocessing.get_context("fork").Process(
+        target=_half_worker, args=(str(out_file), free_port(), str(pset.path), kind, dtype, state))
+    p.start()
+    p.join(TIMEOUT_S)
+    assert not p.is_alive() and out_file.exists(), "the worker did not finish"
+    got = torch.load(out_file, weights_only=False)
+    assert "error" not in got, got.get("error")
+    x_grad = torch.zeros_like(xr.grad)
+    x_grad[got["ids"]] = got["x_grad"]
+    out = torch.zeros_like(want)
+    out[got["ids"]] = got["out"]
+    assert got["out"].dtype == dtype
+    torch.testing.assert_close(out, want.detach())
+    scale = float(xr.grad.abs().max())
+    assert scale > 0.1
+    torch.testing.assert_close(x_grad.float(), xr.grad.float(), rtol=0, atol=2e-2 * scale)
+    torch.testing.assert_close(got["w_grad"].float(), layer.lin.weight.grad.float(), rtol=0,
+                               atol=2e-2 * float(layer.lin.weight.grad.abs().max()))
