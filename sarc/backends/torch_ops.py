@@ -33,6 +33,17 @@ def _cast(out, dtype: torch.dtype):
     return out
 
 
+def autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
+    """(enabled, dtype) of ``torch.autocast`` on ``device_type`` (``cpu``, ``cuda``): what a
+    backward that recomputes a forward must run under to compute the same values."""
+    try:
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError):  # torch < 2.4: one query per device type
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+
+
 def accumulates(fn):
     """An op summing over edges: half / bfloat16 operands are summed in float32, the result
     rounded once to their dtype (the cast's gradient rounds the backward the same way)."""
@@ -786,7 +797,7 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[i
     z = operands[value_index]
     read = tuple(x if k in reads else None for k, x in enumerate(operands))
     per_edge_read = any(x is not None and s in ("src", "dst", "edge") for x, s in zip(read, sides))
-    recompute = (torch.is_grad_enabled() and not torch.is_autocast_enabled() and per_edge_read
+    recompute = (torch.is_grad_enabled() and not autocast_state(z.device.type)[0] and per_edge_read
                  and any(x is not None and x.requires_grad for x in (z, *read)))
     if recompute and z.dtype in _SPMM_DTYPES and g.num_edges and _folds_fit(z, read, sides, folds, g):
         return _RecomputedSoftmaxProduct.apply(score, sides, width, g, folds, z, *read)

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from ..backends import dist_backend
+from ..backends.torch_ops import autocast_state
 from .. import compiler
 from ..graph import Graph
 from ..ir import rng
@@ -161,6 +162,10 @@ class _DistLayer(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, *flat):
         call.needs = ctx.needs_input_grad[1:]
+        # the backward recomputes parts of the forward: under the same autocast, or it
+        # computes other values (a max no edge attains any more, a dtype the kept tensors
+        # do not have)
+        ctx.autocast = (call.dg.device.type, *autocast_state(call.dg.device.type))
         out = call.program.module.forward(call)
         outs = []
         for name, _ in call.program.split.layer.outputs:
@@ -181,7 +186,8 @@ class _DistLayer(torch.autograd.Function):
                 g = torch.zeros((call.dg.num_dst, *fn.values[i].type.feat),
                                 dtype=fn.values[i].type.dtype.to_torch(), device=call.dg.device)
             grad_out[name] = g
-        with torch.enable_grad():
+        device_type, enabled, dtype = ctx.autocast
+        with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
             flat_grads = call.program.module.backward(call, grad_out)
         return (None, *flat_grads)
 
