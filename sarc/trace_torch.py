@@ -345,7 +345,9 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     n = float(_prod(shape))
     centered = x - _sum_axes(x, axes, True) / n
     var = _sum_axes(centered * centered, axes, True) / n
-    out = centered * _emit(Op.POW, var + _number(eps, "layer_norm's eps"), exponent=-0.5)
+    # a division by the square root, not a product with its reciprocal: the reciprocal's
+    # derivative, (var + eps)^-1.5, overflows half precision where the variance is 0
+    out = centered / _emit(Op.POW, var + _number(eps, "layer_norm's eps"), exponent=0.5)
     if weight is not None:
         out = out * weight
     return out if bias is None else out + bias

@@ -222,6 +222,10 @@ def _vjp_pow(bw, v, y, ct, needs):
     if e == 0.0:
         return (None,)
     x = v.inputs[0]
+    if e < 0.0:
+        # e x^(e-1) = e y / x, the cotangent multiplied in first: a zero cotangent gives 0
+        # where x^(e-1) overflows (a half-precision layer norm's rsqrt of a variance of 0)
+        return (bw.mul(bw.const(e, x), bw.emit(Op.DIV, [bw.mul(ct, y), x])),)
     d = bw.mul(bw.const(e, x), bw.emit(Op.POW, [x], exponent=e - 1.0))
     return (bw.mul(ct, d),)
 

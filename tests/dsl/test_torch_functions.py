@@ -275,3 +275,24 @@ EXTREMA = {
 @pytest.mark.parametrize("name", sorted(EXTREMA))
 def test_extrema_and_softmax_equal_torch(name, backend):
     _equals_torch(lambda: Apply(EXTREMA[name]), EXTREMA[name], backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_half_precision_layer_norm_of_a_constant_row_has_finite_gradients(backend):
+    """A row whose features are all equal (variance 0): the rsqrt's derivative,
+    (var + eps)^-1.5, overflows float16; the layer norm divides by the square root instead,
+    whose gradient is finite, as torch's LayerNorm's is."""
+    torch.manual_seed(0)
+    layer = Apply(CASES["layer-norm-module"], module=nn.LayerNorm(W)).half()
+    layer.set_backend(backend)
+    x = _features()
+    x[3] = 0.25  # a constant row
+    xh = x.half().requires_grad_()
+    out = layer(LOOPS, xh)
+    (out.float() * torch.linspace(-1, 1, W)).sum().backward()
+    assert torch.isfinite(xh.grad).all() and torch.isfinite(layer.mod.weight.grad).all()
+    xf = x.half().float().requires_grad_()
+    ref = F.layer_norm(xf, (W,), layer.mod.weight.float(), layer.mod.bias.float())
+    (ref * torch.linspace(-1, 1, W)).sum().backward()
+    assert_close(out.float(), ref, 2e-2, "output")
+    assert_close(xh.grad.float(), xf.grad, 5e-2, "gradient", 1e-2)
