@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..amp import autocast_state
 from ..graph import Graph
 from ..native import kernels as cpu_kernels
 
@@ -31,17 +32,6 @@ def _cast(out, dtype: torch.dtype):
     if isinstance(out, tuple):
         return tuple(_cast(o, dtype) for o in out)
     return out
-
-
-def autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
-    """(enabled, dtype) of ``torch.autocast`` on ``device_type`` (``cpu``, ``cuda``): what a
-    backward that recomputes a forward must run under to compute the same values."""
-    try:
-        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-    except (TypeError, AttributeError):  # torch < 2.4: one query per device type
-        if device_type == "cpu":
-            return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
-        return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
 
 
 def accumulates(fn):

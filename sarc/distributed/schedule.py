@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from ..backends import dist_backend
-from ..backends.torch_ops import autocast_state
+from ..amp import autocast_state
 from .. import compiler
 from ..graph import Graph
 from ..ir import rng

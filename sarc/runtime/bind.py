@@ -10,6 +10,7 @@ from typing import Mapping
 
 import torch
 
+from ..amp import autocast_state
 from ..errors import GraphError
 from ..graph import Graph, derived
 from ..ir.function import Function, Region
@@ -162,6 +163,12 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
         raise GraphError(f"feature {name!r} has per-row shape {list(x.shape[1:])}, "
                          f"declared {list(t.feat)}")
     want = t.dtype.to_torch()
+    if x.dtype != want and t.dtype.is_float and x.dtype.is_floating_point:
+        on, low = autocast_state(x.device.type)
+        if on and x.dtype == low:
+            # under autocast a layer's output may be in its low dtype (a matmul last); the
+            # next float32 layer takes it, as autocast's own float32 ops do
+            x = x.to(want)
     if x.dtype != want:
         if t.dtype.is_float and x.dtype.is_floating_point:
             raise GraphError(f"feature {name!r} is {x.dtype}, the layer computes in {want} (its "

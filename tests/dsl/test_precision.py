@@ -78,6 +78,23 @@ def test_autocast_runs_a_float32_layer_in_bfloat16(g):
     assert _scaled_err(out, expect) < LOW["bf16"][1]
 
 
+def test_under_autocast_a_layer_takes_the_previous_layers_low_precision_output(g):
+    """A layer ending in a matmul returns bfloat16 under autocast (as torch's Linear does);
+    the next float32 layer takes it, as autocast's own float32 ops do."""
+    first = LAYERS["sage"](D).eval()
+    feats = features(first, g, D)
+    hidden = first(g, **feats)
+    second = LAYERS["sage"](hidden.shape[1]).eval()
+    expect = second(g, hidden)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mid = first(g, **feats)
+        assert mid.dtype == torch.bfloat16
+        out = second(g, mid)
+    assert _scaled_err(out, expect) < LOW["bf16"][1]
+    with pytest.raises(GraphError, match="is torch.bfloat16, the layer computes in torch.float32"):
+        second(g, mid)  # without autocast, a low-precision feature is still an error
+
+
 def test_mixed_parameter_dtypes_are_an_error_naming_both(g):
     layer = LAYERS["gat_1head"](D)
     layer.lin.half()
