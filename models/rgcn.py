@@ -54,7 +54,7 @@ class RGCN(nn.Module):
         self.dropout = dropout
 
     def forward(self, g, x, etype):
-        norm = relation_norm(g, etype, self.num_rels)
+        norm = relation_norm(g, etype, self.num_rels).to(x.dtype)  # the model's precision
         x = F.relu(self.conv1(g, x, etype=etype, norm=norm))
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(g, x, etype=etype, norm=norm)

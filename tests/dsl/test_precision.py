@@ -7,6 +7,8 @@ another precision are errors that say what to convert.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from difftest import random_block
@@ -148,3 +150,20 @@ def test_a_hub_of_thousands_of_in_edges_is_summed_in_float32(model, precision):
     with torch.no_grad():
         hub, want = low(g, **feats)[0].float(), ref(g, **_low(feats, torch.float32))[0]
     assert float((hub - want).norm() / want.norm()) < HUB[precision]
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gin", "rgcn"])
+def test_the_model_files_run_in_bfloat16(g, name):
+    """models/*.py converted whole (``model.to(torch.bfloat16)``) compute in it: what their
+    forward makes besides the layers (R-GCN's relation norm) follows the features' dtype."""
+    from sarc.loader import load_model_file
+    from sarc.train import DEFAULTS
+    spec = load_model_file(Path(__file__).resolve().parents[2] / "models" / f"{name}.py")
+    hp = {**DEFAULTS, **spec.hparams}
+    torch.manual_seed(0)
+    model = spec.build_model(D, 3, num_nodes=g.num_src, num_etypes=3, **hp).to(torch.bfloat16)
+    model.eval()
+    extra = {"etype": torch.randint(0, 3, (g.num_edges,))} if name == "rgcn" else {}
+    out = model(g, torch.randn(g.num_src, D).to(torch.bfloat16), **extra)
+    assert out.dtype == torch.bfloat16 and out.shape == (g.num_dst, 3)
+    assert torch.isfinite(out.float()).all()
