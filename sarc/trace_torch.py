@@ -319,15 +319,18 @@ def _silu(input, inplace=Fixed(False)):
 
 @traces(F.softplus)
 def _softplus(input, beta=1.0, threshold=20.0):
-    """torch's ``log(1 + exp(beta x)) / beta``, and ``x`` where ``beta x > threshold``: a
-    select between the two, the log's argument capped at the threshold so that the side not
-    taken is finite too (its gradient, 0 there, never meets an inf)."""
+    """torch's ``log(1 + exp(beta x)) / beta``, and ``x`` where ``beta x > threshold``. The
+    log is taken of ``1 + exp(-|z|)`` only, which cannot overflow (half precision's exp does
+    past 11): ``z + log(1 + exp(-z))`` for z > 0, ``log(1 + exp(z))`` else, each side's
+    argument clamped to its half so that the side not taken is finite too (its gradient, 0
+    there, never meets an inf) and the gradient at 0 is sigmoid(0), as torch's."""
     x = _traced(input, "softplus")
     beta, threshold = _number(beta, "softplus's beta"), _number(threshold, "softplus's threshold")
     z = x * beta if beta != 1.0 else x
-    capped = -_emit(Op.CLAMP_MIN, -z, min=-threshold)  # min(z, threshold)
-    smooth = _emit(Op.LOG, 1.0 + _emit(Op.EXP, capped))
-    out = x.tracer.emit(Op.WHERE_POS, [z - threshold, z, smooth])
+    emit = x.tracer.emit
+    above = z + _emit(Op.LOG, 1.0 + _emit(Op.EXP, -_emit(Op.RELU, z)))
+    below = _emit(Op.LOG, 1.0 + _emit(Op.EXP, -_emit(Op.CLAMP_MIN, -z, min=0.0)))
+    out = emit(Op.WHERE_POS, [z - threshold, z, emit(Op.WHERE_POS, [z, above, below])])
     return out / beta if beta != 1.0 else out
 
 
@@ -435,14 +438,42 @@ class _ValuesOnly:
 
     @property
     def indices(self):
-        raise DSLError(f"{self._what}(x, dim).indices: the positions of the extrema are not "
-                       f"traced; use .values (or torch.a{self._what}(x, dim))", user_loc())
+        raise DSLError(_untraced_indices(self._what), user_loc())
 
     def __getitem__(self, i):
         return self.values if i == 0 else self.indices
 
     def __iter__(self):
-        return iter((self.values, self.indices))
+        # ``values, _ = x.max(-1)``: the indices are refused where they are used, not here
+        return iter((self.values, _UntracedIndices(self._what)))
+
+
+def _untraced_indices(what: str) -> str:
+    return (f"{what}(x, dim).indices: the positions of the extrema are not traced; use "
+            f".values (or torch.a{what}(x, dim))")
+
+
+class _UntracedIndices:
+    """The indices of ``values, indices = x.max(dim)``: unpacked, never used."""
+
+    def __init__(self, what: str):
+        object.__setattr__(self, "_what", what)
+
+    def _refuse(self, *args, **kwargs):
+        raise DSLError(_untraced_indices(object.__getattribute__(self, "_what")), user_loc())
+
+    def __getattr__(self, name):
+        self._refuse()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        what = next(a for a in args if isinstance(a, _UntracedIndices))
+        what._refuse()
+
+    __getitem__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __index__ = __int__ = __float__ = __bool__ = _refuse
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _refuse
+    __hash__ = object.__hash__
 
 
 def _extremum_method(kind: str):
@@ -596,9 +627,15 @@ def _squeeze(input, dim=None):
         for d in dims:
             if not _is_int(d):
                 raise DSLError(f"squeeze: dim must be an int, got {_kind(d)}", user_loc())
+            n = max(len(t.shape), 1)
+            if not -n <= d < n:
+                raise DSLError(f"squeeze: dim {d} is out of range for a value of shape "
+                               f"{_shape(t)}", user_loc())
             if not param and d in (0, -len(t.shape)):
                 continue  # the row axis: torch leaves it unless there is one row
-            axes.append(_dim_to_axis(x, d) if not param else d % max(len(t.feat), 1))
+            if param and not t.feat:
+                continue  # a 0-d parameter: nothing to squeeze, as in torch
+            axes.append(_dim_to_axis(x, d) if not param else d % len(t.feat))
         axes = [a for a in axes if t.feat[a] == 1]
     feat = tuple(s for a, s in enumerate(t.feat) if a not in set(axes))
     return x if feat == t.feat else _emit(Op.RESHAPE, x, feat=feat)
@@ -628,7 +665,11 @@ def _permute(input, dims):
     if len(dims) != len(x.type.shape) or not all(_is_int(d) for d in dims):
         raise DSLError(f"permute{list(dims)} does not name each axis of a value of shape "
                        f"{_shape(x.type)} once", user_loc())
-    full = [d % len(x.type.shape) for d in dims]
+    n = len(x.type.shape)
+    if any(not -n <= d < n for d in dims):
+        raise DSLError(f"permute{list(dims)}: a dim is out of range for a value of shape "
+                       f"{_shape(x.type)}", user_loc())
+    full = [d % n for d in dims]
     if sorted(full) != list(range(len(full))):
         raise DSLError(f"permute{list(dims)} names an axis twice", user_loc())
     if rows:
@@ -646,23 +687,41 @@ def _permute_method(input, *dims):
     return _permute.record(input, dims)
 
 
+def _param_transpose(input, what: str) -> Proxy:
+    x = _traced(input, what)
+    if x.type.domain is not Domain.PARAM:
+        raise DSLError(f"{what} of {x.type.domain.article} value would move its row axis; "
+                       f"swap two feature axes with x.transpose(1, 2)", user_loc())
+    return x
+
+
 @traces(torch.t, torch.Tensor.t)
 def _t(input):
-    """A parameter's last two axes swapped (``x @ self.W.T``; ``.t()`` and ``.T`` of a
-    2-d one, ``.mT`` of any); a node or edge value's rows cannot move."""
-    x = _traced(input, "t")
-    if x.type.domain is not Domain.PARAM:
-        raise DSLError(f"the transpose of {x.type.domain.article} value would move its row "
-                       f"axis; swap two feature axes with x.transpose(1, 2)", user_loc())
+    """A parameter of at most 2 axes transposed (``x @ self.W.t()``), as torch's ``t``."""
+    x = _param_transpose(input, "t()")
+    n = len(x.type.feat)
+    if n > 2:
+        raise DSLError(f"t() takes a parameter of at most 2 axes, got {_shape(x.type)}; use "
+                       f"transpose or .mT", user_loc())
+    return x if n < 2 else _permuted(x, (1, 0))
+
+
+@traces(torch.Tensor.T.__get__)
+def _T(instance, owner=None):
+    """``.T``: a parameter's axes reversed, as torch's (``x @ self.W.T``)."""
+    x = _param_transpose(instance, ".T")
+    return _permuted(x, tuple(reversed(range(len(x.type.feat)))))
+
+
+@traces(torch.Tensor.mT.__get__)
+def _mT(instance, owner=None):
+    """``.mT``: a parameter's last two axes swapped."""
+    x = _param_transpose(instance, ".mT")
     n = len(x.type.feat)
     if n < 2:
-        return x
+        raise DSLError(f".mT takes a parameter of at least 2 axes, got {_shape(x.type)}",
+                       user_loc())
     return _permuted(x, (*range(n - 2), n - 1, n - 2))
-
-
-@traces(torch.Tensor.T.__get__, torch.Tensor.mT.__get__)
-def _t_property(instance, owner=None):
-    return _t.record(instance)
 
 
 @traces(torch.flatten, torch.Tensor.flatten)
@@ -720,7 +779,9 @@ def _basic_index(x: Proxy, key) -> Proxy:
             continue
         size = shape[d]
         if rows and d == 0:
-            if not (isinstance(k, slice) and k == slice(None)):
+            whole = (isinstance(k, slice) and k.start in (None, 0) and k.stop is None
+                     and k.step in (None, 1))
+            if not whole:
                 raise DSLError(f"the rows of {t.domain.article} value are taken whole (':'); "
                                f"index its feature axes (x[:, 0], x[..., :8])", user_loc())
             final.append(size)

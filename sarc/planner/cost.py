@@ -37,7 +37,7 @@ SAVES: dict[Op, tuple] = {
     Op.MUL: (0, 1), Op.DIV: (0, 1),
     Op.EXP: (OUT,), Op.RELU: (OUT,), Op.SIGMOID: (OUT,), Op.TANH: (OUT,), Op.ELU: (OUT,),
     Op.LOG: (0,), Op.POW: (0,), Op.CLAMP_MIN: (0,), Op.LEAKY_RELU: (0,), Op.ERF: (0,),
-    Op.MAX_AXIS: (0, OUT),
+    Op.MAX_AXIS: (0, OUT), Op.WHERE_POS: (0,),
     Op.EDGE_SOFTMAX: (OUT,), Op.DROPOUT: ("mask",),
 }
 

@@ -126,6 +126,9 @@ def test_equals_torch(name, backend):
     (lambda x: x.chunk(2), "row axis"),
     (lambda x: x.t(), "would move its row axis"),
     (lambda x: x.max(-1).indices, "are not traced; use .values"),
+    (lambda x: (lambda v, i: v * i)(*x.max(-1)), "are not traced; use .values"),
+    (lambda x: x[0:, ::1][:, 1:3] * x.view(-1, 4, 2).permute(0, 5, 1).flatten(1), "out of range"),
+    (lambda x: x.view(-1, 2, 4).squeeze(4), "squeeze: dim 4 is out of range"),
     (lambda x: x.max(), "max over all axes is not supported"),
     (lambda x: torch.max(x, x), "elementwise max of two values is not traced"),
     (lambda x: F.softmax(x), "softmax needs dim="),
@@ -262,6 +265,7 @@ EXTREMA = {
     "amax-axes": lambda s, x: x.view(-1, 2, 2, 2).amax(dim=(1, 3)),
     "max-values": lambda s, x: x.view(-1, 2, 4).max(-1).values + torch.min(x.view(-1, 4, 2), 1)[0].sum(-1, keepdim=True),
     "max-keepdim": lambda s, x: x - x.max(dim=-1, keepdim=True).values,
+    "max-unpacked": lambda s, x: (lambda v, _: v)(*x.view(-1, 2, 4).max(-1)),
     "softmax": lambda s, x: F.softmax(x.view(-1, 2, 4), dim=-1).flatten(1) + x.softmax(1),
     "softmax-heads": lambda s, x: torch.softmax(x.view(-1, 4, 2), 1).flatten(1),
     "log-softmax": lambda s, x: F.log_softmax(x, dim=-1) + x.log_softmax(-1),
@@ -296,3 +300,47 @@ def test_half_precision_layer_norm_of_a_constant_row_has_finite_gradients(backen
     (ref * torch.linspace(-1, 1, W)).sum().backward()
     assert_close(out.float(), ref, 2e-2, "output")
     assert_close(xh.grad.float(), xf.grad, 5e-2, "gradient", 1e-2)
+
+
+class WithTensorParams(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.p3 = nn.Parameter(torch.randn(2, 4, 3))
+        self.s = nn.Parameter(torch.tensor(2.0))
+
+
+PARAM_AXES = {
+    "T-reverses-every-axis": lambda s, x: (x.view(-1, 4, 2) * s.p3.T[0]).flatten(1),
+    "mT-swaps-the-last-two": lambda s, x: (x.view(-1, 2, 4) * s.p3.mT[:, 0]).flatten(1),
+    "squeeze-0d": lambda s, x: x * s.s.squeeze(0) + x * s.s.squeeze(),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T` on tensors")
+@pytest.mark.parametrize("name", sorted(PARAM_AXES))
+def test_parameter_axes_equal_torch(name):
+    _equals_torch(lambda: _seeded(WithTensorParams, PARAM_AXES[name]), PARAM_AXES[name], "torch")
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda s, x: x * s.p3.t()[0, 0, 0], r"t\(\) takes a parameter of at most 2 axes"),
+    (lambda s, x: x * s.s.mT, r"\.mT takes a parameter of at least 2 axes"),
+])
+def test_transposes_torch_refuses_are_refused(fn, message):
+    with pytest.raises(sarc.DSLError, match=message):
+        WithTensorParams(fn).trace()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_low_precision_softplus_does_not_overflow(dtype):
+    """Past 11, half precision's exp overflows: softplus is built of exp(-|z|) only."""
+    layer = Apply(lambda s, x: F.softplus(x), module=nn.Linear(1, 1)).to(dtype)  # its dtype
+    x = torch.tensor([[12.0, 15.0, 19.5, 25.0, -30.0, 0.0, 3.0, -3.0]]).repeat(N, 1).to(dtype)
+    x.requires_grad_()
+    out = layer(LOOPS, x)
+    (out.float().sum()).backward()
+    want = F.softplus(x.detach().float())
+    assert torch.isfinite(out.float()).all() and torch.isfinite(x.grad.float()).all()
+    assert_close(out.float(), want, 1e-2, "output")
+    assert_close(x.grad.float(), torch.sigmoid(x.detach().float()) * (x.detach().float() <= 20)
+                 + (x.detach().float() > 20), 1e-2, "gradient")
