@@ -84,8 +84,8 @@ class Record:
             value = record
             for key in field.split("."):
                 value = value.get(key, _ABSENT) if isinstance(value, dict) else _ABSENT
-            if kind.endswith("?"):
-                if value is _ABSENT or value is None:
+            if kind.endswith("?"):  # may be absent; where present it is of the kind (not null)
+                if value is _ABSENT:
                     continue
                 kind = kind[:-1]
             elif value is _ABSENT:

@@ -131,6 +131,7 @@ def test_bad_metadata_is_refused(cora_set, tmp_path, damage, message):
     (lambda m: m.update(num_parts=0), "num_parts must be a positive integer, got 0"),
     (lambda m: m.update(num_parts=True), "num_parts must be a positive integer, got True"),
     (lambda m: m.update(types=[]), "types must be an object"),
+    (lambda m: m.update(sizes={"num_classes": None}), "sizes.num_classes must be a non-negative"),
 ])
 def test_hand_edited_metadata_names_the_field(cora_set, tmp_path, change, message):
     out = copy_set(cora_set, tmp_path)
