@@ -6,6 +6,7 @@ feature shape or dtype, a type id outside the table it indexes) is a ``GraphErro
 """
 from __future__ import annotations
 
+import weakref
 from typing import Mapping
 
 import torch
@@ -51,10 +52,26 @@ _INDEXED = {Op.INDEX: (0, 1), Op.TYPED_LINEAR: (1, 2)}
 """The ops that index a table by an integer value: op -> (table operand, index operand)."""
 
 
+_TABLES: dict[int, tuple] = {}
+"""id(fn) -> (a weak reference to fn, its type_id_tables): found once per compiled function."""
+
+
 def type_id_tables(fn: Function) -> dict[str, tuple[int, str]]:
     """Integer input -> (rows of the smallest table it indexes, that table's name): the
     range its ids must be in (``W[edge.etype]``, ``TypedLinear(x, edge.etype)``), found in
     ``fn`` and in the regions its fused ops hold."""
+    hit = _TABLES.get(id(fn))
+    if hit is not None and hit[0]() is fn:
+        return hit[1]
+    if len(_TABLES) > 256:
+        for k in [k for k, (ref, _) in _TABLES.items() if ref() is None]:
+            del _TABLES[k]
+    table = _find_tables(fn)
+    _TABLES[id(fn)] = (weakref.ref(fn), table)
+    return table
+
+
+def _find_tables(fn: Function) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
 
     def walk(values, outer):
