@@ -18,6 +18,23 @@ import sarc
 from sarc.ir import interpreter
 from sarc.runtime.bind import bind_inputs
 
+
+def _triton_problem() -> str | None:
+    from sarc.backends import triton_backend
+    try:
+        triton_backend.check_triton()
+    except triton_backend.TritonUnavailable as e:
+        return str(e)
+    return None
+
+
+TRITON_PROBLEM = _triton_problem()
+TRITON = pytest.param("triton", marks=pytest.mark.skipif(
+    TRITON_PROBLEM is not None, reason=f"no Triton backend here: {TRITON_PROBLEM}"))
+"""The Triton backend as a test parameter: skipped, with the reason, where it cannot run
+(the DGL environment's triton 2.2)."""
+BACKENDS = ("torch", TRITON)
+
 RTOL = 1e-5
 # A gradient that cancels to (nearly) zero -- GAT's att_dst when all of a node's
 # scores fall on one side of the leaky_relu, an attention over scores that are equal

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 import sarc
 from sarc.partition import partition_graph
 
+from difftest import BACKENDS
+
 from .harness import spawn
 from .models import MODELS
 
@@ -77,7 +79,7 @@ def _near(got, want, what):
     assert err <= TOL * scale, f"{what}: max |2 workers - 1 process| = {err:.3g}, scale {scale:.3g}"
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["max", "rgcn_bases"])
 def test_two_workers_under_autocast_equal_one_process(tmp_path, name, backend):
     src, dst, x, etype = _graph()

@@ -54,7 +54,7 @@ os._exit(0)
 def _parts(path: Path, parts: int, n: int = 80):
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (400,), generator=gen), torch.randint(0, n, (400,), generator=gen)
-    node_data = {"feat": torch.randn(n, 6, generator=gen),
+    node_data = {"feat": torch.rand(n, 6, generator=gen),
                  "label": torch.randint(0, 3, (n,), generator=gen),
                  "train_mask": torch.rand(n, generator=gen) < 0.6,
                  "val_mask": torch.zeros(n, dtype=torch.bool),

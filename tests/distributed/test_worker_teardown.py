@@ -38,7 +38,7 @@ main(sys.argv[1:])
 def _one_part(path: Path, n: int = 60):
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen)
-    node_data = {"feat": torch.randn(n, 6, generator=gen),
+    node_data = {"feat": torch.rand(n, 6, generator=gen),
                  "label": torch.randint(0, 3, (n,), generator=gen),
                  "train_mask": torch.rand(n, generator=gen) < 0.6,
                  "val_mask": torch.rand(n, generator=gen) < 0.2,

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from difftest import BACKENDS
 from torch import nn
 
 import sarc
@@ -534,7 +535,7 @@ class TableByType(sarc.Layer):
 
 @pytest.mark.parametrize("typed", [False, True], ids=["table", "typed-linear"])
 @pytest.mark.parametrize("ids", [[0, -1, 2, 1, 0], [0, 3, 2, 1, 0]], ids=["minus-one", "num-types"])
-@pytest.mark.parametrize("backend", ["interpreter", "torch", "triton"])
+@pytest.mark.parametrize("backend", ["interpreter", *BACKENDS])
 def test_type_ids_outside_the_table_are_refused(backend, ids, typed):
     """An id outside 0..R-1 is an error naming the feature and the table on every backend
     (torch would wrap -1 to the last type; a Triton kernel would read past the table)."""

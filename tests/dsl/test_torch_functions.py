@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarc
-from difftest import assert_close, check_layer
+from difftest import BACKENDS, assert_close, check_layer
 
 N, W = 12, 8
 
@@ -112,7 +112,7 @@ def _equals_torch(make, fn, backend: str) -> None:
     check_layer(make(), LOOPS, {"h": _features()})  # the interpreter agrees too
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(set(CASES) - {"squeeze"}) + ["squeeze"])
 def test_equals_torch(name, backend):
     _equals_torch(lambda: _layer(name), CASES[name], backend)
@@ -168,7 +168,7 @@ class ApplyWithParams(Apply):
         self.m = nn.Parameter(torch.randn(6, 5))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(SLICES))
 def test_ranges_equal_torch(name, backend):
     _equals_torch(lambda: _seeded(ApplyWithParams, SLICES[name]), SLICES[name], backend)
@@ -194,7 +194,7 @@ class SliceInMessage(sarc.Layer):
         return torch.cat([agg.s[:, :2], agg.x], -1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_ranges_in_messages_equal_the_interpreter(backend):
     torch.manual_seed(0)
     g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
@@ -223,7 +223,7 @@ class ApplyWithMatrices(Apply):
         self.w3 = nn.Parameter(torch.randn(2, 1, 4))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(AXES))
 def test_axes_reordered_equal_torch(name, backend):
     _equals_torch(lambda: _seeded(ApplyWithMatrices, AXES[name]), AXES[name], backend)
@@ -249,7 +249,7 @@ class HeadsTransposed(sarc.Layer):
         return agg.agg.transpose(1, 2).flatten(1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_transposed_heads_in_messages_equal_the_interpreter(backend):
     torch.manual_seed(0)
     g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
@@ -275,13 +275,13 @@ EXTREMA = {
 }
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(EXTREMA))
 def test_extrema_and_softmax_equal_torch(name, backend):
     _equals_torch(lambda: Apply(EXTREMA[name]), EXTREMA[name], backend)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_half_precision_layer_norm_of_a_constant_row_has_finite_gradients(backend):
     """A row whose features are all equal (variance 0): the rsqrt's derivative,
     (var + eps)^-1.5, overflows float16; the layer norm divides by the square root instead,

@@ -18,7 +18,7 @@ from .harness import ROOT, run_sarc
 def _parts(path, n: int = 60):
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, n, (300,), generator=gen), torch.randint(0, n, (300,), generator=gen)
-    node_data = {"feat": torch.randn(n, 5, generator=gen),
+    node_data = {"feat": torch.rand(n, 5, generator=gen),
                  "label": torch.randint(0, 3, (n,), generator=gen),
                  "train_mask": torch.ones(n, dtype=torch.bool),
                  "val_mask": torch.zeros(n, dtype=torch.bool),
