@@ -192,6 +192,13 @@ def test_convs_that_pair_x_equal_pyg(name):
     check_both_paths(conv, in_channels=D)
 
 
+def test_filmconv_with_its_split_equals_pyg():
+    """FiLMConv splits a linear's output into a scale and a shift (Tensor.split): traced."""
+    conv = pyg.FiLMConv(D, 6)
+    randomize_zeros(conv)
+    check_both_paths(conv, in_channels=D)
+
+
 @pytest.mark.parametrize("edge_dim", [0, 3])
 def test_cgconv_with_its_softplus_equals_pyg(edge_dim):
     """CGConv's message gates a softplus: traced (F.softplus), with and without edge
