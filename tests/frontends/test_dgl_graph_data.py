@@ -262,6 +262,13 @@ def test_a_reduce_udf_gives_zero_on_nodes_without_in_edges(make):
     _equals_dgl(make())
 
 
+def test_cfconv_with_its_shifted_softplus_equals_dgl():
+    """CFConv's edge network ends in a shifted softplus (F.softplus(x, beta, threshold)):
+    traced, output and gradients equal DGL's."""
+    from dgl.nn.pytorch import CFConv
+    _equals_dgl(CFConv(IN, 4, 6, 5), node={"node_feats": IN}, edge={"edge_feats": (4,)})
+
+
 # --- DGL's idioms on a traced value, a user's module on a sarc graph ----------------------------
 
 class DeviceIdiom(nn.Module):
