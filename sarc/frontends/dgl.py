@@ -40,6 +40,7 @@ construct, at the line that used it. DGL is imported only inside these functions
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -569,6 +570,14 @@ class ProxyGraph:
             self._nodes.clear()
             self._nodes.update(nodes)
             self.edata._data = edges
+
+    def local_var(self):
+        """DGL's ``g.local_var()``: this graph, with data stores of its own (copies), so
+        what the module writes into it leaves this one's as they were."""
+        other = copy.copy(self)
+        other._nodes = dict(self._nodes)
+        other.edata = _Frame(other, Domain.EDGE, "edata", dict(self.edata._data))
+        return other
 
     # sizes and degrees
     def num_src_nodes(self, ntype=None):
