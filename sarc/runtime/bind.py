@@ -109,6 +109,12 @@ def _origin(values, j: int, outer):
             return v
 
 
+_CHECKED: dict[int, tuple] = {}
+"""id(ids) -> (a weak reference to the tensor, its version, 1 + its largest id): a type-id
+tensor found in range, which the next call need not scan again (a scan on a GPU waits
+for it)."""
+
+
 def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> None:
     """Every id of an integer input indexes the tables it is used with: an id out of range
     would read another type's weights (a negative one wraps in torch) or past the table."""
@@ -116,11 +122,18 @@ def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> N
         x = inputs.get(name)
         if x is None or not x.numel():
             continue
+        hit = _CHECKED.get(id(x))
+        if hit is not None and hit[0]() is x and hit[1] == x._version and hit[2] <= rows:
+            continue  # the same ids, unchanged, found in range of a table no larger
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= rows:
             raise GraphError(f"feature {name!r} holds type ids in "
                              f"[{lo}, {hi}], but it indexes {table} of {rows} rows (ids 0.."
                              f"{rows - 1})")
+        if len(_CHECKED) > 256:
+            for k in [k for k, (ref, *_) in _CHECKED.items() if ref() is None]:
+                del _CHECKED[k]
+        _CHECKED[id(x)] = (weakref.ref(x), x._version, hi + 1)
 
 
 def in_csr_order(x: torch.Tensor, g: Graph, name: str) -> torch.Tensor:

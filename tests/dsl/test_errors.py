@@ -799,3 +799,15 @@ def test_a_type_error_inside_sarc_is_not_the_users(monkeypatch):
     with pytest.raises(TypeError, match="takes 1 positional argument") as info:
         SumFeatures().trace()
     assert not isinstance(info.value, sarc.DSLError)
+
+
+def test_type_ids_changed_in_place_are_checked_again():
+    """The check remembers a tensor found in range (no scan per call) until it changes."""
+    layer, g = TableByType(False), graph()
+    ids = torch.tensor([0, 1, 2, 1, 0])
+    feats = {"h": torch.randn(4, 4), "etype": ids}
+    layer(g, **feats)
+    layer(g, **feats)
+    ids[1] = 5  # in place: a new version of the same tensor
+    with pytest.raises(sarc.GraphError, match=r"holds type ids in \[0, 5\]"):
+        layer(g, **feats)
