@@ -9,6 +9,7 @@ torchrun on each. Every value is checked before the worker joins its group.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
@@ -74,6 +75,9 @@ def check_recorded_dataset(args) -> None:
     if not args.dataset:
         return
     recorded = open_partition(args.partition, verify=False).dataset
+    if recorded is not None and args.dataset.endswith(".npz") and \
+            Path(args.dataset).stem == recorded:
+        args.dataset = recorded  # the file the set was partitioned from: its dataset's name
     if recorded is not None and recorded != args.dataset:
         raise UsageError(f"--dataset {args.dataset}: --partition {args.partition} was "
                          f"partitioned from the dataset {recorded}; the workers train on the "

@@ -2,6 +2,8 @@
 (no dataset loaded, no partition written, no worker launched, no epoch trained)."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from .catalogue import case
@@ -273,6 +275,12 @@ def test_worker_dataset_other_than_the_one_partitioned(tmp_path):
     assert load_partitions(parts).dataset == "cora"
     proc = run_sarc("worker", GCN, "--partition", parts, "--dataset", "citeseer")
     assert_error(proc, "--dataset citeseer", "partitioned from the dataset cora")
+    proc = run_sarc("worker", GCN, "--partition", parts, "--dataset", "other/citeseer.npz")
+    assert_error(proc, "--dataset other/citeseer.npz", "partitioned from the dataset cora")
+    from sarc.cli.worker import check_recorded_dataset
+    args = argparse.Namespace(partition=str(parts), dataset="data/cora.npz")
+    check_recorded_dataset(args)  # the file cora came from: its name
+    assert args.dataset == "cora"
     # without --dataset, a worker records the set's dataset, not the graph's fingerprint
     assert recorded_dataset(WorkerConfig(partition=str(parts))) == "cora"
 
