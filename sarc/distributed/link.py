@@ -49,7 +49,7 @@ def partition_link_dataset(args, data, out: Path, node_data: dict) -> str:
     split = split_edges(data.edge_src, data.edge_dst, data.num_nodes, seed=args.seed)
     src, dst = split.message_edges()
     pset = partition_graph(src, dst, data.num_nodes, args.workers, out, method=args.method,
-                           node_data=node_data, seed=args.seed)
+                           node_data=node_data, seed=args.seed, dataset=data.name)
     split.save(Path(out) / LINK_FILE)
     print(f"split {data.name}'s edges into {split.train.shape[1]} / {split.val.shape[1]} / "
           f"{split.test.shape[1]} train / val / test pairs; partitioned the message graph "
