@@ -19,6 +19,12 @@ class SourceLoc:
     def source_line(self) -> str:
         return linecache.getline(self.file, self.line).strip()
 
+    def located(self, message: str) -> str:
+        """``message`` as said at this line: ``file:line (in func): message``, then the line."""
+        where = f"{self}" + (f" (in {self.func})" if self.func else "")
+        code = self.source_line()
+        return f"{where}: {message}" + (f"\n    {code}" if code else "")
+
 
 class SarcError(Exception):
     """Base class of sarc's errors."""
@@ -30,12 +36,7 @@ class DSLError(SarcError):
     def __init__(self, message: str, loc: SourceLoc | None = None):
         self.problem = message
         self.loc = loc
-        text = message
-        if loc is not None:
-            where = f"{loc}" + (f" (in {loc.func})" if loc.func else "")
-            code = loc.source_line()
-            text = f"{where}: {message}" + (f"\n    {code}" if code else "")
-        super().__init__(text)
+        super().__init__(message if loc is None else loc.located(message))
 
 
 class GraphError(SarcError, ValueError):
@@ -47,11 +48,7 @@ class GraphError(SarcError, ValueError):
     def __init__(self, message: str, layer: str | None = None, loc: SourceLoc | None = None):
         self.problem, self.layer, self.loc = message, layer, loc
         text = message if layer is None else f"calling {layer}: {message}"
-        if loc is not None:
-            where = f"{loc}" + (f" (in {loc.func})" if loc.func else "")
-            code = loc.source_line()
-            text = f"{where}: {text}" + (f"\n    {code}" if code else "")
-        super().__init__(text)
+        super().__init__(text if loc is None else loc.located(text))
 
     def at_call(self, layer: str, loc: SourceLoc | None) -> "GraphError":
         """This error as found by the call of ``layer`` at the user's line ``loc``."""
