@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -49,8 +50,9 @@ class Feature:
     dtype: str | None = None
 
     def __post_init__(self):
-        # checked where it is declared: the user's line, not the layer's first call
-        loc = _declaring_line()
+        # checked where it is declared: the user's line, not the layer's first call; the
+        # frame above this one is the __init__ dataclasses generated
+        loc = user_loc(sys._getframe(2))
         if not (isinstance(self.shape, (tuple, list))
                 and all(type(d) is int and d >= 0 for d in self.shape)):
             raise DSLError(f"sarc.Feature shape must be a tuple of non-negative ints, got "
@@ -76,20 +78,6 @@ class Feature:
 
     def ir_type(self, domain: Domain, precision: DType = DType.F32) -> TensorType:
         return TensorType(domain, DType(self.dtype) if self.dtype else precision, tuple(self.shape))
-
-
-def _declaring_line():
-    """The line that declared a feature: the innermost frame outside sarc, torch and the
-    standard library, and outside the code dataclasses generate (``Feature.__init__``)."""
-    import sys
-    from .trace import _is_library
-    f = sys._getframe(1)
-    while f is not None:
-        path = f.f_code.co_filename
-        if not path.startswith("<") and not _is_library(path):
-            return SourceLoc(path, f.f_lineno, f.f_code.co_name)
-        f = f.f_back
-    return None
 
 
 INDEX = Feature((), "i64")

@@ -104,9 +104,11 @@ def traced_code(files: Iterable[str]):
         _TRACED.files = saved
 
 
-def user_loc() -> SourceLoc | None:
-    """The innermost stack frame outside library code (``_is_library``): the user's line."""
-    f = sys._getframe(1)
+def user_loc(frame=None) -> SourceLoc | None:
+    """The innermost stack frame outside library code (``_is_library``): the user's line;
+    from ``frame`` outwards where given (past frames that are neither: a dataclass's
+    generated ``__init__``), else from the caller's."""
+    f = frame if frame is not None else sys._getframe(1)
     while f is not None:
         if not _is_library(f.f_code.co_filename):
             return SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
