@@ -52,22 +52,37 @@ _INDEXED = {Op.INDEX: (0, 1), Op.TYPED_LINEAR: (1, 2)}
 """The ops that index a table by an integer value: op -> (table operand, index operand)."""
 
 
-_TABLES: dict[int, tuple] = {}
-"""id(fn) -> (a weak reference to fn, its type_id_tables): found once per compiled function."""
+class _ByIdentity:
+    """A value kept per live object, by identity, holding the object weakly: a later call
+    with the same object finds it. Entries of dead objects go once ``limit`` are kept."""
+
+    def __init__(self, limit: int = 256):
+        self._entries: dict[int, tuple] = {}
+        self._limit = limit
+
+    def get(self, obj):
+        hit = self._entries.get(id(obj))
+        return hit[1] if hit is not None and hit[0]() is obj else None
+
+    def put(self, obj, value) -> None:
+        if len(self._entries) > self._limit:
+            for k in [k for k, (ref, _) in self._entries.items() if ref() is None]:
+                del self._entries[k]
+        self._entries[id(obj)] = (weakref.ref(obj), value)
+
+
+_TABLES = _ByIdentity()
+"""fn -> its type_id_tables: found once per compiled function."""
 
 
 def type_id_tables(fn: Function) -> dict[str, tuple[int, str]]:
     """Integer input -> (rows of the smallest table it indexes, that table's name): the
     range its ids must be in (``W[edge.etype]``, ``TypedLinear(x, edge.etype)``), found in
     ``fn`` and in the regions its fused ops hold."""
-    hit = _TABLES.get(id(fn))
-    if hit is not None and hit[0]() is fn:
-        return hit[1]
-    if len(_TABLES) > 256:
-        for k in [k for k, (ref, _) in _TABLES.items() if ref() is None]:
-            del _TABLES[k]
-    table = _find_tables(fn)
-    _TABLES[id(fn)] = (weakref.ref(fn), table)
+    table = _TABLES.get(fn)
+    if table is None:
+        table = _find_tables(fn)
+        _TABLES.put(fn, table)
     return table
 
 
@@ -109,10 +124,9 @@ def _origin(values, j: int, outer):
             return v
 
 
-_CHECKED: dict[int, tuple] = {}
-"""id(ids) -> (a weak reference to the tensor, its version, 1 + its largest id): a type-id
-tensor found in range, which the next call need not scan again (a scan on a GPU waits
-for it)."""
+_CHECKED = _ByIdentity()
+"""ids -> (its version, 1 + its largest id): a type-id tensor found in range, which the
+next call need not scan again (a scan on a GPU waits for it)."""
 
 
 def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> None:
@@ -122,18 +136,15 @@ def check_type_ids(layer, fn: Function, inputs: Mapping[str, torch.Tensor]) -> N
         x = inputs.get(name)
         if x is None or not x.numel():
             continue
-        hit = _CHECKED.get(id(x))
-        if hit is not None and hit[0]() is x and hit[1] == x._version and hit[2] <= rows:
+        hit = _CHECKED.get(x)
+        if hit is not None and hit[0] == x._version and hit[1] <= rows:
             continue  # the same ids, unchanged, found in range of a table no larger
         lo, hi = int(x.min()), int(x.max())
         if lo < 0 or hi >= rows:
             raise GraphError(f"feature {name!r} holds type ids in "
                              f"[{lo}, {hi}], but it indexes {table} of {rows} rows (ids 0.."
                              f"{rows - 1})")
-        if len(_CHECKED) > 256:
-            for k in [k for k, (ref, *_) in _CHECKED.items() if ref() is None]:
-                del _CHECKED[k]
-        _CHECKED[id(x)] = (weakref.ref(x), x._version, hi + 1)
+        _CHECKED.put(x, (x._version, hi + 1))
 
 
 def in_csr_order(x: torch.Tensor, g: Graph, name: str) -> torch.Tensor:
