@@ -102,6 +102,13 @@ class Dataset:
         return self.num_features > 0
 
     @property
+    def node_data(self) -> dict[str, torch.Tensor]:
+        """What a node of it holds for training: features, label and the three splits (what
+        a partition set of it carries per node, and digests)."""
+        return {"feat": self.feat, "label": self.label, "train_mask": self.train_mask,
+                "val_mask": self.val_mask, "test_mask": self.test_mask}
+
+    @property
     def sizes(self) -> dict[str, int]:
         """What the model is built for besides its features: the classes, and the edge and
         node types where the graph has them, as declared (a class or a relation no node or

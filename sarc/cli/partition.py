@@ -85,8 +85,7 @@ def partition_command(args) -> int:
         ds = load_dataset(args.dataset, args.data_dir, check=args.check_data)
         name = ds.name
         src, dst, num_nodes = ds.edge_src, ds.edge_dst, ds.num_nodes
-        node_data = {"feat": ds.feat, "label": ds.label, "train_mask": ds.train_mask,
-                     "val_mask": ds.val_mask, "test_mask": ds.test_mask}
+        node_data = ds.node_data
         edge_data = {"etype": ds.etype} if ds.etype is not None else {}
         if ds.ntype is not None:
             node_data["ntype"] = ds.ntype

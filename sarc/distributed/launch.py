@@ -129,9 +129,7 @@ def check_node_data(args, pset, data) -> None:
     recorded = pset.node_digests
     if not recorded:
         return
-    arrays = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
-              "val_mask": data.val_mask, "test_mask": data.test_mask}
-    mine = node_data_digests(arrays, keys=recorded)
+    mine = node_data_digests(data.node_data, keys=recorded)
     differ = {k for k, digest in recorded.items() if mine.get(k, digest) != digest}
     kinds = [kind for kind, keys in _NODE_DATA_KINDS if differ & set(keys)]
     if not kinds:
@@ -166,8 +164,7 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
     from ..train import check_features
 
     check_features(data.name, data.has_features, hp)
-    node_data = {"feat": data.feat, "label": data.label, "train_mask": data.train_mask,
-                 "val_mask": data.val_mask, "test_mask": data.test_mask}
+    node_data = data.node_data
     if getattr(args, "task", "node") == "link":
         from .link import partition_link_dataset
         return partition_link_dataset(args, data, out, node_data)
