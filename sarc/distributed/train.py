@@ -407,15 +407,16 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     say = (log if rank == 0 and log else (lambda s: None))
     hp = hyperparameters(spec, cfg.hparams, epochs=cfg.epochs)
-    hp["dataset"] = recorded_dataset(cfg)  # what it trains on, not the model file's default
     device = comm_device(group) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
 
     fixed_rss = resident_bytes()  # the runtime: imports, the process group
     shard = load_shard(cfg.partition, group)
+    pset = open_partition(cfg.partition, verify=False)  # its metadata: checked by load_shard
+    hp["dataset"] = recorded_dataset(cfg, pset)  # what it trains on, not the model file's
     counter = ByteCounter()
-    sizes = open_partition(cfg.partition, verify=False).sizes  # the dataset's classes, types
-    data = prepare_worker(shard, hp, group, sizes).to(device)  # prepared on the CPU, moved once
+    # the dataset's declared classes and types; prepared on the CPU, moved once
+    data = prepare_worker(shard, hp, group, pset.sizes).to(device)
     shard = shard.to(device)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,
@@ -445,7 +446,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
 
     selection = ModelSelection(data.counts["val"] > 0, hp["patience"])
     best = selection.best
-    run = _run_record(spec, cfg, hp, size) if cfg.checkpoint or cfg.save_path else None
+    run = _run_record(spec, cfg, hp, size, pset) if cfg.checkpoint or cfg.save_path else None
     full = Batch(dg, data.x, edge_inputs, data.label, data.masks,
                  train_total=data.counts["train"], node_ids=global_ids(shard))
     last = int(hp["epochs"])
@@ -529,8 +530,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     return {**result, "module": model}
 
 
-def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int) -> dict:
-    pset = open_partition(cfg.partition, verify=False)
+def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int, pset) -> dict:
     hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
     return run_record(spec, hp, seed=cfg.seed, dataset=recorded_dataset(cfg, pset),
                       graph=pset.fingerprint, world_size=size,
