@@ -194,15 +194,6 @@ class SliceInMessage(sarc.Layer):
         return torch.cat([agg.s[:, :2], agg.x], -1)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_ranges_in_messages_equal_the_interpreter(backend):
-    torch.manual_seed(0)
-    g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
-    layer = SliceInMessage()
-    layer.set_backend(backend)
-    check_layer(layer, g, {"h": torch.randn(20, W)})
-
-
 # --- axes reordered: transpose, permute, a parameter's .T -------------------------------------
 
 AXES = {
@@ -250,10 +241,12 @@ class HeadsTransposed(sarc.Layer):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_transposed_heads_in_messages_equal_the_interpreter(backend):
+@pytest.mark.parametrize("make", [SliceInMessage, HeadsTransposed], ids=lambda c: c.__name__)
+def test_per_edge_ranges_and_transposes_equal_the_interpreter(make, backend):
+    """On a random graph: in messages (fused or hoisted), the reduce and the update."""
     torch.manual_seed(0)
     g = sarc.Graph.from_edges(torch.randint(0, 20, (70,)), torch.randint(0, 20, (70,)), 20)
-    layer = HeadsTransposed()
+    layer = make()
     layer.set_backend(backend)
     check_layer(layer, g, {"h": torch.randn(20, W)})
 
