@@ -7,7 +7,9 @@ classes:
   whole model, called as ``model(g, x)`` (plus ``etype=...`` on relational
   graphs). It receives every ``HPARAMS`` entry and the dataset facts
   ``num_nodes`` and ``num_etypes``, and ignores what it does not use
-  (``**_``).
+  (``**_``). An ``HPARAMS`` key that neither it names nor the trainer reads
+  is refused (``sarc.train.check_declared``): a misspelling would train on the
+  default silently.
 - ``HPARAMS`` (optional): a dict of hyperparameters. The trainer reads
   ``lr``, ``weight_decay``, ``epochs``, ``patience``, ``self_loops``,
   ``norm_features``, ``embedding_dim``, ``embedding_optimizer``, ``embedding_lr`` and
@@ -45,6 +47,21 @@ class ModelSpec:
     build_model: Callable[..., Any]
     hparams: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
+
+    def hparams_at(self, key: str) -> str:
+        """``file:line: `` of ``key`` in the file's ``HPARAMS`` literal, else ``file: ``."""
+        where = self.path or self.name
+        try:
+            tree = ast.parse(Path(self.path).read_text(encoding="utf-8"))
+        except (TypeError, OSError, SyntaxError, ValueError):
+            return f"{where}: "
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                    and any(isinstance(t, ast.Name) and t.id == "HPARAMS" for t in node.targets)):
+                for k in node.value.keys:
+                    if isinstance(k, ast.Constant) and k.value == key:
+                        return f"{where}:{k.lineno}: "
+        return f"{where}: "
 
     @staticmethod
     def from_namespace(name: str, namespace: dict[str, Any],

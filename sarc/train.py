@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import inspect
 import math
 import numbers
@@ -76,6 +77,32 @@ def known_hparams(spec: ModelSpec) -> dict[str, Any]:
     return {**known, **DEFAULTS, **spec.hparams}
 
 
+def check_declared(spec: ModelSpec) -> None:
+    """Every key of the model file's ``HPARAMS`` is read by someone: the trainer (``DEFAULTS``),
+    the link task (``LINK_DEFAULTS``) or a keyword ``build_model`` names. A builder taking
+    ``**_`` drops the others, so a misspelt key would train on the default silently; one
+    whose ``**options`` has a name may read any key, and none is refused."""
+    from .training.link import LINK_DEFAULTS
+    try:
+        params = list(inspect.signature(spec.build_model).parameters.values())[2:]
+    except (TypeError, ValueError):  # a callable without a signature
+        return
+    if any(p.kind is p.VAR_KEYWORD and not p.name.startswith("_") for p in params):
+        return
+    read = ({p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+            | set(DEFAULTS) | set(LINK_DEFAULTS))
+    for key in spec.hparams:
+        if key in DATASET_FACTS or key in ("in_feats", "num_classes"):
+            raise TrainError(f"{spec.hparams_at(key)}HPARAMS[{key!r}]: {key} is a size of "
+                             f"the dataset, which build_model is given, not a hyperparameter")
+        if key not in read:
+            close = difflib.get_close_matches(str(key), sorted(read), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TrainError(f"{spec.hparams_at(key)}HPARAMS[{key!r}] is read by neither the "
+                             f"trainer nor build_model (its keywords: "
+                             f"{', '.join(p.name for p in params) or 'none'}){hint}")
+
+
 def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
                     epochs: int | None = None) -> dict[str, Any]:
     """``DEFAULTS``, then the model file's ``HPARAMS``, then ``overrides`` (then ``epochs``),
@@ -86,6 +113,7 @@ def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
     for a bool, a string for a string; anything where the default is None. The trainer's
     own values must be in range (``epochs >= 1``, ``lr > 0``, ...).
     """
+    check_declared(spec)
     known = known_hparams(spec)
     given = dict(overrides or {})
     if epochs is not None:

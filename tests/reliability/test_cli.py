@@ -81,6 +81,53 @@ def test_set_unknown_key():
                         "hiden", "known", "hidden", "dropout", "lr")
 
 
+MISSPELT = """\
+from torch import nn
+
+HPARAMS = {
+    "hidden": 16,
+    "dropuot": 0.5,
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, in_feats, hidden, num_classes, dropout):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_feats, hidden), nn.Dropout(dropout),
+                                 nn.Linear(hidden, num_classes))
+
+    def forward(self, g, x):
+        return self.net(x)
+
+
+def build_model(in_feats, num_classes, hidden=16, dropout=0.0, **_):
+    return MLP(in_feats, hidden, num_classes, dropout)
+"""
+
+
+@case("cli", "a misspelt key in a model file's HPARAMS (`dropuot`), which `build_model(**_)` "
+             "would ignore", "error")
+def test_misspelt_hparams_key(tmp_path):
+    model = tmp_path / "typo.py"
+    model.write_text(MISSPELT)
+    err = refused_before_work(run_sarc("train", model, "--epochs", "1"),
+                              "typo.py:5", "dropuot", "dropout")
+    assert "did you mean 'dropout'" in err, err
+
+
+OPEN_KEYWORDS = MISSPELT.replace("**_", "**options").replace(
+    "return MLP(in_feats, hidden, num_classes, dropout)",
+    "return MLP(in_feats, hidden, num_classes, options.get('dropuot', dropout))")
+
+
+def test_hparams_read_through_named_kwargs(tmp_path):
+    """A builder that names its ``**options`` reads what it likes from them: no key is refused."""
+    model = tmp_path / "open.py"
+    model.write_text(OPEN_KEYWORDS)
+    proc = run_sarc("train", model, "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
