@@ -243,8 +243,10 @@ _READS_VALUE = frozenset({"item", "tolist", "numpy", "data_ptr", "storage",
                           "untyped_storage"})
 
 
-_CONVERSIONS = frozenset({"to", "type", "type_as", "float", "double", "half", "bfloat16",
-                          "long", "int", "short", "bool", "byte", "char"})
+# Conversions to float dtypes are traced (sarc.trace_torch: x.float(), x.to(dtype), ...);
+# these are to dtypes a layer has not.
+_CONVERSIONS = frozenset({"int", "short", "bool", "byte", "char", "cfloat", "cdouble",
+                          "chalf"})
 _INSTEAD = {
     "size": "use x.shape: x.shape[-1] is a feature size, x.shape[0] the row count (which "
             "view and reshape take as their first size)",
@@ -255,10 +257,10 @@ def _method_message(name: str) -> str:
     if name in _INSTEAD:
         return f"Tensor.{name} is not supported in a sarc layer; {_INSTEAD[name]}"
     if name in _CONVERSIONS:
-        return (f"Tensor.{name}: a sarc layer does not convert dtypes; declare each feature "
-                f"in the dtype the layer computes in (sarc.Feature(shape, dtype); a float "
-                f"feature follows the layer's precision, layer.half()) and give it in that "
-                f"dtype")
+        return (f"Tensor.{name}: a sarc layer converts values to float dtypes only "
+                f"(x.float(), x.half(), x.to(torch.bfloat16), x.to(h.dtype)); an integer "
+                f"(index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
+                f"dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
     if name in _READS_VALUE:
         return f"Tensor.{name} reads the value of a traced tensor: {_NO_CONTROL_FLOW}"
     if name.endswith("_"):
@@ -291,8 +293,9 @@ class Proxy:
         self.index = index
 
     @property
-    def type(self) -> TensorType:
-        return self.tracer.builder.values[self.index].type
+    def type(self) -> "ValueType":
+        """The value's IR type; called, torch's ``Tensor.type`` (``x.type(torch.float32)``)."""
+        return ValueType(self.tracer.builder.values[self.index].type, self)
 
     @property
     def shape(self) -> tuple:
@@ -346,6 +349,26 @@ class Proxy:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         return call_torch(func, args, kwargs or {})
+
+
+class ValueType(TensorType):
+    """A traced value's ``TensorType`` (``Proxy.type``), equal to the plain one, and callable
+    as torch's ``Tensor.type``: ``x.type(torch.float32)`` converts the value (traced as the
+    other conversions, ``sarc.trace_torch``)."""
+
+    def __init__(self, t: TensorType, proxy: "Proxy"):
+        super().__init__(t.domain, t.dtype, t.feat)
+        object.__setattr__(self, "_proxy", proxy)
+
+    def __call__(self, *args, **kwargs):
+        return call_torch(torch.Tensor.type, (self._proxy, *args), kwargs)
+
+    def __eq__(self, other):
+        if not isinstance(other, TensorType):
+            return NotImplemented
+        return (self.domain, self.dtype, self.feat) == (other.domain, other.dtype, other.feat)
+
+    __hash__ = TensorType.__hash__
 
 
 class RowCount:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .errors import DSLError
 from .ir.ops import INTEGER_HINT, Op
-from .ir.types import Domain
+from .ir.types import Domain, DType
 from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, RowCount, _is_int,
                     _kind, _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
 
@@ -298,15 +298,31 @@ traces(F.tanh)(_elementwise(Op.TANH, ""))
 # Activations composed of the ops above: every backend runs them, and autodiff gives
 # torch's own gradient formulas.
 
+_HALF = (DType.F16, DType.BF16)
+
+
+def _widened(x):
+    """A float16 / bfloat16 value as float32 (others as they are): what torch computes layer
+    norm, softmax and GELU of half tensors in, rounding the result once (on CPU and CUDA)."""
+    if isinstance(x, Proxy) and x.type.dtype in _HALF:
+        return _emit(Op.CAST, x, dtype=DType.F32)
+    return x
+
+
+def _narrowed(y: Proxy, like: Proxy) -> Proxy:
+    """``y`` (computed by ``_widened``) back in ``like``'s dtype."""
+    return y if y.type.dtype is like.type.dtype else _emit(Op.CAST, y, dtype=like.type.dtype)
+
 @traces(F.gelu)
 def _gelu(input, approximate="none"):
     """``0.5 x (1 + erf(x / sqrt 2))``, or with ``approximate="tanh"`` torch's tanh form."""
-    x = _traced(input, "gelu")
+    given = _traced(input, "gelu")
+    x = _widened(given)   # the tanh form's cube overflows float16 past 40
     if approximate == "none":
-        return 0.5 * x * (1.0 + _emit(Op.ERF, x * (1.0 / math.sqrt(2.0))))
+        return _narrowed(0.5 * x * (1.0 + _emit(Op.ERF, x * (1.0 / math.sqrt(2.0)))), given)
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1.0 + _emit(Op.TANH, inner))
+        return _narrowed(0.5 * x * (1.0 + _emit(Op.TANH, inner)), given)
     raise DSLError(f"F.gelu: approximate must be 'none' or 'tanh', got {approximate!r}",
                    user_loc())
 
@@ -337,8 +353,10 @@ def _softplus(input, beta=1.0, threshold=20.0):
 @traces(F.layer_norm)
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last ``normalized_shape``
-    feature axes (the biased variance, as torch)."""
-    x = _traced(input, "layer_norm")
+    feature axes (the biased variance, as torch); a half value's in float32, rounded once,
+    as torch (its squares would overflow float16 past magnitude 256)."""
+    given = _traced(input, "layer_norm")
+    x, weight, bias = _widened(given), _widened(weight), _widened(bias)
     shape = (normalized_shape,) if _is_int(normalized_shape) else tuple(normalized_shape)
     feat = x.type.feat
     if not shape or len(shape) > len(feat) or tuple(feat[len(feat) - len(shape):]) != shape:
@@ -353,7 +371,7 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     out = centered / _emit(Op.POW, var + _number(eps, "layer_norm's eps"), exponent=0.5)
     if weight is not None:
         out = out * weight
-    return out if bias is None else out + bias
+    return _narrowed(out if bias is None else out + bias, given)
 
 
 @traces(torch.positive, torch.Tensor.positive, torch.Tensor.__pos__)
@@ -399,15 +417,152 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
     return x if max is None else _clamp_max.record(x, max)
 
 
+# --- dtype conversions ------------------------------------------------------------------
+
+_INTEGER_CONVERSION = (
+    "a sarc layer converts values to float dtypes only (x.float(), x.half(), "
+    "x.to(torch.bfloat16), x.to(h.dtype)): rounding a value to an integer is not traced; an "
+    "integer (index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
+    "dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
+
+_DEVICE_MOVE = ("a sarc layer runs on the device of the tensors it is given: move them (and "
+                "the layer) before the call, outside the layer")
+
+
+def _converted(x: Proxy, dtype: Any, what: str) -> Proxy:
+    """``x`` as ``dtype`` (a torch dtype): a cast, none where it is ``x``'s dtype already;
+    conversions to integers and to dtypes sarc has not are refused."""
+    if not isinstance(dtype, torch.dtype):
+        raise DSLError(f"{what}: dtype must be a torch dtype, got {_kind(dtype)}", user_loc())
+    try:
+        to = DType.from_torch(dtype)
+    except TypeError:
+        to = None
+    if to is x.type.dtype:
+        return x
+    if to is None and (dtype.is_floating_point or dtype.is_complex):
+        raise DSLError(f"{what}: a sarc layer computes in torch.float32, float64, float16 or "
+                       f"bfloat16, not {dtype}", user_loc())
+    if to is None or not to.is_float:
+        raise DSLError(f"{what} to {dtype}: {_INTEGER_CONVERSION}", user_loc())
+    return _emit(Op.CAST, x, dtype=to)
+
+
+def _conversion(dtype: torch.dtype, name: str) -> Callable:
+    def record(input, memory_format=Fixed(torch.preserve_format)):
+        return _converted(_traced(input, name), dtype, name)
+    return record
+
+
+for _dtype, _fn in ((torch.float32, torch.Tensor.float), (torch.float64, torch.Tensor.double),
+                    (torch.float16, torch.Tensor.half), (torch.bfloat16, torch.Tensor.bfloat16),
+                    (torch.int64, torch.Tensor.long)):
+    traces(_fn, name=f"Tensor.{_fn.__name__}")(_conversion(_dtype, f"Tensor.{_fn.__name__}"))
+
+
+def _dtype_of(other, what: str) -> torch.dtype:
+    if isinstance(other, (Proxy, torch.Tensor)):
+        return other.dtype
+    raise DSLError(f"{what} takes a tensor or traced value, got {_kind(other)}", user_loc())
+
+
+@traces(torch.Tensor.to)
+def _to(input, *args, **kwargs):
+    """``x.to(dtype)``, ``x.to(dtype=...)``, ``x.to(other)`` (other's dtype): a cast.
+    ``non_blocking`` and ``copy`` change nothing a layer computes (its values are never
+    changed in place), so they are taken; a device is refused (see ``_DEVICE_MOVE``), and so
+    is a memory format, which a layer's values do not have."""
+    x = _traced(input, "Tensor.to")
+    known = ("dtype", "device", "other", "non_blocking", "copy", "memory_format")
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise DSLError(f"Tensor.to: unexpected argument {unknown[0]}", user_loc())
+    rest = list(args)
+    dtype, device, other = kwargs.get("dtype"), kwargs.get("device"), kwargs.get("other")
+    if rest and isinstance(rest[0], (Proxy, torch.Tensor)):
+        other = rest.pop(0)
+    elif rest and (isinstance(rest[0], (str, torch.device)) or _is_int(rest[0])):
+        device = rest.pop(0)
+    if rest and isinstance(rest[0], torch.dtype):
+        dtype = rest.pop(0)
+    flags = [kwargs.get("non_blocking", False), kwargs.get("copy", False)]
+    for i in range(2):
+        if rest and type(rest[0]) is bool:
+            flags[i] = rest.pop(0)
+    if rest:
+        raise DSLError(f"Tensor.to: unexpected argument {_show_arg(rest[0])}", user_loc())
+    if device is not None:
+        raise DSLError(f"Tensor.to({_show_arg(device)}): {_DEVICE_MOVE}", user_loc())
+    if kwargs.get("memory_format", torch.preserve_format) is not torch.preserve_format:
+        raise DSLError(f"Tensor.to: memory_format={kwargs['memory_format']} is not supported in "
+                       f"a sarc layer (its values have no memory format; drop the argument)",
+                       user_loc())
+    if any(type(f) is not bool for f in flags):
+        raise DSLError("Tensor.to: non_blocking and copy are bools", user_loc())
+    if other is not None:
+        if dtype is not None:
+            raise DSLError("Tensor.to: give a dtype or a tensor, not both", user_loc())
+        dtype = _dtype_of(other, "Tensor.to")
+    if dtype is None:
+        raise DSLError("Tensor.to needs a dtype (x.to(torch.float32)) or a tensor of the "
+                       "dtype to convert to (x.to(h))", user_loc())
+    return _converted(x, dtype, "Tensor.to")
+
+
+def _show_arg(x) -> str:
+    return _kind(x) if isinstance(x, (Proxy, torch.Tensor)) else repr(x)
+
+
+# the legacy type names Tensor.type takes (a CPU type: a CUDA one would move the value)
+_TYPE_NAMES = {"torch.FloatTensor": torch.float32, "torch.DoubleTensor": torch.float64,
+               "torch.HalfTensor": torch.float16, "torch.BFloat16Tensor": torch.bfloat16,
+               "torch.LongTensor": torch.int64, "torch.IntTensor": torch.int32,
+               "torch.ShortTensor": torch.int16, "torch.CharTensor": torch.int8,
+               "torch.ByteTensor": torch.uint8, "torch.BoolTensor": torch.bool}
+
+
+@traces(torch.Tensor.type)
+def _type(input, dtype=None, non_blocking=False, **kwargs):
+    x = _traced(input, "Tensor.type")
+    if dtype is None:
+        raise DSLError("Tensor.type() names a value's type as a string, which a sarc layer does "
+                       "not trace: read x.dtype, or convert with x.type(torch.float32)",
+                       user_loc())
+    if kwargs:
+        raise DSLError(f"Tensor.type: unexpected argument {next(iter(kwargs))}", user_loc())
+    if isinstance(dtype, type) and hasattr(dtype, "dtype") and hasattr(dtype, "is_cuda"):
+        dtype = f"{dtype.__module__}.{dtype.__name__}"   # torch.FloatTensor, the class
+    if isinstance(dtype, str):
+        if dtype.startswith("torch.cuda."):
+            raise DSLError(f"Tensor.type({dtype!r}): {_DEVICE_MOVE}", user_loc())
+        if dtype not in _TYPE_NAMES:
+            raise DSLError(f"Tensor.type: unknown type {dtype!r}; give a torch dtype "
+                           f"(x.type(torch.float32))", user_loc())
+        dtype = _TYPE_NAMES[dtype]
+    return _converted(x, dtype, "Tensor.type")
+
+
+@traces(torch.Tensor.type_as)
+def _type_as(input, other):
+    return _converted(_traced(input, "Tensor.type_as"), _dtype_of(other, "Tensor.type_as"),
+                      "Tensor.type_as")
+
+
+def _in_dtype(x: Proxy, dtype, what: str) -> Proxy:
+    """The ``dtype=`` argument of a reduction or softmax: the input converted first, as
+    torch does."""
+    return x if dtype is None else _converted(x, dtype, f"{what}(dtype=...)")
+
+
 @traces(torch.sum, torch.Tensor.sum)
-def _sum(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None)):
-    x = _traced(input, "sum")
+def _sum(input, dim=None, keepdim=False, *, dtype=None, out=Fixed(None)):
+    x = _in_dtype(_traced(input, "sum"), dtype, "sum")
     return _sum_axes(x, _feature_axes(x, dim, "sum"), keepdim)
 
 
 @traces(torch.mean, torch.Tensor.mean)
-def _mean(input, dim=None, keepdim=False, *, dtype=Fixed(None), out=Fixed(None)):
-    x = _traced(input, "mean")
+def _mean(input, dim=None, keepdim=False, *, dtype=None, out=Fixed(None)):
+    x = _in_dtype(_traced(input, "mean"), dtype, "mean")
     axes = _feature_axes(x, dim, "mean")
     return _sum_axes(x, axes, keepdim) / float(_prod(x.type.feat[a] for a in axes))
 
@@ -495,36 +650,40 @@ traces(torch.min, torch.Tensor.min)(_extremum_method("min"))
 
 
 @traces(F.softmax)
-def _softmax(input, dim=None, _stacklevel=3, dtype=Fixed(None)):
+def _softmax(input, dim=None, _stacklevel=3, dtype=None):
     """``exp(x - max) / sum(exp(x - max))`` over a feature axis (over the edges into a
-    node it is ``sarc.edge_softmax``)."""
-    x = _traced(input, "softmax")
+    node it is ``sarc.edge_softmax``); ``dtype``: the input converted first; a half value's
+    in float32, rounded once, as torch."""
+    given = _in_dtype(_traced(input, "softmax"), dtype, "softmax")
     if dim is None:
         raise DSLError("softmax needs dim= (a feature axis); over a node's incoming edges "
                        "use sarc.edge_softmax", user_loc())
+    x = _widened(given)
     axes = [_dim_to_axis(x, dim)]
     e = _emit(Op.EXP, x - _extremum_axes(x, axes, True, "max"))
-    return e / _sum_axes(e, axes, True)
+    return _narrowed(e / _sum_axes(e, axes, True), given)
 
 
 @traces(F.log_softmax)
-def _log_softmax(input, dim=None, _stacklevel=3, dtype=Fixed(None)):
-    x = _traced(input, "log_softmax")
+def _log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    given = _in_dtype(_traced(input, "log_softmax"), dtype, "log_softmax")
     if dim is None:
         raise DSLError("log_softmax needs dim= (a feature axis)", user_loc())
+    x = _widened(given)
     axes = [_dim_to_axis(x, dim)]
     shifted = x - _extremum_axes(x, axes, True, "max")
-    return shifted - _emit(Op.LOG, _sum_axes(_emit(Op.EXP, shifted), axes, True))
+    return _narrowed(shifted - _emit(Op.LOG, _sum_axes(_emit(Op.EXP, shifted), axes, True)),
+                     given)
 
 
 @traces(torch.softmax, torch.Tensor.softmax)
-def _softmax_function(input, dim, dtype=Fixed(None)):
-    return _softmax.record(input, dim)
+def _softmax_function(input, dim, dtype=None):
+    return _softmax.record(input, dim, dtype=dtype)
 
 
 @traces(torch.log_softmax, torch.Tensor.log_softmax)
-def _log_softmax_function(input, dim, dtype=Fixed(None)):
-    return _log_softmax.record(input, dim)
+def _log_softmax_function(input, dim, dtype=None):
+    return _log_softmax.record(input, dim, dtype=dtype)
 
 
 def _sum_axes(x: Proxy, axes: list[int], keepdim) -> Proxy:
@@ -894,8 +1053,11 @@ def _method(func) -> Callable:
 # Every traced Tensor method is a Proxy method; every operator torch.Tensor has, too
 # (the ones sarc does not trace say so).
 _TRACED_IDS = {id(f) for f in TORCH_FUNCTIONS}
+# (not over a Proxy's own properties: its type is one, and calls torch's Tensor.type)
 for _name in dir(torch.Tensor):
     _f = getattr(torch.Tensor, _name, None)
+    if isinstance(Proxy.__dict__.get(_name), property):
+        continue
     if _name in _OPERATORS or id(_f) in _TRACED_IDS:
         setattr(Proxy, _name, _method(_f))
 # properties: a traced value's transposes

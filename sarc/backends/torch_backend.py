@@ -137,6 +137,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.SIGMOID: lambda v, a: f"torch.sigmoid({a[0]})",
     Op.TANH: lambda v, a: f"torch.tanh({a[0]})",
     Op.ERF: lambda v, a: f"torch.erf({a[0]})",
+    Op.CAST: lambda v, a: f"{a[0]}.to({_dtype(v)})",
     Op.POW: lambda v, a: f"torch.pow({a[0]}, {number(v.attr['exponent'])})",
     Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {number(v.attr['slope'])})",

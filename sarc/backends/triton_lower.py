@@ -163,7 +163,8 @@ def plan_tiling(r: Region) -> frozenset[int]:
                 for i in v.inputs:
                     need(i, False)
                 continue
-            if v.op in UNARY_TL or v.op in BINARY_ELEMENTWISE or v.op in (Op.WHERE_POS, Op.EQ_MASK):
+            if v.op in UNARY_TL or v.op in BINARY_ELEMENTWISE or v.op in (Op.WHERE_POS, Op.EQ_MASK,
+                                                                          Op.CAST):
                 for i in v.inputs:
                     need(i, along(i))
             elif v.op in (Op.RESHAPE, Op.EXPAND):
@@ -443,6 +444,18 @@ def _index(em: RegionEmitter, j: int, v: Value) -> str:
     return f"tl.load(x{k}_ptr + {' + '.join(terms)}{mask}).to({em.cdtype})"
 
 
+_TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.bfloat16",
+             DType.F64: "tl.float64"}
+
+
+def _cast(em: RegionEmitter, j: int, v: Value) -> str:
+    """A region computes in its compute dtype: a cast rounds the tile to the target dtype
+    (where it is narrower) and goes on in the compute dtype, the value torch's cast gives."""
+    x = em.operand(v.inputs[0])
+    to = _TL_DTYPE[v.attr["dtype"]]
+    return f"{x}.to({em.cdtype})" if to == em.cdtype else f"{x}.to({to}).to({em.cdtype})"
+
+
 UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.NEG: lambda v, x: f"-{x}",
     Op.EXP: lambda v, x: f"tl.exp({x})",
@@ -471,6 +484,7 @@ TL_LOWERING: dict[Op, Lowering] = {
     Op.EXPAND: _expand,
     Op.SUM_AXIS: _sum_axis,
     Op.INDEX: _index,
+    Op.CAST: _cast,
 }
 """Region op -> the code of its tile (the Triton twin of ``torch_backend.LOWERING``)."""
 

@@ -217,6 +217,12 @@ def _vjp_erf(bw, v, y, ct, needs):
     return (bw.mul(ct, d),)
 
 
+def _vjp_cast(bw, v, y, ct, needs):
+    # the cotangent converted back to the operand's dtype (as torch's .to); an integer
+    # operand has none
+    return (bw.emit(Op.CAST, [ct], dtype=bw.type(v.inputs[0]).dtype) if needs[0] else None,)
+
+
 def _vjp_pow(bw, v, y, ct, needs):
     e = v.attr["exponent"]
     if e == 0.0:
@@ -386,6 +392,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.SIGMOID: _vjp_sigmoid,
     Op.TANH: _vjp_tanh,
     Op.ERF: _vjp_erf,
+    Op.CAST: _vjp_cast,
     Op.POW: _vjp_pow,
     Op.CLAMP_MIN: _vjp_clamp_min,
     Op.LEAKY_RELU: _vjp_leaky_relu,

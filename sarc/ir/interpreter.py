@@ -224,6 +224,7 @@ IMPLS: dict[Op, Impl] = {
     Op.SIGMOID: lambda v, g, c, x: torch.sigmoid(x),
     Op.TANH: lambda v, g, c, x: torch.tanh(x),
     Op.ERF: lambda v, g, c, x: torch.erf(x),
+    Op.CAST: lambda v, g, c, x: x.to(v.attr["dtype"].to_torch()),
     Op.POW: lambda v, g, c, x: torch.pow(x, v.attr["exponent"]),
     Op.CLAMP_MIN: lambda v, g, c, x: torch.clamp_min(x, v.attr["min"]),
     Op.LEAKY_RELU: lambda v, g, c, x: F.leaky_relu(x, v.attr["slope"]),

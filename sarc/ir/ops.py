@@ -42,6 +42,7 @@ class Op(enum.Enum):
     LEAKY_RELU = "leaky_relu"  # attrs: slope
     ELU = "elu"                # attrs: alpha
     DROPOUT = "dropout"        # attrs: p, key  (identity when not training; see sarc.ir.rng)
+    CAST = "cast"              # attrs: dtype (a DType)   y = x converted (Tensor.float(), .to)
     # elementwise, binary (broadcasting)
     ADD = "add"
     SUB = "sub"
@@ -134,10 +135,10 @@ def _fmt(t: TensorType) -> str:
 
 # Integer values come from integer features (sarc.INDEX, Feature(dtype="i64")): type ids.
 INTEGER_HINT = ("an integer feature is an index, which picks a weight per type "
-                "(sarc.TypedLinear(x, edge.etype), a parameter table W[edge.etype]); a layer "
-                "does not convert it (.float() and .to() are not traced), so a feature used "
-                "in arithmetic is declared as a float (its width, or sarc.Feature(shape)) and "
-                "given as a float tensor")
+                "(sarc.TypedLinear(x, edge.etype), a parameter table W[edge.etype]); to use "
+                "it in arithmetic convert it first (x.float(), x.to(torch.float32), or "
+                "x.to(h.dtype) for the layer's precision), or declare the feature as a float "
+                "(its width, or sarc.Feature(shape)) and give it as a float tensor")
 
 
 def _integer(x: TensorType, what: str) -> None:
@@ -185,6 +186,22 @@ def _dropout(ts, attrs):
     if not 0.0 <= attrs["p"] < 1.0:
         _fail(f"dropout rate must be in [0, 1), got {attrs['p']}")
     return _unary(ts, attrs)
+
+
+def _cast(ts, attrs):
+    """A conversion to another float dtype, of a float or an integer value; a float does not
+    become an integer (that would round a value, and cut its gradient)."""
+    (x,) = ts
+    to = attrs.get("dtype")
+    if not isinstance(to, DType):
+        _fail(f"cast needs a dtype attribute (a DType), got {to!r}")
+    if not to.is_float:
+        _fail(f"cast of {x.dtype.value} value {_fmt(x)} to {to.value}: a layer converts "
+              f"values to float dtypes only (an integer value is an index, read as it is "
+              f"given)")
+    if to is x.dtype:
+        _fail(f"cast of {x.dtype.value} value {_fmt(x)} to its own dtype")
+    return x.with_(dtype=to)
 
 
 def _gather(src_domain: Domain):
@@ -404,6 +421,7 @@ TYPE_RULES: dict[Op, TypeRule] = {
     Op.SOFTMAX_AGGREGATE: _softmax_aggregate,
     **{op: _unary for op in UNARY_ELEMENTWISE - {Op.DROPOUT}},
     Op.DROPOUT: _dropout,
+    Op.CAST: _cast,
     **{op: (lambda ts, attrs: binary_type(*ts)) for op in BINARY_ELEMENTWISE},
 }
 
@@ -414,7 +432,7 @@ ARITY: dict[Op, int | None] = {
     Op.GATHER_SRC: 1, Op.GATHER_DST: 1, Op.REDUCE: 1, Op.EDGE_SOFTMAX: 1,
     Op.INDEX: 2, Op.LINEAR: 2, Op.MATMUL: 2, Op.TYPED_LINEAR: 3,
     Op.RESHAPE: 1, Op.CONCAT: None, Op.SUM_AXIS: 1, Op.MAX_AXIS: 1, Op.SLICE: 1,
-    Op.PERMUTE: 1,
+    Op.PERMUTE: 1, Op.CAST: 1,
     Op.ARG: 0, Op.AGGREGATE: None, Op.SDDMM: None, Op.SOFTMAX_AGGREGATE: None,
 }
 FUSED = frozenset({Op.AGGREGATE, Op.SDDMM, Op.SOFTMAX_AGGREGATE})

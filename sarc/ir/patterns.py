@@ -127,7 +127,7 @@ def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
 
 
 ROW_WISE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
-    Op.LINEAR, Op.MATMUL, Op.RESHAPE, Op.CONCAT, Op.SUM_AXIS, Op.SLICE, Op.EXPAND,
+    Op.CAST, Op.LINEAR, Op.MATMUL, Op.RESHAPE, Op.CONCAT, Op.SUM_AXIS, Op.SLICE, Op.EXPAND,
     Op.PERMUTE, Op.MAX_AXIS, Op.WHERE_POS, Op.PAD}
 """Ops whose every row of the result is a function of the same row of their node operands
 (and of params): computing them on the first rows gives the first rows of the result.

@@ -19,6 +19,7 @@ import os
 from ..names import literal, shown
 from .function import Function, Region, Value
 from .ops import Op
+from .types import DType
 
 
 def format_attr(v) -> str:
@@ -28,6 +29,8 @@ def format_attr(v) -> str:
         return repr(v)
     if isinstance(v, tuple):
         return "[" + ", ".join(format_attr(x) for x in v) + "]"
+    if isinstance(v, DType):
+        return v.value
     return str(v)
 
 

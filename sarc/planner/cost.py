@@ -241,6 +241,7 @@ def _value_flops(values, v: Value) -> sympy.Expr:
             total += 5 * v.attr["score"].values[v.attr["score"].result].type.numel_expr()
         return total
     if v.op in BINARY_ELEMENTWISE or v.op in (Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
+                                               Op.CAST,
                                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU,
                                                Op.DROPOUT, Op.NEG, Op.SUM_AXIS, Op.MAX_AXIS):
         return t.numel_expr()

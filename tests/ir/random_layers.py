@@ -6,8 +6,8 @@ multi-edges) and its features. A recipe composes, across the edge and the dst
 domain:
 
 - unary math (relu, sigmoid, tanh, leaky_relu, elu, neg, clamp_min, clamp, pow, exp,
-  log, rsqrt, gelu, silu, softplus), each kept finite on any input (exp of a tanh, log of
-  1.5 + tanh);
+  log, rsqrt, gelu, silu, softplus, a tanh in float64 converted back), each kept finite
+  on any input (exp of a tanh, log of 1.5 + tanh);
 - binary math between values of one shape, and with parameters of every shape
   that broadcasts (per feature, ``[1, ...]`` over the row axis, per last axis,
   scalar), the parameter on either side, some through param-domain math;
@@ -53,6 +53,7 @@ UNARY = {
     "silu": lambda x: F.silu(x),
     "softplus": lambda x: F.softplus(x, beta=2.0, threshold=1.0),
     "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "tanh_f64": lambda x: x.double().tanh().to(x.dtype),
 }
 BINARY = {
     "add": lambda a, b: a + b,

@@ -238,6 +238,14 @@ def _elementwise(ulps: int):
     return rule
 
 
+def _cast_rounding(x: torch.Tensor, y: torch.Tensor) -> float:
+    """A cast's own rounding in units of u: none to a dtype that holds every value of the
+    operand's (wider, or from an integer), else the target's unit roundoff."""
+    if not x.is_floating_point() or torch.finfo(y.dtype).eps <= torch.finfo(x.dtype).eps:
+        return 0.0
+    return torch.finfo(y.dtype).eps / 2 / U32
+
+
 def _reduce_bound(v, g, ctx, y, xs, es):
     kind = v.attr["kind"]
     x, e = xs[0], es[0]
@@ -289,6 +297,7 @@ ROUNDING_RULES = {
     Op.EXP: _elementwise(ELEMENTARY_ROUNDING), Op.LOG: _elementwise(ELEMENTARY_ROUNDING),
     Op.SIGMOID: _elementwise(ELEMENTARY_ROUNDING), Op.TANH: _elementwise(ELEMENTARY_ROUNDING),
     Op.ERF: _elementwise(ELEMENTARY_ROUNDING),
+    Op.CAST: lambda v, g, ctx, y, xs, es: es[0].to(y.dtype) + _cast_rounding(xs[0], y) * y.abs(),
     Op.POW: _elementwise(ELEMENTARY_ROUNDING), Op.ELU: _elementwise(ELEMENTARY_ROUNDING),
     Op.REDUCE: _reduce_bound,
     Op.EDGE_SOFTMAX: _edge_softmax_bound,
@@ -652,6 +661,34 @@ def test_dropout_needs_a_key():
     x = b.add(Op.INPUT, (), {"name": "h"}, type=TensorType(Domain.DST, DType.F32, (2,)))
     with pytest.raises(DSLError, match="key"):
         b.add(Op.DROPOUT, [x], {"p": 0.5})
+
+
+def test_cast_sends_the_cotangent_back_in_the_operands_dtype():
+    """``cast`` to float64 and back to float32 (and of an int64 input, which has no
+    gradient): the backward casts each cotangent to its operand's dtype, as torch's ``.to``."""
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3]), 5)
+    b = Builder("cast")
+    x = b.leaf(Op.INPUT, "x", TensorType(Domain.DST, DType.F32, (3,)))
+    k = b.leaf(Op.INPUT, "k", TensorType(Domain.DST, DType.I64, ()))
+    w = b.leaf(Op.PARAM, "w", TensorType(Domain.PARAM, DType.F64, (3,)))
+    wide = b.add(Op.TANH, [b.add(Op.MUL, [b.add(Op.CAST, [x], {"dtype": DType.F64}), w])])
+    kf = b.add(Op.RESHAPE, [b.add(Op.CAST, [k], {"dtype": DType.F32})], {"feat": (1,)})
+    y = b.add(Op.MUL, [b.add(Op.CAST, [wide], {"dtype": DType.F32}), kf])
+    fn = verify(b.finish([("y", y)]))
+    bwd = grad(fn, wrt_inputs=["x"])
+    casts = [v.attr["dtype"] for v in bwd.values[len(fn.values):] if v.op is Op.CAST]
+    assert casts == [DType.F64, DType.F32]   # the cotangent of y's cast, then of x's
+    inputs = {"x": torch.randn(5, 3, requires_grad=True), "k": torch.arange(5)}
+    params = {"w": torch.randn(3, dtype=torch.float64, requires_grad=True)}
+    out = interpreter.run(fn, g, inputs, params, training=False, seed=0)
+    assert out["y"].dtype == torch.float32
+    cot = {"y": torch.randn(5, 3)}
+    want = torch.autograd.grad((out["y"] * cot["y"]).sum(), [inputs["x"], params["w"]])
+    with torch.no_grad():
+        pg, ig = interpreter.run_backward(bwd, g, inputs, params, cot, training=False, seed=0)
+    assert ig["x"].dtype == torch.float32 and pg["w"].dtype == torch.float64
+    assert_close(ig["x"], want[0], 1e-6, "grad of x")
+    assert_close(pg["w"], want[1], 1e-6, "grad of w")
 
 
 # --- the torch backend with gradients from the backward IR ------------------------------

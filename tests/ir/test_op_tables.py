@@ -226,3 +226,29 @@ def test_builder_reports_type_errors_at_the_given_location():
         b.add(Op.LINEAR, [b.add(Op.GATHER_SRC, [h]), w], loc=loc)
     assert info.value.loc == loc
     assert str(info.value).startswith("/somewhere/model.py:42 (in message): linear: input has 3 features")
+
+
+# --- conversions --------------------------------------------------------------------------------
+
+def test_cast_converts_to_another_float_dtype():
+    f16, i64 = DType.F16, DType.I64
+    assert infer_type(Op.CAST, [t(EDGE, 4, 3, dtype=f16)], {"dtype": DType.F32}) == t(EDGE, 4, 3)
+    assert infer_type(Op.CAST, [t(PARAM, 3)], {"dtype": DType.BF16}) == t(PARAM, 3, dtype=DType.BF16)
+    assert infer_type(Op.CAST, [t(SRC, dtype=i64)], {"dtype": f16}) == t(SRC, dtype=f16)
+    with pytest.raises(TypeError_, match="to float dtypes only"):
+        infer_type(Op.CAST, [t(EDGE, 3)], {"dtype": i64})
+    with pytest.raises(TypeError_, match="to its own dtype"):
+        infer_type(Op.CAST, [t(EDGE, 3, dtype=f16)], {"dtype": f16})
+    with pytest.raises(TypeError_, match="needs a dtype attribute"):
+        infer_type(Op.CAST, [t(EDGE, 3)], {"dtype": "f16"})
+
+
+def test_cast_prints_its_dtype():
+    from sarc.ir.printer import format_function
+    b = Builder("Cast")
+    h = b.leaf(Op.INPUT, "h", t(DST, 3, dtype=DType.F16))
+    fn = b.finish([("h", b.add(Op.CAST, [b.add(Op.CAST, [h], {"dtype": DType.F32})],
+                               {"dtype": DType.F16}))])
+    text = format_function(fn, with_loc=False)
+    assert "dst f32[N_dst,3] = cast(%0, dtype=f32)" in text
+    assert "dst f16[N_dst,3] = cast(%1, dtype=f16)" in text

@@ -22,7 +22,7 @@ from ..types import Domain
 from .rewrite import Rewriter
 
 FUSIBLE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
-    Op.RESHAPE, Op.SUM_AXIS, Op.CONCAT, Op.SLICE, Op.INDEX}
+    Op.CAST, Op.RESHAPE, Op.SUM_AXIS, Op.CONCAT, Op.SLICE, Op.INDEX}
 
 
 class _Regions:
