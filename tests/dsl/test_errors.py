@@ -370,12 +370,12 @@ class IntegerArithmetic(sarc.Layer):
         return sarc.sum(msg.m)
 
 
-class IntegerToFloat(sarc.Layer):
+class FloatToInteger(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX})
 
     def message(self, src, dst, edge):
-        return src.h * edge.etype.float().unsqueeze(-1)  # ERR:float
+        return src.h * src.h.long()  # ERR:to-integer
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -449,9 +449,11 @@ CASES = [
                                                 "sarc.sum/mean/max/min"]),
     (ModuleCalledWrongly, "module-call", [r"Linear.forward\(\) takes 2 positional arguments"]),
     (IntegerArithmetic, "integer", [r"edge\.etype is an integer feature \(i64\)",
-                                    "sarc.TypedLinear", "declared as a float"]),
-    (IntegerToFloat, "float", [r"Tensor\.float: a sarc layer does not convert dtypes",
-                               r"sarc\.Feature\(shape, dtype\)"]),
+                                    "sarc.TypedLinear", r"convert it first \(x\.float\(\)",
+                                    "declare the feature as a float"]),
+    (FloatToInteger, "to-integer", [r"Tensor\.long to torch\.int64: a sarc layer converts "
+                                    r"values to float dtypes only",
+                                    r"sarc\.Feature\(shape, dtype=\"i64\"\)"]),
     (SizeMethod, "size", [r"Tensor\.size is not supported", r"use x\.shape",
                           r"x\.shape\[0\] the row count"]),
     (MisspeltDSLFunction, "misspelt", ["AttributeError", "meen"]),
