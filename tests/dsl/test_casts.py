@@ -163,22 +163,44 @@ def _layer_norm_layer():
 HALF = [torch.float16, torch.bfloat16]
 
 
+def _torch_layer_norm(s, x):
+    """torch's layer norm of ``s.mod``'s parameters on half tensors; where its CPU kernels
+    have none for the dtype (torch 2.2's float16), what they compute: the float32 one,
+    rounded once."""
+    try:
+        return F.layer_norm(x, (W,), s.mod.weight, s.mod.bias)
+    except RuntimeError as e:
+        if "not implemented for" not in str(e):
+            raise
+    return _layer_norm_in_float32(s, x)
+
+
+def _layer_norm_in_float32(s, x):
+    """What torch's half layer norm computes (torch 2.13's CPU kernels to the bit, forward
+    and backward): the float32 one of the widened tensors, rounded once. (torch 2.2's
+    bfloat16 backward is off by 8% of the largest gradient of these rows.)"""
+    return F.layer_norm(x.float(), (W,), s.mod.weight.float(), s.mod.bias.float()).to(x.dtype)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_half_layer_norm_of_large_rows_equals_torch(dtype, backend):
     """torch's F.layer_norm on half tensors accumulates in float32 and rounds once; in
     float16 the squares of the variance would be inf."""
     make = lambda: _layer_norm_layer().to(dtype)  # noqa: E731
-    fn = lambda s, x: F.layer_norm(x, (W,), s.mod.weight, s.mod.bias)  # noqa: E731
     # one rounding of the output in both; the gradients: torch's half backward rounds too
-    _equals_torch(make, fn, backend, _big_rows, rtol=1e-2, grad_rtol=5e-2)
+    _equals_torch(make, _layer_norm_in_float32, backend, _big_rows, rtol=1e-2, grad_rtol=5e-2)
+    layer = make()
+    layer.set_backend(backend)
+    x = _big_rows().to(dtype)
+    assert_close(layer(LOOPS, x).float(), _torch_layer_norm(layer, x).float(), 2 * _ULP[dtype],
+                 "output against torch's half layer norm")
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_half_layer_norm_with_gradients_from_the_backward_ir_equals_torch(dtype):
     make = lambda: _layer_norm_layer().to(dtype).set_autodiff("ir")  # noqa: E731
-    fn = lambda s, x: F.layer_norm(x, (W,), s.mod.weight, s.mod.bias)  # noqa: E731
-    _equals_torch(make, fn, "torch", _big_rows, rtol=1e-2, grad_rtol=5e-2)
+    _equals_torch(make, _layer_norm_in_float32, "torch", _big_rows, rtol=1e-2, grad_rtol=5e-2)
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -186,7 +208,7 @@ def test_half_layer_norm_on_the_interpreter(dtype):
     layer = _layer_norm_layer().to(dtype)
     x = _big_rows().to(dtype)
     out = reference(layer, LOOPS, {"h": x})["h"]
-    want = F.layer_norm(x, (W,), layer.mod.weight, layer.mod.bias)
+    want = _torch_layer_norm(layer, x)
     assert out.dtype == dtype
     assert_close(out.float(), want.float(), 1e-2, "output")
 
