@@ -67,7 +67,8 @@ CONVERSIONS = {
     + x.sum(dim=1, dtype=torch.float16).float()[:, None],
     "mean-dtype": lambda s, x: x.mean(-1, keepdim=True, dtype=torch.float64).float() * x,
     "softmax-dtype": lambda s, x: F.softmax(x, -1, dtype=torch.float64).float()
-    + torch.log_softmax(x, -1, dtype=torch.float64).float() + x.softmax(1, dtype=torch.float64).float(),
+    + torch.log_softmax(x, -1, dtype=torch.float64).float()
+    + x.softmax(1, dtype=torch.float64).float(),
     "copy-and-non-blocking": lambda s, x: x.to(torch.float64, non_blocking=True).to(
         torch.float32, copy=True),
 }
@@ -126,8 +127,8 @@ def test_conversions_with_gradients_from_the_backward_ir_equal_torch(name):
 
 def test_a_conversion_to_the_values_own_dtype_is_no_cast():
     layer = Apply(lambda s, x: x.float() + x.to(torch.float32) + x.type_as(x)
-                  + x.type(torch.float32) + x.to(x.dtype) + x.sum(-1, keepdim=True,
-                                                                  dtype=torch.float32))
+                  + x.type(torch.float32) + x.to(x.dtype)
+                  + x.sum(-1, keepdim=True, dtype=torch.float32))
     assert _casts(layer) == []
 
 
@@ -264,7 +265,8 @@ def _within_an_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def _half_layer(fn, dtype, backend):
     """A layer without parameters whose feature is declared in ``dtype``."""
-    layer = Apply(fn, width=sarc.Feature((W,), {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]))
+    declared = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    layer = Apply(fn, width=sarc.Feature((W,), declared))
     layer.set_backend(backend)
     return layer
 

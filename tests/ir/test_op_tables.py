@@ -233,7 +233,8 @@ def test_builder_reports_type_errors_at_the_given_location():
 def test_cast_converts_to_another_float_dtype():
     f16, i64 = DType.F16, DType.I64
     assert infer_type(Op.CAST, [t(EDGE, 4, 3, dtype=f16)], {"dtype": DType.F32}) == t(EDGE, 4, 3)
-    assert infer_type(Op.CAST, [t(PARAM, 3)], {"dtype": DType.BF16}) == t(PARAM, 3, dtype=DType.BF16)
+    bf16 = DType.BF16
+    assert infer_type(Op.CAST, [t(PARAM, 3)], {"dtype": bf16}) == t(PARAM, 3, dtype=bf16)
     assert infer_type(Op.CAST, [t(SRC, dtype=i64)], {"dtype": f16}) == t(SRC, dtype=f16)
     with pytest.raises(TypeError_, match="to float dtypes only"):
         infer_type(Op.CAST, [t(EDGE, 3)], {"dtype": i64})
