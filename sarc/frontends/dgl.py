@@ -53,7 +53,7 @@ from ..errors import DSLError, GraphError
 from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
-from ..trace import Proxy, RowCount, Tracer, call_torch, user_loc
+from ..trace import Proxy, RowCount, Tracer, _is_int, call_torch, user_loc
 from ..trace_guards import tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -187,7 +187,7 @@ class _DGLTracer(Tracer):
 
 class _DGLProxy(Proxy):
     """A traced value with what DGL's layers do to node tensors besides math:
-    ``x[:g.num_dst_nodes()]`` (its destination rows), ``.to(other)``, ``.float()``,
+    ``x[:g.num_dst_nodes()]`` (its destination rows), ``.to(device)``,
     ``.device`` and ``g.in_degrees() == 0`` (DGL's zero-in-degree check)."""
 
     __slots__ = ()
@@ -205,15 +205,15 @@ class _DGLProxy(Proxy):
         return super().__getitem__(key)
 
     def to(self, *args, **kwargs):
-        for a in (*args, *kwargs.values()):
-            dtype = a.dtype if isinstance(a, (Proxy, torch.Tensor)) else a
-            if isinstance(dtype, torch.dtype) and dtype != self.dtype:
-                raise DSLError(f"{_owner(self.tracer)}: .to({dtype}) of a {self.dtype} traced "
-                               f"value: sarc does not convert dtypes inside a layer", user_loc())
-        return self
-
-    def float(self):
-        return self.to(torch.float32)
+        """A device (``norm.to(feat.device)``) is the graph's: dropped. A dtype, or another
+        value's, converts as a sarc layer's value does (``Tensor.to``: a cast)."""
+        args = list(args)
+        if args and (isinstance(args[0], (str, torch.device)) or _is_int(args[0])):
+            args.pop(0)
+        kwargs.pop("device", None)
+        if not args and not kwargs:
+            return self
+        return Proxy.to(self, *args, **kwargs)
 
     @property
     def device(self):

@@ -299,6 +299,25 @@ def test_device_of_a_traced_value():
     _equals_dgl(DeviceIdiom())
 
 
+class WidenedSum(nn.Module):
+    """Sums in float64 and converts back, with ``.to(dtype)``, ``.float()`` and ``.to(feat)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat).to(torch.float64) * 1e3
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            wide = g.dstdata["h"]
+            return wide.float() / 1e3 + (wide / 1e3).to(feat).to(feat.device)
+
+
+def test_dtype_conversions_of_a_traced_value():
+    _equals_dgl(WidenedSum())
+
+
 @pytest.mark.parametrize("make", [lambda: SGConv(IN, 3), lambda: TAGConv(IN, 3),
                                   lambda: GCN2Conv(IN, 1, allow_zero_in_degree=True)],
                          ids=["SGConv", "TAGConv", "GCN2Conv"])
