@@ -235,7 +235,48 @@ class Layer(nn.Module):
 
     def __call__(self, *args, **kwargs):
         self._check_init()
+        self._note_features_dtype(args[1:], kwargs)
         return super().__call__(*args, **kwargs)
+
+    def _note_features_dtype(self, args: tuple, feats: dict) -> None:
+        """A layer without float parameters computes in the float dtype of the float
+        features it is called with (those declared without a dtype): recorded here, read by
+        ``precision``, and part of the state its kernel is compiled for. Two float dtypes
+        among them are an error naming both (under autocast, its low dtype and float32 run
+        in float32, as with parameters)."""
+        if any(p.is_floating_point() for p in self.parameters()):
+            return
+        from .runtime.bind import resolve_features
+        try:
+            given = resolve_features(self, args, feats)
+        except GraphError:
+            return   # the call reports it
+        seen: dict[torch.dtype, str] = {}
+        for name, x in given.items():
+            feat = self._sarc_node.get(name) or self._sarc_edge.get(name)
+            if feat is not None and feat.dtype is None and isinstance(x, torch.Tensor) \
+                    and x.is_floating_point():
+                seen.setdefault(x.dtype, name)
+        if not seen:
+            return
+        if len(seen) > 1:
+            from .amp import autocast_state
+            device = next(x for x in given.values() if isinstance(x, torch.Tensor)).device
+            on, low = autocast_state(device.type)
+            if not (on and set(seen) == {low, torch.float32}):
+                (d1, n1), (d2, n2) = list(seen.items())[:2]
+                raise GraphError(f"feature {n1!r} is {d1} and feature {n2!r} is {d2}: "
+                                 f"{type(self).__name__} has no float parameters, so it "
+                                 f"computes in its features' dtype; give them in one "
+                                 f"(x.to({d1}))").at_call(type(self).__name__, user_loc())
+            seen = {torch.float32: ""}
+        dtype = next(iter(seen))
+        try:
+            DType.from_torch(dtype)
+        except TypeError:
+            return   # not a dtype sarc computes in: the call reports it
+        if self.__dict__.get("_features_dtype") != dtype:
+            self._features_dtype = dtype   # a plain attribute: in the compiled state's key
 
     # The user's functions -------------------------------------------------------------
     def message(self, src, dst, edge):
@@ -289,8 +330,10 @@ class Layer(nn.Module):
         return fn
 
     def precision(self) -> DType:
-        """The dtype of the layer's float parameters (f32 without any): the dtype of its
-        float features declared without one. Parameters of two float dtypes are an error."""
+        """The dtype of the layer's float parameters: the dtype of its float features
+        declared without one. A layer without float parameters computes in the float dtype
+        of the features of its last call (f32 before one). Parameters of two float dtypes
+        are an error."""
         seen: dict[torch.dtype, str] = {}
         for name, p in self.named_parameters():
             if p.is_floating_point():
@@ -300,7 +343,9 @@ class Layer(nn.Module):
             raise DSLError(f"layer {type(self).__name__} mixes parameter dtypes: {n1} is {d1}, "
                            f"{n2} is {d2}; convert the whole layer (layer.to(dtype)) or use "
                            f"torch.autocast", _loc_of(type(self).__init__))
-        return DType.from_torch(next(iter(seen))) if seen else DType.F32
+        if seen:
+            return DType.from_torch(next(iter(seen)))
+        return DType.from_torch(self.__dict__.get("_features_dtype", torch.float32))
 
     def leaf_tensors(self) -> dict[str, torch.Tensor]:
         """What the layer's PARAM leaves read, by name: its parameters, and its floating-point
