@@ -12,8 +12,8 @@
   ``ConversionError`` naming the conv's class and the construct.
 - ``as_conv(layer)``: a ``torch.nn.Module`` with PyG's calling convention,
   ``forward(x, edge_index[, edge_attr], size=None)``, that builds the ``sarc.Graph`` of
-  an ``edge_index`` once (cached by the tensor's identity and version, and the node count)
-  and runs ``layer`` on it; it works inside ``torch_geometric.nn.Sequential``.
+  an ``edge_index`` once (reused while the edge_index, the node count and the edge_attr
+  hold the same values) and runs ``layer`` on it; it works inside ``torch_geometric.nn.Sequential``.
 
 What a conv's ``forward`` does to the graph (self loops added or removed, GCN's
 normalization, RGCN's per-relation mean) is done by PyG's own functions when the inputs
@@ -236,13 +236,45 @@ class SAGEConvLayer(PyGLayer):
 class GATConvLayer(PyGLayer):
     """GATConv: self loops as PyG's forward makes them (``remove_self_loops`` then
     ``add_self_loops``, edge features of the new loops by ``fill_value``), attention
-    ``softmax(leaky_relu(a_s.z_u + a_d.z_v [+ a_e.W_e e_uv]))``."""
+    ``softmax(leaky_relu(a_s.z_u + a_d.z_v [+ a_e.W_e e_uv]))``. With ``edge_dim`` set,
+    a call without ``edge_attr`` runs the layer's variant without the edge term (PyG skips
+    it: ``lin_edge`` and ``att_edge`` get no gradient, not a zero one)."""
 
     edge_input = "edge_attr"
 
-    def __init__(self, conv):
+    def __init__(self, conv, edge_term: bool = True):
         _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
-        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+        edge_term = edge_term and conv.edge_dim is not None
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv) if edge_term else None)
+        self._edge_term = edge_term
+
+    # GATConv's edge_update returns before the edge term on a graph without edges
+    no_edge_term_without_edges = True
+
+    def forward(self, g, *args, **feats):
+        if self._edge_term and (not _given(self, "edge_attr", args, feats) or (
+                self.no_edge_term_without_edges and isinstance(g, Graph)
+                and g.num_edges == 0)):
+            if len(args) == 1 and isinstance(args[0], dict):
+                args = ({k: v for k, v in args[0].items() if k != "edge_attr"},)
+            feats = {k: v for k, v in feats.items() if k != "edge_attr"}
+            return self._without_edge_term()(g, *args[:len(self._sarc_node)], **feats)
+        return super().forward(g, *args, **feats)
+
+    def _without_edge_term(self) -> "GATConvLayer":
+        """The layer without the edge term, traced and compiled once, sharing the conv
+        (kept outside the module tree: no second copy of the parameters in state dicts)."""
+        other = self.__dict__.get("_sarc_without_edge")
+        if other is None:
+            other = type(self)(self.conv, edge_term=False)
+            object.__setattr__(self, "_sarc_without_edge", other)
+        if other.training != self.training:
+            other.train(self.training)
+        if other._sarc_backend != self._sarc_backend:
+            other.set_backend(self._sarc_backend)
+        if other._sarc_autodiff != self._sarc_autodiff:
+            other.set_autodiff(self._sarc_autodiff)
+        return other
 
     def prepare(self, edge_index, num_nodes, edge_attr=None):
         edge_index, edge_attr = _self_loops(self.conv, edge_index, edge_attr, num_nodes)
@@ -257,7 +289,7 @@ class GATConvLayer(PyGLayer):
         c = self.conv
         z_u, z_v = self._project(src.x, "src"), self._project(dst.x, "dst")
         score = (z_u * c.att_src).sum(-1) + (z_v * c.att_dst).sum(-1)
-        if c.edge_dim is not None:
+        if self._edge_term:
             score = score + (_edge_heads(c, edge.edge_attr) * c.att_edge).sum(-1)
         return {"z": z_u, "score": leaky_relu(score, c.negative_slope)}
 
@@ -272,12 +304,14 @@ class GATConvLayer(PyGLayer):
 class GATv2ConvLayer(GATConvLayer):
     """GATv2Conv: attention ``softmax(a . leaky_relu(W_l x_u + W_r x_v [+ W_e e_uv]))``."""
 
+    no_edge_term_without_edges = False
+
     def message(self, src, dst, edge):
         c = self.conv
         x_l = c.lin_l(src.x).view(-1, c.heads, c.out_channels)
         lin_r = c.lin_l if c.share_weights else c.lin_r
         x = lin_r(dst.x).view(-1, c.heads, c.out_channels) + x_l
-        if c.edge_dim is not None:
+        if self._edge_term:
             x = x + _edge_heads(c, edge.edge_attr)
         score = (leaky_relu(x, c.negative_slope) * c.att).sum(-1)
         return {"z": x_l, "score": score}
@@ -289,15 +323,33 @@ def _edge_attr(conv) -> dict | None:
 
 
 def _edge_inputs(conv, edge_index, edge_attr) -> dict:
-    """``edge_attr`` as [E, edge_dim]; without one, zeros, which the attention's edge term
-    (``lin_edge`` has no bias) turns into the 0 PyG adds when it skips the term."""
+    """``edge_attr`` as [E, edge_dim] (the conv's declared width, so a graph without edges
+    has [0, edge_dim] features); without one, nothing: the layer then runs its variant
+    without the edge term (``GATConvLayer.forward``), as PyG skips the term."""
     if conv.edge_dim is None:
         if edge_attr is not None:
             raise _refuse(conv, "an edge_attr argument", "edge_dim is None, so PyG ignores it")
         return {}
     if edge_attr is None:
-        return {"edge_attr": torch.zeros(edge_index.size(1), conv.edge_dim)}
-    return {"edge_attr": edge_attr.reshape(edge_attr.size(0), -1)}
+        return {}
+    rows = edge_index.size(1)
+    if edge_attr.dim() == 0 or edge_attr.size(0) != rows \
+            or edge_attr.numel() != rows * conv.edge_dim:
+        raise ConversionError(f"{type(conv).__name__}: edge_attr of shape "
+                              f"{list(edge_attr.shape)} for {rows} edges and "
+                              f"edge_dim={conv.edge_dim}; give [E, {conv.edge_dim}]")
+    return {"edge_attr": edge_attr.reshape(rows, conv.edge_dim)}
+
+
+def _given(layer, name: str, args: tuple, feats: dict) -> bool:
+    """Whether a layer call gives feature ``name`` (by name, positionally or in a mapping),
+    not as None."""
+    if len(args) == 1 and isinstance(args[0], dict):
+        feats = {**args[0], **feats}
+        args = ()
+    order = [*layer._sarc_node, *layer._sarc_edge]
+    given = dict(zip(order, args), **{k: v for k, v in feats.items() if k not in order[:len(args)]})
+    return given.get(name) is not None
 
 
 def _edge_heads(conv, edge_attr):
@@ -502,6 +554,10 @@ def _converters() -> dict[type, Callable[[nn.Module], PyGLayer]]:
 
 _EDGE_INDEX_ARGS = ("index", "ptr", "size_i", "size_j", "dim_size", "size", "edge_index",
                     "edge_index_i", "edge_index_j", "adj_t")
+_SOFTMAX_ARGS = ("index", "edge_index_i", "ptr", "size_i")
+"""What PyG gives ``message`` for its ``softmax(alpha, index, ptr, size_i)``: the target
+node of each edge, no CSR pointer (edge_index is a tensor), the number of targets. sarc
+gives stand-ins whose only use is that call, which is sarc's edge softmax."""
 
 
 class _Stop(BaseException):
@@ -570,15 +626,96 @@ def _flat(value):
         yield value
 
 
-def _forward_line(conv) -> str:
-    """`` at FILE:LINE``: the innermost line of the conv's forward on the stack."""
-    code = getattr(getattr(type(conv), "forward", None), "__code__", None)
+def _forward_line(conv, method: str = "forward") -> str:
+    """`` at FILE:LINE``: the innermost line of the conv's ``method`` on the stack."""
+    code = getattr(getattr(type(conv), method, None), "__code__", None)
     f = sys._getframe(1)
     while f is not None and code is not None:
         if f.f_code is code:
             return f" at {f.f_code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return ""
+
+
+class _SoftmaxArg(torch.Tensor):
+    """Stands for message's ``index`` / ``edge_index_i`` (each edge's target node) or
+    ``size_i`` (the number of targets) while a conv's message is traced: its one use is
+    ``torch_geometric.utils.softmax(alpha, index, ptr, size_i)``, sarc's edge softmax
+    (``_pyg_softmax``); any other use is refused, naming the use and message's line."""
+
+    @staticmethod
+    def make(conv, name: str) -> "_SoftmaxArg":
+        t = torch.Tensor._make_subclass(_SoftmaxArg, torch.empty(0, dtype=torch.long))
+        t._sarc_conv, t._sarc_name = conv, name
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in ("torch.Tensor.__repr__", "torch.Tensor.__str__", "torch.Tensor.__format__"):
+            return args[0]._sarc_name
+        if name == "torch.Tensor.__hash__":
+            return id(args[0])
+        token = next(a for a in _flat((args, kwargs or {})) if isinstance(a, _SoftmaxArg))
+        shown = name[:-len(".__get__")] if name.endswith(".__get__") else name
+        if shown.startswith("torch.Tensor."):
+            shown = f"{token._sarc_name}.{shown[len('torch.Tensor.'):]}"
+        raise _refuse(token._sarc_conv, f"message's {token._sarc_name} used in {shown}"
+                      f"{_forward_line(token._sarc_conv, 'message')}",
+                      f"sarc reads {token._sarc_name} only in torch_geometric.utils.softmax("
+                      f"alpha, index, ptr, size_i), its softmax over the edges into each "
+                      f"destination")
+
+
+def _pyg_softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
+    """``torch_geometric.utils.softmax`` while a conv's message is traced: over the edges
+    into each destination (``index`` message's ``index`` / ``edge_index_i``) it is
+    ``sarc.edge_softmax``; any other grouping is refused."""
+    conv = getattr(index, "_sarc_conv", None) or getattr(num_nodes, "_sarc_conv", None) \
+        or "a MessagePassing"
+    by_dst = isinstance(index, _SoftmaxArg) and index._sarc_name in ("index", "edge_index_i")
+    sized = num_nodes is None or (isinstance(num_nodes, _SoftmaxArg)
+                                  and num_nodes._sarc_name == "size_i")
+    line = _forward_line(conv, "message") if not isinstance(conv, str) else ""
+    if not (by_dst and ptr is None and sized):
+        shown = ("a ptr" if ptr is not None else "num_nodes other than size_i" if not sized
+                 else f"index {getattr(index, '_sarc_name', type(index).__name__)}")
+        raise _refuse(conv, f"torch_geometric.utils.softmax with {shown}{line}",
+                      "sarc's edge softmax normalizes over the edges into each destination: "
+                      "softmax(alpha, index, ptr, size_i) with message's index / edge_index_i")
+    if not isinstance(src, Proxy) or src.type.domain is not Domain.EDGE:
+        raise _refuse(conv, f"torch_geometric.utils.softmax of a "
+                      f"{type(src).__name__ if not isinstance(src, Proxy) else src.type.domain.value + ' value'}"
+                      f"{line}", "sarc's edge softmax takes a value per edge")
+    if dim not in (0, -1 - len(src.type.feat)):
+        raise _refuse(conv, f"torch_geometric.utils.softmax(..., dim={dim}){line}",
+                      "sarc's edge softmax is over the edges (dim=0)")
+    return dsl.edge_softmax(src)
+
+
+@contextlib.contextmanager
+def _pyg_softmax_routed(conv):
+    """While ``conv``'s message is traced, ``torch_geometric.utils.softmax`` is
+    ``_pyg_softmax``: in ``torch_geometric.utils`` and in every module defining a class of
+    the conv's tree that imported it by name."""
+    import torch_geometric.utils as utils
+    from torch_geometric.utils import _softmax
+    original = _softmax.softmax
+    names = {type(m).__module__ for m in conv.modules()} | {
+        c.__module__ for c in type(conv).__mro__}
+    swapped = []
+    try:
+        for mod in [utils, _softmax] + [sys.modules.get(n) for n in sorted(names)]:
+            if mod is None:
+                continue
+            for attr, value in list(vars(mod).items()):
+                if value is original:
+                    swapped.append((mod, attr))
+                    setattr(mod, attr, _pyg_softmax)
+        yield
+    finally:
+        for mod, attr in swapped:
+            setattr(mod, attr, original)
 
 
 class _TensorProxy(Proxy):
@@ -658,6 +795,11 @@ class TracedConv(PyGLayer):
         third = params[2:3]
         edge_dim = edge_dim if edge_dim is not None else getattr(conv, "edge_dim", None)
         self._takes_edge_attr = bool(third) and edge_dim is not None
+        if self._takes_edge_attr and ("edge_index" in third[0].name
+                                      or third[0].name in ("adj", "adj_t")):
+            raise _refuse(conv, f"edge_dim for {third[0].name}",
+                          "an edge list, not an edge feature: sarc calls forward(x, "
+                          "edge_index) and leaves it at its default")
         self.edge_input = third[0].name if third else None
         if third and edge_dim is None and third[0].default is inspect.Parameter.empty:
             raise _refuse(conv, f"{third[0].name} of unknown width",
@@ -667,10 +809,11 @@ class TracedConv(PyGLayer):
         super().__init__(conv, _in_channels(conv, in_channels), edge=edge)
         self._message_args = list(inspect.signature(conv.message).parameters)
         for name in self._message_args:
-            if name in _EDGE_INDEX_ARGS:
+            if name in _EDGE_INDEX_ARGS and name not in _SOFTMAX_ARGS:
                 raise _refuse(conv, f"message argument {name!r}",
-                              "per-edge graph structure (softmax over index/ptr, scatter); "
-                              "sarc models attention as sarc.edge_softmax")
+                              "per-edge graph structure; sarc's message reads the edge's "
+                              "destination index (index, edge_index_i) only for "
+                              "torch_geometric.utils.softmax, its edge softmax")
         self._update_args = list(inspect.signature(conv.update).parameters)[1:]
 
     def prepare(self, edge_index, num_nodes, edge_attr=None):
@@ -758,7 +901,9 @@ class TracedConv(PyGLayer):
         args = {}
         for name in self._message_args:
             base, end = name[:-2], name[-2:]
-            if end in ("_j", "_i") and base in (at_src if end == "_j" else at_dst):
+            if name in _SOFTMAX_ARGS:
+                args[name] = None if name == "ptr" else _SoftmaxArg.make(conv, name)
+            elif end in ("_j", "_i") and base in (at_src if end == "_j" else at_dst):
                 value = _end(conv, (at_src if end == "_j" else at_dst)[base],
                              0 if end == "_j" else 1, name)
                 if not isinstance(value, Proxy) or not _reaches(builder, value, from_x) \
@@ -786,7 +931,8 @@ class TracedConv(PyGLayer):
                 args[name] = sig[name].default
             else:
                 raise _refuse(conv, f"message argument {name!r}", "propagate is not given it")
-        return _call_conv(conv, "message", conv.message, **args)
+        with _pyg_softmax_routed(conv):
+            return _call_conv(conv, "message", conv.message, **args)
 
     def update(self, dst, agg):
         with _conv_code(self.conv, dst.x.tracer):
@@ -823,6 +969,20 @@ def _check_forward_signature(conv, params) -> None:
     """sarc calls ``forward(x, edge_index[, edge_attr])``: refuse another signature."""
     names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     shown = f"forward({', '.join(names)})"
+    if any(n.endswith("_dict") for n in names[:2]) or isinstance(
+            getattr(conv, "in_channels", None), dict):
+        raise _refuse(conv, f"a heterogeneous conv ({shown})",
+                      "sarc imports convs of one node and one edge type; a heterogeneous "
+                      "graph runs as a homogeneous one with type ids (sarc.HeteroConv, "
+                      "RGCNConv)")
+    edge_lists = [p.name for p in params[1:] if p.name in names
+                  and ("edge_index" in p.name or p.name in ("adj", "adj_t"))
+                  and (p is params[1] or p.default is inspect.Parameter.empty)]
+    if len(edge_lists) > 1:
+        raise _refuse(conv, f"{shown}, which takes several edge lists "
+                      f"({', '.join(edge_lists)})",
+                      "a sarc layer runs on one graph, the edge_index of "
+                      "forward(x, edge_index[, edge_attr])")
     if len(names) < 2:
         raise _refuse(conv, shown, "sarc calls forward(x, edge_index[, edge_attr])")
     if names[1] != "edge_index" and ("edge_index" in names[2:] or "adj_t" in names[2:]):
@@ -930,8 +1090,8 @@ def _overrides_propagate(cls) -> bool:
 
 class PyGConv(nn.Module):
     """A sarc layer with PyG's calling convention: ``forward(x, edge_index[, edge_attr],
-    size=None)``. The ``sarc.Graph`` of an ``edge_index`` is built once and cached (by the
-    tensor's identity, its version counter, the node count and ``edge_attr``'s identity);
+    size=None)``. The ``sarc.Graph`` of an ``edge_index`` is built once and reused while the
+    call's edge_index, node count and edge_attr hold the same values (``_inputs``);
     ``edge_attr`` is the layer's edge feature (``edge``: its name, needed when it declares
     several). A ``PyGLayer`` (``from_message_passing``) prepares the graph as its conv does.
 
@@ -950,7 +1110,7 @@ class PyGConv(nn.Module):
         self.edge = edge
         if edge is None and layer._sarc_edge and not isinstance(layer, PyGLayer):
             self.edge = _only(layer._sarc_edge, "edge", type(layer).__name__)
-        self._cache: tuple | None = None
+        self._cache: _Prepared | None = None
         self._register_state_dict_hook(_without_inner_prefix)
         self._register_load_state_dict_pre_hook(_with_inner_prefix, with_module=True)
 
@@ -971,30 +1131,66 @@ class PyGConv(nn.Module):
         return self.layer(g, **{self.node: x}, **edge)
 
     def _inputs(self, edge_index, num, edge_attr):
-        key = (edge_index._version, num, None if edge_attr is None else edge_attr._version)
+        """The graph and edge features of a call. Those of the last call are reused while
+        its edge_index, node count and edge_attr hold the same values, compared with copies
+        kept of them (O(E), as building the graph is): so an edit the tensor's version
+        counter does not see (numpy writing into a ``torch.from_numpy`` tensor, ``.data``)
+        is seen, and an equal edge_index in a new tensor reuses the graph. Edge features
+        computed from an ``edge_attr`` that needs a gradient are prepared again at each
+        call (each backward needs its own), on the same graph."""
+        dtypes = tuple(sorted({str(p.dtype) for p in self.layer.parameters()}))
         c = self._cache
-        if c is not None and c[0] is edge_index and c[1] is edge_attr and c[2] == key:
-            return c[3], c[4]
+        g = None
+        if c is not None and c.num == num and c.dtypes == dtypes \
+                and _same_values(c.edge_index, edge_index):
+            if _same_values(c.edge_attr, edge_attr) and not (
+                    edge_attr is not None and edge_attr.requires_grad):
+                return c.graph, c.edge
+            g = c.graph   # the same edges: only the edge features are prepared again
         if isinstance(self.layer, PyGLayer):
             if isinstance(num, tuple):
                 raise _refuse(self.layer.conv, f"size={num} (a bipartite block)",
                               "an imported conv runs on a graph whose nodes are its sources "
                               "and targets")
             prepared = self.layer.prepare(edge_index, num, edge_attr)
-            g, edge = prepared.graph(), prepared.edge
+            g, edge = prepared.graph() if g is None else g, prepared.edge
         else:
-            g = from_pyg(edge_index, num)
+            g = from_pyg(edge_index, num) if g is None else g
             if edge_attr is not None and self.edge is None:
                 raise ConversionError(f"{type(self.layer).__name__} declares no edge feature; "
                                       f"it takes no edge_attr")
             edge = {} if edge_attr is None else {self.edge: edge_attr}
-        self._cache = (edge_index, edge_attr, key, g, edge)
+        self._cache = _Prepared(_kept(edge_index), num, _kept(edge_attr), dtypes, g, edge)
         return g, edge
 
     def __getstate__(self):
         state = dict(super().__getstate__())
         state["_cache"] = None
         return state
+
+
+@dataclass
+class _Prepared:
+    """What ``PyGConv`` keeps of its last call: copies of the inputs the graph and edge
+    features were prepared from, and those."""
+
+    edge_index: torch.Tensor
+    num: Any
+    edge_attr: torch.Tensor | None
+    dtypes: tuple
+    graph: Graph
+    edge: dict
+
+
+def _kept(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().clone()
+
+
+def _same_values(kept: torch.Tensor | None, t: torch.Tensor | None) -> bool:
+    if kept is None or t is None:
+        return kept is None and t is None
+    return (kept.shape == t.shape and kept.dtype == t.dtype and kept.device == t.device
+            and torch.equal(kept, t))
 
 
 def _without_inner_prefix(module: PyGConv, state_dict, prefix, local_metadata) -> None:

@@ -1,0 +1,372 @@
+"""PyG convs at the edges of what their forward does, through ``as_conv``, against PyG's own
+conv in float64: the output, the gradient of x and of every parameter, ``None`` where PyG
+leaves a parameter without one (an optimizer with weight decay moves a parameter whose
+gradient is zero, never one whose gradient is ``None``).
+
+- a graph without edges with ``edge_dim`` set (the edge features are [0, edge_dim]);
+- GATConv / GATv2Conv with ``edge_dim`` called without ``edge_attr`` (PyG skips the edge
+  term: ``lin_edge`` and ``att_edge`` get no gradient);
+- the prepared graph cached by ``as_conv`` after in-place edits its version counter does
+  not see (numpy sharing the memory, ``.data``);
+- parameterless convs given float64 features compute in float64;
+- PyG's ``softmax(alpha, index, ptr, size_i)`` in ``message`` is sarc's edge softmax.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("torch_geometric")
+from torch_geometric import nn as pyg  # noqa: E402
+from torch_geometric.nn import MessagePassing  # noqa: E402
+from torch_geometric.utils import softmax  # noqa: E402
+
+import sarc  # noqa: E402
+from sarc.frontends.pyg import ConversionError, as_conv  # noqa: E402
+
+N, D = 7, 4
+F64 = torch.float64
+
+
+def graph() -> torch.Tensor:
+    """Duplicates, a self loop, a node without in-edges (6) and one without any (5)."""
+    return torch.tensor([[0, 1, 2, 3, 0, 4, 4, 2, 6], [1, 2, 3, 0, 2, 1, 1, 2, 0]])
+
+
+def randomize(conv) -> nn.Module:
+    """Parameters drawn at random (PyG zeroes biases: a zero term hides mistakes), f64."""
+    conv = conv.to(F64)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=F64) * 0.5)
+    return conv
+
+
+def grads(run, conv, x, extra, upstream):
+    for p in conv.parameters():
+        p.grad = None
+    x = x.clone().requires_grad_(True)
+    out = run(x, *extra)
+    (out * upstream).sum().backward()
+    return out.detach(), x.grad, {k: None if p.grad is None else p.grad.clone()
+                                  for k, p in conv.named_parameters()}
+
+
+def close(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
+    assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), (what, (a - b).abs().max().item())
+
+
+def check(conv, ei, x, *extra, wrapped=None):
+    """``as_conv(conv)(x, ei, *extra)`` equals ``conv(x, ei, *extra)``: output, x's gradient,
+    each parameter's gradient (``None`` where PyG's is)."""
+    wrapped = wrapped or as_conv(conv)
+    upstream = torch.randn(conv(x, ei, *extra).shape, dtype=x.dtype)
+    out_p, xg_p, g_p = grads(lambda x, *e: conv(x, ei, *e), conv, x, extra, upstream)
+    out_s, xg_s, g_s = grads(lambda x, *e: wrapped(x, ei, *e), conv, x, extra, upstream)
+    close(out_s, out_p, "output")
+    close(xg_s, xg_p, "grad of x")
+    for k in g_p:
+        assert (g_s[k] is None) == (g_p[k] is None), (k, g_s[k], g_p[k])
+        if g_p[k] is not None:
+            close(g_s[k], g_p[k], f"grad of {k}")
+    return wrapped
+
+
+def x64(n=N, d=D, seed=0):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+# --- 1. a graph without edges, edge_dim set -------------------------------------------------------
+
+EDGE_DIM_CONVS = {
+    "res_gated": lambda: pyg.ResGatedGraphConv(D, 3, edge_dim=2),
+    "transformer": lambda: pyg.TransformerConv(D, 3, heads=2, edge_dim=2),
+    "gat_no_loops": lambda: pyg.GATConv(D, 3, heads=2, edge_dim=2, add_self_loops=False),
+    "gat": lambda: pyg.GATConv(D, 3, heads=2, edge_dim=2),
+    "gatv2_no_loops": lambda: pyg.GATv2Conv(D, 3, edge_dim=2, add_self_loops=False),
+}
+
+
+@pytest.mark.parametrize("name", EDGE_DIM_CONVS)
+def test_edge_dim_conv_on_a_graph_without_edges(name):
+    conv = randomize(EDGE_DIM_CONVS[name]())
+    ei = torch.empty(2, 0, dtype=torch.long)
+    check(conv, ei, x64(), torch.empty(0, 2, dtype=F64))
+
+
+@pytest.mark.parametrize("name", EDGE_DIM_CONVS)
+def test_edge_dim_conv_with_edges(name):
+    conv = randomize(EDGE_DIM_CONVS[name]())
+    ei = graph()
+    check(conv, ei, x64(), torch.randn(ei.size(1), 2, dtype=F64))
+
+
+def test_edge_attr_of_another_width_is_refused():
+    conv = pyg.TransformerConv(D, 3, edge_dim=2)
+    ei = graph()
+    with pytest.raises(ConversionError, match=r"TransformerConv: edge_attr of shape \[9, 3\]"):
+        as_conv(conv)(torch.randn(N, D), ei, torch.randn(ei.size(1), 3))
+
+
+# --- 2. GAT / GATv2 with edge_dim, called without edge_attr ---------------------------------------
+
+NO_ATTR = {
+    "gat": lambda: pyg.GATConv(D, 3, heads=2, edge_dim=2),
+    "gat_no_loops": lambda: pyg.GATConv(D, 3, heads=2, edge_dim=2, add_self_loops=False),
+    "gatv2": lambda: pyg.GATv2Conv(D, 3, heads=2, edge_dim=2),
+}
+
+
+@pytest.mark.parametrize("name", NO_ATTR)
+def test_gat_edge_dim_without_edge_attr_skips_the_edge_term(name):
+    conv = randomize(NO_ATTR[name]())
+    ei = graph()
+    wrapped = check(conv, ei, x64())
+    assert conv.lin_edge.weight.grad is None
+    # the same wrapper, then with edge features, then without again
+    check(conv, ei, x64(seed=1), torch.randn(ei.size(1), 2, dtype=F64), wrapped=wrapped)
+    check(conv, ei, x64(seed=2), wrapped=wrapped)
+    assert list(wrapped.state_dict()) == list(conv.state_dict())
+
+
+def test_gat_edge_dim_without_edge_attr_trains_as_pyg():
+    torch.manual_seed(0)
+    plain = randomize(pyg.GATConv(D, 3, heads=2, edge_dim=2))
+    wrapped = as_conv(copy.deepcopy(plain))
+    x, ei = x64(), graph()
+    for model in (plain, wrapped):
+        opt = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x, ei).square().sum().backward()
+            opt.step()
+    for (k, p), q in zip(plain.named_parameters(), wrapped.layer.conv.parameters()):
+        close(q.detach(), p.detach(), k)
+
+
+# --- 3. the prepared graph as_conv keeps is never stale -------------------------------------------
+
+def test_cache_sees_edits_the_version_counter_misses():
+    conv = randomize(pyg.GCNConv(D, 3))
+    wrapped = as_conv(conv)
+    x = x64()
+    arr = np.array([[0, 1, 2, 3, 4], [1, 2, 3, 0, 0]])
+    ei = torch.from_numpy(arr)
+    ew = torch.rand(5, dtype=F64) + 0.5
+    close(wrapped(x, ei, ew).detach(), conv(x, ei, ew).detach(), "first call")
+    arr[1] = [2, 2, 4, 4, 6]                  # numpy writes into the tensor's memory
+    close(wrapped(x, ei, ew).detach(), conv(x, ei, ew).detach(), "edge_index changed")
+    ew.data.mul_(3.0)                         # .data: the version does not move
+    close(wrapped(x, ei, ew).detach(), conv(x, ei, ew).detach(), "edge weights changed")
+    check(conv, ei, x, ew, wrapped=wrapped)
+
+
+def test_cache_reuses_the_graph_of_an_equal_edge_index():
+    wrapped = as_conv(randomize(pyg.GCNConv(D, 3)))
+    x, ei = x64(), graph()
+    wrapped(x, ei)
+    g = wrapped._cache.graph
+    wrapped(x, ei.clone())                    # the same edges in another tensor
+    assert wrapped._cache.graph is g
+
+
+def test_edge_weights_with_a_gradient_train_twice():
+    conv = randomize(pyg.GCNConv(D, 3))
+    wrapped = as_conv(conv)
+    x, ei = x64(), graph()
+    ew = (torch.rand(ei.size(1), dtype=F64) + 0.5).requires_grad_(True)
+    for _ in range(2):                        # the second backward needs its own graph
+        ew.grad = None
+        wrapped(x, ei, ew).sum().backward()
+        got = ew.grad.clone()
+        ew.grad = None
+        conv(x, ei, ew).sum().backward()
+        close(got, ew.grad, "grad of the edge weights")
+
+
+# --- 4. dtypes and what is not supported ----------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: pyg.SimpleConv(), lambda: pyg.SimpleConv(aggr="mean"),
+                                  lambda: pyg.LGConv(normalize=False)],
+                         ids=["simple_sum", "simple_mean", "lgconv_unnormalized"])
+def test_parameterless_conv_computes_in_its_features_dtype(make):
+    conv = make()
+    wrapped = as_conv(conv, in_channels=D)
+    x, ei = x64(), graph()
+    out = check(conv, ei, x, wrapped=wrapped)(x, ei)
+    assert out.dtype == F64
+    out32 = wrapped(x.float(), ei)            # and float32 on the next call
+    assert out32.dtype == torch.float32
+    assert torch.allclose(out32.double(), conv(x, ei), atol=1e-5)
+
+
+def test_parameterless_conv_with_mixed_feature_dtypes_is_refused():
+    conv = pyg.SimpleConv()
+    wrapped = as_conv(conv, in_channels=D, edge_dim=())
+    ei = graph()
+    with pytest.raises(sarc.GraphError, match=r"'x' is torch.float64.*'edge_weight' is "
+                                              r"torch.float32"):
+        wrapped(x64(), ei, torch.rand(ei.size(1)))
+
+
+def test_signed_conv_is_refused_plainly():
+    with pytest.raises(ConversionError, match=r"SignedConv: forward\(x, pos_edge_index, "
+                                              r"neg_edge_index\).*several edge lists"):
+        as_conv(pyg.SignedConv(4, 3, first_aggr=True))
+    with pytest.raises(ConversionError, match="several edge lists"):
+        as_conv(pyg.SignedConv(4, 3, first_aggr=True), edge_dim=2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pyg.HGTConv({"a": 4}, 3, (["a"], [("a", "to", "a")]), heads=1),
+    lambda: pyg.HANConv({"a": 4}, 3, (["a"], [("a", "to", "a")]), heads=1)],
+    ids=["hgt", "han"])
+def test_heterogeneous_convs_are_refused_plainly(make):
+    conv = make()
+    with pytest.raises(ConversionError, match=f"{type(conv).__name__}: a heterogeneous conv"):
+        as_conv(conv)
+
+
+# --- 5. PyG's softmax over each destination's edges is sarc's edge softmax ------------------------
+
+class DotAttention(MessagePassing):
+    """A user's attention conv, PyG's idiom: scores per edge from both ends, normalized with
+    ``softmax(alpha, index, ptr, size_i)``, heads averaged, plus a root term."""
+
+    def __init__(self, in_channels, out_channels, heads=2):
+        super().__init__(aggr="add", node_dim=0)
+        self.in_channels, self.heads, self.out_channels = in_channels, heads, out_channels
+        self.lin = nn.Linear(in_channels, heads * out_channels)
+        self.att = nn.Parameter(torch.randn(1, heads, 2 * out_channels))
+        self.root = nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x).view(-1, self.heads, self.out_channels)
+        return self.propagate(edge_index, h=h).mean(1) + self.root(x)
+
+    def message(self, h_i, h_j, index, ptr, size_i):
+        alpha = F.leaky_relu((torch.cat([h_i, h_j], -1) * self.att).sum(-1), 0.2)
+        alpha = softmax(alpha, index, ptr, size_i)
+        return h_j * alpha.unsqueeze(-1)
+
+
+class GatedByDestination(MessagePassing):
+    """``softmax(score, edge_index_i, num_nodes=size_i)`` of one score per edge, mean-free."""
+
+    def __init__(self, in_channels):
+        super().__init__(aggr="add")
+        self.in_channels = in_channels
+        self.score = nn.Linear(2 * in_channels, 1)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j, edge_index_i, size_i):
+        alpha = softmax(self.score(torch.cat([x_i, x_j], -1)).squeeze(-1), edge_index_i,
+                        num_nodes=size_i)
+        return x_j * alpha.view(-1, 1)
+
+
+SOFTMAX_CONVS = {
+    "general": (lambda: pyg.GeneralConv(D, 3), {}),
+    "general_attention": (lambda: pyg.GeneralConv(D, 3, heads=2, attention=True), {}),
+    "general_dot_product": (lambda: pyg.GeneralConv(D, 3, heads=2, attention=True,
+                                                    attention_type="dot_product"), {}),
+    "user_dot_attention": (lambda: DotAttention(D, 3), {}),
+    "user_edge_index_i": (lambda: GatedByDestination(D), {}),
+}
+
+
+@pytest.mark.parametrize("name", SOFTMAX_CONVS)
+def test_pyg_softmax_in_message_equals_pyg(name):
+    make, options = SOFTMAX_CONVS[name]
+    conv = randomize(make())
+    check(conv, graph(), x64(), wrapped=as_conv(conv, **options))
+
+
+def test_general_conv_attention_with_edge_features_equals_pyg():
+    conv = randomize(pyg.GeneralConv(D, 3, in_edge_channels=2, heads=2, attention=True))
+    ei = graph()
+    check(conv, ei, x64(), torch.randn(ei.size(1), 2, dtype=F64),
+          wrapped=as_conv(conv, edge_dim=2))
+
+
+class Net(nn.Module):
+    def __init__(self, first, second, wrap):
+        super().__init__()
+        self.conv1, self.conv2 = wrap(first), wrap(second)
+        self.out = nn.Linear(3, 2, dtype=F64)
+
+    def forward(self, x, edge_index):
+        return self.out(self.conv2(self.conv1(x, edge_index).relu(), edge_index))
+
+
+PAIRS = {
+    "general_gated": lambda: (pyg.GeneralConv(D, 3, heads=2, attention=True),
+                              GatedByDestination(3)),
+    "user_general_dot": lambda: (DotAttention(D, 3),
+                                 pyg.GeneralConv(3, 3, heads=2, attention=True,
+                                                 attention_type="dot_product")),
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_attention_convs_train_three_steps_as_pyg(pair):
+    def convs():
+        torch.manual_seed(0)
+        return tuple(randomize(c) for c in PAIRS[pair]())
+
+    def wrap(conv):
+        return as_conv(conv, in_channels=3) if isinstance(conv, pyg.AGNNConv) else as_conv(conv)
+
+    x, ei = x64(), graph()
+    y = torch.randint(0, 2, (N,), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for model in (Net(*convs(), lambda c: c), Net(*convs(), wrap)):
+        with torch.no_grad():
+            model.out.weight.copy_(torch.linspace(-1, 1, 6, dtype=F64).view(2, 3))
+        opt = torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=5e-4)
+        run = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x, ei), y)
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
+    assert losses[0][2] != losses[0][0]
+
+
+class SoftmaxOverSources(GatedByDestination):
+    def message(self, x_i, x_j, edge_index_i, size_i):
+        return x_j * softmax(x_j.sum(-1), edge_index_i, dim=1).view(-1, 1)
+
+
+class IndexInScatter(GatedByDestination):
+    def message(self, x_j, index):
+        return x_j / index.bincount()[index].view(-1, 1)
+
+
+class SourceIndex(GatedByDestination):
+    def message(self, x_j, edge_index_j):
+        return softmax(x_j, edge_index_j)
+
+
+def test_other_uses_of_the_destination_index_are_refused():
+    x, ei = torch.randn(N, D), graph()
+    with pytest.raises(ConversionError, match=r"IndexInScatter: message's index used in "
+                                              r"index.bincount at .*test_pyg_zoo.py:\d+"):
+        as_conv(IndexInScatter(D))(x, ei)
+    with pytest.raises(ConversionError, match=r"SoftmaxOverSources: "
+                                              r"torch_geometric.utils.softmax\(..., dim=1\)"):
+        as_conv(SoftmaxOverSources(D))(x, ei)
+    with pytest.raises(ConversionError, match=r"SourceIndex: message argument 'edge_index_j'"):
+        as_conv(SourceIndex(D))(x, ei)
