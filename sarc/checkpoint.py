@@ -130,15 +130,17 @@ def file_sha256(path) -> str:
 
 
 def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, world_size: int = 1,
-               partition: str = "") -> dict[str, Any]:
-    """What a checkpoint belongs to; ``resume`` compares all but the names."""
+               partition: str = "", node_data: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a checkpoint belongs to; ``resume`` compares all but the names. ``node_data``:
+    the digests of the dataset's features, labels and splits (``node_data_digests``), so
+    the same graph with other node data is not taken for it."""
     if not spec.path or not Path(spec.path).is_file():
         raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
     hp = {k: v for k, v in hparams.items() if k not in _NOT_COMPARED}
     return {"model": str(spec.path), "model_sha256": file_sha256(spec.path),
             "hparams": json.dumps(hp, sort_keys=True, default=repr), "seed": int(seed),
             "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
-            "partition": partition}
+            "partition": partition, "node_data": dict(node_data or {})}
 
 
 def partition_fingerprint(pset) -> str:
@@ -184,6 +186,12 @@ def run_differences(saved: dict, now: dict) -> list[str]:
         out.append(f"the dataset differs (the checkpoint's is {saved.get('dataset')}, graph "
                    f"{str(saved.get('graph'))[:19]}; this run's {now['dataset']}, graph "
                    f"{now['graph'][:19]})")
+    elif saved.get("node_data") != now.get("node_data"):
+        a, b = saved.get("node_data") or {}, now.get("node_data") or {}
+        names = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        out.append(f"the dataset differs: the same graph with other node data ("
+                   f"{', '.join(names) or 'not recorded in the checkpoint'}; the checkpoint's "
+                   f"is {saved.get('dataset')}, this run's {now['dataset']})")
     if saved.get("world_size") != now["world_size"]:
         out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
                    f"{now['world_size']} now)")
@@ -391,7 +399,8 @@ def check_launch(args, partition: str, minibatch=None, dataset: str | None = Non
     pset = open_partition(partition, verify=False)
     read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=dataset or "",
                                   graph=pset.fingerprint, world_size=args.workers,
-                                  partition=partition_fingerprint(pset)))
+                                  partition=partition_fingerprint(pset),
+                                  node_data=pset.node_digests))
 
 
 class Checkpointer:

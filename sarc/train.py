@@ -34,7 +34,7 @@ from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec
-from .partition.fingerprint import graph_fingerprint
+from .partition.fingerprint import graph_fingerprint, node_data_digests
 from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
@@ -437,7 +437,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     if checkpoint is not None or save:
         recorded = minibatch.recorded(hp) if minibatch else hp
         run = run_record(spec, recorded, seed=seed, dataset=data.name,
-                         graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes))
+                         graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes),
+                         node_data=node_data_digests(data.node_data))
     full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
                  train_total=counts["train"])
     source, line = FullBatch(full, counts), epoch_line

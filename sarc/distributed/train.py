@@ -534,7 +534,7 @@ def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int, pset) -
     hp = cfg.minibatch.recorded(hp) if cfg.minibatch else hp
     return run_record(spec, hp, seed=cfg.seed, dataset=recorded_dataset(cfg, pset),
                       graph=pset.fingerprint, world_size=size,
-                      partition=partition_fingerprint(pset))
+                      partition=partition_fingerprint(pset), node_data=pset.node_digests)
 
 
 def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:

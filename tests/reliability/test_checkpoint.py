@@ -261,6 +261,22 @@ def test_resume_refuses_other_hyperparameters(tmp_path, reference):
     assert_error(proc, "hyperparameters differ (hidden: 16 in the checkpoint, 32 now)")
 
 
+@case("checkpoint", "`--resume` on a dataset with the same graph but other labels", "error")
+def test_resume_refuses_the_same_graph_with_other_node_data(tmp_path, reference):
+    """Cora's edges with its labels permuted: the graph fingerprint alone took it for Cora."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["label"] = np.random.default_rng(0).permutation(data["label"])
+    relabeled = tmp_path / "cora_relabeled.npz"
+    np.savez(relabeled, **data)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    before = _snapshot(ckpt)
+    proc = run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume", "--dataset", relabeled)
+    assert_error(proc, "is a checkpoint of another run", "the dataset differs", "label")
+    assert _snapshot(ckpt) == before
+
+
 @case("checkpoint", "`--resume --workers 2` of a single-process checkpoint", "error")
 def test_distributed_resume_refuses_another_world_size(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
