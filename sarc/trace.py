@@ -579,14 +579,41 @@ _TRAINING_MESSAGE = (
     "F.dropout(x, p, self.training)); other mode-dependent code belongs outside the layer")
 
 
+_BATCH_NORM = (
+    "batch norm normalizes by the batch's statistics while training and by its running "
+    "statistics in evaluation. Build the conv without it (PyG CGConv(batch_norm=False), "
+    "GENConv(norm='layer'); DGL EdgeConv(batch_norm=False)), use nn.LayerNorm, or apply the "
+    "batch norm to the layer's output, outside the layer")
+
+
+def _training_message(frame) -> str:
+    """The refusal of reading the mode, naming the torch module that read it (from
+    ``frame`` outwards, up to the user's code): an ``nn.BatchNorm1d`` inside a conv."""
+    f = frame
+    while f is not None and _is_library(f.f_code.co_filename):
+        module = f.f_locals.get("self")
+        cls = type(module)
+        if isinstance(module, torch.nn.Module) and cls.__module__.startswith("torch.nn."):
+            what = (_BATCH_NORM if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+                    else "other mode-dependent code belongs outside the layer")
+            return (f"nn.{cls.__name__} reads self.training, which is not known while tracing "
+                    f"(a sarc layer compiles to one kernel for training and evaluation): {what}")
+        f = f.f_back
+    return _TRAINING_MESSAGE
+
+
+def _refuse_training(self, *args):
+    raise DSLError(_training_message(sys._getframe(1)), user_loc())
+
+
 class _TrainingMode:
     """What ``module.training`` reads while a layer is traced: not a bool, since the
     compiled layer serves both modes. Dropout takes it (and follows the mode at run time);
-    Python control flow on it is refused."""
+    Python control flow on it is refused, naming the torch module that read it."""
 
     __slots__ = ()
     __hash__ = object.__hash__
-    __bool__ = __eq__ = __ne__ = __int__ = __index__ = __float__ = _refuse(_TRAINING_MESSAGE)
+    __bool__ = __eq__ = __ne__ = __int__ = __index__ = __float__ = _refuse_training
 
     def __repr__(self) -> str:
         return "<the layer's training mode, as traced>"

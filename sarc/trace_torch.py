@@ -22,7 +22,8 @@ from .errors import DSLError
 from .ir.ops import INTEGER_HINT, Op
 from .ir.types import Domain, DType
 from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, RowCount, _is_int,
-                    _kind, _number, _shape, _torch_name, _traced, call_torch, traces, user_loc)
+                    _is_number, _kind, _number, _shape, _torch_name, _traced, call_torch,
+                    traces, user_loc)
 
 
 # --- axes ---------------------------------------------------------------------------------
@@ -1040,6 +1041,254 @@ def _unbind(input, dim=0):
     feat = x.type.feat[:axis] + x.type.feat[axis + 1:]
     return tuple(_emit(Op.RESHAPE, p, feat=feat)
                  for p in _pieces(x, dim, [1] * x.type.feat[axis], "unbind"))
+
+
+# --- norms, squares, stacking and repeats over feature axes ----------------------------------
+
+@traces(torch.square, torch.Tensor.square)
+def _square(input, *, out=Fixed(None)):
+    x = _traced(input, "square")
+    return x * x
+
+
+def _norm_order(p, what: str) -> int:
+    """1 or 2: the vector norms sarc traces (``'fro'`` is the 2-norm of a feature axis)."""
+    if p == "fro" or (_is_number(p) and float(p) == 2.0):
+        return 2
+    if _is_number(p) and float(p) == 1.0:
+        return 1
+    raise DSLError(f"{what}: the {p!r}-norm is not traced; sarc traces the 1-norm (p=1) and "
+                   f"the 2-norm (p=2) over feature axes", user_loc())
+
+
+def _vector_norm(x: Proxy, order: int, axes: list[int], keepdim) -> Proxy:
+    """The ``order``-norm of ``x`` over ``axes``, with torch's gradient: the 2-norm's is
+    ``x / norm``, 0 where the norm is 0 (a square root's derivative there is infinite, so
+    the root is taken of a positive stand-in and the result selected); a half value's in
+    float32, rounded once, as torch."""
+    given = x
+    x = _widened(x)
+    if order == 1:
+        return _narrowed(_sum_axes(_abs.record(x), axes, keepdim), given)
+    emit = x.tracer.emit
+    s = _sum_axes(x * x, axes, keepdim)
+    zero, one = x.tracer.const(0.0, s), x.tracer.const(1.0, s)
+    safe = s + emit(Op.WHERE_POS, [s, zero, one])   # s, or 1 where s is 0
+    return _narrowed(emit(Op.WHERE_POS, [s, _emit(Op.POW, safe, exponent=0.5), zero]), given)
+
+
+@traces(torch.linalg.vector_norm)
+def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Fixed(None)):
+    v = _in_dtype(_traced(x, "vector_norm"), dtype, "vector_norm")
+    return _vector_norm(v, _norm_order(ord, "vector_norm"), _feature_axes(v, dim, "a norm"),
+                        keepdim)
+
+
+@traces(torch.norm, torch.Tensor.norm)
+def _norm(input, p="fro", dim=None, keepdim=False, out=Fixed(None), dtype=None):
+    v = _in_dtype(_traced(input, "norm"), dtype, "norm")
+    return _vector_norm(v, _norm_order(p, "norm"), _feature_axes(v, dim, "a norm"), keepdim)
+
+
+@traces(F.normalize)
+def _normalize(input, p=2.0, dim=1, eps=1e-12, out=Fixed(None)):
+    """``x / clamp_min(norm(x, p, dim), eps)``, torch's formula (and so its gradient)."""
+    x = _traced(input, "normalize")
+    norm = _vector_norm(x, _norm_order(p, "F.normalize"), [_dim_to_axis(x, dim)], True)
+    return x / _emit(Op.CLAMP_MIN, norm, min=_number(eps, "normalize's eps"))
+
+
+@traces(torch.stack)
+def _stack(tensors, dim=0, *, out=Fixed(None)):
+    """Values stacked along a new feature axis: each unsqueezed, then concatenated."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise DSLError(f"stack takes a non-empty list of values, got {_kind(tensors)}",
+                       user_loc())
+    p = _first_proxy(tensors)
+    xs = [p.tracer.lift(x, p) for x in tensors]
+    if not _is_int(dim):
+        raise DSLError(f"stack: dim must be an int, got {_kind(dim)}", user_loc())
+    n = len(p.type.shape) + 1
+    if p.type.domain is not Domain.PARAM and dim in (0, -n):
+        raise DSLError(f"torch.stack(..., dim={dim}) stacks along the row axis of "
+                       f"{p.type.domain.article} value, which a sarc layer does not do: stack "
+                       f"along a feature axis (torch.stack(xs, dim=1), or dim=-1)", user_loc())
+    return _concat([_unsqueeze.record(x, dim) for x in xs], dim)
+
+
+def _copies(x: Proxy, axis: int, times: int) -> Proxy:
+    return x if times == 1 else x.tracer.emit(Op.CONCAT, [x] * times, {"axis": axis})
+
+
+class _RowsNotFirst:
+    """A node or edge value whose row axis is not its first (``w.tile(1, H, 1)`` of an
+    ``[E]`` weight is ``[1, H, E]``): only moving the rows back first is traced
+    (``.transpose(0, 2)``, ``.permute``), giving a traced value again. ``value`` holds it
+    rows first; ``order[i]`` is the axis of ``value`` (0: the rows) at torch axis ``i``."""
+
+    __slots__ = ("value", "order")
+
+    def __init__(self, value: Proxy, order: tuple[int, ...]):
+        self.value, self.order = value, order
+
+    @property
+    def shape(self) -> tuple:
+        full = self.value.shape
+        return tuple(full[a] for a in self.order)
+
+    def dim(self) -> int:
+        return len(self.order)
+
+    ndim = property(dim)
+
+    def _reordered(self, order: tuple[int, ...]):
+        if order[0] != 0:
+            return _RowsNotFirst(self.value, order)
+        return _permuted(self.value, tuple(a - 1 for a in order[1:]))
+
+    def _axis(self, d) -> int:
+        n = len(self.order)
+        if not _is_int(d) or not -n <= d < n:
+            raise DSLError(f"dim {d!r} is out of range for a value of {n} axes", user_loc())
+        return d % n
+
+    def transpose(self, dim0, dim1):
+        order = list(self.order)
+        a, b = self._axis(dim0), self._axis(dim1)
+        order[a], order[b] = order[b], order[a]
+        return self._reordered(tuple(order))
+
+    swapaxes = swapdims = transpose
+
+    def permute(self, *dims):
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list, torch.Size)):
+            dims = tuple(dims[0])
+        axes = [self._axis(d) for d in dims]
+        if sorted(axes) != list(range(len(self.order))):
+            raise DSLError(f"permute{list(dims)} does not name each of {len(self.order)} axes "
+                           f"once", user_loc())
+        return self._reordered(tuple(self.order[a] for a in axes))
+
+    def _refuse(self, what: str):
+        raise DSLError(f"{what} of a value whose row axis is not its first (it is axis "
+                       f"{self.order.index(0)}, after tile / repeat / expand added axes before "
+                       f"it): move the rows back first (x.transpose(0, "
+                       f"{self.order.index(0)}) or permute) before using it", user_loc())
+
+    def __getattr__(self, name):
+        self._refuse(f"Tensor.{name}")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        name = getattr(func, "__name__", "")
+        if isinstance(x, _RowsNotFirst) and name in ("transpose", "swapaxes", "swapdims",
+                                                     "permute"):
+            return getattr(x, name)(*args[1:], **kwargs)
+        rows = next(a for a in (*args, *kwargs.values()) if isinstance(a, _RowsNotFirst))
+        rows._refuse(_torch_name(func))
+
+    def _operator(self, *args):
+        self._refuse("arithmetic")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _operator
+    __truediv__ = __rtruediv__ = __matmul__ = __rmatmul__ = __neg__ = __pow__ = _operator
+    __getitem__ = _operator
+
+
+def _repeated(x: Proxy, reps: list[int], what: str):
+    """``x`` with each axis repeated ``reps`` times (torch's ``tile``: whole copies one after
+    another), ``reps`` as long as ``x.shape`` or longer (new leading axes); the rows of a
+    node or edge value are not repeated."""
+    t = x.type
+    if not all(_is_int(r) for r in reps):
+        raise DSLError(f"{what} takes int repeat counts, got {list(reps)}", user_loc())
+    if any(r <= 0 for r in reps):
+        raise DSLError(f"{what}{tuple(reps)}: a repeat count is a positive int", user_loc())
+    extra = len(reps) - len(t.shape)
+    rows = t.domain is not Domain.PARAM
+    if rows and reps[extra] != 1:
+        raise DSLError(f"{what}{tuple(reps)} repeats the rows of {t.domain.article} value, "
+                       f"which a sarc layer does not do: repeat its feature axes (1 for the "
+                       f"row axis)", user_loc())
+    out = x if not extra else _emit(Op.RESHAPE, x, feat=(1,) * extra + t.feat)
+    feat_reps = reps[:extra] + reps[extra + 1:] if rows else reps
+    for axis, r in enumerate(feat_reps):
+        out = _copies(out, axis, r)
+    if rows and extra:
+        return _RowsNotFirst(out, (*range(1, extra + 1), 0, *range(extra + 1, len(reps))))
+    return out
+
+
+def _sizes(sizes) -> list:
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)):
+        return list(sizes[0])
+    return list(sizes)
+
+
+@traces(torch.Tensor.tile)
+def _tile_method(input, *dims):
+    return _tile.record(input, tuple(_sizes(dims)))
+
+
+@traces(torch.tile)
+def _tile(input, dims):
+    """torch's ``tile``: ``dims`` shorter than the shape is padded with leading 1s."""
+    x = _traced(input, "tile")
+    reps = list(dims)
+    reps = [1] * (len(x.type.shape) - len(reps)) + reps
+    return _repeated(x, reps, "tile")
+
+
+@traces(torch.Tensor.repeat)
+def _repeat(input, *repeats):
+    x = _traced(input, "repeat")
+    reps = _sizes(repeats)
+    if len(reps) < len(x.type.shape):
+        raise DSLError(f"repeat{tuple(reps)}: give a count for each of the value's "
+                       f"{len(x.type.shape)} axes (1 for the row axis)", user_loc())
+    return _repeated(x, reps, "repeat")
+
+
+@traces(torch.Tensor.expand)
+def _expand(input, *sizes, implicit=Fixed(False)):
+    """Size-1 axes widened to ``sizes`` (-1: kept), new leading axes added: copies of the
+    value (concatenated), as torch's broadcast view reads them."""
+    x = _traced(input, "expand")
+    t = x.type
+    sizes = _sizes(sizes)
+    extra = len(sizes) - len(t.shape)
+    if extra < 0:
+        raise DSLError(f"expand{tuple(sizes)}: give a size for each of the value's "
+                       f"{len(t.shape)} axes", user_loc())
+    reps = []
+    for i, s in enumerate(sizes):
+        have = 1 if i < extra else x.shape[i - extra]
+        if isinstance(have, RowCount):
+            if not ((_is_int(s) and s == -1) or (isinstance(s, RowCount)
+                                                  and s.symbol == have.symbol)):
+                raise DSLError(f"expand{tuple(sizes)}: the row axis of {t.domain.article} "
+                               f"value is kept as it is (-1 or x.shape[0])", user_loc())
+            reps.append(1)
+        elif not _is_int(s):
+            raise DSLError(f"expand takes int sizes, got {list(sizes)}", user_loc())
+        elif s == -1 and i >= extra:
+            reps.append(1)
+        elif s == have or (have == 1 and s > 0):
+            reps.append(s if have == 1 else 1)
+        else:
+            raise DSLError(f"expand{tuple(sizes)}: an axis of size {have} cannot be expanded "
+                           f"to {s} (only size-1 axes widen)", user_loc())
+    return _repeated(x, reps, "expand")
+
+
+@traces(torch.Tensor.expand_as)
+def _expand_as(input, other):
+    if not isinstance(other, (Proxy, torch.Tensor, _RowsNotFirst)):
+        raise DSLError(f"expand_as takes a tensor or traced value, got {_kind(other)}",
+                       user_loc())
+    return _expand.record(input, *other.shape)
 
 
 def _method(func) -> Callable:

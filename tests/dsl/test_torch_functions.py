@@ -337,3 +337,68 @@ def test_low_precision_softplus_does_not_overflow(dtype):
     assert_close(out.float(), want, 1e-2, "output")
     assert_close(x.grad.float(), torch.sigmoid(x.detach().float()) * (x.detach().float() <= 20)
                  + (x.detach().float() > 20), 1e-2, "gradient")
+
+
+# --- norms, squares, stacking and repeats over feature axes -----------------------------------
+
+NORMS = {
+    "normalize": lambda s, x: F.normalize(x, dim=-1)
+    + F.normalize(x.view(-1, 2, 4), p=2, dim=1, eps=1e-3).flatten(1),
+    "normalize-p1": lambda s, x: F.normalize(x, p=1.0, dim=-1) * x,
+    # row 0's feature 5 is 0: a zero vector, whose norm is clamped to eps
+    "normalize-zero": lambda s, x: F.normalize(x[:, 5:7], dim=-1) + F.normalize(x[:, 5:6], dim=1),
+    "norm": lambda s, x: torch.norm(x, dim=-1, keepdim=True) * x
+    + x.norm(p=1, dim=1, keepdim=True) + x.norm(2, -1).unsqueeze(-1)
+    + torch.linalg.vector_norm(x.view(-1, 2, 4), dim=-1).sum(-1, keepdim=True),
+    # torch's gradient of a 2-norm is 0 where the norm is 0 (the root's derivative is not)
+    "norm-zero": lambda s, x: torch.linalg.vector_norm(x[:, 5:6], dim=-1, keepdim=True) * x,
+    "square": lambda s, x: torch.square(x) + x.square(),
+    "stack": lambda s, x: torch.stack([x, x * 2.0], dim=1).flatten(1)
+    + torch.stack(x.view(-1, 2, 4).unbind(1), -1).flatten(1).repeat(1, 2),
+    "tile": lambda s, x: x.view(-1, 1, 8).tile(1, 2, 1).flatten(1) + x.tile(2) + x.tile((1, 2)),
+    "repeat": lambda s, x: x.view(-1, 2, 4).repeat(1, 1, 2).flatten(1) + x.repeat((1, 2)),
+    "expand": lambda s, x: (x.view(-1, 2, 1, 4).expand(-1, 2, 3, 4).flatten(1)
+                            + x[:, :1].expand(x.shape[0], 24) + x[:, :1].expand_as(x.repeat(1, 3))),
+    # DGL GATConv's edge weight: [E].tile(1, H, 1) is [1, H, E], transposed back to [E, H, 1]
+    "tile-rows-moved-back": lambda s, x: x[:, 0].tile(1, 3, 1).transpose(0, 2).flatten(1)
+    + x[:, 1].repeat(3, 1).permute(1, 0),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_norms_stacks_and_repeats_equal_torch(name, backend):
+    _equals_torch(lambda: Apply(NORMS[name]), NORMS[name], backend)
+
+
+@pytest.mark.parametrize("key, message", [
+    (lambda x: F.normalize(x, p=3), r"the 3-norm is not traced; sarc traces the 1-norm"),
+    (lambda x: torch.norm(x, p="nuc", dim=-1), r"the 'nuc'-norm is not traced"),
+    (lambda x: torch.norm(x), "a norm over all axes is not supported"),
+    (lambda x: torch.stack([x, x]), r"stacks along the row axis .*torch.stack\(xs, dim=1\)"),
+    (lambda x: x.repeat(2, 1), "repeats the rows of a dst value"),
+    (lambda x: x.repeat(2), "give a count for each of the value's 2 axes"),
+    (lambda x: x[:, 0].tile(1, 2, 1) * 2.0, r"row axis is not its first .*x.transpose\(0, 2\)"),
+    (lambda x: x.expand(4, 8), "the row axis of a dst value is kept"),
+    (lambda x: x.expand(-1, 16), "an axis of size 8 cannot be expanded to 16"),
+    (lambda x: x.tile(1, 0), "a repeat count is a positive int"),
+])
+def test_norm_stack_and_repeat_refusals_say_what_to_write(key, message):
+    import re
+    layer = Apply(lambda s, x: key(x))
+    with pytest.raises(sarc.DSLError) as err:
+        layer.trace()
+    problem = str(err.value).splitlines()[0]   # (not the quoted line, which holds the pattern)
+    assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
+
+
+def test_a_batch_norm_is_refused_by_name_with_what_to_do():
+    """nn.BatchNorm1d reads self.training (batch statistics while training): the refusal names
+    it, not only the mode."""
+    layer = Apply(lambda s, x: s.mod(x), module=nn.BatchNorm1d(W))
+    with pytest.raises(sarc.DSLError) as err:
+        layer.trace()
+    problem = str(err.value).splitlines()[0]
+    assert "nn.BatchNorm1d reads self.training" in problem, problem
+    assert "apply the batch norm to the layer's output" in problem, problem
+    assert "nn.LayerNorm" in problem and "test_torch_functions.py:" in problem, problem
