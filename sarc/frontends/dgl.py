@@ -25,7 +25,11 @@ and records what it does as sarc IR:
 - ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
   degrees on a shard too); DGL's zero-in-degree check runs on the graph of each call;
 - buffers holding one number (GINConv's fixed ``eps``) are read as constants when
-  the layer is traced (a later change to them needs a new layer).
+  the layer is traced (a later change to them needs a new layer);
+- ``torch.ones`` / ``zeros`` / ``full`` sized by a graph size (APPNPConv's
+  ``th.ones(g.num_edges(), 1)``) are constants per row of that domain;
+- a module returning a tuple of node values (EGNNConv's ``(h, x)``) is a layer returning
+  that tuple; an edge value among its outputs is refused.
 
 ``patch()`` makes DGL's conv modules do this by themselves when called on a sarc graph
 (``GraphConv(...)(g, x)`` with ``g`` a ``sarc.Graph`` or a worker's ``DistGraph``), so a
@@ -53,7 +57,7 @@ from ..errors import DSLError, GraphError
 from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
-from ..trace import Proxy, RowCount, Tracer, _is_int, call_torch, user_loc
+from ..trace import Proxy, RowCount, Tracer, _is_int, _is_number, call_torch, user_loc
 from ..trace_guards import tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -86,6 +90,7 @@ class DGLLayer(Layer):
             raise TypeError(f"from_dgl_module takes a DGL nn module, got {type(module).__name__}")
         self.module = module
         self._sarc_checks_in_degree = False
+        self._sarc_outputs: tuple[str, ...] | None = None   # set when forward returns a tuple
 
     @property
     def module_name(self) -> str:
@@ -107,25 +112,36 @@ class DGLLayer(Layer):
                                                     feat.ir_type(Domain.EDGE, precision)))
         try:
             with _params_as_proxies(self, tracer, precision), _scalar_buffers(self.module), \
-                    tracing(self.modules()), _dgl_routes(self.module):
+                    tracing(self.modules()), _dgl_routes(self.module, graph):
                 out = self.module(graph, **feats)
         except DSLError as e:
             if e.problem.startswith(f"{name}:"):
                 raise
             raise DSLError(f"{name}: {e.problem}", e.loc) from None
-        if not isinstance(out, Proxy):
-            what = ("a tuple (get_attention=True, or several outputs)" if isinstance(out, tuple)
-                    else type(out).__name__)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        if not outs or not all(isinstance(o, Proxy) for o in outs):
+            what = ("a tuple holding " + ", ".join(type(o).__name__ for o in outs)
+                    if isinstance(out, tuple) else type(out).__name__)
             raise DSLError(f"{name}: forward returned {what}; sarc compiles a module that returns "
-                           f"one node tensor", None)
-        if out.type.domain is Domain.SRC:
-            out = _as_dst(graph, out)   # a value per node of the graph, read per destination
-        if out.type.domain is not Domain.DST:
-            raise DSLError(f"{name}: forward returned {out.type.domain.article} value "
-                           f"{list(out.type.feat)}, not a value per destination node", None)
+                           f"node tensors (one, or a tuple of them)", None)
+        for i, o in enumerate(outs):
+            if o.type.domain is Domain.SRC:
+                # a value per node of the graph, read per destination
+                outs[i] = o = _as_dst(graph, o)
+            if o.type.domain is not Domain.DST:
+                which = f" as output {i + 1} of {len(outs)}" if isinstance(out, tuple) else ""
+                hint = ("; sarc compiles a module whose outputs are node values (an edge "
+                        "output, as get_attention=True's attention or EGATConv's and "
+                        "GatedGCNConv's edge features, is not one)")
+                raise DSLError(f"{name}: forward returned {o.type.domain.article} value "
+                               f"{list(o.type.feat)}{which}, not a value per destination "
+                               f"node{hint}", None)
         self._sarc_checks_in_degree = graph.checks_in_degree
+        self._sarc_outputs = (tuple(f"h{i}" for i in range(len(outs)))
+                              if isinstance(out, tuple) else None)
         from ..ir.verifier import verify
-        fn = b.finish([("h", out.index)])
+        names = self._sarc_outputs or ("h",)
+        fn = b.finish([(k, o.index) for k, o in zip(names, outs)])
         verify(fn)
         return fn
 
@@ -142,7 +158,10 @@ class DGLLayer(Layer):
                     f"{self.module_name}: there are nodes without incoming edges, whose output "
                     f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop before "
                     f"building the graph) or build the module with allow_zero_in_degree=True")
-        return super().forward(g, *args, **feats)
+        out = super().forward(g, *args, **feats)
+        if self._sarc_outputs is not None:   # the module returned a tuple: so does the layer
+            return tuple(out[k] for k in self._sarc_outputs) if isinstance(out, Mapping) else (out,)
+        return out
 
     def run_local(self, g, args: tuple, feats: dict):
         """As ``Layer.run_local``; a module without dropout draws no dropout seed, so the
@@ -302,6 +321,14 @@ def _replay(tracer: "_DGLTracer", index: int, to: Domain, what: str = "the value
     if v.type.domain not in _SIDES:
         raise DSLError(f"{_owner(tracer)}: {what} is {v.type.domain.article} value, read per "
                        f"{side.name} node", user_loc())
+    if v.op is Op.EQ_MASK and _is_degree(b, v.inputs[0]) and v.inputs[0] == v.inputs[1]:
+        # ones over the rows (torch.ones(g.num_src_nodes())): the other side's degree's
+        degree = b.leaf(Op.INPUT, "in_degree" if to is Domain.DST else "out_degree",
+                        b.values[v.inputs[0]].type.with_(domain=to), v.loc)
+        out = b.add(Op.EQ_MASK, [degree, degree], v.attr, v.loc)
+        memo[index] = out
+        back.setdefault(out, index)
+        return out
     if v.op is Op.INPUT and v.attr["name"] == side.missing_degree:
         raise DSLError(f"{_owner(tracer)}: {side.no_degree.format(what=what)}", user_loc())
     if v.op in _EDGE_MADE:
@@ -313,6 +340,11 @@ def _replay(tracer: "_DGLTracer", index: int, to: Domain, what: str = "the value
     memo[index] = out
     back.setdefault(out, index)
     return out
+
+
+def _is_degree(b, index: int) -> bool:
+    v = b.values[index]
+    return v.op is Op.INPUT and v.attr["name"] in ("in_degree", "out_degree")
 
 
 def _owner(tracer) -> str:
@@ -762,10 +794,77 @@ def _refusal(name: str):
     return refuse
 
 
+_TORCH_FILLS = {"ones": (torch.ones, 1.0), "zeros": (torch.zeros, 0.0), "full": (torch.full, None)}
+
+
+def _filled(name: str, graph: "ProxyGraph"):
+    """``torch.ones`` / ``zeros`` / ``full`` while a module is traced: sized by a graph size
+    (``th.ones(g.num_edges(), 1)``, APPNPConv's edge weights) it is a constant per row of
+    that domain, traced; other sizes are torch's own call."""
+    original, value = _TORCH_FILLS[name]
+
+    def fill(*args, **kwargs):
+        size, rest = args, ()
+        if name == "full":
+            size, rest = args[:1], args[1:]
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        if not any(isinstance(d, RowCount) for d in size):
+            return original(*args, **kwargs)
+        fill_value = value
+        if name == "full":
+            fill_value = rest[0] if rest else kwargs.pop("fill_value", None)
+            rest = rest[1:]
+        written = f"torch.{name}({', '.join(map(str, size))})"
+        if rest or not _is_number(fill_value):
+            raise DSLError(f"{graph.owner}: {written}: the fill value of a tensor over a graph's "
+                           f"rows is a number", user_loc())
+        return _rows_filled(graph, size, float(fill_value), kwargs, written)
+    return fill
+
+
+def _rows_filled(graph: "ProxyGraph", size: tuple, value: float, kwargs: dict,
+                 written: str) -> Proxy:
+    """A tensor of ``value`` over the rows of a domain (``size[0]``, a graph size) and the
+    feature sizes ``size[1:]``: the domain's degree compared with itself (1.0 on every row,
+    no gradient), times ``value``, widened to the feature sizes."""
+    rows, feat = size[0], size[1:]
+    if not isinstance(rows, RowCount) or any(not _is_int(d) or d < 0 for d in feat):
+        raise DSLError(f"{graph.owner}: {written}: a graph size (g.num_edges(), "
+                       f"g.num_dst_nodes()) is the first size, the rows; the others are "
+                       f"feature sizes (ints)", user_loc())
+    unknown = [k for k in kwargs if k not in ("dtype", "device", "requires_grad")]
+    if unknown or kwargs.get("requires_grad"):
+        arg = unknown[0] if unknown else "requires_grad"
+        raise DSLError(f"{graph.owner}: {written}: argument {arg}= is not supported while "
+                       f"sarc traces the module (dtype= and device= are)", user_loc())
+    tracer = graph.tracer
+    if rows.symbol == Domain.EDGE.rows:
+        degree = tracer.emit(Op.GATHER_DST, [graph.in_degrees()])
+    elif rows.symbol == Domain.DST.rows:
+        degree = graph.in_degrees()
+    else:
+        degree = graph.out_degrees()
+    out = tracer.emit(Op.EQ_MASK, [degree, degree])   # 1.0 on every row
+    if feat:
+        out = tracer.emit(Op.RESHAPE, [out], {"feat": (1,) * len(feat)})
+    if value != 1.0:
+        out = out * value
+    for axis, n in enumerate(feat):
+        if n == 0:
+            raise DSLError(f"{graph.owner}: {written}: an empty feature axis is not "
+                           f"supported", user_loc())
+        if n > 1:
+            out = tracer.emit(Op.CONCAT, [out] * n, {"axis": axis})
+    dtype = kwargs.get("dtype")
+    return out if dtype is None else out.to(dtype)
+
+
 @contextlib.contextmanager
-def _dgl_routes(module: torch.nn.Module):
+def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
     """While ``module`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
-    linear, and DGL functions that change the graph are refused by name (in every loaded
+    linear, ``torch.ones`` / ``zeros`` / ``full`` sized by a graph size are traced constants
+    per row, and DGL functions that change the graph are refused by name (in every loaded
     ``dgl`` module and every module defining a class of ``module``'s tree that imported them)."""
     import dgl
     from dgl.nn.pytorch.linear import TypedLinear
@@ -790,6 +889,9 @@ def _dgl_routes(module: torch.nn.Module):
         TypedLinear.forward = _typed_linear
         swapped.append((torch, "reshape", _TORCH_RESHAPE))
         torch.reshape = _reshape
+        for name, (original, _) in _TORCH_FILLS.items():
+            swapped.append((torch, name, original))
+            setattr(torch, name, _filled(name, graph))
         yield
     finally:
         for mod, attr, value in reversed(swapped):
@@ -829,7 +931,8 @@ def patch() -> None:
     ``DistGraph`` runs the module as ``from_dgl_module`` would, on the same parameters;
     on a ``DGLGraph`` it runs DGL's own code. The features are declared from the first
     call's tensors (rows of nodes: node features; rows of edges: edge features; int64:
-    types), one compiled layer per declaration. Process-wide; calling it again is a no-op.
+    types), one compiled layer per declaration; DGL's minibatch pair ``(h, h[:num_dst])``
+    on a block is ``h``. Process-wide; calling it again is a no-op.
     """
     import inspect
 
@@ -892,17 +995,74 @@ def _routed(forward):
         bound = signature.bind(self, graph, *args, **kwargs)
         names = list(signature.parameters)
         feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None}
+        owner = type(self).__name__
         for k, v in feats.items():
+            if isinstance(v, tuple) and len(v) == 2:
+                feats[k] = v = _source_of_pair(owner, k, v, graph)
             if not isinstance(v, torch.Tensor):
-                raise DSLError(f"{type(self).__name__}: argument {k}={v!r} on a sarc graph; sarc "
+                raise DSLError(f"{owner}: argument {k}={_described(v)} on a sarc graph; sarc "
                                f"compiles the module's forward with tensor arguments only",
                                user_loc())
+        if isinstance(feats.get("weight"), torch.Tensor):
+            w = feats["weight"]
+            raise DSLError(f"{owner}: an external weight argument (weight= a tensor of shape "
+                           f"{list(w.shape)}) is not supported on a sarc graph: sarc compiles "
+                           f"the module with its own parameters. Multiply the features first, "
+                           f"conv(g, x @ W) (the same result: GraphConv's weight multiplies "
+                           f"each node's features, before or after the aggregation), or build "
+                           f"the module with weight=True", user_loc())
         layer = _layer_for(self, graph, feats)
         layer.train(self.training)
         return layer(graph, **feats)
 
     run._sarc_routed = True
     return run
+
+
+def _described(v) -> str:
+    """An argument as an error names it: a tensor by its shape, never its values."""
+    if isinstance(v, torch.Tensor):
+        return f"a tensor of shape {list(v.shape)}"
+    if isinstance(v, (tuple, list)):
+        inner = ", ".join(_described(x) for x in v)
+        return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+    text = repr(v)
+    return text if len(text) <= 60 else type(v).__name__
+
+
+def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
+    """DGL's minibatch idiom ``conv(block, (h, h[:block.num_dst_nodes()]))``: sarc reads a
+    block's destination features as the first source rows, so the pair is ``h``, when its
+    second tensor is the first's leading num_dst rows (a view of them, or equal values);
+    anything else is refused, saying what differs."""
+    src, dst = pair
+    if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
+        return pair
+    num_dst = graph.num_dst
+    what = (f"argument {name}=(h_src {list(src.shape)}, h_dst {list(dst.shape)}): sarc reads a "
+            f"block's destination features as the first num_dst ({num_dst}) rows of its source "
+            f"features (DGL's block convention), so pass h_src alone")
+    if src.dim() == 0 or dst.shape[1:] != src.shape[1:] or dst.shape[0] != num_dst:
+        raise DSLError(f"{owner}: {what}; here h_dst is not h_src[:{num_dst}] (its shape is "
+                       f"not [{num_dst}, {', '.join(map(str, src.shape[1:]))}])", user_loc())
+    if src.shape[0] < num_dst:
+        raise DSLError(f"{owner}: {what}; here h_src has fewer rows than the destinations",
+                       user_loc())
+    view = (dst.device == src.device and dst.dtype == src.dtype
+            and dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride())
+    if view:
+        return src
+    if dst.requires_grad:
+        raise DSLError(f"{owner}: {what}; here h_dst is a separate tensor that takes a "
+                       f"gradient (not a view of h_src[:{num_dst}]), which sarc would not "
+                       f"give it", user_loc())
+    if dst.dtype != src.dtype or dst.device != src.device:
+        raise DSLError(f"{owner}: {what}; here h_dst's dtype or device differs from h_src's",
+                       user_loc())
+    if not torch.equal(src[:num_dst], dst):
+        raise DSLError(f"{owner}: {what}; here h_dst's values differ from h_src[:{num_dst}]",
+                       user_loc())
+    return src
 
 
 def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:

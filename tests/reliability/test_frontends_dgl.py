@@ -112,10 +112,12 @@ def test_block_diagonal_relgraphconv_is_refused():
 @case("tracer", "DGL `GATConv(...)(g, x, edge_weight=w)` (`Tensor.tile` on the weights)",
       "error-at-line")
 def test_gat_edge_weight_is_refused():
+    """An [E] weight is traced (``tests/frontends/test_dgl_zoo.py``); one of 2 values per edge
+    would be tiled over the rows (DGL's own call fails on it too)."""
     _dgl()
     from dgl.nn.pytorch import GATConv
-    _refused(GATConv(IN, 3, 2, allow_zero_in_degree=True), "Tensor.tile",
-             edge={"edge_weight": ()}, edge_weight=torch.ones(4))
+    _refused(GATConv(IN, 3, 2, allow_zero_in_degree=True), "tile(1, 2, 1) repeats the rows of "
+             "an edge value", edge={"edge_weight": (2,)}, edge_weight=torch.ones(4, 2))
 
 
 @case("tracer", "a DGL module returning a tuple (`get_attention=True`)", "error-at-line")
@@ -132,7 +134,9 @@ def test_tuple_output_is_refused():
         def forward(self, g, feat):
             return self.gat(g, feat, get_attention=True)
 
-    with pytest.raises(DSLError, match="WithAttention: forward returned a tuple"):
+    with pytest.raises(DSLError, match=r"WithAttention: forward returned an edge value \[2, 1\] "
+                                       r"as output 2 of 2, not a value per destination node; "
+                                       r".*get_attention=True's attention"):
         from_dgl_module(WithAttention(), node={"feat": IN})(_graph(), torch.randn(4, IN))
 
 

@@ -1,0 +1,260 @@
+"""More of DGL 2.1's convs through sarc (``sarc.frontends.dgl``; .venv-dgl): those that need
+torch functions beyond arithmetic (``F.normalize``, ``Tensor.square``, ``torch.stack``,
+``Tensor.tile``), several node outputs, and DGL's minibatch idiom on a block.
+
+Each equals the DGL module on the DGL graph: every output, the input and parameter
+gradients (``max|sarc - dgl| <= 1e-5 * max|dgl|``, float32).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("dgl")
+
+import dgl  # noqa: E402
+from dgl.nn.pytorch import (AGNNConv, APPNPConv, EGATConv, EGNNConv, GATConv,  # noqa: E402
+                            GraphConv, HGTConv, SAGEConv)
+
+import sarc  # noqa: E402
+import sarc.frontends.dgl  # noqa: E402
+from sarc.errors import DSLError  # noqa: E402
+from sarc.frontends.dgl import from_dgl_module  # noqa: E402
+
+N, IN = 12, 5
+
+
+def _edges(self_loops):
+    """30 random edges among nodes 0..8 (9..11 without edges), 4 of them doubled; with
+    ``self_loops`` None, those from a node to itself dropped (EGNNConv's coordinate
+    difference is 0 there, and the gradient of its norm NaN, in DGL)."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 9, (30,), generator=gen)
+    dst = torch.randint(0, 9, (30,), generator=gen)
+    src, dst = torch.cat([src, src[:4]]), torch.cat([dst, dst[:4]])
+    if self_loops is None:
+        src, dst = src[src != dst], dst[src != dst]
+    if self_loops:
+        src, dst = torch.cat([src, torch.arange(N)]), torch.cat([dst, torch.arange(N)])
+    return src, dst
+
+
+def _randomized(module):
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return module
+
+
+def _close(got, want, what):
+    assert got is not None and want is not None, what
+    # (GATConv's attn_r gradient cancels to nearly 0 over each destination's softmax)
+    scale = max(float(want.abs().max()), 1e-2)
+    err = float((got - want).abs().max())
+    assert err <= 1e-5 * scale, f"{what}: max |sarc - dgl| = {err:.3g}, max |dgl| = {scale:.3g}"
+
+
+def _inputs(decl, rows, gen):
+    out = {}
+    for k, d in decl.items():
+        if d is sarc.INDEX:
+            out[k] = torch.randint(0, 2 if k == "ntype" else 3, (rows,), generator=gen)
+        else:
+            shape = (d,) if isinstance(d, int) else tuple(d)
+            out[k] = torch.rand(rows, *shape, generator=gen) + 0.1
+    return out
+
+
+def _grad(x):
+    return x.clone().requires_grad_(True) if x.is_floating_point() else x
+
+
+def _equals_dgl(module, node, edge=None, self_loops=False):
+    """``module`` through sarc (``from_dgl_module``) equals ``module`` on the DGL graph: every
+    output, the float inputs' and every parameter's gradient."""
+    torch.manual_seed(0)
+    module = _randomized(module)
+    ref = copy.deepcopy(module)
+    src, dst = _edges(self_loops)
+    gen = torch.Generator().manual_seed(1)
+    feats = {**_inputs(node, N, gen), **_inputs(edge or {}, src.numel(), gen)}
+    mine = {k: _grad(v) for k, v in feats.items()}
+    theirs = {k: _grad(v) for k, v in feats.items()}
+    layer = from_dgl_module(module, node=node, edge=edge or {})
+    out = layer(sarc.Graph.from_edges(src, dst, N), **mine)
+    want = ref(dgl.graph((src, dst), num_nodes=N), **theirs)
+    outs, wants = (out, want) if isinstance(want, tuple) else ((out,), (want,))
+    assert isinstance(out, tuple) == isinstance(want, tuple) and len(outs) == len(wants)
+    loss_sarc = loss_dgl = 0.0
+    for i, (o, w) in enumerate(zip(outs, wants)):
+        assert o.shape == w.shape
+        _close(o, w, f"output {i}")
+        cot = torch.randn(w.shape, generator=gen)
+        loss_sarc, loss_dgl = loss_sarc + (o * cot).sum(), loss_dgl + (w * cot).sum()
+    loss_sarc.backward()
+    loss_dgl.backward()
+    for k, v in theirs.items():
+        if v.is_floating_point():
+            _close(mine[k].grad, v.grad, f"gradient of {k}")
+    grads = dict(module.named_parameters())
+    for k, p in ref.named_parameters():
+        _close(grads[k].grad, p.grad, f"gradient of {k}")
+
+
+CASES = {
+    # F.normalize of the features, a learned temperature
+    "agnn": (lambda: AGNNConv(learn_beta=True), {"feat": IN}, None, True),
+    "agnn-no-loops": (lambda: AGNNConv(init_beta=0.5, allow_zero_in_degree=True),
+                      {"feat": IN}, None, False),
+    # edge_weight.tile(1, heads, 1).transpose(0, 2): [E] -> [E, heads, 1]
+    "gat-edge-weight": (lambda: GATConv(IN, 3, 2, allow_zero_in_degree=True), {"feat": IN},
+                        {"edge_weight": ()}, False),
+    # torch.stack of per-head scores over the heads axis, typed linears, W[etype]
+    "hgt": (lambda: HGTConv(IN, 2, 2, 2, 3, dropout=0.0), {"x": IN, "ntype": sarc.INDEX},
+            {"etype": sarc.INDEX}, False),
+    "hgt-norm": (lambda: HGTConv(IN, 3, 2, 2, 3, dropout=0.0, use_norm=True),
+                 {"x": IN, "ntype": sarc.INDEX}, {"etype": sarc.INDEX}, False),
+    # Tensor.square of coordinate differences; two node outputs (h, x)
+    "egnn": (lambda: EGNNConv(IN, 6, 4), {"node_feat": IN, "coord_feat": 3}, None, None),
+    "egnn-edge-feat": (lambda: EGNNConv(IN, 6, 4, edge_feat_size=2),
+                       {"node_feat": IN, "coord_feat": 3}, {"edge_feat": 2}, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_equals_dgl(name):
+    make, node, edge, self_loops = CASES[name]
+    _equals_dgl(make(), node, edge, self_loops)
+
+
+# --- called on a sarc graph after patch() ------------------------------------------------------
+
+@pytest.fixture
+def patched():
+    sarc.frontends.dgl.patch()
+    yield
+    sarc.frontends.dgl.unpatch()
+
+
+def test_a_tuple_of_node_outputs_is_a_tuple_after_patch(patched):
+    torch.manual_seed(0)
+    module = _randomized(EGNNConv(IN, 6, 4))
+    src, dst = _edges(None)
+    h, x = torch.randn(N, IN), torch.randn(N, 3)
+    got = module(sarc.frontends.dgl.from_dgl(dgl.graph((src, dst), num_nodes=N)), h, x)
+    want = module(dgl.graph((src, dst), num_nodes=N), h, x)
+    assert isinstance(got, tuple) and len(got) == 2
+    for i in range(2):
+        _close(got[i], want[i], f"output {i}")
+
+
+def test_an_edge_output_is_refused_by_name(patched):
+    g = sarc.frontends.dgl.from_dgl(dgl.graph(_edges(True), num_nodes=N))
+    module = EGATConv(IN, 2, 3, 3, 2)
+    with pytest.raises(DSLError, match=r"EGATConv: forward returned an edge value \[2, 3\] as "
+                                       r"output 2 of 2, not a value per destination node"):
+        module(g, torch.randn(N, IN), torch.randn(g.num_edges, 2))
+
+
+def _block():
+    """A block of 9 source nodes, the first 5 of them its destinations."""
+    g = dgl.graph(_edges(True), num_nodes=N)
+    return dgl.to_block(dgl.in_subgraph(g, torch.arange(5)), dst_nodes=torch.arange(5))
+
+
+@pytest.mark.parametrize("make", [lambda: SAGEConv(IN, 3, "mean"), lambda: GraphConv(IN, 3),
+                                  lambda: GATConv(IN, 3, 2), lambda: AGNNConv()],
+                         ids=["sage", "graphconv", "gat", "agnn"])
+def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
+    """``conv(block, (h, h[:block.num_dst_nodes()]))``, DGL's minibatch idiom: h's first rows
+    are the destinations, as sarc reads them."""
+    torch.manual_seed(0)
+    module = _randomized(make())
+    block = _block()
+    x = torch.randn(block.num_src_nodes(), IN)
+    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    n = block.num_dst_nodes()
+    out = module(sarc.frontends.dgl.from_dgl(block), (mine, mine[:n]))
+    want = module(block, (theirs, theirs[:n]))
+    _close(out, want, "output")
+    cot = torch.randn(want.shape)
+    (out * cot).sum().backward()
+    (want * cot).sum().backward()
+    _close(mine.grad, theirs.grad, "input gradient")
+    # equal values that are not a view of h are h's destinations too
+    _close(module(sarc.frontends.dgl.from_dgl(block), (x, x[:n].clone())), want, "a copy")
+
+
+@pytest.mark.parametrize("pair, message", [
+    (lambda x, n: (x, x[1:n + 1]), r"h_dst's values differ from h_src\[:5\]"),
+    (lambda x, n: (x, x[:n + 1]), r"h_dst is not h_src\[:5\] \(its shape is not \[5, 5\]\)"),
+    (lambda x, n: (x, x[:n].clone().requires_grad_()), "a separate tensor that takes a gradient"),
+])
+def test_a_pair_that_is_not_the_blocks_destinations_is_refused_in_one_line(patched, pair,
+                                                                          message):
+    block = _block()
+    x = torch.randn(block.num_src_nodes(), IN)
+    with pytest.raises(DSLError, match=message) as err:
+        SAGEConv(IN, 3, "mean")(sarc.frontends.dgl.from_dgl(block),
+                                pair(x, block.num_dst_nodes()))
+    text = str(err.value)
+    assert "pass h_src alone" in text and "tensor(" not in text
+    assert len(text.splitlines()) == 2   # the problem, and the user's line
+
+
+@pytest.mark.parametrize("rows", [N, 4])
+def test_an_external_weight_is_refused_with_what_to_write(patched, rows):
+    """GraphConv(weight=False)(g, x, weight=W): never W read as a node input, even when its
+    row count is the node count."""
+    g = sarc.frontends.dgl.from_dgl(dgl.graph(_edges(True), num_nodes=N))
+    with pytest.raises(DSLError, match=r"GraphConv: an external weight argument .* not "
+                                       r"supported .*conv\(g, x @ W\)"):
+        GraphConv(rows, 3, weight=False)(g, torch.randn(N, rows), weight=torch.randn(rows, 3))
+
+
+def test_ones_over_the_edges_is_traced(patched):
+    """APPNPConv's th.ones(g.num_edges(), 1): one round (k=1) equals DGL; more rounds are
+    refused by name, not with torch's argument error."""
+    torch.manual_seed(0)
+    src, dst = _edges(True)
+    g = dgl.graph((src, dst), num_nodes=N)
+    x = torch.randn(N, IN)
+    _close(APPNPConv(1, 0.2)(sarc.frontends.dgl.from_dgl(g), x), APPNPConv(1, 0.2)(g, x),
+           "output")
+    with pytest.raises(DSLError) as err:
+        APPNPConv(2, 0.2)(sarc.frontends.dgl.from_dgl(g), x)
+    # its second round scales what the first aggregated per destination by out-degrees
+    assert "APPNPConv: the value is computed from g.out_degrees() and read per destination" \
+        in str(err.value), str(err.value)
+
+
+class OnesNotRows(torch.nn.Module):
+    def forward(self, g, feat):
+        return feat * torch.ones(3, g.num_edges()).sum()
+
+
+class FullOverNodes(torch.nn.Module):
+    def forward(self, g, feat):
+        return feat * torch.full((g.num_dst_nodes(), 1), 2.5) + torch.zeros(g.num_src_nodes(), IN)
+
+
+def test_ones_zeros_and_full_over_a_graph_size():
+    src, dst = _edges(True)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(FullOverNodes(), node={"feat": IN})
+    torch.testing.assert_close(layer(sarc.Graph.from_edges(src, dst, N), x), x * 2.5)
+    layer = from_dgl_module(OnesNotRows(), node={"feat": IN})
+    with pytest.raises(DSLError, match=r"OnesNotRows: torch.ones\(3, E\): a graph size .* is "
+                                       r"the first size, the rows"):
+        layer(sarc.Graph.from_edges(src, dst, N), x)
+
+
+def test_a_batch_norm_inside_a_conv_is_refused_by_name():
+    from dgl.nn.pytorch import EdgeConv
+    layer = from_dgl_module(EdgeConv(IN, 3, batch_norm=True), node={"feat": IN})
+    with pytest.raises(DSLError, match=r"EdgeConv: nn.BatchNorm1d reads self.training.* "
+                                       r"DGL EdgeConv\(batch_norm=False\)"):
+        layer(sarc.Graph.from_edges(*_edges(True), N), torch.randn(N, IN))
