@@ -71,8 +71,9 @@ class PyGInputs:
 class PyGLayer(Layer):
     """A PyG conv as a sarc layer: node feature ``x``, the conv as submodule ``conv``.
 
-    ``prepare(edge_index, num_nodes, edge_attr)`` gives the graph and edge features
-    the layer runs on, so that ``layer(inputs.graph(), x, **inputs.edge)`` equals
+    ``prepare(edge_index, num_nodes, edge_attr[, dtype])`` gives the graph and edge
+    features the layer runs on (``dtype``: x's, which a conv without parameters computes
+    its edge weights in, as PyG's forward does), so that ``layer(inputs.graph(), x, **inputs.edge)`` equals
     ``conv(x, edge_index, edge_attr)``; ``run`` does both.
     """
 
@@ -84,7 +85,7 @@ class PyGLayer(Layer):
         self.conv = conv
         self.train(conv.training)   # dropout follows the sarc layer's mode, from the conv's
 
-    def prepare(self, edge_index, num_nodes: int, edge_attr=None) -> PyGInputs:
+    def prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
         if edge_attr is not None:
             raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
                           "this conv takes x and edge_index only")
@@ -99,7 +100,8 @@ class PyGLayer(Layer):
 
     def run(self, x, edge_index, edge_attr=None):
         """``conv(x, edge_index[, edge_attr])``, computed by the sarc layer."""
-        inputs = self.prepare(_plain_edge_index(self.conv, edge_index), x.size(0), edge_attr)
+        inputs = self.prepare(_plain_edge_index(self.conv, edge_index), x.size(0), edge_attr,
+                              x.dtype)
         return self(inputs.graph(), x, **inputs.edge)
 
     def reduce(self, msg):
@@ -198,7 +200,7 @@ class GCNConvLayer(PyGLayer):
         _aggr_name(conv)
         super().__init__(conv, _in_channels(conv), edge={"edge_weight": ()})
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         if c.normalize:
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -276,7 +278,7 @@ class GATConvLayer(PyGLayer):
             other.set_autodiff(self._sarc_autodiff)
         return other
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         edge_index, edge_attr = _self_loops(self.conv, edge_index, edge_attr, num_nodes)
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
 
@@ -397,7 +399,7 @@ class GINEConvLayer(GINConvLayer):
         width = conv.lin.in_channels if conv.lin is not None else _gin_in_channels(conv)
         PyGLayer.__init__(self, conv, _gin_in_channels(conv), edge={"edge_attr": width})
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
             raise ConversionError("GINEConv: edge_attr is required (GINEConv's forward needs it)")
         return PyGInputs(edge_index, num_nodes, {"edge_attr": edge_attr})
@@ -437,7 +439,7 @@ class RGCNConvLayer(PyGLayer):
         super().__init__(conv, _in_channels(conv, conv.in_channels_l),
                          edge={"edge_type": INDEX, "norm": ()})
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
             raise ConversionError("RGCNConv: edge_type is required (RGCNConv's third argument)")
         etype = edge_attr.to(torch.int64)
@@ -482,7 +484,7 @@ class ResGatedGraphConvLayer(PyGLayer):
         _aggr_name(conv)
         super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:
             raise ConversionError("ResGatedGraphConv: edge_attr is required (edge_dim is set)")
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
@@ -515,7 +517,7 @@ class TransformerConvLayer(PyGLayer):
         _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
         super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:
             raise ConversionError("TransformerConv: edge_attr is required (edge_dim is set)")
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
@@ -541,13 +543,143 @@ class TransformerConvLayer(PyGLayer):
         return out + c.lin_skip(dst.x) if c.root_weight else out
 
 
-def _converters() -> dict[type, Callable[[nn.Module], PyGLayer]]:
+class _WeightedSum(PyGLayer):
+    """A conv whose message is ``w_uv * x_u`` (PyG's ``edge_weight.view(-1, 1) * x_j``),
+    its weights made when the inputs are prepared, as its forward makes them; 1 where the
+    forward has none (``x_j`` alone, which equals ``1 * x_j`` under every aggregation)."""
+
+    edge_input = "edge_weight"
+
+    def __init__(self, conv, in_channels: int):
+        _aggr_name(conv)
+        super().__init__(conv, in_channels, edge={"edge_weight": ()})
+
+    def _dtype(self, dtype):
+        """The weights' dtype: the parameters', or x's for a conv without (PyG's forward
+        normalizes in x's dtype); float32 when neither is known."""
+        floats = [p.dtype for p in self.conv.parameters() if p.is_floating_point()]
+        return floats[0] if floats else (dtype or torch.float32)
+
+    def _weights(self, edge_index, num_nodes, w, dtype):
+        if w is None:
+            w = torch.ones(edge_index.size(1), dtype=self._dtype(dtype),
+                           device=edge_index.device)
+        # a weight PyG computes in float32 multiplies float64 features exactly as its cast
+        return PyGInputs(edge_index, num_nodes, {"edge_weight": w.reshape(-1).to(self._dtype(dtype))})
+
+    def message(self, src, dst, edge):
+        return edge.edge_weight.unsqueeze(-1) * src.x
+
+
+class LGConvLayer(_WeightedSum):
+    """LGConv: ``sum_u w_uv x_u``, ``w`` PyG's ``gcn_norm`` without self loops
+    (``normalize=True``) or the edge weights given."""
+
+    def __init__(self, conv, in_channels=None):
+        super().__init__(conv, _in_channels(conv, in_channels))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        c = self.conv
+        if c.normalize:
+            from torch_geometric.nn.conv.gcn_conv import gcn_norm
+            edge_index, edge_attr = gcn_norm(edge_index, edge_attr, num_nodes,
+                                             add_self_loops=False, flow=c.flow,
+                                             dtype=self._dtype(dtype))
+        return self._weights(edge_index, num_nodes, edge_attr, dtype)
+
+    def update(self, dst, agg):
+        return agg.agg
+
+
+class SGConvLayer(_WeightedSum):
+    """SGConv with ``K=1``: ``lin(sum_u w_uv x_u)``, ``w`` PyG's ``gcn_norm``."""
+
+    def __init__(self, conv):
+        _require(conv, conv.K == 1, f"K={conv.K}",
+                 "K rounds of message passing; a sarc layer is one round")
+        _require(conv, not conv.cached, "cached=True",
+                 "PyG reuses its first call's propagated features")
+        super().__init__(conv, _in_channels(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+        c = self.conv
+        edge_index, w = gcn_norm(edge_index, edge_attr, num_nodes, False, c.add_self_loops,
+                                 c.flow, dtype=self._dtype(dtype))
+        return self._weights(edge_index, num_nodes, w, dtype)
+
+    def update(self, dst, agg):
+        return self.conv.lin(agg.agg)
+
+
+class ClusterGCNConvLayer(_WeightedSum):
+    """ClusterGCNConv: ``lin_out(sum_u w_uv x_u) + lin_root(x_v)``, ``w_uv = 1 / deg(v)``
+    plus ``diag_lambda / deg(v)`` on self loops, computed as its forward does."""
+
+    def __init__(self, conv):
+        super().__init__(conv, _in_channels(conv))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        from torch_geometric.utils import add_self_loops, degree, remove_self_loops
+        c = self.conv
+        if edge_attr is not None:
+            raise _refuse(c, "an edge weight argument", "its forward takes x and edge_index")
+        if c.add_self_loops:
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+        row, col = edge_index[0], edge_index[1]
+        deg_inv = 1. / degree(col, num_nodes=num_nodes).clamp_(1.)
+        w = deg_inv[col]
+        loops = row == col
+        if int(loops.sum()) != num_nodes:
+            raise ConversionError(f"ClusterGCNConv: add_self_loops=False on a graph with "
+                                  f"{int(loops.sum())} self loops for {num_nodes} nodes "
+                                  f"(its forward adds diag_lambda / deg to one loop per node)")
+        w[loops] += c.diag_lambda * deg_inv
+        return self._weights(edge_index, num_nodes, w, dtype)
+
+    def update(self, dst, agg):
+        return self.conv.lin_out(agg.agg) + self.conv.lin_root(dst.x)
+
+
+class SimpleConvLayer(_WeightedSum):
+    """SimpleConv with ``combine_root='self_loop'``: the aggregate of ``w_uv x_u`` over the
+    graph with a self loop per node (weight 1), as its forward's ``add_self_loops``."""
+
+    def __init__(self, conv, in_channels=None):
+        super().__init__(conv, _in_channels(conv, in_channels))
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        from torch_geometric.utils import add_self_loops
+        edge_index, w = add_self_loops(edge_index, edge_attr, num_nodes=num_nodes)
+        return self._weights(edge_index, num_nodes, w, dtype)
+
+    def update(self, dst, agg):
+        return agg.agg
+
+
+def _simple_conv(conv, in_channels=None, edge_dim=None) -> PyGLayer:
+    if conv.combine_root == "self_loop":
+        return SimpleConvLayer(conv, in_channels)
+    return TracedConv(conv, in_channels, edge_dim)
+
+
+def _converters() -> dict[type, Callable[..., PyGLayer]]:
+    """Per stock class, its converter: ``convert(conv, in_channels, edge_dim)`` (the widths
+    matter to convs that do not record them)."""
     from torch_geometric import nn as pyg
-    return {pyg.GCNConv: GCNConvLayer, pyg.SAGEConv: SAGEConvLayer, pyg.GATConv: GATConvLayer,
-            pyg.GATv2Conv: GATv2ConvLayer, pyg.GINConv: GINConvLayer,
-            pyg.GINEConv: GINEConvLayer, pyg.RGCNConv: RGCNConvLayer,
-            pyg.ResGatedGraphConv: ResGatedGraphConvLayer,
-            pyg.TransformerConv: TransformerConvLayer}
+    fixed = {pyg.GCNConv: GCNConvLayer, pyg.SAGEConv: SAGEConvLayer, pyg.GATConv: GATConvLayer,
+             pyg.GATv2Conv: GATv2ConvLayer, pyg.GINConv: GINConvLayer,
+             pyg.GINEConv: GINEConvLayer, pyg.RGCNConv: RGCNConvLayer,
+             pyg.ResGatedGraphConv: ResGatedGraphConvLayer,
+             pyg.TransformerConv: TransformerConvLayer, pyg.SGConv: SGConvLayer,
+             pyg.ClusterGCNConv: ClusterGCNConvLayer}
+    out: dict[type, Callable[..., PyGLayer]] = {
+        cls: (lambda conv, in_channels=None, edge_dim=None, layer=layer: layer(conv))
+        for cls, layer in fixed.items()}
+    out[pyg.LGConv] = lambda conv, in_channels=None, edge_dim=None: LGConvLayer(conv, in_channels)
+    out[pyg.SimpleConv] = _simple_conv
+    return out
 
 
 # --- any other MessagePassing: its forward, message and update traced -----------------------------
@@ -816,13 +948,13 @@ class TracedConv(PyGLayer):
                               "torch_geometric.utils.softmax, its edge softmax")
         self._update_args = list(inspect.signature(conv.update).parameters)[1:]
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None):
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if not self._takes_edge_attr:
             if edge_attr is not None:
                 raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
                               "imported without edge_dim, its forward was traced without it: "
                               "from_message_passing(conv, edge_dim=...)")
-            return super().prepare(edge_index, num_nodes, edge_attr)
+            return super().prepare(edge_index, num_nodes, edge_attr, dtype)
         if edge_attr is None:
             raise _refuse(self.conv, f"a call without {self.edge_input}",
                           f"it was imported with edge_dim for {self.edge_input}")
@@ -1042,7 +1174,7 @@ def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None)
     not record them (``conv.in_channels``, ``conv.edge_dim``)."""
     convert = _converter(type(conv))
     if convert is not None:
-        return convert(conv)
+        return convert(conv, in_channels, edge_dim)
     return TracedConv(conv, in_channels, edge_dim)
 
 
@@ -1127,10 +1259,10 @@ class PyGConv(nn.Module):
         edge_index = _plain_edge_index(name, edge_index) if not isinstance(self.layer, PyGLayer) \
             else _plain_edge_index(self.layer.conv, edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))
-        g, edge = self._inputs(edge_index, num, edge_attr)
+        g, edge = self._inputs(edge_index, num, edge_attr, x.dtype)
         return self.layer(g, **{self.node: x}, **edge)
 
-    def _inputs(self, edge_index, num, edge_attr):
+    def _inputs(self, edge_index, num, edge_attr, x_dtype=None):
         """The graph and edge features of a call. Those of the last call are reused while
         its edge_index, node count and edge_attr hold the same values, compared with copies
         kept of them (O(E), as building the graph is): so an edit the tensor's version
@@ -1138,7 +1270,7 @@ class PyGConv(nn.Module):
         is seen, and an equal edge_index in a new tensor reuses the graph. Edge features
         computed from an ``edge_attr`` that needs a gradient are prepared again at each
         call (each backward needs its own), on the same graph."""
-        dtypes = tuple(sorted({str(p.dtype) for p in self.layer.parameters()}))
+        dtypes = (str(x_dtype), *sorted({str(p.dtype) for p in self.layer.parameters()}))
         c = self._cache
         g = None
         if c is not None and c.num == num and c.dtypes == dtypes \
@@ -1152,7 +1284,7 @@ class PyGConv(nn.Module):
                 raise _refuse(self.layer.conv, f"size={num} (a bipartite block)",
                               "an imported conv runs on a graph whose nodes are its sources "
                               "and targets")
-            prepared = self.layer.prepare(edge_index, num, edge_attr)
+            prepared = self.layer.prepare(edge_index, num, edge_attr, x_dtype)
             g, edge = prepared.graph() if g is None else g, prepared.edge
         else:
             g = from_pyg(edge_index, num) if g is None else g

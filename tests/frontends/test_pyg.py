@@ -141,6 +141,8 @@ CONVS = {
                              "edge_attr"),
     "transformer_no_root": (lambda: pyg.TransformerConv(D_IN, 4, heads=3, root_weight=False),
                             None),
+    "sgconv": (lambda: pyg.SGConv(D_IN, 4, K=1), "edge_weight"),
+    "cluster_gcn": (lambda: pyg.ClusterGCNConv(D_IN, 4, diag_lambda=0.5), None),
     "user_edgeconv": (lambda: EdgeConvLike(D_IN, 4), None),
     "user_gated_mean": (lambda: GatedMean(D_IN, 4, D_EDGE), "edge_attr"),
     "user_weighted": (lambda: WeightedSum(D_IN, 4), None),
@@ -385,7 +387,8 @@ def _worker(rank, port, queue, layer, pset_path, edge_names, upstream, out_dir):
 
 DISTRIBUTED = ["gcn", "gcn_improved_weighted", "sage_max", "gat_3heads_concat", "gat_edge_dim",
                "gatv2", "gin_train_eps", "gine", "rgcn_bases", "res_gated",
-               "transformer_edge_dim", "user_edgeconv", "user_gated_mean"]
+               "transformer_edge_dim", "sgconv", "cluster_gcn", "user_edgeconv",
+               "user_gated_mean"]
 
 
 @pytest.mark.parametrize("name", DISTRIBUTED)

@@ -370,3 +370,64 @@ def test_other_uses_of_the_destination_index_are_refused():
         as_conv(SoftmaxOverSources(D))(x, ei)
     with pytest.raises(ConversionError, match=r"SourceIndex: message argument 'edge_index_j'"):
         as_conv(SourceIndex(D))(x, ei)
+
+
+# --- 6. one-round convs whose forward normalizes: PyG's preparation, then the round ---------------
+
+PREPARED = {
+    "lgconv_normalized": (lambda: pyg.LGConv(), {"in_channels": D}, False),
+    "lgconv_normalized_weighted": (lambda: pyg.LGConv(), {"in_channels": D}, True),
+    "lgconv_unnormalized_weighted": (lambda: pyg.LGConv(normalize=False), {"in_channels": D},
+                                     True),
+    "sgconv": (lambda: pyg.SGConv(D, 3, K=1), {}, False),
+    "sgconv_weighted": (lambda: pyg.SGConv(D, 3, K=1), {}, True),
+    "sgconv_no_loops": (lambda: pyg.SGConv(D, 3, K=1, add_self_loops=False), {}, False),
+    "cluster_gcn": (lambda: pyg.ClusterGCNConv(D, 3, diag_lambda=0.7), {}, False),
+    "simple_self_loop": (lambda: pyg.SimpleConv(combine_root="self_loop"),
+                         {"in_channels": D}, False),
+    "simple_self_loop_mean_weighted": (lambda: pyg.SimpleConv("mean", combine_root="self_loop"),
+                                       {"in_channels": D}, True),
+    "simple_self_loop_max": (lambda: pyg.SimpleConv("max", combine_root="self_loop"),
+                             {"in_channels": D}, False),
+}
+
+
+@pytest.mark.parametrize("name", PREPARED)
+def test_one_round_normalizing_conv_equals_pyg(name):
+    make, options, weighted = PREPARED[name]
+    conv = randomize(make())
+    ei = graph()
+    extra = [torch.rand(ei.size(1), dtype=F64) + 0.5] if weighted else []
+    wrapped = check(conv, ei, x64(), *extra, wrapped=as_conv(conv, **options))
+    check(conv, ei, x64(seed=3), *extra, wrapped=wrapped)   # the prepared graph reused
+
+
+def test_one_round_normalizing_convs_train_three_steps_as_pyg():
+    def model(wrap):
+        torch.manual_seed(0)
+        first = randomize(pyg.ClusterGCNConv(D, 3))
+        second = randomize(pyg.SGConv(3, 3, K=1))
+        return Net(first, second, wrap)
+
+    x, ei = x64(), graph()
+    y = torch.randint(0, 2, (N,), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for net in (model(lambda c: c), model(as_conv)):
+        opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=5e-4)
+        run = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(x, ei), y)
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: pyg.SGConv(D, 3, K=2), "SGConv: K=2 is not supported"),
+    (lambda: pyg.SGConv(D, 3, K=1, cached=True), "SGConv: cached=True is not supported")])
+def test_what_one_round_cannot_do_is_refused(make, needle):
+    with pytest.raises(ConversionError, match=needle):
+        as_conv(make())
