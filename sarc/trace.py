@@ -207,6 +207,9 @@ class Tracer:
             raise DSLError(x._message(), user_loc())
         if x is TRAINING:
             raise DSLError(_TRAINING_MESSAGE, user_loc())
+        refusal = getattr(type(x), "_sarc_refusal", None)   # what the tracer made but refuses
+        if refusal is not None:
+            raise DSLError(refusal(x), user_loc())
         raise DSLError(f"cannot use a {type(x).__name__} in a sarc layer", user_loc())
 
 

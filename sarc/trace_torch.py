@@ -615,8 +615,11 @@ class _UntracedIndices:
     def __init__(self, what: str):
         object.__setattr__(self, "_what", what)
 
+    def _sarc_refusal(self) -> str:
+        return _untraced_indices(object.__getattribute__(self, "_what"))
+
     def _refuse(self, *args, **kwargs):
-        raise DSLError(_untraced_indices(object.__getattribute__(self, "_what")), user_loc())
+        raise DSLError(self._sarc_refusal(), user_loc())
 
     def __getattr__(self, name):
         self._refuse()
@@ -1169,11 +1172,14 @@ class _RowsNotFirst:
                            f"once", user_loc())
         return self._reordered(tuple(self.order[a] for a in axes))
 
+    def _sarc_refusal(self, what: str = "arithmetic") -> str:
+        return (f"{what} of a value whose row axis is not its first (it is axis "
+                f"{self.order.index(0)}, after tile / repeat / expand added axes before it): "
+                f"move the rows back first (x.transpose(0, {self.order.index(0)}) or permute) "
+                f"before using it")
+
     def _refuse(self, what: str):
-        raise DSLError(f"{what} of a value whose row axis is not its first (it is axis "
-                       f"{self.order.index(0)}, after tile / repeat / expand added axes before "
-                       f"it): move the rows back first (x.transpose(0, "
-                       f"{self.order.index(0)}) or permute) before using it", user_loc())
+        raise DSLError(self._sarc_refusal(what), user_loc())
 
     def __getattr__(self, name):
         self._refuse(f"Tensor.{name}")

@@ -139,9 +139,17 @@ def test_equals_torch(name, backend):
     (lambda x: torch.clamp(x), "clamp needs min=... or max=..."),
 ])
 def test_what_is_not_modelled_is_refused(key, message):
-    layer = Apply(lambda s, x: key(x))
-    with pytest.raises(sarc.DSLError, match=message):
-        layer.trace()
+    _refused_with(lambda s, x: key(x), message)
+
+
+def _refused_with(fn, message):
+    """Tracing ``Apply(fn)`` raises ``message`` (a regex) at the test's line. Matched against
+    the problem, not the quoted source line, which holds the pattern itself."""
+    import re
+    with pytest.raises(sarc.DSLError) as err:
+        Apply(fn).trace()
+    problem = str(err.value).splitlines()[0]
+    assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
 
 
 # --- ranges of feature axes: slicing, split, chunk, narrow, unbind -----------------------------
@@ -379,17 +387,14 @@ def test_norms_stacks_and_repeats_equal_torch(name, backend):
     (lambda x: x.repeat(2, 1), "repeats the rows of a dst value"),
     (lambda x: x.repeat(2), "give a count for each of the value's 2 axes"),
     (lambda x: x[:, 0].tile(1, 2, 1) * 2.0, r"row axis is not its first .*x.transpose\(0, 2\)"),
+    (lambda x: x * x[:, 0].tile(1, 8, 1), r"arithmetic of a value whose row axis is not its"),
+    (lambda x: torch.sigmoid(x[:, 0].tile(2, 1)), r"torch.sigmoid of a value whose row axis"),
     (lambda x: x.expand(4, 8), "the row axis of a dst value is kept"),
     (lambda x: x.expand(-1, 16), "an axis of size 8 cannot be expanded to 16"),
     (lambda x: x.tile(1, 0), "a repeat count is a positive int"),
 ])
 def test_norm_stack_and_repeat_refusals_say_what_to_write(key, message):
-    import re
-    layer = Apply(lambda s, x: key(x))
-    with pytest.raises(sarc.DSLError) as err:
-        layer.trace()
-    problem = str(err.value).splitlines()[0]   # (not the quoted line, which holds the pattern)
-    assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
+    _refused_with(lambda s, x: key(x), message)
 
 
 def test_a_batch_norm_is_refused_by_name_with_what_to_do():
