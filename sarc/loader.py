@@ -79,6 +79,11 @@ class ModelSpec:
         hparams = namespace.get("HPARAMS", {})
         if not isinstance(hparams, dict):
             raise ModelFileError(f"{where}: HPARAMS must be a dict, got {type(hparams).__name__}")
+        for key in hparams:
+            if not isinstance(key, str) or not key.isidentifier():
+                raise ModelFileError(f"{where}: HPARAMS key {key!r} is not a string naming a "
+                                     f"hyperparameter (a Python identifier, as build_model's "
+                                     f"keywords and --set KEY=VALUE take)")
         return ModelSpec(name, build, dict(hparams), path)
 
     @staticmethod
@@ -115,6 +120,12 @@ def load_model_file(path: str | Path) -> ModelSpec:
     except SyntaxError as e:
         sys.modules.pop(mod_name, None)
         raise ModelFileError(f"{e.filename}:{e.lineno}: syntax error: {e.msg}") from e
+    except SystemExit as e:
+        sys.modules.pop(mod_name, None)
+        raise ModelFileError(f"{_user_frame(e, resolved)}importing {path} called "
+                             f"{exit_call(e)}: a model file defines build_model and "
+                             f"HPARAMS, and runs nothing when imported (put a script's code under "
+                             f"if __name__ == \"__main__\":)") from e
     except Exception as e:
         sys.modules.pop(mod_name, None)
         raise ModelFileError(f"{_user_frame(e, resolved)}importing {path} failed: "
@@ -135,6 +146,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = text
         out[key.strip()] = value
     return out
+
+
+def exit_call(e: SystemExit) -> str:
+    """``sys.exit(0)`` of an exit the user's code raised: never the run's own exit status."""
+    return f"sys.exit({e.code!r})" if e.code is not None else "sys.exit()"
 
 
 def _layers_hint(namespace: dict[str, Any]) -> str:

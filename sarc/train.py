@@ -33,7 +33,7 @@ from .datasets import Dataset, add_self_loops_with_data, check_dataset, load_dat
 from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
-from .loader import ModelSpec
+from .loader import ModelSpec, exit_call
 from .partition.fingerprint import graph_fingerprint, node_data_digests
 from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
@@ -264,10 +264,11 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
                                  num_etypes=data.num_etypes, **types, **hparams)
     except SarcError:
         raise
-    except Exception as e:  # the model file's code, on the user's hyperparameters
+    except (Exception, SystemExit) as e:  # the model file's code, on the user's hyperparameters
+        what = (f"called {exit_call(e)}" if isinstance(e, SystemExit)
+                else f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0]}")
         raise TrainError(f"building the model with {_chosen(spec, hparams)} failed (dataset "
-                         f"{data.name}{_where_in(spec, e)}): {type(e).__name__}: "
-                         f"{(str(e).strip() or '-').splitlines()[0]}") from e
+                         f"{data.name}{_where_in(spec, e)}): {what}") from e
     if not isinstance(model, nn.Module):
         raise TrainError(f"{spec.path or spec.name}: build_model returned a "
                          f"{type(model).__name__}, not a torch.nn.Module")

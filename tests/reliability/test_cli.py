@@ -128,6 +128,28 @@ def test_hparams_read_through_named_kwargs(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@case("cli", "a model file that calls `sys.exit(0)` at import or in `build_model`", "error")
+@pytest.mark.parametrize("text,line", [
+    ("import sys\nsys.exit(0)\n", 2),
+    ("def build_model(in_feats, num_classes, **_):\n    import sys\n    sys.exit(0)\n", 3)],
+    ids=["import", "build_model"])
+def test_model_file_exiting_is_an_error(tmp_path, text, line):
+    """An exit in the user's code is not the run's success: it was exiting 0 with nothing done."""
+    model = tmp_path / "leaves.py"
+    model.write_text(text)
+    proc = run_sarc("train", model, "--epochs", "1", "--json", tmp_path / "r.json")
+    assert_error(proc, f"leaves.py:{line}", "sys.exit(0)")
+    assert not (tmp_path / "r.json").exists()
+
+
+@case("cli", "a model file whose HPARAMS has a key that is not a string (`{1: 2}`)", "error")
+def test_hparams_key_not_a_string(tmp_path):
+    model = tmp_path / "intkey.py"
+    model.write_text(OPEN_KEYWORDS.replace('"hidden": 16,', '"hidden": 16,\n    1: 2,'))
+    refused_before_work(run_sarc("train", model, "--epochs", "1"), "intkey.py",
+                        "HPARAMS", "1", "string")
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
