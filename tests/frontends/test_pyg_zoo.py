@@ -275,6 +275,9 @@ class GatedByDestination(MessagePassing):
 
 
 SOFTMAX_CONVS = {
+    "agnn": (lambda: pyg.AGNNConv(add_self_loops=False), {"in_channels": D}),
+    "agnn_fixed_beta": (lambda: pyg.AGNNConv(requires_grad=False, add_self_loops=False),
+                        {"in_channels": D}),
     "general": (lambda: pyg.GeneralConv(D, 3), {}),
     "general_attention": (lambda: pyg.GeneralConv(D, 3, heads=2, attention=True), {}),
     "general_dot_product": (lambda: pyg.GeneralConv(D, 3, heads=2, attention=True,
@@ -309,6 +312,8 @@ class Net(nn.Module):
 
 
 PAIRS = {
+    "general_agnn": lambda: (pyg.GeneralConv(D, 3, heads=2, attention=True),
+                             pyg.AGNNConv(add_self_loops=False)),
     "general_gated": lambda: (pyg.GeneralConv(D, 3, heads=2, attention=True),
                               GatedByDestination(3)),
     "user_general_dot": lambda: (DotAttention(D, 3),
