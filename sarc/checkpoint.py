@@ -367,6 +367,10 @@ def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
         meta["files"] = files
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{manifest}: corrupt manifest ({type(e).__name__}: {e})") from e
+    for f in files:   # names this directory's own files only: never a path out of it
+        if not _RANK_FILE.fullmatch(f["file"]):
+            raise CheckpointError(f"{manifest}: corrupt manifest (file {f['file']!r} is not a "
+                                  f"checkpoint file of this directory, epoch-N.rank-R.pt)")
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise CheckpointError(f"{manifest}: not a sarc checkpoint of version {VERSION}")
     if not cfg.resume:

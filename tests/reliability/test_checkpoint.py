@@ -261,6 +261,18 @@ def test_resume_refuses_other_hyperparameters(tmp_path, reference):
     assert_error(proc, "hyperparameters differ (hidden: 16 in the checkpoint, 32 now)")
 
 
+@case("checkpoint", "a manifest naming a file outside its directory (`../stolen.pt`)", "error")
+def test_manifest_files_stay_in_the_checkpoint_directory(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    meta = json.loads((ckpt / MANIFEST).read_text())
+    (ckpt / meta["files"][0]["file"]).rename(tmp_path / "stolen.pt")
+    meta["files"][0]["file"] = "../stolen.pt"
+    (ckpt / MANIFEST).write_text(json.dumps(meta))
+    proc = run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume")
+    assert_error(proc, "corrupt manifest", "../stolen.pt")
+
+
 @case("checkpoint", "`--resume` on a dataset with the same graph but other labels", "error")
 def test_resume_refuses_the_same_graph_with_other_node_data(tmp_path, reference):
     """Cora's edges with its labels permuted: the graph fingerprint alone took it for Cora."""
