@@ -241,6 +241,34 @@ def check_output_file(option: str, path: str | None) -> None:
         raise UsageError(f"{option} {path} exists and is not writable")
 
 
+def check_outputs_apart(args) -> None:
+    """``--json`` and ``--save`` name files of their own: not the model file or the dataset
+    file the run reads, not each other, and not inside the ``--checkpoint`` or
+    ``--partition`` directory the run reads or writes itself (a report written over the
+    model file, or over the checkpoint's manifest, is data lost)."""
+    def key(path) -> Path:
+        return Path(path).expanduser().resolve()
+
+    outputs = [(o, getattr(args, a, None)) for o, a in (("--json", "json"), ("--save", "save"))]
+    outputs = [(o, p) for o, p in outputs if p]
+    files = [("the model file", getattr(args, "model", None))]
+    dataset = getattr(args, "dataset", None)
+    if dataset and Path(dataset).is_file():
+        files.append(("the --dataset file", dataset))
+    files += outputs
+    dirs = [(f"the {o} directory", getattr(args, a, None))
+            for o, a in (("--checkpoint", "checkpoint"), ("--partition", "partition"))]
+    for i, (option, path) in enumerate(outputs):
+        target = key(path)
+        for what, other in files:
+            if other and other is not path and key(other) == target:
+                raise UsageError(f"{option} {path} is {what}; give the result a file of its own")
+        for what, d in dirs:
+            if d and (target == key(d) or key(d) in target.parents):
+                raise UsageError(f"{option} {path} is inside {what} ({d}), which the run "
+                                 f"reads or writes itself; give the result a file outside it")
+
+
 def check_output_dir(option: str, path: str | None) -> None:
     """A directory can be written at ``path`` (if given): it is one or can be made, in a
     writable place (the directory is written beside itself, then renamed into place)."""
@@ -300,10 +328,11 @@ def check_run_options(args) -> None:
 
 def write_result(path: str, result: dict) -> None:
     """A run's ``--json`` report: its result without the trained module, strict JSON (a
-    metric without a value is ``null``: ``sarc.training.loop.result_json``)."""
+    metric without a value is ``null``: ``sarc.training.loop.result_json``), written whole
+    or not at all."""
+    from ..checkpoint import write_atomic
     from ..training.loop import result_json
-    with open(path, "w") as f:
-        f.write(result_json(result))
+    write_atomic(Path(path), result_json(result).encode())
 
 
 def add_device_arguments(p, group=None, worker: bool = False) -> None:

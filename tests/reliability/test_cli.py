@@ -150,6 +150,27 @@ def test_hparams_key_not_a_string(tmp_path):
                         "HPARAMS", "1", "string")
 
 
+@case("cli", "`--json` or `--save` naming the model file, each other, the dataset or a file "
+             "inside `--checkpoint DIR`", "error")
+@pytest.mark.parametrize("case_", ["json=model", "json=save", "json in checkpoint",
+                                   "save=dataset"])
+def test_outputs_never_overwrite_the_runs_own_files(tmp_path, case_):
+    model = tmp_path / "gcn.py"
+    model.write_bytes(GCN.read_bytes())
+    dataset = tmp_path / "cora.npz"
+    dataset.write_bytes((ROOT / "sarc" / "data" / "cora.npz").read_bytes())
+    ckpt = tmp_path / "ckpt"
+    args = {"json=model": ["--json", model],
+            "json=save": ["--json", tmp_path / "m.pt", "--save", tmp_path / "m.pt"],
+            "json in checkpoint": ["--checkpoint", ckpt, "--json", ckpt / "checkpoint.json"],
+            "save=dataset": ["--save", dataset]}[case_]
+    before = {p: p.read_bytes() for p in (model, dataset)}
+    refused_before_work(run_sarc("train", model, "--dataset", dataset, "--epochs", "1", *args),
+                        str(args[-1]))
+    assert {p: p.read_bytes() for p in (model, dataset)} == before
+    assert not ckpt.exists() and not (tmp_path / "m.pt").exists()
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
