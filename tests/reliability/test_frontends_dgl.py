@@ -109,8 +109,8 @@ def test_block_diagonal_relgraphconv_is_refused():
              node=4, edge={"etypes": sarc.INDEX}, etypes=torch.zeros(4, dtype=torch.int64))
 
 
-@case("tracer", "DGL `GATConv(...)(g, x, edge_weight=w)` (`Tensor.tile` on the weights)",
-      "error-at-line")
+@case("tracer", "DGL `GATConv(...)(g, x, edge_weight=w)` with two weights per edge "
+                 "(`Tensor.tile` over the rows; an [E] weight runs)", "error-at-line")
 def test_gat_edge_weight_is_refused():
     """An [E] weight is traced (``tests/frontends/test_dgl_zoo.py``); one of 2 values per edge
     would be tiled over the rows (DGL's own call fails on it too)."""
