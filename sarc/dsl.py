@@ -260,7 +260,7 @@ class Layer(nn.Module):
         if not seen:
             return
         if len(seen) > 1:
-            from .amp import autocast_state
+            from .runtime.bind import autocast_state   # as binding the inputs reads it
             device = next(x for x in given.values() if isinstance(x, torch.Tensor)).device
             on, low = autocast_state(device.type)
             if not (on and set(seen) == {low, torch.float32}):

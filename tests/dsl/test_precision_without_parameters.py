@@ -97,3 +97,15 @@ def test_a_layer_with_parameters_keeps_their_dtype(g):
     with pytest.raises(GraphError, match="the layer computes in torch.float32"):
         Scaled()(g, torch.randn(g.num_src, D, dtype=torch.float64),
                  torch.rand(g.num_edges, dtype=torch.float64))
+
+
+def test_under_autocast_its_low_dtype_and_float32_run_in_float32(g):
+    """As a float32 layer takes autocast's low-precision output of the layer before."""
+    h, w = torch.randn(g.num_src, D).to(torch.bfloat16), torch.rand(g.num_edges)
+    layer = WeightedMean()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(g, h, w)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, reference(g, h.float(), w), atol=1e-6)
+    with pytest.raises(GraphError, match="feature 'h' is torch.bfloat16 and feature 'w'"):
+        layer(g, h, w)   # without autocast, an error
