@@ -478,14 +478,19 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     if "ntype" in prep.edge_inputs:
         raise TrainError(f"{config.mode} mode: the model reads node types (sarc.HeteroConv, "
                          f"sarc.TypedInput), which train full-batch only (--mode full)")
-    on_cpu = {k: v.cpu() for k, v in prep.edge_inputs.items()}  # sampled on the CPU
+    carried = dict(prep.edge_inputs)
+    dataset_edges = {"etype": data.etype} if data.etype is not None else {}
+    if config.prob in dataset_edges and config.prob not in carried:
+        carried[config.prob] = dataset_edges[config.prob]   # draws weighed by edge data the
+        #                                                      model does not read
+    on_cpu = {k: v.cpu() for k, v in carried.items()}  # sampled on the CPU
     shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
                               self_loops=hp["self_loops"])
     return MiniBatchSteps(shard, config, layers=graph_layers(model), seed=seed, comm=Comm(),
                           rows=ShardRows(prep.x, prep.label, prep.masks["train"]),
                           evaluation=full, counts=counts,
                           graphs_of=lambda blocks: local_blocks(blocks, prep.x.device),
-                          edge_names=tuple(prep.edge_inputs))
+                          edge_names=tuple(prep.edge_inputs))   # what the model is given
 
 
 def script_main(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:

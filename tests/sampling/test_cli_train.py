@@ -118,3 +118,21 @@ def test_sampling_on_2_workers_reaches_the_single_process_accuracy(tmp_path, mod
               str(epochs), "--seed", str(s), "--json", str(path)])
         two.append(json.loads(path.read_text())["test_acc"])
     assert abs(mean(two) - one) <= 0.01, (two, one)
+
+
+def test_sampling_by_the_datasets_edge_data_on_one_process_and_2_workers(tmp_path):
+    """``--prob etype`` weighs the draws by edge data the model does not read (GraphSAGE on
+    AIFB's relation ids): one process samples from the dataset's edge data as the workers'
+    shards do (it refused: the graph had no edge data), and the two runs are equal."""
+    hp = {"embedding_dim": 8, "dropout": 0.0}
+    config = MiniBatchConfig("sampling", (3, 3), batch_size=40, prob="etype")
+    want = train(load_model_file(ROOT / "models/sage.py"), "aifb", epochs=2, hparams=hp,
+                 log=None, minibatch=config)
+    path = tmp_path / "two.json"
+    _run(["-m", "sarc.cli", "train", "models/sage.py", "--dataset", "aifb", "--set",
+          "embedding_dim=8", "--set", "dropout=0", "--mode", "sampling", "--fanouts", "3,3",
+          "--batch-size", "40", "--prob", "etype", "--epochs", "2", "--workers", "2",
+          "--json", str(path)])
+    got = json.loads(path.read_text())
+    assert abs(got["final_loss"] - want["final_loss"]) <= 1e-5 * want["final_loss"]
+    assert got["test_acc"] == pytest.approx(want["test_acc"], abs=1e-6)
