@@ -679,6 +679,8 @@ def _converters() -> dict[type, Callable[..., PyGLayer]]:
         for cls, layer in fixed.items()}
     out[pyg.LGConv] = lambda conv, in_channels=None, edge_dim=None: LGConvLayer(conv, in_channels)
     out[pyg.SimpleConv] = _simple_conv
+    for cls in (pyg.AGNNConv, pyg.FeaStConv):
+        out[cls] = SelfLoopsTracedConv
     return out
 
 
@@ -1082,6 +1084,29 @@ class TracedConv(PyGLayer):
             return _call_conv(conv, "update", conv.update, _as_tensor(agg.agg), **extra)
 
         return self._forward(dst.x, ea, finish)
+
+
+class SelfLoopsTracedConv(TracedConv):
+    """A conv whose forward prepares the graph only by replacing its self loops under its
+    ``add_self_loops`` flag (``remove_self_loops`` then ``add_self_loops``: AGNNConv,
+    FeaStConv): the loops are replaced when the inputs are prepared, by PyG's functions,
+    and the rest of its forward, message and update are traced with the flag off."""
+
+    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        if self.conv.add_self_loops:
+            from torch_geometric.utils import add_self_loops, remove_self_loops
+            edge_index, _ = remove_self_loops(edge_index)
+            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
+        return super().prepare(edge_index, num_nodes, edge_attr, dtype)
+
+    def _forward(self, x, edge_attr, on_propagate):
+        conv = self.conv
+        flag = conv.add_self_loops
+        conv.__dict__["add_self_loops"] = False   # the loops are in the prepared graph
+        try:
+            return super()._forward(x, edge_attr, on_propagate)
+        finally:
+            conv.__dict__["add_self_loops"] = flag
 
 
 def _reaches(builder, value, targets: set) -> bool:

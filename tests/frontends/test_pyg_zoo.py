@@ -276,6 +276,7 @@ class GatedByDestination(MessagePassing):
 
 SOFTMAX_CONVS = {
     "agnn": (lambda: pyg.AGNNConv(add_self_loops=False), {"in_channels": D}),
+    "agnn_self_loops": (lambda: pyg.AGNNConv(), {"in_channels": D}),
     "agnn_fixed_beta": (lambda: pyg.AGNNConv(requires_grad=False, add_self_loops=False),
                         {"in_channels": D}),
     "general": (lambda: pyg.GeneralConv(D, 3), {}),
@@ -313,7 +314,7 @@ class Net(nn.Module):
 
 PAIRS = {
     "general_agnn": lambda: (pyg.GeneralConv(D, 3, heads=2, attention=True),
-                             pyg.AGNNConv(add_self_loops=False)),
+                             pyg.AGNNConv()),
     "general_gated": lambda: (pyg.GeneralConv(D, 3, heads=2, attention=True),
                               GatedByDestination(3)),
     "user_general_dot": lambda: (DotAttention(D, 3),
@@ -388,6 +389,8 @@ PREPARED = {
     "sgconv_weighted": (lambda: pyg.SGConv(D, 3, K=1), {}, True),
     "sgconv_no_loops": (lambda: pyg.SGConv(D, 3, K=1, add_self_loops=False), {}, False),
     "cluster_gcn": (lambda: pyg.ClusterGCNConv(D, 3, diag_lambda=0.7), {}, False),
+    "feast": (lambda: pyg.FeaStConv(D, 3, heads=2), {}, False),
+    "feast_no_loops": (lambda: pyg.FeaStConv(D, 3, heads=2, add_self_loops=False), {}, False),
     "simple_self_loop": (lambda: pyg.SimpleConv(combine_root="self_loop"),
                          {"in_channels": D}, False),
     "simple_self_loop_mean_weighted": (lambda: pyg.SimpleConv("mean", combine_root="self_loop"),
