@@ -61,11 +61,14 @@ def check_train_args(args):
 def model_layers(spec, hp) -> int | None:
     """The sarc layers of the model ``spec`` builds with ``hp`` (on small stand-in sizes),
     or None if it does not build without the dataset (the trainer counts them then)."""
+    import torch
+
     from ..training.minibatch import graph_layers
     try:
-        return graph_layers(spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp))
+        model = spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp)
     except Exception:  # the model file's code; the trainer reports its errors
         return None
+    return graph_layers(model) if isinstance(model, torch.nn.Module) else None
 
 
 def add_train_parser(subparsers) -> argparse.ArgumentParser:

@@ -107,7 +107,14 @@ def sarc_layers(model: nn.Module) -> list:
 
 
 def graph_layers(model: nn.Module) -> int:
-    """The blocks a step of ``model`` needs: one per sarc layer."""
+    """The blocks a step of ``model`` needs: one per sarc layer. A ``sarc.HeteroConv`` (a
+    layer per relation, on one graph) trains full-batch only: refused here, before its
+    relations' layers are counted as blocks."""
+    from ..hetero import HeteroConv
+    if any(isinstance(m, HeteroConv) for m in model.modules()):
+        raise TrainError("the model has a sarc.HeteroConv, which trains full-batch only "
+                         "(--mode full): mini-batch steps (--mode mfg, sampling) are not "
+                         "supported for it")
     return len(sarc_layers(model))
 
 
