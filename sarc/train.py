@@ -458,7 +458,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         save_selected(save, selection, run=run, hparams=hp, sizes=sizes)
     best = selection.best
     return {
-        "model": spec.name, "dataset": data.name, "seed": seed,
+        "model": spec.name, "dataset": data.name, "workers": 1,
+        **MiniBatchConfig.report(minibatch), "seed": seed,
         "device": str(prep.x.device), "backend": backend,
         "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],

@@ -505,7 +505,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     result = {
         "model": spec.name, "dataset": hp["dataset"], "workers": size, "exec_mode": cfg.exec_mode,
         "baseline": cfg.baseline,
-        "mode": cfg.minibatch.mode if cfg.minibatch else "full",
+        **MiniBatchConfig.report(cfg.minibatch),
         "device": str(device), "backend": cfg.backend,
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],

@@ -88,6 +88,16 @@ class MiniBatchConfig:
         fields = dataclasses.asdict(self)
         return {**hparams, "training": ", ".join(f"{k}={v}" for k, v in fields.items())}
 
+    @staticmethod
+    def report(config: "MiniBatchConfig | None") -> dict:
+        """What a run's result says of its mode: ``mode`` and, in mini-batches, the
+        options it sampled with (``minibatch``; None full-batch)."""
+        if config is None:
+            return {"mode": "full", "minibatch": None}
+        fields = dataclasses.asdict(config)
+        fields["fanouts"] = None if config.fanouts is None else list(config.fanouts)
+        return {"mode": fields.pop("mode"), "minibatch": fields}
+
     def spec(self, layers: int, seed: int) -> SamplingSpec:
         """The sampling spec for a model of ``layers`` graph layers (checked against them)."""
         if self.mode == "mfg":

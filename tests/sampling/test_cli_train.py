@@ -66,6 +66,11 @@ def test_sampling_on_2_workers_is_the_single_process_run(tmp_path):
                         eval_every=2)
     assert abs(got["final_loss"] - want["final_loss"]) <= 1e-4 * want["final_loss"]
     assert abs(got["test_acc"] - want["test_acc"]) <= 0.002
+    # each report says what ran: the mode and what it sampled with, and on how many workers
+    sampled = {"fanouts": [10, 25], "batch_size": 64, "replace": False, "prob": None,
+               "shuffle": True, "drop_last": False}
+    assert (got["workers"], got["minibatch"]) == (2, sampled)
+    assert (want["workers"], want["mode"], want["minibatch"]) == (1, "sampling", sampled)
     for w in got["per_worker"]:  # the last epoch's steps, each planned on its own blocks
         assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
 
