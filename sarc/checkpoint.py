@@ -129,6 +129,24 @@ def file_sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def recorded_value(value: Any) -> str:
+    """A hyperparameter JSON has no form for (a function, a class, an object) as a record
+    keeps it: a function or class by its module and name, anything else by its repr without
+    the memory address (which differs in every process, so a resume would never match)."""
+    name = getattr(value, "__qualname__", None)
+    module = getattr(value, "__module__", None)
+    if callable(value) and isinstance(name, str) and isinstance(module, str):
+        return f"<{type(value).__name__} {module}.{name}>"
+    return _ADDRESS.sub("", repr(value))
+
+
+def recorded_hparams(hparams: dict) -> str:
+    return json.dumps(hparams, sort_keys=True, default=recorded_value)
+
+
 def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, world_size: int = 1,
                partition: str = "", node_data: dict[str, str] | None = None) -> dict[str, Any]:
     """What a checkpoint belongs to; ``resume`` compares all but the names. ``node_data``:
@@ -138,7 +156,7 @@ def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, worl
         raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
     hp = {k: v for k, v in hparams.items() if k not in _NOT_COMPARED}
     return {"model": str(spec.path), "model_sha256": file_sha256(spec.path),
-            "hparams": json.dumps(hp, sort_keys=True, default=repr), "seed": int(seed),
+            "hparams": recorded_hparams(hp), "seed": int(seed),
             "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
             "partition": partition, "node_data": dict(node_data or {})}
 
@@ -535,7 +553,7 @@ def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
     write_atomic(path, serialize({
         "format": MODEL_FORMAT, "version": VERSION, "model": run["model"],
         "model_sha256": run["model_sha256"], "dataset": run["dataset"],
-        "hparams": json.dumps(hparams, sort_keys=True, default=repr), "sizes": dict(sizes),
+        "hparams": recorded_hparams(hparams), "sizes": dict(sizes),
         "metrics": dict(metrics), "state_dict": dict(state_dict)}))
 
 
@@ -585,7 +603,12 @@ def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
                               f"{file_sha256(model_file)[:12]}); pass check_digest=False to "
                               f"load it anyway")
     spec = load_model_file(model_file)
-    hp = {**DEFAULTS, **spec.hparams, **saved["hparams"]}
+    # a value JSON has no form for was recorded as a name (recorded_value): the file's own
+    # value where it is the one recorded
+    hp = {**DEFAULTS, **spec.hparams,
+          **{k: v for k, v in saved["hparams"].items()
+             if not (k in spec.hparams and isinstance(v, str)
+                     and v == json.loads(recorded_hparams({k: spec.hparams[k]}))[k])}}
     s = saved["sizes"]
     empty = torch.zeros(0, dtype=torch.int64)
     shape_only = Dataset(saved["dataset"], int(s["num_nodes"]), empty, empty,

@@ -261,6 +261,30 @@ def test_resume_refuses_other_hyperparameters(tmp_path, reference):
     assert_error(proc, "hyperparameters differ (hidden: 16 in the checkpoint, 32 now)")
 
 
+@case("checkpoint", "HPARAMS holding a function (`act: F.elu`): `--resume`, `--save` and "
+                     "`sarc.load_trained`", "exact")
+def test_a_function_among_the_hyperparameters_resumes_and_loads(tmp_path):
+    """Recorded by its name, not its repr (whose address differs in every process: a resume
+    was always refused), and loaded as the model file's own function, not that string."""
+    model = tmp_path / "gcn_elu.py"
+    model.write_text(GCN.read_text().replace('    "norm_features": True,\n}',
+                                             '    "norm_features": True,\n    "act": F.elu,\n}')
+                     .replace("                **_) -> nn.Module:",
+                              "                act=F.relu, **_) -> nn.Module:")
+                     .replace("return GCN(in_feats, hidden, num_classes, dropout)",
+                              "return GCN(in_feats, hidden, num_classes, dropout, act)")
+                     .replace("dropout: float = 0.5):", "dropout: float = 0.5, act=F.relu):")
+                     .replace("        self.dropout = dropout\n",
+                              "        self.dropout = dropout\n        self.act = act\n")
+                     .replace("x = F.relu(self.conv1(g, x))", "x = self.act(self.conv1(g, x))"))
+    ckpt = tmp_path / "ckpt"
+    _ok(run_sarc("train", model, "--epochs", "2", "--checkpoint", ckpt, "--threads", "1"))
+    _ok(run_sarc("train", model, "--epochs", "3", "--checkpoint", ckpt, "--resume",
+                 "--threads", "1", "--save", tmp_path / "m.pt"))
+    loaded = sarc.load_trained(tmp_path / "m.pt", model)
+    assert loaded.act is torch.nn.functional.elu
+
+
 @case("checkpoint", "a manifest naming a file outside its directory (`../stolen.pt`)", "error")
 def test_manifest_files_stay_in_the_checkpoint_directory(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
