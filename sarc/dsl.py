@@ -199,6 +199,14 @@ def _results(what: str, default: str, fn, *args) -> _Results:
     return _Results(dict(result), loc)
 
 
+_FORWARD_ARGUMENTS = ("g", "self")
+"""``Layer.forward``'s own arguments: a feature of that name could not be given by name."""
+
+_CALLED_BY_SARC = frozenset({"trace", "precision", "leaf_tensors", "compiled", "set_backend",
+                             "set_autodiff", "run_local"})
+"""``Layer``'s methods sarc calls on a layer: an attribute of that name would hide one."""
+
+
 class Layer(nn.Module):
     """Base class of DSL layers. Subclasses call ``super().__init__(node=..., edge=...)``.
 
@@ -221,6 +229,16 @@ class Layer(nn.Module):
             if name in self._sarc_edge:
                 raise DSLError(f"feature {name!r} is declared both as a node and an edge feature",
                                user_loc())
+        for name in self._sarc_edge:
+            if any(name in names for names in BUILTIN_NODE.values()):
+                raise DSLError(f"edge feature {name!r}: the name is sarc's built-in node degree "
+                               f"(src.out_degree, dst.in_degree); name the edge feature "
+                               f"otherwise", user_loc())
+        for name in (*self._sarc_node, *self._sarc_edge):
+            if name in _FORWARD_ARGUMENTS:
+                raise DSLError(f"feature {name!r}: the name of an argument of the layer's call "
+                               f"layer(g, ...), so it could not be given by name; name the "
+                               f"feature otherwise", user_loc())
 
     def _check_init(self) -> None:
         if "_sarc_node" not in self.__dict__:
@@ -231,6 +249,9 @@ class Layer(nn.Module):
         # AttributeError; say which call is missing, at the user's line.
         if "_parameters" not in self.__dict__ and isinstance(value, (nn.Module, nn.Parameter)):
             raise DSLError(_no_init(type(self), f"before assigning self.{name}"), user_loc())
+        if name in _CALLED_BY_SARC:
+            raise DSLError(f"self.{name} = ... hides sarc.Layer.{name}, which sarc calls; name "
+                           f"the attribute otherwise", user_loc())
         super().__setattr__(name, value)
 
     def __call__(self, *args, **kwargs):

@@ -229,3 +229,57 @@ def test_a_python_error_in_the_users_function_is_one_line_at_its_line(tmp_path, 
     proc = run_sarc(command, model, *argv)
     assert_error(proc, "misspelt.py:14 (in reduce)", "AttributeError", "meen")
     assert not (tmp_path / "out").exists()
+
+
+class EdgeDegree(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"in_degree": ()})  # ERR:edge-builtin
+
+    def message(self, src, dst, edge):
+        return src.h * edge.in_degree.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "an edge feature named `in_degree` or `out_degree` (sarc's built-in node "
+             "degrees)", "error-at-line")
+def test_edge_feature_named_like_a_builtin_degree():
+    """It was bound to the node degrees: a wrong result where there are as many edges as
+    nodes, an error in a kernel elsewhere."""
+    expect(EdgeDegree, "edge-builtin", "edge feature 'in_degree'", "built-in")
+
+
+class FeatureNamedG(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"g": ()})  # ERR:feature-g
+
+    def message(self, src, dst, edge):
+        return src.h * edge.g.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "a feature named `g` or `self` (the names of forward's own arguments)",
+      "error-at-line")
+def test_feature_named_like_an_argument_of_forward():
+    expect(FeatureNamedG, "feature-g", "feature 'g'", "layer(g, ...)")
+
+
+class ShadowsPrecision(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.precision = 0.5  # ERR:shadow
+
+    def message(self, src, dst, edge):
+        return src.h * self.precision
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "a layer attribute named like a method sarc calls (`self.precision = 0.5`)",
+      "error-at-line")
+def test_attribute_shadowing_a_layer_method():
+    expect(ShadowsPrecision, "shadow", "self.precision", "sarc.Layer.precision")
