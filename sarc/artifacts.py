@@ -1,9 +1,11 @@
 """A model's compiled artifacts: IR, plan, kernels and schedules (what ``sarc compile``,
 ``sarc.cli.compile``, prints and writes).
 
-For every ``sarc.Layer`` in the model (in module order) ``compile_model`` runs the
-compile pipeline (``sarc.compiler.compile_layer``: trace, passes and the backend's
-passes, plan for the requested mode and worker count, the cut at the exchange, kernel
+For every sarc layer call of the model's forward pass, in call order, with whether its
+inputs need a gradient (``sarc.layer_calls``, as a training step runs them; without
+the calls, every ``sarc.Layer`` in module order, the first one's input needing none),
+``compile_model`` runs the compile pipeline (``sarc.compiler.compile_layer``: trace,
+passes and the backend's passes, plan for the requested mode and worker count, the cut at the exchange, kernel
 and schedule) and keeps every stage's result: what is printed and written is what
 runs. ``write_artifacts`` writes the artifacts the user asks for (``--emit``) to
 ``--out``:
@@ -99,19 +101,31 @@ def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
     return layers
 
 
+def _steps(model: nn.Module, calls) -> list[tuple[str, Layer, bool]]:
+    """(name, layer, its inputs need a gradient) of each layer a step runs: the ``calls``
+    (``sarc.layer_calls``), or without them the layers in module order, all but the
+    first's input needing a gradient."""
+    if calls is not None:
+        return [(c.name, c.layer, c.inputs_need_grad) for c in calls]
+    return [(name, layer, k > 0) for k, (name, layer) in enumerate(find_layers(model))]
+
+
 def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str = "torch",
                   workers: int = 1, stats: ShardStats | None = None,
                   mem_budget: int | None = None, baseline: bool = False,
                   exec_mode: str | None = None, schedules: bool = True,
                   sample: BlockSample | None = None, batch_size: int | None = None,
-                  fanouts: tuple[int, ...] | None = None) -> ModelArtifacts:
+                  fanouts: tuple[int, ...] | None = None,
+                  calls=None) -> ModelArtifacts:
     """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
-    The first layer's input features need no gradient. A minibatch mode with a block
-    ``sample`` plans each layer on its own blocks (``plan_minibatch``); ``batch_size`` and
+    ``calls``: the layer calls of a training step (``sarc.layer_calls.layer_calls``), each
+    planned for whether its inputs need a gradient; None: the layers in module order, the
+    first one's input features needing no gradient. A minibatch mode with a block
+    ``sample`` plans each call on its own blocks (``plan_minibatch``); ``batch_size`` and
     ``fanouts`` describe the minibatches of a plan without one."""
     t0 = time.perf_counter()
-    layers = find_layers(model)
+    layers = _steps(model, calls)
     if sample is not None:
         return _compile_minibatch(model, name, layers, sample, mode=mode, backend=backend,
                                   workers=workers, mem_budget=mem_budget, baseline=baseline,
@@ -119,13 +133,13 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     shared = [None] * len(layers)
     if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
         # the budget is the whole step's: the layers share it (share_budget)
-        fns = [(compile_layer(layer, backend, through="optimize").optimized, k > 0)
-               for k, (_, layer) in enumerate(layers)]
+        fns = [(compile_layer(layer, backend, through="optimize").optimized, need)
+               for _, layer, need in layers]
         shared = share_budget(fns, stats, mem_budget, baseline)
     compiled = []
-    for k, (lname, layer) in enumerate(layers):
+    for k, (lname, layer, need) in enumerate(layers):
         target = Target(mode=mode, workers=workers, stats=stats, exec_mode=exec_mode,
-                        mem_budget=mem_budget, baseline=baseline, inputs_need_grad=k > 0,
+                        mem_budget=mem_budget, baseline=baseline, inputs_need_grad=need,
                         distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
                                                            name=lname)))
@@ -136,20 +150,22 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
                        mem_budget, baseline, exec_mode, schedules, t0) -> ModelArtifacts:
-    """Plan the minibatch step on the sample's blocks, then compile each layer for its plan:
-    the layer's largest blocks, the plan's execution mode and kept peers."""
+    """Plan the minibatch step on the sample's blocks (layer call k on block k), then
+    compile each layer for its plan: the layer's largest blocks, the plan's execution
+    mode and kept peers."""
     if sample.num_layers != len(layers):
         raise CompileError(f"the block sample has {sample.num_layers} layers but the model has "
                            f"{len(layers)} sarc layers")
     fns = [(lname, compile_layer(layer, backend, through="optimize").optimized)
-           for lname, layer in layers]
+           for lname, layer, _ in layers]
     plan = plan_minibatch(fns, sample, mode=mode, workers=workers, mem_budget=mem_budget,
-                          baseline=baseline, exec_mode=exec_mode)
+                          baseline=baseline, exec_mode=exec_mode,
+                          needs=[need for _, _, need in layers])
     compiled = []
-    for k, ((lname, layer), lp) in enumerate(zip(layers, plan.layers)):
+    for k, ((lname, layer, need), lp) in enumerate(zip(layers, plan.layers)):
         target = Target(mode=mode, workers=workers, stats=sample.largest(k),
                         exec_mode=None if lp.exec_mode == "local" else lp.exec_mode,
-                        baseline=baseline, inputs_need_grad=k > 0, distributed=schedules,
+                        baseline=baseline, inputs_need_grad=need, distributed=schedules,
                         kept_peers=lp.kept_peers)
         compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
                                                            name=lname)))

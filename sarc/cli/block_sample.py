@@ -16,10 +16,13 @@ needs a process per rank: torch.distributed keeps one default group per process.
 """
 from __future__ import annotations
 
+import math
+import queue
 import threading
 
 import torch
 
+from ..distributed.exchange import Exchanger
 from ..planner.stats import BlockSample, ShardStats
 from ..runtime.sharded import ShardedGraph
 from ..sampling import NeighbourSampler, SamplingError, SamplingSpec
@@ -30,13 +33,25 @@ WAIT_S = 600.0
 """How long a worker thread waits for its peers at a collective before giving up."""
 
 
+FIRST_EPOCH = 1
+"""The epoch a training run starts with (``sarc.training.loop.fit`` counts from 1): its
+first steps are the ones sampled."""
+
+
 class _Hub:
-    """What P worker threads share: a barrier and one slot per worker."""
+    """What P worker threads share: a barrier, one slot per worker, and a mailbox per
+    (sender, receiver, tag) for point-to-point transfers (``ThreadExchanger``)."""
 
     def __init__(self, size: int):
         self.size = size
         self.barrier = threading.Barrier(size, timeout=WAIT_S)
         self.slots: list = [None] * size
+        self.lock = threading.Lock()
+        self.mailboxes: dict[tuple[int, int, int], queue.Queue] = {}
+
+    def mailbox(self, frm: int, to: int, tag: int) -> queue.Queue:
+        with self.lock:
+            return self.mailboxes.setdefault((frm, to, tag), queue.Queue())
 
 
 class ThreadComm:
@@ -83,6 +98,58 @@ class ThreadComm:
         return incoming
 
 
+class _Sent:
+    """A send between threads: done when posted."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def wait(self) -> torch.Tensor:
+        return self.tensor
+
+
+class _Receiving:
+    """A receive between threads: the sender's tensor, when it comes."""
+
+    def __init__(self, box: queue.Queue, frm: int):
+        self.box, self.frm = box, frm
+
+    def wait(self) -> torch.Tensor:
+        try:
+            return self.box.get(timeout=WAIT_S)
+        except queue.Empty:
+            raise SamplingError(f"worker {self.frm} sent nothing in {WAIT_S:.0f} s") from None
+
+
+class ThreadExchanger(Exchanger):
+    """``sarc.distributed.exchange.Exchanger``'s point-to-point transfers between the P
+    threads of ``run_threads`` (worker ``comm.rank``), so that a worker's setup code
+    (``sarc.distributed.prepare.with_self_loops``) runs here as it runs in training."""
+
+    def __init__(self, comm: ThreadComm):
+        super().__init__(comm.rank, comm.size)
+        self.hub = comm.hub
+
+    def send(self, tensor, to, tag, phase):
+        tensor = tensor.contiguous().clone()
+        self.hub.mailbox(self.rank, to, tag).put(tensor)
+        self.counter.add_sent(phase, tensor.numel() * tensor.element_size())
+        return _Sent(tensor)
+
+    def recv(self, shape, dtype, device, frm, tag, phase):
+        self.counter.add_received(phase, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+        return _Receiving(self.hub.mailbox(frm, self.rank, tag), frm)
+
+
+def with_self_loops(shards: list[ShardedGraph], reads=()) -> list[ShardedGraph]:
+    """The P workers' ``shards`` with their self loops replaced by one per node, as each
+    worker of a training run replaces them when the model's ``self_loops`` is set
+    (``sarc.distributed.prepare.with_self_loops``, run on P threads)."""
+    from ..distributed.prepare import with_self_loops as worker_self_loops
+    return run_threads(len(shards), lambda rank, comm: worker_self_loops(
+        shards[rank], ThreadExchanger(comm), reads))
+
+
 def run_threads(size: int, work) -> list:
     """``work(rank, comm)`` on ``size`` worker threads joined by ``ThreadComm``s; the results
     by rank. A worker's error stops its peers (their barrier breaks) and is raised here."""
@@ -111,7 +178,7 @@ def run_threads(size: int, work) -> list:
 
 
 def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int | None,
-                  batches: int, mask: str = "train_mask", epoch: int = 0) -> BlockSample:
+                  batches: int, mask: str = "train_mask", epoch: int = FIRST_EPOCH) -> BlockSample:
     """The block statistics of the first ``batches`` steps of ``epoch`` (fewer if the epoch
     has fewer) on the P workers' ``shards`` (rank order; ``ShardedGraph.from_partitions``):
     the training steps' seeds, ``batch_size`` per step over all workers (None: all of them
@@ -123,7 +190,7 @@ def sample_blocks(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size:
 
 def sample_epoch(shards: list[ShardedGraph], spec: SamplingSpec, *, batch_size: int | None,
                  batches: int, mask: str = "train_mask",
-                 epoch: int = 0) -> tuple[BlockSample, int]:
+                 epoch: int = FIRST_EPOCH) -> tuple[BlockSample, int]:
     """``sample_blocks``'s sample, and the steps of the whole epoch (more than the sample's
     batches where ``batches`` cut it short, fewer where the epoch has fewer). The sample's
     ``batch_size`` is the one the steps took (``batch_size``, or every seed)."""

@@ -1,17 +1,23 @@
 """``sarc compile``: a model file -> IR, plan, kernels and schedules, printed and written.
 
-For every ``sarc.Layer`` in the model (in module order) it runs the compile
-pipeline (``sarc.compiler``: trace, passes, plan for the requested mode and
-worker count, the cut at the exchange, the backend's code and the schedule;
-``sarc.artifacts``), prints a summary and the plan it compiled, and writes the
-artifacts the user asks for (``--emit``) to ``--out`` (see ``sarc.artifacts``
-for the files).
+The model is built and run once on its dataset's graph as ``sarc train`` feeds it
+(``sarc.layer_calls``): for every sarc layer call of its forward pass, in call order,
+with whether the call's inputs need a gradient, it runs the compile pipeline
+(``sarc.compiler``: trace, passes, plan for the requested mode and worker count, the
+cut at the exchange, the backend's code and the schedule; ``sarc.artifacts``), prints
+a summary and the plan it compiled, and writes the artifacts the user asks for
+(``--emit``) to ``--out`` (see ``sarc.artifacts`` for the files).
+
+With ``--partition``, the dataset (``--dataset``, else the one the set records, else
+the model's) must be the graph and node data partitioned there, as ``sarc train``
+checks it, and the plan is made on the workers' shards as training builds them (the
+model's ``self_loops`` added on every shard).
 
 With ``--mode mfg`` or ``--mode sampling`` and ``--partition``, each layer is planned
-on its own blocks: the first ``--batches`` steps of an epoch (fewer where an epoch has
-fewer; the output says so), each of ``--batch-size`` seeds over all workers as ``sarc
+on its own blocks: the first ``--batches`` steps of training's first epoch (fewer
+where an epoch has fewer; the output says so), each of ``--batch-size`` seeds over all workers as ``sarc
 train`` deals them (default, as ``sarc train``: all training seeds, one step per epoch),
-are drawn with the sampler over the partition (every in-edge for mfg, ``--fanouts`` for
+are drawn with the sampler over the shards (every in-edge for mfg, ``--fanouts`` for
 sampling; ``sarc.cli.block_sample``), and the plan prints per layer the blocks' sizes
 and the bytes a step sends and keeps (mean / max over the batches). Without
 ``--partition`` the block sizes stay symbols.
@@ -79,6 +85,8 @@ def check_compile_args(args) -> tuple[str, ...]:
     bad = [e for e in emit if e not in EMITS]
     if bad:
         raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
+    if not emit:
+        raise CompileError(f"--emit {args.emit!r} names no artifact; choose from {', '.join(EMITS)}")
     if args.workers < 1:
         raise CompileError(f"--workers must be at least 1, got {args.workers}")
     if args.mem_budget is not None:
@@ -126,40 +134,55 @@ def check_minibatch_args(args) -> None:
 
 
 def compile_command(args) -> int:
-    from ..datasets import load_dataset
     from ..loader import load_model_file
     from ..loader import parse_overrides
-    from ..train import build, hyperparameters
+    from ..layer_calls import layer_calls
+    from ..train import build, hyperparameters, prepare
 
     emit = check_compile_args(args)
     spec = load_model_file(args.model)
     hparams = hyperparameters(spec, parse_overrides(args.overrides))
-    data = load_dataset(args.dataset or hparams["dataset"])
-    model = build(spec, data, hparams)
-    stats = sample = pset = None
+    pset = None
     if args.partition:
         pset = _load_partitions(Path(args.partition))
         if pset.num_parts != args.workers:
             if args.workers != 1:
                 raise CompileError(f"--partition has {pset.num_parts} parts but --workers is {args.workers}")
             args.workers = pset.num_parts
+    data = _dataset(args, hparams, pset)
+    hparams["dataset"] = data.name
+    model = build(spec, data, hparams)
+    # the layers in the order a training step calls them, each with its inputs' gradient
+    # needs: the model run once on the graph and inputs sarc train feeds it
+    prep = prepare(data, hparams, model)
+    calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
+    if fanouts is not None:  # one per layer call, with or without --partition, as sarc train
+        from ..sampling import SamplingError, SamplingSpec
+        try:
+            SamplingSpec.of(fanouts, layers=len(calls))
+        except SamplingError as e:
+            raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
+    stats = sample = None
     minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
     note = None
-    if pset is not None and minibatch:
-        asked = args.batches or DEFAULT_BATCHES
-        sample, steps = _block_sample(model, pset, args.mode, fanouts, args.batch_size, asked)
-        batch_size = sample.batch_size
-        note = sampled_note(len(sample.batches), steps, args.batches)
-    elif pset is not None:
-        stats = ShardStats.from_partition_set(pset)
+    if pset is not None:
+        shards = _shards(pset, model, hparams)
+        if minibatch:
+            asked = args.batches or DEFAULT_BATCHES
+            sample, steps = _block_sample(shards, len(calls), args.mode, fanouts,
+                                          args.batch_size, asked)
+            batch_size = sample.batch_size
+            note = sampled_note(len(sample.batches), steps, args.batches)
+        else:
+            stats = _full_stats(shards)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
                         workers=args.workers, stats=stats,
                         mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
                         baseline=args.baseline, exec_mode=args.exec_mode,
                         schedules="schedule" in emit, sample=sample, batch_size=batch_size,
-                        fanouts=fanouts)
+                        fanouts=fanouts, calls=calls)
     print(format_summary(art), end="")
     if note:
         print(note)
@@ -176,6 +199,34 @@ def _load_partitions(path: Path):
     return load_partitions(path)
 
 
+def _dataset(args, hparams: dict, pset):
+    """The dataset the model is built from and run on: ``--dataset``, else the one
+    ``--partition`` records, else the model's; with ``--partition``, checked to be the
+    graph and node data partitioned there, as ``sarc train --partition`` checks its
+    ``--dataset`` (``sarc.distributed.launch.checked_dataset``): the workers train on
+    the partition, so a plan of another graph is not what they run."""
+    from types import SimpleNamespace
+
+    from ..datasets import load_dataset
+    from ..distributed.graph import DistError
+    from ..distributed.launch import checked_dataset
+    name = args.dataset or (pset.dataset if pset is not None else None) or hparams["dataset"]
+    if pset is None or (pset.fingerprint.startswith("dgl:") and not args.dataset):
+        return load_dataset(name)
+    given = SimpleNamespace(dataset=name, partition=args.partition, data_dir=None,
+                            check_data=True)
+    try:
+        checked_dataset(given, pset)
+    except DistError as e:
+        # what differs, as sarc train says it; what to do, as compile takes it
+        what = str(e).split("; the workers train on the partition")[0]
+        if not args.dataset:  # the model file's dataset, the set recording none
+            what = (f"--partition {args.partition} records no dataset, and the model's "
+                    f"({name}, its HPARAMS) is not the one partitioned there: "
+                    f"{what.split(': ', 1)[-1]}")
+        raise CompileError(f"{what}; the workers build the model from the partition: give "
+                           f"--dataset, the dataset partitioned there") from None
+    return load_dataset(name)
 def training_seeds(data) -> int:
     """The dataset's labeled training nodes: ``sarc train``'s seeds of an epoch, and its
     default batch size (one step per epoch)."""
@@ -193,15 +244,34 @@ def sampled_note(drawn: int, steps: int, asked: int | None) -> str | None:
             f"{steps}; --batches {asked} asked for more)")
 
 
-def _block_sample(model, pset, mode: str, fanouts, batch_size: int | None, batches: int):
-    """The blocks of the first ``batches`` steps of an epoch sampled over the partition
-    (``block_sample``), and the steps of an epoch; ``batch_size`` None: every training
-    seed in one step, as ``sarc train``."""
-    from ..artifacts import find_layers
-    from ..sampling import SamplingSpec
+def _shards(pset, model, hparams: dict) -> list:
+    """The P workers' shards of ``pset`` as a training run builds them: with the model's
+    ``self_loops``, every self loop replaced by one per node (``block_sample.with_self_loops``:
+    the workers' own code), keeping the edge data the model reads."""
+    from ..dsl import edge_inputs_for
     from ..runtime.sharded import ShardedGraph
-    from .block_sample import sample_epoch
-    k = len(find_layers(model))
-    spec = SamplingSpec.mfg(k) if mode == "mfg" else SamplingSpec.of(fanouts, layers=k)
+    from .block_sample import with_self_loops
     shards = [ShardedGraph.from_partitions(pset, r) for r in range(pset.num_parts)]
+    if not hparams["self_loops"]:
+        return shards
+    reads = tuple(edge_inputs_for(model, {k: None for e in shards[0].edata for k in e}))
+    return with_self_loops(shards, reads)
+
+
+def _full_stats(shards: list) -> ShardStats:
+    """The planner's statistics of full-batch shards, as the workers gather them."""
+    import dataclasses
+    stats = ShardStats.from_shards(shards)
+    return dataclasses.replace(stats, dst_nodes=None) if stats.dst_nodes == stats.nodes else stats
+
+
+def _block_sample(shards: list, layers: int, mode: str, fanouts, batch_size: int | None,
+                  batches: int):
+    """The blocks of the first ``batches`` steps of a training run's first epoch sampled
+    over the workers' ``shards`` (``block_sample``) for a model of ``layers`` layer calls,
+    and the steps of an epoch; ``batch_size`` None: every training seed in one step, as
+    ``sarc train``."""
+    from ..sampling import SamplingSpec
+    from .block_sample import sample_epoch
+    spec = SamplingSpec.mfg(layers) if mode == "mfg" else SamplingSpec.of(fanouts, layers=layers)
     return sample_epoch(shards, spec, batch_size=batch_size, batches=batches)

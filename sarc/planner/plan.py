@@ -29,6 +29,7 @@ fetch twice (no online softmax), for comparison.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import sympy
@@ -438,12 +439,13 @@ def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", worker
 
 def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, mode: str,
                    workers: int, mem_budget: int | None = None, baseline: bool = False,
-                   exec_mode: str | None = None) -> Plan:
+                   exec_mode: str | None = None, needs: Sequence[bool] | None = None) -> Plan:
     """Plan every layer of a minibatch step on its own blocks: each layer for the largest
     figures of its blocks in ``sample`` (``ShardStats.elementwise_max``; the budget shared
     by the layers as in ``plan_model``), then that plan, its choices fixed, on each batch
     of the sample. A layer's ``bytes_sent`` / ``bytes_kept`` are per worker the largest
-    over the batches; ``batches`` holds every batch's figures."""
+    over the batches; ``batches`` holds every batch's figures. ``needs``: per layer,
+    whether its inputs need a gradient (default: all but the first's)."""
     if mode not in MINIBATCH_MODES:
         raise ValueError(f"a block sample plans a minibatch mode ({', '.join(MINIBATCH_MODES)}), "
                          f"not {mode!r}")
@@ -453,7 +455,7 @@ def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, m
     if sample.num_layers != len(layers):
         raise ValueError(f"the block sample has {sample.num_layers} layers but the model has "
                          f"{len(layers)}")
-    needs = [k > 0 for k in range(len(layers))]
+    needs = [k > 0 for k in range(len(layers))] if needs is None else list(needs)
     largest = [sample.largest(k) for k in range(len(layers))]
     shared = [None] * len(layers)
     if mem_budget is not None and workers > 1 and exec_mode in (None, "hybrid"):

@@ -129,7 +129,7 @@ def test_the_thread_driver_draws_the_blocks_of_the_gloo_workers(runs, graph, spe
     """``sarc compile``'s in-process driver (P threads) measures the blocks P gloo
     processes sample: the same statistics, batch by batch, layer by layer."""
     shs, _ = shards(graph, p)
-    got = sample_blocks(shs, SPECS[spec], batch_size=BATCH, batches=STEPS)
+    got = sample_blocks(shs, SPECS[spec], batch_size=BATCH, batches=STEPS, epoch=0)
     assert got.batches == _sample(runs[p], spec).batches
     assert got.fanouts == (None if spec == "mfg" else (2, 3))
 

@@ -1,0 +1,89 @@
+"""The sarc layers a model's forward pass calls, in call order, and whether each call's
+node inputs need a gradient: what a training step runs.
+
+A trainer runs the layers in the order the model's ``forward`` calls them, not the
+order its ``__init__`` declares them (a minibatch step runs the k-th call on block k,
+``sarc.training.minibatch.MiniBatchGraph``), and plans each call for whether its node
+inputs need a gradient (``input_needs_grad``, as ``sarc.distributed.schedule.run_layer``
+decides): every layer after the first, and the first one too when its input is
+learned (a featureless graph's embedding). ``layer_calls`` finds both by running the
+model once on the graph and inputs a trainer feeds it (``sarc.train.prepare``), so a
+plan made ahead of training (``sarc compile``) is the one the step runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from .dsl import Layer
+from .errors import GraphError, SarcError
+
+
+class LayerCallError(SarcError):
+    """The model's forward pass could not be run to find its layer calls."""
+
+
+@dataclass(frozen=True, eq=False)
+class LayerCall:
+    """One call of a sarc layer in the forward pass: the layer's name in the model (a
+    layer called again: ``name#2``, ...), the layer, and whether its node inputs need a
+    gradient."""
+
+    name: str
+    layer: Layer
+    inputs_need_grad: bool
+
+
+def input_needs_grad(layer: Layer, given: Mapping[str, Any]) -> bool:
+    """Whether a call of ``layer`` with the features ``given`` (by name,
+    ``sarc.runtime.bind.resolve_features``) sends gradients to its node inputs."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad
+               for k, t in given.items() if k in layer._sarc_node)
+
+
+def layer_calls(model: nn.Module, graph, x: torch.Tensor,
+                edge_inputs: Mapping[str, torch.Tensor] | None = None) -> list[LayerCall]:
+    """The sarc layer calls of one training forward pass ``model(graph, x, **edge_inputs)``
+    (a ``sarc.Graph``), in call order. The pass runs with autograd on, in training mode,
+    on a fork of torch's random state (so it draws nothing from the caller's stream);
+    the model is left in the mode it was in."""
+    from .runtime.bind import resolve_features
+    layers = {id(m): n for n, m in model.named_modules() if isinstance(m, Layer)}
+    calls: list[LayerCall] = []
+    seen: dict[int, int] = {}
+
+    def record(layer, args: tuple, feats: dict) -> None:
+        # every call, on whatever graph it gets (``sarc.HeteroConv``'s relation subgraphs)
+        try:
+            given = resolve_features(layer, args[1:], feats)
+        except GraphError:
+            return  # the call itself raises it, saying where the layer was called
+        n = seen[id(layer)] = seen.get(id(layer), 0) + 1
+        name = layers[id(layer)]
+        calls.append(LayerCall(name if n == 1 else f"{name}#{n}", layer,
+                               input_needs_grad(layer, given)))
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True)
+             for m in model.modules() if isinstance(m, Layer)]
+    was_training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            model.train()
+            model(graph, x, **dict(edge_inputs or {}))
+    except SarcError:
+        raise
+    except Exception as e:  # the model file's code
+        raise LayerCallError(f"running {type(model).__name__} once on the graph to find the "
+                             f"order of its layer calls failed: {type(e).__name__}: "
+                             f"{(str(e).strip() or '-').splitlines()[0]}") from e
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    if not calls:
+        raise LayerCallError(f"the model ({type(model).__name__}) called no sarc.Layer in its "
+                             f"forward pass")
+    return calls

@@ -1,0 +1,180 @@
+"""``sarc compile --partition DIR`` plans what ``sarc train --partition DIR`` then runs: the
+bytes it predicts a step sends equal what the training workers' counters count, worker
+by worker, and its schedules send gradients where the step's layers need them.
+
+The cases are those where the two once parted: layers declared in another order than
+the forward pass calls them, a learned embedding input (whose rows need the first
+layer's input gradient), and a model that adds self loops to every shard (whose
+sampled fanouts draw a self loop). A partition of another graph than the model's
+dataset is refused.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sarc.cli import main
+from sarc.datasets import load_dataset
+from timeouts import run_or_show_stacks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sarc(*argv) -> None:
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *map(str, argv)], cwd=ROOT,
+                              timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def cora_parts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cora") / "parts"
+    assert main(["partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def gcn_reversed(tmp_path_factory) -> Path:
+    """models/gcn.py with ``conv2`` assigned before ``conv1`` in ``__init__`` (forward as it
+    is: conv1, then conv2)."""
+    text = (ROOT / "models" / "gcn.py").read_text()
+    first = "        self.conv1 = GCNLayer(in_feats, hidden)\n"
+    second = "        self.conv2 = GCNLayer(hidden, num_classes)\n"
+    assert first + second in text
+    path = tmp_path_factory.mktemp("model") / "gcn_rev.py"
+    path.write_text(text.replace(first + second, second + first))
+    return path
+
+
+def _compiled(tmp_path, model, parts, *options) -> tuple[dict, str]:
+    out = tmp_path / "compiled"
+    assert main(["compile", str(model), "--partition", str(parts), *options,
+                 "--emit", "plan,schedule", "--out", str(out)]) == 0
+    return json.loads((out / "plan.json").read_text()), (out / "schedule.txt").read_text()
+
+
+def _predicted(plan: dict) -> list[int]:
+    """Per worker, the bytes compile predicts one step sends (a minibatch mode: the mean
+    step of the sampled batches, which must be the whole epoch, as sarc train reports)."""
+    p = plan["workers"]
+    if plan["mode"] == "full":
+        return [sum(lp["bytes_sent_per_worker"][r] for lp in plan["layers"]) for r in range(p)]
+    per_batch = [lp["batches"]["bytes_sent_per_step"]["per_batch"] for lp in plan["layers"]]
+    steps = len(per_batch[0])
+    return [sum(b[r] for layer in per_batch for b in layer) // steps for r in range(p)]
+
+
+def _counted(tmp_path, model, parts, *options) -> tuple[list[int], dict]:
+    out = tmp_path / "train.json"
+    _sarc("train", model, "--partition", parts, "--workers", "2", "--epochs", "1", *options,
+          "--json", out)
+    run = json.loads(out.read_text())
+    return [w["step_bytes_sent"] for w in run["per_worker"]], run
+
+
+def _layers(schedule: str) -> list[tuple[str, bool]]:
+    """(layer, whether its backward sends gradients back) of each layer in schedule.txt."""
+    out = []
+    for block in schedule.split("\nlayer ")[1:]:
+        out.append((block.split()[0], "send their gradients back" in block))
+    return out
+
+
+@pytest.mark.parametrize("options", [("--baseline",), ("--mode", "mfg", "--batch-size", "32")],
+                         ids=["full-baseline", "mfg"])
+def test_layers_in_call_order_not_declaration_order(tmp_path, cora_parts, gcn_reversed,
+                                                    options):
+    plan, schedule = _compiled(tmp_path, gcn_reversed, cora_parts, *options)
+    # conv1 runs first (on the input block); with --baseline its raw input rows cross,
+    # which need no gradient (without, its projected rows cross, whose gradients do)
+    assert [lp["name"] for lp in plan["layers"]] == ["conv1", "conv2"]
+    if "--baseline" in options:
+        assert _layers(schedule) == [("conv1", False), ("conv2", True)]
+    counted, _ = _counted(tmp_path, gcn_reversed, cora_parts, *options)
+    assert _predicted(plan) == counted
+    assert all(c > 0 for c in counted)
+
+
+def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path):
+    """R-GCN on AIFB: a featureless graph, whose embedding rows are the first layer's
+    input and get its gradient (sent back across the exchange with --baseline)."""
+    parts = tmp_path / "parts"
+    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
+                 "--out", str(parts)]) == 0
+    model = ROOT / "models" / "rgcn.py"
+    plan, schedule = _compiled(tmp_path, model, parts, "--baseline")
+    assert [need for _, need in _layers(schedule)] == [True, True]
+    assert all(lp["exchange"]["needs_grad"] for lp in plan["layers"])
+    counted, _ = _counted(tmp_path, model, parts, "--baseline")
+    assert _predicted(plan) == counted
+
+
+@pytest.mark.parametrize("self_loops", [True, False])
+def test_sampling_plans_the_graph_train_samples(tmp_path, cora_parts, self_loops):
+    """GAT adds a self loop to every node of every shard before sampling; compile samples
+    the shards so, and the first epoch's steps, as train does."""
+    options = ("--set", f"self_loops={self_loops}", "--mode", "sampling", "--fanouts", "3,3",
+               "--batch-size", "32", "--exec", "oneshot")
+    model = ROOT / "models" / "gat.py"
+    plan, _ = _compiled(tmp_path, model, cora_parts, *options)
+    counted, run = _counted(tmp_path, model, cora_parts, *options)
+    assert len(plan["layers"][0]["batches"]["bytes_sent_per_step"]["per_batch"]) == 5  # 140 / 32
+    assert _predicted(plan) == counted
+
+
+def test_full_mode_plans_the_shards_with_their_self_loops(tmp_path, cora_parts):
+    """Per-edge figures of a full-batch plan count the self loops train adds."""
+    model = ROOT / "models" / "gcn.py"
+    on, _ = _compiled(tmp_path, model, cora_parts)
+    off, _ = _compiled(tmp_path / "off", model, cora_parts, "--set", "self_loops=False")
+    data = load_dataset("cora")
+    loops = int((data.edge_src == data.edge_dst).sum())
+    assert sum(off["stats"]["edges"]) == data.num_edges
+    assert sum(on["stats"]["edges"]) == data.num_edges - loops + data.num_nodes
+
+
+def test_a_partition_of_another_graph_is_refused(tmp_path, capsys):
+    """The partition holds a 50-feature, 3-class graph; the model's dataset is Cora: a plan
+    of Cora's model would not be what the workers (built from the partition) run."""
+    gen = np.random.default_rng(0)
+    n = 60
+    graph = tmp_path / "synth.npz"
+    np.savez(graph, edge_src=gen.integers(0, n, 300), edge_dst=gen.integers(0, n, 300),
+             num_nodes=np.int64(n), feat=gen.random((n, 50)).astype(np.float32),
+             label=gen.integers(0, 3, n), train_mask=np.arange(n) < 20,
+             val_mask=(np.arange(n) >= 20) & (np.arange(n) < 40), test_mask=np.arange(n) >= 40,
+             num_classes=np.int64(3))
+    parts = tmp_path / "parts"
+    assert main(["partition", "--graph", str(graph), "--parts", "2", "--out", str(parts)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    gcn = str(ROOT / "models" / "gcn.py")
+    assert main(["compile", gcn, "--partition", str(parts), "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cora" in err and "--dataset" in err, err
+    assert not out.exists()
+    # the graph partitioned, named: planned as the workers run it
+    assert main(["compile", gcn, "--partition", str(parts), "--dataset", str(graph),
+                 "--emit", "plan", "--out", str(out)]) == 0
+    assert json.loads((out / "plan.json").read_text())["layers"][1]["exchange"]["width"] == 3
+    # another dataset given for it is refused as sarc train refuses it
+    assert main(["compile", gcn, "--partition", str(parts), "--dataset", "cora",
+                 "--out", str(tmp_path / "o2")]) != 0
+    assert "not the graph partitioned" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--mode", "sampling", "--fanouts", "10"), "1 fanout (10)"),
+    (("--emit", ","), "--emit"),
+])
+def test_options_train_refuses_are_refused_without_a_partition(tmp_path, capsys, argv, needle):
+    out = tmp_path / "out"
+    assert main(["compile", str(ROOT / "models" / "gcn.py"), *argv, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
