@@ -5,10 +5,10 @@ For every sarc layer call of the model's forward pass, in call order, with wheth
 inputs need a gradient (``sarc.layer_calls``, as a training step runs them; without
 the calls, every ``sarc.Layer`` in module order, the first one's input needing none),
 ``compile_model`` runs the compile pipeline (``sarc.compiler.compile_layer``: trace,
-passes and the backend's passes, plan for the requested mode and worker count, the cut at the exchange, kernel
-and schedule) and keeps every stage's result: what is printed and written is what
-runs. ``write_artifacts`` writes the artifacts the user asks for (``--emit``) to
-``--out``:
+passes and the backend's passes, plan for the requested mode and worker count, the cut
+at the exchange, kernel and schedule) and keeps every stage's result: what is printed
+and written is what runs. ``write_artifacts`` writes the artifacts the user asks for
+(``--emit``) to ``--out``:
 
 - ``ir``:       ``<layer>.traced.ir`` and ``<layer>.ir`` (before / after passes)
 - ``plan``:     ``plan.txt`` and ``plan.json``

@@ -15,9 +15,9 @@ model's ``self_loops`` added on every shard).
 
 With ``--mode mfg`` or ``--mode sampling`` and ``--partition``, each layer is planned
 on its own blocks: the first ``--batches`` steps of training's first epoch (fewer
-where an epoch has fewer; the output says so), each of ``--batch-size`` seeds over all workers as ``sarc
-train`` deals them (default, as ``sarc train``: all training seeds, one step per epoch),
-are drawn with the sampler over the shards (every in-edge for mfg, ``--fanouts`` for
+where an epoch has fewer; the output says so), each of ``--batch-size`` seeds over all
+workers as ``sarc train`` deals them (default, as ``sarc train``: all training seeds,
+one step per epoch), are drawn with the sampler over the shards (every in-edge for mfg, ``--fanouts`` for
 sampling; ``sarc.cli.block_sample``), and the plan prints per layer the blocks' sizes
 and the bytes a step sends and keeps (mean / max over the batches). Without
 ``--partition`` the block sizes stay symbols.
@@ -86,7 +86,8 @@ def check_compile_args(args) -> tuple[str, ...]:
     if bad:
         raise CompileError(f"--emit: unknown artifact {', '.join(bad)}; choose from {', '.join(EMITS)}")
     if not emit:
-        raise CompileError(f"--emit {args.emit!r} names no artifact; choose from {', '.join(EMITS)}")
+        raise CompileError(f"--emit {args.emit!r} names no artifact; choose from "
+                           f"{', '.join(EMITS)}")
     if args.workers < 1:
         raise CompileError(f"--workers must be at least 1, got {args.workers}")
     if args.mem_budget is not None:

@@ -122,7 +122,7 @@ def test_sampling_plans_the_graph_train_samples(tmp_path, cora_parts, self_loops
                "--batch-size", "32", "--exec", "oneshot")
     model = ROOT / "models" / "gat.py"
     plan, _ = _compiled(tmp_path, model, cora_parts, *options)
-    counted, run = _counted(tmp_path, model, cora_parts, *options)
+    counted, _ = _counted(tmp_path, model, cora_parts, *options)
     assert len(plan["layers"][0]["batches"]["bytes_sent_per_step"]["per_batch"]) == 5  # 140 / 32
     assert _predicted(plan) == counted
 
