@@ -114,6 +114,12 @@ def prepare_worker(shard: ShardedGraph, hparams: dict, group=None,
     counts = dict(zip(("train", "val", "test"), local.cpu().tolist()))
     declared = sizes or {}
     seen = [int(m) + 1 for m in maxes.cpu().tolist()]
+    for key, used, what in (("num_classes", seen[0], "labels"), ("num_etypes", seen[1],
+                            "edge types"), ("num_ntypes", seen[2], "node types")):
+        if key in declared and used > declared[key]:   # every worker sees the same maxima
+            raise DistError(f"the partition set records {key}={declared[key]}, but its "
+                            f"{what} go up to {used - 1}: its metadata is not its data's; "
+                            f"partition the dataset again")
     return WorkerData(x, label, masks, counts, int(x.shape[1]),
                       max(declared.get("num_classes", 0), seen[0]),
                       max(declared.get("num_etypes", 0), seen[1]) if etype else 0,

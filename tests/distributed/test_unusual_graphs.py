@@ -113,3 +113,23 @@ def test_relations_no_edge_has(tmp_path):
     etype = np.arange(len(src)) % 3
     data = _dataset(tmp_path / "rel.npz", src, dst, 18, etype=etype, num_etypes=np.int64(4))
     _equal_runs(tmp_path, "rgcn.py", data, 3, "random")
+
+
+def test_recorded_classes_fewer_than_the_labels_are_refused(tmp_path):
+    """A set whose metadata records fewer classes than its labels use (an edited or foreign
+    metadata.json) is refused on every worker, as such a dataset file is; the workers built
+    a model for the labels' count instead."""
+    src, dst = _cliques(3, 6)
+    data = _dataset(tmp_path / "classes.npz", src, dst, 18)
+    parts = tmp_path / "parts"
+    _sarc("partition", "--dataset", data, "--parts", 2, "--method", "random", "--out", parts)
+    meta_path = parts / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["sizes"]["num_classes"] = 2
+    meta_path.write_text(json.dumps(meta))
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", ROOT / "models" /
+                               "sage.py", "--partition", parts, "--workers", "2", "--epochs", "1",
+                               "--timeout", "30"], cwd=ROOT, timeout=300)
+    assert proc.returncode != 0 and "num_classes" in proc.stderr and "2" in proc.stderr, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "epoch" not in proc.stdout, proc.stdout
