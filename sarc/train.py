@@ -147,7 +147,18 @@ def _of_default_type(key: str, value: Any, default: Any) -> Any:
         hint = "; write True or False" if kind is bool else ""
         raise TrainError(f"hyperparameter {key}={value!r} is {_type_name(value)}, but {key} "
                          f"takes {name} (its default is {default!r}){hint}")
-    return float(value) if kind is float else value
+    if kind is float:
+        try:
+            return float(value)
+        except OverflowError:
+            raise TrainError(f"hyperparameter {key}={_short(value)} is too large for a float") \
+                from None
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
 
 
 def _type_name(value: Any) -> str:
@@ -205,8 +216,8 @@ def _check_model_hparams(hp: dict[str, Any]) -> None:
     for key, v in hp.items():
         if not isinstance(v, numbers.Real) or isinstance(v, bool) or key in DEFAULTS:
             continue
-        if is_probability_name(key) and not (math.isfinite(v) and 0 <= v < 1):
-            raise TrainError(f"hyperparameter {key}={v!r}: a dropout rate, it must be a "
+        if is_probability_name(key) and not (0 <= v < 1 and math.isfinite(v)):
+            raise TrainError(f"hyperparameter {key}={_short(v)}: a dropout rate, it must be a "
                              f"probability in [0, 1)")
         if key in SIZE_HPARAMS and isinstance(v, numbers.Integral) and v < 1:
             raise TrainError(f"hyperparameter {key}={v!r}: a count, it must be an integer >= 1")

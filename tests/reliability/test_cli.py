@@ -57,6 +57,7 @@ def test_model_whose_forward_takes_other_arguments(tmp_path):
 @pytest.mark.parametrize("model,item,needles", [
     (GCN, "dropout=1.5", ("dropout=1.5", "probability in [0, 1)")),
     (GCN, "dropout=1.0", ("dropout=1.0", "probability in [0, 1)")),
+    (GCN, "dropout=" + "9" * 400, ("dropout=999", "400 digits", "too large for a float")),
     (ROOT / "models" / "gat.py", "attn_drop=-0.1", ("attn_drop=-0.1", "probability")),
     (GCN, "hidden=0", ("hidden=0", "integer >= 1")),
     (ROOT / "models" / "gat.py", "heads=0", ("heads=0", "integer >= 1"))])
