@@ -2,7 +2,7 @@
 ``sarc.cli.compile``, prints and writes).
 
 For every sarc layer call of the model's forward pass, in call order, with whether its
-inputs need a gradient (``sarc.layer_calls``, as a training step runs them; without
+inputs need a gradient (``sarc.training.layer_calls``, as a training step runs them; without
 the calls, every ``sarc.Layer`` in module order, the first one's input needing none),
 ``compile_model`` runs the compile pipeline (``sarc.compiler.compile_layer``: trace,
 passes and the backend's passes, plan for the requested mode and worker count, the cut
@@ -103,7 +103,7 @@ def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
 
 def _steps(model: nn.Module, calls) -> list[tuple[str, Layer, bool]]:
     """(name, layer, its inputs need a gradient) of each layer a step runs: the ``calls``
-    (``sarc.layer_calls``), or without them the layers in module order, all but the
+    (``sarc.training.layer_calls``), or without them the layers in module order, all but the
     first's input needing a gradient."""
     if calls is not None:
         return [(c.name, c.layer, c.inputs_need_grad) for c in calls]
@@ -119,7 +119,7 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                   calls=None) -> ModelArtifacts:
     """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
-    ``calls``: the layer calls of a training step (``sarc.layer_calls.layer_calls``), each
+    ``calls``: the layer calls of a training step (``sarc.training.layer_calls.layer_calls``), each
     planned for whether its inputs need a gradient; None: the layers in module order, the
     first one's input features needing no gradient. A minibatch mode with a block
     ``sample`` plans each call on its own blocks (``plan_minibatch``); ``batch_size`` and

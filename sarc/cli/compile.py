@@ -1,7 +1,7 @@
 """``sarc compile``: a model file -> IR, plan, kernels and schedules, printed and written.
 
 The model is built and run once on its dataset's graph as ``sarc train`` feeds it
-(``sarc.layer_calls``): for every sarc layer call of its forward pass, in call order,
+(``sarc.training.layer_calls``): for every sarc layer call of its forward pass, in call order,
 with whether the call's inputs need a gradient, it runs the compile pipeline
 (``sarc.compiler``: trace, passes, plan for the requested mode and worker count, the
 cut at the exchange, the backend's code and the schedule; ``sarc.artifacts``), prints
@@ -137,7 +137,7 @@ def check_minibatch_args(args) -> None:
 def compile_command(args) -> int:
     from ..loader import load_model_file
     from ..loader import parse_overrides
-    from ..layer_calls import layer_calls
+    from ..training.layer_calls import layer_calls
     from ..train import build, hyperparameters, prepare
 
     emit = check_compile_args(args)

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .dsl import Layer
-from .errors import GraphError, SarcError
+from ..dsl import Layer
+from ..errors import GraphError, SarcError
 
 
 class LayerCallError(SarcError):
@@ -50,7 +50,7 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
     (a ``sarc.Graph``), in call order. The pass runs with autograd on, in training mode,
     on a fork of torch's random state (so it draws nothing from the caller's stream);
     the model is left in the mode it was in."""
-    from .runtime.bind import resolve_features
+    from ..runtime.bind import resolve_features
     layers = {id(m): n for n, m in model.named_modules() if isinstance(m, Layer)}
     calls: list[LayerCall] = []
     seen: dict[int, int] = {}
