@@ -450,10 +450,16 @@ _TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.b
 
 def _cast(em: RegionEmitter, j: int, v: Value) -> str:
     """A region computes in its compute dtype: a cast rounds the tile to the target dtype
-    (where it is narrower) and goes on in the compute dtype, the value torch's cast gives."""
+    (where it is narrower) and goes on in the compute dtype, the value torch's cast gives.
+    To bfloat16 through ``_bf16_round`` (every kernel module's header): Triton's own
+    conversion truncates, or gives 0 / NaN from float64, under the interpreter."""
     x = em.operand(v.inputs[0])
     to = _TL_DTYPE[v.attr["dtype"]]
-    return f"{x}.to({em.cdtype})" if to == em.cdtype else f"{x}.to({to}).to({em.cdtype})"
+    if to == em.cdtype:
+        return f"{x}.to({em.cdtype})"
+    if v.attr["dtype"] is DType.BF16:
+        return f"_bf16_round({x}).to({em.cdtype})"
+    return f"{x}.to({to}).to({em.cdtype})"
 
 
 UNARY_TL: dict[Op, Callable[[Value, str], str]] = {

@@ -360,6 +360,41 @@ def test_casts_inside_fused_edge_regions_equal_the_interpreter(backend):
         assert any(".to(tl.float16)" in k.source for k in layer.compiled().kernels)
 
 
+class Bf16PerEdge(sarc.Layer):
+    """A bfloat16 round trip of a product of both ends of an edge in a float32 or float64
+    layer: the cast stays in the fused region of the sum, where a Triton kernel rounds to
+    nearest even as torch does (float64 through float32)."""
+
+    def __init__(self):
+        super().__init__(node={"h": W})
+        self.w = nn.Parameter(torch.linspace(0.5, 2.0, W))
+
+    def message(self, src, dst, edge):
+        return (src.h * dst.h * self.w).bfloat16().to(src.h.dtype) + src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bf16_cast_inside_a_fused_edge_region_rounds_as_torch(backend, dtype):
+    torch.manual_seed(0)
+    g = sarc.Graph.from_edges(torch.randint(0, 9, (40,)), torch.randint(0, 9, (40,)), 9)
+    layer = Bf16PerEdge().to(dtype).set_backend(backend)
+    h = torch.randn(9, W, dtype=dtype) * 3
+    out = check_layer(layer, g, {"h": h})["h"]
+    m = (h[g.src] * h[g.dst] * layer.w.detach()).bfloat16().to(dtype) + h[g.src]
+    assert_close(out.detach(), torch.zeros_like(h).index_add_(0, g.dst, m), 1e-6, "output")
+    fused = [v for v in layer.compiled().function.values if v.op is Op.AGGREGATE]
+    assert any(u.op is Op.CAST for v in fused for u in v.attr["body"].values)
+    if backend == "triton":
+        assert any("_bf16_round(" in k.source for k in layer.compiled().kernels)
+
+
 def test_an_integer_feature_unconverted_is_still_refused_with_the_conversion_named():
     class Raw(Weighted):
         def message(self, src, dst, edge):

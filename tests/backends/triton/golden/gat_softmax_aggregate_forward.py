@@ -23,6 +23,31 @@ Under TRITON_INTERPRET=1 the autotuner is bypassed: sarc runs CONFIGS[0].
 import triton
 import triton.language as tl
 
+
+@triton.jit
+def _bf16_round(x):
+    """``x`` rounded to bfloat16 precision to nearest even, as a float32 tile (exact in
+    bfloat16). Triton's ``x.to(tl.bfloat16)`` truncates from float32 under the interpreter
+    and gives 0 / NaN from float64; float64 rounds through float32, as torch's conversion."""
+    f = x.to(tl.float32)
+    b = f.to(tl.uint32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    r = tl.where(f != f, b | 0x400000, r)  # NaN stays a (quiet) NaN
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _convert(x, dtype: tl.constexpr):
+    """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
+    bits are taken as they are (no conversion that could flush subnormals)."""
+    if dtype == tl.bfloat16:
+        top = (_bf16_round(x).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        y = top.to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(dtype)
+    return y
+
+
 CONFIGS = [
     triton.Config({"BLOCK_E": 16, "BLOCK_D": 8}, num_warps=2),
     triton.Config({"BLOCK_E": 32, "BLOCK_D": 8}, num_warps=4),
@@ -82,7 +107,7 @@ def kernel(
         acc = acc * scale[:, None] + tl.sum(p[:, :, None] * tl.where(emask[:, None, None], v0, 0.0), axis=0)
         m = m_new
     if FINAL:  # a whole row: normalize, and keep log-sum-exp for the backward pass
-        tl.store(out_ptr + slot * 32 + tl.arange(0, 4)[:, None] * 8 + fd[None, :], (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=dmask[None, :])
+        tl.store(out_ptr + slot * 32 + tl.arange(0, 4)[:, None] * 8 + fd[None, :], _convert(acc / l[:, None], out_ptr.dtype.element_ty), mask=dmask[None, :])
         tl.store(m_ptr + slot * 4 + tl.arange(0, 4), m + tl.log(l))
     else:  # a segment of a split row: the combine kernel merges (m, l, acc)
         tl.store(out_ptr + slot * 32 + tl.arange(0, 4)[:, None] * 8 + fd[None, :], acc, mask=dmask[None, :])

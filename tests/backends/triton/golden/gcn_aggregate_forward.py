@@ -16,6 +16,31 @@ Under TRITON_INTERPRET=1 the autotuner is bypassed: sarc runs CONFIGS[0].
 import triton
 import triton.language as tl
 
+
+@triton.jit
+def _bf16_round(x):
+    """``x`` rounded to bfloat16 precision to nearest even, as a float32 tile (exact in
+    bfloat16). Triton's ``x.to(tl.bfloat16)`` truncates from float32 under the interpreter
+    and gives 0 / NaN from float64; float64 rounds through float32, as torch's conversion."""
+    f = x.to(tl.float32)
+    b = f.to(tl.uint32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    r = tl.where(f != f, b | 0x400000, r)  # NaN stays a (quiet) NaN
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _convert(x, dtype: tl.constexpr):
+    """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
+    bits are taken as they are (no conversion that could flush subnormals)."""
+    if dtype == tl.bfloat16:
+        top = (_bf16_round(x).to(tl.uint32, bitcast=True) >> 16).to(tl.uint16)
+        y = top.to(tl.bfloat16, bitcast=True)
+    else:
+        y = x.to(dtype)
+    return y
+
+
 CONFIGS = [
     triton.Config({"BLOCK_E": 16, "BLOCK_D": 8}, num_warps=1),
     triton.Config({"BLOCK_E": 32, "BLOCK_D": 8}, num_warps=1),
@@ -54,7 +79,7 @@ def kernel(
         r0 = tl.load(x0_ptr + i_src[:, None] * x0_s0 + fd[None, :] * x0_s1, mask=emask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
         acc += tl.where(emask[:, None], r0, 0.0)
     acc = tl.sum(acc, axis=0)
-    tl.store(out_ptr + slot * 8 + fd, acc.to(out_ptr.dtype.element_ty), mask=dmask)
+    tl.store(out_ptr + slot * 8 + fd, _convert(acc, out_ptr.dtype.element_ty), mask=dmask)
 
 
 def launch(run, xs, out, items, view, final):
