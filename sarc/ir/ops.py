@@ -146,6 +146,12 @@ def _integer(x: TensorType, what: str) -> None:
         _fail(f"{what} on an integer ({x.dtype.value}) value {_fmt(x)}: {INTEGER_HINT}")
 
 
+def _dtype_mismatch(a: TensorType, b: TensorType) -> None:
+    """Where torch would promote, sarc asks for the conversion that says which dtype is meant."""
+    _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}: convert one operand to the "
+          f"other's dtype (x.to(y.dtype) or x.type_as(y)); sarc does not promote mixed dtypes")
+
+
 def binary_type(a: TensorType, b: TensorType) -> TensorType:
     """Type of an elementwise binary op: same domain, or one side a param."""
     if a.domain is not Domain.PARAM and b.domain is not Domain.PARAM and a.domain is not b.domain:
@@ -157,7 +163,7 @@ def binary_type(a: TensorType, b: TensorType) -> TensorType:
     _integer(a, "elementwise math")
     _integer(b, "elementwise math")
     if a.dtype is not b.dtype:
-        _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
+        _dtype_mismatch(a, b)
     if a.domain is Domain.PARAM and b.domain is Domain.PARAM:
         return TensorType(Domain.PARAM, a.dtype, _broadcast_feat(a.feat, b.feat))
     if a.domain is Domain.PARAM:
@@ -261,7 +267,7 @@ def _matmul(ts, attrs):
         _fail(f"matmul: shapes {_fmt(a)} and {list(b.feat)} do not match")
     _integer(a, "matmul")
     if a.dtype is not b.dtype:
-        _fail(f"dtype mismatch: {a.dtype.value} and {b.dtype.value}")
+        _dtype_mismatch(a, b)
     return a.with_(feat=(*a.feat[:-1], b.feat[1]))
 
 

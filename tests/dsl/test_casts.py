@@ -442,3 +442,22 @@ def test_conversions_not_modelled_are_refused_at_the_users_line(key, snippet, me
     loc = info.value.loc
     assert loc is not None and loc.file == __file__
     assert snippet in linecache.getline(loc.file, loc.line)
+
+
+@pytest.mark.parametrize("key, snippet", [
+    (lambda s, x: x.float() * x, "x.float() * x"),
+    (lambda s, x: x.float() @ s.m, "x.float() @ s.m"),
+])
+def test_mixed_dtypes_are_refused_with_the_conversion_to_write(key, snippet):
+    """torch would promote: sarc asks for the conversion that says which dtype is meant."""
+    class Mixed(Apply):
+        def __init__(self):
+            super().__init__(key)
+            self.m = nn.Parameter(torch.randn(W, W))
+
+    with pytest.raises(sarc.DSLError, match=r"dtype mismatch: f32 and f64: convert one "
+                                            r"operand.*\.to\(.*\.dtype\).*\.type_as\(") as info:
+        Mixed().double().trace()
+    loc = info.value.loc
+    assert loc is not None and loc.file == __file__
+    assert snippet in linecache.getline(loc.file, loc.line)
