@@ -1318,3 +1318,68 @@ for _name in dir(torch.Tensor):
 # properties: a traced value's transposes
 Proxy.T = property(lambda self: call_torch(torch.Tensor.T.__get__, (self,), {}))
 Proxy.mT = property(lambda self: call_torch(torch.Tensor.mT.__get__, (self,), {}))
+
+
+# --- constants over a value's rows -------------------------------------------------------
+
+def ones_over_rows(degree: Proxy, feat: tuple[int, ...], value: float, dtype,
+                   written: str) -> Proxy:
+    """``value`` on every row of ``degree``'s domain (a degree, per row of the domain the
+    tensor covers), of feature shape ``feat``: the degree compared with itself (1.0 on
+    every row, never NaN, no gradient), scaled, widened to ``feat``, in ``dtype`` (a torch
+    dtype, or None: the degree's)."""
+    tracer = degree.tracer
+    out = tracer.emit(Op.EQ_MASK, [degree, degree])
+    if feat:
+        out = tracer.emit(Op.RESHAPE, [out], {"feat": (1,) * len(feat)})
+    if value != 1.0:
+        out = out * value
+    for axis, n in enumerate(feat):
+        if not _is_int(n) or n < 1:
+            raise DSLError(f"{written}: feature sizes are positive ints, got {n!r}", user_loc())
+        if n > 1:
+            out = tracer.emit(Op.CONCAT, [out] * n, {"axis": axis})
+    return out if dtype is None else _converted(out, dtype, written)
+
+
+def _degree_rows(x: Proxy) -> Proxy:
+    """A degree over the rows of ``x``'s domain: the destinations' in-degree (read per edge
+    for an edge value), the sources' out-degree (the inputs every layer is given)."""
+    from .ir.types import TensorType
+    tracer, b = x.tracer, x.tracer.builder
+    side = Domain.SRC if x.type.domain is Domain.SRC else Domain.DST
+    name = "out_degree" if side is Domain.SRC else "in_degree"
+    same = [v for v in b.values if v.op is Op.INPUT and v.attr["name"] == name
+            and v.type.domain is side]
+    dtype = same[0].type.dtype if same else (x.type.dtype if x.type.dtype.is_float
+                                             else DType.F32)
+    degree = tracer.proxy_type(tracer, b.leaf(Op.INPUT, name, TensorType(side, dtype, ()),
+                                              user_loc()))
+    return tracer.emit(Op.GATHER_DST, [degree]) if x.type.domain is Domain.EDGE else degree
+
+
+def _filled_like(name: str, value: float | None):
+    def record(input, *args, fill_value=None, dtype=None, layout=Fixed(None),
+               device=Fixed(None), requires_grad=Fixed(False),
+               memory_format=Fixed(torch.preserve_format)):
+        x = _traced(input, name)
+        fill = value
+        given = [*args, *([] if fill_value is None else [fill_value])]
+        if value is None:
+            if len(given) != 1:
+                raise DSLError(f"{name}(x, fill_value) takes one fill value", user_loc())
+            fill = given[0]
+        elif given:
+            raise DSLError(f"{name}: unexpected argument {_show_arg(given[0])}", user_loc())
+        if not _is_number(fill):
+            raise DSLError(f"{name}: the fill value is a number, got {_kind(fill)}", user_loc())
+        if x.type.domain is Domain.PARAM:
+            raise DSLError(f"{name} of a parameter: write the constant itself (a number "
+                           f"broadcasts), or declare a parameter", user_loc())
+        want = dtype if dtype is not None else x.type.dtype.to_torch()
+        return ones_over_rows(_degree_rows(x), x.type.feat, float(fill), want, name)
+    return record
+
+
+for _name, _value in (("ones_like", 1.0), ("zeros_like", 0.0), ("full_like", None)):
+    traces(getattr(torch, _name), name=f"torch.{_name}")(_filled_like(f"torch.{_name}", _value))

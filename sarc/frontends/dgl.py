@@ -58,6 +58,7 @@ from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, _is_number, call_torch, user_loc
+from ..trace_torch import ones_over_rows
 from ..trace_guards import tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -845,19 +846,10 @@ def _rows_filled(graph: "ProxyGraph", size: tuple, value: float, kwargs: dict,
         degree = graph.in_degrees()
     else:
         degree = graph.out_degrees()
-    out = tracer.emit(Op.EQ_MASK, [degree, degree])   # 1.0 on every row
-    if feat:
-        out = tracer.emit(Op.RESHAPE, [out], {"feat": (1,) * len(feat)})
-    if value != 1.0:
-        out = out * value
-    for axis, n in enumerate(feat):
-        if n == 0:
-            raise DSLError(f"{graph.owner}: {written}: an empty feature axis is not "
-                           f"supported", user_loc())
-        if n > 1:
-            out = tracer.emit(Op.CONCAT, [out] * n, {"axis": axis})
-    dtype = kwargs.get("dtype")
-    return out if dtype is None else out.to(dtype)
+    if 0 in feat:
+        raise DSLError(f"{graph.owner}: {written}: an empty feature axis is not supported",
+                       user_loc())
+    return ones_over_rows(degree, tuple(feat), value, kwargs.get("dtype"), written)
 
 
 @contextlib.contextmanager

@@ -54,6 +54,9 @@ CASES = {
     "clamp-max": lambda s, x: x.clamp(max=0.5) + torch.clamp_max(x, 1.0),
     "clip": lambda s, x: x.clip(min=-1.0, max=1.0),
     "new-axes": lambda s, x: (x[..., None] * x[:, None, :]).sum(-1),
+    "filled-like": lambda s, x: (x * torch.full_like(x, 0.5) + torch.ones_like(x)
+                                 - torch.zeros_like(x.view(-1, 2, 4)).flatten(1)
+                                 + torch.full_like(x, fill_value=-2.0, dtype=x.dtype)),
     "squeeze": lambda s, x: (x.view(-1, 1, 2, 4, 1).squeeze().sum(-1).sum(-1, keepdim=True)
                              * x.view(-1, 8, 1).squeeze(-1) + x.view(-1, 1, 8).squeeze(1)),
 }
@@ -407,3 +410,39 @@ def test_a_batch_norm_is_refused_by_name_with_what_to_do():
     assert "nn.BatchNorm1d reads self.training" in problem, problem
     assert "apply the batch norm to the layer's output" in problem, problem
     assert "nn.LayerNorm" in problem and "test_torch_functions.py:" in problem, problem
+
+
+class FilledPerEdge(sarc.Layer):
+    """Constants over an edge value's rows and a source value's rows (degrees read per edge
+    and per source, compared with themselves) inside a message."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        m = dst.h - src.h
+        return m * torch.full_like(m, 0.5) + torch.ones_like(src.h) - torch.zeros_like(m)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_filled_like_per_edge_equals_torch(backend):
+    """``torch.ones_like`` / ``zeros_like`` / ``full_like`` of per-edge and per-source values
+    (on a graph whose nodes 4 and 5 have no edges): torch's value, and no gradient through
+    the constants."""
+    src, dst = torch.tensor([0, 1, 2, 3, 0]), torch.tensor([1, 2, 3, 0, 2])
+    g = sarc.Graph.from_edges(src, dst, 6)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    layer = FilledPerEdge().set_backend(backend)
+    out = layer(g, x)
+    xr = x.detach().clone().requires_grad_()
+    m = xr[dst] - xr[src]
+    want = torch.zeros(6, 4).index_add(0, dst, m * 0.5 + 1.0)
+    assert_close(out, want, 1e-6, "output")
+    cot = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    (got,) = torch.autograd.grad((out * cot).sum(), [x])
+    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
+    assert_close(got, ref, 1e-6, "gradient", 1e-7)
+    check_layer(FilledPerEdge(), g, {"h": x.detach()})
