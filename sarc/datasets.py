@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -88,6 +88,9 @@ class Dataset:
     checked: bool = field(default=False, repr=False)
     """Built by ``from_arrays`` (``load_dataset``, the generators): the arrays passed
     ``check_arrays``; ``sarc.train`` checks a dataset built otherwise before using it."""
+    file: str | None = field(default=None, repr=False)
+    """The ``.npz`` path ``load_dataset`` was given (absolute), None for a name: what a
+    run's records keep, since the arrays' own ``name`` may be another dataset's."""
 
     @property
     def num_edges(self) -> int:
@@ -366,13 +369,16 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     """Load a benchmark: ``'cora'``, ``'aifb'`` (embedded), ``'citeseer'``, ``'pubmed'`` (from
     ``root``), or an ``.npz`` path; its arrays checked (``check_arrays``, whose value scans
     ``check=False`` skips)."""
+    given = str(name)
     path = dataset_path(name, root)
     arrays = read_npz(path)
     name = str(arrays["name"]) if "name" in arrays else Path(path).stem
     if "node_is_literal" in arrays and "ntype" not in arrays:  # AIFB: AIFB_NODE_TYPES
         arrays.update(ntype=np.asarray(arrays["node_is_literal"]).astype(np.int64),
                       num_ntypes=np.int64(len(AIFB_NODE_TYPES)))
-    return Dataset.from_arrays(arrays, name=name, source=str(path), check=check)
+    data = Dataset.from_arrays(arrays, name=name, source=str(path), check=check)
+    return replace(data, file=str(Path(given).resolve())) \
+        if given.endswith(".npz") else data
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

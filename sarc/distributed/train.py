@@ -541,8 +541,10 @@ def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:
     """The dataset a worker's run records (checkpoints, ``--save``, ``--json``): the name
     ``sarc train`` checked against the partition, else the one the set records, else the
     partitioned graph's fingerprint."""
-    if cfg.dataset:
-        return cfg.dataset
+    if cfg.dataset:   # an .npz file by its absolute path, as one process records it
+        file = Path(cfg.dataset)
+        return str(file.resolve()) if cfg.dataset.endswith(".npz") and file.is_file() \
+            else cfg.dataset
     pset = pset or open_partition(cfg.partition, verify=False)
     return pset.dataset or f"graph {pset.fingerprint}"
 

@@ -285,6 +285,23 @@ def test_a_function_among_the_hyperparameters_resumes_and_loads(tmp_path):
     assert loaded.act is torch.nn.functional.elu
 
 
+@case("checkpoint", "`--save` of a run on an `.npz` copy of a dataset (named as the "
+                     "original inside)", "exact")
+def test_saved_model_records_where_its_npz_dataset_is(tmp_path):
+    """``load_dataset(saved["dataset"])`` (README's recipe) reads the file trained on, not the
+    embedded dataset its arrays' name names."""
+    import numpy as np
+    from sarc.checkpoint import read_saved
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["label"] = np.random.default_rng(0).permutation(data["label"])
+    relabeled = tmp_path / "cora_relabeled.npz"
+    np.savez(relabeled, **data)
+    _ok(run_sarc("train", GCN, "--epochs", "1", "--dataset", relabeled, "--save",
+                 tmp_path / "m.pt"))
+    again = load_dataset(read_saved(tmp_path / "m.pt")["dataset"])
+    assert torch.equal(again.label, torch.from_numpy(data["label"]).to(torch.int64))
+
+
 @case("checkpoint", "a manifest naming a file outside its directory (`../stolen.pt`)", "error")
 def test_manifest_files_stay_in_the_checkpoint_directory(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
