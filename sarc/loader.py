@@ -102,6 +102,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
     file and line.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ModelFileError(f"model file {path} is a directory; give the model's .py file")
     if not p.is_file():
         raise ModelFileError(f"model file {path} does not exist")
     if p.suffix != ".py":

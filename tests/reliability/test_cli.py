@@ -172,6 +172,12 @@ def test_outputs_never_overwrite_the_runs_own_files(tmp_path, case_):
     assert not ckpt.exists() and not (tmp_path / "m.pt").exists()
 
 
+@case("cli", "a model path that is a directory", "error")
+def test_model_path_that_is_a_directory(tmp_path):
+    refused_before_work(run_sarc("train", tmp_path, "--epochs", "1"), str(tmp_path),
+                        "is a directory")
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
