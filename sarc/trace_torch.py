@@ -1383,3 +1383,43 @@ def _filled_like(name: str, value: float | None):
 
 for _name, _value in (("ones_like", 1.0), ("zeros_like", 0.0), ("full_like", None)):
     traces(getattr(torch, _name), name=f"torch.{_name}")(_filled_like(f"torch.{_name}", _value))
+
+
+# torch's own function, which PyG replaces by a wrapper of it when imported first
+@traces(torch._C._VariableFunctions.index_select, torch.Tensor.index_select)
+def _index_select(input, dim, index, *, out=Fixed(None)):
+    """``torch.index_select(W, 0, edge.etype)``: a parameter table's rows picked per node or
+    edge, as ``W[edge.etype]``; other dims and operands are refused."""
+    if not isinstance(index, Proxy):
+        raise DSLError("index_select: the index is an int64 node or edge value (edge.etype) "
+                       "picking rows of a parameter table", user_loc())
+    if isinstance(input, Proxy) and input.type.domain is not Domain.PARAM:
+        raise DSLError(f"index_select of {input.type.domain.article} value: only a parameter "
+                       f"table's rows are picked per node or edge (W[edge.etype])", user_loc())
+    if dim != 0:
+        raise DSLError(f"index_select(..., dim={dim!r}, ...): rows of a parameter table are "
+                       f"picked along dim 0", user_loc())
+    return _getitem(input, index)
+
+
+@traces(torch.bmm, torch.Tensor.bmm)
+def _bmm(input, mat2, *, out=Fixed(None)):
+    """``torch.bmm(x.unsqueeze(1), W[edge.etype])``: each row times its type's matrix, a
+    typed linear (``[rows, 1, in] @ [rows, in, out]``, as R-GCN and RGAT write it); other
+    batched products are refused."""
+    hint = ("torch.bmm is traced as each row times its type's matrix: bmm(x.unsqueeze(1), "
+            "W[edge.etype]) with W a parameter [types, in, out]")
+    if not (isinstance(input, Proxy) and isinstance(mat2, Proxy)):
+        raise DSLError(hint, user_loc())
+    tracer = input.tracer
+    picked = tracer.builder.values[mat2.index]
+    feat = input.type.feat
+    if picked.op is not Op.INDEX or len(feat) != 2 or feat[0] != 1:
+        raise DSLError(hint, user_loc())
+    table, types = (tracer.proxy_type(tracer, i) for i in picked.inputs)
+    if table.type.domain is not Domain.PARAM or len(table.type.feat) != 3 \
+            or table.type.feat[1] != feat[1]:
+        raise DSLError(hint, user_loc())
+    rows = _emit(Op.RESHAPE, input, feat=(feat[1],))
+    typed = tracer.emit(Op.TYPED_LINEAR, [rows, table, types])
+    return _emit(Op.RESHAPE, typed, feat=(1, table.type.feat[2]))

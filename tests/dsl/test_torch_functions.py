@@ -446,3 +446,73 @@ def test_filled_like_per_edge_equals_torch(backend):
     (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
     assert_close(got, ref, 1e-6, "gradient", 1e-7)
     check_layer(FilledPerEdge(), g, {"h": x.detach()})
+
+
+class PerTypeProduct(sarc.Layer):
+    """R-GCN's and RGAT's per-edge product as PyG writes it: the type's matrix picked with
+    ``torch.index_select`` (or indexing), times the source row with ``torch.bmm``."""
+
+    def __init__(self, select):
+        super().__init__(node={"h": 4}, edge={"etype": sarc.INDEX})
+        self.W = nn.Parameter(torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(3)))
+        self.select = select
+
+    def message(self, src, dst, edge):
+        w = (torch.index_select(self.W, 0, edge.etype) if self.select
+             else self.W[edge.etype])
+        return torch.bmm(src.h.unsqueeze(1), w).squeeze(-2)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("select", [True, False], ids=["index_select", "indexing"])
+def test_per_type_batched_product_equals_torch(backend, select):
+    src, dst = torch.tensor([0, 1, 2, 3, 0, 2]), torch.tensor([1, 2, 3, 0, 2, 2])
+    etype = torch.tensor([0, 2, 1, 2, 0, 1])
+    g = sarc.Graph.from_edges(src, dst, 5)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    layer = PerTypeProduct(select).set_backend(backend)
+    out = layer(g, x, etype)
+    xr = x.detach().clone().requires_grad_()
+    want = torch.zeros(5, 5).index_add(0, dst, torch.bmm(xr[src].unsqueeze(1),
+                                                         layer.W[etype]).squeeze(-2))
+    assert_close(out, want, 1e-5, "output")
+    cot = torch.randn(5, 5, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad((out * cot).sum(), [x, layer.W])
+    ref = torch.autograd.grad((want * cot).sum(), [xr, layer.W])
+    for a, b in zip(got, ref):
+        assert_close(a, b, 1e-5, "gradient", 1e-6)
+    check_layer(PerTypeProduct(select), g, {"h": x.detach(), "etype": etype})
+
+
+def test_batched_products_other_than_per_type_are_refused():
+    class Other(PerTypeProduct):
+        def message(self, src, dst, edge):
+            return torch.bmm(src.h.view(-1, 2, 2), dst.h.view(-1, 2, 2)).flatten(1)
+    g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    with pytest.raises(sarc.DSLError, match="each row times its type's matrix"):
+        Other(True)(g, torch.randn(2, 4), torch.zeros(1, dtype=torch.int64))
+
+
+def test_index_select_traces_after_pyg_replaced_it():
+    """PyG replaces ``torch.index_select`` by a wrapper when imported first (its HashTensor),
+    which calls torch's own: the tracer knows torch's, whichever was imported first."""
+    import subprocess
+    import sys
+    pytest.importorskip("torch_geometric")
+    code = ("import torch, torch_geometric.nn, sarc\n"
+            "class L(sarc.Layer):\n"
+            "    def __init__(self):\n"
+            "        super().__init__(node={'h': 2}, edge={'t': sarc.INDEX})\n"
+            "        self.W = torch.nn.Parameter(torch.ones(3, 2))\n"
+            "    def message(self, src, dst, edge):\n"
+            "        return src.h * torch.index_select(self.W, 0, edge.t)\n"
+            "    def reduce(self, msg):\n"
+            "        return sarc.sum(msg.m)\n"
+            "g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)\n"
+            "print(L()(g, torch.ones(2, 2), torch.tensor([2])).sum().item())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2.0", proc.stderr[-2000:]
