@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import datetime
 import traceback
+from textwrap import dedent
 
 import torch
 import torch.distributed as dist
 
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
+from .test_hetero import MISSING_RELATION
 
 SAGE = str(ROOT / "models" / "sage.py")
 GCN = str(ROOT / "models" / "gcn.py")
@@ -24,54 +26,14 @@ def _refused(*argv: str, needles: tuple[str, ...], workers: int = 2) -> None:
     assert "partitioned" not in proc.stdout and "epoch" not in proc.stdout, proc.stdout
 
 
-HETERO = """\
-import torch.nn.functional as F
-from torch import nn
-
-import sarc
-
-
-class Mean(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.mean(msg.m)
-
-    def update(self, dst, agg):
-        return self.lin(agg.agg)
-
-
-class Model(nn.Module):
-    def __init__(self, i, c, r):
-        super().__init__()
-        self.conv1 = sarc.HeteroConv({k: Mean(i, 8) for k in range(r)}, "sum")
-        self.conv2 = sarc.HeteroConv({k: Mean(8, c) for k in range(r)}, "sum")
-
-    def forward(self, g, x, etype):
-        return self.conv2(g, F.relu(self.conv1(g, x, etype=etype)), etype=etype)
-
-
-HPARAMS = {"dataset": "aifb", "embedding_dim": 8}
-
-
-def build_model(in_feats, num_classes, num_etypes=0, **_):
-    return Model(in_feats, num_classes, num_etypes)
-"""
-
-
 @case("cli", "`--mode sampling` of a model of `sarc.HeteroConv`s (which train full-batch)",
       "error")
 def test_heteroconv_in_sampling_mode_is_refused_before_the_fanouts(tmp_path):
     """Its relations' layers were counted as graph layers, so no --fanouts was accepted:
     two fanouts were too few for the trainer, as many as its layers too many for the CLI."""
     model = tmp_path / "hetero.py"
-    model.write_text(HETERO)
-    for fanouts in ("2,2", "2,2,2,2"):
+    model.write_text(dedent(MISSING_RELATION))   # refused before its relations are read
+    for fanouts in ("2", "2,2"):
         proc = run_sarc("train", model, "--mode", "sampling", "--fanouts", fanouts)
         assert_error(proc, "HeteroConv", "--mode full")
         assert "epoch" not in proc.stdout, proc.stdout
