@@ -157,3 +157,21 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+class Apply(sarc.Layer):
+    """A layer whose ``update`` returns ``fn(self, h)`` for each node (``reduce`` hands it its
+    own h over self loops): a function of a per-node value, traced inside a layer."""
+
+    def __init__(self, fn, width=8, module: torch.nn.Module | None = None):
+        super().__init__(node={"h": width})
+        self.fn, self.mod = fn, module
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return self.fn(self, agg.agg)

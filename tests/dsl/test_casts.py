@@ -18,28 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarc
-from difftest import BACKENDS, assert_close, check_layer, reference
+from difftest import BACKENDS, Apply, assert_close, check_layer, reference
 from sarc.ir.ops import Op
 
 N, W = 12, 8
 LOOPS = sarc.Graph.from_edges(torch.arange(N), torch.arange(N), N)
-
-
-class Apply(sarc.Layer):
-    """``update`` returns ``fn(self, h)`` for each node (``reduce`` hands it its own h)."""
-
-    def __init__(self, fn, width=W, module: nn.Module | None = None):
-        super().__init__(node={"h": width})
-        self.fn, self.mod = fn, module
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
-
-    def update(self, dst, agg):
-        return self.fn(self, agg.agg)
 
 
 def _features(scale: float = 3.0) -> torch.Tensor:
