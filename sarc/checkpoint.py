@@ -204,12 +204,14 @@ def run_differences(saved: dict, now: dict) -> list[str]:
         out.append(f"the dataset differs (the checkpoint's is {saved.get('dataset')}, graph "
                    f"{str(saved.get('graph'))[:19]}; this run's {now['dataset']}, graph "
                    f"{now['graph'][:19]})")
-    elif saved.get("node_data") != now.get("node_data"):
+    else:   # what both runs recorded (a checkpoint of an older sarc, or a partition set,
+        #     may record none)
         a, b = saved.get("node_data") or {}, now.get("node_data") or {}
-        names = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        out.append(f"the dataset differs: the same graph with other node data ("
-                   f"{', '.join(names) or 'not recorded in the checkpoint'}; the checkpoint's "
-                   f"is {saved.get('dataset')}, this run's {now['dataset']})")
+        names = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+        if names:
+            out.append(f"the dataset differs: the same graph with other node data ("
+                       f"{', '.join(names)}; the checkpoint's is {saved.get('dataset')}, this "
+                       f"run's {now['dataset']})")
     if saved.get("world_size") != now["world_size"]:
         out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
                    f"{now['world_size']} now)")

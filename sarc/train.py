@@ -63,17 +63,29 @@ DATASET_FACTS = ("num_nodes", "num_etypes", "num_ntypes")
 """What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
 
 
+def builder_keywords(spec: ModelSpec) -> tuple[list, bool] | None:
+    """``build_model``'s parameters after its two sizes (a ``*args`` takes the sizes), and
+    whether it takes any keyword (a named ``**options``, not ``**_``); None for a callable
+    without a signature."""
+    try:
+        params = list(inspect.signature(spec.build_model).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    sizes = 0
+    while sizes < 2 and params and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                        params[0].POSITIONAL_OR_KEYWORD):
+        params, sizes = params[1:], sizes + 1
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    open_ = any(p.kind is p.VAR_KEYWORD and not p.name.startswith("_") for p in params)
+    return named, open_
+
+
 def known_hparams(spec: ModelSpec) -> dict[str, Any]:
     """Every hyperparameter ``spec`` takes, with its default: the trainer's (``DEFAULTS``),
     the keywords of ``build_model`` after its two sizes, and the model file's ``HPARAMS``."""
-    known: dict[str, Any] = {}
-    try:
-        params = list(inspect.signature(spec.build_model).parameters.values())[2:]
-    except (TypeError, ValueError):  # a callable without a signature
-        params = []
-    for p in params:
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in DATASET_FACTS:
-            known[p.name] = None if p.default is p.empty else p.default
+    named, _ = builder_keywords(spec) or ([], True)
+    known = {p.name: None if p.default is p.empty else p.default
+             for p in named if p.name not in DATASET_FACTS}
     return {**known, **DEFAULTS, **spec.hparams}
 
 
@@ -83,14 +95,11 @@ def check_declared(spec: ModelSpec) -> None:
     ``**_`` drops the others, so a misspelt key would train on the default silently; one
     whose ``**options`` has a name may read any key, and none is refused."""
     from .training.link import LINK_DEFAULTS
-    try:
-        params = list(inspect.signature(spec.build_model).parameters.values())[2:]
-    except (TypeError, ValueError):  # a callable without a signature
+    keywords = builder_keywords(spec)
+    if keywords is None or keywords[1]:
         return
-    if any(p.kind is p.VAR_KEYWORD and not p.name.startswith("_") for p in params):
-        return
-    read = ({p.name for p in params if p.kind is not p.VAR_POSITIONAL}
-            | set(DEFAULTS) | set(LINK_DEFAULTS))
+    named = [p.name for p in keywords[0]]
+    read = set(named) | set(DEFAULTS) | set(LINK_DEFAULTS)
     for key in spec.hparams:
         if key in DATASET_FACTS or key in ("in_feats", "num_classes"):
             raise TrainError(f"{spec.hparams_at(key)}HPARAMS[{key!r}]: {key} is a size of "
@@ -99,8 +108,8 @@ def check_declared(spec: ModelSpec) -> None:
             close = difflib.get_close_matches(str(key), sorted(read), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TrainError(f"{spec.hparams_at(key)}HPARAMS[{key!r}] is read by neither the "
-                             f"trainer nor build_model (its keywords: "
-                             f"{', '.join(p.name for p in params) or 'none'}){hint}")
+                             f"trainer nor build_model (its keywords after the two sizes: "
+                             f"{', '.join(named) or 'none'}){hint}")
 
 
 def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,

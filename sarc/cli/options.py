@@ -256,15 +256,18 @@ def check_outputs_apart(args) -> None:
     if dataset and Path(dataset).is_file():
         files.append(("the --dataset file", dataset))
     files += outputs
-    dirs = [(f"the {o} directory", getattr(args, a, None))
-            for o, a in (("--checkpoint", "checkpoint"), ("--partition", "partition"))]
-    for i, (option, path) in enumerate(outputs):
+    dirs = []
+    for o, a in (("--checkpoint", "checkpoint"), ("--partition", "partition")):
+        d = getattr(args, a, None)
+        if d:   # a DGL partition is given by its JSON file: the run reads its directory
+            dirs.append((f"the {o} directory", Path(d).parent if Path(d).is_file() else d))
+    for option, path in outputs:
         target = key(path)
         for what, other in files:
-            if other and other is not path and key(other) == target:
+            if other and what != option and key(other) == target:
                 raise UsageError(f"{option} {path} is {what}; give the result a file of its own")
         for what, d in dirs:
-            if d and (target == key(d) or key(d) in target.parents):
+            if target == key(d) or key(d) in target.parents:
                 raise UsageError(f"{option} {path} is inside {what} ({d}), which the run "
                                  f"reads or writes itself; give the result a file outside it")
 
@@ -332,7 +335,16 @@ def write_result(path: str, result: dict) -> None:
     or not at all."""
     from ..checkpoint import write_atomic
     from ..training.loop import result_json
-    write_atomic(Path(path), result_json(result).encode())
+    text = result_json(result)
+    target = Path(path).resolve()   # through a link, to what it names
+    if target.exists() and not target.is_file():   # /dev/stdout, a pipe: written in place
+        with open(target, "w") as f:
+            f.write(text)
+        return
+    write_atomic(target, text.encode())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(target, 0o666 & ~umask)   # as open() would have made it, not the temp file's
 
 
 def add_device_arguments(p, group=None, worker: bool = False) -> None:

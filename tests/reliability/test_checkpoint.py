@@ -498,3 +498,16 @@ def test_a_file_of_python_objects_is_refused_without_advice_to_run_it(tmp_path):
     text = str(info.value)
     assert "m.pt: not a sarc checkpoint file: it holds Python objects" in text, text
     assert "weights_only" not in text and "trust" not in text and "\x1b" not in text, text
+
+
+def test_node_data_compared_only_where_both_runs_recorded_it():
+    """A checkpoint of an older sarc (or a partition set without digests) records no node
+    data: it is not a difference; recorded digests that differ are."""
+    from sarc.checkpoint import run_differences
+    base = {"model_sha256": "m", "hparams": "{}", "seed": 0, "graph": "g", "world_size": 1,
+            "partition": "", "dataset": "cora", "model": "gcn.py"}
+    now = {**base, "node_data": {"feat": "a", "label": "b"}}
+    assert run_differences(dict(base), now) == []
+    assert run_differences({**base, "node_data": {}}, now) == []
+    diff = run_differences({**base, "node_data": {"feat": "a", "label": "c"}}, now)
+    assert len(diff) == 1 and "label" in diff[0] and "feat" not in diff[0], diff

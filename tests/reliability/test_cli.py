@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -121,10 +123,21 @@ OPEN_KEYWORDS = MISSPELT.replace("**_", "**options").replace(
     "return MLP(in_feats, hidden, num_classes, options.get('dropuot', dropout))")
 
 
-def test_hparams_read_through_named_kwargs(tmp_path):
-    """A builder that names its ``**options`` reads what it likes from them: no key is refused."""
+FORWARDING = MISSPELT.replace('"dropuot": 0.5', '"dropout": 0.5').replace(
+    "def build_model(in_feats, num_classes, hidden=16, dropout=0.0, **_):\n"
+    "    return MLP(in_feats, hidden, num_classes, dropout)",
+    "def build(in_feats, num_classes, hidden=16, dropout=0.0):\n"
+    "    return MLP(in_feats, hidden, num_classes, dropout)\n\n\n"
+    "def build_model(*args, **kwargs):\n"
+    "    return build(*args, **{k: v for k, v in kwargs.items() if k in ('hidden', 'dropout')})")
+
+
+@pytest.mark.parametrize("text", [OPEN_KEYWORDS, FORWARDING], ids=["**options", "*args"])
+def test_hparams_read_through_named_kwargs(tmp_path, text):
+    """A builder that names its ``**options`` (``build_model(*args, **kwargs)`` too) reads
+    what it likes from them: no key is refused."""
     model = tmp_path / "open.py"
-    model.write_text(OPEN_KEYWORDS)
+    model.write_text(text)
     proc = run_sarc("train", model, "--epochs", "1")
     assert proc.returncode == 0, proc.stderr
 
@@ -176,6 +189,29 @@ def test_outputs_never_overwrite_the_runs_own_files(tmp_path, case_):
 def test_model_path_that_is_a_directory(tmp_path):
     refused_before_work(run_sarc("train", tmp_path, "--epochs", "1"), str(tmp_path),
                         "is a directory")
+
+
+def test_outputs_given_as_one_string_object_are_still_apart(tmp_path):
+    """``main([... "--json", p, "--save", p])`` from Python passes one string object twice:
+    still refused, and nothing is written."""
+    from sarc.cli import main
+    out = str(tmp_path / "m.out")
+    model = str(tmp_path / "gcn.py")
+    Path(model).write_bytes(GCN.read_bytes())
+    assert main(["train", model, "--epochs", "1", "--json", out, "--save", out]) == 2
+    assert main(["train", model, "--epochs", "1", "--json", model]) == 2
+    assert not Path(out).exists() and Path(model).read_bytes() == GCN.read_bytes()
+
+
+@case("cli", "`--json` through a symbolic link (to a file, as to /dev/stdout)", "exact")
+def test_json_through_a_link_writes_what_it_names(tmp_path):
+    target = tmp_path / "report.json"
+    target.write_text("")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    proc = run_sarc("train", GCN, "--epochs", "1", "--json", link)
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and json.loads(target.read_text())["epochs"] == 1
 
 
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
