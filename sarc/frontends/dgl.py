@@ -1042,6 +1042,14 @@ def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
                        user_loc())
     view = (dst.device == src.device and dst.dtype == src.dtype
             and dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride())
+    if src.requires_grad and torch.is_grad_enabled():   # h_dst must carry h_src's gradient,
+        #                                                    as h_src[:num_dst] does
+        base = src if src._base is None else src._base
+        if not (view and dst.requires_grad and dst.grad_fn is not None and dst._base is base):
+            raise DSLError(f"{owner}: {what}; here h_dst does not carry h_src's gradient as "
+                           f"h_src[:{num_dst}] would (detached, copied or another tensor), and "
+                           f"sarc would give h_src the destinations' gradient too", user_loc())
+        return src
     if view:
         return src
     if dst.requires_grad:

@@ -192,6 +192,10 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     (lambda x, n: (x, x[1:n + 1]), r"h_dst's values differ from h_src\[:5\]"),
     (lambda x, n: (x, x[:n + 1]), r"h_dst is not h_src\[:5\] \(its shape is not \[5, 5\]\)"),
     (lambda x, n: (x, x[:n].clone().requires_grad_()), "a separate tensor that takes a gradient"),
+    # h takes a gradient that h_dst does not carry: DGL gives h none through h_dst
+    (lambda x, n: (x.requires_grad_(), x[:n].detach()), "does not carry h_src's gradient"),
+    (lambda x, n: (x.requires_grad_(), x[:n].detach().clone()), "does not carry h_src's gradient"),
+    (lambda x, n: (x.requires_grad_(), x[:n].clone()), "does not carry h_src's gradient"),
 ])
 def test_a_pair_that_is_not_the_blocks_destinations_is_refused_in_one_line(patched, pair,
                                                                           message):
