@@ -450,7 +450,9 @@ _TL_DTYPE = {DType.F32: "tl.float32", DType.F16: "tl.float16", DType.BF16: "tl.b
 
 def _cast(em: RegionEmitter, j: int, v: Value) -> str:
     """A region computes in its compute dtype: a cast rounds the tile to the target dtype
-    (where it is narrower) and goes on in the compute dtype, the value torch's cast gives.
+    (where it is narrower) and goes on in the compute dtype, the value torch's cast gives
+    of the region's value (which, computed in the compute dtype, may be finer than torch's
+    op-by-op rounding in a half layer).
     To bfloat16 through ``_bf16_round`` (every kernel module's header): Triton's own
     conversion truncates, or gives 0 / NaN from float64, under the interpreter."""
     x = em.operand(v.inputs[0])

@@ -228,6 +228,8 @@ def _dataset(args, hparams: dict, pset):
         raise CompileError(f"{what}; the workers build the model from the partition: give "
                            f"--dataset, the dataset partitioned there") from None
     return load_dataset(name)
+
+
 def training_seeds(data) -> int:
     """The dataset's labeled training nodes: ``sarc train``'s seeds of an epoch, and its
     default batch size (one step per epoch)."""
