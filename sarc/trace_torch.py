@@ -1087,10 +1087,19 @@ def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Fi
                         keepdim)
 
 
-@traces(torch.norm, torch.Tensor.norm)
-def _norm(input, p="fro", dim=None, keepdim=False, out=Fixed(None), dtype=None):
+def _norm_value(input, p, dim, keepdim, dtype) -> Proxy:
     v = _in_dtype(_traced(input, "norm"), dtype, "norm")
     return _vector_norm(v, _norm_order(p, "norm"), _feature_axes(v, dim, "a norm"), keepdim)
+
+
+@traces(torch.norm)
+def _norm(input, p="fro", dim=None, keepdim=False, out=Fixed(None), dtype=None):
+    return _norm_value(input, p, dim, keepdim, dtype)
+
+
+@traces(torch.Tensor.norm)
+def _norm_method(input, p="fro", dim=None, keepdim=False, dtype=None):
+    return _norm_value(input, p, dim, keepdim, dtype)
 
 
 @traces(F.normalize)

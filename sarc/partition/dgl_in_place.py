@@ -99,6 +99,8 @@ class DglPartition:
     types = property(lambda self: self.meta.get("types"))
     dataset = None   # DGL's config names the graph, not a dataset sarc loads
     sizes = property(lambda self: {})  # nor its classes: the workers count them
+    node_digests = property(lambda self: {})  # nor digests of its node data (a run's record
+    #                                           then compares its parts' files)
 
     @property
     def node_offsets(self) -> torch.Tensor:

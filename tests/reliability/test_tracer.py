@@ -188,22 +188,22 @@ def test_div_rounding_mode_is_refused():
                     "only rounding_mode=None")
 
 
-class SumDtype(sarc.Layer):
+class InPlaceArgument(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return src.h.sum(-1, dtype=torch.float64)  # ERR:dtype
+        return F.elu(src.h, 1.0, True)  # ERR:inplace-arg
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
 
 
-@case("tracer", "`h.sum(-1, dtype=torch.float64)`: an argument sarc does not model",
+@case("tracer", "`F.elu(h, 1.0, True)`: an argument sarc does not model (in place)",
       "error-at-line")
 def test_unmodeled_keyword_is_refused():
-    expect_error_at(lambda: SumDtype().trace(), "dtype",
-                    "Tensor.sum: argument dtype=torch.float64 is not supported in a sarc layer")
+    expect_error_at(lambda: InPlaceArgument().trace(), "inplace-arg",
+                    "argument inplace=True is not supported in a sarc layer")
 
 
 class UnknownKeyword(sarc.Layer):
