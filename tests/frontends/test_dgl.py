@@ -24,6 +24,7 @@ from dgl.nn.pytorch import (DotGatConv, EdgeConv, GATConv, GATv2Conv, GINConv,  
                             GraphConv, RelGraphConv, SAGEConv)
 from torch import nn  # noqa: E402
 
+from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
 import sarc.frontends.dgl  # noqa: E402
 from sarc.frontends.dgl import from_dgl_module  # noqa: E402
@@ -53,15 +54,6 @@ def _edge_inputs(names, num_edges, seed=1):
         else:  # an edge weight, [E]
             out[name] = torch.rand(num_edges, generator=gen) + 0.1
     return out
-
-
-def _randomized(module: nn.Module) -> nn.Module:
-    """Every parameter random (DGL zero-initializes biases): gradients reach all of them."""
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return module
 
 
 def _gin_mlp():
@@ -143,7 +135,7 @@ def _close(got, want, what):
 def test_imported_layer_equals_the_dgl_module(case):
     _, make, edge_names, self_loops = case
     torch.manual_seed(0)
-    module = _randomized(make())
+    module = randomized(make())
     ref = copy.deepcopy(module)
     src, dst = _edges(self_loops)
     edges = _edge_inputs(edge_names, src.numel())
@@ -299,7 +291,7 @@ def test_p_workers_equal_one_process(tmp_path, name, parts, patched):
 
     _, make, edge_names, self_loops = next(c for c in CASES if c[0] == name)
     torch.manual_seed(0)
-    module = _randomized(make())
+    module = randomized(make())
     src, dst = _edges(self_loops, seed=3)
     edges = _edge_inputs(edge_names, src.numel())
     x = torch.randn(N, IN)

@@ -19,6 +19,7 @@ import dgl.function as fn  # noqa: E402
 from dgl.nn.pytorch import GCN2Conv, GraphConv, SGConv, TAGConv  # noqa: E402
 from torch import nn  # noqa: E402
 
+from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
 import sarc.frontends.dgl  # noqa: E402
 from sarc.errors import DSLError  # noqa: E402
@@ -38,14 +39,6 @@ def _edges(self_loops=False):
     return src, dst
 
 
-def _randomized(module):
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return module
-
-
 def _close(got, want, what):
     assert got is not None and want is not None, what
     scale = max(float(want.abs().max()), 1e-3)
@@ -57,7 +50,7 @@ def _equals_dgl(module, node=None, edge=None, self_loops=False):
     """``module`` through sarc equals ``module`` on the DGL graph: output, input and parameter
     gradients. ``edge``: name -> feature shape of random edge inputs."""
     torch.manual_seed(0)
-    module = _randomized(module)
+    module = randomized(module)
     ref = copy.deepcopy(module)
     src, dst = _edges(self_loops)
     gen = torch.Generator().manual_seed(1)

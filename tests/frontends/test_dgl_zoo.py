@@ -18,6 +18,7 @@ import dgl  # noqa: E402
 from dgl.nn.pytorch import (AGNNConv, APPNPConv, EGATConv, EGNNConv, GATConv,  # noqa: E402
                             GraphConv, HGTConv, SAGEConv)
 
+from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
 import sarc.frontends.dgl  # noqa: E402
 from sarc.errors import DSLError  # noqa: E402
@@ -39,14 +40,6 @@ def _edges(self_loops):
     if self_loops:
         src, dst = torch.cat([src, torch.arange(N)]), torch.cat([dst, torch.arange(N)])
     return src, dst
-
-
-def _randomized(module):
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return module
 
 
 def _close(got, want, what):
@@ -76,7 +69,7 @@ def _equals_dgl(module, node, edge=None, self_loops=False):
     """``module`` through sarc (``from_dgl_module``) equals ``module`` on the DGL graph: every
     output, the float inputs' and every parameter's gradient."""
     torch.manual_seed(0)
-    module = _randomized(module)
+    module = randomized(module)
     ref = copy.deepcopy(module)
     src, dst = _edges(self_loops)
     gen = torch.Generator().manual_seed(1)
@@ -141,7 +134,7 @@ def patched():
 
 def test_a_tuple_of_node_outputs_is_a_tuple_after_patch(patched):
     torch.manual_seed(0)
-    module = _randomized(EGNNConv(IN, 6, 4))
+    module = randomized(EGNNConv(IN, 6, 4))
     src, dst = _edges(None)
     h, x = torch.randn(N, IN), torch.randn(N, 3)
     got = module(sarc.frontends.dgl.from_dgl(dgl.graph((src, dst), num_nodes=N)), h, x)
@@ -172,7 +165,7 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     """``conv(block, (h, h[:block.num_dst_nodes()]))``, DGL's minibatch idiom: h's first rows
     are the destinations, as sarc reads them."""
     torch.manual_seed(0)
-    module = _randomized(make())
+    module = randomized(make())
     block = _block()
     x = torch.randn(block.num_src_nodes(), IN)
     mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
