@@ -112,6 +112,11 @@ class Dataset:
                 "val_mask": self.val_mask, "test_mask": self.test_mask}
 
     @property
+    def edge_data(self) -> dict[str, torch.Tensor]:
+        """What an edge of it holds: its type, where the graph is relational."""
+        return {"etype": self.etype} if self.etype is not None else {}
+
+    @property
     def sizes(self) -> dict[str, int]:
         """What the model is built for besides its features: the classes, and the edge and
         node types where the graph has them, as declared (a class or a relation no node or
@@ -369,7 +374,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     """Load a benchmark: ``'cora'``, ``'aifb'`` (embedded), ``'citeseer'``, ``'pubmed'`` (from
     ``root``), or an ``.npz`` path; its arrays checked (``check_arrays``, whose value scans
     ``check=False`` skips)."""
-    given = str(name)
+    file = npz_file(name)
     path = dataset_path(name, root)
     arrays = read_npz(path)
     name = str(arrays["name"]) if "name" in arrays else Path(path).stem
@@ -377,8 +382,14 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
         arrays.update(ntype=np.asarray(arrays["node_is_literal"]).astype(np.int64),
                       num_ntypes=np.int64(len(AIFB_NODE_TYPES)))
     data = Dataset.from_arrays(arrays, name=name, source=str(path), check=check)
-    return replace(data, file=str(Path(given).resolve())) \
-        if given.endswith(".npz") else data
+    return data if file is None else replace(data, file=file)
+
+
+def npz_file(name: str) -> str | None:
+    """The absolute path of a dataset given as an existing ``.npz`` file, None for a name:
+    what a run records of it (``Dataset.file``)."""
+    p = Path(str(name))
+    return str(p.resolve()) if p.suffix == ".npz" and p.is_file() else None
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

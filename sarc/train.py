@@ -256,7 +256,7 @@ def prepare(data: Dataset, hparams: dict[str, Any], model: nn.Module | None = No
     takes (``sarc.dsl.edge_inputs_for``), and self loops give a float one
     ``sarc.datasets.SELF_LOOP_FILL``; without, all the edge data, and no self loops with it."""
     src, dst = data.edge_src, data.edge_dst
-    carried = {"etype": data.etype} if data.etype is not None else {}
+    carried = data.edge_data
     edge_inputs = edge_inputs_for(model, carried) if model is not None else carried
     if hparams["self_loops"]:
         if model is None:
@@ -500,10 +500,9 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
         raise TrainError(f"{config.mode} mode: the model reads node types (sarc.HeteroConv, "
                          f"sarc.TypedInput), which train full-batch only (--mode full)")
     carried = dict(prep.edge_inputs)
-    dataset_edges = {"etype": data.etype} if data.etype is not None else {}
-    if config.prob in dataset_edges and config.prob not in carried:
-        carried[config.prob] = dataset_edges[config.prob]   # draws weighed by edge data the
-        #                                                      model does not read
+    if config.prob in data.edge_data and config.prob not in carried:
+        carried[config.prob] = data.edge_data[config.prob]   # draws weighed by edge data the
+        #                                                       model does not read
     on_cpu = {k: v.cpu() for k, v in carried.items()}  # sampled on the CPU
     shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
                               self_loops=hp["self_loops"])

@@ -168,7 +168,7 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
     if getattr(args, "task", "node") == "link":
         from .link import partition_link_dataset
         return partition_link_dataset(args, data, out, node_data)
-    edge_data = {"etype": data.etype} if data.etype is not None else {}
+    edge_data = data.edge_data
     if data.ntype is not None:
         node_data["ntype"] = data.ntype
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,

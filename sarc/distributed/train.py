@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..checkpoint import CheckpointConfig, partition_fingerprint, run_record, seed_all
+from ..datasets import npz_file
 from ..dsl import edge_inputs_for
 from ..errors import SarcError
 from ..loader import ModelSpec
@@ -542,9 +543,7 @@ def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:
     ``sarc train`` checked against the partition, else the one the set records, else the
     partitioned graph's fingerprint."""
     if cfg.dataset:   # an .npz file by its absolute path, as one process records it
-        file = Path(cfg.dataset)
-        return str(file.resolve()) if cfg.dataset.endswith(".npz") and file.is_file() \
-            else cfg.dataset
+        return npz_file(cfg.dataset) or cfg.dataset
     pset = pset or open_partition(cfg.partition, verify=False)
     return pset.dataset or f"graph {pset.fingerprint}"
 
