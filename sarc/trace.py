@@ -250,6 +250,12 @@ _READS_VALUE = frozenset({"item", "tolist", "numpy", "data_ptr", "storage",
 # these are to dtypes a layer has not.
 _CONVERSIONS = frozenset({"int", "short", "bool", "byte", "char", "cfloat", "cdouble",
                           "chalf"})
+INTEGER_CONVERSION = (
+    "a sarc layer converts values to float dtypes only (x.float(), x.half(), "
+    "x.to(torch.bfloat16), x.to(h.dtype)): rounding a value to an integer is not traced; an "
+    "integer (index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
+    "dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
+"""Why a conversion to an integer (or to a dtype sarc has not) is refused, and what to write."""
 _INSTEAD = {
     "size": "use x.shape: x.shape[-1] is a feature size, x.shape[0] the row count (which "
             "view and reshape take as their first size)",
@@ -260,10 +266,7 @@ def _method_message(name: str) -> str:
     if name in _INSTEAD:
         return f"Tensor.{name} is not supported in a sarc layer; {_INSTEAD[name]}"
     if name in _CONVERSIONS:
-        return (f"Tensor.{name}: a sarc layer converts values to float dtypes only "
-                f"(x.float(), x.half(), x.to(torch.bfloat16), x.to(h.dtype)); an integer "
-                f"(index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
-                f"dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
+        return f"Tensor.{name}: {INTEGER_CONVERSION}"
     if name in _READS_VALUE:
         return f"Tensor.{name} reads the value of a traced tensor: {_NO_CONTROL_FLOW}"
     if name.endswith("_"):

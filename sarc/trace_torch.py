@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 from .errors import DSLError
 from .ir.ops import INTEGER_HINT, Op
-from .ir.types import Domain, DType
-from .trace import (_OPERATORS, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy, RowCount, _is_int,
+from .ir.types import Domain, DType, TensorType
+from .trace import (_OPERATORS, INTEGER_CONVERSION, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy,
+                    RowCount, _is_int,
                     _is_number, _kind, _number, _shape, _torch_name, _traced, call_torch,
                     traces, user_loc)
 
@@ -420,12 +421,6 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
 
 # --- dtype conversions ------------------------------------------------------------------
 
-_INTEGER_CONVERSION = (
-    "a sarc layer converts values to float dtypes only (x.float(), x.half(), "
-    "x.to(torch.bfloat16), x.to(h.dtype)): rounding a value to an integer is not traced; an "
-    "integer (index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
-    "dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
-
 _DEVICE_MOVE = ("a sarc layer runs on the device of the tensors it is given: move them (and "
                 "the layer) before the call, outside the layer")
 
@@ -445,7 +440,7 @@ def _converted(x: Proxy, dtype: Any, what: str) -> Proxy:
         raise DSLError(f"{what}: a sarc layer computes in torch.float32, float64, float16 or "
                        f"bfloat16, not {dtype}", user_loc())
     if to is None or not to.is_float:
-        raise DSLError(f"{what} to {dtype}: {_INTEGER_CONVERSION}", user_loc())
+        raise DSLError(f"{what} to {dtype}: {INTEGER_CONVERSION}", user_loc())
     return _emit(Op.CAST, x, dtype=to)
 
 
@@ -1346,25 +1341,19 @@ def ones_over_rows(degree: Proxy, feat: tuple[int, ...], value: float, dtype,
     for axis, n in enumerate(feat):
         if not _is_int(n) or n < 1:
             raise DSLError(f"{written}: feature sizes are positive ints, got {n!r}", user_loc())
-        if n > 1:
-            out = tracer.emit(Op.CONCAT, [out] * n, {"axis": axis})
+        out = _copies(out, axis, n)
     return out if dtype is None else _converted(out, dtype, written)
 
 
-def _degree_rows(x: Proxy) -> Proxy:
-    """A degree over the rows of ``x``'s domain: the destinations' in-degree (read per edge
-    for an edge value), the sources' out-degree (the inputs every layer is given)."""
-    from .ir.types import TensorType
-    tracer, b = x.tracer, x.tracer.builder
-    side = Domain.SRC if x.type.domain is Domain.SRC else Domain.DST
+def degree_over(tracer, domain: Domain, dtype: DType) -> Proxy:
+    """A degree over the rows of ``domain``: the destinations' in-degree (read per edge for
+    the edges), the sources' out-degree (the inputs every layer is given); in ``dtype``
+    where the layer reads it nowhere else (the leaf is shared by name and side)."""
+    side = Domain.SRC if domain is Domain.SRC else Domain.DST
     name = "out_degree" if side is Domain.SRC else "in_degree"
-    same = [v for v in b.values if v.op is Op.INPUT and v.attr["name"] == name
-            and v.type.domain is side]
-    dtype = same[0].type.dtype if same else (x.type.dtype if x.type.dtype.is_float
-                                             else DType.F32)
-    degree = tracer.proxy_type(tracer, b.leaf(Op.INPUT, name, TensorType(side, dtype, ()),
-                                              user_loc()))
-    return tracer.emit(Op.GATHER_DST, [degree]) if x.type.domain is Domain.EDGE else degree
+    degree = tracer.proxy_type(tracer, tracer.builder.leaf(
+        Op.INPUT, name, TensorType(side, dtype, ()), user_loc()))
+    return tracer.emit(Op.GATHER_DST, [degree]) if domain is Domain.EDGE else degree
 
 
 def _filled_like(name: str, value: float | None):
@@ -1386,7 +1375,9 @@ def _filled_like(name: str, value: float | None):
             raise DSLError(f"{name} of a parameter: write the constant itself (a number "
                            f"broadcasts), or declare a parameter", user_loc())
         want = dtype if dtype is not None else x.type.dtype.to_torch()
-        return ones_over_rows(_degree_rows(x), x.type.feat, float(fill), want, name)
+        degree = degree_over(x.tracer, x.type.domain,
+                             x.type.dtype if x.type.dtype.is_float else DType.F32)
+        return ones_over_rows(degree, x.type.feat, float(fill), want, name)
     return record
 
 

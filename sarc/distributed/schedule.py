@@ -34,6 +34,7 @@ from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
+from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
@@ -129,9 +130,7 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
 def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
     given = resolve_features(layer, args, feats)
-    need = any(isinstance(t, torch.Tensor) and t.requires_grad
-               for k, t in given.items() if k in layer._sarc_node)
-    prog = program_for(layer, dg, need)
+    prog = program_for(layer, dg, input_needs_grad(layer, given))
     fn = prog.split.layer
     node_inputs, edge_inputs = {}, {}
     for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges

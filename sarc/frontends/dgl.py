@@ -58,7 +58,7 @@ from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, _is_number, call_torch, user_loc
-from ..trace_torch import ones_over_rows
+from ..trace_torch import degree_over, ones_over_rows
 from ..trace_guards import tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -839,13 +839,8 @@ def _rows_filled(graph: "ProxyGraph", size: tuple, value: float, kwargs: dict,
         arg = unknown[0] if unknown else "requires_grad"
         raise DSLError(f"{graph.owner}: {written}: argument {arg}= is not supported while "
                        f"sarc traces the module (dtype= and device= are)", user_loc())
-    tracer = graph.tracer
-    if rows.symbol == Domain.EDGE.rows:
-        degree = tracer.emit(Op.GATHER_DST, [graph.in_degrees()])
-    elif rows.symbol == Domain.DST.rows:
-        degree = graph.in_degrees()
-    else:
-        degree = graph.out_degrees()
+    domain = next(d for d in (Domain.EDGE, Domain.DST, Domain.SRC) if d.rows == rows.symbol)
+    degree = degree_over(graph.tracer, domain, graph.tracer.precision)
     if 0 in feat:
         raise DSLError(f"{graph.owner}: {written}: an empty feature axis is not supported",
                        user_loc())
