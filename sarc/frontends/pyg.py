@@ -6,7 +6,8 @@
   models (GCNConv, SAGEConv, GATConv, GATv2Conv, GINConv, GINEConv,
   RGCNConv, ResGatedGraphConv, TransformerConv) are converted one by one, from the
   conv's attributes (heads, concat, aggr, eps...), into the DSL, and so is a subclass
-  of one that overrides none of its methods; any other ``MessagePassing`` has its own
+  of one that overrides none of its methods (a conv of K rounds, SGConv, APPNP, TAGConv
+  or ChebConv, becomes K layers: ``pyg_rounds.PyGRounds``); any other ``MessagePassing`` has its own
   ``forward``, ``message`` and ``update`` traced (``TracedConv``), its ``edge_index`` a
   tensor it may only pass to ``propagate``. Whatever cannot be modelled exactly is a
   ``ConversionError`` naming the conv's class and the construct.
@@ -543,6 +544,23 @@ class TransformerConvLayer(PyGLayer):
         return out + c.lin_skip(dst.x) if c.root_weight else out
 
 
+def weights_dtype(conv, dtype):
+    """The dtype of a conv's edge weights: its parameters', or x's for a conv without (PyG's
+    forward normalizes in x's dtype); float32 when neither is known."""
+    floats = [p.dtype for p in conv.parameters() if p.is_floating_point()]
+    return floats[0] if floats else (dtype or torch.float32)
+
+
+def weighted_inputs(conv, edge_index, num_nodes: int, w, dtype) -> PyGInputs:
+    """The prepared graph with its ``edge_weight``: ``w``, or 1 per edge where the forward
+    has none (``x_j`` alone, which equals ``1 * x_j`` under every aggregation)."""
+    dtype = weights_dtype(conv, dtype)
+    if w is None:
+        w = torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device)
+    # a weight PyG computes in float32 multiplies float64 features exactly as its cast
+    return PyGInputs(edge_index, num_nodes, {"edge_weight": w.reshape(-1).to(dtype)})
+
+
 class _WeightedSum(PyGLayer):
     """A conv whose message is ``w_uv * x_u`` (PyG's ``edge_weight.view(-1, 1) * x_j``),
     its weights made when the inputs are prepared, as its forward makes them; 1 where the
@@ -555,17 +573,10 @@ class _WeightedSum(PyGLayer):
         super().__init__(conv, in_channels, edge={"edge_weight": ()})
 
     def _dtype(self, dtype):
-        """The weights' dtype: the parameters', or x's for a conv without (PyG's forward
-        normalizes in x's dtype); float32 when neither is known."""
-        floats = [p.dtype for p in self.conv.parameters() if p.is_floating_point()]
-        return floats[0] if floats else (dtype or torch.float32)
+        return weights_dtype(self.conv, dtype)
 
     def _weights(self, edge_index, num_nodes, w, dtype):
-        if w is None:
-            w = torch.ones(edge_index.size(1), dtype=self._dtype(dtype),
-                           device=edge_index.device)
-        # a weight PyG computes in float32 multiplies float64 features exactly as its cast
-        return PyGInputs(edge_index, num_nodes, {"edge_weight": w.reshape(-1).to(self._dtype(dtype))})
+        return weighted_inputs(self.conv, edge_index, num_nodes, w, dtype)
 
     def message(self, src, dst, edge):
         return edge.edge_weight.unsqueeze(-1) * src.x
@@ -666,13 +677,14 @@ def _simple_conv(conv, in_channels=None, edge_dim=None) -> PyGLayer:
 
 def _converters() -> dict[type, Callable[..., PyGLayer]]:
     """Per stock class, its converter: ``convert(conv, in_channels, edge_dim)`` (the widths
-    matter to convs that do not record them)."""
+    matter to convs that do not record them); a conv of K rounds is a ``PyGRounds``
+    (``frontends.pyg_rounds``)."""
     from torch_geometric import nn as pyg
     fixed = {pyg.GCNConv: GCNConvLayer, pyg.SAGEConv: SAGEConvLayer, pyg.GATConv: GATConvLayer,
              pyg.GATv2Conv: GATv2ConvLayer, pyg.GINConv: GINConvLayer,
              pyg.GINEConv: GINEConvLayer, pyg.RGCNConv: RGCNConvLayer,
              pyg.ResGatedGraphConv: ResGatedGraphConvLayer,
-             pyg.TransformerConv: TransformerConvLayer, pyg.SGConv: SGConvLayer,
+             pyg.TransformerConv: TransformerConvLayer,
              pyg.ClusterGCNConv: ClusterGCNConvLayer}
     out: dict[type, Callable[..., PyGLayer]] = {
         cls: (lambda conv, in_channels=None, edge_dim=None, layer=layer: layer(conv))
@@ -681,6 +693,8 @@ def _converters() -> dict[type, Callable[..., PyGLayer]]:
     out[pyg.SimpleConv] = _simple_conv
     for cls in (pyg.AGNNConv, pyg.FeaStConv):
         out[cls] = SelfLoopsTracedConv
+    from .pyg_rounds import rounds_converters
+    out.update(rounds_converters(pyg))
     return out
 
 
@@ -1193,10 +1207,11 @@ def _end(conv, value, end: int, name: str):
 
 # --- the two entry points -------------------------------------------------------------------------
 
-def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None) -> PyGLayer:
+def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None):
     """A sarc layer computing ``conv(x, edge_index[, edge_attr])``, sharing ``conv``'s
-    parameters. ``in_channels`` / ``edge_dim`` give the widths of a user's conv that does
-    not record them (``conv.in_channels``, ``conv.edge_dim``)."""
+    parameters (a ``PyGLayer``; for a conv of K rounds, a ``PyGRounds`` of K layers).
+    ``in_channels`` / ``edge_dim`` give the widths of a user's conv that does not record
+    them (``conv.in_channels``, ``conv.edge_dim``)."""
     convert = _converter(type(conv))
     if convert is not None:
         return convert(conv, in_channels, edge_dim)
@@ -1259,13 +1274,14 @@ class PyGConv(nn.Module):
 
     def __init__(self, layer: Layer, *, node: str | None = None, edge: str | None = None):
         super().__init__()
-        if not isinstance(layer, Layer):
+        if not isinstance(layer, Layer) and not _imported(layer):
             raise ConversionError(f"as_conv wraps a sarc.Layer or a PyG MessagePassing, got "
                                   f"{type(layer).__name__}")
         self.layer = layer
-        self.node = node or _only(layer._sarc_node, "node", type(layer).__name__)
+        self.node = node or ("x" if _imported(layer) else
+                             _only(layer._sarc_node, "node", type(layer).__name__))
         self.edge = edge
-        if edge is None and layer._sarc_edge and not isinstance(layer, PyGLayer):
+        if edge is None and not _imported(layer) and layer._sarc_edge:
             self.edge = _only(layer._sarc_edge, "edge", type(layer).__name__)
         self._cache: _Prepared | None = None
         self._register_state_dict_hook(_without_inner_prefix)
@@ -1274,15 +1290,15 @@ class PyGConv(nn.Module):
     def inner_prefix(self) -> str:
         """Where the wrapped parameters sit below this module: ``layer.`` or, for an
         imported conv, ``layer.conv.``; state dicts leave it out."""
-        return "layer.conv." if isinstance(self.layer, PyGLayer) else "layer."
+        return "layer.conv." if _imported(self.layer) else "layer."
 
     def forward(self, x, edge_index, edge_attr=None, size=None):
         name = type(getattr(self.layer, "conv", self.layer)).__name__
         if isinstance(x, (tuple, list)):
             raise _refuse(name, "a (x_src, x_dst) pair of node features",
                           "sarc's layers read one node feature tensor")
-        edge_index = _plain_edge_index(name, edge_index) if not isinstance(self.layer, PyGLayer) \
-            else _plain_edge_index(self.layer.conv, edge_index)
+        edge_index = _plain_edge_index(self.layer.conv if _imported(self.layer) else name,
+                                       edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))
         g, edge = self._inputs(edge_index, num, edge_attr, x.dtype)
         return self.layer(g, **{self.node: x}, **edge)
@@ -1304,7 +1320,7 @@ class PyGConv(nn.Module):
                     edge_attr is not None and edge_attr.requires_grad):
                 return c.graph, c.edge
             g = c.graph   # the same edges: only the edge features are prepared again
-        if isinstance(self.layer, PyGLayer):
+        if _imported(self.layer):
             if isinstance(num, tuple):
                 raise _refuse(self.layer.conv, f"size={num} (a bipartite block)",
                               "an imported conv runs on a graph whose nodes are its sources "
@@ -1337,6 +1353,13 @@ class _Prepared:
     dtypes: tuple
     graph: Graph
     edge: dict
+
+
+def _imported(layer) -> bool:
+    """Whether ``layer`` holds a PyG conv it prepares the graph for: a ``PyGLayer``, or the
+    ``PyGRounds`` of a conv of K rounds."""
+    from .pyg_rounds import PyGRounds
+    return isinstance(layer, (PyGLayer, PyGRounds))
 
 
 def _kept(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -28,6 +28,7 @@ from torch_geometric.nn import MessagePassing  # noqa: E402
 
 from interop.interop_check import assert_all_close  # noqa: E402
 from sarc.frontends.pyg import as_conv, from_message_passing  # noqa: E402
+from sarc.frontends.pyg_rounds import PyGRounds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N, D_IN, D_EDGE, NUM_RELS = 12, 6, 3, 3
@@ -142,6 +143,9 @@ CONVS = {
     "transformer_no_root": (lambda: pyg.TransformerConv(D_IN, 4, heads=3, root_weight=False),
                             None),
     "sgconv": (lambda: pyg.SGConv(D_IN, 4, K=1), "edge_weight"),
+    "sgconv_k2": (lambda: pyg.SGConv(D_IN, 4, K=2), None),
+    "tagconv_k2": (lambda: pyg.TAGConv(D_IN, 4, K=2), "edge_weight"),
+    "chebconv_k3": (lambda: pyg.ChebConv(D_IN, 4, K=3), None),
     "cluster_gcn": (lambda: pyg.ClusterGCNConv(D_IN, 4, diag_lambda=0.5), None),
     "user_edgeconv": (lambda: EdgeConvLike(D_IN, 4), None),
     "user_gated_mean": (lambda: GatedMean(D_IN, 4, D_EDGE), "edge_attr"),
@@ -206,7 +210,7 @@ def test_imported_conv_equals_pyg(name):
     ei = graph()
     extra = third_argument(kind, ei.size(1))
     layer = from_message_passing(conv, edge_dim=() if name == "user_weighted_given" else None)
-    assert isinstance(layer, sarc.Layer)
+    assert isinstance(layer, PyGRounds if "_k" in name else sarc.Layer)
     assert {id(p) for p in layer.parameters()} == {id(p) for p in conv.parameters()}
     if extra is None:
         check_same(lambda x: layer.run(x, ei), lambda x: conv(x, ei), conv, torch.randn(N, D_IN))
@@ -387,7 +391,7 @@ def _worker(rank, port, queue, layer, pset_path, edge_names, upstream, out_dir):
 
 DISTRIBUTED = ["gcn", "gcn_improved_weighted", "sage_max", "gat_3heads_concat", "gat_edge_dim",
                "gatv2", "gin_train_eps", "gine", "rgcn_bases", "res_gated",
-               "transformer_edge_dim", "sgconv", "cluster_gcn", "user_edgeconv",
+               "transformer_edge_dim", "sgconv", "chebconv_k3", "cluster_gcn", "user_edgeconv",
                "user_gated_mean"]
 
 

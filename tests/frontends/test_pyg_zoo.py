@@ -433,9 +433,3 @@ def test_one_round_normalizing_convs_train_three_steps_as_pyg():
     assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda: pyg.SGConv(D, 3, K=2), "SGConv: K=2 is not supported"),
-    (lambda: pyg.SGConv(D, 3, K=1, cached=True), "SGConv: cached=True is not supported")])
-def test_what_one_round_cannot_do_is_refused(make, needle):
-    with pytest.raises(ConversionError, match=needle):
-        as_conv(make())
