@@ -314,8 +314,8 @@ class Layer(nn.Module):
     def trace(self) -> Function:
         """Record message / reduce / update as IR (parameters become PARAM leaves)."""
         self._check_init()
-        tracer = Tracer(type(self).__name__)
         precision = self.precision()
+        tracer = Tracer(type(self).__name__, precision)
         with _params_as_proxies(self, tracer, precision), tracing(self.modules()):
             msgs = _results("message", "m", self.message,
                             _Side(self, tracer, Domain.SRC, Op.GATHER_SRC, "src", precision),

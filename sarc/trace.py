@@ -175,9 +175,10 @@ class Tracer:
     """Owns the builder while one layer is traced. ``proxy_type``: the class of the values
     it makes (a front end may make them look like what the code it traces expects)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, precision: DType | None = None):
         self.builder = Builder(name)
         self.proxy_type: type = Proxy
+        self.precision = precision   # the layer's float dtype: constants made over rows
 
     def emit(self, op: Op, inputs: list["Proxy"], attrs: dict | None = None) -> "Proxy":
         for p in inputs:
@@ -307,7 +308,8 @@ class Proxy:
     def shape(self) -> tuple:
         """Rows first: a graph value's row count is a ``RowCount`` (symbolic)."""
         t = self.type
-        return t.feat if t.domain is Domain.PARAM else (RowCount(t.domain.rows), *t.feat)
+        return t.feat if t.domain is Domain.PARAM else (RowCount(t.domain.rows, self.tracer),
+                                                        *t.feat)
 
     @property
     def ndim(self) -> int:
@@ -379,12 +381,14 @@ class ValueType(TensorType):
 
 class RowCount:
     """The row count of a graph value (``N_src``, ``N_dst``, ``E``) in ``Proxy.shape``: the
-    same for every graph the layer runs on, so it has no value while tracing."""
+    same for every graph the layer runs on, so it has no value while tracing. It is the
+    rows of a tensor of constants (``torch.ones(x.shape[0], 4)``: ``tracer``'s)."""
 
-    __slots__ = ("symbol",)
+    __slots__ = ("symbol", "tracer")
 
-    def __init__(self, symbol):
+    def __init__(self, symbol, tracer: "Tracer | None" = None):
         self.symbol = symbol
+        self.tracer = tracer
 
     def __repr__(self) -> str:
         return str(self.symbol)

@@ -10,6 +10,11 @@
   ``np.random.default_rng()`` kept on the layer, is not seen.)
 - A call Python refuses at the user's line (a wrong keyword to a torch function, an
   ``nn.Module`` called with an extra argument) is a ``DSLError`` there, not a traceback.
+- ``torch.ones`` / ``zeros`` / ``full`` / ``reshape`` given a row count
+  (``torch.ones(x.shape[0], 4)``) are traced (``trace_torch.ROW_COUNT_ROUTES``).
+
+``routed`` swaps functions wherever modules hold them by name, for the span of a trace:
+these guards and the front ends' routes (DGL's edge softmax, PyG's softmax) use it.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import contextlib
 import sys
 import threading
 from types import ModuleType
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -92,27 +97,42 @@ def _refusing(name: str, original: Callable) -> Callable:
 
 
 @contextlib.contextmanager
+def routed(routes: Mapping[Callable, Callable] | Iterable[tuple[Callable, Callable]],
+           namespaces: Iterable[dict]):
+    """Each function of ``routes`` (a mapping, or (function, route) pairs) replaced by its
+    route wherever ``namespaces`` (modules' ``vars``) hold it by name, found by identity
+    (``from random import random`` in a user's module included); put back when the block
+    ends, however it ends."""
+    pairs = routes.items() if isinstance(routes, Mapping) else routes
+    by_id = {id(f): (f, route) for f, route in pairs}
+    swapped = []
+    try:
+        for ns in namespaces:
+            for key, value in list(ns.items()):
+                hit = by_id.get(id(value))
+                if hit is not None and hit[0] is value:
+                    ns[key] = hit[1]
+                    swapped.append((ns, key, value))
+        yield
+    finally:
+        for ns, key, value in reversed(swapped):
+            ns[key] = value
+
+
+@contextlib.contextmanager
 def _refuse_python_randomness(namespaces: Iterable[dict]):
     """Swap the drawing functions of ``random`` and ``numpy.random`` in their modules and
     in ``namespaces`` (the user's modules: ``from random import random``) for refusing ones."""
     import random
-    draws = _python_random_functions()
+    draws = [(f, _refusing(name, f)) for name, f in _python_random_functions().values()]
     spaces = [vars(random)] + ([vars(sys.modules["numpy"].random)] if "numpy" in sys.modules
                                else []) + list(namespaces)
-    swapped = []
-    for ns in spaces:
-        for key, value in list(ns.items()):
-            hit = draws.get(id(value))
-            if hit is not None and hit[1] is value:
-                ns[key] = _refusing(hit[0], value)
-                swapped.append((ns, key, value))
     was_active, _TRACING.active = getattr(_TRACING, "active", False), True
     try:
-        yield
+        with routed(draws, spaces):
+            yield
     finally:
         _TRACING.active = was_active
-        for ns, key, value in reversed(swapped):
-            ns[key] = value
 
 
 def _traced_modules(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
@@ -164,8 +184,10 @@ def tracing(modules: Iterable[torch.nn.Module]):
     try:
         for m in modules:
             m.training = TRAINING
+        from .trace_torch import ROW_COUNT_ROUTES
         with traced_code(mod.__file__ for mod in traced), \
                 _refuse_python_randomness([vars(mod) for mod in traced]), \
+                routed(ROW_COUNT_ROUTES, [vars(torch)] + [vars(mod) for mod in traced]), \
                 _RefuseTorchRandomness():
             try:
                 yield

@@ -1356,6 +1356,78 @@ def degree_over(tracer, domain: Domain, dtype: DType) -> Proxy:
     return tracer.emit(Op.GATHER_DST, [degree]) if domain is Domain.EDGE else degree
 
 
+_TORCH_FILLS = {"ones": (torch.ones, 1.0), "zeros": (torch.zeros, 0.0),
+                "full": (torch.full, None)}
+_TORCH_RESHAPE = torch.reshape
+
+
+def _filled(name: str):
+    """``torch.ones`` / ``zeros`` / ``full`` while a layer is traced: sized by a row count
+    (``torch.ones(x.shape[0], 4)``, DGL's ``th.ones(g.num_edges(), 1)``) it is a constant
+    per row of that domain, traced; other sizes are torch's own call. (Torch's argument
+    parsing refuses a row count before any ``__torch_function__`` sees it.)"""
+    original, value = _TORCH_FILLS[name]
+
+    def fill(*args, **kwargs):
+        size, rest = args, ()
+        if name == "full":
+            size, rest = args[:1], args[1:]
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        if not any(isinstance(d, RowCount) for d in size):
+            return original(*args, **kwargs)
+        fill_value = value
+        if name == "full":
+            fill_value = rest[0] if rest else kwargs.pop("fill_value", None)
+            rest = rest[1:]
+        written = f"torch.{name}({', '.join(map(str, size))})"
+        if rest or not _is_number(fill_value):
+            raise DSLError(f"{written}: the fill value of a tensor over a graph's rows is a "
+                           f"number", user_loc())
+        return rows_filled(size, float(fill_value), kwargs, written)
+    fill.__name__ = name
+    fill.__doc__ = original.__doc__
+    return fill
+
+
+def rows_filled(size: tuple, value: float, kwargs: dict, written: str) -> Proxy:
+    """A tensor of ``value`` over the rows of a domain (``size[0]``, a row count) and the
+    feature sizes ``size[1:]``: the domain's degree compared with itself (1.0 on every row,
+    no gradient), times ``value``, widened to the feature sizes; in ``dtype=`` if given,
+    else the layer's precision."""
+    rows, feat = size[0], size[1:]
+    if not isinstance(rows, RowCount) or any(not _is_int(d) or d < 0 for d in feat):
+        raise DSLError(f"{written}: a row count (x.shape[0], g.num_edges()) is the first "
+                       f"size, the rows; the others are feature sizes (ints)", user_loc())
+    unknown = [k for k in kwargs if k not in ("dtype", "device", "requires_grad")]
+    if unknown or kwargs.get("requires_grad"):
+        arg = unknown[0] if unknown else "requires_grad"
+        raise DSLError(f"{written}: argument {arg}= is not supported while sarc traces the "
+                       f"layer (dtype= and device= are)", user_loc())
+    if rows.tracer is None:
+        raise DSLError(f"{written}: a row count of a value of no layer being traced",
+                       user_loc())
+    if 0 in feat:
+        raise DSLError(f"{written}: an empty feature axis is not supported", user_loc())
+    domain = next(d for d in (Domain.EDGE, Domain.DST, Domain.SRC) if d.rows == rows.symbol)
+    degree = degree_over(rows.tracer, domain, rows.tracer.precision or DType.F32)
+    return ones_over_rows(degree, tuple(feat), value, kwargs.get("dtype"), written)
+
+
+def _reshape_routed(input, shape):
+    """torch.reshape while a layer is traced: a traced value's shape may name its rows
+    (``torch.reshape(x, x.shape[:1] + (1,))``), which torch's own argument parsing refuses."""
+    if isinstance(input, Proxy):
+        return call_torch(_TORCH_RESHAPE, (input, shape), {})
+    return _TORCH_RESHAPE(input, shape)
+
+
+ROW_COUNT_ROUTES = {**{f: _filled(name) for name, (f, _) in _TORCH_FILLS.items()},
+                    _TORCH_RESHAPE: _reshape_routed}
+"""torch's functions whose sizes may hold a row count, and what runs in their place while
+a layer is traced (``trace_guards.tracing``)."""
+
+
 def _filled_like(name: str, value: float | None):
     def record(input, *args, fill_value=None, dtype=None, layout=Fixed(None),
                device=Fixed(None), requires_grad=Fixed(False),

@@ -57,9 +57,8 @@ from ..errors import DSLError, GraphError
 from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
-from ..trace import Proxy, RowCount, Tracer, _is_int, _is_number, call_torch, user_loc
-from ..trace_torch import degree_over, ones_over_rows
-from ..trace_guards import tracing
+from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
+from ..trace_guards import routed, tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
 
@@ -183,8 +182,7 @@ class _DGLTracer(Tracer):
     knows the layer's precision (the degrees' dtype) and the graph it traces on."""
 
     def __init__(self, name: str, precision):
-        super().__init__(name)
-        self.precision = precision
+        super().__init__(name, precision)
         self.graph: ProxyGraph | None = None
         # node code replayed on the other side's rows (source index -> destination index and
         # back), shared by every read so that a value has one form per side
@@ -614,13 +612,13 @@ class ProxyGraph:
 
     # sizes and degrees
     def num_src_nodes(self, ntype=None):
-        return _Rows(Domain.SRC.rows)
+        return _Rows(Domain.SRC.rows, self.tracer)
 
     def num_dst_nodes(self, ntype=None):
-        return _Rows(Domain.DST.rows)
+        return _Rows(Domain.DST.rows, self.tracer)
 
     def num_edges(self, etype=None):
-        return _Rows(Domain.EDGE.rows)
+        return _Rows(Domain.EDGE.rows, self.tracer)
 
     number_of_src_nodes = num_src_nodes
     number_of_dst_nodes = num_dst_nodes
@@ -766,17 +764,6 @@ def _edge_softmax(graph, logits, eids=None, norm_by="dst"):
     return graph.tracer.emit(Op.EDGE_SOFTMAX, [logits])
 
 
-def _reshape(input, shape):
-    """torch.reshape while a module is traced: a traced value's shape may name its rows
-    (``torch.reshape(x, x.shape[:1] + (1,))``), which torch's own argument parsing refuses."""
-    if isinstance(input, Proxy):
-        return call_torch(_TORCH_RESHAPE, (input, shape), {})
-    return _TORCH_RESHAPE(input, shape)
-
-
-_TORCH_RESHAPE = torch.reshape
-
-
 def _typed_linear(self, x, x_type, sorted_by_type=False):
     """dgl.nn.TypedLinear's forward, traced: ``x[i] @ W[x_type[i]]``."""
     if self.regularizer == "bdd":
@@ -795,64 +782,13 @@ def _refusal(name: str):
     return refuse
 
 
-_TORCH_FILLS = {"ones": (torch.ones, 1.0), "zeros": (torch.zeros, 0.0), "full": (torch.full, None)}
-
-
-def _filled(name: str, graph: "ProxyGraph"):
-    """``torch.ones`` / ``zeros`` / ``full`` while a module is traced: sized by a graph size
-    (``th.ones(g.num_edges(), 1)``, APPNPConv's edge weights) it is a constant per row of
-    that domain, traced; other sizes are torch's own call."""
-    original, value = _TORCH_FILLS[name]
-
-    def fill(*args, **kwargs):
-        size, rest = args, ()
-        if name == "full":
-            size, rest = args[:1], args[1:]
-        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-            size = tuple(size[0])
-        if not any(isinstance(d, RowCount) for d in size):
-            return original(*args, **kwargs)
-        fill_value = value
-        if name == "full":
-            fill_value = rest[0] if rest else kwargs.pop("fill_value", None)
-            rest = rest[1:]
-        written = f"torch.{name}({', '.join(map(str, size))})"
-        if rest or not _is_number(fill_value):
-            raise DSLError(f"{graph.owner}: {written}: the fill value of a tensor over a graph's "
-                           f"rows is a number", user_loc())
-        return _rows_filled(graph, size, float(fill_value), kwargs, written)
-    return fill
-
-
-def _rows_filled(graph: "ProxyGraph", size: tuple, value: float, kwargs: dict,
-                 written: str) -> Proxy:
-    """A tensor of ``value`` over the rows of a domain (``size[0]``, a graph size) and the
-    feature sizes ``size[1:]``: the domain's degree compared with itself (1.0 on every row,
-    no gradient), times ``value``, widened to the feature sizes."""
-    rows, feat = size[0], size[1:]
-    if not isinstance(rows, RowCount) or any(not _is_int(d) or d < 0 for d in feat):
-        raise DSLError(f"{graph.owner}: {written}: a graph size (g.num_edges(), "
-                       f"g.num_dst_nodes()) is the first size, the rows; the others are "
-                       f"feature sizes (ints)", user_loc())
-    unknown = [k for k in kwargs if k not in ("dtype", "device", "requires_grad")]
-    if unknown or kwargs.get("requires_grad"):
-        arg = unknown[0] if unknown else "requires_grad"
-        raise DSLError(f"{graph.owner}: {written}: argument {arg}= is not supported while "
-                       f"sarc traces the module (dtype= and device= are)", user_loc())
-    domain = next(d for d in (Domain.EDGE, Domain.DST, Domain.SRC) if d.rows == rows.symbol)
-    degree = degree_over(graph.tracer, domain, graph.tracer.precision)
-    if 0 in feat:
-        raise DSLError(f"{graph.owner}: {written}: an empty feature axis is not supported",
-                       user_loc())
-    return ones_over_rows(degree, tuple(feat), value, kwargs.get("dtype"), written)
-
-
 @contextlib.contextmanager
 def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
     """While ``module`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
-    linear, ``torch.ones`` / ``zeros`` / ``full`` sized by a graph size are traced constants
-    per row, and DGL functions that change the graph are refused by name (in every loaded
-    ``dgl`` module and every module defining a class of ``module``'s tree that imported them)."""
+    linear, and DGL functions that change the graph are refused by name (in every loaded
+    ``dgl`` module and every module defining a class of ``module``'s tree that imported
+    them). (``torch.ones`` sized by ``g.num_edges()`` and the like are traced by
+    ``trace_guards.tracing``: a graph size is a row count.)"""
     import dgl
     from dgl.nn.pytorch.linear import TypedLinear
     routes = {dgl.ops.edge_softmax: _edge_softmax}
@@ -861,36 +797,17 @@ def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
                  "edge_subgraph", "in_subgraph"):
         if hasattr(dgl, name):
             routes[getattr(dgl, name)] = _refusal(f"dgl.{name}")
-    swapped = []
+    users = {type(m).__module__ for m in module.modules()}
+    spaces = [vars(mod) for modname, mod in list(sys.modules.items())
+              if mod is not None and (modname == "dgl" or modname.startswith("dgl.")
+                                      or modname in users)]
+    forward = TypedLinear.forward
     try:
-        users = {type(m).__module__ for m in module.modules()}
-        for modname, mod in list(sys.modules.items()):
-            if mod is None or not (modname == "dgl" or modname.startswith("dgl.")
-                                   or modname in users):
-                continue
-            for attr, value in list(vars(mod).items()):
-                if callable(value) and _hashable(value) and value in routes:
-                    swapped.append((mod, attr, value))
-                    setattr(mod, attr, routes[value])
-        swapped.append((TypedLinear, "forward", TypedLinear.forward))
         TypedLinear.forward = _typed_linear
-        swapped.append((torch, "reshape", _TORCH_RESHAPE))
-        torch.reshape = _reshape
-        for name, (original, _) in _TORCH_FILLS.items():
-            swapped.append((torch, name, original))
-            setattr(torch, name, _filled(name, graph))
-        yield
+        with routed(routes, spaces):
+            yield
     finally:
-        for mod, attr, value in reversed(swapped):
-            setattr(mod, attr, value)
-
-
-def _hashable(x) -> bool:
-    try:
-        hash(x)
-        return True
-    except TypeError:
-        return False
+        TypedLinear.forward = forward
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
 from ..trace import Proxy, dropout, leaky_relu
+from ..trace_guards import routed
 
 
 class ConversionError(SarcError, TypeError):
@@ -841,29 +842,16 @@ def _pyg_softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
     return dsl.edge_softmax(src)
 
 
-@contextlib.contextmanager
 def _pyg_softmax_routed(conv):
     """While ``conv``'s message is traced, ``torch_geometric.utils.softmax`` is
     ``_pyg_softmax``: in ``torch_geometric.utils`` and in every module defining a class of
     the conv's tree that imported it by name."""
     import torch_geometric.utils as utils
     from torch_geometric.utils import _softmax
-    original = _softmax.softmax
     names = {type(m).__module__ for m in conv.modules()} | {
         c.__module__ for c in type(conv).__mro__}
-    swapped = []
-    try:
-        for mod in [utils, _softmax] + [sys.modules.get(n) for n in sorted(names)]:
-            if mod is None:
-                continue
-            for attr, value in list(vars(mod).items()):
-                if value is original:
-                    swapped.append((mod, attr))
-                    setattr(mod, attr, _pyg_softmax)
-        yield
-    finally:
-        for mod, attr in swapped:
-            setattr(mod, attr, original)
+    mods = [utils, _softmax] + [sys.modules.get(n) for n in sorted(names)]
+    return routed({_softmax.softmax: _pyg_softmax}, [vars(m) for m in mods if m is not None])
 
 
 class _TensorProxy(Proxy):

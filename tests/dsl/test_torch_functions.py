@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sarc
+from sarc.errors import DSLError
 from difftest import BACKENDS, Apply, assert_close, check_layer
 
 N, W = 12, 8
@@ -429,6 +430,61 @@ def test_filled_like_per_edge_equals_torch(backend):
     (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
     assert_close(got, ref, 1e-6, "gradient", 1e-7)
     check_layer(FilledPerEdge(), g, {"h": x.detach()})
+
+
+class FilledOverRows(sarc.Layer):
+    """Constants sized by a value's row count, as torch code writes them: ``torch.ones(
+    m.shape[0], 4)``, ``torch.zeros((dst.h.shape[0], 1))``, ``torch.full``, and
+    ``torch.reshape`` to a shape naming the rows."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        m = dst.h - src.h
+        return m * torch.full((m.shape[0], 1), 0.5) + torch.ones(m.shape[0], 4)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        rows = dst.h.shape[0]
+        return torch.reshape(agg.agg, (rows, 2, 2)).flatten(1) - torch.zeros((rows, 1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ones_zeros_full_and_reshape_over_a_row_count_equal_torch(backend):
+    src, dst = torch.tensor([0, 1, 2, 3, 0]), torch.tensor([1, 2, 3, 0, 2])
+    g = sarc.Graph.from_edges(src, dst, 6)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    out = FilledOverRows().set_backend(backend)(g, x)
+    xr = x.detach().clone().requires_grad_()
+    want = torch.zeros(6, 4).index_add(0, dst, (xr[dst] - xr[src]) * 0.5 + 1.0)
+    assert_close(out, want, 1e-6, "output")
+    cot = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    (got,) = torch.autograd.grad((out * cot).sum(), [x])
+    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
+    assert_close(got, ref, 1e-6, "gradient", 1e-7)
+    check_layer(FilledOverRows(), g, {"h": x.detach()})
+
+
+class OnesOverRowsWithAWrongFill(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h * torch.full((src.h.shape[0], 4), src.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_a_tensor_fill_over_a_row_count_is_refused_at_its_line():
+    g = sarc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    with pytest.raises(DSLError, match=r"test_torch_functions.py:\d+ \(in message\): "
+                                       r"torch.full\(E, 4\): the fill value of a tensor "
+                                       r"over a graph's rows is a number"):
+        OnesOverRowsWithAWrongFill()(g, torch.randn(2, 4))
 
 
 class PerTypeProduct(sarc.Layer):

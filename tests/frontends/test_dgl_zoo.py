@@ -244,7 +244,7 @@ def test_ones_zeros_and_full_over_a_graph_size():
     layer = from_dgl_module(FullOverNodes(), node={"feat": IN})
     torch.testing.assert_close(layer(sarc.Graph.from_edges(src, dst, N), x), x * 2.5)
     layer = from_dgl_module(OnesNotRows(), node={"feat": IN})
-    with pytest.raises(DSLError, match=r"OnesNotRows: torch.ones\(3, E\): a graph size .* is "
+    with pytest.raises(DSLError, match=r"OnesNotRows: torch.ones\(3, E\): a row count .* is "
                                        r"the first size, the rows"):
         layer(sarc.Graph.from_edges(src, dst, N), x)
 
