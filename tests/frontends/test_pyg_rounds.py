@@ -23,7 +23,7 @@ from sarc.frontends.pyg import ConversionError, as_conv, from_message_passing  #
 from sarc.frontends.pyg_rounds import PyGRounds  # noqa: E402
 from sarc.graph import Graph  # noqa: E402
 
-from test_pyg_zoo import D, F64, check, graph, randomize, x64  # noqa: E402
+from test_pyg_zoo import D, F64, adam_losses, check, graph, randomize, x64  # noqa: E402
 
 ROUNDS = {
     "sgconv_k2": (lambda: pyg.SGConv(D, 3, K=2), {}),
@@ -76,17 +76,7 @@ def test_k_round_convs_train_three_steps_as_pyg():
 
     x, ei = x64(), graph()
     y = torch.randint(0, 2, (x.size(0),), generator=torch.Generator().manual_seed(2))
-    losses = []
-    for net in (model(lambda c, **_: c), model(as_conv)):
-        opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=5e-4)
-        run = []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = F.cross_entropy(net(x, ei), y)
-            loss.backward()
-            opt.step()
-            run.append(loss.item())
-        losses.append(run)
+    losses = [adam_losses(net, x, ei, y) for net in (model(lambda c, **_: c), model(as_conv))]
     assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
 
 
@@ -168,9 +158,10 @@ def _mfg_step(shard, group, rows):
                                 batch.train_total)
     loss.backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    loss = loss.detach().reshape(1)
     if group is not False:
         import torch.distributed as dist
-        for t in [*grads.values(), loss := loss.detach().reshape(1)]:
+        for t in [*grads.values(), loss]:
             dist.all_reduce(t, group=group)
     return {"loss": float(loss), "grads": grads, "x_grad": x.grad.clone(),
             "x_ids": shard.orig_node_ids.clone(), "layers": graph_layers(model)}

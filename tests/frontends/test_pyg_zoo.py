@@ -79,6 +79,19 @@ def check(conv, ei, x, *extra, wrapped=None):
     return wrapped
 
 
+def adam_losses(net, x, ei, y, steps: int = 3) -> list[float]:
+    """The cross-entropy losses of ``steps`` Adam steps of ``net(x, ei)`` against ``y``."""
+    opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=5e-4)
+    run = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x, ei), y)
+        loss.backward()
+        opt.step()
+        run.append(loss.item())
+    return run
+
+
 def x64(n=N, d=D, seed=0):
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=F64)
 
@@ -338,15 +351,7 @@ def test_attention_convs_train_three_steps_as_pyg(pair):
     for model in (Net(*convs(), lambda c: c), Net(*convs(), wrap)):
         with torch.no_grad():
             model.out.weight.copy_(torch.linspace(-1, 1, 6, dtype=F64).view(2, 3))
-        opt = torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=5e-4)
-        run = []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x, ei), y)
-            loss.backward()
-            opt.step()
-            run.append(loss.item())
-        losses.append(run)
+        losses.append(adam_losses(model, x, ei, y))
     assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
     assert losses[0][2] != losses[0][0]
 
@@ -419,17 +424,7 @@ def test_one_round_normalizing_convs_train_three_steps_as_pyg():
 
     x, ei = x64(), graph()
     y = torch.randint(0, 2, (N,), generator=torch.Generator().manual_seed(2))
-    losses = []
-    for net in (model(lambda c: c), model(as_conv)):
-        opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=5e-4)
-        run = []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = F.cross_entropy(net(x, ei), y)
-            loss.backward()
-            opt.step()
-            run.append(loss.item())
-        losses.append(run)
+    losses = [adam_losses(net, x, ei, y) for net in (model(lambda c: c), model(as_conv))]
     assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
 
 
