@@ -33,7 +33,9 @@ from .ir.types import Domain, DType, TensorType
 from .trace import Proxy, Tracer, call_returning, traces, user_loc
 from .trace_guards import tracing
 
-BUILTIN_NODE = {"src": ("out_degree",), "dst": ("in_degree",)}
+BUILTIN_NODE = {"src": ("out_degree", "in_degree"), "dst": ("in_degree", "out_degree")}
+"""The degrees every node has, on both ends of an edge: whole-graph degrees on a shard too
+(a source's in-degree needs a block whose sources are its destinations: a whole graph)."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ class Layer(nn.Module):
         for name in self._sarc_edge:
             if any(name in names for names in BUILTIN_NODE.values()):
                 raise DSLError(f"edge feature {name!r}: the name is sarc's built-in node degree "
-                               f"(src.out_degree, dst.in_degree); name the edge feature "
+                               f"(src.out_degree, dst.in_degree, ...); name the edge feature "
                                f"otherwise", user_loc())
         for name in (*self._sarc_node, *self._sarc_edge):
             if name in _FORWARD_ARGUMENTS:

@@ -257,15 +257,9 @@ INTEGER_CONVERSION = (
     "integer (index) value is a feature declared with sarc.INDEX or sarc.Feature(shape, "
     "dtype=\"i64\") and given as an int64 tensor, used as it is (W[edge.etype])")
 """Why a conversion to an integer (or to a dtype sarc has not) is refused, and what to write."""
-_INSTEAD = {
-    "size": "use x.shape: x.shape[-1] is a feature size, x.shape[0] the row count (which "
-            "view and reshape take as their first size)",
-}
 
 
 def _method_message(name: str) -> str:
-    if name in _INSTEAD:
-        return f"Tensor.{name} is not supported in a sarc layer; {_INSTEAD[name]}"
     if name in _CONVERSIONS:
         return f"Tensor.{name}: {INTEGER_CONVERSION}"
     if name in _READS_VALUE:
@@ -321,6 +315,11 @@ class Proxy:
 
     def dim(self) -> int:
         return len(self.type.shape)
+
+    def size(self, dim: int | None = None):
+        """``x.size()``: the shape; ``x.size(d)``: its entry ``d`` (``x.size(0)``, the rows,
+        is a ``RowCount``, which view, reshape, slices and ``torch.ones`` take)."""
+        return self.shape if dim is None else self.shape[dim]
 
     def __repr__(self) -> str:
         return f"Proxy(%{self.index}: {self.type})"

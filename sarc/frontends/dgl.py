@@ -23,7 +23,10 @@ and records what it does as sarc IR:
 - ``dgl.ops.edge_softmax`` / ``dgl.nn.functional.edge_softmax`` become sarc's;
   ``dgl.nn.TypedLinear`` (RelGraphConv's ``W[etype]``) becomes sarc's typed linear;
 - ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
-  degrees on a shard too); DGL's zero-in-degree check runs on the graph of each call;
+  degrees on a shard too), read per source or per destination node as the code uses
+  them (SGConv, TAGConv and GCN2Conv scale source features by in-degrees: a whole
+  graph or its shards, not a mini-batch block, has them); DGL's zero-in-degree check
+  runs on the graph of each call;
 - buffers holding one number (GINConv's fixed ``eps``) are read as constants when
   the layer is traced (a later change to them needs a new layer);
 - ``torch.ones`` / ``zeros`` / ``full`` sized by a graph size (APPNPConv's
@@ -274,29 +277,20 @@ form on the other side's rows."""
 
 @dataclass(frozen=True)
 class _Side:
-    """What replaying node code onto one side's rows needs to say: the rows' name, the
-    degree input that side does not have, and why a value made from edges cannot cross."""
+    """What replaying node code onto one side's rows needs to say: the rows' name, and why
+    a value made from edges cannot cross."""
 
     name: str
-    missing_degree: str
-    no_degree: str
     from_edges: str
 
 
 _SIDES = {
     Domain.DST: _Side(
-        "destination", "out_degree",
-        "{what} is computed from g.out_degrees() and read per destination node; sarc has the "
-        "out-degrees of source nodes and the in-degrees of destination nodes (use "
-        "in_degrees() per destination)",
+        "destination",
         "{what} is a source value computed from the graph's edges and read per destination "
         "node: it cannot be replayed on the destination rows"),
     Domain.SRC: _Side(
-        "source", "in_degree",
-        "{what} is computed from g.in_degrees() and read per source node (as a message's "
-        "source side, or by an operation with a source value); sarc has the in-degrees of "
-        "destination nodes and the out-degrees of source nodes, not the in-degrees of source "
-        "nodes",
+        "source",
         "{what} holds what message passing computed per destination node (an update_all's "
         "result) and is read per source node (by a message's source side, edges.src or "
         "g.srcdata): a second round of message passing inside one module, which one sarc "
@@ -328,8 +322,6 @@ def _replay(tracer: "_DGLTracer", index: int, to: Domain, what: str = "the value
         memo[index] = out
         back.setdefault(out, index)
         return out
-    if v.op is Op.INPUT and v.attr["name"] == side.missing_degree:
-        raise DSLError(f"{_owner(tracer)}: {side.no_degree.format(what=what)}", user_loc())
     if v.op in _EDGE_MADE:
         raise DSLError(f"{_owner(tracer)}: {side.from_edges.format(what=what)}", user_loc())
     if v.op is Op.INPUT:

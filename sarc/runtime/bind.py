@@ -31,6 +31,7 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
                          f"as in a shard's block of remote edges); a layer runs on a block "
                          f"with dst_in_src=True")
     given = resolve_features(layer, args, feats)
+    check_source_in_degree(layer, fn, g.num_src, g.num_dst)
     node = layer._sarc_node
     out: dict[str, torch.Tensor] = {}
     for name, t in fn.inputs().items():
@@ -46,6 +47,23 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
         out[name] = x
     check_type_ids(layer, fn, out)
     return out
+
+
+def check_source_in_degree(layer, fn: Function, num_src: int, num_dst: int) -> None:
+    """A layer reading its sources' in-degree (``src.in_degree``; DGL's SGConv, TAGConv and
+    GCN2Conv scale source features by ``g.in_degrees()``) runs where every source is a
+    destination: a whole graph, or a worker's shard of one. A block with other sources (a
+    mini-batch step's) has the in-degrees of its destinations only."""
+    if num_src == num_dst or "in_degree" in layer._sarc_node:
+        return
+    if any(v.op is Op.INPUT and v.attr["name"] == "in_degree" and v.type.domain is Domain.SRC
+           for v in fn.values):
+        name = getattr(layer, "module_name", None) or type(layer).__name__   # DGL's module
+        raise GraphError(f"{name} reads the in-degree of source nodes "
+                         f"(src.in_degree, or DGL's g.in_degrees() scaling source features), "
+                         f"known where every source is a destination; this block has "
+                         f"{num_src} sources for {num_dst} destinations (a mini-batch step's "
+                         f"block, --mode mfg or sampling): train the model with --mode full")
 
 
 _INDEXED = {Op.INDEX: (0, 1), Op.TYPED_LINEAR: (1, 2)}

@@ -56,6 +56,9 @@ def _cases() -> list[Case]:
         Case("feature_axes_p3_sar", "feature_axes", 3, "random"),
         Case("feature_axes_p2_oneshot", "feature_axes", 2, exec_mode="oneshot"),
         Case("rgcn_p3_oneshot", "rgcn", 3, "random", exec_mode="oneshot"),
+        Case("degrees_p3_sar", "degrees", 3, "random"),
+        Case("degrees_p2_oneshot", "degrees", 2, exec_mode="oneshot"),
+        Case("degrees_p3_baseline", "degrees", 3, baseline=True),
         # features without a gradient: GraphSAGE's first layer has no gradient through its
         # edges (no backward pass over the blocks); the baseline GAT's exchanged rows need none
         Case("sage_p3_x_nograd", "sage", 3, x_grad=False),

@@ -66,3 +66,22 @@ class FeatureAxesLayer(sarc.Layer):
     def update(self, dst, agg):
         heads = agg.agg.unbind(-1)
         return torch.nn.functional.silu(sum(heads) @ self.out.T)
+
+
+class DegreesLayer(sarc.Layer):
+    """Both degrees at both ends of an edge (``src.in_degree``, ``dst.out_degree``: DGL's
+    SGConv normalization and more): the in-degree of a remote source is its owner's."""
+
+    def __init__(self, in_feats: int, out_feats: int):
+        super().__init__(node={"h": in_feats})
+        self.lin = nn.Linear(in_feats, out_feats)
+
+    def message(self, src, dst, edge):
+        scale = src.in_degree.clamp_min(1).rsqrt() * (dst.out_degree + 1).rsqrt()
+        return self.lin(src.h) * scale.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg * dst.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)

@@ -12,7 +12,7 @@ from sage import SAGELayer
 from sage import build_model as sage
 from torch import nn
 
-from .layers import FeatureAxesLayer, MaxLayer, TiedMaxLayer
+from .layers import DegreesLayer, FeatureAxesLayer, MaxLayer, TiedMaxLayer
 
 
 class MaxNet(nn.Module):
@@ -64,6 +64,18 @@ class FeatureAxesNet(nn.Module):
         return self.conv2(g, self.conv1(g, x))
 
 
+class DegreesNet(nn.Module):
+    """Two ``DegreesLayer``s: every degree at both ends, across the exchange."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1 = DegreesLayer(in_feats, hidden)
+        self.conv2 = DegreesLayer(hidden, num_classes)
+
+    def forward(self, g, x):
+        return self.conv2(g, F.elu(self.conv1(g, x)))
+
+
 MODELS = {
     "gcn": lambda f, c, **_: gcn(f, c, hidden=8, dropout=0.0),
     "sage": lambda f, c, **_: sage(f, c, hidden=8, dropout=0.0),
@@ -78,4 +90,5 @@ MODELS = {
     "tied_max": lambda f, c, **_: TiedMaxNet(f, 6, c),
     "score_shapes": lambda f, c, **_: ScoreShapesNet(f, 4, c),
     "feature_axes": lambda f, c, **_: FeatureAxesNet(f, 6, c),
+    "degrees": lambda f, c, **_: DegreesNet(f, 6, c),
 }

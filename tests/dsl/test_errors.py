@@ -381,17 +381,6 @@ class FloatToInteger(sarc.Layer):
         return sarc.sum(msg.m)
 
 
-class SizeMethod(sarc.Layer):
-    def __init__(self):
-        super().__init__(node={"h": 4})
-
-    def message(self, src, dst, edge):
-        return src.h.view(src.h.size(0), 2, 2).sum(-1)  # ERR:size
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
-
-
 class MisspeltDSLFunction(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 4})
@@ -454,8 +443,6 @@ CASES = [
     (FloatToInteger, "to-integer", [r"Tensor\.long to torch\.int64: a sarc layer converts "
                                     r"values to float dtypes only",
                                     r"sarc\.Feature\(shape, dtype=\"i64\"\)"]),
-    (SizeMethod, "size", [r"Tensor\.size is not supported", r"use x\.shape",
-                          r"x\.shape\[0\] the row count"]),
     (MisspeltDSLFunction, "misspelt", ["AttributeError", "meen"]),
     (UndefinedName, "undefined", ["NameError", "'scale' is not defined"]),
 ]

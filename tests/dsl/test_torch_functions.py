@@ -468,6 +468,28 @@ def test_ones_zeros_full_and_reshape_over_a_row_count_equal_torch(backend):
     check_layer(FilledOverRows(), g, {"h": x.detach()})
 
 
+class SizeMethod(sarc.Layer):
+    """``x.size(0)``, ``x.size(-1)`` and ``x.size()`` as torch code writes them."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        h = src.h
+        return h.view(h.size(0), 2, h.size(-1) // 2).sum(-1) * torch.ones(h.size()[0], 1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_size_method_equals_torch():
+    src, dst = torch.tensor([0, 1, 2, 3, 0]), torch.tensor([1, 2, 3, 0, 2])
+    g = sarc.Graph.from_edges(src, dst, 6)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    want = torch.zeros(6, 2).index_add(0, dst, x[src].view(-1, 2, 2).sum(-1))
+    assert_close(SizeMethod()(g, x), want, 1e-6, "output")
+
+
 class OnesOverRowsWithAWrongFill(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 4})

@@ -21,7 +21,7 @@ import dgl  # noqa: E402
 import dgl.function as fn  # noqa: E402
 from dgl.nn.functional import edge_softmax  # noqa: E402
 from dgl.nn.pytorch import (DotGatConv, EdgeConv, GATConv, GATv2Conv, GINConv,  # noqa: E402
-                            GraphConv, RelGraphConv, SAGEConv)
+                            GraphConv, RelGraphConv, SAGEConv, SGConv, TAGConv)
 from torch import nn  # noqa: E402
 
 from dgl_support import randomized  # noqa: E402
@@ -110,6 +110,9 @@ CASES = [
     ("reduce-udf-masked", MaskedReduce, (), False),
     # g.local_var(), an edge softmax of dot products per head
     ("dotgat", lambda: DotGatConv(IN, 3, num_heads=2, allow_zero_in_degree=True), (), False),
+    # source features scaled by g.in_degrees() (the in-degree read per source node)
+    ("sgconv", lambda: SGConv(IN, 4, k=1), (), True),
+    ("tagconv", lambda: TAGConv(IN, 4, k=1), (), False),
 ]
 
 EDGE_DECL = {"edge_weight": (), "etypes": sarc.INDEX, "norm": (1,)}
@@ -241,7 +244,7 @@ def test_edge_softmax_imported_by_a_users_module_is_sarcs():
 DIST_CASES = [("graphconv-both", 2), ("graphconv-both", 3), ("gat-heads", 2), ("gat-heads", 3),
               ("sage-mean", 2), ("sage-pool", 2), ("gatv2", 2), ("gin-sum", 2), ("relgraph", 2),
               ("relgraph-basis", 2), ("edgeconv", 2), ("graphconv-edge-weight", 2),
-              ("reduce-udf-masked", 3), ("dotgat", 2)]
+              ("reduce-udf-masked", 3), ("dotgat", 2), ("sgconv", 2), ("tagconv", 3)]
 
 
 def _dist_worker(rank, port, queue, parts_dir, name, state, world, patched=False):

@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
 import sarc.frontends.dgl  # noqa: E402
-from sarc.errors import DSLError  # noqa: E402
+from sarc.errors import DSLError, GraphError  # noqa: E402
 from sarc.frontends.dgl import from_dgl_module  # noqa: E402
 
 N, IN = 12, 5
@@ -311,26 +311,19 @@ def test_dtype_conversions_of_a_traced_value():
     _equals_dgl(WidenedSum())
 
 
-@pytest.mark.parametrize("make", [lambda: SGConv(IN, 3), lambda: TAGConv(IN, 3),
+@pytest.mark.parametrize("make", [lambda: SGConv(IN, 3), lambda: TAGConv(IN, 3, k=1),
                                   lambda: GCN2Conv(IN, 1, allow_zero_in_degree=True)],
                          ids=["SGConv", "TAGConv", "GCN2Conv"])
-def test_stock_convs_scaling_sources_by_in_degree_are_refused_by_name(make):
-    """These read ``.device`` (now traced) and scale the source features by the in-degrees,
-    which sarc has per destination node only: refused, naming the module and the construct."""
+def test_stock_convs_scaling_sources_by_in_degree_equal_dgl(make):
+    """These read ``.device`` (traced) and scale the source features by the in-degrees: the
+    in-degree read per source node."""
     module = make()
-    src, dst = _edges(self_loops=True)
-    x = torch.randn(N, IN)
-    node = {"feat": IN, "feat_0": IN} if type(module).__name__ == "GCN2Conv" else {"feat": IN}
-    layer = from_dgl_module(module, node=node)
-    with pytest.raises(DSLError) as err:
-        layer(sarc.Graph.from_edges(src, dst, N), *([x] * len(node)))
-    text = str(err.value)
-    assert f"{type(module).__name__}: " in text and "in-degrees of source nodes" in text, text
+    node = {"feat": IN, "feat_0": IN} if type(module).__name__ == "GCN2Conv" else None
+    _equals_dgl(module, node=node, self_loops=True)
 
 
 class OutDegreePerDestination(nn.Module):
-    """Scales what it aggregated by the out-degrees: per destination node, which sarc
-    does not have (it has them per source node)."""
+    """Scales what it aggregated by the out-degrees, read per destination node."""
 
     def __init__(self):
         super().__init__()
@@ -343,8 +336,20 @@ class OutDegreePerDestination(nn.Module):
             return g.dstdata["h"] * g.out_degrees().float().unsqueeze(1)
 
 
-def test_out_degrees_read_per_destination_are_refused_at_the_line():
-    _refused(OutDegreePerDestination(), "g.out_degrees()", "per destination node")
+def test_out_degrees_read_per_destination_equal_dgl():
+    _equals_dgl(OutDegreePerDestination())
+
+
+def test_in_degrees_of_sources_on_a_block_are_refused():
+    """A block whose sources are not all destinations (a mini-batch step's) has no in-degrees
+    for its other sources: refused, naming the module and what to do."""
+    src, dst = _edges(self_loops=True)
+    block = sarc.Graph.from_edges(src, dst % 5, num_src=N, num_dst=5)
+    layer = from_dgl_module(SGConv(IN, 3, allow_zero_in_degree=True), node={"feat": IN})
+    with pytest.raises(GraphError, match=r"SGConv reads the in-degree of source nodes .* "
+                                         rf"this block has {N} sources for 5 destinations .* "
+                                         r"train the model with --mode full"):
+        layer(block, torch.randn(N, IN))
 
 
 class OwnModule(nn.Module):
