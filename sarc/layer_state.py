@@ -20,7 +20,10 @@ key holds them, so a freed tensor's id is never taken for a new one's).
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import enum
+import types
 from typing import Any
 
 import torch
@@ -52,24 +55,39 @@ class _Same:
         return id(self.obj)
 
 
-def _plain(value: Any) -> Any:
+_RECORDS = (types.SimpleNamespace, argparse.Namespace)
+_MAX_DEPTH = 3
+"""How deep configuration objects and containers nest before an object is keyed by identity."""
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
     """A value's key: scalars as they are, small containers of them as tuples (a dict's in
-    its order, a set's as a frozenset), tensors by identity and version; None where the
-    value is nothing a trace reads as a constant. No value is formatted or compared
-    element by element: a tensor's ``repr`` or ``==`` would read it (a device sync)."""
+    its order, a set's as a frozenset), tensors by identity and version, functions and
+    classes by identity (``self.act = torch.tanh`` swapped), configuration records (a
+    ``SimpleNamespace``, a dataclass) by their fields; None where the value is nothing a
+    trace reads as a constant. No value is formatted or compared element by element: a
+    tensor's ``repr`` or ``==`` would read it (a device sync)."""
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, torch.Tensor):
         return _Same(value)
     if isinstance(value, (tuple, list, dict, set, frozenset)):
-        if len(value) > _MAX_ITEMS:
+        if len(value) > _MAX_ITEMS or depth >= _MAX_DEPTH:
             return _Same(value), len(value)
         items = [x for kv in value.items() for x in kv] if isinstance(value, dict) else value
-        keys = tuple(_plain(x) for x in items)
+        keys = tuple(_plain(x, depth + 1) for x in items)
         if any(k is None for k in keys):
             return None
         return type(value).__name__, frozenset(keys) if isinstance(value, (set, frozenset)) \
             else keys
+    if isinstance(value, _RECORDS) or (dataclasses.is_dataclass(value)
+                                       and not isinstance(value, type)):
+        fields = (vars(value) if hasattr(value, "__dict__") else
+                  {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        inner = _plain(dict(fields), depth + 1) if depth < _MAX_DEPTH else None
+        return (type(value), inner) if inner is not None else _Same(value)
+    if callable(value):   # a function, a class, a partial: what the trace calls
+        return _Same(value)
     return None
 
 

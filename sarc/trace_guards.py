@@ -19,6 +19,8 @@ these guards and the front ends' routes (DGL's edge softmax, PyG's softmax) use 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import sys
 import threading
 from types import ModuleType
@@ -29,8 +31,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .errors import DSLError, SarcError, SourceLoc
-from .trace import (TRAINING, _has_proxy, _is_core_library, _is_library, _is_sarc, _torch_name,
-                    traced_code, user_loc)
+from .trace import (TRAINING, _has_proxy, _installed, _is_core_library, _is_library, _is_sarc,
+                    _torch_name, traced_code, user_loc)
 
 
 def _random_message(name: str) -> str:
@@ -98,16 +100,18 @@ def _refusing(name: str, original: Callable) -> Callable:
 
 @contextlib.contextmanager
 def routed(routes: Mapping[Callable, Callable] | Iterable[tuple[Callable, Callable]],
-           namespaces: Iterable[dict]):
+           namespaces: Callable[[], Iterable[dict]]):
     """Each function of ``routes`` (a mapping, or (function, route) pairs) replaced by its
-    route wherever ``namespaces`` (modules' ``vars``) hold it by name, found by identity
+    route wherever ``namespaces()`` (modules' ``vars``) hold it by name, found by identity
     (``from random import random`` in a user's module included); put back when the block
-    ends, however it ends."""
+    ends, however it ends, there and wherever ``namespaces()`` then holds a route (a module
+    imported while tracing, which took the route by name)."""
     pairs = routes.items() if isinstance(routes, Mapping) else routes
     by_id = {id(f): (f, route) for f, route in pairs}
+    of_route = {id(route): (route, f) for f, route in by_id.values()}
     swapped = []
     try:
-        for ns in namespaces:
+        for ns in namespaces():
             for key, value in list(ns.items()):
                 hit = by_id.get(id(value))
                 if hit is not None and hit[0] is value:
@@ -117,22 +121,48 @@ def routed(routes: Mapping[Callable, Callable] | Iterable[tuple[Callable, Callab
     finally:
         for ns, key, value in reversed(swapped):
             ns[key] = value
+        for ns in namespaces():
+            for key, value in list(ns.items()):
+                hit = of_route.get(id(value))
+                if hit is not None and hit[0] is value:
+                    ns[key] = hit[1]
 
 
 @contextlib.contextmanager
-def _refuse_python_randomness(namespaces: Iterable[dict]):
+def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
     """Swap the drawing functions of ``random`` and ``numpy.random`` in their modules and
-    in ``namespaces`` (the user's modules: ``from random import random``) for refusing ones."""
+    in ``namespaces()`` (the user's modules: ``from random import random``) for refusing
+    ones."""
     import random
     draws = [(f, _refusing(name, f)) for name, f in _python_random_functions().values()]
     spaces = [vars(random)] + ([vars(sys.modules["numpy"].random)] if "numpy" in sys.modules
-                               else []) + list(namespaces)
+                               else [])
     was_active, _TRACING.active = getattr(_TRACING, "active", False), True
     try:
-        with routed(draws, spaces):
+        with routed(draws, lambda: spaces + namespaces()):
             yield
     finally:
         _TRACING.active = was_active
+
+
+def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
+    """Where the code being traced may hold a function by name (``from dgl.nn.functional
+    import edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
+    and every loaded module of the user's own code, which is neither sarc, torch, numpy,
+    the standard library nor an installed package (a helper module the layer calls)."""
+    found = {id(m): m for m in _traced_modules(modules)}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if isinstance(path, str) and id(mod) not in found and _is_users(path):
+            found[id(mod)] = mod
+    return [vars(m) for m in found.values()]
+
+
+@functools.lru_cache(maxsize=None)
+def _is_users(path: str) -> bool:
+    """Whether the file is the user's own code: not sarc, torch, numpy, the standard
+    library or an installed package."""
+    return not (_is_core_library(path) or _is_sarc(path) or _installed(os.path.abspath(path)))
 
 
 def _traced_modules(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
@@ -186,8 +216,8 @@ def tracing(modules: Iterable[torch.nn.Module]):
             m.training = TRAINING
         from .trace_torch import ROW_COUNT_ROUTES
         with traced_code(mod.__file__ for mod in traced), \
-                _refuse_python_randomness([vars(mod) for mod in traced]), \
-                routed(ROW_COUNT_ROUTES, [vars(torch)] + [vars(mod) for mod in traced]), \
+                _refuse_python_randomness(lambda: code_namespaces(modules)), \
+                routed(ROW_COUNT_ROUTES, lambda: [vars(torch)] + code_namespaces(modules)), \
                 _RefuseTorchRandomness():
             try:
                 yield

@@ -61,7 +61,7 @@ from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
-from ..trace_guards import routed, tracing
+from ..trace_guards import code_namespaces, routed, tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
 
@@ -83,6 +83,36 @@ def from_dgl_module(module: torch.nn.Module, *, node: Mapping[str, Any],
     return DGLLayer(module, node=node, edge=edge, backend=backend)
 
 
+def _check_arguments(module: torch.nn.Module, node: Mapping, edge: Mapping) -> None:
+    """The declared features are ``forward``'s arguments after the graph, and every one
+    of them without a default is declared."""
+    import inspect
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return
+    kinds = inspect.Parameter
+    if any(p.kind is kinds.VAR_KEYWORD for p in params):
+        return
+    names = [p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD,
+                                                  kinds.KEYWORD_ONLY)]
+    owner = type(module).__name__
+    for kind, feats in (("node", node), ("edge", edge)):
+        for name in feats:
+            if name not in names:
+                raise DSLError(f"{owner}: {kind}={{{name!r}: ...}} is not an argument of its "
+                               f"forward(graph, {', '.join(names)}): node= and edge= declare "
+                               f"forward's arguments by name", user_loc())
+    missing = [p.name for p in params if p.default is kinds.empty
+               and p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+               and p.name not in node and p.name not in edge]
+    if missing:
+        raise DSLError(f"{owner}: forward's argument{'s' * (len(missing) > 1)} "
+                       f"{', '.join(map(repr, missing))} (no default) "
+                       f"{'are' if len(missing) > 1 else 'is'} declared in neither node= nor "
+                       f"edge=", user_loc())
+
+
 class DGLLayer(Layer):
     """A DGL module traced into sarc's IR (see the module docstring)."""
 
@@ -91,6 +121,7 @@ class DGLLayer(Layer):
         super().__init__(node=node, edge=edge, backend=backend)
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"from_dgl_module takes a DGL nn module, got {type(module).__name__}")
+        _check_arguments(module, self._sarc_node, self._sarc_edge)
         self.module = module
         self._sarc_checks_in_degree = False
         self._sarc_outputs: tuple[str, ...] | None = None   # set when forward returns a tuple
@@ -473,11 +504,13 @@ class _Mailbox:
     def __init__(self, graph, name, value):
         self._graph, self._name, self._value = graph, name, value
 
+    def _refusal(self, what: str) -> str:
+        return (f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: sarc "
+                f"lowers a reduce function only when it sums, averages or takes the max / min "
+                f"of the mailbox over dim 1 (e.g. fn.{_REDUCERS[0]}, mailbox.sum(1))")
+
     def _refuse(self, what: str):
-        raise DSLError(f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: "
-                       f"sarc lowers a reduce function only when it sums, averages or takes the "
-                       f"max / min of the mailbox over dim 1 (e.g. fn.{_REDUCERS[0]}, "
-                       f"mailbox.sum(1))", user_loc())
+        raise DSLError(self._refusal(what), user_loc())
 
     def _reduce(self, kind, dim, keepdim=False):
         full = 2 + len(self._value.type.feat)
@@ -523,10 +556,11 @@ class _Mailbox:
 
 
 class _Extremum(tuple):
-    """``mailbox.max(1)``: ``(values, indices)``; the indices are not traced."""
+    """``mailbox.max(1)``: ``(values, indices)``; the indices are not traced (any use of
+    them, unpacked or as ``.indices``, is refused)."""
 
     def __new__(cls, box, values):
-        self = super().__new__(cls, (values, None))
+        self = super().__new__(cls, (values, _Indices(box)))
         self._box = box
         return self
 
@@ -537,6 +571,21 @@ class _Extremum(tuple):
     @property
     def indices(self):
         self._box._refuse("the arg-max / arg-min indices")
+
+
+class _Indices:
+    """The arg-max / arg-min of a mailbox extremum: refused wherever it is used."""
+
+    def __init__(self, box):
+        self._box = box
+
+    def _sarc_refusal(self) -> str:
+        return self._box._refusal("the arg-max / arg-min indices")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise DSLError(self._sarc_refusal(), user_loc())
 
 
 class ProxyGraph:
@@ -756,6 +805,49 @@ def _edge_softmax(graph, logits, eids=None, norm_by="dst"):
     return graph.tracer.emit(Op.EDGE_SOFTMAX, [logits])
 
 
+_SIDE_DATA = {"u": "srcdata", "v": "dstdata", "e": "edata"}
+_REDUCES = ("sum", "max", "min", "mean")
+
+
+def _dgl_op_parts(name: str):
+    """``dgl.ops``' named message functions: ``u_mul_e_sum`` -> (("u", "e"), "u_mul_e",
+    "sum"), ``copy_u`` -> (("u",), "copy_u", None); None for another name."""
+    parts = name.split("_")
+    reduce = parts[-1] if len(parts) > 2 and parts[-1] in _REDUCES else None
+    msg = parts[:-1] if reduce else parts
+    if len(msg) == 2 and msg[0] == "copy" and msg[1] in ("u", "e"):
+        return (msg[1],), name if reduce is None else "_".join(msg), reduce
+    if len(msg) == 3 and msg[0] in _SIDE_DATA and msg[2] in _SIDE_DATA and msg[0] != msg[2] \
+            and msg[1] in ("add", "sub", "mul", "div", "dot"):
+        return (msg[0], msg[2]), "_".join(msg), reduce
+    return None
+
+
+def _dgl_op(name: str):
+    """``dgl.ops.u_mul_e_sum(g, x, y)`` and its kin on the graph sarc traces a module with:
+    DGL's builtin message (``fn.u_mul_e``) and reduction (``fn.sum``) through
+    ``update_all``, or ``apply_edges`` for an edge result (``dgl.ops.u_dot_v``)."""
+    import dgl.function as fn
+    sides, msg, reduce = _dgl_op_parts(name)
+
+    def run(graph, *operands):
+        if not isinstance(graph, ProxyGraph) or len(operands) != len(sides):
+            raise DSLError(f"dgl.ops.{name} takes the graph and {len(sides)} operand"
+                           f"{'s' * (len(sides) > 1)} while sarc traces a module", user_loc())
+        keys = [f"_sarc_{k}" for k in ("lhs", "rhs")[:len(sides)]]
+        with graph.local_scope():
+            for side, key, value in zip(sides, keys, operands):
+                getattr(graph, _SIDE_DATA[side])[key] = value
+            message = getattr(fn, msg)(*keys, "_sarc_m")
+            if reduce is None:
+                graph.apply_edges(message)
+                return graph.edata["_sarc_m"]
+            graph.update_all(message, getattr(fn, reduce)("_sarc_m", "_sarc_out"))
+            return graph.dstdata["_sarc_out"]
+    run.__name__ = name
+    return run
+
+
 def _typed_linear(self, x, x_type, sorted_by_type=False):
     """dgl.nn.TypedLinear's forward, traced: ``x[i] @ W[x_type[i]]``."""
     if self.regularizer == "bdd":
@@ -778,21 +870,23 @@ def _refusal(name: str):
 def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
     """While ``module`` is traced: DGL's edge_softmax is sarc's, its TypedLinear emits a typed
     linear, and DGL functions that change the graph are refused by name (in every loaded
-    ``dgl`` module and every module defining a class of ``module``'s tree that imported
-    them). (``torch.ones`` sized by ``g.num_edges()`` and the like are traced by
+    ``dgl`` module and in the user's code, ``trace_guards.code_namespaces``). (``torch.ones`` sized by ``g.num_edges()`` and the like are traced by
     ``trace_guards.tracing``: a graph size is a row count.)"""
     import dgl
     from dgl.nn.pytorch.linear import TypedLinear
     routes = {dgl.ops.edge_softmax: _edge_softmax}
+    for name in dir(dgl.ops):
+        if _dgl_op_parts(name) is not None:
+            routes[getattr(dgl.ops, name)] = _dgl_op(name)
     for name in ("to_homogeneous", "to_heterogeneous", "add_self_loop", "remove_self_loop",
                  "to_bidirected", "add_reverse_edges", "to_simple", "node_subgraph",
                  "edge_subgraph", "in_subgraph"):
         if hasattr(dgl, name):
             routes[getattr(dgl, name)] = _refusal(f"dgl.{name}")
-    users = {type(m).__module__ for m in module.modules()}
-    spaces = [vars(mod) for modname, mod in list(sys.modules.items())
-              if mod is not None and (modname == "dgl" or modname.startswith("dgl.")
-                                      or modname in users)]
+    def spaces():
+        return [vars(mod) for modname, mod in list(sys.modules.items())
+                if mod is not None and (modname == "dgl" or modname.startswith("dgl."))
+                ] + code_namespaces([module])
     forward = TypedLinear.forward
     try:
         TypedLinear.forward = _typed_linear

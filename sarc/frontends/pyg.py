@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
 from ..trace import Proxy, dropout, leaky_relu
-from ..trace_guards import routed
+from ..trace_guards import code_namespaces, routed
 
 
 class ConversionError(SarcError, TypeError):
@@ -176,6 +177,10 @@ def _in_channels(conv, value=None) -> int:
     if isinstance(ch, (tuple, list)):
         raise _refuse(conv, f"in_channels={tuple(ch)} (separate source and target features)",
                       "sarc's layer reads one node feature x on both ends of an edge")
+    if ch is None and not hasattr(conv, "in_channels"):
+        raise ConversionError(f"{type(conv).__name__} does not record its input width (no "
+                              f"in_channels attribute): give it, as_conv(conv, in_channels=...) "
+                              f"or from_message_passing(conv, in_channels=...)")
     raise _refuse(conv, f"in_channels={ch!r}", "give the width: from_message_passing(conv, "
                   "in_channels=...); lazy (-1) convs are initialized by one PyG call first")
 
@@ -776,14 +781,23 @@ def _flat(value):
 
 
 def _forward_line(conv, method: str = "forward") -> str:
-    """`` at FILE:LINE``: the innermost line of the conv's ``method`` on the stack."""
+    """`` at FILE:LINE``: the innermost line of the conv's ``method`` on the stack, and the
+    function it called there where that is not the use itself (`` in add_self_loops(),
+    at ...``: the call the user wrote)."""
     code = getattr(getattr(type(conv), method, None), "__code__", None)
-    f = sys._getframe(1)
+    f, callee = sys._getframe(1), None
     while f is not None and code is not None:
         if f.f_code is code:
-            return f" at {f.f_code.co_filename}:{f.f_lineno}"
+            called = "" if callee is None else f" in {callee.f_code.co_name}(),"
+            return f"{called} at {f.f_code.co_filename}:{f.f_lineno}"
+        if f.f_code.co_name != "__torch_function__" and not f.f_code.co_filename.startswith(
+                _TORCH_DIR):
+            callee = f
         f = f.f_back
     return ""
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
 class _SoftmaxArg(torch.Tensor):
@@ -844,14 +858,13 @@ def _pyg_softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
 
 def _pyg_softmax_routed(conv):
     """While ``conv``'s message is traced, ``torch_geometric.utils.softmax`` is
-    ``_pyg_softmax``: in ``torch_geometric.utils`` and in every module defining a class of
-    the conv's tree that imported it by name."""
+    ``_pyg_softmax``: in ``torch_geometric.utils``, in every module defining a class of the
+    conv's tree and in the user's code (``trace_guards.code_namespaces``) that imported it
+    by name."""
     import torch_geometric.utils as utils
     from torch_geometric.utils import _softmax
-    names = {type(m).__module__ for m in conv.modules()} | {
-        c.__module__ for c in type(conv).__mro__}
-    mods = [utils, _softmax] + [sys.modules.get(n) for n in sorted(names)]
-    return routed({_softmax.softmax: _pyg_softmax}, [vars(m) for m in mods if m is not None])
+    return routed({_softmax.softmax: _pyg_softmax},
+                  lambda: [vars(utils), vars(_softmax)] + code_namespaces([conv]))
 
 
 class _TensorProxy(Proxy):

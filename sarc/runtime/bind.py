@@ -217,7 +217,14 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
         raise GraphError(f"feature {name!r} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() == 0 or x.shape[0] != rows:
         got = x.shape[0] if x.dim() else "no"
-        raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}")
+        hint = ""
+        if x.dim() and x.shape[0] > rows and t.domain is not Domain.EDGE:
+            hint = (f"; in a mini-batch step (--mode mfg / sampling) each layer runs on a "
+                    f"block whose sources are the first rows of the previous layer's input: "
+                    f"cut a value made before the first layer to them ({name}[:h.shape[0]], "
+                    f"h the layer's other input), as a full graph's rows are all kept")
+        raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}"
+                         f"{hint}")
     if tuple(x.shape[1:]) != t.feat:
         raise GraphError(f"feature {name!r} has per-row shape {list(x.shape[1:])}, "
                          f"declared {list(t.feat)}")

@@ -689,6 +689,15 @@ def test_wrong_row_count(gcn):
         gcn(graph(), torch.randn(3, 3))
 
 
+def test_more_node_rows_than_sources_says_how_a_block_takes_them(gcn):
+    """An initial residual made before the first layer of a mini-batch step has the first
+    block's rows: the message says to cut it to the layer's sources."""
+    with pytest.raises(sarc.GraphError, match=r"feature 'h' has 6 rows but the graph has 4 "
+                                              r"source nodes; in a mini-batch step .*"
+                                              r"\(h\[:h\.shape\[0\]\]"):
+        gcn(graph(), torch.randn(6, 3))
+
+
 def test_wrong_edge_row_count(rgcn):
     g = graph()
     with pytest.raises(sarc.GraphError, match="feature 'norm' has 4 rows but the graph has 5 edges"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import types
 
 import pytest
 import torch
@@ -199,6 +200,44 @@ def test_state_read_by_the_trace_is_followed(g):
         assert layer.compiled() is not kernel
         kernel = layer.compiled()
     assert layer.compiled() is kernel  # nothing changed: the same kernel
+
+
+class Configured(sarc.Layer):
+    """Reads a function attribute, a configuration record and a list holding a function and
+    a number."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.act = torch.relu
+        self.cfg = types.SimpleNamespace(scale=1.0)
+        self.steps = [torch.sigmoid, 2.0]
+
+    def message(self, src, dst, edge):
+        return self.act(src.h) * self.cfg.scale + self.steps[0](src.h) * self.steps[1]
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def _plain_configured(layer: Configured, g: sarc.Graph, h: torch.Tensor) -> torch.Tensor:
+    hs = h[g.src]
+    m = layer.act(hs) * layer.cfg.scale + layer.steps[0](hs) * layer.steps[1]
+    return torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+
+
+def test_functions_and_configuration_read_by_the_trace_are_followed(g):
+    layer, h = Configured(), torch.randn(g.num_src, 3)
+    assert_close(layer(g, h), _plain_configured(layer, g, h))
+    kernel = layer.compiled()
+    for change in (lambda: setattr(layer, "act", torch.tanh),
+                   lambda: setattr(layer.cfg, "scale", 3.0),
+                   lambda: layer.steps.__setitem__(1, 7.0),
+                   lambda: layer.steps.__setitem__(0, torch.exp)):
+        change()
+        assert_close(layer(g, h), _plain_configured(layer, g, h))
+        assert layer.compiled() is not kernel
+        kernel = layer.compiled()
+    assert layer.compiled() is kernel
 
 
 def test_buffers_are_leaves_in_the_layers_precision(g):

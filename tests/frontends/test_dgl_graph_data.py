@@ -322,6 +322,48 @@ def test_stock_convs_scaling_sources_by_in_degree_equal_dgl(make):
     _equals_dgl(module, node=node, self_loops=True)
 
 
+class AttentionFromAHelper(nn.Module):
+    """Calls an edge softmax that a helper module of its own imported by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+        self.att = nn.Linear(4, 1, bias=False)
+
+    def forward(self, g, feat):
+        from dgl_helpers import attention
+        with g.local_scope():
+            h = self.lin(feat)
+            g.ndata["h"], g.ndata["s"] = h, self.att(h)
+            g.apply_edges(fn.u_add_v("s", "s", "e"))
+            g.edata["a"] = attention(g, g.edata["e"])
+            g.update_all(fn.u_mul_e("h", "a", "m"), fn.sum("m", "h"))
+            return g.ndata["h"]
+
+
+def test_edge_softmax_called_from_a_helper_module_equals_dgl():
+    _equals_dgl(AttentionFromAHelper(), self_loops=True)
+
+
+class SparseOps(nn.Module):
+    """dgl.ops' named message functions: copy_u_sum, u_mul_e_mean, an edge score u_dot_v,
+    copy_e_max and e_sub_v."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat, w):
+        h = self.lin(feat)
+        score = dgl.ops.u_dot_v(g, h, h)
+        out = dgl.ops.copy_u_sum(g, h) + dgl.ops.u_mul_e_mean(g, h, w * score)
+        return out + dgl.ops.copy_e_max(g, dgl.ops.e_sub_v(g, w * score, h))
+
+
+def test_dgl_ops_message_functions_equal_dgl():
+    _equals_dgl(SparseOps(), edge={"w": (1,)}, self_loops=True)
+
+
 class OutDegreePerDestination(nn.Module):
     """Scales what it aggregated by the out-degrees, read per destination node."""
 

@@ -154,6 +154,15 @@ def test_graph_preparation_in_forward_is_refused(name):
         as_conv(conv, **options)(x, ei, *extra)
 
 
+def test_the_refusal_names_the_function_the_forward_called():
+    """The use of edge_index is inside PyG's add_self_loops: the message names the call the
+    user wrote, and its line."""
+    with pytest.raises(ConversionError, match=r"^SelfLoopSum: a forward that reads or changes "
+                                              r"edge_index \(edge_index\.\w+ in add_self_loops\(\), "
+                                              r"at .*test_pyg_tracing.py:\d+\)"):
+        as_conv(SelfLoopSum())(torch.randn(N, D), graph())
+
+
 # --- subclasses of the converted classes -----------------------------------------------------------
 
 class PlainGCN(pyg.GCNConv):

@@ -213,3 +213,42 @@ def test_gcn_trains_on_a_relational_graph_with_self_loops():
 def test_gcn_trains_on_two_workers_of_a_relational_graph():
     proc = _train("--workers", "2", "--method", "random")
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@case("tracer", "the indices of a DGL reduce UDF's `nodes.mailbox[...].max(1)`, unpacked and "
+      "used", "error-at-line")
+def test_mailbox_argmax_indices_are_refused_where_used():
+    dgl = _dgl()
+
+    def reduce(nodes):
+        values, indices = nodes.mailbox["m"].max(1)
+        return {"h": values * indices}
+
+    class ArgMax(nn.Module):
+        def forward(self, g, feat):
+            with g.local_scope():
+                g.srcdata["h"] = feat
+                g.update_all(dgl.function.copy_u("h", "m"), reduce)
+                return g.dstdata["h"]
+
+    err = _refused(ArgMax(), "the arg-max / arg-min indices")
+    assert err.loc.file == __file__
+
+
+class _FeatAndWeight(nn.Module):
+    def forward(self, g, feat, w, scale=1.0):
+        return feat * scale
+
+
+@case("dsl", "`from_dgl_module(module, node=..., edge=...)` naming no argument of the module's "
+      "forward, or leaving a required one undeclared", "error-at-line")
+def test_features_that_are_not_forward_arguments_are_refused():
+    _dgl()
+    from sarc.frontends.dgl import from_dgl_module
+    with pytest.raises(DSLError, match=r"_FeatAndWeight: node=\{'x': \.\.\.\} is not an argument "
+                                       r"of its forward\(graph, feat, w, scale\)") as err:
+        from_dgl_module(_FeatAndWeight(), node={"x": IN}, edge={"w": ()})
+    assert err.value.loc.file == __file__
+    with pytest.raises(DSLError, match=r"_FeatAndWeight: forward's argument 'w' \(no default\) "
+                                       r"is declared in neither node= nor edge="):
+        from_dgl_module(_FeatAndWeight(), node={"feat": IN})

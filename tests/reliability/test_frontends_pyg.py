@@ -218,3 +218,27 @@ def test_as_conv_ambiguous_node_feature():
     refused(lambda: as_conv(TwoNodeFeatures()), "TwoNodeFeatures", "2 node features",
             "as_conv(layer, node=...)")
     assert as_conv(TwoNodeFeatures(), node="h").node == "h"
+
+
+class _NoWidth(MessagePassing):
+    """A user's conv that does not record its input width (PyG's tutorial EdgeConv)."""
+
+    def __init__(self):
+        super().__init__(aggr="max")
+        self.mlp = nn.Linear(10, 3)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
+
+
+@case("dsl", "a user's PyG conv without an in_channels attribute, converted without the width",
+      "error")
+def test_conv_without_its_width_says_to_give_it():
+    refused(lambda: as_conv(_NoWidth())(X, EDGE_INDEX),
+            "_NoWidth does not record its input width (no in_channels attribute)",
+            "as_conv(conv, in_channels=...)")
+    out = as_conv(_NoWidth(), in_channels=5)(X, EDGE_INDEX)
+    assert out.shape == (4, 3)
