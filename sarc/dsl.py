@@ -205,7 +205,7 @@ _FORWARD_ARGUMENTS = ("g", "self")
 """``Layer.forward``'s own arguments: a feature of that name could not be given by name."""
 
 _CALLED_BY_SARC = frozenset({"trace", "precision", "leaf_tensors", "compiled", "set_backend",
-                             "set_autodiff", "run_local"})
+                             "set_autodiff", "run_local", "display_name"})
 """``Layer``'s methods sarc calls on a layer: an attribute of that name would hide one."""
 
 
@@ -291,7 +291,7 @@ class Layer(nn.Module):
                 raise GraphError(f"feature {n1!r} is {d1} and feature {n2!r} is {d2}: "
                                  f"{type(self).__name__} has no float parameters, so it "
                                  f"computes in its features' dtype; give them in one "
-                                 f"(x.to({d1}))").at_call(type(self).__name__, user_loc())
+                                 f"(x.to({d1}))").at_call(self.display_name(), user_loc())
             seen = {torch.float32: ""}
         dtype = next(iter(seen))
         try:
@@ -311,6 +311,11 @@ class Layer(nn.Module):
     def update(self, dst, agg):
         """Default: the aggregate itself (a layer with one aggregate)."""
         return agg._values if len(agg._values) > 1 else next(iter(agg._values.values()))
+
+    def display_name(self) -> str:
+        """The layer's name in messages: its class's (an imported module's class, for the
+        layers the front ends make)."""
+        return type(self).__name__
 
     # Tracing --------------------------------------------------------------------------
     def trace(self) -> Function:
@@ -441,7 +446,7 @@ class Layer(nn.Module):
             if e.layer is not None:  # a layer called inside this one's call said where
                 raise
             # which of the model's layers, called at which line, was given the wrong data
-            raise e.at_call(type(self).__name__, user_loc()) from None
+            raise e.at_call(self.display_name(), user_loc()) from None
 
     def run_local(self, g, args: tuple, feats: dict):
         """The layer's compiled kernel on the block ``g`` (a ``Graph``)."""

@@ -389,6 +389,12 @@ def _abs(input, *, out=Fixed(None)):
     return x.relu() + (-x).relu()
 
 
+@traces(torch.reciprocal, torch.Tensor.reciprocal)
+def _reciprocal(input, *, out=Fixed(None)):
+    x = _traced(input, "reciprocal")
+    return 1.0 / x
+
+
 @traces(torch.sqrt, torch.Tensor.sqrt)
 def _sqrt(input, *, out=Fixed(None)):
     return _emit(Op.POW, _traced(input, "sqrt"), exponent=0.5)
@@ -716,6 +722,20 @@ def _reshape_method(input, *shape):
 @traces(torch.reshape)
 def _reshape_function(input, shape):
     return _reshape(_traced(input, "reshape"), tuple(shape))
+
+
+@traces(torch.Tensor.view_as, torch.Tensor.reshape_as)
+def _reshape_as(input, other):
+    if not isinstance(other, (Proxy, torch.Tensor)):
+        raise DSLError(f"view_as / reshape_as take a tensor or traced value, got {_kind(other)}",
+                       user_loc())
+    return _reshape(_traced(input, "view_as"), tuple(other.shape))
+
+
+@traces(torch.Tensor.contiguous)
+def _contiguous(input, memory_format=Fixed(torch.contiguous_format)):
+    """A layout the compiled code chooses itself: the value as it is."""
+    return _traced(input, "contiguous")
 
 
 def _reshape(x: Proxy, shape: tuple) -> Proxy:
@@ -1472,6 +1492,22 @@ def _index_select(input, dim, index, *, out=Fixed(None)):
         raise DSLError(f"index_select(..., dim={dim!r}, ...): rows of a parameter table are "
                        f"picked along dim 0", user_loc())
     return _getitem(input, index)
+
+
+@traces(F.embedding)
+def _embedding(input, weight, padding_idx=None, max_norm=Fixed(None), norm_type=Fixed(2.0),
+               scale_grad_by_freq=Fixed(False), sparse=Fixed(False)):
+    """``F.embedding(edge.etype, W)`` (and ``nn.Embedding``): the rows of a parameter table
+    picked per node or edge, ``W[edge.etype]``. A ``padding_idx`` row gets no gradient in
+    torch, which the traced table does not model: refused."""
+    if padding_idx is not None:
+        raise DSLError("embedding(..., padding_idx=...): the padding row's gradient is not "
+                       "modelled; write W[index] with a table whose row you keep fixed",
+                       user_loc())
+    if not isinstance(input, Proxy):
+        raise DSLError("embedding: the index is an int64 node or edge value (edge.etype) "
+                       "picking rows of a parameter table", user_loc())
+    return _getitem(weight, input)
 
 
 @traces(torch.bmm, torch.Tensor.bmm)

@@ -130,6 +130,9 @@ class DGLLayer(Layer):
     def module_name(self) -> str:
         return type(self.module).__name__
 
+    def display_name(self) -> str:
+        return self.module_name
+
     def trace(self):
         self._check_init()
         name = self.module_name

@@ -94,6 +94,9 @@ class PyGLayer(Layer):
                           "this conv takes x and edge_index only")
         return PyGInputs(edge_index, num_nodes)
 
+    def display_name(self) -> str:
+        return type(self.conv).__name__
+
     def trace(self):
         """The layer's IR; a DSL error while tracing the conv's code names the conv's class."""
         try:

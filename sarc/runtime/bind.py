@@ -58,8 +58,7 @@ def check_source_in_degree(layer, fn: Function, num_src: int, num_dst: int) -> N
         return
     if any(v.op is Op.INPUT and v.attr["name"] == "in_degree" and v.type.domain is Domain.SRC
            for v in fn.values):
-        name = getattr(layer, "module_name", None) or type(layer).__name__   # DGL's module
-        raise GraphError(f"{name} reads the in-degree of source nodes "
+        raise GraphError(f"{layer.display_name()} reads the in-degree of source nodes "
                          f"(src.in_degree, or DGL's g.in_degrees() scaling source features), "
                          f"known where every source is a destination; this block has "
                          f"{num_src} sources for {num_dst} destinations (a mini-batch step's "

@@ -490,6 +490,57 @@ def test_size_method_equals_torch():
     assert_close(SizeMethod()(g, x), want, 1e-6, "output")
 
 
+class TypedEmbeddings(sarc.Layer):
+    """``nn.Embedding`` and ``F.embedding`` of an edge type, ``contiguous``, ``view_as`` and
+    ``reciprocal`` as torch code writes them."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4}, edge={"t": sarc.INDEX})
+        self.rel = nn.Embedding(3, 4)
+        self.scale = nn.Parameter(torch.rand(3, 1) + 0.5)
+
+    def message(self, src, dst, edge):
+        m = (src.h * self.rel(edge.t)).view(-1, 2, 2).transpose(1, 2).contiguous()
+        return m.view_as(src.h) * F.embedding(edge.t, self.scale).reciprocal()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embeddings_contiguous_view_as_and_reciprocal_equal_torch(backend):
+    src, dst = torch.tensor([0, 1, 2, 3, 0]), torch.tensor([1, 2, 3, 0, 2])
+    t = torch.tensor([0, 2, 1, 2, 0])
+    g = sarc.Graph.from_edges(src, dst, 5)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    layer = TypedEmbeddings().set_backend(backend)
+    with torch.no_grad():
+        m = (x[src] * layer.rel.weight[t]).view(-1, 2, 2).transpose(1, 2).reshape(-1, 4)
+        want = torch.zeros(5, 4).index_add(0, dst, m / layer.scale[t])
+    assert_close(layer(g, x, t), want, 1e-6, "output")
+    check_layer(layer, g, {"h": x, "t": t})
+
+
+class PaddedEmbedding(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4}, edge={"t": sarc.INDEX})
+        self.rel = nn.Embedding(3, 4, padding_idx=0)
+
+    def message(self, src, dst, edge):
+        return src.h * self.rel(edge.t)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_an_embedding_with_a_padding_row_is_refused():
+    g = sarc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    with pytest.raises(DSLError, match=r"embedding\(\.\.\., padding_idx=\.\.\.\): the padding "
+                                       r"row's gradient is not modelled"):
+        PaddedEmbedding()(g, torch.randn(2, 4), torch.tensor([0, 1]))
+
+
 class OnesOverRowsWithAWrongFill(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 4})
