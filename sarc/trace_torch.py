@@ -288,6 +288,9 @@ for _op, _fns in {
     Op.SIGMOID: (torch.sigmoid, torch.Tensor.sigmoid),
     Op.TANH: (torch.tanh, torch.Tensor.tanh),
     Op.ERF: (torch.erf, torch.special.erf, torch.Tensor.erf),
+    Op.COS: (torch.cos, torch.Tensor.cos),
+    Op.SIN: (torch.sin, torch.Tensor.sin),
+    Op.LOG1P: (torch.log1p, torch.special.log1p, torch.Tensor.log1p),
     Op.NEG: (torch.neg, torch.negative, torch.Tensor.neg, torch.Tensor.negative,
              torch.Tensor.__neg__),
 }.items():

@@ -472,6 +472,11 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.SIGMOID: lambda v, x: f"tl.sigmoid({x})",
     Op.TANH: lambda v, x: f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
     Op.ERF: lambda v, x: f"tl.math.erf({x})",
+    Op.COS: lambda v, x: f"tl.cos({x})",
+    Op.SIN: lambda v, x: f"tl.sin({x})",
+    # log(u) * x / (u - 1), u = 1 + x: exact where 1 + x rounds (Goldberg's log1p)
+    Op.LOG1P: lambda v, x: (f"tl.where(1.0 + {x} == 1.0, {x}, "
+                            f"tl.log(1.0 + {x}) * ({x} / ((1.0 + {x}) - 1.0)))"),
     Op.POW: _pow,
     Op.CLAMP_MIN: lambda v, x: f"tl.maximum({x}, {_const(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, x: f"tl.where({x} > 0, {x}, {x} * {_const(v.attr['slope'])})",

@@ -217,6 +217,19 @@ def _vjp_erf(bw, v, y, ct, needs):
     return (bw.mul(ct, d),)
 
 
+def _vjp_cos(bw, v, y, ct, needs):
+    return (bw.mul(ct, bw.emit(Op.NEG, [bw.emit(Op.SIN, [v.inputs[0]])])),)
+
+
+def _vjp_sin(bw, v, y, ct, needs):
+    return (bw.mul(ct, bw.emit(Op.COS, [v.inputs[0]])),)
+
+
+def _vjp_log1p(bw, v, y, ct, needs):
+    x = v.inputs[0]
+    return (bw.emit(Op.DIV, [ct, bw.emit(Op.ADD, [bw.const(1.0, x), x])]),)
+
+
 def _vjp_cast(bw, v, y, ct, needs):
     # the cotangent converted back to the operand's dtype (as torch's .to); an integer
     # operand has none
@@ -392,6 +405,9 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.SIGMOID: _vjp_sigmoid,
     Op.TANH: _vjp_tanh,
     Op.ERF: _vjp_erf,
+    Op.COS: _vjp_cos,
+    Op.SIN: _vjp_sin,
+    Op.LOG1P: _vjp_log1p,
     Op.CAST: _vjp_cast,
     Op.POW: _vjp_pow,
     Op.CLAMP_MIN: _vjp_clamp_min,

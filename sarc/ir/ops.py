@@ -37,6 +37,9 @@ class Op(enum.Enum):
     SIGMOID = "sigmoid"
     TANH = "tanh"
     ERF = "erf"                # the error function (GELU's)
+    COS = "cos"
+    SIN = "sin"
+    LOG1P = "log1p"            # log(1 + x), exact for small x
     POW = "pow"                # attrs: exponent
     CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
     LEAKY_RELU = "leaky_relu"  # attrs: slope
@@ -84,6 +87,7 @@ class Op(enum.Enum):
 
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
+                               Op.COS, Op.SIN, Op.LOG1P,
                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})

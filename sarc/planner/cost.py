@@ -37,6 +37,7 @@ SAVES: dict[Op, tuple] = {
     Op.MUL: (0, 1), Op.DIV: (0, 1),
     Op.EXP: (OUT,), Op.RELU: (OUT,), Op.SIGMOID: (OUT,), Op.TANH: (OUT,), Op.ELU: (OUT,),
     Op.LOG: (0,), Op.POW: (0,), Op.CLAMP_MIN: (0,), Op.LEAKY_RELU: (0,), Op.ERF: (0,),
+    Op.COS: (0,), Op.SIN: (0,), Op.LOG1P: (0,),
     Op.MAX_AXIS: (0, OUT), Op.WHERE_POS: (0,),
     Op.EDGE_SOFTMAX: (OUT,), Op.DROPOUT: ("mask",),
 }
@@ -241,7 +242,7 @@ def _value_flops(values, v: Value) -> sympy.Expr:
             total += 5 * v.attr["score"].values[v.attr["score"].result].type.numel_expr()
         return total
     if v.op in BINARY_ELEMENTWISE or v.op in (Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
-                                               Op.CAST,
+                                               Op.COS, Op.SIN, Op.LOG1P, Op.CAST,
                                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU,
                                                Op.DROPOUT, Op.NEG, Op.SUM_AXIS, Op.MAX_AXIS):
         return t.numel_expr()

@@ -9,6 +9,8 @@ torch's own; new axes (``x[..., None]``) and ``squeeze`` are reshapes.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,10 @@ CASES = {
     "softplus-beta-threshold": lambda s, x: F.softplus(x, beta=2.0, threshold=3.0),
     "softplus-module": lambda s, x: s.mod(x),
     "erf": lambda s, x: torch.erf(x) + x.erf(),
+    "cos-sin": lambda s, x: torch.cos(x) * torch.sin(x) + x.cos() - x.sin(),
+    "cosine-cutoff": lambda s, x: 0.5 * (torch.cos(x.abs().clamp(max=5.0) * math.pi / 5.0) + 1),
+    "log1p": lambda s, x: torch.log1p(x.abs()) + (x * 1e-9).abs().log1p() * 1e9
+                          + torch.special.log1p(x.square()),
     "layer-norm-module": lambda s, x: s.mod(x),
     "layer-norm-2-axes": lambda s, x: F.layer_norm(x.view(-1, 2, 4), (2, 4), eps=1e-3).flatten(1),
     "layer-norm-no-affine": lambda s, x: s.mod(x),
