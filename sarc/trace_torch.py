@@ -428,6 +428,91 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
     return x if max is None else _clamp_max.record(x, max)
 
 
+# More activations, composed of the ops above with torch's formulas.
+
+def _between(x: Proxy, lo: float, hi: float) -> Proxy:
+    """``x`` clamped to [lo, hi] with torch's hardtanh gradient: passed strictly inside
+    only (``clamp`` passes at the bounds too)."""
+    tracer = x.tracer
+    inner = tracer.emit(Op.WHERE_POS, [hi - x, x, tracer.lift(hi, x)])
+    return tracer.emit(Op.WHERE_POS, [x - lo, inner, tracer.lift(lo, x)])
+
+
+@traces(F.relu6)
+def _relu6(input, inplace=Fixed(False)):
+    return _between(_traced(input, "relu6"), 0.0, 6.0)
+
+
+@traces(F.hardtanh)
+def _hardtanh(input, min_val=-1.0, max_val=1.0, inplace=Fixed(False)):
+    return _between(_traced(input, "hardtanh"), _number(min_val, "hardtanh's min_val"),
+                    _number(max_val, "hardtanh's max_val"))
+
+
+@traces(F.hardsigmoid)
+def _hardsigmoid(input, inplace=Fixed(False)):
+    """``relu6(x + 3) / 6``; torch's gradient, 1/6 strictly between -3 and 3."""
+    return _between(_traced(input, "hardsigmoid") + 3.0, 0.0, 6.0) / 6.0
+
+
+@traces(F.softsign)
+def _softsign(input):
+    x = _traced(input, "softsign")
+    return x / (1.0 + _abs.record(x))
+
+
+@traces(F.logsigmoid)
+def _logsigmoid(input):
+    """``-softplus(-x)``, which cannot overflow."""
+    return -_softplus.record(-_traced(input, "logsigmoid"))
+
+
+@traces(F.mish)
+def _mish(input, inplace=Fixed(False)):
+    x = _traced(input, "mish")
+    return x * _emit(Op.TANH, _softplus.record(x))
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+@traces(F.selu, torch.selu)
+def _selu(input, inplace=Fixed(False)):
+    return _SELU_SCALE * _emit(Op.ELU, _traced(input, "selu"), alpha=_SELU_ALPHA)
+
+
+@traces(F.celu, torch.celu)
+def _celu(input, alpha=1.0, inplace=Fixed(False)):
+    """``alpha * elu(x / alpha)``."""
+    a = _number(alpha, "celu's alpha")
+    return a * _emit(Op.ELU, _traced(input, "celu") / a, alpha=1.0)
+
+
+@traces(F.glu)
+def _glu(input, dim=-1):
+    """The first half of ``dim`` gated by the sigmoid of the second."""
+    a, b = _chunk.record(input, 2, dim)
+    return a * _emit(Op.SIGMOID, b)
+
+
+@traces(F.prelu, torch.prelu)
+def _prelu(input, weight):
+    """``x`` where positive, else ``w x``; ``w`` one slope or one per channel (torch's
+    axis 1), torch's gradients (at 0: ``w``)."""
+    x = _traced(input, "prelu")
+    if not isinstance(weight, Proxy) or weight.type.domain is not Domain.PARAM \
+            or len(weight.type.feat) != 1:
+        raise DSLError("prelu: the slopes are a 1-d parameter (nn.PReLU's weight)", user_loc())
+    n = weight.type.feat[0]
+    if n != 1:
+        ndim = len(x.shape)
+        if ndim < 2 or x.shape[1] != n:
+            raise DSLError(f"prelu: {n} slopes for axis 1 of a value of shape "
+                           f"{list(x.shape)}", user_loc())
+        weight = _emit(Op.RESHAPE, weight, feat=(n,) + (1,) * (ndim - 2))
+    return x.tracer.emit(Op.WHERE_POS, [x, x, weight * x])   # x > 0 ? x : w x, torch's
+
+
 # --- dtype conversions ------------------------------------------------------------------
 
 _DEVICE_MOVE = ("a sarc layer runs on the device of the tensors it is given: move them (and "

@@ -33,6 +33,13 @@ CASES = {
     "softplus-beta-threshold": lambda s, x: F.softplus(x, beta=2.0, threshold=3.0),
     "softplus-module": lambda s, x: s.mod(x),
     "erf": lambda s, x: torch.erf(x) + x.erf(),
+    "relu6-hardtanh": lambda s, x: F.relu6(x) + F.hardtanh(x, -2.0, 3.0) + nn.ReLU6()(x),
+    "hardsigmoid-softsign": lambda s, x: F.hardsigmoid(x) + F.softsign(x),
+    "logsigmoid-mish": lambda s, x: F.logsigmoid(x) + F.mish(x) + nn.Mish()(x),
+    "selu-celu": lambda s, x: F.selu(x) + F.celu(x, alpha=0.7) + torch.selu(x),
+    "glu": lambda s, x: torch.cat([F.glu(x), nn.GLU(dim=-1)(x)], dim=-1),
+    "prelu-module": lambda s, x: s.mod(x),
+    "prelu-shared": lambda s, x: s.mod(x),
     "cos-sin": lambda s, x: torch.cos(x) * torch.sin(x) + x.cos() - x.sin(),
     "cosine-cutoff": lambda s, x: 0.5 * (torch.cos(x.abs().clamp(max=5.0) * math.pi / 5.0) + 1),
     "log1p": lambda s, x: torch.log1p(x.abs()) + (x * 1e-9).abs().log1p() * 1e9
@@ -51,6 +58,8 @@ CASES = {
                              * x.view(-1, 8, 1).squeeze(-1) + x.view(-1, 1, 8).squeeze(1)),
 }
 MODULES = {"gelu-module": lambda: nn.GELU(), "silu-module": lambda: nn.SiLU(),
+           "prelu-module": lambda: nn.PReLU(W, init=0.1),
+           "prelu-shared": lambda: nn.PReLU(init=-0.3),
            "softplus-module": lambda: nn.Softplus(beta=0.5),
            "layer-norm-module": lambda: nn.LayerNorm(W),
            "layer-norm-no-affine": lambda: nn.LayerNorm(W, elementwise_affine=False)}
