@@ -657,6 +657,58 @@ def _mean(input, dim=None, keepdim=False, *, dtype=None, out=Fixed(None)):
     return _sum_axes(x, axes, keepdim) / float(_prod(x.type.feat[a] for a in axes))
 
 
+@traces(torch.var, torch.Tensor.var)
+def _var(input, dim=None, unbiased=None, keepdim=False, *, correction=None,
+         out=Fixed(None)):
+    """``sum((x - mean)^2) / (n - correction)`` over feature axes, torch's two-pass form
+    (``correction``: 1 by default, 0 with ``unbiased=False``)."""
+    return _variance(input, dim, unbiased, keepdim, correction, "var")
+
+
+@traces(torch.std, torch.Tensor.std)
+def _std(input, dim=None, unbiased=None, keepdim=False, *, correction=None,
+         out=Fixed(None)):
+    return _emit(Op.POW, _variance(input, dim, unbiased, keepdim, correction, "std"),
+                 exponent=0.5)
+
+
+def _variance(input, dim, unbiased, keepdim, correction, name: str) -> Proxy:
+    x = _traced(input, name)
+    if isinstance(dim, bool):   # torch's var(x, unbiased) form
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        raise DSLError(f"{name}: give unbiased= or correction=, not both", user_loc())
+    c = (1.0 if unbiased is None or unbiased else 0.0) if correction is None \
+        else _number(correction, f"{name}'s correction")
+    axes = _feature_axes(x, dim, name)
+    n = float(_prod(x.type.feat[a] for a in axes))
+    centered = x - _sum_axes(x, axes, True) / n
+    return _sum_axes(centered * centered, axes, keepdim) / (n - c)
+
+
+@traces(torch.maximum, torch.Tensor.maximum)
+def _maximum(input, other, *, out=Fixed(None)):
+    return _extremum_of(input, other, "maximum")
+
+
+@traces(torch.minimum, torch.Tensor.minimum)
+def _minimum(input, other, *, out=Fixed(None)):
+    return _extremum_of(input, other, "minimum")
+
+
+def _extremum_of(a, b, name: str) -> Proxy:
+    """The elementwise maximum (minimum) with torch's gradient: to the larger (smaller)
+    operand, half to each where they tie (their mean, which is each of them there)."""
+    like = a if isinstance(a, Proxy) else b
+    if not isinstance(like, Proxy):
+        raise DSLError(f"{name} of two values neither of which is traced", user_loc())
+    tracer = like.tracer
+    a, b = tracer.lift(a, like), tracer.lift(b, like)
+    ahead = a - b if name == "maximum" else b - a   # > 0 where a is taken
+    return tracer.emit(Op.WHERE_POS, [ahead, a, tracer.emit(Op.WHERE_POS,
+                                                            [-ahead, b, 0.5 * (a + b)])])
+
+
 def _extremum_axes(x: Proxy, axes: list[int], keepdim, kind: str) -> Proxy:
     return _reduce_axes(x, axes, keepdim, Op.MAX_AXIS, kind=kind)
 

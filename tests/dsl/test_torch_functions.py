@@ -33,6 +33,12 @@ CASES = {
     "softplus-beta-threshold": lambda s, x: F.softplus(x, beta=2.0, threshold=3.0),
     "softplus-module": lambda s, x: s.mod(x),
     "erf": lambda s, x: torch.erf(x) + x.erf(),
+    "var-std": lambda s, x: (x.var(-1, keepdim=True) + torch.std(x, dim=-1, keepdim=True)
+                             + x.view(-1, 2, 4).var(dim=(1, 2), unbiased=False)[:, None]
+                             + torch.var(x, -1, correction=0)[:, None] + 0 * x),
+    "maximum-minimum": lambda s, x: (torch.maximum(x, x[:, :1])
+                                     + torch.minimum(x.relu(), 0.5 * x.relu())
+                                     + x.maximum(torch.tensor(0.0)) - torch.minimum(x, x)),
     "relu6-hardtanh": lambda s, x: F.relu6(x) + F.hardtanh(x, -2.0, 3.0) + nn.ReLU6()(x),
     "hardsigmoid-softsign": lambda s, x: F.hardsigmoid(x) + F.softsign(x),
     "logsigmoid-mish": lambda s, x: F.logsigmoid(x) + F.mish(x) + nn.Mish()(x),
