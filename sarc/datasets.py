@@ -91,6 +91,9 @@ class Dataset:
     file: str | None = field(default=None, repr=False)
     """The ``.npz`` path ``load_dataset`` was given (absolute), None for a name: what a
     run's records keep, since the arrays' own ``name`` may be another dataset's."""
+    more_edge_data: dict = field(default_factory=dict, repr=False)
+    """The file's other edge arrays (``edge_weight``...: numeric, one row per edge, named
+    ``edge_*``), by name: edge data as a graph file's (``sarc partition --graph``)."""
 
     @property
     def num_edges(self) -> int:
@@ -113,8 +116,10 @@ class Dataset:
 
     @property
     def edge_data(self) -> dict[str, torch.Tensor]:
-        """What an edge of it holds: its type, where the graph is relational."""
-        return {"etype": self.etype} if self.etype is not None else {}
+        """What an edge of it holds: its type, where the graph is relational, and the file's
+        other edge arrays (``more_edge_data``)."""
+        return {**({"etype": self.etype} if self.etype is not None else {}),
+                **self.more_edge_data}
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -144,16 +149,24 @@ class Dataset:
              for k in ("edge_src", "edge_dst", "feat", "label", *MASKS)}
         etype = torch.from_numpy(np.ascontiguousarray(a["etype"])) if "etype" in a else None
         ntype = torch.from_numpy(np.ascontiguousarray(a["ntype"])) if "ntype" in a else None
+        more = {k: torch.from_numpy(np.ascontiguousarray(a[k])) for k in more_edge_keys(a)}
         return Dataset(name=name, num_nodes=a["num_nodes"], num_classes=a["num_classes"],
                        etype=etype, num_etypes=a["num_etypes"] if etype is not None else 0,
                        ntype=ntype, num_ntypes=a["num_ntypes"] if ntype is not None else 0,
-                       checked=True, **t)
+                       checked=True, more_edge_data=more, **t)
+
+
+def more_edge_keys(arrays: Mapping[str, Any]) -> list[str]:
+    """The edge arrays of checked ``arrays`` besides the edge list and ``etype``: the
+    numeric ``edge_*`` ones (``check_arrays`` checked their rows)."""
+    return [k for k in arrays if k.startswith("edge_") and k not in ("edge_src", "edge_dst")]
 
 
 def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
     """``data`` checked as ``Dataset.from_arrays`` checks arrays (masks made boolean)."""
     arrays: dict[str, Any] = {k: getattr(data, k) for k in (*DATASET_KEYS, "feat", "num_nodes",
                                                              "num_classes")}
+    arrays.update(data.more_edge_data)
     if data.etype is not None:
         arrays.update(etype=data.etype, num_etypes=data.num_etypes)
     if data.ntype is not None:
@@ -244,6 +257,17 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         out["etype"], out["num_etypes"] = etype, r
     else:
         out["num_etypes"] = 0
+
+    for k in [k for k in out if k.startswith("edge_") and k not in ("edge_src", "edge_dst")]:
+        a = out[k]
+        if a.dtype.kind not in "biuf" or a.ndim == 0:
+            raise fail(f"edge array {k!r} ({a.dtype}, shape {list(a.shape)}) is not numeric "
+                       f"data per edge (arrays named edge_* are edge data)")
+        if "edge_src" not in out or a.shape[0] != len(out["edge_src"]):
+            e = len(out["edge_src"]) if "edge_src" in out else "no"
+            raise fail(f"edge array {k!r} has {a.shape[0]} rows, the graph has {e} edges")
+        if a.dtype.kind == "f" and check and not np.isfinite(a).all():
+            raise fail(f"edge array {k!r} holds NaN or Inf")
 
     if "ntype" in out:
         ntype = _int_vector(out["ntype"], "ntype", "node types", fail, length=n)
@@ -348,10 +372,13 @@ def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
 
     ``name`` may also be the path of an ``.npz`` file in the same layout.
     """
-    if name.endswith(".npz"):
-        p = Path(name)
+    p = Path(name)
+    if name.endswith(".npz") or (_looks_like_a_path(name) and p.exists()):
         if p.is_file():
             return p
+        if p.is_dir():
+            raise DatasetNotFoundError(f"{name} is a directory, not a dataset .npz file (give "
+                                       f"the file, or a dataset name and --data-dir {name})")
         raise DatasetNotFoundError(f"dataset file {name} does not exist")
     key = name.lower()
     files = FILE_NAMES.get(key, (f"{key}.npz",))
@@ -386,10 +413,18 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
 
 
 def npz_file(name: str) -> str | None:
-    """The absolute path of a dataset given as an existing ``.npz`` file, None for a name:
-    what a run records of it (``Dataset.file``)."""
+    """The absolute path of a dataset given as an existing file, None for a name: what a
+    run records of it (``Dataset.file``)."""
     p = Path(str(name))
-    return str(p.resolve()) if p.suffix == ".npz" and p.is_file() else None
+    return str(p.resolve()) if (p.suffix == ".npz" or _looks_like_a_path(str(name))) \
+        and p.is_file() else None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A dataset argument that is a file's path rather than a name: it has a directory or
+    a suffix (``data/graph.NPZ``); a bare name (``cora``) is looked up."""
+    p = Path(name)
+    return bool(p.suffix) or len(p.parts) > 1
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

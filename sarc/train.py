@@ -490,15 +490,23 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     }
 
 
+def check_minibatch_model(mode: str, prep: Prepared, model: nn.Module) -> None:
+    """A model that trains in ``mode`` (mfg, sampling): one reading node types
+    (``sarc.HeteroConv``, ``sarc.TypedInput``) trains full-batch only; refused, as ``sarc
+    compile`` refuses to plan it."""
+    if "ntype" in prep.edge_inputs:
+        raise TrainError(f"{mode} mode: the model reads node types (sarc.HeteroConv, "
+                         f"sarc.TypedInput), which train full-batch only (--mode full)")
+    graph_layers(model)   # a HeteroConv is refused by name
+
+
 def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,
                      config: MiniBatchConfig, seed: int, full: Batch,
                      counts: dict[str, int]) -> MiniBatchSteps:
     """``config``'s steps on one process: the graph as one part, sampled on the CPU, each
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
-    if "ntype" in prep.edge_inputs:
-        raise TrainError(f"{config.mode} mode: the model reads node types (sarc.HeteroConv, "
-                         f"sarc.TypedInput), which train full-batch only (--mode full)")
+    check_minibatch_model(config.mode, prep, model)
     carried = dict(prep.edge_inputs)
     if config.prob in data.edge_data and config.prob not in carried:
         carried[config.prob] = data.edge_data[config.prob]   # draws weighed by edge data the

@@ -138,7 +138,7 @@ def compile_command(args) -> int:
     from ..loader import load_model_file
     from ..loader import parse_overrides
     from ..training.layer_calls import layer_calls
-    from ..train import build, hyperparameters, prepare
+    from ..train import build, check_minibatch_model, hyperparameters, prepare
 
     emit = check_compile_args(args)
     spec = load_model_file(args.model)
@@ -156,6 +156,8 @@ def compile_command(args) -> int:
     # the layers in the order a training step calls them, each with its inputs' gradient
     # needs: the model run once on the graph and inputs sarc train feeds it
     prep = prepare(data, hparams, model)
+    if args.mode != "full":   # what sarc train refuses to train in this mode, planned for it
+        check_minibatch_model(args.mode, prep, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train

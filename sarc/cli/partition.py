@@ -86,7 +86,7 @@ def partition_command(args) -> int:
         name = ds.name
         src, dst, num_nodes = ds.edge_src, ds.edge_dst, ds.num_nodes
         node_data = ds.node_data
-        edge_data = {"etype": ds.etype} if ds.etype is not None else {}
+        edge_data = ds.edge_data
         if ds.ntype is not None:
             node_data["ntype"] = ds.ntype
     method, seed = args.method or "metis", args.seed or 0

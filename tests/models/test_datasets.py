@@ -72,6 +72,43 @@ def test_load_by_file_path():
     assert load_dataset(str(path)).num_nodes == 2708
 
 
+def _cora_arrays():
+    from sarc.datasets import read_npz
+    return read_npz(Path(__file__).resolve().parents[2] / "sarc" / "data" / "cora.npz")
+
+
+def test_a_file_with_another_suffix_or_a_directory(tmp_path):
+    """An existing file is read whatever its suffix (its path as given, not lower-cased);
+    a directory is said to be one."""
+    import numpy as np
+    path = tmp_path / "Base.NPZ"
+    with open(path, "wb") as f:
+        np.savez(f, **_cora_arrays())
+    data = load_dataset(str(path))
+    assert data.num_nodes == 2708 and data.file == str(path.resolve())
+    with pytest.raises(DatasetError, match="is a directory, not a dataset .npz file"):
+        load_dataset(str(tmp_path))
+
+
+def test_a_files_other_edge_arrays_are_edge_data(tmp_path):
+    """``edge_*`` arrays besides the edge list are edge data, as a graph file's
+    (``sarc partition --graph``); one of the wrong length or kind is refused by name."""
+    import numpy as np
+    arrays = _cora_arrays()
+    e = len(arrays["edge_src"])
+    w = np.random.default_rng(0).random(e).astype(np.float32)
+    np.savez(tmp_path / "w.npz", **arrays, edge_weight=w)
+    data = load_dataset(str(tmp_path / "w.npz"))
+    assert list(data.edge_data) == ["edge_weight"]
+    assert torch.equal(data.edge_data["edge_weight"], torch.from_numpy(w))
+    for bad, needle in ((w[:-1], rf"edge array 'edge_weight' has {e - 1} rows, the graph "
+                                 rf"has {e} edges"),
+                        (np.array(["a"] * e), "edge array 'edge_weight' .* is not numeric")):
+        np.savez(tmp_path / "bad.npz", **arrays, edge_weight=bad)
+        with pytest.raises(DatasetError, match=needle):
+            load_dataset(str(tmp_path / "bad.npz"))
+
+
 def test_add_self_loops_replaces_existing_loops():
     src, dst = add_self_loops(torch.tensor([0, 1, 1]), torch.tensor([1, 1, 0]), 3)
     pairs = sorted(zip(src.tolist(), dst.tolist()))

@@ -74,3 +74,12 @@ def test_fanouts_that_start_with_a_minus_sign(tmp_path, parts):
     assert proc.returncode == 0, proc.stderr
     refused(run_sarc("compile", SAGE, "--mode", "sampling", "--fanouts", "-2,-1", "--out",
                      tmp_path / "p"), tmp_path / "p", "--fanouts -2,-1", ">= 0, or -1")
+
+
+@case("cli", "`sarc compile models/hetero_sage.py --dataset aifb --mode mfg` (a model reading "
+      "node types trains full-batch only)", "error")
+@pytest.mark.parametrize("mode", ["mfg", "sampling"])
+def test_compile_refuses_what_train_refuses_in_a_minibatch_mode(tmp_path, mode):
+    refused(run_sarc("compile", ROOT / "models" / "hetero_sage.py", "--dataset", "aifb",
+                     "--mode", mode, "--out", tmp_path / "o"),
+            tmp_path / "o", f"{mode} mode: the model reads node types", "--mode full")
