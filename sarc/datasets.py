@@ -214,7 +214,7 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         for k in ("edge_src", "edge_dst"):
             if k not in out:
                 raise fail(f"edge_src and edge_dst come together; there is no {k}")
-            out[k] = _int_vector(out[k], k, "node ids", fail)
+            out[k] = _int_vector(out[k], k, "node ids", fail, unit="edges")
         if len(out["edge_src"]) != len(out["edge_dst"]):
             raise fail(f"edge_src has {len(out['edge_src'])} entries, edge_dst "
                        f"{len(out['edge_dst'])}; both hold one entry per edge")
@@ -309,6 +309,9 @@ def _int_vector(a: np.ndarray, key: str, what: str, fail, length: int | None = N
         raise fail(f"{key} is {a.dtype}; {what} must be integers")
     if length is not None and len(a) != length:
         raise fail(f"{key} has {len(a)} entries, the graph has {length} {unit}")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        i = int(np.argmax(a))
+        raise fail(f"{key}[{i}] is {int(a[i])}, past the int64 {what} sarc holds")
     return a.astype(np.int64, copy=False)
 
 

@@ -37,7 +37,8 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("partition", help="partition a graph for distributed training",
                               description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--dataset", help="a dataset name (cora, aifb, citeseer, pubmed)")
+    src.add_argument("--dataset", help="a dataset name (cora, aifb, citeseer, pubmed) or "
+                                       "file (.npz, in the dataset layout: no num_nodes needed)")
     src.add_argument("--graph", metavar="FILE.npz",
                      help="an .npz file with edge_src, edge_dst, num_nodes (and node / edge data)")
     src.add_argument("--from-dgl", metavar="DIR/NAME.json",

@@ -47,10 +47,12 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     """
     done = progress or (lambda stage: None)
     if int(num_parts) > max(int(num_nodes), 1):  # one part of an empty graph is its whole
+        idle = int(num_parts) - int(num_nodes)
         raise GraphError(f"{num_parts} parts for a graph of {num_nodes} nodes: at least "
-                         f"{int(num_parts) - int(num_nodes)} parts would own no node (and no "
-                         f"worker of them anything to train on); give at most {num_nodes} "
-                         f"parts")
+                         f"{idle} part{'s' * (idle != 1)} would own no node, and "
+                         f"{'their workers' if idle != 1 else 'its worker'} nothing to train "
+                         f"on; give at most {num_nodes} parts (a part METIS leaves empty "
+                         f"trains, its worker idle)")
     check_target(Path(out), overwrite, SET_KIND)  # before the work, not only after it
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioning method {method!r}; available: "

@@ -210,3 +210,15 @@ def test_from_arrays_converts_01_masks_and_infers_sizes():
     assert (d.num_nodes, d.num_classes, d.num_features) == (n, 3, 0)
     assert d.train_mask.dtype == torch.bool and d.train_mask.tolist() == [True, True, False, False]
     assert d.edge_src.dtype == d.label.dtype == torch.int64
+
+
+@case("dataset", "a 2-d `edge_src`, or uint64 node ids past int64", "error")
+@pytest.mark.parametrize("value,needle", [
+    (lambda: cora("edge_src")[None, :], r"it must be a vector \(one entry per edge\)"),
+    (lambda: np.where(np.arange(len(cora("edge_src"))) == 3, np.uint64(2**63 + 5),
+                      cora("edge_src").astype(np.uint64)),
+     r"edge_src\[3\] is 9223372036854775813, past the int64 node ids")])
+def test_edge_ids_of_another_shape_or_range(tmp_path, value, needle):
+    path = write_variant(tmp_path / "d.npz", edge_src=value())
+    with pytest.raises(DatasetError, match=needle):
+        load_dataset(str(path))
