@@ -78,8 +78,15 @@ def from_dgl_module(module: torch.nn.Module, *, node: Mapping[str, Any],
     ``node={"feat": 16}, edge={"edge_weight": ()}``, for RelGraphConv
     ``node={"feat": 16}, edge={"etypes": sarc.INDEX}``. The layer is then called as
     ``layer(g, feat, edge_weight)`` (or by name) on a ``sarc.Graph`` or a worker's
-    ``DistGraph``.
+    ``DistGraph``. SGConv, TAGConv and APPNPConv with k > 1 are a module of a layer per
+    round instead (``dgl_rounds.DGLRounds``), called the same way.
     """
+    from .dgl_rounds import rounds_of
+    rounds = rounds_of(module, dict(node), dict(edge or {}))
+    if rounds is not None:   # SGConv, TAGConv, APPNPConv with k > 1: a layer per round
+        for layer in rounds.rounds:
+            layer.set_backend(backend)
+        return rounds
     return DGLLayer(module, node=node, edge=edge, backend=backend)
 
 
@@ -1004,7 +1011,7 @@ def _routed(forward):
                            f"conv(g, x @ W) (the same result: GraphConv's weight multiplies "
                            f"each node's features, before or after the aggregation), or build "
                            f"the module with weight=True", user_loc())
-        layer = _layer_for(self, graph, feats)
+        layer = _rounds_for(self, feats) or _layer_for(self, graph, feats)
         layer.train(self.training)
         return layer(graph, **feats)
 
@@ -1064,6 +1071,19 @@ def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
         raise DSLError(f"{owner}: {what}; here h_dst's values differ from h_src[:{num_dst}]",
                        user_loc())
     return src
+
+
+def _rounds_for(module, feats: Mapping[str, torch.Tensor]):
+    """The ``DGLRounds`` of a stock K-round conv (k > 1) called on a sarc graph, kept on the
+    module per feature width; None for another module."""
+    from .dgl_rounds import rounds_of
+    feat = feats.get("feat")
+    width = feat.shape[1] if isinstance(feat, torch.Tensor) and feat.dim() == 2 else None
+    cache = module.__dict__.setdefault("_sarc_rounds", {})
+    if width not in cache:
+        # an edge_weight given to the call is refused by the rounds' forward
+        cache[width] = rounds_of(module, {"feat": width} if width else {}, {})
+    return cache[width]
 
 
 def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:

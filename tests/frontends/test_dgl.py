@@ -20,8 +20,9 @@ pytest.importorskip("dgl")
 import dgl  # noqa: E402
 import dgl.function as fn  # noqa: E402
 from dgl.nn.functional import edge_softmax  # noqa: E402
-from dgl.nn.pytorch import (DotGatConv, EdgeConv, GATConv, GATv2Conv, GINConv,  # noqa: E402
-                            GraphConv, RelGraphConv, SAGEConv, SGConv, TAGConv)
+from dgl.nn.pytorch import (APPNPConv, DotGatConv, EdgeConv, GATConv,  # noqa: E402
+                            GATv2Conv, GINConv, GraphConv, RelGraphConv, SAGEConv, SGConv,
+                            TAGConv)
 from torch import nn  # noqa: E402
 
 from dgl_support import randomized  # noqa: E402
@@ -113,6 +114,10 @@ CASES = [
     # source features scaled by g.in_degrees() (the in-degree read per source node)
     ("sgconv", lambda: SGConv(IN, 4, k=1), (), True),
     ("tagconv", lambda: TAGConv(IN, 4, k=1), (), False),
+    # k rounds of message passing: a sarc layer per round (sarc.frontends.dgl_rounds)
+    ("sgconv-k2", lambda: SGConv(IN, 4, k=2), (), True),
+    ("tagconv-k3", lambda: TAGConv(IN, 4, k=3, activation=torch.tanh), (), False),
+    ("appnp-k3", lambda: APPNPConv(3, 0.2), (), False),
 ]
 
 EDGE_DECL = {"edge_weight": (), "etypes": sarc.INDEX, "norm": (1,)}
@@ -244,7 +249,8 @@ def test_edge_softmax_imported_by_a_users_module_is_sarcs():
 DIST_CASES = [("graphconv-both", 2), ("graphconv-both", 3), ("gat-heads", 2), ("gat-heads", 3),
               ("sage-mean", 2), ("sage-pool", 2), ("gatv2", 2), ("gin-sum", 2), ("relgraph", 2),
               ("relgraph-basis", 2), ("edgeconv", 2), ("graphconv-edge-weight", 2),
-              ("reduce-udf-masked", 3), ("dotgat", 2), ("sgconv", 2), ("tagconv", 3)]
+              ("reduce-udf-masked", 3), ("dotgat", 2), ("sgconv", 2), ("tagconv", 3),
+              ("tagconv-k3", 2), ("appnp-k3", 3)]
 
 
 def _dist_worker(rank, port, queue, parts_dir, name, state, world, patched=False):

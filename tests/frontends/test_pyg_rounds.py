@@ -7,7 +7,8 @@
 - the conv's state-dict keys; a conv whose K changed after conversion, APPNP's dropout and
   SGConv's ``cached`` refused;
 - one MFG step whose seeds are every training node (a block per round) equals the
-  full-batch step, on one process and on two workers.
+  full-batch step, on one process and on two workers (DGL's APPNPConv too, in the DGL
+  environment: ``sarc.frontends.dgl_rounds``).
 """
 from __future__ import annotations
 
@@ -128,13 +129,33 @@ class RoundsModel(nn.Module):
         return self.appnp(g, F.relu(self.tag(g, x, edge_weight=w)), edge_weight=w)
 
 
-def _mfg_step(shard, group, rows):
+class DGLRoundsModel(nn.Module):
+    """DGL's APPNPConv (3 rounds) after a linear: the rounds read out-degrees at the sources
+    and in-degrees at the destinations, which a block has."""
+
+    def __init__(self):
+        super().__init__()
+        from dgl.nn.pytorch import APPNPConv
+
+        from sarc.frontends.dgl import from_dgl_module
+        torch.manual_seed(3)
+        self.lin = nn.Linear(5, 3)
+        self.appnp = from_dgl_module(APPNPConv(3, 0.2), node={"feat": 3})
+
+    def forward(self, g, x, w):
+        return self.appnp(g, self.lin(x))
+
+
+MODELS = {"pyg": RoundsModel, "dgl": DGLRoundsModel}
+
+
+def _mfg_step(shard, group, rows, kind="pyg"):
     import datetime
     from sarc.sampling import Comm
     from sarc.training.loop import forward, global_cross_entropy
     from sarc.training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows,
                                          graph_layers, local_blocks)
-    model = RoundsModel()
+    model = MODELS[kind]()
     x, label, train = rows
     x = x.clone().requires_grad_(True)
     config = MiniBatchConfig("mfg")
@@ -167,16 +188,16 @@ def _mfg_step(shard, group, rows):
             "x_ids": shard.orig_node_ids.clone(), "layers": graph_layers(model)}
 
 
-def _work(rank, group, g, parts):
+def _work(rank, group, g, parts, kind):
     from sampling.graphs import shards
     shard = shards(g, parts)[0][rank]
     return _mfg_step(shard, group, (shard.ndata["feat"], shard.ndata["label"],
-                                    shard.ndata["train_mask"]))
+                                    shard.ndata["train_mask"]), kind)
 
 
-def _full_batch(g):
+def _full_batch(g, kind="pyg"):
     from sarc.training.loop import global_cross_entropy
-    model = RoundsModel()
+    model = MODELS[kind]()
     x = g.ndata["feat"].clone().requires_grad_(True)
     train = g.ndata["train_mask"]
     logits = model(Graph.from_edges(g.src, g.dst, g.num_nodes), x, w=g.edata["w"])
@@ -196,19 +217,23 @@ def _close(got, want, x_grad):
 
 
 @pytest.mark.parametrize("parts", [1, 2])
-def test_mfg_step_of_k_round_convs_equals_the_full_batch_step(parts, tmp_path):
+@pytest.mark.parametrize("kind", ["pyg", "dgl"])
+def test_mfg_step_of_k_round_convs_equals_the_full_batch_step(kind, parts, tmp_path):
+    """PyG's TAGConv and APPNP (4 rounds), DGL's APPNPConv (3 rounds)."""
     from sampling.graphs import run_workers, tiny_graph
     from sarc.training.minibatch import whole_graph_shard
+    if kind == "dgl":
+        pytest.importorskip("dgl", reason="DGL's convs: in the DGL environment")
     g = tiny_graph(n=30, e=150, seed=7, isolated=2)
-    want = _full_batch(g)
+    want = _full_batch(g, kind)
     if parts == 1:
         shard = whole_graph_shard(g.src, g.dst, g.num_nodes, g.edata, self_loops=False)
         got = _mfg_step(shard, False, (g.ndata["feat"], g.ndata["label"],
-                                       g.ndata["train_mask"]))
-        assert got["layers"] == 4
+                                       g.ndata["train_mask"]), kind)
+        assert got["layers"] == {"pyg": 4, "dgl": 3}[kind]
         _close(got, want, got["x_grad"])
         return
-    records = run_workers(_work, parts, tmp_path, g, parts, timeout_s=240)
+    records = run_workers(_work, parts, tmp_path, g, parts, kind, timeout_s=240)
     x_grad = torch.zeros_like(want["x_grad"])
     for r in records:
         x_grad[r["x_ids"]] += r["x_grad"]
