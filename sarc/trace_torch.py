@@ -37,8 +37,10 @@ def _dim_to_axis(p: "Proxy", dim: Any) -> int:
     ndim = len(t.shape)
     d = dim + ndim if dim < 0 else dim
     if t.domain is not Domain.PARAM and d == 0:
-        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value; aggregate "
-                       f"over rows with sarc.sum/mean/max/min in reduce", user_loc())
+        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value: a layer "
+                       f"computes row by row, so an operation across rows is an aggregation: "
+                       f"over each node's edges, in reduce (sarc.sum/mean/max/min); over the "
+                       f"whole graph, outside the layer (in the model's forward)", user_loc())
     if not 0 <= d < ndim:
         raise DSLError(f"dim {dim} is out of range for a value of shape {_shape(t)}", user_loc())
     return d if t.domain is Domain.PARAM else d - 1

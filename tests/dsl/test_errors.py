@@ -145,7 +145,7 @@ class UnsupportedTorch(sarc.Layer):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return torch.sin(src.h)  # ERR:torch-fn
+        return torch.cumsum(src.h, dim=-1)  # ERR:torch-fn
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -413,7 +413,7 @@ CASES = [
                                          "declared: none"]),
     (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
-    (UnsupportedTorch, "torch-fn", ["torch function torch.sin is not supported"]),
+    (UnsupportedTorch, "torch-fn", ["torch function torch.cumsum is not supported"]),
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.hardswish is not supported"]),
     (UnsupportedMethod, "method", ["Tensor.cumsum is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
