@@ -157,9 +157,12 @@ class Dataset:
 
 
 def more_edge_keys(arrays: Mapping[str, Any]) -> list[str]:
-    """The edge arrays of checked ``arrays`` besides the edge list and ``etype``: the
-    numeric ``edge_*`` ones (``check_arrays`` checked their rows)."""
-    return [k for k in arrays if k.startswith("edge_") and k not in ("edge_src", "edge_dst")]
+    """The edge data of ``arrays`` besides ``etype``: the numeric arrays named ``edge_*``,
+    but for the edge list (``edge_src``, ``edge_dst``, and PyG's ``edge_index``, which
+    files may carry too); other ``edge_*`` arrays (names, text) are not data."""
+    return [k for k, a in arrays.items()
+            if k.startswith("edge_") and k not in ("edge_src", "edge_dst", "edge_index")
+            and np.asarray(a).dtype.kind in "biuf" and np.asarray(a).ndim > 0]
 
 
 def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
@@ -258,16 +261,16 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
     else:
         out["num_etypes"] = 0
 
-    for k in [k for k in out if k.startswith("edge_") and k not in ("edge_src", "edge_dst")]:
+    for k in more_edge_keys(out):
         a = out[k]
-        if a.dtype.kind not in "biuf" or a.ndim == 0:
-            raise fail(f"edge array {k!r} ({a.dtype}, shape {list(a.shape)}) is not numeric "
-                       f"data per edge (arrays named edge_* are edge data)")
         if "edge_src" not in out or a.shape[0] != len(out["edge_src"]):
             e = len(out["edge_src"]) if "edge_src" in out else "no"
-            raise fail(f"edge array {k!r} has {a.shape[0]} rows, the graph has {e} edges")
-        if a.dtype.kind == "f" and check and not np.isfinite(a).all():
-            raise fail(f"edge array {k!r} holds NaN or Inf")
+            raise fail(f"edge array {k!r} has {a.shape[0]} rows, the graph has {e} edges "
+                       f"(numeric arrays named edge_* are edge data, one row per edge)")
+        if a.dtype.kind == "f":
+            if check and not np.isfinite(a).all():
+                raise fail(f"edge array {k!r} holds NaN or Inf")
+            out[k] = a.astype(np.float32, copy=False)   # as the features: a model's precision
 
     if "ntype" in out:
         ntype = _int_vector(out["ntype"], "ntype", "node types", fail, length=n)

@@ -65,8 +65,11 @@ def _plain(value: Any, depth: int = 0) -> Any:
     its order, a set's as a frozenset), tensors by identity and version, functions and
     classes by identity (``self.act = torch.tanh`` swapped), configuration records (a
     ``SimpleNamespace``, a dataclass) by their fields; None where the value is nothing a
-    trace reads as a constant. No value is formatted or compared element by element: a
-    tensor's ``repr`` or ``==`` would read it (a device sync)."""
+    trace reads as a constant (inside a container or record: that item, the others still
+    watched). Containers nested past ``_MAX_DEPTH`` or larger than ``_MAX_ITEMS`` are keyed
+    by identity, never by an object made here (whose identity would be new at each call).
+    No value is formatted or compared element by element: a tensor's ``repr`` or ``==``
+    would read it (a device sync)."""
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, torch.Tensor):
@@ -76,16 +79,15 @@ def _plain(value: Any, depth: int = 0) -> Any:
             return _Same(value), len(value)
         items = [x for kv in value.items() for x in kv] if isinstance(value, dict) else value
         keys = tuple(_plain(x, depth + 1) for x in items)
-        if any(k is None for k in keys):
-            return None
         return type(value).__name__, frozenset(keys) if isinstance(value, (set, frozenset)) \
             else keys
     if isinstance(value, _RECORDS) or (dataclasses.is_dataclass(value)
                                        and not isinstance(value, type)):
         fields = (vars(value) if hasattr(value, "__dict__") else
                   {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
-        inner = _plain(dict(fields), depth + 1) if depth < _MAX_DEPTH else None
-        return (type(value), inner) if inner is not None else _Same(value)
+        if len(fields) > _MAX_ITEMS or depth >= _MAX_DEPTH:
+            return _Same(value), len(fields)
+        return type(value), tuple((k, _plain(v, depth + 1)) for k, v in fields.items())
     if callable(value):   # a function, a class, a partial: what the trace calls
         return _Same(value)
     return None

@@ -319,7 +319,13 @@ class Proxy:
     def size(self, dim: int | None = None):
         """``x.size()``: the shape; ``x.size(d)``: its entry ``d`` (``x.size(0)``, the rows,
         is a ``RowCount``, which view, reshape, slices and ``torch.ones`` take)."""
-        return self.shape if dim is None else self.shape[dim]
+        shape = self.shape
+        if dim is None:
+            return shape
+        if not _is_int(dim) or not -len(shape) <= dim < len(shape):
+            raise DSLError(f"size({dim!r}): dim out of range for a value of "
+                           f"{len(shape)} dims", user_loc())
+        return shape[dim]
 
     def __repr__(self) -> str:
         return f"Proxy(%{self.index}: {self.type})"

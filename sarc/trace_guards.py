@@ -69,6 +69,10 @@ class _RefuseTorchRandomness(TorchFunctionMode):
 
 _TRACING = threading.local()
 
+_ONE_TRACE = threading.RLock()
+"""Held while a layer is traced: the routes are module globals (``routed``), so two traces
+in two threads would put each other's back; traces run one at a time."""
+
 
 def _python_random_functions() -> dict[int, tuple[str, Callable]]:
     """id -> (name, function) of the drawing functions of ``random`` and ``numpy.random``."""
@@ -211,6 +215,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
     modules = list(modules)
     modes = [m.training for m in modules]
     traced = _traced_modules(modules)
+    _ONE_TRACE.acquire()
     try:
         for m in modules:
             m.training = TRAINING
@@ -232,3 +237,4 @@ def tracing(modules: Iterable[torch.nn.Module]):
     finally:
         for m, mode in zip(modules, modes):
             m.training = mode
+        _ONE_TRACE.release()

@@ -434,10 +434,12 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
 
 def _between(x: Proxy, lo: float, hi: float) -> Proxy:
     """``x`` clamped to [lo, hi] with torch's hardtanh gradient: passed strictly inside
-    only (``clamp`` passes at the bounds too)."""
+    only (``clamp`` passes at the bounds too); a NaN stays NaN, as torch's."""
     tracer = x.tracer
     inner = tracer.emit(Op.WHERE_POS, [hi - x, x, tracer.lift(hi, x)])
-    return tracer.emit(Op.WHERE_POS, [x - lo, inner, tracer.lift(lo, x)])
+    clamped = tracer.emit(Op.WHERE_POS, [x - lo, inner, tracer.lift(lo, x)])
+    number = tracer.emit(Op.EQ_MASK, [x, x]) - 0.5   # > 0 but where x is NaN
+    return tracer.emit(Op.WHERE_POS, [number, clamped, x])
 
 
 @traces(F.relu6)
@@ -487,13 +489,19 @@ def _selu(input, inplace=Fixed(False)):
 def _celu(input, alpha=1.0, inplace=Fixed(False)):
     """``alpha * elu(x / alpha)``."""
     a = _number(alpha, "celu's alpha")
+    if a == 0:
+        raise DSLError("celu: alpha cannot be 0 (torch refuses it too)", user_loc())
     return a * _emit(Op.ELU, _traced(input, "celu") / a, alpha=1.0)
 
 
 @traces(F.glu)
 def _glu(input, dim=-1):
     """The first half of ``dim`` gated by the sigmoid of the second."""
-    a, b = _chunk.record(input, 2, dim)
+    x = _traced(input, "glu")
+    size = x.type.feat[_dim_to_axis(x, dim)]
+    if size % 2:
+        raise DSLError(f"glu halves dim {dim}, of odd size {size}", user_loc())
+    a, b = _chunk.record(x, 2, dim)
     return a * _emit(Op.SIGMOID, b)
 
 
@@ -670,8 +678,13 @@ def _var(input, dim=None, unbiased=None, keepdim=False, *, correction=None,
 @traces(torch.std, torch.Tensor.std)
 def _std(input, dim=None, unbiased=None, keepdim=False, *, correction=None,
          out=Fixed(None)):
-    return _emit(Op.POW, _variance(input, dim, unbiased, keepdim, correction, "std"),
-                 exponent=0.5)
+    """The square root of ``var``, with torch's gradient 0 where the variance is 0 (the
+    root's derivative is infinite there): the root is taken of 1 in its place."""
+    var = _variance(input, dim, unbiased, keepdim, correction, "std")
+    tracer = var.tracer
+    safe = tracer.emit(Op.WHERE_POS, [var, var, tracer.lift(1.0, var)])
+    return tracer.emit(Op.WHERE_POS, [var, _emit(Op.POW, safe, exponent=0.5),
+                                      tracer.lift(0.0, var)])
 
 
 def _variance(input, dim, unbiased, keepdim, correction, name: str) -> Proxy:
@@ -1519,7 +1532,7 @@ def degree_over(tracer, domain: Domain, dtype: DType) -> Proxy:
 
 
 _TORCH_FILLS = {"ones": (torch.ones, 1.0), "zeros": (torch.zeros, 0.0),
-                "full": (torch.full, None)}
+                "full": (torch.full, None), "empty": (torch.empty, None)}
 _TORCH_RESHAPE = torch.reshape
 
 
@@ -1531,6 +1544,8 @@ def _filled(name: str):
     original, value = _TORCH_FILLS[name]
 
     def fill(*args, **kwargs):
+        if "size" in kwargs:
+            args = (kwargs.pop("size"), *args)
         size, rest = args, ()
         if name == "full":
             size, rest = args[:1], args[1:]
@@ -1538,6 +1553,9 @@ def _filled(name: str):
             size = tuple(size[0])
         if not any(isinstance(d, RowCount) for d in size):
             return original(*args, **kwargs)
+        if name == "empty":
+            raise DSLError(f"torch.empty({', '.join(map(str, size))}): its values are "
+                           f"undefined; write torch.zeros or torch.full", user_loc())
         fill_value = value
         if name == "full":
             fill_value = rest[0] if rest else kwargs.pop("fill_value", None)

@@ -30,7 +30,7 @@ from torch import nn
 
 from .checkpoint import CheckpointConfig, run_record, seed_all
 from .datasets import Dataset, add_self_loops_with_data, check_dataset, load_dataset
-from .dsl import edge_inputs_for
+from .dsl import Layer, edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec, exit_call
@@ -490,14 +490,22 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     }
 
 
-def check_minibatch_model(mode: str, prep: Prepared, model: nn.Module) -> None:
-    """A model that trains in ``mode`` (mfg, sampling): one reading node types
-    (``sarc.HeteroConv``, ``sarc.TypedInput``) trains full-batch only; refused, as ``sarc
-    compile`` refuses to plan it."""
-    if "ntype" in prep.edge_inputs:
+def check_minibatch_model(mode: str, edge_inputs, model: nn.Module) -> None:
+    """A model that trains in ``mode`` (mfg, sampling), given ``edge_inputs``: one reading
+    node types (``sarc.HeteroConv``, ``sarc.TypedInput``) or a source's in-degree trains
+    full-batch only; refused by ``sarc train`` (one process and workers) before the first
+    step, and by ``sarc compile``."""
+    if "ntype" in edge_inputs:
         raise TrainError(f"{mode} mode: the model reads node types (sarc.HeteroConv, "
                          f"sarc.TypedInput), which train full-batch only (--mode full)")
     graph_layers(model)   # a HeteroConv is refused by name
+    from .runtime.bind import reads_source_in_degree
+    for name, layer in model.named_modules():
+        if isinstance(layer, Layer) and reads_source_in_degree(layer, layer.trace()):
+            raise TrainError(f"{mode} mode: layer {name} ({layer.display_name()}) reads the "
+                             f"in-degree of source nodes, which a mini-batch step's block "
+                             f"has not (its other sources' in-edges are not in it): train "
+                             f"the model with --mode full")
 
 
 def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,
@@ -506,7 +514,7 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     """``config``'s steps on one process: the graph as one part, sampled on the CPU, each
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
-    check_minibatch_model(config.mode, prep, model)
+    check_minibatch_model(config.mode, prep.edge_inputs, model)
     carried = dict(prep.edge_inputs)
     if config.prob in data.edge_data and config.prob not in carried:
         carried[config.prob] = data.edge_data[config.prob]   # draws weighed by edge data the

@@ -157,7 +157,7 @@ def compile_command(args) -> int:
     # needs: the model run once on the graph and inputs sarc train feeds it
     prep = prepare(data, hparams, model)
     if args.mode != "full":   # what sarc train refuses to train in this mode, planned for it
-        check_minibatch_model(args.mode, prep, model)
+        check_minibatch_model(args.mode, prep.edge_inputs, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train

@@ -43,7 +43,8 @@ from ..loader import ModelSpec
 from ..partition import open_partition
 from ..partition.dgl_in_place import PeerPartError
 from ..runtime.sharded import ShardedGraph, build_shard
-from ..train import ModelSelection, TrainError, hyperparameters, output_check
+from ..train import (ModelSelection, TrainError, check_minibatch_model, hyperparameters,
+                     output_check)
 from ..sampling import Comm
 from ..training.device import placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
@@ -458,10 +459,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             return (epoch_line(*progress, of=last) +
                     f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
     else:
-        if "ntype" in edge_inputs:
-            raise TrainError(f"{cfg.minibatch.mode} mode: the model reads node types "
-                             f"(sarc.HeteroConv, sarc.TypedInput), which train full-batch "
-                             f"only (--mode full)")
+        check_minibatch_model(cfg.minibatch.mode, edge_inputs, model)
         blocks = BlockGraphs(group, cfg.minibatch.mode, device, layers=sarc_layers(model),
                              exec_mode=cfg.exec_mode,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,

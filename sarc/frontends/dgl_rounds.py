@@ -27,17 +27,23 @@ from ..dsl import Layer
 from ..errors import DSLError, GraphError
 from ..graph import Graph
 from ..trace import user_loc
+from .rounds import later_rows
 
 
 class DegreeNormRound(Layer):
     """One round: ``dst_scale_v * sum_u src_scale_u * w_uv * h_u``, the scales the node's
     degree^-1/2 (``src_degree`` / ``dst_degree``: ``in_degree`` or ``out_degree``, clamped
-    at 1, as DGL), ``w`` a dropout of ones with probability ``drop``."""
+    at 1, as DGL), ``w`` ``edge_drop`` of ones (the module's own ``nn.Dropout``, so a
+    probability set on it later is the next call's)."""
 
-    def __init__(self, width: int, src_degree: str, dst_degree: str, drop: float = 0.0):
+    def __init__(self, width: int, src_degree: str, dst_degree: str, edge_drop: nn.Module,
+                 owner: str):
         super().__init__(node={"h": width})
-        self.src_degree, self.dst_degree = src_degree, dst_degree
-        self.edge_drop = nn.Dropout(drop)
+        self.src_degree, self.dst_degree, self.owner = src_degree, dst_degree, owner
+        self.edge_drop = edge_drop
+
+    def display_name(self) -> str:
+        return f"{self.owner} (a round)"
 
     def message(self, src, dst, edge):
         h = src.h * getattr(src, self.src_degree).clamp_min(1).pow(-0.5).unsqueeze(-1)
@@ -52,21 +58,18 @@ class DegreeNormRound(Layer):
         return agg.agg * getattr(dst, self.dst_degree).clamp_min(1).pow(-0.5).unsqueeze(-1)
 
 
-def _rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``t``'s first rows, as many as ``like`` has (every row on a whole graph)."""
-    return t if t.size(0) == like.size(0) else t[:like.size(0)]
-
-
 class DGLRounds(nn.Module):
     """A K-round DGL conv: ``rounds`` sarc layers and the module (``module``) combining them;
     called as the module is, ``rounds(g, feat)`` on a ``sarc.Graph`` or a worker's
     ``DistGraph``."""
 
     def __init__(self, module: nn.Module, width: int, src_degree: str, dst_degree: str,
-                 drop: float = 0.0):
+                 edge_drop: nn.Module | None = None):
         super().__init__()
         self.module = module
-        self.rounds = nn.ModuleList(DegreeNormRound(width, src_degree, dst_degree, drop)
+        drop = edge_drop if edge_drop is not None else nn.Dropout(0.0)
+        self.rounds = nn.ModuleList(DegreeNormRound(width, src_degree, dst_degree, drop,
+                                                    type(module).__name__)
                                     for _ in range(module._k))
         self.train(module.training)
 
@@ -125,7 +128,7 @@ class TAGConvRounds(DGLRounds):
         for _ in self.rounds:
             stack.append(propagate(stack[-1]))
         last = stack[-1]
-        out = self.module.lin(torch.cat([_rows(h, last) for h in stack], dim=-1))
+        out = self.module.lin(torch.cat([later_rows(h, last) for h in stack], dim=-1))
         act = self.module._activation
         return out if act is None else act(out)
 
@@ -135,13 +138,13 @@ class APPNPConvRounds(DGLRounds):
     D_out^-1/2``, each round's edges dropped with ``edge_drop``'s probability."""
 
     def __init__(self, module, width):
-        super().__init__(module, width, "out_degree", "in_degree", module.edge_drop.p)
+        super().__init__(module, width, "out_degree", "in_degree", module.edge_drop)
 
     def combine(self, feat, propagate):
         alpha, h = self.module._alpha, feat
         for _ in self.rounds:
             h = propagate(h)
-            h = (1 - alpha) * h + alpha * _rows(feat, h)
+            h = (1 - alpha) * h + alpha * later_rows(feat, h)
         return h
 
 

@@ -13,8 +13,8 @@ So a K-round conv in a model needs K blocks of a mini-batch step (K fanouts), an
 rounds run wherever a sarc layer runs: a ``Graph``, a worker's ``DistGraph``, a step's
 blocks. In a step each round's output has the rows of the next block's sources, which
 are the first rows of the round's input (a block's destinations are its first sources):
-a term of an earlier round is cut to the rows of the later one (``_rows``), which on a
-whole graph is every row.
+a term of an earlier round is cut to the rows of the later one (``rounds.later_rows``),
+which on a whole graph is every row.
 """
 from __future__ import annotations
 
@@ -22,17 +22,22 @@ import torch
 from torch import nn
 
 from ..dsl import Layer
+from ..errors import GraphError
 from .pyg import (ConversionError, PyGInputs, _REDUCERS, _aggr_name, _check_message_passing,
                   _in_channels, _plain_edge_index, _refuse, _require, weighted_inputs,
                   weights_dtype)
+from .rounds import later_rows
 
 
 class Propagate(Layer):
     """One round of a K-round conv: ``aggr_u w_uv x_u`` over the prepared graph."""
 
-    def __init__(self, width: int, aggr: str):
+    def __init__(self, width: int, aggr: str, owner: str = "Propagate"):
         super().__init__(node={"x": width}, edge={"edge_weight": ()})
-        self.aggr = aggr
+        self.aggr, self.owner = aggr, owner
+
+    def display_name(self) -> str:
+        return f"{self.owner} (a round)"
 
     def message(self, src, dst, edge):
         return edge.edge_weight.unsqueeze(-1) * src.x
@@ -42,12 +47,6 @@ class Propagate(Layer):
 
     def update(self, dst, agg):
         return agg.agg
-
-
-def _rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``t``'s first rows, as many as ``like`` has: an earlier round's value on a later
-    round's nodes (every row on a whole graph, a block's destinations in a step)."""
-    return t if t.size(0) == like.size(0) else t[:like.size(0)]
 
 
 class PyGRounds(nn.Module):
@@ -63,9 +62,13 @@ class PyGRounds(nn.Module):
         _check_message_passing(conv)
         aggr = _aggr_name(conv)
         super().__init__()
-        self.conv = conv
-        self.rounds = nn.ModuleList(Propagate(in_channels, aggr) for _ in range(rounds))
+        self.conv, self.in_channels = conv, in_channels
+        self.rounds = nn.ModuleList(Propagate(in_channels, aggr, type(conv).__name__)
+                                    for _ in range(rounds))
         self.train(conv.training)
+
+    def check(self) -> None:
+        """What the conversion refused, refused again at a call (an attribute set since)."""
 
     def count(self) -> int:
         """How many rounds the conv's attributes ask for now."""
@@ -78,11 +81,20 @@ class PyGRounds(nn.Module):
         """The conv's forward after its graph preparation, ``propagate(h)`` its rounds."""
         raise NotImplementedError
 
-    def forward(self, g, x, edge_weight):
+    def forward(self, g, x, edge_weight=None):
+        name = type(self.conv).__name__
         if self.count() != len(self.rounds):
-            raise ConversionError(f"{type(self.conv).__name__}: it was converted for "
-                                  f"{len(self.rounds)} rounds and now has {self.count()}; "
-                                  f"convert it again (from_message_passing)")
+            raise ConversionError(f"{name}: it was converted for {len(self.rounds)} rounds and "
+                                  f"now has {self.count()}; convert it again "
+                                  f"(from_message_passing)")
+        self.check()
+        if edge_weight is None and self.rounds:
+            raise GraphError(f"{name}: its rounds read the edge weights its forward computes: "
+                             f"give edge_weight=, the prepared inputs' (layer.prepare(edge_index, "
+                             f"num_nodes)), or call it through as_conv")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.in_channels:
+            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise GraphError(f"{name}: x must be [nodes, {self.in_channels}], got {shape}")
         calls = iter(self.rounds)
         return self.combine(x, lambda h: next(calls)(g, x=h, edge_weight=edge_weight))
 
@@ -103,9 +115,12 @@ class SGConvRounds(PyGRounds):
     """SGConv: ``lin(A^K x)``, ``A`` PyG's ``gcn_norm`` (with self loops by default)."""
 
     def __init__(self, conv):
-        _require(conv, not conv.cached, "cached=True",
-                 "PyG reuses its first call's propagated features")
         super().__init__(conv, _in_channels(conv), conv.K)
+        self.check()
+
+    def check(self):
+        _require(self.conv, not self.conv.cached, "cached=True",
+                 "PyG reuses its first call's propagated features")
 
     def count(self):
         return self.conv.K
@@ -125,10 +140,13 @@ class APPNPRounds(PyGRounds):
     (PyG caches the normalization only): the weights are those of the graph given."""
 
     def __init__(self, conv, in_channels=None):
-        _require(conv, conv.dropout == 0, f"dropout={conv.dropout}",
+        super().__init__(conv, _in_channels(conv, in_channels), conv.K)
+        self.check()
+
+    def check(self):
+        _require(self.conv, self.conv.dropout == 0, f"dropout={self.conv.dropout}",
                  "PyG drops the edge weights again at each round, so a round's weights carry "
                  "the masks of every round before it; sarc draws each layer's own")
-        super().__init__(conv, _in_channels(conv, in_channels), conv.K)
 
     def count(self):
         return self.conv.K
@@ -144,7 +162,7 @@ class APPNPRounds(PyGRounds):
         for _ in self.rounds:
             x = propagate(x)
             x = x * (1 - alpha)
-            x = x + alpha * _rows(h, x)
+            x = x + alpha * later_rows(h, x)
         return x
 
 
@@ -169,7 +187,7 @@ class TAGConvRounds(PyGRounds):
         out = lins[0](x)
         for lin in lins[1:]:
             x = propagate(x)
-            out = _rows(out, x) + lin(x)
+            out = later_rows(out, x) + lin(x)
         return out if self.conv.bias is None else out + self.conv.bias
 
 
@@ -195,11 +213,11 @@ class ChebConvRounds(PyGRounds):
         out = lins[0](x)
         if len(lins) > 1:
             t0, t1 = x, propagate(x)
-            out = _rows(out, t1) + lins[1](t1)
+            out = later_rows(out, t1) + lins[1](t1)
             for lin in lins[2:]:
                 t2 = propagate(t1)
-                t2 = 2. * t2 - _rows(t0, t2)
-                out = _rows(out, t2) + lin(t2)
+                t2 = 2. * t2 - later_rows(t0, t2)
+                out = later_rows(out, t2) + lin(t2)
                 t0, t1 = t1, t2
         return out if self.conv.bias is None else out + self.conv.bias
 

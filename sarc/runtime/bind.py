@@ -49,15 +49,19 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
     return out
 
 
+def reads_source_in_degree(layer, fn: Function) -> bool:
+    """Whether ``fn`` (``layer``'s trace) reads the built-in in-degree of source nodes."""
+    return "in_degree" not in layer._sarc_node and any(
+        v.op is Op.INPUT and v.attr["name"] == "in_degree" and v.type.domain is Domain.SRC
+        for v in fn.values)
+
+
 def check_source_in_degree(layer, fn: Function, num_src: int, num_dst: int) -> None:
     """A layer reading its sources' in-degree (``src.in_degree``; DGL's SGConv, TAGConv and
     GCN2Conv scale source features by ``g.in_degrees()``) runs where every source is a
     destination: a whole graph, or a worker's shard of one. A block with other sources (a
     mini-batch step's) has the in-degrees of its destinations only."""
-    if num_src == num_dst or "in_degree" in layer._sarc_node:
-        return
-    if any(v.op is Op.INPUT and v.attr["name"] == "in_degree" and v.type.domain is Domain.SRC
-           for v in fn.values):
+    if num_src != num_dst and reads_source_in_degree(layer, fn):
         raise GraphError(f"{layer.display_name()} reads the in-degree of source nodes "
                          f"(src.in_degree, or DGL's g.in_degrees() scaling source features), "
                          f"known where every source is a destination; this block has "

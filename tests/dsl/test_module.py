@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import logging
 import types
 
 import pytest
@@ -209,11 +210,14 @@ class Configured(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
         self.act = torch.relu
-        self.cfg = types.SimpleNamespace(scale=1.0)
+        # a record holding what no key can watch (a logger) and a record of its own
+        self.cfg = types.SimpleNamespace(scale=1.0, log=logging.getLogger("sarc.test"),
+                                         inner=types.SimpleNamespace(shift=0.0))
         self.steps = [torch.sigmoid, 2.0]
 
     def message(self, src, dst, edge):
-        return self.act(src.h) * self.cfg.scale + self.steps[0](src.h) * self.steps[1]
+        return (self.act(src.h) * self.cfg.scale + self.steps[0](src.h) * self.steps[1]
+                + self.cfg.inner.shift)
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -221,7 +225,8 @@ class Configured(sarc.Layer):
 
 def _plain_configured(layer: Configured, g: sarc.Graph, h: torch.Tensor) -> torch.Tensor:
     hs = h[g.src]
-    m = layer.act(hs) * layer.cfg.scale + layer.steps[0](hs) * layer.steps[1]
+    m = layer.act(hs) * layer.cfg.scale + layer.steps[0](hs) * layer.steps[1] \
+        + layer.cfg.inner.shift
     return torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
 
 
@@ -229,8 +234,10 @@ def test_functions_and_configuration_read_by_the_trace_are_followed(g):
     layer, h = Configured(), torch.randn(g.num_src, 3)
     assert_close(layer(g, h), _plain_configured(layer, g, h))
     kernel = layer.compiled()
+    assert layer(g, h) is not None and layer.compiled() is kernel   # no new trace per call
     for change in (lambda: setattr(layer, "act", torch.tanh),
                    lambda: setattr(layer.cfg, "scale", 3.0),
+                   lambda: setattr(layer.cfg.inner, "shift", 0.5),
                    lambda: layer.steps.__setitem__(1, 7.0),
                    lambda: layer.steps.__setitem__(0, torch.exp)):
         change()

@@ -649,3 +649,42 @@ def test_index_select_traces_after_pyg_replaced_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "2.0", proc.stderr[-2000:]
+
+
+class SlowOnes(sarc.Layer):
+    """Sleeps while traced, so that two traces in two threads overlap."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        import time
+        time.sleep(0.2)
+        return src.h * torch.ones(src.h.shape[0], 1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_layers_traced_in_two_threads_at_once_both_trace():
+    """The routes of a trace are module globals: a trace ending in one thread must not take
+    them from a trace running in another (traces run one at a time)."""
+    import threading
+    original = torch.ones
+    g = sarc.Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
+    x = torch.randn(2, 4)
+    errors: list = []
+
+    def run():
+        try:
+            SlowOnes().trace()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.ones is original   # given back
+    assert_close(SlowOnes()(g, x), torch.stack([x[1], x[0]]), 1e-6, "output")

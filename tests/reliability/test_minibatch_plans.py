@@ -83,3 +83,47 @@ def test_compile_refuses_what_train_refuses_in_a_minibatch_mode(tmp_path, mode):
     refused(run_sarc("compile", ROOT / "models" / "hetero_sage.py", "--dataset", "aifb",
                      "--mode", mode, "--out", tmp_path / "o"),
             tmp_path / "o", f"{mode} mode: the model reads node types", "--mode full")
+
+
+SOURCE_IN_DEGREE = '''
+import sarc
+from torch import nn
+
+
+class Scaled(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * src.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, f, c):
+        super().__init__()
+        self.conv = Scaled(f, c)
+
+    def forward(self, g, x):
+        return self.conv(g, x)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+'''
+
+
+@case("cli", "`sarc compile` / `sarc train --mode mfg` of a model reading `src.in_degree` "
+      "(a block has no in-degree for its other sources)", "error")
+@pytest.mark.parametrize("command", ["compile", "train"])
+def test_a_source_in_degree_is_refused_in_a_minibatch_mode(tmp_path, command):
+    model = tmp_path / "scaled.py"
+    model.write_text(SOURCE_IN_DEGREE)
+    extra = ["--out", tmp_path / "o"] if command == "compile" else ["--epochs", "1"]
+    proc = run_sarc(command, model, "--mode", "mfg", *extra)
+    assert_error(proc, "mfg mode: layer conv (Scaled) reads the in-degree of source nodes",
+                 "--mode full")
+    assert not (tmp_path / "o").exists()
