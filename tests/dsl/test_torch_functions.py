@@ -688,3 +688,36 @@ def test_layers_traced_in_two_threads_at_once_both_trace():
     assert not errors, errors
     assert torch.ones is original   # given back
     assert_close(SlowOnes()(g, x), torch.stack([x[1], x[0]]), 1e-6, "output")
+
+
+def test_std_of_a_constant_row_has_torch_gradient():
+    """std's gradient is 0 where the variance is 0 (a node whose features are all equal),
+    as torch's; the root's derivative is infinite there."""
+    def fn(s, x):
+        return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-5)
+    layer = Apply(fn)
+    x = _features()
+    x[1] = 0.5   # a constant row
+    x.requires_grad_()
+    out = layer(LOOPS, x)
+    xr = x.detach().clone().requires_grad_()
+    want = fn(layer, xr)
+    assert_close(out, want, 1e-5, "output")
+    cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    (got,) = torch.autograd.grad((out * cot).sum(), [x])
+    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
+    assert torch.isfinite(got).all()
+    assert_close(got, ref, 1e-4, "gradient", 1e-6)
+
+
+@pytest.mark.parametrize("fn", [F.relu6, F.hardtanh, F.hardsigmoid],
+                         ids=["relu6", "hardtanh", "hardsigmoid"])
+def test_bounded_activations_keep_a_nan(fn):
+    x = torch.tensor([[float("nan"), 9.0, -9.0, 0.5]] * N).repeat(1, 2)
+    out = Apply(lambda s, h: fn(h))(LOOPS, x)
+    torch.testing.assert_close(out, fn(x), equal_nan=True)
+
+
+def test_celu_with_alpha_0_is_refused():
+    with pytest.raises(DSLError, match=r"celu: alpha cannot be 0"):
+        Apply(lambda s, h: F.celu(h, alpha=0.0))(LOOPS, _features())
