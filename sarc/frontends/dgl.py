@@ -90,6 +90,29 @@ def from_dgl_module(module: torch.nn.Module, *, node: Mapping[str, Any],
     return DGLLayer(module, node=node, edge=edge, backend=backend)
 
 
+def refuse_zero_in_degree(owner: str, g) -> None:
+    """DGL's check of a module built with ``allow_zero_in_degree=False``: nodes without
+    in-edges are refused on a ``sarc.Graph``, and on a worker's whole-graph ``DistGraph``
+    by every worker at once (the in-degrees are the whole graph's; whether any is 0 is
+    all-reduced, so no worker raises while its peers wait). A mini-batch step's blocks
+    are not checked."""
+    from ..graph import Graph
+    if isinstance(g, Graph):
+        zero = bool((g.in_degree == 0).any())
+    elif getattr(g, "mode", None) == "full" and hasattr(g, "shard"):
+        import torch.distributed as dist
+        flag = torch.tensor([int(bool((g.in_degree == 0).any()))], device=g.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=g.group)
+        zero = bool(flag.item())
+    else:
+        return
+    if zero:
+        raise GraphError(f"{owner}: there are nodes without incoming edges, whose output "
+                         f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop "
+                         f"before building the graph, or the model's self_loops) or build the "
+                         f"module with allow_zero_in_degree=True")
+
+
 def _check_arguments(module: torch.nn.Module, node: Mapping, edge: Mapping) -> None:
     """The declared features are ``forward``'s arguments after the graph, and every one
     of them without a default is declared."""
@@ -191,17 +214,11 @@ class DGLLayer(Layer):
 
     def forward(self, g, *args, **feats):
         """As ``Layer.forward``. A module that refuses nodes without in-edges (DGL's
-        ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph``; a worker's
-        ``DistGraph`` is not checked (one worker's error would leave its peers waiting)."""
+        ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph`` and on a whole
+        graph's ``DistGraph`` (every worker, ``refuse_zero_in_degree``)."""
         self.compiled()   # traced: whether the module checks for nodes without in-edges
         if self._sarc_checks_in_degree:
-            degree = getattr(g, "in_degree", None)
-            from ..graph import Graph
-            if isinstance(g, Graph) and degree is not None and bool((degree == 0).any()):
-                raise GraphError(
-                    f"{self.module_name}: there are nodes without incoming edges, whose output "
-                    f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop before "
-                    f"building the graph) or build the module with allow_zero_in_degree=True")
+            refuse_zero_in_degree(self.module_name, g)
         out = super().forward(g, *args, **feats)
         if self._sarc_outputs is not None:   # the module returned a tuple: so does the layer
             return tuple(out[k] for k in self._sarc_outputs) if isinstance(out, Mapping) else (out,)
@@ -1080,6 +1097,8 @@ def _rounds_for(module, feats: Mapping[str, torch.Tensor]):
     feat = feats.get("feat")
     width = feat.shape[1] if isinstance(feat, torch.Tensor) and feat.dim() == 2 else None
     cache = module.__dict__.setdefault("_sarc_rounds", {})
+    if width in cache and cache[width] is not None and len(cache[width].rounds) != module._k:
+        del cache[width]   # k set since: converted again
     if width not in cache:
         # an edge_weight given to the call is refused by the rounds' forward
         cache[width] = rounds_of(module, {"feat": width} if width else {}, {})

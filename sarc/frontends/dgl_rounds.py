@@ -25,7 +25,6 @@ from torch import nn
 from .. import dsl
 from ..dsl import Layer
 from ..errors import DSLError, GraphError
-from ..graph import Graph
 from ..trace import user_loc
 from .rounds import later_rows
 
@@ -66,7 +65,7 @@ class DGLRounds(nn.Module):
     def __init__(self, module: nn.Module, width: int, src_degree: str, dst_degree: str,
                  edge_drop: nn.Module | None = None):
         super().__init__()
-        self.module = module
+        self.module, self.width = module, width
         drop = edge_drop if edge_drop is not None else nn.Dropout(0.0)
         self.rounds = nn.ModuleList(DegreeNormRound(width, src_degree, dst_degree, drop,
                                                     type(module).__name__)
@@ -90,12 +89,12 @@ class DGLRounds(nn.Module):
         if self.module._k != len(self.rounds):
             raise GraphError(f"{name}: it was converted for {len(self.rounds)} rounds and now "
                              f"has k={self.module._k}; convert it again (from_dgl_module)")
-        if not getattr(self.module, "_allow_zero_in_degree", True) and isinstance(g, Graph) \
-                and bool((g.in_degree == 0).any()):
-            raise GraphError(f"{name}: there are nodes without incoming edges, whose output "
-                             f"DGL's module refuses as invalid; add self loops "
-                             f"(dgl.add_self_loop before building the graph) or build the "
-                             f"module with allow_zero_in_degree=True")
+        if not isinstance(feat, torch.Tensor) or feat.dim() != 2 or feat.shape[1] != self.width:
+            shape = list(feat.shape) if isinstance(feat, torch.Tensor) else type(feat).__name__
+            raise GraphError(f"{name}: feat must be [nodes, {self.width}], got {shape}")
+        if not getattr(self.module, "_allow_zero_in_degree", True):
+            from .dgl import refuse_zero_in_degree
+            refuse_zero_in_degree(name, g)
         calls = iter(self.rounds)
         return self.combine(feat, lambda h: next(calls)(g, h))
 

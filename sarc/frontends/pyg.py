@@ -1296,8 +1296,12 @@ class PyGConv(nn.Module):
         imported conv, ``layer.conv.``; state dicts leave it out."""
         return "layer.conv." if _imported(self.layer) else "layer."
 
-    def forward(self, x, edge_index, edge_attr=None, size=None):
+    def forward(self, x, edge_index, edge_attr=None, size=None, **others):
         name = type(getattr(self.layer, "conv", self.layer)).__name__
+        if others:
+            raise ConversionError(f"{name}: argument {next(iter(others))}= is not supported "
+                                  f"through as_conv, which calls a conv as forward(x, "
+                                  f"edge_index[, edge_attr], size=None)")
         if isinstance(x, (tuple, list)):
             raise _refuse(name, "a (x_src, x_dst) pair of node features",
                           "sarc's layers read one node feature tensor")
@@ -1315,7 +1319,8 @@ class PyGConv(nn.Module):
         is seen, and an equal edge_index in a new tensor reuses the graph. Edge features
         computed from an ``edge_attr`` that needs a gradient are prepared again at each
         call (each backward needs its own), on the same graph."""
-        dtypes = (str(x_dtype), *sorted({str(p.dtype) for p in self.layer.parameters()}))
+        dtypes = (str(x_dtype), *sorted({str(p.dtype) for p in self.layer.parameters()}),
+                  *_options(self.layer))
         c = self._cache
         g = None
         if c is not None and c.num == num and c.dtypes == dtypes \
@@ -1357,6 +1362,19 @@ class _Prepared:
     dtypes: tuple
     graph: Graph
     edge: dict
+
+
+_OPTION_TYPES = (bool, int, float, str, type(None))
+
+
+def _options(layer) -> tuple:
+    """An imported conv's options its graph preparation may read (``add_self_loops``,
+    ``normalize``, ``K``, ``normalization``...: its public attributes of plain values), so
+    that the graph kept by ``as_conv`` is prepared again when one is set."""
+    if not _imported(layer):
+        return ()
+    return tuple(sorted((k, repr(v)) for k, v in vars(layer.conv).items()
+                        if not k.startswith("_") and isinstance(v, _OPTION_TYPES)))
 
 
 def _imported(layer) -> bool:

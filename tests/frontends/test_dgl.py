@@ -327,3 +327,45 @@ def test_p_workers_equal_one_process(tmp_path, name, parts, patched):
     for k, p in layer.module.named_parameters():
         for r in reports:
             _close(r["grads"][k], p.grad, f"gradient of {k}")
+
+
+def _zero_in_degree_worker(rank, port, queue, parts_dir, world, name):
+    import torch.distributed as dist
+
+    from sarc.distributed import DistGraph
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        _, make, edge_names, _ = next(c for c in CASES if c[0] == name)
+        shard = ShardedGraph.from_partitions(load_partitions(parts_dir, verify=False), rank)
+        dg = DistGraph(shard, timeout=datetime.timedelta(seconds=60))
+        try:
+            _import(make(), edge_names)(dg, shard.ndata["feat"])
+            queue.put((rank, "ran"))
+        except sarc.GraphError as e:
+            queue.put((rank, str(e)))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["sgconv", "sgconv-k2"])
+def test_every_worker_refuses_nodes_without_in_edges_as_one_process(tmp_path, name):
+    """SGConv's default allow_zero_in_degree=False on a graph whose isolated nodes have no
+    in-edges: one process refuses, and so does every worker (none left waiting)."""
+    from distributed.harness import spawn
+
+    from sarc.partition import partition_graph
+    src, dst = _edges(self_loops=False)
+    _, make, edge_names, _ = next(c for c in CASES if c[0] == name)
+    with pytest.raises(sarc.GraphError, match="nodes without incoming edges"):
+        _import(make(), edge_names)(sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN))
+    partition_graph(src, dst, N, 2, tmp_path / "parts", method="random",
+                    node_data={"feat": torch.randn(N, IN)})
+    codes, reports = spawn(_zero_in_degree_worker, 2, (str(tmp_path / "parts"), 2, name),
+                           timeout_s=60)
+    assert codes == [0, 0], codes
+    assert all("nodes without incoming edges" in r for r in reports), reports

@@ -190,6 +190,20 @@ def test_cache_reuses_the_graph_of_an_equal_edge_index():
     assert wrapped._cache.graph is g
 
 
+@pytest.mark.parametrize("make,option,value", [
+    (lambda: pyg.GCNConv(D, 3), "add_self_loops", False),
+    (lambda: pyg.APPNP(K=2, alpha=0.2), "normalize", False),
+    (lambda: pyg.ChebConv(D, 3, K=2), "normalization", "rw")])
+def test_cache_prepares_the_graph_again_after_an_option_is_set(make, option, value):
+    """An option the conv's graph preparation reads, set after a call, is the next call's."""
+    conv = randomize(make())
+    wrapped = as_conv(conv, in_channels=D) if isinstance(conv, pyg.APPNP) else as_conv(conv)
+    x, ei = x64(), graph()
+    wrapped(x, ei)
+    setattr(conv, option, value)
+    close(wrapped(x, ei), conv(x, ei), f"output after {option}={value!r}")
+
+
 def test_edge_weights_with_a_gradient_train_twice():
     conv = randomize(pyg.GCNConv(D, 3))
     wrapped = as_conv(conv)
