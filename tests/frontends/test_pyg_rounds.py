@@ -24,7 +24,7 @@ from sarc.frontends.pyg import ConversionError, as_conv, from_message_passing  #
 from sarc.frontends.pyg_rounds import PyGRounds  # noqa: E402
 from sarc.graph import Graph  # noqa: E402
 
-from test_pyg_zoo import D, F64, adam_losses, check, graph, randomize, x64  # noqa: E402
+from test_pyg_zoo import D, F64, adam_losses, check_prepared, graph, randomize, x64  # noqa: E402
 
 ROUNDS = {
     "sgconv_k2": (lambda: pyg.SGConv(D, 3, K=2), {}),
@@ -46,12 +46,7 @@ ROUNDS = {
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("name", ROUNDS)
 def test_k_round_conv_equals_pyg(name, weighted):
-    make, options = ROUNDS[name]
-    conv = randomize(make())
-    ei = graph()
-    extra = [torch.rand(ei.size(1), dtype=F64) + 0.5] if weighted else []
-    wrapped = check(conv, ei, x64(), *extra, wrapped=as_conv(conv, **options))
-    check(conv, ei, x64(seed=3), *extra, wrapped=wrapped)   # the prepared graph reused
+    check_prepared(*ROUNDS[name], weighted)
 
 
 def test_a_conv_of_k_rounds_is_k_sarc_layers():

@@ -419,14 +419,19 @@ PREPARED = {
 }
 
 
-@pytest.mark.parametrize("name", PREPARED)
-def test_one_round_normalizing_conv_equals_pyg(name):
-    make, options, weighted = PREPARED[name]
+def check_prepared(make, options: dict, weighted: bool) -> None:
+    """``check`` of a conv whose forward prepares the graph, with or without edge weights,
+    called twice (the second time on the graph ``as_conv`` kept)."""
     conv = randomize(make())
     ei = graph()
     extra = [torch.rand(ei.size(1), dtype=F64) + 0.5] if weighted else []
     wrapped = check(conv, ei, x64(), *extra, wrapped=as_conv(conv, **options))
     check(conv, ei, x64(seed=3), *extra, wrapped=wrapped)   # the prepared graph reused
+
+
+@pytest.mark.parametrize("name", PREPARED)
+def test_one_round_normalizing_conv_equals_pyg(name):
+    check_prepared(*PREPARED[name])
 
 
 def test_one_round_normalizing_convs_train_three_steps_as_pyg():
