@@ -150,8 +150,14 @@ def test_printed_ir_and_plan_are_what_runs(model, backend):
     hp = {**DEFAULTS, **spec.hparams}
     net = build(spec, load_dataset(hp["dataset"]), hp)
     art = compile_model(net, spec.name, backend=backend)
+    seen = set()   # a layer traced as one already checked (hetero_sage's 180 relations)
     for compiled, (name, layer) in zip(art.layers, find_layers(net), strict=True):
-        runs = compile_function(layer.trace(), backend=backend).function
+        traced = layer.trace()
+        text = format_function(traced)
+        if text in seen:
+            continue
+        seen.add(text)
+        runs = compile_function(traced, backend=backend).function
         assert format_function(compiled.optimized) == format_function(runs), name
 
 
