@@ -1476,6 +1476,190 @@ def _expand_as(input, other):
     return _expand.record(input, *other.shape)
 
 
+# --- einsum -------------------------------------------------------------------------------
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@traces(torch.einsum)
+def _einsum(*args):
+    """``torch.einsum`` as the ops it is made of: each operand's axes put in one order (size-1
+    axes where it lacks a letter), the operands multiplied, the letters the output drops
+    summed over. A node or edge value's first letter is its row axis: every graph operand
+    has the same one and the output keeps it first. One letter contracted against a 2-d
+    parameter is a matmul (``einsum('nhi,io->nho', x, W)``); other contractions are a
+    broadcast product, as large as all the letters together."""
+    equation, operands = _einsum_arguments(args)
+    proxies = [_traced(x, "einsum") for x in operands]
+    subscripts, output = _einsum_subscripts(equation, proxies)
+    rows = _einsum_rows(equation, proxies, subscripts, output)
+    sizes: dict[str, int] = {}
+    for x, letters in zip(proxies, subscripts):
+        for letter, size in zip(_feature_letters(x, letters), x.type.feat):
+            if sizes.get(letter, 1) not in (1, size) and size != 1:
+                raise DSLError(f"einsum('{equation}'): subscript {letter} is of size "
+                               f"{sizes[letter]} in one operand and {size} in another",
+                               user_loc())
+            sizes[letter] = max(sizes.get(letter, 1), size)
+    kept = [c for c in output if c != rows]
+    dropped = [c for c in dict.fromkeys(c for s in subscripts for c in s)
+               if c not in output and c != rows]
+    matmul = _einsum_as_matmul(proxies, subscripts, kept, dropped, rows)
+    if matmul is not None:
+        return matmul
+    order = kept + dropped                              # the feature axes, output's first
+    product = None
+    for x, letters in zip(proxies, subscripts):
+        own = _feature_letters(x, letters)
+        size = dict(zip(own, x.type.feat))
+        x = _permuted(x, tuple(sorted(range(len(own)), key=lambda a: order.index(own[a]))))
+        feat = tuple(size.get(c, 1) for c in order)
+        if x.type.feat != feat:
+            x = _emit(Op.RESHAPE, x, feat=feat)
+        product = x if product is None else _arith(Op.MUL, product, x)
+    out = _sum_axes(product, list(range(len(kept), len(order))), False) if dropped else product
+    expanded = tuple(sizes[c] for c in kept)
+    return out if out.type.feat == expanded else _expand.record(
+        out, *((-1,) if out.type.domain is not Domain.PARAM else ()), *expanded)
+
+
+def _einsum_arguments(args) -> tuple[str, list]:
+    """The equation and the operands, of either calling form: ``(equation, *operands)``
+    (operands maybe one list) or torch's sublists ``(x, [0, 1], y, [1, 2], [0, 2])``."""
+    if args and isinstance(args[0], str):
+        operands = list(args[1:])
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = list(operands[0])
+        return args[0].replace(" ", ""), operands
+
+    def written(sublist) -> str:
+        out = ""
+        for s in sublist:
+            if s is Ellipsis:
+                out += "..."
+            elif _is_int(s) and 0 <= s < len(_LETTERS):
+                out += _LETTERS[s]
+            else:
+                raise DSLError(f"einsum: a sublist holds ints in [0, 52) or ..., got "
+                               f"{_show_arg(s)}", user_loc())
+        return out
+    pairs, rest = list(args), None
+    if len(pairs) % 2:
+        rest = pairs.pop()
+    operands, terms = pairs[0::2], [written(s) for s in pairs[1::2]]
+    return ",".join(terms) + ("" if rest is None else "->" + written(rest)), operands
+
+
+def _einsum_subscripts(equation: str, xs: list[Proxy]) -> tuple[list[list[str]], list[str]]:
+    """Each operand's subscripts and the output's, as lists of names: ``...`` expanded to
+    names of its own (aligned from the right, as torch broadcasts them); an output left
+    implicit is the ellipsis, then the letters used once, in alphabetical order."""
+    def refuse(why: str):
+        raise DSLError(f"einsum('{equation}'): {why}", user_loc())
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(xs):
+        refuse(f"{len(terms)} operand subscripts for {len(xs)} operands")
+    for term in [*terms, rhs]:
+        bad = term.replace("...", "")
+        if bad.strip(_LETTERS) or "." in bad:
+            refuse(f"a subscript is a letter (or ... once per operand), got {term!r}")
+    widest, subscripts = 0, []
+    for term, x in zip(terms, xs):
+        ndim = len(x.type.shape)
+        named = len(term.replace("...", ""))
+        if "..." in term:
+            if named > ndim:
+                refuse(f"{term!r} names {named} axes of a value of shape {_shape(x.type)}")
+            head, _, tail = term.partition("...")
+            extra = ndim - named
+            widest = max(widest, extra)
+            ell = [f"...{i}" for i in range(extra - 1, -1, -1)]
+            subscripts.append([*head, *ell, *tail])
+        elif named != ndim:
+            refuse(f"{term!r} names {named} axes of a value of shape {_shape(x.type)}")
+        else:
+            subscripts.append(list(term))
+    for letters in subscripts:
+        twice = {c for c in letters if letters.count(c) > 1}
+        if twice:
+            refuse(f"subscript {sorted(twice)[0]} twice in one operand takes a diagonal, "
+                   f"which is not traced")
+    ellipsis = [f"...{i}" for i in range(widest - 1, -1, -1)]
+    if arrow:
+        head, _, tail = rhs.partition("...")
+        output = [*head, *ellipsis, *tail] if "..." in rhs else list(rhs)
+    else:
+        counts: dict[str, int] = {}
+        for letters in subscripts:
+            for c in letters:
+                counts[c] = counts.get(c, 0) + 1
+        output = [*ellipsis, *sorted(c for c, n in counts.items()
+                                     if n == 1 and not c.startswith("..."))]
+    used = {c for s in subscripts for c in s}
+    for c in output:
+        if c not in used:
+            refuse(f"the output's subscript {c} is in no operand")
+        if output.count(c) > 1:
+            refuse(f"the output names subscript {c} twice")
+    return subscripts, output
+
+
+def _einsum_rows(equation: str, xs: list[Proxy], subscripts, output) -> str | None:
+    """The subscript of the row axis: the first of every node or edge operand, which a
+    parameter does not have and the output keeps first (None: parameters only)."""
+    graph = [s[0] for x, s in zip(xs, subscripts) if x.type.domain is not Domain.PARAM]
+    if not graph:
+        return None
+    rows = graph[0]
+    shown = rows if not rows.startswith("...") else "of the ellipsis"
+    if any(r != rows for r in graph):
+        raise DSLError(f"einsum('{equation}'): the node / edge operands' first subscripts "
+                       f"{sorted(set(graph))} are their row axes, which are the same rows: "
+                       f"give them one letter (an operation across rows is an aggregation, "
+                       f"in reduce)", user_loc())
+    if any(rows in s for x, s in zip(xs, subscripts) if x.type.domain is Domain.PARAM):
+        raise DSLError(f"einsum('{equation}'): subscript {shown} is the row axis of the node / "
+                       f"edge operands and names a parameter's axis too", user_loc())
+    if rows not in output:
+        raise DSLError(f"einsum('{equation}'): the output drops subscript {shown}, the row "
+                       f"axis: a sum over rows is an aggregation, in reduce "
+                       f"(sarc.sum/mean/max/min), or outside the layer", user_loc())
+    if output[0] != rows:
+        raise DSLError(f"einsum('{equation}'): the row axis (subscript {shown}) is the "
+                       f"output's first axis in a sarc layer", user_loc())
+    for letters in subscripts:
+        if rows in letters and letters[0] != rows:
+            raise DSLError(f"einsum('{equation}'): the row axis (subscript {shown}) is the "
+                           f"first axis of each operand", user_loc())
+    return rows
+
+
+def _feature_letters(x: Proxy, letters: list[str]) -> list[str]:
+    return letters if x.type.domain is Domain.PARAM else letters[1:]
+
+
+def _einsum_as_matmul(xs: list[Proxy], subscripts, kept: list[str], dropped: list[str],
+                      rows: str | None) -> Proxy | None:
+    """``x`` (a node or edge value) times a 2-d parameter over one letter, as a matmul; None
+    where the einsum is not one."""
+    if len(xs) != 2 or len(dropped) != 1 or rows is None:
+        return None
+    (x, xl), (w, wl) = sorted(zip(xs, subscripts), key=lambda p: p[0].type.domain is Domain.PARAM)
+    k = dropped[0]
+    if w.type.domain is not Domain.PARAM or len(wl) != 2 or k not in wl:
+        return None
+    own = _feature_letters(x, xl)
+    j = wl[1] if wl[0] == k else wl[0]
+    if k not in own or j in own or j == k or x.type.feat[own.index(k)] != w.type.feat[wl.index(k)]:
+        return None
+    x = _permuted(x, tuple([a for a, c in enumerate(own) if c != k] + [own.index(k)]))
+    w = w if wl[0] == k else _permuted(w, (1, 0))
+    y = _arith(Op.MATMUL, x, w)
+    have = [c for c in own if c != k] + [j]
+    return _permuted(y, tuple(have.index(c) for c in kept))
+
+
 def _method(func) -> Callable:
     def method(self, *args, **kwargs):
         return call_torch(func, (self, *args), kwargs)

@@ -721,3 +721,96 @@ def test_bounded_activations_keep_a_nan(fn):
 def test_celu_with_alpha_0_is_refused():
     with pytest.raises(DSLError, match=r"celu: alpha cannot be 0"):
         Apply(lambda s, h: F.celu(h, alpha=0.0))(LOOPS, _features())
+
+
+# --- einsum ------------------------------------------------------------------------------------
+
+class WithEinsumParams(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.w = nn.Parameter(torch.randn(W, 5))
+        self.a = nn.Parameter(torch.randn(2, 4))
+        self.t = nn.Parameter(torch.randn(2, 4, 3))
+
+
+EINSUMS = {
+    "dot": lambda s, x: torch.einsum("nd,nd->n", x, x)[:, None] + 0 * x,
+    "matmul": lambda s, x: torch.einsum("nd,do->no", x, s.w),
+    "matmul-transposed": lambda s, x: torch.einsum("nd,od->no", x, s.w.t()),
+    "matmul-per-head": lambda s, x: torch.einsum("nhi,io->nho", x.view(-1, 4, 2), s.w[:2]).flatten(1),
+    "heads": lambda s, x: torch.einsum("nhd,hd->nh", x.view(-1, 2, 4), s.a),
+    "weights-per-head": lambda s, x: torch.einsum("nhi,hio->nho", x.view(-1, 2, 4), s.t).flatten(1),
+    "ellipsis": lambda s, x: torch.einsum("...d,d->...", x, s.w[:, 0])[:, None],
+    "implicit-output": lambda s, x: torch.einsum("nhd,hd", x.view(-1, 2, 4), s.a)[:, None],
+    "sublists": lambda s, x: torch.einsum(x.view(-1, 2, 4), [0, 1, 2], s.a, [1, 2], [0, 1]),
+    "outer": lambda s, x: torch.einsum("ni,nj->nij", x[:, :3], x[:, 5:]).flatten(1),
+    "transpose": lambda s, x: torch.einsum("n i j -> n j i", x.view(-1, 2, 4)).flatten(1),
+    "three-operands": lambda s, x: torch.einsum("ni,io,o->n", x, s.w, s.w[0])[:, None],
+    "size-1-broadcast": lambda s, x: torch.einsum("nhd,hd->nhd", x.view(-1, 2, 4),
+                                                  s.a[:1]).flatten(1),
+    "operand-list": lambda s, x: torch.einsum("nd,do->no", [x, s.w]),
+    "parameters-only": lambda s, x: x[:, :3] * torch.einsum("hd,hdo->o", s.a, s.t),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(EINSUMS))
+def test_einsum_equals_torch(name, backend):
+    """Every calling form of ``torch.einsum`` (equations with spaces, ``...``, an implicit
+    output; an operand list; sublists), contractions against parameters (a matmul, per-head
+    weights), outer products, transposes and three operands: torch's values and gradients."""
+    _equals_torch(lambda: _seeded(WithEinsumParams, EINSUMS[name]), EINSUMS[name], backend)
+
+
+class EinsumScores(sarc.Layer):
+    """Per-edge attention scores of multi-head features, written as einsum."""
+
+    def __init__(self):
+        super().__init__(node={"h": 8})
+
+    def message(self, src, dst, edge):
+        q, k = dst.h.view(-1, 2, 4), src.h.view(-1, 2, 4)
+        return torch.einsum("ehd,ehd->eh", q, k).sigmoid()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_einsum_of_two_per_edge_values_equals_torch(backend):
+    src, dst = torch.tensor([0, 1, 2, 3, 0, 4]), torch.tensor([1, 2, 3, 0, 2, 2])
+    g = sarc.Graph.from_edges(src, dst, 5)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    out = EinsumScores().set_backend(backend)(g, x)
+    xr = x.detach().clone().requires_grad_()
+    s = (xr[dst].view(-1, 2, 4) * xr[src].view(-1, 2, 4)).sum(-1).sigmoid()
+    want = torch.zeros(5, 2).index_add(0, dst, s)
+    assert_close(out, want, 1e-6, "output")
+    (got,) = torch.autograd.grad(out.square().sum(), [x])
+    (ref,) = torch.autograd.grad(want.square().sum(), [xr])
+    assert_close(got, ref, 1e-6, "gradient", 1e-7)
+    check_layer(EinsumScores(), g, {"h": x.detach()})
+
+
+@pytest.mark.parametrize("key, message", [
+    (lambda s, x: torch.einsum("nd,md->nm", x, x), r"first subscripts \['m', 'n'\] are their "
+                                                   r"row axes"),
+    (lambda s, x: torch.einsum("nd->d", x), "the output drops subscript n, the row axis"),
+    (lambda s, x: torch.einsum("nd->dn", x), r"the row axis \(subscript n\) is the output's "
+                                             r"first axis"),
+    (lambda s, x: torch.einsum("nd,nd->n", x), "2 operand subscripts for 1 operands"),
+    (lambda s, x: torch.einsum("ndd->nd", x.view(-1, 2, 4)), "subscript d twice in one "
+                                                             "operand takes a diagonal"),
+    (lambda s, x: torch.einsum("nd->nz", x), "the output's subscript z is in no operand"),
+    (lambda s, x: torch.einsum("nhd->nd", x), "'nhd' names 3 axes of a value of shape"),
+    (lambda s, x: torch.einsum("nd,d->n", x, s.a[0]), "subscript d is of size 8 in one "
+                                                      "operand and 4 in another"),
+    (lambda s, x: torch.einsum("nd,nk->n", x, s.w), "names a parameter's axis too"),
+    (lambda s, x: torch.einsum("n1,n1->n", x, x), "a subscript is a letter"),
+])
+def test_einsums_sarc_cannot_trace_are_refused_at_their_line(key, message):
+    import re
+    with pytest.raises(sarc.DSLError) as err:
+        WithEinsumParams(key).trace()
+    problem = str(err.value).splitlines()[0]
+    assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
