@@ -1033,7 +1033,31 @@ def _routed(forward):
         return layer(graph, **feats)
 
     run._sarc_routed = True
+    run._sarc_rounds = _rounds_count
+    run._sarc_held = _held_layers
     return run
+
+
+def _rounds_count(module) -> int:
+    """The rounds of message passing a patched conv runs on a sarc graph, before its first
+    call made its layers: a sarc layer each (k for SGConv, TAGConv and APPNPConv with k > 1,
+    1 for another conv): the blocks a mini-batch step gives it."""
+    from .dgl_rounds import round_count
+    return round_count(module)
+
+
+def _held_layers(module) -> list[tuple[str, Layer]]:
+    """The sarc layers a patched conv made at its calls so far (one per feature
+    declaration; a K-round conv's rounds), named relative to the conv (``""``: the conv's
+    own name; ``rounds.0``, ...; a further declaration ``~1``, ...)."""
+    out: list[tuple[str, Layer]] = []
+    for i, layer in enumerate(module.__dict__.get("_sarc_layers", {}).values()):
+        out.append(("" if i == 0 else f"~{i}", layer))
+    for i, rounds in enumerate(r for r in module.__dict__.get("_sarc_rounds", {}).values()
+                               if r is not None):
+        tag = "" if i == 0 else f"~{i}"
+        out.extend((f"rounds{tag}.{k}", layer) for k, layer in enumerate(rounds.rounds))
+    return out
 
 
 def _described(v) -> str:
@@ -1106,20 +1130,39 @@ def _rounds_for(module, feats: Mapping[str, torch.Tensor]):
 
 
 def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
+    """The layer of a patched conv for the features of this call, declared from their
+    tensors: rows of the graph's source nodes (a worker's local rows) are node features,
+    rows of its edges edge features, 1-d int64 tensors types. One layer per declaration,
+    kept on the module. A tensor whose rows could be either (a block with as many edges
+    as nodes) takes the declaration of an earlier call with the same names and shapes."""
     from ..dsl import INDEX, Feature
-    num_nodes, num_edges = getattr(graph, "num_src", graph.num_dst), graph.num_edges
-    node, edge = {}, {}
+    num_nodes = next(getattr(graph, a) for a in ("num_src", "num_local", "num_dst")
+                     if hasattr(graph, a))
+    num_edges = graph.num_edges
+    decls, sides = {}, {}
     for k, v in feats.items():
         rows = v.shape[0] if v.dim() else None
-        if rows is None or rows not in (num_nodes, num_edges) or num_nodes == num_edges:
-            raise GraphError(f"{type(module).__name__}: cannot tell whether {k!r} "
-                             f"({list(v.shape)}) is per node ({num_nodes}) or per edge "
-                             f"({num_edges}); declare it with sarc.frontends.dgl.from_dgl_module")
-        decl = (INDEX if v.dim() == 1 and not v.is_floating_point()
-                else Feature(tuple(v.shape[1:])))
-        (node if rows == num_nodes else edge)[k] = decl
-    key = (tuple(node.items()), tuple(edge.items()))
+        sides[k] = {side for side, n in (("node", num_nodes), ("edge", num_edges)) if rows == n}
+        decls[k] = (INDEX if v.dim() == 1 and not v.is_floating_point()
+                    else Feature(tuple(v.shape[1:])))
     cache = module.__dict__.setdefault("_sarc_layers", {})
+
+    def fits(key) -> bool:
+        declared = {k: ("node", d) for k, d in key[0]} | {k: ("edge", d) for k, d in key[1]}
+        return declared.keys() == feats.keys() and all(
+            declared[k][0] in sides[k] and declared[k][1] == decls[k] for k in feats)
+    unclear = [k for k in feats if len(sides[k]) != 1]
+    if unclear:
+        earlier = [key for key in cache if fits(key)]
+        if len(earlier) == 1:
+            return cache[earlier[0]]
+        k = unclear[0]
+        raise GraphError(f"{type(module).__name__}: cannot tell whether {k!r} "
+                         f"({list(feats[k].shape)}) is per node ({num_nodes}) or per edge "
+                         f"({num_edges}); declare it with sarc.frontends.dgl.from_dgl_module")
+    node = {k: d for k, d in decls.items() if sides[k] == {"node"}}
+    edge = {k: d for k, d in decls.items() if sides[k] == {"edge"}}
+    key = (tuple(node.items()), tuple(edge.items()))
     if key not in cache:
         cache[key] = DGLLayer(module, node=node, edge=edge)
     return cache[key]

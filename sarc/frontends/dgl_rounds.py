@@ -147,6 +147,13 @@ class APPNPConvRounds(DGLRounds):
         return h
 
 
+def round_count(module: nn.Module) -> int:
+    """The sarc layers ``module`` runs as: ``k`` for a stock K-round conv with k > 1
+    (``rounds_of``), else one."""
+    from dgl.nn.pytorch import APPNPConv, SGConv, TAGConv
+    return module._k if type(module) in (SGConv, TAGConv, APPNPConv) and module._k > 1 else 1
+
+
 def rounds_of(module: nn.Module, node: dict, edge: dict) -> DGLRounds | None:
     """The ``DGLRounds`` of a stock K-round conv with k > 1 (``from_dgl_module``'s ``node``
     declaring its ``feat`` width), None for another module."""
@@ -166,4 +173,4 @@ def rounds_of(module: nn.Module, node: dict, edge: dict) -> DGLRounds | None:
     return make(module, node["feat"])
 
 
-__all__ = ["DGLRounds", "DegreeNormRound", "SGConvRounds", "TAGConvRounds", "APPNPConvRounds"]
+__all__ = ["DGLRounds", "DegreeNormRound", "round_count", "SGConvRounds", "TAGConvRounds", "APPNPConvRounds"]

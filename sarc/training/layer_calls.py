@@ -51,7 +51,7 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
     on a fork of torch's random state (so it draws nothing from the caller's stream);
     the model is left in the mode it was in."""
     from ..runtime.bind import resolve_features
-    layers = {id(m): n for n, m in model.named_modules() if isinstance(m, Layer)}
+    layers = _named_layers(model, graph, x, edge_inputs)
     calls: list[LayerCall] = []
     seen: dict[int, int] = {}
 
@@ -62,12 +62,25 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
         except GraphError:
             return  # the call itself raises it, saying where the layer was called
         n = seen[id(layer)] = seen.get(id(layer), 0) + 1
-        name = layers[id(layer)]
+        name = layers[id(layer)][0]
         calls.append(LayerCall(name if n == 1 else f"{name}#{n}", layer,
                                input_needs_grad(layer, given)))
 
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True)
-             for m in model.modules() if isinstance(m, Layer)]
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in layers.values()]
+    try:
+        _run_once(model, graph, x, edge_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not calls:
+        raise LayerCallError(f"the model ({type(model).__name__}) called no sarc.Layer in its "
+                             f"forward pass")
+    return calls
+
+
+def _run_once(model: nn.Module, graph, x, edge_inputs) -> None:
+    """One training forward pass of ``model``, on a fork of torch's random state, the model
+    left in the mode it was in; an error of the model file's code named as this pass's."""
     was_training = model.training
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
@@ -81,9 +94,20 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
                              f"{(str(e).strip() or '-').splitlines()[0]}") from e
     finally:
         model.train(was_training)
-        for h in hooks:
-            h.remove()
-    if not calls:
-        raise LayerCallError(f"the model ({type(model).__name__}) called no sarc.Layer in its "
-                             f"forward pass")
-    return calls
+
+
+def _named_layers(model: nn.Module, graph, x, edge_inputs) -> dict[int, tuple[str, Layer]]:
+    """The model's sarc layers by id, each with its name: its modules that are layers, and
+    the layers that a library conv running through sarc by itself (DGL's after ``patch()``:
+    ``forward._sarc_held``) made at its calls, named after the conv. Those are made by a
+    first forward pass, run here when the model has such convs."""
+    layers = {id(m): (n, m) for n, m in model.named_modules() if isinstance(m, Layer)}
+    routed = [(n, m) for n, m in model.named_modules()
+              if getattr(type(m).forward, "_sarc_routed", False)]
+    if routed:
+        _run_once(model, graph, x, edge_inputs)
+    for owner, conv in routed:
+        for name, layer in type(conv).forward._sarc_held(conv):
+            full = owner + name if not name or name.startswith("~") else f"{owner}.{name}"
+            layers.setdefault(id(layer), (full or type(conv).__name__, layer))
+    return layers

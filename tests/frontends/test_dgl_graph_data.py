@@ -444,3 +444,23 @@ def test_unpatch_gives_dgl_its_own_forward_back():
         sarc.frontends.dgl.patch()   # as the other tests of this process may have left it
         if not getattr(original, "_sarc_routed", False):
             sarc.frontends.dgl.unpatch()
+
+
+def test_a_patched_conv_on_a_graph_of_as_many_edges_as_nodes_keeps_its_declaration():
+    """A patched conv declares its features from the first call's rows; on a later graph
+    with as many edges as nodes (a mini-batch block can be one) a feature's rows fit both,
+    and the earlier declaration is taken (it was refused as unclear: a sampled step failed
+    at random). A first call on such a graph is still refused, saying what to do."""
+    sarc.frontends.dgl.patch()
+    torch.manual_seed(0)
+    conv = GraphConv(IN, 3, allow_zero_in_degree=True)
+    src, dst = _edges()
+    x = torch.randn(N, IN)
+    conv(sarc.Graph.from_edges(src, dst, N), x)
+    ring = torch.arange(N)
+    square = sarc.Graph.from_edges(ring, (ring + 1) % N, N)        # N nodes, N edges
+    got = conv(square, x)
+    want = conv(dgl.graph(((ring).tolist(), ((ring + 1) % N).tolist()), num_nodes=N), x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(GraphError, match="cannot tell whether 'feat'"):
+        GraphConv(IN, 3, allow_zero_in_degree=True)(square, x)
