@@ -1483,12 +1483,13 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 @traces(torch.einsum)
 def _einsum(*args):
-    """``torch.einsum`` as the ops it is made of: each operand's axes put in one order (size-1
-    axes where it lacks a letter), the operands multiplied, the letters the output drops
-    summed over. A node or edge value's first letter is its row axis: every graph operand
-    has the same one and the output keeps it first. One letter contracted against a 2-d
-    parameter is a matmul (``einsum('nhi,io->nho', x, W)``); other contractions are a
-    broadcast product, as large as all the letters together."""
+    """``torch.einsum`` as the ops it is made of, operand by operand, left to right: the
+    running product and the next operand put in one axis order (size-1 axes where one
+    lacks a letter) and multiplied, then summed over the letters no later operand and not
+    the output has; the last product put in the output's order. A node or edge value's
+    first letter is its row axis: every graph operand has the same one and the output
+    keeps it first. A step that contracts one letter against a 2-d parameter is a matmul
+    (``einsum('nhi,io->nho', x, W)``); another is a broadcast product of the two."""
     equation, operands = _einsum_arguments(args)
     proxies = [_traced(x, "einsum") for x in operands]
     subscripts, output = _einsum_subscripts(equation, proxies)
@@ -1501,26 +1502,57 @@ def _einsum(*args):
                                f"{sizes[letter]} in one operand and {size} in another",
                                user_loc())
             sizes[letter] = max(sizes.get(letter, 1), size)
-    kept = [c for c in output if c != rows]
-    dropped = [c for c in dict.fromkeys(c for s in subscripts for c in s)
-               if c not in output and c != rows]
-    matmul = _einsum_as_matmul(proxies, subscripts, kept, dropped, rows)
-    if matmul is not None:
-        return matmul
-    order = kept + dropped                              # the feature axes, output's first
-    product = None
-    for x, letters in zip(proxies, subscripts):
-        own = _feature_letters(x, letters)
+    order = [*output, *(c for c in dict.fromkeys(c for s in subscripts for c in s)
+                        if c not in output)]
+    product, letters = proxies[0], subscripts[0]
+    for i in range(len(proxies)):
+        needed = {*output, *(c for s in subscripts[i + 1:] for c in s)}
+        if i > 0:
+            product, letters = _einsum_step(product, letters, proxies[i], subscripts[i],
+                                            needed, order)
+        drop = [a for a, c in enumerate(_feature_letters(product, letters)) if c not in needed]
+        if drop:
+            product = _sum_axes(product, drop, False)
+            letters = [c for c in letters if c in needed]
+    own = _feature_letters(product, letters)
+    product = _permuted(product, tuple(own.index(c) for c in output if c != rows))
+    expanded = tuple(sizes[c] for c in output if c != rows)
+    return product if product.type.feat == expanded else _expand.record(
+        product, *((-1,) if product.type.domain is not Domain.PARAM else ()), *expanded)
+
+
+def _einsum_step(a: Proxy, al: list[str], b: Proxy, bl: list[str], needed: set[str],
+                 order: list[str]) -> tuple[Proxy, list[str]]:
+    """The product of ``a`` and ``b`` (subscripts ``al``, ``bl``) and its subscripts: a
+    matmul where it contracts one letter of a graph value against a 2-d parameter and
+    nothing else needs it; else the two in ``order`` (the row axis first), multiplied."""
+    for (x, xl), (w, wl) in (((a, al), (b, bl)), ((b, bl), (a, al))):
+        if x.type.domain is Domain.PARAM or w.type.domain is not Domain.PARAM or len(wl) != 2:
+            continue
+        own = _feature_letters(x, xl)
+        shared = [c for c in wl if c in own]
+        if len(shared) != 1 or shared[0] in needed or wl[0] == wl[1]:
+            continue
+        k = shared[0]
+        j = wl[1] if wl[0] == k else wl[0]
+        if x.type.feat[own.index(k)] != w.type.feat[wl.index(k)]:
+            continue
+        x = _permuted(x, tuple([p for p, c in enumerate(own) if c != k] + [own.index(k)]))
+        w = w if wl[0] == k else _permuted(w, (1, 0))
+        rest = [c for c in xl if c != k]
+        return _arith(Op.MATMUL, x, w), [*rest, j]
+    union = [c for c in order if c in al or c in bl]
+    graph = a.type.domain is not Domain.PARAM or b.type.domain is not Domain.PARAM
+    feat_letters = union[1:] if graph else union
+    lined = []
+    for x, xl in ((a, al), (b, bl)):
+        own = _feature_letters(x, xl)
         size = dict(zip(own, x.type.feat))
-        x = _permuted(x, tuple(sorted(range(len(own)), key=lambda a: order.index(own[a]))))
-        feat = tuple(size.get(c, 1) for c in order)
-        if x.type.feat != feat:
-            x = _emit(Op.RESHAPE, x, feat=feat)
-        product = x if product is None else _arith(Op.MUL, product, x)
-    out = _sum_axes(product, list(range(len(kept), len(order))), False) if dropped else product
-    expanded = tuple(sizes[c] for c in kept)
-    return out if out.type.feat == expanded else _expand.record(
-        out, *((-1,) if out.type.domain is not Domain.PARAM else ()), *expanded)
+        x = _permuted(x, tuple(sorted(range(len(own)),
+                                      key=lambda p: feat_letters.index(own[p]))))
+        feat = tuple(size.get(c, 1) for c in feat_letters)
+        lined.append(x if x.type.feat == feat else _emit(Op.RESHAPE, x, feat=feat))
+    return _arith(Op.MUL, *lined), union
 
 
 def _einsum_arguments(args) -> tuple[str, list]:
@@ -1637,27 +1669,6 @@ def _einsum_rows(equation: str, xs: list[Proxy], subscripts, output) -> str | No
 
 def _feature_letters(x: Proxy, letters: list[str]) -> list[str]:
     return letters if x.type.domain is Domain.PARAM else letters[1:]
-
-
-def _einsum_as_matmul(xs: list[Proxy], subscripts, kept: list[str], dropped: list[str],
-                      rows: str | None) -> Proxy | None:
-    """``x`` (a node or edge value) times a 2-d parameter over one letter, as a matmul; None
-    where the einsum is not one."""
-    if len(xs) != 2 or len(dropped) != 1 or rows is None:
-        return None
-    (x, xl), (w, wl) = sorted(zip(xs, subscripts), key=lambda p: p[0].type.domain is Domain.PARAM)
-    k = dropped[0]
-    if w.type.domain is not Domain.PARAM or len(wl) != 2 or k not in wl:
-        return None
-    own = _feature_letters(x, xl)
-    j = wl[1] if wl[0] == k else wl[0]
-    if k not in own or j in own or j == k or x.type.feat[own.index(k)] != w.type.feat[wl.index(k)]:
-        return None
-    x = _permuted(x, tuple([a for a, c in enumerate(own) if c != k] + [own.index(k)]))
-    w = w if wl[0] == k else _permuted(w, (1, 0))
-    y = _arith(Op.MATMUL, x, w)
-    have = [c for c in own if c != k] + [j]
-    return _permuted(y, tuple(have.index(c) for c in kept))
 
 
 def _method(func) -> Callable:

@@ -18,6 +18,8 @@ from torch import nn
 
 import sarc
 from sarc.errors import DSLError
+from sarc.ir.ops import Op
+from sarc.ir.types import Domain
 from difftest import BACKENDS, Apply, assert_close, check_layer
 
 N, W = 12, 8
@@ -750,6 +752,8 @@ EINSUMS = {
                                                   s.a[:1]).flatten(1),
     "operand-list": lambda s, x: torch.einsum("nd,do->no", [x, s.w]),
     "parameters-only": lambda s, x: x[:, :3] * torch.einsum("hd,hdo->o", s.a, s.t),
+    "bilinear": lambda s, x: torch.einsum("ni,io,n...o->n", x, s.w, x[:, :5])[:, None],
+    "parameter-first": lambda s, x: torch.einsum("hd,nhd->nh", s.a, x.view(-1, 2, 4)),
 }
 
 
@@ -760,6 +764,16 @@ def test_einsum_equals_torch(name, backend):
     output; an operand list; sublists), contractions against parameters (a matmul, per-head
     weights), outer products, transposes and three operands: torch's values and gradients."""
     _equals_torch(lambda: _seeded(WithEinsumParams, EINSUMS[name]), EINSUMS[name], backend)
+
+
+def test_einsum_contracts_early_and_multiplies_by_a_parameter_as_a_matmul():
+    """A bilinear form ``x W x`` is a matmul and a product of [rows, 5] values, never the
+    [rows, 8, 5] broadcast product of the three operands."""
+    fn = EINSUMS["bilinear"]
+    f = _seeded(WithEinsumParams, fn).trace()
+    assert f.op_counts().get(Op.MATMUL.value) == 1, f.op_counts()
+    graph = [v.type for v in f.values if v.type.domain is not Domain.PARAM]
+    assert all(len(t.feat) <= 1 for t in graph), graph
 
 
 class EinsumScores(sarc.Layer):
