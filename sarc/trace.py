@@ -159,8 +159,8 @@ def call_returning(fn: Callable, *args) -> tuple[Any, SourceLoc | None]:
 
 _NO_CONTROL_FLOW = ("a traced value has no concrete value while tracing, so data-dependent "
                     "control flow cannot be traced")
-_SELECT_HINT = ("for a per-element choice use relu, clamp_min, leaky_relu or abs, and "
-                "sarc.max / sarc.min across edges")
+_SELECT_HINT = ("for a per-element choice use torch.where(x > 0, a, b) or "
+                "x.masked_fill(cond, value), and sarc.max / sarc.min across edges")
 
 
 def _is_number(x: Any) -> bool:

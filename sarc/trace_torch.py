@@ -87,23 +87,31 @@ def _arith(op: Op, a, b) -> Proxy:
     for x in xs:
         if not x.type.dtype.is_float:
             raise DSLError(_integer_arithmetic(x), user_loc())
+    if all(is_condition(x) for x in xs):
+        raise DSLError("arithmetic of two conditions (comparisons' results), which torch "
+                       "computes as bools: combine them with &, | and ~, or convert one with "
+                       ".float() first", user_loc())
     return p.tracer.emit(op, xs)
 
 
 _READ_AS = {Op.GATHER_SRC: "src", Op.GATHER_DST: "dst"}
 
 
-def _integer_arithmetic(x: Proxy) -> str:
-    """The error for arithmetic on an integer value, naming the feature it reads."""
+def _integer_read(x: Proxy) -> str | None:
+    """The feature an integer value reads (``edge.etype``), through reshapes and gathers."""
     values = x.tracer.builder.values
     v, role = values[x.index], None
     while v.op is Op.RESHAPE or v.op in _READ_AS:   # edge.etype.unsqueeze(-1), src.ntype
         role = role or _READ_AS.get(v.op)
         v = values[v.inputs[0]]
-    what = f"an integer ({x.type.dtype.value}) value"
-    if v.op is Op.INPUT:
-        read = f"{role or v.type.domain.value}.{v.attr['name']}"
-        what = f"{read} is an integer feature ({x.type.dtype.value}) and"
+    return f"{role or v.type.domain.value}.{v.attr['name']}" if v.op is Op.INPUT else None
+
+
+def _integer_arithmetic(x: Proxy) -> str:
+    """The error for arithmetic on an integer value, naming the feature it reads."""
+    read = _integer_read(x)
+    what = (f"{read} is an integer feature ({x.type.dtype.value}) and" if read
+            else f"an integer ({x.type.dtype.value}) value")
     return f"{what} is used in arithmetic: {INTEGER_HINT}"
 
 
@@ -534,6 +542,10 @@ def _converted(x: Proxy, dtype: Any, what: str) -> Proxy:
     conversions to integers and to dtypes sarc has not are refused."""
     if not isinstance(dtype, torch.dtype):
         raise DSLError(f"{what}: dtype must be a torch dtype, got {_kind(dtype)}", user_loc())
+    if is_condition(x):
+        if dtype is torch.bool:
+            return x
+        x = x * 1.0   # the 0 / 1 values, no longer a condition
     try:
         to = DType.from_torch(dtype)
     except TypeError:
@@ -1072,6 +1084,10 @@ def _flatten(input, start_dim=0, end_dim=-1):
 
 @traces(torch.Tensor.__getitem__)
 def _getitem(input, key):
+    if any(is_condition(k) for k in (key if isinstance(key, tuple) else (key,))):
+        raise DSLError("indexing by a condition (x[mask]) keeps a number of entries known "
+                       "only from the values: not traced; select with torch.where(mask, x, "
+                       "0.0) or x.masked_fill(~mask, 0.0)", user_loc())
     if isinstance(key, Proxy):
         return key.tracer.emit(Op.INDEX, [key.tracer.lift(input, key), key])
     if isinstance(input, Proxy):
@@ -1474,6 +1490,229 @@ def _expand_as(input, other):
         raise DSLError(f"expand_as takes a tensor or traced value, got {_kind(other)}",
                        user_loc())
     return _expand.record(input, *other.shape)
+
+
+# --- conditions: comparisons, their logic, and selections by them --------------------------
+#
+# A comparison of traced values is a mask, 1.0 where it holds and 0.0 elsewhere (NaN never
+# compares, except !=), in the operands' float dtype, marked a condition by the tracer
+# (``Tracer.conditions``). torch.where / masked_fill select by it (WHERE_POS: the gradient
+# goes to the chosen side only, as torch's), & | ~ combine it, .float() and arithmetic read
+# it as the 0 / 1 values torch promotes a bool to. No op is added to the IR: a > b is
+# where_pos(a - b, 1, 0), a == b is eq_mask(a, b).
+
+def _conditions(tracer) -> set:
+    return tracer.__dict__.setdefault("conditions", set())
+
+
+def _condition(x: Proxy) -> Proxy:
+    _conditions(x.tracer).add(x.index)
+    return x
+
+
+def is_condition(x: Any) -> bool:
+    """Whether ``x`` is a traced comparison (a mask marked as a condition)."""
+    return isinstance(x, Proxy) and x.index in _conditions(x.tracer)
+
+
+def _compared(a, b, what: str) -> tuple[Proxy, Proxy]:
+    p = _first_proxy(a, b)
+    xs = [p.tracer.lift(a, p), p.tracer.lift(b, p)]
+    for x in xs:
+        if is_condition(x):
+            raise DSLError(f"{what} a condition (a comparison's result): combine conditions "
+                           f"with &, | and ~, or compare its .float()", user_loc())
+        if not x.type.dtype.is_float:
+            read = _integer_read(x)
+            raise DSLError(f"{what} an integer ({x.type.dtype.value}) value"
+                           f"{f' ({read})' if read else ''}: integer (type) values are not "
+                           f"compared in a sarc layer; pick per-type values from a parameter "
+                           f"table (W[edge.etype])", user_loc())
+    if xs[0].type.dtype is not xs[1].type.dtype:
+        xs[1] = _converted(xs[1], xs[0].type.dtype.to_torch(), what)
+    return xs[0], xs[1]
+
+
+def _greater_mask(a: Proxy, b: Proxy) -> Proxy:
+    """1.0 where a > b: a - b is positive exactly there (never for NaN; inf - inf is NaN)."""
+    t = a.tracer
+    return t.emit(Op.WHERE_POS, [a - b, t.const(1.0, a), t.const(0.0, a)])
+
+
+def _equal_mask(a: Proxy, b: Proxy) -> Proxy:
+    return a.tracer.emit(Op.EQ_MASK, [a, b])
+
+
+_MASKS = {
+    "gt": lambda a, b: _greater_mask(a, b),
+    "lt": lambda a, b: _greater_mask(b, a),
+    "ge": lambda a, b: _greater_mask(a, b) + _equal_mask(a, b),
+    "le": lambda a, b: _greater_mask(b, a) + _equal_mask(a, b),
+    "eq": _equal_mask,
+    "ne": lambda a, b: 1.0 - _equal_mask(a, b),
+}
+_SYMBOLS = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
+_ALIASES = {"gt": ("greater",), "lt": ("less",), "ge": ("greater_equal",),
+            "le": ("less_equal",), "eq": (), "ne": ("not_equal",)}
+
+
+def _comparison(kind: str) -> Callable:
+    def record(input, other, *, out=Fixed(None)):
+        a, b = _compared(input, other, f"comparing ({_SYMBOLS[kind]})")
+        return _condition(_MASKS[kind](a, b))
+    return record
+
+
+for _kind_name, _aliases in _ALIASES.items():
+    _funcs = [getattr(torch, n) for n in (_kind_name, *_aliases)]
+    _funcs += [getattr(torch.Tensor, n) for n in (_kind_name, *_aliases, f"__{_kind_name}__")]
+    traces(*_funcs, name=f"torch.{_kind_name}")(_comparison(_kind_name))
+
+
+def _as_condition(x, what: str) -> Proxy:
+    if not is_condition(x):
+        raise DSLError(f"{what} takes conditions (comparisons of traced values, x > 0), got "
+                       f"{_kind(x) if not isinstance(x, Proxy) else 'a value that is not one'}",
+                       user_loc())
+    return x
+
+
+def _both(a: Proxy, b: Proxy) -> Proxy:
+    return a.tracer.emit(Op.MUL, [a, b])
+
+
+@traces(torch.logical_and, torch.Tensor.logical_and, torch.Tensor.__and__,
+        torch.Tensor.__rand__)
+def _logical_and(input, other, *, out=Fixed(None)):
+    a, b = _as_condition(input, "&"), _as_condition(other, "&")
+    return _condition(_both(a, b))
+
+
+@traces(torch.logical_or, torch.Tensor.logical_or, torch.Tensor.__or__, torch.Tensor.__ror__)
+def _logical_or(input, other, *, out=Fixed(None)):
+    a, b = _as_condition(input, "|"), _as_condition(other, "|")
+    return _condition(a.tracer.emit(Op.ADD, [a, b]) - _both(a, b))
+
+
+@traces(torch.logical_xor, torch.Tensor.logical_xor, torch.Tensor.__xor__,
+        torch.Tensor.__rxor__)
+def _logical_xor(input, other, *, out=Fixed(None)):
+    a, b = _as_condition(input, "^"), _as_condition(other, "^")
+    return _condition(a.tracer.emit(Op.ADD, [a, b]) - 2.0 * _both(a, b))
+
+
+@traces(torch.logical_not, torch.Tensor.logical_not, torch.Tensor.__invert__,
+        torch.Tensor.bitwise_not, torch.bitwise_not)
+def _logical_not(input, *, out=Fixed(None)):
+    return _condition(1.0 - _as_condition(input, "~"))
+
+
+@traces(torch.isnan, torch.Tensor.isnan)
+def _isnan(input):
+    x = _traced(input, "isnan")
+    return _condition(1.0 - _equal_mask(x, x))
+
+
+@traces(torch.isfinite, torch.Tensor.isfinite)
+def _isfinite(input):
+    x = _traced(input, "isfinite")
+    return _condition(_equal_mask(x - x, x.tracer.const(0.0, x)))   # inf - inf, NaN: NaN
+
+
+@traces(torch.isinf, torch.Tensor.isinf)
+def _isinf(input):
+    x = _traced(input, "isinf")
+    return _condition(_equal_mask(x, x) - _equal_mask(x - x, x.tracer.const(0.0, x)))
+
+
+def _selected(cond, a, b, what: str) -> Proxy:
+    """``a`` where ``cond`` holds, else ``b`` (numbers: constants), in the values' dtype."""
+    c = _as_condition(cond, what)
+    p = _first_proxy(a, b) if isinstance(a, Proxy) or isinstance(b, Proxy) else c
+    like = p if p is not c else c
+    xs = [c.tracer.lift(v, like) for v in (a, b)]
+    for x in xs:
+        if is_condition(x):
+            raise DSLError(f"{what} between conditions: select values (a condition is read "
+                           f"as its .float())", user_loc())
+    dtype = xs[0].type.dtype if isinstance(a, Proxy) else xs[1].type.dtype
+    xs = [x if x.type.dtype is dtype else _converted(x, dtype.to_torch(), what) for x in xs]
+    mask = c if c.type.dtype is dtype else _converted(c, dtype.to_torch(), what)
+    return c.tracer.emit(Op.WHERE_POS, [mask, *xs])
+
+
+@traces(torch.where)
+def _where(condition, input=None, other=None, *, out=Fixed(None)):
+    """``torch.where(cond, a, b)``: ``a`` where the comparison ``cond`` holds, else ``b``;
+    the one-argument form (the indices where it holds) is refused."""
+    if input is None or other is None:
+        raise DSLError("torch.where(condition) gives the indices where it holds, a size "
+                       "known only from the values: not traced; select with "
+                       "torch.where(condition, a, b)", user_loc())
+    return _selected(condition, input, other, "torch.where")
+
+
+@traces(torch.Tensor.where)
+def _where_method(input, condition, other):
+    return _selected(condition, input, other, "Tensor.where")
+
+
+@traces(torch.masked_fill, torch.Tensor.masked_fill)
+def _masked_fill(input, mask, value):
+    """``x.masked_fill(cond, value)``: ``value`` (a number) where ``cond`` holds, else x."""
+    x = _traced(input, "masked_fill")
+    if not _is_number(value) and not (isinstance(value, torch.Tensor) and value.dim() == 0):
+        raise DSLError(f"masked_fill: the fill value is a number, got {_kind(value)}",
+                       user_loc())
+    return _selected(mask, value, x, "masked_fill")
+
+
+def _any_all(kind: str) -> Callable:
+    def record(input, dim=None, keepdim=False, *, out=Fixed(None)):
+        x = _as_condition(input, f"{kind}()")
+        if dim is None:
+            raise DSLError(f"{kind}() over all axes is not supported; name a feature dim "
+                           f"(cond.{kind}(-1))", user_loc())
+        axes = _feature_axes(x, dim, kind)
+        return _condition(_reduce_axes(x, axes, keepdim, Op.MAX_AXIS,
+                                       kind="max" if kind == "any" else "min"))
+    return record
+
+
+traces(torch.any, torch.Tensor.any, name="torch.any")(_any_all("any"))
+traces(torch.all, torch.Tensor.all, name="torch.all")(_any_all("all"))
+
+
+@traces(torch.Tensor.bool)
+def _bool(input, memory_format=Fixed(torch.preserve_format)):
+    """``cond.bool()``: a condition as it is; a float value is compared instead (x != 0)."""
+    if is_condition(input):
+        return input
+    raise DSLError("Tensor.bool of a value that is not a comparison: compare it instead "
+                   "(x != 0)", user_loc())
+
+
+def _keeps_conditions(traced) -> None:
+    """Make a shape function (view, unsqueeze, cat, ...) of conditions give conditions."""
+    record = traced.record
+
+    def record_conditions(*args, **kwargs):
+        out = record(*args, **kwargs)
+        given = [a for v in (*args, *kwargs.values())
+                 for a in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(a, Proxy)]
+        if given and all(is_condition(a) for a in given):
+            for y in (out if isinstance(out, (list, tuple)) else (out,)):
+                if isinstance(y, Proxy):
+                    _condition(y)
+        return out
+    traced.record = record_conditions
+
+
+for _shape_function in (_reshape_method, _reshape_function, _reshape_as, _contiguous,
+                        _unsqueeze, _squeeze, _transpose, _permute, _permute_method, _flatten,
+                        _getitem, _split, _split_method, _chunk, _narrow, _unbind, _cat,
+                        _stack, _tile, _repeat, _expand):
+    _keeps_conditions(_shape_function)
 
 
 # --- einsum -------------------------------------------------------------------------------

@@ -828,3 +828,85 @@ def test_einsums_sarc_cannot_trace_are_refused_at_their_line(key, message):
         WithEinsumParams(key).trace()
     problem = str(err.value).splitlines()[0]
     assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
+
+
+# --- conditions: comparisons, torch.where, masked_fill ------------------------------------------
+
+class WithSlopes(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.w = nn.Parameter(torch.randn(W))
+
+
+CONDITIONS = {
+    "where": lambda s, x: torch.where(x > 0, x, 0.1 * x),
+    "where-numbers": lambda s, x: torch.where(x >= 0.5, x, 0.0) + torch.where(x < -0.5, -1.0, x),
+    "masked-fill": lambda s, x: x.masked_fill(x <= 0, -2.0) + x.masked_fill(x == 0.5, 3.0),
+    "masked-softmax": lambda s, x: torch.softmax(x.masked_fill(x[:, :1] < x, -1e9), -1),
+    "mask-as-float": lambda s, x: (x > 0).float() * x + (x != 0).to(x.dtype) + (x > 1) * x,
+    "logic": lambda s, x: torch.where((x > -1) & (x < 1) | ~(x != 0.5), x, x * x)
+                          + torch.where(torch.logical_xor(x > 0, x > 1), x, 0.0),
+    "against-a-parameter": lambda s, x: torch.where(x.abs() > s.w.abs(), x, s.w),
+    "where-method": lambda s, x: x.where(x.gt(0), torch.zeros_like(x)),
+    "row-mask": lambda s, x: torch.where((x.sum(-1) > 0).unsqueeze(-1), x, -x),
+    "any-all": lambda s, x: (torch.where(x.view(-1, 2, 4).gt(0).any(-1, keepdim=True),
+                                         x.view(-1, 2, 4), 0.0).flatten(1)
+                             + (x.view(-1, 2, 4) > -1).all(-1).float().sum(-1, keepdim=True)),
+    "nan-and-inf": lambda s, x: (torch.where(torch.isnan(x.log()), 0.0, x)
+                                 + torch.isfinite(x.log()).float()
+                                 + torch.isinf(1.0 / x.abs().clamp(max=0.5).sub(0.5)).float()),
+    "counts": lambda s, x: x + (x > 0).sum(-1, keepdim=True) + (x > 0).float().mean(-1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(CONDITIONS))
+def test_conditions_equal_torch(name, backend):
+    """Comparisons (NaN never compares but !=), their logic, and selections by them
+    (torch.where, Tensor.where, masked_fill, a mask read as 0 / 1): torch's values, and
+    its gradient, which goes to the chosen side only (x = 0.5, 0, 1 hit the bounds)."""
+    _equals_torch(lambda: _seeded(WithSlopes, CONDITIONS[name]), CONDITIONS[name], backend)
+
+
+class WhereOnEdges(sarc.Layer):
+    """The larger of each edge's two ends, feature by feature, and a masked attention."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return torch.where(src.h > dst.h, src.h, dst.h).masked_fill(src.h.isnan(), 0.0)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_between_the_ends_of_an_edge_equals_torch(backend):
+    src, dst = torch.tensor([0, 1, 2, 3, 0, 4]), torch.tensor([1, 2, 3, 0, 2, 2])
+    g = sarc.Graph.from_edges(src, dst, 5)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    x[1, 2] = x[2, 2]   # a tie: torch's where takes dst's
+    x = x.requires_grad_()
+    out = WhereOnEdges().set_backend(backend)(g, x)
+    xr = x.detach().clone().requires_grad_()
+    m = torch.where(xr[src] > xr[dst], xr[src], xr[dst])
+    want = torch.zeros(5, 4).index_add(0, dst, m)
+    assert_close(out, want, 1e-6, "output")
+    (got,) = torch.autograd.grad(out.square().sum(), [x])
+    (ref,) = torch.autograd.grad(want.square().sum(), [xr])
+    assert_close(got, ref, 1e-6, "gradient", 1e-7)
+    check_layer(WhereOnEdges(), g, {"h": x.detach()})
+
+
+@pytest.mark.parametrize("key, message", [
+    (lambda s, x: (x > 0) + (x < 1), "arithmetic of two conditions"),
+    (lambda s, x: torch.where(x, x, 0.0), "torch.where takes conditions"),
+    (lambda s, x: x.masked_fill(x > 0, x), "the fill value is a number"),
+    (lambda s, x: (x > 0) > 0, r"comparing \(>\) a condition"),
+    (lambda s, x: x.bool(), "Tensor.bool of a value that is not a comparison"),
+    (lambda s, x: (x > 0).any(), r"any\(\) over all axes"),
+    (lambda s, x: x & x, "& takes conditions"),
+])
+def test_conditions_sarc_cannot_trace_are_refused_at_their_line(key, message):
+    _refused_with(key, message)

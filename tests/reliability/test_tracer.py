@@ -295,25 +295,61 @@ class CompareBranch(sarc.Layer):
       "error-at-line")
 def test_comparison_is_refused():
     expect_error_at(lambda: CompareBranch().trace(), "compare",
-                    "comparing traced values (==) is not supported",
-                    "data-dependent control flow cannot be traced")
+                    "a traced value used as a Python bool",
+                    "data-dependent control flow cannot be traced", "torch.where(x > 0, a, b)")
 
 
-class Where(sarc.Layer):
+class MaskIndex(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return torch.where(src.h > 0, src.h, dst.h)  # ERR:where
+        return src.h[src.h > 0]  # ERR:mask
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
 
 
-@case("tracer", "`torch.where(src.h > 0, a, b)`", "error-at-line")
-def test_where_is_refused():
-    expect_error_at(lambda: Where().trace(), "where", "comparing traced values (>)",
-                    "relu, clamp_min, leaky_relu")
+@case("tracer", "`src.h[src.h > 0]` (indexing by a condition: as many entries as hold)",
+      "error-at-line")
+def test_indexing_by_a_condition_is_refused():
+    expect_error_at(lambda: MaskIndex().trace(), "mask", "indexing by a condition",
+                    "torch.where(mask, x, 0.0)")
+
+
+class CompareTypes(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"etype": sarc.INDEX})
+
+    def message(self, src, dst, edge):
+        return torch.where((edge.etype == 1).unsqueeze(-1), src.h, dst.h)  # ERR:types
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`edge.etype == 1` (a comparison of integer type ids)", "error-at-line")
+def test_comparing_type_ids_is_refused_with_what_to_write():
+    expect_error_at(lambda: CompareTypes().trace(), "types",
+                    "comparing (==) an integer (i64) value (edge.etype)", "W[edge.etype]")
+
+
+class WhereIndices(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h * torch.where(src.h > 0)[0]  # ERR:where
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.where(src.h > 0)` (the indices where a condition holds)",
+      "error-at-line")
+def test_where_of_a_condition_alone_is_refused():
+    expect_error_at(lambda: WhereIndices().trace(), "where", "gives the indices where it holds",
+                    "torch.where(condition, a, b)")
 
 
 class IntOfValue(sarc.Layer):
