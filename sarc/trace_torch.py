@@ -432,8 +432,21 @@ def _clamp_max(input, max, *, out=Fixed(None)):
 
 @traces(torch.clamp, torch.clip, torch.Tensor.clamp, torch.Tensor.clip)
 def _clamp(input, min=None, max=None, *, out=Fixed(None)):
+    """Number bounds: clamp_min / clamp_max. A traced bound (a parameter, another value):
+    the bound where x passes it, else x, each side getting torch's gradient (x's where
+    min <= x <= max, a bound's where x passes it); NaN stays."""
     if min is None and max is None:
         raise DSLError("clamp needs min=... or max=...", user_loc())
+    if isinstance(min, Proxy) or isinstance(max, Proxy):
+        x = _traced(input, "clamp")
+        t = x.tracer
+        if min is not None:
+            lo = t.lift(min, x)
+            x = t.emit(Op.WHERE_POS, [lo - x, lo, x])
+        if max is not None:
+            hi = t.lift(max, x)
+            x = t.emit(Op.WHERE_POS, [x - hi, hi, x])
+        return x
     x = input if min is None else _clamp_min.record(input, min)
     return x if max is None else _clamp_max.record(x, max)
 
@@ -810,9 +823,12 @@ def _extremum_method(kind: str):
             raise DSLError(f"{kind} over all axes is not supported; name a feature dim "
                            f"(x.{kind}(-1).values), or aggregate over edges with sarc.{kind}",
                            user_loc())
+        if isinstance(dim, (Proxy, torch.Tensor)) and not keepdim:
+            return _extremum_of(x, dim, "maximum" if kind == "max" else "minimum")  # max(x, y)
         if isinstance(dim, Proxy) or not _is_int(dim):
-            raise DSLError(f"{kind}(x, other): the elementwise {kind} of two values is not "
-                           f"traced; x.{kind}(dim) takes a feature axis", user_loc())
+            raise DSLError(f"{kind}(x, other): other is a tensor or traced value (the "
+                           f"elementwise {kind}); x.{kind}(dim) takes a feature axis, an int",
+                           user_loc())
         return _ValuesOnly(_extremum_axes(x, [_dim_to_axis(x, dim)], keepdim, kind), kind)
     return record
 
@@ -1713,6 +1729,280 @@ for _shape_function in (_reshape_method, _reshape_function, _reshape_as, _contig
                         _getitem, _split, _split_method, _chunk, _narrow, _unbind, _cat,
                         _stack, _tile, _repeat, _expand):
     _keeps_conditions(_shape_function)
+
+
+# --- more of torch, composed of the ops above with torch's formulas and gradients ---------
+
+def _where_positive(c: Proxy, a, b) -> Proxy:
+    """``a`` where ``c`` > 0, else ``b`` (numbers: constants)."""
+    t = c.tracer
+    return t.emit(Op.WHERE_POS, [c, t.lift(a, c), t.lift(b, c)])
+
+
+@traces(torch.sign, torch.Tensor.sign)
+def _sign(input, *, out=Fixed(None)):
+    """1, -1 or 0 (NaN: 0, as torch); no gradient."""
+    x = _traced(input, "sign")
+    return _where_positive(x, 1.0, _where_positive(-x, -1.0, 0.0))
+
+
+@traces(F.hardswish)
+def _hardswish(input, inplace=Fixed(False)):
+    """``x (x + 3) / 6`` strictly inside (-3, 3), x above, 0 below (torch's gradient:
+    (2x + 3) / 6 inside, 1 from 3 on, 0 up to -3; torch before 2.3 takes the inner one at
+    -3 and 3 themselves)."""
+    x = _traced(input, "hardswish")
+    inside = _where_positive(3.0 - x, x * (x + 3.0) / 6.0, x)
+    return _where_positive(x + 3.0, inside, 0.0)
+
+
+@traces(F.tanhshrink)
+def _tanhshrink(input):
+    x = _traced(input, "tanhshrink")
+    return x - _emit(Op.TANH, x)
+
+
+@traces(F.softshrink)
+def _softshrink(input, lambd=0.5):
+    x, lam = _traced(input, "softshrink"), _number(lambd, "softshrink's lambd")
+    return _where_positive(x - lam, x - lam, _where_positive(-lam - x, x + lam, 0.0))
+
+
+@traces(F.hardshrink, torch.Tensor.hardshrink)
+def _hardshrink(input, lambd=0.5):
+    x, lam = _traced(input, "hardshrink"), _number(lambd, "hardshrink's lambd")
+    return _where_positive(x - lam, x, _where_positive(-lam - x, x, 0.0))
+
+
+@traces(torch.threshold, F.threshold)
+def _threshold(input, threshold, value, inplace=Fixed(False)):
+    """``x`` where x > threshold, else ``value``."""
+    x = _traced(input, "threshold")
+    return _where_positive(x - _number(threshold, "threshold"), x, _number(value, "value"))
+
+
+@traces(torch.tan, torch.Tensor.tan)
+def _tan(input, *, out=Fixed(None)):
+    x = _traced(input, "tan")
+    return _emit(Op.SIN, x) / _emit(Op.COS, x)
+
+
+_LN2 = math.log(2.0)
+
+
+@traces(torch.sinh, torch.Tensor.sinh)
+def _sinh(input, *, out=Fixed(None)):
+    """``exp(x - ln 2) - exp(-x - ln 2)``: no overflow short of torch's."""
+    x = _traced(input, "sinh")
+    return _emit(Op.EXP, x - _LN2) - _emit(Op.EXP, -x - _LN2)
+
+
+@traces(torch.cosh, torch.Tensor.cosh)
+def _cosh(input, *, out=Fixed(None)):
+    x = _traced(input, "cosh")
+    return _emit(Op.EXP, x - _LN2) + _emit(Op.EXP, -x - _LN2)
+
+
+@traces(torch.exp2, torch.Tensor.exp2, torch.special.exp2)
+def _exp2(input, *, out=Fixed(None)):
+    return _emit(Op.EXP, _traced(input, "exp2") * _LN2)
+
+
+@traces(torch.expm1, torch.Tensor.expm1, torch.special.expm1)
+def _expm1(input, *, out=Fixed(None)):
+    return _emit(Op.EXP, _traced(input, "expm1")) - 1.0
+
+
+@traces(torch.log2, torch.Tensor.log2)
+def _log2(input, *, out=Fixed(None)):
+    return _emit(Op.LOG, _traced(input, "log2")) * (1.0 / _LN2)
+
+
+@traces(torch.log10, torch.Tensor.log10)
+def _log10(input, *, out=Fixed(None)):
+    return _emit(Op.LOG, _traced(input, "log10")) * (1.0 / math.log(10.0))
+
+
+@traces(torch.erfc, torch.Tensor.erfc, torch.special.erfc)
+def _erfc(input, *, out=Fixed(None)):
+    return 1.0 - _emit(Op.ERF, _traced(input, "erfc"))
+
+
+@traces(torch.logit, torch.Tensor.logit, torch.special.logit)
+def _logit(input, eps=None, *, out=Fixed(None)):
+    """``log(x / (1 - x))``, x first clamped to [eps, 1 - eps] where eps is given (torch's
+    gradient: none outside)."""
+    x = _traced(input, "logit")
+    if eps is not None:
+        lo = _number(eps, "logit's eps")
+        x = _clamp.record(x, x.tracer.lift(lo, x), x.tracer.lift(1.0 - lo, x))
+    return _emit(Op.LOG, x / (1.0 - x))
+
+
+@traces(torch.heaviside, torch.Tensor.heaviside)
+def _heaviside(input, values, *, out=Fixed(None)):
+    """1 where x > 0, 0 where x < 0, ``values`` where x == 0; no gradient."""
+    x = _traced(input, "heaviside")
+    at_zero = x.tracer.lift(values, x)
+    zero = x.tracer.const(0.0, x)
+    return _where_positive(x, 1.0, x.tracer.emit(Op.WHERE_POS,
+                                                 [_equal_mask(x, zero), at_zero, zero]))
+
+
+@traces(torch.nan_to_num, torch.Tensor.nan_to_num)
+def _nan_to_num(input, nan=0.0, posinf=None, neginf=None, *, out=Fixed(None)):
+    """NaN, +inf and -inf replaced (by default: 0 and the dtype's largest / lowest
+    number); the gradient passes where x is finite."""
+    x = _traced(input, "nan_to_num")
+    info = torch.finfo(x.type.dtype.to_torch())
+    hi = info.max if posinf is None else _number(posinf, "posinf")
+    lo = info.min if neginf is None else _number(neginf, "neginf")
+    t = x.tracer
+    finite = _equal_mask(x - x, t.const(0.0, x))
+    infinite = _where_positive(x, hi, lo)
+    number = t.emit(Op.WHERE_POS, [_equal_mask(x, x), infinite, t.lift(_number(nan, "nan"), x)])
+    return t.emit(Op.WHERE_POS, [finite, x, number])
+
+
+@traces(torch.lerp, torch.Tensor.lerp)
+def _lerp(input, end, weight, *, out=Fixed(None)):
+    """``start + w (end - start)`` where w < 0.5, else ``end - (end - start)(1 - w)``, as
+    torch computes it."""
+    start = _traced(input, "lerp")
+    t = start.tracer
+    end, w = t.lift(end, start), t.lift(weight, start)
+    diff = end - start
+    return t.emit(Op.WHERE_POS, [0.5 - w, start + w * diff, end - diff * (1.0 - w)])
+
+
+@traces(torch.addcmul, torch.Tensor.addcmul)
+def _addcmul(input, tensor1, tensor2, *, value=1, out=Fixed(None)):
+    return input + _number(value, "value") * (tensor1 * tensor2)
+
+
+@traces(torch.addcdiv, torch.Tensor.addcdiv)
+def _addcdiv(input, tensor1, tensor2, *, value=1, out=Fixed(None)):
+    return input + _number(value, "value") * (tensor1 / tensor2)
+
+
+@traces(torch.addmm, torch.Tensor.addmm)
+def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=Fixed(None)):
+    """``beta input + alpha (mat1 @ mat2)``."""
+    product = _arith(Op.MATMUL, mat1, mat2)
+    beta, alpha = _number(beta, "beta"), _number(alpha, "alpha")
+    scaled = product if alpha == 1 else product * alpha
+    return scaled if beta == 0 else scaled + (input if beta == 1 else input * beta)
+
+
+@traces(torch.rsub)
+def _rsub(input, other, *, alpha=1):
+    return other - _scaled(input, alpha)
+
+
+@traces(torch.logsumexp, torch.Tensor.logsumexp, torch.special.logsumexp)
+def _logsumexp(input, dim, keepdim=False, *, out=Fixed(None)):
+    """``log(sum(exp(x - m))) + m`` over feature axes, m the maximum (0 where it is
+    infinite, as torch)."""
+    x = _traced(input, "logsumexp")
+    axes = _feature_axes(x, dim, "logsumexp")
+    m = _extremum_axes(x, axes, True, "max")
+    t = x.tracer
+    m = t.emit(Op.WHERE_POS, [_equal_mask(m - m, t.const(0.0, m)), m, t.const(0.0, m)])
+    total = _sum_axes(_emit(Op.EXP, x - m), axes, True)
+    out = _emit(Op.LOG, total) + m
+    if keepdim:
+        return out
+    feat = tuple(n for a, n in enumerate(out.type.feat) if a not in set(axes))
+    return _emit(Op.RESHAPE, out, feat=feat)
+
+
+@traces(F.softmin)
+def _softmin(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax.record(-_traced(input, "softmin"), dim, _stacklevel, dtype)
+
+
+@traces(torch.std_mean)
+def _std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return (_std.record(input, dim, unbiased, keepdim, correction=correction),
+            _mean.record(input, dim, keepdim))
+
+
+@traces(torch.var_mean)
+def _var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return (_var.record(input, dim, unbiased, keepdim, correction=correction),
+            _mean.record(input, dim, keepdim))
+
+
+# Products of a value and parameters: einsum's.
+
+@traces(torch.linalg.matmul)
+def _linalg_matmul(input, other, *, out=Fixed(None)):
+    return _arith(Op.MATMUL, input, other)
+
+
+@traces(torch.linalg.vecdot)
+def _vecdot(x, y, *, dim=-1, out=Fixed(None)):
+    return _sum_axes(x * y, _feature_axes(_first_proxy(x, y), dim, "vecdot"), False)
+
+
+def _letters_of(x) -> str:
+    return _LETTERS[len(_LETTERS) - len(x.shape):]
+
+
+@traces(torch.inner, torch.Tensor.inner)
+def _inner(input, other, *, out=Fixed(None)):
+    """The product over the last axes of both (``x @ W.T`` for a matrix W)."""
+    a, b = _traced(input, "inner"), _traced(other, "inner")
+    la, lb = _LETTERS[:len(a.shape)], _LETTERS[len(a.shape):len(a.shape) + len(b.shape)]
+    lb = lb[:-1] + la[-1]
+    return _einsum.record(f"{la},{lb}->{la[:-1]}{lb[:-1]}", a, b)
+
+
+@traces(torch.outer, torch.ger, torch.Tensor.outer, torch.Tensor.ger)
+def _outer(input, vec2, *, out=Fixed(None)):
+    return _einsum.record("i,j->ij", input, vec2)
+
+
+@traces(torch.mv, torch.Tensor.mv)
+def _mv(input, vec, *, out=Fixed(None)):
+    return _einsum.record("ij,j->i", input, vec)
+
+
+@traces(torch.dot, torch.vdot, torch.Tensor.dot, torch.Tensor.vdot)
+def _dot(input, other, *, out=Fixed(None)):
+    return _einsum.record("i,i->", input, other)
+
+
+@traces(torch.tensordot)
+def _tensordot(a, b, dims=2, out=Fixed(None)):
+    """einsum of ``a``'s last ``dims`` axes against ``b``'s first (or the listed axes)."""
+    a, b = _traced(a, "tensordot"), _traced(b, "tensordot")
+    na, nb = len(a.shape), len(b.shape)
+    if _is_int(dims):
+        pairs = list(zip(range(na - dims, na), range(dims)))
+    elif isinstance(dims, (list, tuple)) and len(dims) == 2:
+        da = dims[0] if isinstance(dims[0], (list, tuple)) else [dims[0]]
+        db = dims[1] if isinstance(dims[1], (list, tuple)) else [dims[1]]
+        if len(da) != len(db) or not all(_is_int(d) for d in (*da, *db)):
+            raise DSLError(f"tensordot: dims {dims!r} pair up axes of the two operands",
+                           user_loc())
+        pairs = [(d % na, e % nb) for d, e in zip(da, db)]
+    else:
+        raise DSLError(f"tensordot: dims is an int or two lists of axes, got {dims!r}",
+                       user_loc())
+    la, lb = list(_LETTERS[:na]), list(_LETTERS[na:na + nb])
+    for d, e in pairs:
+        lb[e] = la[d]
+    shared = {la[d] for d, _ in pairs}
+    out = [c for c in la if c not in shared] + [c for c in lb if c not in shared]
+    return _einsum.record(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b)
+
+
+@traces(F.bilinear, torch.bilinear)
+def _bilinear(input1, input2, weight, bias=None):
+    """``x1 W_o x2 + b_o`` for each output o, W [out, in1, in2]."""
+    y = _einsum.record("ni,oij,nj->no", input1, weight, input2)
+    return y if bias is None else y + bias
 
 
 # --- einsum -------------------------------------------------------------------------------

@@ -910,3 +910,69 @@ def test_where_between_the_ends_of_an_edge_equals_torch(backend):
 ])
 def test_conditions_sarc_cannot_trace_are_refused_at_their_line(key, message):
     _refused_with(key, message)
+
+
+# --- more of torch, composed ---------------------------------------------------------------------
+
+class WithMatrices(Apply):
+    def __init__(self, fn):
+        super().__init__(fn)
+        self.w = nn.Parameter(torch.randn(W, 5))
+        self.b = nn.Parameter(torch.randn(W))
+        self.t = nn.Parameter(torch.randn(3, W, W))
+
+
+COMPOSED = {
+    "sign": lambda s, x: torch.sign(x) * x + x.sign(),
+    "hardswish": lambda s, x: F.hardswish(x) + nn.Hardswish()(x * 0.5),
+    "shrinks-threshold": lambda s, x: (F.tanhshrink(x * 0.3) + F.softshrink(x)
+                                       + F.hardshrink(x, 0.75) + F.threshold(x, 0.5, -1.0)),
+    "trigonometric-hyperbolic": lambda s, x: (torch.tan(x * 0.1) + torch.sinh(x * 0.2)
+                                              + torch.cosh(x * 0.2)),
+    "exp-log-variants": lambda s, x: (torch.exp2(x * 0.3) + torch.expm1(x * 0.3)
+                                      + torch.log2(x.abs() + 1) + torch.log10(x.abs() + 1)
+                                      + torch.erfc(x) + torch.logit(torch.sigmoid(x * 0.1))
+                                      + torch.logit(torch.sigmoid(x), eps=0.1)),
+    "nan-to-num": lambda s, x: torch.nan_to_num((x - 0.25).log(), nan=-1.0) + x.nan_to_num(),
+    "lerp-addc": lambda s, x: (torch.lerp(x, 2 * x + 1, 0.3) + torch.lerp(x, -x, 0.75)
+                               + torch.addcmul(x, x, x, value=0.5)
+                               + torch.addcdiv(x, x, x.abs() + 1, value=2)),
+    "addmm-rsub": lambda s, x: (torch.addmm(s.b[:5], x, s.w, beta=0.5, alpha=2)
+                                + torch.rsub(x[:, :5], 1.0)),
+    "logsumexp-softmin": lambda s, x: (torch.logsumexp(x, -1, keepdim=True)
+                                       + torch.logsumexp(x.view(-1, 2, 4), dim=(1, 2))[:, None]
+                                       + F.softmin(x, -1)),
+    "std-var-mean": lambda s, x: (torch.std_mean(x, -1, keepdim=True)[0]
+                                  + torch.var_mean(x, -1, keepdim=True)[1] + 0 * x),
+    "two-value-max-min-clamp": lambda s, x: (torch.max(x, s.b) + torch.min(x, 0.5 * x)
+                                             + torch.clamp(x, min=-s.b.abs(), max=s.b.abs())),
+    "products-with-parameters": lambda s, x: (torch.inner(x, s.w.t()) + torch.mv(s.w.t(), s.b)
+                                              + torch.dot(s.b, s.b) * x[:, :5]
+                                              + torch.tensordot(x, s.w, dims=([1], [0]))
+                                              + torch.linalg.matmul(x, s.w)
+                                              + x[:, :5] @ torch.outer(s.b[:5], s.b[:5])),
+    "vecdot-bilinear": lambda s, x: (torch.linalg.vecdot(x, x * 2)[:, None]
+                                     + F.bilinear(x, x.tanh(), s.t, s.b[:3]).sum(-1, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(COMPOSED))
+def test_composed_functions_equal_torch(name, backend):
+    """Functions sarc composes of its ops (where_pos for the piecewise ones, exp / log for
+    the others, einsum for products with parameters): torch's values and gradients,
+    the kinks of x's first row included."""
+    _equals_torch(lambda: _seeded(WithMatrices, COMPOSED[name]), COMPOSED[name], backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_heaviside_and_nan_to_num_defaults_equal_torch(backend):
+    """Forward only: torch has no gradient for heaviside, nor a finite one where
+    nan_to_num replaces an infinity (its defaults: the dtype's extremes, and posinf=,
+    neginf=)."""
+    fn = lambda s, x: (torch.heaviside(x, torch.tensor(0.5))
+                       + torch.nan_to_num(torch.cat([x.log(), -x.log()], -1)).view(-1, 2, 8).sum(1)
+                       + torch.nan_to_num(1.0 / x, posinf=5.0, neginf=-5.0))
+    layer = Apply(fn).set_backend(backend)
+    x = _features()
+    assert torch.equal(layer(LOOPS, x), fn(layer, x))
