@@ -1312,6 +1312,27 @@ def _normalize(input, p=2.0, dim=1, eps=1e-12, out=Fixed(None)):
     return x / _emit(Op.CLAMP_MIN, norm, min=_number(eps, "normalize's eps"))
 
 
+@traces(F.cosine_similarity, torch.cosine_similarity)
+def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """``sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps))`` over ``dim``, torch's values; its
+    gradient too, but where a norm is positive and below eps (torch then passes the
+    gradient of the norm it clamped)."""
+    p = _first_proxy(x1, x2)
+    a, b = p.tracer.lift(x1, p), p.tracer.lift(x2, p)
+    axis = [_dim_to_axis(a if a.type.domain is not Domain.PARAM else b, dim)]
+    e = _number(eps, "cosine_similarity's eps")
+    unit = [v / _emit(Op.CLAMP_MIN, _vector_norm(v, 2, axis, True), min=e) for v in (a, b)]
+    return _sum_axes(unit[0] * unit[1], axis, False)
+
+
+@traces(F.pairwise_distance, torch.pairwise_distance)
+def _pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """The p-norm of ``x1 - x2 + eps`` over the last axis (p = 1 or 2)."""
+    d = x1 - x2 + _number(eps, "pairwise_distance's eps")
+    return _vector_norm(d, _norm_order(p, "pairwise_distance"), [_dim_to_axis(d, -1)],
+                        keepdim)
+
+
 @traces(torch.stack)
 def _stack(tensors, dim=0, *, out=Fixed(None)):
     """Values stacked along a new feature axis: each unsqueezed, then concatenated."""

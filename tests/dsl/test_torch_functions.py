@@ -951,6 +951,10 @@ COMPOSED = {
                                               + torch.tensordot(x, s.w, dims=([1], [0]))
                                               + torch.linalg.matmul(x, s.w)
                                               + x[:, :5] @ torch.outer(s.b[:5], s.b[:5])),
+    "cosine-similarity-pairwise-distance": lambda s, x: (
+        F.cosine_similarity(x, x.tanh() + s.b, dim=-1)[:, None]
+        + nn.CosineSimilarity(dim=2)(x.view(-1, 2, 4), x.view(-1, 2, 4).sigmoid())
+        + F.pairwise_distance(x, s.b, keepdim=True) + nn.PairwiseDistance(p=1)(x, 2 * x)[:, None]),
     "vecdot-bilinear": lambda s, x: (torch.linalg.vecdot(x, x * 2)[:, None]
                                      + F.bilinear(x, x.tanh(), s.t, s.b[:3]).sum(-1, keepdim=True)),
 }
