@@ -921,6 +921,18 @@ def _contiguous(input, memory_format=Fixed(torch.contiguous_format)):
     return _traced(input, "contiguous")
 
 
+@traces(torch.clone, torch.Tensor.clone)
+def _clone(input, *, memory_format=Fixed(torch.preserve_format)):
+    """A copy: a traced value is never changed in place, so the value itself."""
+    return _traced(input, "clone")
+
+
+@traces(torch.detach, torch.Tensor.detach)
+def _detach(input):
+    """The value, through which no gradient flows (``x - x.amax(-1, keepdim=True).detach()``)."""
+    return _emit(Op.DETACH, _traced(input, "detach"))
+
+
 def _reshape(x: Proxy, shape: tuple) -> Proxy:
     t, written = x.type, list(shape)
     if t.domain is not Domain.PARAM:
@@ -1745,7 +1757,8 @@ def _keeps_conditions(traced) -> None:
     traced.record = record_conditions
 
 
-for _shape_function in (_reshape_method, _reshape_function, _reshape_as, _contiguous,
+for _shape_function in (_reshape_method, _reshape_function, _reshape_as, _contiguous, _clone,
+                        _detach,
                         _unsqueeze, _squeeze, _transpose, _permute, _permute_method, _flatten,
                         _getitem, _split, _split_method, _chunk, _narrow, _unbind, _cat,
                         _stack, _tile, _repeat, _expand):

@@ -140,6 +140,7 @@ LOWERING: dict[Op, Lowering] = {
     Op.COS: lambda v, a: f"torch.cos({a[0]})",
     Op.SIN: lambda v, a: f"torch.sin({a[0]})",
     Op.LOG1P: lambda v, a: f"torch.log1p({a[0]})",
+    Op.DETACH: lambda v, a: f"{a[0]}.detach()",
     Op.CAST: lambda v, a: f"{a[0]}.to({_dtype(v)})",
     Op.POW: lambda v, a: f"torch.pow({a[0]}, {number(v.attr['exponent'])})",
     Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",

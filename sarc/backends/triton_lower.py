@@ -475,6 +475,7 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.COS: lambda v, x: f"tl.cos({x})",
     Op.SIN: lambda v, x: f"tl.sin({x})",
     # log(u) * x / (u - 1), u = 1 + x: exact where 1 + x rounds (Goldberg's log1p)
+    Op.DETACH: lambda v, x: x,
     Op.LOG1P: lambda v, x: (f"tl.where(1.0 + {x} == 1.0, {x}, "
                             f"tl.log(1.0 + {x}) * ({x} / ((1.0 + {x}) - 1.0)))"),
     Op.POW: _pow,

@@ -439,6 +439,7 @@ NOT_DIFFERENTIABLE: dict[Op, str] = {
     Op.PARAM: "a leaf: its cotangent is a gradient output",
     Op.CONST: "a constant",
     Op.EQ_MASK: "piecewise constant: zero gradient",
+    Op.DETACH: "detached: zero gradient",
     Op.ARG: _AFTER_PASSES,
     Op.AGGREGATE: _AFTER_PASSES,
     Op.SDDMM: _AFTER_PASSES,
@@ -455,7 +456,7 @@ NOT_DIFFERENTIABLE: dict[Op, str] = {
     Op.PAD: _BACKWARD_ONLY,
 }
 
-ZERO_GRADIENT = frozenset({Op.EQ_MASK})
+ZERO_GRADIENT = frozenset({Op.EQ_MASK, Op.DETACH})
 """Non-differentiable ops whose gradient is zero (nothing flows through them)."""
 
 

@@ -227,6 +227,7 @@ IMPLS: dict[Op, Impl] = {
     Op.COS: lambda v, g, c, x: torch.cos(x),
     Op.SIN: lambda v, g, c, x: torch.sin(x),
     Op.LOG1P: lambda v, g, c, x: torch.log1p(x),
+    Op.DETACH: lambda v, g, c, x: x.detach(),
     Op.CAST: lambda v, g, c, x: x.to(v.attr["dtype"].to_torch()),
     Op.POW: lambda v, g, c, x: torch.pow(x, v.attr["exponent"]),
     Op.CLAMP_MIN: lambda v, g, c, x: torch.clamp_min(x, v.attr["min"]),

@@ -40,6 +40,7 @@ class Op(enum.Enum):
     COS = "cos"
     SIN = "sin"
     LOG1P = "log1p"            # log(1 + x), exact for small x
+    DETACH = "detach"          # y = x, through which no gradient flows (Tensor.detach)
     POW = "pow"                # attrs: exponent
     CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
     LEAKY_RELU = "leaky_relu"  # attrs: slope
@@ -87,7 +88,7 @@ class Op(enum.Enum):
 
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
-                               Op.COS, Op.SIN, Op.LOG1P,
+                               Op.COS, Op.SIN, Op.LOG1P, Op.DETACH,
                                Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})

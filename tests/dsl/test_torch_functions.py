@@ -924,6 +924,8 @@ class WithMatrices(Apply):
 
 COMPOSED = {
     "sign": lambda s, x: torch.sign(x) * x + x.sign(),
+    "detach-clone": lambda s, x: (x - x.amax(-1, keepdim=True).detach() + x.clone() * x.detach()
+                                  + torch.detach(x).sigmoid() * s.b.detach() + s.b.clone()),
     "hardswish": lambda s, x: F.hardswish(x) + nn.Hardswish()(x * 0.5),
     "shrinks-threshold": lambda s, x: (F.tanhshrink(x * 0.3) + F.softshrink(x)
                                        + F.hardshrink(x, 0.75) + F.threshold(x, 0.5, -1.0)),
