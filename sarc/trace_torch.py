@@ -2391,6 +2391,49 @@ def _filled_like(name: str, value: float | None):
     return record
 
 
+def _new_filled(name: str, value: float | None):
+    """``x.new_zeros(size)`` / ``new_ones`` / ``new_full``: over a row count
+    (``x.new_zeros(x.shape)``, ``h.new_ones(h.shape[0], 1)``) a constant per row of that
+    domain, in x's dtype unless ``dtype=`` is given; ``new_empty`` is refused."""
+    def record(input, *args, **kwargs):
+        x = _traced(input, f"Tensor.{name}")
+        written = f"Tensor.{name}"
+        if name == "new_empty":
+            raise DSLError(f"{written}: its values are undefined; write new_zeros or "
+                           f"new_full", user_loc())
+        args = list(args)
+        size = kwargs.pop("size", None)
+        if size is None and args and isinstance(args[0], (tuple, list, torch.Size)):
+            size = args.pop(0)
+        elif size is None and value is not None:   # new_zeros(n, 4): the sizes as arguments
+            size = tuple(args)
+            args = []
+        if size is None:
+            raise DSLError(f"{written} needs a size (a tuple)", user_loc())
+        fill = value
+        if value is None:
+            fill = args.pop(0) if args else kwargs.pop("fill_value", None)
+            if not _is_number(fill):
+                raise DSLError(f"{written}: the fill value is a number, got {_kind(fill)}",
+                               user_loc())
+        if args:
+            raise DSLError(f"{written}: unexpected argument {_show_arg(args[0])}", user_loc())
+        size = tuple(size) if isinstance(size, (tuple, list, torch.Size)) else (size,)
+        kwargs.setdefault("dtype", x.type.dtype.to_torch())
+        if not any(isinstance(d, RowCount) for d in size):
+            raise DSLError(f"{written}{tuple(size)}: a tensor of fixed size made inside a layer "
+                           f"is a constant; write the number itself (it broadcasts), or size "
+                           f"it by a row count (x.shape[0]) for one per row", user_loc())
+        return rows_filled(size, float(fill), kwargs, f"{written}{tuple(size)}")
+    return record
+
+
+for _name, _value in (("new_zeros", 0.0), ("new_ones", 1.0), ("new_full", None),
+                      ("new_empty", 0.0)):
+    traces(getattr(torch.Tensor, _name), name=f"Tensor.{_name}")(_new_filled(_name, _value))
+    setattr(Proxy, _name, _method(getattr(torch.Tensor, _name)))
+
+
 for _name, _value in (("ones_like", 1.0), ("zeros_like", 0.0), ("full_like", None)):
     traces(getattr(torch, _name), name=f"torch.{_name}")(_filled_like(f"torch.{_name}", _value))
 

@@ -907,6 +907,8 @@ def test_where_between_the_ends_of_an_edge_equals_torch(backend):
     (lambda s, x: x.bool(), "Tensor.bool of a value that is not a comparison"),
     (lambda s, x: (x > 0).any(), r"any\(\) over all axes"),
     (lambda s, x: x & x, "& takes conditions"),
+    (lambda s, x: x + x.new_zeros(3), r"a tensor of fixed size made inside a layer"),
+    (lambda s, x: x + x.new_empty(x.shape), "its values are undefined"),
 ])
 def test_conditions_sarc_cannot_trace_are_refused_at_their_line(key, message):
     _refused_with(key, message)
@@ -924,6 +926,9 @@ class WithMatrices(Apply):
 
 COMPOSED = {
     "sign": lambda s, x: torch.sign(x) * x + x.sign(),
+    "new-filled": lambda s, x: (x + x.new_zeros(x.shape) + x * x.new_ones(x.shape[0], 1)
+                                + x.new_full((x.shape[0], 8), 2.5)
+                                + x.new_full(x.shape, fill_value=-1.0, dtype=torch.float32)),
     "detach-clone": lambda s, x: (x - x.amax(-1, keepdim=True).detach() + x.clone() * x.detach()
                                   + torch.detach(x).sigmoid() * s.b.detach() + s.b.clone()),
     "hardswish": lambda s, x: F.hardswish(x) + nn.Hardswish()(x * 0.5),
