@@ -1989,22 +1989,22 @@ def _inner(input, other, *, out=Fixed(None)):
     a, b = _traced(input, "inner"), _traced(other, "inner")
     la, lb = _LETTERS[:len(a.shape)], _LETTERS[len(a.shape):len(a.shape) + len(b.shape)]
     lb = lb[:-1] + la[-1]
-    return _einsum.record(f"{la},{lb}->{la[:-1]}{lb[:-1]}", a, b)
+    return _contracted(f"{la},{lb}->{la[:-1]}{lb[:-1]}", [a, b], "torch.inner")
 
 
 @traces(torch.outer, torch.ger, torch.Tensor.outer, torch.Tensor.ger)
 def _outer(input, vec2, *, out=Fixed(None)):
-    return _einsum.record("i,j->ij", input, vec2)
+    return _contracted("i,j->ij", [input, vec2], "torch.outer")
 
 
 @traces(torch.mv, torch.Tensor.mv)
 def _mv(input, vec, *, out=Fixed(None)):
-    return _einsum.record("ij,j->i", input, vec)
+    return _contracted("ij,j->i", [input, vec], "torch.mv")
 
 
 @traces(torch.dot, torch.vdot, torch.Tensor.dot, torch.Tensor.vdot)
 def _dot(input, other, *, out=Fixed(None)):
-    return _einsum.record("i,i->", input, other)
+    return _contracted("i,i->", [input, other], "torch.dot")
 
 
 @traces(torch.tensordot)
@@ -2029,19 +2029,20 @@ def _tensordot(a, b, dims=2, out=Fixed(None)):
         lb[e] = la[d]
     shared = {la[d] for d, _ in pairs}
     out = [c for c in la if c not in shared] + [c for c in lb if c not in shared]
-    return _einsum.record(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b)
+    return _contracted(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", [a, b], "torch.tensordot")
 
 
 @traces(F.bilinear, torch.bilinear)
 def _bilinear(input1, input2, weight, bias=None):
     """``x1 W_o x2 + b_o`` for each output o, W [out, in1, in2]."""
-    y = _einsum.record("ni,oij,nj->no", input1, weight, input2)
+    y = _contracted("ni,oij,nj->no", [input1, weight, input2], "F.bilinear")
     return y if bias is None else y + bias
 
 
 # --- einsum -------------------------------------------------------------------------------
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+"""einsum's subscripts, in torch's order: a sublist's 0 is A, 26 is a."""
 
 
 @traces(torch.einsum)
@@ -2054,14 +2055,26 @@ def _einsum(*args):
     keeps it first. A step that contracts one letter against a 2-d parameter is a matmul
     (``einsum('nhi,io->nho', x, W)``); another is a broadcast product of the two."""
     equation, operands = _einsum_arguments(args)
-    proxies = [_traced(x, "einsum") for x in operands]
-    subscripts, output = _einsum_subscripts(equation, proxies)
-    rows = _einsum_rows(equation, proxies, subscripts, output)
+    return _contracted(equation, operands, f"einsum('{equation}')")
+
+
+def _contracted(equation: str, operands: list, written: str) -> Proxy:
+    """``einsum(equation, *operands)``; ``written``: the call as the user wrote it, for the
+    errors (``torch.inner(x, y)`` is an einsum too)."""
+    for x in operands:
+        if isinstance(x, torch.Tensor) and not isinstance(x, Proxy):
+            raise DSLError(f"{written}: an operand is a torch tensor of shape "
+                           f"{list(x.shape)} that is not the layer's: make it a parameter "
+                           f"(nn.Parameter) or a buffer of the layer (register_buffer)",
+                           user_loc())
+    proxies = [_traced(x, written) for x in operands]
+    subscripts, output = _einsum_subscripts(equation, proxies, written)
+    rows = _einsum_rows(written, proxies, subscripts, output)
     sizes: dict[str, int] = {}
     for x, letters in zip(proxies, subscripts):
         for letter, size in zip(_feature_letters(x, letters), x.type.feat):
             if sizes.get(letter, 1) not in (1, size) and size != 1:
-                raise DSLError(f"einsum('{equation}'): subscript {letter} is of size "
+                raise DSLError(f"{written}: subscript {letter} is of size "
                                f"{sizes[letter]} in one operand and {size} in another",
                                user_loc())
             sizes[letter] = max(sizes.get(letter, 1), size)
@@ -2104,6 +2117,9 @@ def _einsum_step(a: Proxy, al: list[str], b: Proxy, bl: list[str], needed: set[s
         w = w if wl[0] == k else _permuted(w, (1, 0))
         rest = [c for c in xl if c != k]
         return _arith(Op.MATMUL, x, w), [*rest, j]
+    batched = _einsum_per_batch(a, al, b, bl, needed, order)
+    if batched is not None:
+        return batched
     union = [c for c in order if c in al or c in bl]
     graph = a.type.domain is not Domain.PARAM or b.type.domain is not Domain.PARAM
     feat_letters = union[1:] if graph else union
@@ -2116,6 +2132,42 @@ def _einsum_step(a: Proxy, al: list[str], b: Proxy, bl: list[str], needed: set[s
         feat = tuple(size.get(c, 1) for c in feat_letters)
         lined.append(x if x.type.feat == feat else _emit(Op.RESHAPE, x, feat=feat))
     return _arith(Op.MUL, *lined), union
+
+
+_BATCHES = 64
+"""The most matmuls a per-head contraction is unrolled into."""
+
+
+def _einsum_per_batch(a: Proxy, al: list[str], b: Proxy, bl: list[str], needed: set[str],
+                      order: list[str]) -> tuple[Proxy, list[str]] | None:
+    """A graph value times a 3-d parameter sharing a kept letter (a head) and contracting
+    another (``'nhi,hio->nho'``): a matmul per head, stacked, not the [rows, h, i, o]
+    broadcast product; None where the step is not one (or has over ``_BATCHES`` heads)."""
+    for (x, xl), (w, wl) in (((a, al), (b, bl)), ((b, bl), (a, al))):
+        if x.type.domain is Domain.PARAM or w.type.domain is not Domain.PARAM or len(wl) != 3 \
+                or len(set(wl)) != 3:
+            continue
+        own = _feature_letters(x, xl)
+        shared = [c for c in wl if c in own]
+        heads = [c for c in shared if c in needed]
+        if len(shared) != 2 or len(heads) != 1:
+            continue
+        h = heads[0]
+        n = x.type.feat[own.index(h)]
+        if n != w.type.feat[wl.index(h)] or not 1 < n <= _BATCHES:
+            continue
+        xa, wa = own.index(h), wl.index(h)
+        parts, letters = [], None
+        for i in range(n):
+            xi = _emit(Op.SLICE, x, axis=xa, start=i, stop=i + 1)
+            xi = _emit(Op.RESHAPE, xi, feat=tuple(d for q, d in enumerate(xi.type.feat) if q != xa))
+            wi = _emit(Op.SLICE, w, axis=wa, start=i, stop=i + 1)
+            wi = _emit(Op.RESHAPE, wi, feat=tuple(d for q, d in enumerate(wi.type.feat) if q != wa))
+            yi, letters = _einsum_step(xi, [c for c in xl if c != h], wi,
+                                       [c for c in wl if c != h], needed, order)
+            parts.append(_emit(Op.RESHAPE, yi, feat=(1, *yi.type.feat)))
+        return x.tracer.emit(Op.CONCAT, parts, {"axis": 0}), [letters[0], h, *letters[1:]]
+    return None
 
 
 def _einsum_arguments(args) -> tuple[str, list]:
@@ -2145,17 +2197,20 @@ def _einsum_arguments(args) -> tuple[str, list]:
     return ",".join(terms) + ("" if rest is None else "->" + written(rest)), operands
 
 
-def _einsum_subscripts(equation: str, xs: list[Proxy]) -> tuple[list[list[str]], list[str]]:
+def _einsum_subscripts(equation: str, xs: list[Proxy],
+                       written: str) -> tuple[list[list[str]], list[str]]:
     """Each operand's subscripts and the output's, as lists of names: ``...`` expanded to
     names of its own (aligned from the right, as torch broadcasts them); an output left
     implicit is the ellipsis, then the letters used once, in alphabetical order."""
     def refuse(why: str):
-        raise DSLError(f"einsum('{equation}'): {why}", user_loc())
+        raise DSLError(f"{written}: {why}", user_loc())
     lhs, arrow, rhs = equation.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(xs):
         refuse(f"{len(terms)} operand subscripts for {len(xs)} operands")
     for term in [*terms, rhs]:
+        if term.count("...") > 1:
+            refuse(f"{term!r} has more than one ellipsis (...)")
         bad = term.replace("...", "")
         if bad.strip(_LETTERS) or "." in bad:
             refuse(f"a subscript is a letter (or ... once per operand), got {term!r}")
@@ -2200,7 +2255,7 @@ def _einsum_subscripts(equation: str, xs: list[Proxy]) -> tuple[list[list[str]],
     return subscripts, output
 
 
-def _einsum_rows(equation: str, xs: list[Proxy], subscripts, output) -> str | None:
+def _einsum_rows(written: str, xs: list[Proxy], subscripts, output) -> str | None:
     """The subscript of the row axis: the first of every node or edge operand, which a
     parameter does not have and the output keeps first (None: parameters only)."""
     graph = [s[0] for x, s in zip(xs, subscripts) if x.type.domain is not Domain.PARAM]
@@ -2209,23 +2264,23 @@ def _einsum_rows(equation: str, xs: list[Proxy], subscripts, output) -> str | No
     rows = graph[0]
     shown = rows if not rows.startswith("...") else "of the ellipsis"
     if any(r != rows for r in graph):
-        raise DSLError(f"einsum('{equation}'): the node / edge operands' first subscripts "
+        raise DSLError(f"{written}: the node / edge operands' first subscripts "
                        f"{sorted(set(graph))} are their row axes, which are the same rows: "
                        f"give them one letter (an operation across rows is an aggregation, "
                        f"in reduce)", user_loc())
     if any(rows in s for x, s in zip(xs, subscripts) if x.type.domain is Domain.PARAM):
-        raise DSLError(f"einsum('{equation}'): subscript {shown} is the row axis of the node / "
+        raise DSLError(f"{written}: subscript {shown} is the row axis of the node / "
                        f"edge operands and names a parameter's axis too", user_loc())
     if rows not in output:
-        raise DSLError(f"einsum('{equation}'): the output drops subscript {shown}, the row "
+        raise DSLError(f"{written}: the output drops subscript {shown}, the row "
                        f"axis: a sum over rows is an aggregation, in reduce "
                        f"(sarc.sum/mean/max/min), or outside the layer", user_loc())
     if output[0] != rows:
-        raise DSLError(f"einsum('{equation}'): the row axis (subscript {shown}) is the "
+        raise DSLError(f"{written}: the row axis (subscript {shown}) is the "
                        f"output's first axis in a sarc layer", user_loc())
     for letters in subscripts:
         if rows in letters and letters[0] != rows:
-            raise DSLError(f"einsum('{equation}'): the row axis (subscript {shown}) is the "
+            raise DSLError(f"{written}: the row axis (subscript {shown}) is the "
                            f"first axis of each operand", user_loc())
     return rows
 
@@ -2360,10 +2415,26 @@ def _reshape_routed(input, shape):
     return _TORCH_RESHAPE(input, shape)
 
 
+_TORCH_EINSUM = torch.einsum
+
+
+def _einsum_routed(*args):
+    """torch.einsum while a layer is traced: torch's own einsum reads the sublist form only
+    when its first operand is a torch.Tensor, so ``einsum(x, [0, 1], [1, 0])`` of a traced
+    value would reach torch as an equation."""
+    values = [a for a in args if isinstance(a, Proxy)]
+    values += [v for a in args if isinstance(a, (list, tuple)) for v in a
+               if isinstance(v, Proxy)]
+    if values:
+        return call_torch(_TORCH_EINSUM, args, {})
+    return _TORCH_EINSUM(*args)
+
+
 ROW_COUNT_ROUTES = {**{f: _filled(name) for name, (f, _) in _TORCH_FILLS.items()},
-                    _TORCH_RESHAPE: _reshape_routed}
-"""torch's functions whose sizes may hold a row count, and what runs in their place while
-a layer is traced (``trace_guards.tracing``)."""
+                    _TORCH_RESHAPE: _reshape_routed, _TORCH_EINSUM: _einsum_routed}
+"""torch's functions whose arguments torch's own parsing keeps from the tracer (sizes
+holding a row count; einsum's sublists of a traced value), and what runs in their place
+while a layer is traced (``trace_guards.tracing``)."""
 
 
 def _filled_like(name: str, value: float | None):

@@ -745,6 +745,8 @@ EINSUMS = {
     "ellipsis": lambda s, x: torch.einsum("...d,d->...", x, s.w[:, 0])[:, None],
     "implicit-output": lambda s, x: torch.einsum("nhd,hd", x.view(-1, 2, 4), s.a)[:, None],
     "sublists": lambda s, x: torch.einsum(x.view(-1, 2, 4), [0, 1, 2], s.a, [1, 2], [0, 1]),
+    "sublist-one-operand": lambda s, x: torch.einsum(x.view(-1, 2, 4), [0, 1, 2], [0, 2, 1]).flatten(1),
+    "sublist-implicit-order": lambda s, x: torch.einsum(x.view(-1, 2, 4), [0, 26, 1], s.a[0], [1]),
     "outer": lambda s, x: torch.einsum("ni,nj->nij", x[:, :3], x[:, 5:]).flatten(1),
     "transpose": lambda s, x: torch.einsum("n i j -> n j i", x.view(-1, 2, 4)).flatten(1),
     "three-operands": lambda s, x: torch.einsum("ni,io,o->n", x, s.w, s.w[0])[:, None],
@@ -764,6 +766,15 @@ def test_einsum_equals_torch(name, backend):
     output; an operand list; sublists), contractions against parameters (a matmul, per-head
     weights), outer products, transposes and three operands: torch's values and gradients."""
     _equals_torch(lambda: _seeded(WithEinsumParams, EINSUMS[name]), EINSUMS[name], backend)
+
+
+def test_einsum_with_per_head_weights_is_a_matmul_per_head():
+    """``'nhi,hio->nho'`` is a matmul for each of the 2 heads, stacked: no [rows, h, i, o]
+    (nor any 3-axis) product of the value and the weights."""
+    f = _seeded(WithEinsumParams, EINSUMS["weights-per-head"]).trace()
+    assert f.op_counts().get(Op.MATMUL.value) == 2, f.op_counts()
+    graph = [v.type for v in f.values if v.type.domain is not Domain.PARAM]
+    assert all(len(t.feat) <= 2 for t in graph), graph
 
 
 def test_einsum_contracts_early_and_multiplies_by_a_parameter_as_a_matmul():
@@ -821,6 +832,10 @@ def test_einsum_of_two_per_edge_values_equals_torch(backend):
                                                       "operand and 4 in another"),
     (lambda s, x: torch.einsum("nd,nk->n", x, s.w), "names a parameter's axis too"),
     (lambda s, x: torch.einsum("n1,n1->n", x, x), "a subscript is a letter"),
+    (lambda s, x: torch.einsum("n...d...->n", x), "has more than one ellipsis"),
+    (lambda s, x: torch.einsum("nd,de->ne", x, torch.eye(8)), r"an operand is a torch tensor "
+                                                              r"of shape \[8, 8\] .*register_buffer"),
+    (lambda s, x: torch.inner(x, x), r"torch.inner: the node / edge operands' first"),
 ])
 def test_einsums_sarc_cannot_trace_are_refused_at_their_line(key, message):
     import re
