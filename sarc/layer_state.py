@@ -6,7 +6,10 @@ Tracing reads a layer's state in three ways:
 - parameters and floating-point buffers are PARAM leaves: their values are the kernel's
   inputs at each call, so only their names, shapes and dtypes are traced;
 - Python numbers, strings and flags on the layer and its submodules (``self.alpha``,
-  ``self.heads``) are read as constants or steer the trace;
+  ``self.heads``; numpy's numbers too), on their classes (``self.SCALE`` a class
+  attribute), in configuration objects they hold (``self.cfg.alpha``) and among the
+  globals of the modules defining them (``TEMP`` read in ``message``) are read as
+  constants or steer the trace;
 - other tensors that are neither (an integer buffer, a 0-d tensor attribute), and a
   floating-point buffer the layer's code uses as a Python number (``math.sqrt(self.tau)``),
   are read as constants.
@@ -23,6 +26,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
+import numbers
+import sys
 import types
 from typing import Any
 
@@ -33,7 +39,8 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
 """nn.Module's own attributes: hooks, the parameter / buffer / module tables, the mode
 (which a trace never reads as a constant: see ``trace_guards``)."""
 
-_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, enum.Enum)
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, enum.Enum,
+            numbers.Number)   # numpy's scalars (np.float32, np.int64), Fraction, Decimal
 _MAX_ITEMS = 256
 """Containers of scalars up to this size are keyed by value; a larger one by identity and
 length (a table that large is not configuration a layer reads as constants)."""
@@ -74,6 +81,8 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         return _Same(value)
+    if _is_numpy_scalar(value):      # np.bool_ (not a numbers.Number)
+        return value.item()
     if isinstance(value, (tuple, list, dict, set, frozenset)):
         if len(value) > _MAX_ITEMS or depth >= _MAX_DEPTH:
             return _Same(value), len(value)
@@ -82,7 +91,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return type(value).__name__, frozenset(keys) if isinstance(value, (set, frozenset)) \
             else keys
     if isinstance(value, _RECORDS) or (dataclasses.is_dataclass(value)
-                                       and not isinstance(value, type)):
+                                       and not isinstance(value, type)) or _is_users_object(value):
         fields = (vars(value) if hasattr(value, "__dict__") else
                   {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
         if len(fields) > _MAX_ITEMS or depth >= _MAX_DEPTH:
@@ -91,6 +100,97 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if callable(value):   # a function, a class, a partial: what the trace calls
         return _Same(value)
     return None
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and getattr(value, "shape", None) == ()
+
+
+_LIBRARIES = ("torch", "numpy", "sarc", "dgl", "torch_geometric", "builtins", "logging",
+              "scipy", "pandas", "typing", "collections", "functools", "threading")
+
+
+def _is_users_object(value: Any) -> bool:
+    """An instance of a class of the user's code holding its fields in ``__dict__`` (a
+    configuration object, ``self.cfg``), not a module (walked as one), a class, a function,
+    nor an object of a library."""
+    cls = type(value)
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, nn.Module))
+            and not callable(value)
+            and (cls.__module__ or "builtins").partition(".")[0] not in _LIBRARIES)
+
+
+@functools.lru_cache(maxsize=None)
+def _names_read(cls: type) -> frozenset:
+    """The names the code of ``cls`` and its bases (user code) reads as globals or
+    attributes, and of the functions of their modules it names (a helper the layer calls,
+    one level down): the class attributes and globals a trace of it can read."""
+    def code_names(code, out: set) -> None:
+        out.update(code.co_names)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                code_names(c, out)
+
+    names: set = set()
+    for base in cls.__mro__:
+        if base.__module__.partition(".")[0] in _LIBRARIES:
+            continue
+        for value in vars(base).values():
+            func = getattr(value, "__func__", value)
+            if isinstance(func, types.FunctionType):
+                code_names(func.__code__, names)
+    helpers: set = set()
+    for base in cls.__mro__:
+        module = sys.modules.get(base.__module__)
+        if module is None or base.__module__.partition(".")[0] in _LIBRARIES:
+            continue
+        for name in names:
+            func = vars(module).get(name)
+            if isinstance(func, types.FunctionType):
+                code_names(func.__code__, helpers)
+    return frozenset(names | helpers)
+
+
+def _class_constants(cls: type) -> tuple:
+    """The scalars and containers of scalars ``cls`` and its bases (user code) define as
+    class attributes and their code reads: ``self.SCALE``."""
+    read, out = _names_read(cls), []
+    for base in cls.__mro__:
+        if base.__module__.partition(".")[0] in _LIBRARIES:
+            continue
+        for name, value in vars(base).items():
+            if name not in read or name.startswith("__") or callable(value) \
+                    or isinstance(value, (property, staticmethod, classmethod)):
+                continue
+            k = _plain(value)
+            if k is not None:
+                out.append((base.__qualname__, name, k))
+    return tuple(out)
+
+
+def _module_globals(cls: type) -> tuple:
+    """The numbers, strings and small containers among the globals of the modules defining
+    ``cls`` and its bases (user code) that their code reads by name: ``TEMP`` in
+    ``message`` (a global the layer's code does not name, a training loop's step counter,
+    is not watched)."""
+    read, out = _names_read(cls), []
+    for base in cls.__mro__:
+        name = base.__module__
+        if name.partition(".")[0] in _LIBRARIES:
+            continue
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for key in read:
+            if key not in vars(module):
+                continue
+            value = vars(module)[key]
+            if key.startswith("__") or callable(value) or isinstance(value, types.ModuleType):
+                continue
+            if isinstance(value, (*_SCALARS, tuple, list, dict, set, frozenset)) \
+                    or _is_numpy_scalar(value):
+                out.append((name, key, _plain(value)))
+    return tuple(sorted(out, key=lambda t: (t[0], t[1])))
 
 
 def _leaf(t: torch.Tensor) -> tuple:
@@ -104,7 +204,8 @@ def state_key(layer: nn.Module) -> tuple:
     numbers = getattr(layer, "_sarc_numbers", ())
     key = []
     for path, mod in layer.named_modules():
-        key.append(("module", path, type(mod)))
+        key.append(("module", path, type(mod), _class_constants(type(mod)),
+                    _module_globals(type(mod))))
         for name, value in vars(mod).items():
             if name in _MODULE_INTERNALS or name.startswith("_sarc"):
                 continue

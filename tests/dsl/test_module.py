@@ -8,7 +8,9 @@ import copy
 import io
 import logging
 import types
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from difftest import assert_close, one_torch_thread, random_block, reference  # noqa: F401
@@ -292,3 +294,81 @@ def test_buffers_and_tensors_read_as_numbers_are_watched(g):
         layer.scale = torch.tensor(-1.0)
         layer.scale = torch.tensor(float(step))
         assert_close(layer(g, h), plain(), what=f"step {step}")
+
+
+# Read by ConstantsElsewhere's code: a global, and a helper function's global.
+SHIFT = 0.0
+STEP_COUNTER = 0   # a global the layer's code does not read: never a reason to trace again
+
+
+def _helper_scale() -> float:
+    return HELPER_SCALE
+
+
+HELPER_SCALE = 1.0
+
+
+class Settings:
+    """A configuration object of the user's own class (not a record type)."""
+
+    def __init__(self):
+        self.alpha = 1.0
+
+
+class ConstantsElsewhere(sarc.Layer):
+    """Reads numbers that are not plain Python numbers on the layer: numpy's and a Fraction
+    on it, a class attribute, a configuration object's field, a module global and a global
+    a helper function reads."""
+
+    FACTOR = 1.0
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.t = np.float32(1.0)
+        self.n = np.int64(1)
+        self.fr = Fraction(1, 2)
+        self.on = np.bool_(True)
+        self.cfg = Settings()
+
+    def message(self, src, dst, edge):
+        scale = self.t * int(self.n) * float(self.fr) * self.FACTOR * self.cfg.alpha
+        return src.h * scale * _helper_scale() + SHIFT + (1.0 if self.on else 0.0)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_constants_read_from_numpy_class_objects_and_globals_are_followed(g):
+    """Each change below was baked into the first kernel (a silent stale result); each is
+    now traced again, and a global the layer's code does not name is not followed."""
+    global SHIFT, HELPER_SCALE, STEP_COUNTER
+    layer, h = ConstantsElsewhere(), torch.randn(g.num_src, 3)
+
+    def plain():
+        scale = float(layer.t) * int(layer.n) * float(layer.fr) * layer.FACTOR * layer.cfg.alpha
+        m = h[g.src] * scale * HELPER_SCALE + SHIFT + (1.0 if layer.on else 0.0)
+        return torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+
+    def set_global(name, value):
+        globals()[name] = value
+
+    assert_close(layer(g, h), plain())
+    kernel = layer.compiled()
+    STEP_COUNTER += 1
+    layer(g, h)
+    assert layer.compiled() is kernel
+    try:
+        for change in (lambda: setattr(layer, "t", np.float32(3.0)),
+                       lambda: setattr(layer, "n", np.int64(2)),
+                       lambda: setattr(layer, "fr", Fraction(1, 4)),
+                       lambda: setattr(layer, "on", np.bool_(False)),
+                       lambda: setattr(ConstantsElsewhere, "FACTOR", 0.5),
+                       lambda: setattr(layer.cfg, "alpha", 10.0),
+                       lambda: set_global("SHIFT", 2.0),
+                       lambda: set_global("HELPER_SCALE", -1.0)):
+            change()
+            assert_close(layer(g, h), plain())
+            assert layer.compiled() is not kernel
+            kernel = layer.compiled()
+    finally:
+        ConstantsElsewhere.FACTOR, SHIFT, HELPER_SCALE = 1.0, 0.0, 1.0
