@@ -301,12 +301,31 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
 
 
 def output_check(spec: ModelSpec, model: nn.Module, num_classes: int,
-                 dataset: str) -> Callable[[torch.Tensor], None]:
-    """``fit``'s check of the model's output: [nodes, ``num_classes``] logits of the classes
-    of ``dataset`` (its name, in the error). Another width would train silently (more
-    columns: a classifier over classes that do not exist) or fail in the loss (fewer)."""
-    def check(logits: torch.Tensor) -> None:
+                 dataset: str) -> Callable[[torch.Tensor, int], None]:
+    """``fit``'s check of the model's output at a step whose loss reads ``rows`` nodes:
+    [rows, ``num_classes``] floating-point logits of the classes of ``dataset`` (its name,
+    in the error) that depend on the parameters. Another width would train silently (more
+    columns: a classifier over classes that do not exist) or fail in the loss (fewer), as
+    would other rows, another kind of output or one without a gradient."""
+    where = spec.path or spec.name
+
+    def check(logits: torch.Tensor, rows: int) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise TrainError(f"{where}: the model's output is {_kind_of(logits)}, not a tensor "
+                             f"of logits (one row per node, num_classes ({num_classes}) "
+                             f"columns)")
+        if not logits.is_floating_point():
+            raise TrainError(f"{where}: the model's output is of dtype {logits.dtype}; logits "
+                             f"are floating-point")
         if logits.dim() == 2 and logits.shape[1] == num_classes:
+            if logits.shape[0] != rows:
+                raise TrainError(f"{where}: the model's output has {logits.shape[0]} rows, but "
+                                 f"the step's graph has {rows} nodes: one row of logits per "
+                                 f"node, in the graph's order")
+            if torch.is_grad_enabled() and not logits.requires_grad:
+                raise TrainError(f"{where}: the model's output has no gradient (detached, or "
+                                 f"computed without the model's parameters): nothing would "
+                                 f"be trained")
             return
         got = (f"{logits.shape[1]} columns per node" if logits.dim() == 2
                else f"shape {list(logits.shape)}")
@@ -318,6 +337,12 @@ def output_check(spec: ModelSpec, model: nn.Module, num_classes: int,
         raise TrainError(f"{spec.path or spec.name}: the model's output has {got}, but "
                          f"dataset {dataset} has {num_classes} classes; {fix}")
     return check
+
+
+def _kind_of(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 def looks_like_link_model(spec: ModelSpec, model: nn.Module) -> bool:

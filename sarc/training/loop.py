@@ -175,13 +175,13 @@ def _check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,
                reduction: Reduction,
-               check_output: Callable[[torch.Tensor], None] | None = None) -> float:
+               check_output: Callable[[torch.Tensor, int], None] | None = None) -> float:
     """One optimizer step on ``batch``; the step's loss over all workers. ``check_output``
-    sees the model's output rows before the loss reads them (``fit``'s)."""
+    sees the model's output and the rows the loss reads before it does (``fit``'s)."""
     opt.zero_grad()
     logits = forward(model, batch)
     if check_output is not None:
-        check_output(logits)
+        check_output(logits, batch.label.shape[0])
     loss = global_cross_entropy(logits, batch.label, batch.masks["train"], batch.train_total)
     loss.backward()
     reduction.gradients(model)
@@ -240,7 +240,7 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
         checkpoint: CheckpointConfig | None = None, run: dict | None = None,
         log: Callable[[str], None] | None = print, log_every: int = 1, eval_every: int = 1,
         line: Callable[[int, float, dict | None, float], str] = epoch_line,
-        check_output: Callable[[torch.Tensor], None] | None = None) -> Outcome:
+        check_output: Callable[[torch.Tensor, int], None] | None = None) -> Outcome:
     """Train ``model`` for up to ``epochs`` epochs of ``source``'s steps (collective over
     ``reduction``'s workers), then load the epoch ``selection`` chose into it. An epoch's
     loss is the mean of its steps' losses.

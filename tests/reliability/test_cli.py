@@ -382,6 +382,30 @@ def test_model_output_width_other_than_the_classes(tmp_path, model, workers, nee
     assert "epoch" not in proc.stdout, proc.stdout  # refused on the first step, before it ends
 
 
+OUTPUTS = {
+    "a tuple": ("return self.lin(x), x", "the model's output is a tuple of 2, not a tensor"),
+    "a row short": ("return self.lin(x)[1:]", "rows, but the step's graph has"),   # a shard
+    "integer logits": ("return self.lin(x).long()", "the model's output is of dtype torch.int64"),
+    "detached logits": ("return self.lin(x).detach()", "the model's output has no gradient"),
+}
+
+
+@case("cli", "a model whose forward returns a tuple, a row fewer than the nodes, integer "
+             "logits or detached ones, on one process and on workers", "error")
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("kind", sorted(OUTPUTS))
+def test_model_outputs_that_are_not_logits_per_node(tmp_path, kind, workers):
+    """Each was a traceback in the loss (or an autograd error) instead of a message."""
+    body, needle = OUTPUTS[kind]
+    path = tmp_path / "bad_output.py"
+    path.write_text(NARROW.replace("return self.lin(x)", body).replace("num_classes - 3",
+                                                                        "num_classes"))
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "1", "--workers", workers,
+                    "--method", "random")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert needle in proc.stderr and "bad_output.py" in proc.stderr, proc.stderr
+
+
 @case("cli", "`--workers 2 --partition DIR --dataset cora` where DIR holds another graph "
              "(AIFB)", "error")
 def test_dataset_other_than_the_partitioned_graph(tmp_path):
