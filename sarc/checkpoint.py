@@ -397,7 +397,14 @@ def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
         raise CheckpointError(f"{directory} holds a checkpoint (epoch {meta['epoch']}); pass "
                               f"--resume to continue it, or remove it or choose another "
                               f"--checkpoint DIR to start over")
-    diff = run_differences(meta.get("run") or {}, run)
+    saved = meta.get("run") or {}
+    try:
+        if not isinstance(saved, dict):
+            raise TypeError(f"it is a {type(saved).__name__}, not an object")
+        diff = run_differences(saved, run)
+    except (ValueError, TypeError, AttributeError) as e:   # a field of another type
+        raise CheckpointError(f"{manifest}: corrupt manifest (its run: {type(e).__name__}: "
+                              f"{e})") from e
     if diff:
         raise CheckpointError(f"--resume: {directory} is a checkpoint of another run: "
                               + "; ".join(diff))

@@ -314,6 +314,21 @@ def test_manifest_files_stay_in_the_checkpoint_directory(tmp_path, reference):
     assert_error(proc, "corrupt manifest", "../stolen.pt")
 
 
+@case("checkpoint", "a manifest whose `run` section is of another type (a list; hparams an "
+                     "int, a list, text that is not JSON)", "error")
+@pytest.mark.parametrize("run", [[1, 2], {"hparams": 3}, {"hparams": "[1]"},
+                                 {"hparams": "not json"}])
+def test_manifest_run_of_another_type_is_corrupt(tmp_path, reference, run):
+    """Each was a traceback (TypeError, JSONDecodeError, AttributeError)."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    meta = json.loads((ckpt / MANIFEST).read_text())
+    meta["run"] = run if isinstance(run, list) else {**meta["run"], **run}
+    (ckpt / MANIFEST).write_text(json.dumps(meta))
+    assert_error(run_sarc("train", GCN, *RUN, "--checkpoint", ckpt, "--resume"),
+                 "corrupt manifest (its run:")
+
+
 @case("checkpoint", "`--resume` on a dataset with the same graph but other labels", "error")
 def test_resume_refuses_the_same_graph_with_other_node_data(tmp_path, reference):
     """Cora's edges with its labels permuted: the graph fingerprint alone took it for Cora."""
