@@ -595,13 +595,17 @@ def edge_inputs_for(model: nn.Module, carried: Mapping[str, Any]) -> dict[str, A
     ``model(g, x, **edge_inputs_for(model, carried))``, so an edge feature a partition
     happens to carry (``etype``) never reaches a model that does not read it. A module
     that is not a layer names what it reads in ``sarc_inputs`` (``sarc.HeteroConv``:
-    ``etype`` and the node types ``ntype``)."""
+    ``etype`` and the node types ``ntype``). A model of library convs that run through sarc
+    by themselves (DGL's after ``patch()``), whose layers are declared at their first call,
+    reads what its ``forward`` names (``forward(g, x, edge_weight=None)``)."""
     import inspect
     declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
     declared += [k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())]
     params = inspect.signature(model.forward).parameters.values()
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules()):
+        declared += [k for k in named if k in carried]
     return {k: carried[k] for k in dict.fromkeys(declared)
             if k in carried and (takes_any or k in named)}
 

@@ -540,7 +540,8 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
     check_minibatch_model(config.mode, prep.edge_inputs, model)
-    carried = dict(prep.edge_inputs)
+    # the dataset's own edge data (prep's holds the self loops it added)
+    carried = {k: data.edge_data[k] for k in prep.edge_inputs if k in data.edge_data}
     if config.prob in data.edge_data and config.prob not in carried:
         carried[config.prob] = data.edge_data[config.prob]   # draws weighed by edge data the
         #                                                       model does not read

@@ -391,8 +391,9 @@ def whole_graph_shard(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
     """The graph as the one part of a one-worker partition, for mini-batches on one process.
     With ``self_loops``, every self loop is replaced by one per node, whose original edge id
     is -1, as a worker's shard gets them (``sarc.distributed.prepare.with_self_loops``): the
-    samples are then those of any number of workers."""
-    from ..datasets import add_self_loops
+    samples are then those of any number of workers; a float edge feature is
+    ``SELF_LOOP_FILL`` on them, as there."""
+    from ..datasets import add_self_loops_with_data
     from ..partition import cut_parts, relabel
     from ..runtime.sharded import build_shard
     one = relabel(torch.zeros(num_nodes, dtype=torch.int64), 1)  # the identity
@@ -401,6 +402,7 @@ def whole_graph_shard(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
         return build_shard(part, one.offsets, 0)
     edge_ids = torch.cat([torch.arange(src.numel())[src != dst],
                           torch.full((num_nodes,), -1, dtype=torch.int64)])
-    (part,) = cut_parts(*add_self_loops(src, dst, num_nodes), one, {}, {})
+    loop_src, loop_dst, loop_data = add_self_loops_with_data(src, dst, num_nodes, edge_data)
+    (part,) = cut_parts(loop_src, loop_dst, one, {}, loop_data)
     shard = build_shard(part, one.offsets, 0)
     return dataclasses.replace(shard, orig_edge_ids=(edge_ids[shard.orig_edge_ids[0]],))

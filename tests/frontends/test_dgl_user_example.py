@@ -66,7 +66,8 @@ def _sarc(command, model, *argv):
     import sys
 
     from timeouts import run_or_show_stacks
-    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", command, f"examples/{model}",
+    path = model if os.path.isabs(model) else f"examples/{model}"
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", command, path,
                                *argv], cwd=ROOT, timeout=300,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -92,3 +93,54 @@ def test_a_model_file_of_patched_dgl_convs_compiles_and_trains_as_wrapped_ones(t
         out = _sarc(*sampling[:1], "dgl_patched.py", *sampling[1:], "--workers", workers,
                     "--method", "random", "--timeout", "60")
         assert selected.search(out).group() == wrapped
+
+
+WEIGHTED_PATCHED = """\
+import torch.nn.functional as F
+from dgl.nn.pytorch import GraphConv
+from torch import nn
+
+import sarc.frontends.dgl
+
+sarc.frontends.dgl.patch()
+HPARAMS = {"self_loops": True}
+
+
+class GCN(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.conv1, self.conv2 = GraphConv(i, 8), GraphConv(8, c)
+
+    def forward(self, g, x, edge_weight=None):
+        return self.conv2(g, F.relu(self.conv1(g, x, edge_weight=edge_weight)),
+                          edge_weight=edge_weight)
+
+
+def build_model(in_feats, num_classes, **_):
+    return GCN(in_feats, num_classes)
+"""
+
+WEIGHTED_WRAPPED = WEIGHTED_PATCHED.replace(
+    "sarc.frontends.dgl.patch()", "from sarc.frontends.dgl import from_dgl_module").replace(
+    "self.conv1, self.conv2 = GraphConv(i, 8), GraphConv(8, c)",
+    "self.conv1 = from_dgl_module(GraphConv(i, 8), node={'feat': i}, "
+    "edge={'edge_weight': ()})\n        self.conv2 = from_dgl_module(GraphConv(8, c), "
+    "node={'feat': 8}, edge={'edge_weight': ()})")
+
+
+def test_patched_convs_are_given_the_datasets_edge_weights(tmp_path):
+    """A patch() model whose forward takes edge_weight gets the dataset's (it trained
+    unweighted: its convs declare their features only at their first call), as the
+    from_dgl_module model does."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["edge_weight"] = np.random.default_rng(0).uniform(
+        0.5, 1.5, data["edge_src"].shape[0]).astype(np.float32)
+    np.savez(tmp_path / "weighted.npz", **data)
+    losses = []
+    for name, text in (("patched.py", WEIGHTED_PATCHED), ("wrapped.py", WEIGHTED_WRAPPED)):
+        (tmp_path / name).write_text(text)
+        out = _sarc("train", str(tmp_path / name), "--dataset",
+                    str(tmp_path / "weighted.npz"), "--epochs", "2")
+        losses.append(re.findall(r"loss [0-9.]+", out))
+    assert losses[0] == losses[1] and len(losses[0]) == 2, losses

@@ -495,3 +495,59 @@ def test_dataset_with_the_partitioned_graph_but_other_node_data(tmp_path):
                               "leave --dataset out, or partition b")
     assert "labels" not in err
     assert not (tmp_path / "m.pt").exists()
+
+
+WEIGHTED = """\
+from torch import nn
+
+import sarc
+
+HPARAMS = {"self_loops": True}
+
+
+class Weighted(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i}, edge={"edge_weight": ()})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * edge.edge_weight.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.a, self.b = Weighted(i, 8), Weighted(8, c)
+
+    def forward(self, g, x, edge_weight):
+        return self.b(g, self.a(g, x, edge_weight).relu(), edge_weight)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+"""
+
+
+@case("cli", "a model reading a dataset's edge weights, with self loops, in mfg and "
+             "sampling modes on one process", "exact")
+@pytest.mark.parametrize("mode", [("--mode", "mfg"), ("--mode", "sampling", "--fanouts", "4,4")])
+def test_edge_weights_with_self_loops_train_in_minibatch_modes_as_on_workers(tmp_path, mode):
+    """One process lost the edge data when it added the self loops (a KeyError at the first
+    step); it now gives the loops weight 1, as the workers do, and equals two of them."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    rng = np.random.default_rng(0)
+    data["edge_weight"] = rng.uniform(0.5, 1.5, data["edge_src"].shape[0]).astype(np.float32)
+    np.savez(tmp_path / "weighted.npz", **data)
+    (tmp_path / "weighted.py").write_text(WEIGHTED)
+    lines = []
+    for workers in ("1", "2"):
+        proc = run_sarc("train", tmp_path / "weighted.py", "--dataset", tmp_path / "weighted.npz",
+                        "--epochs", "2", "--workers", workers, "--method", "random", *mode)
+        assert proc.returncode == 0, proc.stderr
+        lines.append([x for x in proc.stdout.splitlines() if x.startswith("selected")][0]
+                     .split("|")[0])
+    assert lines[0] == lines[1], lines
