@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .errors import GraphError, SarcError
+from .names import one_line
 
 EMBEDDED = ("cora", "aifb")
 """Datasets shipped in ``sarc/data``."""
@@ -143,7 +144,7 @@ class Dataset:
                     source: str | None = None, check: bool = True) -> "Dataset":
         """A dataset from arrays (numpy, torch or lists) in the layout of ``load_dataset``'s
         files, checked by ``check_arrays``; ``source`` names them in errors."""
-        name = name or (str(arrays["name"]) if "name" in arrays else "arrays")
+        name = one_line(name or (str(arrays["name"]) if "name" in arrays else "arrays"))
         a = check_arrays(arrays, source or f"dataset {name!r}", check=check)
         t = {k: torch.from_numpy(np.ascontiguousarray(a[k]))
              for k in ("edge_src", "edge_dst", "feat", "label", *MASKS)}
@@ -410,7 +411,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     file = npz_file(name)
     path = dataset_path(name, root)
     arrays = read_npz(path)
-    name = str(arrays["name"]) if "name" in arrays else Path(path).stem
+    # a name printed in headers and reports: its non-printable characters escaped
+    name = one_line(str(arrays["name"]) if "name" in arrays else Path(path).stem)
     if "node_is_literal" in arrays and "ntype" not in arrays:  # AIFB: AIFB_NODE_TYPES
         arrays.update(ntype=np.asarray(arrays["node_is_literal"]).astype(np.int64),
                       num_ntypes=np.int64(len(AIFB_NODE_TYPES)))

@@ -201,3 +201,15 @@ def test_a_closed_pipe_ends_the_command_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) in (0, 141), err  # 0: it had written everything already
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_an_interrupt_while_the_parser_imports_the_subcommands_says_so(monkeypatch, capsys):
+    """Ctrl-C in the first seconds (the subcommands' imports) printed a KeyboardInterrupt
+    traceback; it is "interrupted", exit 130, as later."""
+    import sarc.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["compile", "models/gcn.py"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

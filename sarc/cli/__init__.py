@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     # stderr is no file (main called with its output captured, as by a test)
     with contextlib.suppress(OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
+    try:   # building the parser imports the subcommands (torch): seconds, interruptible
+        args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     try:
         return int(args.func(args) or 0)
     except SarcError as e:

@@ -399,3 +399,18 @@ class Model(nn.Module):
 def build_model(in_feats, num_classes, **_):
     return Model(in_feats, num_classes)
 '''
+
+
+@case("names", "a dataset file whose `name` array holds a line break and a terminal escape",
+      "literal")
+def test_a_datasets_name_is_read_escaped(tmp_path):
+    """The name is printed in sarc train's header line and recorded in reports; it reached
+    the terminal raw."""
+    import numpy as np
+    from sarc.datasets import load_dataset
+    root = Path(__file__).resolve().parents[2]
+    arrays = dict(np.load(root / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    arrays["name"] = np.array("cora\x1b[2J\nfake line")
+    np.savez(tmp_path / "named.npz", **arrays)
+    name = load_dataset(str(tmp_path / "named.npz")).name
+    assert name == "cora\\x1b[2J\\nfake line" and name.isprintable(), name
