@@ -526,8 +526,11 @@ def check_minibatch_model(mode: str, edge_inputs, model: nn.Module) -> None:
     graph_layers(model)   # a HeteroConv is refused by name
     from .runtime.bind import reads_source_in_degree
     for name, layer in model.named_modules():
-        if isinstance(layer, Layer) and reads_source_in_degree(layer, layer.trace()):
-            raise TrainError(f"{mode} mode: layer {name} ({layer.display_name()}) reads the "
+        routed = getattr(type(layer).forward, "_sarc_routed", False)   # DGL's, after patch()
+        if (routed and type(layer).forward._sarc_reads_source_in_degree(layer)) or (
+                isinstance(layer, Layer) and reads_source_in_degree(layer, layer.trace())):
+            shown = layer.display_name() if isinstance(layer, Layer) else type(layer).__name__
+            raise TrainError(f"{mode} mode: layer {name} ({shown}) reads the "
                              f"in-degree of source nodes, which a mini-batch step's block "
                              f"has not (its other sources' in-edges are not in it): train "
                              f"the model with --mode full")
