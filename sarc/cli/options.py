@@ -261,6 +261,19 @@ def check_outputs_apart(args) -> None:
         d = getattr(args, a, None)
         if d:   # a DGL partition is given by its JSON file: the run reads its directory
             dirs.append((f"the {o} directory", Path(d).parent if Path(d).is_file() else d))
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint:   # its files go into a directory of its own
+        from ..atomic import MANIFEST
+        target = key(checkpoint)
+        for what, d in (x for x in dirs if x[0] != "the --checkpoint directory"):
+            if target == key(d) or key(d) in target.parents:
+                raise UsageError(f"--checkpoint {checkpoint} is inside {what} ({d}), which "
+                                 f"the run reads; give the checkpoint a directory of its own")
+        for d in (target, *target.parents):
+            if (d / MANIFEST).is_file():
+                raise UsageError(f"--checkpoint {checkpoint} is inside a set sarc wrote ({d}: "
+                                 f"a partition or a compiled model, which only sarc rewrites "
+                                 f"whole); give the checkpoint a directory of its own")
     for option, path in outputs:
         target = key(path)
         for what, other in files:

@@ -392,6 +392,24 @@ def test_checkpoint_options_are_checked(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@case("checkpoint", "`--checkpoint DIR` inside a set sarc wrote (a `sarc partition` or "
+                     "`sarc compile --out` set) or inside the `--partition` directory",
+      "nothing-lost")
+def test_a_checkpoint_directory_inside_a_set_is_refused(tmp_path):
+    """The run wrote its checkpoint into the set, which sarc then refused to replace (it held
+    files sarc did not write there)."""
+    parts = tmp_path / "parts"
+    _ok(run_sarc("partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+                 "--out", parts))
+    before = sorted(p.name for p in parts.iterdir())
+    for ckpt in (parts, parts / "ckpt"):
+        assert_error(run_sarc("train", GCN, "--epochs", "1", "--checkpoint", ckpt),
+                     f"--checkpoint {ckpt} is inside a set sarc wrote")
+    assert_error(run_sarc("train", GCN, "--epochs", "1", "--workers", "2", "--partition", parts,
+                          "--checkpoint", parts / "ckpt"), "is inside the --partition directory")
+    assert sorted(p.name for p in parts.iterdir()) == before
+
+
 # --- the files, and a saved model for inference -------------------------------------------
 
 @case("checkpoint", "every checkpoint and saved-model file opened with "
