@@ -293,6 +293,12 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
                 raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
                                  f"gave no step")
             loss = sum(losses) / len(losses)
+            if not math.isfinite(loss):   # the same on every worker (all-reduced)
+                raise TrainError(f"epoch {epoch}: the training loss is {loss}: the model's "
+                                 f"parameters or outputs are no longer finite numbers, and "
+                                 f"nothing would be learned from here (a learning rate too "
+                                 f"large, --set lr=..., or features of non-finite values); "
+                                 f"the run stops without saving")
             t1 = time.perf_counter()
             step_s.append(t1 - t0)
             evaluated = epoch % max(1, eval_every) == 0 or epoch == epochs

@@ -497,6 +497,21 @@ def test_dataset_with_the_partitioned_graph_but_other_node_data(tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
+@case("cli", "a model whose training loss is NaN (non-finite outputs), on one process and "
+             "on workers", "nothing-lost")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_nan_loss_stops_the_run_without_saving(tmp_path, workers):
+    """Every epoch printed `loss nan`, an epoch was selected and --save wrote the model."""
+    path = tmp_path / "nan_model.py"
+    path.write_text(NARROW.replace("return self.lin(x)", "return self.lin(x) * float('nan')")
+                    .replace("num_classes - 3", "num_classes"))
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "3", "--workers", workers,
+                    "--method", "random", "--save", tmp_path / "m.pt")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "epoch 1: the training loss is nan" in proc.stderr, proc.stderr
+    assert not (tmp_path / "m.pt").exists()
+
+
 WEIGHTED = """\
 from torch import nn
 
