@@ -98,8 +98,9 @@ def load_model_file(path: str | Path) -> ModelSpec:
 
     The file is imported under a private module name (derived from its
     absolute path), so ``models/gcn.py`` never collides with another ``gcn``
-    module. Errors raised while importing it are reported with the user's
-    file and line.
+    module; modules beside it import as from a script (its folder is searched,
+    after the installed packages). Errors raised while importing it are reported
+    with the user's file and line.
     """
     p = Path(path)
     if p.is_dir():
@@ -109,6 +110,10 @@ def load_model_file(path: str | Path) -> ModelSpec:
     if p.suffix != ".py":
         raise ModelFileError(f"model file {path} is not a .py file")
     resolved = p.resolve()
+    # its folder's modules importable, as `python MODEL.py` makes them (a helper module
+    # beside it), after every installed one, so none of those is shadowed
+    if str(resolved.parent) not in sys.path:
+        sys.path.append(str(resolved.parent))
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     mod_name = f"sarc_user_models.{p.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(mod_name, resolved)

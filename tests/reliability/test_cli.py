@@ -512,6 +512,19 @@ def test_a_nan_loss_stops_the_run_without_saving(tmp_path, workers):
     assert not (tmp_path / "m.pt").exists()
 
 
+@case("cli", "a model file importing a helper module from its own folder", "exact")
+def test_a_model_file_imports_a_module_beside_it(tmp_path):
+    """It was "No module named ...", where `python MODEL.py` imports it."""
+    (tmp_path / "my_helpers.py").write_text("from torch import nn\n\n\ndef head(i, o):\n"
+                                            "    return nn.Linear(i, o)\n")
+    (tmp_path / "uses_helper.py").write_text(
+        NARROW.replace("from torch import nn", "from torch import nn\nfrom my_helpers import head")
+        .replace("nn.Linear(in_feats, out)", "head(in_feats, out)")
+        .replace("num_classes - 3", "num_classes"))
+    proc = run_sarc("train", tmp_path / "uses_helper.py", "--dataset", "cora", "--epochs", "1")
+    assert proc.returncode == 0 and "selected epoch" in proc.stdout, proc.stderr
+
+
 WEIGHTED = """\
 from torch import nn
 
