@@ -102,6 +102,8 @@ def checkpoint_config(args) -> CheckpointConfig | None:
         raise CheckpointError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
     if args.save and Path(args.save).is_dir():
         raise CheckpointError(f"--save {args.save} is a directory; name the file to write")
+    if args.checkpoint == "":
+        raise CheckpointError("--checkpoint names no directory (an empty path)")
     if not args.checkpoint:
         if args.resume:
             raise CheckpointError("--resume needs --checkpoint DIR (the checkpoint to continue)")

@@ -98,6 +98,9 @@ def check_compile_args(args) -> tuple[str, ...]:
         check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
     elif args.overwrite:
         raise CompileError("--overwrite applies to --out, which is not given")
+    elif args.emit != DEFAULT_EMIT and "plan" not in emit:
+        raise CompileError(f"--emit {args.emit}: the artifacts are written to --out, which "
+                           f"is not given (without it, sarc compile prints the plan)")
     return emit
 
 

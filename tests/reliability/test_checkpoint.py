@@ -389,6 +389,7 @@ def test_checkpoint_options_are_checked(tmp_path):
     assert_error(run_sarc("train", GCN, "--resume"), "--resume needs --checkpoint DIR")
     assert_error(run_sarc("train", GCN, "--checkpoint", tmp_path, "--checkpoint-every", "0"),
                  "--checkpoint-every must be at least 1, got 0")
+    assert_error(run_sarc("train", GCN, "--checkpoint", ""), "--checkpoint names no directory")
     assert not any(tmp_path.iterdir())
 
 
