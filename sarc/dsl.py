@@ -110,8 +110,12 @@ class _Side:
         object.__setattr__(self, "_role", role)
 
     def __getattr__(self, name: str) -> Proxy:
-        if name.startswith("__"):
+        if name.startswith("__"):   # Python's protocols (copy, pickle) ask for these
             raise AttributeError(name)
+        return self[name]
+
+    def __getitem__(self, name: str) -> Proxy:
+        """``src["h"]``: a feature by name, any declared name (``src["__x"]`` too)."""
         feats = self._layer._sarc_edge if self._domain is Domain.EDGE else self._layer._sarc_node
         if name in feats:
             t = feats[name].ir_type(self._domain, self._precision)
@@ -129,8 +133,6 @@ class _Side:
         if self._gather is None:
             return leaf
         return self._tracer.emit(self._gather, [leaf])
-
-    __getitem__ = __getattr__
 
     def __setattr__(self, name, value):
         raise DSLError(f"{self._role} is read-only inside a layer; return new values instead",

@@ -414,3 +414,24 @@ def test_a_datasets_name_is_read_escaped(tmp_path):
     np.savez(tmp_path / "named.npz", **arrays)
     name = load_dataset(str(tmp_path / "named.npz")).name
     assert name == "cora\\x1b[2J\\nfake line" and name.isprintable(), name
+
+
+class DunderFeature(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"__x": 3})
+
+    def message(self, src, dst, edge):
+        return src["__x"] * 2.0
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("names", "a feature named `__x`, read as `src[\"__x\"]`", "exact")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_feature_named_with_two_underscores_is_read_by_subscript(backend):
+    """It was a bare AttributeError: __x."""
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 3)
+    out = DunderFeature().set_backend(backend)(g, **{"__x": x})
+    assert torch.allclose(out, 2.0 * x[[2, 0, 1]])
