@@ -162,6 +162,14 @@ def compile_command(args) -> int:
     if args.mode != "full":   # what sarc train refuses to train in this mode, planned for it
         check_minibatch_model(args.mode, prep.edge_inputs, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
+    if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
+        from ..training.minibatch import graph_layers
+        if len(calls) != graph_layers(model):
+            n = graph_layers(model)
+            raise CompileError(f"{args.mode} mode: the model made {len(calls)} sarc layer "
+                               f"calls in one forward pass, but it has {n} sarc layer"
+                               f"{'s' * (n != 1)} (one block each); a model in mfg or sampling "
+                               f"mode calls each of its sarc layers once, input layer first")
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train
         from ..sampling import SamplingError, SamplingSpec

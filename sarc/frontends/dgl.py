@@ -1020,6 +1020,8 @@ def _routed(forward):
                 raise DSLError(f"{owner}: argument {k}={_described(v)} on a sarc graph; sarc "
                                f"compiles the module's forward with tensor arguments only",
                                user_loc())
+        if hasattr(graph, "check_call"):   # a mini-batch step: a block left for this call
+            graph.check_call()
         if isinstance(feats.get("weight"), torch.Tensor):
             w = feats["weight"]
             raise DSLError(f"{owner}: an external weight argument (weight= a tensor of shape "

@@ -174,10 +174,15 @@ class MiniBatchGraph:
     def current(self):
         return self.graphs[min(self.calls, len(self.graphs) - 1)]
 
+    def check_call(self) -> None:
+        """A layer call has a block left for it (a library conv that declares its layer from
+        its first call's rows checks before it reads the rows of a block not its own)."""
+        if self.calls >= len(self.graphs):
+            raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
+
     def run_layer(self, layer, args: tuple, feats: dict):
         k = self.calls
-        if k >= len(self.graphs):
-            raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
+        self.check_call()
         given = resolve_features(layer, args, feats)
         lo, hi = self.edge_offsets[k], self.edge_offsets[k + 1]
         for name in layer._sarc_edge:

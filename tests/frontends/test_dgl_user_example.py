@@ -169,3 +169,27 @@ def test_a_patched_conv_reading_source_in_degrees_is_refused_before_a_minibatch_
         assert "layer conv2 (SGConv) reads the in-degree of source nodes" in proc.stderr, \
             proc.stderr
         assert "epoch" not in proc.stdout and "compiled" not in proc.stdout, proc.stdout
+
+
+def test_a_patched_conv_called_twice_in_a_minibatch_step_is_refused_as_a_layer_is(tmp_path):
+    """The second call read a block not its own and said it could not tell node features
+    from edge features."""
+    import os
+    import subprocess
+    import sys
+
+    from timeouts import run_or_show_stacks
+    model = tmp_path / "twice.py"
+    model.write_text(WEIGHTED_PATCHED.replace(
+        "self.conv1, self.conv2 = GraphConv(i, 8), GraphConv(8, c)",
+        "self.conv1, self.conv2 = GraphConv(i, i), nn.Linear(i, c)").replace(
+        "return self.conv2(g, F.relu(self.conv1(g, x, edge_weight=edge_weight)),\n"
+        "                          edge_weight=edge_weight)",
+        "return self.conv2(self.conv1(g, F.relu(self.conv1(g, x))))"))
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", str(model), "--mode",
+                               "mfg", "--epochs", "1"], cwd=ROOT, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert "the model made more than 1 sarc layer calls in one forward pass" in proc.stderr, \
+        proc.stderr

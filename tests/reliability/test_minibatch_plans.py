@@ -127,3 +127,21 @@ def test_a_source_in_degree_is_refused_in_a_minibatch_mode(tmp_path, command):
     assert_error(proc, "mfg mode: layer conv (Scaled) reads the in-degree of source nodes",
                  "--mode full")
     assert not (tmp_path / "o").exists()
+
+
+TWICE = (SOURCE_IN_DEGREE
+         .replace(" * src.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)", "")
+         .replace("self.conv = Scaled(f, c)", "self.conv, self.out = Scaled(f, f), nn.Linear(f, c)")
+         .replace("return self.conv(g, x)", "return self.out(self.conv(g, self.conv(g, x)))"))
+
+
+@case("cli", "`sarc compile --mode mfg` of a model calling its one sarc layer twice (a step "
+      "has a block per layer)", "error")
+def test_compile_refuses_a_layer_called_twice_in_a_minibatch_mode(tmp_path):
+    """sarc train refused it at the first step; compile planned two calls."""
+    model = tmp_path / "twice.py"
+    model.write_text(TWICE)
+    assert "src.in_degree" not in TWICE and "self.conv(g, self.conv(g, x))" in TWICE
+    refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
+            tmp_path / "o", "mfg mode: the model made 2 sarc layer calls in one forward pass, "
+                            "but it has 1 sarc layer (one block each)")
