@@ -34,7 +34,12 @@ import numpy as np
 import torch
 
 from .errors import GraphError, SarcError
-from .names import one_line
+
+def _printable(name: str) -> str:
+    """A dataset's name as headers and reports print it: non-printable characters (line
+    breaks, terminal escapes) written as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
 
 EMBEDDED = ("cora", "aifb")
 """Datasets shipped in ``sarc/data``."""
@@ -144,7 +149,7 @@ class Dataset:
                     source: str | None = None, check: bool = True) -> "Dataset":
         """A dataset from arrays (numpy, torch or lists) in the layout of ``load_dataset``'s
         files, checked by ``check_arrays``; ``source`` names them in errors."""
-        name = one_line(name or (str(arrays["name"]) if "name" in arrays else "arrays"))
+        name = _printable(name or (str(arrays["name"]) if "name" in arrays else "arrays"))
         a = check_arrays(arrays, source or f"dataset {name!r}", check=check)
         t = {k: torch.from_numpy(np.ascontiguousarray(a[k]))
              for k in ("edge_src", "edge_dst", "feat", "label", *MASKS)}
@@ -412,7 +417,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *,
     path = dataset_path(name, root)
     arrays = read_npz(path)
     # a name printed in headers and reports: its non-printable characters escaped
-    name = one_line(str(arrays["name"]) if "name" in arrays else Path(path).stem)
+    name = _printable(str(arrays["name"]) if "name" in arrays else Path(path).stem)
     if "node_is_literal" in arrays and "ntype" not in arrays:  # AIFB: AIFB_NODE_TYPES
         arrays.update(ntype=np.asarray(arrays["node_is_literal"]).astype(np.int64),
                       num_ntypes=np.int64(len(AIFB_NODE_TYPES)))

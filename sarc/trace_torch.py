@@ -1737,8 +1737,8 @@ def _bool(input, memory_format=Fixed(torch.preserve_format)):
     """``cond.bool()``: a condition as it is; a float value is compared instead (x != 0)."""
     if is_condition(input):
         return input
-    raise DSLError("Tensor.bool of a value that is not a comparison: compare it instead "
-                   "(x != 0)", user_loc())
+    raise DSLError(f"Tensor.bool: {INTEGER_CONVERSION}; a condition is a comparison "
+                   f"(x != 0)", user_loc())
 
 
 def _keeps_conditions(traced) -> None:

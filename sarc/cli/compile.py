@@ -25,6 +25,7 @@ and the bytes a step sends and keeps (mean / max over the batches). Without
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..artifacts import (EMITS, SET_KIND, CompileError, compile_model, format_summary,
@@ -98,9 +99,7 @@ def check_compile_args(args) -> tuple[str, ...]:
         check_target(args.out, args.overwrite, SET_KIND)  # before the work, not only after it
     elif args.overwrite:
         raise CompileError("--overwrite applies to --out, which is not given")
-    elif args.emit != DEFAULT_EMIT and "plan" not in emit:
-        raise CompileError(f"--emit {args.emit}: the artifacts are written to --out, which "
-                           f"is not given (without it, sarc compile prints the plan)")
+
     return emit
 
 
@@ -205,6 +204,9 @@ def compile_command(args) -> int:
     if args.out:
         written = write_artifacts(art, Path(args.out), emit, overwrite=args.overwrite)
         print(f"wrote {len(written)} files to {args.out}")
+    elif args.emit != DEFAULT_EMIT and "plan" not in emit:   # asked for, written nowhere
+        print(f"sarc compile: --emit {args.emit}: nothing is written without --out (the "
+              f"artifacts go there; without it, sarc compile prints the plan)", file=sys.stderr)
     return 0
 
 

@@ -156,7 +156,7 @@ class UnsupportedFunctional(sarc.Layer):
         super().__init__(node={"h": 3})
 
     def message(self, src, dst, edge):
-        return F.hardswish(src.h)  # ERR:functional
+        return F.local_response_norm(src.h, 2)  # ERR:functional
 
     def reduce(self, msg):
         return sarc.sum(msg.m)
@@ -414,7 +414,7 @@ CASES = [
     (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
     (UnsupportedTorch, "torch-fn", ["torch function torch.cumsum is not supported"]),
-    (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.hardswish is not supported"]),
+    (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.local_response_norm is not supported"]),
     (UnsupportedMethod, "method", ["Tensor.cumsum is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
     (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),

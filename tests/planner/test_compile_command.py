@@ -74,9 +74,8 @@ def test_compile_errors_are_clear(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
     assert main(["compile", gcn, "--mem-budget", "lots"]) == 2
     assert "--mem-budget" in capsys.readouterr().err
-    assert main(["compile", gcn, "--emit", "ir"]) == 2   # it wrote nothing and said nothing
-    assert "--emit ir: the artifacts are written to --out, which is not given" in \
-        capsys.readouterr().err
+    assert main(["compile", gcn, "--emit", "ir"]) == 0   # it wrote nothing and said nothing
+    assert "--emit ir: nothing is written without --out" in capsys.readouterr().err
     bad = tmp_path / "bad.py"
     bad.write_text("import sarc\nimport torch\n\nclass L(sarc.Layer):\n"
                    "    def __init__(self):\n        super().__init__(node={'h': 4}); self.w = torch.nn.Linear(4, 4)\n\n"

@@ -22,6 +22,8 @@ from sarc import names
 from sarc.backends import codegen
 from sarc.errors import SarcError
 
+from difftest import BACKENDS
+
 from .catalogue import case
 from .harness import assert_error, run_sarc
 
@@ -428,7 +430,7 @@ class DunderFeature(sarc.Layer):
 
 
 @case("names", "a feature named `__x`, read as `src[\"__x\"]`", "exact")
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_feature_named_with_two_underscores_is_read_by_subscript(backend):
     """It was a bare AttributeError: __x."""
     g = sarc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
