@@ -709,7 +709,7 @@ def _std(input, dim=None, unbiased=None, keepdim=False, *, correction=None,
     tracer = var.tracer
     safe = tracer.emit(Op.WHERE_POS, [var, var, tracer.lift(1.0, var)])
     return tracer.emit(Op.WHERE_POS, [var, _emit(Op.POW, safe, exponent=0.5),
-                                      tracer.lift(0.0, var)])
+                                      var * 0.0])   # 0, or a NaN variance kept
 
 
 def _variance(input, dim, unbiased, keepdim, correction, name: str) -> Proxy:
@@ -1291,7 +1291,9 @@ def _vector_norm(x: Proxy, order: int, axes: list[int], keepdim) -> Proxy:
     s = _sum_axes(x * x, axes, keepdim)
     zero, one = x.tracer.const(0.0, s), x.tracer.const(1.0, s)
     safe = s + emit(Op.WHERE_POS, [s, zero, one])   # s, or 1 where s is 0
-    return _narrowed(emit(Op.WHERE_POS, [s, _emit(Op.POW, safe, exponent=0.5), zero]), given)
+    # s * 0 where s is not positive: 0, or NaN where a NaN made it (torch's norm keeps it)
+    return _narrowed(emit(Op.WHERE_POS, [s, _emit(Op.POW, safe, exponent=0.5), s * 0.0]),
+                     given)
 
 
 @traces(torch.linalg.vector_norm)
@@ -1331,10 +1333,22 @@ def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
     gradient of the norm it clamped)."""
     p = _first_proxy(x1, x2)
     a, b = p.tracer.lift(x1, p), p.tracer.lift(x2, p)
-    axis = [_dim_to_axis(a if a.type.domain is not Domain.PARAM else b, dim)]
+    rank = max(len(a.type.shape), len(b.type.shape))   # of the broadcast operands
+    if not _is_int(dim) or not -rank <= dim < rank:
+        raise DSLError(f"cosine_similarity: dim {dim!r} is out of range for operands of "
+                       f"{rank} dims", user_loc())
+    d = dim % rank
     e = _number(eps, "cosine_similarity's eps")
-    unit = [v / _emit(Op.CLAMP_MIN, _vector_norm(v, 2, axis, True), min=e) for v in (a, b)]
-    return _sum_axes(unit[0] * unit[1], axis, False)
+    unit = []
+    for v in (a, b):   # dim names an axis of the broadcast shape: each operand's own
+        own = d - (rank - len(v.type.shape))
+        if own < 0:
+            raise DSLError(f"cosine_similarity: an operand of shape {_shape(v.type)} has no "
+                           f"axis {dim} of the broadcast shape; expand it first", user_loc())
+        axis = [_dim_to_axis(v, own)]
+        unit.append(v / _emit(Op.CLAMP_MIN, _vector_norm(v, 2, axis, True), min=e))
+    product = unit[0] * unit[1]
+    return _sum_axes(product, [_dim_to_axis(product, d)], False)
 
 
 @traces(F.pairwise_distance, torch.pairwise_distance)
@@ -1767,6 +1781,12 @@ for _shape_function in (_reshape_method, _reshape_function, _reshape_as, _contig
 
 # --- more of torch, composed of the ops above with torch's formulas and gradients ---------
 
+def _against(symbol: str, x: Proxy, number: float) -> Proxy:
+    """The 0 / 1 mask of ``x <symbol> number`` (NaN compares false)."""
+    kind = {v: k for k, v in _SYMBOLS.items()}[symbol]
+    return _MASKS[kind](x, x.tracer.const(float(number), x))
+
+
 def _where_positive(c: Proxy, a, b) -> Proxy:
     """``a`` where ``c`` > 0, else ``b`` (numbers: constants)."""
     t = c.tracer
@@ -1785,9 +1805,10 @@ def _hardswish(input, inplace=Fixed(False)):
     """``x (x + 3) / 6`` strictly inside (-3, 3), x above, 0 below (torch's gradient:
     (2x + 3) / 6 inside, 1 from 3 on, 0 up to -3; torch before 2.3 takes the inner one at
     -3 and 3 themselves)."""
-    x = _traced(input, "hardswish")
-    inside = _where_positive(3.0 - x, x * (x + 3.0) / 6.0, x)
-    return _where_positive(x + 3.0, inside, 0.0)
+    x = _traced(input, "hardswish")   # x <= -3 ? 0 : x >= 3 ? x : inside, as torch (NaN kept)
+    xc = _between(x, -3.0, 3.0)   # so that the unchosen sides' gradients stay finite at ±inf
+    inside = _where_positive(_against(">=", x, 3.0), x, xc * (xc + 3.0) / 6.0)
+    return _where_positive(_against("<=", x, -3.0), x * 0.0, inside)   # -0, NaN at -inf
 
 
 @traces(F.tanhshrink)
@@ -1799,20 +1820,23 @@ def _tanhshrink(input):
 @traces(F.softshrink)
 def _softshrink(input, lambd=0.5):
     x, lam = _traced(input, "softshrink"), _number(lambd, "softshrink's lambd")
-    return _where_positive(x - lam, x - lam, _where_positive(-lam - x, x + lam, 0.0))
+    # x * 0 in the middle: 0 as torch's, NaN where x is
+    return _where_positive(x - lam, x - lam, _where_positive(-lam - x, x + lam, x * 0.0))
 
 
 @traces(F.hardshrink, torch.Tensor.hardshrink)
 def _hardshrink(input, lambd=0.5):
     x, lam = _traced(input, "hardshrink"), _number(lambd, "hardshrink's lambd")
-    return _where_positive(x - lam, x, _where_positive(-lam - x, x, 0.0))
+    inside = x.tracer.emit(Op.MUL, [_against(">=", x, -lam), _against("<=", x, lam)])
+    return _where_positive(inside, 0.0, x)   # -l <= x <= l ? 0 : x, as torch (NaN kept)
 
 
 @traces(torch.threshold, F.threshold)
 def _threshold(input, threshold, value, inplace=Fixed(False)):
-    """``x`` where x > threshold, else ``value``."""
+    """``value`` where x <= threshold, else ``x`` (a NaN kept), as torch."""
     x = _traced(input, "threshold")
-    return _where_positive(x - _number(threshold, "threshold"), x, _number(value, "value"))
+    return _where_positive(_against("<=", x, _number(threshold, "threshold")),
+                           _number(value, "value"), x)
 
 
 @traces(torch.tan, torch.Tensor.tan)
@@ -1976,7 +2000,9 @@ def _linalg_matmul(input, other, *, out=Fixed(None)):
 
 @traces(torch.linalg.vecdot)
 def _vecdot(x, y, *, dim=-1, out=Fixed(None)):
-    return _sum_axes(x * y, _feature_axes(_first_proxy(x, y), dim, "vecdot"), False)
+    """The sum over ``dim`` (of the broadcast shape) of ``x * y``."""
+    product = x * y
+    return _sum_axes(product, _feature_axes(product, dim, "vecdot"), False)
 
 
 def _letters_of(x) -> str:

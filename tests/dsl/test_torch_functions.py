@@ -977,6 +977,11 @@ COMPOSED = {
         F.cosine_similarity(x, x.tanh() + s.b, dim=-1)[:, None]
         + nn.CosineSimilarity(dim=2)(x.view(-1, 2, 4), x.view(-1, 2, 4).sigmoid())
         + F.pairwise_distance(x, s.b, keepdim=True) + nn.PairwiseDistance(p=1)(x, 2 * x)[:, None]),
+    "parameter-rows": lambda s, x: (F.cosine_similarity(x, s.b[None, :])[:, None]
+                                    + F.cosine_similarity(s.b[None, :], x, dim=-1)[:, None]
+                                    + torch.linalg.vecdot(s.b[None, :], x)[:, None]
+                                    + torch.linalg.vecdot(s.t[:1, :2, :2],
+                                                          x.view(-1, 2, 4)[:, :, :2], dim=-2)),
     "vecdot-bilinear": lambda s, x: (torch.linalg.vecdot(x, x * 2)[:, None]
                                      + F.bilinear(x, x.tanh(), s.t, s.b[:3]).sum(-1, keepdim=True)),
 }
@@ -1002,3 +1007,18 @@ def test_heaviside_and_nan_to_num_defaults_equal_torch(backend):
     layer = Apply(fn).set_backend(backend)
     x = _features()
     assert torch.equal(layer(LOOPS, x), fn(layer, x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_is_kept_as_torch_keeps_it(backend):
+    """A NaN entry stays NaN through the piecewise functions and the norms, as torch's (they
+    gave 0, or the threshold's value); -inf through hardswish too (torch's x * 0)."""
+    fn = lambda s, x: torch.cat([  # noqa: E731
+        F.hardswish(x), F.hardshrink(x), F.softshrink(x), F.threshold(x, 0.1, 20.0),
+        x.std(-1, keepdim=True), x.norm(dim=-1, keepdim=True),
+        F.pairwise_distance(x, x * 0.5, keepdim=True)], -1)
+    layer = Apply(fn).set_backend(backend)
+    x = _features()
+    x[1, :3] = torch.tensor([float("nan"), float("-inf"), float("inf")])
+    assert torch.equal(layer(LOOPS, x).isnan(), fn(layer, x).isnan())
+    torch.testing.assert_close(layer(LOOPS, x), fn(layer, x), equal_nan=True)
