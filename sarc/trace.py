@@ -563,6 +563,12 @@ def _torch_name(func) -> str:
 def _unsupported(func) -> str:
     name = _torch_name(func)
     short = getattr(func, "__name__", "")
+    if short == "isclose":
+        return (f"{name} is not traced: write the condition itself, (a - b).abs() <= atol + "
+                f"rtol * b.abs() (a comparison of traced values is)")
+    if short in ("allclose", "equal"):
+        return (f"{name} gives a Python bool of the values of traced tensors: "
+                f"{_NO_CONTROL_FLOW}; {_SELECT_HINT}")
     if short in _COMPARISONS or func in _TORCH_COMPARISONS:
         sym = _COMPARISONS.get(short) or _TORCH_COMPARISONS[func]
         return (f"comparing traced values ({sym}) is not supported: {_NO_CONTROL_FLOW}; "

@@ -1591,9 +1591,22 @@ def _compared(a, b, what: str) -> tuple[Proxy, Proxy]:
                            f"{f' ({read})' if read else ''}: integer (type) values are not "
                            f"compared in a sarc layer; pick per-type values from a parameter "
                            f"table (W[edge.etype])", user_loc())
-    if xs[0].type.dtype is not xs[1].type.dtype:
-        xs[1] = _converted(xs[1], xs[0].type.dtype.to_torch(), what)
-    return xs[0], xs[1]
+    common = _promoted(a, b, xs)
+    return tuple(x if x.type.dtype is common else _converted(x, common.to_torch(), what)
+                 for x in xs)
+
+
+def _promoted(a, b, xs: list[Proxy]) -> DType:
+    """The float dtype torch computes ``a`` op ``b`` in: the two traced values' promoted
+    (float16 and bfloat16 give float32), a number taking the value's; two numbers, torch's
+    default dtype."""
+    traced = [x.type.dtype.to_torch() for v, x in zip((a, b), xs) if isinstance(v, Proxy)]
+    if not traced:
+        return DType.from_torch(torch.get_default_dtype())
+    dtype = traced[0]
+    for other in traced[1:]:
+        dtype = torch.promote_types(dtype, other)
+    return DType.from_torch(dtype)
 
 
 def _greater_mask(a: Proxy, b: Proxy) -> Proxy:
@@ -1698,7 +1711,7 @@ def _selected(cond, a, b, what: str) -> Proxy:
         if is_condition(x):
             raise DSLError(f"{what} between conditions: select values (a condition is read "
                            f"as its .float())", user_loc())
-    dtype = xs[0].type.dtype if isinstance(a, Proxy) else xs[1].type.dtype
+    dtype = _promoted(a, b, xs)
     xs = [x if x.type.dtype is dtype else _converted(x, dtype.to_torch(), what) for x in xs]
     mask = c if c.type.dtype is dtype else _converted(c, dtype.to_torch(), what)
     return c.tracer.emit(Op.WHERE_POS, [mask, *xs])
@@ -1761,8 +1774,11 @@ def _keeps_conditions(traced) -> None:
 
     def record_conditions(*args, **kwargs):
         out = record(*args, **kwargs)
-        given = [a for v in (*args, *kwargs.values())
-                 for a in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(a, Proxy)]
+        # the value reshaped: the first argument (view_as's other only gives a shape), or
+        # each value of a list (cat, stack)
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        given = [a for a in (first if isinstance(first, (list, tuple)) else (first,))
+                 if isinstance(a, Proxy)]
         if given and all(is_condition(a) for a in given):
             for y in (out if isinstance(out, (list, tuple)) else (out,)):
                 if isinstance(y, Proxy):

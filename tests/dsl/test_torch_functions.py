@@ -869,6 +869,9 @@ CONDITIONS = {
     "nan-and-inf": lambda s, x: (torch.where(torch.isnan(x.log()), 0.0, x)
                                  + torch.isfinite(x.log()).float()
                                  + torch.isinf(1.0 / x.abs().clamp(max=0.5).sub(0.5)).float()),
+    "shaped-as": lambda s, x: (torch.where((x.view(-1, 2, 4) > 0).view_as(x), x, 0.0)
+                               + torch.where((x > 0).reshape_as(x), 0.0, x)
+                               + torch.where((x[:, :1] > 0).expand_as(x), x, -x)),
     "counts": lambda s, x: x + (x > 0).sum(-1, keepdim=True) + (x > 0).float().mean(-1, keepdim=True),
 }
 
@@ -922,6 +925,8 @@ def test_where_between_the_ends_of_an_edge_equals_torch(backend):
                             r"is a comparison"),
     (lambda s, x: (x > 0).any(), r"any\(\) over all axes"),
     (lambda s, x: x & x, "& takes conditions"),
+    (lambda s, x: torch.isclose(x, 2 * x), r"torch.isclose is not traced: write the condition "
+                                           r"itself, \(a - b\).abs\(\) <= atol"),
     (lambda s, x: x + x.new_zeros(3), r"a tensor of fixed size made inside a layer"),
     (lambda s, x: x + x.new_empty(x.shape), "its values are undefined"),
 ])
@@ -1022,3 +1027,18 @@ def test_nan_is_kept_as_torch_keeps_it(backend):
     x[1, :3] = torch.tensor([float("nan"), float("-inf"), float("inf")])
     assert torch.equal(layer(LOOPS, x).isnan(), fn(layer, x).isnan())
     torch.testing.assert_close(layer(LOOPS, x), fn(layer, x), equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_comparisons_and_selections_promote_dtypes_as_torch(backend):
+    """A float16 value against a float32 one compares and selects in float32, and two numbers
+    selected give torch's default dtype (they were computed in the first operand's, or the
+    condition's, dtype)."""
+    fn = lambda s, x: torch.cat([  # noqa: E731
+        torch.where(x > 0, x.half(), x * 1.0001),
+        torch.where(x.half() > x + 1e-3, 1.0, 0.0)], -1)
+    layer = Apply(fn).set_backend(backend)
+    x = _features()
+    got, want = layer(LOOPS, x), fn(layer, x)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got, want)
