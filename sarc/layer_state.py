@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import dis
 import enum
 import functools
+import os
 import numbers
 import sys
 import types
@@ -106,57 +108,93 @@ def _is_numpy_scalar(value: Any) -> bool:
     return type(value).__module__ == "numpy" and getattr(value, "shape", None) == ()
 
 
-_LIBRARIES = ("torch", "numpy", "sarc", "dgl", "torch_geometric", "builtins", "logging",
-              "scipy", "pandas", "typing", "collections", "functools", "threading")
+@functools.lru_cache(maxsize=None)
+def _users_module(name: str) -> bool:
+    """Whether the module ``name`` is the user's own code: a file that is neither sarc,
+    torch, numpy, the standard library nor an installed package (a tqdm bar or a logger on
+    a layer is not configuration the layer reads)."""
+    from .trace import _installed, _is_core_library, _is_sarc
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if not isinstance(path, str):
+        return name == "__main__"
+    return not (_is_core_library(path) or _is_sarc(path) or _installed(os.path.abspath(path)))
 
 
 def _is_users_object(value: Any) -> bool:
     """An instance of a class of the user's code holding its fields in ``__dict__`` (a
     configuration object, ``self.cfg``), not a module (walked as one), a class, a function,
     nor an object of a library."""
-    cls = type(value)
     return (hasattr(value, "__dict__") and not isinstance(value, (type, nn.Module))
-            and not callable(value)
-            and (cls.__module__ or "builtins").partition(".")[0] not in _LIBRARIES)
+            and not callable(value) and _users_module(type(value).__module__ or "builtins"))
+
+
+def _functions_of(value: Any) -> list[types.FunctionType]:
+    """The functions a class attribute runs: a method, a static / class method's, and those
+    a decorator wraps (``__wrapped__``, or held in the wrapper's closure)."""
+    out, todo, seen = [], [value], set()
+    while todo:
+        f = todo.pop()
+        f = getattr(f, "__func__", f)
+        if not isinstance(f, types.FunctionType) or id(f) in seen:
+            continue
+        seen.add(id(f))
+        out.append(f)
+        todo.append(getattr(f, "__wrapped__", None))
+        todo.extend(c.cell_contents for c in (f.__closure__ or ())
+                    if _has_contents(c) and callable(c.cell_contents))
+    return out
+
+
+def _has_contents(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:   # an empty cell
+        return False
+    return True
+
+
+def _code_reads(code: types.CodeType, globals_: set, attributes: set) -> None:
+    """The global names and the attribute names ``code`` (and the code nested in it) reads."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
+            globals_.add(ins.argval)
+        elif "ATTR" in ins.opname or ins.opname == "LOAD_METHOD":
+            attributes.add(ins.argval if isinstance(ins.argval, str) else str(ins.argval))
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            _code_reads(c, globals_, attributes)
 
 
 @functools.lru_cache(maxsize=None)
-def _names_read(cls: type) -> frozenset:
-    """The names the code of ``cls`` and its bases (user code) reads as globals or
-    attributes, and of the functions of their modules it names (a helper the layer calls,
-    one level down): the class attributes and globals a trace of it can read."""
-    def code_names(code, out: set) -> None:
-        out.update(code.co_names)
-        for c in code.co_consts:
-            if isinstance(c, types.CodeType):
-                code_names(c, out)
-
-    names: set = set()
+def _names_read(cls: type) -> tuple[frozenset, frozenset]:
+    """(the global names, the attribute names) the code of ``cls`` and its bases (user code)
+    reads, with the global names the module functions it names read (a helper the layer
+    calls, one level down): the globals and class attributes a trace of it can read."""
+    globals_: set = set()
+    attributes: set = set()
     for base in cls.__mro__:
-        if base.__module__.partition(".")[0] in _LIBRARIES:
+        if not _users_module(base.__module__):
             continue
         for value in vars(base).values():
-            func = getattr(value, "__func__", value)
-            if isinstance(func, types.FunctionType):
-                code_names(func.__code__, names)
+            for func in _functions_of(value):
+                _code_reads(func.__code__, globals_, attributes)
     helpers: set = set()
     for base in cls.__mro__:
         module = sys.modules.get(base.__module__)
-        if module is None or base.__module__.partition(".")[0] in _LIBRARIES:
+        if module is None or not _users_module(base.__module__):
             continue
-        for name in names:
-            func = vars(module).get(name)
-            if isinstance(func, types.FunctionType):
-                code_names(func.__code__, helpers)
-    return frozenset(names | helpers)
+        for name in globals_:
+            for func in _functions_of(vars(module).get(name)):
+                _code_reads(func.__code__, helpers, attributes)
+    return frozenset(globals_ | helpers), frozenset(attributes)
 
 
 def _class_constants(cls: type) -> tuple:
     """The scalars and containers of scalars ``cls`` and its bases (user code) define as
     class attributes and their code reads: ``self.SCALE``."""
-    read, out = _names_read(cls), []
+    read, out = _names_read(cls)[1], []
     for base in cls.__mro__:
-        if base.__module__.partition(".")[0] in _LIBRARIES:
+        if not _users_module(base.__module__):
             continue
         for name, value in vars(base).items():
             if name not in read or name.startswith("__") or callable(value) \
@@ -173,10 +211,10 @@ def _module_globals(cls: type) -> tuple:
     ``cls`` and its bases (user code) that their code reads by name: ``TEMP`` in
     ``message`` (a global the layer's code does not name, a training loop's step counter,
     is not watched)."""
-    read, out = _names_read(cls), []
+    read, out = _names_read(cls)[0], []
     for base in cls.__mro__:
         name = base.__module__
-        if name.partition(".")[0] in _LIBRARIES:
+        if not _users_module(name):
             continue
         module = sys.modules.get(name)
         if module is None:
@@ -187,9 +225,9 @@ def _module_globals(cls: type) -> tuple:
             value = vars(module)[key]
             if key.startswith("__") or callable(value) or isinstance(value, types.ModuleType):
                 continue
-            if isinstance(value, (*_SCALARS, tuple, list, dict, set, frozenset)) \
-                    or _is_numpy_scalar(value):
-                out.append((name, key, _plain(value)))
+            k = _plain(value)   # a number, a container, a record or configuration object
+            if k is not None:
+                out.append((name, key, k))
     return tuple(sorted(out, key=lambda t: (t[0], t[1])))
 
 

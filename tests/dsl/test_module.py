@@ -372,3 +372,60 @@ def test_constants_read_from_numpy_class_objects_and_globals_are_followed(g):
             kernel = layer.compiled()
     finally:
         ConstantsElsewhere.FACTOR, SHIFT, HELPER_SCALE = 1.0, 0.0, 1.0
+
+
+CONFIG = types.SimpleNamespace(temp=1.0)   # a global record the layer reads
+t = 0   # a global named as an attribute the layer reads (self.lin.t), not a global it reads
+
+
+def _scaled_by_global(method):
+    """A user's decorator (functools.wraps): the layer's code is the wrapped function's."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *args):
+        return method(self, *args)
+    return run
+
+
+class ReadsThroughDecoratorAndRecord(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 3)
+
+    @_scaled_by_global
+    def message(self, src, dst, edge):
+        return src.h @ self.lin.weight.t() / CONFIG.temp * SHIFT_TWO
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+SHIFT_TWO = 2.0
+
+
+def test_a_global_record_and_a_decorated_methods_globals_are_followed(g):
+    """A global SimpleNamespace's field and a global read by a decorated message were baked
+    in; a global whose name the layer only uses as an attribute (a loop's `t`, `.t()`) is
+    not followed (it traced the layer again at every epoch)."""
+    global t, SHIFT_TWO
+    layer, h = ReadsThroughDecoratorAndRecord(), torch.randn(g.num_src, 3)
+
+    def plain():
+        m = h[g.src] @ layer.lin.weight.t() / CONFIG.temp * SHIFT_TWO
+        return torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+
+    assert_close(layer(g, h), plain().detach())
+    kernel = layer.compiled()
+    for t in range(3):
+        layer(g, h)
+    assert layer.compiled() is kernel
+    try:
+        for change in (lambda: setattr(CONFIG, "temp", 0.5),
+                       lambda: globals().__setitem__("SHIFT_TWO", -1.0)):
+            change()
+            assert_close(layer(g, h), plain().detach())
+            assert layer.compiled() is not kernel
+            kernel = layer.compiled()
+    finally:
+        CONFIG.temp, SHIFT_TWO = 1.0, 2.0
