@@ -151,12 +151,12 @@ def test_what_is_not_modelled_is_refused(key, message):
     _refused_with(lambda s, x: key(x), message)
 
 
-def _refused_with(fn, message):
-    """Tracing ``Apply(fn)`` raises ``message`` (a regex) at the test's line. Matched against
+def _refused_with(fn, message, layer=Apply):
+    """Tracing ``layer(fn)`` raises ``message`` (a regex) at the test's line. Matched against
     the problem, not the quoted source line, which holds the pattern itself."""
     import re
     with pytest.raises(sarc.DSLError) as err:
-        Apply(fn).trace()
+        layer(fn).trace()
     problem = str(err.value).splitlines()[0]
     assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
 
@@ -802,18 +802,30 @@ class EinsumScores(sarc.Layer):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_einsum_of_two_per_edge_values_equals_torch(backend):
-    src, dst = torch.tensor([0, 1, 2, 3, 0, 4]), torch.tensor([1, 2, 3, 0, 2, 2])
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
+    _per_edge_equals_torch(EinsumScores, backend, x, lambda hs, hd: (
+        hd.view(-1, 2, 4) * hs.view(-1, 2, 4)).sum(-1).sigmoid())
+
+
+EDGES = torch.tensor([0, 1, 2, 3, 0, 4]), torch.tensor([1, 2, 3, 0, 2, 2])
+
+
+def _per_edge_equals_torch(make, backend: str, x: torch.Tensor, message) -> None:
+    """``make()``'s layer (a sum of per-edge messages) on 5 nodes equals the sum of
+    ``message(x[src], x[dst])`` computed by torch, output and gradient, and the
+    interpreter."""
+    src, dst = EDGES
     g = sarc.Graph.from_edges(src, dst, 5)
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
-    out = EinsumScores().set_backend(backend)(g, x)
+    x = x.clone().requires_grad_()
+    out = make().set_backend(backend)(g, x)
     xr = x.detach().clone().requires_grad_()
-    s = (xr[dst].view(-1, 2, 4) * xr[src].view(-1, 2, 4)).sum(-1).sigmoid()
-    want = torch.zeros(5, 2).index_add(0, dst, s)
+    m = message(xr[src], xr[dst])
+    want = torch.zeros(5, *m.shape[1:]).index_add(0, dst, m)
     assert_close(out, want, 1e-6, "output")
     (got,) = torch.autograd.grad(out.square().sum(), [x])
     (ref,) = torch.autograd.grad(want.square().sum(), [xr])
     assert_close(got, ref, 1e-6, "gradient", 1e-7)
-    check_layer(EinsumScores(), g, {"h": x.detach()})
+    check_layer(make(), g, {"h": x.detach()})
 
 
 @pytest.mark.parametrize("key, message", [
@@ -837,11 +849,7 @@ def test_einsum_of_two_per_edge_values_equals_torch(backend):
     (lambda s, x: torch.inner(x, x), r"torch.inner: the node / edge operands' first"),
 ])
 def test_einsums_sarc_cannot_trace_are_refused_at_their_line(key, message):
-    import re
-    with pytest.raises(sarc.DSLError) as err:
-        WithEinsumParams(key).trace()
-    problem = str(err.value).splitlines()[0]
-    assert re.search(message, problem) and "test_torch_functions.py:" in problem, problem
+    _refused_with(key, message, WithEinsumParams)
 
 
 # --- conditions: comparisons, torch.where, masked_fill ------------------------------------------
@@ -900,20 +908,10 @@ class WhereOnEdges(sarc.Layer):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_where_between_the_ends_of_an_edge_equals_torch(backend):
-    src, dst = torch.tensor([0, 1, 2, 3, 0, 4]), torch.tensor([1, 2, 3, 0, 2, 2])
-    g = sarc.Graph.from_edges(src, dst, 5)
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
     x[1, 2] = x[2, 2]   # a tie: torch's where takes dst's
-    x = x.requires_grad_()
-    out = WhereOnEdges().set_backend(backend)(g, x)
-    xr = x.detach().clone().requires_grad_()
-    m = torch.where(xr[src] > xr[dst], xr[src], xr[dst])
-    want = torch.zeros(5, 4).index_add(0, dst, m)
-    assert_close(out, want, 1e-6, "output")
-    (got,) = torch.autograd.grad(out.square().sum(), [x])
-    (ref,) = torch.autograd.grad(want.square().sum(), [xr])
-    assert_close(got, ref, 1e-6, "gradient", 1e-7)
-    check_layer(WhereOnEdges(), g, {"h": x.detach()})
+    _per_edge_equals_torch(WhereOnEdges, backend, x,
+                           lambda hs, hd: torch.where(hs > hd, hs, hd))
 
 
 @pytest.mark.parametrize("key, message", [
