@@ -1035,7 +1035,7 @@ def _routed(forward):
         return layer(graph, **feats)
 
     run._sarc_routed = True
-    run._sarc_rounds = _rounds_count
+    run._sarc_round_count = _round_count
     run._sarc_held = _held_layers
     run._sarc_reads_source_in_degree = _reads_source_in_degree
     return run
@@ -1049,7 +1049,7 @@ def _reads_source_in_degree(module) -> bool:
     return isinstance(module, (SGConv, TAGConv, GCN2Conv))
 
 
-def _rounds_count(module) -> int:
+def _round_count(module) -> int:
     """The rounds of message passing a patched conv runs on a sarc graph, before its first
     call made its layers: a sarc layer each (k for SGConv, TAGConv and APPNPConv with k > 1,
     1 for another conv): the blocks a mini-batch step gives it."""

@@ -119,7 +119,7 @@ def sarc_layers(model: nn.Module) -> list:
 def graph_layers(model: nn.Module) -> int:
     """The blocks a step of ``model`` needs: one per sarc layer, and per round of a library
     conv that runs through sarc by itself (DGL's convs after ``patch()``, whose layers are
-    made at their first call: ``forward._sarc_rounds``). A ``sarc.HeteroConv`` (a layer per
+    made at their first call: ``forward._sarc_round_count``). A ``sarc.HeteroConv`` (a layer per
     relation, on one graph) trains full-batch only: refused here, before its relations'
     layers are counted as blocks."""
     from ..hetero import HeteroConv
@@ -127,7 +127,7 @@ def graph_layers(model: nn.Module) -> int:
         raise TrainError("the model has a sarc.HeteroConv, which trains full-batch only "
                          "(--mode full): mini-batch steps (--mode mfg, sampling) are not "
                          "supported for it")
-    routed = sum(type(m).forward._sarc_rounds(m) for m in model.modules()
+    routed = sum(type(m).forward._sarc_round_count(m) for m in model.modules()
                  if getattr(type(m).forward, "_sarc_routed", False))
     return len(sarc_layers(model)) + routed
 
