@@ -178,21 +178,29 @@ def _schema_text(schema) -> str:
 
 
 def allreduce_gradients(model: nn.Module, group=None) -> None:
-    """Sum every parameter's gradient over the workers (one flat all-reduce)."""
+    """Sum every parameter's gradient over the workers (one flat all-reduce). A parameter
+    no worker's step reached (read only by a comparison, or detached) keeps no gradient, as
+    on one process: with a zero one an optimizer's weight decay would move it on P workers
+    only."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
+    had = [p.grad is not None for p in params]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    if not params:
-        return
     dev = comm_device(group)
-    flat = torch.cat([p.grad.reshape(-1) for p in params]).to(dev)
+    reached = torch.tensor(had, dtype=params[0].grad.dtype, device=params[0].grad.device)
+    flat = torch.cat([p.grad.reshape(-1) for p in params] + [reached]).to(dev)
     dist.all_reduce(flat, group=group)
     off = 0
     for p in params:
         n = p.numel()
         p.grad.copy_(flat[off:off + n].view_as(p.grad))
         off += n
+    for p, anywhere in zip(params, flat[off:].tolist()):
+        if anywhere == 0:
+            p.grad = None
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:

@@ -579,3 +579,23 @@ def test_edge_weights_with_self_loops_train_in_minibatch_modes_as_on_workers(tmp
         lines.append([x for x in proc.stdout.splitlines() if x.startswith("selected")][0]
                      .split("|")[0])
     assert lines[0] == lines[1], lines
+
+
+@case("cli", "a parameter read only by a comparison (no gradient), with weight decay, on one "
+             "process and on two workers", "exact")
+def test_a_parameter_without_a_gradient_is_left_alone_on_workers(tmp_path):
+    """Workers gave it a zero gradient, which Adam's weight decay turned into steps: it moved
+    on P workers only, and the run differed from one process from the first epoch."""
+    import torch
+    model = Path(__file__).parent / "threshold_model.py"
+    saved = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"m{workers}.pt"
+        proc = run_sarc("train", model, "--epochs", "3", "--workers", workers, "--method",
+                        "random", "--save", out)
+        assert proc.returncode == 0, proc.stderr
+        saved.append(torch.load(out, weights_only=True)["state_dict"])
+    assert torch.equal(saved[0]["c.thr"], torch.full_like(saved[0]["c.thr"], 0.5))
+    assert torch.equal(saved[1]["c.thr"], saved[0]["c.thr"])
+    for k in saved[0]:
+        torch.testing.assert_close(saved[1][k], saved[0][k], rtol=1e-5, atol=1e-6)
