@@ -420,12 +420,16 @@ def _rsqrt(input, *, out=Fixed(None)):
 
 @traces(torch.clamp_min, torch.Tensor.clamp_min)
 def _clamp_min(input, min, *, out=Fixed(None)):
+    if isinstance(min, Proxy):   # a traced bound: clamp's
+        return _clamp.record(input, min, None)
     return _emit(Op.CLAMP_MIN, _traced(input, "clamp_min"), min=_number(min, "clamp's min"))
 
 
 @traces(torch.clamp_max, torch.Tensor.clamp_max)
 def _clamp_max(input, max, *, out=Fixed(None)):
     """``-clamp_min(-x, -max)``: torch's gradient too (it passes where x <= max)."""
+    if isinstance(max, Proxy):   # a traced bound: clamp's
+        return _clamp.record(input, None, max)
     x = _traced(input, "clamp_max")
     return -_emit(Op.CLAMP_MIN, -x, min=-_number(max, "clamp's max"))
 
@@ -1601,6 +1605,8 @@ def _promoted(a, b, xs: list[Proxy]) -> DType:
     (float16 and bfloat16 give float32), a number taking the value's; two numbers, torch's
     default dtype."""
     traced = [x.type.dtype.to_torch() for v, x in zip((a, b), xs) if isinstance(v, Proxy)]
+    if not traced and all(_is_int(v) for v in (a, b)):   # int64 in torch: arithmetic then
+        return xs[0].type.dtype                        # takes the other operand's dtype
     if not traced:
         return DType.from_torch(torch.get_default_dtype())
     dtype = traced[0]
@@ -1704,8 +1710,7 @@ def _isinf(input):
 def _selected(cond, a, b, what: str) -> Proxy:
     """``a`` where ``cond`` holds, else ``b`` (numbers: constants), in the values' dtype."""
     c = _as_condition(cond, what)
-    p = _first_proxy(a, b) if isinstance(a, Proxy) or isinstance(b, Proxy) else c
-    like = p if p is not c else c
+    like = _first_proxy(a, b) if isinstance(a, Proxy) or isinstance(b, Proxy) else c
     xs = [c.tracer.lift(v, like) for v in (a, b)]
     for x in xs:
         if is_condition(x):
@@ -1740,6 +1745,11 @@ def _masked_fill(input, mask, value):
     if not _is_number(value) and not (isinstance(value, torch.Tensor) and value.dim() == 0):
         raise DSLError(f"masked_fill: the fill value is a number, got {_kind(value)}",
                        user_loc())
+    fill, info = float(value), torch.finfo(x.type.dtype.to_torch())
+    if math.isfinite(fill) and abs(fill) > info.max:   # torch refuses it too
+        raise DSLError(f"masked_fill: the fill value {value!r} does not fit {x.type.dtype.value} "
+                       f"(its largest is {info.max:.4g}); fill with torch.finfo(x.dtype).min "
+                       f"or a value within it", user_loc())
     return _selected(mask, value, x, "masked_fill")
 
 

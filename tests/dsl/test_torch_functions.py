@@ -880,6 +880,7 @@ CONDITIONS = {
     "shaped-as": lambda s, x: (torch.where((x.view(-1, 2, 4) > 0).view_as(x), x, 0.0)
                                + torch.where((x > 0).reshape_as(x), 0.0, x)
                                + torch.where((x[:, :1] > 0).expand_as(x), x, -x)),
+    "where-of-ints": lambda s, x: torch.where(x > 0, 1, 0) * x + torch.where(x < 0, 2, -1),
     "counts": lambda s, x: x + (x > 0).sum(-1, keepdim=True) + (x > 0).float().mean(-1, keepdim=True),
 }
 
@@ -923,6 +924,7 @@ def test_where_between_the_ends_of_an_edge_equals_torch(backend):
                             r"is a comparison"),
     (lambda s, x: (x > 0).any(), r"any\(\) over all axes"),
     (lambda s, x: x & x, "& takes conditions"),
+    (lambda s, x: x.masked_fill(x > 0, 1e39), r"the fill value 1e\+39 does not fit f32"),
     (lambda s, x: torch.isclose(x, 2 * x), r"torch.isclose is not traced: write the condition "
                                            r"itself, \(a - b\).abs\(\) <= atol"),
     (lambda s, x: x + x.new_zeros(3), r"a tensor of fixed size made inside a layer"),
@@ -970,7 +972,8 @@ COMPOSED = {
     "std-var-mean": lambda s, x: (torch.std_mean(x, -1, keepdim=True)[0]
                                   + torch.var_mean(x, -1, keepdim=True)[1] + 0 * x),
     "two-value-max-min-clamp": lambda s, x: (torch.max(x, s.b) + torch.min(x, 0.5 * x)
-                                             + torch.clamp(x, min=-s.b.abs(), max=s.b.abs())),
+                                             + torch.clamp(x, min=-s.b.abs(), max=s.b.abs())
+                                             + torch.clamp_min(x, s.b) + x.clamp_max(s.b)),
     "products-with-parameters": lambda s, x: (torch.inner(x, s.w.t()) + torch.mv(s.w.t(), s.b)
                                               + torch.dot(s.b, s.b) * x[:, :5]
                                               + torch.tensordot(x, s.w, dims=([1], [0]))
@@ -1040,3 +1043,13 @@ def test_comparisons_and_selections_promote_dtypes_as_torch(backend):
     got, want = layer(LOOPS, x), fn(layer, x)
     assert got.dtype == want.dtype == torch.float32
     assert torch.equal(got, want)
+
+
+def test_where_of_ints_follows_a_half_layers_dtype():
+    """torch.where(c, 1, 0) is int64 in torch, and times a float16 value float16: it was
+    float32, and its product with the value a dtype mismatch."""
+    fn = lambda s, x: torch.where(x > 0, 1, 0) * x + x  # noqa: E731
+    layer = Apply(fn).to(torch.float16)
+    x = _features().half()
+    got = layer(LOOPS, x)
+    assert got.dtype == torch.float16 and torch.equal(got, fn(layer, x))
