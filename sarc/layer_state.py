@@ -28,7 +28,6 @@ import dataclasses
 import dis
 import enum
 import functools
-import os
 import numbers
 import sys
 import types
@@ -113,11 +112,11 @@ def _users_module(name: str) -> bool:
     """Whether the module ``name`` is the user's own code: a file that is neither sarc,
     torch, numpy, the standard library nor an installed package (a tqdm bar or a logger on
     a layer is not configuration the layer reads)."""
-    from .trace import _installed, _is_core_library, _is_sarc
+    from .trace_guards import _is_users
     path = getattr(sys.modules.get(name), "__file__", None)
     if not isinstance(path, str):
         return name == "__main__"
-    return not (_is_core_library(path) or _is_sarc(path) or _installed(os.path.abspath(path)))
+    return _is_users(path)
 
 
 def _is_users_object(value: Any) -> bool:

@@ -163,8 +163,8 @@ def compile_command(args) -> int:
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
         from ..training.minibatch import graph_layers
-        if len(calls) != graph_layers(model):
-            n = graph_layers(model)
+        n = graph_layers(model)
+        if len(calls) != n:
             raise CompileError(f"{args.mode} mode: the model made {len(calls)} sarc layer "
                                f"calls in one forward pass, but it has {n} sarc layer"
                                f"{'s' * (n != 1)} (one block each); a model in mfg or sampling "
