@@ -1617,8 +1617,7 @@ def _promoted(a, b, xs: list[Proxy]) -> DType:
 
 def _greater_mask(a: Proxy, b: Proxy) -> Proxy:
     """1.0 where a > b: a - b is positive exactly there (never for NaN; inf - inf is NaN)."""
-    t = a.tracer
-    return t.emit(Op.WHERE_POS, [a - b, t.const(1.0, a), t.const(0.0, a)])
+    return _where_positive(a - b, 1.0, 0.0)
 
 
 def _equal_mask(a: Proxy, b: Proxy) -> Proxy:
