@@ -599,11 +599,17 @@ def edge_inputs_for(model: nn.Module, carried: Mapping[str, Any]) -> dict[str, A
     that is not a layer names what it reads in ``sarc_inputs`` (``sarc.HeteroConv``:
     ``etype`` and the node types ``ntype``). A model of library convs that run through sarc
     by themselves (DGL's after ``patch()``), whose layers are declared at their first call,
-    reads what its ``forward`` names (``forward(g, x, edge_weight=None)``)."""
+    reads what its ``forward`` names (``forward(g, x, edge_weight=None)``). A wrapper whose
+    ``forward`` passes its keywords on (the trainer's learned input, ``EmbeddingInput``)
+    names the module it passes them to in ``sarc_passes_inputs_to``: that module's
+    ``forward`` says what is taken, not the wrapper's ``**edge_inputs``."""
     import inspect
     declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
     declared += [k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())]
-    params = inspect.signature(model.forward).parameters.values()
+    taker = model
+    while getattr(type(taker), "sarc_passes_inputs_to", None):
+        taker = getattr(taker, type(taker).sarc_passes_inputs_to)
+    params = inspect.signature(taker.forward).parameters.values()
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     if any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules()):

@@ -92,6 +92,10 @@ class EmbeddingInput(nn.Module):
     the rows a step reads. ``optimizer`` steps it with the sparse optimizer the
     hyperparameters name."""
 
+    sarc_passes_inputs_to = "model"
+    """Its ``forward`` hands the edge inputs on to ``self.model``, whose ``forward`` says
+    which it takes (``sarc.dsl.edge_inputs_for``)."""
+
     def __init__(self, model: nn.Module, num_nodes: int, dim: int, table: nn.Module | None = None,
                  seed: int = 0):
         super().__init__()

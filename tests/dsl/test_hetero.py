@@ -168,3 +168,31 @@ def test_typed_input_equals_per_type_linear(seed):
     for p, g in zip(proj.parameters(), want_grads[1:]):
         torch.testing.assert_close(p.grad, g)
     assert proj.lins["0"].weight.shape == (4, 3) and proj.lins["1"].weight.shape == (4, 7)
+
+
+def test_a_learned_input_hands_the_model_only_what_its_forward_takes():
+    """On a featureless graph the trainer wraps the model in an ``EmbeddingInput``, whose
+    ``forward(g, x, **edge_inputs)`` passes every keyword on: what it is handed is what the
+    wrapped model's ``forward`` takes (a HeteroConv model without ``ntype`` got ``ntype``,
+    a TypeError from the first step)."""
+    from torch import nn
+
+    from sarc.dsl import edge_inputs_for
+    from sarc.training.inputs import EmbeddingInput
+
+    class WithoutTypes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = make_conv("max")
+
+        def forward(self, g, x, etype):
+            return self.conv(g, x, etype=etype)
+
+    src, dst, etype, ntype, w, x = typed_graph(5)
+    carried = {"etype": etype, "ntype": ntype, "w": w}
+    model = WithoutTypes()
+    assert set(edge_inputs_for(model, carried)) == {"etype"}
+    wrapped = EmbeddingInput(model, N, F_IN)
+    inputs = edge_inputs_for(wrapped, carried)
+    assert set(inputs) == {"etype"}
+    wrapped(sarc.Graph.from_edges(src, dst, N), x[:, :0], **inputs)
