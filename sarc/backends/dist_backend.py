@@ -111,8 +111,8 @@ def _edge_lowering(mode: str, names: _Names, baseline: bool, backend: EdgeLoweri
         def block(op: str, bodies: codegen.RegionNames = list) -> tuple[str, list[str]]:
             return backend.block_op(op, i, v, bodies)
         if v.op is Op.EDGE_SOFTMAX:
-            f, _ = block("edge_softmax_global")
-            return f"{f}({ops[0]}, g, norms[{literal(names.sites[i])}])"
+            f, extra = block("edge_softmax_global")
+            return f"{f}({', '.join([ops[0], 'g', f'norms[{literal(names.sites[i])}]', *extra])})"
         name = names.aggs.get(i)
         if name is None:
             return backend.lower(i, v, regions, ops)
@@ -218,8 +218,8 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
         agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
         tail, regions = [], []
         for s, j in zip(split.softmax_sites, site_inputs):
-            op, _ = lowering.block_op("score_normalizer", s.index, edge.values[s.index], list)
-            tail.append(f'n_{s.name[1:]} = {op}(v{j}, g)')
+            op, extra = lowering.block_op("score_normalizer", s.index, edge.values[s.index], list)
+            tail.append(f"n_{s.name[1:]} = {op}({', '.join([f'v{j}', 'g', *extra])})")
         for a in norm_aggs:
             k = agg_index[a.name]
             v = edge.values[k]
@@ -239,9 +239,10 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
         terms = []
         for s, j in zip(split.softmax_sites, site_inputs):
-            op, _ = lowering.block_op("score_normalizer_surrogate", s.index,
-                                      edge.values[s.index], list)
-            terms.append(f"{op}(v{j}, g, norms[{literal(s.name)}], cot[{literal(s.name)}]).sum()")
+            op, extra = lowering.block_op("score_normalizer_surrogate", s.index,
+                                          edge.values[s.index], list)
+            args = [f"v{j}", "g", f"norms[{literal(s.name)}]", f"cot[{literal(s.name)}]", *extra]
+            terms.append(f"{op}({', '.join(args)}).sum()")
         parts.append(emit_part(edge, "normalizer_surrogate", sig + ", norms, cot", site_inputs,
                                _plain(lowering), tail=[f"return {' + '.join(terms)}"]))
     node_part(split.dst_post, "dst_post_part")

@@ -70,7 +70,8 @@ class EdgeLowering(Protocol):
                  bodies: RegionNames) -> tuple[str, list[str]]:
         """Block op ``name`` called for value ``i``: the function's expression and what it
         gets in place of ``bodies()`` (the value's region functions; for an unfused reduce,
-        its kind): the same, or the value's compiled op."""
+        its kind): the same, or the value's compiled op. A ``SITE_OPS`` op has no bodies
+        (``bodies()`` is empty): what is returned is passed after its arguments."""
 
     def ops(self) -> tuple:
         """The runtime objects the lines call as ``ops[n]`` (built once, after lowering)."""

@@ -235,6 +235,20 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
     raise AssertionError(f"{v.op} is not a kernel op")
 
 
+def plan_softmax_site(fn: Function, i: int):
+    """The kernels of an unfused edge_softmax (value ``i``) on a distributed block: its
+    normalizer pass, global weights and their gradients (``triton_blocks``), and the spec
+    of its runtime object."""
+    v = fn.values[i]
+    assert v.op is Op.EDGE_SOFTMAX, v.op
+    origin = TK.Origin(fn.name, codegen.source_of(fn),
+                       tuple(format_value(i, v, with_loc=True).split("\n")))
+    plan, n = _Plan(), math.prod(v.type.feat)
+    parts = {part: plan.add(TK.softmax_site(origin, f"v{i}_edge_softmax_site.{part}", part, n))
+             for part in TK.SITE_PARTS}
+    return plan, ("softmax_site", parts)
+
+
 def _typed_linear_kernels(plan: _Plan, origin, prefix: str, dt, gather: str | None,
                           node_t: TensorType | None) -> tuple:
     """The segment GEMM's kernels (forward, input and weight gradients, and the scatter of
@@ -323,6 +337,8 @@ def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
                          agg(row_sum) if row_sum is not None else None, value_extra)
     if spec[0] == "edge_softmax":
         return T.EdgeSoftmaxOp(name, mods[spec[1]], mods[spec[2]])
+    if spec[0] == "softmax_site":
+        return T.SoftmaxSiteOp(name, {part: mods[k] for part, k in spec[1].items()})
     if spec[0] == "typed_aggregate":
         _, x, table, tids, by_table, by_edge, linear = spec
         return T.TypedAggregateOp(name, x, table, tids, build_op(by_table, name, mods, dtype),

@@ -22,31 +22,27 @@ value region), and the block op runs its kernels:
   op's gradient kernels fed the merged state, each gradient accumulated in ``STATS`` and
   rounded once.
 
-Given a region function instead (an op the Triton backend could not lower), they are
-the torch backend's. An unfused edge_softmax's block ops (its normalizer pass over an
-edge tensor) have no Triton kernels yet (``FALLBACKS`` says why): they are the torch
-backend's, and the lowering lists each use in the schedule's ``fallbacks``.
+- ``score_normalizer``, ``edge_softmax_global``, ``score_normalizer_surrogate``: an
+  unfused edge_softmax's normalizer pass and global weights, given the site's kernels
+  (``triton_runtime.SoftmaxSiteOp``) after the torch op's arguments: one program per
+  destination row, the scores read in their dtype, every exponential and sum in
+  ``STATS``; no float64 edge tensor is formed or kept (the weights' backward computes
+  them again from the scores, in the kernel that reduces them).
+
+Given a region function instead (an op the Triton backend could not lower), or no site
+op, they are the torch backend's. A block op listed in ``FALLBACKS`` (none now) has no
+Triton kernel: the lowering lists each use in the schedule's ``fallbacks``.
 """
 from __future__ import annotations
 
 import torch
 
 from . import torch_blocks
-from .triton_runtime import FusedOp, check_device
+from .triton_runtime import FusedOp, SoftmaxSiteOp, check_device
 
-_SITES = ("no Triton kernel yet for an unfused edge_softmax's normalizer pass: "
-          "global weights exp(score - M) / S of an edge tensor")
-
-FALLBACKS: dict[str, str] = {
-    "score_normalizer": _SITES,
-    "edge_softmax_global": _SITES,
-    "score_normalizer_surrogate": _SITES,
-}
+FALLBACKS: dict[str, str] = {}
 """Block ops without a Triton kernel, with the reason: they run on the torch backend."""
 
-score_normalizer = torch_blocks.score_normalizer
-edge_softmax_global = torch_blocks.edge_softmax_global
-score_normalizer_surrogate = torch_blocks.score_normalizer_surrogate
 STATS = torch_blocks.STATS
 
 
@@ -206,3 +202,74 @@ class _SoftmaxSurrogate(torch.autograd.Function):
         grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:], STATS)
         return (None, None, None, None, None,
                 *(None if gr is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes)))
+
+
+# --- unfused edge_softmax: global normalizers -------------------------------------------
+
+@torch.no_grad()
+def score_normalizer(sc: torch.Tensor, g, op: SoftmaxSiteOp | None = None):
+    """(m, s) of an edge score tensor on the block, s in ``STATS``."""
+    if op is None:
+        return torch_blocks.score_normalizer(sc, g)
+    op.check(g, sc)
+    return op.normalizer(g, sc)
+
+
+def edge_softmax_global(sc: torch.Tensor, g, norm, op: SoftmaxSiteOp | None = None):
+    """exp(sc - M) / S at each edge's destination, in sc's dtype; backward as
+    ``torch_blocks.edge_softmax_global``'s: the main pass's share of the score gradient,
+    and ``B`` handed on as the gradient of S."""
+    if op is None:
+        return torch_blocks.edge_softmax_global(sc, g, norm)
+    big_m, big_s = norm
+    op.check(g, sc, big_m, big_s)
+    return _GlobalWeights.apply(op, sc, big_m, big_s, g)
+
+
+class _GlobalWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: SoftmaxSiteOp, sc, big_m, big_s, g):
+        ctx.op, ctx.g = op, g
+        ctx.save_for_backward(sc, big_m, big_s)
+        return op.weights(g, sc, big_m, big_s)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        sc, big_m, big_s = ctx.saved_tensors
+        dsc, b = ctx.op.row_shares(ctx.g, sc, big_m, big_s, grad)
+        return None, dsc, None, b.to(big_s.dtype), None
+
+
+def score_normalizer_surrogate(sc: torch.Tensor, g, norm, shares,
+                               op: SoftmaxSiteOp | None = None) -> torch.Tensor:
+    """Per destination, sum over the block's edges of alpha_e (B / A - gbar), for its
+    gradient alone: the normalizer pass's share of the score gradient
+    (``torch_blocks.score_normalizer_surrogate``)."""
+    if op is None:
+        return torch_blocks.score_normalizer_surrogate(sc, g, norm, shares)
+    big_m, big_s = norm
+    gbar, b = shares
+    op.check(g, sc, big_m, big_s, gbar, b)
+    return _NormalizerShares.apply(op, sc, big_m, big_s.detach(), gbar.detach(), b.detach(), g)
+
+
+class _NormalizerShares(torch.autograd.Function):
+    """``A coef`` per destination, ``A = sum alpha``, ``coef = B / A - gbar`` (0 / A read
+    as 0); backward: ``alpha_e coef_v c_v`` to the scores (one scaled-weights kernel)."""
+
+    @staticmethod
+    def forward(ctx, op: SoftmaxSiteOp, sc, big_m, big_s, gbar, b, g):
+        a = op.row_sums(g, sc, big_m, big_s)
+        coef = torch.where(a > 0, b.to(STATS) / torch.where(a > 0, a, 1.0), 0.0) - gbar.to(STATS)
+        ctx.op, ctx.g = op, g
+        ctx.save_for_backward(sc, big_m, big_s, coef)
+        return a * coef
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, cot):
+        sc, big_m, big_s, coef = ctx.saved_tensors
+        scale = cot.to(STATS) * coef
+        return (None, ctx.op.weights(ctx.g, sc, big_m, big_s, scale),
+                None, None, None, None, None)

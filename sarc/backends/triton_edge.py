@@ -22,7 +22,8 @@ from ..ir.ops import Op
 from ..ir.types import DType
 from . import torch_backend, triton_blocks
 from .codegen import RegionNames
-from .triton_backend import KERNEL_OPS, fallback, load_ops, plan_op, strict_default
+from .triton_backend import (KERNEL_OPS, fallback, load_ops, plan_op, plan_softmax_site,
+                             strict_default)
 from .triton_lower import TritonLoweringError
 
 
@@ -40,24 +41,25 @@ class EdgeLowering:
         self._reported: set[tuple[str, int]] = set()
         self._stats: Function | None = None
 
-    def _op(self, i: int, stats: bool = False) -> int | None:
+    def _op(self, i: int, how: str = "") -> int | None:
         """The position of value ``i``'s op in ``ops`` (planned once), or None: it falls
-        back to the torch backend. ``stats``: the op of the value computed in ``STATS``
-        (float64), as the distributed softmax's statistics are."""
-        key = (i, stats)
+        back to the torch backend. ``how``: "" (the op itself), "stats" (the op of the
+        value computed in ``STATS``, float64, as the distributed softmax's statistics are)
+        or "site" (an unfused edge_softmax's block kernels)."""
+        key = (i, how)
         if key not in self._index:
             v = self.edge.values[i]
-            fn = self.edge if not stats else self._in_stats()
+            fn = self._in_stats() if how == "stats" else self.edge
             try:
-                plan, spec = plan_op(fn, i, {})
+                plan, spec = plan_softmax_site(fn, i) if how == "site" else plan_op(fn, i, {})
             except TritonLoweringError as e:
                 fallback(self.layer, i, v, e, self.strict, self.fallbacks)
                 self._index[key] = None
             else:
                 self._index[key] = len(self._specs)
-                how = " in float64" if stats else ""
-                self.op_lines.append(f"ops[{len(self._specs)}]: %{i} {v.op.value}{how} -> kernels "
-                                     + ", ".join(k.name for k in plan.kernels))
+                said = {"stats": " in float64", "site": " (block ops)"}.get(how, "")
+                self.op_lines.append(f"ops[{len(self._specs)}]: %{i} {v.op.value}{said} -> "
+                                     "kernels " + ", ".join(k.name for k in plan.kernels))
                 self._specs.append((i, spec, fn.values[i].type.dtype))
                 self._kernels.extend(plan.kernels)
         return self._index[key]
@@ -90,9 +92,13 @@ class EdgeLowering:
                 fallback(self.layer, i, v, TritonLoweringError(f"block op {name}: {why}"),
                          self.strict, self.fallbacks)
             return f"DK.{name}", bodies()
-        n = self._op(i, stats=v.op is Op.SOFTMAX_AGGREGATE)
+        how = ("site" if v.op is Op.EDGE_SOFTMAX else
+               "stats" if v.op is Op.SOFTMAX_AGGREGATE else "")
+        n = self._op(i, how)
         if n is None:
             return f"DK.{name}", bodies()
+        if v.op is Op.EDGE_SOFTMAX:  # the site's kernels follow the op's torch arguments
+            return f"DK.{name}", [f"ops[{n}]"]
         if v.op is Op.SOFTMAX_AGGREGATE:  # the op holds the score (and the value)
             return f"DK.{name}", [f"ops[{n}]", "None"][:len(bodies())]
         return f"DK.{name}", [f"ops[{n}]"]

@@ -510,6 +510,68 @@ class _EdgeSoftmaxFunction(torch.autograd.Function):
 
 
 @dataclass(frozen=True)
+class SoftmaxSiteOp:
+    """An unfused ``edge_softmax`` on a distributed block: the kernels of its block ops
+    (``triton_blocks``: normalizer pass, global weights, their gradients). Every kernel
+    reads the scores in their own dtype and computes in float64; node tensors (M, S and
+    the row sums) are float64, edge results are in the score's dtype."""
+
+    name: str
+    kernels: dict[str, ModuleType]   # triton_source.SITE_PARTS -> its module
+
+    def check(self, g: Graph, *tensors: torch.Tensor) -> None:
+        check_device(self.name, self.kernels["normalizer"].kernel, [g.src, *tensors])
+
+    def _launch(self, part: str, g: Graph, tensors) -> None:
+        for items in graph_view(g, "csr").whole_rows():
+            self.kernels[part].launch(run, tensors, items)
+
+    def normalizer(self, g: Graph, x: torch.Tensor):
+        """(m, s): the block's max score per row (x's dtype; -inf on rows without edges)
+        and sum exp(x - m) (float64; 0 there)."""
+        x2 = _edge_rows(x)
+        m = torch.full((g.num_dst, x2.shape[1]), float("-inf"), dtype=x.dtype, device=x.device)
+        s = torch.zeros((g.num_dst, x2.shape[1]), dtype=torch.float64, device=x.device)
+        self._launch("normalizer", g, (x2, m, s))
+        return m.view(g.num_dst, *x.shape[1:]), s.view(g.num_dst, *x.shape[1:])
+
+    def weights(self, g: Graph, x: torch.Tensor, big_m, big_s, scale=None) -> torch.Tensor:
+        """alpha = exp(x - M) / S per edge (times ``scale`` at its row, where given), in
+        x's dtype."""
+        x2 = _edge_rows(x)
+        y = torch.empty_like(x2)
+        nodes = [_node_rows(t, x2) for t in (big_m, big_s) + ((scale,) if scale is not None else ())]
+        self._launch("weights" if scale is None else "scaled_weights", g, (x2, *nodes, y))
+        return y.view(x.shape)
+
+    def row_sums(self, g: Graph, x: torch.Tensor, big_m, big_s) -> torch.Tensor:
+        """A = sum alpha over each row's edges (float64)."""
+        x2 = _edge_rows(x)
+        a = torch.zeros((g.num_dst, x2.shape[1]), dtype=torch.float64, device=x.device)
+        self._launch("row_sums", g, (x2, _node_rows(big_m, x2), _node_rows(big_s, x2), a))
+        return a.view(g.num_dst, *x.shape[1:])
+
+    def row_shares(self, g: Graph, x: torch.Tensor, big_m, big_s, dy: torch.Tensor):
+        """(dx, B): dx = alpha (dy - B / A) in x's dtype, B = sum alpha dy (float64)."""
+        x2 = _edge_rows(x)
+        dx = torch.empty_like(x2)
+        b = torch.zeros((g.num_dst, x2.shape[1]), dtype=torch.float64, device=x.device)
+        self._launch("row_shares", g, (x2, _node_rows(big_m, x2), _node_rows(big_s, x2),
+                                       dy.reshape(x2.shape).contiguous(), dx, b))
+        return dx.view(x.shape), b.view(g.num_dst, *x.shape[1:])
+
+
+def _edge_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a contiguous [E, F] (the feature size from the shape: -1 is ambiguous at E = 0)."""
+    return x.reshape(x.shape[0], math.prod(x.shape[1:])).contiguous()
+
+
+def _node_rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A node tensor as the site kernels read it: contiguous float64 [N, F]."""
+    return t.to(torch.float64).reshape(t.shape[0], like.shape[1]).contiguous()
+
+
+@dataclass(frozen=True)
 class TypedLinearOp:
     """``y[i] = x[i] @ W[t_i]``, the rows of x gathered from node rows (``gather``: "src" /
     "dst") when the input is an edge value read at an endpoint."""

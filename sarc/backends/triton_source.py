@@ -368,6 +368,39 @@ def edge_softmax(origin: Origin, name: str, f: int, cdtype: str, grad: bool) -> 
                    f=f, cdtype=cdtype)
 
 
+SITE_PARTS = {
+    "normalizer": ("the block's normalizer (m, s)",
+                   ["Per destination row of the block: m = the max score (exact, in the "
+                    "score's dtype) and s = sum exp(x - m), in float64 (two passes)."]),
+    "weights": ("forward: global weights",
+                ["alpha = exp(x - M) / S per edge, M and S the normalizers merged over "
+                 "every block (float64), rounded once to the score's dtype."]),
+    "scaled_weights": ("the normalizer pass's score gradient",
+                       ["alpha * w per edge, w one float64 number per destination row and "
+                        "score element: the gradient of sum_e alpha_e w_v."]),
+    "row_sums": ("the block's weight sums",
+                 ["A = sum over the row's edges of alpha, in float64."]),
+    "row_shares": ("backward: the main pass's share of the score gradient",
+                   ["A = sum alpha and B = sum alpha dy over the row's edges (float64; B "
+                    "is kept for the normalizer pass), then dx = alpha dy - alpha B / A, "
+                    "rounded once: two passes over each row."]),
+}
+"""An unfused edge_softmax on a distributed block (``triton_blocks``): its kernels, by part."""
+
+
+def softmax_site(origin: Origin, name: str, part: str, f: int) -> KernelSource:
+    """One kernel of an unfused edge_softmax's block ops (``SITE_PARTS``): rows of a
+    degree bucket, every exponential and sum in float64 (``torch_blocks.STATS``)."""
+    role, doc = SITE_PARTS[part]
+    configs = [({"BLOCK_E": 32, "BLOCK_F": 32}, 4), ({"BLOCK_E": 16, "BLOCK_F": 64}, 4),
+               ({"BLOCK_E": 64, "BLOCK_F": 16}, 4), ({"BLOCK_E": 128, "BLOCK_F": 8}, 8)]
+    return _render("triton_softmax_site.py.j2", name, origin, role, doc,
+                   "(rows of the bucket, cdiv(F, BLOCK_F))", configs, ["F", "MAX_DEG"],
+                   f=f, part={"scaled_weights": "weights", "row_sums": "shares",
+                              "row_shares": "shares"}.get(part, part),
+                   scaled=part == "scaled_weights", grad=part == "row_shares")
+
+
 # --- typed linear ------------------------------------------------------------------------
 
 def typed_linear(origin: Origin, name: str, role: str, dtype: DType) -> KernelSource:

@@ -167,7 +167,7 @@ CASES = {
     "sage": set(),
     "max": set(),
     "gat": set(),
-    "gat_attn_drop": {"score_normalizer", "edge_softmax_global", "score_normalizer_surrogate"},
+    "gat_attn_drop": set(),
     # baseline mode: a normalizer pass, blocks normalized with the global (M, S)
     "gat_baseline": set(),
     # the typed product over the node x relation table, and per edge
@@ -209,41 +209,63 @@ def test_one_worker_step_on_triton_equals_the_graph_step(tmp_path, name):
 
 # --- the no-silent-fallback rule ----------------------------------------------------------
 
-def _gat_schedule(**kw):
-    """A GAT layer with attention dropout: an unfused edge_softmax, its normalizer pass."""
-    from gat import GATLayer
+def _schedule(layer, name: str):
     from sarc.planner.stats import ShardStats
-    layer = GATLayer(6, 4, heads=2, attn_drop=0.5)
     fn = compile_layer(layer.trace(), "triton", through="optimize").optimized
-    lp = plan_layer("gat", fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
+    lp = plan_layer(name, fn, workers=2, stats=ShardStats(2, (10, 8), (40, 30), ((0, 3), (2, 0))),
                     exec_mode="sar", inputs_need_grad=True)
-    return dist_backend.compile(split_layer(fn, lp.exchange.values), lp, layer_name="gat", workers=2,
-                                backend="triton", **kw)
+    return dist_backend.compile(split_layer(fn, lp.exchange.values), lp, layer_name=name,
+                                workers=2, backend="triton")
 
 
-def test_a_block_op_without_a_triton_kernel_is_listed_and_named_in_the_header(caplog):
-    gen = _gat_schedule()
+def test_an_unfused_edge_softmax_runs_its_block_ops_on_triton_kernels():
+    """GAT with attention dropout: its normalizer pass, global weights and their gradients
+    are the site op's kernels, passed after the torch block ops' arguments."""
+    from gat import GATLayer
+    gen = _schedule(GATLayer(6, 4, heads=2, attn_drop=0.5), "gat")
+    assert gen.fallbacks == ()
+    header = gen.source.split("import torch")[0]
+    site = re.search(r"ops\[(\d+)\]: %\d+ edge_softmax \(block ops\) -> kernels (.*)", header)
+    assert site, header
+    for part in ("normalizer", "weights", "scaled_weights", "row_sums", "row_shares"):
+        assert f"edge_softmax_site.{part}" in site.group(2)
+    n = site.group(1)
+    for call in (rf"DK\.score_normalizer\(v\d+, g, ops\[{n}\]\)",
+                 rf"DK\.edge_softmax_global\(v\d+, g, norms\[.*\], ops\[{n}\]\)",
+                 rf"DK\.score_normalizer_surrogate\(v\d+, g, norms\[.*\], cot\[.*\], ops\[{n}\]\)"):
+        assert re.search(call, gen.source), call
+
+
+class ConcatLayer(sarc.Layer):
+    """A message concatenating two features: no register-tile concat, so no kernel."""
+
+    def __init__(self, d: int):
+        super().__init__(node={"h": d})
+
+    def message(self, src, dst, edge):
+        return sarc.concat([src.h, dst.h.relu()], -1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_an_op_without_a_triton_kernel_is_listed_and_named_in_the_header(caplog):
+    gen = _schedule(ConcatLayer(3), "concat")
     assert gen.backend == "triton"
-    ops = [re.sub(r"^%\d+", "%i", f.split(": ", 2)[0]) + ": " + f.split(": ", 2)[1]
-           for f in gen.fallbacks]
-    assert ops == ["%i edge_softmax: block op edge_softmax_global",
-                   "%i edge_softmax: block op score_normalizer",
-                   "%i edge_softmax: block op score_normalizer_surrogate"]
-    assert all("an unfused edge_softmax's normalizer pass" in f for f in gen.fallbacks)
+    assert [re.sub(r"^%\d+", "%i", f.split(": ", 1)[0]) for f in gen.fallbacks] == ["%i aggregate"]
+    assert all("concat cannot run inside a Triton kernel" in f for f in gen.fallbacks)
     header = gen.source.split("import torch")[0]
     for f in gen.fallbacks:
         assert f"fallback to the PyTorch backend: {f}" in header
-    assert "ops[0]: " in header  # the scores' sddmm and the weighted sum are Triton ops
     logged = [r.getMessage() for r in caplog.records]
-    assert any("edge_softmax_global" in m and "PyTorch backend's kernels" in m for m in logged)
+    assert any("concat" in m and "PyTorch backend's kernels" in m for m in logged)
 
 
-def test_strict_mode_raises_on_a_block_op_without_a_triton_kernel(monkeypatch):
+def test_strict_mode_raises_on_an_op_without_a_triton_kernel(monkeypatch):
     monkeypatch.setenv("SARC_TRITON_STRICT", "1")
-    with pytest.raises(TritonLoweringError, match=r"layer gat, %\d+ edge_softmax: block op "
-                                                  r"edge_softmax_global: .*an unfused "
-                                                  r"edge_softmax's normalizer pass"):
-        _gat_schedule()
+    with pytest.raises(TritonLoweringError, match=r"layer concat, %\d+ aggregate: concat "
+                                                  r"cannot run inside a Triton kernel"):
+        _schedule(ConcatLayer(3), "concat")
 
 
 def test_a_torch_schedule_names_no_triton_op():
