@@ -313,6 +313,12 @@ def read_dgl_part(layout: DglLayout, dgl, p: int) -> DglPart:
                              f"[{lo}, {hi}) node_map gives part {p}")
     inner_edge = g.edata["inner_edge"].to(torch.bool)
     u, v = (t[inner_edge].to(torch.int64) for t in g.edges(order="eid"))
+    m = g.num_nodes()
+    if u.numel() and not (0 <= int(torch.minimum(u.min(), v.min()))
+                          and int(torch.maximum(u.max(), v.max())) < m):
+        # DGL loads a graph file's edge arrays unchecked: a damaged one reads as any ids
+        raise PartitionError(f"{graph_file}: an edge's endpoints are outside its 0..{m - 1} "
+                             f"nodes (a corrupt file)")
     eid = g.edata[_EID][inner_edge].to(torch.int64)
     if eid.numel() and (int(eid.min()) < 0 or int(eid.max()) >= e):
         raise PartitionError(f"{graph_file}: edge ids outside 0..{e - 1}")

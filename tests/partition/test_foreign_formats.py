@@ -173,6 +173,18 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[:100])
 
 
+def _edge_out_of_range(config):
+    """Part 0's graph file with its first edge's destination overwritten by an id past its
+    nodes (DGL loads the file unchecked: its COO arrays are stored as they are)."""
+    import dgl
+    graph = config.parent / "part0" / "graph.dgl"
+    raw = graph.read_bytes()
+    dst = dgl.load_graphs(str(graph))[0][0].edges(order="eid")[1].numpy().tobytes()
+    at = raw.find(dst)
+    assert at > 0
+    graph.write_bytes(raw[:at] + (1 << 40).to_bytes(8, "little") + raw[at + 8:])
+
+
 def _heterogeneous(config):
     meta = json.loads(config.read_text())
     meta["ntypes"] = {"user": 0, "item": 1}
@@ -187,6 +199,7 @@ def _heterogeneous(config):
     (lambda c: (c.parent / "part1" / "graph.dgl").unlink(),
      r"part1/graph\.dgl: the part's graph file is missing"),
     (lambda c: _truncate(c.parent / "part2" / "graph.dgl"), r"part2/graph\.dgl: cannot be read"),
+    (_edge_out_of_range, r"part0/graph\.dgl: an edge's endpoints are outside its 0\.\."),
     (lambda c: _truncate(c.parent / "part0" / "node_feat.dgl"),
      r"part0/node_feat\.dgl: truncated or corrupt DGL tensor file"),
     (lambda c: (c.parent / "part1" / "edge_feat.dgl").unlink(), r"edge_feat\.dgl: .* missing"),
