@@ -8,6 +8,7 @@ gradients and input gradients agree to 1e-5. The schedules say which ops run on 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing
 import os
@@ -104,9 +105,14 @@ def _spy_softmax_reads(reads: list) -> None:
     rt.SoftmaxKernel.__call__, rt.FusedOp.operand_grads = call, grads
 
 
-def _worker(out_file, port, part_dir, name, state):
-    """One worker's step on its shard (the whole graph: P = 1); saves what it computed."""
+def _worker(out_file, port, part_dir, name, state, record=False):
+    """One worker's step on its shard (the whole graph: P = 1); saves what it computed and,
+    with ``record``, the kernel launches (``gpu_compile``)."""
     try:
+        recording = contextlib.nullcontext()
+        if record:
+            import gpu_compile
+            recording = gpu_compile.record()
         import torch.distributed as dist
 
         from sarc.distributed import DistGraph
@@ -125,25 +131,28 @@ def _worker(out_file, port, part_dir, name, state):
         dg = DistGraph(shard, baseline=name.endswith("_baseline"))
         x = shard.ndata["feat"].clone().requires_grad_()
         edge_inputs = {"etype": dg.edge_data("etype")} if name in RELATIONS else {}
-        loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"], **edge_inputs)
+        with recording as rec:
+            loss = _step(model, dg, x, shard.ndata["label"], shard.ndata["train_mask"],
+                         **edge_inputs)
         progs = list(dg.programs.values())
         torch.save({"loss": loss.item(), "ids": shard.orig_node_ids, "x_grad": x.grad,
                     "param_grads": {k: p.grad for k, p in model.named_parameters()},
                     "backends": [p.generated.backend for p in progs],
                     "fallbacks": [p.generated.fallbacks for p in progs],
                     "sources": [p.source for p in progs],
-                    "softmax_reads": softmax_reads}, out_file)
+                    "softmax_reads": softmax_reads,
+                    "launches": gpu_compile.jobs(rec) if record else None}, out_file)
     except BaseException:
         torch.save({"error": traceback.format_exc()}, out_file)
 
 
-def _distributed_step(tmp_path, name, state, src, dst, x, label, train) -> dict:
+def _distributed_step(tmp_path, name, state, src, dst, x, label, train, record=False) -> dict:
     pset = partition_graph(src, dst, N, 1, tmp_path / "parts", method="random",
                            node_data={"feat": x, "label": label, "train_mask": train},
                            edge_data=_etype(name))
     out_file = tmp_path / "step.pt"
     p = multiprocessing.get_context("fork").Process(
-        target=_worker, args=(str(out_file), free_port(), str(pset.path), name, state))
+        target=_worker, args=(str(out_file), free_port(), str(pset.path), name, state, record))
     p.start()
     p.join(TIMEOUT_S)
     if p.is_alive():
