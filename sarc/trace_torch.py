@@ -271,6 +271,17 @@ def _matmul_operator(input, other):
     return _arith(Op.MATMUL, input, other)
 
 
+@traces(torch.mm, torch.Tensor.mm)
+def _mm(input, mat2, *, out=Fixed(None)):
+    """``torch.mm``: the matmul of two matrices, which torch checks first (a graph value's
+    row axis counts, so ``x @ W`` of per-row vectors)."""
+    if any(isinstance(a, (Proxy, torch.Tensor)) and a.dim() != 2 for a in (input, mat2)):
+        shapes = [_shape(a.type) if isinstance(a, Proxy) else list(a.shape) for a in (input, mat2)]
+        raise DSLError(f"mm takes two matrices, got {shapes[0]} and {shapes[1]}; use x @ W "
+                       f"(torch.matmul) for more axes", user_loc())
+    return _arith(Op.MATMUL, input, mat2)
+
+
 @traces(torch.Tensor.__rmatmul__)
 def _rmatmul_operator(input, other):
     raise DSLError("write x @ W with the traced value on the left (W a parameter)", user_loc())
@@ -1112,6 +1123,22 @@ def _flatten(input, start_dim=0, end_dim=-1):
         raise DSLError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}", user_loc())
     feat = (*t.feat[:a], _prod(t.feat[a:b + 1]), *t.feat[b + 1:])
     return _emit(Op.RESHAPE, x, feat=feat)
+
+
+@traces(torch.unflatten, torch.Tensor.unflatten)
+def _unflatten(input, dim, sizes):
+    """``unflatten``: one feature axis split into ``sizes`` (a -1 inferred), a reshape."""
+    x = _traced(input, "unflatten")
+    a, feat = _dim_to_axis(x, dim), x.type.feat
+    if not isinstance(sizes, (tuple, list, torch.Size)) or not all(_is_int(s) for s in sizes):
+        raise DSLError(f"unflatten takes a tuple of int sizes, got {_kind(sizes)}", user_loc())
+    sizes = [int(s) for s in sizes]
+    known = _prod(s for s in sizes if s != -1)
+    if sizes.count(-1) > 1 or any(s < -1 for s in sizes) or not known or (
+            feat[a] % known if -1 in sizes else known != feat[a]):
+        raise DSLError(f"cannot unflatten features [{feat[a]}] into {sizes}", user_loc())
+    sizes = [feat[a] // known if s == -1 else s for s in sizes]
+    return _emit(Op.RESHAPE, x, feat=(*feat[:a], *sizes, *feat[a + 1:]))
 
 
 @traces(torch.Tensor.__getitem__)

@@ -221,6 +221,9 @@ AXES = {
     + torch.permute(x.view(-1, 4, 2), (0, 2, 1)).flatten(1),
     "param-T": lambda s, x: x @ s.m8.T + x @ s.m8.t() + x @ s.m8.mT,
     "param-permute": lambda s, x: (x.view(-1, 2, 4) * s.w3.permute(1, 0, 2)[0]).flatten(1),
+    "unflatten": lambda s, x: (x.unflatten(-1, (2, 4))
+                               * torch.unflatten(x, 1, (4, -1)).transpose(1, 2)).flatten(1),
+    "mm": lambda s, x: torch.mm(x, s.m8.T) @ s.m8 + x.mm(s.m8.t()).sum(-1, keepdim=True),
 }
 
 
@@ -235,6 +238,15 @@ class ApplyWithMatrices(Apply):
 @pytest.mark.parametrize("name", sorted(AXES))
 def test_axes_reordered_equal_torch(name, backend):
     _equals_torch(lambda: _seeded(ApplyWithMatrices, AXES[name]), AXES[name], backend)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda s, x: x.unflatten(0, (2, -1)), "row axis"),
+    (lambda s, x: x.unflatten(-1, (3, -1)), r"cannot unflatten features \[8\] into \[3, -1\]"),
+    (lambda s, x: torch.mm(x.view(-1, 2, 4), s.m8[:, :4].T), "mm takes two matrices"),
+])
+def test_unflatten_and_mm_refuse_what_torch_refuses(fn, message):
+    _refused_with(fn, message, ApplyWithMatrices)
 
 
 class HeadsTransposed(sarc.Layer):
