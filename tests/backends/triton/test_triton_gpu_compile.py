@@ -37,7 +37,7 @@ class MathLayer(sarc.Layer):
 
     def message(self, src, dst, edge):
         z = torch.cos(src.h) * torch.sin(dst.h) + torch.log1p(src.h.abs())
-        return {"m": z + torch.erf(dst.h).to(torch.bfloat16).float(), "n": z.half().float()}
+        return {"m": z + torch.erf(dst.h).to(torch.bfloat16).type_as(z), "n": z.half().type_as(z)}
 
     def reduce(self, msg):
         return {"a": sarc.max(msg.m), "b": sarc.mean(msg.n)}
