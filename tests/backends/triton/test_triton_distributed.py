@@ -28,6 +28,7 @@ from sarc.partition import partition_graph
 from sarc.planner.plan import plan_layer
 
 from distributed.harness import free_port
+from test_triton_codegen import ConcatLayer
 
 N, E, FEATS, CLASSES = 24, 90, 5, 3
 TIMEOUT_S = 240
@@ -243,19 +244,6 @@ def test_an_unfused_edge_softmax_runs_its_block_ops_on_triton_kernels():
                  rf"DK\.edge_softmax_global\(v\d+, g, norms\[.*\], ops\[{n}\]\)",
                  rf"DK\.score_normalizer_surrogate\(v\d+, g, norms\[.*\], cot\[.*\], ops\[{n}\]\)"):
         assert re.search(call, gen.source), call
-
-
-class ConcatLayer(sarc.Layer):
-    """A message concatenating two features: no register-tile concat, so no kernel."""
-
-    def __init__(self, d: int):
-        super().__init__(node={"h": d})
-
-    def message(self, src, dst, edge):
-        return sarc.concat([src.h, dst.h.relu()], -1)
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
 
 
 def test_an_op_without_a_triton_kernel_is_listed_and_named_in_the_header(caplog):
