@@ -87,3 +87,35 @@ def test_a_schedules_block_kernels_compile_for_the_gpu(tmp_path, name):
     out = D._distributed_step(tmp_path, name, state, src, dst, x, label, train, record=True)
     assert out["launches"]
     assert gpu_compile.compile_all(out["launches"]) == []
+
+
+@pytest.mark.skipif(os.environ.get("SARC_GPU_COMPILE") != "all",
+                    reason="random programs' kernels for the GPU: SARC_GPU_COMPILE=all")
+def test_random_programs_kernels_compile_for_the_gpu(split_rows):
+    """Random DSL programs (``programs.specs``) in float32, bfloat16 and float16, their
+    launches gathered over every example and compiled at once."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from programs import features as program_features
+    from programs import graphs, make_layer, specs
+
+    jobs: list = []
+
+    @settings(max_examples=int(os.environ.get("SARC_GPU_COMPILE_EXAMPLES", "60")),
+              deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(spec=specs(), g=graphs(max_nodes=10, max_edges=24), seed=st.integers(0, 2**16),
+           dtype=st.sampled_from(DTYPES[:3]))
+    def run(spec, g, seed, dtype):
+        torch.manual_seed(seed)
+        layer = set_backend(make_layer(spec), "triton").to(dtype)
+        feats = {k: v.to(dtype).requires_grad_() if v.is_floating_point() else v
+                 for k, v in program_features(layer, g, seed).items()}
+        with gpu_compile.record() as rec:
+            out = layer(g, **feats)
+            sum(o.float().square().sum()
+                for o in (out.values() if isinstance(out, dict) else [out])).backward()
+        jobs.extend(gpu_compile.jobs(rec))
+
+    run()
+    assert jobs
+    assert gpu_compile.compile_all(jobs) == []
