@@ -170,7 +170,31 @@ def _check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
         raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
                          f"model(graph, x{edge}): {e}; build_model must return a module whose "
                          f"forward takes the graph, the node features and the edge data its "
-                         f"sarc layers read by name") from None
+                         f"sarc layers read by name{_undeclared(model, kwargs)}") from None
+
+
+def _undeclared(model: nn.Module, kwargs: dict) -> str:
+    """Why a required edge argument of ``forward`` was not given, where no sarc layer of the
+    model declares it: the trainer passes only declared edge data (``edge_inputs_for``), so a
+    layer that names its feature otherwise (``edge={"w": ()}``, called ``w=edge_weight``)
+    leaves the dataset's array behind, which the bare TypeError does not say."""
+    import inspect
+
+    from ..dsl import Layer
+    if any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules()):
+        return ""   # library convs declare their edge data at their first call
+    declared = {k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge}
+    declared |= {k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())}
+    params = list(inspect.signature(model.forward).parameters.values())[2:]
+    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in declared]
+    if not missing:
+        return ""
+    names = ", ".join(repr(n) for n in missing)
+    return (f"; no sarc layer of the model declares an edge feature {names} (declared: "
+            f"{', '.join(sorted(declared)) or 'none'}), and the trainer passes only declared "
+            f"edge data: declare it under that name (edge={{{missing[0]!r}: ...}}) or name it "
+            f"in the model's sarc_inputs")
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,

@@ -54,6 +54,50 @@ def test_model_whose_forward_takes_other_arguments(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+EDGE_WEIGHT_UNDECLARED = """\
+import sarc
+
+
+class Weighted(sarc.Layer):
+    def __init__(self, d, c):
+        super().__init__(node={"h": d}, edge={"w": ()})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.w.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+HPARAMS = {"self_loops": False}
+
+
+def build_model(in_feats, num_classes, **_):
+    import torch
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = Weighted(in_feats, num_classes)
+            self.out = torch.nn.Linear(in_feats, num_classes)
+
+        def forward(self, g, x, edge_weight):
+            return self.out(self.conv(g, x, w=edge_weight))
+    return M()
+"""
+
+
+@case("cli", "a model whose forward needs edge data no sarc layer of it declares", "error")
+def test_model_forward_needing_edge_data_no_layer_declares(tmp_path):
+    model = tmp_path / "weighted.py"
+    model.write_text(EDGE_WEIGHT_UNDECLARED)
+    proc = run_sarc("train", model, "--epochs", "1")
+    assert_error(proc, "missing a required argument: 'edge_weight'",
+                 "no sarc layer of the model declares an edge feature 'edge_weight' "
+                 "(declared: w)", "sarc_inputs")
+    assert "Traceback" not in proc.stderr
+
+
 @case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
              "hyperparameter out of its range)", "error")
 @pytest.mark.parametrize("model,item,needles", [
