@@ -96,6 +96,13 @@ for step in "${STEPS[@]}"; do
                 "$PYTHON" -m pytest -m gpu $TESTS_PATHS -v -rfEs --durations=25 \
                 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ;;
         train)
+            if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
+                # as the tests and the benchmark do: no GPU is a skip, not a failed step
+                echo "== train: skipped (no CUDA GPU: torch.cuda.is_available() is False)" |
+                    tee "$OUT/train-cuda.log" "$OUT/train-nccl.log"
+                echo "train rc=0 seconds=0 skipped: no CUDA GPU" | tee -a "$OUT/summary.txt"
+                continue
+            fi
             run_step train-cuda "$TRAIN_TIMEOUT" "$OUT/train-cuda.log" \
                 "$PYTHON" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
                 --backend triton --epochs 3 --json "$OUT/train-cuda.json"
