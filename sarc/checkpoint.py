@@ -80,13 +80,17 @@ class CheckpointConfig:
 
 # --- command-line options, shared by ``sarc train`` and ``sarc worker`` --------------------
 
+CHECKPOINT_EVERY = 10
+"""Epochs between checkpoints when ``--checkpoint-every`` is not given."""
+
+
 def add_checkpoint_arguments(p) -> None:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint", metavar="DIR",
                    help="save the training state (model, optimizer, random states, model "
                         "selection) in DIR every --checkpoint-every epochs and at the end")
-    g.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
-                   help="epochs between checkpoints (default 10)")
+    g.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help=f"epochs between checkpoints (default {CHECKPOINT_EVERY})")
     g.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint DIR (of the same model "
                         "file, hyperparameters, seed, dataset and workers); without one, "
@@ -98,8 +102,9 @@ def add_checkpoint_arguments(p) -> None:
 
 def checkpoint_config(args) -> CheckpointConfig | None:
     """The checked checkpoint options of parsed ``args`` (None without ``--checkpoint``)."""
-    if args.checkpoint_every < 1:
-        raise CheckpointError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    every = args.checkpoint_every
+    if every is not None and every < 1:
+        raise CheckpointError(f"--checkpoint-every must be at least 1, got {every}")
     if args.save and Path(args.save).is_dir():
         raise CheckpointError(f"--save {args.save} is a directory; name the file to write")
     if args.checkpoint == "":
@@ -107,15 +112,20 @@ def checkpoint_config(args) -> CheckpointConfig | None:
     if not args.checkpoint:
         if args.resume:
             raise CheckpointError("--resume needs --checkpoint DIR (the checkpoint to continue)")
+        if every is not None:  # refused, not ignored: the run would save nothing
+            raise CheckpointError("--checkpoint-every needs --checkpoint DIR (where the "
+                                  "checkpoints go)")
         return None
     if Path(args.checkpoint).exists() and not Path(args.checkpoint).is_dir():
         raise CheckpointError(f"--checkpoint {args.checkpoint} is not a directory")
-    return CheckpointConfig(args.checkpoint, args.checkpoint_every, args.resume)
+    return CheckpointConfig(args.checkpoint, CHECKPOINT_EVERY if every is None else every,
+                            args.resume)
 
 
 def checkpoint_command_line(args) -> list[str]:
     """The checkpoint options of ``args`` as a worker's arguments."""
-    cmd = ["--checkpoint-every", str(args.checkpoint_every)]
+    cmd = [] if args.checkpoint_every is None else ["--checkpoint-every",
+                                                    str(args.checkpoint_every)]
     if args.checkpoint:
         cmd += ["--checkpoint", args.checkpoint]
     if args.resume:

@@ -24,8 +24,13 @@ def check_train_args(args):
     if args.workers > 1 or args.partition:
         if args.quiet:
             raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+        if args.partition and args.method:  # refused, not ignored: the set keeps its parts
+            raise UsageError(f"--method {args.method}: the --partition set is partitioned "
+                             f"already; --method says how --workers P partitions the dataset "
+                             f"when no --partition is given")
     else:
-        given = [f for f, on in (("--exec", args.exec_mode), ("--mem-budget", args.mem_budget),
+        given = [f for f, on in (("--exec", args.exec_mode), ("--method", args.method),
+                                 ("--mem-budget", args.mem_budget),
                                  ("--baseline", args.baseline),
                                  ("--max-restarts", args.max_restarts),
                                  ("--master-port", args.master_port is not None)) if on]
@@ -102,7 +107,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                       help="a partition set (sarc partition) with one part per worker, or the "
                            "NAME.json of a DGL partition (read in place, with DGL); default: "
                            "partition the dataset into a temporary directory")
-    dist.add_argument("--method", choices=("metis", "random"), default="metis",
+    dist.add_argument("--method", choices=("metis", "random"),
                       help="how to partition when no --partition is given (default metis)")
     dist.add_argument("--mem-budget", metavar="SIZE", help=MEM_BUDGET_HELP)
     dist.add_argument("--baseline", action="store_true",

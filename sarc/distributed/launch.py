@@ -156,6 +156,11 @@ def check_partition_features(args, pset, dataset: str | None, hp: dict) -> None:
         check_features(dataset or f"partitioned at {args.partition}", width > 0, hp)
 
 
+DEFAULT_METHOD = "metis"
+"""How ``--workers P`` partitions the dataset when neither ``--partition`` nor ``--method``
+is given."""
+
+
 def partition_dataset(args, data, out: Path, hp: dict) -> str:
     """Partition ``data`` (``--dataset``, or the model's) into ``out``; returns the
     directory. A dataset the model cannot train on (no features, no ``embedding_dim``) is
@@ -171,11 +176,12 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
     edge_data = data.edge_data
     if data.ntype is not None:
         node_data["ntype"] = data.ntype
+    method = args.method or DEFAULT_METHOD
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
-                           method=args.method, node_data=node_data, edge_data=edge_data,
+                           method=method, node_data=node_data, edge_data=edge_data,
                            seed=args.seed, dataset=data.name, sizes=data.sizes)
     print(f"partitioned {data.name} ({data.num_nodes} nodes, {data.num_edges} edges) into "
-          f"{args.workers} parts ({args.method}): edge cut {pset.stats.edge_cut}", flush=True)
+          f"{args.workers} parts ({method}): edge cut {pset.stats.edge_cut}", flush=True)
     return str(out)
 
 

@@ -42,18 +42,20 @@ def partition_link_dataset(args, data, out: Path, node_data: dict) -> str:
     ``out`` and store the split there; returns the directory."""
     from ..partition import partition_graph
     from ..training.inputs import TrainError
+    from .launch import DEFAULT_METHOD
 
     if data.etype is not None:
         raise TrainError(f"link prediction on the relational graph {data.name} is not "
                          f"supported (its edge types would not follow the split)")
     split = split_edges(data.edge_src, data.edge_dst, data.num_nodes, seed=args.seed)
     src, dst = split.message_edges()
-    pset = partition_graph(src, dst, data.num_nodes, args.workers, out, method=args.method,
+    method = args.method or DEFAULT_METHOD
+    pset = partition_graph(src, dst, data.num_nodes, args.workers, out, method=method,
                            node_data=node_data, seed=args.seed, dataset=data.name)
     split.save(Path(out) / LINK_FILE)
     print(f"split {data.name}'s edges into {split.train.shape[1]} / {split.val.shape[1]} / "
           f"{split.test.shape[1]} train / val / test pairs; partitioned the message graph "
-          f"({src.numel()} edges) into {args.workers} parts ({args.method}): edge cut "
+          f"({src.numel()} edges) into {args.workers} parts ({method}): edge cut "
           f"{pset.stats.edge_cut}", flush=True)
     return str(out)
 

@@ -92,6 +92,19 @@ def test_distributed_options_need_workers(capsys):
     assert "--quiet is not supported with --workers > 1" in capsys.readouterr().err
 
 
+def test_options_a_run_would_not_use_are_refused(tmp_path, capsys):
+    """--checkpoint-every without --checkpoint, and --method where nothing is partitioned
+    (one process) or the --partition set is partitioned already: refused, not ignored."""
+    assert main(["train", str(GCN), "--checkpoint-every", "3"]) == 2
+    assert "--checkpoint-every needs --checkpoint DIR" in capsys.readouterr().err
+    assert main(["train", str(GCN), "--method", "random"]) == 2
+    assert "--method: distributed options; they need --workers > 1" in capsys.readouterr().err
+    assert main(["train", str(GCN), "--workers", "2", "--partition", str(tmp_path),
+                 "--method", "random"]) == 2
+    assert "--method random: the --partition set is partitioned already" in \
+        capsys.readouterr().err
+
+
 def test_file_without_build_model(tmp_path, capsys):
     model = tmp_path / "layers_only.py"
     model.write_text("import sarc\n\n\nclass L(sarc.Layer):\n    def message(self, s, d, e):\n"
