@@ -235,14 +235,24 @@ _ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}   # relative, of a
 _TINY = {torch.float16: 2.0 ** -14, torch.bfloat16: 2.0 ** -126}  # the smallest normal one
 
 
-def _within_an_ulp(got: torch.Tensor, want: torch.Tensor) -> None:
+def _within_an_ulp(got: torch.Tensor, want: torch.Tensor, cancels: torch.Tensor | None = None
+                   ) -> None:
     """Each entry at most one unit in the last place from torch's: both round a float32
     result once (the same float32 result rounded alike, or a tie broken the other way).
-    Computed in the half dtype step by step, entries are off by 5 to 40 units."""
+    Computed in the half dtype step by step, entries are off by 5 to 40 units.
+
+    ``cancels``: where the float32 formula itself loses digits, the size of what cancels
+    (GELU's ``x * (1 + erf(x / sqrt 2))`` at x = -5: ``1 + erf`` is 3e-7, known to float32's
+    2^-24 of 1, so its result to |x| 2^-24, a fifth of itself). Two float32 erfs (torch's
+    vectorized GELU on AVX-512, and on AVX2, and sarc's formula) differ there by that much,
+    several units of a float16 subnormal: allowed on top of the unit."""
     ulp, tiny = _ULP[want.dtype], _TINY[want.dtype]
     a, b = got.detach().double(), want.detach().double()
     assert torch.isfinite(a).all()
-    err = ((a - b).abs() / (ulp * b.abs().clamp_min(tiny))).max().item()
+    allowed = ulp * b.abs().clamp_min(tiny)
+    if cancels is not None:
+        allowed = allowed + 2.0 ** -23 * cancels.detach().double().abs()
+    err = ((a - b).abs() / allowed).max().item()
     assert err <= 1.0, f"{err:.2f} units in the last place from torch's"
 
 
@@ -265,7 +275,7 @@ def test_half_gelu_of_large_values_equals_torch(approximate, backend):
     got = _half_layer(fn, torch.float16, backend)(LOOPS, xs)
     xr = x.clone().requires_grad_()
     want = fn(None, xr)
-    _within_an_ulp(got, want)
+    _within_an_ulp(got, want, cancels=x.clamp(max=0))  # 1 + erf(x / sqrt 2) for x < 0
     cot = torch.randn(want.shape, generator=torch.Generator().manual_seed(2)).half()
     (g,) = torch.autograd.grad((got * cot).sum(), [xs])
     (r,) = torch.autograd.grad((want * cot).sum(), [xr])
