@@ -19,6 +19,12 @@ def run_sarc(*argv, cwd: Path | None = None, timeout: float = 300, env: dict | N
                               env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
+def on_workers(workers) -> list[str]:
+    """``--workers P``, and a random partition where P > 1 (one process partitions nothing:
+    ``--method`` is refused there)."""
+    return ["--workers", str(workers), *(["--method", "random"] if int(workers) > 1 else [])]
+
+
 def assert_error(proc, *needles: str) -> str:
     """``proc`` failed with exit 2 and one ``sarc ...: error: ...`` line naming ``needles``."""
     err = proc.stderr

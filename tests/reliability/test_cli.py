@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from .catalogue import case
-from .harness import ROOT, assert_error, run_sarc
+from .harness import ROOT, assert_error, on_workers, run_sarc
 
 GCN = ROOT / "models" / "gcn.py"
 
@@ -418,8 +418,7 @@ def test_model_output_width_other_than_the_classes(tmp_path, model, workers, nee
     if model == "narrow":
         path = tmp_path / "narrow.py"
         path.write_text(NARROW)
-    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "2", "--workers", workers,
-                    "--method", "random")
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "2", *on_workers(workers))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     for n in needles:
         assert n in proc.stderr, (n, proc.stderr)
@@ -444,8 +443,7 @@ def test_model_outputs_that_are_not_logits_per_node(tmp_path, kind, workers):
     path = tmp_path / "bad_output.py"
     path.write_text(NARROW.replace("return self.lin(x)", body).replace("num_classes - 3",
                                                                         "num_classes"))
-    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "1", "--workers", workers,
-                    "--method", "random")
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "1", *on_workers(workers))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert needle in proc.stderr and "bad_output.py" in proc.stderr, proc.stderr
 
@@ -549,8 +547,8 @@ def test_a_nan_loss_stops_the_run_without_saving(tmp_path, workers):
     path = tmp_path / "nan_model.py"
     path.write_text(NARROW.replace("return self.lin(x)", "return self.lin(x) * float('nan')")
                     .replace("num_classes - 3", "num_classes"))
-    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "3", "--workers", workers,
-                    "--method", "random", "--save", tmp_path / "m.pt")
+    proc = run_sarc("train", path, "--dataset", "cora", "--epochs", "3", *on_workers(workers),
+                    "--save", tmp_path / "m.pt")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "epoch 1: the training loss is nan" in proc.stderr, proc.stderr
     assert not (tmp_path / "m.pt").exists()
@@ -618,7 +616,7 @@ def test_edge_weights_with_self_loops_train_in_minibatch_modes_as_on_workers(tmp
     lines = []
     for workers in ("1", "2"):
         proc = run_sarc("train", tmp_path / "weighted.py", "--dataset", tmp_path / "weighted.npz",
-                        "--epochs", "2", "--workers", workers, "--method", "random", *mode)
+                        "--epochs", "2", *on_workers(workers), *mode)
         assert proc.returncode == 0, proc.stderr
         lines.append([x for x in proc.stdout.splitlines() if x.startswith("selected")][0]
                      .split("|")[0])
@@ -635,8 +633,7 @@ def test_a_parameter_without_a_gradient_is_left_alone_on_workers(tmp_path):
     saved = []
     for workers in ("1", "2"):
         out = tmp_path / f"m{workers}.pt"
-        proc = run_sarc("train", model, "--epochs", "3", "--workers", workers, "--method",
-                        "random", "--save", out)
+        proc = run_sarc("train", model, "--epochs", "3", *on_workers(workers), "--save", out)
         assert proc.returncode == 0, proc.stderr
         saved.append(torch.load(out, weights_only=True)["state_dict"])
     assert torch.equal(saved[0]["c.thr"], torch.full_like(saved[0]["c.thr"], 0.5))
