@@ -128,11 +128,18 @@ def test_every_backend_implements_the_interface(name):
 
 @pytest.mark.parametrize("name", registry.BACKENDS)
 def test_block_ops_have_the_torch_backends_signature(name):
+    """The torch block op's parameters; a site op (``SITE_OPS``) may take the backend's
+    compiled op after them, with a default (``registry.EdgeLowering.block_op``), so the torch
+    call form still calls it."""
     blocks = registry.get_backend(name).blocks
     for op in {op for ops in registry.BLOCK_OPS.values() for op in ops} | set(registry.SITE_OPS):
         want = list(inspect.signature(getattr(DK, op)).parameters)
-        assert list(inspect.signature(getattr(blocks, op)).parameters) == want, \
-            f"{name}: block op {op} differs from torch_blocks.{op}"
+        got = inspect.signature(getattr(blocks, op)).parameters
+        assert list(got)[:len(want)] == want, f"{name}: block op {op} differs from torch_blocks.{op}"
+        extra = list(got.values())[len(want):]
+        assert op in registry.SITE_OPS or not extra, f"{name}: block op {op} takes more"
+        assert all(p.default is not inspect.Parameter.empty for p in extra), \
+            f"{name}: block op {op}'s extra parameters need defaults"
 
 
 def test_a_backend_without_a_block_op_is_reported():
