@@ -89,9 +89,8 @@ def test_a_model_file_of_patched_dgl_convs_compiles_and_trains_as_wrapped_ones(t
     selected = re.compile(r"selected epoch .*val [0-9.]+ test [0-9.]+")
     sampling = ("train", "--epochs", "2", "--mode", "sampling", "--fanouts", "4,4")
     wrapped = selected.search(_sarc(*sampling[:1], "dgl_gcn.py", *sampling[1:])).group()
-    for workers in ("1", "2"):
-        out = _sarc(*sampling[:1], "dgl_patched.py", *sampling[1:], "--workers", workers,
-                    "--method", "random", "--timeout", "60")
+    for workers in (["--workers", "1"], ["--workers", "2", "--method", "random"]):
+        out = _sarc(*sampling[:1], "dgl_patched.py", *sampling[1:], *workers, "--timeout", "60")
         assert selected.search(out).group() == wrapped
 
 

@@ -327,12 +327,29 @@ def test_distributed_attention_gradients_at_large_scores(score, variant, tmp_pat
       "workers vs one process", "exact")
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_distributed_training_at_large_scores_equals_one_process(variant, tmp_path):
+    """P workers sum in another order than one process: a gradient that cancels (the bias's,
+    a sum over every row of the output's cotangent) differs in its last digits, and Adam,
+    dividing by its root mean square, makes that a difference in the step. One process
+    renumbering its nodes sums in another order too: P workers may differ from one process
+    by 1e-5 of a parameter's norm, or by as much as that renumbered run does, twice over."""
     g, model, x, label, train, _ = _problem(1e4, VARIANTS[variant])
     run = _distributed(STEPS, tmp_path)
     run(copy.deepcopy(model), g, x, label, train)
+    renumbered = _train(copy.deepcopy(model), *_renumbered(g, x, label, train),
+                        int(train.sum()), STEPS)[2]
     _, losses, final = _train(model, g, x, label, train, int(train.sum()), STEPS)
     assert run.losses == pytest.approx(losses, rel=1e-5)
     for k, want in final.items():
-        assert _err(run.final[k], want) <= 1e-5 * float(want.norm()), (
+        allowed = max(1e-5 * float(want.norm()), 2 * _err(renumbered[k], want))
+        assert _err(run.final[k], want) <= allowed, (
             f"{k} after {STEPS} steps: {WORKERS} workers differ from one process by "
-            f"{_err(run.final[k], want) / float(want.norm()):.2e} (relative)")
+            f"{_err(run.final[k], want) / float(want.norm()):.2e} (relative), one process "
+            f"renumbered by {_err(renumbered[k], want) / float(want.norm()):.2e}")
+
+
+def _renumbered(g: sarc.Graph, x, label, train):
+    """The same problem with its nodes numbered in reverse: node i is node n - 1 - i."""
+    n = g.num_src
+    new = torch.arange(n - 1, -1, -1)
+    g2 = sarc.Graph.from_edges(new[g.src], new[g.dst], n)
+    return g2, x.flip(0), label.flip(0), train.flip(0)
