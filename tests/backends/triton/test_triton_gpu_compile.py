@@ -47,8 +47,10 @@ class MathLayer(sarc.Layer):
 
 
 ALL_LAYERS = {**LAYERS, "math": MathLayer}
-CROSS_SECTION = {("gcn", torch.float32), ("gin", torch.float16), ("math", torch.float32),
-                 ("gat_4heads_dropout", torch.bfloat16), ("rgcn_bases", torch.float32)}
+CROSS_SECTION = {("math", torch.float16), ("gat_4heads_dropout", torch.bfloat16),
+                 ("rgcn_bases", torch.float32)}
+"""Each kernel kind once: aggregates (max, mean; split rows and their combine), math and
+casts in a region, softmax aggregate, sddmm, unfused edge_softmax, typed linear."""
 CASES = sorted(((n, d) for n in ALL_LAYERS for d in DTYPES)
                if os.environ.get("SARC_GPU_COMPILE") == "all" else CROSS_SECTION,
                key=lambda c: (c[0], str(c[1])))
