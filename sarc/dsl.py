@@ -604,18 +604,36 @@ def edge_inputs_for(model: nn.Module, carried: Mapping[str, Any]) -> dict[str, A
     names the module it passes them to in ``sarc_passes_inputs_to``: that module's
     ``forward`` says what is taken, not the wrapper's ``**edge_inputs``."""
     import inspect
-    declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
-    declared += [k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())]
-    taker = model
-    while getattr(type(taker), "sarc_passes_inputs_to", None):
-        taker = getattr(taker, type(taker).sarc_passes_inputs_to)
-    params = inspect.signature(taker.forward).parameters.values()
+    declared = declared_edge_inputs(model)
+    params = inspect.signature(input_taker(model).forward).parameters.values()
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules()):
+    if routes_library_convs(model):
         declared += [k for k in named if k in carried]
     return {k: carried[k] for k in dict.fromkeys(declared)
             if k in carried and (takes_any or k in named)}
+
+
+def declared_edge_inputs(model: nn.Module) -> list[str]:
+    """The edge data the model's sarc layers declare and its other modules name in
+    ``sarc_inputs``, in module order (a name may repeat)."""
+    declared = [k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge]
+    return declared + [k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())]
+
+
+def input_taker(model: nn.Module) -> nn.Module:
+    """The module whose ``forward`` says which edge inputs ``model`` takes: the model, or
+    the module a wrapper names in ``sarc_passes_inputs_to`` (followed to the last)."""
+    taker = model
+    while getattr(type(taker), "sarc_passes_inputs_to", None):
+        taker = getattr(taker, type(taker).sarc_passes_inputs_to)
+    return taker
+
+
+def routes_library_convs(model: nn.Module) -> bool:
+    """Whether the model runs library convs through sarc (DGL's after ``patch()``), whose
+    layers declare their edge data at their first call."""
+    return any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules())
 
 
 def glorot_(t: torch.Tensor) -> torch.Tensor:

@@ -180,12 +180,11 @@ def _undeclared(model: nn.Module, kwargs: dict) -> str:
     leaves the dataset's array behind, which the bare TypeError does not say."""
     import inspect
 
-    from ..dsl import Layer
-    if any(getattr(type(m).forward, "_sarc_routed", False) for m in model.modules()):
+    from ..dsl import declared_edge_inputs, input_taker, routes_library_convs
+    if routes_library_convs(model):
         return ""   # library convs declare their edge data at their first call
-    declared = {k for m in model.modules() if isinstance(m, Layer) for k in m._sarc_edge}
-    declared |= {k for m in model.modules() for k in getattr(type(m), "sarc_inputs", ())}
-    params = list(inspect.signature(model.forward).parameters.values())[2:]
+    declared = set(declared_edge_inputs(model))
+    params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
     missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in declared]
     if not missing:
