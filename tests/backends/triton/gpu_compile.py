@@ -48,7 +48,7 @@ class Launch:
 class Recorder:
     launches: dict = field(default_factory=dict)   # (path, signature, constants) -> Launch
 
-    def add(self, kernel, configs, args, constexprs, max_deg, d) -> None:
+    def add(self, kernel, configs, args, constexprs) -> None:
         fn = kernel.fn
         names = list(fn.__code__.co_varnames[:fn.__code__.co_argcount])
         sig, consts = [], dict(constexprs)
@@ -82,7 +82,7 @@ def record():
     real = triton_runtime.run
 
     def spy(kernel, configs, key, grid, args, constexprs, *, max_deg, d):
-        rec.add(kernel, configs, args, constexprs, max_deg, d)
+        rec.add(kernel, configs, args, constexprs)
         return real(kernel, configs, key, grid, args, constexprs, max_deg=max_deg, d=d)
 
     triton_runtime.run = spy
