@@ -58,6 +58,20 @@ DEFAULTS: dict[str, Any] = {
 }
 """The trainer's hyperparameters and their defaults; a model's ``HPARAMS`` override them."""
 
+EMBEDDING_HPARAMS = ("embedding_dim", "embedding_optimizer", "embedding_lr")
+"""The hyperparameters of a featureless graph's learned input: a graph with node features
+has none, so setting one for it is refused (``check_features``), not ignored."""
+
+
+class Hyperparameters(dict):
+    """A run's hyperparameters (``hyperparameters``), and ``given``: the keys set for this
+    run (``--set``, ``--epochs``, the options that stand for ``--set``), not by default or
+    by the model file; an option that cannot apply to the run is refused by those."""
+
+    def __init__(self, values: dict[str, Any], given=()):
+        super().__init__(values)
+        self.given = frozenset(given)
+
 
 DATASET_FACTS = ("num_nodes", "num_etypes", "num_ntypes")
 """What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
@@ -113,7 +127,7 @@ def check_declared(spec: ModelSpec) -> None:
 
 
 def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
-                    epochs: int | None = None) -> dict[str, Any]:
+                    epochs: int | None = None) -> Hyperparameters:
     """``DEFAULTS``, then the model file's ``HPARAMS``, then ``overrides`` (then ``epochs``),
     checked before any work.
 
@@ -134,7 +148,7 @@ def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
             raise TrainError(f"unknown hyperparameter {key}={value!r}; the known ones of "
                              f"{spec.name}: {', '.join(sorted(known))}")
         given[key] = _of_default_type(key, value, known[key])
-    hp = {**DEFAULTS, **spec.hparams, **given}
+    hp = Hyperparameters({**DEFAULTS, **spec.hparams, **given}, given)
     _check_trainer_hparams(hp)
     return hp
 
@@ -355,12 +369,23 @@ def looks_like_link_model(spec: ModelSpec, model: nn.Module) -> bool:
 
 def check_features(dataset: str, has_features: bool, hparams: dict[str, Any]) -> None:
     """A graph without node features trains only on a learned embedding: ``embedding_dim``
-    set. ``dataset``: its name in the error (``sarc train --workers P`` checks it before
-    partitioning, ``build`` on every path)."""
+    set. A graph with them has no learned input: an embedding hyperparameter given for the
+    run (``Hyperparameters.given``: ``--set embedding_dim``, ``--embedding-lr``,
+    ``--embedding-optimizer``) is refused, not ignored; the model file's may serve its
+    featureless datasets. ``dataset``: its name in the error (``sarc train --workers P``
+    checks it before partitioning, ``build`` on every path)."""
     if not has_features and not hparams["embedding_dim"]:
         raise TrainError(f"dataset {dataset} has no node features; set embedding_dim "
                          f"(in HPARAMS, or --set embedding_dim=64) to learn a node "
                          f"embedding as the model's input")
+    given = [k for k in EMBEDDING_HPARAMS if k in getattr(hparams, "given", ())]
+    if has_features and given:
+        shown = ", ".join(f"{k}={hparams[k]!r}" for k in given)
+        raise TrainError(f"{shown}: dataset {dataset} has node features, which are the "
+                         f"model's input; {'these set' if len(given) > 1 else 'it sets'} a "
+                         f"featureless graph's learned node embedding, which this run has "
+                         f"not: leave {'them' if len(given) > 1 else 'it'} out")
+
 
 
 def _chosen(spec: ModelSpec, hparams: dict[str, Any]) -> str:
