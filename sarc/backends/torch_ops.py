@@ -432,7 +432,10 @@ class _CsrProductVjp(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        dy = (ctx.cot * grad).reshape(ctx.g.num_dst, *ctx.x_shape[1:])
+        # the surrogate is differentiated on its own (grad 1): no pass over cot to scale it
+        # by 1, where that is known without a device sync
+        unit = grad.device.type == "cpu" and bool(grad == 1)
+        dy = (ctx.cot if unit else ctx.cot * grad).reshape(ctx.g.num_dst, *ctx.x_shape[1:])
         return (*_CsrProduct.backward(ctx, dy), None)
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import SarcError
-from ..graph import missing_attribute
+from ..graph import Graph, missing_attribute
 from ..planner.plan import EXEC_MODES
 from ..planner.stats import ShardStats
 from ..runtime.sharded import ShardedGraph
@@ -90,6 +90,8 @@ class DistGraph:
         self.edge_offsets = tuple(offsets)
         self._csr = None
         self._edges_into = None
+        self._own = None
+        self._degrees: dict = {}
 
     def on_shard(self, shard: ShardedGraph) -> "DistGraph":
         """This DistGraph's programs, exchanger and counter on another shard of the same
@@ -146,6 +148,23 @@ class DistGraph:
     def num_local(self) -> int:
         """This worker's rows (node features have one per row): its blocks' local sources."""
         return self.shard.num_local
+
+    @property
+    def own(self) -> Graph:
+        """This worker's rows as an edgeless graph, what a layer's node-local parts run on;
+        built once per shard, not per layer call."""
+        if self._own is None:
+            empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+            self._own = Graph.from_edges(empty, empty, self.num_local)
+        return self._own
+
+    def degree(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The shard's ``in_degree`` / ``out_degree`` (whole-graph degrees of its rows) in a
+        layer's ``dtype``, converted once per shard."""
+        key = (name, dtype)
+        if key not in self._degrees:
+            self._degrees[key] = getattr(self.shard, name).to(dtype)
+        return self._degrees[key]
 
     @property
     def edges_into(self) -> torch.Tensor:

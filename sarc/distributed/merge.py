@@ -81,17 +81,27 @@ class SumMerge:
     def __init__(self, divisor: torch.Tensor | None = None):
         self.divisor = None if divisor is None else divisor.clamp(min=1)
         self.total: torch.Tensor | None = None
+        self.owned = False  # total is this merge's to add to in place (not a block's partial)
 
     def add(self, y: torch.Tensor, rows: torch.Tensor | None = None, n: int | None = None) -> None:
-        if rows is None:
-            self.total = y.clone() if self.total is None else self.total.add_(y)
+        if rows is None and self.total is None:  # a whole part first: the total as it is
+            self.total = y
+            return
+        if rows is None and not self.owned and self.total.dtype == y.dtype:
+            self.total, self.owned = self.total + y, True
             return
         if self.total is None:
             self.total = _full(n, y, 0.0)
-        self.total.index_add_(0, rows, y)
+        elif not self.owned:
+            self.total = self.total.clone()
+        self.owned = True
+        if rows is None:
+            self.total.add_(y)
+        else:
+            self.total.index_add_(0, rows, y)
 
     def finish(self, zeros: torch.Tensor) -> torch.Tensor:
-        total = zeros if self.total is None else self.total
+        total = zeros.contiguous() if self.total is None else self.total
         self.total = None  # the cotangent needs only the divisor: free the sums (mean)
         return total if self.divisor is None else total / _rows(self.divisor.to(total.dtype), total)
 
@@ -155,7 +165,7 @@ class SoftmaxMerge(_AtRows):
             shape = zeros.shape[:self.score_dims]
             self.m = torch.full(shape, NEG_INF, dtype=zeros.dtype, device=zeros.device)
             self.s = torch.zeros(shape, dtype=zeros.dtype, device=zeros.device)
-            self.acc = zeros
+            self.acc = zeros.contiguous()
         empty = self.s == 0
         self.out = torch.where(_expand(empty, self.acc), torch.zeros((), dtype=self.acc.dtype),
                                self.acc / _expand(torch.where(empty, 1.0, self.s), self.acc))

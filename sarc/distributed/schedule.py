@@ -208,10 +208,9 @@ class Call:
         self.node_inputs, self.edge_inputs = node_inputs, edge_inputs
         self.params, self.training, self._seed = params, training, seed
         n = dg.num_local
-        empty = torch.zeros(0, dtype=torch.int64, device=dg.device)
-        self.own = Graph.from_edges(empty, empty, n).to(dg.device)
+        self.own = dg.own
         inputs = program.split.layer.inputs()  # the degrees in the layer's precision
-        builtins = {k: getattr(dg.shard, k).to(inputs[k].dtype.to_torch())
+        builtins = {k: dg.degree(k, inputs[k].dtype.to_torch())
                     for k in ("in_degree", "out_degree") if k in inputs}
         self.src_inputs = self.dst_inputs = {**builtins, **node_inputs}
         if dg.num_dst < n:  # a bipartite local block: the destinations are the first rows
@@ -510,8 +509,10 @@ class Merges:
         out = {}
         for a in self.split.aggregates:
             t = self.split.edge.values[dict(self.split.edge.outputs)[a.name]].type
-            zeros = torch.zeros((self.num_dst, *t.feat), dtype=t.dtype.to_torch(),
-                                device=self.device)
+            # the aggregate's shape and dtype, and its value where no block gave a part:
+            # zero, stored once (a rule that returns it makes it a tensor of its own)
+            zeros = torch.zeros((), dtype=t.dtype.to_torch(), device=self.device).expand(
+                self.num_dst, *t.feat)
             out[a.name] = self.rules[a.name].finish(zeros)
         return out
 
