@@ -152,12 +152,17 @@ def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
 def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
     """Where the code being traced may hold a function by name (``from dgl.nn.functional
     import edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
-    and every loaded module of the user's own code, which is neither sarc, torch, numpy,
-    the standard library nor an installed package (a helper module the layer calls)."""
+    and every loaded module of the user's own code, which is neither sarc (its generated
+    modules included: a long run loads thousands, each scanned at every trace otherwise),
+    torch, numpy, the standard library nor an installed package (a helper module the layer
+    calls)."""
+    from .backends.codegen import GENERATED_PACKAGE
     found = {id(m): m for m in _traced_modules(modules)}
-    for mod in list(sys.modules.values()):
+    generated = GENERATED_PACKAGE + "."
+    for name, mod in list(sys.modules.items()):
         path = getattr(mod, "__file__", None)
-        if isinstance(path, str) and id(mod) not in found and _is_users(path):
+        if (isinstance(path, str) and id(mod) not in found and not name.startswith(generated)
+                and _is_users(path)):
             found[id(mod)] = mod
     return [vars(m) for m in found.values()]
 

@@ -600,3 +600,17 @@ def test_traced_python_functions_have_torchs_signature():
     assert TORCH_FUNCTIONS[F.dropout].fixed == {"inplace": False}
     assert isinstance(inspect.signature(TORCH_FUNCTIONS[torch.div].record)
                       .parameters["rounding_mode"].default, Fixed)
+
+
+def test_generated_modules_are_not_searched_for_the_users_names():
+    """A trace looks for drawing functions the user's modules hold by name (this file's
+    ``draw_uniform``); sarc's generated modules, thousands in a long run, are sarc's code
+    and are left out (each trace scanned every one of them)."""
+    from sarc.backends.codegen import load_module
+    from sarc.trace_guards import code_namespaces
+
+    _, generated = load_module("trace_guard_probe", "import random\nfrom random import uniform\n")
+    spaces = code_namespaces([])
+    assert any(ns is vars(inspect.getmodule(test_generated_modules_are_not_searched_for_the_users_names))
+               for ns in spaces)
+    assert not any(ns is vars(generated) for ns in spaces)
