@@ -21,6 +21,10 @@ from pathlib import Path
 
 from .errors import SarcError
 
+GENERATED_PACKAGE = "sarc_generated"
+"""The package of every generated module in ``sys.modules`` (its name a ``file_stem``):
+sarc's code, not the user's (``sarc.trace_guards.code_namespaces`` leaves them out)."""
+
 
 class BadNameError(SarcError):
     """A name from the user's code that sarc cannot use (not a string)."""

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .errors import DSLError, SarcError, SourceLoc
+from .names import GENERATED_PACKAGE
 from .trace import (TRAINING, _has_proxy, _installed, _is_core_library, _is_library, _is_sarc,
                     _torch_name, traced_code, user_loc)
 
@@ -156,7 +157,6 @@ def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
     modules included: a long run loads thousands, each scanned at every trace otherwise),
     torch, numpy, the standard library nor an installed package (a helper module the layer
     calls)."""
-    from .backends.codegen import GENERATED_PACKAGE
     found = {id(m): m for m in _traced_modules(modules)}
     generated = GENERATED_PACKAGE + "."
     for name, mod in list(sys.modules.items()):

@@ -104,11 +104,6 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-GENERATED_PACKAGE = "sarc_generated"
-"""The package name of every generated module in ``sys.modules``: sarc's code, not the
-user's (``sarc.trace_guards.code_namespaces`` leaves them out)."""
-
-
 def load_module(name: str, source: str) -> tuple[Path, ModuleType]:
     """Write ``source`` to the cache as ``name.py`` (``name`` made a safe file name) and
     import it."""
@@ -116,7 +111,7 @@ def load_module(name: str, source: str) -> tuple[Path, ModuleType]:
     path = names.inside(cache_dir(), f"{stem}.py")
     if not path.exists() or path.read_text() != source:
         write_atomic(path, source)
-    mod_name = f"{GENERATED_PACKAGE}.{stem}"
+    mod_name = f"{names.GENERATED_PACKAGE}.{stem}"
     if mod_name in sys.modules:
         return path, sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, path)
