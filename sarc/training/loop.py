@@ -150,12 +150,13 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     calls."""
     g = batch.graph
     with g.forward_pass() if hasattr(g, "forward_pass") else contextlib.nullcontext():
-        if batch.node_ids is not None and isinstance(model, EmbeddingInput):
-            return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
         try:
+            if batch.node_ids is not None and isinstance(model, EmbeddingInput):
+                return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
             return model(g, batch.x, **batch.edge_inputs)
-        except TypeError:
-            _check_call(model, (g, batch.x), batch.edge_inputs)
+        except TypeError:   # the call checked against the forward that takes the inputs
+            from ..dsl import input_taker
+            _check_call(input_taker(model), (g, batch.x), batch.edge_inputs)
             raise
 
 

@@ -87,7 +87,8 @@ def build_model(in_feats, num_classes, **_):
 """
 
 
-@case("cli", "a model whose forward needs edge data no sarc layer of it declares", "error")
+@case("cli", "a model whose forward needs edge data no sarc layer of it declares, on a "
+             "graph with node features and on a featureless one (a learned input)", "error")
 def test_model_forward_needing_edge_data_no_layer_declares(tmp_path):
     model = tmp_path / "weighted.py"
     model.write_text(EDGE_WEIGHT_UNDECLARED)
@@ -95,7 +96,19 @@ def test_model_forward_needing_edge_data_no_layer_declares(tmp_path):
     assert_error(proc, "missing a required argument: 'edge_weight'",
                  "no sarc layer of the model declares an edge feature 'edge_weight' "
                  "(declared: w)", "sarc_inputs")
-    assert "Traceback" not in proc.stderr
+    # on a featureless graph the model is wrapped in its learned input, and the hint is
+    # still the model's forward's (not the wrapper's)
+    import numpy as np
+    gen, n = np.random.default_rng(0), 30
+    np.savez(tmp_path / "nofeat.npz", edge_src=gen.integers(0, n, 90),
+             edge_dst=gen.integers(0, n, 90), label=gen.integers(0, 3, n),
+             train_mask=np.arange(n) < 20, val_mask=np.arange(n) >= 25,
+             test_mask=(np.arange(n) >= 20) & (np.arange(n) < 25))
+    proc = run_sarc("train", model, "--dataset", tmp_path / "nofeat.npz", "--set",
+                    "embedding_dim=4", "--epochs", "1")
+    assert_error(proc, "missing a required argument: 'edge_weight'",
+                 "no sarc layer of the model declares an edge feature 'edge_weight' "
+                 "(declared: w)", "sarc_inputs")
 
 
 @case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
