@@ -63,10 +63,21 @@ class Graph:
     in_degree: torch.Tensor  # [num_dst] float32, edges into each dst node
     out_degree: torch.Tensor  # [num_src] float32, edges out of each src node
     dst_in_src: bool = True  # dst nodes are the first num_dst src nodes (False: a split block)
+    src_in_degree: torch.Tensor | None = None  # [num_src] float32, see source_in_degree
 
     @property
     def num_edges(self) -> int:
         return int(self.src.numel())
+
+    @property
+    def source_in_degree(self) -> torch.Tensor | None:
+        """[num_src] the in-degree of every source node (``src.in_degree``): ``in_degree``
+        where every source is a destination, else what the block was built with (a
+        mini-batch block: its sources' in-degrees in the whole graph), else None (not
+        known: their in-edges are not in the block)."""
+        if self.src_in_degree is not None:
+            return self.src_in_degree
+        return self.in_degree if self.num_src == self.num_dst and self.dst_in_src else None
 
     __getattr__ = missing_attribute
 
@@ -77,13 +88,15 @@ class Graph:
     @staticmethod
     def from_edges(src, dst, num_nodes: int | None = None, *, num_src: int | None = None,
                    num_dst: int | None = None, out_degree=None, in_degree=None,
-                   dst_in_src: bool = True) -> "Graph":
+                   dst_in_src: bool = True, src_in_degree=None) -> "Graph":
         """Build a graph (``num_nodes``) or a block (``num_src``, ``num_dst``).
 
         ``out_degree``/``in_degree`` override the degrees counted on these edges,
         for a block cut from a larger graph whose layers normalize by the
-        degrees of the whole graph. ``dst_in_src=False`` builds a split block,
-        whose dst nodes are not among its src nodes (any ``num_dst``).
+        degrees of the whole graph; ``src_in_degree`` gives a block's sources'
+        in-degrees there (``src.in_degree``, which the block's edges do not count).
+        ``dst_in_src=False`` builds a split block, whose dst nodes are not among its
+        src nodes (any ``num_dst``).
         """
         src = _as_index(src, "src")
         dst = _as_index(dst, "dst")
@@ -116,13 +129,16 @@ class Graph:
         in_deg = counts.to(torch.float32) if in_degree is None else _degree(in_degree, num_dst, "in_degree")
         out_deg = (torch.bincount(src, minlength=num_src).to(torch.float32)
                    if out_degree is None else _degree(out_degree, num_src, "out_degree"))
+        src_in = None if src_in_degree is None else _degree(src_in_degree, num_src,
+                                                              "src_in_degree")
         return Graph(num_src, num_dst, src_sorted, dst_sorted, perm, rowptr, in_deg, out_deg,
-                     bool(dst_in_src))
+                     bool(dst_in_src), src_in)
 
     def to(self, device) -> "Graph":
         tensors = (t.to(device) for t in (
             self.src, self.dst, self.perm, self.rowptr, self.in_degree, self.out_degree))
-        return Graph(self.num_src, self.num_dst, *tensors, self.dst_in_src)
+        src_in = None if self.src_in_degree is None else self.src_in_degree.to(device)
+        return Graph(self.num_src, self.num_dst, *tensors, self.dst_in_src, src_in)
 
     @property
     def device(self) -> torch.device:

@@ -30,7 +30,7 @@ from torch import nn
 
 from .checkpoint import CheckpointConfig, run_record, seed_all
 from .datasets import Dataset, add_self_loops_with_data, check_dataset, load_dataset
-from .dsl import Layer, edge_inputs_for
+from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec, exit_call
@@ -542,23 +542,14 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
 
 def check_minibatch_model(mode: str, edge_inputs, model: nn.Module) -> None:
     """A model that trains in ``mode`` (mfg, sampling), given ``edge_inputs``: one reading
-    node types (``sarc.HeteroConv``, ``sarc.TypedInput``) or a source's in-degree trains
-    full-batch only; refused by ``sarc train`` (one process and workers) before the first
-    step, and by ``sarc compile``."""
+    node types (``sarc.HeteroConv``, ``sarc.TypedInput``) trains full-batch only; refused
+    by ``sarc train`` (one process and workers) before the first step, and by ``sarc
+    compile``. (A source's in-degree, ``src.in_degree``, is the whole graph's in every
+    mode: a step's blocks carry their sources' in-degrees.)"""
     if "ntype" in edge_inputs:
         raise TrainError(f"{mode} mode: the model reads node types (sarc.HeteroConv, "
                          f"sarc.TypedInput), which train full-batch only (--mode full)")
     graph_layers(model)   # a HeteroConv is refused by name
-    from .runtime.bind import reads_source_in_degree
-    for name, layer in model.named_modules():
-        routed = getattr(type(layer).forward, "_sarc_routed", False)   # DGL's, after patch()
-        if (routed and type(layer).forward._sarc_reads_source_in_degree(layer)) or (
-                isinstance(layer, Layer) and reads_source_in_degree(layer, layer.trace())):
-            shown = layer.display_name() if isinstance(layer, Layer) else type(layer).__name__
-            raise TrainError(f"{mode} mode: layer {name} ({shown}) reads the "
-                             f"in-degree of source nodes, which a mini-batch step's block "
-                             f"has not (its other sources' in-edges are not in it): train "
-                             f"the model with --mode full")
 
 
 def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,

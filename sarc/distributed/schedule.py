@@ -33,8 +33,7 @@ from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
-from ..runtime.bind import (BUILTINS, check_feature, check_source_in_degree, check_type_ids,
-                            resolve_features)
+from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
@@ -133,7 +132,6 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     given = resolve_features(layer, args, feats)
     prog = program_for(layer, dg, input_needs_grad(layer, given))
     fn = prog.split.layer
-    check_source_in_degree(layer, fn, dg.num_local, dg.num_dst)
     node_inputs, edge_inputs = {}, {}
     for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges
         if name in BUILTINS and name not in layer._sarc_node:

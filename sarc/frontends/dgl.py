@@ -1037,16 +1037,7 @@ def _routed(forward):
     run._sarc_routed = True
     run._sarc_round_count = _round_count
     run._sarc_held = _held_layers
-    run._sarc_reads_source_in_degree = _reads_source_in_degree
     return run
-
-
-def _reads_source_in_degree(module) -> bool:
-    """Whether a patched conv scales source features by ``g.in_degrees()`` (SGConv, TAGConv,
-    GCN2Conv): known before its first call, so a mini-batch mode, whose blocks have no
-    in-degree of their other sources, refuses it before training."""
-    from dgl.nn.pytorch import GCN2Conv, SGConv, TAGConv
-    return isinstance(module, (SGConv, TAGConv, GCN2Conv))
 
 
 def _round_count(module) -> int:

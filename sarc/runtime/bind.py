@@ -31,12 +31,14 @@ def bind_inputs(layer, fn: Function, g, args: tuple, feats: Mapping) -> dict[str
                          f"as in a shard's block of remote edges); a layer runs on a block "
                          f"with dst_in_src=True")
     given = resolve_features(layer, args, feats)
-    check_source_in_degree(layer, fn, g.num_src, g.num_dst)
+    check_source_in_degree(layer, fn, g)
     node = layer._sarc_node
+    # the sources' in-degrees where a source reads one (a destination's are their first rows)
+    in_degree = g.source_in_degree if reads_source_in_degree(layer, fn) else g.in_degree
     out: dict[str, torch.Tensor] = {}
     for name, t in fn.inputs().items():
         if name in BUILTINS and name not in node:
-            degree = g.in_degree if name == "in_degree" else g.out_degree
+            degree = g.out_degree if name == "out_degree" else in_degree
             out[name] = degree.to(t.dtype.to_torch())  # in the layer's precision
             continue
         is_edge = t.domain is Domain.EDGE
@@ -56,17 +58,19 @@ def reads_source_in_degree(layer, fn: Function) -> bool:
         for v in fn.values)
 
 
-def check_source_in_degree(layer, fn: Function, num_src: int, num_dst: int) -> None:
+def check_source_in_degree(layer, fn: Function, g: Graph) -> None:
     """A layer reading its sources' in-degree (``src.in_degree``; DGL's SGConv, TAGConv and
-    GCN2Conv scale source features by ``g.in_degrees()``) runs where every source is a
-    destination: a whole graph, or a worker's shard of one. A block with other sources (a
-    mini-batch step's) has the in-degrees of its destinations only."""
-    if num_src != num_dst and reads_source_in_degree(layer, fn):
+    GCN2Conv scale source features by ``g.in_degrees()``) runs where the graph knows it
+    (``Graph.source_in_degree``): every source a destination (a whole graph), or a block
+    built with its sources' in-degrees (a mini-batch step's, ``src_in_degree``). A worker's
+    shard always has them: its rows' in the whole graph."""
+    if g.source_in_degree is None and reads_source_in_degree(layer, fn):
         raise GraphError(f"{layer.display_name()} reads the in-degree of source nodes "
                          f"(src.in_degree, or DGL's g.in_degrees() scaling source features), "
-                         f"known where every source is a destination; this block has "
-                         f"{num_src} sources for {num_dst} destinations (a mini-batch step's "
-                         f"block, --mode mfg or sampling): train the model with --mode full")
+                         f"which this block does not know: it has {g.num_src} sources for "
+                         f"{g.num_dst} destinations, and the in-edges of the others are not "
+                         f"in it; build it with Graph.from_edges(..., src_in_degree=) (their "
+                         f"in-degrees in the whole graph, as sarc's mini-batch blocks are)")
 
 
 _INDEXED = {Op.INDEX: (0, 1), Op.TYPED_LINEAR: (1, 2)}

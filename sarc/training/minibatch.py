@@ -218,8 +218,11 @@ class MiniBatchGraph:
 
 
 def local_blocks(blocks: Sequence[LayerBlock], device: torch.device | None = None) -> list:
-    """``graphs_of`` on one process: each block's local block, a ``Graph`` (on ``device``)."""
-    return [b.local_block if device is None else b.local_block.to(device) for b in blocks]
+    """``graphs_of`` on one process: each block's local block, a ``Graph`` (on ``device``),
+    with its sources' in-degrees in the whole graph (``src.in_degree``)."""
+    graphs = [dataclasses.replace(b.local_block, src_in_degree=b.shard.in_degree)
+              for b in blocks]
+    return graphs if device is None else [g.to(device) for g in graphs]
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from .catalogue import case
-from .harness import ROOT, assert_error, run_sarc
+from .harness import ROOT, assert_error, on_workers, run_sarc
 
 SAGE = ROOT / "models" / "sage.py"
 
@@ -87,7 +87,10 @@ def test_compile_refuses_what_train_refuses_in_a_minibatch_mode(tmp_path, mode):
 
 SOURCE_IN_DEGREE = '''
 import sarc
+import torch.nn.functional as F
 from torch import nn
+
+HPARAMS = {"weight_decay": 0.0}
 
 
 class Scaled(sarc.Layer):
@@ -111,28 +114,49 @@ class Net(nn.Module):
         return self.conv(g, x)
 
 
+class Deep(nn.Module):
+    def __init__(self, f, c):
+        super().__init__()
+        self.conv1, self.conv2 = Scaled(f, 8), Scaled(8, c)
+
+    def forward(self, g, x):
+        return self.conv2(g, F.relu(self.conv1(g, x)))
+
+
 def build_model(in_feats, num_classes, **_):
-    return Net(in_feats, num_classes)
+    return Deep(in_feats, num_classes)
 '''
 
 
-@case("cli", "`sarc compile` / `sarc train --mode mfg` of a model reading `src.in_degree` "
-      "(a block has no in-degree for its other sources)", "error")
-@pytest.mark.parametrize("command", ["compile", "train"])
-def test_a_source_in_degree_is_refused_in_a_minibatch_mode(tmp_path, command):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_source_in_degree_trains_in_mfg_mode_as_full_batch(tmp_path, workers):
+    """``src.in_degree`` is the whole graph's in every mode: a step's blocks carry their
+    sources' in-degrees (the input layer's block has sources that are no destination), so
+    MFG training on every training node is full-batch training, on one process and on
+    workers."""
+    import json
+
+    from sarc.loader import load_model_file
+    from sarc.train import train
+
     model = tmp_path / "scaled.py"
     model.write_text(SOURCE_IN_DEGREE)
-    extra = ["--out", tmp_path / "o"] if command == "compile" else ["--epochs", "1"]
-    proc = run_sarc(command, model, "--mode", "mfg", *extra)
-    assert_error(proc, "mfg mode: layer conv (Scaled) reads the in-degree of source nodes",
-                 "--mode full")
-    assert not (tmp_path / "o").exists()
+    want = train(load_model_file(model), "cora", epochs=3, log=None)
+    out = tmp_path / "mfg.json"
+    proc = run_sarc("train", model, "--mode", "mfg", "--epochs", "3", *on_workers(workers),
+                    "--json", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["mode"] == "mfg" and got["workers"] == workers
+    assert abs(got["final_loss"] - want["final_loss"]) <= 1e-5 * want["final_loss"], \
+        (got["final_loss"], want["final_loss"])
 
 
 TWICE = (SOURCE_IN_DEGREE
          .replace(" * src.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)", "")
          .replace("self.conv = Scaled(f, c)", "self.conv, self.out = Scaled(f, f), nn.Linear(f, c)")
-         .replace("return self.conv(g, x)", "return self.out(self.conv(g, self.conv(g, x)))"))
+         .replace("return self.conv(g, x)", "return self.out(self.conv(g, self.conv(g, x)))")
+         .replace("return Deep(in_feats, num_classes)", "return Net(in_feats, num_classes)"))
 
 
 @case("cli", "`sarc compile --mode mfg` of a model calling its one sarc layer twice (a step "
