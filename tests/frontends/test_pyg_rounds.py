@@ -141,7 +141,25 @@ class DGLRoundsModel(nn.Module):
         return self.appnp(g, self.lin(x))
 
 
-MODELS = {"pyg": RoundsModel, "dgl": DGLRoundsModel}
+class DGLSourceDegreesModel(nn.Module):
+    """DGL's SGConv then TAGConv (2 rounds each, four blocks per step), whose rounds scale
+    source features by the sources' in-degrees: the whole graph's, which a block carries."""
+
+    def __init__(self):
+        super().__init__()
+        from dgl.nn.pytorch import SGConv, TAGConv
+
+        from sarc.frontends.dgl import from_dgl_module
+        torch.manual_seed(3)
+        self.sg = from_dgl_module(SGConv(5, 3, k=2, allow_zero_in_degree=True),
+                                  node={"feat": 5})
+        self.tag = from_dgl_module(TAGConv(3, 3, k=2), node={"feat": 3})
+
+    def forward(self, g, x, w):
+        return self.tag(g, F.relu(self.sg(g, x)))
+
+
+MODELS = {"pyg": RoundsModel, "dgl": DGLRoundsModel, "dgl_sources": DGLSourceDegreesModel}
 
 
 def _mfg_step(shard, group, rows, kind="pyg"):
@@ -212,12 +230,13 @@ def _close(got, want, x_grad):
 
 
 @pytest.mark.parametrize("parts", [1, 2])
-@pytest.mark.parametrize("kind", ["pyg", "dgl"])
+@pytest.mark.parametrize("kind", ["pyg", "dgl", "dgl_sources"])
 def test_mfg_step_of_k_round_convs_equals_the_full_batch_step(kind, parts, tmp_path):
-    """PyG's TAGConv and APPNP (4 rounds), DGL's APPNPConv (3 rounds)."""
+    """PyG's TAGConv and APPNP (4 rounds), DGL's APPNPConv (3 rounds), DGL's SGConv and
+    TAGConv (4 rounds reading their sources' in-degrees)."""
     from sampling.graphs import run_workers, tiny_graph
     from sarc.training.minibatch import whole_graph_shard
-    if kind == "dgl":
+    if kind.startswith("dgl"):
         pytest.importorskip("dgl", reason="DGL's convs: in the DGL environment")
     g = tiny_graph(n=30, e=150, seed=7, isolated=2)
     want = _full_batch(g, kind)
@@ -225,7 +244,7 @@ def test_mfg_step_of_k_round_convs_equals_the_full_batch_step(kind, parts, tmp_p
         shard = whole_graph_shard(g.src, g.dst, g.num_nodes, g.edata, self_loops=False)
         got = _mfg_step(shard, False, (g.ndata["feat"], g.ndata["label"],
                                        g.ndata["train_mask"]), kind)
-        assert got["layers"] == {"pyg": 4, "dgl": 3}[kind]
+        assert got["layers"] == {"pyg": 4, "dgl": 3, "dgl_sources": 4}[kind]
         _close(got, want, got["x_grad"])
         return
     records = run_workers(_work, parts, tmp_path, g, parts, kind, timeout_s=240)
