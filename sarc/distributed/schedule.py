@@ -149,6 +149,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     training = layer.training
     seed = rng.draw_seed() if training else None
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
+    call.differentiable = torch.is_grad_enabled()   # its forward keeps the node parts' graphs
     flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]
     outs = _DistLayer.apply(call, *flat)
     names = [k for k, _ in fn.outputs]
@@ -220,6 +221,8 @@ class Call:
         self.kept: dict[int, torch.Tensor] = {}
         self.first_fetch = True
         self.needs: tuple[bool, ...] = ()
+        self.differentiable = False
+        self.recorded: dict = {}  # node part -> (its leaves, its outputs under autograd)
         self.saved = None
 
     # --- forward --------------------------------------------------------------------------
@@ -231,6 +234,20 @@ class Call:
         j, c = piece.key if piece is not None else (4098, 0)
         key = ((self.dg.rank * 4099 + j) * 65536 + c) * 8 + _PART_KEYS[part]
         return rng.mask_seed(self._seed, key)
+
+    def node_part(self, part, feeds: dict, seed) -> dict:
+        """A node-local part (src, dst_pre, dst_post) in the forward pass. In a call that
+        will be differentiated it runs under autograd on leaves of its feeds, and its graph
+        is kept for ``node_vjp``: the backward pass does not compute it again (it keeps what
+        the layer on a ``Graph`` keeps of its node values, as the plan's figure says; only
+        edge values and remote rows are recomputed). Its outputs are returned detached."""
+        if not (self.differentiable and any(self.needs)):
+            return part(self.own, feeds, self.params, self.training, seed)
+        leaves = self._leaves(feeds)
+        with torch.enable_grad():
+            outs = part(self.own, leaves, self._param_leaves(), self.training, seed)
+        self.recorded[part] = (leaves, outs)
+        return {k: v.detach() for k, v in outs.items()}
 
     def pack(self, values: dict) -> torch.Tensor:
         """The exchanged values of every owned row side by side: [num_local, width]."""
@@ -365,15 +382,27 @@ class Call:
             if k.startswith("param:"):
                 self._accumulate(self.grad_params, k[6:], g)
 
-    def node_vjp(self, part, feeds: dict, seed, cot: dict) -> dict:
-        """Recompute a node-local part with autograd; returns the gradients of its ``$agg``
-        feeds, adds the others (features, dst values, params) to the call's."""
+    def _leaves(self, feeds: dict) -> dict:
+        """A node part's feeds as autograd leaves: a gradient for sarc's own values ($...)
+        and for the inputs that need one."""
         leaves = {}
         for k, t in feeds.items():
             want = (k.startswith("$") or self._need(k)) and t.dtype.is_floating_point
             leaves[k] = t.detach().requires_grad_(want)
+        return leaves
+
+    def node_vjp(self, part, feeds: dict, seed, cot: dict) -> dict:
+        """The gradients of a node-local part: of its graph kept by the forward pass
+        (``node_part``), else of the part computed again with autograd; returns the
+        gradients of its ``$agg`` feeds, adds the others (features, dst values, params) to
+        the call's."""
         pleaves = self._param_leaves()
-        outs = part(self.own, leaves, pleaves, self.training, seed)
+        kept = self.recorded.pop(part, None)
+        if kept is not None:
+            leaves, outs = kept
+        else:
+            leaves = self._leaves(feeds)
+            outs = part(self.own, leaves, pleaves, self.training, seed)
         pairs = [(outs[k], c) for k, c in cot.items() if c is not None and outs[k].requires_grad]
         if not pairs:
             return {}

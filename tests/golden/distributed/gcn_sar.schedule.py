@@ -99,7 +99,7 @@ def dst_post_part(g, inputs, params, training, seed):
 def forward(rt):
     """Forward schedule: rows out, partial aggregates per source block, merged; the outputs."""
     # 1. the exchanged values on this worker's rows, all of a row in one buffer
-    x = rt.pack(src_part(rt.own, rt.src_inputs, rt.params, rt.training, rt.seed("src")))
+    x = rt.pack(rt.node_part(src_part, rt.src_inputs, rt.seed("src")))
     d = {}
     norms = {}
     # 2. one pass over the source blocks: the local block, then round by round, piece by piece
@@ -109,14 +109,14 @@ def forward(rt):
                                     rt.training, rt.seed("edge", j), rt.piece_norms(j, norms)))
     aggs = merges.finish()
     # 3. the layer's outputs from the merged aggregates
-    out = dst_post_part(rt.own, {**rt.dst_inputs, **d, **aggs}, rt.params, rt.training,
-                        rt.seed("post"))
+    out = rt.node_part(dst_post_part, {**rt.dst_inputs, **d, **aggs}, rt.seed("post"))
     rt.save(x=x, d=d, aggs=aggs, merges=merges, norms=norms)
     return out
 
 
 def backward(rt, grad_out):
-    """Backward schedule: each part recomputed with autograd; row gradients to their owners."""
+    """Backward schedule: the node parts' kept graphs, each edge block recomputed with
+    autograd; row gradients to their owners."""
     s = rt.saved
     # 1. update: gradients of the merged aggregates (and of dst inputs and params)
     g_aggs = rt.node_vjp(dst_post_part, {**rt.dst_inputs, **s.d, **s.aggs}, rt.seed("post"),
