@@ -23,6 +23,7 @@ import functools
 import os
 import sys
 import threading
+import weakref
 from types import ModuleType
 from typing import Callable, Iterable, Mapping
 
@@ -154,17 +155,46 @@ def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
     """Where the code being traced may hold a function by name (``from dgl.nn.functional
     import edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
     and every loaded module of the user's own code, which is neither sarc (its generated
-    modules included: a long run loads thousands, each scanned at every trace otherwise),
-    torch, numpy, the standard library nor an installed package (a helper module the layer
-    calls)."""
+    modules included: a long run loads thousands), torch, numpy, the standard library nor
+    an installed package (a helper module the layer calls)."""
     found = {id(m): m for m in _traced_modules(modules)}
-    generated = GENERATED_PACKAGE + "."
-    for name, mod in list(sys.modules.items()):
-        path = getattr(mod, "__file__", None)
-        if (isinstance(path, str) and id(mod) not in found and not name.startswith(generated)
-                and _is_users(path)):
-            found[id(mod)] = mod
+    for mod in _users_modules():
+        found.setdefault(id(mod), mod)
     return [vars(m) for m in found.values()]
+
+
+_VERDICTS: dict[str, tuple[weakref.ref, bool]] = {}
+"""Per name in ``sys.modules``: (the module, held weakly; whether it is the user's code),
+so that a trace, which looks at every loaded module four times, asks each once."""
+
+
+_USERS_OF: tuple = ((), [])
+"""(what ``sys.modules`` held: its names and its modules' ids, the user's modules among
+them): a trace looks four times, and most traces follow one another with no import."""
+
+
+def _users_modules() -> list[ModuleType]:
+    """The loaded modules of the user's own code (``code_namespaces``)."""
+    global _USERS_OF
+    held = (tuple(sys.modules), tuple(map(id, sys.modules.values())))
+    if _USERS_OF[0] == held:
+        return _USERS_OF[1]
+    generated = GENERATED_PACKAGE + "."
+    out = []
+    for name, mod in list(sys.modules.items()):
+        hit = _VERDICTS.get(name)
+        if hit is None or hit[0]() is not mod:
+            path = getattr(mod, "__file__", None)
+            users = (isinstance(path, str) and not name.startswith(generated)
+                     and _is_users(path))
+            try:
+                hit = _VERDICTS[name] = (weakref.ref(mod), users)
+            except TypeError:  # not a module (a placeholder some packages put there)
+                hit = (lambda: None, users)
+        if hit[1]:
+            out.append(mod)
+    _USERS_OF = (held, out)
+    return out
 
 
 @functools.lru_cache(maxsize=None)

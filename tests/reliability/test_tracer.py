@@ -614,3 +614,31 @@ def test_generated_modules_are_not_searched_for_the_users_names():
     assert any(ns is vars(inspect.getmodule(test_generated_modules_are_not_searched_for_the_users_names))
                for ns in spaces)
     assert not any(ns is vars(generated) for ns in spaces)
+
+
+def test_a_module_loaded_or_replaced_between_traces_is_searched(tmp_path):
+    """What a trace remembers of ``sys.modules`` (which modules are the user's) follows it:
+    a module of the user's loaded after one trace, or put in another's place under its
+    name, is searched by the next."""
+    import sys
+    import types
+
+    from sarc.trace_guards import code_namespaces
+
+    def users_module(tag):
+        mod = types.ModuleType("sarc_probe_users_module")
+        mod.__file__ = str(tmp_path / f"{tag}.py")
+        return mod
+
+    code_namespaces([])
+    first, second = users_module("first"), users_module("second")
+    sys.modules[first.__name__] = first
+    try:
+        assert any(ns is vars(first) for ns in code_namespaces([]))
+        sys.modules[first.__name__] = second
+        spaces = code_namespaces([])
+        assert any(ns is vars(second) for ns in spaces)
+        assert not any(ns is vars(first) for ns in spaces)
+    finally:
+        del sys.modules[first.__name__]
+    assert not any(ns is vars(second) for ns in code_namespaces([]))
