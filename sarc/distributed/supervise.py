@@ -148,14 +148,22 @@ def run_processes(token: str) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """The processes started by ``pid``, their children, and so on (Linux)."""
+    """The processes started by ``pid``, their children, and so on (Linux). A process or
+    thread that ends while it is read is skipped (its ``/proc`` entries go at any time)."""
     found, todo = [], [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                kids = [int(c) for c in task.read_text().split()]
-                found += kids
-                todo += kids
+        tasks = f"/proc/{todo.pop()}/task"
+        try:
+            tids = os.listdir(tasks)
+        except OSError:  # gone
+            continue
+        for tid in tids:
+            try:
+                kids = [int(c) for c in Path(f"{tasks}/{tid}/children").read_text().split()]
+            except (OSError, ValueError):  # the thread ended
+                continue
+            found += kids
+            todo += kids
     return found
 
 

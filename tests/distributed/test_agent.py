@@ -75,3 +75,29 @@ def test_failed_workers_are_written_for_sarc_train(run_dir, monkeypatch):
     _torchrun(monkeypatch, _failed(run_dir), parent_dies=False)
     assert agent.main([]) == 1
     assert '"exitcode": -15' in (run_dir / FAILURES).read_text()
+
+
+def test_descendants_of_processes_that_end_while_they_are_read(monkeypatch):
+    """The supervisor lists a run's processes every half second while it waits; one that
+    ends meanwhile takes its /proc entries with it. It is skipped, not an error (sarc train
+    failed after a finished run when a worker's task directory went during the listing)."""
+    import subprocess
+    import sys
+
+    from sarc.distributed import supervise
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in supervise.descendants(os.getpid())
+        real_scandir, real_listdir = os.scandir, os.listdir
+
+        def gone(path, real):
+            if f"/proc/{child.pid}" in str(path) or str(path).endswith("/task"):
+                raise FileNotFoundError(2, "No such file or directory", str(path))
+            return real(path)
+        monkeypatch.setattr(os, "scandir", lambda path=".": gone(path, real_scandir))
+        monkeypatch.setattr(os, "listdir", lambda path=".": gone(path, real_listdir))
+        assert supervise.descendants(os.getpid()) == []
+    finally:
+        child.kill()
+        child.wait()
