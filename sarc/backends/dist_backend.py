@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 from ..ir.function import Function, Value
 from ..ir.ops import Op
 from ..ir.reducers import reducer
+from ..ir.split import X_PREFIX
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
@@ -277,8 +278,16 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
                             blocks_package=package, blocks_module=module,
                             has_src=split.src is not None,
                             has_dst_pre=split.dst_pre is not None, needs_norms=needs_norms,
+                            pre_reads_x=_reads_rows(split.dst_pre),
+                            post_reads_x=_reads_rows(split.dst_post),
                             has_sites=bool(split.softmax_sites), exec_mode=plan.exec_mode)
     return source, lowering
+
+
+def _reads_rows(fn: Function | None) -> bool:
+    """Does a dst part read exchanged values on the worker's own rows (``$x<k>``)?"""
+    return fn is not None and any(v.op is Op.INPUT and v.attr["name"].startswith(X_PREFIX)
+                                  for v in fn.values)
 
 
 def _plain(lowering: EdgeLowering) -> Lower:

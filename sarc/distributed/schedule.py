@@ -266,6 +266,13 @@ class Call:
             off += w
         return out
 
+    def dst_feeds(self, x: torch.Tensor) -> dict:
+        """A dst part's feeds: the dst inputs and the exchanged values ``x`` on the worker's
+        destinations (its first rows), which a dst value equal to an exchanged value's rows
+        reads instead of computing them again (``sarc.ir.split``)."""
+        n = self.dg.num_dst
+        return {**self.dst_inputs, **{k: t[:n] for k, t in self.unpack(x).items()}}
+
     def fetch(self, x, phase: str, which: str) -> RowFetch:
         """The rows of a pass over the source blocks (``which``: normalizers or main)."""
         p, r = self.dg.size, self.dg.rank
@@ -323,6 +330,7 @@ class Call:
         self.grad_node: dict[str, torch.Tensor] = {}
         self.grad_edge: dict[str, torch.Tensor] = {}
         self.grad_d: dict[str, torch.Tensor] = {}
+        self.grad_x: dict[str, torch.Tensor] = {}  # the dst parts' ($x<k> on the first rows)
         self.site_shares: dict[str, SiteShares] = {}  # unfused edge_softmax: per piece
         self.grad_params: dict[str, torch.Tensor] = {}
         self.row_grad: torch.Tensor | None = None
@@ -415,6 +423,8 @@ class Call:
                 out[k] = g
             elif k.startswith("$d"):
                 self._accumulate(self.grad_d, k, g)
+            elif k.startswith("$x"):  # a dst part's read of the worker's exchanged rows
+                self._accumulate(self.grad_x, k, g)
             elif k in self.node_inputs:
                 if g.shape[0] < self.dg.num_local:  # a dst part's, on the first rows
                     g = torch.cat([g, g.new_zeros((self.dg.num_local - g.shape[0], *g.shape[1:]))])
@@ -504,8 +514,15 @@ class Call:
         return {k: self.grad_d.get(k, torch.zeros_like(t)) for k, t in d.items()}
 
     def row_grads(self) -> dict:
+        """The gradients of this worker's exchanged values: from every reader of its rows
+        and from its dst parts (on the first rows)."""
         rows = self.row_grad if self.row_grad is not None else torch.zeros_like(self.saved.x)
-        return self.unpack(rows)
+        out = self.unpack(rows)
+        for k, g in self.grad_x.items():
+            whole = out[k].clone()
+            whole[:g.shape[0]] += g
+            out[k] = whole
+        return out
 
     def input_grads(self) -> tuple:
         out = [self.grad_params.get(k) for k in self.params]

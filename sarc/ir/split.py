@@ -9,7 +9,9 @@ the layer's IR into the parts a schedule runs:
 - ``src``: on the worker's owned rows, X from the layer's src-side inputs
   (node-local: its values are written in the dst domain, one row per owned node);
 - ``dst_pre``: the dst-domain values the edge computations read (GAT's ``er``),
-  from the dst inputs;
+  from the dst inputs and, where a dst value is an exchanged value's first rows
+  (``patterns.dst_rows_of_src``: GAT's ``lin(dst.h)`` is ``lin(src.h)``'s rows), from
+  X on the worker's own rows (DST inputs ``$x<k>``) instead of computed again;
 - ``edge``: per source block, from X's rows of that shard (SRC inputs ``$x<k>``),
   the ``dst_pre`` values (DST inputs ``$d<k>``) and the block's edge features, the
   *partial* aggregates of the block (outputs ``$agg<k>``): every REDUCE and fused
@@ -17,7 +19,8 @@ the layer's IR into the parts a schedule runs:
   the whole-graph in-degree). Values of the src domain that the receiver
   recomputes from X (baseline mode: ``W h`` from ``h``) are part of it;
 - ``dst_post``: from the merged aggregates (DST inputs ``$agg<k>``), the
-  ``dst_pre`` values it needs (``$d<k>``) and the dst inputs, the layer's outputs.
+  ``dst_pre`` values it needs (``$d<k>``), X's rows as ``dst_pre`` reads them and the
+  dst inputs, the layer's outputs.
 
 Each part is an ordinary verified ``Function`` (role ``layer``) that the
 interpreter and every backend run. Aggregates of kind sum (and mean) are plain
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from ..errors import SarcError
 from .function import Builder, Function
 from .ops import Op
+from .patterns import dst_rows_of_src
 from .reducers import REDUCERS
 from .types import Domain, TensorType
 from .verifier import verify
@@ -124,6 +128,7 @@ class _Part:
         self.fn, self.leaf = fn, leaf
         self.b = Builder(name)
         self.map: dict[int, int] = {}
+        self.leaves: dict[str, int] = {}  # one input per leaf name
         self.domain_map = domain_map or {}
         self.kind_map = kind_map or {}
 
@@ -134,7 +139,9 @@ class _Part:
         as_leaf = self.leaf(i)
         if as_leaf is not None:
             name, t = as_leaf
-            new = self.b.leaf(Op.INPUT, name, t, v.loc)
+            if name not in self.leaves:
+                self.leaves[name] = self.b.leaf(Op.INPUT, name, t, v.loc)
+            new = self.leaves[name]
         elif v.op in (Op.INPUT, Op.PARAM):
             t = v.type.with_(domain=self.domain_map.get(v.type.domain, v.type.domain))
             new = self.b.leaf(v.op, v.attr["name"], t, v.loc)
@@ -225,10 +232,16 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
         src_fn = src.finish([(s.name, src.get(s.index)) for s in slots])
 
     # dst parts: before the edges (what they read), after the merge (the outputs) ---------
+    # a dst value that is an exchanged value's first rows is read from X, not computed
+    twins = {i: x_index[j] for i, j in dst_rows_of_src(fn).items() if j in x_index}
+
+    def twin_leaf(i: int):
+        return (f"{X_PREFIX}{twins[i]}", values[i].type) if i in twins else None
+
     dst_values = tuple(d_slots.values())
     dst_pre_fn = None
     if dst_values:
-        pre = _Part(fn, f"{fn.name}_dst_pre", lambda i: None)
+        pre = _Part(fn, f"{fn.name}_dst_pre", twin_leaf)
         dst_pre_fn = pre.finish([(s.name, pre.get(s.index)) for s in dst_values])
     agg_names = {a.index: a.name for a in aggregates}
 
@@ -237,7 +250,7 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
             return agg_names[i], values[i].type
         if i in d_slots:
             return d_slots[i].name, values[i].type
-        return None
+        return twin_leaf(i)
 
     post = _Part(fn, f"{fn.name}_dst_post", post_leaf)
     post_fn = post.finish([(name, post.get(i)) for name, i in fn.outputs])

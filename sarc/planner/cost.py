@@ -61,10 +61,13 @@ class _Kept:
     reshape keeps its input's, a layer input its name's (its src rows), a dst value the
     kernel takes as a src value's first rows (``patterns.dst_rows_of_src``) that value's."""
 
-    def __init__(self, fn: Function, twins: bool = True):
+    def __init__(self, fn: Function, rows_of=None):
         from ..ir.patterns import dst_rows_of_src
-        # dst values the kernel takes as src values' rows (a Graph's kernel, not a schedule)
-        self.twins = dst_rows_of_src(fn) if twins else {}
+        # dst values the kernel takes as src values' rows: any (a Graph's kernel), or the
+        # exchanged ones ``rows_of`` (a distributed schedule's dst parts read them from x)
+        twins = dst_rows_of_src(fn)
+        self.twins = twins if rows_of is None else {i: j for i, j in twins.items()
+                                                     if j in rows_of}
         self.inputs: dict[str, TensorType] = {}
         for v in fn.values:
             if v.op is Op.INPUT and (v.attr["name"] not in self.inputs
@@ -203,15 +206,17 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
 
 
 def saved_for_backward(fn: Function, inputs_need_grad: bool = True, *,
-                       distributed: bool = False) -> dict[str, sympy.Expr]:
+                       distributed: bool = False,
+                       exchanged: tuple[int, ...] = ()) -> dict[str, sympy.Expr]:
     """Bytes kept between forward and backward, split by domain ("edge", "node", "total");
     ``inputs_need_grad``: whether the layer's node features need gradients.
     ``distributed``: of the layer's distributed schedule, which computes a dst value on
-    the worker's own rows apart from the src value it equals (no twins)."""
+    the worker's own rows apart from the src value it equals unless that value is one of
+    the ``exchanged`` (``sarc.ir.split``)."""
     memo: dict = {}
     need = [_needs_grad(fn, j, memo, inputs_need_grad) and v.type.dtype.is_float
             for j, v in enumerate(fn.values)]
-    kept = _Kept(fn, twins=not distributed)
+    kept = _Kept(fn, rows_of=set(exchanged) if distributed else None)
     for i, v in enumerate(fn.values):
         if v.op in FUSED:
             _keep_fused(kept, fn.values, i, v, need)

@@ -242,7 +242,8 @@ def _costs(fn: Function, baseline: bool, inputs_need_grad: bool,
     # the backward pass revisits the blocks only if a gradient flows through the edges
     bwd_passes = (2 if unfused else 1) if _edges_need_grad(fn, inputs_need_grad) else 0
     return _Costs(chosen, alts, passes, bwd_passes,
-                  saved_for_backward(fn, inputs_need_grad, distributed=distributed))
+                  saved_for_backward(fn, inputs_need_grad, distributed=distributed,
+                                     exchanged=chosen.values if chosen is not None else ()))
 
 
 def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,

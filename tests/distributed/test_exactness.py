@@ -54,6 +54,8 @@ def test_the_matrix_takes_every_path(dist_results):
     hybrid = [kept for _, m, kept in plans["gat_p3_hybrid"] + plans["gcn_p3_hybrid"]]
     assert any(0 < len(k) < 2 for layer in hybrid for k in layer), hybrid  # some peers kept
     assert any("DK.softmax_partial" in s for s in sources["gat_p3_sar"])       # online softmax
+    # GAT's dst projection read from the exchanged rows (its gradient added to theirs)
+    assert any("rt.dst_feeds(x)" in s for s in sources["gat_p3_sar"])
     assert any("DK.softmax_normalized" in s for s in sources["gat_p3_baseline"])  # 2 passes
     assert any("def edge_normalizers" in s and "def normalizer_surrogate" in s
                for s in sources["gat_attn_drop_p3_sar"])

@@ -88,6 +88,23 @@ def test_pushdown_exchange_sends_projected_values_baseline_sends_inputs():
     assert not any(v.op is Op.SUM_AXIS for v in s_narrow.src.values)
 
 
+def test_a_dst_value_equal_to_an_exchanged_values_rows_is_read_from_them():
+    """GAT's ``lin(dst.h)`` is ``lin(src.h)``'s first rows: where ``lin(src.h)`` crosses,
+    the dst parts read it from the worker's own rows (``$x0``) instead of a second linear;
+    where the raw ``h`` crosses, they compute it."""
+    fn = optimize(GATLayer(32, 3, heads=2).trace())
+    pushed, narrow, raw = exchange_candidates(fn)
+    for c in (pushed, narrow):
+        split = split_layer(fn, c.values)
+        pre = split.dst_pre.values
+        assert not any(v.op is Op.LINEAR for v in pre)
+        reads = [v.attr["name"] for v in pre if v.op is Op.INPUT]
+        assert reads == ["$x0"] and split.exchanged[0].type.feat == (2, 3)
+    split = split_layer(fn, raw.values)
+    assert any(v.op is Op.LINEAR for v in split.dst_pre.values)
+    assert [v.attr["name"] for v in split.dst_pre.values if v.op is Op.INPUT] == ["h"]
+
+
 def test_split_rejects_an_exchange_that_misses_a_source_input():
     fn = optimize(LAYERS["gcn"](D).trace())
     pushed, raw = exchange_candidates(fn)
@@ -135,7 +152,8 @@ def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, whi
     xs = [interpreter.run(split.src, own[r], node_inputs(sh), params) for r, sh in enumerate(parts)]
     got = torch.zeros_like(want)
     for r, sh in enumerate(parts):
-        d = interpreter.run(split.dst_pre, own[r], node_inputs(sh), params) if split.dst_pre else {}
+        mine = {**node_inputs(sh), **xs[r]}  # a dst value may be an exchanged value's rows
+        d = interpreter.run(split.dst_pre, own[r], mine, params) if split.dst_pre else {}
         merge = {a.name: SumMerge(sh.in_degree if a.kind == "mean" else None) for a in split.aggregates}
         for j, block in enumerate(sh.blocks):
             rows = {k: v.index_select(0, sh.needed_rows[j]) for k, v in xs[j].items()}
@@ -145,7 +163,7 @@ def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, whi
                 merge[k].add(v)
         aggs = {k: m.finish(torch.zeros(sh.num_local, *split.layer.values[a.index].type.feat))
                 for (k, m), a in zip(merge.items(), split.aggregates)}
-        out = interpreter.run(split.dst_post, own[r], {**node_inputs(sh), **d, **aggs}, params)
+        out = interpreter.run(split.dst_post, own[r], {**mine, **d, **aggs}, params)
         got[sh.orig_node_ids] = out["h"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 

@@ -34,25 +34,17 @@ def src_part(g, inputs, params, training, seed):
 
 
 def dst_pre_part(g, inputs, params, training, seed):
-    # %0: dst f32[N_dst,16] = input "h"                                # gat.py:33
-    v0 = K.dst_rows(inputs["h"], g)
-    # %1: param f32[8,16] = param "lin.weight"
-    v1 = params["lin.weight"]
-    # %2: dst f32[N_dst,8] = linear(%0, %1)                            # gat.py:33
-    v2 = torch.matmul(v0, v1.t())
+    # %0: dst f32[N_dst,2,4] = input "$x0"                             # gat.py:33
+    v0 = K.dst_rows(inputs["$x0"], g)
+    # %1: param f32[1,2,4] = param "att_dst"
+    v1 = params["att_dst"]
+    # %2: dst f32[N_dst,2,4] = mul(%0, %1)                             # gat.py:34
+    v2 = v0 * v1
     del v0, v1
-    # %3: dst f32[N_dst,2,4] = reshape(%2, feat=[2, 4])                # gat.py:33
-    v3 = v2.reshape(v2.shape[0], 2, 4)
+    # %3: dst f32[N_dst,2] = sum_axis(%2, axis=1)                      # gat.py:34
+    v3 = v2.sum(2)
     del v2
-    # %4: param f32[1,2,4] = param "att_dst"
-    v4 = params["att_dst"]
-    # %5: dst f32[N_dst,2,4] = mul(%3, %4)                             # gat.py:34
-    v5 = v3 * v4
-    del v3, v4
-    # %6: dst f32[N_dst,2] = sum_axis(%5, axis=1)                      # gat.py:34
-    v6 = v5.sum(2)
-    del v5
-    return {"$d0": v6}
+    return {"$d0": v3}
 
 
 def _edge_partials_v5_score(g, a0, a1, a2):
@@ -165,8 +157,9 @@ def forward(rt):
     """Forward schedule: rows out, partial aggregates per source block, merged; the outputs."""
     # 1. the exchanged values on this worker's rows, all of a row in one buffer
     x = rt.pack(rt.node_part(src_part, rt.src_inputs, rt.seed("src")))
-    # 2. what the edges read at their destinations (this worker's nodes)
-    d = rt.node_part(dst_pre_part, rt.dst_inputs, rt.seed("dst"))
+    # 2. what the edges read at their destinations (this worker's nodes); a dst value that is
+    #    an exchanged value's rows is read from x
+    d = rt.node_part(dst_pre_part, rt.dst_feeds(x), rt.seed("dst"))
     norms = {}
     # 3. one pass over the source blocks: the local block, then round by round, piece by piece
     merges = rt.merges(norms)
@@ -197,7 +190,8 @@ def backward(rt, grad_out):
             rt.edge_vjp(edge_surrogate, fetch, j, rows, s.d, s.norms, cot)
         rt.return_kept_row_grads()
     # 3. dst values the edges read -> dst inputs
-    rt.node_vjp(dst_pre_part, rt.dst_inputs, rt.seed("dst"), rt.grads_of(s.d))
+    rt.node_vjp(dst_pre_part, rt.dst_feeds(s.x), rt.seed("dst"), rt.grads_of(s.d))
     # 4. this worker's exchanged rows (gradients from every reader, summed) -> src inputs
+    #    (its dst parts read them too: their gradients are added)
     rt.node_vjp(src_part, rt.src_inputs, rt.seed("src"), rt.row_grads())
     return rt.input_grads()
