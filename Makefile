@@ -29,12 +29,15 @@ run: $(VENV)/.stamp
 	$(VENV)/bin/sarc compile models/gcn.py --emit ir,plan,kernels,schedule --out out/gcn --overwrite
 	$(VENV)/bin/sarc train models/gcn.py --dataset cora --log-every 20
 
+# The suite runs a test file per worker process (pytest-xdist), one worker per core, at most 4.
+PYTEST := -m pytest -q tests -n auto --maxprocesses 4 --dist loadfile
+
 test-main: $(VENV)/.stamp
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python $(PYTEST)
 
 # In the DGL environment DGL must import: SARC_REQUIRE_DGL turns a skip into a failure.
 test-dgl: $(VENV_DGL)/.stamp
-	SARC_REQUIRE_DGL=1 $(VENV_DGL)/bin/python -m pytest -q tests
+	SARC_REQUIRE_DGL=1 $(VENV_DGL)/bin/python $(PYTEST)
 
 test: test-main test-dgl
 
