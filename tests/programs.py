@@ -11,6 +11,9 @@ own features.
 Expressions (nested tuples) are edge values of width ``d``:
 
     ("src_lin", k)        lins[k](src.h)             ("dst_lin", k)   lins[k](dst.h)
+                          (a leaf may reuse another leaf's lins[k], as GAT projects both ends
+                          with one linear, and so may the update's lins[k](dst.h); a leaf
+                          may be ("bin", op, ("src_lin", k), ("dst_lin", k)))
     ("src_x",)            src.x                      ("dst_x",)       dst.x
     ("src_typed", k)      typed[k](src.h, edge.t)    (RGCN's per-relation weight)
     ("un", name, e)       an elementwise unary op    ("bin", name, a, b)
@@ -68,6 +71,15 @@ class _Ctx:
         self.lins: list[tuple[int, int, bool]] = []
         self.params: list[tuple[int, ...]] = []
         self.typed: list[tuple[int, int, int | None]] = []
+        self.projections: list[int] = []  # the lins of h the leaves read
+
+    def projection(self, draw) -> int:
+        """A linear map of h: one a leaf already reads (src and dst ends of one weight), or
+        a new one."""
+        if self.projections and draw(st.booleans()):
+            return draw(st.sampled_from(self.projections))
+        self.projections.append(self.lin(self.din, self.d, draw(st.booleans())))
+        return self.projections[-1]
 
     def lin(self, i: int, o: int, bias: bool) -> int:
         self.lins.append((i, o, bias))
@@ -83,12 +95,15 @@ class _Ctx:
 
 
 def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool, use_t: bool):
-    leaves = ["src_lin", "dst_lin"] + (["src_x", "dst_x"] if use_x else []) + (
+    leaves = ["src_lin", "dst_lin", "both_ends"] + (["src_x", "dst_x"] if use_x else []) + (
         ["src_typed"] if use_t else [])
     if depth == 0 or draw(st.integers(0, 2)) == 0:
         leaf = draw(st.sampled_from(leaves))
+        if leaf == "both_ends":  # one projection at both ends of the edge (GAT's lin)
+            k = ctx.projection(draw)
+            return ("bin", draw(st.sampled_from(BINARY)), ("src_lin", k), ("dst_lin", k))
         if leaf in ("src_lin", "dst_lin"):
-            return (leaf, ctx.lin(ctx.din, ctx.d, draw(st.booleans())))
+            return (leaf, ctx.projection(draw))
         if leaf == "src_typed":
             return (leaf, ctx.typed_linear(ctx.din, ctx.d, draw(st.sampled_from([None, 2]))))
         return (leaf,)
@@ -124,7 +139,8 @@ def _expr(draw, ctx: _Ctx, depth: int, use_x: bool, use_w: bool, use_t: bool):
 
 
 @st.composite
-def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
+def specs(draw, max_depth: int = 3, max_messages: int = 2,
+          reduce_kinds: tuple[str, ...] = REDUCE_KINDS) -> Spec:
     din = draw(st.sampled_from([1, 2, 3, 5]))
     d = draw(st.sampled_from([1, 2, 3, 4]))
     use_x, use_w, use_t = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
@@ -133,10 +149,10 @@ def specs(draw, max_depth: int = 3, max_messages: int = 2) -> Spec:
     messages = tuple(_expr(draw, ctx, max_depth, use_x, use_w, use_t) for _ in range(n))
     reduces = []
     for _ in range(n):
-        kind = draw(st.sampled_from(REDUCE_KINDS))
+        kind = draw(st.sampled_from(reduce_kinds))
         heads = draw(st.sampled_from([1, 2])) if kind == "softmax" and d % 2 == 0 else 1
         reduces.append((kind, heads))
-    update_self = ctx.lin(din, d, draw(st.booleans())) if draw(st.booleans()) else None
+    update_self = ctx.projection(draw) if draw(st.booleans()) else None
     update_act = draw(st.sampled_from((None,) + UNARY))
     concat = ctx.lin(n * d, d, True) if n > 1 and draw(st.booleans()) else None
     update_norm = draw(st.booleans())

@@ -6,8 +6,15 @@ whole graph; the merge rules are checked against whole-set reductions.
 """
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from programs import features as program_features
+from programs import make_layer, specs
 from gat import GATLayer
 from zoo import LAYERS, NUM_RELS, features
 
@@ -166,6 +173,70 @@ def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, whi
         out = interpreter.run(split.dst_post, own[r], {**mine, **d, **aggs}, params)
         got[sh.orig_node_ids] = out["h"]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=specs(max_depth=2, reduce_kinds=("sum", "mean")),
+       edges=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 11)), min_size=1, max_size=40),
+       num_parts=st.integers(1, 3), which=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_random_programs_on_shard_blocks_merge_to_the_whole_graph_result(spec, edges, num_parts,
+                                                                        which, seed):
+    """Random sum / mean layers (``programs.specs``; a projection of h may be read at both
+    ends, so dst parts read exchanged rows) cut at any exchange candidate: the parts run by
+    the interpreter on the shards of a random partition, merged, equal the interpreter on
+    the whole graph."""
+    torch.manual_seed(seed)
+    layer = make_layer(spec).eval()  # dropout: the identity
+    fn = optimize(layer.trace())
+    candidates = exchange_candidates(fn)
+    split = split_layer(fn, candidates[which % len(candidates)].values if candidates else None)
+    n = 12
+    src = torch.tensor([u for u, _ in edges])
+    dst = torch.tensor([v for _, v in edges])
+    g = sarc.Graph.from_edges(src, dst, n)
+    feats = program_features(layer, g, seed)  # edge features in the order of `edges`
+    edata = {k: feats.pop(k) for k in ("w", "t") if k in feats}
+    params = dict(layer.named_parameters())
+    ref = {**feats, **{k: v.index_select(0, g.perm) for k, v in edata.items()},
+           "in_degree": g.in_degree, "out_degree": g.out_degree}
+    want = interpreter.run(fn, g, ref, params)["h"]
+    with tempfile.TemporaryDirectory() as tmp:
+        pset = partition_graph(src, dst, n, num_parts, Path(tmp) / "parts", method="random",
+                               edge_data=edata, seed=seed)
+        shards = [ShardedGraph.from_partitions(pset, r) for r in range(num_parts)]
+    got = _run_split(split, shards, feats, params, want.shape[1:])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _run_split(split, shards, feats: dict, params: dict, feat: tuple) -> torch.Tensor:
+    """The split's parts on each shard by the interpreter, blocks summed by ``SumMerge``
+    (mean: divided by the whole-graph in-degree); the output in original node order."""
+    def node_inputs(sh):
+        return {**{k: v[sh.orig_node_ids] for k, v in feats.items()},
+                "in_degree": sh.in_degree, "out_degree": sh.out_degree}
+
+    none = torch.zeros(0, dtype=torch.int64)
+    own = [sarc.Graph.from_edges(none, none, sh.num_local) for sh in shards]
+    xs = [interpreter.run(split.src, own[r], node_inputs(sh), params) if split.src else {}
+          for r, sh in enumerate(shards)]
+    got = torch.zeros(sum(sh.num_local for sh in shards), *feat)
+    for r, sh in enumerate(shards):
+        mine = {**node_inputs(sh), **xs[r]}  # a dst value may be an exchanged value's rows
+        d = interpreter.run(split.dst_pre, own[r], mine, params) if split.dst_pre else {}
+        merge = {a.name: SumMerge(sh.in_degree if a.kind == "mean" else None)
+                 for a in split.aggregates}
+        for j, block in enumerate(sh.blocks):
+            rows = {k: v.index_select(0, sh.needed_rows[j]) for k, v in xs[j].items()}
+            block_edges = {k: t.index_select(0, block.perm) for k, t in sh.edata[j].items()}
+            partial = interpreter.run(split.edge, block, {**rows, **d, **block_edges}, params)
+            for k, v in partial.items():
+                merge[k].add(v)
+        aggs = {a.name: merge[a.name].finish(
+                    torch.zeros(sh.num_local, *split.layer.values[a.index].type.feat))
+                for a in split.aggregates}
+        out = interpreter.run(split.dst_post, own[r], {**mine, **d, **aggs}, params)
+        got[sh.orig_node_ids] = out["h"]
+    return got
 
 
 # --- merge rules ------------------------------------------------------------------------
