@@ -72,6 +72,8 @@ def _budget(model, dg):
     layer = next(m for m in model.modules() if isinstance(m, Layer))
     lp = plan_layer("probe", optimize(layer.trace()), workers=dg.size, stats=dg.stats,
                     exec_mode="sar")
+    if lp.exchange is None:  # the layer reads no source rows: nothing to keep
+        return max(lp.bytes_kept)
     bnd = dg.stats.boundary
     smallest = min(bnd[r][j] for r in range(dg.size) for j in range(dg.size)
                    if r != j and bnd[r][j] > 0)

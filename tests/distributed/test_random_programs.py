@@ -1,0 +1,145 @@
+"""Random DSL programs train one step on real workers as on one process.
+
+The layers of ``programs.specs`` (every reduce kind: sum, mean, max, min, an
+edge_softmax with one or two heads; linear maps, parameters, edge weights and types,
+degrees, one projection read at both ends of an edge), each between an input and an
+output linear, run one training step of the harness (``harness.step``) on 2 and 3
+workers, sar (also in pieces of 4 rows, and as the baseline), oneshot and hybrid, random
+and METIS partitions; the loss, the output,
+the input features' gradient and every parameter gradient equal the single-process
+step's. The programs are drawn once, deterministically (``derandomize``), so a failure
+names a program that fails again; eval mode (the programs' dropout is the identity).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from programs import make_layer, out_width, specs
+from torch import nn
+
+import sarc
+from sarc.partition import partition_graph
+
+from . import models
+from .conftest import CLASSES, FEATS, N, _graph
+from .harness import Case, gather, run_cases, step
+from .test_exactness import rel_err
+
+PROGRAMS = 40
+REL_TOL = 1e-4  # float32 through exp, tanh, division: ~1e-6 typical, far below a wrong term
+CANCELLED = 1e-6
+"""A gradient that is zero but for rounding (terms that cancel: a bias whose rows' shares
+sum to 0, a one-channel attention) is compared at this fraction of the step's largest
+gradient: summed in another order on workers, its rounding is another."""
+
+
+def _programs() -> list:
+    drawn: list = []
+
+    @settings(max_examples=PROGRAMS, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(specs(max_depth=2))
+    def collect(spec):
+        drawn.append(spec)
+
+    collect()
+    return drawn[:PROGRAMS]
+
+
+class RandomNet(nn.Module):
+    """A random layer between an input linear (to its h and x) and an output linear; its
+    edge weight and type are functions of the graph's relation ids."""
+
+    def __init__(self, spec, in_feats: int, num_classes: int):
+        super().__init__()
+        self.spec = spec
+        self.inp = nn.Linear(in_feats, spec.din)
+        self.inp_x = nn.Linear(in_feats, spec.d) if spec.use_x else None
+        self.conv = make_layer(spec)
+        self.out = nn.Linear(out_width(spec), num_classes)
+
+    def forward(self, g, x, etype):
+        feats = {"h": self.inp(x)}
+        if self.inp_x is not None:
+            feats["x"] = self.inp_x(x)
+        if self.spec.use_w:
+            feats["w"] = etype.to(x.dtype) * 0.5 - 0.4
+        if self.spec.use_t:
+            feats["t"] = etype
+        return self.out(F.elu(self.conv(g, **feats)))
+
+
+def _cases(count: int) -> list[Case]:
+    # (parts, partition, exec mode, extra): messages of at most 4 rows (every remote block
+    # in several pieces), the baseline (raw inputs cross), a budget keeping some peers' rows
+    kinds = [(2, "random", None, {}), (3, "metis", "oneshot", {}),
+             (3, "random", "sar", {"chunk_rows": 4}), (2, "metis", "hybrid", {"hybrid_budget": True}),
+             (3, "random", "sar", {"baseline": True})]
+    cases = []
+    for k in range(count):
+        parts, method, mode, extra = kinds[k % len(kinds)]
+        tag = "_".join([f"p{parts}", mode or "default", method, *extra])
+        cases.append(Case(f"random{k}_{tag}", f"random{k}", parts, method, exec_mode=mode,
+                          eval_mode=True, **extra))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    work = tmp_path_factory.mktemp("random_programs")
+    src, dst, feats, label, train, etype = _graph()
+    g = sarc.Graph.from_edges(src, dst, N)
+    programs = _programs()
+    for k, spec in enumerate(programs):  # the forked workers build them by name
+        models.MODELS[f"random{k}"] = lambda f, c, s=spec: RandomNet(s, f, c)
+    cases = _cases(len(programs))
+    partitions, plan, refs = {}, {}, {}
+    for case in cases:
+        if (case.parts, case.method) not in partitions:
+            partitions[case.parts, case.method] = str(partition_graph(
+                src, dst, N, case.parts, work / f"parts-{case.parts}-{case.method}",
+                method=case.method, edge_data={"etype": etype},
+                node_data={"feat": feats["float"], "label": label, "train_mask": train}).path)
+        torch.manual_seed(0)
+        model = models.MODELS[case.model](FEATS, CLASSES).eval()
+        plan[case.name] = {"partition": partitions[case.parts, case.method],
+                           "model_args": (FEATS, CLASSES), "relational": True,
+                           "state": {k: v.clone() for k, v in model.state_dict().items()},
+                           "num_train": int(train.sum())}
+        x = feats["float"].clone().requires_grad_(True)
+        torch.manual_seed(0)
+        logits, loss = step(model, g, x, label, train, int(train.sum()), {"etype": etype})
+        refs[case.name] = {"logits": logits.detach(), "x_grad": x.grad, "loss": float(loss.detach()),
+                           "param_grads": {k: p.grad for k, p in model.named_parameters()
+                                           if p.grad is not None}}
+    try:
+        out = run_cases(cases, plan, work)
+    finally:
+        for k in range(len(programs)):
+            models.MODELS.pop(f"random{k}", None)
+    return {c.name: c for c in cases}, programs, refs, out
+
+
+def test_the_programs_cover_every_reduce_kind_and_shared_projections(results):
+    cases, programs, refs, out = results
+    kinds = {kind for spec in programs for kind, _ in spec.reduces}
+    assert kinds == {"sum", "mean", "max", "min", "softmax"}, kinds
+    sources = [s for c in cases.values() for s in gather(out, c)["ranks"][0]["sources"]]
+    assert any("rt.dst_feeds(x)" in s for s in sources)  # a dst part reads exchanged rows
+
+
+@pytest.mark.parametrize("index", range(PROGRAMS))
+def test_a_random_program_on_workers_equals_one_process(results, index):
+    cases, programs, refs, out = results
+    name = sorted(cases, key=lambda n: int(n[6:n.index("_")]))[index]
+    got, want = gather(out, cases[name]), refs[name]
+    where = f"{name}: {programs[index]}"
+    assert abs(got["loss"] - want["loss"]) <= REL_TOL * abs(want["loss"]), where
+    assert rel_err(got["logits"], want["logits"]) <= REL_TOL, where
+    assert rel_err(got["x_grad"], want["x_grad"]) <= REL_TOL, where
+    floor = CANCELLED * max(float(g.norm()) for g in want["param_grads"].values())
+    for k, g in want["param_grads"].items():
+        diff = float((got["param_grads"][k] - g).norm())
+        assert diff <= REL_TOL * float(g.norm()) + floor, (k, diff, float(g.norm()), where)
