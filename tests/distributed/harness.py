@@ -125,11 +125,14 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     }, out / f"{case.name}.r{rank}.pt")
 
 
-def _worker(rank: int, world: int, port: int, plan_file: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, plan_file: str, out_dir: str,
+            run_timeout_s: float) -> None:
     torch.set_num_threads(1)
     out = Path(out_dir)
+    # the world's collectives wait for whole runs of cases (a rank beyond a case's P waits
+    # in the last barrier for every such case): the run's time limit, not a step's
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            world_size=world, timeout=datetime.timedelta(seconds=run_timeout_s))
     cases, specs = torch.load(plan_file, weights_only=False)
     try:
         groups = {}
@@ -152,8 +155,8 @@ def run_cases(cases: list[Case], specs: dict, workdir: Path, timeout_s: float = 
     out.mkdir(parents=True, exist_ok=True)
     plan_file = workdir / "cases.pt"
     torch.save((cases, specs), plan_file)
-    ctx = mp.start_processes(_worker, args=(WORLD, free_port(), str(plan_file), str(out)),
-                             nprocs=WORLD, join=False, start_method="fork")
+    ctx = mp.start_processes(_worker, nprocs=WORLD, join=False, start_method="fork",
+                             args=(WORLD, free_port(), str(plan_file), str(out), timeout_s))
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1.0):

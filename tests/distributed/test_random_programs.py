@@ -7,7 +7,8 @@ output linear, run one training step of the harness (``harness.step``) on 2 and 
 workers, sar (also in pieces of 4 rows, and as the baseline), oneshot and hybrid, random
 and METIS partitions; the loss, the output,
 the input features' gradient and every parameter gradient equal the single-process
-step's. The programs are drawn once, deterministically (``derandomize``), so a failure
+step's; the first few also with their edge blocks on the Triton backend's kernels (its
+interpreter without a GPU). The programs are drawn once, deterministically (``derandomize``), so a failure
 names a program that fails again; eval mode (the programs' dropout is the identity).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .harness import Case, gather, run_cases, step
 from .test_exactness import rel_err
 
 PROGRAMS = 40
+ON_TRITON = 6  # the first programs also with their edge blocks on Triton's kernels (P = 2)
 REL_TOL = 1e-4  # float32 through exp, tanh, division: ~1e-6 typical, far below a wrong term
 CANCELLED = 1e-6
 """A gradient that is zero but for rounding (terms that cancel: a bias whose rows' shares
@@ -52,12 +54,13 @@ class RandomNet(nn.Module):
     """A random layer between an input linear (to its h and x) and an output linear; its
     edge weight and type are functions of the graph's relation ids."""
 
-    def __init__(self, spec, in_feats: int, num_classes: int):
+    def __init__(self, spec, in_feats: int, num_classes: int, backend: str = "torch"):
         super().__init__()
         self.spec = spec
         self.inp = nn.Linear(in_feats, spec.din)
         self.inp_x = nn.Linear(in_feats, spec.d) if spec.use_x else None
         self.conv = make_layer(spec)
+        self.conv.set_backend(backend)
         self.out = nn.Linear(out_width(spec), num_classes)
 
     def forward(self, g, x, etype):
@@ -83,6 +86,8 @@ def _cases(count: int) -> list[Case]:
         tag = "_".join([f"p{parts}", mode or "default", method, *extra])
         cases.append(Case(f"random{k}_{tag}", f"random{k}", parts, method, exec_mode=mode,
                           eval_mode=True, **extra))
+    cases += [Case(f"random{k}_p2_triton", f"random{k}_triton", 2, "random", eval_mode=True)
+              for k in range(min(count, ON_TRITON))]
     return cases
 
 
@@ -94,6 +99,7 @@ def results(tmp_path_factory):
     programs = _programs()
     for k, spec in enumerate(programs):  # the forked workers build them by name
         models.MODELS[f"random{k}"] = lambda f, c, s=spec: RandomNet(s, f, c)
+        models.MODELS[f"random{k}_triton"] = lambda f, c, s=spec: RandomNet(s, f, c, "triton")
     cases = _cases(len(programs))
     partitions, plan, refs = {}, {}, {}
     for case in cases:
@@ -102,8 +108,8 @@ def results(tmp_path_factory):
                 src, dst, N, case.parts, work / f"parts-{case.parts}-{case.method}",
                 method=case.method, edge_data={"etype": etype},
                 node_data={"feat": feats["float"], "label": label, "train_mask": train}).path)
-        torch.manual_seed(0)
-        model = models.MODELS[case.model](FEATS, CLASSES).eval()
+        torch.manual_seed(0)  # the reference: the program on the torch backend
+        model = models.MODELS[case.model.removesuffix("_triton")](FEATS, CLASSES).eval()
         plan[case.name] = {"partition": partitions[case.parts, case.method],
                            "model_args": (FEATS, CLASSES), "relational": True,
                            "state": {k: v.clone() for k, v in model.state_dict().items()},
@@ -119,6 +125,7 @@ def results(tmp_path_factory):
     finally:
         for k in range(len(programs)):
             models.MODELS.pop(f"random{k}", None)
+            models.MODELS.pop(f"random{k}_triton", None)
     return {c.name: c for c in cases}, programs, refs, out
 
 
@@ -128,12 +135,21 @@ def test_the_programs_cover_every_reduce_kind_and_shared_projections(results):
     assert kinds == {"sum", "mean", "max", "min", "softmax"}, kinds
     sources = [s for c in cases.values() for s in gather(out, c)["ranks"][0]["sources"]]
     assert any("rt.dst_feeds(x)" in s for s in sources)  # a dst part reads exchanged rows
+    triton = [s for n, c in cases.items() if n.endswith("_triton")
+              for s in gather(out, c)["ranks"][0]["sources"]]
+    assert triton and all("Edge blocks on the triton backend's kernels" in s for s in triton)
 
 
-@pytest.mark.parametrize("index", range(PROGRAMS))
-def test_a_random_program_on_workers_equals_one_process(results, index):
+def _name(cases: dict, index: int, triton: bool) -> str:
+    return next(n for n in cases if n.startswith(f"random{index}_")
+                and n.endswith("_triton") == triton)
+
+
+@pytest.mark.parametrize("index,triton", [(k, False) for k in range(PROGRAMS)]
+                         + [(k, True) for k in range(ON_TRITON)])
+def test_a_random_program_on_workers_equals_one_process(results, index, triton):
     cases, programs, refs, out = results
-    name = sorted(cases, key=lambda n: int(n[6:n.index("_")]))[index]
+    name = _name(cases, index, triton)
     got, want = gather(out, cases[name]), refs[name]
     where = f"{name}: {programs[index]}"
     assert abs(got["loss"] - want["loss"]) <= REL_TOL * abs(want["loss"]), where
