@@ -21,6 +21,7 @@ from programs import make_layer, out_width, specs
 from torch import nn
 
 import sarc
+from sarc.backends import triton_backend
 from sarc.partition import partition_graph
 
 from . import models
@@ -30,6 +31,11 @@ from .test_exactness import rel_err
 
 PROGRAMS = 40
 ON_TRITON = 6  # the first programs also with their edge blocks on Triton's kernels (P = 2)
+try:
+    triton_backend.check_triton()
+    NO_TRITON = None
+except triton_backend.TritonUnavailable as e:  # the DGL environment's triton 2.2
+    NO_TRITON = str(e)
 REL_TOL = 1e-4  # float32 through exp, tanh, division: ~1e-6 typical, far below a wrong term
 CANCELLED = 1e-6
 """A gradient that is zero but for rounding (terms that cancel: a bias whose rows' shares
@@ -87,7 +93,7 @@ def _cases(count: int) -> list[Case]:
         cases.append(Case(f"random{k}_{tag}", f"random{k}", parts, method, exec_mode=mode,
                           eval_mode=True, **extra))
     cases += [Case(f"random{k}_p2_triton", f"random{k}_triton", 2, "random", eval_mode=True)
-              for k in range(min(count, ON_TRITON))]
+              for k in range(min(count, ON_TRITON if NO_TRITON is None else 0))]
     return cases
 
 
@@ -137,7 +143,8 @@ def test_the_programs_cover_every_reduce_kind_and_shared_projections(results):
     assert any("rt.dst_feeds(x)" in s for s in sources)  # a dst part reads exchanged rows
     triton = [s for n, c in cases.items() if n.endswith("_triton")
               for s in gather(out, c)["ranks"][0]["sources"]]
-    assert triton and all("Edge blocks on the triton backend's kernels" in s for s in triton)
+    assert NO_TRITON or triton
+    assert all("Edge blocks on the triton backend's kernels" in s for s in triton)
 
 
 def _name(cases: dict, index: int, triton: bool) -> str:
@@ -148,6 +155,8 @@ def _name(cases: dict, index: int, triton: bool) -> str:
 @pytest.mark.parametrize("index,triton", [(k, False) for k in range(PROGRAMS)]
                          + [(k, True) for k in range(ON_TRITON)])
 def test_a_random_program_on_workers_equals_one_process(results, index, triton):
+    if triton and NO_TRITON:
+        pytest.skip(NO_TRITON)
     cases, programs, refs, out = results
     name = _name(cases, index, triton)
     got, want = gather(out, cases[name]), refs[name]
