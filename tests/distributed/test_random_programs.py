@@ -29,7 +29,7 @@ from .conftest import CLASSES, FEATS, N, _graph
 from .harness import Case, gather, run_cases, step
 from .test_exactness import rel_err
 
-PROGRAMS = 40
+PROGRAMS = 60
 ON_TRITON = 6  # the first programs also with their edge blocks on Triton's kernels (P = 2)
 try:
     triton_backend.check_triton()
@@ -48,7 +48,7 @@ def _programs() -> list:
 
     @settings(max_examples=PROGRAMS, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(specs(max_depth=2))
+    @given(specs())
     def collect(spec):
         drawn.append(spec)
 
