@@ -83,13 +83,12 @@ def _cases() -> list[Case]:
     return cases
 
 
-@pytest.fixture(scope="session")
-def dist_results(tmp_path_factory):
-    """(cases by name, single-process references, results folder)."""
-    work = tmp_path_factory.mktemp("dist")
+def planned_steps(cases: list[Case], work, make_model, relational) -> tuple[dict, dict]:
+    """Per case: what its workers need (partition of ``_graph``, the model's initial state)
+    and the single-process step they must equal; ``make_model(case)`` builds its model,
+    ``relational(case)``: whether it reads the relation ids."""
     src, dst, feats, label, train, etype = _graph()
     g = sarc.Graph.from_edges(src, dst, N)
-    cases = _cases()
     partitions: dict = {}
     specs, refs = {}, {}
     for case in cases:
@@ -101,19 +100,29 @@ def dist_results(tmp_path_factory):
                 src, dst, N, case.parts, work / f"parts-{case.parts}-{case.method}-{kind}",
                 method=case.method, node_data=node_data, edge_data={"etype": etype}).path)
         torch.manual_seed(0)
-        model = MODELS[case.model](FEATS, CLASSES)
-        relational = case.model.startswith("rgcn")
+        model = make_model(case)
         specs[case.name] = {"partition": partitions[key], "model_args": (FEATS, CLASSES),
                             "state": {k: v.clone() for k, v in model.state_dict().items()},
-                            "num_train": int(train.sum()), "relational": relational}
+                            "num_train": int(train.sum()), "relational": relational(case)}
         if case.eval_mode:
             model.eval()
         x = feats[kind].clone().requires_grad_(case.x_grad)
         torch.manual_seed(0)
         logits, loss = step(model, g, x, label, train, int(train.sum()),
-                            {"etype": etype} if relational else {})
+                            {"etype": etype} if relational(case) else {})
         assert torch.allclose(loss, F.cross_entropy(logits[train], label[train]))
         refs[case.name] = {"logits": logits.detach(), "x_grad": x.grad, "loss": float(loss.detach()),
-                           "param_grads": {k: p.grad.clone() for k, p in model.named_parameters()}}
+                           "param_grads": {k: p.grad.clone() for k, p in model.named_parameters()
+                                           if p.grad is not None}}
+    return specs, refs
+
+
+@pytest.fixture(scope="session")
+def dist_results(tmp_path_factory):
+    """(cases by name, single-process references, results folder)."""
+    work = tmp_path_factory.mktemp("dist")
+    cases = _cases()
+    specs, refs = planned_steps(cases, work, lambda c: MODELS[c.model](FEATS, CLASSES),
+                                lambda c: c.model.startswith("rgcn"))
     out = run_cases(cases, specs, work)
     return {c.name: c for c in cases}, refs, out

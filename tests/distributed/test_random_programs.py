@@ -14,19 +14,16 @@ names a program that fails again; eval mode (the programs' dropout is the identi
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from programs import make_layer, out_width, specs
 from torch import nn
 
-import sarc
 from sarc.backends import triton_backend
-from sarc.partition import partition_graph
 
 from . import models
-from .conftest import CLASSES, FEATS, N, _graph
-from .harness import Case, gather, run_cases, step
+from .conftest import CLASSES, FEATS, planned_steps
+from .harness import Case, gather, run_cases
 from .test_exactness import rel_err
 
 PROGRAMS = 60
@@ -99,34 +96,17 @@ def _cases(count: int) -> list[Case]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    work = tmp_path_factory.mktemp("random_programs")
-    src, dst, feats, label, train, etype = _graph()
-    g = sarc.Graph.from_edges(src, dst, N)
     programs = _programs()
     for k, spec in enumerate(programs):  # the forked workers build them by name
         models.MODELS[f"random{k}"] = lambda f, c, s=spec: RandomNet(s, f, c)
         models.MODELS[f"random{k}_triton"] = lambda f, c, s=spec: RandomNet(s, f, c, "triton")
     cases = _cases(len(programs))
-    partitions, plan, refs = {}, {}, {}
-    for case in cases:
-        if (case.parts, case.method) not in partitions:
-            partitions[case.parts, case.method] = str(partition_graph(
-                src, dst, N, case.parts, work / f"parts-{case.parts}-{case.method}",
-                method=case.method, edge_data={"etype": etype},
-                node_data={"feat": feats["float"], "label": label, "train_mask": train}).path)
-        torch.manual_seed(0)  # the reference: the program on the torch backend
-        model = models.MODELS[case.model.removesuffix("_triton")](FEATS, CLASSES).eval()
-        plan[case.name] = {"partition": partitions[case.parts, case.method],
-                           "model_args": (FEATS, CLASSES), "relational": True,
-                           "state": {k: v.clone() for k, v in model.state_dict().items()},
-                           "num_train": int(train.sum())}
-        x = feats["float"].clone().requires_grad_(True)
-        torch.manual_seed(0)
-        logits, loss = step(model, g, x, label, train, int(train.sum()), {"etype": etype})
-        refs[case.name] = {"logits": logits.detach(), "x_grad": x.grad, "loss": float(loss.detach()),
-                           "param_grads": {k: p.grad for k, p in model.named_parameters()
-                                           if p.grad is not None}}
+    work = tmp_path_factory.mktemp("random_programs")
     try:
+        # the reference: the program on the torch backend
+        plan, refs = planned_steps(
+            cases, work, lambda c: models.MODELS[c.model.removesuffix("_triton")](FEATS, CLASSES),
+            lambda c: True)
         out = run_cases(cases, plan, work)
     finally:
         for k in range(len(programs)):
