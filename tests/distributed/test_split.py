@@ -149,29 +149,7 @@ def test_parts_on_shard_blocks_merge_to_the_whole_graph_result(shards, name, whi
     ref_inputs = {**feats, "in_degree": g.in_degree, "out_degree": g.out_degree}
     ref_inputs.update({k: v.index_select(0, g.perm) for k, v in edata.items() if k in feats})
     want = interpreter.run(fn, g, ref_inputs, params)["h"]
-
-    def node_inputs(sh):
-        return {"h": feats["h"][sh.orig_node_ids], "in_degree": sh.in_degree,
-                "out_degree": sh.out_degree}
-
-    none = torch.zeros(0, dtype=torch.int64)
-    own = [sarc.Graph.from_edges(none, none, sh.num_local) for sh in parts]
-    xs = [interpreter.run(split.src, own[r], node_inputs(sh), params) for r, sh in enumerate(parts)]
-    got = torch.zeros_like(want)
-    for r, sh in enumerate(parts):
-        mine = {**node_inputs(sh), **xs[r]}  # a dst value may be an exchanged value's rows
-        d = interpreter.run(split.dst_pre, own[r], mine, params) if split.dst_pre else {}
-        merge = {a.name: SumMerge(sh.in_degree if a.kind == "mean" else None) for a in split.aggregates}
-        for j, block in enumerate(sh.blocks):
-            rows = {k: v.index_select(0, sh.needed_rows[j]) for k, v in xs[j].items()}
-            block_edges = {k: sh.edata[j][k].index_select(0, block.perm) for k in edata if k in feats}
-            partial = interpreter.run(split.edge, block, {**rows, **d, **block_edges}, params)
-            for k, v in partial.items():
-                merge[k].add(v)
-        aggs = {k: m.finish(torch.zeros(sh.num_local, *split.layer.values[a.index].type.feat))
-                for (k, m), a in zip(merge.items(), split.aggregates)}
-        out = interpreter.run(split.dst_post, own[r], {**mine, **d, **aggs}, params)
-        got[sh.orig_node_ids] = out["h"]
+    got = _run_split(split, parts, {"h": feats["h"]}, params, want.shape[1:])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
