@@ -28,8 +28,8 @@ from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
 from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dst_rows_of_src,
-                           inplace_adds, region_sides, region_width, scaled_products,
-                           softmax_value, spmm_pattern, typed_spmm_pattern)
+                           extremum_pattern, inplace_adds, region_sides, region_width,
+                           scaled_products, softmax_value, spmm_pattern, typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from ..names import literal
@@ -76,8 +76,9 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
     """Fused ops get their region functions' names first, then their operands.
 
     Aggregates that are sparse matrix products (copy a source feature, maybe
-    times an edge weight; attention over a source feature) run as CSR SpMM. ``folds``:
-    an attention's operands given as a contraction's factor (``softmax_folds``).
+    times an edge weight; attention over a source feature) run as CSR SpMM; the max / min
+    of a source feature as a CSR extremum (``extremum_pattern``). ``folds``: an
+    attention's operands given as a contraction's factor (``softmax_folds``).
     """
     n = len([1 for _, r in v.attrs if isinstance(r, Region)])
     regions, operands = a[:n], a[n:]
@@ -93,6 +94,9 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
         x, w, side = pattern
         weight = f", {operands[w]}" if w is not None else ", None"
         return f"K.spmm({literal(v.attr['kind'])}, g, {operands[x]}{weight}, {literal(side)})"
+    x = extremum_pattern(v)
+    if x is not None:
+        return f"K.extremum_spmm({literal(v.attr['kind'])}, g, {operands[x]})"
     z = softmax_value(v)
     if z is not None:
         score = v.attr["score"]
@@ -228,6 +232,9 @@ class EdgeLowering:
 
     def block_op(self, name: str, i: int, v: Value,
                  bodies: codegen.RegionNames) -> tuple[str, list[str]]:
+        source = extremum_pattern(v) if name in ("extremum_partial", "extremum_select") else None
+        if source is not None:  # its message a source feature as it is: no region function
+            return f"DK.{name}", [f"DK.SourceRow({source})"]
         return f"DK.{name}", bodies()
 
     def ops(self) -> tuple:

@@ -73,11 +73,13 @@ gradient itself.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from . import torch_ops as K
 from ..graph import Graph
+from ..native import kernels as cpu_kernels
 
 NEG_INF = float("-inf")
 
@@ -112,9 +114,34 @@ def _extremum(kind: str, x: torch.Tensor, g: Graph):
     return y, K.segment_sum(tie, g)
 
 
+@dataclass(frozen=True)
+class SourceRow:
+    """The body of an aggregate whose message is operand ``index`` read at each edge's
+    source as it is (``patterns.extremum_pattern``), in place of its region function and
+    callable as it: the max / min block ops then take the extremum over the CSR index
+    with sarc's C kernel (``_source_kernels``), no edge values formed."""
+
+    index: int
+
+    def __call__(self, g: Graph, *per_edge: torch.Tensor) -> torch.Tensor:
+        return per_edge[self.index]
+
+
+def _source_kernels(body, g: Graph, operands):
+    """The CPU kernels where ``body`` is a ``SourceRow`` they can run (CPU, float32 /
+    float64, a block with edges), else None."""
+    if not isinstance(body, SourceRow) or g.num_edges == 0:
+        return None
+    return cpu_kernels.kernels_for(operands[body.index])
+
+
 @torch.no_grad()
 def extremum_partial(kind: str, body, sides, width: int, g: Graph, *operands):
     """(y, count) of ``kind`` over the block's edges of ``body`` (a fused aggregate)."""
+    k = _source_kernels(body, g, operands)
+    if k is not None:
+        lay = K.layout(g)
+        return k.extremum(kind, lay.rowptr, lay.src, operands[body.index], g.num_dst)
     return _by_row_blocks(g, sides, width, operands,
                           lambda gb, *xs: _extremum(kind, body(gb, *_per_edge(gb, sides, xs)), gb))
 
@@ -135,9 +162,37 @@ def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tenso
     """The sum over destinations v and the block's edges e -> v of ``share[v] * body(e)``
     where ``body(e)`` equals the merged ``y[v]``, for its gradient alone
     (``torch_ops.fused_surrogate``)."""
+    x = operands[body.index] if isinstance(body, SourceRow) else None
+    if _source_kernels(body, g, operands) is not None and x.requires_grad \
+            and torch.is_grad_enabled():
+        return _SourceSelect.apply(g, y.detach(), share.detach(), body.index, *operands)
+
     def block(gb, yb, *xs):
         return _select(body(gb, *_per_edge(gb, sides, xs)), yb, gb)
     return K.fused_surrogate(block, g, ("dst", *sides), width, (y, *operands), share)
+
+
+class _SourceSelect(torch.autograd.Function):
+    """``extremum_select`` of a ``SourceRow`` body, for its gradient alone: forward
+    computes nothing; backward gives the source operand ``dx[u] = sum over the block's
+    edges (u, v) of [x[u] == y[v]] share[v]``, row by row of the transposed index (the C
+    kernel's ``select_sum``: no edge tensor, no scatter)."""
+
+    @staticmethod
+    def forward(ctx, g, y, share, index, *operands):
+        ctx.g, ctx.index, ctx.count = g, index, len(operands)
+        ctx.save_for_backward(operands[index], y, share)
+        return torch.zeros((), dtype=STATS, device=g.device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, y, share = ctx.saved_tensors
+        ptr, rows, _ = K.layout(ctx.g).transposed()
+        s = share.to(x.dtype) * grad.to(x.dtype)
+        grads = [None] * ctx.count
+        grads[ctx.index] = cpu_kernels.kernels().select_sum(ptr, rows, x, y.to(x.dtype), s)
+        return None, None, None, None, *grads
 
 
 def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor,

@@ -67,7 +67,7 @@ _SPMM_DTYPES = (torch.float32, torch.float64)
 EDGE_BLOCK_ELEMS = 1 << 22
 """Edge-value elements (rows x width) one block of a fused op may hold at once."""
 from ..ir import rng
-from ..ir.reducers import reducer, tie_shares
+from ..ir.reducers import reducer, tie_share, tie_shares
 from ..ir.softmax import edge_softmax_vjp
 
 
@@ -566,6 +566,41 @@ class _SegmentExtremum(torch.autograd.Function):
         dx = tie_shares(tie, grad_y, lambda t: torch.segment_reduce(t, "sum", offsets=rowptr, axis=0),
                         lambda t: t.index_select(0, dst))
         return dx, None, None, None
+
+
+@accumulates
+def extremum_spmm(kind: str, g: Graph, x: torch.Tensor) -> torch.Tensor:
+    """y[v] = max (min) over the edges e = (u, v) of x[u], 0 where v has no edges; the edges
+    tied for it share its gradient evenly (``_SegmentExtremum``'s meaning). sarc's C kernel
+    where built: no edge tensor formed or kept (``_ExtremumProduct``); else a gather and
+    a segment reduce."""
+    if cpu_kernels.kernels_for(x) is None or g.num_edges == 0:
+        return segment_reduce(kind, gather_src(x, g), g)
+    return _ExtremumProduct.apply(x, kind, g)
+
+
+class _ExtremumProduct(torch.autograd.Function):
+    """max / min of x[src(e)] over each destination's edges (the C kernel's ``extremum``).
+    Like a fused op it keeps x alone: backward computes the extremum and its tie counts
+    again, then ``dx[u] = sum over the edges (u, v) of [x[u] == y[v]] dy[v] / count[v]``
+    row by row of the transposed index (``select_sum``: no edge tensor, no scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, kind, g):
+        lay = layout(g)
+        ctx.kind, ctx.g, ctx.lay = kind, g, lay
+        ctx.save_for_backward(x)
+        y, _ = cpu_kernels.kernels().extremum(kind, lay.rowptr, lay.src, x.detach(), g.num_dst)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        k, lay = cpu_kernels.kernels(), ctx.lay
+        y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
+        ptr, rows, _ = lay.transposed()
+        return k.select_sum(ptr, rows, x, y, tie_share(dy.to(x.dtype), count)), None, None
 
 
 SEGMENT_REDUCE: dict[str, Callable[..., torch.Tensor]] = {

@@ -94,6 +94,16 @@ def spmm_pattern(v: Value) -> tuple[int, int | None, str] | None:
     return None
 
 
+def extremum_pattern(v: Value) -> int | None:
+    """The operand a max / min aggregate selects from when its message is that source
+    feature as it is (DGL's ``copy_u`` max): a product over the CSR index that forms no
+    edge tensor (None: another form)."""
+    if v.op is not Op.AGGREGATE or not reducer(v.attr["kind"]).selects:
+        return None
+    r = v.attr["body"]
+    return arg_index(r, r.result, "src")
+
+
 def softmax_value(v: Value) -> int | None:
     """The operand an attention (``softmax_aggregate``) weighs when its value is a source
     feature as it is (GAT's z): a sparse product per head weighted by the softmax, no

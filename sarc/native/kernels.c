@@ -16,6 +16,11 @@
           ds[e, h] = alpha[e, h] (< a[i, h, :], b[cols[e], h, :] > - dd[i, h]): the share of
           the scores' gradient of a softmax whose row statistics (max mx, sum s, the
           output's dot dd) are known, its dots and arithmetic in double whatever T
+   extremum: y[i, f] = the max (min) over the entries e of row i of x[cols[e], f] (cols
+          NULL: x[e, f]), 0 for a row without entries, and cnt[i, f] = how many attain it
+          (a NaN wins and is attained by none)
+   select_sum: out[u, f] = sum over the entries k of row u of [x[u, f] == y[c, f]] s[c, f],
+          c = cols[k]: an extremum's gradient over the transposed index (s = g / cnt)
 
    The operand read by row (spmm's x by column, sddmm's and softmax_vjp's a by row) has a
    row stride `ld` (H * D, or 0 for one row broadcast to all: an expanded gradient).
@@ -206,6 +211,105 @@ DEFINE_SOFTMAX_VJP(double, softmax_vjp_f64)
 DEFINE_SOFTMAX_SHARES(float, softmax_shares_f32)
 DEFINE_SOFTMAX_SHARES(double, softmax_shares_f64)
 
+/* extremum and select_sum: one feature row of D numbers per node (or entry) */
+typedef struct {
+  const void *ptr, *cols;
+  int index64;
+  const void *x, *y, *s;        /* extremum: x; select_sum: x, y, s */
+  void *out, *count;            /* extremum: y, cnt; select_sum: out */
+  int64_t m, D;
+  int64_t next;
+} Pick;
+
+/* Row i's extremum of C numbers at `off`, a running best and count per number in
+   registers, branch-free (each step a compare and a blend: vectorized); a NaN is noted
+   apart and wins at the end, attained by none. */
+#define EXTREMUM_CHUNK(T, C, BEATS, INIT)                                              \
+  {                                                                                   \
+    T b[C], c[C], nan[C];                                                             \
+    for (int f = 0; f < C; f++) { b[f] = (T)(INIT); c[f] = 0; nan[f] = 0; }          \
+    for (int64_t e = lo; e < hi; e++) {                                               \
+      const T *xr = x + (job->cols ? at(job->cols, job->index64, e) : e) * D + off;   \
+      if (job->cols && e + AHEAD < hi)                                                \
+        __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * D + off);     \
+      for (int f = 0; f < C; f++) {                                                   \
+        const T v = xr[f], bf = b[f], cf = c[f];                                      \
+        const T tied = v == bf ? cf + (T)1 : cf;                                      \
+        c[f] = v BEATS bf ? (T)1 : tied;                                              \
+        b[f] = v BEATS bf ? v : bf;                                                   \
+        nan[f] = v != v ? (T)1 : nan[f];                                              \
+      }                                                                               \
+    }                                                                                 \
+    for (int f = 0; f < C; f++) {                                                     \
+      y[i * D + off + f] = nan[f] != 0 ? (T)NAN : hi > lo ? b[f] : (T)0;              \
+      cnt[i * D + off + f] = nan[f] != 0 ? (T)0 : c[f];                               \
+    }                                                                                 \
+    off += C;                                                                         \
+  }
+
+#define DEFINE_EXTREMUM(T, NAME, BEATS, INIT)                                         \
+  static void *NAME##_rows(void *arg) {                                               \
+    Pick *job = (Pick *)arg;                                                          \
+    const T *x = (const T *)job->x;                                                   \
+    T *y = (T *)job->out, *cnt = (T *)job->count;                                     \
+    const int64_t D = job->D;                                                         \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      int64_t off = 0;                                                                \
+      while (D - off >= 64) EXTREMUM_CHUNK(T, 64, BEATS, INIT)                        \
+      while (D - off >= 16) EXTREMUM_CHUNK(T, 16, BEATS, INIT)                        \
+      while (D - off >= 1) EXTREMUM_CHUNK(T, 1, BEATS, INIT)                          \
+    }                                                                                 \
+    return 0;                                                                         \
+  }
+
+#define SELECT_CHUNK(T, C)                                                            \
+  {                                                                                   \
+    T acc[C];                                                                         \
+    const T *xr = x + u * D + off;                                                    \
+    for (int f = 0; f < C; f++) acc[f] = 0;                                           \
+    for (int64_t k = lo; k < hi; k++) {                                               \
+      const int64_t c = at(job->cols, job->index64, k);                               \
+      const T *yr = y + c * D + off, *sr = s + c * D + off;                           \
+      if (k + AHEAD < hi) {                                                           \
+        const int64_t ahead = at(job->cols, job->index64, k + AHEAD) * D + off;       \
+        __builtin_prefetch(y + ahead);                                                \
+        __builtin_prefetch(s + ahead);                                                \
+      }                                                                               \
+      for (int f = 0; f < C; f++) {                                                   \
+        const T sv = sr[f];                                                           \
+        acc[f] += xr[f] == yr[f] ? sv : (T)0;                                         \
+      }                                                                               \
+    }                                                                                 \
+    for (int f = 0; f < C; f++) out[u * D + off + f] = acc[f];                        \
+    off += C;                                                                         \
+  }
+
+#define DEFINE_SELECT_SUM(T, NAME)                                                    \
+  static void *NAME##_rows(void *arg) {                                               \
+    Pick *job = (Pick *)arg;                                                          \
+    const T *x = (const T *)job->x, *y = (const T *)job->y, *s = (const T *)job->s;   \
+    T *out = (T *)job->out;                                                           \
+    const int64_t D = job->D;                                                         \
+    EACH_ROW(u, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, u);                               \
+      const int64_t hi = at(job->ptr, job->index64, u + 1);                           \
+      int64_t off = 0;                                                                \
+      while (D - off >= 64) SELECT_CHUNK(T, 64)                                       \
+      while (D - off >= 16) SELECT_CHUNK(T, 16)                                       \
+      while (D - off >= 1) SELECT_CHUNK(T, 1)                                         \
+    }                                                                                 \
+    return 0;                                                                         \
+  }
+
+DEFINE_EXTREMUM(float, max_f32, >, -INFINITY)
+DEFINE_EXTREMUM(double, max_f64, >, -INFINITY)
+DEFINE_EXTREMUM(float, min_f32, <, INFINITY)
+DEFINE_EXTREMUM(double, min_f64, <, INFINITY)
+DEFINE_SELECT_SUM(float, select_sum_f32)
+DEFINE_SELECT_SUM(double, select_sum_f64)
+
 /* Run `rows` on `threads` threads (this one included; as many as start). */
 static int run(void *(*rows)(void *), void *job, int threads) {
   pthread_t ids[256];
@@ -248,6 +352,21 @@ int sarc_softmax_shares(const void *ptr, const void *cols, int index64, const vo
                         int64_t H, int64_t D, int is64, int threads) {
   Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, alpha, m, H, D, lda, 0, 0, sc, mx, s, dd, ds};
   return run(is64 ? softmax_shares_f64_rows : softmax_shares_f32_rows, &job, threads);
+}
+
+int sarc_extremum(const void *ptr, const void *cols, int index64, const void *x, void *y,
+                  void *count, int64_t m, int64_t D, int is_max, int is64, int threads) {
+  Pick job = {ptr, cols, index64, x, 0, 0, y, count, m, D, 0};
+  void *(*rows)(void *) = is_max ? (is64 ? max_f64_rows : max_f32_rows)
+                                 : (is64 ? min_f64_rows : min_f32_rows);
+  return run(rows, &job, threads);
+}
+
+int sarc_select_sum(const void *ptr, const void *cols, int index64, const void *x,
+                    const void *y, const void *s, void *out, int64_t m, int64_t D, int is64,
+                    int threads) {
+  Pick job = {ptr, cols, index64, x, y, s, out, 0, m, D, 0};
+  return run(is64 ? select_sum_f64_rows : select_sum_f32_rows, &job, threads);
 }
 
 /* transpose: the entries of a matrix ordered by column, stably (a counting sort):

@@ -1,7 +1,8 @@
 """The CPU kernels (``kernels.c``): a CSR SpMM with per-head weights, an SDDMM, the
 softmax's backward over an SDDMM, a distributed softmax's score gradients from its row
-statistics, the transpose of an edge index, and neighbour
-sampling's per-node draws, in C, built on first use with the system's C compiler.
+statistics, a max / min over CSR rows with its tie counts and its gradient, the
+transpose of an edge index, and neighbour sampling's per-node draws, in C, built on
+first use with the system's C compiler.
 
 The torch backend's products over a graph are these kernels (``torch_ops.spmm``, the
 GAT attention's weighted sums and their gradients). torch's own CSR products
@@ -61,6 +62,11 @@ class Kernels:
         self._softmax_shares = lib.sarc_softmax_shares
         self._softmax_shares.argtypes = args[:4] + [i64] + [p] * 7 + [i64] * 3 + args[9:]
         for f in (self._spmm, self._sddmm, self._softmax_vjp, self._softmax_shares):
+            f.restype = ctypes.c_int
+        self._extremum, self._select_sum = lib.sarc_extremum, lib.sarc_select_sum
+        self._extremum.argtypes = args[:3] + [p] * 3 + [i64] * 2 + [ctypes.c_int] * 3
+        self._select_sum.argtypes = args[:3] + [p] * 4 + [i64] * 2 + [ctypes.c_int] * 2
+        for f in (self._extremum, self._select_sum):
             f.restype = ctypes.c_int
         self._transpose = lib.sarc_transpose
         self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
@@ -192,6 +198,40 @@ class Kernels:
                              dd.data_ptr(), alpha.data_ptr(), ds.data_ptr(), m, heads, width,
                              a.dtype == torch.float64, _threads(cols.numel() * heads * width))
         return alpha, ds
+
+    def extremum(self, kind: str, ptr: torch.Tensor, cols: torch.Tensor | None,
+                 x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, count) [m, ...]: y[i] the max (``kind`` "max") or min over row i's entries e of
+        x[cols[e]] (``cols`` None: x[e]), per number; 0 for a row without entries; count[i]
+        how many entries attain it (x's dtype; 0 where a NaN wins). ``x`` [n, ...]."""
+        flat = x.contiguous().reshape(x.shape[0], -1)
+        width = flat.shape[1]
+        y = x.new_empty(m, *x.shape[1:])
+        count = torch.empty_like(y)
+        if cols is None:
+            ptr, wide = ptr.contiguous(), int(ptr.dtype == torch.int64)
+        else:
+            ptr, cols, wide = _index(ptr, cols)
+        entries = int(ptr[-1]) if m else 0
+        self._extremum(ptr.data_ptr(), None if cols is None else cols.data_ptr(), wide,
+                       flat.data_ptr(), y.data_ptr(), count.data_ptr(), m, width,
+                       kind == "max", x.dtype == torch.float64, _threads(entries * width))
+        return y, count
+
+    def select_sum(self, ptr: torch.Tensor, cols: torch.Tensor, x: torch.Tensor,
+                   y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """[n, ...]: out[u] = the sum over row u's entries k of ``[x[u] == y[c]] s[c]``,
+        c = cols[k], per number (``x`` [n, ...]; ``y``, ``s`` [m, ...]): the gradient of an
+        extremum over the transposed index, s its cotangent over the tie count."""
+        flat = x.contiguous().reshape(x.shape[0], -1)
+        width = flat.shape[1]
+        y, s = (t.to(x.dtype).contiguous() for t in (y, s))
+        out = torch.empty_like(flat)
+        ptr, cols, wide = _index(ptr, cols)
+        self._select_sum(ptr.data_ptr(), cols.data_ptr(), wide, flat.data_ptr(), y.data_ptr(),
+                         s.data_ptr(), out.data_ptr(), x.shape[0], width,
+                         x.dtype == torch.float64, _threads(cols.numel() * width))
+        return out.reshape(x.shape)
 
 
 def _threads(work: int) -> int:

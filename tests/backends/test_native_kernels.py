@@ -182,6 +182,75 @@ def test_softmax_shares_are_the_weights_and_score_gradients_in_double(dtype, ind
         assert ((ds.double() - want_ds).abs() <= 1.2e-7 * want_ds.abs() + 1e-30).all()
 
 
+def _extremum_reference(kind, ptr, xe):
+    """(y, count, the row of each entry) of ``kind`` over each CSR row of the per-entry rows
+    ``xe``, in torch: y 0 for an empty row; count: the entries equal to y."""
+    ptr = ptr.long()
+    y = torch.segment_reduce(xe, kind, offsets=ptr, axis=0)
+    has = (ptr[1:] > ptr[:-1]).view(-1, *[1] * (xe.dim() - 1))
+    y = torch.where(has, y, torch.zeros((), dtype=xe.dtype))
+    rows = torch.repeat_interleave(torch.arange(ptr.numel() - 1), ptr[1:] - ptr[:-1])
+    count = torch.segment_reduce((xe == y[rows]).to(xe.dtype), "sum", offsets=ptr, axis=0)
+    return y, count, rows
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("shape", [(1,), (7,), (64,), (130,), (4, 16)])
+def test_extremum_is_each_rows_max_or_min_with_its_tie_count(dtype, index_dtype, kind, shape):
+    """Small integers: many entries tie for a row's extremum (repeated columns too); the
+    same from a column index and from rows given per entry (``cols`` None)."""
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 7 * len(shape) + shape[-1], index_dtype)
+    x = torch.randint(-3, 4, (n, *shape), generator=gen).to(dtype)
+    x[2].view(-1)[0] = float("-inf")
+    y, count = K.extremum(kind, ptr, cols, x, m)
+    want_y, want_count, _ = _extremum_reference(kind, ptr, x[cols.long()])
+    assert torch.equal(y, want_y) and torch.equal(count, want_count)
+    assert y.dtype == count.dtype == dtype and y.shape == (m, *shape)
+    rows_with_entries = int((ptr[1:] > ptr[:-1]).sum())
+    assert int((count >= 1).sum()) == rows_with_entries * x[0].numel()  # no NaN: a tie or more
+    per_entry = K.extremum(kind, ptr, None, x[cols.long()], m)
+    assert torch.equal(per_entry[0], y) and torch.equal(per_entry[1], count)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_a_nan_is_its_rows_extremum_and_ties_with_nothing(kind):
+    """As torch's max: a NaN among a row's entries is the row's result, whatever comes
+    after it, and no entry attains it (its gradient goes nowhere)."""
+    ptr = torch.tensor([0, 3, 5, 6])
+    x = torch.tensor([[1.0], [float("nan")], [5.0], [-2.0]])
+    cols = torch.tensor([0, 1, 2, 2, 3, 1])
+    y, count = K.extremum(kind, ptr, cols, x, 3)
+    assert torch.isnan(y[0, 0]) and torch.isnan(y[2, 0]) and count[0, 0] == count[2, 0] == 0
+    assert y[1, 0] == (5.0 if kind == "max" else -2.0) and count[1, 0] == 1
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(1,), (70,), (3, 5)])
+def test_select_sum_is_the_extremums_gradient_over_the_transposed_index(dtype, index_dtype, shape):
+    """dx[u] = sum over the entries (v, u) of [x[u] == y[v]] s[v]: the scatter of the tied
+    entries' shares, computed row by row of the transpose."""
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 3 + shape[-1], index_dtype)
+    x = torch.randint(-2, 3, (n, *shape), generator=gen).to(dtype)
+    y, count, rows = _extremum_reference("max", ptr, x[cols.long()])
+    s = torch.randn(m, *shape, generator=gen, dtype=torch.float64).to(dtype) / count.clamp(min=1)
+    colptr, rows_t, _ = torch_ops.transpose(cols.long(), rows, n, index_dtype)
+    got = K.select_sum(colptr, rows_t, x, y, s)
+    tie = (x[cols.long()] == y[rows]).to(torch.float64)
+    want = torch.zeros(n, *shape, dtype=torch.float64).index_add_(0, cols.long(),
+                                                                  tie * s[rows].double())
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    assert got.dtype == dtype and got.shape == x.shape and tie.sum() > 0
+
+
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_an_operand_broadcast_to_every_row_is_read_as_one_row(dtype):
@@ -227,8 +296,10 @@ def test_the_result_does_not_depend_on_the_threads():
     try:
         for threads in (1, 2, 5):
             torch.set_num_threads(threads)
+            y, count = K.extremum("max", ptr, cols, x.round(), 3000)
             outs.append((K.spmm(ptr, cols, w, x, 3000), K.sddmm(ptr, cols, a, x),
-                         K.softmax_vjp(ptr, cols, a, x, w.abs().contiguous())))
+                         K.softmax_vjp(ptr, cols, a, x, w.abs().contiguous()), y, count,
+                         K.select_sum(ptr, cols, a.round(), x.round(), a)))
     finally:
         torch.set_num_threads(before)
     for got in outs[1:]:
@@ -236,8 +307,9 @@ def test_the_result_does_not_depend_on_the_threads():
 
 
 def _layer_outputs(monkeypatch, built: bool):
-    """A weighted multi-head sum and a mean through ``torch_ops.spmm``, with their
-    gradients, with or without the kernels."""
+    """A weighted multi-head sum and a mean through ``torch_ops.spmm``, and a max and a min
+    of integers (ties) through ``torch_ops.extremum_spmm``, with their gradients, with or
+    without the kernels."""
     if not built:
         monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
     gen = torch.Generator().manual_seed(0)
@@ -248,7 +320,10 @@ def _layer_outputs(monkeypatch, built: bool):
     w = torch.randn(400, 4, 1, generator=gen, requires_grad=True)
     y = torch_ops.spmm("sum", g, x, w) + torch_ops.spmm("mean", g, x)
     y.pow(2).sum().backward()
-    return y.detach(), x.grad, w.grad
+    z = torch.randint(-2, 3, (50, 4, 8), generator=gen).float().requires_grad_()
+    picked = torch_ops.extremum_spmm("max", g, z) - 2 * torch_ops.extremum_spmm("min", g, z)
+    (picked * torch.randn(picked.shape, generator=gen)).sum().backward()
+    return y.detach(), x.grad, w.grad, picked.detach(), z.grad
 
 
 @needs_kernels

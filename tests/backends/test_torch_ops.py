@@ -165,6 +165,55 @@ def test_a_dst_value_computed_like_a_src_value_is_its_rows():
         assert any(line.startswith("v") and "= K.dst_rows(v" in line for line in code) == rows_read, code
 
 
+class _SourcePool(sarc.Layer):
+    """GraphSAGE-pool's aggregate: max (min) of relu(lin(h_u)), node work the passes push
+    ahead of the gather, so the aggregate selects from a source feature as it is."""
+
+    def __init__(self, kind: str, feat: bool = True):
+        super().__init__(node={"h": 5})
+        self.kind, self.feat = kind, feat
+        self.lin = torch.nn.Linear(5, 3)
+
+    def message(self, src, dst, edge):
+        return {"m": torch.relu(self.lin(src.h)) if self.feat else self.lin(src.h) - dst.h[:, :3]}
+
+    def reduce(self, msg):
+        return sarc.max(msg.m) if self.kind == "max" else sarc.min(msg.m)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_the_extremum_of_a_source_feature_is_a_csr_extremum(kind):
+    """Such an aggregate is ``K.extremum_spmm`` (no edge tensor); one whose message reads
+    the destination too stays a fused aggregate."""
+    from sarc.compiler import compile_layer
+    for feat, product in ((True, True), (False, False)):
+        source = compile_layer(_SourcePool(kind, feat)).kernel.source
+        code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+        assert any(f'K.extremum_spmm("{kind}", g, v' in line for line in code) == product, code
+        assert any(f'K.aggregate("{kind}"' in line for line in code) != product, code
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extremum_spmm_splits_ties_evenly(kind, dtype):
+    """max / min of x[src] on a graph with multi-edges and a node without in-edges: values
+    and the gradient, tied edges (repeated ones too) sharing it evenly, as ``torch.amax``."""
+    g = _multi_graph()
+    x = torch.randint(-1, 2, (5, 3)).to(dtype).requires_grad_()
+    got = K.extremum_spmm(kind, g, x)
+    ct = torch.randn(5, 3, dtype=dtype)
+    xo = x.detach().clone().requires_grad_()
+    rows = []
+    for v in range(5):
+        xs = xo[g.src[g.dst == v]]
+        rows.append(torch.zeros(3, dtype=dtype) if xs.numel() == 0
+                    else xs.amax(0) if kind == "max" else xs.amin(0))
+    want = torch.stack(rows)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad((got * ct).sum(), x)[0],
+                               torch.autograd.grad((want * ct).sum(), xo)[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", ["sum", "mean"])
 def test_unweighted_spmm_on_the_graphs_own_weights(kind, dtype):

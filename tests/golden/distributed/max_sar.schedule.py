@@ -40,12 +40,6 @@ def src_part(g, inputs, params, training, seed):
     return {"$x0": v7}
 
 
-def _edge_partials_v1_body(g, a0):
-    # ^0: edge f32[E,8] = arg 0 @src                                   # layers.py:19
-    r0 = a0
-    return r0
-
-
 def edge_partials(g, inputs, params, training, seed, norms):
     # %0: src f32[N_src,8] = input "$x0"                               # layers.py:19
     v0 = inputs["$x0"]
@@ -53,15 +47,9 @@ def edge_partials(g, inputs, params, training, seed, norms):
     #         body:
     #             ^0: edge f32[E,8] = arg 0 @src                                   # layers.py:19
     #             yield ^0
-    v1 = DK.extremum_partial("max", _edge_partials_v1_body, ('src',), 8, g, v0)
+    v1 = DK.extremum_partial("max", DK.SourceRow(0), ('src',), 8, g, v0)
     del v0
     return {"$agg0": v1}
-
-
-def _edge_surrogate_v1_body(g, a0):
-    # ^0: edge f32[E,8] = arg 0 @src                                   # layers.py:19
-    r0 = a0
-    return r0
 
 
 def edge_surrogate(g, inputs, params, training, seed, norms, cot):
@@ -71,7 +59,7 @@ def edge_surrogate(g, inputs, params, training, seed, norms, cot):
     #         body:
     #             ^0: edge f32[E,8] = arg 0 @src                                   # layers.py:19
     #             yield ^0
-    v1 = DK.extremum_select("max", _edge_surrogate_v1_body, ('src',), 8, g, cot["$agg0"][0], cot["$agg0"][1], v0)
+    v1 = DK.extremum_select("max", DK.SourceRow(0), ('src',), 8, g, cot["$agg0"][0], cot["$agg0"][1], v0)
     del v0
     return v1
 
