@@ -84,12 +84,64 @@ def dst_rows(x: torch.Tensor, g: Graph) -> torch.Tensor:
 
 def gather_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[e] = x[src(e)]"""
-    return x.index_select(0, g.src)
+    return _gather(x, g, "src")
 
 
 def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """y[e] = x[dst(e)]"""
-    return x.index_select(0, g.dst)
+    return _gather(x, g, "dst")
+
+
+def _gather(x: torch.Tensor, g: Graph, side: str) -> torch.Tensor:
+    """x's row at each edge's ``side``. Under autograd, on sarc's CPU kernels, its gradient
+    is a sum over each node's edges (``_EdgeRowSum``: a CSR product over the graph's
+    index, or its transpose) instead of ``index_select``'s ``index_add_``, a scatter that
+    runs on one thread."""
+    index = g.src if side == "src" else g.dst
+    if x.requires_grad and torch.is_grad_enabled() and g.num_edges \
+            and cpu_kernels.kernels_for(x) is not None:
+        return _Gather.apply(x, g, side)
+    return x.index_select(0, index)
+
+
+class _Gather(torch.autograd.Function):
+    """y[e] = x[side(e)]; backward ``_EdgeRowSum`` (differentiable again: a gather)."""
+
+    @staticmethod
+    def forward(ctx, x, g, side):
+        ctx.g, ctx.side, ctx.rows = g, side, x.shape[0]
+        return x.index_select(0, g.src if side == "src" else g.dst)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _EdgeRowSum.apply(dy, ctx.g, ctx.side, ctx.rows), None, None
+
+
+class _EdgeRowSum(torch.autograd.Function):
+    """x[u] = sum over the edges e with side(e) = u of y[e], for ``rows`` nodes: a CSR
+    product of the edge rows, over the graph's index (dst: its edges are in destination
+    order) or its transposed index (src), both kept with the graph (``layout``); backward a
+    gather."""
+
+    @staticmethod
+    def forward(ctx, y, g, side, rows):
+        ctx.g, ctx.side = g, side
+        lay = layout(g)
+        if side == "src":
+            ptr, _, cols = lay.transposed()
+            n = g.num_src
+        else:
+            ptr, cols = lay.arrays(None, g.num_edges)
+            n = g.num_dst
+        flat = y.detach().reshape(y.shape[0], 1, -1)
+        out = cpu_kernels.kernels().spmm(ptr, cols, None, flat, n).reshape(n, *y.shape[1:])
+        if rows > n:  # the operand's rows past the graph's nodes: no edge reads them
+            out = torch.cat([out, out.new_zeros(rows - n, *y.shape[1:])], 0)
+        return out[:rows]
+
+    @staticmethod
+    def backward(ctx, dx):
+        return _gather(dx, ctx.g, ctx.side), None, None, None
 
 
 class Layout:
@@ -549,13 +601,20 @@ class _SegmentExtremum(torch.autograd.Function):
     by the number of ties only where the gradient is positive (torch 2.2 to
     2.13): with a negative gradient every tied edge receives all of it. The
     interpreter's meaning (``torch.amax``) splits it evenly, the reducer's
-    ``tie_shares`` rule, so the backward is written here.
+    ``tie_shares`` rule, so the backward is written here. On sarc's CPU kernels the
+    extremum and, in the backward pass, its tie counts are the C kernel's ``extremum``
+    over the rows (one pass each, no tie tensor summed).
     """
 
     @staticmethod
     def forward(ctx, x, kind, rowptr, dst):
-        y = torch.segment_reduce(x, kind, offsets=rowptr, axis=0)
-        y = reducer(kind).finalize(y, rowptr[1:] - rowptr[:-1])
+        k = cpu_kernels.kernels_for(x) if x.shape[0] else None
+        if k is not None:
+            y, _ = k.extremum(kind, rowptr, None, x.detach(), rowptr.numel() - 1)
+        else:
+            y = torch.segment_reduce(x, kind, offsets=rowptr, axis=0)
+            y = reducer(kind).finalize(y, rowptr[1:] - rowptr[:-1])
+        ctx.kind = kind
         ctx.save_for_backward(x, y, rowptr, dst)
         return y
 
@@ -563,8 +622,13 @@ class _SegmentExtremum(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, y, rowptr, dst = ctx.saved_tensors
         tie = (x == y.index_select(0, dst)).to(grad_y.dtype)
-        dx = tie_shares(tie, grad_y, lambda t: torch.segment_reduce(t, "sum", offsets=rowptr, axis=0),
-                        lambda t: t.index_select(0, dst))
+        k = cpu_kernels.kernels_for(x) if x.shape[0] else None
+        if k is not None:
+            count = k.extremum(ctx.kind, rowptr, None, x.detach(), y.shape[0])[1]
+            row_sum = lambda t: count.to(t.dtype)  # noqa: E731 - the ties' count per row
+        else:
+            row_sum = lambda t: torch.segment_reduce(t, "sum", offsets=rowptr, axis=0)  # noqa: E731
+        dx = tie_shares(tie, grad_y, row_sum, lambda t: t.index_select(0, dst))
         return dx, None, None, None
 
 
@@ -669,10 +733,8 @@ def typed_linear(x: torch.Tensor, w: torch.Tensor, types: torch.Tensor) -> torch
 
 def per_edge(x: torch.Tensor, side: str, g: Graph) -> torch.Tensor:
     """An operand as a region reads it: one row per edge of ``g`` (params as they are)."""
-    if side == "src":
-        return x.index_select(0, g.src)
-    if side == "dst":
-        return x.index_select(0, g.dst)
+    if side in ("src", "dst"):
+        return _gather(x, g, side)
     return x
 
 
@@ -1274,9 +1336,10 @@ def dropout(x: torch.Tensor, p: float, seed, key: int, training: bool) -> torch.
 
 @accumulates
 def scatter_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
-    """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src)."""
-    # index_add_ is deterministic on the CPU; a CSC segment reduce needs a sort by
-    # source per call, slower here than the scatter.
+    """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src): a CSR
+    product over the graph's transposed index on sarc's CPU kernels, else ``index_add_``."""
+    if g.num_edges and cpu_kernels.kernels_for(x) is not None:
+        return _EdgeRowSum.apply(x, g, "src", g.num_src)
     out = x.new_zeros((g.num_src, *x.shape[1:]))
     return out.index_add_(0, g.src, x)
 

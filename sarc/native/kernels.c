@@ -369,12 +369,15 @@ int sarc_select_sum(const void *ptr, const void *cols, int index64, const void *
   return run(is64 ? select_sum_f64_rows : select_sum_f32_rows, &job, threads);
 }
 
-/* transpose: the entries of a matrix ordered by column, stably (a counting sort):
-   given each entry's column cols[e] and row rows[e] in row order, and colptr (the
-   running count of entries per column, num_cols + 1), fill rows_t[k] and order[k] (the
-   entry) for the k-th entry in column order. O(E), one thread. */
-void sarc_transpose(const int64_t *cols, const int64_t *rows, int64_t num, const int64_t *colptr,
+/* transpose: the entries of a matrix ordered by column, stably (a counting sort): given
+   each entry's column cols[e] and row rows[e] in row order, fill colptr (the running
+   count of entries per column, num_cols + 1), and rows_t[k] and order[k] (the entry)
+   for the k-th entry in column order. O(E + num_cols), one thread. */
+void sarc_transpose(const int64_t *cols, const int64_t *rows, int64_t num, int64_t *colptr,
                     int64_t num_cols, int64_t *next, int64_t *rows_t, int64_t *order) {
+  for (int64_t c = 0; c <= num_cols; c++) colptr[c] = 0;
+  for (int64_t e = 0; e < num; e++) colptr[cols[e] + 1]++;
+  for (int64_t c = 0; c < num_cols; c++) colptr[c + 1] += colptr[c];
   for (int64_t c = 0; c < num_cols; c++) next[c] = colptr[c];
   for (int64_t e = 0; e < num; e++) {
     const int64_t k = next[cols[e]]++;

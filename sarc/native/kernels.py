@@ -78,8 +78,7 @@ class Kernels:
         """(colptr, rows in column order, the entry of each) of entries given by column and
         row in row order: ``torch.argsort(cols, stable=True)`` by counting."""
         cols, rows = cols.to(torch.int64).contiguous(), rows.to(torch.int64).contiguous()
-        colptr = torch.zeros(num_cols + 1, dtype=torch.int64)
-        colptr[1:] = torch.cumsum(torch.bincount(cols, minlength=num_cols), 0)
+        colptr = torch.empty(num_cols + 1, dtype=torch.int64)  # counted by the kernel
         rows_t, order = torch.empty_like(rows), torch.empty_like(cols)
         scratch = torch.empty(num_cols, dtype=torch.int64)  # held: the kernel writes to it
         self._transpose(cols.data_ptr(), rows.data_ptr(), cols.numel(), colptr.data_ptr(),

@@ -231,6 +231,25 @@ def test_unweighted_spmm_on_the_graphs_own_weights(kind, dtype):
                                torch.autograd.grad((want * ct).sum(), x)[0])
 
 
+@pytest.mark.parametrize("side", ["src", "dst"])
+def test_a_gathers_gradient_is_a_sum_over_each_nodes_edges(side):
+    """gather_src / gather_dst under autograd: the gradient (a CSR product over the
+    graph's index or its transpose) is index_select's, a second derivative too, on a
+    graph with multi-edges, nodes without edges and an operand with more rows than the
+    side has nodes (a block's source rows read at its destinations)."""
+    g = sarc.Graph.from_edges(torch.tensor([0, 0, 0, 1, 1, 2, 3]),
+                              torch.tensor([1, 1, 0, 2, 2, 2, 0]), num_src=5, num_dst=3)
+    gather = K.gather_src if side == "src" else K.gather_dst
+    index = g.src if side == "src" else g.dst
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    ct = torch.randn(g.num_edges, 2, 3, dtype=torch.float64)
+    got = torch.autograd.grad((gather(x, g) * ct).sum(), x)[0]
+    want = torch.autograd.grad((x.index_select(0, index) * ct).sum(), x)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert got[4].abs().sum() == 0 and got.abs().sum() > 0
+    torch.autograd.gradgradcheck(lambda t: gather(t, g).pow(2), (x,))
+
+
 def test_the_layout_cache_lets_its_graph_go():
     import gc
     import weakref
