@@ -1,10 +1,10 @@
 """Forward + backward time of the model zoo's layers on the CPU: sarc against PyG and DGL.
 
-Each layer of ``benchmarks/triton_kernels.py`` (GCN, GraphSAGE-mean, GAT 4x32 with and
-without attention dropout, GIN, RGCN) runs on a synthetic power-law graph, compiled by
-sarc for its PyTorch backend, and as the matching PyG and DGL layer where that library
-imports here (PyG in ``.venv``; DGL, and PyG, in ``.venv-dgl``, whose torch is 2.2.1:
-compare libraries within one run, not across environments). After one warm-up run each,
+Each layer of ``benchmarks/triton_kernels.py`` (GCN, GraphSAGE-mean and -pool, GAT 4x32
+with and without attention dropout, GIN, RGCN) runs on a synthetic power-law graph,
+compiled by sarc for its PyTorch backend, and as the matching PyG and DGL layer where
+that library imports here (PyG in ``.venv``; DGL, and PyG, in ``.venv-dgl``, whose
+torch is 2.2.1: compare libraries within one run, not across environments). After one warm-up run each,
 the libraries run in turn, ``--repeat`` rounds (interleaved, so a load on the machine
 falls on all of them alike); the median of the rounds is reported. ``--memory`` adds
 each run's peak of bytes allocated through torch's CPU allocator (DGL's tensors are

@@ -46,6 +46,7 @@ def layers(f: int, rels: int):
     return [
         ("GCN", GCNLayer(f, f), False),
         ("SAGE-mean", SAGELayer(f, f), False),
+        ("SAGE-pool", SAGELayer(f, f, aggregator="pool"), False),
         ("GAT 4x32", GATLayer(f, 32, heads=4), False),
         ("GAT 4x32 attn-drop", GATLayer(f, 32, heads=4, attn_drop=0.5), False),
         ("GIN", GINLayer(f, f, f), False),
@@ -94,6 +95,8 @@ def _pyg_layer(name: str, f: int, rels: int):
         return pyg.GCNConv(f, f, add_self_loops=False)
     if name == "SAGE-mean":
         return pyg.SAGEConv(f, f, aggr="mean")
+    if name == "SAGE-pool":
+        return pyg.SAGEConv(f, f, aggr="max", project=True)
     if name.startswith("GAT"):
         return pyg.GATConv(f, 32, heads=4, add_self_loops=False,
                            dropout=0.5 if "drop" in name else 0.0)
@@ -109,6 +112,8 @@ def _dgl_layer(name: str, f: int, rels: int):
         return dglnn.GraphConv(f, f, norm="both", allow_zero_in_degree=True)
     if name == "SAGE-mean":
         return dglnn.SAGEConv(f, f, "mean")
+    if name == "SAGE-pool":
+        return dglnn.SAGEConv(f, f, "pool")
     if name.startswith("GAT"):
         return dglnn.GATConv(f, 32, 4, attn_drop=0.5 if "drop" in name else 0.0,
                              allow_zero_in_degree=True)

@@ -2,8 +2,14 @@
 
     h'_v = W_neigh mean_{u -> v} h_u + b + W_self h_v
 
-as PyG's SAGEConv(aggr="mean") and DGL's SAGEConv("mean").
+as PyG's SAGEConv(aggr="mean") and DGL's SAGEConv("mean"). The layer's pooling
+aggregator (``aggregator="pool"``),
+
+    h'_v = W_neigh max_{u -> v} relu(W_pool h_u + b_pool) + b + W_self h_v,
+
+is PyG's SAGEConv(aggr="max", project=True) and DGL's SAGEConv("pool").
 """
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -12,28 +18,36 @@ from sarc.modules import input_dropout
 
 
 class SAGELayer(sarc.Layer):
-    def __init__(self, in_feats: int, out_feats: int):
+    def __init__(self, in_feats: int, out_feats: int, aggregator: str = "mean"):
         super().__init__(node={"h": in_feats})
+        if aggregator not in ("mean", "pool"):
+            raise ValueError(f"SAGELayer: aggregator {aggregator!r}: 'mean' or 'pool'")
+        self.aggregator = aggregator
+        if aggregator == "pool":
+            self.fc_pool = nn.Linear(in_feats, in_feats)
         self.lin_neigh = nn.Linear(in_feats, out_feats, bias=True)
         self.lin_self = nn.Linear(in_feats, out_feats, bias=False)
 
     def message(self, src, dst, edge):
+        if self.aggregator == "pool":
+            return torch.relu(self.fc_pool(src.h))
         return src.h
 
     def reduce(self, msg):
-        return sarc.mean(msg.m)
+        return sarc.max(msg.m) if self.aggregator == "pool" else sarc.mean(msg.m)
 
     def update(self, dst, agg):
         return self.lin_neigh(agg.agg) + self.lin_self(dst.h)
 
 
 class SAGE(nn.Module):
-    """Two GraphSAGE-mean layers with ReLU and dropout (full-batch, transductive)."""
+    """Two GraphSAGE layers with ReLU and dropout (full-batch, transductive)."""
 
-    def __init__(self, in_feats: int, hidden: int, num_classes: int, dropout: float = 0.5):
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, dropout: float = 0.5,
+                 aggregator: str = "mean"):
         super().__init__()
-        self.conv1 = SAGELayer(in_feats, hidden)
-        self.conv2 = SAGELayer(hidden, num_classes)
+        self.conv1 = SAGELayer(in_feats, hidden, aggregator)
+        self.conv2 = SAGELayer(hidden, num_classes, aggregator)
         self.dropout = dropout
 
     def forward(self, g, x):
@@ -50,6 +64,7 @@ HPARAMS = {
     "dataset": "cora",
     "hidden": 16,
     "dropout": 0.5,
+    "aggregator": "mean",
     "lr": 0.01,
     "weight_decay": 5e-4,
     "epochs": 200,
@@ -59,8 +74,8 @@ HPARAMS = {
 
 
 def build_model(in_feats: int, num_classes: int, hidden: int = 16, dropout: float = 0.5,
-                **_) -> nn.Module:
-    return SAGE(in_feats, hidden, num_classes, dropout)
+                aggregator: str = "mean", **_) -> nn.Module:
+    return SAGE(in_feats, hidden, num_classes, dropout, aggregator)
 
 
 if __name__ == "__main__":

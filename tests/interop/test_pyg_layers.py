@@ -61,10 +61,16 @@ def gcn_pair(src, dst, n, d_in, d_out):
                 lambda x: sarc_layer(g, x), lambda x: pyg(x, ei))
 
 
-def sage_pair(src, dst, n, d_in, d_out, num_dst=None):
-    sarc_layer, pyg = SAGELayer(d_in, d_out), SAGEConv(d_in, d_out, aggr="mean")
+def sage_pair(src, dst, n, d_in, d_out, num_dst=None, aggregator="mean"):
+    """SAGEConv(aggr="mean"), or for sarc's pooling aggregator SAGEConv(aggr="max",
+    project=True): relu(lin(x)) at the sources, their max."""
+    sarc_layer = SAGELayer(d_in, d_out, aggregator)
+    pool = aggregator == "pool"
+    pyg = SAGEConv(d_in, d_out, aggr="max" if pool else "mean", project=pool)
     params = {"lin_neigh.weight": ("lin_l.weight", same), "lin_neigh.bias": ("lin_l.bias", same),
               "lin_self.weight": ("lin_r.weight", same)}
+    if pool:
+        params.update({"fc_pool.weight": ("lin.weight", same), "fc_pool.bias": ("lin.bias", same)})
     ei = edge_index(src, dst)
     if num_dst is None:
         g = from_pyg(ei, n)
@@ -136,10 +142,11 @@ def test_gcn(graph, dims):
 
 
 @pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
+@pytest.mark.parametrize("aggregator", ["mean", "pool"])
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_sage(graph, dims):
+def test_sage(graph, aggregator, dims):
     src, dst, n = GRAPHS[graph]
-    compare(sage_pair(src, dst, n, *dims), torch.randn(n, dims[0]))
+    compare(sage_pair(src, dst, n, *dims, aggregator=aggregator), torch.randn(n, dims[0]))
 
 
 @pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
@@ -173,10 +180,11 @@ BLOCK_DST = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2])   # dst 3 has no edges
 BLOCK_N, BLOCK_DST_N = 8, 4
 
 
-@pytest.mark.parametrize("layer", ["sage", "gat", "gin", "rgcn"])
+@pytest.mark.parametrize("layer", ["sage", "sage_pool", "gat", "gin", "rgcn"])
 def test_bipartite_block(layer):
     args = (BLOCK_SRC, BLOCK_DST, BLOCK_N, 7, 3)
     pair = {"sage": lambda: sage_pair(*args, num_dst=BLOCK_DST_N),
+            "sage_pool": lambda: sage_pair(*args, num_dst=BLOCK_DST_N, aggregator="pool"),
             "gat": lambda: gat_pair(*args, 4, True, num_dst=BLOCK_DST_N),
             "gin": lambda: gin_pair(*args, 0.3, True, num_dst=BLOCK_DST_N),
             "rgcn": lambda: rgcn_pair(*args, 3, 2, "mean", num_dst=BLOCK_DST_N)}[layer]()
@@ -197,7 +205,7 @@ def edge_lists(draw, max_nodes=12, max_edges=40):
 
 
 @settings(max_examples=20, deadline=None)
-@given(graph=edge_lists(), layer=st.sampled_from(["gcn", "sage", "gat1", "gat4"]),
+@given(graph=edge_lists(), layer=st.sampled_from(["gcn", "sage", "sage_pool", "gat1", "gat4"]),
        seed=st.integers(0, 2**31 - 1))
 def test_random_graphs(graph, layer, seed):
     src, dst, n = graph
@@ -205,8 +213,8 @@ def test_random_graphs(graph, layer, seed):
     if layer == "gcn":
         src, dst = symmetric(src, dst)
         pair = gcn_pair(src, dst, n, 5, 3)
-    elif layer == "sage":
-        pair = sage_pair(src, dst, n, 5, 3)
+    elif layer.startswith("sage"):
+        pair = sage_pair(src, dst, n, 5, 3, aggregator="pool" if layer == "sage_pool" else "mean")
     else:
         pair = gat_pair(src, dst, n, 5, 3, heads=1 if layer == "gat1" else 4, concat=True)
     compare(pair, torch.randn(n, 5))
