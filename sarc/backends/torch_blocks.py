@@ -240,9 +240,20 @@ def _weights(sc: torch.Tensor, g: Graph, big_m: torch.Tensor, big_s: torch.Tenso
 
 @torch.no_grad()
 def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *operands):
-    """(m, s, acc): the block's share of a softmax aggregate, to be merged online."""
+    """(m, s, acc): the block's share of a softmax aggregate, to be merged online. Where the
+    value is a source feature z (GAT), sarc's C kernel takes the scores to (m, s, acc) in
+    one pass over each row (``softmax_partial``: no edge tensor in ``STATS``)."""
     def block(gb, *xs):
-        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs, value_index)), gb, STATS)
+        sc = score(gb, *_per_edge(gb, sides, xs, value_index))
+        z = xs[value_index] if value_index is not None else None
+        k = cpu_kernels.kernels_for(sc, z) if z is not None and gb.num_edges else None
+        if k is not None:
+            heads = math.prod(sc.shape[1:])
+            lay = K.layout(gb)
+            m, s, acc = k.softmax_partial(lay.rowptr, lay.src, sc, K._by_head(z, heads))
+            return (m.reshape(gb.num_dst, *sc.shape[1:]),
+                    s.reshape(gb.num_dst, *sc.shape[1:]), acc.reshape(gb.num_dst, *z.shape[1:]))
+        m, ex = _score_stats(sc, gb, STATS)
         return m, K.segment_sum(ex, gb), _weighted_sum(ex, value, value_index, gb, sides, xs)
     return _by_row_blocks(g, sides, width, operands, block)
 

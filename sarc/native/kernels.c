@@ -16,6 +16,9 @@
           ds[e, h] = alpha[e, h] (< a[i, h, :], b[cols[e], h, :] > - dd[i, h]): the share of
           the scores' gradient of a softmax whose row statistics (max mx, sum s, the
           output's dot dd) are known, its dots and arithmetic in double whatever T
+   softmax_partial: mx[i, h] = max over row i's entries of sc[e, h], s[i, h] = sum
+          exp(sc[e, h] - mx[i, h]) and acc[i, h, :] = sum exp(sc[e, h] - mx[i, h])
+          x[cols[e], h, :], in double: a row's share of a softmax aggregate, merged online
    extremum: y[i, f] = the max (min) over the entries e of row i of x[cols[e], f] (cols
           NULL: x[e, f]), 0 for a row without entries, and cnt[i, f] = how many attain it
           (a NaN wins and is attained by none)
@@ -51,7 +54,9 @@ typedef struct {
   int64_t widest;               /* softmax_vjp: the most entries of a row */
   const void *sc, *mx;          /* softmax_shares: the scores, their row maxima (T) */
   const double *s, *dd;         /* softmax_shares: the row sums, the output's dots */
-  void *ds;                     /* softmax_shares: the scores' gradient (out: alpha) */
+  void *ds;                     /* softmax_shares: the scores' gradient (out: alpha);
+                                   softmax_partial: the row maxima (out) */
+  double *sums;                 /* softmax_partial: the row sums (out) */
 } Job;
 
 static inline int64_t at(const void *p, int index64, int64_t i) {
@@ -211,6 +216,54 @@ DEFINE_SOFTMAX_VJP(double, softmax_vjp_f64)
 DEFINE_SOFTMAX_SHARES(float, softmax_shares_f32)
 DEFINE_SOFTMAX_SHARES(double, softmax_shares_f64)
 
+/* Row i's share of a softmax aggregate over a source feature, to be merged online (one
+   pass over the row's entries after its max): mx[i, h] = max of sc[e, h] (-inf for a row
+   without entries; a NaN wins), s[i, h] = sum exp(sc - mx) and acc[i, h, :] = sum exp(sc -
+   mx) x[cols[e], h, :], the exponentials and sums in double (x read as it is). */
+#define DEFINE_SOFTMAX_PARTIAL(T, NAME)                                               \
+  static void *NAME##_rows(void *arg) {                                               \
+    Job *job = (Job *)arg;                                                            \
+    const T *x = (const T *)job->x, *sc = (const T *)job->sc;                         \
+    T *mx = (T *)job->ds;                                                             \
+    double *s = job->sums, *acc = (double *)job->out;                                 \
+    const int64_t H = job->H, D = job->D, row = H * D, ld = job->ld;                  \
+    double *w = (double *)malloc(sizeof(double) * (H > 0 ? H : 1));                  \
+    if (!w) return 0; /* the rows go to the other threads */                          \
+    EACH_ROW(i, &job->next, job->m) {                                                \
+      const int64_t lo = at(job->ptr, job->index64, i);                               \
+      const int64_t hi = at(job->ptr, job->index64, i + 1);                           \
+      T *m = mx + i * H;                                                              \
+      double *si = s + i * H, *o = acc + i * row;                                     \
+      for (int64_t h = 0; h < H; h++) { m[h] = (T)-INFINITY; si[h] = 0; }             \
+      for (int64_t k = 0; k < row; k++) o[k] = 0;                                     \
+      for (int64_t e = lo; e < hi; e++)                                               \
+        for (int64_t h = 0; h < H; h++) {                                             \
+          const T v = sc[e * H + h];                                                  \
+          if (v > m[h] || (v != v && m[h] == m[h])) m[h] = v;                         \
+        }                                                                             \
+      for (int64_t e = lo; e < hi; e++) {                                             \
+        const T *xr = x + at(job->cols, job->index64, e) * ld;                        \
+        if (e + AHEAD < hi)                                                           \
+          __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * ld);        \
+        for (int64_t h = 0; h < H; h++) {                                             \
+          w[h] = exp((double)sc[e * H + h] - (double)m[h]);                           \
+          si[h] += w[h];                                                              \
+        }                                                                             \
+        for (int64_t h = 0; h < H; h++) {                                             \
+          const double wh = w[h];                                                     \
+          double *oh = o + h * D;                                                     \
+          const T *xh = xr + h * D;                                                   \
+          for (int64_t f = 0; f < D; f++) oh[f] += wh * (double)xh[f];                \
+        }                                                                             \
+      }                                                                               \
+    }                                                                                 \
+    free(w);                                                                          \
+    return 0;                                                                         \
+  }
+
+DEFINE_SOFTMAX_PARTIAL(float, softmax_partial_f32)
+DEFINE_SOFTMAX_PARTIAL(double, softmax_partial_f64)
+
 /* extremum and select_sum: one feature row of D numbers per node (or entry) */
 typedef struct {
   const void *ptr, *cols;
@@ -352,6 +405,14 @@ int sarc_softmax_shares(const void *ptr, const void *cols, int index64, const vo
                         int64_t H, int64_t D, int is64, int threads) {
   Job job = {ptr, cols, index64, 0, b, a, 0, 0, 0, alpha, m, H, D, lda, 0, 0, sc, mx, s, dd, ds};
   return run(is64 ? softmax_shares_f64_rows : softmax_shares_f32_rows, &job, threads);
+}
+
+int sarc_softmax_partial(const void *ptr, const void *cols, int index64, const void *sc,
+                         const void *x, int64_t ldx, void *mx, double *s, double *acc,
+                         int64_t m, int64_t H, int64_t D, int is64, int threads) {
+  Job job = {ptr, cols, index64, 0, x, 0, 0, 0, 0, acc, m, H, D, ldx, 0, 0, sc, 0, 0, 0, mx, s};
+  run(is64 ? softmax_partial_f64_rows : softmax_partial_f32_rows, &job, threads);
+  return job.next >= m ? 0 : -1;   /* rows left: no thread had its scratch */
 }
 
 int sarc_extremum(const void *ptr, const void *cols, int index64, const void *x, void *y,

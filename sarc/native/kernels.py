@@ -1,8 +1,8 @@
 """The CPU kernels (``kernels.c``): a CSR SpMM with per-head weights, an SDDMM, the
-softmax's backward over an SDDMM, a distributed softmax's score gradients from its row
-statistics, a max / min over CSR rows with its tie counts and its gradient, the
-transpose of an edge index, and neighbour sampling's per-node draws, in C, built on
-first use with the system's C compiler.
+softmax's backward over an SDDMM, a distributed softmax's partial sums and its score
+gradients from its row statistics, a max / min over CSR rows with its tie counts and
+its gradient, the transpose of an edge index, and neighbour sampling's per-node draws,
+in C, built on first use with the system's C compiler.
 
 The torch backend's products over a graph are these kernels (``torch_ops.spmm``, the
 GAT attention's weighted sums and their gradients). torch's own CSR products
@@ -63,6 +63,10 @@ class Kernels:
         self._softmax_shares.argtypes = args[:4] + [i64] + [p] * 7 + [i64] * 3 + args[9:]
         for f in (self._spmm, self._sddmm, self._softmax_vjp, self._softmax_shares):
             f.restype = ctypes.c_int
+        self._softmax_partial = lib.sarc_softmax_partial
+        self._softmax_partial.argtypes = args[:3] + [p] * 2 + [i64] + [p] * 3 + [i64] * 3 + \
+            [ctypes.c_int] * 2
+        self._softmax_partial.restype = ctypes.c_int
         self._extremum, self._select_sum = lib.sarc_extremum, lib.sarc_select_sum
         self._extremum.argtypes = args[:3] + [p] * 3 + [i64] * 2 + [ctypes.c_int] * 3
         self._select_sum.argtypes = args[:3] + [p] * 4 + [i64] * 2 + [ctypes.c_int] * 2
@@ -197,6 +201,28 @@ class Kernels:
                              dd.data_ptr(), alpha.data_ptr(), ds.data_ptr(), m, heads, width,
                              a.dtype == torch.float64, _threads(cols.numel() * heads * width))
         return alpha, ds
+
+    def softmax_partial(self, ptr: torch.Tensor, cols: torch.Tensor, sc: torch.Tensor,
+                        x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mx [m, H] in sc's dtype, s [m, H], acc [m, H, D] in float64) of a softmax over each
+        row's entries weighing x's rows: ``mx`` the row's max score (-inf for a row without
+        entries), ``s = sum exp(sc - mx)``, ``acc = sum exp(sc - mx) x[cols[e]]`` per head, the
+        exponentials and sums in double. ``sc`` [E, H], ``x`` [n, H, D] of one dtype."""
+        m = ptr.numel() - 1
+        _, heads, width = x.shape
+        x, ldx = _rows(x)
+        sc = sc.reshape(-1, heads).contiguous()
+        assert sc.shape == (cols.numel(), heads) and sc.dtype == x.dtype, (sc.shape, sc.dtype)
+        mx = sc.new_empty(m, heads)
+        s = torch.empty(m, heads, dtype=torch.float64, device=sc.device)
+        acc = torch.empty(m, heads, width, dtype=torch.float64, device=sc.device)
+        ptr, cols, wide = _index(ptr, cols)
+        if self._softmax_partial(ptr.data_ptr(), cols.data_ptr(), wide, sc.data_ptr(),
+                                 x.data_ptr(), ldx, mx.data_ptr(), s.data_ptr(), acc.data_ptr(),
+                                 m, heads, width, x.dtype == torch.float64,
+                                 _threads(cols.numel() * heads * width)) != 0:
+            raise MemoryError(f"softmax_partial: no scratch of {heads} numbers")
+        return mx, s, acc
 
     def extremum(self, kind: str, ptr: torch.Tensor, cols: torch.Tensor | None,
                  x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -182,6 +182,33 @@ def test_softmax_shares_are_the_weights_and_score_gradients_in_double(dtype, ind
         assert ((ds.double() - want_ds).abs() <= 1.2e-7 * want_ds.abs() + 1e-30).all()
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("heads,width", [(1, 1), (4, 8), (3, 33)])
+def test_softmax_partial_is_each_rows_online_softmax_state(dtype, index_dtype, heads, width):
+    """(max, sum of exp(sc - max), sum of exp(sc - max) x[col]) per row and head, against
+    float64 references; a row without entries: (-inf, 0, 0)."""
+    m, n = 40, 30
+    ptr, cols, gen = _csr(m, n, 5 * heads + width, index_dtype)
+    sc = (8 * torch.randn(cols.numel(), heads, generator=gen, dtype=torch.float64)).to(dtype)
+    x = torch.randn(n, heads, width, generator=gen, dtype=torch.float64).to(dtype)
+    mx, s, acc = K.softmax_partial(ptr, cols, sc, x)
+    p = ptr.long()
+    rows = torch.repeat_interleave(torch.arange(m), p[1:] - p[:-1])
+    want_m = torch.full((m, heads), float("-inf"), dtype=dtype).index_reduce(0, rows, sc, "amax")
+    ex = torch.exp(sc.double() - want_m.double()[rows])
+    want_s = torch.zeros(m, heads, dtype=torch.float64).index_add_(0, rows, ex)
+    want_acc = torch.zeros(m, heads, width, dtype=torch.float64).index_add_(
+        0, rows, ex.unsqueeze(-1) * x.double()[cols.long()])
+    assert torch.equal(mx, want_m) and mx.dtype == dtype
+    assert s.dtype == acc.dtype == torch.float64
+    torch.testing.assert_close(s, want_s, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(acc, want_acc, rtol=1e-12, atol=1e-12)
+    empty = p[1:] == p[:-1]
+    assert empty.any() and (s[empty] == 0).all() and (acc[empty] == 0).all()
+
+
 def _extremum_reference(kind, ptr, xe):
     """(y, count, the row of each entry) of ``kind`` over each CSR row of the per-entry rows
     ``xe``, in torch: y 0 for an empty row; count: the entries equal to y."""
