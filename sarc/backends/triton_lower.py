@@ -468,7 +468,7 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.NEG: lambda v, x: f"-{x}",
     Op.EXP: lambda v, x: f"tl.exp({x})",
     Op.LOG: lambda v, x: f"tl.log({x})",
-    Op.RELU: lambda v, x: f"tl.maximum({x}, 0.0)",
+    Op.RELU: lambda v, x: f"_nan_max({x}, 0.0)",
     Op.SIGMOID: lambda v, x: f"tl.sigmoid({x})",
     Op.TANH: lambda v, x: f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
     Op.ERF: lambda v, x: f"tl.math.erf({x})",
@@ -479,7 +479,7 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.LOG1P: lambda v, x: (f"tl.where(1.0 + {x} == 1.0, {x}, "
                             f"tl.log(1.0 + {x}) * ({x} / ((1.0 + {x}) - 1.0)))"),
     Op.POW: _pow,
-    Op.CLAMP_MIN: lambda v, x: f"tl.maximum({x}, {_const(v.attr['min'])})",
+    Op.CLAMP_MIN: lambda v, x: f"_nan_max({x}, {_const(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, x: f"tl.where({x} > 0, {x}, {x} * {_const(v.attr['slope'])})",
     Op.ELU: lambda v, x: f"tl.where({x} > 0, {x}, {_const(v.attr['alpha'])} * (tl.exp({x}) - 1.0))",
 }

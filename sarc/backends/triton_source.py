@@ -190,7 +190,8 @@ def _literal(x: float) -> str:
 class RowReduce:
     """A node-level reducer in Triton source: the accumulator's start value (the
     reducer's unit), the statement folding a masked edge value ``{x}`` into it, the
-    combine of two partials ``acc`` and ``x``, and the reduction over a tile axis."""
+    combine of two partials ``acc`` and ``x``, and the reduction of ``{x}`` over a tile's
+    axis 0. max and min propagate NaN, as torch's (``_nan_max``: the kernels' header)."""
 
     identity: str
     accumulate: str
@@ -199,12 +200,14 @@ class RowReduce:
 
 
 ROW_REDUCE: dict[str, RowReduce] = {
-    "sum": RowReduce(_literal(reducer("sum").unit), "acc += {x}", "acc + x", "tl.sum"),
-    "mean": RowReduce(_literal(reducer("mean").unit), "acc += {x}", "acc + x", "tl.sum"),
-    "max": RowReduce(_literal(reducer("max").unit), "acc = tl.maximum(acc, {x})",
-                     "tl.maximum(acc, x)", "tl.max"),
-    "min": RowReduce(_literal(reducer("min").unit), "acc = tl.minimum(acc, {x})",
-                     "tl.minimum(acc, x)", "tl.min"),
+    "sum": RowReduce(_literal(reducer("sum").unit), "acc += {x}", "acc + x",
+                     "tl.sum({x}, axis=0)"),
+    "mean": RowReduce(_literal(reducer("mean").unit), "acc += {x}", "acc + x",
+                      "tl.sum({x}, axis=0)"),
+    "max": RowReduce(_literal(reducer("max").unit), "acc = _nan_max(acc, {x})",
+                     "_nan_max(acc, x)", "tl.reduce({x}, 0, _nan_max)"),
+    "min": RowReduce(_literal(reducer("min").unit), "acc = _nan_min(acc, {x})",
+                     "_nan_min(acc, x)", "tl.reduce({x}, 0, _nan_min)"),
 }
 """Each node-level reducer (``sarc.ir.reducers``) in an aggregate kernel and the combine
 of split rows; softmax has kernels of its own (``softmax_aggregate``, ``softmax_combine``:
@@ -244,7 +247,7 @@ def aggregate(origin: Origin, name: str, role: str, body: Region, kind: str, vie
         row_side="dst" if view == "csr" else "src", pre=em.pre, index=_index_lines(view, em.sides),
         body=em.body, cdtype=em.cdtype, acc_shape=tile.edge_shape(), identity=identity,
         accumulate=accumulate,
-        reduce=f"acc = {reduce}(acc, axis=0)", kind=kind, by_degree=reducer(kind).by_degree,
+        reduce=f"acc = {reduce.format(x='acc')}", kind=kind, by_degree=reducer(kind).by_degree,
         out_offs=offs, out_mask=mask,
         operands=sorted(em.operands))
 

@@ -33,7 +33,7 @@ from attention_layers import SCORES, ScoreShapes
 from gat import GATLayer
 from rgcn import RGCNLayer
 from torch import nn
-from triton_check import GRAPHS, compare, power_law_block
+from triton_check import GRAPHS, compare, power_law_block, set_backend
 
 import sarc
 
@@ -183,6 +183,45 @@ def test_gat_attention_dropout_in_training():
     h = torch.randn(g.num_src, 6)
     torch.manual_seed(11)
     compare(layer, g, {"h": h})
+
+
+class NanLayer(sarc.Layer):
+    """``kind`` of ``op(src.h - dst.h / 2)``, an edge value the kernel computes (not a node
+    value pushed ahead of the gather): relu, clamp_min, clamp or none."""
+
+    def __init__(self, kind: str, op: str):
+        super().__init__(node={"h": 3})
+        self.kind, self.op = kind, op
+
+    def message(self, src, dst, edge):
+        m = src.h - 0.5 * dst.h
+        return {"relu": F.relu, "clamp_min": lambda t: t.clamp(min=0.25),
+                "clamp": lambda t: t.clamp(-0.5, 0.5), "none": lambda t: t}[self.op](m)
+
+    def reduce(self, msg):
+        return REDUCERS[self.kind](msg.m)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["rows", "split_rows"])
+@pytest.mark.parametrize("op", ["relu", "clamp_min", "clamp", "none"])
+@pytest.mark.parametrize("kind", sorted(REDUCERS))
+def test_a_nan_propagates_as_in_torch(kind, op, split, request):
+    """A NaN feature makes NaN every result that reads it, through relu / clamp in the
+    edge kernel and the max / min reducers (Triton's maximum drops NaN by default), in
+    whole rows and in split rows merged by the combine kernel; other results stay."""
+    if split:
+        request.getfixturevalue("split_small")
+    g = GRAPHS["power_law"]
+    h = torch.randn(g.num_src, 3)
+    h[g.src[0], 0] = float("nan")  # one source: the rows of its out-edges
+    layer = NanLayer(kind, op)
+    with torch.no_grad():
+        want = set_backend(copy.deepcopy(layer), "torch")(g, h)
+        got = set_backend(copy.deepcopy(layer), "triton")(g, h)
+    nan = torch.isnan(want)
+    assert nan.any() and not nan.all()
+    assert torch.equal(torch.isnan(got), nan)
+    torch.testing.assert_close(got[~nan], want[~nan], rtol=1e-5, atol=1e-6)
 
 
 # --- the schedule: degree buckets and split rows -------------------------------------------

@@ -37,6 +37,19 @@ def _bf16_round(x):
 
 
 @triton.jit
+def _nan_max(a, b):
+    """The larger of a and b, NaN where either is, as torch's max (``tl.maximum`` would
+    drop a NaN)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_min(a, b):
+    """The smaller of a and b, NaN where either is (``_nan_max``)."""
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _convert(x, dtype: tl.constexpr):
     """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
     bits are taken as they are (no conversion that could flush subnormals)."""
