@@ -110,7 +110,8 @@ class SumMerge:
 
 
 class ExtremumMerge(_AtRows):
-    """max / min over the blocks with edges; C counts the edges attaining it."""
+    """max / min over the blocks with edges; C counts the edges attaining it. A block's NaN
+    (count 0: no edge attains it) wins, as on one process."""
 
     STATE, IDENTITY = ("y", "count"), (0.0, 0.0)  # count 0: no edge yet
 
@@ -126,7 +127,8 @@ class ExtremumMerge(_AtRows):
             self.y, self.count = y.clone(), c.clone()
             return
         better = self.reducer.beats(y, self.y)
-        better = better & (c > 0) | (self.count == 0) & (c > 0)
+        better = better & (c > 0) | (self.count == 0) & (c > 0) & ~torch.isnan(self.y)
+        better = better | torch.isnan(y)
         tie = (y == self.y) & (c > 0) & (self.count > 0)
         self.count = torch.where(better, c, torch.where(tie, self.count + c, self.count))
         self.y = torch.where(better, y, self.y)
@@ -137,7 +139,8 @@ class ExtremumMerge(_AtRows):
         (Triton's) gives its exact extremum, which its backward compares edges with."""
         if self.y is None:
             self.y, self.count = zeros.clone(), zeros.clone()
-        self.y = torch.where(self.count > 0, self.y, torch.zeros((), dtype=self.y.dtype))
+        kept = (self.count > 0) | torch.isnan(self.y)
+        self.y = torch.where(kept, self.y, torch.zeros((), dtype=self.y.dtype))
         return self.y.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):

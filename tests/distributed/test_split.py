@@ -393,6 +393,27 @@ def test_extremum_merge_counts_ties_across_blocks(kind):
     torch.testing.assert_close(share[has], 1.0 / ties[has])
 
 
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extremum_merge_keeps_a_nan_of_any_block(kind):
+    """A NaN among a row's edges makes the row's max / min NaN, as on one process, whichever
+    block holds it (no edge attains it: it counts no tie); the other rows are unchanged."""
+    gen = torch.Generator().manual_seed(3)
+    g = _segments(10, 70, gen)
+    x = torch.randn(g.num_edges, 2, generator=gen)
+    x[5, 1] = float("nan")
+    reduce = "amax" if kind == "max" else "amin"
+    init = float("-inf") if kind == "max" else float("inf")
+    want = torch.full((10, 2), init).index_reduce(0, g.dst, x, reduce)
+    want[torch.bincount(g.dst, minlength=10) == 0] = 0.0
+    for blocks in (1, 3):
+        merge = ExtremumMerge(kind)
+        for idx in _split_edges(g, blocks, gen):
+            merge.add(DK.reduce_extremum_partial(kind, x[idx], _block(g, idx)))
+        got = merge.finish(torch.zeros(10, 2))
+        assert torch.isnan(got[g.dst[5], 1]) and torch.isnan(got).sum() == 1
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 def test_normalizer_merge_gives_global_max_and_sum():
     gen = torch.Generator().manual_seed(2)
     g = _segments(8, 50, gen)
