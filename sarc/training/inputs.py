@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable
 
 import torch
@@ -170,3 +171,41 @@ def optimizer(model: nn.Module, hparams: dict[str, Any]):
     return Optimizers(adam(dense) if dense else None,
                       embedding_optimizer(model.embedding,
                                           hparams.get("embedding_optimizer", "sparse_adam"), lr))
+
+
+def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A ``TrainError`` where ``model(*args, **kwargs)`` does not fit the forward that takes
+    the inputs (``dsl.input_taker``: the user's model inside a learned input); a TypeError
+    raised inside a forward that does fit is the model's own. Training and ``sarc compile``
+    run the model alike, and say the same."""
+    from ..dsl import input_taker
+    model = input_taker(model)
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as e:
+        edge = "".join(f", {k}=..." for k in kwargs)
+        raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
+                         f"model(graph, x{edge}): {e}; build_model must return a module whose "
+                         f"forward takes the graph, the node features and the edge data its "
+                         f"sarc layers read by name{_undeclared(model, kwargs)}") from None
+
+
+def _undeclared(model: nn.Module, kwargs: dict) -> str:
+    """Why a required edge argument of ``forward`` was not given, where no sarc layer of the
+    model declares it: the trainer passes only declared edge data (``edge_inputs_for``), so a
+    layer that names its feature otherwise (``edge={"w": ()}``, called ``w=edge_weight``)
+    leaves the dataset's array behind, which the bare TypeError does not say."""
+    from ..dsl import declared_edge_inputs, input_taker, routes_library_convs
+    if routes_library_convs(model):
+        return ""   # library convs declare their edge data at their first call
+    declared = set(declared_edge_inputs(model))
+    params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
+    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in declared]
+    if not missing:
+        return ""
+    names = ", ".join(repr(n) for n in missing)
+    return (f"; no sarc layer of the model declares an edge feature {names} (declared: "
+            f"{', '.join(sorted(declared)) or 'none'}), and the trainer passes only declared "
+            f"edge data: declare it under that name (edge={{{missing[0]!r}: ...}}) or name it "
+            f"in the model's sarc_inputs")

@@ -49,7 +49,7 @@ from torch import nn
 
 from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_fault, save_model,
                           training_state)
-from .inputs import SPLITS, EmbeddingInput, TrainError
+from .inputs import SPLITS, EmbeddingInput, TrainError, check_call
 from .progress import progress_bar
 
 if TYPE_CHECKING:
@@ -155,46 +155,8 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
                 return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
             return model(g, batch.x, **batch.edge_inputs)
         except TypeError:   # the call checked against the forward that takes the inputs
-            from ..dsl import input_taker
-            _check_call(input_taker(model), (g, batch.x), batch.edge_inputs)
+            check_call(model, (g, batch.x), batch.edge_inputs)
             raise
-
-
-def _check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
-    """A ``TrainError`` where ``model(*args, **kwargs)`` does not fit its ``forward`` (a
-    TypeError raised inside a forward that does fit is the model's own)."""
-    import inspect
-    try:
-        inspect.signature(model.forward).bind(*args, **kwargs)
-    except TypeError as e:
-        edge = "".join(f", {k}=..." for k in kwargs)
-        raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
-                         f"model(graph, x{edge}): {e}; build_model must return a module whose "
-                         f"forward takes the graph, the node features and the edge data its "
-                         f"sarc layers read by name{_undeclared(model, kwargs)}") from None
-
-
-def _undeclared(model: nn.Module, kwargs: dict) -> str:
-    """Why a required edge argument of ``forward`` was not given, where no sarc layer of the
-    model declares it: the trainer passes only declared edge data (``edge_inputs_for``), so a
-    layer that names its feature otherwise (``edge={"w": ()}``, called ``w=edge_weight``)
-    leaves the dataset's array behind, which the bare TypeError does not say."""
-    import inspect
-
-    from ..dsl import declared_edge_inputs, input_taker, routes_library_convs
-    if routes_library_convs(model):
-        return ""   # library convs declare their edge data at their first call
-    declared = set(declared_edge_inputs(model))
-    params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
-    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in declared]
-    if not missing:
-        return ""
-    names = ", ".join(repr(n) for n in missing)
-    return (f"; no sarc layer of the model declares an edge feature {names} (declared: "
-            f"{', '.join(sorted(declared)) or 'none'}), and the trainer passes only declared "
-            f"edge data: declare it under that name (edge={{{missing[0]!r}: ...}}) or name it "
-            f"in the model's sarc_inputs")
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,

@@ -109,6 +109,13 @@ def test_model_forward_needing_edge_data_no_layer_declares(tmp_path):
     assert_error(proc, "missing a required argument: 'edge_weight'",
                  "no sarc layer of the model declares an edge feature 'edge_weight' "
                  "(declared: w)", "sarc_inputs")
+    # sarc compile runs the model once the same way, and says the same
+    for extra in ((), ("--dataset", tmp_path / "nofeat.npz", "--set", "embedding_dim=4")):
+        proc = run_sarc("compile", model, *extra, "--out", tmp_path / "out")
+        assert_error(proc, "missing a required argument: 'edge_weight'",
+                     "no sarc layer of the model declares an edge feature 'edge_weight' "
+                     "(declared: w)", "sarc_inputs")
+        assert "EmbeddingInput" not in proc.stderr
 
 
 @case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
