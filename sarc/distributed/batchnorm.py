@@ -14,7 +14,10 @@ all-reduce (``sarc.distributed.train.allreduce_gradients``) adds them up. The ru
 statistics follow BatchNorm1d (momentum, the unbiased variance) and are the same
 on every worker; eval mode uses them and communicates nothing. Without an
 initialized process group it is a plain BatchNorm1d, so one model file serves
-single-process and distributed training.
+single-process and distributed training. A worker's trainer makes every plain
+``nn.BatchNorm1d`` of the model one (``sync_batch_norms``): over a worker's rows alone
+its statistics would be another's than the whole graph's, and P workers would not train
+as one process.
 """
 from __future__ import annotations
 
@@ -86,3 +89,23 @@ class SyncBatchNorm(nn.BatchNorm1d):
                 self.running_mean.mul_(1 - m).add_(mean, alpha=m)
                 self.running_var.mul_(1 - m).add_(var, alpha=m)
         return y
+
+
+def sync_batch_norms(model: nn.Module, group=None) -> list[str]:
+    """Each plain ``nn.BatchNorm1d`` of ``model`` replaced, in place, by a ``SyncBatchNorm``
+    over ``group`` with its settings, parameters, running statistics and mode (one
+    module used in two places stays one); the names of those replaced."""
+    made: dict[int, SyncBatchNorm] = {}
+    names = []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent._modules.items()):  # a shared module at each name
+            if type(child) is not nn.BatchNorm1d:
+                continue
+            if id(child) not in made:
+                sync = SyncBatchNorm(child.num_features, child.eps, child.momentum,
+                                     child.affine, child.track_running_stats, group=group)
+                sync.load_state_dict(child.state_dict())
+                made[id(child)] = sync.train(child.training)
+                names.append(f"{parent_name}.{name}" if parent_name else name)
+            setattr(parent, name, made[id(child)])
+    return names

@@ -149,7 +149,8 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
     data = prepare_worker(shard, hp, group)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,
-                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg)),
+                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg),
+                          group=group, say=say),
                    device, cfg.backend)
     scorer_of(model)
     broadcast_parameters(model, group)

@@ -53,6 +53,7 @@ from ..training.loop import (Batch, FullBatch, epoch_line, fit, result_json, sav
 from ..training.progress import plural
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                   sarc_layers)
+from .batchnorm import sync_batch_norms
 from .embedding import Embedding
 from .exchange import ByteCounter, ExchangeError, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
@@ -430,7 +431,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     shard = shard.to(device)
     torch.manual_seed(cfg.seed)
     model = placed(_build(spec, data, hp, shard.num_nodes,
-                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg)),
+                          sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg),
+                          group=group, say=say),
                    device, cfg.backend)
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
@@ -625,7 +627,10 @@ def whole_embedding(state: dict, model: nn.Module, shard: ShardedGraph, group,
 
 
 def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int,
-           table=None, *, name: str) -> nn.Module:
+           table=None, *, name: str, group=None,
+           say: Callable[[str], None] = lambda s: None) -> nn.Module:
+    """The model of ``spec`` for this worker, its plain batch norms normalizing over every
+    worker's rows (``sync_batch_norms``), as on one process."""
     from ..datasets import Dataset
     # sarc.train.build reads the sizes off a Dataset; give it one with this graph's sizes and
     # the dataset's name (``dataset_name``), which its errors say
@@ -635,7 +640,12 @@ def _build(spec: ModelSpec, data: WorkerData, hp: dict, num_nodes: int,
                    etype=empty if data.num_etypes else None, num_etypes=data.num_etypes,
                    ntype=empty if data.num_ntypes else None, num_ntypes=data.num_ntypes)
     from ..train import build
-    return build(spec, stub, hp, table=table)
+    model = build(spec, stub, hp, table=table)
+    synced = sync_batch_norms(model, group)
+    if synced:
+        say(f"batch norm {', '.join(synced)}: normalized over every worker's rows "
+            f"(sarc.distributed.SyncBatchNorm), as on one process")
+    return model
 
 
 def _mib(n: float) -> str:

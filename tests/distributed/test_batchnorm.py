@@ -102,3 +102,34 @@ def test_without_a_process_group_it_is_batchnorm1d():
     bn, ref = SyncBatchNorm(C), nn.BatchNorm1d(C)
     for (y, gx), (ry, rgx) in zip(_steps(bn, x, w), _steps(ref, x, w)):
         assert torch.equal(y, ry) and torch.equal(gx, rgx)
+
+
+def test_a_workers_plain_batch_norms_become_sync_batch_norms():
+    """``sync_batch_norms``: each plain BatchNorm1d (in a Sequential, shared, without
+    affine or running statistics) is replaced by a SyncBatchNorm with its settings, state
+    and mode, one module used twice stays one; other modules are left as they are."""
+    from sarc.distributed.batchnorm import sync_batch_norms
+
+    class Own(nn.BatchNorm1d):
+        """A subclass: the user's own forward, not replaced."""
+
+    shared = nn.BatchNorm1d(C, eps=1e-3, momentum=0.3)
+    with torch.no_grad():
+        shared.weight.uniform_(0.5, 1.5)
+        shared.running_mean.uniform_(-1, 1)
+    shared.num_batches_tracked += 7
+    model = nn.Module()
+    model.a, model.b = shared, shared
+    model.seq = nn.Sequential(nn.Linear(C, C), nn.BatchNorm1d(C, affine=False).eval(),
+                              nn.BatchNorm1d(C, track_running_stats=False))
+    model.own, model.synced = Own(C), SyncBatchNorm(C)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    names = sync_batch_norms(model)
+    assert names == ["a", "seq.1", "seq.2"]
+    assert type(model.a) is SyncBatchNorm and model.a is model.b
+    assert (model.a.eps, model.a.momentum) == (1e-3, 0.3)
+    assert not model.seq[1].affine and not model.seq[1].training
+    assert not model.seq[2].track_running_stats
+    assert type(model.own) is Own and type(model.seq[0]) is nn.Linear
+    after = model.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())

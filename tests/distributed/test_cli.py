@@ -66,6 +66,59 @@ def test_rgcn_on_aifb_2_workers_oneshot_matches_1_worker(tmp_path):
     assert {p["exec_mode"] for p in two["plans"]} == {"oneshot"}
 
 
+BATCH_NORM_MODEL = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+import sarc
+
+
+class Mean(sarc.Layer):
+    def __init__(self, d, c):
+        super().__init__(node={"h": d})
+        self.lin = nn.Linear(d, c)
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin(agg.agg + dst.h)
+
+
+HPARAMS = {"dataset": "cora", "lr": 0.01, "epochs": 3, "self_loops": False}
+
+
+def build_model(in_feats, num_classes, **_):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = Mean(in_feats, 16), Mean(16, num_classes)
+            self.norm = nn.Sequential(nn.BatchNorm1d(16))
+
+        def forward(self, g, x):
+            return self.conv2(g, F.relu(self.norm(self.conv1(g, x))))
+    return Net()
+"""
+
+
+def test_a_plain_batch_norm_normalizes_over_every_worker(tmp_path):
+    """A model's own nn.BatchNorm1d trains on 2 workers as on one process: each worker's is
+    made a SyncBatchNorm (over a worker's rows alone the losses drift apart)."""
+    model = tmp_path / "bn.py"
+    model.write_text(BATCH_NORM_MODEL)
+    out = tmp_path / "two.json"
+    proc = _sarc("train", str(model), "--workers", "2", "--json", str(out))
+    two = json.loads(out.read_text())
+    one = train(load_model_file(model), "cora", log=None)
+    assert abs(two["final_loss"] - one["final_loss"]) <= 1e-5 * one["final_loss"]
+    assert two["best_epoch"] == one["best_epoch"]
+    assert abs(two["test_acc"] - one["test_acc"]) <= 1e-6
+    assert "batch norm norm.0: normalized over every worker's rows" in proc.stdout
+
+
 def test_compile_emits_the_generated_schedules(tmp_path):
     parts = tmp_path / "parts"
     _sarc("partition", "--dataset", "cora", "--parts", "3", "--out", str(parts))
