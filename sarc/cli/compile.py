@@ -215,6 +215,18 @@ def _load_partitions(path: Path):
     return load_partitions(path)
 
 
+def _recorded(pset, hparams: dict) -> str | None:
+    """The dataset ``pset`` records, by name; the model's dataset file where the set was
+    partitioned from a file of that name (``sarc partition --dataset FILE.npz`` records its
+    name, as ``sarc.cli.worker`` takes it)."""
+    if pset is None or pset.dataset is None:
+        return None
+    own = str(hparams["dataset"])
+    if own.endswith(".npz") and Path(own).stem == pset.dataset:
+        return own
+    return pset.dataset
+
+
 def _dataset(args, hparams: dict, pset):
     """The dataset the model is built from and run on: ``--dataset``, else the one
     ``--partition`` records, else the model's; with ``--partition``, checked to be the
@@ -226,7 +238,7 @@ def _dataset(args, hparams: dict, pset):
     from ..datasets import load_dataset
     from ..distributed.graph import DistError
     from ..distributed.launch import checked_dataset
-    name = args.dataset or (pset.dataset if pset is not None else None) or hparams["dataset"]
+    name = args.dataset or _recorded(pset, hparams) or hparams["dataset"]
     if pset is None or (pset.fingerprint.startswith("dgl:") and not args.dataset):
         return load_dataset(name)
     given = SimpleNamespace(dataset=name, partition=args.partition, data_dir=None,

@@ -84,7 +84,7 @@ def partition_command(args) -> int:
     else:
         from ..datasets import load_dataset
         ds = load_dataset(args.dataset, args.data_dir, check=args.check_data)
-        name = ds.file or ds.name  # a file by its absolute path: what loads it again
+        name = ds.name
         src, dst, num_nodes = ds.edge_src, ds.edge_dst, ds.num_nodes
         node_data = ds.node_data
         edge_data = ds.edge_data

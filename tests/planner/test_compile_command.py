@@ -73,6 +73,28 @@ def test_compile_with_a_partition_of_a_dataset_file(tmp_path, capsys):
     assert json.loads((out / "plan.json").read_text())["workers"] == 2
 
 
+def test_compile_with_a_partition_of_a_dataset_file(tmp_path, capsys):
+    """A set partitioned from an .npz file records the dataset's name; ``sarc compile
+    --partition`` loads the model's dataset file of that name (checked to be the graph
+    partitioned there), without ``--dataset``."""
+    import numpy as np
+
+    from sarc.datasets import load_dataset
+    ds = load_dataset("cora")
+    data = tmp_path / "mygraph.npz"
+    np.savez(data, edge_src=ds.edge_src.numpy(), edge_dst=ds.edge_dst.numpy(),
+             feat=ds.feat.numpy(), label=ds.label.numpy(), train_mask=ds.train_mask.numpy(),
+             val_mask=ds.val_mask.numpy(), test_mask=ds.test_mask.numpy())
+    parts = tmp_path / "parts"
+    assert main(["partition", "--dataset", str(data), "--parts", "2", "--method", "random",
+                 "--out", str(parts)]) == 0
+    out = tmp_path / "out"
+    assert main(["compile", str(ROOT / "models" / "gcn.py"), "--partition", str(parts),
+                 "--set", f"dataset={data}", "--emit", "plan", "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "plan.json").read_text())["workers"] == 2
+
+
 def test_compile_replaces_the_output_directory_whole(tmp_path):
     gcn = str(ROOT / "models" / "gcn.py")
     out = tmp_path / "out"
