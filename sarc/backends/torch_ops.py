@@ -34,21 +34,31 @@ def _cast(out, dtype: torch.dtype):
     return out
 
 
-def accumulates(fn):
+def accumulates(fn=None, *, softmax: bool = False):
     """An op summing over edges: half / bfloat16 operands are summed in float32, the result
-    rounded once to their dtype (the cast's gradient rounds the backward the same way)."""
+    rounded once to the operands' promoted dtype, as torch's arithmetic on them gives it
+    (half where all are; float32 where a float32 operand meets a half one). The cast's
+    gradient rounds the backward the same way. ``softmax``: an op whose weights are a
+    softmax's, which autocast computes in float32 (as the interpreter's ``torch.softmax``
+    under it): under autocast its result is float32 at least."""
+    if fn is None:
+        return functools.partial(accumulates, softmax=softmax)
+
     def up(a):
         return a.float() if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION else a
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        low = next((a for a in (*args, *kwargs.values())
-                    if isinstance(a, torch.Tensor) and a.dtype in LOW_PRECISION), None)
+        floats = [a for a in (*args, *kwargs.values())
+                  if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        low = next((a for a in floats if a.dtype in LOW_PRECISION), None)
         if low is None:
             return fn(*args, **kwargs)
+        dtype = functools.reduce(torch.promote_types, (a.dtype for a in floats))
+        if softmax and autocast_state(low.device.type)[0]:
+            dtype = torch.promote_types(dtype, torch.float32)
         with torch.autocast(low.device.type, enabled=False):  # autocast would cast back down
-            return _cast(fn(*map(up, args), **{k: up(a) for k, a in kwargs.items()}),
-                         low.dtype)
+            return _cast(fn(*map(up, args), **{k: up(a) for k, a in kwargs.items()}), dtype)
     return run
 
 
@@ -678,7 +688,7 @@ SEGMENT_REDUCE: dict[str, Callable[..., torch.Tensor]] = {
 segments; softmax reads (score, value)."""
 
 
-@accumulates
+@accumulates(softmax=True)
 def edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
     """softmax of x over the edges into each destination (max-shifted); its backward is
     the cancellation-free form of ``sarc.ir.softmax``."""
@@ -861,7 +871,7 @@ def aggregate(kind: str, body, sides: tuple[str, ...], width: int, g: Graph, *op
     return fused(block, g, sides, width, operands)
 
 
-@accumulates
+@accumulates(softmax=True)
 def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph, *operands):
     """y[v] = sum over e into v of softmax_v(score)(e) * value(e)."""
     def block(gb, *xs):
@@ -870,7 +880,7 @@ def softmax_aggregate(score, value, sides: tuple[str, ...], width: int, g: Graph
     return fused(block, g, sides, width, operands)
 
 
-@accumulates
+@accumulates(softmax=True)
 def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[int, ...],
                  width: int, g: Graph, *operands, folds: tuple[tuple[int, int], ...] = ()):
     """softmax_aggregate whose value is a source feature z: per head, A_alpha @ z.

@@ -97,6 +97,35 @@ def test_under_autocast_a_layer_takes_the_previous_layers_low_precision_output(g
         second(g, mid)  # without autocast, a low-precision feature is still an error
 
 
+class _ProjectedAttention(sarc.Layer):
+    """Attention whose value is a linear of src.h (no heads): under autocast the linears
+    are bfloat16, the softmax weights float32, and their weighted sum float32."""
+
+    def __init__(self):
+        super().__init__(node={"h": D})
+        self.q, self.k, self.v = (torch.nn.Linear(D, D) for _ in range(3))
+
+    def message(self, src, dst, edge):
+        return {"v": self.v(src.h), "s": (self.q(dst.h) * self.k(src.h)).sum(-1)}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.v * sarc.edge_softmax(msg.s).unsqueeze(-1))
+
+
+@pytest.mark.parametrize("name", ["gat_1head", "gat_4heads_dropout", "attention"])
+def test_under_autocast_an_attentions_dtype_is_the_interpreters(g, name):
+    """A softmax's weights are float32 under autocast (torch.softmax's, the interpreter's),
+    so an attention's output is float32 on every backend, whatever the value's dtype."""
+    from difftest import reference
+    layer = (_ProjectedAttention() if name == "attention" else LAYERS[name](D)).eval()
+    feats = features(layer, g, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(g, **feats)
+        want = reference(layer, g, feats)["h"]
+    assert out.dtype == want.dtype == torch.float32
+    assert _scaled_err(out, want) < LOW["bf16"][1]
+
+
 def test_mixed_parameter_dtypes_are_an_error_naming_both(g):
     layer = LAYERS["gat_1head"](D)
     layer.lin.half()
