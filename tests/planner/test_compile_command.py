@@ -53,27 +53,6 @@ def test_compile_with_a_real_partition(tmp_path, capsys):
 
 
 def test_compile_with_a_partition_of_a_dataset_file(tmp_path, capsys):
-    """A set partitioned from an .npz file records the file (its absolute path), so
-    ``sarc compile --partition`` finds the dataset without ``--dataset``, from any directory."""
-    from sarc.datasets import load_dataset
-    ds = load_dataset("cora")
-    data = tmp_path / "mygraph.npz"
-    import numpy as np
-    np.savez(data, edge_src=ds.edge_src.numpy(), edge_dst=ds.edge_dst.numpy(),
-             feat=ds.feat.numpy(), label=ds.label.numpy(), train_mask=ds.train_mask.numpy(),
-             val_mask=ds.val_mask.numpy(), test_mask=ds.test_mask.numpy())
-    parts = tmp_path / "parts"
-    assert main(["partition", "--dataset", str(data), "--parts", "2", "--method", "random",
-                 "--out", str(parts)]) == 0
-    recorded = json.loads((parts / "metadata.json").read_text())["source"]["dataset"]
-    assert recorded == str(data.resolve())
-    out = tmp_path / "out"
-    assert main(["compile", str(ROOT / "models" / "gcn.py"), "--partition", str(parts),
-                 "--emit", "plan", "--out", str(out)]) == 0, capsys.readouterr().err
-    assert json.loads((out / "plan.json").read_text())["workers"] == 2
-
-
-def test_compile_with_a_partition_of_a_dataset_file(tmp_path, capsys):
     """A set partitioned from an .npz file records the dataset's name; ``sarc compile
     --partition`` loads the model's dataset file of that name (checked to be the graph
     partitioned there), without ``--dataset``."""
