@@ -335,35 +335,40 @@ class Call:
         self.grad_params: dict[str, torch.Tensor] = {}
         self.row_grad: torch.Tensor | None = None
 
+    def _value_needs(self, v) -> bool:
+        """Does IR value ``v``, a parameter or an input, need a gradient?"""
+        if v.op is Op.PARAM:
+            return self._need(v.attr["name"], "param")
+        return v.op is Op.INPUT and self._need(v.attr["name"])
+
     def _x_needs_grad(self) -> bool:
         """Do the exchanged rows carry gradients (do they depend on a param or an input that
         needs one)? Decided from the plan's IR, the same on every worker."""
-        needs = dict(zip([*self.params, *self.node_inputs, *self.edge_inputs], self.needs))
         fn = self.split.src
-        if fn is None:
-            return False
-        return any(v.op in (Op.PARAM, Op.INPUT) and needs.get(v.attr["name"], False)
-                   for v in fn.values)
+        return fn is not None and any(self._value_needs(v) for v in fn.values)
 
     def _edges_need_grad(self) -> bool:
         """Does a gradient flow through the edges (does an aggregate depend on a param or an
         input that needs one)? If not, the backward pass does not revisit the blocks (the
         planner decides the same: ``LayerPlan.backward_passes == 0``)."""
-        needs = dict(zip([*self.params, *self.node_inputs, *self.edge_inputs], self.needs))
         dep: list[bool] = []
         for v in self.split.layer.values:
-            dep.append((v.op in (Op.PARAM, Op.INPUT) and needs.get(v.attr["name"], False))
-                       or any(dep[j] for j in v.inputs))
+            dep.append(self._value_needs(v) or any(dep[j] for j in v.inputs))
         return any(dep[i] for i, v in enumerate(self.split.layer.values) if v.op in AGGREGATE_OPS)
 
     # --- backward -------------------------------------------------------------------------
-    def _need(self, name: str) -> bool:
-        keys = [*self.params, *self.node_inputs, *self.edge_inputs]
-        return dict(zip(keys, self.needs)).get(name, False)
+    def _need(self, name: str, kind: str = "input") -> bool:
+        """Does the input (``kind`` "param": the parameter) ``name`` need a gradient? By kind
+        and name: a parameter and a feature may share a name (a node and an edge feature
+        may not)."""
+        keys = [*(("param", k) for k in self.params),
+                *(("input", k) for k in (*self.node_inputs, *self.edge_inputs))]
+        return dict(zip(keys, self.needs)).get((kind, name), False)
 
     def _param_leaves(self) -> dict:
         if not hasattr(self, "_pleaves"):
-            self._pleaves = {k: p.detach().requires_grad_(self._need(k)) for k, p in self.params.items()}
+            self._pleaves = {k: p.detach().requires_grad_(self._need(k, "param"))
+                             for k, p in self.params.items()}
         return self._pleaves
 
     def _grad(self, outs, wrt: dict, cots=None) -> dict:

@@ -63,6 +63,8 @@ def _cases() -> list[Case]:
         # edges (no backward pass over the blocks); the baseline GAT's exchanged rows need none
         Case("sage_p3_x_nograd", "sage", 3, x_grad=False),
         Case("gat_p3_baseline_x_nograd", "gat", 3, baseline=True, x_grad=False),
+        # a parameter named as the feature it reads, the feature without a gradient
+        Case("same_names_p3_x_nograd", "same_names", 3, "random", x_grad=False),
     ]
     # messages of at most 4 rows: every remote block in several pieces, whose partial
     # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly
@@ -79,7 +81,6 @@ def _cases() -> list[Case]:
                   ("rgcn_p3_oneshot", "rgcn", 3, "random", {"exec_mode": "oneshot"}),
                   ("gin_p4_sar", "gin", 4, "random", {}),
               )]
-    return cases
     return cases
 
 

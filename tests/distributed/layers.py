@@ -85,3 +85,21 @@ class DegreesLayer(sarc.Layer):
 
     def update(self, dst, agg):
         return agg.agg * dst.in_degree.clamp_min(1).rsqrt().unsqueeze(-1)
+
+
+class SameNamesLayer(sarc.Layer):
+    """A parameter and the node feature it multiplies share a name (``W``): each keeps its
+    own gradient (a feature without one leaves the parameter's)."""
+
+    def __init__(self, in_feats: int, out_feats: int):
+        super().__init__(node={"W": in_feats})
+        self.W = nn.Parameter(torch.randn(in_feats, out_feats) / in_feats ** 0.5)
+
+    def message(self, src, dst, edge):
+        return src.W @ self.W
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + dst.W @ self.W

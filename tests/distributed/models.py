@@ -12,7 +12,7 @@ from sage import SAGELayer
 from sage import build_model as sage
 from torch import nn
 
-from .layers import DegreesLayer, FeatureAxesLayer, MaxLayer, TiedMaxLayer
+from .layers import DegreesLayer, FeatureAxesLayer, MaxLayer, SameNamesLayer, TiedMaxLayer
 
 
 class MaxNet(nn.Module):
@@ -76,6 +76,18 @@ class DegreesNet(nn.Module):
         return self.conv2(g, F.elu(self.conv1(g, x)))
 
 
+class SameNamesNet(nn.Module):
+    """Two ``SameNamesLayer``s: the first's feature needs no gradient, the second's does."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.conv1 = SameNamesLayer(in_feats, hidden)
+        self.conv2 = SameNamesLayer(hidden, num_classes)
+
+    def forward(self, g, x):
+        return self.conv2(g, F.elu(self.conv1(g, x)))
+
+
 MODELS = {
     "gcn": lambda f, c, **_: gcn(f, c, hidden=8, dropout=0.0),
     "sage": lambda f, c, **_: sage(f, c, hidden=8, dropout=0.0),
@@ -91,4 +103,5 @@ MODELS = {
     "score_shapes": lambda f, c, **_: ScoreShapesNet(f, 4, c),
     "feature_axes": lambda f, c, **_: FeatureAxesNet(f, 6, c),
     "degrees": lambda f, c, **_: DegreesNet(f, 6, c),
+    "same_names": lambda f, c, **_: SameNamesNet(f, 6, c),
 }
