@@ -8,8 +8,10 @@ failing wherever the field is first used.
 """
 from __future__ import annotations
 
+import io
 import reprlib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 
 def _is_count(v) -> bool:
@@ -53,7 +55,32 @@ def load_plain(source, what: str, error: type[Exception]):
     try:
         return torch.load(source, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise error(f"{what}: {load_problem(e)}") from None
+        raise error(f"{what}: {_not_saved(source) or load_problem(e)}") from None
+
+
+TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+"""How a file ``torch.save`` wrote begins: a zip archive (torch >= 1.6), or a pickle."""
+
+
+def _not_saved(source) -> str | None:
+    """Why ``source`` (a path, or a file's bytes) is no file ``torch.save`` wrote, from its
+    first bytes (a JSON or text file's): None where it may be one."""
+    if isinstance(source, io.BytesIO):
+        head = source.getvalue()[:8]
+    elif isinstance(source, (str, Path)):
+        try:
+            with open(source, "rb") as f:
+                head = f.read(8)
+        except OSError:
+            return None
+    else:
+        return None
+    if not head:
+        return "the file is empty"
+    if head.startswith(TORCH_FILE_STARTS):
+        return None
+    kind = "JSON" if head.lstrip()[:1] in (b"{", b"[") else "another format"
+    return f"not a file torch.save wrote (it begins {head!r}: {kind})"
 
 
 def load_problem(e: BaseException) -> str:

@@ -535,6 +535,20 @@ def test_a_file_of_python_objects_is_refused_without_advice_to_run_it(tmp_path):
     assert "weights_only" not in text and "trust" not in text and "\x1b" not in text, text
 
 
+@case("checkpoint", "a JSON file (a checkpoint's manifest), a text file or an empty file "
+      "given to `load_trained`", "error")
+@pytest.mark.parametrize("content,says", [
+    (b'{"format": "sarc-checkpoint"}', "not a file torch.save wrote (it begins b'{\"format': JSON)"),
+    (b"hello\n", "not a file torch.save wrote (it begins b'hello\\n': another format)"),
+    (b"", "the file is empty")])
+def test_a_file_torch_save_did_not_write_is_named_as_such(tmp_path, content, says):
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        sarc.load_trained(path, GCN)
+    assert str(info.value) == f"{path}: not a sarc checkpoint file: {says}"
+
+
 def test_node_data_compared_only_where_both_runs_recorded_it():
     """A checkpoint of an older sarc (or a partition set without digests) records no node
     data: it is not a difference; recorded digests that differ are."""
