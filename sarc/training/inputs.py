@@ -152,9 +152,19 @@ def embedding_optimizer(table: nn.Module, name: str, lr: float):
         raise TrainError(f"hyperparameter embedding_optimizer={name!r}: it must be one of "
                          f"{', '.join(EMBEDDING_OPTIMIZERS)}")
     if isinstance(table, nn.Embedding):
-        kind = torch.optim.SparseAdam if name == "sparse_adam" else torch.optim.Adagrad
+        kind = torch.optim.SparseAdam if name == "sparse_adam" else _SparseAdagrad
         return kind(table.parameters(), lr=lr)
     return table.sparse_optimizer(name, lr)
+
+
+class _SparseAdagrad(torch.optim.Adagrad):
+    """torch's Adagrad on an embedding's sparse gradients, torch's invariant checks of the
+    sparse tensors it makes explicitly off, as they are by default (left implicit, torch
+    warns at every step)."""
+
+    def step(self, closure=None):
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            return super().step(closure)
 
 
 def optimizer(model: nn.Module, hparams: dict[str, Any]):

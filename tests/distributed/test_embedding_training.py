@@ -272,3 +272,31 @@ def test_link_prediction_on_two_workers_is_the_single_process_run(tmp_path):
         assert two[k] == pytest.approx(one[k], rel=1e-5), k
     held = [w["embedding_bytes"] for w in two["per_worker"]]
     assert sum(held) == N * DIM * 4 and max(held) < N * DIM * 4
+
+
+def test_one_process_sparse_adagrad_is_torchs_without_its_warning():
+    """The one-process table's Adagrad is torch's (the same rows after two steps), its
+    sparse invariant checks explicitly off: torch warns at every step where that is
+    implicit."""
+    import warnings
+
+    from torch import nn
+
+    from sarc.training.inputs import embedding_optimizer
+    rows = []
+    for make in (lambda t: embedding_optimizer(t, "sparse_adagrad", 0.1),
+                 lambda t: torch.optim.Adagrad(t.parameters(), lr=0.1)):
+        torch.manual_seed(0)
+        table = nn.Embedding(10, 3, sparse=True)
+        opt = make(table)
+        for ids in (torch.tensor([1, 2, 2]), torch.tensor([2, 5])):
+            opt.zero_grad()
+            (table(ids) ** 2).sum().backward()
+            if not rows:  # sarc's: no warning
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    opt.step()
+            else:
+                opt.step()
+        rows.append(table.weight.detach())
+    assert torch.equal(rows[0], rows[1])
