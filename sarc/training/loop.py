@@ -191,9 +191,10 @@ def evaluate(model: nn.Module, source: StepSource,
             sums[-1] += float(F.cross_entropy(logits[val], batch.label[val], reduction="sum"))
     total = reduction.sum(torch.tensor(sums, dtype=reduction.dtype)).cpu()
     counts = source.counts
-    acc = {k: float(total[i] / counts[k]) if counts[k] else math.nan
+    # divided in Python's double: the same accuracy whatever the reduction's dtype
+    acc = {k: float(total[i]) / counts[k] if counts[k] else math.nan
            for i, k in enumerate(SPLITS)}
-    val_loss = float(total[-1] / counts["val"]) if counts["val"] else math.nan
+    val_loss = float(total[-1]) / counts["val"] if counts["val"] else math.nan
     return acc, val_loss
 
 
