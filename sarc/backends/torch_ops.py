@@ -128,23 +128,22 @@ class _Gather(torch.autograd.Function):
 
 
 class _EdgeRowSum(torch.autograd.Function):
-    """x[u] = sum over the edges e with side(e) = u of y[e], for ``rows`` nodes: a CSR
-    product of the edge rows, over the graph's index (dst: its edges are in destination
-    order) or its transposed index (src), both kept with the graph (``layout``); backward a
-    gather."""
+    """x[u] = sum over the edges e with side(e) = u of y[e], for ``rows`` nodes: at the
+    destinations a CSR product over the graph's index (its edges are in destination
+    order); at the sources the C kernel's ``scatter_rows`` (each thread its own columns of
+    every row: no transposed index to build, which a block of rows would build at every
+    call). Backward a gather."""
 
     @staticmethod
     def forward(ctx, y, g, side, rows):
         ctx.g, ctx.side = g, side
-        lay = layout(g)
+        k = cpu_kernels.kernels()
         if side == "src":
-            ptr, _, cols = lay.transposed()
-            n = g.num_src
-        else:
-            ptr, cols = lay.arrays(None, g.num_edges)
-            n = g.num_dst
+            return k.scatter_rows(g.src, y.detach(), max(rows, g.num_src))[:rows]
+        ptr, cols = layout(g).arrays(None, g.num_edges)
+        n = g.num_dst
         flat = y.detach().reshape(y.shape[0], 1, -1)
-        out = cpu_kernels.kernels().spmm(ptr, cols, None, flat, n).reshape(n, *y.shape[1:])
+        out = k.spmm(ptr, cols, None, flat, n).reshape(n, *y.shape[1:])
         if rows > n:  # the operand's rows past the graph's nodes: no edge reads them
             out = torch.cat([out, out.new_zeros(rows - n, *y.shape[1:])], 0)
         return out[:rows]

@@ -19,6 +19,7 @@
    softmax_partial: mx[i, h] = max over row i's entries of sc[e, h], s[i, h] = sum
           exp(sc[e, h] - mx[i, h]) and acc[i, h, :] = sum exp(sc[e, h] - mx[i, h])
           x[cols[e], h, :], in double: a row's share of a softmax aggregate, merged online
+   scatter_rows: out[idx[e], :] += x[e, :] (a gather's gradient)
    extremum: y[i, f] = the max (min) over the entries e of row i of x[cols[e], f] (cols
           NULL: x[e, f]), 0 for a row without entries, and cnt[i, f] = how many attain it
           (a NaN wins and is attained by none)
@@ -428,6 +429,45 @@ int sarc_select_sum(const void *ptr, const void *cols, int index64, const void *
                     int threads) {
   Pick job = {ptr, cols, index64, x, y, s, out, 0, m, D, 0};
   return run(is64 ? select_sum_f64_rows : select_sum_f32_rows, &job, threads);
+}
+
+/* scatter_rows: out[idx[e], :] += x[e, :] for every row e of x, in the order of e. Threads
+   take 32 numbers of every row at a time (all of them where rows are narrower), so each
+   number of out is one thread's: no atomics, the same sums whatever the threads. */
+typedef struct {
+  const void *idx;
+  int index64;
+  const void *x;
+  void *out;
+  int64_t num, D, next;
+} Scatter;
+
+#define SCATTER_COLS 32
+#define DEFINE_SCATTER_ROWS(T, NAME)                                                  \
+  static void *NAME##_cols(void *arg) {                                               \
+    Scatter *job = (Scatter *)arg;                                                    \
+    const T *x = (const T *)job->x;                                                   \
+    T *out = (T *)job->out;                                                           \
+    const int64_t D = job->D;                                                         \
+    for (int64_t f0 = __atomic_fetch_add(&job->next, SCATTER_COLS, __ATOMIC_RELAXED);  \
+         f0 < D; f0 = __atomic_fetch_add(&job->next, SCATTER_COLS, __ATOMIC_RELAXED)) { \
+      const int64_t f1 = f0 + SCATTER_COLS < D ? f0 + SCATTER_COLS : D;               \
+      for (int64_t e = 0; e < job->num; e++) {                                        \
+        T *o = out + at(job->idx, job->index64, e) * D;                               \
+        const T *xr = x + e * D;                                                      \
+        for (int64_t f = f0; f < f1; f++) o[f] += xr[f];                              \
+      }                                                                               \
+    }                                                                                 \
+    return 0;                                                                         \
+  }
+
+DEFINE_SCATTER_ROWS(float, scatter_rows_f32)
+DEFINE_SCATTER_ROWS(double, scatter_rows_f64)
+
+int sarc_scatter_rows(const void *idx, int index64, const void *x, void *out, int64_t num,
+                      int64_t D, int is64, int threads) {
+  Scatter job = {idx, index64, x, out, num, D, 0};
+  return run(is64 ? scatter_rows_f64_cols : scatter_rows_f32_cols, &job, threads);
 }
 
 /* transpose: the entries of a matrix ordered by column, stably (a counting sort): given

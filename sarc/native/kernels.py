@@ -72,6 +72,9 @@ class Kernels:
         self._select_sum.argtypes = args[:3] + [p] * 4 + [i64] * 2 + [ctypes.c_int] * 2
         for f in (self._extremum, self._select_sum):
             f.restype = ctypes.c_int
+        self._scatter_rows = lib.sarc_scatter_rows
+        self._scatter_rows.argtypes = [p, ctypes.c_int, p, p, i64, i64, ctypes.c_int, ctypes.c_int]
+        self._scatter_rows.restype = ctypes.c_int
         self._transpose = lib.sarc_transpose
         self._transpose.argtypes, self._transpose.restype = [p, p, i64, p, i64, p, p, p], None
         self._sample = lib.sarc_sample
@@ -257,6 +260,21 @@ class Kernels:
                          s.data_ptr(), out.data_ptr(), x.shape[0], width,
                          x.dtype == torch.float64, _threads(cols.numel() * width))
         return out.reshape(x.shape)
+
+
+    def scatter_rows(self, index: torch.Tensor, x: torch.Tensor, n: int) -> torch.Tensor:
+        """[n, ...]: out[index[e]] += x[e] for every row e of x, in the order of e (each
+        output number summed by one thread: the same whatever the threads). ``index``
+        int32 or int64, each in [0, n)."""
+        flat = x.contiguous().reshape(x.shape[0], -1)
+        width = flat.shape[1]
+        index = index.contiguous()
+        assert index.dtype in (torch.int32, torch.int64) and index.shape == (x.shape[0],)
+        out = torch.zeros(n, width, dtype=x.dtype, device=x.device)
+        self._scatter_rows(index.data_ptr(), int(index.dtype == torch.int64), flat.data_ptr(),
+                           out.data_ptr(), x.shape[0], width, x.dtype == torch.float64,
+                           _threads(x.shape[0] * width) if width >= 2 * 32 else 1)
+        return out.reshape(n, *x.shape[1:])
 
 
 def _threads(work: int) -> int:

@@ -280,6 +280,23 @@ def test_select_sum_is_the_extremums_gradient_over_the_transposed_index(dtype, i
 
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(1,), (33,), (100,), (3, 40)])
+def test_scatter_rows_adds_each_row_at_its_index(dtype, index_dtype, shape):
+    """out[idx[e]] += x[e] (repeated indices, rows no index reaches), as index_add_."""
+    gen = torch.Generator().manual_seed(shape[-1])
+    idx = torch.randint(0, 20, (300,), generator=gen)
+    idx[idx == 7] = 8
+    x = torch.randn(300, *shape, generator=gen, dtype=torch.float64).to(dtype)
+    got = K.scatter_rows(idx.to(index_dtype), x, 25)
+    want = torch.zeros(25, *shape, dtype=torch.float64).index_add_(0, idx, x.double())
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    assert got.dtype == dtype and got.shape == (25, *shape) and (got[7] == 0).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_an_operand_broadcast_to_every_row_is_read_as_one_row(dtype):
     """A gradient expanded from one row (a sum's: stride 0) is read in place, not copied:
     spmm's x, sddmm's and softmax_vjp's a give what their contiguous copies give."""
@@ -326,7 +343,8 @@ def test_the_result_does_not_depend_on_the_threads():
             y, count = K.extremum("max", ptr, cols, x.round(), 3000)
             outs.append((K.spmm(ptr, cols, w, x, 3000), K.sddmm(ptr, cols, a, x),
                          K.softmax_vjp(ptr, cols, a, x, w.abs().contiguous()), y, count,
-                         K.select_sum(ptr, cols, a.round(), x.round(), a)))
+                         K.select_sum(ptr, cols, a.round(), x.round(), a),
+                         K.scatter_rows(cols, x.index_select(0, cols.long()), 500)))
     finally:
         torch.set_num_threads(before)
     for got in outs[1:]:
