@@ -126,11 +126,36 @@ def sample(table: InEdges, rows: torch.Tensor, orig_ids: torch.Tensor, fanout: i
     if w is None:
         pick = torch.minimum((u * deg[dpos]).floor().to(torch.int64), deg[dpos] - 1)
         return starts[dpos] + pick, dpos
-    cum = torch.cumsum(w[cand], 0)
-    base = torch.where(first > 0, cum[(first - 1).clamp_min(0)], torch.zeros_like(total))
-    at = torch.searchsorted(cum, base[dpos] + u * total[dpos], right=True)
-    at = torch.minimum(torch.maximum(at, first[dpos]), first[dpos] + deg[dpos] - 1)
-    return cand[at], dpos
+    return cand[_inverse_cdf(w[cand], pos, first, deg, dpos, u)], dpos
+
+
+def _inverse_cdf(w: torch.Tensor, pos: torch.Tensor, first: torch.Tensor, deg: torch.Tensor,
+                 dpos: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """For each draw (its destination ``dpos``, its uniform ``u``), the index into ``w`` of
+    the first of its destination's edges (``first``, ``deg``: each group of ``w``) whose
+    prefix sum of weights exceeds ``u`` times their sum. The prefix sums are each
+    destination's own (a segmented scan, not one running sum over the batch, in which a
+    small destination's weights would be lost to the others' rounding), so its draws
+    depend on its weights alone and never pick an edge of weight 0."""
+    n = w.numel()
+    index = torch.arange(n)
+    cum = w.clone()
+    step, widest = 1, int(deg.max())
+    while step < widest:  # Hillis-Steele: cum[i] += cum[i - step] within i's destination
+        back = (index - step).clamp_min(0)
+        cum = cum + torch.where(index - step >= first[pos], cum[back], torch.zeros_like(cum))
+        step *= 2
+    positive = w > 0
+    last = torch.full((deg.numel(),), -1, dtype=torch.int64).scatter_reduce(
+        0, pos[positive], index[positive], "amax")
+    lo, hi = first[dpos], first[dpos] + deg[dpos]
+    target = u * cum[(hi - 1).clamp_min(0)]
+    while bool((lo < hi).any()):  # the first index whose prefix sum exceeds the target
+        mid, open_ = (lo + hi) // 2, lo < hi
+        right = cum[mid.clamp(max=n - 1)] <= target
+        lo, hi = (torch.where(open_ & right, mid + 1, lo),
+                  torch.where(open_ & ~right, mid, hi))
+    return torch.minimum(lo, last[dpos])  # u * sum rounding to the sum: the last positive edge
 
 
 def _all_in_edges(starts: torch.Tensor, deg: torch.Tensor):

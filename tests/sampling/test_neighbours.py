@@ -243,3 +243,26 @@ def test_sampling_is_the_definition(case, native, monkeypatch):
         got = sample(table, rows, orig, fanout, False, key)
         want = _by_definition(table, rows, orig, fanout, key)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (fanout, weighted)
+
+
+def test_weighted_draws_with_replacement_depend_on_the_destination_alone():
+    """A destination's draws with replacement are its own inverse CDF: the same whichever
+    other destinations share the batch (one with weights twelve orders of magnitude
+    larger, before it in the table), and never an edge of weight 0."""
+    from sarc.sampling.neighbours import InEdges, sample
+    w = torch.cat([torch.full((1000,), 1e9, dtype=torch.float64),
+                   torch.tensor([1e-4, 0.0, 3e-4, 0.0], dtype=torch.float64)])
+    n = w.numel()
+    table = InEdges(torch.tensor([0, 1000, n]), torch.zeros(n, dtype=torch.long),
+                    torch.zeros(n, dtype=torch.long), torch.arange(n), torch.arange(n), w)
+    together, alone = torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)
+    for epoch in range(50):
+        cand, pos = sample(table, torch.tensor([0, 1]), torch.tensor([0, 1]), 5, True,
+                           (0, epoch, 0))
+        mine = cand[pos == 1] - 1000
+        only, _ = sample(table, torch.tensor([1]), torch.tensor([1]), 5, True, (0, epoch, 0))
+        assert torch.equal(mine, only - 1000)
+        together += torch.bincount(mine, minlength=4)
+        alone += torch.bincount(only - 1000, minlength=4)
+    assert together[1] == together[3] == 0 and together.sum() == 250
+    assert 30 < together[0] < 100  # a quarter of the draws, in expectation
