@@ -1000,7 +1000,9 @@ class TracedConv(PyGLayer):
                 raise _refuse(conv, "propagate(..., size=...)")
             calls.append(kwargs)
             if len(calls) > 1:
-                raise _refuse(conv, "a forward that calls propagate twice")
+                raise _refuse(conv, f"a forward that calls propagate twice (the second call"
+                              f"{_forward_line(conv)})", "one sarc layer is one round of "
+                              "messages: make each propagate a conv of its own")
             if sum(1 for v in builder.values if v.op is Op.DROPOUT) > drops:
                 raise _refuse(conv, "dropout in forward before propagate",
                               "each end of an edge would draw its own mask")

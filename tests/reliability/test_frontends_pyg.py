@@ -92,6 +92,22 @@ def test_message_softmax_with_index():
             "test_frontends_pyg.py")
 
 
+class PropagateTwice(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        h = self.propagate(edge_index, x=x)
+        return self.propagate(edge_index, x=h)  # the second round
+
+
+@case("tracer", "a MessagePassing forward that calls propagate twice", "error")
+def test_propagate_twice_names_the_second_call():
+    refused(lambda: run(PropagateTwice()), "PropagateTwice", "calls propagate twice",
+            "test_frontends_pyg.py:", "a conv of its own")
+
+
 class OnlyMessageAndAggregate(MessagePassing):
     def __init__(self):
         super().__init__(aggr="add")
