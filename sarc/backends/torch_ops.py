@@ -105,7 +105,7 @@ def gather_dst(x: torch.Tensor, g: Graph) -> torch.Tensor:
 def _gather(x: torch.Tensor, g: Graph, side: str) -> torch.Tensor:
     """x's row at each edge's ``side``. Under autograd, on sarc's CPU kernels, its gradient
     is a sum over each node's edges (``_EdgeRowSum``: sarc's C kernels, threaded) instead
-    of ``index_select``'s ``index_add_`` (about twice as slow on 65k edges x 64 here)."""
+    of ``index_select``'s ``index_add_`` (several times slower on 65k edges x 64 here)."""
     index = g.src if side == "src" else g.dst
     if x.requires_grad and torch.is_grad_enabled() and g.num_edges \
             and cpu_kernels.kernels_for(x) is not None:
