@@ -109,14 +109,8 @@ def _per_edge(gb: Graph, sides, xs, skip: int | None = None):
 # --- max / min ----------------------------------------------------------------------------
 
 def _extremum(kind: str, x: torch.Tensor, g: Graph):
-    """(y, count) of ``kind`` over each destination's edges of the edge tensor ``x``: sarc's
-    C kernel (one pass) where built."""
-    k = cpu_kernels.kernels_for(x) if g.num_edges else None
-    if k is not None:
-        return k.extremum(kind, g.rowptr, None, x, g.num_dst)
-    y = torch.segment_reduce(x, kind, offsets=g.rowptr, axis=0)
-    tie = (x == y.index_select(0, g.dst)).to(x.dtype)
-    return y, K.segment_sum(tie, g)
+    """(y, count) of ``kind`` over each destination's edges of the edge tensor ``x``."""
+    return K.edge_extremum(kind, x, g.rowptr, g.dst)
 
 
 @dataclass(frozen=True)

@@ -616,12 +616,7 @@ class _SegmentExtremum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, kind, rowptr, dst):
-        k = cpu_kernels.kernels_for(x) if x.shape[0] else None
-        if k is not None:
-            y, _ = k.extremum(kind, rowptr, None, x.detach(), rowptr.numel() - 1)
-        else:
-            y = torch.segment_reduce(x, kind, offsets=rowptr, axis=0)
-            y = reducer(kind).finalize(y, rowptr[1:] - rowptr[:-1])
+        y, _ = edge_extremum(kind, x.detach(), rowptr, dst)
         ctx.kind = kind
         ctx.save_for_backward(x, y, rowptr, dst)
         return y
@@ -630,14 +625,23 @@ class _SegmentExtremum(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, y, rowptr, dst = ctx.saved_tensors
         tie = (x == y.index_select(0, dst)).to(grad_y.dtype)
-        k = cpu_kernels.kernels_for(x) if x.shape[0] else None
-        if k is not None:
-            count = k.extremum(ctx.kind, rowptr, None, x.detach(), y.shape[0])[1]
-            row_sum = lambda t: count.to(t.dtype)  # noqa: E731 - the ties' count per row
-        else:
-            row_sum = lambda t: torch.segment_reduce(t, "sum", offsets=rowptr, axis=0)  # noqa: E731
-        dx = tie_shares(tie, grad_y, row_sum, lambda t: t.index_select(0, dst))
+        count = edge_extremum(ctx.kind, x.detach(), rowptr, dst)[1]
+        dx = tie_shares(tie, grad_y, lambda t: count.to(t.dtype), lambda t: t.index_select(0, dst))
         return dx, None, None, None
+
+
+def edge_extremum(kind: str, x: torch.Tensor, rowptr: torch.Tensor, dst: torch.Tensor):
+    """(y, count): ``kind`` over each CSR row (``rowptr``; ``dst``: each edge's row) of the
+    edge rows ``x``, 0 for a row without edges, and how many of its edges attain it (0
+    where a NaN wins): sarc's C kernel, one pass, where built; else torch's segment
+    reduces."""
+    k = cpu_kernels.kernels_for(x) if x.shape[0] else None
+    if k is not None:
+        return k.extremum(kind, rowptr, None, x, rowptr.numel() - 1)
+    y = reducer(kind).finalize(torch.segment_reduce(x, kind, offsets=rowptr, axis=0),
+                               rowptr[1:] - rowptr[:-1])
+    tie = (x == y.index_select(0, dst)).to(x.dtype)
+    return y, torch.segment_reduce(tie, "sum", offsets=rowptr, axis=0)
 
 
 @accumulates
@@ -1344,8 +1348,8 @@ def dropout(x: torch.Tensor, p: float, seed, key: int, training: bool) -> torch.
 
 @accumulates
 def scatter_src(x: torch.Tensor, g: Graph) -> torch.Tensor:
-    """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src): a CSR
-    product over the graph's transposed index on sarc's CPU kernels, else ``index_add_``."""
+    """y[u] = sum over the edges e out of u of x[e]  (the transpose of gather_src): sarc's
+    C ``scatter_rows`` where built (``_EdgeRowSum``), else ``index_add_``."""
     if g.num_edges and cpu_kernels.kernels_for(x) is not None:
         return _EdgeRowSum.apply(x, g, "src", g.num_src)
     out = x.new_zeros((g.num_src, *x.shape[1:]))

@@ -220,7 +220,7 @@ class Call:
         self.readers_keeping = {j for j in range(p) if j != r and r in kept[j]}
         self.kept: dict[int, torch.Tensor] = {}
         self.first_fetch = True
-        self.needs: tuple[bool, ...] = ()
+        self.needs = ()
         self.differentiable = False
         self.recorded: dict = {}  # node part -> (its leaves, its outputs under autograd)
         self.saved = None
@@ -335,6 +335,21 @@ class Call:
         self.grad_params: dict[str, torch.Tensor] = {}
         self.row_grad: torch.Tensor | None = None
 
+    @property
+    def needs(self) -> tuple[bool, ...]:
+        """Whether each parameter, node input and edge input, in that order, needs a
+        gradient (the layer's autograd node sets it)."""
+        return self._needs
+
+    @needs.setter
+    def needs(self, needs) -> None:
+        self._needs = tuple(needs)
+        # by kind and name: a parameter and a feature may share a name (a node and an edge
+        # feature may not)
+        keys = [*(("param", k) for k in self.params),
+                *(("input", k) for k in (*self.node_inputs, *self.edge_inputs))]
+        self._needs_by = dict(zip(keys, self._needs))
+
     def _value_needs(self, v) -> bool:
         """Does IR value ``v``, a parameter or an input, need a gradient?"""
         if v.op is Op.PARAM:
@@ -358,12 +373,8 @@ class Call:
 
     # --- backward -------------------------------------------------------------------------
     def _need(self, name: str, kind: str = "input") -> bool:
-        """Does the input (``kind`` "param": the parameter) ``name`` need a gradient? By kind
-        and name: a parameter and a feature may share a name (a node and an edge feature
-        may not)."""
-        keys = [*(("param", k) for k in self.params),
-                *(("input", k) for k in (*self.node_inputs, *self.edge_inputs))]
-        return dict(zip(keys, self.needs)).get((kind, name), False)
+        """Does the input (``kind`` "param": the parameter) ``name`` need a gradient?"""
+        return self._needs_by.get((kind, name), False)
 
     def _param_leaves(self) -> dict:
         if not hasattr(self, "_pleaves"):

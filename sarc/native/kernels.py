@@ -39,6 +39,8 @@ NATIVE = "-march=native"
 DTYPES = (torch.float32, torch.float64)
 SHARED_WORK = 1 << 22
 """Multiply-adds from which a product runs on torch's intra-op threads."""
+SCATTER_COLS = 32
+"""The columns a thread of ``scatter_rows`` takes at a time (``kernels.c``'s own)."""
 
 _lock = threading.Lock()
 _loaded: dict[str | None, "Kernels | None"] = {}
@@ -261,7 +263,6 @@ class Kernels:
                          x.dtype == torch.float64, _threads(cols.numel() * width))
         return out.reshape(x.shape)
 
-
     def scatter_rows(self, index: torch.Tensor, x: torch.Tensor, n: int) -> torch.Tensor:
         """[n, ...]: out[index[e]] += x[e] for every row e of x, in the order of e (each
         output number summed by one thread: the same whatever the threads). ``index``
@@ -273,7 +274,7 @@ class Kernels:
         out = torch.zeros(n, width, dtype=x.dtype, device=x.device)
         self._scatter_rows(index.data_ptr(), int(index.dtype == torch.int64), flat.data_ptr(),
                            out.data_ptr(), x.shape[0], width, x.dtype == torch.float64,
-                           _threads(x.shape[0] * width) if width >= 2 * 32 else 1)
+                           _threads(x.shape[0] * width) if width >= 2 * SCATTER_COLS else 1)
         return out.reshape(n, *x.shape[1:])
 
 

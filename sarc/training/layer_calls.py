@@ -89,19 +89,14 @@ def _run_once(model: nn.Module, graph, x, edge_inputs) -> None:
             model(graph, x, **dict(edge_inputs or {}))
     except SarcError:
         raise
-    except TypeError as e:  # a call that does not fit the model's forward: as training says
-        check_call(model, (graph, x), dict(edge_inputs or {}))
-        raise _failed(model, e) from e
     except Exception as e:  # the model file's code
-        raise _failed(model, e) from e
+        if isinstance(e, TypeError):  # a call that does not fit its forward: as training says
+            check_call(model, (graph, x), dict(edge_inputs or {}))
+        raise LayerCallError(f"running {type(model).__name__} once on the graph to find the "
+                             f"order of its layer calls failed: {type(e).__name__}: "
+                             f"{(str(e).strip() or '-').splitlines()[0]}") from e
     finally:
         model.train(was_training)
-
-
-def _failed(model: nn.Module, e: Exception) -> LayerCallError:
-    return LayerCallError(f"running {type(model).__name__} once on the graph to find the "
-                          f"order of its layer calls failed: {type(e).__name__}: "
-                          f"{(str(e).strip() or '-').splitlines()[0]}")
 
 
 def _named_layers(model: nn.Module, graph, x, edge_inputs) -> dict[int, tuple[str, Layer]]:
