@@ -64,25 +64,15 @@ class FeatureAxesNet(nn.Module):
         return self.conv2(g, self.conv1(g, x))
 
 
-class DegreesNet(nn.Module):
-    """Two ``DegreesLayer``s: every degree at both ends, across the exchange."""
+class TwoLayers(nn.Module):
+    """Two layers of class ``layer``, ELU between: ``DegreesLayer``s (every degree at both
+    ends, across the exchange), ``SameNamesLayer``s (the first's feature needs no gradient,
+    the second's does)."""
 
-    def __init__(self, in_feats: int, hidden: int, num_classes: int):
+    def __init__(self, layer, in_feats: int, hidden: int, num_classes: int):
         super().__init__()
-        self.conv1 = DegreesLayer(in_feats, hidden)
-        self.conv2 = DegreesLayer(hidden, num_classes)
-
-    def forward(self, g, x):
-        return self.conv2(g, F.elu(self.conv1(g, x)))
-
-
-class SameNamesNet(nn.Module):
-    """Two ``SameNamesLayer``s: the first's feature needs no gradient, the second's does."""
-
-    def __init__(self, in_feats: int, hidden: int, num_classes: int):
-        super().__init__()
-        self.conv1 = SameNamesLayer(in_feats, hidden)
-        self.conv2 = SameNamesLayer(hidden, num_classes)
+        self.conv1 = layer(in_feats, hidden)
+        self.conv2 = layer(hidden, num_classes)
 
     def forward(self, g, x):
         return self.conv2(g, F.elu(self.conv1(g, x)))
@@ -102,6 +92,6 @@ MODELS = {
     "tied_max": lambda f, c, **_: TiedMaxNet(f, 6, c),
     "score_shapes": lambda f, c, **_: ScoreShapesNet(f, 4, c),
     "feature_axes": lambda f, c, **_: FeatureAxesNet(f, 6, c),
-    "degrees": lambda f, c, **_: DegreesNet(f, 6, c),
-    "same_names": lambda f, c, **_: SameNamesNet(f, 6, c),
+    "degrees": lambda f, c, **_: TwoLayers(DegreesLayer, f, 6, c),
+    "same_names": lambda f, c, **_: TwoLayers(SameNamesLayer, f, 6, c),
 }
