@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import SarcError
+from .errors import SarcError, agreed
 from .records import Record, load_plain
 
 FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
@@ -466,7 +466,7 @@ class Checkpointer:
         got = self.gather(problem)
         for r, m in enumerate(got):
             if m is not None:
-                raise CheckpointError(m if r == self.rank else f"worker {r}: {m}")
+                raise agreed(CheckpointError(m if r == self.rank else f"worker {r}: {m}"))
         return got
 
     def resume(self, model: nn.Module, opt: torch.optim.Optimizer, selection) -> Progress:

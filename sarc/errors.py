@@ -29,6 +29,17 @@ class SourceLoc:
 class SarcError(Exception):
     """Base class of sarc's errors."""
 
+    # Raised on every worker of a run at one collective, an agreement on a problem one of
+    # them found (``agreed``): each worker says it, and none leaves before all have said it,
+    # since torchrun stops the others as soon as one exits.
+    agreed = False
+
+
+def agreed(e: SarcError) -> SarcError:
+    """``e``, marked as raised on every worker at the same collective."""
+    e.agreed = True
+    return e
+
 
 class DSLError(SarcError):
     """A mistake in a layer written in the DSL, located at the user's line."""

@@ -38,7 +38,7 @@ from torch import nn
 from ..checkpoint import CheckpointConfig, partition_fingerprint, run_record, seed_all
 from ..datasets import npz_file
 from ..dsl import edge_inputs_for
-from ..errors import SarcError
+from ..errors import SarcError, agreed
 from ..loader import ModelSpec
 from ..partition import open_partition
 from ..partition.dgl_in_place import PeerPartError
@@ -89,7 +89,7 @@ def agree(ok: bool, message: str, group=None) -> None:
     dist.all_gather_object(msgs, None if ok else message, group=group)
     for r, m in enumerate(msgs):
         if m is not None:
-            raise DistError(m if r == dist.get_rank(group) else f"worker {r}: {m}")
+            raise agreed(DistError(m if r == dist.get_rank(group) else f"worker {r}: {m}"))
 
 
 def load_shard(path: str, group=None) -> ShardedGraph:

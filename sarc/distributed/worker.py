@@ -70,6 +70,8 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
         dist.barrier()
     except SarcError as e:
         _say_error(f"sarc worker {rank}: error: {_first_line(e)}")
+        if e.agreed:
+            _wait_for_peers_to_say_it()
         return 2
     except (ExchangeError, dist.DistError) as e:
         # dist.DistError: what torch.distributed raises when a peer is lost or times out
@@ -143,6 +145,18 @@ def _resuming(cfg):
 def _say_error(text: str) -> None:
     sys.stderr.write(text + "\n")  # one write: workers share the terminal
     sys.stderr.flush()
+
+
+def _wait_for_peers_to_say_it() -> None:
+    """After an error every worker raised at the same collective (``SarcError.agreed``),
+    each has said it before any leaves: torchrun stops the others as soon as one exits,
+    and a slower peer would be killed before saying its part. A peer lost meanwhile only
+    ends the wait."""
+    import torch.distributed as dist
+    try:
+        dist.barrier()
+    except Exception:  # noqa: BLE001 - the error is said; a lost peer changes nothing
+        pass
 
 
 def _raised_by_torch_distributed(e: BaseException) -> bool:

@@ -16,6 +16,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from ..errors import agreed
 from .spec import SamplingError
 
 _TAG = 7000
@@ -107,12 +108,12 @@ def stop_with(problem: str | None, failed: list[bool]) -> None:
     """``agree``'s verdict, given this worker's ``problem`` and which workers had one: raise
     this worker's own, else one naming the workers that could not go on."""
     if problem is not None:
-        raise SamplingError(problem)
+        raise agreed(SamplingError(problem))
     bad = [str(j) for j, f in enumerate(failed) if f]
     if bad:
-        raise SamplingError(f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go "
-                            f"on (see {'their errors' if len(bad) > 1 else 'its error'}); "
-                            f"this worker stops with them")
+        raise agreed(SamplingError(
+            f"worker{'s' * (len(bad) > 1)} {', '.join(bad)} could not go on (see "
+            f"{'their errors' if len(bad) > 1 else 'its error'}); this worker stops with them"))
 
 
 def _first_line(e: Exception) -> str:

@@ -76,3 +76,43 @@ def test_the_run_gives_back_sarcs_own_stack_dump_where_stderr_is_captured(tmp_pa
         assert faulthandler.unregister(SIGNAL)       # a real stderr: put back
     finally:
         faulthandler.unregister(SIGNAL)
+
+
+def _agreeing_worker(rank, port, queue):
+    """A worker of two whose run stops on a problem worker 1 found and both agreed on
+    (``agree``); worker 1 is slow to say it."""
+    import time
+
+    import sarc.distributed.train as train
+    import sarc.distributed.worker as worker
+    from sarc.distributed.train import WorkerConfig, agree
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    said = []
+
+    def say(text):
+        if rank == 1:
+            time.sleep(1.5)
+        said.append((time.monotonic(), text))
+
+    worker._say_error = say
+    train.train_worker = lambda spec, cfg: agree(rank != 1, "part-1.pt holds 153 edges")
+    code = worker.run_worker(None, WorkerConfig(partition="unused", timeout_s=20))
+    queue.put((rank, (code, said, time.monotonic())))
+
+
+def test_every_worker_says_an_agreed_error_before_any_leaves():
+    """torchrun stops the other workers as soon as one exits: a worker that left as soon
+    as it said an error all of them agreed on could get a slower peer killed before that
+    peer said it (seen: one report of two)."""
+    from .harness import spawn
+
+    codes, reports = spawn(_agreeing_worker, 2, timeout_s=60)
+    assert codes == [0, 0], reports
+    assert [r[0] for r in reports] == [2, 2], reports
+    said = [r[1] for r in reports]
+    assert said[0][0][1] == "sarc worker 0: error: worker 1: part-1.pt holds 153 edges", said
+    assert said[1][0][1] == "sarc worker 1: error: part-1.pt holds 153 edges", said
+    last_said = max(s[0][0] for s in said)
+    assert all(left >= last_said for _, _, left in reports), reports
