@@ -120,7 +120,10 @@ def load_shard(path: str, group=None) -> ShardedGraph:
     agree(problem is None, problem or "", group)
     records: list = [None] * size
     dist.all_gather_object(records, record, group=group)
-    check_parts(records)
+    try:
+        check_parts(records)
+    except DistError as e:  # every worker judges the same records alike
+        raise agreed(e) from None
     return shard
 
 
