@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from ..loader import parse_overrides
-from ..training.link import HITS_AT, LINK_DEFAULTS, train_links
+from ..training.link import LINK_DEFAULTS, hits_text, train_links
 from .options import UsageError, write_result
 
 
@@ -35,9 +35,8 @@ def link_command(args, spec, data) -> int:
                          hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
                          log_every=args.log_every, eval_every=args.eval_every, device=args.device, backend=args.backend)
     if args.quiet:  # otherwise the run's log ends with it (``selected epoch ...``)
-        hits = " ".join(f"hits@{k} {result[f'test_hits@{k}']:.4f}" for k in HITS_AT)
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link "
-              f"prediction): test mrr {result['test_mrr']:.4f} {hits} (val mrr "
+              f"prediction): test mrr {result['test_mrr']:.4f}{hits_text(result)} (val mrr "
               f"{result['val_mrr']:.4f}, epoch {result['best_epoch']} of {result['epochs']})")
     if args.json:
         write_result(args.json, result)

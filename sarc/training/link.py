@@ -261,7 +261,9 @@ class LinkSteps:
             n = self.counts[split]
             part = [float(t) / n if n else math.nan for t in total[i * width:(i + 1) * width]]
             out[split] = out[f"{split}_mrr"] = part[0]
-            out.update({f"{split}_hits@{kk}": part[1 + j] for j, kk in enumerate(HITS_AT)})
+            # with k negatives a pair ranks at most k + 1: Hits@K for K > k says nothing
+            out.update({f"{split}_hits@{kk}": part[1 + j] if kk <= k else math.nan
+                        for j, kk in enumerate(HITS_AT)})
         return out, -out["val"]
 
 
@@ -270,10 +272,15 @@ def link_line(epoch: int, loss: float, acc: dict[str, float], seconds: float, *,
     """The progress line of a link-prediction epoch (``acc`` None: not evaluated)."""
     if acc is None:
         return epoch_line(epoch, loss, None, seconds, of=of)
-    hits = " ".join(f"hits@{k} {acc[f'test_hits@{k}']:.4f}" for k in HITS_AT)
     return (f"epoch {epoch:4d}{'' if of is None else f'/{of}'} | loss {loss:.4f} | "
-            f"val mrr {acc['val_mrr']:.4f} | test mrr {acc['test_mrr']:.4f} {hits} | "
+            f"val mrr {acc['val_mrr']:.4f} | test mrr {acc['test_mrr']:.4f}{hits_text(acc)} | "
             f"{seconds * 1e3:.0f} ms")
+
+
+def hits_text(metrics: dict[str, float]) -> str:
+    """`` hits@K x`` for each test Hits@K measured (one past the negatives is NaN)."""
+    return "".join(f" hits@{k} {metrics[f'test_hits@{k}']:.4f}" for k in HITS_AT
+                   if not math.isnan(metrics[f"test_hits@{k}"]))
 
 
 def metric_keys() -> list[str]:
@@ -300,9 +307,8 @@ def link_selection(patience: int | None):
         def restore(self, model, epochs: int, seconds: float) -> str:
             model.load_state_dict(self.best["state"])
             m = self.best["metrics"]
-            hits = " ".join(f"hits@{k} {m[f'test_hits@{k}']:.4f}" for k in HITS_AT)
             return (f"selected epoch {self.best['epoch']} (best validation MRR): val mrr "
-                    f"{m['val_mrr']:.4f} test mrr {m['test_mrr']:.4f} {hits} | "
+                    f"{m['val_mrr']:.4f} test mrr {m['test_mrr']:.4f}{hits_text(m)} | "
                     f"{plural(epochs, 'epoch')} in {seconds:.1f} s")
 
     return LinkSelection(True, patience)

@@ -3,6 +3,7 @@ hand-built examples), and ``sarc train --task link`` on Cora beating a random sc
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from torch import nn
 
 from sarc.graph import Graph
 from sarc.sampling.negative import eval_negatives, negative_sampler
-from sarc.training.link import (LinkSteps, rank_sums, ranks, split_edges)
+from sarc.training.link import LinkSteps, link_line, rank_sums, ranks, split_edges
 from sarc.training.loop import ONE_PROCESS, Batch
 from timeouts import run_or_show_stacks
 
@@ -94,6 +95,29 @@ def test_evaluation_is_the_brute_force_mrr_and_hits():
         for k in hits:
             assert got[f"{s}_hits@{k}"] == pytest.approx(hits[k] / m)
         assert 0 < got[f"{s}_hits@10"] < got[f"{s}_hits@100"] < 1
+
+
+def test_a_hits_at_k_past_the_negatives_is_not_measured():
+    """With k negatives a pair ranks at most k + 1, so Hits@K for K > k is 1 whatever the
+    model: it is NaN (JSON null) and left out of the lines, never a 1.0 that looks good."""
+    n = 40
+    gen = torch.Generator().manual_seed(2)
+    src, dst = torch.randint(0, n, (200,), generator=gen), torch.randint(0, n, (200,), generator=gen)
+    split = split_edges(src, dst, n, seed=1)
+    mine = {s: torch.arange(split.pairs(s).shape[1]) for s in ("train", "val", "test")}
+    g = Graph.from_edges(*split.message_edges(), n)
+    empty = torch.zeros(0, dtype=torch.int64)
+    source = LinkSteps(Batch(g, torch.zeros(n, 1), {}, empty, {}, train_total=0), split,
+                       row_of=torch.arange(n), mine=mine, rows=lambda h, i: h[i],
+                       sampler=negative_sampler("uniform", n),
+                       hparams={"negatives_per_edge": 1, "eval_negatives": 30}, seed=7)
+    with torch.no_grad():
+        got, _ = source.evaluate(Fixed(torch.randn(n, 4, generator=gen)), ONE_PROCESS)
+    for s in ("val", "test"):
+        assert 0 < got[f"{s}_hits@10"] < 1, got
+        assert math.isnan(got[f"{s}_hits@50"]) and math.isnan(got[f"{s}_hits@100"]), got
+    line = link_line(1, 0.5, got, 0.01)
+    assert "hits@10 " in line and "hits@50" not in line and "hits@100" not in line, line
 
 
 def test_cli_on_cora_beats_a_random_scorer(tmp_path):
