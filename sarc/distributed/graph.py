@@ -184,7 +184,9 @@ class DistGraph:
 
     @property
     def in_degree(self) -> torch.Tensor:
-        return self.shard.in_degree
+        """[num_dst] the whole graph's in-degrees of the destinations (as ``Graph``'s: the
+        first rows of a minibatch layer's shard)."""
+        return self.shard.in_degree[:self.num_dst]
 
     @property
     def out_degree(self) -> torch.Tensor:

@@ -1073,6 +1073,12 @@ def _described(v) -> str:
     return text if len(text) <= 60 else type(v).__name__
 
 
+def _block_of(graph):
+    """The block a call on ``graph`` runs on: a mini-batch step's next
+    (``MiniBatchGraph.current``, whose edges alone are the step's), else the graph."""
+    return getattr(graph, "current", graph)
+
+
 def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
     """DGL's minibatch idiom ``conv(block, (h, h[:block.num_dst_nodes()]))``: sarc reads a
     block's destination features as the first source rows, so the pair is ``h``, when its
@@ -1081,7 +1087,7 @@ def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
     src, dst = pair
     if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
         return pair
-    num_dst = graph.num_dst
+    num_dst = _block_of(graph).num_dst
     what = (f"argument {name}=(h_src {list(src.shape)}, h_dst {list(dst.shape)}): sarc reads a "
             f"block's destination features as the first num_dst ({num_dst}) rows of its source "
             f"features (DGL's block convention), so pass h_src alone")
@@ -1138,8 +1144,9 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
     kept on the module. A tensor whose rows could be either (a block with as many edges
     as nodes) takes the declaration of an earlier call with the same names and shapes."""
     from ..dsl import INDEX, Feature
-    num_nodes = next(getattr(graph, a) for a in ("num_src", "num_local", "num_dst")
-                     if hasattr(graph, a))
+    block = _block_of(graph)
+    num_nodes = next(getattr(block, a) for a in ("num_src", "num_local", "num_dst")
+                     if hasattr(block, a))
     num_edges = graph.num_edges
     decls, sides = {}, {}
     for k, v in feats.items():

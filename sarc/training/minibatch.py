@@ -122,13 +122,18 @@ def graph_layers(model: nn.Module) -> int:
     made at their first call: ``forward._sarc_round_count``). A ``sarc.HeteroConv`` (a layer per
     relation, on one graph) trains full-batch only: refused here, before its relations'
     layers are counted as blocks."""
+    from ..dsl import Layer
     from ..hetero import HeteroConv
     if any(isinstance(m, HeteroConv) for m in model.modules()):
         raise TrainError("the model has a sarc.HeteroConv, which trains full-batch only "
                          "(--mode full): mini-batch steps (--mode mfg, sampling) are not "
                          "supported for it")
+    # a module a conversion holds (from_dgl_module's) runs through the conversion's layers
+    held = {id(sub) for m in model.modules()
+            if isinstance(m, Layer) or getattr(m, "_sarc_converted", False)
+            for sub in m.modules() if sub is not m}
     routed = sum(type(m).forward._sarc_round_count(m) for m in model.modules()
-                 if getattr(type(m).forward, "_sarc_routed", False))
+                 if getattr(type(m).forward, "_sarc_routed", False) and id(m) not in held)
     return len(sarc_layers(model)) + routed
 
 
@@ -136,13 +141,16 @@ class MiniBatchGraph:
     """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
     forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
 
-    What a model reads of ``g`` about nodes (``num_dst``, ``in_degree``, ...) answers for
-    the block of its next layer call. Edges are every block's, block after block: edge
-    inputs of the step (``Batch.edge_inputs``) and ``dst`` / ``perm`` / ``num_edges``
-    cover them all (``dst`` numbers each block's destinations after the previous
-    block's), and a layer call gets its block's slice of an edge input of that length;
-    so a per-edge quantity a model computes from ``g`` (R-GCN's 1 / |N_r(v)|) is each
-    block's."""
+    Edges are every block's, block after block: edge inputs of the step
+    (``Batch.edge_inputs``) and ``dst`` / ``perm`` / ``num_edges`` cover them all, and a
+    layer call gets its block's slice of an edge input of that length. Their
+    destinations are every block's too: ``dst`` numbers each block's after the previous
+    block's, and ``num_dst`` and ``in_degree`` (the whole graph's, as a layer reads
+    ``dst.in_degree``) count them so; so a per-edge quantity a model computes from ``g``
+    (R-GCN's 1 / |N_r(v)|, ``1 / g.in_degree[g.dst]``) is each block's, on one process
+    and on P workers alike. What else a model reads of ``g`` (``num_src``,
+    ``out_degree``, ``device``) answers for the block of its next layer call
+    (``current``)."""
 
     def __init__(self, graphs: Sequence[Any]):
         if not graphs:
@@ -207,6 +215,16 @@ class MiniBatchGraph:
     @property
     def perm(self) -> torch.Tensor:
         return torch.cat([g.perm + off for g, off in zip(self.graphs, self.edge_offsets)])
+
+    @property
+    def num_dst(self) -> int:
+        return sum(g.num_dst for g in self.graphs)
+
+    @property
+    def in_degree(self) -> torch.Tensor:
+        """[num_dst]: every block's destinations' in-degrees, numbered as ``dst`` numbers
+        them."""
+        return torch.cat([g.in_degree[:g.num_dst] for g in self.graphs])
 
     def __getattr__(self, name: str):
         if name.startswith("_") or name in ("graphs", "calls", "edge_offsets"):

@@ -2,7 +2,8 @@
 
 - MFG: one step with every training node as a seed equals the full-batch step (loss,
   every parameter gradient, the input features' gradient) and the single-process MFG
-  step, for every model of models/, P in {1, 2, 3, 4}, METIS and random partitions;
+  step, for every model of models/ and one computing edge weights from ``g``'s degrees,
+  P in {1, 2, 3, 4}, METIS and random partitions;
 - sampling with fanouts above every in-degree is the MFG step;
 - the loss of a few sampled steps over two epochs is the same whatever P.
 
@@ -14,7 +15,9 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
 
+import sarc
 from sarc.graph import Graph
 from sarc.partition import cut_parts, metis_partition, random_partition, relabel
 from sarc.runtime.sharded import build_shard
@@ -25,7 +28,7 @@ from sarc.training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows,
 
 from .graphs import run_workers, tiny_graph
 
-KINDS = ("gcn", "sage", "gat", "gin", "rgcn")
+KINDS = ("gcn", "sage", "gat", "gin", "rgcn", "degnorm")
 METHODS = ("metis", "random")
 PARTS = (1, 2, 3, 4)
 REL = 1e-5
@@ -34,6 +37,38 @@ MFG = MiniBatchConfig("mfg")
 ABOVE_DEGREES = MiniBatchConfig("sampling", (100, 100))
 SAMPLED = MiniBatchConfig("sampling", (2, 3), batch_size=4)   # 4 or 5 steps an epoch
 TRAJECTORY_EPOCHS = (1, 2)
+
+
+class _WeightedSum(sarc.Layer):
+    """sum_u w_e W h_u + R h_v, w an edge input."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__(node={"h": d_in}, edge={"w": ()})
+        self.lin, self.root = nn.Linear(d_in, d_out), nn.Linear(d_in, d_out, bias=False)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * edge.w.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + self.root(dst.h)
+
+
+class _DegreeNormed(nn.Module):
+    """Edge weights the model computes from ``g`` itself: 1 / in_degree(v) of each edge
+    u -> v, indexed by ``g.dst`` (in the edges' input order, with ``g.perm``), as R-GCN's
+    relation_norm counts its 1 / |N_r(v)|."""
+
+    def __init__(self, d_in: int, hidden: int, classes: int):
+        super().__init__()
+        self.c1, self.c2 = _WeightedSum(d_in, hidden), _WeightedSum(hidden, classes)
+
+    def forward(self, g, x):
+        dst = torch.empty_like(g.dst).index_copy_(0, g.perm, g.dst)
+        w = (1.0 / g.in_degree.clamp_min(1))[dst].to(x.dtype)
+        return self.c2(g, torch.relu(self.c1(g, x, w=w)), w=w)
 
 
 def _model(kind: str):
@@ -49,7 +84,8 @@ def _model(kind: str):
                                             attn_drop=0.0),
              "gin": lambda: gin.build_model(5, CLASSES, hidden=6, dropout=0.0, eps=0.1,
                                             train_eps=True),
-             "rgcn": lambda: rgcn.build_model(5, CLASSES, num_etypes=RELS, hidden=6)}
+             "rgcn": lambda: rgcn.build_model(5, CLASSES, num_etypes=RELS, hidden=6),
+             "degnorm": lambda: _DegreeNormed(5, 6, CLASSES)}
     return build[kind]()
 
 
@@ -145,7 +181,7 @@ def _work(rank, group, g, parts):
     shard = _shards(g, parts, "random")[rank]
     for kind in ("gcn", "gat"):
         out["above", kind] = _one_step(kind, shard, ABOVE_DEGREES, group, _rows(shard.ndata))
-    for kind in ("sage", "rgcn"):
+    for kind in ("sage", "rgcn", "degnorm"):
         out["trajectory", kind] = _trajectory(kind, shard, group, _rows(shard.ndata))
     out["prefetched", "sage"] = _trajectory("sage", shard, group, _rows(shard.ndata), True)
     return out
@@ -163,7 +199,7 @@ def one_process(graph):
     rows = _rows(graph.ndata)
     out = {("mfg", kind): _one_step(kind, shard, MFG, False, rows) for kind in KINDS}
     out.update({("trajectory", kind): _trajectory(kind, shard, False, rows)
-                for kind in ("sage", "rgcn")})
+                for kind in ("sage", "rgcn", "degnorm")})
     return out
 
 
@@ -235,7 +271,7 @@ def test_sampling_above_every_in_degree_is_the_mfg_step(graph, runs, p, kind):
         assert torch.equal(a["x_grad"], m["x_grad"])
 
 
-@pytest.mark.parametrize("kind", ("sage", "rgcn"))
+@pytest.mark.parametrize("kind", ("sage", "rgcn", "degnorm"))
 def test_sampled_losses_do_not_depend_on_the_worker_count(runs, one_process, kind):
     want = one_process["trajectory", kind]
     assert len(want) >= 8 and len(set(want)) == len(want)  # steps that differ
