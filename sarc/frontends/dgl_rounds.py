@@ -62,6 +62,8 @@ class DGLRounds(nn.Module):
     called as the module is, ``rounds(g, feat)`` on a ``sarc.Graph`` or a worker's
     ``DistGraph``."""
 
+    _sarc_converted = True  # ``module`` runs through ``rounds``, never routed by itself
+
     def __init__(self, module: nn.Module, width: int, src_degree: str, dst_degree: str,
                  edge_drop: nn.Module | None = None):
         super().__init__()

@@ -252,3 +252,23 @@ def test_mfg_step_of_k_round_convs_equals_the_full_batch_step(kind, parts, tmp_p
     for r in records:
         x_grad[r["x_ids"]] += r["x_grad"]
     _close(records[0], want, x_grad)
+
+
+@pytest.mark.parametrize("kind", ["dgl", "dgl_sources"])
+def test_converted_dgl_convs_count_their_rounds_once_after_patch(kind):
+    """``patch()`` routes DGL's convs; one a model converted itself (``from_dgl_module``)
+    runs through its own sarc layers and is not counted again as routed: the step's
+    blocks are the model's rounds with or without ``patch()``."""
+    pytest.importorskip("dgl", reason="DGL's convs: in the DGL environment")
+    import sarc.frontends.dgl as sarc_dgl
+    from sarc.training.minibatch import graph_layers
+    from dgl.nn.pytorch import APPNPConv
+    model, want = MODELS[kind](), {"dgl": 3, "dgl_sources": 4}[kind]
+    was_patched = getattr(APPNPConv.forward, "_sarc_routed", False)
+    sarc_dgl.unpatch()
+    try:
+        assert graph_layers(model) == want
+        sarc_dgl.patch()
+        assert graph_layers(model) == want
+    finally:
+        sarc_dgl.patch() if was_patched else sarc_dgl.unpatch()
