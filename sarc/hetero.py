@@ -201,7 +201,8 @@ class RelationGraphs:
     relation counts for)."""
 
     def __init__(self, etype: torch.Tensor):
-        self.etype = etype
+        self.etype = etype.clone()               # the values: the caller's may change in place
+        self.given, self.version = etype, _version(etype)
         self.graphs: dict[int, tuple] = {}        # relation -> (its graph, its edges' positions)
         self.dst_type: dict[int, int] = {}        # relation -> its destinations' node type
         self.ntype: torch.Tensor | None = None    # the node types dst_type was found with
@@ -214,6 +215,15 @@ class RelationGraphs:
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change); None where it keeps none
+    (an inference-mode tensor)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
@@ -232,7 +242,9 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         raise GraphError(f"HeteroConv: etype must hold an integer edge type per edge "
                          f"({g.num_edges}), got {etype.dtype} of shape {list(etype.shape)}")
     entries = _CACHE.setdefault(g, [])
-    rel = next((e for e in entries if e.etype is etype), None)
+    version = _version(etype)
+    rel = next((e for e in entries if e.given is etype and version is not None
+                and e.version == version), None)
     if rel is None:
         rel = next((e for e in entries if torch.equal(e.etype, etype)), None)
     if rel is None:

@@ -196,3 +196,18 @@ def test_a_learned_input_hands_the_model_only_what_its_forward_takes():
     inputs = edge_inputs_for(wrapped, carried)
     assert set(inputs) == {"etype"}
     wrapped(sarc.Graph.from_edges(src, dst, N), x[:, :0], **inputs)
+
+
+def test_an_etype_changed_in_place_gives_new_sub_graphs():
+    """The sub-graphs are kept per etype's values, not per tensor: types changed in place,
+    or a fresh tensor of the new values, give the new relations' outputs."""
+    src, dst, etype, ntype, w, x = typed_graph(5, relations=2)
+    torch.manual_seed(0)
+    conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: MeanLayer(F_IN, F_OUT)})
+    g = sarc.Graph.from_edges(src, dst, N)
+    before = conv(g, x, etype=etype)
+    etype[:7] = 1 - etype[:7]
+    want = conv(sarc.Graph.from_edges(src, dst, N), x, etype=etype.clone())
+    assert not torch.allclose(want, before)
+    torch.testing.assert_close(conv(g, x, etype=etype), want)
+    torch.testing.assert_close(conv(g, x, etype=etype.clone()), want)
