@@ -1,6 +1,7 @@
 """Errors sarc raises, each naming the problem and where it is."""
 from __future__ import annotations
 
+import contextlib
 import linecache
 from dataclasses import dataclass
 
@@ -48,6 +49,23 @@ class DSLError(SarcError):
         self.problem = message
         self.loc = loc
         super().__init__(message if loc is None else loc.located(message))
+        if _MADE:
+            _MADE[-1].append(self)
+
+
+_MADE: list[list[DSLError]] = []
+
+
+@contextlib.contextmanager
+def dsl_errors_made():
+    """The ``DSLError`` s made meanwhile, raised or not: what a trace refused, even where the
+    traced code's own ``try / except`` caught it (``trace_guards.tracing``)."""
+    made: list[DSLError] = []
+    _MADE.append(made)
+    try:
+        yield made
+    finally:
+        _MADE.pop()
 
 
 class GraphError(SarcError, ValueError):

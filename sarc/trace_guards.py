@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .errors import DSLError, SarcError, SourceLoc
+from .errors import DSLError, SarcError, SourceLoc, dsl_errors_made
 from .names import GENERATED_PACKAGE
 from .trace import (TRAINING, _has_proxy, _installed, _is_core_library, _is_library, _is_sarc,
                     _torch_name, traced_code, user_loc)
@@ -258,7 +258,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
         with traced_code(mod.__file__ for mod in traced), \
                 _refuse_python_randomness(lambda: code_namespaces(modules)), \
                 routed(ROW_COUNT_ROUTES, lambda: [vars(torch)] + code_namespaces(modules)), \
-                _RefuseTorchRandomness():
+                _RefuseTorchRandomness(), dsl_errors_made() as refused:
             try:
                 yield
             except SarcError:
@@ -269,6 +269,11 @@ def tracing(modules: Iterable[torch.nn.Module]):
                     raise
                 what = "" if isinstance(e, TypeError) else f"{type(e).__name__}: "
                 raise DSLError(f"{what}{e}", loc) from None
+            if refused:  # the code went on past a refusal: it would trace another program
+                first = refused[0]
+                raise DSLError(f"{first.problem} (the code caught this error with a try / "
+                               f"except of its own and went on: sarc cannot trace the "
+                               f"code as written)", first.loc) from None
     finally:
         for m, mode in zip(modules, modes):
             m.training = mode

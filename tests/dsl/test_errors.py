@@ -809,3 +809,27 @@ def test_type_ids_changed_in_place_are_checked_again():
     ids[1] = 5  # in place: a new version of the same tensor
     with pytest.raises(sarc.GraphError, match=r"holds type ids in \[0, 5\]"):
         layer(g, **feats)
+
+
+class CatchesTheRefusal(sarc.Layer):
+    """Eager torch sorts; sarc refuses the sort, and the code's own except would trace the
+    other branch: a layer computing something else than its code, were it not refused."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        try:
+            y = src.h.sort(-1).values  # ERR:caught
+        except Exception:
+            y = src.h
+        return y
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_a_refusal_the_code_catches_still_refuses_the_trace():
+    err = expect_dsl_error(lambda: CatchesTheRefusal().trace(), "caught", "sort",
+                           "try / except")
+    assert "caught" in err.problem, err
