@@ -100,7 +100,10 @@ class Kernels:
         indices, destination positions) of the kept in-edges of ``rows``."""
         rowptr, rows, orig = (t.to(torch.int64).contiguous() for t in (rowptr, rows, orig))
         deg = rowptr.index_select(0, rows + 1) - rowptr.index_select(0, rows)
-        bound = deg.clamp(max=max(fanout, 0))
+        # a fanout at or above every row's degree keeps every edge: the kernel's scratch is
+        # the fanout's size, so it gets the largest degree instead (the same draws)
+        fanout = min(max(fanout, 0), int(deg.max()) if deg.numel() else 0)
+        bound = deg.clamp(max=fanout)
         slot = torch.cumsum(bound, 0) - bound
         out = torch.empty(int(bound.sum()), dtype=torch.int64)
         count = torch.empty_like(bound)
