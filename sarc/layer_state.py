@@ -42,19 +42,23 @@ _MODULE_INTERNALS = frozenset(nn.Module().__dict__) | {"training"}
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, enum.Enum,
             numbers.Number)   # numpy's scalars (np.float32, np.int64), Fraction, Decimal
-_MAX_ITEMS = 256
-"""Containers of scalars up to this size are keyed by value; a larger one by identity and
-length (a table that large is not configuration a layer reads as constants)."""
+_MAX_ITEMS = 4096
+"""Containers of scalars and numpy arrays up to this size are keyed by value; a larger one
+by identity and length (a table that large is not configuration a layer reads as
+constants: replace it rather than change it in place)."""
 
 
 class _Same:
-    """An object in a key by identity (and a tensor's version counter): held, so its id is
-    never a later object's, and compared with ``is`` (never a tensor's ``==``)."""
+    """An object in a key by identity (and a tensor's version counter and storage, which
+    ``t.data = ...`` replaces without a new version): held, so its id is never a later
+    object's, and compared with ``is`` (never a tensor's ``==``)."""
 
     __slots__ = ("obj", "version")
 
     def __init__(self, obj: Any):
-        self.obj, self.version = obj, getattr(obj, "_version", None)
+        self.obj = obj
+        self.version = ((obj._version, obj.data_ptr()) if isinstance(obj, torch.Tensor)
+                        and not obj.is_inference() else getattr(obj, "_version", None))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, _Same) and self.obj is other.obj and self.version == other.version
@@ -64,7 +68,7 @@ class _Same:
 
 
 _RECORDS = (types.SimpleNamespace, argparse.Namespace)
-_MAX_DEPTH = 3
+_MAX_DEPTH = 8
 """How deep configuration objects and containers nest before an object is keyed by identity."""
 
 
@@ -84,6 +88,10 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return _Same(value)
     if _is_numpy_scalar(value):      # np.bool_ (not a numbers.Number)
         return value.item()
+    if _is_numpy_array(value):       # host memory: its bytes are its value
+        if value.size > _MAX_ITEMS:
+            return _Same(value), value.shape
+        return "ndarray", value.dtype.str, value.shape, value.tobytes()
     if isinstance(value, (tuple, list, dict, set, frozenset)):
         if len(value) > _MAX_ITEMS or depth >= _MAX_DEPTH:
             return _Same(value), len(value)
@@ -93,8 +101,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
             else keys
     if isinstance(value, _RECORDS) or (dataclasses.is_dataclass(value)
                                        and not isinstance(value, type)) or _is_users_object(value):
-        fields = (vars(value) if hasattr(value, "__dict__") else
-                  {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        fields = _fields(value)
         if len(fields) > _MAX_ITEMS or depth >= _MAX_DEPTH:
             return _Same(value), len(fields)
         return type(value), tuple((k, _plain(v, depth + 1)) for k, v in fields.items())
@@ -105,6 +112,29 @@ def _plain(value: Any, depth: int = 0) -> Any:
 
 def _is_numpy_scalar(value: Any) -> bool:
     return type(value).__module__ == "numpy" and getattr(value, "shape", None) == ()
+
+
+def _is_numpy_array(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
+
+
+def _slots(cls: type) -> list[str]:
+    out = []
+    for base in cls.__mro__:
+        names = getattr(base, "__slots__", ())
+        out.extend([names] if isinstance(names, str) else names)
+    return [n for n in out if n not in ("__dict__", "__weakref__")]
+
+
+def _fields(value: Any) -> dict:
+    """A record's fields: its ``__dict__`` and ``__slots__``, or a dataclass's."""
+    if dataclasses.is_dataclass(value) and not hasattr(value, "__dict__"):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    fields = dict(vars(value)) if hasattr(value, "__dict__") else {}
+    for name in _slots(type(value)):
+        if hasattr(value, name):
+            fields[name] = getattr(value, name)
+    return fields
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,10 +150,11 @@ def _users_module(name: str) -> bool:
 
 
 def _is_users_object(value: Any) -> bool:
-    """An instance of a class of the user's code holding its fields in ``__dict__`` (a
-    configuration object, ``self.cfg``), not a module (walked as one), a class, a function,
-    nor an object of a library."""
-    return (hasattr(value, "__dict__") and not isinstance(value, (type, nn.Module))
+    """An instance of a class of the user's code holding its fields in ``__dict__`` or
+    ``__slots__`` (a configuration object, ``self.cfg``), not a module (walked as one), a
+    class, a function, nor an object of a library."""
+    return ((hasattr(value, "__dict__") or bool(_slots(type(value))))
+            and not isinstance(value, (type, nn.Module))
             and not callable(value) and _users_module(type(value).__module__ or "builtins"))
 
 

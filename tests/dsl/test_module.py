@@ -429,3 +429,47 @@ def test_a_global_record_and_a_decorated_methods_globals_are_followed(g):
             kernel = layer.compiled()
     finally:
         CONFIG.temp, SHIFT_TWO = 1.0, 2.0
+
+
+class _SlotsConfig:
+    __slots__ = ("alpha",)
+
+    def __init__(self):
+        self.alpha = 2.0
+
+
+class ReadsEveryKindOfConstant(sarc.Layer):
+    """Constants in a ``__slots__`` object, a numpy array, a deep dict, a long list and a
+    float buffer read as a number."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.cfg = _SlotsConfig()
+        self.arr = np.array([1.0, 2.0])
+        self.nested = {"a": {"b": {"c": {"d": {"k": 1.0}}}}}
+        self.table = [1.0] * 1000
+        self.register_buffer("tau", torch.tensor(1.0))
+
+    def message(self, src, dst, edge):
+        return src.h * (self.cfg.alpha * float(self.arr[0])
+                        * self.nested["a"]["b"]["c"]["d"]["k"] * self.table[0] * float(self.tau))
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("change", ["slots", "numpy", "nested", "table", "data"])
+def test_constants_changed_anywhere_the_trace_reads_them_are_followed(g, change):
+    def changed(layer):
+        {"slots": lambda: setattr(layer.cfg, "alpha", 3.0),
+         "numpy": lambda: layer.arr.__setitem__(0, 5.0),
+         "nested": lambda: layer.nested["a"]["b"]["c"]["d"].__setitem__("k", 7.0),
+         "table": lambda: layer.table.__setitem__(0, 11.0),
+         "data": lambda: setattr(layer.tau, "data", torch.tensor(13.0))}[change]()
+        return layer
+    h = torch.randn(g.num_src, 3)
+    layer = ReadsEveryKindOfConstant()
+    before = layer(g, h)
+    want = changed(ReadsEveryKindOfConstant())(g, h)
+    assert not torch.allclose(want, before)
+    torch.testing.assert_close(changed(layer)(g, h), want)
