@@ -274,8 +274,14 @@ def check_outputs_apart(args) -> None:
                 raise UsageError(f"--checkpoint {checkpoint} is inside a set sarc wrote ({d}: "
                                  f"a partition or a compiled model, which only sarc rewrites "
                                  f"whole); give the checkpoint a directory of its own")
+    from ..atomic import MANIFEST
     for option, path in outputs:
         target = key(path)
+        for d in target.parents:
+            if (d / MANIFEST).is_file():
+                raise UsageError(f"{option} {path} is inside a set sarc wrote ({d}: a partition "
+                                 f"or a compiled model, which only sarc rewrites whole); give "
+                                 f"the result a file outside it")
         for what, other in files:
             if other and what != option and key(other) == target:
                 raise UsageError(f"{option} {path} is {what}; give the result a file of its own")
@@ -354,10 +360,14 @@ def write_result(path: str, result: dict) -> None:
         with open(target, "w") as f:
             f.write(text)
         return
+    if target.exists():   # a report written over keeps its mode, as open() would
+        mode = target.stat().st_mode & 0o7777
+    else:                 # as open() would have made it, not the temp file's
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     write_atomic(target, text.encode())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(target, 0o666 & ~umask)   # as open() would have made it, not the temp file's
+    os.chmod(target, mode)
 
 
 def add_device_arguments(p, group=None, worker: bool = False) -> None:

@@ -266,3 +266,32 @@ def test_the_longest_out_name(tmp_path, gcn_artifacts, name, exchange):
     assert killed_at("never", lambda: write_artifacts(gcn_artifacts, out, ("plan",),
                                                        overwrite=True), exchange=exchange) == 0
     assert "plan.txt" in snapshot(out) and siblings(out) == [name]  # and the leftover went
+
+
+@case("files", "`--json` or `--save` naming a file inside a set sarc wrote (a partition the run "
+      "does not read)", "nothing-lost")
+@pytest.mark.parametrize("option", ["--json", "--save"])
+def test_a_result_inside_a_set_sarc_wrote_is_refused(tmp_path, option):
+    src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
+    pset = partition_graph(src, dst, 4, 2, tmp_path / "parts", method="random")
+    target = pset.part_path(0)
+    before = snapshot(tmp_path / "parts")
+    proc = run_sarc("train", GCN, "--epochs", "1", option, target)
+    assert_error(proc, f"{option} {target}", "inside a set sarc wrote")
+    assert snapshot(tmp_path / "parts") == before
+
+
+@case("files", "`--json` over an existing report of mode 0600", "nothing-lost")
+def test_a_report_written_over_keeps_its_mode(tmp_path):
+    from sarc.cli.options import write_result
+    report = tmp_path / "r.json"
+    report.write_text("{}")
+    report.chmod(0o600)
+    write_result(str(report), {"loss": 1.0})
+    assert json.loads(report.read_text())["loss"] == 1.0
+    assert report.stat().st_mode & 0o777 == 0o600
+    fresh = tmp_path / "new.json"
+    write_result(str(fresh), {"loss": 1.0})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
