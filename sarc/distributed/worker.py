@@ -49,12 +49,7 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     from .graph import DistError
     from .train import train_worker
 
-    missing = [k for k in ENV if k not in os.environ]
-    if missing:
-        raise DistError(f"sarc worker runs under torchrun, which sets {', '.join(ENV)} "
-                        f"({', '.join(missing)} unset); to train on this machine use "
-                        f"sarc train --workers P")
-    rank = int(os.environ["RANK"])
+    rank = _place_in_the_run()
     if threads:
         torch.set_num_threads(threads)
     cfg = dataclasses.replace(cfg, checkpoint=_resuming(cfg.checkpoint))
@@ -62,8 +57,14 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
-                            **_attempt_store(rank, timeout))
+    try:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                **_attempt_store(rank, timeout))
+    except (RuntimeError, ValueError) as e:   # dist.DistError is a RuntimeError
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        raise DistError(f"could not join the run's process group at {where} (MASTER_ADDR:"
+                        f"MASTER_PORT) within --timeout {cfg.timeout_s:g} s: "
+                        f"{_first_line(e)}") from None
     try:
         train_worker(spec, cfg)
         # nobody closes its connections while a peer still completes the last collective
@@ -84,6 +85,31 @@ def run_worker(spec, cfg, *, threads: int | None = None) -> int:
         _say_peer_failure(rank, e, cfg.timeout_s, "a collective failed (a peer died)")
         return 2
     return 0
+
+
+def _place_in_the_run() -> int:
+    """This worker's rank, from the environment torchrun sets, checked: integers, a rank
+    below the world size, a port number."""
+    from .graph import DistError
+    missing = [k for k in ENV if k not in os.environ]
+    if missing:
+        raise DistError(f"sarc worker runs under torchrun, which sets {', '.join(ENV)} "
+                        f"({', '.join(missing)} unset); to train on this machine use "
+                        f"sarc train --workers P")
+    values = {}
+    for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        try:
+            values[k] = int(os.environ[k])
+        except ValueError:
+            raise DistError(f"{k}={os.environ[k]!r} in the environment is not an integer "
+                            f"(torchrun sets it; see its launch)") from None
+    rank, world, port = values["RANK"], values["WORLD_SIZE"], values["MASTER_PORT"]
+    if world < 1 or not 0 <= rank < world:
+        raise DistError(f"RANK={rank} WORLD_SIZE={world} in the environment: a worker's rank "
+                        f"is 0 .. WORLD_SIZE - 1 of at least one worker")
+    if not 0 < port < 65536:
+        raise DistError(f"MASTER_PORT={port} in the environment is not a port (1 .. 65535)")
+    return rank
 
 
 def worker_device(text: str):

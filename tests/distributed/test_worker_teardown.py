@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from sarc.partition import partition_graph
@@ -116,3 +117,30 @@ def test_every_worker_says_an_agreed_error_before_any_leaves():
     assert said[1][0][1] == "sarc worker 1: error: part-1.pt holds 153 edges", said
     last_said = max(s[0][0] for s in said)
     assert all(left >= last_said for _, _, left in reports), reports
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RANK": "x"}, "RANK='x'"),
+    ({"RANK": "5"}, "RANK=5"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
+    ({"MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+    ({"MASTER_PORT": "CLOSED"}, "could not join"),
+])
+def test_a_worker_in_a_malformed_launch_says_what_is_wrong(tmp_path, env, says):
+    """A worker started by hand, or by a launcher other than torchrun, with its place in
+    the run malformed (or no master to reach): one ``sarc worker`` error naming it, no
+    traceback."""
+    pset = _one_part(tmp_path / "parts")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env}
+    if env["MASTER_PORT"] == "CLOSED":   # RANK 1 of 2: it connects to a master nobody runs
+        env.update(MASTER_PORT=str(free_port()), RANK="1")
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "worker",
+                               str(ROOT / "models" / "gcn.py"), "--partition", pset.path,
+                               "--epochs", "1", "--timeout", "3"], env=env, cwd=tmp_path,
+                              timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("sarc worker")]
+    assert says in line, proc.stderr
