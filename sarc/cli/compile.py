@@ -153,6 +153,10 @@ def compile_command(args) -> int:
                 raise CompileError(f"--partition has {pset.num_parts} parts but --workers is {args.workers}")
             args.workers = pset.num_parts
     data = _dataset(args, hparams, pset)
+    if args.workers > max(data.num_nodes, 1):   # as sarc partition and sarc train refuse
+        raise CompileError(f"--workers {args.workers} for {data.name}'s {data.num_nodes} "
+                           f"nodes: a worker would own no node; give at most "
+                           f"{data.num_nodes} workers")
     hparams["dataset"] = data.name
     model = build(spec, data, hparams)
     # the layers in the order a training step calls them, each with its inputs' gradient

@@ -532,7 +532,7 @@ def format_plan(plan: Plan) -> str:
     if plan.minibatch:
         lines.extend(_minibatch_lines(plan))
     if plan.workers > 1:
-        lines.append(f"  exchange rounds: {len(plan.rounds)} (round k: worker r -> r+k, "
+        lines.append(f"  exchange rounds: {plan.workers - 1} (round k: worker r -> r+k, "
                      f"r-k -> r), next round prefetched while the current one computes")
     for lp in plan.layers:
         lines.append(f"layer {lp.name} ({lp.layer_class}): exec={lp.exec_mode}")

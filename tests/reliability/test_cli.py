@@ -663,3 +663,16 @@ def test_a_parameter_without_a_gradient_is_left_alone_on_workers(tmp_path):
     # near-zero entries, on this machine's CPU)
     for k in saved[0]:
         torch.testing.assert_close(saved[1][k], saved[0][k], rtol=1e-5, atol=1e-5)
+
+
+@case("cli", "`sarc compile --workers P` with more workers than the dataset has nodes", "error")
+def test_compile_for_more_workers_than_nodes_is_refused():
+    proc = run_sarc("compile", ROOT / "models" / "gcn.py", "--workers", "20000", "--emit", "plan")
+    assert_error(proc, "20000", "2708 nodes")
+
+
+def test_a_plan_for_many_workers_says_its_rounds_without_listing_them():
+    from sarc.planner.plan import Plan, format_plan
+    plan = Plan(mode="full", workers=2000, mem_budget=None, baseline=False, layers=(),
+                stats=None)
+    assert "exchange rounds: 1999 " in format_plan(plan)
