@@ -105,9 +105,10 @@ class Graph:
         if num_nodes is not None:
             if num_src is not None or num_dst is not None:
                 raise GraphError("give either num_nodes or num_src/num_dst, not both")
-            num_src = num_dst = int(num_nodes)
+            num_src = num_dst = _count(num_nodes, "num_nodes")
         if num_src is None or num_dst is None:
             raise GraphError("the node counts are required: num_nodes, or num_src and num_dst")
+        num_src, num_dst = _count(num_src, "num_src"), _count(num_dst, "num_dst")
         if dst_in_src and num_dst > num_src:
             raise GraphError(f"a block has at most as many dst nodes as src nodes "
                              f"(dst nodes are the first src nodes); got num_dst={num_dst} "
@@ -170,6 +171,22 @@ def _as_index(t, name: str) -> torch.Tensor:
     if t.dtype.is_floating_point or t.dtype == torch.bool:
         raise GraphError(f"{name} node ids must be integers, got {t.dtype}")
     return t.to(torch.int64)
+
+
+def _count(n, what: str) -> int:
+    """A node count as an int: an integer (a Python, numpy or 0-d integer tensor one), never
+    a float or a bool rounded to one."""
+    if isinstance(n, bool) or not (isinstance(n, int) or _integral_scalar(n)):
+        raise GraphError(f"{what} must be an integer node count, got {n!r}")
+    return int(n)
+
+
+def _integral_scalar(n) -> bool:
+    if isinstance(n, torch.Tensor):
+        return n.dim() == 0 and not n.is_floating_point() and not n.is_complex() \
+            and n.dtype != torch.bool
+    return type(n).__module__ == "numpy" and getattr(n, "shape", None) == () \
+        and getattr(n.dtype, "kind", None) in ("i", "u")
 
 
 def _check_range(ids: torch.Tensor, n: int, name: str) -> None:

@@ -652,6 +652,20 @@ def test_node_counts_required():
         sarc.Graph.from_edges([0], [0])
 
 
+@pytest.mark.parametrize("count", [3.7, 3.0, True, torch.tensor(3.0), np.float64(3)])
+def test_node_counts_are_integers(count):
+    with pytest.raises(sarc.GraphError, match="must be an integer node count"):
+        sarc.Graph.from_edges([0], [1], count)
+    with pytest.raises(sarc.GraphError, match="num_dst must be an integer node count"):
+        sarc.Graph.from_edges([0], [1], num_src=3, num_dst=count)
+
+
+@pytest.mark.parametrize("count", [3, np.int64(3), torch.tensor(3)])
+def test_integer_node_counts_of_any_kind(count):
+    g = sarc.Graph.from_edges([0], [1], count)
+    assert (g.num_src, g.num_dst) == (3, 3) and type(g.num_src) is int
+
+
 # --- feature binding errors: raised before any kernel runs ---------------------------------
 
 class _NoKernel:
