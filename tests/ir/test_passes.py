@@ -194,3 +194,39 @@ def test_fuse_typed_linear_moves_rgcn_projection_into_the_aggregate():
     (agg,) = [v for v in out.values if v.op is Op.AGGREGATE]
     assert any(r.op is Op.TYPED_LINEAR for r in agg.attr["body"].values)
     assert verify(dce(fuse_typed_linear(out))) == out  # idempotent
+
+
+class _EdgeWeightedConv(sarc.Layer):
+    """PyG GraphConv with edge weights: ``lin_rel(sum_u w_e h_u) + lin_root(h_v)``."""
+
+    def __init__(self, d_in: int, d_out: int, scale: str = "mul"):
+        super().__init__(node={"h": d_in}, edge={"w": ()})
+        self.lin_rel = torch.nn.Linear(d_in, d_out)
+        self.lin_root = torch.nn.Linear(d_in, d_out, bias=False)
+        self.scale = scale
+
+    def message(self, src, dst, edge):
+        w = edge.w.unsqueeze(-1)
+        return src.h * w if self.scale == "mul" else src.h / (1.0 + w)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin_rel(agg.agg) + self.lin_root(dst.h)
+
+
+@pytest.mark.parametrize("scale", ["mul", "div"])
+def test_a_narrowing_linear_moves_through_an_edge_scalar_to_the_nodes(scale):
+    """``W sum_e w_e h_u`` is ``sum_e w_e (W h)_u``: the linear reaches the nodes (no
+    product on the edges' rows, nor an edge tensor as wide as h); it never moves onto
+    an edge value it cannot leave."""
+    layer = _EdgeWeightedConv(12, 3, scale)
+    fn = optimize(layer.trace())
+    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
+                   for v in fn.values), format_function(fn)
+    assert not any(v.type.domain is Domain.EDGE and v.type.feat[-1:] == (12,)
+                   for v in fn.values), format_function(fn)
+    g = random_block(torch.Generator().manual_seed(3), 10, 8, 40)
+    feats = {"h": torch.randn(10, 12), "w": torch.rand(40)}
+    _same_meaning(layer, g, feats)

@@ -10,14 +10,28 @@ after ``pushdown``, what crosses shards) runs on the narrow side: GraphSAGE's
 applies only to values no one else reads, only when it narrows, and only through sums
 whose terms have the sum's features (a broadcast term, ``agg + deg.unsqueeze(-1)``, is
 not W's input: ``W(a + b)`` is no ``Wa + Wb`` there).
+
+W also commutes with a scale per row, broadcast over the features it reads
+(``W (w_e h_u) = w_e (W h_u)``, and ``/``): GraphConv's edge weights,
+``sum_e w_e h_u``, aggregate ``w_e (W h)_u``. The linear moves only where it then
+reaches the nodes (``pushdown`` computes it per node and gathers it): on an edge
+value of both ends (``h_u * h_v``) it would be a product per edge, E rows instead
+of N.
 """
 from __future__ import annotations
 
 from ..function import Function
 from ..ops import Op
 from ..reducers import reducer
-from ..types import Domain
+from ..types import Domain, TensorType
+from .pushdown import GATHERS, HOISTABLE
 from .rewrite import Rewriter
+
+
+def _row_scale(scale: TensorType, of: TensorType) -> bool:
+    """``scale`` is a number per row, broadcast over every feature of ``of``'s last axis."""
+    return scale.feat == () or (len(scale.feat) <= len(of.feat) and scale.feat[-1] == 1)
+
 
 def linear_through_aggregate(fn: Function) -> Function:
     users = fn.users()
@@ -26,13 +40,39 @@ def linear_through_aggregate(fn: Function) -> Function:
     def single(j: int) -> bool:
         return len(users[j]) == 1 and j not in outputs
 
+    def scaled(j: int) -> tuple[int, list[tuple[Op, int]]]:
+        """Value j as value k scaled per row: (k, [(MUL or DIV, scale)], innermost first)."""
+        chain: list[tuple[Op, int]] = []
+        while single(j) and fn.values[j].op in (Op.MUL, Op.DIV):
+            v = fn.values[j]
+            a, b = v.inputs
+            pairs = [(a, b)] if v.op is Op.DIV else [(a, b), (b, a)]
+            hit = next(((x, s) for x, s in pairs if fn.values[x].type.feat == v.type.feat
+                        and _row_scale(fn.values[s].type, v.type)), None)
+            if hit is None:
+                break
+            chain.append((v.op, hit[1]))
+            j = hit[0]
+        return j, chain[::-1]
+
+    def side(j: int) -> Op | None:
+        """The gather that ``pushdown`` makes of edge value j (node work gathered from one
+        end), or None."""
+        v = fn.values[j]
+        if v.op in GATHERS:
+            return v.op
+        if v.op not in HOISTABLE or v.type.domain is not Domain.EDGE:
+            return None
+        ends = {side(k) for k in v.inputs if fn.values[k].type.domain is not Domain.PARAM}
+        return ends.pop() if len(ends) == 1 else None
+
     def movable(j: int) -> bool:
         """Value j is (a sum of terms with) a linear aggregate we may rewrite."""
         v = fn.values[j]
         if not single(j):
             return False
         if v.op is Op.REDUCE:
-            return reducer(v.attr["kind"]).linear
+            return reducer(v.attr["kind"]).linear and side(scaled(v.inputs[0])[0]) is not None
         if v.op in (Op.ADD, Op.SUB):  # W(a + b) = Wa + Wb for terms of the sum's shape
             return all(fn.values[k].type.domain is not Domain.PARAM
                        and fn.values[k].type.feat == v.type.feat for k in v.inputs) and \
@@ -46,7 +86,10 @@ def linear_through_aggregate(fn: Function) -> Function:
         """New value: linear(old value j, new weight w), pushed through aggregates."""
         v = fn.values[j]
         if movable(j) and v.op is Op.REDUCE:
-            inner = rw.emit(Op.LINEAR, [rw.map[v.inputs[0]], w], None, like)
+            k, chain = scaled(v.inputs[0])
+            inner = rw.emit(Op.LINEAR, [rw.map[k], w], None, like)
+            for op, s in chain:
+                inner = rw.emit(op, [inner, rw.map[s]], None, fn.values[s])
             return rw.emit(Op.REDUCE, [inner], v.attr, v)
         if movable(j) and v.op in (Op.ADD, Op.SUB):
             a, b = (apply(k, w, like) for k in v.inputs)
