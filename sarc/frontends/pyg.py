@@ -971,9 +971,12 @@ class TracedConv(PyGLayer):
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if not self._takes_edge_attr:
             if edge_attr is not None:
+                width = tuple(edge_attr.shape[1:]) if isinstance(edge_attr, torch.Tensor) \
+                    else "..."
                 raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
-                              "imported without edge_dim, its forward was traced without it: "
-                              "from_message_passing(conv, edge_dim=...)")
+                              f"imported without edge_dim, its forward was traced without it: "
+                              f"from_message_passing(conv, edge_dim={width}) for this one "
+                              f"(edge_dim=() is one number per edge)")
             return super().prepare(edge_index, num_nodes, edge_attr, dtype)
         if edge_attr is None:
             raise _refuse(self.conv, f"a call without {self.edge_input}",

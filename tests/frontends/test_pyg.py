@@ -431,3 +431,14 @@ def test_two_workers_equal_one_process(name, tmp_path):
         x_grad[r["ids"]] = r["x_grad"]
     assert_all_close([("output", out, out_p), ("grad of x", x_grad, xg_p)]
                      + [(f"grad of {k}", reports[0]["grads"][k], g_p[k]) for k in params])
+
+
+@pytest.mark.parametrize("weight, says", [((), "edge_dim=()"), ((2,), "edge_dim=(2,)")])
+def test_an_edge_argument_of_a_conv_imported_without_edge_dim_names_its_width(weight, says):
+    """GraphConv's optional edge_weight is traced as None without edge_dim; given at a
+    call, the error says the edge_dim that fits the tensor given."""
+    from sarc.frontends.pyg import as_conv
+    conv = as_conv(pyg.GraphConv(3, 2))
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(sarc.SarcError, match=re.escape(says)):
+        conv(torch.randn(3, 3), ei, torch.rand(3, *weight))
