@@ -337,6 +337,19 @@ class Proxy:
             raise AttributeError(f"'Proxy' object has no attribute {name!r}")
         raise _UnsupportedMethod(_method_message(name), user_loc())
 
+    def __setattr__(self, name: str, value) -> None:
+        if any(name in getattr(c, "__slots__", ()) for c in type(self).__mro__):
+            object.__setattr__(self, name, value)
+            return
+        raise DSLError(f"x.{name} = ... on a traced tensor is not supported in a sarc layer "
+                       f"(it would change the value in place): compute a new value instead",
+                       user_loc())
+
+    def __array__(self, *args, **kwargs):
+        raise DSLError("a traced tensor converted to a numpy array (np.asarray, np.array, a "
+                       "numpy function): its values exist only when the layer runs; compute "
+                       "with torch functions", user_loc())
+
     def __len__(self) -> int:
         t = self.type
         if t.domain is Domain.PARAM and t.feat:

@@ -847,3 +847,35 @@ def test_a_refusal_the_code_catches_still_refuses_the_trace():
     err = expect_dsl_error(lambda: CatchesTheRefusal().trace(), "caught", "sort",
                            "try / except")
     assert "caught" in err.problem, err
+
+
+class ToNumpy(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h * float(np.asarray(src.h).mean())  # ERR:asarray
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class SetsData(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        y = src.h * 2
+        y.data = src.h  # ERR:setdata
+        return y
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_a_traced_tensor_made_a_numpy_array_is_refused_at_its_line():
+    expect_dsl_error(lambda: ToNumpy().trace(), "asarray", "numpy array")
+
+
+def test_setting_an_attribute_of_a_traced_tensor_is_refused_at_its_line():
+    expect_dsl_error(lambda: SetsData().trace(), "setdata", r"x\.data = \.\.\.")
