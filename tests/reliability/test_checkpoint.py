@@ -287,9 +287,10 @@ def test_a_function_among_the_hyperparameters_resumes_and_loads(tmp_path):
 
 @case("checkpoint", "`--save` of a run on an `.npz` copy of a dataset (named as the "
                      "original inside)", "exact")
-def test_saved_model_records_where_its_npz_dataset_is(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_saved_model_records_where_its_npz_dataset_is(tmp_path, workers):
     """``load_dataset(saved["dataset"])`` (README's recipe) reads the file trained on, not the
-    embedded dataset its arrays' name names."""
+    embedded dataset its arrays' name names, on one process and on workers alike."""
     import numpy as np
     from sarc.checkpoint import read_saved
     data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
@@ -297,7 +298,7 @@ def test_saved_model_records_where_its_npz_dataset_is(tmp_path):
     relabeled = tmp_path / "cora_relabeled.npz"
     np.savez(relabeled, **data)
     _ok(run_sarc("train", GCN, "--epochs", "1", "--dataset", relabeled, "--save",
-                 tmp_path / "m.pt"))
+                 tmp_path / "m.pt", "--workers", workers, "--threads", "1"))
     again = load_dataset(read_saved(tmp_path / "m.pt")["dataset"])
     assert torch.equal(again.label, torch.from_numpy(data["label"]).to(torch.int64))
 
