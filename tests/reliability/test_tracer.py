@@ -642,3 +642,28 @@ def test_a_module_loaded_or_replaced_between_traces_is_searched(tmp_path):
     finally:
         del sys.modules[first.__name__]
     assert not any(ns is vars(second) for ns in code_namespaces([]))
+
+
+class EvalRRelu(sarc.Layer):
+    """``F.rrelu`` out of training (its default) is a leaky ReLU of slope (lower + upper) / 2:
+    no draw."""
+
+    def __init__(self, training: bool):
+        super().__init__(node={"h": 3})
+        self.draws = training
+
+    def message(self, src, dst, edge):
+        return F.rrelu(src.h, 0.1, 0.3, training=self.draws)  # ERR:rrelu
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_rrelu_out_of_training_is_a_leaky_relu_and_in_training_a_draw():
+    g = sarc.Graph.from_edges([0, 1, 2], [1, 2, 0], 3)
+    h = torch.randn(3, 3)
+    got = EvalRRelu(False)(g, h)
+    want = torch.zeros(3, 3).index_add_(0, torch.tensor([1, 2, 0]),
+                                        F.leaky_relu(h[[0, 1, 2]], 0.2))
+    torch.testing.assert_close(got, want)
+    expect_error_at(lambda: EvalRRelu(True).trace(), "rrelu", "rrelu() draws a random number")
