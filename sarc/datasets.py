@@ -102,6 +102,12 @@ class Dataset:
     ``edge_*``), by name: edge data as a graph file's (``sarc partition --graph``)."""
 
     @property
+    def recorded(self) -> str:
+        """The dataset as a run's records (checkpoints, ``--save``, a partition set) keep it:
+        its ``.npz`` file's path, else its name."""
+        return self.file or self.name
+
+    @property
     def num_edges(self) -> int:
         return int(self.edge_src.numel())
 

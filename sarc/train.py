@@ -507,7 +507,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     run = None
     if checkpoint is not None or save:
         recorded = minibatch.recorded(hp) if minibatch else hp
-        run = run_record(spec, recorded, seed=seed, dataset=data.file or data.name,
+        run = run_record(spec, recorded, seed=seed, dataset=data.recorded,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes),
                          node_data=node_data_digests(data.node_data))
     full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,

@@ -179,7 +179,7 @@ def partition_dataset(args, data, out: Path, hp: dict) -> str:
     method = args.method or DEFAULT_METHOD
     pset = partition_graph(data.edge_src, data.edge_dst, data.num_nodes, args.workers, out,
                            method=method, node_data=node_data, edge_data=edge_data,
-                           seed=args.seed, dataset=data.file or data.name, sizes=data.sizes)
+                           seed=args.seed, dataset=data.recorded, sizes=data.sizes)
     print(f"partitioned {data.name} ({data.num_nodes} nodes, {data.num_edges} edges) into "
           f"{args.workers} parts ({method}): edge cut {pset.stats.edge_cut}", flush=True)
     return str(out)
@@ -209,7 +209,7 @@ def launch(args, minibatch=None) -> int:
             data = load_run_dataset(args, args.dataset or hp["dataset"])
             # the workers record the dataset as one process does: an .npz file by its path
             partition = partition_dataset(args, data, Path(tmp) / "parts", hp)
-            dataset = data.file or data.name
+            dataset = data.recorded
         check_launch(args, partition, minibatch, dataset)
         threads = args.threads or max(1, (os.cpu_count() or 1) // p)
         cmd = [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1",
