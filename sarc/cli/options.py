@@ -263,25 +263,16 @@ def check_outputs_apart(args) -> None:
             dirs.append((f"the {o} directory", Path(d).parent if Path(d).is_file() else d))
     checkpoint = getattr(args, "checkpoint", None)
     if checkpoint:   # its files go into a directory of its own
-        from ..atomic import MANIFEST
         target = key(checkpoint)
         for what, d in (x for x in dirs if x[0] != "the --checkpoint directory"):
             if target == key(d) or key(d) in target.parents:
                 raise UsageError(f"--checkpoint {checkpoint} is inside {what} ({d}), which "
                                  f"the run reads; give the checkpoint a directory of its own")
-        for d in (target, *target.parents):
-            if (d / MANIFEST).is_file():
-                raise UsageError(f"--checkpoint {checkpoint} is inside a set sarc wrote ({d}: "
-                                 f"a partition or a compiled model, which only sarc rewrites "
-                                 f"whole); give the checkpoint a directory of its own")
-    from ..atomic import MANIFEST
+        _refuse_inside_a_set("--checkpoint", checkpoint, (target, *target.parents),
+                             "give the checkpoint a directory of its own")
     for option, path in outputs:
         target = key(path)
-        for d in target.parents:
-            if (d / MANIFEST).is_file():
-                raise UsageError(f"{option} {path} is inside a set sarc wrote ({d}: a partition "
-                                 f"or a compiled model, which only sarc rewrites whole); give "
-                                 f"the result a file outside it")
+        _refuse_inside_a_set(option, path, target.parents, "give the result a file outside it")
         for what, other in files:
             if other and what != option and key(other) == target:
                 raise UsageError(f"{option} {path} is {what}; give the result a file of its own")
@@ -289,6 +280,16 @@ def check_outputs_apart(args) -> None:
             if target == key(d) or key(d) in target.parents:
                 raise UsageError(f"{option} {path} is inside {what} ({d}), which the run "
                                  f"reads or writes itself; give the result a file outside it")
+
+
+def _refuse_inside_a_set(option: str, path, dirs, what_to_do: str) -> None:
+    """``option path`` refused where one of ``dirs`` (its resolved directories) is a set sarc
+    wrote: a partition or a compiled model, which only sarc rewrites whole."""
+    from ..atomic import MANIFEST
+    for d in dirs:
+        if (d / MANIFEST).is_file():
+            raise UsageError(f"{option} {path} is inside a set sarc wrote ({d}: a partition or "
+                             f"a compiled model, which only sarc rewrites whole); {what_to_do}")
 
 
 def check_output_dir(option: str, path: str | None) -> None:
