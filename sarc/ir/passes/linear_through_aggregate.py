@@ -24,7 +24,7 @@ from ..function import Function
 from ..ops import Op
 from ..reducers import reducer
 from ..types import Domain, TensorType
-from .pushdown import GATHERS, HOISTABLE
+from .pushdown import gathered_sides
 from .rewrite import Rewriter
 
 
@@ -36,6 +36,7 @@ def _row_scale(scale: TensorType, of: TensorType) -> bool:
 def linear_through_aggregate(fn: Function) -> Function:
     users = fn.users()
     outputs = {i for _, i in fn.outputs}
+    to_nodes = gathered_sides(fn)   # edge values pushdown computes per node and gathers
 
     def single(j: int) -> bool:
         return len(users[j]) == 1 and j not in outputs
@@ -55,24 +56,13 @@ def linear_through_aggregate(fn: Function) -> Function:
             j = hit[0]
         return j, chain[::-1]
 
-    def side(j: int) -> Op | None:
-        """The gather that ``pushdown`` makes of edge value j (node work gathered from one
-        end), or None."""
-        v = fn.values[j]
-        if v.op in GATHERS:
-            return v.op
-        if v.op not in HOISTABLE or v.type.domain is not Domain.EDGE:
-            return None
-        ends = {side(k) for k in v.inputs if fn.values[k].type.domain is not Domain.PARAM}
-        return ends.pop() if len(ends) == 1 else None
-
     def movable(j: int) -> bool:
         """Value j is (a sum of terms with) a linear aggregate we may rewrite."""
         v = fn.values[j]
         if not single(j):
             return False
         if v.op is Op.REDUCE:
-            return reducer(v.attr["kind"]).linear and side(scaled(v.inputs[0])[0]) is not None
+            return reducer(v.attr["kind"]).linear and scaled(v.inputs[0])[0] in to_nodes
         if v.op in (Op.ADD, Op.SUB):  # W(a + b) = Wa + Wb for terms of the sum's shape
             return all(fn.values[k].type.domain is not Domain.PARAM
                        and fn.values[k].type.feat == v.type.feat for k in v.inputs) and \

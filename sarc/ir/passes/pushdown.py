@@ -19,23 +19,32 @@ HOISTABLE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
 GATHERS = (Op.GATHER_SRC, Op.GATHER_DST)
 
 
+def gathered_sides(fn: Function) -> dict[int, Op]:
+    """Each edge value that is (or ``pushdown`` makes) a gather of node work from one end:
+    value -> that gather op."""
+    sides: dict[int, Op] = {}
+    for i, v in enumerate(fn.values):
+        if v.op in GATHERS:
+            sides[i] = v.op
+        elif v.op in HOISTABLE and v.type.domain is Domain.EDGE:
+            graph_ops = [j for j in v.inputs if fn.values[j].type.domain is not Domain.PARAM]
+            ends = {sides.get(j) for j in graph_ops}
+            if graph_ops and len(ends) == 1 and None not in ends:
+                sides[i] = ends.pop()
+    return sides
+
+
 def pushdown(fn: Function) -> Function:
+    sides = gathered_sides(fn)
     rw = Rewriter(fn)
-    gathered: dict[int, tuple[Op, int]] = {}  # old edge value -> (gather op, new node value)
+    node: dict[int, int] = {}  # old gathered edge value -> the new node value gathered
     for i, v in enumerate(fn.values):
         if v.op in GATHERS:
             rw.copy(i)
-            gathered[i] = (v.op, rw.map[v.inputs[0]])
-            continue
-        if v.op in HOISTABLE and v.type.domain is Domain.EDGE:
-            graph_ops = [j for j in v.inputs if fn.values[j].type.domain is not Domain.PARAM]
-            sides = {gathered[j][0] for j in graph_ops if j in gathered}
-            if graph_ops and all(j in gathered for j in graph_ops) and len(sides) == 1:
-                (gop,) = sides
-                inputs = [gathered[j][1] if j in gathered else rw.map[j] for j in v.inputs]
-                node = rw.emit(v.op, inputs, v.attr, v)
-                rw.map[i] = rw.emit(gop, [node], None, v)
-                gathered[i] = (gop, node)
-                continue
-        rw.copy(i)
+            node[i] = rw.map[v.inputs[0]]
+        elif i in sides:
+            node[i] = rw.emit(v.op, [node.get(j, rw.map[j]) for j in v.inputs], v.attr, v)
+            rw.map[i] = rw.emit(sides[i], [node[i]], None, v)
+        else:
+            rw.copy(i)
     return rw.finish()
