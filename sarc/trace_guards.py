@@ -62,14 +62,16 @@ _RANDOM_TORCH = _torch_random_functions()
 _RRELU = frozenset(f for f in (F.rrelu, getattr(torch, "rrelu", None)) if f is not None)
 
 
-def _eval_rrelu_slope(args, kwargs) -> float | None:
-    """``rrelu(x, lower, upper, training)``'s slope where ``training`` is False (its default):
-    a leaky ReLU of slope (lower + upper) / 2, as torch computes it; None where it draws."""
-    names = ("input", "lower", "upper", "training")
+def _eval_rrelu(args, kwargs) -> tuple | None:
+    """``rrelu(x, lower, upper, training, inplace)`` where ``training`` is False (its
+    default) as ``leaky_relu``'s arguments: slope (lower + upper) / 2, as torch computes it;
+    None where it draws."""
+    names = ("input", "lower", "upper", "training", "inplace")
     given = {**dict(zip(names, args)), **kwargs}
     if given.get("training", False) is not False:
         return None
-    return (float(given.get("lower", 1.0 / 8)) + float(given.get("upper", 1.0 / 3))) / 2
+    slope = (float(given.get("lower", 1.0 / 8)) + float(given.get("upper", 1.0 / 3))) / 2
+    return given["input"], slope, given.get("inplace", False)
 
 
 class _RefuseTorchRandomness(TorchFunctionMode):
@@ -78,11 +80,9 @@ class _RefuseTorchRandomness(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _RRELU and _has_proxy(args, kwargs):
-            slope = _eval_rrelu_slope(args, kwargs)
-            if slope is not None:   # out of training: no draw
-                given = {**dict(zip(("input", "lower", "upper", "training", "inplace"), args)),
-                         **kwargs}
-                return F.leaky_relu(given["input"], slope, inplace=given.get("inplace", False))
+            leaky = _eval_rrelu(args, kwargs)
+            if leaky is not None:   # out of training: no draw
+                return F.leaky_relu(*leaky)
         if func in _RANDOM_TORCH or (func is F.dropout and not _has_proxy(args, kwargs)):
             raise DSLError(_random_message(_torch_name(func)), user_loc())
         return func(*args, **kwargs)

@@ -224,7 +224,7 @@ class MiniBatchGraph:
     def in_degree(self) -> torch.Tensor:
         """[num_dst]: every block's destinations' in-degrees, numbered as ``dst`` numbers
         them."""
-        return torch.cat([g.in_degree[:g.num_dst] for g in self.graphs])
+        return torch.cat([g.in_degree for g in self.graphs])   # each block's has num_dst rows
 
     def __getattr__(self, name: str):
         if name.startswith("_") or name in ("graphs", "calls", "edge_offsets"):
