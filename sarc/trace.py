@@ -335,7 +335,8 @@ class Proxy:
         # does not trace, rather than "'Proxy' object has no attribute".
         if name.startswith("__") or not hasattr(torch.Tensor, name):
             raise AttributeError(f"'Proxy' object has no attribute {name!r}")
-        raise _UnsupportedMethod(_method_message(name), user_loc())
+        raise _UnsupportedMethod(_inside_torch_module(_method_message(name), sys._getframe(1)),
+                                 user_loc())
 
     def __setattr__(self, name: str, value) -> None:
         if any(name in getattr(c, "__slots__", ()) for c in type(self).__mro__):
@@ -557,7 +558,8 @@ def call_torch(func, args: tuple, kwargs: dict):
     """Record the torch function ``func`` called on proxies; refuse one sarc does not trace."""
     traced = TORCH_FUNCTIONS.get(func)
     if traced is None:
-        raise DSLError(_unsupported(func), user_loc())
+        raise DSLError(_inside_torch_module(_unsupported(func), sys._getframe(1)),
+                       user_loc())
     return traced.call(_torch_name(func), args, kwargs)
 
 
@@ -620,20 +622,40 @@ _BATCH_NORM = (
     "batch norm to the layer's output, outside the layer")
 
 
-def _training_message(frame) -> str:
-    """The refusal of reading the mode, naming the torch module that read it (from
-    ``frame`` outwards, up to the user's code): an ``nn.BatchNorm1d`` inside a conv."""
+def _torch_module_at(frame) -> torch.nn.Module | None:
+    """The innermost torch module (``torch.nn.*``) running between ``frame`` and the user's
+    code: what a refusal inside torch's own code names (an ``nn.BatchNorm1d`` inside a conv,
+    the ``nn.GRUCell`` a layer called)."""
     f = frame
     while f is not None and _is_library(f.f_code.co_filename):
         module = f.f_locals.get("self")
-        cls = type(module)
-        if isinstance(module, torch.nn.Module) and cls.__module__.startswith("torch.nn."):
-            what = (_BATCH_NORM if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
-                    else "other mode-dependent code belongs outside the layer")
-            return (f"nn.{cls.__name__} reads self.training, which is not known while tracing "
-                    f"(a sarc layer compiles to one kernel for training and evaluation): {what}")
+        if (isinstance(module, torch.nn.Module)
+                and type(module).__module__.startswith("torch.nn.")):
+            return module
         f = f.f_back
-    return _TRAINING_MESSAGE
+    return None
+
+
+def _inside_torch_module(message: str, frame) -> str:
+    """``message`` of a refusal reached inside a torch module, saying which: the op it names
+    is the module's, not one the user wrote."""
+    module = _torch_module_at(frame)
+    if module is None:
+        return message
+    return (f"{message} (called inside nn.{type(module).__name__}, which sarc does not trace: "
+            f"write its computation with the ops a layer supports)")
+
+
+def _training_message(frame) -> str:
+    """The refusal of reading the mode, naming the torch module that read it (from
+    ``frame`` outwards, up to the user's code): an ``nn.BatchNorm1d`` inside a conv."""
+    module = _torch_module_at(frame)
+    if module is None:
+        return _TRAINING_MESSAGE
+    what = (_BATCH_NORM if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            else "other mode-dependent code belongs outside the layer")
+    return (f"nn.{type(module).__name__} reads self.training, which is not known while "
+            f"tracing (a sarc layer compiles to one kernel for training and evaluation): {what}")
 
 
 def _refuse_training(self, *args):

@@ -206,6 +206,36 @@ def test_unmodeled_keyword_is_refused():
                     "argument inplace=True is not supported in a sarc layer")
 
 
+class TorchModuleInUpdate(sarc.Layer):
+    """A torch module sarc does not trace, in update: nn.GRUCell (torch.gru_cell) or
+    nn.MultiheadAttention (which first reads Tensor.is_nested)."""
+
+    def __init__(self, module: nn.Module, states: int):
+        super().__init__(node={"h": 4})
+        self.module, self.states = module, states
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        out = self.module(agg.agg, *[dst.h] * self.states)  # ERR:torch-module
+        return out[0] if isinstance(out, tuple) else out
+
+
+@case("tracer", "`nn.GRUCell` / `nn.MultiheadAttention` called in update", "error-at-line")
+@pytest.mark.parametrize("module, states, op", [
+    (nn.GRUCell(4, 4), 1, "torch function torch.gru_cell"),
+    (nn.MultiheadAttention(4, 2), 2, "Tensor.is_nested"),
+], ids=["GRUCell", "MultiheadAttention"])
+def test_a_torch_module_sarc_does_not_trace_is_named(module, states, op):
+    expect_error_at(lambda: TorchModuleInUpdate(module, states).trace(), "torch-module",
+                    f"{op} is not supported in a sarc layer (called inside "
+                    f"nn.{type(module).__name__}")
+
+
 class UnknownKeyword(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
