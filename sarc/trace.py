@@ -532,7 +532,20 @@ class Traced:
                                f"supported in a sarc layer (only {arg}={default!r})", user_loc())
         bound.apply_defaults()
         bound.arguments.update(self.fixed)
-        return self.record(*bound.args, **bound.kwargs)
+        out = self.record(*bound.args, **bound.kwargs)
+        return out if torch.is_grad_enabled() else _without_grad(out)
+
+
+def _without_grad(out):
+    """What a function computed under ``torch.no_grad()``, ``set_grad_enabled(False)`` or
+    ``inference_mode()`` in the layer's code: its float values detached, as torch records no
+    gradient through them (``sarc.trace_guards.tracing`` traces with gradients enabled)."""
+    if isinstance(out, Proxy):
+        return out.tracer.emit(Op.DETACH, [out]) if out.type.dtype.is_float else out
+    if isinstance(out, (tuple, list)):
+        items = [_without_grad(o) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    return out
 
     def __repr__(self) -> str:
         return f"<traced {self.name}{self.signature}>"

@@ -260,7 +260,9 @@ def _raised_by_a_call_at(e: BaseException) -> SourceLoc | None:
 
 @contextlib.contextmanager
 def tracing(modules: Iterable[torch.nn.Module]):
-    """While a layer is traced: ``module.training`` of ``modules`` reads ``TRAINING``,
+    """While a layer is traced: gradients are enabled (what the layer's code computes under
+    its own ``torch.no_grad()`` is detached, ``sarc.trace._without_grad``), ``module.training``
+    of ``modules`` reads ``TRAINING``,
     random draws outside sarc's dropout are refused at the user's line, the files of the
     modules' classes are the user's code (``sarc.trace.traced_code``), and a call that
     Python refuses, or an error the user's own code raises (a TypeError from the user's
@@ -274,7 +276,8 @@ def tracing(modules: Iterable[torch.nn.Module]):
         for m in modules:
             m.training = TRAINING
         from .trace_torch import ROW_COUNT_ROUTES
-        with traced_code(mod.__file__ for mod in traced), \
+        with torch.inference_mode(False), torch.enable_grad(), \
+                traced_code(mod.__file__ for mod in traced), \
                 _refuse_python_randomness(lambda: code_namespaces(modules)), \
                 routed(ROW_COUNT_ROUTES, lambda: [vars(torch)] + code_namespaces(modules)), \
                 _RefuseTorchRandomness(), dsl_errors_made() as refused:

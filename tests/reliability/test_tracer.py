@@ -168,6 +168,54 @@ def test_constant_base_to_a_traced_power():
     check_against_torch(lambda a, b: 2 ** a + torch.pow(3.0, b) * 0.5 ** a)
 
 
+class GradModeInMessage(sarc.Layer):
+    """``s = lin(src.h) * 2`` computed under ``context()`` (no gradient through it), then
+    ``s * lin(src.h) + s``: as torch, the gradient flows through the second factor only."""
+
+    def __init__(self, context):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 3)
+        self.context = context
+
+    def message(self, src, dst, edge):
+        h = self.lin(src.h)
+        with self.context():
+            s = h * 2.0
+        return s * h + s
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+GRAD_MODES = {"no_grad": torch.no_grad, "set_grad_enabled(False)":
+              lambda: torch.set_grad_enabled(False), "inference_mode": torch.inference_mode}
+
+
+@case("tracer", "`with torch.no_grad()` / `set_grad_enabled(False)` / `inference_mode()` "
+      "in a message", "exact")
+@pytest.mark.parametrize("context", GRAD_MODES.values(), ids=GRAD_MODES.keys())
+@pytest.mark.parametrize("first_call_without_grad", [False, True])
+def test_no_gradient_flows_through_values_computed_without_grad(context, first_call_without_grad):
+    torch.manual_seed(0)
+    layer = GradModeInMessage(context)
+    x = torch.randn(N, 3)
+    if first_call_without_grad:  # traced in an evaluation under no_grad: the same program
+        with torch.no_grad():
+            layer(graph(), x)
+    out = layer(graph(), x)
+    out.sum().backward()
+    actual = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    h = layer.lin(x[SRC])
+    s = (h * 2.0).detach()
+    expected = sum_into_dst(s * h + s)
+    expected.sum().backward()
+    assert_close(out, expected, what="output")
+    for a, e in zip(actual, [p.grad for p in layer.parameters()]):
+        assert_close(a, e, what="parameter gradient")
+    check_layer(layer, graph(), {"h": x})
+
+
 # --- arguments the tracer does not model: errors at the line ----------------------------------------
 
 class DivRounding(sarc.Layer):
