@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 from ..ir.function import Function, Value
 from ..ir.ops import Op
 from ..ir.reducers import reducer
-from ..ir.split import X_PREFIX
+from ..ir.split import X_PREFIX, refuse_nested_softmax
 from ..names import literal
 from ..planner.plan import LayerPlan
 from . import codegen
@@ -215,6 +215,7 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
     norm_aggs = [a for a in split.aggregates if a.kind == "softmax" and baseline]
     needs_norms = bool(split.softmax_sites or norm_aggs)
     if needs_norms:
+        refuse_nested_softmax(edge, split.softmax_sites, [agg_index[a.name] for a in norm_aggs])
         site_inputs = [edge.values[s.index].inputs[0] for s in split.softmax_sites]
         agg_ops = [j for a in norm_aggs for j in edge.values[agg_index[a.name]].inputs]
         tail, regions = [], []

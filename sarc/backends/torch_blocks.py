@@ -224,10 +224,13 @@ def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> 
 
 def _score_stats(sc: torch.Tensor, g: Graph, dtype: torch.dtype):
     """(m, exp(sc - m)): the block's max score per destination (sc's dtype, exact) and the
-    exponentials in ``dtype``."""
+    exponentials in ``dtype``. Where a destination's scores in the block are all -inf
+    (``masked_fill``), m is -inf and the exponentials are 0, shifted by 0, not by m."""
     m = torch.segment_reduce(sc, "max", offsets=g.rowptr, axis=0)
-    m = torch.where(_rows(_has_edges(g), m), m, torch.full((), NEG_INF, dtype=m.dtype, device=m.device))
-    ex = torch.exp(sc.to(dtype) - m.to(dtype).index_select(0, g.dst))
+    neg_inf = torch.full((), NEG_INF, dtype=m.dtype, device=m.device)
+    m = torch.where(_rows(_has_edges(g), m), m, neg_inf)
+    shift = torch.where(m == NEG_INF, torch.zeros((), dtype=m.dtype, device=m.device), m)
+    ex = torch.exp(sc.to(dtype) - shift.to(dtype).index_select(0, g.dst))
     return m, ex
 
 

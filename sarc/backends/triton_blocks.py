@@ -123,12 +123,16 @@ def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
 
 def _softmax(op: FusedOp, g, operands):
     """The op's forward kernel on the block: (out, lse, (m, s)), ``(m, s) = (lse, 1)`` the
-    normalizer state equivalent to it (-inf, 0 on rows without edges)."""
+    normalizer state equivalent to it; (-inf, 0) and an output of 0 on rows without edges,
+    or whose scores in the block are all -inf (``masked_fill``: the kernel's 0 / 0 there)."""
     check_device(op.name, op.forward.main.kernel, [g.src, *operands])
     out, lse = op.forward(g, operands, STATS)
-    has = _rows_with_edges(g, lse)
-    m = torch.where(has, lse, torch.full((), float("-inf"), dtype=STATS, device=lse.device))
-    return out, lse, (m, has.to(STATS).expand_as(lse).contiguous())
+    neg_inf = torch.full((), float("-inf"), dtype=STATS, device=lse.device)
+    has = _rows_with_edges(g, lse) & (lse != neg_inf)
+    m = torch.where(has, lse, neg_inf)
+    out = torch.where(has.view(*has.shape, *([1] * (out.dim() - has.dim()))), out,
+                      torch.zeros((), dtype=out.dtype, device=out.device))
+    return out, lse, (m, has.to(STATS).contiguous())
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from collections.abc import Sequence
 
-from ..errors import SarcError
+from ..errors import DSLError, SarcError
 from .function import Builder, Function
 from .ops import Op
 from .patterns import dst_rows_of_src
@@ -167,6 +167,29 @@ def _depends_on(fn: Function, roots: set[int]) -> list[bool]:
     return dep
 
 
+NESTED_SOFTMAX = (
+    "an edge_softmax (or a softmax aggregate's score) computed from another edge_softmax's "
+    "weights is not supported in a distributed schedule (--workers, a DistGraph): its "
+    "normalizers need the inner one's, merged over every block, first (a second normalizer "
+    "pass, which sarc does not schedule). It runs on a Graph; on workers, aggregate the inner "
+    "softmax itself (sarc.sum(z * sarc.edge_softmax(s)) fuses) or compute the outer score "
+    "without it")
+"""Why a softmax of another's weights is refused in a distributed schedule."""
+
+
+def refuse_nested_softmax(edge: Function, sites: Sequence[SoftmaxSite],
+                          normalized: Sequence[int]) -> None:
+    """Refuse, at the user's line, a value of ``normalized`` (indices in the edge part whose
+    normalizers a normalizer pass computes: the unfused sites, and a baseline schedule's
+    softmax aggregates) that reads an unfused site's weights: the pass computes every
+    normalizer at once, each site's weights block-local there."""
+    reads_site = _depends_on(edge, {s.index for s in sites})
+    for i in normalized:
+        v = edge.values[i]
+        if any(reads_site[j] for j in v.inputs):
+            raise DSLError(f"layer {edge.name.removesuffix('_edge')}: {NESTED_SOFTMAX}", v.loc)
+
+
 def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
     """Cut the optimized layer ``fn`` where the values ``exchanged`` (indices in ``fn``, in
     the order rows pack them: the planner's choice) cross the network; None when the layer
@@ -223,6 +246,7 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
     edge_fn = edge.finish([(a.name, edge.map[a.index]) for a in aggregates])
     sites = tuple(SoftmaxSite(f"$sm{k}", i, v.type.feat) for k, i in enumerate(
         i for i, v in enumerate(edge_fn.values) if v.op is Op.EDGE_SOFTMAX))
+    refuse_nested_softmax(edge_fn, sites, [s.index for s in sites])
 
     # src part: X on owned rows (written as dst values: one row per owned node) ----------
     src_fn = None

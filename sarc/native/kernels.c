@@ -220,7 +220,8 @@ DEFINE_SOFTMAX_SHARES(double, softmax_shares_f64)
 /* Row i's share of a softmax aggregate over a source feature, to be merged online (one
    pass over the row's entries after its max): mx[i, h] = max of sc[e, h] (-inf for a row
    without entries; a NaN wins), s[i, h] = sum exp(sc - mx) and acc[i, h, :] = sum exp(sc -
-   mx) x[cols[e], h, :], the exponentials and sums in double (x read as it is). */
+   mx) x[cols[e], h, :], the exponentials and sums in double (x read as it is; shifted by 0
+   where mx is -inf, a row whose scores are all masked: its sums 0). */
 #define DEFINE_SOFTMAX_PARTIAL(T, NAME)                                               \
   static void *NAME##_rows(void *arg) {                                               \
     Job *job = (Job *)arg;                                                            \
@@ -247,7 +248,8 @@ DEFINE_SOFTMAX_SHARES(double, softmax_shares_f64)
         if (e + AHEAD < hi)                                                           \
           __builtin_prefetch(x + at(job->cols, job->index64, e + AHEAD) * ld);        \
         for (int64_t h = 0; h < H; h++) {                                             \
-          w[h] = exp((double)sc[e * H + h] - (double)m[h]);                           \
+          /* shifted by 0 where every score is -inf (masked): weights 0, not NaN */   \
+          w[h] = exp((double)sc[e * H + h] - (m[h] == -INFINITY ? 0.0 : (double)m[h])); \
           si[h] += w[h];                                                              \
         }                                                                             \
         for (int64_t h = 0; h < H; h++) {                                             \

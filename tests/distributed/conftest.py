@@ -6,12 +6,25 @@ import torch
 import torch.nn.functional as F
 
 import sarc
+from sarc.backends import triton_backend
 from sarc.partition import partition_graph
 
 from .harness import Case, run_cases, step
 from .models import MODELS
 
 N, E, FEATS, CLASSES, RELS = 90, 600, 10, 4, 3
+
+
+def _triton() -> bool:
+    """Whether this environment runs Triton's kernels (not the DGL environment's 2.2)."""
+    try:
+        triton_backend.check_triton()
+    except triton_backend.TritonUnavailable:
+        return False
+    return True
+
+
+TRITON = _triton()
 
 
 def _graph():
@@ -65,6 +78,12 @@ def _cases() -> list[Case]:
         Case("gat_p3_baseline_x_nograd", "gat", 3, baseline=True, x_grad=False),
         # a parameter named as the feature it reads, the feature without a gradient
         Case("same_names_p3_x_nograd", "same_names", 3, "random", x_grad=False),
+        # scores masked to -inf (a block's max of -inf), an edge_softmax of another's weights
+        Case("masked_p3_sar", "masked", 3, "random"),
+        Case("masked_p2_oneshot", "masked", 2, exec_mode="oneshot"),
+        Case("masked_p3_baseline", "masked", 3, baseline=True),
+        *([Case("masked_p2_triton", "masked_triton", 2, "random")] if TRITON else []),
+        Case("nested_sum_p3_sar", "nested_sum", 3, "random"),
     ]
     # messages of at most 4 rows: every remote block in several pieces, whose partial
     # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly
@@ -80,6 +99,8 @@ def _cases() -> list[Case]:
                   ("tied_max_p3_sar", "tied_max", 3, "random", {"extra": {"feat": "int"}}),
                   ("rgcn_p3_oneshot", "rgcn", 3, "random", {"exec_mode": "oneshot"}),
                   ("gin_p4_sar", "gin", 4, "random", {}),
+                  ("masked_p3_sar", "masked", 3, "metis", {}),
+                  ("nested_sum_p2_oneshot", "nested_sum", 2, "random", {"exec_mode": "oneshot"}),
               )]
     return cases
 

@@ -103,3 +103,58 @@ class SameNamesLayer(sarc.Layer):
 
     def update(self, dst, agg):
         return agg.agg + dst.W @ self.W
+
+
+class MaxSourceDegreeLayer(sarc.Layer):
+    """``h`` with a last column: the largest out-degree among the node's in-neighbours (0
+    without any): what ``MaskedAttentionLayer`` keeps."""
+
+    def __init__(self, feats: int):
+        super().__init__(node={"h": feats})
+
+    def message(self, src, dst, edge):
+        return src.out_degree.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.max(msg.m)
+
+    def update(self, dst, agg):
+        return torch.cat([dst.h, agg.agg], -1)
+
+
+class MaskedAttentionLayer(sarc.Layer):
+    """Attention whose score is -inf (``masked_fill``) on the edges from sources of less than
+    the largest out-degree among the destination's in-neighbours (``h``'s last column): every
+    destination keeps an edge, while a block may hold only masked edges into one."""
+
+    def __init__(self, in_feats: int, out_feats: int):
+        super().__init__(node={"h": in_feats + 1})
+        self.lin = nn.Linear(in_feats, out_feats)
+        self.att = nn.Parameter(torch.randn(out_feats) / out_feats ** 0.5)
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h[:, :-1])
+        s = (z * self.att).sum(-1).masked_fill(src.out_degree < dst.h[:, -1], float("-inf"))
+        return {"z": z, "s": s}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.z * sarc.edge_softmax(msg.s).unsqueeze(-1))
+
+
+class NestedSoftmaxLayer(sarc.Layer):
+    """An edge_softmax of a value computed from another's weights: with ``sarc.mean`` neither
+    fuses into a softmax aggregate, with ``sarc.sum`` the outer one does."""
+
+    def __init__(self, in_feats: int, out_feats: int, aggregate: str = "mean"):
+        super().__init__(node={"h": in_feats})
+        self.lin = nn.Linear(in_feats, out_feats)
+        self.att = nn.Parameter(torch.randn(out_feats) / out_feats ** 0.5)
+        self.aggregate = {"mean": sarc.mean, "sum": sarc.sum}[aggregate]
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h)
+        return {"z": z, "s": (z * self.att).sum(-1) + (self.lin(dst.h) * self.att).sum(-1)}
+
+    def reduce(self, msg):
+        inner = sarc.edge_softmax(msg.s)
+        return self.aggregate(msg.z * sarc.edge_softmax(4.0 * inner).unsqueeze(-1))  # ERR:nested

@@ -12,7 +12,8 @@ from sage import SAGELayer
 from sage import build_model as sage
 from torch import nn
 
-from .layers import DegreesLayer, FeatureAxesLayer, MaxLayer, SameNamesLayer, TiedMaxLayer
+from .layers import (DegreesLayer, FeatureAxesLayer, MaskedAttentionLayer, MaxLayer,
+                     MaxSourceDegreeLayer, NestedSoftmaxLayer, SameNamesLayer, TiedMaxLayer)
 
 
 class MaxNet(nn.Module):
@@ -78,6 +79,19 @@ class TwoLayers(nn.Module):
         return self.conv2(g, F.elu(self.conv1(g, x)))
 
 
+class MaskedAttentionNet(nn.Module):
+    """``MaskedAttentionLayer`` after the column it masks by."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, backend: str = "torch"):
+        super().__init__()
+        self.degrees = MaxSourceDegreeLayer(in_feats)
+        self.conv = MaskedAttentionLayer(in_feats, num_classes)
+        self.conv.set_backend(backend)
+
+    def forward(self, g, x):
+        return self.conv(g, self.degrees(g, x))
+
+
 MODELS = {
     "gcn": lambda f, c, **_: gcn(f, c, hidden=8, dropout=0.0),
     "sage": lambda f, c, **_: sage(f, c, hidden=8, dropout=0.0),
@@ -94,4 +108,8 @@ MODELS = {
     "feature_axes": lambda f, c, **_: FeatureAxesNet(f, 6, c),
     "degrees": lambda f, c, **_: TwoLayers(DegreesLayer, f, 6, c),
     "same_names": lambda f, c, **_: TwoLayers(SameNamesLayer, f, 6, c),
+    "masked": lambda f, c, **_: MaskedAttentionNet(f, 6, c),
+    "masked_triton": lambda f, c, **_: MaskedAttentionNet(f, 6, c, "triton"),
+    "nested_sum": lambda f, c, **_: TwoLayers(lambda i, o: NestedSoftmaxLayer(i, o, "sum"),
+                                              f, 6, c),
 }

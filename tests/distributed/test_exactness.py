@@ -1,6 +1,7 @@
 """Distributed training steps equal the single-process step, whole tensors.
 
-For GCN, GraphSAGE, GAT, GIN, RGCN and max / min nets, P in {1, 2, 3, 4}, the sar /
+For GCN, GraphSAGE, GAT, GIN, RGCN, max / min nets, attention with scores masked to -inf
+and a softmax fused over another's weights, P in {1, 2, 3, 4}, the sar /
 oneshot / hybrid execution modes, baseline mode, METIS and random partitions: the
 loss, the full output tensor (gathered from the workers, in original node order),
 every parameter gradient and the input features' gradient of one training step

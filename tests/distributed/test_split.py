@@ -30,7 +30,8 @@ from sarc.partition import partition_graph
 from sarc.planner.cost import exchange_candidates
 from sarc.runtime.sharded import ShardedGraph
 
-from .layers import MaxLayer
+from . import layers
+from .layers import MaxLayer, NestedSoftmaxLayer
 
 D = 6
 
@@ -118,6 +119,35 @@ def test_split_rejects_an_exchange_that_misses_a_source_input():
     narrow = type(raw)(raw.values[:1], raw.names[:1], D, 4, True, ())
     with pytest.raises(SplitError, match="does not carry"):
         split_layer(fn, narrow.values)
+
+
+@pytest.mark.parametrize("aggregate, baseline", [("mean", False), ("sum", True)])
+def test_a_softmax_of_another_softmaxs_weights_is_refused_at_the_line(aggregate, baseline):
+    """The normalizer pass computes every normalizer at once, an unfused site's weights
+    block-local there: an unfused softmax (or, in the baseline, a fused one's normalizer) of
+    them would be wrong on workers, so it is refused at the user's line."""
+    from sarc.backends import dist_backend
+    from sarc.planner.plan import plan_layer
+    from sarc.planner.stats import ShardStats
+
+    fn = optimize(NestedSoftmaxLayer(D, 4, aggregate).trace())
+    lp = plan_layer("nested", fn, workers=2, baseline=baseline,
+                    stats=ShardStats(2, (20, 20), (90, 90), ((0, 5), (5, 0))))
+    with pytest.raises(sarc.DSLError, match="computed from another edge_softmax's weights") as e:
+        dist_backend.generate(split_layer(fn, lp.exchange.values), lp, baseline=baseline)
+    line = next(n for n, text in enumerate(Path(layers.__file__).read_text().splitlines(), 1)
+                if "# ERR:nested" in text)
+    assert (Path(e.value.loc.file).name, e.value.loc.line) == ("layers.py", line), e.value
+
+
+def test_a_fused_softmax_of_another_softmaxs_weights_is_split():
+    """Outside the baseline a fused softmax's normalizers are merged online from the main
+    pass, which reads the unfused site's global weights: the layer is split, not refused
+    (its exactness on workers: ``test_exactness``'s masked and nested cases)."""
+    fn = optimize(NestedSoftmaxLayer(D, 4, "sum").trace())
+    split = split_layer(fn, exchange_candidates(fn)[0].values)
+    assert len(split.softmax_sites) == 1
+    assert [a.kind for a in split.aggregates] == ["softmax"]
 
 
 @pytest.fixture(scope="module")
