@@ -61,6 +61,7 @@ from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
+from ..training.device import BACKEND_OF_MADE_LAYERS
 from ..trace_guards import code_namespaces, routed, tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -1031,6 +1032,11 @@ def _routed(forward):
                            f"each node's features, before or after the aggregation), or build "
                            f"the module with weight=True", user_loc())
         layer = _rounds_for(self, feats) or _layer_for(self, graph, feats)
+        backend = self.__dict__.get(BACKEND_OF_MADE_LAYERS)  # sarc.training.device.placed
+        if backend is not None:
+            for _, made in _held_layers(self):
+                if made._sarc_backend != backend:
+                    made.set_backend(backend)
         layer.train(self.training)
         return layer(graph, **feats)
 

@@ -14,9 +14,21 @@ from torch import nn
 def placed(model: nn.Module, device: torch.device | str = "cpu",
            backend: str = "torch") -> nn.Module:
     """``model`` on ``device``, every sarc layer in it compiled for ``backend`` ("torch",
-    "triton"; an unknown name is an error naming the available ones)."""
+    "triton"; an unknown name is an error naming the available ones): those it holds, and
+    those a library conv running through sarc by itself (DGL's after ``patch()``) makes at
+    its calls, which read the backend it is given here (``BACKEND_OF_MADE_LAYERS``)."""
     from ..dsl import Layer
     for m in model.modules():
         if isinstance(m, Layer):
             m.set_backend(backend)
+        held = getattr(type(m).forward, "_sarc_held", None)
+        if held is not None:
+            for _, layer in held(m):
+                layer.set_backend(backend)
+            m.__dict__[BACKEND_OF_MADE_LAYERS] = backend
     return model.to(device)
+
+
+BACKEND_OF_MADE_LAYERS = "_sarc_layers_backend"
+"""Where ``placed`` leaves a conv that makes its sarc layers at its calls the backend they
+compile for."""

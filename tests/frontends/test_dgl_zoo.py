@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 pytest.importorskip("dgl")
 
@@ -142,6 +143,44 @@ def test_a_tuple_of_node_outputs_is_a_tuple_after_patch(patched):
     assert isinstance(got, tuple) and len(got) == 2
     for i in range(2):
         _close(got[i], want[i], f"output {i}")
+
+
+class _PatchedNet(nn.Module):
+    """A GraphConv and a 2-round APPNPConv, their sarc layers made at their first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = GraphConv(IN, 4)
+        self.prop = APPNPConv(2, 0.1)
+
+    def forward(self, g, x):
+        return self.prop(g, self.conv(g, x))
+
+
+def _held(model) -> list:
+    return [layer for m in model.modules() if getattr(type(m).forward, "_sarc_held", None)
+            for _, layer in type(m).forward._sarc_held(m)]
+
+
+def test_the_backend_a_patched_model_is_placed_on_reaches_the_layers_its_calls_make(patched):
+    """``placed(model, backend=)`` (``sarc train --backend``) before the convs made their
+    layers: the layers they make at their first call compile for that backend, and a later
+    ``placed`` moves them."""
+    from sarc.backends.triton_backend import TritonUnavailable
+    from sarc.training.device import placed
+    torch.manual_seed(0)
+    model = placed(_PatchedNet(), backend="triton")
+    g = sarc.frontends.dgl.from_dgl(dgl.graph(_edges(True), num_nodes=N))
+    for conv, x in ((model.conv, torch.randn(N, IN)), (model.prop, torch.randn(N, 4))):
+        try:
+            conv(g, x)
+        except TritonUnavailable:  # this environment's Triton: the layers were made, for it
+            pass
+    held = _held(model)
+    assert len(held) == 3 and {layer._sarc_backend for layer in held} == {"triton"}
+    placed(model, backend="torch")
+    assert {layer._sarc_backend for layer in _held(model)} == {"torch"}
+    model(g, torch.randn(N, IN))
 
 
 def test_an_edge_output_is_refused_by_name(patched):
