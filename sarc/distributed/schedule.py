@@ -77,11 +77,13 @@ def share_memory(model, dg: DistGraph) -> None:
     """Share ``dg.mem_budget`` over a whole training step of ``model``: which peers' rows
     each of its sarc layers keeps (``sarc.planner.plan.share_budget``; the layers in
     module order, the first one's input needing no gradient). The trainer calls it
-    before the first step; the layers' programs are planned with the shares."""
+    before the first step; the layers' programs are planned with the shares. Layers made
+    at their first call (a patched DGL conv's) are not there yet: each keeps what the
+    budget has left when it is planned (``_budget_left``)."""
     from ..dsl import Layer
-    if not shares_budget(dg):
-        return
     layers = [m for m in model.modules() if isinstance(m, Layer)]
+    if not shares_budget(dg) or not layers:
+        return
     for layer, kept in zip(layers, share_budget(step_layers(layers), dg.stats, dg.mem_budget,
                                                 dg.baseline)):
         dg.kept_share[id(layer)] = kept

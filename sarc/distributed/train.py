@@ -379,15 +379,16 @@ class BlockGraphs:
         return None if None in steps else sum(steps)
 
     def _predict(self, stats: list, in_sar: bool) -> int | None:
+        """The planner's bytes of the step that ran on ``stats``: the program each block's
+        layer ran (whichever layer the model called on it, in whatever order it declares
+        them; a patched conv's, made at its call)."""
         from ..planner.plan import step_bytes_sent
-        if not self.layers:
-            return None
         plans = []
-        for layer, g in zip(self.layers, self.fallback if in_sar else self.graphs):
-            prog = g.training_programs.get(id(layer))
-            if prog is None:  # the step ran without autograd
+        for g in self.fallback if in_sar else self.graphs:
+            ran = list(g.training_programs.values())
+            if len(ran) != 1:  # the step ran without autograd
                 return None
-            plans.append(prog.plan)
+            plans.append(ran[0].plan)
         return step_bytes_sent(plans, stats)[self.graphs[0].rank]
 
 

@@ -94,6 +94,24 @@ def test_a_model_file_of_patched_dgl_convs_compiles_and_trains_as_wrapped_ones(t
         assert selected.search(out).group() == wrapped
 
 
+def test_a_patched_model_trains_under_a_memory_budget_on_workers_as_a_wrapped_one(tmp_path):
+    """--mem-budget on workers: a patched model's layers, made at the convs' first call, are
+    not there when the step's budget is shared (its workers crashed on an empty list of
+    layers); each keeps what the budget has left when it is planned. It trains as the
+    wrapped model does, and sends what the planner said."""
+    import json
+    runs = []
+    for model in ("dgl_patched.py", "dgl_gcn.py"):
+        out = tmp_path / f"{model}.json"
+        _sarc("train", model, "--epochs", "2", "--workers", "2", "--method", "random",
+              "--mem-budget", "20K", "--timeout", "60", "--json", str(out))
+        runs.append(json.loads(out.read_text()))
+    patched, wrapped = runs
+    assert patched["final_loss"] == wrapped["final_loss"]
+    for w in patched["per_worker"]:
+        assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
+
+
 WEIGHTED_PATCHED = """\
 import torch.nn.functional as F
 from dgl.nn.pytorch import GraphConv

@@ -85,6 +85,50 @@ def test_mfg_on_2_workers_trains_as_full_batch(tmp_path):
     assert {p["exec_mode"] for p in got["plans"]} == {"oneshot"}  # a mini-batch plan
 
 
+OUT_OF_ORDER = """
+import torch.nn.functional as F
+from torch import nn
+import sarc
+
+class Mean(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+class Net(nn.Module):
+    def __init__(self, i, h, c):
+        super().__init__()
+        self.out = Mean(h, c)  # declared first, called second
+        self.inp = Mean(i, h)
+
+    def forward(self, g, x):
+        return self.out(g, F.relu(self.inp(g, x)))
+
+def build_model(in_feats, num_classes, hidden=16, **_):
+    return Net(in_feats, hidden, num_classes)
+"""
+
+
+def test_a_steps_bytes_are_predicted_from_the_programs_that_ran_on_its_blocks(tmp_path):
+    """Layers declared in another order than ``forward`` calls them: the prediction of a
+    step's bytes prices the program each block ran (the k-th call's on block k), not the
+    k-th layer declared (the report said "-")."""
+    model = tmp_path / "out_of_order.py"
+    model.write_text(OUT_OF_ORDER)
+    out = tmp_path / "run.json"
+    _run(["-m", "sarc.cli", "train", str(model), "--dataset", "cora", "--workers", "2",
+          "--mode", "mfg", "--batch-size", "64", "--epochs", "1", "--mem-budget", "1M",
+          "--json", str(out)])
+    for w in json.loads(out.read_text())["per_worker"]:
+        assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
+
+
 def test_an_external_torchrun_runs_sampling_workers(tmp_path):
     parts = tmp_path / "parts"
     _run(["-m", "sarc.cli", "partition", "--dataset", "cora", "--parts", "2", "--out", str(parts)])
