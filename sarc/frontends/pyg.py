@@ -202,7 +202,7 @@ def _ones(edge_index: torch.Tensor) -> torch.Tensor:
 class GCNConvLayer(PyGLayer):
     """GCNConv: ``gcn_norm`` (PyG's own, with ``add_remaining_self_loops``) gives each
     edge its weight when the inputs are prepared; the layer sums ``w_uv * lin(x_u)``.
-    ``cached=True`` changes nothing here: the weights are those of the graph given."""
+    ``cached=True``: ``as_conv`` keeps the first call's graph, as PyG does."""
 
     edge_input = "edge_weight"
 
@@ -1328,6 +1328,8 @@ class PyGConv(nn.Module):
                   *_options(self.layer))
         c = self._cache
         g = None
+        if c is not None and _cached_by_the_conv(self.layer):
+            return c.graph, c.edge
         if c is not None and c.num == num and c.dtypes == dtypes \
                 and _same_values(c.edge_index, edge_index):
             if _same_values(c.edge_attr, edge_attr) and not (
@@ -1341,6 +1343,11 @@ class PyGConv(nn.Module):
                               "and targets")
             prepared = self.layer.prepare(edge_index, num, edge_attr, x_dtype)
             g, edge = prepared.graph() if g is None else g, prepared.edge
+            if getattr(self.layer.conv, "cached", False) is True:
+                # what PyG's forward caches (its reset_parameters forgets it): the normalized
+                # edges and their weights, read by this conv's next call, or PyG's
+                self.layer.conv._cached_edge_index = (prepared.edge_index,
+                                                      next(iter(edge.values()), None))
         else:
             g = from_pyg(edge_index, num) if g is None else g
             if edge_attr is not None and self.edge is None:
@@ -1380,6 +1387,14 @@ def _options(layer) -> tuple:
         return ()
     return tuple(sorted((k, repr(v)) for k, v in vars(layer.conv).items()
                         if not k.startswith("_") and isinstance(v, _OPTION_TYPES)))
+
+
+def _cached_by_the_conv(layer) -> bool:
+    """An imported conv with ``cached=True`` that has been called (and not reset since): PyG
+    uses its first call's normalized graph at every later call, whatever ``edge_index`` it
+    is given."""
+    return (_imported(layer) and getattr(layer.conv, "cached", False) is True
+            and getattr(layer.conv, "_cached_edge_index", None) is not None)
 
 
 def _imported(layer) -> bool:

@@ -136,8 +136,8 @@ class SGConvRounds(PyGRounds):
 
 class APPNPRounds(PyGRounds):
     """APPNP: ``h <- (1 - alpha) A h + alpha x``, K times, ``A`` PyG's ``gcn_norm``
-    (``normalize=True``) or the edge weights given. ``cached=True`` changes nothing here
-    (PyG caches the normalization only): the weights are those of the graph given."""
+    (``normalize=True``) or the edge weights given. ``cached=True``: ``as_conv`` keeps the
+    first call's normalized graph, as PyG does (the normalization, not the features)."""
 
     def __init__(self, conv, in_channels=None):
         super().__init__(conv, _in_channels(conv, in_channels), conv.K)

@@ -11,6 +11,8 @@ graph has isolated nodes, nodes without incoming edges, duplicate edges and self
 """
 from __future__ import annotations
 
+import copy
+
 import datetime
 import os
 import re
@@ -289,6 +291,27 @@ def test_as_conv_builds_the_graph_once_per_edge_index():
     layer = conv.layer
     assert_all_close([("output after an in-place change", out.detach(),
                        layer(sarc.interop.from_pyg(ei2, N), x).detach())])
+
+
+@pytest.mark.parametrize("make", [lambda: pyg.GCNConv(D_IN, 3, cached=True),
+                                  lambda: pyg.APPNP(K=2, alpha=0.1, cached=True)],
+                         ids=["GCNConv", "APPNP"])
+def test_a_cached_conv_keeps_its_first_graph_as_pyg_does(make):
+    """``cached=True``: PyG normalizes the first call's edge_index and uses it at every later
+    call, whatever edge_index it is given, until ``reset_parameters`` forgets it."""
+    torch.manual_seed(0)
+    conv = make()
+    wrapped = as_conv(copy.deepcopy(conv), in_channels=D_IN)
+    x = torch.randn(N, D_IN)
+    first, other = graph(), graph().flip(0)
+    for ei in (first, other, other):
+        assert_all_close([("output", wrapped(x, ei).detach(), conv(x, ei).detach())])
+    conv.reset_parameters()  # the cache forgotten (APPNP's reset clears it), the weights drawn
+    wrapped.load_state_dict(conv.state_dict())
+    wrapped.layer.conv.reset_parameters()
+    wrapped.load_state_dict(conv.state_dict())
+    assert_all_close([("output after reset_parameters", wrapped(x, other).detach(),
+                       conv(x, other).detach())])
 
 
 class TwoConvs(nn.Module):
