@@ -129,7 +129,8 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=1, metavar="N",
                    help="evaluate every N-th epoch and the last (default 1); the model "
                         "selection and early stopping see those epochs")
-    p.add_argument("--quiet", action="store_true", help="print only the final result")
+    p.add_argument("--quiet", action="store_true",
+                   help="print only the final result (one process: not with --workers > 1)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     p.set_defaults(func=train_command)
     return p

@@ -40,12 +40,12 @@ from torch import nn
 
 from .. import dsl
 from ..dsl import INDEX, Layer
-from ..errors import DSLError, SarcError
+from ..errors import DSLError, GraphError, SarcError
 from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
-from ..trace import Proxy, dropout, leaky_relu
+from ..trace import Proxy, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 
 
@@ -1313,7 +1313,12 @@ class PyGConv(nn.Module):
         edge_index = _plain_edge_index(self.layer.conv if _imported(self.layer) else name,
                                        edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))
-        g, edge = self._inputs(edge_index, num, edge_attr, x.dtype)
+        try:
+            g, edge = self._inputs(edge_index, num, edge_attr, x.dtype)
+        except GraphError as e:  # the call's edge_index (ids out of range): at the user's line
+            if e.loc is not None:
+                raise
+            raise e.at_call(name, user_loc()) from None
         return self.layer(g, **{self.node: x}, **edge)
 
     def _inputs(self, edge_index, num, edge_attr, x_dtype=None):

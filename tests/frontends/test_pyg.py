@@ -314,6 +314,17 @@ def test_a_cached_conv_keeps_its_first_graph_as_pyg_does(make):
                        conv(x, other).detach())])
 
 
+def test_an_edge_index_out_of_range_is_named_at_the_users_call():
+    conv = as_conv(pyg.SAGEConv(D_IN, 3))
+    with pytest.raises(sarc.GraphError) as e:
+        conv(torch.randn(N, D_IN), torch.tensor([[0, N + 2], [1, 2]]))  # ERR:out-of-range
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.endswith("# ERR:out-of-range"))
+    assert (e.value.loc.file, e.value.loc.line) == (__file__, line), e.value
+    assert (f"calling SAGEConv: src node id {N + 2} is out of range: the graph has {N} src "
+            f"nodes") in str(e.value), e.value
+
+
 class TwoConvs(nn.Module):
     def __init__(self, wrap):
         super().__init__()
