@@ -783,15 +783,17 @@ def _flat(value):
         yield value
 
 
-def _forward_line(conv, method: str = "forward") -> str:
+def _forward_line(conv, method: str = "forward", callee_named: bool = True) -> str:
     """`` at FILE:LINE``: the innermost line of the conv's ``method`` on the stack, and the
     function it called there where that is not the use itself (`` in add_self_loops(),
-    at ...``: the call the user wrote)."""
+    at ...``: the call the user wrote; not with ``callee_named=False``, where the caller
+    is the function refused)."""
     code = getattr(getattr(type(conv), method, None), "__code__", None)
     f, callee = sys._getframe(1), None
     while f is not None and code is not None:
         if f.f_code is code:
-            called = "" if callee is None else f" in {callee.f_code.co_name}(),"
+            called = ("" if callee is None or not callee_named
+                      else f" in {callee.f_code.co_name}(),")
             return f"{called} at {f.f_code.co_filename}:{f.f_lineno}"
         if f.f_code.co_name != "__torch_function__" and not f.f_code.co_filename.startswith(
                 _TORCH_DIR):
@@ -1012,7 +1014,9 @@ class TracedConv(PyGLayer):
             return on_propagate(kwargs)
 
         def edge_updater(*args, **kwargs):
-            raise _refuse(conv, "edge_updater", "per-edge graph structure")
+            raise _refuse(conv, f"a forward that calls edge_updater"
+                          f"{_forward_line(conv, callee_named=False)}",
+                          "per-edge graph structure")
 
         x, edge_attr = _as_tensor(x), _as_tensor(edge_attr)
         args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)

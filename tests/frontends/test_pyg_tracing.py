@@ -10,6 +10,8 @@ PyG's own: output, the gradient of x, of every parameter and of the edge feature
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -161,6 +163,33 @@ def test_the_refusal_names_the_function_the_forward_called():
                                               r"edge_index \(edge_index\.\w+ in add_self_loops\(\), "
                                               r"at .*test_pyg_tracing.py:\d+\)"):
         as_conv(SelfLoopSum())(torch.randn(N, D), graph())
+
+
+class EdgeUpdater(MessagePassing):
+    """Per-edge weights from ``edge_updater`` (``edge_update``), then a propagate."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+
+    def forward(self, x, edge_index):
+        w = self.edge_updater(edge_index, x=x)  # ERR:edge-updater
+        return self.propagate(edge_index, x=x, w=w)
+
+    def edge_update(self, x_j, x_i):
+        return (x_j * x_i).sum(-1, keepdim=True)
+
+    def message(self, x_j, w):
+        return x_j * w
+
+
+def test_edge_updater_is_refused_at_its_line():
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.endswith("# ERR:edge-updater"))
+    with pytest.raises(ConversionError, match=rf"^EdgeUpdater: a forward that calls edge_updater "
+                                              rf"at .*test_pyg_tracing.py:{line} is not "
+                                              rf"supported \(per-edge graph structure\)"):
+        as_conv(EdgeUpdater())(torch.randn(N, D), graph())
 
 
 # --- subclasses of the converted classes -----------------------------------------------------------
