@@ -111,7 +111,7 @@ def refuse_zero_in_degree(owner: str, g) -> None:
         raise GraphError(f"{owner}: there are nodes without incoming edges, whose output "
                          f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop "
                          f"before building the graph, or the model's self_loops) or build the "
-                         f"module with allow_zero_in_degree=True")
+                         f"module with allow_zero_in_degree=True", loc=user_loc())
 
 
 def _check_arguments(module: torch.nn.Module, node: Mapping, edge: Mapping) -> None:

@@ -361,8 +361,9 @@ def test_every_worker_refuses_nodes_without_in_edges_as_one_process(tmp_path, na
     from sarc.partition import partition_graph
     src, dst = _edges(self_loops=False)
     _, make, edge_names, _ = next(c for c in CASES if c[0] == name)
-    with pytest.raises(sarc.GraphError, match="nodes without incoming edges"):
+    with pytest.raises(sarc.GraphError, match="nodes without incoming edges") as e:
         _import(make(), edge_names)(sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN))
+    assert e.value.loc is not None and e.value.loc.file == __file__, e.value  # the call's line
     partition_graph(src, dst, N, 2, tmp_path / "parts", method="random",
                     node_data={"feat": torch.randn(N, IN)})
     codes, reports = spawn(_zero_in_degree_worker, 2, (str(tmp_path / "parts"), 2, name),
