@@ -2626,7 +2626,8 @@ def _bmm(input, mat2, *, out=Fixed(None)):
     typed linear (``[rows, 1, in] @ [rows, in, out]``, as R-GCN and RGAT write it); other
     batched products are refused."""
     hint = ("torch.bmm is traced as each row times its type's matrix: bmm(x.unsqueeze(1), "
-            "W[edge.etype]) with W a parameter [types, in, out]")
+            "W[edge.etype]) with W a parameter [types, in, out]; a matrix per row computed in "
+            "the layer (NNConv's) is torch.einsum('ei,eio->eo', x, w)")
     if not (isinstance(input, Proxy) and isinstance(mat2, Proxy)):
         raise DSLError(hint, user_loc())
     tracer = input.tracer

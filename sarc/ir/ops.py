@@ -267,7 +267,10 @@ def _linear(ts, attrs):
 def _matmul(ts, attrs):
     a, b = ts
     if b.domain is not Domain.PARAM or len(b.feat) != 2:
-        _fail(f"matmul needs a 2-d parameter on the right, got {b}")
+        per_row = ("" if b.domain is Domain.PARAM else
+                   "; a product with a matrix per row (computed in the layer, as NNConv's) is "
+                   "torch.einsum('ei,eio->eo', x, w)")
+        _fail(f"matmul needs a 2-d parameter on the right, got {b}{per_row}")
     if not a.feat or a.feat[-1] != b.feat[0]:
         _fail(f"matmul: shapes {_fmt(a)} and {list(b.feat)} do not match")
     _integer(a, "matmul")

@@ -284,6 +284,40 @@ def test_a_torch_module_sarc_does_not_trace_is_named(module, states, op):
                     f"nn.{type(module).__name__}")
 
 
+class PerEdgeMatrix(sarc.Layer):
+    """NNConv's message: each source row times a matrix computed from the edge's features,
+    by ``torch.bmm``, ``@`` or ``torch.einsum``."""
+
+    def __init__(self, product: str):
+        super().__init__(node={"h": 3}, edge={"e": 2})
+        self.net = nn.Linear(2, 9)
+        self.product = product
+
+    def message(self, src, dst, edge):
+        w = self.net(edge.e).view(-1, 3, 3)
+        if self.product == "bmm":
+            return torch.bmm(src.h.unsqueeze(1), w).squeeze(1)  # ERR:per-edge-bmm
+        if self.product == "matmul":
+            return src.h @ w  # ERR:per-edge-matmul
+        return torch.einsum("ei,eio->eo", src.h, w)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`torch.bmm` / `@` with a matrix per edge computed in the layer (NNConv)",
+      "error-at-line")
+@pytest.mark.parametrize("product", ["bmm", "matmul"])
+def test_a_matrix_per_edge_is_refused_with_the_product_that_traces(product):
+    expect_error_at(lambda: PerEdgeMatrix(product).trace(), f"per-edge-{product}",
+                    "a matrix per row", "torch.einsum('ei,eio->eo', x, w)")
+    einsum = PerEdgeMatrix("einsum")
+    h, e = torch.randn(N, 3), torch.randn(len(SRC), 2)
+    w = einsum.net(e).view(-1, 3, 3)
+    expected = sum_into_dst(torch.bmm(h[SRC].unsqueeze(1), w).squeeze(1))
+    assert_close(check_layer(einsum, graph(), {"h": h, "e": e})["h"], expected, what="einsum")
+
+
 class UnknownKeyword(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
