@@ -261,14 +261,24 @@ def _rpow_operator(input, other):
     return _power(other, input)
 
 
+def _product(input, other, written: str) -> Proxy:
+    """``input @ other``: by a matrix parameter (a matmul), or by a vector parameter, which
+    torch contracts with input's last axis (``x @ w``, w [d]: one number per row and head)."""
+    if isinstance(input, Proxy) and isinstance(other, Proxy) \
+            and other.type.domain is Domain.PARAM and len(other.type.feat) == 1:
+        letters = _LETTERS[:len(input.shape)]
+        return _contracted(f"{letters},{letters[-1]}->{letters[:-1]}", [input, other], written)
+    return _arith(Op.MATMUL, input, other)
+
+
 @traces(torch.matmul, torch.Tensor.matmul)
 def _matmul(input, other, *, out=Fixed(None)):
-    return _arith(Op.MATMUL, input, other)
+    return _product(input, other, "torch.matmul")
 
 
 @traces(torch.Tensor.__matmul__)
 def _matmul_operator(input, other):
-    return _arith(Op.MATMUL, input, other)
+    return _product(input, other, "the @ operator")
 
 
 @traces(torch.mm, torch.Tensor.mm)
@@ -2047,7 +2057,7 @@ def _var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None)
 
 @traces(torch.linalg.matmul)
 def _linalg_matmul(input, other, *, out=Fixed(None)):
-    return _arith(Op.MATMUL, input, other)
+    return _product(input, other, "torch.linalg.matmul")
 
 
 @traces(torch.linalg.vecdot)

@@ -216,6 +216,34 @@ def test_no_gradient_flows_through_values_computed_without_grad(context, first_c
     check_layer(layer, graph(), {"h": x})
 
 
+class VectorProducts(sarc.Layer):
+    """``x @ w``, ``torch.matmul`` and ``torch.linalg.matmul`` by a vector parameter: torch
+    contracts x's last axis (per row, and per head of a [rows, heads, d] value)."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.w = nn.Parameter(torch.randn(4))
+        self.v = nn.Parameter(torch.randn(2))
+
+    def message(self, src, dst, edge):
+        a = src.h @ self.w
+        b = torch.matmul(src.h.view(-1, 2, 2), self.v)
+        c = torch.linalg.matmul(dst.h, self.w)
+        return (a + c).unsqueeze(-1) * b
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`x @ w`, `torch.matmul`, `torch.linalg.matmul` with a 1-d parameter w",
+      "exact")
+def test_a_product_by_a_vector_parameter_contracts_the_last_axis():
+    layer, h = VectorProducts(), torch.randn(N, 4)
+    a, c = h[SRC] @ layer.w, h[DST] @ layer.w
+    expected = sum_into_dst((a + c).unsqueeze(-1) * (h[SRC].view(-1, 2, 2) @ layer.v))
+    assert_close(check_layer(layer, graph(), {"h": h})["h"], expected, what="sarc vs torch")
+
+
 # --- arguments the tracer does not model: errors at the line ----------------------------------------
 
 class DivRounding(sarc.Layer):
