@@ -371,7 +371,7 @@ class BlockGraphs:
     def planned_bytes_sent(self, last: int) -> int | None:
         """The planner's bytes this worker sent in the last ``last`` steps (forward +
         backward of every layer), each step priced on its own blocks with the programs it
-        ran (None before a step ran or without ``layers``)."""
+        ran (None before a step ran under autograd)."""
         if self._last is None or last < 1:
             return None
         steps = self.predicted[max(0, len(self.predicted) - (last - 1)):] if last > 1 else []
