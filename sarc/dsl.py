@@ -630,6 +630,11 @@ def input_taker(model: nn.Module) -> nn.Module:
     return taker
 
 
+BACKEND_OF_MADE_LAYERS = "_sarc_layers_backend"
+"""Where ``sarc.training.device.placed`` leaves, on a library conv that makes its sarc
+layers at its calls (DGL's after ``patch()``), the backend they compile for."""
+
+
 def routes_library_convs(model: nn.Module) -> bool:
     """Whether the model runs library convs through sarc (DGL's after ``patch()``), whose
     layers declare their edge data at their first call."""

@@ -55,13 +55,12 @@ from typing import Any, Mapping
 
 import torch
 
-from ..dsl import Layer, _params_as_proxies
+from ..dsl import BACKEND_OF_MADE_LAYERS, Layer, _params_as_proxies
 from ..errors import DSLError, GraphError
 from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
-from ..training.device import BACKEND_OF_MADE_LAYERS
 from ..trace_guards import code_namespaces, routed, tracing
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]

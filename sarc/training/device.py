@@ -17,7 +17,7 @@ def placed(model: nn.Module, device: torch.device | str = "cpu",
     "triton"; an unknown name is an error naming the available ones): those it holds, and
     those a library conv running through sarc by itself (DGL's after ``patch()``) makes at
     its calls, which read the backend it is given here (``BACKEND_OF_MADE_LAYERS``)."""
-    from ..dsl import Layer
+    from ..dsl import BACKEND_OF_MADE_LAYERS, Layer
     for m in model.modules():
         if isinstance(m, Layer):
             m.set_backend(backend)
@@ -28,7 +28,3 @@ def placed(model: nn.Module, device: torch.device | str = "cpu",
             m.__dict__[BACKEND_OF_MADE_LAYERS] = backend
     return model.to(device)
 
-
-BACKEND_OF_MADE_LAYERS = "_sarc_layers_backend"
-"""Where ``placed`` leaves a conv that makes its sarc layers at its calls the backend they
-compile for."""
