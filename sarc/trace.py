@@ -535,6 +535,9 @@ class Traced:
         out = self.record(*bound.args, **bound.kwargs)
         return out if torch.is_grad_enabled() else _without_grad(out)
 
+    def __repr__(self) -> str:
+        return f"<traced {self.name}{self.signature}>"
+
 
 def _without_grad(out):
     """What a function computed under ``torch.no_grad()``, ``set_grad_enabled(False)`` or
@@ -546,9 +549,6 @@ def _without_grad(out):
         items = [_without_grad(o) for o in out]
         return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
     return out
-
-    def __repr__(self) -> str:
-        return f"<traced {self.name}{self.signature}>"
 
 
 TORCH_FUNCTIONS: dict[Any, Traced] = {}

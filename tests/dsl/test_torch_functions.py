@@ -1066,3 +1066,8 @@ def test_where_of_ints_follows_a_half_layers_dtype():
     x = _features().half()
     got = layer(LOOPS, x)
     assert got.dtype == torch.float16 and torch.equal(got, fn(layer, x))
+
+
+def test_a_traced_function_shows_its_name_and_signature():
+    """``repr`` of a DSL function (a ``sarc.trace.Traced``): what it records, as called."""
+    assert repr(sarc.linear) == "<traced sarc.linear(input, weight, bias=None) -> 'Proxy'>"
