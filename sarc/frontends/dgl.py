@@ -1031,11 +1031,6 @@ def _routed(forward):
                            f"each node's features, before or after the aggregation), or build "
                            f"the module with weight=True", user_loc())
         layer = _rounds_for(self, feats) or _layer_for(self, graph, feats)
-        backend = self.__dict__.get(BACKEND_OF_MADE_LAYERS)  # sarc.training.device.placed
-        if backend is not None:
-            for _, made in _held_layers(self):
-                if made._sarc_backend != backend:
-                    made.set_backend(backend)
         layer.train(self.training)
         return layer(graph, **feats)
 
@@ -1139,6 +1134,8 @@ def _rounds_for(module, feats: Mapping[str, torch.Tensor]):
     if width not in cache:
         # an edge_weight given to the call is refused by the rounds' forward
         cache[width] = rounds_of(module, {"feat": width} if width else {}, {})
+        for layer in cache[width].rounds if cache[width] is not None else ():
+            layer.set_backend(_backend_of_made_layers(module))
     return cache[width]
 
 
@@ -1178,5 +1175,12 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
     edge = {k: d for k, d in decls.items() if sides[k] == {"edge"}}
     key = (tuple(node.items()), tuple(edge.items()))
     if key not in cache:
-        cache[key] = DGLLayer(module, node=node, edge=edge)
+        cache[key] = DGLLayer(module, node=node, edge=edge,
+                              backend=_backend_of_made_layers(module))
     return cache[key]
+
+
+def _backend_of_made_layers(module) -> str:
+    """The backend a patched conv's layers are made for: the one ``placed`` gave the model
+    (``sarc.training.device``; it sets those made before), else torch's."""
+    return module.__dict__.get(BACKEND_OF_MADE_LAYERS, "torch")
