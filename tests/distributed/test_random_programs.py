@@ -19,20 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from programs import make_layer, out_width, specs
 from torch import nn
 
-from sarc.backends import triton_backend
-
 from . import models
-from .conftest import CLASSES, FEATS, planned_steps
+from .conftest import CLASSES, FEATS, NO_TRITON, planned_steps
 from .harness import Case, gather, run_cases
 from .test_exactness import rel_err
 
 PROGRAMS = 60
 ON_TRITON = 6  # the first programs also with their edge blocks on Triton's kernels (P = 2)
-try:
-    triton_backend.check_triton()
-    NO_TRITON = None
-except triton_backend.TritonUnavailable as e:  # the DGL environment's triton 2.2
-    NO_TRITON = str(e)
+# (not in the DGL environment, whose triton 2.2 the backend refuses: conftest.NO_TRITON)
 REL_TOL = 1e-4  # float32 through exp, tanh, division: ~1e-6 typical, far below a wrong term
 CANCELLED = 1e-6
 """A gradient that is zero but for rounding (terms that cancel: a bias whose rows' shares
