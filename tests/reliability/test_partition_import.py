@@ -192,6 +192,9 @@ def test_a_worker_that_cannot_read_its_dgl_part_stops_every_worker(tmp_path):
     g.ndata["label"] = torch.tensor([0, 1, 0, 1, 0, 1])
     for k in ("train_mask", "val_mask", "test_mask"):
         g.ndata[k] = torch.ones(6, dtype=torch.bool)
+    # DGL's random partitioner can leave a part of 6 nodes empty and then fails
+    # inside DGL (KeyError / DGLError): seed it, as the other DGL partition tests do.
+    dgl.seed(0)
     dgl.distributed.partition_graph(g, "g", 2, str(tmp_path / "dgl"), part_method="random")
     graph = tmp_path / "dgl" / "part1" / "graph.dgl"
     graph.write_bytes(graph.read_bytes()[:100])
