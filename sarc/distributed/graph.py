@@ -47,7 +47,15 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 class DistGraph:
-    __getattr__ = missing_attribute  # sarc.graph's hooks (a front end's hint), then the error
+    def __getattr__(self, name: str):
+        """sarc.graph's hooks (a front end's hint), then the error; ``src`` says why it is not
+        a DistGraph's (an AttributeError still, so ``hasattr`` answers False)."""
+        if name == "src":
+            raise AttributeError("a DistGraph's edges read other workers' rows, which have no "
+                                 "local row number, so it has no `src`; a layer reads its "
+                                 "sources through the DSL (`edges.src`), and `dst` / `perm` "
+                                 "give the local destinations")
+        missing_attribute(self, name)
 
     def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
                  mem_budget: int | None = None, baseline: bool = False,
@@ -148,6 +156,11 @@ class DistGraph:
     def num_local(self) -> int:
         """This worker's rows (node features have one per row): its blocks' local sources."""
         return self.shard.num_local
+
+    @property
+    def num_src(self) -> int:
+        """The rows a layer's node features have (as ``Graph.num_src``): this worker's."""
+        return self.num_local
 
     @property
     def own(self) -> Graph:

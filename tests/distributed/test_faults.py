@@ -227,3 +227,29 @@ def test_a_layer_on_a_dist_graph_checks_its_features(tmp_path):
     pset = _graph_parts(tmp_path / "p1", 1)
     codes, reports = spawn(_bad_rows, 1, (str(pset.path),))
     assert reports[0].startswith("GraphError") and "61 rows but the graph has 60 local nodes" in reports[0]
+
+
+def _graph_attributes(rank, port, q, path):
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=1, timeout=TIMEOUT)
+        from sarc.distributed import DistGraph
+        from sarc.distributed.train import load_shard
+        dg = DistGraph(load_shard(path), timeout=TIMEOUT)
+        try:
+            dg.src
+            src = "no error"
+        except Exception as e:
+            src = f"{type(e).__name__}: {e}"
+        q.put((rank, (dg.num_src, dg.num_local, src, hasattr(dg, "src"))))
+    except Exception as e:
+        q.put((rank, f"{type(e).__name__}: {e}"))
+
+
+def test_a_dist_graph_has_num_src_and_says_why_it_has_no_src(tmp_path):
+    pset = _graph_parts(tmp_path / "p1", 1)
+    codes, reports = spawn(_graph_attributes, 1, (str(pset.path),))
+    num_src, num_local, src, has_src = reports[0]
+    assert not has_src
+    assert num_src == num_local == 60
+    assert src.startswith("AttributeError: a DistGraph's edges read other workers' rows"), src
