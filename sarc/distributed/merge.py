@@ -21,12 +21,16 @@ cotangent each block's backward surrogate needs (``MERGES``: one rule per reduce
   element: each block's backward is then independent of the others. ``S``,
   ``acc``, ``y`` and ``D`` are kept in float64 (``sarc.backends.torch_blocks.STATS``: the
   score gradients cancel over each row, see there); ``y`` is handed on in the
-  layer's dtype.
+  layer's dtype. A block whose scores into a row are all -inf adds nothing
+  (``s_j = 0``); where every block's are (``S = 0``), ``y`` is NaN if the row has
+  edges, as one process's ``exp(-inf - -inf)`` gives (and torch, PyG, DGL), and 0
+  if it has none.
 - softmax with a normalizer pass first (baseline mode: no online softmax):
   ``(M, S)`` from the normalizer pass, then ``y = sum_j acc_j`` where the blocks
   normalize with them; same cotangent.
 - normalizers of an unfused ``edge_softmax``: ``(m_j, s_j)`` merged like the
-  online softmax into ``(M, S)``, S in float64; rows without edges get ``(0, 1)``.
+  online softmax into ``(M, S)``, S in float64; rows without edges get ``(0, 1)``,
+  rows whose every score is -inf ``(NaN, 1)`` (their weights NaN, as on one process).
   Its backward's per-piece shares: ``SiteShares``.
 """
 from __future__ import annotations
@@ -48,6 +52,13 @@ def _expand(a: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _full(n: int, part: torch.Tensor, value: float) -> torch.Tensor:
     return torch.full((n, *part.shape[1:]), value, dtype=part.dtype, device=part.device)
+
+
+def _if_edges(edges_into: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Where a softmax's sum ``s`` (rows x score axes) is 0: NaN on the rows with edges (all
+    their scores -inf), else 0, in ``s``'s dtype."""
+    has = _expand(edges_into > 0, s)
+    return torch.where(has, float("nan"), 0.0).to(s.dtype).expand_as(s)
 
 
 class _AtRows:
@@ -152,8 +163,9 @@ class SoftmaxMerge(_AtRows):
 
     STATE, IDENTITY = ("m", "s", "acc"), (NEG_INF, 0.0, 0.0)
 
-    def __init__(self, score_dims: int):
+    def __init__(self, score_dims: int, edges_into: torch.Tensor):
         self.score_dims = score_dims  # score axes (with the row axis): m and s have these
+        self.edges_into = edges_into  # [rows]: the edges into each row over all blocks
         self.m = self.s = self.acc = None
 
     def _add(self, part) -> None:
@@ -170,9 +182,12 @@ class SoftmaxMerge(_AtRows):
             self.s = torch.zeros(shape, dtype=zeros.dtype, device=zeros.device)
             self.acc = zeros.contiguous()
         empty = self.s == 0
-        self.out = torch.where(_expand(empty, self.acc), torch.zeros((), dtype=self.acc.dtype),
+        self.out = torch.where(_expand(empty, self.acc),
+                               _expand(_if_edges(self.edges_into, self.s), self.acc),
                                self.acc / _expand(torch.where(empty, 1.0, self.s), self.acc))
-        self.m = torch.where(empty, 0.0, self.m)
+        # the backward's statistics: a row whose scores are all -inf weighs its edges NaN
+        # (exp(-inf - NaN)), as one process's backward does; a row without edges has none
+        self.m = torch.where(empty, _if_edges(self.edges_into, self.m), self.m)
         self.s = torch.where(empty, 1.0, self.s)
         self.acc = None
         return self.out.to(zeros.dtype)
@@ -186,8 +201,8 @@ class SoftmaxMerge(_AtRows):
 class NormalizedSoftmaxMerge(SoftmaxMerge):
     """Softmax whose blocks normalized with global (M, S) from a normalizer pass: a sum."""
 
-    def __init__(self, norm: tuple[torch.Tensor, torch.Tensor]):
-        super().__init__(norm[0].dim())
+    def __init__(self, norm: tuple[torch.Tensor, torch.Tensor], edges_into: torch.Tensor):
+        super().__init__(norm[0].dim(), edges_into)
         self.m, self.s = norm
         self.total = SumMerge()
 
@@ -204,7 +219,8 @@ class NormalizerMerge(_AtRows):
 
     STATE, IDENTITY = ("m", "s"), (NEG_INF, 0.0)
 
-    def __init__(self):
+    def __init__(self, edges_into: torch.Tensor):
+        self.edges_into = edges_into  # [rows]: the edges into each row over all blocks
         self.m = self.s = None
 
     def _add(self, part) -> None:
@@ -220,7 +236,8 @@ class NormalizerMerge(_AtRows):
             return (torch.zeros(shape, dtype=dtype, device=device),
                     torch.ones(shape, dtype=torch.float64, device=device))
         empty = self.s == 0
-        return torch.where(empty, 0.0, self.m), torch.where(empty, 1.0, self.s)
+        return (torch.where(empty, _if_edges(self.edges_into, self.m), self.m),
+                torch.where(empty, 1.0, self.s))
 
 
 class SiteShares:
@@ -262,8 +279,8 @@ def _extremum_merge(agg: Aggregate, in_degree: torch.Tensor, norm):
 
 def _softmax_merge(agg: Aggregate, in_degree: torch.Tensor, norm):
     if norm is not None:
-        return NormalizedSoftmaxMerge(norm)
-    return SoftmaxMerge(1 + len(agg.score_feat))
+        return NormalizedSoftmaxMerge(norm, in_degree)
+    return SoftmaxMerge(1 + len(agg.score_feat), in_degree)
 
 
 MERGES = {

@@ -605,7 +605,7 @@ class NormalizerMerges:
             self.types.update({a.name: ((n, *a.score_feat),
                                         edge.values[outputs[a.name]].type.dtype.to_torch())
                                for a in split.aggregates if a.kind == "softmax"})
-        self.rules = {k: NormalizerMerge() for k in self.types}
+        self.rules = {k: NormalizerMerge(call.dg.edges_into) for k in self.types}
 
     def add(self, piece: Piece, parts: dict) -> None:
         for k, part in parts.items():

@@ -284,7 +284,9 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
                 raise TrainError(f"epoch {epoch}: the training loss is {loss}: the model's "
                                  f"parameters or outputs are no longer finite numbers, and "
                                  f"nothing would be learned from here (a learning rate too "
-                                 f"large, --set lr=..., or features of non-finite values); "
+                                 f"large, --set lr=..., features of non-finite values, or "
+                                 f"a softmax over a node's edges whose scores are all -inf, "
+                                 f"NaN as in torch); "
                                  f"the run stops without saving")
             t1 = time.perf_counter()
             step_s.append(t1 - t0)

@@ -274,7 +274,7 @@ def test_online_softmax_merge_equals_softmax_over_all_edges():
     ex = torch.exp(score - m[g.dst])
     want = torch.zeros(12, 3, 5).index_add(0, g.dst, ex[..., None] * value) / \
         torch.zeros(12, 3).index_add(0, g.dst, ex).clamp(min=1e-30)[..., None]
-    merge = SoftmaxMerge(2)
+    merge = SoftmaxMerge(2, g.in_degree)
     for idx in _split_edges(g, 4, gen):
         b = _block(g, idx)
         sc, val = score[idx], value[idx]
@@ -287,6 +287,38 @@ def test_online_softmax_merge_equals_softmax_over_all_edges():
     mm, ss, gg, dd = merge.cotangent(torch.ones(12, 3, 5))
     assert dd.dtype == ss.dtype == torch.float64  # the softmax's statistics (DK.STATS)
     torch.testing.assert_close(dd, got.double().sum(-1), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_destination_whose_every_score_is_minus_inf_is_nan_as_on_one_process(blocks):
+    """A destination with edges, all scored -inf (``masked_fill``), softmaxes to NaN on one
+    process (exp(-inf - -inf)), as in torch, PyG and DGL: merged over blocks it is NaN too,
+    whichever blocks hold its edges; a destination without edges stays 0."""
+    gen = torch.Generator().manual_seed(5)
+    g = _segments(8, 40, gen)
+    score, value = torch.randn(g.num_edges, 2, generator=gen), torch.randn(g.num_edges, 2, 3, generator=gen)
+    masked = g.dst == g.dst[0]
+    score[masked] = float("-inf")
+    m = torch.full((8, 2), float("-inf")).index_reduce(0, g.dst, score, "amax")
+    ex = torch.exp(score - m[g.dst])  # NaN on the masked destination's edges
+    want = torch.zeros(8, 2, 3).index_add(0, g.dst, ex[..., None] * value) / \
+        torch.zeros(8, 2).index_add(0, g.dst, ex).clamp(min=1e-30)[..., None]
+    merge = SoftmaxMerge(2, g.in_degree)
+    normalizer = NormalizerMerge(g.in_degree)
+    for idx in _split_edges(g, blocks, gen):
+        b = _block(g, idx)
+        merge.add(DK.softmax_partial(lambda gb, a, c: a, lambda gb, a, c: c, ("edge", "edge"), 15,
+                                     b, None, score[idx], value[idx]))
+        normalizer.add(DK.score_normalizer(score[idx], b))
+    got = merge.finish(torch.zeros(8, 2, 3))
+    row = int(g.dst[0])
+    assert torch.isnan(got[row]).all() and torch.isnan(got).sum() == got[row].numel()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.equal(got[6:], torch.zeros(2, 2, 3))  # no incoming edges: 0
+    m = merge.cotangent(torch.zeros(8, 2, 3))[0]  # the backward weighs the row's edges NaN
+    assert torch.isnan(m[row]).all() and torch.equal(m[6:], torch.zeros(2, 2))
+    alpha = DK.edge_softmax_global(score, g, normalizer.finish((8, 2), torch.float32, "cpu"))
+    assert torch.isnan(alpha[masked]).all() and not torch.isnan(alpha[~masked]).any()
 
 
 @pytest.fixture(params=["kernels", "torch"])
@@ -314,13 +346,13 @@ def test_softmax_blocks_weigh_a_source_value_as_they_weigh_it_per_edge(width, cp
 
     def value(gb, a, b, c):
         return c
-    merge = SoftmaxMerge(2)
+    merge = SoftmaxMerge(2, g.in_degree)
     merge.add(DK.softmax_partial(score, value, sides, width, g, None, el, er, z))
     want_out = merge.finish(torch.zeros(7, 3, 4))
     state = merge.cotangent(torch.randn(7, 3, 4, generator=gen))
     runs = []
     for value_index in (None, 2):
-        merge = SoftmaxMerge(2)
+        merge = SoftmaxMerge(2, g.in_degree)
         merge.add(DK.softmax_partial(score, value, sides, width, g, value_index, el, er, z))
         out = merge.finish(torch.zeros(7, 3, 4))
         leaves = [t.clone().requires_grad_() for t in (el, er, z)]
@@ -359,7 +391,7 @@ def test_softmax_block_score_gradients_cancel_as_in_float64(value_index, cpu_ker
     def layer(dtype, blocks):
         """sum over the blocks' surrogates' gradients, the blocks merged as the runtime does."""
         leaves = [t.to(dtype) for t in (el, er, z)]
-        merge = SoftmaxMerge(2)
+        merge = SoftmaxMerge(2, g.in_degree)
         for idx in blocks:
             merge.add(DK.softmax_partial(score, value, sides, 8, _edges(g, idx), value_index,
                                          *leaves))
@@ -448,7 +480,7 @@ def test_normalizer_merge_gives_global_max_and_sum():
     gen = torch.Generator().manual_seed(2)
     g = _segments(8, 50, gen)
     s = torch.randn(g.num_edges, 2, generator=gen) * 3
-    merge = NormalizerMerge()
+    merge = NormalizerMerge(g.in_degree)
     for idx in _split_edges(g, 3, gen):
         merge.add(DK.score_normalizer(s[idx], _block(g, idx)))
     big_m, big_s = merge.finish((8, 2), torch.float32, "cpu")

@@ -5,6 +5,7 @@ relations than their data uses (the model's sizes are the dataset's, not the dat
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,55 @@ def test_recorded_classes_fewer_than_the_labels_are_refused(tmp_path):
     assert proc.returncode != 0 and "num_classes" in proc.stderr and "2" in proc.stderr, \
         proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "epoch" not in proc.stdout, proc.stdout
+
+
+MASKED_MODEL = '''
+import torch
+from torch import nn
+import sarc
+
+
+class MaskedAttention(sarc.Layer):
+    """Attention that masks every edge into a node whose first feature exceeds 5."""
+
+    def __init__(self, in_feats, out_feats):
+        super().__init__(node={"h": in_feats})
+        self.lin = nn.Linear(in_feats, out_feats)
+        self.att = nn.Parameter(torch.ones(out_feats))
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h)
+        return {"z": z, "s": (z * self.att).sum(-1).masked_fill(dst.h[:, 0] > 5, float("-inf"))}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.z * sarc.edge_softmax(msg.s).unsqueeze(-1))
+
+
+def build_model(in_feats, num_classes, **_):
+    return MaskedAttention(in_feats, num_classes)
+'''
+
+
+def test_a_node_whose_every_edge_is_masked_is_nan_on_workers_as_on_one_process(tmp_path):
+    """Node 10's edges come from both parts (its clique's and node 0's), every one scored
+    -inf: one process's softmax is NaN there (exp(-inf - -inf), as torch's), so training
+    stops; the workers merged it to 0 and trained on."""
+    data = _one_way(tmp_path)[0]
+    with np.load(data) as z:
+        arrays = dict(z)
+    arrays["feat"][10, 0] = 10.0
+    np.savez(data, **arrays)
+    model = tmp_path / "masked.py"
+    model.write_text(MASKED_MODEL)
+    argv = ["train", model, "--dataset", data, "--epochs", "2"]
+    stops = []
+    for extra in ([], ["--workers", "2", "--method", "metis", "--timeout", "30"]):
+        proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", *map(str, argv + extra)],
+                                  cwd=ROOT, timeout=300)
+        assert proc.returncode != 0, proc.stdout[-2000:]
+        stop = re.search(r"epoch (\d+): the training loss is nan", proc.stderr)
+        assert stop and "scores are all -inf" in proc.stderr, proc.stderr[-3000:]
+        stops.append(stop.group(1))
+    # node 10 is not a training node: its NaN reaches the loss through the gradients of
+    # the first step (0 x NaN), on the workers as on one process
+    assert stops == ["2", "2"], stops

@@ -65,7 +65,7 @@ def test_site_block_ops_equal_the_torch_backends(site_op, dtype):
               ((owner == b).nonzero().squeeze(1) for b in range(BLOCKS))]
 
     # the normalizer pass: (m, s) per block, merged over the blocks
-    merge = NormalizerMerge()
+    merge = NormalizerMerge(g.in_degree)
     for idx, gb in blocks:
         m, s = triton_blocks.score_normalizer(sc[idx], gb, site_op)
         m_t, s_t = torch_blocks.score_normalizer(sc[idx], gb)
