@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import re
+import stat
 from pathlib import Path
 
 from ..errors import SarcError
@@ -230,6 +231,8 @@ def check_output_file(option: str, path: str | None) -> None:
     """A file can be written at ``path`` (if given): its directory exists and is writable."""
     if path is None:
         return
+    if not path:   # an unset shell variable: `--json "$OUT"`
+        raise UsageError(f"{option} names no file (an empty path)")
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{option} {path} is a directory; give the path of a file")
@@ -297,6 +300,8 @@ def check_output_dir(option: str, path: str | None) -> None:
     writable place (the directory is written beside itself, then renamed into place)."""
     if path is None:
         return
+    if not path:   # an unset shell variable: `--out "$OUT"`
+        raise UsageError(f"{option} names no directory (an empty path)")
     p = Path(path).absolute()
     if p.exists() and not p.is_dir():
         raise UsageError(f"{option} {path} exists and is not a directory")
@@ -356,11 +361,15 @@ def write_result(path: str, result: dict) -> None:
     from ..checkpoint import write_atomic
     from ..training.loop import result_json
     text = result_json(result)
-    target = Path(path).resolve()   # through a link, to what it names
-    if target.exists() and not target.is_file():   # /dev/stdout, a pipe: written in place
-        with open(target, "w") as f:
+    try:
+        kind = os.stat(path).st_mode   # through links: /dev/stdout's is a pipe's or a tty's
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):   # /dev/stdout, a pipe: written in place
+        with open(path, "w") as f:   # by its name: a pipe's resolved path names no entry
             f.write(text)
         return
+    target = Path(path).resolve()   # through a link, to what it names
     if target.exists():   # a report written over keeps its mode, as open() would
         mode = target.stat().st_mode & 0o7777
     else:                 # as open() would have made it, not the temp file's

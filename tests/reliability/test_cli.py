@@ -278,6 +278,39 @@ def test_json_through_a_link_writes_what_it_names(tmp_path):
     assert link.is_symlink() and json.loads(target.read_text())["epochs"] == 1
 
 
+@case("cli", "`--json /dev/stdout` where stdout is a pipe", "exact")
+def test_json_to_stdout_through_a_pipe():
+    """/dev/stdout resolves to /proc/<pid>/fd/pipe:[N], which no directory entry names: the
+    report is written into the pipe, not beside it (a temp file in /proc/<pid>/fd)."""
+    proc = run_sarc("train", GCN, "--epochs", "1", "--quiet", "--json", "/dev/stdout")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["epochs"] == 1  # after the summary
+
+
+@case("cli", "an empty output path (`--out \"$UNSET\"`, `--json \"\"`)", "error")
+@pytest.mark.parametrize("argv", [("compile", GCN, "--out", ""),
+                                  ("partition", "--dataset", "cora", "--parts", "2", "--out", ""),
+                                  ("train", GCN, "--epochs", "1", "--json", ""),
+                                  ("train", GCN, "--epochs", "1", "--save", "")],
+                         ids=["compile-out", "partition-out", "train-json", "train-save"])
+def test_an_empty_output_path_is_refused(argv):
+    """``if args.out:`` read an empty --out as not given: compile wrote nothing, said so
+    nowhere, and exited 0."""
+    option = argv[-2]
+    refused_before_work(run_sarc(*argv), option, "an empty path")
+
+
+@case("cli", "an output place the checks pass but that cannot be written (/proc)", "error")
+@pytest.mark.parametrize("argv", [("compile", GCN, "--out", "/proc/sarc_out"),
+                                  ("train", GCN, "--epochs", "1", "--json", "/proc/sarc.json")],
+                         ids=["compile-out", "train-json"])
+def test_an_output_that_cannot_be_written_is_one_error_line(argv):
+    """As root, os.access calls /proc writable, and the write itself fails: one error line
+    naming the path, not a traceback (as another user, the checks refuse it first)."""
+    err = assert_error(run_sarc(*argv), "/proc/")
+    assert Path(argv[-1]).name.split(".")[0] in err
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
