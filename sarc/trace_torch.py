@@ -463,15 +463,18 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
     if min is None and max is None:
         raise DSLError("clamp needs min=... or max=...", user_loc())
     if isinstance(min, Proxy) or isinstance(max, Proxy):
-        x = _traced(input, "clamp")
+        x = given = _traced(input, "clamp")
         t = x.tracer
+        bounds = [t.lift(b, x) for b in (min, max) if b is not None]
         if min is not None:
-            lo = t.lift(min, x)
+            lo = bounds[0]
             x = t.emit(Op.WHERE_POS, [lo - x, lo, x])
         if max is not None:
-            hi = t.lift(max, x)
+            hi = bounds[-1]
             x = t.emit(Op.WHERE_POS, [x - hi, hi, x])
-        return x
+        # a NaN on any side: NaN, and no gradient (torch's masks compare false with NaN)
+        numbers = _numbers(given, *bounds) - 0.5
+        return t.emit(Op.WHERE_POS, [numbers, x, t.lift(float("nan"), x)])
     x = input if min is None else _clamp_min.record(input, min)
     return x if max is None else _clamp_max.record(x, max)
 
@@ -763,15 +766,26 @@ def _minimum(input, other, *, out=Fixed(None)):
 
 def _extremum_of(a, b, name: str) -> Proxy:
     """The elementwise maximum (minimum) with torch's gradient: to the larger (smaller)
-    operand, half to each where they tie (their mean, which is each of them there)."""
+    operand, half to each where they tie (their mean, which is each of them there); where
+    either is NaN, NaN with the whole gradient to each (their sum: torch halves only where
+    they are equal, which NaN never is)."""
     like = a if isinstance(a, Proxy) else b
     if not isinstance(like, Proxy):
         raise DSLError(f"{name} of two values neither of which is traced", user_loc())
     tracer = like.tracer
     a, b = tracer.lift(a, like), tracer.lift(b, like)
     ahead = a - b if name == "maximum" else b - a   # > 0 where a is taken
-    return tracer.emit(Op.WHERE_POS, [ahead, a, tracer.emit(Op.WHERE_POS,
-                                                            [-ahead, b, 0.5 * (a + b)])])
+    even = tracer.emit(Op.WHERE_POS, [_numbers(a, b) - 0.5, 0.5 * (a + b), a + b])
+    return tracer.emit(Op.WHERE_POS, [ahead, a, tracer.emit(Op.WHERE_POS, [-ahead, b, even])])
+
+
+def _numbers(*xs: Proxy) -> Proxy:
+    """1 where every one of ``xs`` is a number, 0 where one is NaN (a constant: no gradient)."""
+    out = None
+    for x in xs:
+        known = x.tracer.emit(Op.EQ_MASK, [x, x])
+        out = known if out is None else out * known
+    return out
 
 
 def _extremum_axes(x: Proxy, axes: list[int], keepdim, kind: str) -> Proxy:

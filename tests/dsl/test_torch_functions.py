@@ -731,6 +731,38 @@ def test_bounded_activations_keep_a_nan(fn):
     torch.testing.assert_close(out, fn(x), equal_nan=True)
 
 
+NAN_OPERANDS = {
+    "clamp-traced-min": lambda s, x: torch.clamp(x[:, :4], min=x[:, 4:]),
+    "clamp-traced-max": lambda s, x: x[:, :4].clamp(max=x[:, 4:]) + x[:, 4:].clamp_min(x[:, :4]),
+    "clamp-traced-both": lambda s, x: torch.clamp(x[:, :2], min=x[:, 2:4], max=x[:, 4:6] + 2),
+    "maximum-minimum": lambda s, x: torch.maximum(x[:, :4], x[:, 4:]) + 3 * x[:, 4:].minimum(x[:, :4]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(NAN_OPERANDS))
+def test_a_nan_operand_of_two_value_ops_gives_torchs_value_and_gradient(name, backend):
+    """A NaN on either side: clamp by a traced bound is NaN there, and passes no gradient
+    (torch's masks compare false with NaN); maximum / minimum are NaN and pass the whole
+    gradient to both operands (torch halves it only where they are equal)."""
+    fn = NAN_OPERANDS[name]
+    gen = torch.Generator().manual_seed(4)
+    x0 = torch.randn(N, W, generator=gen)
+    x0[torch.rand(N, W, generator=gen) < 0.25] = float("nan")
+    x0[1] = torch.tensor([float("inf"), 1.0, float("-inf"), 2.0, float("inf"), 1.0, 3.0, 2.0])
+    layer = Apply(fn)
+    layer.set_backend(backend)
+    x = x0.clone().requires_grad_()
+    out = layer(LOOPS, x)
+    xr = x0.clone().requires_grad_()
+    want = fn(layer, xr)
+    torch.testing.assert_close(out, want, equal_nan=True)
+    cot = torch.randn(want.shape, generator=gen)
+    (got,) = torch.autograd.grad((out * cot).sum(), [x])
+    (ref,) = torch.autograd.grad((want * cot).sum(), [xr])
+    torch.testing.assert_close(got, ref, equal_nan=True)
+
+
 def test_celu_with_alpha_0_is_refused():
     with pytest.raises(DSLError, match=r"celu: alpha cannot be 0"):
         Apply(lambda s, h: F.celu(h, alpha=0.0))(LOOPS, _features())
