@@ -193,6 +193,13 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     try:
         inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError as e:
+        absent = _absent(model, kwargs)
+        if absent:   # declared, so the trainer would pass it: the dataset has none of it
+            raise TrainError(f"the model ({type(model).__name__})'s forward needs the edge data "
+                             f"{', '.join(map(repr, absent))}, which its sarc layers read, but "
+                             f"the dataset has no edge data of that name; give the forward a "
+                             f"default ({absent[0]}=None) to train without it, or a dataset "
+                             f"that has it") from None
         edge = "".join(f", {k}=..." for k in kwargs)
         raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
                          f"model(graph, x{edge}): {e}; build_model must return a module whose "
@@ -200,18 +207,34 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
                          f"sarc layers read by name{_undeclared(model, kwargs)}") from None
 
 
+def _required_edge_args(model: nn.Module, kwargs: dict) -> list[str]:
+    """The arguments of ``forward`` after (graph, x) that have no default and are not given."""
+    from ..dsl import input_taker
+    params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
+    return [p.name for p in params if p.default is p.empty and p.name not in kwargs
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _absent(model: nn.Module, kwargs: dict) -> list[str]:
+    """The required edge arguments a sarc layer declares, which the trainer would have passed
+    had the dataset held them."""
+    from ..dsl import declared_edge_inputs, routes_library_convs
+    if routes_library_convs(model):
+        return []
+    declared = set(declared_edge_inputs(model))
+    return [n for n in _required_edge_args(model, kwargs) if n in declared]
+
+
 def _undeclared(model: nn.Module, kwargs: dict) -> str:
     """Why a required edge argument of ``forward`` was not given, where no sarc layer of the
     model declares it: the trainer passes only declared edge data (``edge_inputs_for``), so a
     layer that names its feature otherwise (``edge={"w": ()}``, called ``w=edge_weight``)
     leaves the dataset's array behind, which the bare TypeError does not say."""
-    from ..dsl import declared_edge_inputs, input_taker, routes_library_convs
+    from ..dsl import declared_edge_inputs, routes_library_convs
     if routes_library_convs(model):
         return ""   # library convs declare their edge data at their first call
     declared = set(declared_edge_inputs(model))
-    params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
-    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in declared]
+    missing = [n for n in _required_edge_args(model, kwargs) if n not in declared]
     if not missing:
         return ""
     names = ", ".join(repr(n) for n in missing)

@@ -118,6 +118,20 @@ def test_model_forward_needing_edge_data_no_layer_declares(tmp_path):
         assert "EmbeddingInput" not in proc.stderr
 
 
+@case("cli", "a model whose forward needs edge data its sarc layer declares, on a dataset "
+             "without it", "error")
+def test_model_forward_needing_declared_edge_data_the_dataset_lacks(tmp_path):
+    """It was told to take the edge data its layers read by name, which it does."""
+    model = tmp_path / "weighted.py"
+    model.write_text(EDGE_WEIGHT_UNDECLARED.replace('edge={"w": ()}', 'edge={"edge_weight": ()}')
+                     .replace("w=edge_weight", "edge_weight=edge_weight")
+                     .replace("edge.w", "edge.edge_weight"))
+    for command in (("train", model, "--epochs", "1"), ("compile", model)):
+        err = assert_error(run_sarc(*command), "forward needs the edge data 'edge_weight'",
+                           "the dataset has no edge data of that name", "edge_weight=None")
+        assert "build_model must return" not in err
+
+
 @case("cli", "`--set dropout=1.5`, `attn_drop=-0.1`, `hidden=0` or `heads=0` (a model "
              "hyperparameter out of its range)", "error")
 @pytest.mark.parametrize("model,item,needles", [
