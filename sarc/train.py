@@ -140,6 +140,9 @@ def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
     known = known_hparams(spec)
     given = dict(overrides or {})
     if epochs is not None:
+        if "epochs" in given and given["epochs"] != epochs:
+            raise TrainError(f"--epochs {epochs} and --set epochs={given['epochs']!r} disagree; "
+                             f"give one")
         given["epochs"] = epochs
     for key, value in given.items():
         if key in DATASET_FACTS or key in ("in_feats", "num_classes"):

@@ -325,6 +325,13 @@ def test_an_output_that_cannot_be_written_is_one_error_line(argv):
     assert Path(argv[-1]).name.split(".")[0] in err
 
 
+@case("cli", "`--epochs 1 --set epochs=5` (two values of one setting)", "error")
+def test_epochs_given_twice_with_two_values_is_refused():
+    """--epochs won silently."""
+    refused_before_work(run_sarc("train", GCN, "--epochs", "1", "--set", "epochs=5"),
+                        "--epochs 1 and --set epochs=5 disagree")
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
