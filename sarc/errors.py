@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import contextlib
 import linecache
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """A line of the user's model file."""
+    """A line of the user's model file; ``end_line``: the last line of the expression that
+    starts there, where it spans several (``(y\n + 1.0\n + src.h)``), shown whole."""
 
     file: str
     line: int
     func: str = ""
+    end_line: int = field(default=0, compare=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -21,10 +23,18 @@ class SourceLoc:
         return linecache.getline(self.file, self.line).strip()
 
     def located(self, message: str) -> str:
-        """``message`` as said at this line: ``file:line (in func): message``, then the line."""
+        """``message`` as said at this line: ``file:line (in func): message``, then the line
+        (the expression's lines, where it spans several)."""
         where = f"{self}" + (f" (in {self.func})" if self.func else "")
-        code = self.source_line()
-        return f"{where}: {message}" + (f"\n    {code}" if code else "")
+        last = min(max(self.end_line, self.line), self.line + MAX_SHOWN_LINES - 1)
+        lines = [linecache.getline(self.file, n).rstrip() for n in range(self.line, last + 1)]
+        if not lines[0].strip():
+            return f"{where}: {message}"
+        indent = min(len(l) - len(l.lstrip()) for l in lines if l.strip())
+        return f"{where}: {message}" + "".join(f"\n    {l[indent:]}" for l in lines if l.strip())
+
+
+MAX_SHOWN_LINES = 6  # of an expression spanning lines, in an error
 
 
 class SarcError(Exception):

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import itertools
 import numbers
 import os
 import sys
@@ -111,9 +112,19 @@ def user_loc(frame=None) -> SourceLoc | None:
     f = frame if frame is not None else sys._getframe(1)
     while f is not None:
         if not _is_library(f.f_code.co_filename):
-            return SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+            return SourceLoc(f.f_code.co_filename, f.f_lineno, f.f_code.co_name, _end_line(f))
         f = f.f_back
     return None
+
+
+def _end_line(frame) -> int:
+    """The last line of the expression ``frame`` is evaluating (Python 3.11's positions), or
+    0 where unknown."""
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is None or frame.f_lasti < 0:
+        return 0
+    here = next(itertools.islice(positions(), frame.f_lasti // 2, None), None)
+    return (here[1] or 0) if here else 0
 
 
 def _numpy_caller() -> str | None:

@@ -462,6 +462,32 @@ def test_calling_the_layer_reports_the_same_error(cls, marker, phrases):
     expect_dsl_error(lambda: layer(g, torch.randn(4, d)), marker, *phrases)
 
 
+class MultiLineExpression(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.lin = nn.Linear(4, 3)
+
+    def message(self, src, dst, edge):
+        y = self.lin(src.h)
+        return (y  # ERR:multi-line
+                + 1.0
+                + src.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_an_expression_over_several_lines_is_quoted_whole():
+    """The error is at the expression's first line (Python's line of the operation), and
+    quotes every line of it: the mismatched operand is on the last."""
+    err = expect_dsl_error(lambda: MultiLineExpression().trace(), "multi-line",
+                           r"feature shapes \[3\] and \[4\] do not broadcast")
+    line = line_of("multi-line")
+    assert str(err).endswith("\n".join(["", "    return (y  # ERR:multi-line",
+                                         "            + 1.0", "            + src.h)"])), str(err)
+    assert err.loc.line == line
+
+
 def test_dsl_error_is_a_sarc_error():
     with pytest.raises(sarc.SarcError):
         MixInReduce().trace()
