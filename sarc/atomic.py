@@ -50,7 +50,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from .errors import SarcError
+from .errors import SarcError, cannot_write
 
 MANIFEST = "sarc-set.json"
 FORMAT = "sarc-set"
@@ -245,9 +245,12 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
     removed and ``path`` is left as it was."""
     path = _absolute(path)
     check_target(path, overwrite, kind)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(path, "tmp")
-    tmp.mkdir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise cannot_write(path, e) from e
     _step("created")
     try:
         yield tmp
@@ -256,11 +259,23 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
         _fsync_tree(tmp)
         _step("sealed")
         _move_into_place(tmp, path, kind, overwrite)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        # writing the set failed (a full disk): said as such; an OSError of what the block
+        # read is the block's own
+        if e.filename is None or not _under(e.filename, tmp, path):
+            raise
+        raise cannot_write(path, e) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync(path.parent)
     _step("done")
+
+
+def _under(name, *dirs: Path) -> bool:
+    return any(os.path.abspath(name) == str(d) or os.path.abspath(name).startswith(f"{d}{os.sep}")
+               for d in dirs)
 
 
 def _write_manifest(tmp: Path, kind: str) -> None:

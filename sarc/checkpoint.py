@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import SarcError, agreed
+from .errors import SarcError, agreed, cannot_write
 from .records import Record, load_plain
 
 FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
@@ -301,16 +301,21 @@ def serialize(obj: dict) -> bytes:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """``path`` holds its old content or all of ``data``, whenever the process dies."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise cannot_write(path, e) from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise cannot_write(path, e) from e
         raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

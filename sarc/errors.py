@@ -31,7 +31,9 @@ class SourceLoc:
         if not lines[0].strip():
             return f"{where}: {message}"
         indent = min(len(l) - len(l.lstrip()) for l in lines if l.strip())
-        return f"{where}: {message}" + "".join(f"\n    {l[indent:]}" for l in lines if l.strip())
+        more = "\n    ..." if self.end_line > last else ""
+        return (f"{where}: {message}" + "".join(f"\n    {l[indent:]}" for l in lines if l.strip())
+                + more)
 
 
 MAX_SHOWN_LINES = 6  # of an expression spanning lines, in an error
@@ -50,6 +52,17 @@ def agreed(e: SarcError) -> SarcError:
     """``e``, marked as raised on every worker at the same collective."""
     e.agreed = True
     return e
+
+
+class OutputError(SarcError):
+    """An output cannot be written where the checks before the work allowed it (a full disk,
+    a file system that refuses what ``os.access`` allowed, such as /proc as root)."""
+
+
+def cannot_write(path, e: OSError) -> OutputError:
+    """The OutputError of writing ``path`` (a file or a set) that failed with ``e``."""
+    return OutputError(f"{path}: cannot be written: {e.strerror or e}"
+                       + (f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""))
 
 
 class DSLError(SarcError):

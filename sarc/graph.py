@@ -46,10 +46,12 @@ def off_missing_attribute(hook: Callable[[object, str], None]) -> None:
 
 
 def missing_attribute(graph, name: str):
-    """``__getattr__`` of the graphs layers run on: the hooks, then the AttributeError."""
+    """``__getattr__`` of the graphs layers run on: the hooks, then the AttributeError (the
+    class's ``WHY_NOT`` reason for ``name`` where it gives one)."""
     for hook in _MISSING_ATTRIBUTE_HOOKS:
         hook(graph, name)
-    raise AttributeError(f"{type(graph).__name__!r} object has no attribute {name!r}")
+    why = getattr(type(graph), "WHY_NOT", {}).get(name)
+    raise AttributeError(why or f"{type(graph).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)

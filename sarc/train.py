@@ -140,7 +140,7 @@ def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
     known = known_hparams(spec)
     given = dict(overrides or {})
     if epochs is not None:
-        if "epochs" in given and given["epochs"] != epochs:
+        if "epochs" in given and (given["epochs"] != epochs or isinstance(given["epochs"], bool)):
             raise TrainError(f"--epochs {epochs} and --set epochs={given['epochs']!r} disagree; "
                              f"give one")
         given["epochs"] = epochs

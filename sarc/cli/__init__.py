@@ -94,13 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except OSError as e:
-        if e.filename is None:   # not a file the command read or wrote: a fault to show whole
-            raise
-        # a place the checks before the work could not foresee (a full disk, /proc, a
-        # file system that refuses what os.access allowed): the file and why, in one line
-        print(f"sarc {args.command}: error: {names.one_line(str(e))}", file=sys.stderr)
-        return 2
 
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError", "parse_overrides"]

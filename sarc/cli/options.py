@@ -236,6 +236,10 @@ def check_output_file(option: str, path: str | None) -> None:
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{option} {path} is a directory; give the path of a file")
+    if p.exists() and not p.is_file():   # /dev/stdout, a pipe: written in place, not beside
+        if not os.access(p, os.W_OK):
+            raise UsageError(f"{option} {path} exists and is not writable")
+        return
     where = p.absolute().parent
     if not where.exists():
         raise UsageError(f"{option} {path}: the directory {where} does not exist")

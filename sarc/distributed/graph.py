@@ -47,15 +47,10 @@ DEFAULT_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 class DistGraph:
-    def __getattr__(self, name: str):
-        """sarc.graph's hooks (a front end's hint), then the error; ``src`` says why it is not
-        a DistGraph's (an AttributeError still, so ``hasattr`` answers False)."""
-        if name == "src":
-            raise AttributeError("a DistGraph's edges read other workers' rows, which have no "
-                                 "local row number, so it has no `src`; a layer reads its "
-                                 "sources through the DSL (`edges.src`), and `dst` / `perm` "
-                                 "give the local destinations")
-        missing_attribute(self, name)
+    __getattr__ = missing_attribute  # sarc.graph's hooks (a front end's hint), then the error
+    WHY_NOT = {"src": "a DistGraph's edges read other workers' rows, which have no local row "
+                      "number, so it has no `src`; a layer reads its sources through the DSL "
+                      "(`edges.src`), and `dst` / `perm` give the local destinations"}
 
     def __init__(self, shard: ShardedGraph, group=None, *, exec_mode: str | None = None,
                  mem_budget: int | None = None, baseline: bool = False,

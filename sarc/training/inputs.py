@@ -197,9 +197,9 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
         if absent:   # declared, so the trainer would pass it: the dataset has none of it
             raise TrainError(f"the model ({type(model).__name__})'s forward needs the edge data "
                              f"{', '.join(map(repr, absent))}, which its sarc layers read, but "
-                             f"the dataset has no edge data of that name; give the forward a "
-                             f"default ({absent[0]}=None) to train without it, or a dataset "
-                             f"that has it") from None
+                             f"the dataset has no edge data of that name: train on a dataset "
+                             f"that has it, or give the forward a default ({absent[0]}=None) "
+                             f"and call its layers without it then") from None
         edge = "".join(f", {k}=..." for k in kwargs)
         raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
                          f"model(graph, x{edge}): {e}; build_model must return a module whose "

@@ -249,6 +249,7 @@ def _graph_attributes(rank, port, q, path):
 def test_a_dist_graph_has_num_src_and_says_why_it_has_no_src(tmp_path):
     pset = _graph_parts(tmp_path / "p1", 1)
     codes, reports = spawn(_graph_attributes, 1, (str(pset.path),))
+    assert isinstance(reports[0], tuple), reports[0]
     num_src, num_local, src, has_src = reports[0]
     assert not has_src
     assert num_src == num_local == 60

@@ -165,8 +165,9 @@ def build_model(in_feats, num_classes, **_):
 
 def test_a_node_whose_every_edge_is_masked_is_nan_on_workers_as_on_one_process(tmp_path):
     """Node 10's edges come from both parts (its clique's and node 0's), every one scored
-    -inf: one process's softmax is NaN there (exp(-inf - -inf), as torch's), so training
-    stops; the workers merged it to 0 and trained on."""
+    -inf: one process's softmax is NaN there (exp(-inf - -inf), as torch's), and so are the
+    gradients of the first step, so training stops at the second epoch; the workers stop
+    there too (they merged the row to 0 and trained on)."""
     data = _one_way(tmp_path)[0]
     with np.load(data) as z:
         arrays = dict(z)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -477,6 +478,7 @@ class MultiLineExpression(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="an instruction's end line is Python 3.11's")
 def test_an_expression_over_several_lines_is_quoted_whole():
     """The error is at the expression's first line (Python's line of the operation), and
     quotes every line of it: the mismatched operand is on the last."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -301,6 +302,20 @@ def test_json_to_stdout_through_a_pipe():
     assert json.loads(proc.stdout[proc.stdout.index("{"):])["epochs"] == 1  # after the summary
 
 
+def test_a_pipe_is_an_output_file_where_its_directory_is_not_writable(tmp_path, monkeypatch):
+    """/dev/stdout (a pipe, a tty) is written in place: that /dev is not writable (for any
+    user but root) does not matter."""
+    from sarc.cli import options
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    real = os.access
+    monkeypatch.setattr(options.os, "access",
+                        lambda p, mode: real(p, mode) and not Path(p).is_dir())
+    options.check_output_file("--json", str(pipe))
+    with pytest.raises(options.UsageError, match="is not writable"):
+        options.check_output_file("--json", str(tmp_path / "report.json"))
+
+
 @case("cli", "an empty output path (`--out \"$UNSET\"`, `--json \"\"`)", "error")
 @pytest.mark.parametrize("argv", [("compile", GCN, "--out", ""),
                                   ("partition", "--dataset", "cora", "--parts", "2", "--out", ""),
@@ -326,10 +341,11 @@ def test_an_output_that_cannot_be_written_is_one_error_line(argv):
 
 
 @case("cli", "`--epochs 1 --set epochs=5` (two values of one setting)", "error")
-def test_epochs_given_twice_with_two_values_is_refused():
-    """--epochs won silently."""
-    refused_before_work(run_sarc("train", GCN, "--epochs", "1", "--set", "epochs=5"),
-                        "--epochs 1 and --set epochs=5 disagree")
+@pytest.mark.parametrize("value", ["5", "True"])
+def test_epochs_given_twice_with_two_values_is_refused(value):
+    """--epochs won silently (True == 1 too)."""
+    refused_before_work(run_sarc("train", GCN, "--epochs", "1", "--set", f"epochs={value}"),
+                        f"--epochs 1 and --set epochs={value} disagree")
 
 
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
