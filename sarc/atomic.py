@@ -259,23 +259,19 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
         _fsync_tree(tmp)
         _step("sealed")
         _move_into_place(tmp, path, kind, overwrite)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         # writing the set failed (a full disk): said as such; an OSError of what the block
         # read is the block's own
-        if e.filename is None or not _under(e.filename, tmp, path):
-            raise
-        raise cannot_write(path, e) from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is not None and _under(e.filename, tmp, path):
+            raise cannot_write(path, e) from e
         raise
     _fsync(path.parent)
     _step("done")
 
 
 def _under(name, *dirs: Path) -> bool:
-    return any(os.path.abspath(name) == str(d) or os.path.abspath(name).startswith(f"{d}{os.sep}")
-               for d in dirs)
+    return any(Path(os.path.abspath(name)).is_relative_to(d) for d in dirs)
 
 
 def _write_manifest(tmp: Path, kind: str) -> None:

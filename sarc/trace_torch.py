@@ -465,15 +465,13 @@ def _clamp(input, min=None, max=None, *, out=Fixed(None)):
     if isinstance(min, Proxy) or isinstance(max, Proxy):
         x = given = _traced(input, "clamp")
         t = x.tracer
-        bounds = [t.lift(b, x) for b in (min, max) if b is not None]
-        if min is not None:
-            lo = bounds[0]
+        lo, hi = (None if b is None else t.lift(b, x) for b in (min, max))
+        if lo is not None:
             x = t.emit(Op.WHERE_POS, [lo - x, lo, x])
-        if max is not None:
-            hi = bounds[-1]
+        if hi is not None:
             x = t.emit(Op.WHERE_POS, [x - hi, hi, x])
         # a NaN on any side: NaN, and no gradient (torch's masks compare false with NaN)
-        numbers = _numbers(given, *bounds) - 0.5
+        numbers = _numbers(given, *(b for b in (lo, hi) if b is not None)) - 0.5
         return t.emit(Op.WHERE_POS, [numbers, x, t.lift(float("nan"), x)])
     x = input if min is None else _clamp_min.record(input, min)
     return x if max is None else _clamp_max.record(x, max)
@@ -487,7 +485,7 @@ def _between(x: Proxy, lo: float, hi: float) -> Proxy:
     tracer = x.tracer
     inner = tracer.emit(Op.WHERE_POS, [hi - x, x, tracer.lift(hi, x)])
     clamped = tracer.emit(Op.WHERE_POS, [x - lo, inner, tracer.lift(lo, x)])
-    number = tracer.emit(Op.EQ_MASK, [x, x]) - 0.5   # > 0 but where x is NaN
+    number = _numbers(x) - 0.5   # > 0 but where x is NaN
     return tracer.emit(Op.WHERE_POS, [number, clamped, x])
 
 
