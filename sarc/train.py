@@ -165,6 +165,9 @@ def _of_default_type(key: str, value: Any, default: Any) -> Any:
             break
     else:
         return value
+    if kind is float and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
+            "nan", "inf", "infinity"):
+        value = float(value)   # not Python literals: read as the float the user wrote
     ok = (isinstance(value, bool) if kind is bool
           else isinstance(value, numbers.Integral) and not isinstance(value, bool) if kind is int
           else isinstance(value, numbers.Real) and not isinstance(value, bool) if kind is float

@@ -151,6 +151,16 @@ def test_set_wrong_type():
     refused_before_work(run_sarc("train", GCN, "--set", "lr=abc"), "lr", "'abc'", "float")
 
 
+@case("cli", "`--set lr=nan` or `lr=inf` (a float that is no number)", "error")
+@pytest.mark.parametrize("item,needles", [
+    ("lr=nan", ("lr=nan", "finite number > 0")), ("lr=-inf", ("lr=-inf", "finite number > 0")),
+    ("weight_decay=Infinity", ("weight_decay=inf", "finite number >= 0")),
+    ("dropout=nan", ("dropout=nan", "probability in [0, 1)"))])
+def test_set_a_float_that_is_no_number(item, needles):
+    """They were refused as strings ("lr='nan' is a string, but lr takes a float")."""
+    refused_before_work(run_sarc("train", GCN, "--set", item), *needles)
+
+
 @case("cli", "`--set self_loops=1` (an int for a bool)", "error")
 def test_set_int_for_bool():
     refused_before_work(run_sarc("train", GCN, "--set", "self_loops=1"),
