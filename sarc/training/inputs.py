@@ -193,7 +193,7 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     try:
         inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError as e:
-        absent = _absent(model, kwargs)
+        absent, undeclared, declared = _missing_edge_args(model, kwargs)
         if absent:   # declared, so the trainer would pass it: the dataset has none of it
             raise TrainError(f"the model ({type(model).__name__})'s forward needs the edge data "
                              f"{', '.join(map(repr, absent))}, which its sarc layers read, but "
@@ -201,44 +201,32 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
                              f"that has it, or give the forward a default ({absent[0]}=None) "
                              f"and call its layers without it then") from None
         edge = "".join(f", {k}=..." for k in kwargs)
+        why = ""
+        if undeclared:   # the trainer passes only declared edge data (``edge_inputs_for``)
+            why = (f"; no sarc layer of the model declares an edge feature "
+                   f"{', '.join(map(repr, undeclared))} (declared: "
+                   f"{', '.join(sorted(declared)) or 'none'}), and the trainer passes only "
+                   f"declared edge data: declare it under that name "
+                   f"(edge={{{undeclared[0]!r}: ...}}) or name it in the model's sarc_inputs")
         raise TrainError(f"the model ({type(model).__name__}) cannot be called as "
                          f"model(graph, x{edge}): {e}; build_model must return a module whose "
                          f"forward takes the graph, the node features and the edge data its "
-                         f"sarc layers read by name{_undeclared(model, kwargs)}") from None
+                         f"sarc layers read by name{why}") from None
 
 
-def _required_edge_args(model: nn.Module, kwargs: dict) -> list[str]:
-    """The arguments of ``forward`` after (graph, x) that have no default and are not given."""
-    from ..dsl import input_taker
+def _missing_edge_args(model: nn.Module, kwargs: dict) -> tuple[list[str], list[str], set[str]]:
+    """The arguments of ``forward`` after (graph, x) that have no default and are not given,
+    split by whether a sarc layer declares them: (declared ones, which the trainer would have
+    passed had the dataset held them; the others, which the trainer never passes: a layer that
+    names its feature otherwise, ``edge={"w": ()}`` called ``w=edge_weight``, leaves the
+    dataset's array behind; every declared name). None of either for library convs, which
+    declare their edge data at their first call."""
+    from ..dsl import declared_edge_inputs, input_taker, routes_library_convs
+    if routes_library_convs(model):
+        return [], [], set()
+    declared = set(declared_edge_inputs(model))
     params = list(inspect.signature(input_taker(model).forward).parameters.values())[2:]
-    return [p.name for p in params if p.default is p.empty and p.name not in kwargs
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-
-
-def _absent(model: nn.Module, kwargs: dict) -> list[str]:
-    """The required edge arguments a sarc layer declares, which the trainer would have passed
-    had the dataset held them."""
-    from ..dsl import declared_edge_inputs, routes_library_convs
-    if routes_library_convs(model):
-        return []
-    declared = set(declared_edge_inputs(model))
-    return [n for n in _required_edge_args(model, kwargs) if n in declared]
-
-
-def _undeclared(model: nn.Module, kwargs: dict) -> str:
-    """Why a required edge argument of ``forward`` was not given, where no sarc layer of the
-    model declares it: the trainer passes only declared edge data (``edge_inputs_for``), so a
-    layer that names its feature otherwise (``edge={"w": ()}``, called ``w=edge_weight``)
-    leaves the dataset's array behind, which the bare TypeError does not say."""
-    from ..dsl import declared_edge_inputs, routes_library_convs
-    if routes_library_convs(model):
-        return ""   # library convs declare their edge data at their first call
-    declared = set(declared_edge_inputs(model))
-    missing = [n for n in _required_edge_args(model, kwargs) if n not in declared]
-    if not missing:
-        return ""
-    names = ", ".join(repr(n) for n in missing)
-    return (f"; no sarc layer of the model declares an edge feature {names} (declared: "
-            f"{', '.join(sorted(declared)) or 'none'}), and the trainer passes only declared "
-            f"edge data: declare it under that name (edge={{{missing[0]!r}: ...}}) or name it "
-            f"in the model's sarc_inputs")
+    missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return ([n for n in missing if n in declared], [n for n in missing if n not in declared],
+            declared)
