@@ -166,13 +166,15 @@ def compile_command(args) -> int:
         check_minibatch_model(args.mode, prep.edge_inputs, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
-        from ..training.minibatch import graph_layers
+        from ..training.minibatch import graph_layers, never_called
         n = graph_layers(model)
         if len(calls) != n:
             raise CompileError(f"{args.mode} mode: the model made {len(calls)} sarc layer "
-                               f"calls in one forward pass, but it has {n} sarc layer"
+                               f"call{'s' * (len(calls) != 1)} in one forward pass, but it has {n} sarc layer"
                                f"{'s' * (n != 1)} (one block each); a model in mfg or sampling "
-                               f"mode calls each of its sarc layers once, input layer first")
+                               f"mode calls each of its sarc layers once, input layer first"
+                               + (never_called(model, {id(c.layer) for c in calls})
+                                  if len(calls) < n else ""))
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train
         from ..sampling import SamplingError, SamplingSpec

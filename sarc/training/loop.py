@@ -149,7 +149,7 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     batch's nodes. A step's blocks (``minibatch.MiniBatchGraph``) count the pass's layer
     calls."""
     g = batch.graph
-    with g.forward_pass() if hasattr(g, "forward_pass") else contextlib.nullcontext():
+    with g.forward_pass(model) if hasattr(g, "forward_pass") else contextlib.nullcontext():
         try:
             if batch.node_ids is not None and isinstance(model, EmbeddingInput):
                 return model.on_rows(g, batch.node_ids, **batch.edge_inputs)

@@ -137,6 +137,18 @@ def graph_layers(model: nn.Module) -> int:
     return len(sarc_layers(model)) + routed
 
 
+def never_called(model: nn.Module | None, called: set[int]) -> str:
+    """``; it never called ...``, naming the sarc layers of ``model`` whose ids are not in
+    ``called`` (a forward pass that left them out: each still counts as a block)."""
+    from ..dsl import Layer
+    names = [name for name, m in (model.named_modules() if model is not None else ())
+             if isinstance(m, Layer) and id(m) not in called]
+    if not names:
+        return ""
+    return (f"; it never called {', '.join(names)}: remove the sarc layers a forward pass "
+            f"does not call, or call them")
+
+
 class MiniBatchGraph:
     """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
     forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
@@ -161,15 +173,19 @@ class MiniBatchGraph:
             offsets.append(offsets[-1] + g.num_edges)
         self.edge_offsets = tuple(offsets)
         self.calls = 0
+        self.called: set[int] = set()   # the ids of the layers called in this pass
 
     @contextlib.contextmanager
-    def forward_pass(self):
-        """One forward pass: the layer calls start at block 1, and must use every block."""
-        self.calls = 0
+    def forward_pass(self, model: nn.Module | None = None):
+        """One forward pass (of ``model``): the layer calls start at block 1, and must use
+        every block."""
+        self.calls, self.called = 0, set()
         yield self
         if self.calls != len(self.graphs):
             raise TrainError(self._mismatch(f"{self.calls} sarc layer call"
-                                            f"{'s' * (self.calls != 1)}"))
+                                            f"{'s' * (self.calls != 1)}") +
+                             (never_called(model, self.called) if self.calls < len(self.graphs)
+                              else ""))
 
     def _mismatch(self, what: str) -> str:
         n = len(self.graphs)
@@ -198,6 +214,7 @@ class MiniBatchGraph:
             if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == self.num_edges:
                 given[name] = t[lo:hi]
         self.calls += 1
+        self.called.add(id(layer))
         return self.graphs[k].run_layer(layer, (), given)
 
     @property

@@ -169,3 +169,26 @@ def test_compile_refuses_a_layer_called_twice_in_a_minibatch_mode(tmp_path):
     refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
             tmp_path / "o", "mfg mode: the model made 2 sarc layer calls in one forward pass, "
                             "but it has 1 sarc layer (one block each)")
+
+
+UNCALLED = (SOURCE_IN_DEGREE
+            .replace("self.conv = Scaled(f, c)", "self.conv, self.spare = Scaled(f, c), Scaled(c, c)")
+            .replace("return Deep(in_feats, num_classes)", "return Net(in_feats, num_classes)"))
+
+
+@case("cli", "`sarc train --mode mfg` / `sarc compile --mode mfg` of a model with a sarc layer "
+      "its forward never calls", "error")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sarc_layer_never_called_is_named(tmp_path, workers):
+    """The refusal counted the blocks, but did not say which layer the forward left out."""
+    model = tmp_path / "uncalled.py"
+    model.write_text(UNCALLED)
+    assert "self.spare" in UNCALLED and "return Net(" in UNCALLED
+    proc = run_sarc("train", model, "--mode", "mfg", "--epochs", "1", *on_workers(workers))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "it never called spare: remove the sarc layers a forward pass does not call" in \
+        proc.stderr, proc.stderr[-2000:]
+    if workers == 1:
+        refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
+                tmp_path / "o", "made 1 sarc layer call in one forward pass, but it has 2 sarc "
+                                "layers", "it never called spare")
