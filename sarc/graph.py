@@ -172,7 +172,11 @@ def _as_index(t, name: str) -> torch.Tensor:
         raise GraphError(f"{name} must be a 1-d tensor of node ids, got shape {list(t.shape)}")
     if t.dtype.is_floating_point or t.dtype == torch.bool:
         raise GraphError(f"{name} node ids must be integers, got {t.dtype}")
-    return t.to(torch.int64)
+    t = t.to(torch.int64)
+    if type(t) is not torch.Tensor:   # a subclass (PyG's EdgeIndex rows, torch_geometric.Index,
+        plain = torch.empty(t.shape, dtype=t.dtype, device=t.device)  # wrappers whose
+        t = plain.copy_(t)   # data_ptr() is 0): the graph's own plain copy of its ids
+    return t
 
 
 def _count(n, what: str) -> int:

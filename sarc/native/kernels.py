@@ -300,13 +300,19 @@ def _index(ptr: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.T
     """ptr and cols in one index dtype, contiguous; 1 if it is int64."""
     if ptr.dtype != cols.dtype:
         ptr, cols = ptr.to(torch.int64), cols.to(torch.int64)
-    return ptr.contiguous(), cols.contiguous(), int(ptr.dtype == torch.int64)
+    ptr, cols = ptr.contiguous(), cols.contiguous()
+    if any(t.numel() and t.data_ptr() == 0 for t in (ptr, cols)):   # never handed C a null
+        raise TypeError(f"a graph index without storage ({type(cols).__name__}): sarc.Graph "
+                        f"keeps plain tensors")
+    return ptr, cols, int(ptr.dtype == torch.int64)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels take these operands: CPU tensors of one float dtype they know."""
+    """Whether the kernels take these operands: CPU tensors of one float dtype they know,
+    each with its storage (a wrapper subclass's ``data_ptr()`` is 0: torch's ops read it)."""
     return all(t.device.type == "cpu" for t in tensors) and tensors[0].dtype in DTYPES and \
-        all(t.dtype == tensors[0].dtype for t in tensors)
+        all(t.dtype == tensors[0].dtype for t in tensors) and \
+        all(t.numel() == 0 or t.data_ptr() != 0 for t in tensors)
 
 
 def kernels() -> Kernels | None:

@@ -425,3 +425,15 @@ def test_a_graph_of_edges_in_csr_order_is_the_sorted_graph(seed):
     # within a destination, the edges in their input order: the same edges
     assert torch.equal(torch.sort(a.dst * 60 + a.src).values, torch.sort(b.dst * 60 + b.src).values)
     assert torch.equal(b.src, src[shuffled][b.perm])
+
+
+@needs_kernels
+def test_an_operand_without_storage_never_reaches_the_kernels():
+    """A wrapper tensor subclass (PyG's ``Index``, ``data_ptr()`` 0) handed C a null
+    pointer: a segfault. An index is refused (``sarc.Graph`` keeps plain copies)."""
+    tg = pytest.importorskip("torch_geometric")
+    ptr, cols, _ = _csr(5, 4, 0, torch.int64)
+    wrapped = tg.Index(cols)
+    assert wrapped.data_ptr() == 0
+    with pytest.raises(TypeError, match="a graph index without storage"):
+        K.spmm(ptr, wrapped, None, torch.randn(4, 1, 3), 5)

@@ -274,6 +274,21 @@ def test_as_conv_equals_the_layer_on_a_graph():
     check_same(lambda x: conv(x, ei), lambda x: layer(g, x), layer, x)
 
 
+def test_an_edge_index_subclass_is_read_as_its_ids():
+    """PyG's ``EdgeIndex`` (a wrapper tensor, ``data_ptr()`` 0) reached the CPU kernels as
+    the graph's index: a segfault."""
+    from torch_geometric import EdgeIndex
+    ei = graph()
+    wrapped = EdgeIndex(ei, sparse_size=(N, N))
+    g = sarc.interop.from_pyg(wrapped, N)
+    assert type(g.src) is torch.Tensor and type(g.rowptr) is torch.Tensor
+    layer, x = MeanLayer(D_IN, 4), torch.randn(N, D_IN)
+    plain = sarc.interop.from_pyg(ei, N)
+    check_same(lambda x: layer(g, x), lambda x: layer(plain, x), layer, x)
+    conv = pyg.GCNConv(D_IN, 4)
+    check_same(lambda x: as_conv(conv)(x, wrapped), lambda x: conv(x, ei), conv, x)
+
+
 def test_as_conv_builds_the_graph_once_per_edge_index():
     conv = as_conv(MeanLayer(D_IN, 4))
     ei = graph()
