@@ -83,10 +83,21 @@ class PyGLayer(Layer):
     edge_input: str | None = None   # the conv's name of its third forward argument
 
     def __init__(self, conv: nn.Module, in_channels: int, edge: dict | None = None):
-        _check_message_passing(conv)
+        type(self).check_conv(conv)
         super().__init__(node={"x": in_channels}, edge=edge)
         self.conv = conv
         self.train(conv.training)   # dropout follows the sarc layer's mode, from the conv's
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        """What the conversion refuses, refused again at each call (an attribute set since:
+        the layer computes the conv as it was converted)."""
+        _check_message_passing(conv)
+
+    def forward(self, g, *args, **feats):
+        type(self).check_conv(self.conv)
+        check_not_hooked(self.conv)
+        return super().forward(g, *args, **feats)
 
     def prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
         if edge_attr is not None:
@@ -133,6 +144,30 @@ def _check_message_passing(conv) -> None:
 _REDUCERS = {"add": dsl.sum, "sum": dsl.sum, "mean": dsl.mean, "max": dsl.max, "min": dsl.min}
 _AGGREGATIONS = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
                  "MinAggregation": "min"}
+
+
+# nn.Module's hooks of state dicts, which sarc's state dicts run as the conv's
+_STATE_HOOKS = frozenset({"_state_dict_hooks", "_state_dict_pre_hooks",
+                          "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks"})
+
+
+def check_not_hooked(conv) -> None:
+    """A conv with hooks on its calls (nn.Module's forward / backward hooks, PyG's
+    propagate / message / aggregate / edge_update ones) or an explainer's edge mask
+    (``torch_geometric.explain`` sets ``explain`` and ``_edge_mask`` on every conv) is
+    refused: sarc computes the conv as a sarc layer and never calls it, so neither would
+    act, and the result would silently differ from PyG's."""
+    if getattr(conv, "explain", None) is True or getattr(conv, "_edge_mask", None) is not None:
+        raise _refuse(conv, "an explainer's edge mask (conv.explain, set by "
+                            "torch_geometric.explain)", "sarc does not apply it: explain the "
+                            "model with its PyG convs")
+    for name, hooks in vars(conv).items():
+        if name.endswith("_hooks") and name not in _STATE_HOOKS and isinstance(hooks, dict) \
+                and hooks:
+            raise _refuse(conv, f"a hook registered with register{name[:-1]}",
+                          "sarc computes the conv as a sarc layer and never calls it, so the "
+                          "hook would not run; remove it, or register a forward hook on the "
+                          "as_conv module")
 
 
 def _aggr_name(conv) -> str:
@@ -232,10 +267,14 @@ class SAGEConvLayer(PyGLayer):
     """SAGEConv: ``lin_l(aggr_u x_u) + lin_r(x_v)``."""
 
     def __init__(self, conv):
+        super().__init__(conv, _in_channels(conv))
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
         _aggr_name(conv)
         _require(conv, not conv.project, "project=True")
         _require(conv, not conv.normalize, "normalize=True", "F.normalize of the output")
-        super().__init__(conv, _in_channels(conv))
 
     def message(self, src, dst, edge):
         return src.x
@@ -255,13 +294,17 @@ class GATConvLayer(PyGLayer):
     edge_input = "edge_attr"
 
     def __init__(self, conv, edge_term: bool = True):
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
         edge_term = edge_term and conv.edge_dim is not None
         super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv) if edge_term else None)
         self._edge_term = edge_term
 
     # GATConv's edge_update returns before the edge term on a graph without edges
     no_edge_term_without_edges = True
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
 
     def forward(self, g, *args, **feats):
         if self._edge_term and (not _given(self, "edge_attr", args, feats) or (
@@ -389,8 +432,12 @@ class GINConvLayer(PyGLayer):
     when the layer compiles."""
 
     def __init__(self, conv):
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
         super().__init__(conv, _gin_in_channels(conv))
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
+        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
 
     def message(self, src, dst, edge):
         return src.x
@@ -405,7 +452,6 @@ class GINEConvLayer(GINConvLayer):
     edge_input = "edge_attr"
 
     def __init__(self, conv):
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
         width = conv.lin.in_channels if conv.lin is not None else _gin_in_channels(conv)
         PyGLayer.__init__(self, conv, _gin_in_channels(conv), edge={"edge_attr": width})
 
@@ -441,13 +487,16 @@ class RGCNConvLayer(PyGLayer):
     edge_input = "edge_type"
 
     def __init__(self, conv):
-        _require(conv, conv.num_blocks is None, f"num_blocks={conv.num_blocks}",
-                 "block-diagonal decomposition")
-        self_aggr = _aggr_name(conv)
-        _require(conv, self_aggr in ("add", "sum", "mean"), f"aggr={conv.aggr!r}",
-                 "a per-relation max or min")
         super().__init__(conv, _in_channels(conv, conv.in_channels_l),
                          edge={"edge_type": INDEX, "norm": ()})
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
+        _require(conv, conv.num_blocks is None, f"num_blocks={conv.num_blocks}",
+                 "block-diagonal decomposition")
+        _require(conv, _aggr_name(conv) in ("add", "sum", "mean"), f"aggr={conv.aggr!r}",
+                 "a per-relation max or min")
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
@@ -523,9 +572,13 @@ class TransformerConvLayer(PyGLayer):
     edge_input = "edge_attr"
 
     def __init__(self, conv):
+        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
         _require(conv, not conv.beta, "beta=True", "the gated skip connection")
         _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
-        super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:
@@ -615,11 +668,15 @@ class SGConvLayer(_WeightedSum):
     """SGConv with ``K=1``: ``lin(sum_u w_uv x_u)``, ``w`` PyG's ``gcn_norm``."""
 
     def __init__(self, conv):
+        super().__init__(conv, _in_channels(conv))
+
+    @classmethod
+    def check_conv(cls, conv) -> None:
+        super().check_conv(conv)
         _require(conv, conv.K == 1, f"K={conv.K}",
                  "K rounds of message passing; a sarc layer is one round")
         _require(conv, not conv.cached, "cached=True",
                  "PyG reuses its first call's propagated features")
-        super().__init__(conv, _in_channels(conv))
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         from torch_geometric.nn.conv.gcn_conv import gcn_norm

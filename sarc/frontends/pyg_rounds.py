@@ -24,8 +24,8 @@ from torch import nn
 from ..dsl import Layer
 from ..errors import GraphError
 from .pyg import (ConversionError, PyGInputs, _REDUCERS, _aggr_name, _check_message_passing,
-                  _in_channels, _plain_edge_index, _refuse, _require, weighted_inputs,
-                  weights_dtype)
+                  _in_channels, _plain_edge_index, _refuse, _require, check_not_hooked,
+                  weighted_inputs, weights_dtype)
 from .rounds import later_rows
 
 
@@ -88,6 +88,7 @@ class PyGRounds(nn.Module):
                                   f"now has {self.count()}; convert it again "
                                   f"(from_message_passing)")
         self.check()
+        check_not_hooked(self.conv)
         if edge_weight is None and self.rounds:
             raise GraphError(f"{name}: its rounds read the edge weights its forward computes: "
                              f"give edge_weight=, the prepared inputs' (layer.prepare(edge_index, "

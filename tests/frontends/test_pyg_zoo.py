@@ -204,6 +204,65 @@ def test_cache_prepares_the_graph_again_after_an_option_is_set(make, option, val
     close(wrapped(x, ei), conv(x, ei), f"output after {option}={value!r}")
 
 
+@pytest.mark.parametrize("make,option,value,needle", [
+    (lambda: pyg.SAGEConv(D, 3), "normalize", True, "normalize=True"),
+    (lambda: pyg.SAGEConv(D, 3), "project", True, "project=True"),
+    (lambda: pyg.TransformerConv(D, 3), "beta", True, "beta=True"),
+    (lambda: pyg.SGConv(D, 3), "K", 2, "K=2")])
+def test_an_option_sarc_refuses_set_after_conversion_is_refused_at_the_call(make, option, value,
+                                                                           needle):
+    """The conversion refused it, but set afterwards it was ignored: the conv as converted."""
+    conv = randomize(make())
+    wrapped, x, ei = as_conv(conv), x64(), graph()
+    close(wrapped(x, ei), conv(x, ei), "output before")
+    setattr(conv, option, value)
+    with pytest.raises(ConversionError, match=needle):
+        wrapped(x, ei)
+
+
+def _message_hook(conv):
+    return conv.register_message_forward_hook(lambda m, inputs, out: out * 2)
+
+
+def _forward_hook(conv):
+    return conv.register_forward_hook(lambda m, inputs, out: out * 3)
+
+
+def _pre_hook(conv):
+    return conv.register_forward_pre_hook(lambda m, inputs: (inputs[0] * 2, *inputs[1:]))
+
+
+def _aggregate_hook(conv):
+    return conv.register_aggregate_forward_hook(lambda m, inputs, out: out + 1)
+
+
+def _explainer_mask(conv):
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+    set_masks(conv, nn.Parameter(torch.randn(graph().size(1), dtype=F64)), graph(),
+              apply_sigmoid=True)
+    return type("Handle", (), {"remove": lambda self: clear_masks(conv)})()
+
+
+@pytest.mark.parametrize("hook", [_message_hook, _forward_hook, _pre_hook, _aggregate_hook,
+                                  _explainer_mask])
+@pytest.mark.parametrize("make", [lambda: pyg.SAGEConv(D, 3), lambda: pyg.GATConv(D, 3, heads=2),
+                                  lambda: pyg.APPNP(K=2, alpha=0.2)],
+                         ids=["SAGEConv", "GATConv", "APPNP"])
+def test_a_hooked_conv_is_refused_until_the_hook_is_removed(make, hook):
+    """A hook on the conv or an explainer's edge mask changes PyG's result; sarc, which never
+    calls the conv, ignored them and gave another."""
+    conv = randomize(make())
+    wrapped = as_conv(conv, in_channels=D) if isinstance(conv, pyg.APPNP) else as_conv(conv)
+    x, ei = x64(), graph()
+    plain = conv(x, ei)
+    handle = hook(conv)
+    assert not torch.allclose(conv(x, ei), plain)   # the hook acts in PyG
+    with pytest.raises(ConversionError, match="hook registered with register|explainer"):
+        wrapped(x, ei)
+    handle.remove()
+    close(wrapped(x, ei), conv(x, ei), "output once the hook is removed")
+
+
 def test_edge_weights_with_a_gradient_train_twice():
     conv = randomize(pyg.GCNConv(D, 3))
     wrapped = as_conv(conv)
