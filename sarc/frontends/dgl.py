@@ -155,6 +155,9 @@ class DGLLayer(Layer):
         self.module = module
         self._sarc_checks_in_degree = False
         self._sarc_outputs: tuple[str, ...] | None = None   # set when forward returns a tuple
+        # a patched conv's layer (``_layer_for``): the module's own call ran its hooks on
+        # the real tensors, so the trace runs its forward alone (else they would act twice)
+        self.hooks_run_outside = False
 
     @property
     def module_name(self) -> str:
@@ -180,7 +183,8 @@ class DGLLayer(Layer):
         try:
             with _params_as_proxies(self, tracer, precision), _scalar_buffers(self.module), \
                     tracing(self.modules()), _dgl_routes(self.module, graph):
-                out = self.module(graph, **feats)
+                call = self.module.forward if self.hooks_run_outside else self.module
+                out = call(graph, **feats)
         except DSLError as e:
             if e.problem.startswith(f"{name}:"):
                 raise
@@ -1177,6 +1181,7 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
     if key not in cache:
         cache[key] = DGLLayer(module, node=node, edge=edge,
                               backend=_backend_of_made_layers(module))
+        cache[key].hooks_run_outside = True
     return cache[key]
 
 

@@ -145,6 +145,26 @@ def test_a_tuple_of_node_outputs_is_a_tuple_after_patch(patched):
         _close(got[i], want[i], f"output {i}")
 
 
+def test_a_patched_convs_hooks_run_once_per_call(patched):
+    """The conv's call ran its hooks, and the trace of its forward ran them again: a forward
+    hook scaling by 3 scaled sarc's output by 9, and a pre-hook was called twice."""
+    torch.manual_seed(0)
+    src, dst = _edges(True)
+    g, x = dgl.graph((src, dst), num_nodes=N), torch.randn(N, IN)
+    module, calls = randomized(GraphConv(IN, 4)), []
+    module.register_forward_pre_hook(lambda m, inputs: calls.append(1))
+    module.register_forward_hook(lambda m, inputs, out: out * 3)
+    want = module(g, x)
+    assert len(calls) == 1
+    got = module(sarc.frontends.dgl.from_dgl(g), x)
+    assert len(calls) == 2
+    _close(got, want, "output")
+    _close(module(sarc.frontends.dgl.from_dgl(g), x), want, "output of a later call")
+    assert len(calls) == 3
+    held = from_dgl_module(module, node={"feat": IN})   # the module held: its hooks traced
+    _close(held(sarc.frontends.dgl.from_dgl(g), x), want, "output of the held module")
+
+
 class _PatchedNet(nn.Module):
     """A GraphConv and a 2-round APPNPConv, their sarc layers made at their first call."""
 
