@@ -176,6 +176,25 @@ NESTED_SOFTMAX = (
     "without it")
 """Why a softmax of another's weights is refused in a distributed schedule."""
 
+EDGES_AFTER_AGGREGATE = (
+    "an edge computation reads an aggregate of the same layer (a second pass over the edges "
+    "after the first, e.g. apply_edges or update_all reading an update_all's result) is not "
+    "supported in a distributed schedule (--workers, a DistGraph): a worker's edge blocks "
+    "each see part of the edges into a node, and the aggregate is whole only once every "
+    "block is merged (a second pass over the blocks, which sarc does not schedule). It runs "
+    "on a Graph; on workers, make the second pass a layer of its own")
+"""Why a layer whose edges read its own aggregate is refused in a distributed schedule."""
+
+
+def refuse_edges_after_aggregate(fn: Function, after_agg: list[bool]) -> None:
+    """Refuse, at the user's line, a layer whose edge computations read one of its aggregates
+    (directly, or through dst values computed from it): the edge part computes every
+    aggregate per block, and a block's partial is not the aggregate."""
+    for v in fn.values:   # an edge value, or a fused aggregate (its edge math inside)
+        if (v.type.domain is Domain.EDGE or v.op in AGGREGATE_OPS) \
+                and any(after_agg[j] for j in v.inputs):
+            raise DSLError(f"layer {fn.name}: {EDGES_AFTER_AGGREGATE}", v.loc)
+
 
 def refuse_nested_softmax(edge: Function, sites: Sequence[SoftmaxSite],
                           normalized: Sequence[int]) -> None:
@@ -200,6 +219,7 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
         raise SplitError(f"layer {fn.name} aggregates nothing over edges; it needs no exchange "
                          f"and no split (run it on each worker's nodes)")
     after_agg = _depends_on(fn, set(aggs))
+    refuse_edges_after_aggregate(fn, after_agg)
     exchanged = tuple(exchanged or ())
     x_index = {j: k for k, j in enumerate(exchanged)}
     for j in x_index:
@@ -223,9 +243,8 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
                              f"the exchange ({', '.join(f'%{j}' for j in exchanged) or 'none'}) "
                              f"does not carry")
         if v.type.domain is Domain.DST and v.op not in AGGREGATE_OPS:
-            if after_agg[i]:
-                raise SplitError(f"%{i}: an edge computation reads a dst value computed from "
-                                 f"an aggregate")
+            if after_agg[i]:   # (refused above, at the edge computation's line)
+                raise DSLError(f"layer {fn.name}: {EDGES_AFTER_AGGREGATE}", v.loc)
             if i not in d_slots:
                 d_slots[i] = Slot(f"{D_PREFIX}{len(d_slots)}", v.type, i)
             return d_slots[i].name, v.type

@@ -235,6 +235,53 @@ class DotAttention(nn.Module):
             return g.dstdata["h"]
 
 
+class AggregateThenEdges(nn.Module):
+    """The edges read the mean at their destination, then aggregate again there: on one
+    process, DGL's result; in a distributed schedule, refused (each edge block has a part of
+    the mean)."""
+
+    def __init__(self, through_dst: bool):
+        super().__init__()
+        self.lin, self.through_dst = nn.Linear(IN, 4), through_dst
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.mean("m", "o"))
+            if self.through_dst:
+                g.dstdata["o"] = g.dstdata["o"].tanh() + 1
+            g.apply_edges(fn.v_dot_u("o", "h", "e"))   # the line a refusal names
+            g.update_all(fn.u_mul_e("h", "e", "m"), fn.sum("m", "r"))
+            return g.dstdata["r"]
+
+
+@pytest.mark.parametrize("through_dst", [False, True])
+def test_edges_reading_their_layers_aggregate_are_refused_in_a_distributed_schedule(
+        through_dst):
+    """Read directly, the aggregate was each edge block's partial: two workers crashed in the
+    backward, or would have trained on partial means."""
+    from sarc.compiler import optimize
+    from sarc.ir.split import split_layer
+    from sarc.planner.cost import exchange_candidates
+    from sarc.errors import DSLError
+
+    torch.manual_seed(0)
+    module = randomized(AggregateThenEdges(through_dst))
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = _import(copy.deepcopy(module), ())
+    _close(layer(sarc.Graph.from_edges(src, dst, N), x), module(dgl.graph((src, dst),
+                                                                            num_nodes=N), x),
+           "one process's output")
+    fn_ = optimize(layer.trace())
+    for cand in exchange_candidates(fn_):
+        with pytest.raises(DSLError, match="an edge computation reads an aggregate of the same "
+                                           "layer .* make the second pass a layer of its own") \
+                as err:
+            split_layer(fn_, cand.values)
+        assert err.value.loc is not None and err.value.loc.file == __file__
+
+
 def test_edge_softmax_imported_by_a_users_module_is_sarcs():
     module = DotAttention()
     src, dst = _edges(False)
