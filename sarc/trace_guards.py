@@ -172,14 +172,18 @@ def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
 
 def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
     """Where the code being traced may hold a function by name (``from dgl.nn.functional
-    import edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
+    import edge_softmax``, ``self.softmax = edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
     and every loaded module of the user's own code, which is neither sarc (its generated
     modules included: a long run loads thousands), torch, numpy, the standard library nor
     an installed package (a helper module the layer calls)."""
+    modules = list(modules)
     found = {id(m): m for m in _traced_modules(modules)}
     for mod in _users_modules():
         found.setdefault(id(mod), mod)
-    return [vars(m) for m in found.values()]
+    # and the traced modules' own attributes (``self.softmax = edge_softmax`` in __init__)
+    held = {id(sub): sub for m in modules if isinstance(m, torch.nn.Module)
+            for sub in m.modules()}
+    return [vars(m) for m in found.values()] + [vars(sub) for sub in held.values()]
 
 
 _VERDICTS: dict[str, tuple[weakref.ref, bool]] = {}

@@ -885,11 +885,26 @@ class _SoftmaxArg(torch.Tensor):
         shown = name[:-len(".__get__")] if name.endswith(".__get__") else name
         if shown.startswith("torch.Tensor."):
             shown = f"{token._sarc_name}.{shown[len('torch.Tensor.'):]}"
+        why = (f"sarc reads {token._sarc_name} only in torch_geometric.utils.softmax(alpha, "
+               f"index, ptr, size_i), its softmax over the edges into each destination")
+        if _in_pyg_softmax():
+            why += ("; this is PyG's softmax, reached where sarc does not route it (a closure): "
+                    "call it by a name of a module, or hold it as an attribute of the conv")
         raise _refuse(token._sarc_conv, f"message's {token._sarc_name} used in {shown}"
-                      f"{_forward_line(token._sarc_conv, 'message')}",
-                      f"sarc reads {token._sarc_name} only in torch_geometric.utils.softmax("
-                      f"alpha, index, ptr, size_i), its softmax over the edges into each "
-                      f"destination")
+                      f"{_forward_line(token._sarc_conv, 'message')}", why)
+
+
+def _in_pyg_softmax() -> bool:
+    """Whether PyG's own ``softmax`` (not sarc's route of it, which its name holds while a
+    conv is traced) is running."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "softmax" and \
+                f.f_code.co_filename.endswith(os.path.join("torch_geometric", "utils",
+                                                           "_softmax.py")):
+            return True
+        f = f.f_back
+    return False
 
 
 def _pyg_softmax(src, index=None, ptr=None, num_nodes=None, dim=0):

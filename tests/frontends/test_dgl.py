@@ -282,13 +282,34 @@ def test_edges_reading_their_layers_aggregate_are_refused_in_a_distributed_sched
         assert err.value.loc is not None and err.value.loc.file == __file__
 
 
-def test_edge_softmax_imported_by_a_users_module_is_sarcs():
-    module = DotAttention()
+class HeldSoftmaxAttention(DotAttention):
+    """DGL's ``edge_softmax`` held as an attribute: DGL's own ran on sarc's graph ("g._graph
+    is not supported")."""
+
+    def __init__(self):
+        super().__init__()
+        self.normalize = edge_softmax
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata.update({"q": self.q(feat), "v": self.v(feat)})
+            g.dstdata["q"] = self.q(feat[:g.num_dst_nodes()])
+            g.apply_edges(fn.u_dot_v("q", "q", "s"))
+            g.edata["a"] = self.normalize(g, g.edata["s"] / 2.0)
+            g.update_all(fn.u_mul_e("v", "a", "m"), fn.sum("m", "h"))
+            return g.dstdata["h"]
+
+
+@pytest.mark.parametrize("make", [DotAttention, HeldSoftmaxAttention],
+                         ids=["imported", "held-as-attribute"])
+def test_edge_softmax_imported_by_a_users_module_is_sarcs(make):
+    module = make()
     src, dst = _edges(False)
     x = torch.randn(N, IN)
     got = from_dgl_module(module, node={"feat": IN})(sarc.Graph.from_edges(src, dst, N), x)
     torch.testing.assert_close(got, module(dgl.graph((src, dst), num_nodes=N), x),
                                rtol=1e-5, atol=1e-5)
+    assert getattr(module, "normalize", edge_softmax) is edge_softmax   # put back
 
 
 # --- P workers equal one process -------------------------------------------------------------

@@ -360,6 +360,25 @@ class GatedByDestination(MessagePassing):
         return x_j * alpha.view(-1, 1)
 
 
+class HeldSoftmax(MessagePassing):
+    """PyG's softmax held as an attribute (``self.normalize = softmax``): not found by its
+    name in a module, it ran as PyG's own and was refused as a use of ``index``."""
+
+    def __init__(self, in_channels, normalize=softmax):
+        super().__init__(aggr="add")
+        self.in_channels = in_channels
+        self.score = nn.Linear(2 * in_channels, 1)
+        self.normalize = normalize
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j, index, ptr, size_i):
+        alpha = self.normalize(self.score(torch.cat([x_i, x_j], -1)).squeeze(-1), index, ptr,
+                               size_i)
+        return x_j * alpha.view(-1, 1)
+
+
 SOFTMAX_CONVS = {
     "agnn": (lambda: pyg.AGNNConv(add_self_loops=False), {"in_channels": D}),
     "agnn_self_loops": (lambda: pyg.AGNNConv(), {"in_channels": D}),
@@ -371,6 +390,7 @@ SOFTMAX_CONVS = {
                                                     attention_type="dot_product"), {}),
     "user_dot_attention": (lambda: DotAttention(D, 3), {}),
     "user_edge_index_i": (lambda: GatedByDestination(D), {}),
+    "user_held_softmax": (lambda: HeldSoftmax(D), {}),
 }
 
 
@@ -454,6 +474,18 @@ def test_other_uses_of_the_destination_index_are_refused():
         as_conv(SoftmaxOverSources(D))(x, ei)
     with pytest.raises(ConversionError, match=r"SourceIndex: message argument 'edge_index_j'"):
         as_conv(SourceIndex(D))(x, ei)
+
+
+def test_pyg_softmax_held_in_a_closure_is_refused_saying_so():
+    def conv_with(normalize):
+        class Closed(HeldSoftmax):
+            def message(self, x_i, x_j, index, ptr, size_i):
+                return x_j * normalize(x_j.sum(-1), index, ptr, size_i).view(-1, 1)
+        return Closed(D, None)
+
+    with pytest.raises(ConversionError, match=r"this is PyG's softmax, reached where sarc does "
+                                              r"not route it \(a closure\)"):
+        as_conv(conv_with(softmax))(torch.randn(N, D), graph())
 
 
 # --- 6. one-round convs whose forward normalizes: PyG's preparation, then the round ---------------
