@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import operator
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -528,12 +529,33 @@ class _NodeBatch:
                        f"supported by sarc (nodes.mailbox and nodes.data are)", user_loc())
 
 
+_ELEMENTWISE = frozenset({"relu", "exp", "abs", "sigmoid", "tanh", "square", "sqrt", "log",
+                          "neg", "sin", "cos"})
+"""Functions of one mailbox applied to each message alone: a message computed again."""
+
+_ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+               "truediv": operator.truediv, "pow": operator.pow}
+
+
 class _Mailbox:
     """``nodes.mailbox[name]``: only a sum, mean, max or min over the mailbox axis (dim 1)
-    lowers to a sarc reduction; anything else (an LSTM, sorting, indexing) is refused."""
+    lowers to a sarc reduction, of the messages or of each message's own arithmetic (with
+    numbers, another mailbox, ``_ELEMENTWISE``: ``(m * 2).relu().sum(1)``); anything else
+    (an LSTM, sorting, indexing, node data broadcast over the mailbox) is refused."""
 
     def __init__(self, graph, name, value):
         self._graph, self._name, self._value = graph, name, value
+
+    def _each(self, value) -> "_Mailbox":
+        return _Mailbox(self._graph, self._name, value)
+
+    def _operand(self, other, what: str):
+        if isinstance(other, _Mailbox):
+            return other._value
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return other
+        self._refuse(f"{what} with {type(other).__name__} (compute per-edge values in the "
+                     f"message function, reading edges.dst / edges.src)")
 
     def _refusal(self, what: str) -> str:
         return (f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: sarc "
@@ -574,13 +596,55 @@ class _Mailbox:
         name = getattr(func, "__name__", "")
         if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin"):
             return getattr(box, name)(*args[1:], **kwargs)
+        if isinstance(box, _Mailbox) and name in _ELEMENTWISE and len(args) == 1 and not kwargs:
+            return getattr(box, name)()
         mailbox = next(a for a in (*args, *kwargs.values()) if isinstance(a, _Mailbox))
         mailbox._refuse(f"torch.{name}")
 
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in _ELEMENTWISE:
+            return lambda: self._each(getattr(self._value, name)())
         self._refuse(f".{name}")
+
+    def __neg__(self):
+        return self._each(-self._value)
+
+    def _arithmetic(self, name: str, other, reflected: bool = False) -> "_Mailbox":
+        b = self._operand(other, f"__{'r' * reflected}{name}__")
+        op = _ARITHMETIC[name]
+        return self._each(op(b, self._value) if reflected else op(self._value, b))
+
+    def __add__(self, other):
+        return self._arithmetic("add", other)
+
+    def __radd__(self, other):
+        return self._arithmetic("add", other, reflected=True)
+
+    def __sub__(self, other):
+        return self._arithmetic("sub", other)
+
+    def __rsub__(self, other):
+        return self._arithmetic("sub", other, reflected=True)
+
+    def __mul__(self, other):
+        return self._arithmetic("mul", other)
+
+    def __rmul__(self, other):
+        return self._arithmetic("mul", other, reflected=True)
+
+    def __truediv__(self, other):
+        return self._arithmetic("truediv", other)
+
+    def __rtruediv__(self, other):
+        return self._arithmetic("truediv", other, reflected=True)
+
+    def __pow__(self, other):
+        return self._arithmetic("pow", other)
+
+    def __rpow__(self, other):
+        return self._arithmetic("pow", other, reflected=True)
 
     def __getitem__(self, key):
         self._refuse("indexing")

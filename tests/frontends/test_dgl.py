@@ -218,6 +218,54 @@ def test_udfs_that_reduce_over_the_mailbox_are_traced():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
+    """``(m * 2 - 1).relu().mean(1)``: arithmetic on the mailbox before its reduction (it was
+    Python's "unsupported operand type(s) for *: '_Mailbox' and 'int'")."""
+    class Arithmetic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(IN, 4)
+
+        def forward(self, g, feat):
+            with g.local_scope():
+                g.srcdata["h"] = self.lin(feat)
+                g.update_all(fn.copy_u("h", "m"), lambda nodes: {
+                    "o": (nodes.mailbox["m"] * 2 - 1).relu().mean(1)
+                    + (nodes.mailbox["m"] ** 2).sum(1) / 3
+                    + torch.tanh(1 - nodes.mailbox["m"]).amax(1)
+                    + (nodes.mailbox["m"] * nodes.mailbox["m"].sigmoid()).sum(1)})
+                return g.dstdata["o"]
+
+    module = Arithmetic()
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(module, node={"feat": IN})
+    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
+    want = module(dgl.graph((src, dst), num_nodes=N), xd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(want.shape)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_node_data_broadcast_over_the_mailbox_is_refused_by_name():
+    class Broadcast(nn.Module):
+        def forward(self, g, feat):
+            with g.local_scope():
+                g.srcdata["h"] = feat
+                g.update_all(fn.copy_u("h", "m"), lambda nodes: {
+                    "o": (nodes.mailbox["m"] * nodes.data["h"].unsqueeze(1)).sum(1)})
+                return g.dstdata["o"]
+
+    src, dst = _edges(False)
+    with pytest.raises(sarc.DSLError, match=r"nodes.mailbox\['m'\] used by __mul__ with .*compute "
+                                            r"per-edge values in the message function"):
+        from_dgl_module(Broadcast(), node={"feat": IN})(sarc.Graph.from_edges(src, dst, N),
+                                                        torch.randn(N, IN))
+
+
 class DotAttention(nn.Module):
     """A user's attention layer: ``fn.u_dot_v`` scores, DGL's ``edge_softmax`` imported by name."""
 
