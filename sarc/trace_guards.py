@@ -170,6 +170,21 @@ def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
         _TRACING.active = was_active
 
 
+def _row_count_hint(e: Exception) -> str:
+    """Why torch's argument parsing refused a graph size (``torch.arange(g.num_edges())``,
+    ``torch.rand(x.shape[0], 1)``), which it names by its class."""
+    from .trace import RowCount
+
+    def names(cls):
+        return {cls.__name__} | {n for sub in cls.__subclasses__() for n in names(sub)}
+    if not isinstance(e, TypeError) or not any(n in str(e) for n in names(RowCount)):
+        return ""
+    return (" (the argument is a graph size, g.num_edges() or x.shape[0], which has no value "
+            "while tracing: the layer runs on any graph. Only torch.ones / zeros / full over "
+            "it are traced, a constant per row; a value per row index, such as torch.arange, "
+            "or a random draw over it is not)")
+
+
 def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:
     """Where the code being traced may hold a function by name (``from dgl.nn.functional
     import edge_softmax``, ``self.softmax = edge_softmax``): the modules defining the classes of ``modules`` (``_traced_modules``)
@@ -294,7 +309,9 @@ def tracing(modules: Iterable[torch.nn.Module]):
                 if loc is None:
                     raise
                 what = "" if isinstance(e, TypeError) else f"{type(e).__name__}: "
-                raise DSLError(f"{what}{e}", loc) from None
+                hint = _row_count_hint(e)   # then torch's first line says enough
+                text = str(e).splitlines()[0].split(", but expected")[0] if hint else str(e)
+                raise DSLError(f"{what}{text}{hint}", loc) from None
             if refused:  # the code went on past a refusal: it would trace another program
                 first = refused[0]
                 raise DSLError(f"{first.problem} (the code caught this error with a try / "

@@ -393,6 +393,17 @@ class MisspeltDSLFunction(sarc.Layer):
         return sarc.meen(msg.m)  # ERR:misspelt
 
 
+class ArangeOverRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        return src.h * torch.arange(src.h.shape[0]).unsqueeze(-1)  # ERR:arange-rows
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 class UndefinedName(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 4})
@@ -446,6 +457,8 @@ CASES = [
                                     r"sarc\.Feature\(shape, dtype=\"i64\"\)"]),
     (MisspeltDSLFunction, "misspelt", ["AttributeError", "meen"]),
     (UndefinedName, "undefined", ["NameError", "'scale' is not defined"]),
+    (ArangeOverRows, "arange-rows", [r"arange\(\): argument 'end' \(position 1\) must be Number",
+                                     "the argument is a graph size", "torch.ones / zeros / full"]),
 ]
 
 
