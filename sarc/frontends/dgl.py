@@ -1207,12 +1207,23 @@ def _rounds_for(module, feats: Mapping[str, torch.Tensor]):
     return cache[width]
 
 
+NODE_ARGUMENTS = frozenset({"feat", "feats", "h", "x", "nfeat", "nfeats", "node_feat",
+                            "node_feats", "coord_feat", "feat_0", "eig_vec", "ntype",
+                            "node_type"})
+EDGE_ARGUMENTS = frozenset({"edge_weight", "efeat", "efeats", "edge_feat", "edge_feats",
+                            "e_feat", "etypes", "etype", "norm", "eweight", "pseudo",
+                            "distances"})
+"""The arguments of DGL's convs that are node (edge) data by their name, as DGL documents
+them: read so where a tensor's rows fit both (a graph with as many edges as nodes)."""
+
+
 def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
     """The layer of a patched conv for the features of this call, declared from their
     tensors: rows of the graph's source nodes (a worker's local rows) are node features,
     rows of its edges edge features, 1-d int64 tensors types. One layer per declaration,
     kept on the module. A tensor whose rows could be either (a block with as many edges
-    as nodes) takes the declaration of an earlier call with the same names and shapes."""
+    as nodes) is what its argument's name says (``NODE_ARGUMENTS``, ``EDGE_ARGUMENTS``),
+    else takes the declaration of an earlier call with the same names and shapes."""
     from ..dsl import INDEX, Feature
     block = _block_of(graph)
     num_nodes = next(getattr(block, a) for a in ("num_src", "num_local", "num_dst")
@@ -1230,6 +1241,9 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
         declared = {k: ("node", d) for k, d in key[0]} | {k: ("edge", d) for k, d in key[1]}
         return declared.keys() == feats.keys() and all(
             declared[k][0] in sides[k] and declared[k][1] == decls[k] for k in feats)
+    for k in feats:   # as many rows as nodes and edges: DGL's convs name their arguments
+        if sides[k] == {"node", "edge"} and k in NODE_ARGUMENTS | EDGE_ARGUMENTS:
+            sides[k] = {"node" if k in NODE_ARGUMENTS else "edge"}
     unclear = [k for k in feats if len(sides[k]) != 1]
     if unclear:
         earlier = [key for key in cache if fits(key)]

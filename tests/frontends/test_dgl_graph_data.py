@@ -450,7 +450,8 @@ def test_a_patched_conv_on_a_graph_of_as_many_edges_as_nodes_keeps_its_declarati
     """A patched conv declares its features from the first call's rows; on a later graph
     with as many edges as nodes (a mini-batch block can be one) a feature's rows fit both,
     and the earlier declaration is taken (it was refused as unclear: a sampled step failed
-    at random). A first call on such a graph is still refused, saying what to do."""
+    at random). A first call on such a graph reads the argument as DGL names it: ``feat``
+    is node data, ``edge_weight`` edge data (it was refused)."""
     sarc.frontends.dgl.patch()
     torch.manual_seed(0)
     conv = GraphConv(IN, 3, allow_zero_in_degree=True)
@@ -462,5 +463,11 @@ def test_a_patched_conv_on_a_graph_of_as_many_edges_as_nodes_keeps_its_declarati
     got = conv(square, x)
     want = conv(dgl.graph(((ring).tolist(), ((ring + 1) % N).tolist()), num_nodes=N), x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(GraphError, match="cannot tell whether 'feat'"):
-        GraphConv(IN, 3, allow_zero_in_degree=True)(square, x)
+    first = GraphConv(IN, 3, allow_zero_in_degree=True)
+    w = torch.rand(N) + 0.5
+    torch.testing.assert_close(first(square, x, edge_weight=w),
+                               first(dgl.graph((ring.tolist(), ((ring + 1) % N).tolist()),
+                                               num_nodes=N), x, edge_weight=w),
+                               rtol=1e-5, atol=1e-6)
+    (layer,) = first.__dict__["_sarc_layers"].values()
+    assert set(layer._sarc_node) == {"feat"} and set(layer._sarc_edge) == {"edge_weight"}
