@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import operator
+import os
 import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -722,7 +723,11 @@ class ProxyGraph:
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        self._refuse(f"g.{name}")
+        reader = _dgl_function_reading()
+        self._refuse(f"g.{name}" + (f", which {reader} reads," if reader else ""),
+                     "a sarc graph is one homogeneous graph or block, fixed when the layer is "
+                     "traced: DGL's batched graphs, heterographs and graph internals are not "
+                     "modelled")
 
     @property
     def device(self):
@@ -941,6 +946,22 @@ def _dgl_op(name: str):
             return graph.dstdata["_sarc_out"]
     run.__name__ = name
     return run
+
+
+def _dgl_function_reading() -> str:
+    """``dgl.readout.mean_nodes``: the DGL library function (not a module's forward, which
+    the error names as its owner) that is reading an attribute of the graph, if one is."""
+    import dgl
+    root = os.path.dirname(dgl.__file__) + os.sep
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename.startswith(root):
+            if "self" in f.f_code.co_varnames[:1]:
+                return ""   # a DGL module's method: the owner the error names
+            module = f.f_globals.get("__name__", "dgl")
+            return f"{module}.{f.f_code.co_name}"
+        f = f.f_back
+    return ""
 
 
 def _typed_linear(self, x, x_type, sorted_by_type=False):

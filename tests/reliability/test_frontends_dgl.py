@@ -58,6 +58,23 @@ def test_to_homogeneous_is_refused():
     assert err.loc.file == __file__
 
 
+@case("tracer", "`dgl.mean_nodes(g, ...)` (a readout over batched graphs) in a DGL module's "
+      "forward", "error-at-line")
+def test_a_dgl_function_reading_the_graph_is_named():
+    """It said only "g.nodes is not supported": an attribute the user never wrote."""
+    dgl = _dgl()
+
+    class Readout(nn.Module):
+        def forward(self, g, feat):
+            with g.local_scope():
+                g.ndata["h"] = feat
+                return feat + dgl.mean_nodes(g, "h")
+
+    err = _refused(Readout(), "g.nodes, which dgl.readout.", "reads",
+                   "DGL's batched graphs, heterographs and graph internals are not modelled")
+    assert err.loc.file == __file__
+
+
 @case("tracer", "`g.ndata[...]` an update_all wrote, sent again by a second update_all (a "
       "second hop in one DGL module)", "error-at-line")
 def test_second_hop_is_refused():
