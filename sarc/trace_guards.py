@@ -180,9 +180,9 @@ def _row_count_hint(e: Exception) -> str:
     if not isinstance(e, TypeError) or not any(n in str(e) for n in names(RowCount)):
         return ""
     return (" (the argument is a graph size, g.num_edges() or x.shape[0], which has no value "
-            "while tracing: the layer runs on any graph. Only torch.ones / zeros / full over "
-            "it are traced, a constant per row; a value per row index, such as torch.arange, "
-            "or a random draw over it is not)")
+            "while tracing: the layer runs on any graph. Only a filled tensor over it is traced, "
+            "a constant per row (torch.ones / zeros / full / empty, x.new_ones ...); a value "
+            "per row index, such as torch.arange, or a random draw over it is not)")
 
 
 def code_namespaces(modules: Iterable[torch.nn.Module]) -> list[dict]:

@@ -20,6 +20,7 @@ import inspect
 import math
 import numbers
 import os
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,10 @@ def hyperparameters(spec: ModelSpec, overrides: dict[str, Any] | None = None, *,
     return hp
 
 
+_NOT_A_NUMBER = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
+"""The floats ``float()`` reads that are not Python literals (``--set lr=nan``)."""
+
+
 def _of_default_type(key: str, value: Any, default: Any) -> Any:
     if default is None:
         return value
@@ -165,8 +170,7 @@ def _of_default_type(key: str, value: Any, default: Any) -> Any:
             break
     else:
         return value
-    if kind is float and isinstance(value, str) and value.strip().lower().lstrip("+-") in (
-            "nan", "inf", "infinity"):
+    if kind is float and isinstance(value, str) and _NOT_A_NUMBER.fullmatch(value.strip()):
         value = float(value)   # not Python literals: read as the float the user wrote
     ok = (isinstance(value, bool) if kind is bool
           else isinstance(value, numbers.Integral) and not isinstance(value, bool) if kind is int

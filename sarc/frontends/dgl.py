@@ -547,6 +547,11 @@ class _Mailbox:
     def __init__(self, graph, name, value):
         self._graph, self._name, self._value = graph, name, value
 
+    def _sarc_refusal(self) -> str:
+        """Why a traced value cannot take the mailbox (``nodes.data['h'].unsqueeze(1) * m``)."""
+        return self._refusal("arithmetic with a traced value (compute per-edge values in the "
+                             "message function, reading edges.dst / edges.src)")
+
     def _each(self, value) -> "_Mailbox":
         return _Mailbox(self._graph, self._name, value)
 
@@ -561,7 +566,8 @@ class _Mailbox:
     def _refusal(self, what: str) -> str:
         return (f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: sarc "
                 f"lowers a reduce function only when it sums, averages or takes the max / min "
-                f"of the mailbox over dim 1 (e.g. fn.{_REDUCERS[0]}, mailbox.sum(1))")
+                f"over dim 1 of the mailbox or of each message's own arithmetic (e.g. "
+                f"fn.{_REDUCERS[0]}, mailbox.sum(1), (mailbox * 2).relu().mean(1))")
 
     def _refuse(self, what: str):
         raise DSLError(self._refusal(what), user_loc())
@@ -597,7 +603,8 @@ class _Mailbox:
         name = getattr(func, "__name__", "")
         if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin"):
             return getattr(box, name)(*args[1:], **kwargs)
-        if isinstance(box, _Mailbox) and name in _ELEMENTWISE and len(args) == 1 and not kwargs:
+        if isinstance(box, _Mailbox) and name in _ELEMENTWISE and len(args) == 1 and \
+                not any(kwargs.values()):   # F.relu(m) passes inplace=False
             return getattr(box, name)()
         mailbox = next(a for a in (*args, *kwargs.values()) if isinstance(a, _Mailbox))
         mailbox._refuse(f"torch.{name}")
@@ -953,15 +960,15 @@ def _dgl_function_reading() -> str:
     the error names as its owner) that is reading an attribute of the graph, if one is."""
     import dgl
     root = os.path.dirname(dgl.__file__) + os.sep
-    f = sys._getframe(2)
-    while f is not None:
-        if f.f_code.co_filename.startswith(root):
-            if "self" in f.f_code.co_varnames[:1]:
-                return ""   # a DGL module's method: the owner the error names
-            module = f.f_globals.get("__name__", "dgl")
-            return f"{module}.{f.f_code.co_name}"
-        f = f.f_back
-    return ""
+    f, found = sys._getframe(2), ""
+    while f is not None and not f.f_code.co_filename.startswith(root):
+        f = f.f_back   # sarc's own frames
+    while f is not None and f.f_code.co_filename.startswith(root):
+        if "self" in f.f_code.co_varnames[:1]:
+            break   # a DGL module's method: the owner the error names
+        found = f"{f.f_globals.get('__name__', 'dgl')}.{f.f_code.co_name}"
+        f = f.f_back   # the outermost: the function the user called
+    return found
 
 
 def _typed_linear(self, x, x_type, sorted_by_type=False):

@@ -162,12 +162,28 @@ def check_not_hooked(conv) -> None:
                             "torch_geometric.explain)", "sarc does not apply it: explain the "
                             "model with its PyG convs")
     for name, hooks in vars(conv).items():
-        if name.endswith("_hooks") and name not in _STATE_HOOKS and isinstance(hooks, dict) \
-                and hooks:
-            raise _refuse(conv, f"a hook registered with register{name[:-1]}",
+        if not (name.endswith("_hooks") and name not in _STATE_HOOKS
+                and isinstance(hooks, dict) and hooks):
+            continue
+        maker = next((h for h in hooks.values() if type(h).__module__.startswith(
+            "torch.nn.utils")), None)
+        if maker is not None:   # weight_norm / spectral_norm / pruning of the conv's parameter
+            raise _refuse(conv, f"{type(maker).__name__} on a parameter of the conv itself (a "
+                                f"forward pre-hook that recomputes it at each call)",
                           "sarc computes the conv as a sarc layer and never calls it, so the "
-                          "hook would not run; remove it, or register a forward hook on the "
-                          "as_conv module")
+                          "parameter would not be recomputed")
+        registered = _HOOK_REGISTRATION.get(name, f"register{name[:-1]}")
+        hint = ", or register a forward hook on the as_conv module" \
+            if name in ("_forward_hooks", "_forward_pre_hooks") else ""
+        raise _refuse(conv, f"a hook registered with {registered}",
+                      f"sarc computes the conv as a sarc layer and never calls it, so the hook "
+                      f"would not run; remove it{hint}")
+
+
+_HOOK_REGISTRATION = {"_backward_hooks": "register_full_backward_hook (or register_backward_hook)",
+                      "_backward_pre_hooks": "register_full_backward_pre_hook"}
+"""nn.Module's registration methods whose names are not their dicts' (``register`` + the
+dict's name less its ``s``)."""
 
 
 def _aggr_name(conv) -> str:
@@ -226,6 +242,13 @@ def _in_channels(conv, value=None) -> int:
 def _require(conv, ok: bool, construct: str, why: str = "") -> None:
     if not ok:
         raise _refuse(conv, construct, why)
+
+
+def _require_aggr(conv, allowed: tuple[str, ...], why: str = "") -> None:
+    """The conv aggregates with one of ``allowed``, named as PyG aggregates now (its
+    ``aggr_module``; ``conv.aggr`` keeps the name it was built with)."""
+    name = _aggr_name(conv)
+    _require(conv, name in allowed, f"aggr={name!r}", why)
 
 
 def _ones(edge_index: torch.Tensor) -> torch.Tensor:
@@ -304,7 +327,7 @@ class GATConvLayer(PyGLayer):
     @classmethod
     def check_conv(cls, conv) -> None:
         super().check_conv(conv)
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        _require_aggr(conv, ("add", "sum"))
 
     def forward(self, g, *args, **feats):
         if self._edge_term and (not _given(self, "edge_attr", args, feats) or (
@@ -437,7 +460,7 @@ class GINConvLayer(PyGLayer):
     @classmethod
     def check_conv(cls, conv) -> None:
         super().check_conv(conv)
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        _require_aggr(conv, ("add", "sum"))
 
     def message(self, src, dst, edge):
         return src.x
@@ -495,8 +518,7 @@ class RGCNConvLayer(PyGLayer):
         super().check_conv(conv)
         _require(conv, conv.num_blocks is None, f"num_blocks={conv.num_blocks}",
                  "block-diagonal decomposition")
-        _require(conv, _aggr_name(conv) in ("add", "sum", "mean"), f"aggr={conv.aggr!r}",
-                 "a per-relation max or min")
+        _require_aggr(conv, ("add", "sum", "mean"), "a per-relation max or min")
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
@@ -578,7 +600,7 @@ class TransformerConvLayer(PyGLayer):
     def check_conv(cls, conv) -> None:
         super().check_conv(conv)
         _require(conv, not conv.beta, "beta=True", "the gated skip connection")
-        _require(conv, _aggr_name(conv) in ("add", "sum"), f"aggr={conv.aggr!r}")
+        _require_aggr(conv, ("add", "sum"))
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:

@@ -458,7 +458,7 @@ CASES = [
     (MisspeltDSLFunction, "misspelt", ["AttributeError", "meen"]),
     (UndefinedName, "undefined", ["NameError", "'scale' is not defined"]),
     (ArangeOverRows, "arange-rows", [r"arange\(\): argument 'end' \(position 1\) must be Number",
-                                     "the argument is a graph size", "torch.ones / zeros / full"]),
+                                     "the argument is a graph size", "torch.ones / zeros / full / empty"]),
 ]
 
 

@@ -233,6 +233,7 @@ def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
                     "o": (nodes.mailbox["m"] * 2 - 1).relu().mean(1)
                     + (nodes.mailbox["m"] ** 2).sum(1) / 3
                     + torch.tanh(1 - nodes.mailbox["m"]).amax(1)
+                    + torch.nn.functional.relu(nodes.mailbox["m"]).sum(1)
                     + (nodes.mailbox["m"] * nodes.mailbox["m"].sigmoid()).sum(1)})
                 return g.dstdata["o"]
 
@@ -250,18 +251,22 @@ def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
     torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_node_data_broadcast_over_the_mailbox_is_refused_by_name():
+@pytest.mark.parametrize("mailbox_first", [True, False])
+def test_node_data_broadcast_over_the_mailbox_is_refused_by_name(mailbox_first):
+    def times(a, b):
+        return a * b if mailbox_first else b * a
+
     class Broadcast(nn.Module):
         def forward(self, g, feat):
             with g.local_scope():
                 g.srcdata["h"] = feat
                 g.update_all(fn.copy_u("h", "m"), lambda nodes: {
-                    "o": (nodes.mailbox["m"] * nodes.data["h"].unsqueeze(1)).sum(1)})
+                    "o": times(nodes.mailbox["m"], nodes.data["h"].unsqueeze(1)).sum(1)})
                 return g.dstdata["o"]
 
     src, dst = _edges(False)
-    with pytest.raises(sarc.DSLError, match=r"nodes.mailbox\['m'\] used by __mul__ with .*compute "
-                                            r"per-edge values in the message function"):
+    with pytest.raises(sarc.DSLError, match=r"nodes.mailbox\['m'\] used by .*compute per-edge "
+                                            r"values in the message function"):
         from_dgl_module(Broadcast(), node={"feat": IN})(sarc.Graph.from_edges(src, dst, N),
                                                         torch.randn(N, IN))
 

@@ -220,6 +220,19 @@ def test_an_option_sarc_refuses_set_after_conversion_is_refused_at_the_call(make
         wrapped(x, ei)
 
 
+@pytest.mark.parametrize("make", [lambda: pyg.GINConv(nn.Linear(D, 3)),
+                                  lambda: pyg.GATConv(D, 3)], ids=["GINConv", "GATConv"])
+def test_an_aggregation_replaced_after_conversion_is_refused_by_its_name(make):
+    """``conv.aggr`` keeps the name the conv was built with; the refusal said aggr='add'."""
+    from torch_geometric.nn.aggr import MeanAggregation
+    conv = randomize(make())
+    wrapped, x, ei = as_conv(conv), x64(), graph()
+    wrapped(x, ei)
+    conv.aggr_module = MeanAggregation()
+    with pytest.raises(ConversionError, match=r"aggr='mean' is not supported"):
+        wrapped(x, ei)
+
+
 def _message_hook(conv):
     return conv.register_message_forward_hook(lambda m, inputs, out: out * 2)
 
@@ -243,8 +256,33 @@ def _explainer_mask(conv):
     return type("Handle", (), {"remove": lambda self: clear_masks(conv)})()
 
 
+def _backward_hook(conv):
+    return conv.register_full_backward_hook(lambda m, gin, gout: tuple(
+        None if g is None else 2 * g for g in gin))
+
+
+def _weight_norm(conv):
+    name = next(n for n, p in conv.named_parameters(recurse=False))
+    torch.nn.utils.weight_norm(conv, name)
+    with torch.no_grad():
+        getattr(conv, f"{name}_g").mul_(3.0)   # the recomputed weight changes
+
+    class Removed:
+        def remove(self):
+            torch.nn.utils.remove_weight_norm(conv, name)
+    return Removed()
+
+
+HOOK_NAMES = {_message_hook: "register_message_forward_hook",
+              _forward_hook: "register_forward_hook", _pre_hook: "register_forward_pre_hook",
+              _aggregate_hook: "register_aggregate_forward_hook",
+              _explainer_mask: "an explainer's edge mask",
+              _backward_hook: "register_full_backward_hook",
+              _weight_norm: "WeightNorm on a parameter of the conv itself"}
+
+
 @pytest.mark.parametrize("hook", [_message_hook, _forward_hook, _pre_hook, _aggregate_hook,
-                                  _explainer_mask])
+                                  _explainer_mask, _backward_hook, _weight_norm])
 @pytest.mark.parametrize("make", [lambda: pyg.SAGEConv(D, 3), lambda: pyg.GATConv(D, 3, heads=2),
                                   lambda: pyg.APPNP(K=2, alpha=0.2)],
                          ids=["SAGEConv", "GATConv", "APPNP"])
@@ -255,10 +293,14 @@ def test_a_hooked_conv_is_refused_until_the_hook_is_removed(make, hook):
     wrapped = as_conv(conv, in_channels=D) if isinstance(conv, pyg.APPNP) else as_conv(conv)
     x, ei = x64(), graph()
     plain = conv(x, ei)
+    if hook is _weight_norm and not any(True for _ in conv.parameters(recurse=False)):
+        pytest.skip("the conv has no parameter of its own")
     handle = hook(conv)
-    assert not torch.allclose(conv(x, ei), plain)   # the hook acts in PyG
-    with pytest.raises(ConversionError, match="hook registered with register|explainer"):
+    if hook is not _backward_hook:
+        assert not torch.allclose(conv(x, ei), plain)   # the hook acts in PyG
+    with pytest.raises(ConversionError) as err:
         wrapped(x, ei)
+    assert HOOK_NAMES[hook] in str(err.value), str(err.value)
     handle.remove()
     close(wrapped(x, ei), conv(x, ei), "output once the hook is removed")
 

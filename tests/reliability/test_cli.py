@@ -155,7 +155,8 @@ def test_set_wrong_type():
 @pytest.mark.parametrize("item,needles", [
     ("lr=nan", ("lr=nan", "finite number > 0")), ("lr=-inf", ("lr=-inf", "finite number > 0")),
     ("weight_decay=Infinity", ("weight_decay=inf", "finite number >= 0")),
-    ("dropout=nan", ("dropout=nan", "probability in [0, 1)"))])
+    ("dropout=nan", ("dropout=nan", "probability in [0, 1)")),
+    ("lr=--inf", ("lr='--inf' is a string", "takes a float"))])   # float() refuses it too
 def test_set_a_float_that_is_no_number(item, needles):
     """They were refused as strings ("lr='nan' is a string, but lr takes a float")."""
     refused_before_work(run_sarc("train", GCN, "--set", item), *needles)

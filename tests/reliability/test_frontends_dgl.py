@@ -70,7 +70,7 @@ def test_a_dgl_function_reading_the_graph_is_named():
                 g.ndata["h"] = feat
                 return feat + dgl.mean_nodes(g, "h")
 
-    err = _refused(Readout(), "g.nodes, which dgl.readout.", "reads",
+    err = _refused(Readout(), "g.nodes, which dgl.readout.mean_nodes reads",
                    "DGL's batched graphs, heterographs and graph internals are not modelled")
     assert err.loc.file == __file__
 
