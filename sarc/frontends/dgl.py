@@ -538,6 +538,14 @@ _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
                "truediv": operator.truediv, "pow": operator.pow}
 
 
+def _arithmetic_of(name: str, reflected: bool = False):
+    """``_Mailbox``'s operator ``name`` (``__mul__``, or ``__rmul__`` where ``reflected``)."""
+    def method(self, other):
+        return self._arithmetic(name, other, reflected)
+    method.__name__ = f"__{'r' * reflected}{name}__"
+    return method
+
+
 class _Mailbox:
     """``nodes.mailbox[name]``: only a sum, mean, max or min over the mailbox axis (dim 1)
     lowers to a sarc reduction, of the messages or of each message's own arithmetic (with
@@ -624,35 +632,12 @@ class _Mailbox:
         op = _ARITHMETIC[name]
         return self._each(op(b, self._value) if reflected else op(self._value, b))
 
-    def __add__(self, other):
-        return self._arithmetic("add", other)
-
-    def __radd__(self, other):
-        return self._arithmetic("add", other, reflected=True)
-
-    def __sub__(self, other):
-        return self._arithmetic("sub", other)
-
-    def __rsub__(self, other):
-        return self._arithmetic("sub", other, reflected=True)
-
-    def __mul__(self, other):
-        return self._arithmetic("mul", other)
-
-    def __rmul__(self, other):
-        return self._arithmetic("mul", other, reflected=True)
-
-    def __truediv__(self, other):
-        return self._arithmetic("truediv", other)
-
-    def __rtruediv__(self, other):
-        return self._arithmetic("truediv", other, reflected=True)
-
-    def __pow__(self, other):
-        return self._arithmetic("pow", other)
-
-    def __rpow__(self, other):
-        return self._arithmetic("pow", other, reflected=True)
+    __add__, __radd__ = _arithmetic_of("add"), _arithmetic_of("add", reflected=True)
+    __sub__, __rsub__ = _arithmetic_of("sub"), _arithmetic_of("sub", reflected=True)
+    __mul__, __rmul__ = _arithmetic_of("mul"), _arithmetic_of("mul", reflected=True)
+    __truediv__ = _arithmetic_of("truediv")
+    __rtruediv__ = _arithmetic_of("truediv", reflected=True)
+    __pow__, __rpow__ = _arithmetic_of("pow"), _arithmetic_of("pow", reflected=True)
 
     def __getitem__(self, key):
         self._refuse("indexing")

@@ -218,26 +218,30 @@ def test_udfs_that_reduce_over_the_mailbox_are_traced():
                                rtol=1e-5, atol=1e-5)
 
 
+class MailboxUDF(nn.Module):
+    """``lin(feat)`` sent along every edge as 'm', reduced by ``reduce`` (a DGL reduce UDF
+    of its own writing 'o')."""
+
+    def __init__(self, reduce):
+        super().__init__()
+        self.lin, self.reduce = nn.Linear(IN, 4), reduce
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), self.reduce)
+            return g.dstdata["o"]
+
+
 def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
     """``(m * 2 - 1).relu().mean(1)``: arithmetic on the mailbox before its reduction (it was
     Python's "unsupported operand type(s) for *: '_Mailbox' and 'int'")."""
-    class Arithmetic(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(IN, 4)
-
-        def forward(self, g, feat):
-            with g.local_scope():
-                g.srcdata["h"] = self.lin(feat)
-                g.update_all(fn.copy_u("h", "m"), lambda nodes: {
-                    "o": (nodes.mailbox["m"] * 2 - 1).relu().mean(1)
-                    + (nodes.mailbox["m"] ** 2).sum(1) / 3
-                    + torch.tanh(1 - nodes.mailbox["m"]).amax(1)
-                    + torch.nn.functional.relu(nodes.mailbox["m"]).sum(1)
-                    + (nodes.mailbox["m"] * nodes.mailbox["m"].sigmoid()).sum(1)})
-                return g.dstdata["o"]
-
-    module = Arithmetic()
+    module = MailboxUDF(lambda nodes: {
+        "o": (nodes.mailbox["m"] * 2 - 1).relu().mean(1)
+        + (nodes.mailbox["m"] ** 2).sum(1) / 3
+        + torch.tanh(1 - nodes.mailbox["m"]).amax(1)
+        + torch.nn.functional.relu(nodes.mailbox["m"]).sum(1)
+        + (nodes.mailbox["m"] * nodes.mailbox["m"].sigmoid()).sum(1)})
     src, dst = _edges(False)
     x = torch.randn(N, IN)
     layer = from_dgl_module(module, node={"feat": IN})
@@ -256,19 +260,13 @@ def test_node_data_broadcast_over_the_mailbox_is_refused_by_name(mailbox_first):
     def times(a, b):
         return a * b if mailbox_first else b * a
 
-    class Broadcast(nn.Module):
-        def forward(self, g, feat):
-            with g.local_scope():
-                g.srcdata["h"] = feat
-                g.update_all(fn.copy_u("h", "m"), lambda nodes: {
-                    "o": times(nodes.mailbox["m"], nodes.data["h"].unsqueeze(1)).sum(1)})
-                return g.dstdata["o"]
-
+    module = MailboxUDF(lambda nodes: {
+        "o": times(nodes.mailbox["m"], nodes.data["h"].unsqueeze(1)).sum(1)})
     src, dst = _edges(False)
     with pytest.raises(sarc.DSLError, match=r"nodes.mailbox\['m'\] used by .*compute per-edge "
                                             r"values in the message function"):
-        from_dgl_module(Broadcast(), node={"feat": IN})(sarc.Graph.from_edges(src, dst, N),
-                                                        torch.randn(N, IN))
+        from_dgl_module(module, node={"feat": IN})(sarc.Graph.from_edges(src, dst, N),
+                                                   torch.randn(N, IN))
 
 
 class DotAttention(nn.Module):
