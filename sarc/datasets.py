@@ -24,6 +24,7 @@ are boolean; an integer array whose values are all 0 or 1 is read as one (what a
 from __future__ import annotations
 
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -33,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .errors import GraphError, SarcError
+from .errors import GraphError, SarcError, SarcWarning
 
 def _printable(name: str) -> str:
     """A dataset's name as headers and reports print it: non-printable characters (line
@@ -73,6 +74,10 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
 
 class DatasetFormatError(DatasetError, ValueError):
     """A dataset's arrays are missing, of the wrong type or shape, or hold values out of range."""
+
+
+class DatasetWarning(SarcWarning):
+    """A dataset sarc trains on as given, though it is likely not what was meant."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,7 +205,8 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
     whenever present (the others pass unchanged): ``edge_src`` / ``edge_dst`` integer
     ``[E]`` ids in ``[0, N)``; ``label`` integer ``[N]`` in ``0 .. C-1`` or ``-1``
     (unlabeled); each mask ``[N]`` boolean, or integers that are all 0 or 1 (read as
-    False / True; anything else, such as node ids, is refused); ``feat`` numeric
+    False / True; anything else, such as node ids, is refused; a ``val_mask`` or
+    ``test_mask`` sharing nodes with ``train_mask`` is warned of); ``feat`` numeric
     ``[N, F]`` without NaN or Inf; ``etype`` integer ``[E]`` in ``[0, num_etypes)``; ``ntype``
     integer ``[N]`` in ``[0, num_ntypes)``. N,
     C and the number of edge types are the file's ``num_nodes``, ``num_classes`` and
@@ -252,6 +258,7 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
     for k in MASKS:
         if k in out:
             out[k] = _mask(out[k], k, n, fail)
+    _warn_training_nodes_scored(out, source)
 
     if "feat" in out:
         out["feat"] = _features(out["feat"], n, fail, check)
@@ -293,6 +300,23 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         _in_range(ntype, "ntype", 0, t, "num_ntypes", "node", fail)
         out["ntype"], out["num_ntypes"] = ntype, t
     return out
+
+
+def _warn_training_nodes_scored(arrays: Mapping[str, np.ndarray], source: str) -> None:
+    """A validation or test mask holding training nodes scores them on what the model fit:
+    said, not refused (DGL and PyG train on such a split, and random masks drawn one by one
+    overlap). Validation and test may share nodes (a split without a validation set may
+    score its test nodes for both)."""
+    if "train_mask" not in arrays:
+        return
+    for k in ("val_mask", "test_mask"):
+        if k in arrays:
+            both = np.flatnonzero(arrays["train_mask"] & arrays[k])
+            if both.size:
+                warnings.warn(DatasetWarning(
+                    f"{source}: {k} and train_mask share {_many(both.size, 'node')} (the first "
+                    f"is node {int(both[0])}); their {k.removesuffix('_mask')} accuracy is "
+                    f"measured on nodes the model trains on"), stacklevel=2)
 
 
 def _as_numpy(value: Any) -> np.ndarray:

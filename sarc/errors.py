@@ -39,6 +39,11 @@ class SourceLoc:
 MAX_SHOWN_LINES = 6  # of an expression spanning lines, in an error
 
 
+class SarcWarning(UserWarning):
+    """Base class of what sarc says of input it runs but that is likely a mistake; the
+    command line prints it as ``sarc COMMAND: warning: ...``."""
+
+
 class SarcError(Exception):
     """Base class of sarc's errors."""
 

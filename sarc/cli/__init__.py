@@ -21,10 +21,11 @@ import faulthandler
 import os
 import signal
 import sys
+import warnings
 from typing import Any, Callable
 
 from .. import names
-from ..errors import SarcError
+from ..errors import SarcError, SarcWarning
 from ..loader import parse_overrides
 from .options import ArgumentParser, UsageError, attach_values
 
@@ -65,6 +66,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _printable(said: object) -> str:
+    """An error's or warning's text with every non-printable character but its line breaks
+    (a name's terminal escapes) shown escaped (``names.one_line``)."""
+    return "\n".join(map(names.one_line, str(said).split("\n")))
+
+
+@contextlib.contextmanager
+def _warnings_said(command: str):
+    """sarc's warnings (``SarcWarning``) printed as its errors are, without Python's file and
+    line of the ``warnings.warn`` call: the message names the input it is about."""
+    show = warnings.showwarning
+
+    def said(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, SarcWarning):
+            return show(message, category, filename, lineno, file, line)
+        print(f"sarc {command}: warning: {_printable(message)}",
+              file=sys.stderr if file is None else file)
+
+    warnings.showwarning = said
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     # where a command seems stuck: ``kill -USR1 PID`` prints its threads' stacks
     # (``sarc.distributed.stacks``: sarc train --workers P adds its workers'); not where
@@ -77,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     try:
-        return int(args.func(args) or 0)
+        with _warnings_said(args.command):
+            return int(args.func(args) or 0)
     except SarcError as e:
-        # every other non-printable character (a name's terminal escapes) shown escaped
-        # (``names.one_line``); the message's line breaks are kept
-        text = "\n".join(map(names.one_line, str(e).split("\n")))
-        print(f"sarc {args.command}: error: {text}", file=sys.stderr)
+        print(f"sarc {args.command}: error: {_printable(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -24,6 +24,7 @@ OUTCOMES = {
     "literal": "the name reaches generated code only as a literal, or is refused; nothing runs",
     "no-orphans": "every process stops and temporary files are removed",
     "exact": "the result equals the reference",
+    "warning": "runs as given, with a one-line warning naming the input and the likely mistake",
     "stacks": "the stuck process's stacks, under its name (worker R), before the run stops",
 }
 

@@ -3,13 +3,14 @@ training, partitioning or launching; 0/1 integer masks read as the masks they ar
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from sarc.datasets import Dataset, DatasetError, load_dataset
+from sarc.datasets import Dataset, DatasetError, DatasetWarning, load_dataset
 from sarc.loader import load_model_file
 from sarc.train import train
 
@@ -81,6 +82,36 @@ def test_float_mask(tmp_path):
     bad = write_variant(tmp_path / "f.npz", test_mask=cora("test_mask").astype(np.float32))
     train_refused(run_sarc("train", GCN, "--dataset", bad, "--epochs", "2"),
                   str(bad), "test_mask", "float32", "boolean")
+
+
+@case("dataset", "a test or validation mask sharing nodes with the train mask", "warning")
+@pytest.mark.parametrize("other", ["test_mask", "val_mask"])
+def test_masks_sharing_training_nodes(tmp_path, other):
+    """Trained on as DGL and PyG do, and said once, naming the file, both masks and the nodes."""
+    leaked = cora(other) | cora("train_mask")        # the 140 training nodes in `other` too
+    path = write_variant(tmp_path / "leak.npz", **{other: leaked})
+    proc = run_sarc("train", GCN, "--dataset", path, "--epochs", "2")
+    assert proc.returncode == 0, proc.stderr
+    said = [l for l in proc.stderr.splitlines() if "warning" in l]
+    first = int(np.flatnonzero(cora("train_mask"))[0])
+    assert said == [f"sarc train: warning: {path}: {other} and train_mask share 140 nodes (the "
+                    f"first is node {first}); their {other[:-5]} accuracy is measured on nodes "
+                    f"the model trains on"], proc.stderr
+    assert sum(line.startswith("epoch") for line in proc.stdout.splitlines()) == 2
+
+
+def test_mask_overlap_warned_in_python_and_val_test_overlap_is_not():
+    """Only the train mask must be apart: a split that scores its test nodes as validation too
+    (aifb has no val split) is the user's to choose."""
+    arrays = {"edge_src": [0, 1, 2], "edge_dst": [1, 2, 3], "label": [0, 1, 0, 1],
+              "train_mask": [1, 1, 0, 0], "val_mask": [0, 0, 1, 1], "test_mask": [0, 0, 1, 1]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = Dataset.from_arrays(arrays, name="tiny")
+    assert torch.equal(d.val_mask, d.test_mask)
+    with pytest.warns(DatasetWarning, match=r"dataset 'tiny': test_mask and train_mask share "
+                                            r"1 node \(the first is node 1\)"):
+        Dataset.from_arrays({**arrays, "test_mask": [0, 1, 1, 1]}, name="tiny")
 
 
 @case("dataset", "NaN in the node features", "error")
