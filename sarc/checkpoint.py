@@ -360,6 +360,18 @@ class Progress:
     acc: dict = field(default_factory=dict)
 
 
+_STATE_SCHEMA = {"model": "object", "optimizer": "object", "selection": "object",
+                 "last": "object", "last.loss": "number", "last.acc": "object",
+                 "stopped_early": "bool", "elapsed_s": "number", "rng": "object",
+                 "rng.torch": "tensor", "rng.python": "object", "rng.python.version": "count",
+                 "rng.python.state": "tensor", "rng.numpy": "object", "rng.numpy.kind": "str",
+                 "rng.numpy.keys": "tensor", "rng.numpy.pos": "count",
+                 "rng.numpy.has_gauss": "count", "rng.numpy.cached_gaussian": "number",
+                 "rng.cuda": "list?"}
+"""What ``training_state`` writes and ``restore_training`` reads, checked before any of it
+is put back."""
+
+
 def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer,
                      selection) -> Progress:
     """Put ``state`` (``training_state``) back, random states last; where the run stands."""
@@ -524,6 +536,7 @@ class Checkpointer:
         found = (state.get("format"), state.get("epoch"), state.get("rank"))
         if found != (FORMAT, epoch, self.rank):
             raise CheckpointError(f"{path}: not worker {self.rank}'s file of epoch {epoch}")
+        Record(f"{path}: corrupt checkpoint", CheckpointError).check_fields(state, _STATE_SCHEMA)
         diff = run_differences(state.get("run", {}), self.run)
         if diff:
             raise CheckpointError(f"{path} is of another run: " + "; ".join(diff))

@@ -30,6 +30,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "json-str": (lambda v: isinstance(v, str), "a JSON object in a string"),
     "json-object": (lambda v: isinstance(v, dict), "a JSON object"),
     "count": (_is_count, "a non-negative integer"),
+    "number": (lambda v: type(v) in (int, float), "a number"),
+    "bool": (lambda v: type(v) is bool, "true or false"),
     "positive": (lambda v: type(v) is int and v > 0, "a positive integer"),
     "counts": (lambda v: isinstance(v, list) and all(_is_count(x) for x in v),
                "a list of non-negative integers"),

@@ -377,6 +377,31 @@ def test_a_corrupt_checkpoint_file_is_refused(tmp_path, reference):
     assert_error(_train(ckpt, "--resume"), "epoch-000006.rank-0.pt: corrupt")
 
 
+@case("checkpoint", "`--resume` where a checkpoint file lacks a field or holds one of another "
+                     "type (its sha256 in the manifest matching)", "error")
+@pytest.mark.parametrize("field,value,needle", [
+    ("rng", None, "lacks rng"), ("last", None, "lacks last"), ("optimizer", None, "lacks optimizer"),
+    ("last", {"acc": {}}, "lacks last.loss"), ("stopped_early", "no", "stopped_early must be"),
+    ("model", [1, 2], "model must be an object")])
+def test_a_checkpoint_file_lacking_a_field_is_refused(tmp_path, reference, field, value, needle):
+    """A file of another sarc, or written by hand: a KeyError or TypeError traceback before."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    f = ckpt / "epoch-000006.rank-0.pt"
+    state = _load(f)
+    if value is None:
+        del state[field]
+    else:
+        state[field] = value
+    torch.save(state, f)
+    meta = json.loads((ckpt / MANIFEST).read_text())
+    meta["files"][0]["sha256"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    (ckpt / MANIFEST).write_text(json.dumps(meta))
+    before = _snapshot(ckpt)
+    assert_error(_train(ckpt, "--resume"), f"{f}: corrupt checkpoint", needle)
+    assert _snapshot(ckpt) == before
+
+
 @case("checkpoint", "`--resume` where DIR holds no checkpoint yet", "exact")
 def test_resume_without_a_checkpoint_starts_fresh(tmp_path, reference):
     proc = _ok(_train(tmp_path / "ckpt", "--resume"))
