@@ -160,17 +160,20 @@ def recorded_hparams(hparams: dict) -> str:
 
 
 def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, world_size: int = 1,
-               partition: str = "", node_data: dict[str, str] | None = None) -> dict[str, Any]:
+               partition: str = "", node_data: dict[str, str] | None = None,
+               eval_every: int = 1) -> dict[str, Any]:
     """What a checkpoint belongs to; ``resume`` compares all but the names. ``node_data``:
     the digests of the dataset's features, labels and splits (``node_data_digests``), so
-    the same graph with other node data is not taken for it."""
+    the same graph with other node data is not taken for it; ``eval_every``: the epochs
+    model selection and early stopping see."""
     if not spec.path or not Path(spec.path).is_file():
         raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
     hp = {k: v for k, v in hparams.items() if k not in _NOT_COMPARED}
     return {"model": str(spec.path), "model_sha256": file_sha256(spec.path),
             "hparams": recorded_hparams(hp), "seed": int(seed),
             "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
-            "partition": partition, "node_data": dict(node_data or {})}
+            "partition": partition, "node_data": dict(node_data or {}),
+            "eval_every": int(eval_every)}
 
 
 def partition_fingerprint(pset) -> str:
@@ -224,6 +227,9 @@ def run_differences(saved: dict, now: dict) -> list[str]:
             out.append(f"the dataset differs: the same graph with other node data ("
                        f"{', '.join(names)}; the checkpoint's is {saved.get('dataset')}, this "
                        f"run's {now['dataset']})")
+    periods = saved.get("eval_every"), now.get("eval_every")   # an older sarc recorded none
+    if None not in periods and periods[0] != periods[1]:
+        out.append(f"--eval-every differs ({periods[0]} in the checkpoint, {periods[1]} now)")
     if saved.get("world_size") != now["world_size"]:
         out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
                    f"{now['world_size']} now)")
@@ -460,7 +466,7 @@ def check_launch(args, partition: str, minibatch=None, dataset: str | None = Non
     read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=dataset or "",
                                   graph=pset.fingerprint, world_size=args.workers,
                                   partition=partition_fingerprint(pset),
-                                  node_data=pset.node_digests))
+                                  node_data=pset.node_digests, eval_every=args.eval_every))
 
 
 class Checkpointer:

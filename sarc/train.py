@@ -519,7 +519,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         recorded = minibatch.recorded(hp) if minibatch else hp
         run = run_record(spec, recorded, seed=seed, dataset=data.recorded,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes),
-                         node_data=node_data_digests(data.node_data))
+                         node_data=node_data_digests(data.node_data), eval_every=eval_every)
     full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
                  train_total=counts["train"])
     source, line = FullBatch(full, counts), epoch_line

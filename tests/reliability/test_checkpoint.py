@@ -346,6 +346,24 @@ def test_resume_refuses_the_same_graph_with_other_node_data(tmp_path, reference)
     assert _snapshot(ckpt) == before
 
 
+@case("checkpoint", "`--resume` with another `--eval-every` (the epochs model selection sees)",
+      "error")
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_resume_refuses_another_eval_every(tmp_path, workers):
+    """Which epochs are evaluated decides the selected epoch and early stopping: a resumed
+    run with another period equals no uninterrupted run."""
+    ckpt = tmp_path / "ckpt"
+    more = ("--workers", "2", "--method", "random") if workers == "2" else ()
+    _ok(run_sarc("train", GCN, "--epochs", "2", "--checkpoint-every", "2", "--threads", "1",
+                 "--checkpoint", ckpt, "--eval-every", "2", *more))
+    before = _snapshot(ckpt)
+    proc = run_sarc("train", GCN, "--epochs", "4", "--checkpoint-every", "2", "--threads", "1",
+                    "--checkpoint", ckpt, "--resume", *more)
+    assert_error(proc, "is a checkpoint of another run",
+                 "--eval-every differs (2 in the checkpoint, 1 now)")
+    assert _snapshot(ckpt) == before
+
+
 @case("checkpoint", "`--resume --workers 2` of a single-process checkpoint", "error")
 def test_distributed_resume_refuses_another_world_size(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
@@ -586,3 +604,4 @@ def test_node_data_compared_only_where_both_runs_recorded_it():
     assert run_differences({**base, "node_data": {}}, now) == []
     diff = run_differences({**base, "node_data": {"feat": "a", "label": "c"}}, now)
     assert len(diff) == 1 and "label" in diff[0] and "feat" not in diff[0], diff
+    assert run_differences({**base, "eval_every": 3}, now) == []   # a period one side lacks
