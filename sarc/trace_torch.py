@@ -29,6 +29,16 @@ from .trace import (_OPERATORS, INTEGER_CONVERSION, TORCH_FUNCTIONS, TRAINING, F
 
 # --- axes ---------------------------------------------------------------------------------
 
+class AcrossRowsError(DSLError):
+    """``operation`` works across the rows of a node or edge value, which a layer, computed
+    row by row, cannot: a front end that traces the user's code at other rows than the code
+    reads (PyG's forward, traced at each end of an edge) says it in the user's terms."""
+
+    def __init__(self, operation: str, message: str):
+        self.operation = operation
+        super().__init__(message, user_loc())
+
+
 def _dim_to_axis(p: "Proxy", dim: Any) -> int:
     """Map a torch dim (row axis first for graph values) to a feature axis (>= 0)."""
     t = p.type
@@ -37,10 +47,11 @@ def _dim_to_axis(p: "Proxy", dim: Any) -> int:
     ndim = len(t.shape)
     d = dim + ndim if dim < 0 else dim
     if t.domain is not Domain.PARAM and d == 0:
-        raise DSLError(f"dim {dim} is the row axis of {t.domain.article} value: a layer "
-                       f"computes row by row, so an operation across rows is an aggregation: "
-                       f"over each node's edges, in reduce (sarc.sum/mean/max/min); over the "
-                       f"whole graph, outside the layer (in the model's forward)", user_loc())
+        raise AcrossRowsError(
+            f"dim {dim}", f"dim {dim} is the row axis of {t.domain.article} value: a layer "
+            f"computes row by row, so an operation across rows is an aggregation: over each "
+            f"node's edges, in reduce (sarc.sum/mean/max/min); over the whole graph, outside "
+            f"the layer (in the model's forward)")
     if not 0 <= d < ndim:
         raise DSLError(f"dim {dim} is out of range for a value of shape {_shape(t)}", user_loc())
     return d if t.domain is Domain.PARAM else d - 1
@@ -1084,8 +1095,9 @@ def _permute(input, dims):
         raise DSLError(f"permute{list(dims)} names an axis twice", user_loc())
     if rows:
         if full[0] != 0:
-            raise DSLError(f"permute{list(dims)} moves the row axis of {x.type.domain.article} "
-                           f"value; it stays first (permute its feature axes)", user_loc())
+            raise AcrossRowsError(f"permute{list(dims)}", f"permute{list(dims)} moves the row "
+                                  f"axis of {x.type.domain.article} value; it stays first "
+                                  f"(permute its feature axes)")
         full = [d - 1 for d in full[1:]]
     return _permuted(x, tuple(full))
 
@@ -1424,9 +1436,10 @@ def _stack(tensors, dim=0, *, out=Fixed(None)):
         raise DSLError(f"stack: dim must be an int, got {_kind(dim)}", user_loc())
     n = len(p.type.shape) + 1
     if p.type.domain is not Domain.PARAM and dim in (0, -n):
-        raise DSLError(f"torch.stack(..., dim={dim}) stacks along the row axis of "
-                       f"{p.type.domain.article} value, which a sarc layer does not do: stack "
-                       f"along a feature axis (torch.stack(xs, dim=1), or dim=-1)", user_loc())
+        raise AcrossRowsError(f"torch.stack(..., dim={dim})", f"torch.stack(..., dim={dim}) "
+                              f"stacks along the row axis of {p.type.domain.article} value, "
+                              f"which a sarc layer does not do: stack along a feature axis "
+                              f"(torch.stack(xs, dim=1), or dim=-1)")
     return _concat([_unsqueeze.record(x, dim) for x in xs], dim)
 
 
@@ -1585,8 +1598,9 @@ def _expand(input, *sizes, implicit=Fixed(False)):
         if isinstance(have, RowCount):
             if not ((_is_int(s) and s == -1) or (isinstance(s, RowCount)
                                                   and s.symbol == have.symbol)):
-                raise DSLError(f"expand{tuple(sizes)}: the row axis of {t.domain.article} "
-                               f"value is kept as it is (-1 or x.shape[0])", user_loc())
+                raise AcrossRowsError(f"expand{tuple(sizes)}", f"expand{tuple(sizes)}: the row "
+                                      f"axis of {t.domain.article} value is kept as it is (-1 "
+                                      f"or x.shape[0])")
             reps.append(1)
         elif not _is_int(s):
             raise DSLError(f"expand takes int sizes, got {list(sizes)}", user_loc())
@@ -2372,9 +2386,9 @@ def _einsum_rows(written: str, xs: list[Proxy], subscripts, output) -> str | Non
         raise DSLError(f"{written}: subscript {shown} is the row axis of the node / "
                        f"edge operands and names a parameter's axis too", user_loc())
     if rows not in output:
-        raise DSLError(f"{written}: the output drops subscript {shown}, the row "
-                       f"axis: a sum over rows is an aggregation, in reduce "
-                       f"(sarc.sum/mean/max/min), or outside the layer", user_loc())
+        raise AcrossRowsError(written, f"{written}: the output drops subscript {shown}, the "
+                              f"row axis: a sum over rows is an aggregation, in reduce "
+                              f"(sarc.sum/mean/max/min), or outside the layer")
     if output[0] != rows:
         raise DSLError(f"{written}: the row axis (subscript {shown}) is the "
                        f"output's first axis in a sarc layer", user_loc())

@@ -47,6 +47,7 @@ from ..ir.ops import Op
 from ..ir.types import Domain
 from ..trace import Proxy, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
+from ..trace_torch import AcrossRowsError
 
 
 class ConversionError(SarcError, TypeError):
@@ -1118,6 +1119,12 @@ class TracedConv(PyGLayer):
         object.__setattr__(conv, "edge_updater", edge_updater)
         try:
             out = _call_conv(conv, "forward", conv.forward, *args)
+        except AcrossRowsError as e:   # said of the rows it is traced at: an edge's end
+            raise DSLError(f"{e.operation} works across the nodes of the forward's values (x "
+                           f"and what it computes, a row per node): sarc traces the forward at "
+                           f"each node and each end of an edge, so nothing in it reads across "
+                           f"nodes; compute that before the conv (in the model's forward) and "
+                           f"pass it in", e.loc) from None
         finally:
             del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
         refused()

@@ -23,6 +23,7 @@ from torch_geometric.nn import MessagePassing  # noqa: E402
 from torch_geometric.utils import add_self_loops  # noqa: E402
 
 from interop.interop_check import assert_all_close  # noqa: E402
+from sarc.errors import DSLError  # noqa: E402
 from sarc.frontends.pyg import (ConversionError, GCNConvLayer, SAGEConvLayer,  # noqa: E402
                                 TracedConv, as_conv, from_message_passing)
 
@@ -305,6 +306,32 @@ def test_dropout_after_propagate_follows_the_mode():
 def test_dropout_before_propagate_is_refused():
     with pytest.raises(ConversionError, match="DropBefore: dropout in forward before propagate"):
         from_message_passing(DropBefore().eval()).run(torch.randn(N, D), graph())
+
+
+class Centered(DropAfter):
+    def forward(self, x, edge_index):
+        x = x - x.mean(0)   # across all nodes
+        return self.propagate(edge_index, x=self.lin(x))
+
+
+class CenteredAfter(DropAfter):
+    def forward(self, x, edge_index):
+        out = self.propagate(edge_index, x=self.lin(x))
+        return torch.stack([out, out], dim=0).sum(0)
+
+
+@pytest.mark.parametrize("conv,op", [(Centered, "dim 0"),
+                                     (CenteredAfter, "torch.stack(..., dim=0)")])
+def test_forward_across_nodes_is_refused_as_across_nodes(conv, op):
+    """x is a node value in the user's forward: the error says so (it said "the row axis of
+    an edge value": sarc traces the forward at each end of an edge)."""
+    with pytest.raises(DSLError) as e:
+        from_message_passing(conv().eval()).run(torch.randn(N, D), graph())
+    text = str(e.value)
+    assert f"{conv.__name__}: {op}" in text, text
+    assert "edge value" not in text and "dst value" not in text, text
+    assert "across the nodes of the forward's values" in text and "before the conv" in text, text
+    assert f"{Path(__file__)}:" in text, text
 
 
 # --- 3. the aggregation is PyG's aggr_module, not the aggr attribute -------------------------------
