@@ -34,9 +34,9 @@ class AcrossRowsError(DSLError):
     row by row, cannot: a front end that traces the user's code at other rows than the code
     reads (PyG's forward, traced at each end of an edge) says it in the user's terms."""
 
-    def __init__(self, operation: str, message: str):
+    def __init__(self, operation: str, problem: str):
         self.operation = operation
-        super().__init__(message, user_loc())
+        super().__init__(f"{operation}{problem}", user_loc())
 
 
 def _dim_to_axis(p: "Proxy", dim: Any) -> int:
@@ -48,7 +48,7 @@ def _dim_to_axis(p: "Proxy", dim: Any) -> int:
     d = dim + ndim if dim < 0 else dim
     if t.domain is not Domain.PARAM and d == 0:
         raise AcrossRowsError(
-            f"dim {dim}", f"dim {dim} is the row axis of {t.domain.article} value: a layer "
+            f"dim {dim}", f" is the row axis of {t.domain.article} value: a layer "
             f"computes row by row, so an operation across rows is an aggregation: over each "
             f"node's edges, in reduce (sarc.sum/mean/max/min); over the whole graph, outside "
             f"the layer (in the model's forward)")
@@ -1095,7 +1095,7 @@ def _permute(input, dims):
         raise DSLError(f"permute{list(dims)} names an axis twice", user_loc())
     if rows:
         if full[0] != 0:
-            raise AcrossRowsError(f"permute{list(dims)}", f"permute{list(dims)} moves the row "
+            raise AcrossRowsError(f"permute{list(dims)}", f" moves the row "
                                   f"axis of {x.type.domain.article} value; it stays first "
                                   f"(permute its feature axes)")
         full = [d - 1 for d in full[1:]]
@@ -1436,7 +1436,7 @@ def _stack(tensors, dim=0, *, out=Fixed(None)):
         raise DSLError(f"stack: dim must be an int, got {_kind(dim)}", user_loc())
     n = len(p.type.shape) + 1
     if p.type.domain is not Domain.PARAM and dim in (0, -n):
-        raise AcrossRowsError(f"torch.stack(..., dim={dim})", f"torch.stack(..., dim={dim}) "
+        raise AcrossRowsError(f"torch.stack(..., dim={dim})", f" "
                               f"stacks along the row axis of {p.type.domain.article} value, "
                               f"which a sarc layer does not do: stack along a feature axis "
                               f"(torch.stack(xs, dim=1), or dim=-1)")
@@ -1598,7 +1598,7 @@ def _expand(input, *sizes, implicit=Fixed(False)):
         if isinstance(have, RowCount):
             if not ((_is_int(s) and s == -1) or (isinstance(s, RowCount)
                                                   and s.symbol == have.symbol)):
-                raise AcrossRowsError(f"expand{tuple(sizes)}", f"expand{tuple(sizes)}: the row "
+                raise AcrossRowsError(f"expand{tuple(sizes)}", f": the row "
                                       f"axis of {t.domain.article} value is kept as it is (-1 "
                                       f"or x.shape[0])")
             reps.append(1)
@@ -2386,7 +2386,7 @@ def _einsum_rows(written: str, xs: list[Proxy], subscripts, output) -> str | Non
         raise DSLError(f"{written}: subscript {shown} is the row axis of the node / "
                        f"edge operands and names a parameter's axis too", user_loc())
     if rows not in output:
-        raise AcrossRowsError(written, f"{written}: the output drops subscript {shown}, the "
+        raise AcrossRowsError(written, f": the output drops subscript {shown}, the "
                               f"row axis: a sum over rows is an aggregation, in reduce "
                               f"(sarc.sum/mean/max/min), or outside the layer")
     if output[0] != rows:
