@@ -1436,8 +1436,8 @@ def _stack(tensors, dim=0, *, out=Fixed(None)):
         raise DSLError(f"stack: dim must be an int, got {_kind(dim)}", user_loc())
     n = len(p.type.shape) + 1
     if p.type.domain is not Domain.PARAM and dim in (0, -n):
-        raise AcrossRowsError(f"torch.stack(..., dim={dim})", f" "
-                              f"stacks along the row axis of {p.type.domain.article} value, "
+        raise AcrossRowsError(f"torch.stack(..., dim={dim})",
+                              f" stacks along the row axis of {p.type.domain.article} value, "
                               f"which a sarc layer does not do: stack along a feature axis "
                               f"(torch.stack(xs, dim=1), or dim=-1)")
     return _concat([_unsqueeze.record(x, dim) for x in xs], dim)
