@@ -36,6 +36,7 @@ import sysconfig
 import threading
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 
 from .errors import DSLError, SourceLoc
@@ -213,8 +214,12 @@ class Tracer:
                 return self.const(float(x), like)
             raise DSLError(
                 f"a torch tensor of shape {list(x.shape)} that is not a parameter of the layer "
-                f"is used here; declare it as an nn.Parameter (or a sarc layer input)",
-                user_loc())
+                f"is used here; {_REGISTER_IT}", user_loc())
+        if isinstance(x, np.ndarray) and x.dtype.kind in "iuf":
+            if x.ndim == 0:
+                return self.const(float(x), like)
+            raise DSLError(f"a numpy array of shape {list(x.shape)} is used here; {_REGISTER_IT} "
+                           f"(torch.as_tensor(...))", user_loc())
         if isinstance(x, RowCount):
             raise DSLError(x._message(), user_loc())
         if x is TRAINING:
@@ -223,6 +228,10 @@ class Tracer:
         if refusal is not None:
             raise DSLError(refusal(x), user_loc())
         raise DSLError(f"cannot use a {type(x).__name__} in a sarc layer", user_loc())
+
+
+_REGISTER_IT = ("declare it on the layer as an nn.Parameter (learned) or with "
+                "self.register_buffer (a constant), or pass it as a sarc layer input")
 
 
 def _number(x: Any, what: str) -> float:
@@ -299,6 +308,8 @@ class Proxy:
 
     __slots__ = ("tracer", "index")
     __hash__ = object.__hash__   # by identity, as a torch.Tensor's
+    # numpy's operators defer to ours (``np.float32(a) * x``), as they do to a torch.Tensor's
+    __array_priority__ = 1000
 
     def __init__(self, tracer: Tracer, index: int):
         self.tracer = tracer

@@ -199,6 +199,18 @@ class ForeignTensor(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class ForeignArray(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.scale = np.ones(3)   # a numpy array, not a buffer
+
+    def message(self, src, dst, edge):
+        return self.scale * src.h  # ERR:foreign-numpy
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 class Slicing(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -429,7 +441,10 @@ CASES = [
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.local_response_norm is not supported"]),
     (UnsupportedMethod, "method", ["Tensor.cumsum is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
-    (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter"]),
+    (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter",
+                                "self.register_buffer"]),
+    (ForeignArray, "foreign-numpy", [r"a numpy array of shape \[3\]", "self.register_buffer",
+                                     r"torch\.as_tensor"]),
     (Slicing, "slice", ["the rows of an edge value are taken whole", r"x\[:, 0\]"]),
     (WrongMessageName, "no-message", ["no message named 'zz'", "there are: z"]),
     (ReduceOverRows, "row-axis", ["row axis", "sarc.sum"]),

@@ -374,6 +374,45 @@ def test_constants_read_from_numpy_class_objects_and_globals_are_followed(g):
         ConstantsElsewhere.FACTOR, SHIFT, HELPER_SCALE = 1.0, 0.0, 1.0
 
 
+class NumpyScalarsOnTheLeft(sarc.Layer):
+    """APPNP's teleport with alpha a numpy scalar (from ``np.linspace`` or a config), on the
+    left of operators with traced values, as users write it; and a 0-d numpy array."""
+
+    def __init__(self, alpha):
+        super().__init__(node={"h": 3, "h0": 3})
+        self.alpha = alpha
+        self.scale = np.array(2.0)
+
+    def message(self, src, dst, edge):
+        return np.sqrt(2.0) * src.h * self.scale
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return (1 - self.alpha) * agg.agg + self.alpha * dst.h0 - self.scale * dst.h0
+
+
+@pytest.mark.parametrize("alpha", [np.float64(0.1), np.float32(0.1), np.array(0.1)],
+                         ids=["float64", "float32", "0-d array"])
+def test_numpy_scalars_on_the_left_of_a_traced_value_are_constants(g, alpha):
+    """``np.float32(a) * x`` was refused as "a traced tensor converted to a numpy array":
+    numpy's operator tried to make the traced value an array instead of deferring to it
+    as it defers to a torch tensor. A changed alpha is traced again."""
+    h, h0 = torch.randn(g.num_src, 3), torch.randn(g.num_dst, 3)
+    layer = NumpyScalarsOnTheLeft(alpha)
+
+    def plain():
+        a = float(layer.alpha)
+        m = h[g.src] * (2.0 ** 0.5) * 2.0
+        agg = torch.zeros(g.num_dst, 3).index_add_(0, g.dst, m)
+        return (1 - a) * agg + a * h0 - 2.0 * h0
+
+    assert_close(layer(g, h, h0=h0), plain())
+    layer.alpha = type(alpha)(0.7) if not isinstance(alpha, np.ndarray) else np.array(0.7)
+    assert_close(layer(g, h, h0=h0), plain())
+
+
 CONFIG = types.SimpleNamespace(temp=1.0)   # a global record the layer reads
 t = 0   # a global named as an attribute the layer reads (self.lin.t), not a global it reads
 
