@@ -569,11 +569,10 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
     check_minibatch_model(config.mode, prep.edge_inputs, model)
-    # the dataset's own edge data (prep's holds the self loops it added)
-    carried = {k: data.edge_data[k] for k in prep.edge_inputs if k in data.edge_data}
-    if config.prob in data.edge_data and config.prob not in carried:
-        carried[config.prob] = data.edge_data[config.prob]   # draws weighed by edge data the
-        #                                                       model does not read
+    # the dataset's own edge data (prep's holds the self loops it added), and the weights
+    # of the draws, which the model may not read
+    carried = config.carried(data.edge_data,
+                             [k for k in prep.edge_inputs if k in data.edge_data])
     on_cpu = {k: v.cpu() for k, v in carried.items()}  # sampled on the CPU
     shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
                               self_loops=hp["self_loops"])

@@ -24,6 +24,7 @@ stop with its message, instead of some waiting for the others forever.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import resource
@@ -440,8 +441,12 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                    device, cfg.backend)
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
-    if hp["self_loops"]:
-        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout), reads)
+    if hp["self_loops"]:  # the loops' shard keeps what the model reads and the draws' weights
+        if cfg.minibatch is not None:
+            shard = dataclasses.replace(shard, edata=tuple(cfg.minibatch.carried(e, reads)
+                                                           for e in shard.edata))
+        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout),
+                                tuple(shard.edata[rank]))
     dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
                    baseline=cfg.baseline, timeout=timeout, counter=counter)
     edge_inputs = {k: dg.edge_data(k) for k in reads}

@@ -64,7 +64,7 @@ class InEdges:
                     have = ", ".join(sorted(shard.edata[j])) or "none"
                     raise SamplingError(f"no edge data {prob!r} for the sampling probabilities "
                                         f"(the graph has: {have})")
-                w = _weights(shard.edata[j][prob], prob).index_select(0, perm)
+                w = edge_weights(shard.edata[j][prob], prob).index_select(0, perm)
             parts.append((b.dst.cpu(), src, rows, perm,
                           shard.orig_edge_ids[j].cpu().index_select(0, perm), w))
         dst, src, src_row, edge, orig = (torch.cat([p[i] for p in parts]) for i in range(5))
@@ -83,7 +83,8 @@ class InEdges:
         return int(self.src.numel())
 
 
-def _weights(t: torch.Tensor, name: str) -> torch.Tensor:
+def edge_weights(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Edge data ``name`` as sampling weights: float64 on the CPU, one per edge, >= 0."""
     if t.dim() != 1 or not (t.dtype.is_floating_point or t.dtype in (torch.int32, torch.int64)):
         raise SamplingError(f"edge data {name!r} cannot be sampling probabilities: it must be "
                             f"one number per edge, got {t.dtype} {list(t.shape)}")

@@ -37,7 +37,7 @@ import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -46,7 +46,8 @@ from ..checkpoint import injected_fault
 from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
-from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
+from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingError, SamplingSpec
+from ..sampling.neighbours import edge_weights
 from ..sampling.draws import SHUFFLE_KEY, uniform
 from .inputs import TrainError
 from .loop import Batch, epoch_line
@@ -97,6 +98,21 @@ class MiniBatchConfig:
         fields = dataclasses.asdict(config)
         fields["fanouts"] = None if config.fanouts is None else list(config.fanouts)
         return {"mode": fields.pop("mode"), "minibatch": fields}
+
+    def carried(self, edge_data: Mapping[str, torch.Tensor],
+                reads: Iterable[str]) -> dict[str, torch.Tensor]:
+        """The edge data a mini-batch graph keeps of ``edge_data`` (the dataset's, or one
+        block's of a shard): what the model reads (``reads``), and the ``prob`` weights,
+        which must be there. Weights the model does not read are float64, the sampler's
+        type, so that a self loop takes ``SELF_LOOP_FILL`` whatever the file's type."""
+        kept = {k: edge_data[k] for k in reads}
+        if self.prob is None or self.prob in kept:
+            return kept
+        if self.prob not in edge_data:
+            raise SamplingError(f"no edge data {self.prob!r} for the sampling probabilities "
+                                f"(the dataset has: {', '.join(sorted(edge_data)) or 'none'})")
+        w = edge_data[self.prob]
+        return {**kept, self.prob: edge_weights(w, self.prob).to(w.device)}
 
     def spec(self, layers: int, seed: int) -> SamplingSpec:
         """The sampling spec for a model of ``layers`` graph layers (checked against them)."""

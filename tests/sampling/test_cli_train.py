@@ -185,3 +185,40 @@ def test_sampling_by_the_datasets_edge_data_on_one_process_and_2_workers(tmp_pat
     got = json.loads(path.read_text())
     assert abs(got["final_loss"] - want["final_loss"]) <= 1e-5 * want["final_loss"]
     assert got["test_acc"] == pytest.approx(want["test_acc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_sampling_weighed_by_edge_data_a_self_loop_model_does_not_read(tmp_path, dtype):
+    """GCN adds self loops and reads no edge data: ``--prob edge_weight`` on 2 workers failed
+    ("no edge data 'edge_weight' ... the graph has: none": the workers' self loops kept only the
+    edge data the model reads), and an integer weight was refused as "read by the model".
+    The loops weigh ``SELF_LOOP_FILL`` on workers and on one process alike: equal runs."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["edge_weight"] = np.random.default_rng(0).integers(
+        1, 5, data["edge_src"].shape[0]).astype(dtype)
+    np.savez(tmp_path / "weighted.npz", **data)
+    config = MiniBatchConfig("sampling", (3, 3), batch_size=70, prob="edge_weight")
+    want = train(load_model_file(ROOT / "models/gcn.py"), str(tmp_path / "weighted.npz"),
+                 epochs=2, hparams={"dropout": 0.0}, log=None, minibatch=config)
+    path = tmp_path / "two.json"
+    _run(["-m", "sarc.cli", "train", "models/gcn.py", "--dataset", str(tmp_path / "weighted.npz"),
+          *NO_DROPOUT["gcn"], "--mode", "sampling", "--fanouts", "3,3", "--batch-size", "70",
+          "--prob", "edge_weight", "--epochs", "2", "--workers", "2", "--json", str(path)])
+    got = json.loads(path.read_text())
+    assert abs(got["final_loss"] - want["final_loss"]) <= 1e-5 * want["final_loss"]
+    assert got["test_acc"] == pytest.approx(want["test_acc"], abs=1e-6)
+
+
+def test_sampling_by_edge_data_the_dataset_lacks_names_the_datasets_edge_data(tmp_path):
+    """The one-process error listed the sampled graph's edge data ("none": it keeps only
+    what the model reads), not the dataset's."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["edge_weight"] = np.ones(data["edge_src"].shape[0], np.float32)
+    np.savez(tmp_path / "weighted.npz", **data)
+    config = MiniBatchConfig("sampling", (3, 3), batch_size=70, prob="edge_wieght")
+    with pytest.raises(ValueError,
+                       match=r"no edge data 'edge_wieght'.*the dataset has: edge_weight\)"):
+        train(load_model_file(ROOT / "models/gcn.py"), str(tmp_path / "weighted.npz"),
+              epochs=1, log=None, minibatch=config)
