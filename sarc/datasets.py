@@ -463,6 +463,21 @@ def npz_file(name: str) -> str | None:
         and p.is_file() else None
 
 
+def same_dataset(recorded: str, given: str) -> str | None:
+    """What a run on ``given`` (``--dataset``) records where a partition set records
+    ``recorded`` (``PartitionSet.dataset``), if they are the same dataset; else None.
+    ``given`` is the file ``recorded`` names, or ``recorded`` itself; a set that recorded a
+    file's name (``sarc partition --dataset FILE.npz`` before it kept the path) is that file
+    (``FILE`` its name), recorded by its path where it exists."""
+    file = npz_file(given)
+    if given == recorded or (file is not None and file == recorded):
+        return recorded
+    if not _looks_like_a_path(recorded) and Path(given).suffix == ".npz" \
+            and Path(given).stem == recorded:
+        return file or recorded
+    return None
+
+
 def _looks_like_a_path(name: str) -> bool:
     """A dataset argument that is a file's path rather than a name: it has a directory or
     a suffix (``data/graph.NPZ``); a bare name (``cora``) is looked up."""

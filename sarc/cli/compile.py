@@ -222,15 +222,13 @@ def _load_partitions(path: Path):
 
 
 def _recorded(pset, hparams: dict) -> str | None:
-    """The dataset ``pset`` records, by name; the model's dataset file where the set was
-    partitioned from a file of that name (``sarc partition --dataset FILE.npz`` records its
-    name, as ``sarc.cli.worker`` takes it)."""
+    """The dataset ``pset`` records (a file's path, or a name); the model's dataset file
+    where the set recorded that file by its name (older sets), as ``sarc.cli.worker``
+    takes it (``sarc.datasets.same_dataset``)."""
+    from ..datasets import same_dataset
     if pset is None or pset.dataset is None:
         return None
-    own = str(hparams["dataset"])
-    if own.endswith(".npz") and Path(own).stem == pset.dataset:
-        return own
-    return pset.dataset
+    return same_dataset(pset.dataset, str(hparams["dataset"])) or pset.dataset
 
 
 def _dataset(args, hparams: dict, pset):

@@ -95,7 +95,8 @@ def partition_command(args) -> int:
     with progress_bar(3 + args.parts, "partition", "step", mininterval=0) as bar:
         pset = partition_graph(src, dst, num_nodes, args.parts, args.out, method=method,
                                node_data=node_data, edge_data=edge_data, seed=seed,
-                               overwrite=args.overwrite, dataset=None if args.graph else name,
+                               overwrite=args.overwrite,
+                               dataset=None if args.graph else ds.recorded,
                                sizes=None if args.graph else ds.sizes,
                                progress=(lambda stage: bar.advance(1, stage)) if bar.shown else None)
     print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "

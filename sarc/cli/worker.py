@@ -9,7 +9,6 @@ torchrun on each. Every value is checked before the worker joins its group.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import parse_overrides
@@ -71,14 +70,17 @@ def check_recorded_dataset(args) -> None:
     partitioned from (``sarc partition --dataset``) refuses another name. A set without
     one (partitioned from arrays, or from another tool's files) takes the name as given:
     ``sarc train --partition`` checks it against the graph before starting workers."""
+    from ..datasets import same_dataset
     from ..partition import open_partition
     if not args.dataset:
         return
     recorded = open_partition(args.partition, verify=False).dataset
-    if recorded is not None and args.dataset.endswith(".npz") and \
-            Path(args.dataset).stem == recorded:
-        args.dataset = recorded  # the file the set was partitioned from: its dataset's name
-    if recorded is not None and recorded != args.dataset:
+    if recorded is None:
+        return
+    same = same_dataset(recorded, args.dataset)
+    if same is not None:
+        args.dataset = same   # the dataset the set was partitioned from, as the set names it
+    else:
         raise UsageError(f"--dataset {args.dataset}: --partition {args.partition} was "
                          f"partitioned from the dataset {recorded}; the workers train on the "
                          f"partition: leave --dataset out (the run then records {recorded}) "

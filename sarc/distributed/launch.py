@@ -85,12 +85,14 @@ def load_run_dataset(args, name: str):
 
 
 def checked_dataset(args, pset) -> str | None:
-    """The name of ``--dataset`` where it is the graph the partition set ``pset`` (of
-    ``--partition``) holds, the same edges over the same nodes (its recorded fingerprint),
-    with the same features, labels and splits where the set records their digests
-    (``check_node_data``); None without ``--dataset``. The workers train on the partition
-    and record this name, so a dataset that is another graph, or the graph with other node
-    data, is refused rather than recorded."""
+    """``--dataset`` as the run records it (``Dataset.recorded``: a file's path, or a
+    name) where it is the graph the partition set ``pset`` (of ``--partition``) holds, the
+    same edges over the same nodes (its recorded fingerprint), with the same features,
+    labels and splits where the set records their digests (``check_node_data``); None
+    without ``--dataset``. The workers train on the partition and record this, so a
+    dataset that is another graph, or the graph with other node data, is refused rather
+    than recorded."""
+    from ..datasets import same_dataset
     from ..partition import graph_fingerprint
     if not args.dataset:
         return None
@@ -110,9 +112,12 @@ def checked_dataset(args, pset) -> str | None:
                         f"{pset.fingerprint[:19]}); the workers train on the partition: leave "
                         f"--dataset out, or partition {data.name}")
     check_node_data(args, pset, data)
-    # the same graph: the workers record the name the set was partitioned under, which
-    # they check their --dataset against (``sarc.cli.worker``)
-    return pset.dataset or data.name
+    # the same graph and node data: the workers record the file given (its path) or the
+    # name, as the set records it where it records one (a copy of its file: the set's),
+    # which they check their --dataset against (``sarc.cli.worker``)
+    if pset.dataset is None:
+        return data.recorded
+    return same_dataset(pset.dataset, data.recorded) or pset.dataset
 
 
 _NODE_DATA_KINDS = (("features", ("feat",)), ("labels", ("label",)),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sarc.datasets import (DatasetError, add_self_loops, load_dataset, power_law_graph,
-                           sbm_graph)
+                           same_dataset, sbm_graph)
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
@@ -112,6 +112,22 @@ def test_a_files_other_edge_arrays_are_edge_data(tmp_path):
     data = load_dataset(str(tmp_path / "more.npz"))
     assert list(data.edge_data) == ["edge_weight"]
     assert data.edge_data["edge_weight"].dtype == torch.float32
+
+
+def test_a_partition_sets_dataset_and_the_one_a_run_is_given(tmp_path):
+    """What a worker records of ``--dataset`` beside a set that records a dataset: the
+    set's own (a name, or a file's path) where they are the same, the file's path where
+    an older set recorded only its name, None where they differ."""
+    f = tmp_path / "mine.npz"
+    f.write_bytes(b"")
+    assert same_dataset("cora", "cora") == "cora"
+    assert same_dataset(str(f), str(f)) == str(f)
+    assert same_dataset(str(f), str(tmp_path / "." / "mine.npz")) == str(f)
+    assert same_dataset("mine", str(f)) == str(f)                # an older set: the name
+    assert same_dataset("mine", "elsewhere/mine.npz") == "mine"  # no such file here
+    assert same_dataset("cora", str(f)) is None
+    assert same_dataset(str(f), "mine") is None
+    assert same_dataset(str(tmp_path / "other.npz"), str(f)) is None
 
 
 def test_add_self_loops_replaces_existing_loops():

@@ -303,6 +303,33 @@ def test_saved_model_records_where_its_npz_dataset_is(tmp_path, workers):
     assert torch.equal(again.label, torch.from_numpy(data["label"]).to(torch.int64))
 
 
+@case("checkpoint", "`--save` of a run on a set `sarc partition --dataset COPY.npz` wrote "
+                     "(named as the original inside), with and without `--dataset`", "exact")
+@pytest.mark.parametrize("given", [True, False], ids=["dataset", "no-dataset"])
+def test_saved_model_of_a_partition_records_where_its_npz_dataset_is(tmp_path, given):
+    """The set recorded the arrays' name ("cora") and the workers recorded it: the saved
+    model then named the embedded Cora, not the relabeled file it was trained on. The set
+    now records the file's absolute path, and so do the workers."""
+    import numpy as np
+    from sarc.checkpoint import read_saved
+    from sarc.partition import load_partitions
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["label"] = np.random.default_rng(0).permutation(data["label"])
+    relabeled = tmp_path / "cora_relabeled.npz"
+    np.savez(relabeled, **data)
+    parts = tmp_path / "parts"
+    _ok(run_sarc("partition", "--dataset", relabeled, "--parts", "2", "--method", "random",
+                 "--out", parts))
+    assert load_partitions(parts).dataset == str(relabeled.resolve())
+    _ok(run_sarc("train", GCN, "--epochs", "1", *(["--dataset", relabeled] if given else []),
+                 "--partition", parts, "--save", tmp_path / "m.pt", "--workers", "2",
+                 "--threads", "1"))
+    saved = read_saved(tmp_path / "m.pt")["dataset"]
+    assert saved == str(relabeled.resolve())
+    again = load_dataset(saved)
+    assert torch.equal(again.label, torch.from_numpy(data["label"]).to(torch.int64))
+
+
 @case("checkpoint", "a manifest naming a file outside its directory (`../stolen.pt`)", "error")
 def test_manifest_files_stay_in_the_checkpoint_directory(tmp_path, reference):
     ckpt = tmp_path / "ckpt"

@@ -579,7 +579,7 @@ def test_worker_dataset_other_than_the_one_partitioned(tmp_path):
     assert_error(proc, "--dataset other/citeseer.npz", "partitioned from the dataset cora")
     from sarc.cli.worker import check_recorded_dataset
     args = argparse.Namespace(partition=str(parts), dataset="data/cora.npz")
-    check_recorded_dataset(args)  # the file cora came from: its name
+    check_recorded_dataset(args)  # a file of cora's name that is not here: the name
     assert args.dataset == "cora"
     # without --dataset, a worker records the set's dataset, not the graph's fingerprint
     assert recorded_dataset(WorkerConfig(partition=str(parts))) == "cora"
@@ -634,7 +634,7 @@ def test_dataset_with_the_partitioned_graph_but_other_node_data(tmp_path):
                                        "1", "--save", tmp_path / "m.pt"),
                               f"--dataset {b} has the graph partitioned in --partition "
                               f"{parts} but other node data",
-                              "its features, splits (val) differ", "(from a)",
+                              "its features, splits (val) differ", f"(from {a.resolve()})",
                               "leave --dataset out, or partition b")
     assert "labels" not in err
     assert not (tmp_path / "m.pt").exists()
