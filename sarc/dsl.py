@@ -337,16 +337,19 @@ class Layer(nn.Module):
                                    tracer.builder.values[p.index].loc or msgs.loc)
             bundle = _Bundle("message", msgs.values)
             aggs = _results("reduce", "agg", self.reduce, bundle)
-            for name, p in msgs.values.items():
-                if name not in bundle._used:
-                    raise DSLError(f"message {name!r} is never used by reduce",
-                                   tracer.builder.values[p.index].loc or msgs.loc)
+            unused = [name for name in msgs.values if name not in bundle._used]
             # A result's error names the line that returned it: the value may come from
             # elsewhere (reduce returning msg.m made in message, a parameter made nowhere).
+            # It comes first: an unused message may be what the result should have aggregated.
             for name, p in aggs.values.items():
                 if p.type.domain is not Domain.DST:
                     raise DSLError(f"reduce result {name!r} is {p.type.domain.article} value; "
-                                   f"aggregate edge values with sarc.sum/mean/max/min", aggs.loc)
+                                   f"aggregate edge values with sarc.sum/mean/max/min"
+                                   f"{_weights_hint(tracer, p, unused)}", aggs.loc)
+            if unused:
+                raise DSLError(f"message {unused[0]!r} is never used by reduce",
+                               tracer.builder.values[msgs.values[unused[0]].index].loc
+                               or msgs.loc)
             out = _results("update", "h", self.update,
                            _Side(self, tracer, Domain.DST, None, "dst", precision),
                            _Bundle("aggregate", aggs.values))
@@ -546,6 +549,16 @@ min = _reduce("min")  # noqa: A001
 
 
 @traces(name="sarc.edge_softmax")
+def _weights_hint(tracer: Tracer, p: Proxy, unused: list[str]) -> str:
+    """For a reduce result that is an edge softmax: how weights are used."""
+    if tracer.builder.values[p.index].op is not Op.EDGE_SOFTMAX:
+        return ""
+    m = unused[0] if unused else "m"
+    return (f"; sarc.edge_softmax gives each edge a weight: weigh the messages with it and "
+            f"aggregate them (a = sarc.edge_softmax(...); return sarc.sum(msg.{m} * "
+            f"a.unsqueeze(-1)))")
+
+
 def edge_softmax(score) -> Proxy:
     """softmax of an edge score over each destination node's incoming edges."""
     if not isinstance(score, Proxy):

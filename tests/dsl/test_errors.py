@@ -211,6 +211,20 @@ class ForeignArray(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class SoftmaxNotAggregated(sarc.Layer):
+    """Returns the attention weights instead of aggregating the messages they weigh: it was
+    reported as "message 'v' is never used", at the message."""
+
+    def __init__(self):
+        super().__init__(node={"h": 6})
+
+    def message(self, src, dst, edge):
+        return {"v": src.h, "s": src.h.sum(-1)}
+
+    def reduce(self, msg):
+        return sarc.edge_softmax(msg.s)  # ERR:softmax-result
+
+
 class Slicing(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -436,6 +450,9 @@ CASES = [
     (UndeclaredEdge, "undeclared-edge", [r"edge\.weight", "no edge feature 'weight'",
                                          "declared: none"]),
     (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
+    (SoftmaxNotAggregated, "softmax-result", ["reduce result 'agg' is an edge value",
+                                              "sarc.edge_softmax gives each edge a weight",
+                                              r"sarc\.sum\(msg\.v \* a"]),
     (NonEdgeMessage, "non-edge", ["message 'm' must be a per-edge value", "param value"]),
     (UnsupportedTorch, "torch-fn", ["torch function torch.cumsum is not supported"]),
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.local_response_norm is not supported"]),
