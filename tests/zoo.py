@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from edgeconv import EdgeConvLayer
 from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
@@ -31,6 +32,7 @@ LAYERS = {
     "rgcn": lambda d: RGCNLayer(d, 5, NUM_RELS),
     "rgcn_bases": lambda d: RGCNLayer(d, 5, NUM_RELS, num_bases=2),
     "rgcn_nobias": lambda d: RGCNLayer(d, 5, NUM_RELS, bias=False),
+    "edgeconv": lambda d: EdgeConvLayer(d, 5),   # a message of both ends, a max
 }
 
 

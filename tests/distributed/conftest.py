@@ -85,6 +85,9 @@ def _cases() -> list[Case]:
         Case("masked_p3_baseline", "masked", 3, baseline=True),
         *([Case("masked_p2_triton", "masked_triton", 2, "random")] if NO_TRITON is None else []),
         Case("nested_sum_p3_sar", "nested_sum", 3, "random"),
+        # a message of both ends under a max, its linear computed at the nodes
+        Case("edgeconv_p3_sar", "edgeconv", 3, "random"),
+        Case("edgeconv_p2_oneshot", "edgeconv", 2, exec_mode="oneshot"),
     ]
     # messages of at most 4 rows: every remote block in several pieces, whose partial
     # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly

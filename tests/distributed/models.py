@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from attention_layers import ScoreShapes
+from edgeconv import build_model as edgeconv
 from gat import build_model as gat
 from gcn import build_model as gcn
 from gin import build_model as gin
@@ -103,6 +104,7 @@ MODELS = {
     "rgcn_bases": lambda f, c, num_etypes=3: rgcn(f, c, num_etypes=num_etypes, hidden=8,
                                                          num_bases=2),
     "max": lambda f, c, **_: MaxNet(f, 6, c),
+    "edgeconv": lambda f, c, **_: edgeconv(f, c, hidden=8, dropout=0.0),  # both ends, a max
     "tied_max": lambda f, c, **_: TiedMaxNet(f, 6, c),
     "score_shapes": lambda f, c, **_: ScoreShapesNet(f, 4, c),
     "feature_axes": lambda f, c, **_: FeatureAxesNet(f, 6, c),

@@ -39,6 +39,7 @@ from interop_check import (Pair, compare, graph_cases, one_thread, random_etypes
 from sarc import Graph
 from sarc.interop import from_dgl, to_dgl
 
+from edgeconv import EdgeConvLayer
 from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
@@ -131,6 +132,16 @@ def gin_pair(dg, d_in, d_out, eps, learn_eps):
     return Pair(sarc_layer, lib, params, lambda x: sarc_layer(g, x), lambda x: lib(dg, x))
 
 
+def edgeconv_pair(dg, d_in, d_out):
+    """EdgeConv: theta(x_v - x_u) + phi(x_v), their max; DGL's without batch norm."""
+    from dgl.nn.pytorch import EdgeConv
+    sarc_layer = EdgeConvLayer(d_in, d_out)
+    lib = EdgeConv(d_in, d_out, batch_norm=False, allow_zero_in_degree=True)
+    g = from_dgl(dg)
+    params = {f"{m}.{w}": (f"{m}.{w}", same) for m in ("theta", "phi") for w in ("weight", "bias")}
+    return Pair(sarc_layer, lib, params, lambda x: sarc_layer(g, x), lambda x: lib(dg, x))
+
+
 def rgcn_pair(dg, d_in, d_out, num_rels, num_bases):
     from dgl.nn.pytorch import RelGraphConv
     sarc_layer = RGCNLayer(d_in, d_out, num_rels, num_bases)
@@ -186,6 +197,15 @@ def test_gin(graph, eps, learn_eps, dims):
     compare(gin_pair(dgl_graph(src, dst, n), *dims, eps, learn_eps), torch.randn(n, dims[0]))
 
 
+@pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_edgeconv(graph, dims):
+    src, dst, n = GRAPHS[graph]
+    if src.numel() == 0:
+        pytest.skip(NO_EDGE_MAX)
+    compare(edgeconv_pair(dgl_graph(src, dst, n), *dims), torch.randn(n, dims[0]))
+
+
 # RelGraphConv's edge UDF warns on a graph without edges; the result is still compared.
 @pytest.mark.filterwarnings("ignore:The input graph for the user-defined edge function")
 @pytest.mark.parametrize("dims", SMALL_DIMS, ids=lambda d: f"{d[0]}to{d[1]}")
@@ -214,6 +234,7 @@ BLOCK_LAYERS = {
     "gat_mean": lambda b: gat_pair(b, 7, 3, 4, False),
     "gin": lambda b: gin_pair(b, 7, 3, 0.3, True),
     "rgcn": lambda b: rgcn_pair(b, 7, 3, 3, 2),
+    "edgeconv": lambda b: edgeconv_pair(b, 7, 3),
 }
 
 

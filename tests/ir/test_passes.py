@@ -230,3 +230,44 @@ def test_a_narrowing_linear_moves_through_an_edge_scalar_to_the_nodes(scale):
     g = random_block(torch.Generator().manual_seed(3), 10, 8, 40)
     feats = {"h": torch.randn(10, 12), "w": torch.rand(40)}
     _same_meaning(layer, g, feats)
+
+
+class _EdgeConv(sarc.Layer):
+    """DGL's EdgeConv: ``max_u theta(h_u - h_v) + phi(h_v)``, ``theta`` over both ends."""
+
+    def __init__(self, in_feats: int, out_feats: int, op: str):
+        super().__init__(node={"h": in_feats})
+        self.theta = torch.nn.Linear(in_feats, out_feats)
+        self.phi = torch.nn.Linear(in_feats, out_feats)
+        self.op = op
+
+    def message(self, src, dst, edge):
+        both = src.h - dst.h if self.op == "sub" else src.h + 2.0 * dst.h
+        return self.theta(both) + self.phi(dst.h)
+
+    def reduce(self, msg):
+        return sarc.max(msg.m)
+
+
+@pytest.mark.parametrize("op", ["sub", "add"])
+def test_a_narrowing_linear_of_both_ends_is_computed_at_the_nodes(op):
+    """``W (h_u - h_v)`` is ``(W h)_u - (W h)_v``: each end's product is per node, and the
+    edges carry W's narrow output, not h (it was a product over the edges' rows of h's
+    width)."""
+    layer = _EdgeConv(12, 3, op)
+    fn = optimize(layer.trace())
+    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
+                   for v in fn.values), format_function(fn)
+    assert not any(v.type.domain is Domain.EDGE and v.type.feat[-1:] == (12,)
+                   for v in fn.values), format_function(fn)
+    g = random_block(torch.Generator().manual_seed(3), 10, 8, 40)
+    _same_meaning(layer, g, {"h": torch.randn(10, 12)})
+
+
+def test_a_widening_linear_of_both_ends_stays_on_the_edges():
+    """Distributing a linear that widens would put its wider output on the edges."""
+    layer = _EdgeConv(3, 12, "sub")
+    fn = optimize(layer.trace())
+    assert sum(v.op is Op.LINEAR and v.type.domain is Domain.EDGE for v in fn.values) == 1
+    _same_meaning(layer, random_block(torch.Generator().manual_seed(3), 10, 8, 40),
+                  {"h": torch.randn(10, 3)})

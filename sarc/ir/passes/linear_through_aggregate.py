@@ -2,6 +2,7 @@
 
     linear(sum_or_mean(e), W)      -> sum_or_mean(linear(e, W))
     linear(a + sum_or_mean(e), W)  -> linear(a, W) + sum_or_mean(linear(e, W))
+    linear(a_src + b_dst, W)       -> linear(a_src, W) + linear(b_dst, W)
 
 Sum and mean are linear, so both orders compute the same function; when W
 maps to fewer features than it reads (``out < in``), the aggregation (and,
@@ -10,6 +11,10 @@ after ``pushdown``, what crosses shards) runs on the narrow side: GraphSAGE's
 applies only to values no one else reads, only when it narrows, and only through sums
 whose terms have the sum's features (a broadcast term, ``agg + deg.unsqueeze(-1)``, is
 not W's input: ``W(a + b)`` is no ``Wa + Wb`` there).
+
+A sum of both ends' values is such a sum too: EdgeConv's ``W (h_u - h_v)`` is
+``(W h)_u - (W h)_v``, each end's product per node (``pushdown``), and the edges carry W's
+narrow output instead of h.
 
 W also commutes with a scale per row, broadcast over the features it reads
 (``W (w_e h_u) = w_e (W h_u)``, and ``/``): GraphConv's edge weights,
@@ -57,7 +62,8 @@ def linear_through_aggregate(fn: Function) -> Function:
         return j, chain[::-1]
 
     def movable(j: int) -> bool:
-        """Value j is (a sum of terms with) a linear aggregate we may rewrite."""
+        """Value j is (a sum of terms with) a linear aggregate, or an edge value of both
+        ends, we may rewrite."""
         v = fn.values[j]
         if not single(j):
             return False
@@ -66,7 +72,7 @@ def linear_through_aggregate(fn: Function) -> Function:
         if v.op in (Op.ADD, Op.SUB):  # W(a + b) = Wa + Wb for terms of the sum's shape
             return all(fn.values[k].type.domain is not Domain.PARAM
                        and fn.values[k].type.feat == v.type.feat for k in v.inputs) and \
-                any(movable(k) for k in v.inputs)
+                any(movable(k) or (j not in to_nodes and k in to_nodes) for k in v.inputs)
         return False
 
     rw = Rewriter(fn)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from difftest import CANCEL_FLOOR, assert_close
 from triton_check import power_law_block, set_backend
 
+import edgeconv
 import gat
 import gcn
 import rgcn
@@ -41,6 +42,8 @@ def _model(name: str, num_rels: int):
                                dropout=0.5, attn_drop=0.5)
     if name == "rgcn":
         return rgcn.build_model(12, NUM_CLASSES, num_etypes=num_rels, hidden=8)
+    if name == "edgeconv":
+        return edgeconv.build_model(12, NUM_CLASSES, hidden=8, dropout=0.5)
     return rgcn.build_model(12, NUM_CLASSES, num_etypes=num_rels, hidden=8, num_bases=2)
 
 
@@ -56,7 +59,7 @@ def _loss_and_grads(model, g, x, etype, labels, train: bool):
 
 @pytest.mark.parametrize("graph, train", [("self_loops", False), ("self_loops", True),
                                            ("power_law", True)])
-@pytest.mark.parametrize("name", ["gcn", "gat", "rgcn", "rgcn_bases"])
+@pytest.mark.parametrize("name", ["gcn", "gat", "rgcn", "rgcn_bases", "edgeconv"])
 def test_model_loss_and_gradients(name, graph, train, split_small):
     g = _graph(graph)
     num_rels = 3
