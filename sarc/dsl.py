@@ -86,6 +86,16 @@ INDEX = Feature((), "i64")
 """An int64 per-row feature, such as an edge type."""
 
 
+def _declared(features: Any, side: str) -> dict[str, Feature]:
+    """``node=`` / ``edge=`` of a layer: feature names to their declarations."""
+    if features is None:
+        return {}
+    if not isinstance(features, Mapping) or not all(isinstance(k, str) for k in features):
+        raise DSLError(f"{side}= takes a dict of feature names to widths, shapes or "
+                       f"sarc.Feature (e.g. {side}={{'h': 16}}), got {features!r}", user_loc())
+    return {k: _as_feature(v, k) for k, v in features.items()}
+
+
 def _as_feature(spec: Any, what: str) -> Feature:
     if isinstance(spec, Feature):
         return spec
@@ -223,9 +233,15 @@ class Layer(nn.Module):
     def __init__(self, *, node: Mapping[str, Any] | None = None,
                  edge: Mapping[str, Any] | None = None, backend: str = "torch",
                  autodiff: str = "torch"):
+        from .compiler import AUTODIFF, BACKENDS
         super().__init__()
-        self._sarc_node = {k: _as_feature(v, k) for k, v in (node or {}).items()}
-        self._sarc_edge = {k: _as_feature(v, k) for k, v in (edge or {}).items()}
+        self._sarc_node = _declared(node, "node")
+        self._sarc_edge = _declared(edge, "edge")
+        for what, value, known in (("backend", backend, BACKENDS),
+                                   ("autodiff", autodiff, AUTODIFF)):
+            if value not in known:
+                raise DSLError(f"unknown {what} {value!r}; available: {', '.join(known)}",
+                               user_loc())
         self._sarc_backend = backend
         self._sarc_autodiff = autodiff
         self._sarc_compiled = None

@@ -225,6 +225,38 @@ class SoftmaxNotAggregated(sarc.Layer):
         return sarc.edge_softmax(msg.s)  # ERR:softmax-result
 
 
+class MisspeltAutodiff(sarc.Layer):
+    """Accepted when made; a ValueError traceback from the compiler at the first call."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3}, autodiff="IR")  # ERR:autodiff
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class MisspeltBackend(MisspeltAutodiff):
+    def __init__(self):
+        sarc.Layer.__init__(self, node={"h": 3}, backend="trition")  # ERR:backend
+
+
+class FeatureList(MisspeltAutodiff):
+    """An AttributeError traceback ('list' object has no attribute 'items')."""
+
+    def __init__(self):
+        sarc.Layer.__init__(self, node=["h"])  # ERR:node-list
+
+
+class FeatureNumberKey(MisspeltAutodiff):
+    """Accepted; the call then said feature 'h' was not given."""
+
+    def __init__(self):
+        sarc.Layer.__init__(self, node={1: 4, "h": 3})  # ERR:node-key
+
+
 class Slicing(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -458,6 +490,10 @@ CASES = [
     (UnsupportedFunctional, "functional", ["torch function torch.nn.functional.local_response_norm is not supported"]),
     (UnsupportedMethod, "method", ["Tensor.cumsum is not supported"]),
     (DataDependentIf, "if", ["data-dependent control flow"]),
+    (MisspeltAutodiff, "autodiff", ["unknown autodiff 'IR'", "available: torch, ir"]),
+    (MisspeltBackend, "backend", ["unknown backend 'trition'", "available: torch, triton"]),
+    (FeatureList, "node-list", [r"node= takes a dict of feature names", r"got \['h'\]"]),
+    (FeatureNumberKey, "node-key", [r"node= takes a dict of feature names"]),
     (ForeignTensor, "foreign", ["not a parameter of the layer", "nn.Parameter",
                                 "self.register_buffer"]),
     (ForeignArray, "foreign-numpy", [r"a numpy array of shape \[3\]", "self.register_buffer",
