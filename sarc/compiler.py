@@ -16,6 +16,7 @@ from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pu
 from .ir.printer import format_function
 from .ir.split import LayerSplit, split_layer
 from .ir.verifier import verify
+from .names import one_line
 from .planner.plan import LayerPlan, plan_layer
 from .planner.stats import ShardStats
 
@@ -167,7 +168,7 @@ def compile_layer(layer, backend: str = "torch", passes=PIPELINE, autodiff: str 
         if stage_name == through:
             break
     if debug_level() >= 1 and "kernel" in record:
-        print(f"--- sarc: {record['name']} ({backend}) -> {record['kernel'].path} ---")
+        print(one_line(f"--- sarc: {record['name']} ({backend}) -> {record['kernel'].path} ---"))
     return Compilation(**{f.name: record.get(f.name) for f in fields(Compilation)})
 
 

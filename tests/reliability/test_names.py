@@ -202,6 +202,20 @@ def test_names_with_terminal_escapes_are_printed_escaped(tmp_path):
     assert_error(proc, "no\\x1b[31mpe.py")
     assert all(line.isprintable() for line in proc.stderr.splitlines())
 
+def test_debug_output_shows_names_escaped(monkeypatch, capsys):
+    """``SARC_DEBUG=1`` (each compiled kernel) and ``=2`` (the IR after each pass) printed
+    a layer class's name raw: a newline and a bidirectional override reached the terminal."""
+    layer_cls = make_layer(cls="Evil\nsarc: all checks passed\u202e")
+    g = sarc.Graph.from_edges(torch.tensor([0]), torch.tensor([1]), 2)
+    for level in ("1", "2"):
+        monkeypatch.setenv("SARC_DEBUG", level)
+        layer_cls()(g, torch.randn(2, WIDTH))
+        out = capsys.readouterr().out
+        assert "Evil\\nsarc: all checks passed\\u202e" in out, out
+        assert all(line.isprintable() for line in out.splitlines()), out
+        assert not any(line.startswith("sarc: all checks") for line in out.splitlines())
+
+
 @case("names", "a layer class named `../../x` (its generated module's file name)", "literal")
 def test_class_name_that_climbs_out_of_the_cache(tmp_path, monkeypatch):
     cache = tmp_path / "a" / "b" / "cache"
