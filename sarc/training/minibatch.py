@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -43,6 +46,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import injected_fault
+from ..names import one_line
 from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
@@ -165,6 +169,20 @@ def never_called(model: nn.Module | None, called: set[int]) -> str:
             f"does not call, or call them")
 
 
+_ROWS_MISMATCH = "at non-singleton dimension 0"
+"""torch's error for two operands of other row counts (``The size of tensor a (1664) must
+match the size of tensor b (644) at non-singleton dimension 0``)."""
+
+
+def _users_line(e: BaseException) -> str:
+    """``FILE:LINE: `` of the innermost frame of ``e``'s traceback outside sarc and torch:
+    the user's line that raised it."""
+    inside = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["sarc"]))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(inside)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+
+
 class MiniBatchGraph:
     """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
     forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
@@ -196,7 +214,16 @@ class MiniBatchGraph:
         """One forward pass (of ``model``): the layer calls start at block 1, and must use
         every block."""
         self.calls, self.called = 0, set()
-        yield self
+        try:
+            yield self
+        except RuntimeError as e:
+            if _ROWS_MISMATCH not in str(e):
+                raise
+            raise TrainError(f"{_users_line(e)}{one_line(e)}; in mfg and sampling modes a "
+                             f"layer's output has its block's destination rows, fewer than "
+                             f"its input: a value made before the layer and combined with "
+                             f"its output (an initial residual h0) is cut to its rows, "
+                             f"h0[:h.shape[0]]") from e
         if self.calls != len(self.graphs):
             raise TrainError(self._mismatch(f"{self.calls} sarc layer call"
                                             f"{'s' * (self.calls != 1)}") +

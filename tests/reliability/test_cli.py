@@ -757,3 +757,58 @@ def test_a_plan_for_many_workers_says_its_rounds_without_listing_them():
     plan = Plan(mode="full", workers=2000, mem_budget=None, baseline=False, layers=(),
                 stats=None)
     assert "exchange rounds: 1999 " in format_plan(plan)
+
+
+INITIAL_RESIDUAL = '''
+import sarc
+import torch
+from torch import nn
+
+
+class Prop(sarc.Layer):
+    def __init__(self, i):
+        super().__init__(node={"h": i})
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.lin, self.p1, self.p2 = nn.Linear(i, c), Prop(c), Prop(c)
+
+    def forward(self, g, x):
+        h0 = self.lin(x)
+        h2 = self.p2(g, self.p1(g, h0))
+        return h0 + h2  # the residual
+
+
+HPARAMS = {"dataset": "cora", "epochs": 1, "self_loops": True}
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+'''
+
+
+@case("cli", "`--mode mfg` of a model adding a value made before its first layer (an "
+             "initial residual) to a later layer's output, uncut", "error")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_uncut_initial_residual_in_mfg_mode_says_how_to_cut_it(tmp_path, workers):
+    """torch's "The size of tensor a (1664) must match the size of tensor b (644)" came as
+    a traceback through sarc's training loop, with no word of the block's rows."""
+    model = tmp_path / "residual.py"
+    model.write_text(INITIAL_RESIDUAL)
+    line = INITIAL_RESIDUAL.splitlines().index("        return h0 + h2  # the residual") + 1
+    proc = run_sarc("train", model, "--mode", "mfg", "--batch-size", "64", "--epochs", "1",
+                    *on_workers(str(workers)))
+    if workers == 1:
+        assert_error(proc, f"{model}:{line}", "must match the size of tensor",
+                     "in mfg and sampling modes", "h0[:h.shape[0]]")
+    else:
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{model}:{line}" in proc.stderr and "h0[:h.shape[0]]" in proc.stderr
