@@ -161,6 +161,21 @@ def check_partition_features(args, pset, dataset: str | None, hp: dict) -> None:
         check_features(dataset or f"partitioned at {args.partition}", width > 0, hp)
 
 
+def check_run_on(data, args, hp: dict, minibatch) -> None:
+    """Refuse here, once, before partitioning, what every worker would refuse of ``data``
+    (the dataset loaded): negative features under ``norm_features``, more
+    ``eval_negatives`` than nodes, ``--drop-last`` with no full batch."""
+    from ..training.inputs import check_normalizable, labeled_masks
+    if hp.get("norm_features") and data.has_features:
+        check_normalizable(data.feat)
+    if getattr(args, "task", "node") == "link":
+        from ..training.link import check_link_hparams
+        check_link_hparams(hp, data.num_nodes)
+    elif minibatch is not None:
+        masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
+        minibatch.check_steps(int(masks["train"].sum()))
+
+
 DEFAULT_METHOD = "metis"
 """How ``--workers P`` partitions the dataset when neither ``--partition`` nor ``--method``
 is given."""
@@ -212,6 +227,7 @@ def launch(args, minibatch=None) -> int:
         else:
             hp = run_hparams(args)
             data = load_run_dataset(args, args.dataset or hp["dataset"])
+            check_run_on(data, args, hp, minibatch)
             # the workers record the dataset as one process does: an .npz file by its path
             partition = partition_dataset(args, data, Path(tmp) / "parts", hp)
             dataset = data.recorded

@@ -55,13 +55,18 @@ def node_features(feat: torch.Tensor, hparams: dict[str, Any]) -> torch.Tensor:
     x = feat if feat.dim() == 2 else feat.reshape(feat.shape[0], -1)
     x = x.to(torch.float32)
     if hparams["norm_features"] and x.shape[1] > 0:
-        if bool((x < 0).any()):
-            raise TrainError(f"norm_features divides each node's features by their sum, which "
-                             f"is for non-negative features (counts), and these have negative "
-                             f"values (as low as {float(x.min()):.4g}); set norm_features=False "
-                             f"(--set norm_features=False, or in HPARAMS)")
+        check_normalizable(x)
         x = x / x.sum(1, keepdim=True).clamp_min(1e-12)
     return x
+
+
+def check_normalizable(feat: torch.Tensor) -> None:
+    """Refuse negative features, which ``norm_features`` cannot divide by their sum."""
+    if feat.numel() and bool((feat < 0).any()):
+        raise TrainError(f"norm_features divides each node's features by their sum, which "
+                         f"is for non-negative features (counts), and these have negative "
+                         f"values (as low as {float(feat.min()):.4g}); set norm_features=False "
+                         f"(--set norm_features=False, or in HPARAMS)")
 
 
 def labeled_masks(label: torch.Tensor, train: torch.Tensor, val: torch.Tensor,

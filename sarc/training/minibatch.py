@@ -118,6 +118,13 @@ class MiniBatchConfig:
         w = edge_data[self.prob]
         return {**kept, self.prob: edge_weights(w, self.prob).to(w.device)}
 
+    def check_steps(self, seeds: int) -> None:
+        """Refuse an epoch of no step: ``--drop-last`` with fewer ``seeds`` (the graph's
+        training nodes) than a batch."""
+        if self.drop_last and self.batch_size is not None and seeds < self.batch_size:
+            raise TrainError(f"--drop-last with a batch size of {self.batch_size}: the graph "
+                             f"has {seeds} training nodes, no full batch")
+
     def spec(self, layers: int, seed: int) -> SamplingSpec:
         """The sampling spec for a model of ``layers`` graph layers (checked against them)."""
         if self.mode == "mfg":
@@ -378,9 +385,7 @@ class MiniBatchSteps:
         self.graphs_of, self.edge_names, self.counter = graphs_of, tuple(edge_names), counter
         self.sampler = NeighbourSampler(shard, self.spec, comm)
         self.seeds = SeedBatches(shard, rows.train, config, seed, comm)
-        if not self.seeds.steps:
-            raise TrainError(f"--drop-last with a batch size of {config.batch_size}: the graph "
-                             f"has {self.seeds.total} training nodes, no full batch")
+        config.check_steps(self.seeds.total)
         self.history: list[dict] = []
         self.prefetched = 0  # steps sampled ahead when the last step was handed out
 

@@ -812,3 +812,27 @@ def test_an_uncut_initial_residual_in_mfg_mode_says_how_to_cut_it(tmp_path, work
     else:
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         assert f"{model}:{line}" in proc.stderr and "h0[:h.shape[0]]" in proc.stderr
+
+
+def _negative_features(path: Path) -> Path:
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["feat"] = data["feat"].astype(np.float32) - 0.5
+    np.savez(path, **data)
+    return path
+
+
+@case("cli", "`--workers 2` runs a worker would refuse of the dataset (negative features "
+             "under norm_features, `--drop-last` with no full batch, more `eval_negatives` "
+             "than nodes)", "error")
+@pytest.mark.parametrize("problem", ["norm_features", "drop_last", "eval_negatives"])
+def test_what_workers_would_refuse_is_refused_before_partitioning(tmp_path, problem):
+    """Each was said by every worker, after the dataset was partitioned."""
+    argv = {"norm_features": [GCN, "--dataset", _negative_features(tmp_path / "neg.npz")],
+            "drop_last": [GCN, "--mode", "mfg", "--batch-size", "1000", "--drop-last"],
+            "eval_negatives": [ROOT / "models" / "sage_lp.py", "--task", "link", "--set",
+                               "eval_negatives=5000"]}[problem]
+    needles = {"norm_features": ["norm_features divides", "negative values"],
+               "drop_last": ["--drop-last with a batch size of 1000", "140 training nodes"],
+               "eval_negatives": ["eval_negatives=5000", "2708 nodes"]}[problem]
+    refused_before_work(run_sarc("train", *argv, "--epochs", "1", "--workers", "2"), *needles)
