@@ -216,17 +216,22 @@ class _EdgeWeightedConv(sarc.Layer):
         return self.lin_rel(agg.agg) + self.lin_root(dst.h)
 
 
+def _linear_at_the_nodes(layer, width: int) -> None:
+    """No product on the edges' rows, nor an edge tensor of the input's ``width``."""
+    fn = optimize(layer.trace())
+    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
+                   for v in fn.values), format_function(fn)
+    assert not any(v.type.domain is Domain.EDGE and v.type.feat[-1:] == (width,)
+                   for v in fn.values), format_function(fn)
+
+
 @pytest.mark.parametrize("scale", ["mul", "div"])
 def test_a_narrowing_linear_moves_through_an_edge_scalar_to_the_nodes(scale):
     """``W sum_e w_e h_u`` is ``sum_e w_e (W h)_u``: the linear reaches the nodes (no
     product on the edges' rows, nor an edge tensor as wide as h); it never moves onto
     an edge value it cannot leave."""
     layer = _EdgeWeightedConv(12, 3, scale)
-    fn = optimize(layer.trace())
-    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
-                   for v in fn.values), format_function(fn)
-    assert not any(v.type.domain is Domain.EDGE and v.type.feat[-1:] == (12,)
-                   for v in fn.values), format_function(fn)
+    _linear_at_the_nodes(layer, width=12)
     g = random_block(torch.Generator().manual_seed(3), 10, 8, 40)
     feats = {"h": torch.randn(10, 12), "w": torch.rand(40)}
     _same_meaning(layer, g, feats)
@@ -255,11 +260,7 @@ def test_a_narrowing_linear_of_both_ends_is_computed_at_the_nodes(op):
     edges carry W's narrow output, not h (it was a product over the edges' rows of h's
     width)."""
     layer = _EdgeConv(12, 3, op)
-    fn = optimize(layer.trace())
-    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
-                   for v in fn.values), format_function(fn)
-    assert not any(v.type.domain is Domain.EDGE and v.type.feat[-1:] == (12,)
-                   for v in fn.values), format_function(fn)
+    _linear_at_the_nodes(layer, width=12)
     g = random_block(torch.Generator().manual_seed(3), 10, 8, 40)
     _same_meaning(layer, g, {"h": torch.randn(10, 12)})
 
