@@ -1092,7 +1092,10 @@ def _routed(forward):
             return forward(self, graph, *args, **kwargs)   # a DGL graph, or sarc tracing it
         bound = signature.bind(self, graph, *args, **kwargs)
         names = list(signature.parameters)
-        feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None}
+        # a value given as its default (None, get_attention=False) is the default: the traced
+        # forward takes it so
+        feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None
+                 and not _is_default(v, signature.parameters[k].default)}
         owner = type(self).__name__
         for k, v in feats.items():
             if isinstance(v, tuple) and len(v) == 2:
@@ -1119,6 +1122,12 @@ def _routed(forward):
     run._sarc_round_count = _round_count
     run._sarc_held = _held_layers
     return run
+
+
+def _is_default(value, default) -> bool:
+    """``value`` is the plain constant ``default`` (a bool, number or string of its type)."""
+    return (type(value) is type(default) and isinstance(value, (bool, int, float, str))
+            and value == default)
 
 
 def _round_count(module) -> int:

@@ -17,7 +17,7 @@ pytest.importorskip("dgl")
 
 import dgl  # noqa: E402
 from dgl.nn.pytorch import (AGNNConv, APPNPConv, EGATConv, EGNNConv, GATConv,  # noqa: E402
-                            GraphConv, HGTConv, SAGEConv)
+                            GraphConv, HGTConv, RelGraphConv, SAGEConv)
 
 from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
@@ -270,6 +270,30 @@ def test_an_external_weight_is_refused_with_what_to_write(patched, rows):
     with pytest.raises(DSLError, match=r"GraphConv: an external weight argument .* not "
                                        r"supported .*conv\(g, x @ W\)"):
         GraphConv(rows, 3, weight=False)(g, torch.randn(N, rows), weight=torch.randn(rows, 3))
+
+
+_ETYPE = torch.arange(_edges(True)[0].numel()) % 2
+
+
+@pytest.mark.parametrize("make, call", [
+    (lambda: GATConv(IN, 3, 2), lambda c, g, x: c(g, x, get_attention=False)),
+    (lambda: GraphConv(IN, 3), lambda c, g, x: c(g, x, None, None)),
+    (lambda: RelGraphConv(IN, 3, 2), lambda c, g, x: c(g, x, _ETYPE, presorted=False))])
+def test_a_default_argument_given_explicitly_is_the_default(patched, make, call):
+    """``get_attention=False`` and ``presorted=False``, DGL's defaults, were refused as
+    "tensor arguments only" on a sarc graph."""
+    torch.manual_seed(0)
+    conv = randomized(make())
+    dg = dgl.graph(_edges(True), num_nodes=N)
+    x = torch.randn(N, IN)
+    want = call(conv, dg, x)
+    _close(call(conv, sarc.frontends.dgl.from_dgl(dg), x), want, "output")
+
+
+def test_another_value_than_the_default_is_refused(patched):
+    g = sarc.frontends.dgl.from_dgl(dgl.graph(_edges(True), num_nodes=N))
+    with pytest.raises(DSLError, match=r"GATConv: argument get_attention=True on a sarc graph"):
+        GATConv(IN, 3, 2)(g, torch.randn(N, IN), get_attention=True)
 
 
 def test_ones_over_the_edges_is_traced(patched):
