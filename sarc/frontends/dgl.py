@@ -437,7 +437,10 @@ class _Frame(MutableMapping):
     def __getitem__(self, key):
         if key not in self._data:
             raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is read before it is "
-                           f"set (set: {', '.join(map(repr, self._data)) or 'nothing'})",
+                           f"set (set: {', '.join(map(repr, self._data)) or 'nothing'}); a sarc "
+                           f"graph does not carry a DGL graph's data: make {key!r} an argument "
+                           f"of forward, set g.{self._what}[{key!r}] from it, and declare it "
+                           f"({'edge' if self._what == 'edata' else 'node'}={{{key!r}: ...}})",
                            user_loc())
         value = self._data[key]
         if self._domain is Domain.SRC:

@@ -213,6 +213,29 @@ def test_a_second_round_of_message_passing_is_refused(make):
     _refused(make(), "second round of message passing", "'h'")
 
 
+class ReadsTheGraphsEdgeData(nn.Module):
+    """Reads edge weights the user set on the DGL graph (``G.edata['w'] = ...``), which
+    a sarc graph does not carry."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.ndata["z"] = self.lin(feat)
+            g.update_all(fn.u_mul_e("z", "w", "m"), fn.sum("m", "o"))
+            return g.ndata["o"]
+
+
+def test_graph_data_set_outside_the_module_is_said_to_be_an_argument():
+    """It was "g.edata['w'] is read before it is set (set: nothing)": the user had set it,
+    on the DGL graph."""
+    _refused(ReadsTheGraphsEdgeData(), "g.edata['w'] is read before it is set",
+             "a sarc graph does not carry a DGL graph's data", "argument of forward",
+             "edge={'w': ...}")
+
+
 # --- reduce UDFs run on the nodes with in-edges only ---------------------------------------------
 
 class ReduceWithNodeData(nn.Module):
