@@ -324,8 +324,9 @@ class Proxy:
     def shape(self) -> tuple:
         """Rows first: a graph value's row count is a ``RowCount`` (symbolic)."""
         t = self.type
-        return t.feat if t.domain is Domain.PARAM else (RowCount(t.domain.rows, self.tracer),
-                                                        *t.feat)
+        if t.domain is Domain.PARAM:
+            return t.feat
+        return (RowCount(t.domain.rows, self.tracer, user_loc()), *t.feat)
 
     @property
     def ndim(self) -> int:
@@ -425,11 +426,12 @@ class RowCount:
     same for every graph the layer runs on, so it has no value while tracing. It is the
     rows of a tensor of constants (``torch.ones(x.shape[0], 4)``: ``tracer``'s)."""
 
-    __slots__ = ("symbol", "tracer")
+    __slots__ = ("symbol", "tracer", "taken")
 
-    def __init__(self, symbol, tracer: "Tracer | None" = None):
+    def __init__(self, symbol, tracer: "Tracer | None" = None, taken: SourceLoc | None = None):
         self.symbol = symbol
         self.tracer = tracer
+        self.taken = taken   # the user's line that read it (``x.shape[0]``)
 
     def __repr__(self) -> str:
         return str(self.symbol)
@@ -443,8 +445,11 @@ class RowCount:
         raise DSLError(self._message(), user_loc())
 
     def _message(self) -> str:
+        here, taken = user_loc(), self.taken
+        where = (f"; it was taken at {taken.file}:{taken.line}" if taken is not None and
+                 (here is None or (here.file, here.line) != (taken.file, taken.line)) else "")
         return (f"the row count {self.symbol} of a traced value is not known while tracing "
-                f"(the layer runs on any graph): a feature size is, e.g. h.shape[-1]")
+                f"(the layer runs on any graph): a feature size is, e.g. h.shape[-1]{where}")
 
     def _refuse(self, *args):
         raise DSLError(self._message(), user_loc())

@@ -550,6 +550,28 @@ def test_branch_on_the_row_count_is_refused():
                     "the row count E of a traced value is not known while tracing")
 
 
+class RowCountCarried(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        self.n = src.h.shape[0]  # ERR:taken
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m) / self.n  # ERR:used
+
+
+@case("tracer", "a row count taken on one line (`n = h.shape[0]`) and computed with on "
+                "another", "error-at-line")
+def test_a_row_count_used_elsewhere_names_where_it_was_taken():
+    """The error named only the line that used it (PyG's ``propagate(..., n=x.size(0))``
+    read in ``message``)."""
+    err = expect_error_at(lambda: RowCountCarried().trace(), "used",
+                          "the row count E of a traced value is not known while tracing")
+    assert str(err).splitlines()[0].endswith(f"; it was taken at {THIS}:{line_of(THIS, 'taken')}")
+
+
 class ItemOfParam(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
