@@ -538,7 +538,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         save_selected(save, selection, run=run, hparams=hp, sizes=sizes)
     best = selection.best
     return {
-        "model": spec.name, "dataset": data.name, "workers": 1,
+        "model": spec.name, "dataset": data.recorded, "workers": 1,   # as workers record it
         **MiniBatchConfig.report(minibatch), "seed": seed,
         "device": str(prep.x.device), "backend": backend,
         "epochs": out.epochs, "best_epoch": best["epoch"],

@@ -442,11 +442,12 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     # the edge data the model reads, by its layers' declared names (not all the partition has)
     reads = tuple(edge_inputs_for(model, {k: None for e in shard.edata for k in e}))
     if hp["self_loops"]:  # the loops' shard keeps what the model reads and the draws' weights
+        kept = reads
         if cfg.minibatch is not None:
             shard = dataclasses.replace(shard, edata=tuple(cfg.minibatch.carried(e, reads)
                                                            for e in shard.edata))
-        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout),
-                                tuple(shard.edata[rank]))
+            kept = tuple(shard.edata[rank])
+        shard = with_self_loops(shard, Exchanger(rank, size, group, counter, timeout), kept)
     dg = DistGraph(shard, group, exec_mode=cfg.exec_mode, mem_budget=cfg.mem_budget,
                    baseline=cfg.baseline, timeout=timeout, counter=counter)
     edge_inputs = {k: dg.edge_data(k) for k in reads}

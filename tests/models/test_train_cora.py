@@ -40,7 +40,8 @@ def test_training_is_deterministic_given_a_seed(one_thread):
 
 
 @pytest.mark.parametrize("model,dataset", [("gat.py", "cora"), ("sage.py", "cora"),
-                                           ("gin.py", "cora"), ("rgcn.py", "aifb")])
+                                           ("gin.py", "cora"), ("rgcn.py", "aifb"),
+                                           ("edgeconv.py", "cora")])
 def test_every_zoo_model_trains(model, dataset, one_thread):
     lines = []
     result = train(load_model_file(MODELS / model), dataset, epochs=3, seed=0, log=lines.append)

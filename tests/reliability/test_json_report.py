@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,4 +62,4 @@ def test_json_of_a_run_with_an_empty_split_is_strict(tmp_path, workers):
     report = strict(out.read_text())
     assert report["val_acc"] is None
     assert isinstance(report["test_acc"], float) and isinstance(report["train_acc"], float)
-    assert report["dataset"] == "noval"
+    assert report["dataset"] == str(Path(data).resolve())   # the file, on 1 process and on P
