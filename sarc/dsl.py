@@ -564,7 +564,6 @@ max = _reduce("max")  # noqa: A001
 min = _reduce("min")  # noqa: A001
 
 
-@traces(name="sarc.edge_softmax")
 def _weights_hint(tracer: Tracer, p: Proxy, unused: list[str]) -> str:
     """For a reduce result that is an edge softmax: how weights are used."""
     if tracer.builder.values[p.index].op is not Op.EDGE_SOFTMAX:
@@ -575,6 +574,7 @@ def _weights_hint(tracer: Tracer, p: Proxy, unused: list[str]) -> str:
             f"a.unsqueeze(-1)))")
 
 
+@traces(name="sarc.edge_softmax")
 def edge_softmax(score) -> Proxy:
     """softmax of an edge score over each destination node's incoming edges."""
     if not isinstance(score, Proxy):

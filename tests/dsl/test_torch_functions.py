@@ -1100,6 +1100,16 @@ def test_where_of_ints_follows_a_half_layers_dtype():
     assert got.dtype == torch.float16 and torch.equal(got, fn(layer, x))
 
 
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "edge_softmax", "dropout",
+                                  "leaky_relu", "elu", "concat", "linear"])
+def test_every_dsl_function_is_traced(name):
+    """A helper written between ``@traces`` and the function it decorated made
+    ``sarc.edge_softmax`` a plain function (the decorator took the helper)."""
+    from sarc.trace import Traced
+    f = getattr(sarc, name)
+    assert isinstance(f, Traced) and repr(f).startswith(f"<traced sarc.{name}("), repr(f)
+
+
 def test_a_traced_function_shows_its_name_and_signature():
     """``repr`` of a DSL function (a ``sarc.trace.Traced``): what it records, as called."""
     assert repr(sarc.linear) == "<traced sarc.linear(input, weight, bias=None) -> 'Proxy'>"
