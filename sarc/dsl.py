@@ -233,18 +233,13 @@ class Layer(nn.Module):
     def __init__(self, *, node: Mapping[str, Any] | None = None,
                  edge: Mapping[str, Any] | None = None, backend: str = "torch",
                  autodiff: str = "torch"):
-        from .compiler import AUTODIFF, BACKENDS
         super().__init__()
         self._sarc_node = _declared(node, "node")
         self._sarc_edge = _declared(edge, "edge")
-        for what, value, known in (("backend", backend, BACKENDS),
-                                   ("autodiff", autodiff, AUTODIFF)):
-            if value not in known:
-                raise DSLError(f"unknown {what} {value!r}; available: {', '.join(known)}",
-                               user_loc())
-        self._sarc_backend = backend
-        self._sarc_autodiff = autodiff
-        self._sarc_compiled = None
+        try:   # checked as the setters check them, said at the user's line
+            self.set_backend(backend).set_autodiff(autodiff)
+        except ValueError as e:
+            raise DSLError(str(e), user_loc()) from None
         for name in self._sarc_node:
             if name in self._sarc_edge:
                 raise DSLError(f"feature {name!r} is declared both as a node and an edge feature",
