@@ -36,7 +36,7 @@ import torch
 from ..native.kernels import kernels
 from ..runtime.sharded import ShardedGraph
 from .draws import NEIGHBOUR_KEY, REPLACEMENT_DRAW, uniform
-from .spec import ALL, SamplingError
+from .spec import ALL, SamplingError, check_prob
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,10 +60,7 @@ class InEdges:
             perm = b.perm.cpu()
             w = None
             if prob is not None:
-                if prob not in shard.edata[j]:
-                    have = ", ".join(sorted(shard.edata[j])) or "none"
-                    raise SamplingError(f"no edge data {prob!r} for the sampling probabilities "
-                                        f"(the graph has: {have})")
+                check_prob(prob, shard.edata[j])
                 w = edge_weights(shard.edata[j][prob], prob).index_select(0, perm)
             parts.append((b.dst.cpu(), src, rows, perm,
                           shard.orig_edge_ids[j].cpu().index_select(0, perm), w))

@@ -8,7 +8,7 @@ that has given up).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..errors import SarcError
 
@@ -71,6 +71,13 @@ class SamplingSpec:
 
     def check_edge_data(self, edge_names: Sequence[str]) -> None:
         """Raise unless the probability edge data (if any) is among ``edge_names``."""
-        if self.prob is not None and self.prob not in edge_names:
-            raise SamplingError(f"no edge data {self.prob!r} for the sampling probabilities "
-                                f"(the graph has: {', '.join(sorted(edge_names)) or 'none'})")
+        check_prob(self.prob, edge_names)
+
+
+def check_prob(prob: str | None, edge_names: Iterable[str], holder: str = "the graph") -> None:
+    """Raise unless the sampling probabilities ``prob`` (if any) are among the edge data
+    ``edge_names`` that ``holder`` has."""
+    names = sorted(edge_names)
+    if prob is not None and prob not in names:
+        raise SamplingError(f"no edge data {prob!r} for the sampling probabilities "
+                            f"({holder} has: {', '.join(names) or 'none'})")

@@ -50,8 +50,9 @@ from ..names import one_line
 from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
-from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingError, SamplingSpec
+from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
 from ..sampling.neighbours import edge_weights
+from ..sampling.spec import check_prob
 from ..sampling.draws import SHUFFLE_KEY, uniform
 from .inputs import TrainError
 from .loop import Batch, epoch_line
@@ -112,9 +113,7 @@ class MiniBatchConfig:
         kept = {k: edge_data[k] for k in reads}
         if self.prob is None or self.prob in kept:
             return kept
-        if self.prob not in edge_data:
-            raise SamplingError(f"no edge data {self.prob!r} for the sampling probabilities "
-                                f"(the dataset has: {', '.join(sorted(edge_data)) or 'none'})")
+        check_prob(self.prob, edge_data, "the dataset")
         w = edge_data[self.prob]
         return {**kept, self.prob: edge_weights(w, self.prob).to(w.device)}
 
