@@ -256,9 +256,9 @@ def _traced_modules(modules: Iterable[torch.nn.Module]) -> list[ModuleType]:
     return list(found.values())
 
 
-def _raised_by_a_call_at(e: BaseException) -> SourceLoc | None:
-    """The user's line whose call raised ``e``: the innermost user frame of its traceback,
-    when no sarc code ran below it. Python refusing a call raises in the caller's frame (a
+def raised_at(e: BaseException) -> SourceLoc | None:
+    """The user's line that raised ``e`` (an operation, or a call): the innermost user
+    frame of its traceback, when no sarc code ran below it. Python refusing a call raises in the caller's frame (a
     wrong keyword to a function of the user's) or in a library's (an nn.Module called with
     an extra argument raises inside torch); a TypeError from sarc's own code is not the
     user's call, and stays as it is."""
@@ -285,7 +285,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
     random draws outside sarc's dropout are refused at the user's line, the files of the
     modules' classes are the user's code (``sarc.trace.traced_code``), and a call that
     Python refuses, or an error the user's own code raises (a TypeError from the user's
-    call, an AttributeError or NameError from a misspelt name; see ``_raised_by_a_call_at``),
+    call, an AttributeError or NameError from a misspelt name; see ``raised_at``),
     is a DSLError at the user's line."""
     modules = list(modules)
     modes = [m.training for m in modules]
@@ -305,7 +305,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
             except SarcError:
                 raise
             except Exception as e:  # noqa: BLE001 - the user's code failing as Python
-                loc = _raised_by_a_call_at(e)
+                loc = raised_at(e)
                 if loc is None:
                     raise
                 what = "" if isinstance(e, TypeError) else f"{type(e).__name__}: "

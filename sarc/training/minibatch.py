@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -51,9 +48,10 @@ from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
 from ..runtime.sharded import ShardedGraph
 from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
+from ..sampling.draws import SHUFFLE_KEY, uniform
 from ..sampling.neighbours import edge_weights
 from ..sampling.spec import check_prob
-from ..sampling.draws import SHUFFLE_KEY, uniform
+from ..trace_guards import raised_at
 from .inputs import TrainError
 from .loop import Batch, epoch_line
 
@@ -180,15 +178,6 @@ _ROWS_MISMATCH = "at non-singleton dimension 0"
 match the size of tensor b (644) at non-singleton dimension 0``)."""
 
 
-def _users_line(e: BaseException) -> str:
-    """``FILE:LINE: `` of the innermost frame of ``e``'s traceback outside sarc and torch:
-    the user's line that raised it."""
-    inside = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["sarc"]))
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if not f.filename.startswith(inside)]
-    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
-
-
 class MiniBatchGraph:
     """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
     forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
@@ -225,11 +214,12 @@ class MiniBatchGraph:
         except RuntimeError as e:
             if _ROWS_MISMATCH not in str(e):
                 raise
-            raise TrainError(f"{_users_line(e)}{one_line(e)}; in mfg and sampling modes a "
-                             f"layer's output has its block's destination rows, fewer than "
-                             f"its input: a value made before the layer and combined with "
-                             f"its output (an initial residual h0) is cut to its rows, "
-                             f"h0[:h.shape[0]]") from e
+            where = raised_at(e)
+            raise TrainError(f"{f'{where}: ' if where else ''}{one_line(e)}; in mfg and "
+                             f"sampling modes a layer's output has its block's destination "
+                             f"rows, fewer than its input: a value made before the layer and "
+                             f"combined with its output (an initial residual h0) is cut to its "
+                             f"rows, h0[:h.shape[0]]") from e
         if self.calls != len(self.graphs):
             raise TrainError(self._mismatch(f"{self.calls} sarc layer call"
                                             f"{'s' * (self.calls != 1)}") +
