@@ -264,9 +264,8 @@ def _dataset(args, hparams: dict, pset):
 def training_seeds(data) -> int:
     """The dataset's labeled training nodes: ``sarc train``'s seeds of an epoch, and its
     default batch size (one step per epoch)."""
-    from ..training.inputs import labeled_masks
-    masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
-    return max(1, int(masks["train"].sum()))
+    from ..training.inputs import labeled_training_nodes
+    return max(1, labeled_training_nodes(data))
 
 
 def sampled_note(drawn: int, steps: int, asked: int | None) -> str | None:

@@ -165,15 +165,14 @@ def check_run_on(data, args, hp: dict, minibatch) -> None:
     """Refuse here, once, before partitioning, what every worker would refuse of ``data``
     (the dataset loaded): negative features under ``norm_features``, more
     ``eval_negatives`` than nodes, ``--drop-last`` with no full batch."""
-    from ..training.inputs import check_normalizable, labeled_masks
+    from ..training.inputs import check_normalizable, labeled_training_nodes
     if hp.get("norm_features") and data.has_features:
         check_normalizable(data.feat)
     if getattr(args, "task", "node") == "link":
         from ..training.link import check_link_hparams
         check_link_hparams(hp, data.num_nodes)
     elif minibatch is not None:
-        masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
-        minibatch.check_steps(int(masks["train"].sum()))
+        minibatch.check_steps(labeled_training_nodes(data))
 
 
 DEFAULT_METHOD = "metis"

@@ -76,6 +76,12 @@ def labeled_masks(label: torch.Tensor, train: torch.Tensor, val: torch.Tensor,
     return {k: m.to(torch.bool) & labeled for k, m in zip(SPLITS, (train, val, test))}
 
 
+def labeled_training_nodes(data) -> int:
+    """The dataset ``data``'s labeled training nodes: a mini-batch epoch's seeds."""
+    masks = labeled_masks(data.label, data.train_mask, data.val_mask, data.test_mask)
+    return int(masks["train"].sum())
+
+
 def initial_embedding(keys: torch.Tensor, dim: int, seed: int, scale: float,
                       dtype: torch.dtype = torch.float32, chunk: int = 1 << 14) -> torch.Tensor:
     """[len(keys), dim] initial rows, uniform in (-scale, scale): row i a pure function of
