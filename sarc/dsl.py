@@ -31,6 +31,7 @@ from .ir.function import Function
 from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
 from .trace import Proxy, Tracer, call_returning, traces, user_loc
+from .trace_torch import torch_integer_kind
 from .trace_guards import tracing
 
 BUILTIN_NODE = {"src": ("out_degree", "in_degree"), "dst": ("in_degree", "out_degree")}
@@ -368,6 +369,13 @@ class Layer(nn.Module):
                 if p.type.domain is not Domain.DST:
                     raise DSLError(f"update result {name!r} must be a dst value, got a "
                                    f"{p.type.domain.value} value {list(p.type.shape)}", out.loc)
+                kind = torch_integer_kind(p)
+                if kind:   # sarc computes it as 0 / 1 or whole floats: named where it is made
+                    raise DSLError(f"update result {name!r} is {'an' if kind == 'int64' else 'a'} {kind} tensor in torch (a "
+                                   f"{'comparison' if kind == 'bool' else 'count or selection of integers'}"
+                                   f"), and a sarc layer's outputs are float: return it as "
+                                   f"floats (.float(), .to(x.dtype); torch.where(cond, 1.0, "
+                                   f"0.0))", tracer.builder.values[p.index].loc or out.loc)
         from .ir.verifier import verify
         fn = tracer.builder.finish((k, p.index) for k, p in out.values.items())
         verify(fn)

@@ -102,7 +102,10 @@ def _arith(op: Op, a, b) -> Proxy:
         raise DSLError("arithmetic of two conditions (comparisons' results), which torch "
                        "computes as bools: combine them with &, | and ~, or convert one with "
                        ".float() first", user_loc())
-    return p.tracer.emit(op, xs)
+    out = p.tracer.emit(op, xs)
+    if op in (Op.ADD, Op.SUB, Op.MUL) and all(_whole(v) for v in (a, b)):
+        _integral(out)   # cond * 2, torch.where(c, 1, 0) + 1: int64 in torch
+    return out
 
 
 _READ_AS = {Op.GATHER_SRC: "src", Op.GATHER_DST: "dst"}
@@ -596,6 +599,10 @@ def _converted(x: Proxy, dtype: Any, what: str) -> Proxy:
         if dtype is torch.bool:
             return x
         x = x * 1.0   # the 0 / 1 values, no longer a condition
+    elif torch_integer_kind(x):   # torch's int64 count or selection
+        if dtype is torch.int64:
+            return x
+        x = x * 1.0   # the same values, now a float as in torch
     try:
         to = DType.from_torch(dtype)
     except TypeError:
@@ -719,7 +726,8 @@ def _in_dtype(x: Proxy, dtype, what: str) -> Proxy:
 @traces(torch.sum, torch.Tensor.sum)
 def _sum(input, dim=None, keepdim=False, *, dtype=None, out=Fixed(None)):
     x = _in_dtype(_traced(input, "sum"), dtype, "sum")
-    return _sum_axes(x, _feature_axes(x, dim, "sum"), keepdim)
+    out = _sum_axes(x, _feature_axes(x, dim, "sum"), keepdim)
+    return _integral(out) if dtype is None and _whole(input) else out   # a count: int64
 
 
 @traces(torch.mean, torch.Tensor.mean)
@@ -1645,6 +1653,33 @@ def is_condition(x: Any) -> bool:
     return isinstance(x, Proxy) and x.index in _conditions(x.tracer)
 
 
+def _integers(tracer) -> set:
+    return tracer.__dict__.setdefault("integers", set())
+
+
+def _integral(x: Proxy) -> Proxy:
+    _integers(x.tracer).add(x.index)
+    return x
+
+
+def _whole(v) -> bool:
+    """Whether ``v`` is a Python int or bool, a condition, or a value marked integral."""
+    return (isinstance(v, int) or isinstance(v, Proxy) and v.index in _integers(v.tracer)
+            or is_condition(v))
+
+
+def torch_integer_kind(x: Any) -> str | None:
+    """What torch would compute a traced 0 / 1 or whole-number value as, where sarc computes
+    it as a float with the same values: ``bool`` for a condition, ``int64`` for a count or
+    torch.where(cond, 1, 0) (``_integral``); None for a float value. A layer's output of
+    either would change dtype silently, so the tracer refuses it."""
+    if is_condition(x):
+        return "bool"
+    if isinstance(x, Proxy) and x.index in _integers(x.tracer):
+        return "int64"
+    return None
+
+
 def _compared(a, b, what: str) -> tuple[Proxy, Proxy]:
     p = _first_proxy(a, b)
     xs = [p.tracer.lift(a, p), p.tracer.lift(b, p)]
@@ -1781,7 +1816,8 @@ def _selected(cond, a, b, what: str) -> Proxy:
     dtype = _promoted(a, b, xs)
     xs = [x if x.type.dtype is dtype else _converted(x, dtype.to_torch(), what) for x in xs]
     mask = c if c.type.dtype is dtype else _converted(c, dtype.to_torch(), what)
-    return c.tracer.emit(Op.WHERE_POS, [mask, *xs])
+    out = c.tracer.emit(Op.WHERE_POS, [mask, *xs])
+    return _integral(out) if all(_whole(v) and not is_condition(v) for v in (a, b)) else out
 
 
 @traces(torch.where)
@@ -1851,10 +1887,12 @@ def _keeps_conditions(traced) -> None:
         first = args[0] if args else next(iter(kwargs.values()), None)
         given = [a for a in (first if isinstance(first, (list, tuple)) else (first,))
                  if isinstance(a, Proxy)]
-        if given and all(is_condition(a) for a in given):
-            for y in (out if isinstance(out, (list, tuple)) else (out,)):
-                if isinstance(y, Proxy):
-                    _condition(y)
+        for kind, mark in ((is_condition, _condition), (_whole, _integral)):
+            if given and all(kind(a) for a in given):
+                for y in (out if isinstance(out, (list, tuple)) else (out,)):
+                    if isinstance(y, Proxy):
+                        mark(y)
+                break
         return out
     traced.record = record_conditions
 

@@ -926,6 +926,8 @@ CONDITIONS = {
                                + torch.where((x[:, :1] > 0).expand_as(x), x, -x)),
     "where-of-ints": lambda s, x: torch.where(x > 0, 1, 0) * x + torch.where(x < 0, 2, -1),
     "counts": lambda s, x: x + (x > 0).sum(-1, keepdim=True) + (x > 0).float().mean(-1, keepdim=True),
+    "ints-made-floats": lambda s, x: (x + torch.where(x > 0, 1, 0).float() + (x < 0).to(x.dtype)
+                                      + (x > 1).sum(-1, keepdim=True).to(x.dtype) * 2),
 }
 
 
@@ -973,6 +975,12 @@ def test_where_between_the_ends_of_an_edge_equals_torch(backend):
                                            r"itself, \(a - b\).abs\(\) <= atol"),
     (lambda s, x: x + x.new_zeros(3), r"a tensor of fixed size made inside a layer"),
     (lambda s, x: x + x.new_empty(x.shape), "its values are undefined"),
+    # torch's bool and int64 results, which sarc computes as floats, returned as they are
+    (lambda s, x: x > 0, "update result 'h' is a bool tensor in torch .* return it as floats"),
+    (lambda s, x: torch.where(x > 0, 1, 0), "update result 'h' is an int64 tensor in torch"),
+    (lambda s, x: (x > 0).sum(-1, keepdim=True) * 2 - 1, "is an int64 tensor in torch"),
+    (lambda s, x: torch.where(x > 0, 1, 0).view(-1, 2, 4).flatten(1).long(),
+     "is an int64 tensor in torch"),
 ])
 def test_conditions_sarc_cannot_trace_are_refused_at_their_line(key, message):
     _refused_with(key, message)
