@@ -21,8 +21,8 @@ from types import ModuleType
 from typing import Callable, Mapping
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ..backward_once import once_differentiable
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
 from ..ir import rng

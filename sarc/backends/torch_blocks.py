@@ -77,6 +77,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backward_once import once_differentiable
 from . import torch_ops as K
 from ..graph import Graph
 from ..native import kernels as cpu_kernels
@@ -184,7 +185,7 @@ class _SourceSelect(torch.autograd.Function):
         return torch.zeros((), dtype=STATS, device=g.device)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         x, y, share = ctx.saved_tensors
         ptr, rows, _ = K.layout(ctx.g).transposed()
@@ -321,7 +322,7 @@ class _SourceValueShares(torch.autograd.Function):
         return K.segment_sum(ds.to(STATS), g).reshape(g.num_dst, *sc.shape[1:])
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, cot):
         alpha, ds, grad = ctx.saved_tensors
         g, heads = ctx.g, alpha.shape[1]
@@ -362,6 +363,7 @@ class _GlobalSoftmax(torch.autograd.Function):
         return alpha.to(sc.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         (alpha,) = ctx.saved_tensors
         g = ctx.g

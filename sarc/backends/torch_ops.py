@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from ..amp import autocast_state
+from ..backward_once import once_differentiable
 from ..graph import Graph
 from ..native import kernels as cpu_kernels
 
@@ -450,6 +451,7 @@ class _CsrProduct(torch.autograd.Function):
                          as_shape=(g.num_dst, *x.shape[1:]))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         g, lay, n = ctx.g, ctx.lay, ctx.n
         w, x, cols, rs, cs = ctx.saved_tensors
@@ -490,7 +492,7 @@ class _CsrProductVjp(torch.autograd.Function):
         return x.new_zeros(())
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         # the surrogate is differentiated on its own (grad 1): no pass over cot to scale it
         # by 1, where that is known without a device sync
@@ -550,7 +552,7 @@ class _GatheredTypedLinear(torch.autograd.Function):
         return typed_linear(x.detach().index_select(0, src), table.detach(), types)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         x, table, types = ctx.saved_tensors
         order = torch.argsort(types, stable=True)
@@ -622,6 +624,7 @@ class _SegmentExtremum(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         x, y, rowptr, dst = ctx.saved_tensors
         tie = (x == y.index_select(0, dst)).to(grad_y.dtype)
@@ -670,7 +673,7 @@ class _ExtremumProduct(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         k, lay = cpu_kernels.kernels(), ctx.lay
@@ -711,6 +714,7 @@ class _EdgeSoftmax(torch.autograd.Function):
         return p
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dp):
         (p,) = ctx.saved_tensors
         g = ctx.g
@@ -789,6 +793,7 @@ class _Rematerialized(torch.autograd.Function):
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         grads = _block_grads(ctx, ctx.needs_input_grad[4:], lambda out, lo, hi: grad_out[lo:hi])
         return (None, None, None, None, *grads)
@@ -825,7 +830,7 @@ class _RematerializedSum(torch.autograd.Function):
         return torch.zeros((), dtype=torch.float64, device=g.device)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         def cotangent(out, lo, hi):
             c = grad.to(out.dtype)
@@ -988,7 +993,7 @@ class _Contract(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         grad = grad.unsqueeze(ctx.dim)
@@ -1102,7 +1107,7 @@ class _RecomputedScores(torch.autograd.Function):
         return _span_scores(score, sides, width, g, operands)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, ds):
         operands = ctx.saved_tensors
         need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[4:])]
@@ -1153,7 +1158,7 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
                          _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         g, lay, folds = ctx.g, ctx.lay, ctx.folds
         alpha, z, *saved = ctx.saved_tensors
@@ -1207,7 +1212,7 @@ class _SoftmaxProduct(torch.autograd.Function):
                          _by_head(z.detach(), heads), as_shape=(g.num_dst, *z.shape[1:]))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         g, lay = ctx.g, ctx.lay
         alpha, z = ctx.saved_tensors

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backward_once import once_differentiable
 from . import torch_blocks
 from .triton_runtime import FusedOp, SoftmaxSiteOp, check_device
 
@@ -106,7 +107,7 @@ class _Select(torch.autograd.Function):
         return y.new_zeros(())
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         y, share, *xs = ctx.saved_tensors
         feeds = [*xs, y, (share * grad).to(y.dtype).contiguous()]
@@ -197,7 +198,7 @@ class _SoftmaxSurrogate(torch.autograd.Function):
         return lse.new_zeros(())
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dsur):
         lse, grad, d, *xs = ctx.saved_tensors
         dsur = dsur.to(STATS)
@@ -238,7 +239,7 @@ class _GlobalWeights(torch.autograd.Function):
         return op.weights(g, sc, big_m, big_s)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         sc, big_m, big_s = ctx.saved_tensors
         dsc, b = ctx.op.row_shares(ctx.g, sc, big_m, big_s, grad)
@@ -271,7 +272,7 @@ class _NormalizerShares(torch.autograd.Function):
         return a * coef
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, cot):
         sc, big_m, big_s, coef = ctx.saved_tensors
         scale = cot.to(STATS) * coef

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..backward_once import once_differentiable
 from ..errors import SarcError
 from ..graph import Graph, derived
 from ..ir.reducers import REDUCERS, tie_share
@@ -448,7 +449,7 @@ class _FusedVjp(torch.autograd.Function):
         return cot.new_zeros(())
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         grads = ctx.op.run_backward(ctx.g, ctx.saved_tensors, (), ctx.cot * grad,
                                     ctx.needs_input_grad[3:])
@@ -467,6 +468,7 @@ class _FusedFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         tensors = ctx.saved_tensors
         xs, saved = tensors[:ctx.n], tensors[ctx.n:]
@@ -500,6 +502,7 @@ class _EdgeSoftmaxFunction(torch.autograd.Function):
         return y.view(x.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         dy2 = dy.reshape(y.shape).contiguous()
@@ -637,6 +640,7 @@ class _TypedLinearFunction(torch.autograd.Function):
         return typed_rows(op, g, x, w, groups)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dx, dw = typed_rows_grads(ctx.op, ctx.g, x, w, ctx.groups, dy,
@@ -732,7 +736,7 @@ class _TypedAggregateFunction(torch.autograd.Function):
         return op.by_edge.run_forward(g, [rows, *rest])[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         return (None, None, *_typed_aggregate_grads(ctx, dy, ctx.needs_input_grad[2:]))
 
@@ -784,7 +788,7 @@ class _TypedAggregateVjp(torch.autograd.Function):
         return cot.new_zeros(())
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         return (None, None, None,
                 *_typed_aggregate_grads(ctx, ctx.cot * grad, ctx.needs_input_grad[3:]))

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..backward_once import once_differentiable
 from .graph import comm_device
 
 
@@ -56,6 +57,7 @@ class _SyncBN(torch.autograd.Function):
         return y, mean, unbiased
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, _mean, _var):
         xh, invstd, weight = ctx.saved_tensors
         dxh = dy * weight if weight is not None else dy

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..backward_once import once_differentiable
 from ..loader import ModelSpec
 from ..sampling.comm import Comm
 from ..sampling.negative import negative_sampler
@@ -70,6 +71,7 @@ class _PullRows(torch.autograd.Function):
         return store.pull(ids, phase="embeddings")
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         store = ctx.store
         rows, values = store.route(ctx.ids, grad.contiguous(), "add", phase="embedding grads")

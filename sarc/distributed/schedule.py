@@ -39,6 +39,7 @@ from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
 from .merge import NormalizerMerge, SiteShares, make_merge
+from ..backward_once import once_differentiable
 
 
 @dataclass
@@ -177,7 +178,7 @@ class _DistLayer(torch.autograd.Function):
         return tuple(outs)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, *grads):
         call = ctx.call
         ctx.call = None
