@@ -287,9 +287,12 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
             raise fail(f"edge array {k!r} has {a.shape[0]} rows, the graph has {e} edges "
                        f"(numeric arrays named edge_* are edge data, one row per edge)")
         if a.dtype.kind == "f":
-            if check and not np.isfinite(a).all():
-                raise fail(f"edge array {k!r} holds NaN or Inf")
-            out[k] = a.astype(np.float32, copy=False)   # as the features: a model's precision
+            with np.errstate(over="ignore"):   # a float64 beyond float32's range: Inf, below
+                x = a.astype(np.float32, copy=False)   # as the features: a model's precision
+            if check and not np.isfinite(x).all():
+                raise fail(f"edge array {k!r} holds NaN or Inf"
+                           + (" once read as float32" if np.isfinite(a).all() else ""))
+            out[k] = x
 
     if "ntype" in out:
         ntype = _int_vector(out["ntype"], "ntype", "node types", fail, length=n)

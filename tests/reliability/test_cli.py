@@ -146,6 +146,16 @@ def test_set_model_value_out_of_range(model, item, needles):
     refused_before_work(run_sarc("train", model, "--set", item, "--epochs", "1"), *needles)
 
 
+@case("cli", "a model file's `HPARAMS = {\"dropout\": True}` (a bool for a dropout rate)",
+      "error")
+def test_a_bool_dropout_in_the_model_file(tmp_path):
+    """torch reads True as 1.0: the run trained with every feature dropped."""
+    model = tmp_path / "gcn_true.py"
+    model.write_text(GCN.read_text() + '\nHPARAMS = {**HPARAMS, "dropout": True}\n')
+    refused_before_work(run_sarc("train", model, "--epochs", "1"),
+                        "dropout=True", "a bool", "a dropout rate")
+
+
 @case("cli", "`--set lr=abc` (a string for a float)", "error")
 def test_set_wrong_type():
     refused_before_work(run_sarc("train", GCN, "--set", "lr=abc"), "lr", "'abc'", "float")

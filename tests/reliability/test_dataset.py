@@ -135,6 +135,18 @@ def test_inf_features_partition(tmp_path):
     assert not out.exists()
 
 
+@case("dataset", "float64 edge data beyond float32's range, given to `sarc partition`", "error")
+def test_edge_data_infinite_as_float32_partition(tmp_path):
+    """It was checked before the cast to float32 and written as Inf into the parts."""
+    weights = np.ones(len(cora("edge_src")))
+    weights[3] = 1e300
+    bad = write_variant(tmp_path / "huge.npz", edge_weight=weights)
+    out = tmp_path / "parts"
+    assert_error(run_sarc("partition", "--dataset", bad, "--parts", "2", "--out", out),
+                 str(bad), "edge array 'edge_weight' holds NaN or Inf once read as float32")
+    assert not out.exists()
+
+
 def test_no_check_data_skips_the_value_scans(tmp_path):
     feat = cora("feat").copy()
     feat[17, 3] = np.nan
