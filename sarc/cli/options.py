@@ -234,7 +234,7 @@ def check_output_file(option: str, path: str | None) -> None:
     if not path:   # an unset shell variable: `--json "$OUT"`
         raise UsageError(f"{option} names no file (an empty path)")
     p = Path(path)
-    if p.is_dir():
+    if p.is_dir() or path.endswith(os.sep):   # Path drops the slash: results/ wrote "results"
         raise UsageError(f"{option} {path} is a directory; give the path of a file")
     if p.exists() and not p.is_file():   # /dev/stdout, a pipe: written in place, not beside
         if not os.access(p, os.W_OK):

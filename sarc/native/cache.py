@@ -56,6 +56,10 @@ def _make_private(path: Path) -> None:
             os.mkdir(p, 0o700)
         except FileExistsError:
             pass
+        except OSError as e:   # a read-only parent, /proc, a file in the way
+            raise CacheDirError(f"the module cache {path} cannot be created ({p}: "
+                                f"{e.strerror or e}); set SARC_CACHE_DIR to a directory of "
+                                f"your own") from None
 
 
 def _check_private(path: Path) -> None:

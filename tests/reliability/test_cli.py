@@ -398,6 +398,15 @@ def test_json_is_a_directory(tmp_path):
                                  "--json", tmp_path), "--json", "is a directory")
 
 
+@case("cli", "`--json results/` (a directory that does not exist yet, by its slash)", "error")
+def test_json_with_a_trailing_slash(tmp_path):
+    """The slash was dropped: the report was written to a file named ``results``."""
+    out = f"{tmp_path / 'results'}/"
+    refused_before_work(run_sarc("train", GCN, "--epochs", "1", "--json", out),
+                        "--json", "is a directory")
+    assert not (tmp_path / "results").exists()
+
+
 @case("cli", "`--timeout` of 0, a negative number, nan or inf", "error")
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf"])
 def test_timeout_not_positive_finite(value):

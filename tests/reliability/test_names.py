@@ -331,6 +331,17 @@ def test_cache_inside_a_world_writable_folder_is_refused(tmp_path, monkeypatch):
     assert stat.S_IMODE((shared / "mine").stat().st_mode) == 0o700
 
 
+@case("names", "a module cache that cannot be created (a file in its path)", "error")
+def test_a_cache_that_cannot_be_created_is_an_error(tmp_path):
+    """It was a FileNotFoundError traceback from the cache's mkdir."""
+    (tmp_path / "file").write_text("not a folder\n")
+    cache = tmp_path / "file" / "cache"
+    model = tmp_path / "m.py"
+    model.write_text(MODEL_FILE.format(cls="Layer0", feat="h", sub="conv"))
+    proc = run_sarc("compile", model, "--emit", "kernels", env={"SARC_CACHE_DIR": str(cache)})
+    assert_error(proc, f"the module cache {cache} cannot be created", "SARC_CACHE_DIR")
+
+
 @case("names", "the default module cache: created 0700 under $XDG_CACHE_HOME", "exact")
 def test_default_cache_is_private(tmp_path, monkeypatch):
     monkeypatch.delenv("SARC_CACHE_DIR", raising=False)
