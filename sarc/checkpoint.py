@@ -39,6 +39,7 @@ import re
 import signal
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -469,6 +470,26 @@ def check_launch(args, partition: str, minibatch=None, dataset: str | None = Non
                                   node_data=pset.node_digests, eval_every=args.eval_every))
 
 
+def _lock_directory(owner, directory: Path) -> None:
+    """Hold ``directory``'s lock (``flock`` on the directory itself: no file is added)
+    while ``owner`` lives; taken, a CheckpointError. Two runs in one directory would each
+    remove the other's epochs as leftovers, and publish a manifest of the other's files.
+    The kernel drops the lock with its process, however the run ends."""
+    try:
+        import fcntl
+    except ImportError:   # not a POSIX system: no lock
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise CheckpointError(f"{directory} is in use by another run (it holds the "
+                              f"directory's lock); give each run a --checkpoint directory "
+                              f"of its own") from None
+    weakref.finalize(owner, os.close, fd)
+
+
 class Checkpointer:
     """One worker's side of the checkpoints in ``cfg.directory``.
 
@@ -512,6 +533,8 @@ class Checkpointer:
         state, problem = None, None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            if self.rank == 0:
+                _lock_directory(self, self.dir)
             state = self._read_mine()
         except (CheckpointError, OSError) as e:
             problem = str(e) if isinstance(e, CheckpointError) else f"{self.dir}: {e}"

@@ -107,6 +107,20 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, reference):
     _assert_equal(_load(tmp_path / "model.pt")["state_dict"], _load(ref_model)["state_dict"])
 
 
+@case("checkpoint", "two runs started at once with one `--checkpoint DIR`", "error")
+def test_a_checkpoint_directory_holds_one_run_at_a_time(tmp_path):
+    """Each removed the other's epoch files as leftovers, and the last manifest won."""
+    from sarc.checkpoint import Checkpointer
+    cfg = CheckpointConfig(str(tmp_path / "ckpt"))
+    first = Checkpointer(cfg, {"seed": 0}, log=None)
+    assert first.load() is None
+    with pytest.raises(CheckpointError, match="is in use by another run"):
+        Checkpointer(cfg, {"seed": 1}, log=None).load()
+    del first   # the run has ended: its lock goes with it
+    assert Checkpointer(cfg, {"seed": 1}, log=None).load() is None
+    assert list((tmp_path / "ckpt").iterdir()) == []   # the lock adds no file
+
+
 def test_restoring_the_random_state_is_what_makes_resume_exact(tmp_path, monkeypatch):
     """The exactness above is not vacuous: resuming with the right weights and optimizer
     but another random state (dropout masks) gives other weights."""
