@@ -347,6 +347,8 @@ class Outcome:
                 continue
             if f["exitcode"] < 0:
                 parts.append(f"worker {f['rank']} was killed by {_signame(-f['exitcode'])}")
+            elif f["exitcode"] == INTERRUPTED_EXIT:
+                parts.append(f"worker {f['rank']} was interrupted (SIGINT)")
             elif f["exitcode"] != ERROR_EXIT:
                 parts.append(f"worker {f['rank']} exited with status {f['exitcode']}")
         if reported:
@@ -367,6 +369,9 @@ class Outcome:
 
 ERROR_EXIT = 2
 """A worker's exit status after it printed its error."""
+
+INTERRUPTED_EXIT = 128 + 2
+"""A worker's exit status after SIGINT (KeyboardInterrupt), the shell's for it."""
 
 
 def _signame(num: int) -> str:

@@ -248,13 +248,16 @@ def enter(run) -> None:
     import signal
 
     from .stacks import dump_on_signal
-    from .supervise import RUN_DIR_ENV, die_with_parent
+    from .supervise import INTERRUPTED_EXIT, RUN_DIR_ENV, die_with_parent
     if not die_with_parent(signal.SIGKILL):
         _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
         _exit(2)
     dump_on_signal(f"worker {os.environ.get('RANK', '?')}", os.environ.get(RUN_DIR_ENV))
     try:
         code = run_guarded(run)
+    except KeyboardInterrupt:  # SIGINT to this worker alone: a line, and the shell's status
+        _say_error(f"sarc worker {os.environ.get('RANK', '?')}: interrupted (SIGINT)")
+        code = INTERRUPTED_EXIT
     except Exception:  # a bug: its traceback and Python's status for it, without its teardown
         traceback.print_exc()
         code = 1

@@ -168,10 +168,12 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_sarc_train_stops_when_a_worker_is_killed(tmp_path, sig):
     """Kill one of the workers torchrun started: sarc train exits with an error within the
     timeout, no process is left, the temporary partition and the result file are not left
-    half-written."""
+    half-written. SIGINT is said in a line (it was a KeyboardInterrupt traceback, and
+    reported as SIGTERM)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     result = tmp_path / "result.json"
     proc = subprocess.Popen(
@@ -193,7 +195,7 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
                    if b"sarc.cli.worker" in c and b"sarc.distributed.agent" not in c]
         assert len(workers) == 3, workers
         t0 = time.monotonic()
-        os.kill(workers[1], signal.SIGKILL)
+        os.kill(workers[1], sig)
         rest = proc.communicate(timeout=60)[0]
         elapsed = time.monotonic() - t0
     finally:
@@ -202,6 +204,8 @@ def test_sarc_train_stops_when_a_worker_is_killed(tmp_path):
     output = "".join(lines) + rest
     assert proc.returncode == 2, output[-3000:]
     assert "distributed training failed" in output
+    if sig == signal.SIGINT:
+        assert "was interrupted (SIGINT)" in output and "Traceback" not in output, output[-3000:]
     assert elapsed < 45
     assert not any(Path(f"/proc/{p}").exists() for p in workers if p != workers[1])
     assert not result.exists()
