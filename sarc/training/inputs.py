@@ -241,3 +241,15 @@ def _missing_edge_args(model: nn.Module, kwargs: dict) -> tuple[list[str], list[
                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     return ([n for n in missing if n in declared], [n for n in missing if n not in declared],
             declared)
+
+
+def model_code_error(e: Exception, during: str) -> TrainError | None:
+    """``e``, raised by the model file's own code (plain torch between its layers), as a
+    TrainError at the user's line (``trace_guards.raised_at``); None where it was not
+    raised there (sarc's or torch's code below the user's: a bug, with its traceback)."""
+    from ..names import one_line
+    from ..trace_guards import raised_at
+    where = raised_at(e)
+    if where is None:
+        return None
+    return TrainError(f"{where}: {type(e).__name__}: {one_line(e) or '-'} ({during})")

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..dsl import Layer
 from ..errors import GraphError, SarcError
+from ..trace_guards import raised_at
 from .inputs import check_call
 
 
@@ -92,9 +93,10 @@ def _run_once(model: nn.Module, graph, x, edge_inputs) -> None:
     except Exception as e:  # the model file's code
         if isinstance(e, TypeError):  # a call that does not fit its forward: as training says
             check_call(model, (graph, x), dict(edge_inputs or {}))
-        raise LayerCallError(f"running {type(model).__name__} once on the graph to find the "
-                             f"order of its layer calls failed: {type(e).__name__}: "
-                             f"{(str(e).strip() or '-').splitlines()[0]}") from e
+        where = raised_at(e)
+        raise LayerCallError(f"{f'{where}: ' if where else ''}running {type(model).__name__} "
+                             f"once on the graph to find the order of its layer calls failed: "
+                             f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0]}") from e
     finally:
         model.train(was_training)
 

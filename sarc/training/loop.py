@@ -49,7 +49,8 @@ from torch import nn
 
 from ..checkpoint import (CheckpointConfig, Checkpointer, Progress, injected_fault, save_model,
                           training_state)
-from .inputs import SPLITS, EmbeddingInput, TrainError, check_call
+from ..errors import SarcError
+from .inputs import SPLITS, EmbeddingInput, TrainError, check_call, model_code_error
 from .progress import progress_bar
 
 if TYPE_CHECKING:
@@ -149,14 +150,22 @@ def forward(model: nn.Module, batch: Batch) -> torch.Tensor:
     batch's nodes. A step's blocks (``minibatch.MiniBatchGraph``) count the pass's layer
     calls."""
     g = batch.graph
-    with g.forward_pass(model) if hasattr(g, "forward_pass") else contextlib.nullcontext():
-        try:
-            if batch.node_ids is not None and isinstance(model, EmbeddingInput):
-                return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
-            return model(g, batch.x, **batch.edge_inputs)
-        except TypeError:   # the call checked against the forward that takes the inputs
-            check_call(model, (g, batch.x), batch.edge_inputs)
+    try:
+        with g.forward_pass(model) if hasattr(g, "forward_pass") else contextlib.nullcontext():
+            try:
+                if batch.node_ids is not None and isinstance(model, EmbeddingInput):
+                    return model.on_rows(g, batch.node_ids, **batch.edge_inputs)
+                return model(g, batch.x, **batch.edge_inputs)
+            except TypeError:   # the call checked against the forward that takes the inputs
+                check_call(model, (g, batch.x), batch.edge_inputs)
+                raise
+    except SarcError:
+        raise
+    except Exception as e:   # the model's own code: its line, not a traceback through sarc
+        err = model_code_error(e, "in the model's forward")
+        if err is None:
             raise
+        raise err from e
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Batch,

@@ -156,6 +156,19 @@ def test_a_bool_dropout_in_the_model_file(tmp_path):
                         "dropout=True", "a bool", "a dropout rate")
 
 
+@case("cli", "a mistake in the model's own forward (plain torch between its layers), in "
+             "`sarc train` and `sarc compile`", "error")
+@pytest.mark.parametrize("command", [("train", "--epochs", "1"), ("train", "--epochs", "1",
+                                     "--mode", "mfg"), ("compile",)])
+def test_a_mistake_in_the_models_forward_names_its_line(tmp_path, command):
+    """It was a traceback through the training loop (compile named no line)."""
+    model = tmp_path / "misspelt.py"
+    model.write_text(GCN.read_text().replace("x = F.relu(self.conv1(g, x))",
+                                             "x = F.relu(self.conv1(g, xx))"))
+    assert_error(run_sarc(command[0], model, *command[1:]), f"{model}:46",
+                 "NameError: name 'xx' is not defined")
+
+
 @case("cli", "`--set lr=abc` (a string for a float)", "error")
 def test_set_wrong_type():
     refused_before_work(run_sarc("train", GCN, "--set", "lr=abc"), "lr", "'abc'", "float")
