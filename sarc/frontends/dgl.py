@@ -64,6 +64,7 @@ from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
 from ..trace_guards import code_namespaces, routed, tracing
+from . import in_module
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
 
@@ -188,9 +189,7 @@ class DGLLayer(Layer):
                 call = self.module.forward if self.hooks_run_outside else self.module
                 out = call(graph, **feats)
         except DSLError as e:
-            if e.problem.startswith(f"{name}:"):
-                raise
-            raise DSLError(f"{name}: {e.problem}", e.loc) from None
+            raise in_module(name, e) from None
         outs = list(out) if isinstance(out, tuple) else [out]
         if not outs or not all(isinstance(o, Proxy) for o in outs):
             what = ("a tuple holding " + ", ".join(type(o).__name__ for o in outs)

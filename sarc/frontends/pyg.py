@@ -48,6 +48,7 @@ from ..ir.types import Domain
 from ..trace import Proxy, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 from ..trace_torch import AcrossRowsError
+from . import in_module
 
 
 class ConversionError(SarcError, TypeError):
@@ -114,7 +115,7 @@ class PyGLayer(Layer):
         try:
             return super().trace()
         except DSLError as e:
-            raise DSLError(f"{type(self.conv).__name__}: {e.problem}", e.loc) from None
+            raise in_module(type(self.conv).__name__, e) from None
 
     def run(self, x, edge_index, edge_attr=None):
         """``conv(x, edge_index[, edge_attr])``, computed by the sarc layer."""

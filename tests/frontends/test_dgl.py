@@ -489,3 +489,17 @@ def test_every_worker_refuses_nodes_without_in_edges_as_one_process(tmp_path, na
                            timeout_s=60)
     assert codes == [0, 0], codes
     assert all("nodes without incoming edges" in r for r in reports), reports
+
+
+def test_a_refusal_in_dgls_own_code_says_it_is_the_modules():
+    """TAGConv checks ``th.any(edge_weight <= 0)``: the refusal's hint ("name a feature
+    dim") was written for the user's code, and read as if the user wrote the reduction."""
+    src, dst = _edges(self_loops=True)
+    layer = from_dgl_module(TAGConv(IN, 4, k=1), node={"feat": IN},
+                            edge={"edge_weight": ()})
+    g = sarc.Graph.from_edges(src, dst, N)
+    with pytest.raises(sarc.DSLError) as e:
+        layer(g, torch.randn(N, IN), torch.rand(len(src)) + 0.1)
+    problem = str(e.value).splitlines()[0]
+    assert "tagconv.py:" in problem and "TAGConv: any() over all axes" in problem, problem
+    assert "this is in the module's own code: sarc does not trace TAGConv used this way" in problem
