@@ -196,6 +196,10 @@ def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
 
 # --- checking a dataset's arrays ---------------------------------------------------------
 
+MAX_NODES = 2**40
+"""The most nodes a graph may have: a per-node int64 array of it is 8 TiB."""
+
+
 def check_arrays(arrays: Mapping[str, Any], source: str, *,
                  required: Sequence[str] = DATASET_KEYS, check: bool = True) -> dict[str, Any]:
     """The arrays of a dataset or graph file, checked and in sarc's dtypes, or a
@@ -225,6 +229,9 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
 
     if "num_nodes" in out:
         n = _count(out["num_nodes"], "num_nodes", fail, low=0)
+        if n > MAX_NODES:
+            raise fail(f"num_nodes is {n}: more than the {MAX_NODES} nodes (2**40) sarc "
+                       f"holds per-node arrays for (8 bytes a node each)")
     elif "label" in out:
         n = len(_int_vector(out["label"], "label", "class ids", fail))
     else:

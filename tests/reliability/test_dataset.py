@@ -147,6 +147,19 @@ def test_edge_data_infinite_as_float32_partition(tmp_path):
     assert not out.exists()
 
 
+@case("dataset", "a `num_nodes` of 2**62, given to `sarc partition`", "error")
+def test_an_absurd_node_count_is_refused(tmp_path):
+    """It was a torch traceback from the partitioner's per-node arrays."""
+    graph = tmp_path / "huge.npz"
+    np.savez(graph, edge_src=np.array([0, 1]), edge_dst=np.array([1, 0]),
+             num_nodes=np.int64(2**62))
+    out = tmp_path / "parts"
+    assert_error(run_sarc("partition", "--graph", graph, "--parts", "2", "--out", out,
+                          "--method", "random"),
+                 "num_nodes is 4611686018427387904: more than the 1099511627776 nodes")
+    assert not out.exists()
+
+
 def test_no_check_data_skips_the_value_scans(tmp_path):
     feat = cora("feat").copy()
     feat[17, 3] = np.nan
