@@ -513,7 +513,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     opt = optimizer(model, hp)
     counts = {k: int(m.sum()) for k, m in prep.masks.items()}
     if not counts["train"]:
-        raise TrainError(f"dataset {data.name} has no labeled training nodes")
+        raise TrainError(f"dataset {data.recorded} has no labeled training nodes")
     say(f"sarc train: {spec.name} on {data.name} ({data.num_nodes} nodes, {prep.graph.num_edges} "
         f"edges{', self loops added' if hp['self_loops'] else ''}), seed {seed}, "
         f"{sum(p.numel() for p in model.parameters())} parameters, on {prep.x.device} "

@@ -23,7 +23,9 @@ def check_train_args(args):
     minibatch_config(args)  # the options alone; the fanouts against the model below
     if args.workers > 1 or args.partition:
         if args.quiet:
-            raise UsageError("--quiet is not supported with --workers > 1 (rank 0 prints the epochs)")
+            why = "--workers > 1" if args.workers > 1 else f"--partition {args.partition}"
+            raise UsageError(f"--quiet is not supported with {why}, a run on workers (rank 0 "
+                             f"prints the epochs)")
         if args.partition and args.method:  # refused, not ignored: the set keeps its parts
             raise UsageError(f"--method {args.method}: the --partition set is partitioned "
                              f"already; --method says how --workers P partitions the dataset "

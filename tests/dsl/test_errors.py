@@ -589,6 +589,23 @@ def test_layer_without_super_init():
         NoSuperInit().trace()
 
 
+class NoMessage(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_a_layer_without_message_is_named_at_its_class():
+    """The error had no file and line."""
+    with pytest.raises(sarc.DSLError) as e:
+        NoMessage().trace()
+    problem = str(e.value).splitlines()[0]
+    assert re.match(r".*test_errors\.py:\d+ \(in NoMessage\): layer NoMessage defines no "
+                    r"message\(src, dst, edge\)", problem), problem
+
+
 def test_feature_declared_as_node_and_edge():
     with pytest.raises(sarc.DSLError, match="'h' is declared both as a node and an edge feature"):
         sarc.Layer(node={"h": 3}, edge={"h": ()})
