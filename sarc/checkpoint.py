@@ -171,10 +171,21 @@ def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, worl
         raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
     hp = {k: v for k, v in hparams.items() if k not in _NOT_COMPARED}
     return {"model": str(spec.path), "model_sha256": file_sha256(spec.path),
+            "helpers": helper_digests(spec),
             "hparams": recorded_hparams(hp), "seed": int(seed),
             "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
             "partition": partition, "node_data": dict(node_data or {}),
             "eval_every": int(eval_every)}
+
+
+def helper_digests(spec) -> dict[str, str]:
+    """The sha256 of each module of the model file's folder that the model imports
+    (``loader.local_imports``), by its path relative to that folder."""
+    from .loader import local_imports
+    folder = Path(spec.path).resolve().parent
+    namespace = getattr(spec.build_model, "__globals__", {})
+    return {str(f.relative_to(folder)): file_sha256(f)
+            for f in local_imports(namespace, folder) if f != Path(spec.path).resolve()}
 
 
 def partition_fingerprint(pset) -> str:
@@ -207,6 +218,13 @@ def run_differences(saved: dict, now: dict) -> list[str]:
         out.append(f"the model file differs (the checkpoint's is {saved.get('model')}, sha256 "
                    f"{str(saved.get('model_sha256'))[:12]}; this run's {now['model']}, sha256 "
                    f"{now['model_sha256'][:12]})")
+    helpers = saved.get("helpers"), now.get("helpers")   # an older sarc recorded none
+    if None not in helpers and helpers[0] != helpers[1]:
+        a, b = helpers
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        out.append(f"a module the model file imports differs ({', '.join(changed)}: "
+                   f"{'changed' if all(k in a and k in b for k in changed) else 'added or removed'}"
+                   f" since the checkpoint)")
     if saved.get("hparams") != now["hparams"]:
         a, b = json.loads(saved.get("hparams") or "{}"), json.loads(now["hparams"])
         out += _training_differences(a.pop("training", None), b.pop("training", None))

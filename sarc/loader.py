@@ -140,6 +140,29 @@ def load_model_file(path: str | Path) -> ModelSpec:
     return ModelSpec.from_namespace(p.stem, vars(module), str(path))
 
 
+def local_imports(namespace: dict[str, Any], folder: Path) -> list[Path]:
+    """The files of the modules in ``folder`` (a model file's) that ``namespace`` (the
+    model module's) reaches through what it imported, and what those imported: the code
+    the model is made of besides its own file (a helper module of its layers)."""
+    import types
+    folder = folder.resolve()
+    found: dict[Path, None] = {}
+    todo = [namespace]
+    while todo:
+        for value in list(todo.pop().values()):
+            mod = value if isinstance(value, types.ModuleType) else sys.modules.get(
+                getattr(value, "__module__", None) or "")
+            file = getattr(mod, "__file__", None)
+            if not file:
+                continue
+            path = Path(file).resolve()
+            if path in found or not path.is_relative_to(folder) or path.suffix != ".py":
+                continue
+            found[path] = None
+            todo.append(vars(mod))
+    return sorted(found)
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
     out: dict[str, Any] = {}

@@ -121,6 +121,50 @@ def test_a_checkpoint_directory_holds_one_run_at_a_time(tmp_path):
     assert list((tmp_path / "ckpt").iterdir()) == []   # the lock adds no file
 
 
+HELPER = """\
+from torch import nn
+import torch.nn.functional as F
+import sarc
+
+
+class L(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.a, self.b = L(i, 16), L(16, c)
+
+    def forward(self, g, x):
+        return self.b(g, F.relu(self.a(g, x)))
+"""
+
+
+@case("checkpoint", "`--resume` after a module the model file imports from its folder "
+                    "changed", "error")
+def test_resume_sees_a_changed_helper_module(tmp_path):
+    """Only the model file's sha256 was recorded: a helper's reduce changed from mean to
+    sum resumed silently, another model from the old one's weights."""
+    (tmp_path / "helper.py").write_text(HELPER)
+    model = tmp_path / "model.py"
+    model.write_text("from helper import Net\n\n\ndef build_model(in_feats, num_classes, **_):\n"
+                     "    return Net(in_feats, num_classes)\n")
+    ckpt = tmp_path / "ck"
+    _ok(_train(ckpt, model=model))
+    (tmp_path / "helper.py").write_text(HELPER.replace("sarc.mean(", "sarc.sum("))
+    assert_error(_train(ckpt, "--resume", model=model), "a checkpoint of another run",
+                 "a module the model file imports differs (helper.py: changed")
+
+
 def test_restoring_the_random_state_is_what_makes_resume_exact(tmp_path, monkeypatch):
     """The exactness above is not vacuous: resuming with the right weights and optimizer
     but another random state (dropout masks) gives other weights."""
