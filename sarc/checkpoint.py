@@ -488,15 +488,25 @@ def check_launch(args, partition: str, minibatch=None, dataset: str | None = Non
                                   node_data=pset.node_digests, eval_every=args.eval_every))
 
 
+_HELD: dict[str, tuple[int, object]] = {}
+"""The checkpoint directories this process holds the lock of: path -> (fd, its holder's
+token)."""
+
+
 def _lock_directory(owner, directory: Path) -> None:
     """Hold ``directory``'s lock (``flock`` on the directory itself: no file is added)
-    while ``owner`` lives; taken, a CheckpointError. Two runs in one directory would each
-    remove the other's epochs as leftovers, and publish a manifest of the other's files.
-    The kernel drops the lock with its process, however the run ends."""
+    while ``owner`` lives; held by another process, a CheckpointError. Two runs in one
+    directory would each remove the other's epochs as leftovers, and publish a manifest of
+    the other's files. The kernel drops the lock with its process, however the run ends;
+    a later run of this process takes it over from an earlier one (ended, its Checkpointer
+    kept alive only by a traceback)."""
     try:
         import fcntl
     except ImportError:   # not a POSIX system: no lock
         return
+    key = str(directory.resolve())
+    if key in _HELD:
+        os.close(_HELD.pop(key)[0])
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -505,7 +515,17 @@ def _lock_directory(owner, directory: Path) -> None:
         raise CheckpointError(f"{directory} is in use by another run (it holds the "
                               f"directory's lock); give each run a --checkpoint directory "
                               f"of its own") from None
-    weakref.finalize(owner, os.close, fd)
+    token = object()
+    _HELD[key] = (fd, token)
+    weakref.finalize(owner, _release, key, token)
+
+
+def _release(key: str, token: object) -> None:
+    """Drop the lock ``token``'s holder took, unless a later run of this process has it."""
+    held = _HELD.get(key)
+    if held is not None and held[1] is token:
+        del _HELD[key]
+        os.close(held[0])
 
 
 class Checkpointer:

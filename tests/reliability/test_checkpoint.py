@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,11 +116,39 @@ def test_a_checkpoint_directory_holds_one_run_at_a_time(tmp_path):
     cfg = CheckpointConfig(str(tmp_path / "ckpt"))
     first = Checkpointer(cfg, {"seed": 0}, log=None)
     assert first.load() is None
-    with pytest.raises(CheckpointError, match="is in use by another run"):
-        Checkpointer(cfg, {"seed": 1}, log=None).load()
+    first_fd = os.open(cfg.directory, os.O_RDONLY)   # as another process: its own open
+    import fcntl
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(first_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(first_fd)
     del first   # the run has ended: its lock goes with it
     assert Checkpointer(cfg, {"seed": 1}, log=None).load() is None
     assert list((tmp_path / "ckpt").iterdir()) == []   # the lock adds no file
+    # another process is refused while this one holds it
+    kept = Checkpointer(cfg, {"seed": 2}, log=None)
+    kept.load()
+    code = ("import sys; from sarc.checkpoint import *; "
+            "Checkpointer(CheckpointConfig(sys.argv[1]), {}, log=None).load()")
+    proc = subprocess.run([sys.executable, "-c", code, cfg.directory], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode != 0 and "is in use by another run" in proc.stderr, proc.stderr
+
+
+def test_a_later_run_of_a_process_takes_the_lock_an_earlier_one_kept(tmp_path):
+    """A run whose Checkpointer a kept traceback holds has ended: the next run of the same
+    process takes its lock over (and the first one's finalizer leaves it)."""
+    from sarc.checkpoint import Checkpointer
+    cfg = CheckpointConfig(str(tmp_path / "ckpt"))
+    earlier = Checkpointer(cfg, {"seed": 0}, log=None)
+    earlier.load()
+    later = Checkpointer(cfg, {"seed": 0}, log=None)
+    assert later.load() is None
+    del earlier   # its finalizer must not drop the lock the later run holds
+    code = ("import sys; from sarc.checkpoint import *; "
+            "Checkpointer(CheckpointConfig(sys.argv[1]), {}, log=None).load()")
+    proc = subprocess.run([sys.executable, "-c", code, cfg.directory], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert "is in use by another run" in proc.stderr, proc.stderr
 
 
 HELPER = """\
