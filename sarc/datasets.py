@@ -431,6 +431,9 @@ def dataset_path(name: str, root: str | os.PathLike | None = None) -> Path:
         if p.is_dir():
             raise DatasetNotFoundError(f"{name} is a directory, not a dataset .npz file (give "
                                        f"the file, or a dataset name and --data-dir {name})")
+        if p.exists():   # a pipe, a device: np.load seeks in what it reads
+            raise DatasetNotFoundError(f"dataset file {name} is not a regular file (a pipe "
+                                       f"or a device); give the .npz file itself")
         raise DatasetNotFoundError(f"dataset file {name} does not exist")
     key = name.lower()
     files = FILE_NAMES.get(key, (f"{key}.npz",))

@@ -160,6 +160,16 @@ def test_an_absurd_node_count_is_refused(tmp_path):
     assert not out.exists()
 
 
+@case("dataset", "a named pipe given as `--dataset`", "error")
+def test_a_pipe_as_the_dataset_is_named_so(tmp_path):
+    """It was said not to exist."""
+    import os
+    pipe = tmp_path / "data.npz"
+    os.mkfifo(pipe)
+    assert_error(run_sarc("train", ROOT / "models" / "gcn.py", "--dataset", pipe,
+                          "--epochs", "1"), f"dataset file {pipe} is not a regular file")
+
+
 def test_no_check_data_skips_the_value_scans(tmp_path):
     feat = cora("feat").copy()
     feat[17, 3] = np.nan
