@@ -150,10 +150,11 @@ def local_imports(namespace: dict[str, Any], folder: Path) -> list[Path]:
     todo = [namespace]
     while todo:
         for value in list(todo.pop().values()):
-            mod = value if isinstance(value, types.ModuleType) else sys.modules.get(
-                getattr(value, "__module__", None) or "")
+            name = getattr(value, "__module__", None)
+            mod = value if isinstance(value, types.ModuleType) else (
+                sys.modules.get(name) if isinstance(name, str) else None)
             file = getattr(mod, "__file__", None)
-            if not file:
+            if not isinstance(file, str):
                 continue
             path = Path(file).resolve()
             if path in found or not path.is_relative_to(folder) or path.suffix != ".py":
