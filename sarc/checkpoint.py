@@ -182,10 +182,10 @@ def helper_digests(spec) -> dict[str, str]:
     """The sha256 of each module of the model file's folder that the model imports
     (``loader.local_imports``), by its path relative to that folder."""
     from .loader import local_imports
-    folder = Path(spec.path).resolve().parent
+    model = Path(spec.path).resolve()
     namespace = getattr(spec.build_model, "__globals__", {})
-    return {str(f.relative_to(folder)): file_sha256(f)
-            for f in local_imports(namespace, folder) if f != Path(spec.path).resolve()}
+    return {str(f.relative_to(model.parent)): file_sha256(f)
+            for f in local_imports(namespace, model.parent) if f != model}
 
 
 def partition_fingerprint(pset) -> str:

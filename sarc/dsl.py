@@ -373,11 +373,12 @@ class Layer(nn.Module):
                                    f"{p.type.domain.value} value {list(p.type.shape)}", out.loc)
                 kind = torch_integer_kind(p)
                 if kind:   # sarc computes it as 0 / 1 or whole floats: named where it is made
-                    raise DSLError(f"update result {name!r} is {'an' if kind == 'int64' else 'a'} {kind} tensor in torch (a "
-                                   f"{'comparison' if kind == 'bool' else 'count or selection of integers'}"
-                                   f"), and a sarc layer's outputs are float: return it as "
-                                   f"floats (.float(), .to(x.dtype); torch.where(cond, 1.0, "
-                                   f"0.0))", tracer.builder.values[p.index].loc or out.loc)
+                    what = ("a bool tensor in torch (a comparison)" if kind == "bool" else
+                            "an int64 tensor in torch (a count or selection of integers)")
+                    raise DSLError(f"update result {name!r} is {what}, and a sarc layer's "
+                                   f"outputs are float: return it as floats (.float(), "
+                                   f".to(x.dtype); torch.where(cond, 1.0, 0.0))",
+                                   tracer.builder.values[p.index].loc or out.loc)
         from .ir.verifier import verify
         fn = tracer.builder.finish((k, p.index) for k, p in out.values.items())
         verify(fn)

@@ -1662,10 +1662,13 @@ def _integral(x: Proxy) -> Proxy:
     return x
 
 
+def _is_integral(v) -> bool:
+    return isinstance(v, Proxy) and v.index in _integers(v.tracer)
+
+
 def _whole(v) -> bool:
     """Whether ``v`` is a Python int or bool, a condition, or a value marked integral."""
-    return (isinstance(v, int) or isinstance(v, Proxy) and v.index in _integers(v.tracer)
-            or is_condition(v))
+    return isinstance(v, int) or _is_integral(v) or is_condition(v)
 
 
 def torch_integer_kind(x: Any) -> str | None:
@@ -1675,7 +1678,7 @@ def torch_integer_kind(x: Any) -> str | None:
     either would change dtype silently, so the tracer refuses it."""
     if is_condition(x):
         return "bool"
-    if isinstance(x, Proxy) and x.index in _integers(x.tracer):
+    if _is_integral(x):
         return "int64"
     return None
 

@@ -250,9 +250,9 @@ def _check_model_hparams(hp: dict[str, Any]) -> None:
         if isinstance(v, bool) and key not in DEFAULTS and (is_probability_name(key)
                                                              or key in SIZE_HPARAMS):
             # torch reads True as 1: a dropout of everything, a width of one
-            raise TrainError(f"hyperparameter {key}={v!r}: a bool, where "
-                             f"{'a dropout rate, a number in [0, 1),' if is_probability_name(key) else 'a count, an integer >= 1,'} "
-                             f"is expected")
+            wanted = ("a dropout rate, a number in [0, 1)," if is_probability_name(key)
+                      else "a count, an integer >= 1,")
+            raise TrainError(f"hyperparameter {key}={v!r}: a bool, where {wanted} is expected")
         if not isinstance(v, numbers.Real) or isinstance(v, bool) or key in DEFAULTS:
             continue
         if is_probability_name(key) and not (0 <= v < 1 and math.isfinite(v)):

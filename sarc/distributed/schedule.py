@@ -26,6 +26,7 @@ import torch
 from ..backends import dist_backend
 from ..amp import autocast_state
 from .. import compiler
+from ..backward_once import once_differentiable
 from ..graph import Graph
 from ..ir import rng
 from ..ir.ops import Op
@@ -39,7 +40,6 @@ from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
 from .pieces import Piece
 from .merge import NormalizerMerge, SiteShares, make_merge
-from ..backward_once import once_differentiable
 
 
 @dataclass
