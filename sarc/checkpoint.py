@@ -22,7 +22,8 @@ file of one epoch: when all ranks have written theirs (a collective), rank 0
 replaces the manifest the same way, and only then deletes older epochs' files. A
 kill at any moment leaves the manifest naming a complete set, the previous one or
 the new one; temporary files and unreferenced epochs left behind are removed when
-the next run opens DIR.
+the next run opens DIR (only files named exactly as sarc names them: a user's
+``epoch-1.rank-0.pt`` stays).
 
 ``--save PATH`` writes the selected model (the weights of the epoch the model
 selection chose) with the model file's sha256, the hyperparameters and the sizes
@@ -62,7 +63,10 @@ STALL_ENV = "SARC_TEST_STALL_AT"
 first attempt only: how the tests hang a run."""
 
 _RANK_FILE = re.compile(r"epoch-(\d+)\.rank-(\d+)\.pt")
-_TEMP_FILE = re.compile(r"\.(epoch-\d+\.rank-\d+\.pt|checkpoint\.json)\..+\.tmp")
+_OWN_RANK_FILE = r"epoch-(\d{6}|[1-9]\d{6,})\.rank-(0|[1-9]\d*)\.pt"
+_LEFTOVER = re.compile(rf"{_OWN_RANK_FILE}|\.(?:{_OWN_RANK_FILE}|checkpoint\.json)\.[a-z0-9_]{{8}}\.tmp")
+"""The names sarc gives its files, exactly (``save``; ``write_atomic``'s temporary files):
+all it removes from DIR, so a file of the user's that only looks like one is kept."""
 _NOT_COMPARED = ("epochs", "dataset")  # a longer run is the same run; the graph is compared
 
 
@@ -639,8 +643,8 @@ class Checkpointer:
     def _remove_leftovers(self, keep: int | None) -> None:
         """Temporary files, and every epoch's files but ``keep``'s."""
         for f in self.dir.iterdir():
-            m = _RANK_FILE.fullmatch(f.name)
-            if _TEMP_FILE.fullmatch(f.name) or (m and int(m.group(1)) != keep):
+            m = _LEFTOVER.fullmatch(f.name)
+            if m and (m.group(1) is None or int(m.group(1)) != keep):
                 f.unlink(missing_ok=True)
 
 

@@ -151,6 +151,32 @@ def test_a_later_run_of_a_process_takes_the_lock_an_earlier_one_kept(tmp_path):
     assert "is in use by another run" in proc.stderr, proc.stderr
 
 
+@case("checkpoint", "`--checkpoint DIR` that holds files of the user's named like epoch "
+                    "files (`epoch-1.rank-0.pt`)", "nothing-lost")
+def test_a_run_removes_only_the_files_it_names_itself(tmp_path):
+    """Leftovers are the files sarc writes, named as it names them (epochs of six digits
+    or more, no padded rank): a file of the user's that only looks like one stays."""
+    from sarc.checkpoint import Checkpointer
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    mine = ["epoch-1.rank-0.pt", "epoch-0000002.rank-0.pt", "epoch-000002.rank-01.pt",
+            "epoch-000002.rank-0.pt.bak", ".epoch-1.rank-0.pt.ab_c1234.tmp",
+            ".checkpoint.json.mine.tmp", "notes.txt"]
+    for name in mine:
+        (ckpt / name).write_text(name)
+    leftovers = ["epoch-000002.rank-1.pt", "epoch-1000000.rank-0.pt",
+                 ".epoch-000002.rank-0.pt.ab_c1234.tmp", ".checkpoint.json.x1y2z3w4.tmp"]
+    for name in leftovers:
+        (ckpt / name).write_text("a dead run's")
+    cp = Checkpointer(CheckpointConfig(str(ckpt)), {"seed": 0}, log=None)
+    assert cp.load() is None
+    assert sorted(f.name for f in ckpt.iterdir()) == sorted(mine)
+    cp.save(1, {"x": torch.ones(1)})
+    assert sorted(f.name for f in ckpt.iterdir()) == sorted(
+        mine + [MANIFEST, "epoch-000001.rank-0.pt"])
+    assert all((ckpt / n).read_text() == n for n in mine)
+
+
 HELPER = """\
 from torch import nn
 import torch.nn.functional as F
