@@ -19,8 +19,10 @@ classes:
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib.util
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -120,7 +122,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        with exits_raise():
+            spec.loader.exec_module(module)
     except SarcError:
         sys.modules.pop(mod_name, None)
         raise
@@ -179,9 +182,31 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+class OsExit(SystemExit):
+    """``os._exit(code)``, called by the model file's code while ``exits_raise`` holds."""
+
+
+@contextlib.contextmanager
+def exits_raise():
+    """``os._exit`` raises ``OsExit`` while the model file's code runs (its import, its
+    ``build_model``): it would end the process where no ``except`` sees it, a run that
+    did nothing ending with the status the user's code chose (0: success)."""
+    real = os._exit
+
+    def refused(code):
+        raise OsExit(code)
+
+    os._exit = refused
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def exit_call(e: SystemExit) -> str:
     """``sys.exit(0)`` of an exit the user's code raised: never the run's own exit status."""
-    return f"sys.exit({e.code!r})" if e.code is not None else "sys.exit()"
+    name = "os._exit" if isinstance(e, OsExit) else "sys.exit"
+    return f"{name}({e.code!r})" if e.code is not None else f"{name}()"
 
 
 def _layers_hint(namespace: dict[str, Any]) -> str:

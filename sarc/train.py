@@ -34,7 +34,7 @@ from .datasets import Dataset, add_self_loops_with_data, check_dataset, load_dat
 from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
-from .loader import ModelSpec, exit_call
+from .loader import ModelSpec, exit_call, exits_raise
 from .partition.fingerprint import graph_fingerprint, node_data_digests
 from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
@@ -310,8 +310,9 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
         in_feats = int(hparams["embedding_dim"])
     types = {"num_ntypes": data.num_ntypes} if data.ntype is not None else {}
     try:
-        model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
-                                 num_etypes=data.num_etypes, **types, **hparams)
+        with exits_raise():
+            model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
+                                     num_etypes=data.num_etypes, **types, **hparams)
     except SarcError:
         raise
     except (Exception, SystemExit) as e:  # the model file's code, on the user's hyperparameters

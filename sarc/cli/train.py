@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
-from ..loader import parse_overrides
+from ..loader import exits_raise, parse_overrides
 from .options import (MEM_BUDGET_HELP, UsageError, write_result, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
                       at_least, check_device_arguments, check_input_dir, check_mode_arguments,
@@ -72,8 +72,9 @@ def model_layers(spec, hp) -> int | None:
 
     from ..training.minibatch import graph_layers
     try:
-        model = spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp)
-    except Exception:  # the model file's code; the trainer reports its errors
+        with exits_raise():
+            model = spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp)
+    except (Exception, SystemExit):  # the model file's code; the trainer reports its errors
         return None
     return graph_layers(model) if isinstance(model, torch.nn.Module) else None
 

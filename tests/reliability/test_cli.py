@@ -255,18 +255,25 @@ def test_hparams_read_through_named_kwargs(tmp_path, text):
     assert proc.returncode == 0, proc.stderr
 
 
-@case("cli", "a model file that calls `sys.exit(0)` at import or in `build_model`", "error")
+@case("cli", "a model file that calls `sys.exit(0)` or `os._exit(0)` at import or in "
+             "`build_model`", "error")
+@pytest.mark.parametrize("exit_", ["sys.exit", "os._exit"])
 @pytest.mark.parametrize("text,line", [
-    ("import sys\nsys.exit(0)\n", 2),
-    ("def build_model(in_feats, num_classes, **_):\n    import sys\n    sys.exit(0)\n", 3)],
+    ("import os, sys\nEXIT(0)\n", 2),
+    ("def build_model(in_feats, num_classes, **_):\n    import os, sys\n    EXIT(0)\n", 3)],
     ids=["import", "build_model"])
-def test_model_file_exiting_is_an_error(tmp_path, text, line):
-    """An exit in the user's code is not the run's success: it was exiting 0 with nothing done."""
+@pytest.mark.parametrize("command", ["train", "compile"])
+def test_model_file_exiting_is_an_error(tmp_path, text, line, exit_, command):
+    """An exit in the user's code is not the run's success: it was exiting 0 with nothing
+    done (``os._exit`` ends a process where no ``except`` sees it: sarc raises instead while
+    the model file's code runs)."""
     model = tmp_path / "leaves.py"
-    model.write_text(text)
-    proc = run_sarc("train", model, "--epochs", "1", "--json", tmp_path / "r.json")
-    assert_error(proc, f"leaves.py:{line}", "sys.exit(0)")
-    assert not (tmp_path / "r.json").exists()
+    model.write_text(text.replace("EXIT", exit_))
+    out = tmp_path / ("r.json" if command == "train" else "out")
+    proc = run_sarc(command, model, *(("--epochs", "1") if command == "train" else ()),
+                    "--json" if command == "train" else "--out", out)
+    assert_error(proc, f"leaves.py:{line}", f"{exit_}(0)")
+    assert not out.exists()
 
 
 @case("cli", "a model file whose HPARAMS has a key that is not a string (`{1: 2}`)", "error")
