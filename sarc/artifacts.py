@@ -74,6 +74,10 @@ class CompiledLayer:
         return self.compilation.plan
 
     @property
+    def backend(self) -> str:
+        return self.compilation.backend
+
+    @property
     def kernel_source(self) -> str:
         return self.compilation.kernel.source
 
@@ -110,7 +114,13 @@ def _steps(model: nn.Module, calls) -> list[tuple[str, Layer, bool]]:
     return [(name, layer, k > 0) for k, (name, layer) in enumerate(find_layers(model))]
 
 
-def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str = "torch",
+def _backends(layers, backend: str | None) -> str:
+    """The backends the layers compile for, named as ``sarc.training.device.kernels``
+    names them: ``backend``, or (None) each layer's own."""
+    return backend or "+".join(sorted({layer._sarc_backend for _, layer, _ in layers}))
+
+
+def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str | None = None,
                   workers: int = 1, stats: ShardStats | None = None,
                   mem_budget: int | None = None, baseline: bool = False,
                   exec_mode: str | None = None, schedules: bool = True,
@@ -123,7 +133,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     planned for whether its inputs need a gradient; None: the layers in module order, the
     first one's input features needing no gradient. A minibatch mode with a block
     ``sample`` plans each call on its own blocks (``plan_minibatch``); ``batch_size`` and
-    ``fanouts`` describe the minibatches of a plan without one."""
+    ``fanouts`` describe the minibatches of a plan without one. ``backend``: the kernels of
+    every layer; None: each layer's own."""
     t0 = time.perf_counter()
     layers = _steps(model, calls)
     if sample is not None:
@@ -133,19 +144,20 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     shared = [None] * len(layers)
     if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
         # the budget is the whole step's: the layers share it (share_budget)
-        fns = [(compile_layer(layer, backend, through="optimize").optimized, need)
-               for _, layer, need in layers]
+        fns = [(compile_layer(layer, backend or layer._sarc_backend,
+                              through="optimize").optimized, need) for _, layer, need in layers]
         shared = share_budget(fns, stats, mem_budget, baseline)
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):
         target = Target(mode=mode, workers=workers, stats=stats, exec_mode=exec_mode,
                         mem_budget=mem_budget, baseline=baseline, inputs_need_grad=need,
                         distributed=schedules, kept_peers=shared[k])
-        compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
-                                                           name=lname)))
+        compiled.append(CompiledLayer(lname, compile_layer(
+            layer, backend or layer._sarc_backend, target=target, name=lname)))
     plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats,
                 None, batch_size, None if fanouts is None else tuple(fanouts))
-    return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
+    return ModelArtifacts(name, _backends(layers, backend), tuple(compiled), plan,
+                          time.perf_counter() - t0)
 
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
@@ -156,8 +168,8 @@ def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backen
     if sample.num_layers != len(layers):
         raise CompileError(f"the block sample has {sample.num_layers} layers but the model has "
                            f"{len(layers)} sarc layers")
-    fns = [(lname, compile_layer(layer, backend, through="optimize").optimized)
-           for lname, layer, _ in layers]
+    fns = [(lname, compile_layer(layer, backend or layer._sarc_backend,
+                                 through="optimize").optimized) for lname, layer, _ in layers]
     plan = plan_minibatch(fns, sample, mode=mode, workers=workers, mem_budget=mem_budget,
                           baseline=baseline, exec_mode=exec_mode,
                           needs=[need for _, _, need in layers])
@@ -167,9 +179,10 @@ def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backen
                         exec_mode=None if lp.exec_mode == "local" else lp.exec_mode,
                         baseline=baseline, inputs_need_grad=need, distributed=schedules,
                         kept_peers=lp.kept_peers)
-        compiled.append(CompiledLayer(lname, compile_layer(layer, backend, target=target,
-                                                           name=lname)))
-    return ModelArtifacts(name, backend, tuple(compiled), plan, time.perf_counter() - t0)
+        compiled.append(CompiledLayer(lname, compile_layer(
+            layer, backend or layer._sarc_backend, target=target, name=lname)))
+    return ModelArtifacts(name, _backends(layers, backend), tuple(compiled), plan,
+                          time.perf_counter() - t0)
 
 
 def format_schedule(art: ModelArtifacts) -> str:
@@ -265,7 +278,7 @@ def _layer_files(art: ModelArtifacts, c: CompiledLayer, stem: str, emit: tuple[s
         files[f"{stem}.traced.ir"] = format_function(c.traced)
         files[f"{stem}.ir"] = format_function(c.optimized)
     if "kernels" in emit:
-        files[f"{stem}.{art.backend}.py"] = c.kernel_source
+        files[f"{stem}.{c.backend}.py"] = c.kernel_source
         for name, text in c.kernel_files:
             files[f"{stem}.kernels/{_python_file(name)}"] = text
     if c.name in schedules:

@@ -39,7 +39,7 @@ from .partition.fingerprint import graph_fingerprint, node_data_digests
 from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
-from .training.device import placed
+from .training.device import kernels, placed
 from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
 from .training.progress import plural
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
@@ -487,7 +487,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
           log: Callable[[str], None] | None = print, log_every: int = 1, eval_every: int = 1,
           checkpoint: CheckpointConfig | None = None, save: str | None = None,
           minibatch: MiniBatchConfig | None = None, device: torch.device | str = "cpu",
-          backend: str = "torch") -> dict[str, Any]:
+          backend: str | None = None) -> dict[str, Any]:
     """Train ``spec``'s model on ``dataset``; returns accuracies, epochs and timings.
 
     ``hparams`` override the model file's ``HPARAMS``, which override
@@ -497,8 +497,8 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     state there and resume from it (``sarc.checkpoint``); ``save``: write the selected
     model to that path. ``minibatch``: train in mfg or sampling mode
     (``sarc.training.minibatch``), evaluating on the whole graph. ``device``: where the
-    model and its inputs live; ``backend``: the kernels of its sarc layers
-    (``sarc.training.device``).
+    model and its inputs live; ``backend``: the kernels of all its sarc layers
+    (``sarc.training.device``; None: each layer's own).
     """
     hp = hyperparameters(spec, hparams, epochs=epochs)
     data = (dataset if isinstance(dataset, Dataset) and dataset.checked
@@ -511,6 +511,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     model = build(spec, data, hp, seed=seed)
     prep = prepare(data, hp, model).to(device)
     model = placed(model, device, backend)
+    backend = kernels(model)
     opt = optimizer(model, hp)
     counts = {k: int(m.sum()) for k, m in prep.masks.items()}
     if not counts["train"]:

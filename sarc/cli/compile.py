@@ -46,8 +46,9 @@ def add_compile_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the model file (defines build_model and HPARAMS)")
     add_mode_arguments(p)
-    p.add_argument("--backend", choices=BACKENDS, default="torch",
-                   help="the kernels every sarc layer is compiled to: torch (default) or triton")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="the kernels every sarc layer is compiled to: torch or triton; "
+                        "default: each layer's own (its backend=, torch unless it says)")
     p.add_argument("--workers", type=int, default=1, metavar="P",
                    help="the workers to plan for (default 1; with --partition: its parts)")
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")

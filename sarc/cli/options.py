@@ -398,9 +398,10 @@ def add_device_arguments(p, group=None, worker: bool = False) -> None:
         device_help = ("where to train: cpu (default), cuda (a worker of --workers P takes "
                        "cuda:LOCAL_RANK, with NCCL) or cuda:N (one process)")
     g.add_argument("--device", default="cpu", help=device_help)
-    g.add_argument("--backend", choices=BACKENDS, default="torch",
-                   help="the kernels of every sarc layer: torch (default) or triton (a GPU, "
-                        "or Triton's interpreter on the CPU under TRITON_INTERPRET=1)")
+    g.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="the kernels of every sarc layer: torch or triton (a GPU, or Triton's "
+                        "interpreter on the CPU under TRITON_INTERPRET=1); default: each "
+                        "layer's own (its backend=, torch unless it says)")
 
 
 _DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")
@@ -442,7 +443,7 @@ def check_device(text: str, processes: int = 1):
     return device
 
 
-def check_backend(backend: str, device) -> None:
+def check_backend(backend: str | None, device) -> None:
     """``--backend triton`` needs a GPU, or Triton's interpreter on the CPU, and Triton."""
     if backend != "triton":
         return

@@ -45,7 +45,9 @@ def worker_command_line(args, partition: str, json_path: str | None,
     cmd = [args.model, "--partition", partition, "--seed", str(args.seed),
            "--log-every", str(max(1, args.log_every)), "--eval-every", str(args.eval_every),
            "--timeout", str(args.timeout),
-           "--device", args.device, "--backend", args.backend]
+           "--device", args.device]
+    if args.backend is not None:
+        cmd += ["--backend", args.backend]
     if args.exec_mode:
         cmd += ["--exec", args.exec_mode]
     if args.mode != "full":

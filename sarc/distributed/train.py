@@ -47,7 +47,7 @@ from ..runtime.sharded import ShardedGraph, build_shard
 from ..train import (ModelSelection, TrainError, check_minibatch_model, hyperparameters,
                      output_check)
 from ..sampling import Comm
-from ..training.device import placed
+from ..training.device import kernels, placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
 from ..training.loop import (Batch, FullBatch, epoch_line, fit, result_json, save_selected,
                              timings)
@@ -80,7 +80,7 @@ class WorkerConfig:
                                    # --save files and --json (default: the graph's fingerprint)
     minibatch: MiniBatchConfig | None = None  # mfg / sampling mode (None: full-batch)
     device: str = "cpu"            # cpu, cuda (cuda:LOCAL_RANK) or cuda:N (sarc.distributed.worker)
-    backend: str = "torch"         # the kernels of the model's sarc layers
+    backend: str | None = None     # the kernels of all the model's sarc layers (None: each its own)
 
 
 def agree(ok: bool, message: str, group=None) -> None:
@@ -461,7 +461,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if not data.counts["train"]:
         raise TrainError("the partitioned dataset has no labeled training nodes")
     say(f"sarc train: {spec.name} on {shard.num_nodes} nodes, {size} workers "
-        f"({dist.get_backend(group)}, {device}, {cfg.backend} kernels), exec mode "
+        f"({dist.get_backend(group)}, {device}, {kernels(model)} kernels), exec mode "
         f"{cfg.exec_mode or 'planner'}"
         f"{', baseline' if cfg.baseline else ''}, seed {cfg.seed}, "
         f"{count_parameters(model)} parameters")
@@ -525,7 +525,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         "model": spec.name, "dataset": hp["dataset"], "workers": size, "exec_mode": cfg.exec_mode,
         "baseline": cfg.baseline,
         **MiniBatchConfig.report(cfg.minibatch),
-        "device": str(device), "backend": cfg.backend,
+        "device": str(device), "backend": kernels(model),
         "seed": cfg.seed, "epochs": out.epochs, "best_epoch": best["epoch"],
         "train_acc": best["train_acc"], "val_acc": best["val_acc"], "test_acc": best["test_acc"],
         "final_test_acc": out.acc.get("test"), "final_loss": out.loss, "time_s": out.elapsed_s,

@@ -325,7 +325,7 @@ def link_result(selection, out, **facts) -> dict[str, Any]:
 def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
                 hparams: dict[str, Any] | None = None, log: Callable[[str], None] | None = print,
                 log_every: int = 1, eval_every: int = 1, device: torch.device | str = "cpu",
-                backend: str = "torch") -> dict[str, Any]:
+                backend: str | None = None) -> dict[str, Any]:
     """Train ``spec``'s link model on ``data`` (a checked ``Dataset``) on one process, on
     ``device`` with ``backend``'s kernels (``sarc.training.device``); returns the selected
     epoch's val / test MRR and Hits@K."""

@@ -91,3 +91,30 @@ def test_triton_link_prediction_as_torch_on_one_process():
     assert math.isclose(got["final_loss"], want["final_loss"], rel_tol=RTOL)
     for k in ("val_mrr", "test_mrr", "best_epoch"):
         assert math.isclose(got[k], want[k], rel_tol=1e-6), (k, got[k], want[k])
+
+
+def test_without_backend_each_layer_keeps_its_own(tmp_path):
+    """A layer that says ``backend="triton"`` trains with Triton's kernels unless
+    ``--backend`` names one for every layer: the default no longer set them all to torch."""
+    text = GCN.read_text().replace(
+        "self.conv2 = GCNLayer(hidden, num_classes)",
+        "self.conv2 = GCNLayer(hidden, num_classes).set_backend(\"triton\")")
+    assert "set_backend" in text
+    model = tmp_path / "mixed.py"
+    model.write_text(text)
+    np.savez(tmp_path / "tiny.npz", **tiny_arrays())
+    runs = {}
+    for flag in ((), ("--backend", "torch"), ("--backend", "triton")):
+        out = tmp_path / f"run{len(runs)}.json"
+        proc = run_or_show_stacks(
+            [sys.executable, "-m", "sarc.cli", "train", str(model), "--dataset",
+             str(tmp_path / "tiny.npz"), "--epochs", "2", *flag, "--json", str(out)],
+            cwd=ROOT, timeout=600,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[flag[1] if flag else "own"] = json.loads(out.read_text())
+        assert "kernels" in proc.stdout
+    assert runs["own"]["backend"] == "torch+triton"
+    assert (runs["torch"]["backend"], runs["triton"]["backend"]) == ("torch", "triton")
+    for got in runs.values():
+        assert_same_run(got, runs["torch"])
