@@ -336,6 +336,10 @@ class Proxy:
     def dtype(self) -> torch.dtype:
         return self.type.dtype.to_torch()
 
+    @property
+    def device(self) -> "TracedDevice":
+        return TRACED_DEVICE
+
     def dim(self) -> int:
         return len(self.type.shape)
 
@@ -457,6 +461,35 @@ class RowCount:
     __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __int__ = _refuse
     __float__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = _refuse
+
+
+class TracedDevice:
+    """``x.device`` of a traced value: where the layer will run, which tracing does not know
+    (a compiled layer runs on the device of the tensors it is given). A tensor of constants
+    takes it (``torch.zeros(x.size(0), 4, device=x.device)``, nn.GRUCell's zero state: made
+    where the layer runs); reading it is refused."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def _sarc_refusal(self) -> str:
+        return ("the device of a traced value is not known while tracing (a compiled layer "
+                "runs on the device of the tensors it is given): pass it only as the device= "
+                "of a tensor of constants")
+
+    def _refuse(self, *args, **kwargs):
+        raise DSLError(self._sarc_refusal(), user_loc())
+
+    __eq__ = __ne__ = __str__ = __bool__ = __index__ = _refuse
+
+    def __getattr__(self, name):
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return "<the device of a traced value>"
+
+
+TRACED_DEVICE = TracedDevice()
 
 
 _COMPARISONS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=",

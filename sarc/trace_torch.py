@@ -22,7 +22,7 @@ from .errors import DSLError
 from .ir.ops import INTEGER_HINT, Op
 from .ir.types import Domain, DType, TensorType
 from .trace import (_OPERATORS, INTEGER_CONVERSION, TORCH_FUNCTIONS, TRAINING, Fixed, Proxy,
-                    RowCount, _is_int,
+                    RowCount, TRACED_DEVICE, _is_int,
                     _is_number, _kind, _number, _shape, _torch_name, _traced, call_torch,
                     traces, user_loc)
 
@@ -173,8 +173,41 @@ def _concat(tensors, dim) -> Proxy:
     if not isinstance(tensors, (list, tuple)):
         raise DSLError(f"concat takes a list of values, got {_kind(tensors)}", user_loc())
     p = _first_proxy(tensors)
-    xs = [p.tracer.lift(x, p) for x in tensors]
-    return p.tracer.emit(Op.CONCAT, xs, {"axis": _dim_to_axis(p, dim)})
+    axis = _dim_to_axis(p, dim)
+    for x in tensors:
+        if isinstance(x, EmptyRows):
+            x.check_piece(p, axis)
+    xs = [p.tracer.lift(x, p) for x in tensors if not isinstance(x, EmptyRows)]
+    return xs[0] if len(xs) == 1 else p.tracer.emit(Op.CONCAT, xs, {"axis": axis})
+
+
+class EmptyRows:
+    """A tensor of constants over a graph's rows with an empty feature axis
+    (``feat.new_zeros((N, out - in))`` where ``out == in``: DGL's GatedGraphConv pads its
+    input so): it holds no value, so ``torch.cat`` drops it and anything else refuses it."""
+
+    def __init__(self, domain: Domain, feat: tuple[int, ...], written: str):
+        object.__setattr__(self, "_about", (domain, tuple(feat), written))
+
+    def _sarc_refusal(self) -> str:
+        return (f"{self._about[2]}: an empty feature axis is supported only as a piece of "
+                f"torch.cat, which drops it")
+
+    def check_piece(self, like: Proxy, axis: int) -> None:
+        """Refused as a piece of ``like``'s concatenation along ``axis`` unless it is empty
+        along that axis, of ``like``'s rows and other sizes (as torch checks)."""
+        domain, feat, written = self._about
+        want = list(like.type.feat)
+        if len(want) == len(feat):
+            want[axis] = 0
+        if domain is not like.type.domain or tuple(want) != feat:
+            raise DSLError(f"torch.cat of {written} (rows {domain.rows}, feature shape "
+                           f"{list(feat)}) with a value of rows {like.type.domain.rows}, "
+                           f"feature shape {list(like.type.feat)}: the sizes differ off the "
+                           f"axis joined", user_loc())
+
+    def __getattr__(self, name):
+        raise DSLError(self._sarc_refusal(), user_loc())
 
 
 # The torch functions.
@@ -199,7 +232,7 @@ def _f_dropout(input, p=0.5, training=True, inplace=Fixed(False)):
                    user_loc())
 
 
-@traces(torch.cat, torch.concat)
+@traces(torch.cat, torch.concat, torch.concatenate)
 def _cat(tensors, dim=0, *, out=Fixed(None)):
     return _concat(tensors, dim)
 
@@ -422,6 +455,57 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if weight is not None:
         out = out * weight
     return _narrowed(out if bias is None else out + bias, given)
+
+
+# --- recurrent cells: nn.GRUCell, nn.LSTMCell, nn.RNNCell (a GGNN's or an MPNN's update) ---
+# Each as ATen computes it on the CPU (RNN.cpp's GRUCell, LSTMCell, SimpleCell): the input's
+# and the state's linears, gates from their chunks, in torch's order of operations.
+
+def _cell_linears(input, hx, w_ih, w_hh, b_ih, b_hh, what: str, gates: int):
+    x = _traced(input, what)
+    h = x.tracer.lift(hx, x)
+    if len(h.type.feat) != 1 or len(x.type.feat) != 1:
+        raise DSLError(f"{what}: the input and the state are rows of one feature axis, got "
+                       f"{list(x.type.feat)} and {list(h.type.feat)}", user_loc())
+    return linear.record(x, w_ih, b_ih), linear.record(h, w_hh, b_hh), h
+
+
+@traces(torch.gru_cell)
+def _gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """``r, z = sigmoid(h_r + i_r), sigmoid(h_z + i_z)``, ``n = tanh(i_n + h_n r)``,
+    ``h' = (h - n) z + n``."""
+    gi, gh, h = _cell_linears(input, hx, w_ih, w_hh, b_ih, b_hh, "gru_cell", 3)
+    i_r, i_z, i_n = _chunk.record(gi, 3, -1)
+    h_r, h_z, h_n = _chunk.record(gh, 3, -1)
+    r = _emit(Op.SIGMOID, h_r + i_r)
+    z = _emit(Op.SIGMOID, h_z + i_z)
+    n = _emit(Op.TANH, i_n + h_n * r)
+    return (h - n) * z + n
+
+
+@traces(torch.lstm_cell)
+def _lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """``i, f, g, o`` the chunks of both linears' sum (sigmoid, sigmoid, tanh, sigmoid);
+    ``c' = f c + i g``, ``h' = o tanh(c')``; returns ``(h', c')``."""
+    if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+        raise DSLError(f"lstm_cell: the state is a pair (h, c), got {_kind(hx)}", user_loc())
+    gi, gh, _ = _cell_linears(input, hx[0], w_ih, w_hh, b_ih, b_hh, "lstm_cell", 4)
+    c = gh.tracer.lift(hx[1], gh)
+    i, f, g, o = _chunk.record(gh + gi, 4, -1)
+    c_next = _emit(Op.SIGMOID, f) * c + _emit(Op.SIGMOID, i) * _emit(Op.TANH, g)
+    return _emit(Op.SIGMOID, o) * _emit(Op.TANH, c_next), c_next
+
+
+@traces(torch.rnn_tanh_cell)
+def _rnn_tanh_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    gi, gh, _ = _cell_linears(input, hx, w_ih, w_hh, b_ih, b_hh, "rnn_tanh_cell", 1)
+    return _emit(Op.TANH, gh + gi)
+
+
+@traces(torch.rnn_relu_cell)
+def _rnn_relu_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    gi, gh, _ = _cell_linears(input, hx, w_ih, w_hh, b_ih, b_hh, "rnn_relu_cell", 1)
+    return _emit(Op.RELU, gh + gi)
 
 
 @traces(torch.positive, torch.Tensor.positive, torch.Tensor.__pos__)
@@ -2520,6 +2604,8 @@ def _filled(name: str):
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
             size = tuple(size[0])
         if not any(isinstance(d, RowCount) for d in size):
+            if kwargs.get("device") is TRACED_DEVICE:   # made where tracing runs: a constant
+                del kwargs["device"]                     # the tracer lifts (0-d) or refuses
             return original(*args, **kwargs)
         if name == "empty":
             raise DSLError(f"torch.empty({', '.join(map(str, size))}): its values are "
@@ -2555,9 +2641,9 @@ def rows_filled(size: tuple, value: float, kwargs: dict, written: str) -> Proxy:
     if rows.tracer is None:
         raise DSLError(f"{written}: a row count of a value of no layer being traced",
                        user_loc())
-    if 0 in feat:
-        raise DSLError(f"{written}: an empty feature axis is not supported", user_loc())
     domain = next(d for d in (Domain.EDGE, Domain.DST, Domain.SRC) if d.rows == rows.symbol)
+    if 0 in feat:
+        return EmptyRows(domain, tuple(feat), written)
     degree = degree_over(rows.tracer, domain, rows.tracer.precision or DType.F32)
     return ones_over_rows(degree, tuple(feat), value, kwargs.get("dtype"), written)
 
@@ -2585,8 +2671,20 @@ def _einsum_routed(*args):
     return _TORCH_EINSUM(*args)
 
 
+def _cat_routed(original):
+    """torch.cat / torch.concat while a layer is traced: a piece of no value (``EmptyRows``,
+    ``x.new_zeros(N, 0)``), which torch's own argument parsing refuses, is dropped."""
+    def cat(tensors, *args, **kwargs):
+        if isinstance(tensors, (list, tuple)) and any(isinstance(t, EmptyRows) for t in tensors):
+            return call_torch(original, (tensors, *args), kwargs)
+        return original(tensors, *args, **kwargs)
+    cat.__name__ = original.__name__
+    return cat
+
+
 ROW_COUNT_ROUTES = {**{f: _filled(name) for name, (f, _) in _TORCH_FILLS.items()},
-                    _TORCH_RESHAPE: _reshape_routed, _TORCH_EINSUM: _einsum_routed}
+                    _TORCH_RESHAPE: _reshape_routed, _TORCH_EINSUM: _einsum_routed,
+                    **{f: _cat_routed(f) for f in (torch.cat, torch.concat, torch.concatenate)}}
 """torch's functions whose arguments torch's own parsing keeps from the tracer (sizes
 holding a row count; einsum's sublists of a traced value), and what runs in their place
 while a layer is traced (``trace_guards.tracing``)."""

@@ -64,8 +64,23 @@ CASES = {
                                  + torch.full_like(x, fill_value=-2.0, dtype=x.dtype)),
     "squeeze": lambda s, x: (x.view(-1, 1, 2, 4, 1).squeeze().sum(-1).sum(-1, keepdim=True)
                              * x.view(-1, 8, 1).squeeze(-1) + x.view(-1, 1, 8).squeeze(1)),
+    "cat-empty-piece": lambda s, x: (torch.cat([x, x.new_zeros((x.shape[0], 0))], -1)
+                                     + torch.concat((torch.zeros(x.size(0), 0), x), dim=1)),
+    # recurrent cells (a GGNN's or an MPNN's update): torch.gru_cell, lstm_cell, rnn_*_cell
+    "gru-cell": lambda s, x: s.mod(x, x.tanh()),
+    "gru-cell-no-state": lambda s, x: s.mod(x),
+    "gru-cell-no-bias": lambda s, x: s.mod(x.relu(), x),
+    "lstm-cell": lambda s, x: torch.cat(s.mod(x, (x.tanh(), 0.5 * x)), -1),
+    "lstm-cell-no-state": lambda s, x: s.mod(x)[1],
+    "rnn-tanh-cell": lambda s, x: s.mod(x, x.sin()),
+    "rnn-relu-cell": lambda s, x: s.mod(x),
 }
 MODULES = {"gelu-module": lambda: nn.GELU(), "silu-module": lambda: nn.SiLU(),
+           "gru-cell": lambda: nn.GRUCell(W, W), "gru-cell-no-state": lambda: nn.GRUCell(W, 5),
+           "gru-cell-no-bias": lambda: nn.GRUCell(W, W, bias=False),
+           "lstm-cell": lambda: nn.LSTMCell(W, W), "lstm-cell-no-state": lambda: nn.LSTMCell(W, 3),
+           "rnn-tanh-cell": lambda: nn.RNNCell(W, W),
+           "rnn-relu-cell": lambda: nn.RNNCell(W, 6, nonlinearity="relu"),
            "prelu-module": lambda: nn.PReLU(W, init=0.1),
            "prelu-shared": lambda: nn.PReLU(init=-0.3),
            "softplus-module": lambda: nn.Softplus(beta=0.5),
@@ -146,6 +161,12 @@ def test_equals_torch(name, backend):
     (lambda x: F.gelu(x, approximate="erf"), "approximate must be 'none' or 'tanh'"),
     (lambda x: F.layer_norm(x, (3,)), r"layer_norm over \[3\]"),
     (lambda x: torch.clamp(x), "clamp needs min=... or max=..."),
+    (lambda x: x + x.new_zeros(x.shape[0], 0), r"new_zeros\(N_dst, 0\).*only as a piece of "
+                                                 r"torch.cat"),
+    (lambda x: torch.cat([x, x.new_zeros(x.shape[0], 0, 2)], -1), "the sizes differ off"),
+    (lambda x: x * (x.device == torch.device("cpu")), "device of a traced value is not known"),
+    (lambda x: x * (x.device.type == "cuda"), "device of a traced value is not known"),
+    (lambda x: x + torch.zeros(8, device=x.device), "tensor of shape \\[8\\] that is not a"),
 ])
 def test_what_is_not_modelled_is_refused(key, message):
     _refused_with(lambda s, x: key(x), message)
@@ -1121,3 +1142,11 @@ def test_every_dsl_function_is_traced(name):
 def test_a_traced_function_shows_its_name_and_signature():
     """``repr`` of a DSL function (a ``sarc.trace.Traced``): what it records, as called."""
     assert repr(sarc.linear) == "<traced sarc.linear(input, weight, bias=None) -> 'Proxy'>"
+
+
+def test_a_recurrent_cell_of_other_sizes_is_refused():
+    """nn.GRUCell(4, 8) given rows of 8 features: refused at the call, naming both sizes."""
+    for module in (nn.GRUCell(4, 8), nn.LSTMCell(4, 8), nn.RNNCell(4, 8)):
+        with pytest.raises(sarc.DSLError, match=r"test_torch_functions.py:\d+.*input has 8 "
+                                                r"features but the weight expects 4"):
+            Apply(lambda s, x: s.mod(x), module=module).trace()

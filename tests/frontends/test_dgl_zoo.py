@@ -1,6 +1,6 @@
 """More of DGL 2.1's convs through sarc (``sarc.frontends.dgl``; .venv-dgl): those that need
 torch functions beyond arithmetic (``F.normalize``, ``Tensor.square``, ``torch.stack``,
-``Tensor.tile``), several node outputs, and DGL's minibatch idiom on a block.
+``Tensor.tile``, ``nn.GRUCell``), several node outputs, and DGL's minibatch idiom on a block.
 
 Each equals the DGL module on the DGL graph: every output, the input and parameter
 gradients (``max|sarc - dgl| <= 1e-5 * max|dgl|``, float32).
@@ -17,7 +17,7 @@ pytest.importorskip("dgl")
 
 import dgl  # noqa: E402
 from dgl.nn.pytorch import (AGNNConv, APPNPConv, EGATConv, EGNNConv, GATConv,  # noqa: E402
-                            GraphConv, HGTConv, RelGraphConv, SAGEConv)
+                            GatedGraphConv, GraphConv, HGTConv, RelGraphConv, SAGEConv)
 
 from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
@@ -115,6 +115,10 @@ CASES = {
     "egnn": (lambda: EGNNConv(IN, 6, 4), {"node_feat": IN, "coord_feat": 3}, None, None),
     "egnn-edge-feat": (lambda: EGNNConv(IN, 6, 4, edge_feat_size=2),
                        {"node_feat": IN, "coord_feat": 3}, {"edge_feat": 2}, None),
+    # nn.GRUCell (torch.gru_cell) of the aggregate and the state, one step; the input
+    # padded to the output's width by new_zeros(N, out - in), a piece of 0 columns
+    "gated-graph": (lambda: GatedGraphConv(IN, 7, 1, 1), {"feat": IN}, None, True),
+    "gated-graph-same-width": (lambda: GatedGraphConv(IN, IN, 1, 1), {"feat": IN}, None, True),
 }
 
 
