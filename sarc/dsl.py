@@ -538,23 +538,28 @@ class _BufferProxy(Proxy):
 @contextlib.contextmanager
 def _params_as_proxies(layer: nn.Module, tracer: Tracer, precision: DType):
     """Swap every parameter and floating-point buffer (in ``precision``, as
-    ``Layer.leaf_tensors`` passes it) for a PARAM proxy while tracing, then put them back."""
+    ``Layer.leaf_tensors`` passes it) for a PARAM proxy while tracing, then put them back.
+    A tensor held under two names (a tied weight, ``self.b.weight = self.a.weight``) is one
+    leaf, named as ``named_parameters`` names it: its first name."""
     saved = []
     numbers: set[str] = set()
     layer._sarc_numbers = numbers
+    proxies: dict[int, Proxy] = {}
     try:
         for mod_name, mod in layer.named_modules():
             for table, floats_only in ((mod._parameters, False), (mod._buffers, True)):
                 for pname, x in list(table.items()):
                     if x is None or floats_only and not x.is_floating_point():
                         continue
-                    full = f"{mod_name}.{pname}" if mod_name else pname
-                    dtype = precision if floats_only else DType.from_torch(x.dtype)
-                    t = TensorType(Domain.PARAM, dtype, tuple(x.shape))
                     saved.append((table, pname, x))
-                    leaf = tracer.builder.leaf(Op.PARAM, full, t)
-                    table[pname] = (_BufferProxy(tracer, leaf, x, full, numbers) if floats_only
-                                    else Proxy(tracer, leaf))
+                    if id(x) not in proxies:
+                        full = f"{mod_name}.{pname}" if mod_name else pname
+                        dtype = precision if floats_only else DType.from_torch(x.dtype)
+                        t = TensorType(Domain.PARAM, dtype, tuple(x.shape))
+                        leaf = tracer.builder.leaf(Op.PARAM, full, t)
+                        proxies[id(x)] = (_BufferProxy(tracer, leaf, x, full, numbers)
+                                          if floats_only else Proxy(tracer, leaf))
+                    table[pname] = proxies[id(x)]
         yield
     finally:
         for table, pname, x in saved:

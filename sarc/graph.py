@@ -121,8 +121,10 @@ class Graph:
         _check_range(src, num_src, "src")
         _check_range(dst, num_dst, "dst")
         if dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all()):  # already in CSR order
-            dst_sorted, perm = dst, torch.arange(dst.numel(), device=dst.device)
-            src_sorted = src
+            # copies: the kernels index rows by these edges, checked in range above, so the
+            # graph must not share them with the caller's tensors (changed afterwards)
+            dst_sorted, perm = dst.clone(), torch.arange(dst.numel(), device=dst.device)
+            src_sorted = src.clone()
         else:
             dst_sorted, perm = torch.sort(dst, stable=True)
             src_sorted = src[perm]
