@@ -55,7 +55,14 @@ from .errors import SarcError, cannot_write
 MANIFEST = "sarc-set.json"
 FORMAT = "sarc-set"
 VERSION = 1
-_IGNORED = {"__pycache__"}  # what importing a generated module adds beside it
+def _bytecode_only(folder: str) -> bool:
+    """Whether ``folder`` is what importing a generated module adds beside it: a
+    ``__pycache__`` of plain ``.pyc`` files. Anything else in one is a file of the user's."""
+    if os.path.basename(folder) != "__pycache__" or os.path.islink(folder):
+        return False
+    with os.scandir(folder) as entries:
+        return all(e.name.endswith(".pyc") and e.is_file(follow_symlinks=False)
+                   for e in entries)
 
 
 class DirectoryExistsError(SarcError, FileExistsError):
@@ -87,7 +94,7 @@ def _files_under(path: Path) -> list[str]:
     for root, dirs, files in os.walk(path):
         rel = Path(root).relative_to(path)
         for d in list(dirs):
-            if d in _IGNORED:
+            if _bytecode_only(os.path.join(root, d)):
                 dirs.remove(d)
             elif os.path.islink(os.path.join(root, d)):
                 out.append((rel / d).as_posix())

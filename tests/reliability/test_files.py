@@ -132,6 +132,34 @@ def test_overwrite_refuses_a_set_holding_a_users_file(tmp_path, gcn_artifacts):
     assert snapshot(out) == before
 
 
+@case("files", "`--out` a set sarc wrote with a file of the user's in a `__pycache__` folder, "
+               "with `--overwrite`", "nothing-lost")
+@pytest.mark.parametrize("inside", ["__pycache__/mydata/results.csv", "__pycache__/notes.txt",
+                                    "kernels/__pycache__/x.py"])
+def test_overwrite_refuses_a_users_file_in_a_pycache_folder(tmp_path, gcn_artifacts, inside):
+    """Only the bytecode importing a generated module adds (``__pycache__/*.pyc``) is
+    not the user's: the rest of such a folder was deleted with the set."""
+    out = tmp_path / "out"
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    (out / inside).parent.mkdir(parents=True, exist_ok=True)
+    (out / inside).write_text("mine")
+    (out / "__pycache__").mkdir(exist_ok=True)
+    (out / "__pycache__" / "gcn.cpython-311.pyc").write_bytes(b"bytecode")
+    before = snapshot(out)
+    with pytest.raises(atomic.DirectoryExistsError, match=Path(inside).name):
+        write_artifacts(gcn_artifacts, out, ("plan",), overwrite=True)
+    assert snapshot(out) == before
+
+
+def test_overwrite_replaces_a_set_with_bytecode_beside_its_modules(tmp_path, gcn_artifacts):
+    out = tmp_path / "out"
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    (out / "__pycache__").mkdir()
+    (out / "__pycache__" / "gcn.cpython-311.pyc").write_bytes(b"bytecode")
+    write_artifacts(gcn_artifacts, out, ("plan",), overwrite=True)
+    assert not (out / "__pycache__").exists()
+
+
 @case("files", "`sarc compile --out` a previous compile's set: refused without `--overwrite`, "
       "replaced with it", "old-or-new")
 def test_compile_replaces_its_own_set_with_overwrite(tmp_path):
