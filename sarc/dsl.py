@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .errors import DSLError, GraphError, SourceLoc
+from .errors import DSLError, GraphError, SourceLoc, class_loc
 from .ir.function import Function
 from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
@@ -318,11 +318,11 @@ class Layer(nn.Module):
     # The user's functions -------------------------------------------------------------
     def message(self, src, dst, edge):
         raise DSLError(f"layer {type(self).__name__} defines no message(src, dst, edge)",
-                       _class_loc(type(self)))
+                       class_loc(type(self)))
 
     def reduce(self, msg):
         raise DSLError(f"layer {type(self).__name__} defines no reduce(msg)",
-                       _class_loc(type(self)))
+                       class_loc(type(self)))
 
     def update(self, dst, agg):
         """Default: the aggregate itself (a layer with one aggregate)."""
@@ -486,16 +486,6 @@ class Layer(nn.Module):
 
 def _no_init(cls: type, when: str) -> str:
     return f"{cls.__name__}.__init__ must call super().__init__(node=..., edge=...) {when}"
-
-
-def _class_loc(cls) -> SourceLoc | None:
-    """The line of ``cls``'s ``class`` statement (None where its source cannot be read)."""
-    import inspect
-    try:
-        return SourceLoc(inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1],
-                         cls.__name__)
-    except (OSError, TypeError):
-        return None
 
 
 def _loc_of(fn):

@@ -36,6 +36,16 @@ class SourceLoc:
                 + more)
 
 
+def class_loc(cls) -> SourceLoc | None:
+    """The line of ``cls``'s ``class`` statement (None where its source cannot be read)."""
+    import inspect
+    try:
+        return SourceLoc(inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1],
+                         cls.__name__)
+    except (OSError, TypeError):
+        return None
+
+
 MAX_SHOWN_LINES = 6  # of an expression spanning lines, in an error
 
 

@@ -6,8 +6,8 @@
   it is refused.
 - A random draw outside sarc's dropout (``random``, ``numpy.random``, torch's random
   functions) is refused at the user's line: it would be baked into the compiled layer
-  as a constant. (A random generator object the user made before the trace, such as
-  ``np.random.default_rng()`` kept on the layer, is not seen.)
+  as a constant; so is a generator object made before the trace (``random.Random``,
+  ``np.random.default_rng()``, kept on the layer or in a module).
 - A call Python refuses at the user's line (a wrong keyword to a torch function, an
   ``nn.Module`` called with an extra argument) is a ``DSLError`` there, not a traceback.
 - ``torch.ones`` / ``zeros`` / ``full`` / ``reshape`` given a row count
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .errors import DSLError, SarcError, SourceLoc, dsl_errors_made
+from .errors import DSLError, SarcError, SourceLoc, class_loc, dsl_errors_made
 from .names import GENERATED_PACKAGE
-from .trace import (TRAINING, _has_proxy, _installed, _is_core_library, _is_library, _is_sarc,
+from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library, _is_library, _is_sarc,
                     _torch_name, traced_code, user_loc)
 
 
@@ -170,6 +170,79 @@ def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
         _TRACING.active = was_active
 
 
+@contextlib.contextmanager
+def _refuse_generator_objects(modules: list, namespaces: Callable[[], list[dict]]):
+    """A generator object made before the trace (``random.Random(0)``,
+    ``np.random.default_rng()``, kept on the layer or in a module) drawing while it is
+    traced. ``random.Random``'s draws all go through its ``random`` and ``getrandbits``,
+    swapped on the class for refusing ones (at the user's line); numpy's generators are
+    C types: their states, on the layer's modules and in ``namespaces()``, compared after."""
+    import random
+    swapped = []
+    for cls in (random.Random, random.SystemRandom):
+        for name in ("random", "getrandbits"):
+            swapped.append((cls, name, cls.__dict__.get(name)))
+            setattr(cls, name, _refusing(f"{cls.__module__}.{cls.__name__}.{name}",
+                                         getattr(cls, name)))
+    before = _numpy_generator_states(modules, namespaces())
+    try:
+        yield
+    finally:
+        for cls, name, original in reversed(swapped):
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+    for where, (obj, state) in before.items():
+        if not _same_state(_generator_state(obj), state):
+            raise DSLError(f"{where} (numpy.random.{type(obj).__name__}) drew a random number while the layer was traced: the draw would "
+                           f"be baked into the compiled layer as a constant. The randomness a "
+                           f"sarc layer models is dropout (sarc.dropout, nn.Dropout, "
+                           f"F.dropout(x, p, self.training))",
+                           class_loc(type(modules[0])) if modules else None)
+
+
+def _numpy_generator_states(modules: list, namespaces: list[dict]) -> dict[str, tuple]:
+    """``where -> (generator, its state)`` of numpy's generators on ``modules`` (their
+    attributes: ``self.rng``) and in ``namespaces`` (a module's ``RNG``)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return {}
+    kinds = (np.random.Generator, np.random.RandomState)
+    found: dict[str, tuple] = {}
+    for m in modules:
+        for name, value in vars(m).items():
+            if isinstance(value, kinds):
+                found.setdefault(f"self.{name}", (value, _generator_state(value)))
+    for space in namespaces:
+        for name, value in list(space.items()):
+            if isinstance(value, kinds):
+                found.setdefault(name, (value, _generator_state(value)))
+    return found
+
+
+def _generator_state(g):
+    return g.bit_generator.state if hasattr(g, "bit_generator") else g.get_state(legacy=False)
+
+
+def _same_state(a, b) -> bool:
+    """Two generator states (nested dicts of numbers and arrays) equal."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(
+            _same_state(a[k], b[k]) for k in a)
+    if hasattr(a, "shape"):
+        return hasattr(b, "shape") and a.shape == b.shape and bool((a == b).all())
+    return a == b
+
+
+def _innermost(e: BaseException):
+    """The frame ``e`` was raised in."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
+
+
 def _row_count_hint(e: Exception) -> str:
     """Why torch's argument parsing refused a graph size (``torch.arange(g.num_edges())``,
     ``torch.rand(x.shape[0], 1)``), which it names by its class."""
@@ -298,6 +371,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
         with torch.inference_mode(False), torch.enable_grad(), \
                 traced_code(mod.__file__ for mod in traced), \
                 _refuse_python_randomness(lambda: code_namespaces(modules)), \
+                _refuse_generator_objects(modules, lambda: code_namespaces(modules)), \
                 routed(ROW_COUNT_ROUTES, lambda: [vars(torch)] + code_namespaces(modules)), \
                 _RefuseTorchRandomness(), dsl_errors_made() as refused:
             try:
@@ -311,7 +385,8 @@ def tracing(modules: Iterable[torch.nn.Module]):
                 what = "" if isinstance(e, TypeError) else f"{type(e).__name__}: "
                 hint = _row_count_hint(e)   # then torch's first line says enough
                 text = str(e).splitlines()[0].split(", but expected")[0] if hint else str(e)
-                raise DSLError(f"{what}{text}{hint}", loc) from None
+                raise DSLError(_inside_torch_module(f"{what}{text}{hint}", _innermost(e)),
+                               loc) from None
             if refused:  # the code went on past a refusal: it would trace another program
                 first = refused[0]
                 raise DSLError(f"{first.problem} (the code caught this error with a try / "

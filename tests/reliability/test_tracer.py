@@ -283,7 +283,7 @@ def test_unmodeled_keyword_is_refused():
 
 
 class TorchModuleInUpdate(sarc.Layer):
-    """A torch module sarc does not trace, in update: nn.GRUCell (torch.gru_cell) or
+    """A torch module sarc does not trace, in update: nn.GRU (a sequence) or
     nn.MultiheadAttention (which first reads Tensor.is_nested)."""
 
     def __init__(self, module: nn.Module, states: int):
@@ -301,15 +301,17 @@ class TorchModuleInUpdate(sarc.Layer):
         return out[0] if isinstance(out, tuple) else out
 
 
-@case("tracer", "`nn.GRUCell` / `nn.MultiheadAttention` called in update", "error-at-line")
+@case("tracer", "`nn.GRU` / `nn.MultiheadAttention` called in update", "error-at-line")
 @pytest.mark.parametrize("module, states, op", [
-    (nn.GRUCell(4, 4), 1, "torch function torch.gru_cell"),
-    (nn.MultiheadAttention(4, 2), 2, "Tensor.is_nested"),
-], ids=["GRUCell", "MultiheadAttention"])
+    (nn.GRU(4, 4), 1, "cannot create weak reference to 'Proxy' object"),
+    (nn.MultiheadAttention(4, 2), 2, "Tensor.is_nested is not supported in a sarc layer"),
+], ids=["GRU", "MultiheadAttention"])
 def test_a_torch_module_sarc_does_not_trace_is_named(module, states, op):
+    """Refused by sarc (MultiheadAttention) or failing as Python inside torch's code (GRU's
+    weak references to its weights): either way the module is named."""
     expect_error_at(lambda: TorchModuleInUpdate(module, states).trace(), "torch-module",
-                    f"{op} is not supported in a sarc layer (called inside "
-                    f"nn.{type(module).__name__}")
+                    f"{op} (called inside nn.{type(module).__name__}, which sarc does not "
+                    f"trace")
 
 
 class PerEdgeMatrix(sarc.Layer):
@@ -721,6 +723,52 @@ def test_python_and_numpy_randomness_is_refused(how, marker, name):
     # put back after the trace, in the modules and in this file's globals
     assert random.random is RANDOM and np.random.rand is NP_RAND
     assert globals()["draw_uniform"] is random.uniform
+
+
+MODULE_RNG = np.random.default_rng(3)
+
+
+class GeneratorObject(sarc.Layer):
+    """A generator made before the trace, kept on the layer or in the module."""
+
+    def __init__(self, how):
+        super().__init__(node={"h": 3})
+        self.how = how
+        self.py_rng, self.sys_rng = random.Random(0), random.SystemRandom()
+        self.np_rng, self.np_state = np.random.default_rng(0), np.random.RandomState(0)
+
+    def message(self, src, dst, edge):
+        if self.how == "random.Random":
+            return src.h * self.py_rng.uniform(0.5, 1.5)  # ERR:py-rng
+        if self.how == "random.SystemRandom":
+            return src.h * self.sys_rng.random()  # ERR:sys-rng
+        if self.how == "numpy.random.Generator":
+            return src.h * self.np_rng.random()
+        if self.how == "numpy.random.RandomState":
+            return src.h * self.np_state.rand()
+        return src.h * MODULE_RNG.normal()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("how, marker", [
+    ("random.Random", "py-rng"), ("random.SystemRandom", "sys-rng"),
+    ("numpy.random.Generator", None), ("numpy.random.RandomState", None), ("module", None)])
+@case("tracer", "a random generator object (`random.Random`, `np.random.default_rng()`) "
+      "drawn from in a message", "error")
+def test_a_generator_objects_draw_is_refused(how, marker):
+    """Its draw was a constant of the compiled layer: every call gave the first one."""
+    layer = GeneratorObject(how)
+    if marker is not None:   # a Python generator: refused at the draw
+        expect_error_at(layer.trace, marker, "draws a random number while the layer is traced")
+        assert layer.py_rng.random() == random.Random(0).random()   # and put back
+        return
+    name = {"module": "MODULE_RNG"}.get(how, "np_rng" if "Generator" in how else "np_state")
+    kind = "numpy.random.Generator" if how == "module" else how
+    with pytest.raises(sarc.DSLError, match=rf"{name} \({kind}\) drew a random number while "
+                                            rf"the layer was traced"):
+        layer.trace()
 
 
 class TorchRandom(sarc.Layer):
