@@ -663,6 +663,7 @@ def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
     write_atomic(path, serialize({
         "format": MODEL_FORMAT, "version": VERSION, "model": run["model"],
         "model_sha256": run["model_sha256"], "dataset": run["dataset"],
+        "helpers": dict(run.get("helpers", {})),
         "hparams": recorded_hparams(hparams), "sizes": dict(sizes),
         "metrics": dict(metrics), "state_dict": dict(state_dict)}))
 
@@ -671,7 +672,7 @@ def save_model(path, state_dict: dict, *, run: dict, hparams: dict, sizes: dict,
 # ``sizes``: the arguments ``build_model`` was called with, ``num_ntypes`` only for a graph
 # of node types). ``read_saved`` checks them all, so a damaged or hand-made file is refused
 # naming the field, not where ``load_trained`` first uses it.
-_SAVED_SCHEMA = {"model": "str", "model_sha256": "sha256", "dataset": "str",
+_SAVED_SCHEMA = {"model": "str", "model_sha256": "sha256", "helpers": "object?", "dataset": "str",
                  "hparams": "json-str", "sizes": "object", "metrics": "object",
                  "state_dict": "tensors", "sizes.in_feats": "count",
                  "sizes.num_classes": "count", "sizes.num_nodes": "count",
@@ -701,7 +702,8 @@ def read_saved(path) -> dict:
 def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
     """The model ``sarc train --save PATH`` saved, built from ``model_file`` with its weights
     loaded, in eval mode. ``model_file`` must be the file it was trained from (its sha256
-    is checked; ``check_digest=False`` loads into an edited file's model anyway)."""
+    is checked, and so are the modules of its folder it imports, ``helper_digests``;
+    ``check_digest=False`` loads into an edited file's model anyway)."""
     from .datasets import Dataset
     from .loader import load_model_file
     from .train import DEFAULTS, build
@@ -713,6 +715,13 @@ def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
                               f"{file_sha256(model_file)[:12]}); pass check_digest=False to "
                               f"load it anyway")
     spec = load_model_file(model_file)
+    helpers = saved.get("helpers")   # an older sarc recorded none
+    if check_digest and helpers is not None and helpers != helper_digests(spec):
+        now = helper_digests(spec)
+        changed = sorted(k for k in set(helpers) | set(now) if helpers.get(k) != now.get(k))
+        raise CheckpointError(f"{path} was trained with {', '.join(changed)} as it was then: "
+                              f"it has changed since (a module {model_file} imports); pass "
+                              f"check_digest=False to load it anyway")
     # a value JSON has no form for was recorded as a name (recorded_value): the file's own
     # value where it is the one recorded
     hp = {**DEFAULTS, **spec.hparams,

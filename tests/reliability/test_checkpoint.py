@@ -205,20 +205,28 @@ class Net(nn.Module):
 """
 
 
-@case("checkpoint", "`--resume` after a module the model file imports from its folder "
-                    "changed", "error")
-def test_resume_sees_a_changed_helper_module(tmp_path):
+@case("checkpoint", "`--resume`, or `load_trained` of a `--save` file, after a module the "
+                    "model file imports from its folder changed", "error")
+def test_resume_and_load_trained_see_a_changed_helper_module(tmp_path):
     """Only the model file's sha256 was recorded: a helper's reduce changed from mean to
-    sum resumed silently, another model from the old one's weights."""
+    sum resumed silently, another model from the old one's weights (and load_trained
+    predicted with it)."""
     (tmp_path / "helper.py").write_text(HELPER)
     model = tmp_path / "model.py"
     model.write_text("from helper import Net\n\n\ndef build_model(in_feats, num_classes, **_):\n"
                      "    return Net(in_feats, num_classes)\n")
-    ckpt = tmp_path / "ck"
-    _ok(_train(ckpt, model=model))
+    ckpt, saved = tmp_path / "ck", tmp_path / "model.pt"
+    _ok(_train(ckpt, "--save", saved, model=model))
     (tmp_path / "helper.py").write_text(HELPER.replace("sarc.mean(", "sarc.sum("))
     assert_error(_train(ckpt, "--resume", model=model), "a checkpoint of another run",
                  "a module the model file imports differs (helper.py: changed")
+    try:
+        with pytest.raises(CheckpointError, match=r"model.pt was trained with helper.py as it "
+                                                  r"was then: it has changed since"):
+            sarc.load_trained(saved, model)
+        assert isinstance(sarc.load_trained(saved, model, check_digest=False), torch.nn.Module)
+    finally:
+        sys.modules.pop("helper", None)   # this test's, imported by name in this process
 
 
 def test_restoring_the_random_state_is_what_makes_resume_exact(tmp_path, monkeypatch):
