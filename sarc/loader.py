@@ -168,7 +168,8 @@ def local_imports(namespace: dict[str, Any], folder: Path) -> list[Path]:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else strings)."""
+    """``["hidden=32", "lr=5e-3", "num_bases=None"]`` -> dict of Python literals (else
+    strings). A key given twice must have one value (the last would win unseen)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -178,7 +179,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text
-        out[key.strip()] = value
+        key = key.strip()
+        if key in out and (out[key] != value or type(out[key]) is not type(value)):
+            raise OverrideError(f"--set {key} given twice ({out[key]!r}, then {value!r}); give "
+                                f"each setting once")
+        out[key] = value
     return out
 
 

@@ -35,7 +35,7 @@ from ..compiler import BACKENDS
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
-                      check_mode_arguments, check_output_dir, parse_bytes, plural)
+                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural)
 
 DEFAULT_BATCHES = 8
 DEFAULT_EMIT = ",".join(EMITS)
@@ -139,13 +139,12 @@ def check_minibatch_args(args) -> None:
 
 def compile_command(args) -> int:
     from ..loader import load_model_file
-    from ..loader import parse_overrides
     from ..training.layer_calls import layer_calls
     from ..train import build, check_minibatch_model, hyperparameters, prepare
 
     emit = check_compile_args(args)
     spec = load_model_file(args.model)
-    hparams = hyperparameters(spec, parse_overrides(args.overrides))
+    hparams = hyperparameters(spec, overrides(args))
     pset = None
     if args.partition:
         pset = _load_partitions(Path(args.partition))

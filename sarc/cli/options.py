@@ -209,6 +209,18 @@ def minibatch_config(args, layers: int | None = None):
                            prob=args.prob, shuffle=args.shuffle, drop_last=args.drop_last)
 
 
+def overrides(args) -> dict:
+    """``--set KEY=VALUE``s as a dict (``loader.parse_overrides``), a ``dataset`` among them
+    agreeing with ``--dataset``."""
+    from ..loader import parse_overrides
+    out = parse_overrides(args.overrides)
+    given = getattr(args, "dataset", None)
+    if given is not None and out.get("dataset", given) != given:
+        raise UsageError(f"--dataset {args.dataset} and --set dataset={out['dataset']!r} "
+                         f"disagree; give the dataset once")
+    return out
+
+
 def check_seed(option: str, value: int | None) -> None:
     if value is not None and not 0 <= value < SEED_LIMIT:
         raise UsageError(f"{option} must be in 0 .. 2**31 - 1, got {value}")

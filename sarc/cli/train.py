@@ -7,7 +7,7 @@ from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import exits_raise, parse_overrides
 from .options import (MEM_BUDGET_HELP, UsageError, write_result, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
-                      at_least, check_device_arguments, check_input_dir, check_mode_arguments,
+                      at_least, check_device_arguments, overrides, check_input_dir, check_mode_arguments,
                       check_output_file, check_outputs_apart, check_run_options, minibatch_config)
 
 
@@ -56,7 +56,7 @@ def check_train_args(args):
         check_link_args(args, spec)
     elif args.negatives:
         raise UsageError("--negatives: an option of link prediction; it needs --task link")
-    hp = hyperparameters(spec, parse_overrides(args.overrides), epochs=args.epochs)
+    hp = hyperparameters(spec, overrides(args), epochs=args.epochs)
     if args.task == "link":
         from ..training.link import check_link_hparams
         check_link_hparams(hp)

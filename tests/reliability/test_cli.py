@@ -389,6 +389,22 @@ def test_epochs_given_twice_with_two_values_is_refused(value):
                         f"--epochs 1 and --set epochs={value} disagree")
 
 
+@case("cli", "`--set hidden=16 --set hidden=32`, or `--dataset X --set dataset=Y` (two values "
+             "of one setting)", "error")
+@pytest.mark.parametrize("argv, needle", [
+    (("--set", "hidden=16", "--set", "hidden=32"), "--set hidden given twice (16, then 32)"),
+    (("--dataset", "cora", "--set", "dataset=aifb"),
+     "--dataset cora and --set dataset='aifb' disagree")], ids=["set-twice", "dataset"])
+def test_a_setting_given_two_values_is_refused(argv, needle):
+    """The last --set, or --dataset, won silently."""
+    refused_before_work(run_sarc("train", GCN, "--epochs", "1", *argv), needle)
+
+
+def test_a_setting_given_twice_with_one_value_is_taken():
+    from sarc.loader import parse_overrides
+    assert parse_overrides(["hidden=16", "lr=0.1", "hidden=16"]) == {"hidden": 16, "lr": 0.1}
+
+
 @case("cli", "`--set epochs=0` or `--set lr=-0.1` (a trainer value out of range)", "error")
 @pytest.mark.parametrize("item,needle", [("epochs=0", "epochs"), ("lr=-0.1", "lr"),
                                          ("patience=0", "patience")])
