@@ -545,9 +545,28 @@ class Call:
 
     def input_grads(self) -> tuple:
         out = [self.grad_params.get(k) for k in self.params]
+        if any(g is None and need for g, need in zip(out, self.needs)):
+            # no piece ran (a block without edges): torch's zero, not None, for the params
+            # the gradient reaches, as the layer's kernel on one process gives
+            reached = _differentiated_params(self.split.layer)
+            out = [torch.zeros_like(p) if g is None and k in reached else g
+                   for g, (k, p) in zip(out, self.params.items())] + out[len(self.params):]
         out += [self.grad_node.get(k) for k in self.node_inputs]
         out += [self.grad_edge.get(k) for k in self.edge_inputs]
         return tuple(g if need else None for g, need in zip(out, self.needs))
+
+
+_DIFFERENTIATED: dict[int, tuple] = {}
+"""id(layer IR) -> (the IR, ``autodiff.differentiated_params`` of it): a program's layer IR
+lives as long as the program does."""
+
+
+def _differentiated_params(fn) -> frozenset[str]:
+    from ..ir.autodiff import differentiated_params
+    held = _DIFFERENTIATED.get(id(fn))
+    if held is None or held[0] is not fn:
+        held = _DIFFERENTIATED[id(fn)] = (fn, differentiated_params(fn))
+    return held[1]
 
 
 class Merges:

@@ -524,6 +524,30 @@ def grad(fn: Function, wrt_inputs: Iterable[str] | None = None) -> Function:
     return verify(dce(cse(bw.b.finish(_gradient_outputs(fn, bw, cts)))))
 
 
+def differentiated_params(fn: Function) -> frozenset[str]:
+    """The params of layer ``fn`` its gradient reaches: each float param an output depends
+    on differentiably, whose gradient is a tensor, zero where nothing flows (a layer on a
+    block without edges), as torch gives a parameter an op it feeds reads; not one read
+    only by a comparison or detached (no gradient). Where a value has no VJP rule (a layer
+    only torch's autograd differentiates), every path but those through ``ZERO_GRADIENT``
+    ops and non-float values counts."""
+    try:
+        names = {n[len(GRAD_PREFIX):] for n, _ in grad(fn, ()).outputs}
+        return frozenset(n for n in fn.params() if n in names)
+    except AutodiffError:
+        pass
+    reach = [False] * len(fn.values)
+    for _, i in fn.outputs:
+        reach[i] = fn.values[i].type.dtype.is_float
+    for i in reversed(range(len(fn.values))):
+        v = fn.values[i]
+        if reach[i] and v.op not in ZERO_GRADIENT and v.op not in LEAVES:
+            for j in v.inputs:
+                reach[j] = reach[j] or fn.values[j].type.dtype.is_float
+    return frozenset(v.attr["name"] for i, v in enumerate(fn.values)
+                     if v.op is Op.PARAM and reach[i])
+
+
 def _gradient_outputs(fn: Function, bw: _Backward, cts: dict[int, int]) -> list[tuple[str, int]]:
     """``grad:<name>`` per param, then per feature (src and dst reads of a node feature summed)."""
     outputs = [(GRAD_PREFIX + v.attr["name"], cts[i]) for i, v in enumerate(fn.values)

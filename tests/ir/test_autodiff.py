@@ -767,3 +767,35 @@ def test_where_pos_sends_the_cotangent_to_the_operand_each_row_took():
                                           training=False, seed=0)
     assert_close(ig["x"], want[0], 1e-12, "grad of x")
     assert_close(pg["w"], want[1], 1e-12, "grad of w")
+
+
+class _ReadByAComparison(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin, self.root = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+        self.thr = torch.nn.Parameter(torch.zeros(3))
+        self.det = torch.nn.Parameter(torch.ones(3))
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * (src.h > self.thr).float() + self.det.detach()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + self.root(dst.h)
+
+
+def test_differentiated_params_are_those_torch_gives_a_gradient():
+    """What a distributed step gives a zero gradient where no piece of a block ran (a block
+    without edges): the params the layer's kernel gives one on one process, on any graph."""
+    from sarc.ir.autodiff import differentiated_params
+    layer = _ReadByAComparison()
+    want = {"lin.weight", "lin.bias", "root.weight", "root.bias"}
+    assert differentiated_params(layer.trace()) == want
+    for edges in (0, 2):
+        g = sarc.Graph.from_edges(torch.tensor([0, 1][:edges], dtype=torch.long),
+                                  torch.tensor([1, 0][:edges], dtype=torch.long), 2)
+        layer.zero_grad(set_to_none=True)
+        layer(g, torch.randn(2, 3)).sum().backward()
+        assert {n for n, p in layer.named_parameters() if p.grad is not None} == want

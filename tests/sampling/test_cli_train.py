@@ -222,3 +222,71 @@ def test_sampling_by_edge_data_the_dataset_lacks_names_the_datasets_edge_data(tm
                        match=r"no edge data 'edge_wieght'.*the dataset has: edge_weight\)"):
         train(load_model_file(ROOT / "models/gcn.py"), str(tmp_path / "weighted.npz"),
               epochs=1, log=None, minibatch=config)
+
+
+SOURCE_ONLY = """\
+import torch
+from torch import nn
+import sarc
+
+
+class L(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin, self.gate, self.root = nn.Linear(i, o), nn.Linear(i, 1), nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * torch.sigmoid(self.gate(src.h + dst.h))
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + self.root(dst.h)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.a, self.b = L(i, 8), L(8, c)
+
+    def forward(self, g, x):
+        return self.b(g, torch.relu(self.a(g, x)))
+
+
+HPARAMS = {"self_loops": False, "norm_features": False, "lr": 0.05, "weight_decay": 0.0}
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+"""
+
+
+def test_a_step_whose_seeds_have_no_in_edges_is_the_single_process_step(tmp_path):
+    """Batches of one seed, the first a node without in-edges: its step's blocks have no
+    edges, and the other worker has no seed. The edge part's parameters had no gradient
+    on the workers (no piece ran) where one process gives them zeros, so Adam's moments
+    moved them on one process only."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    n = 40
+    src, dst = rng.integers(0, n, 160), rng.integers(1, n, 160)   # node 0: no in-edges
+    train_mask = np.zeros(n, bool)
+    train_mask[[0, 5]] = True   # node 5: seven in-edges
+    np.savez(tmp_path / "g.npz", edge_src=src, edge_dst=dst, num_nodes=np.int64(n),
+             feat=rng.random((n, 5), np.float32), label=rng.integers(0, 3, n),
+             train_mask=train_mask, val_mask=~train_mask, test_mask=~train_mask,
+             num_classes=np.int64(3))
+    (tmp_path / "m.py").write_text(SOURCE_ONLY)
+    losses = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"p{workers}.json"
+        _run(["-m", "sarc.cli", "train", str(tmp_path / "m.py"), "--dataset",
+              str(tmp_path / "g.npz"), "--mode", "mfg", "--batch-size", "1", "--no-shuffle",
+              "--epochs", "3", "--workers", workers, "--method", "random", "--json", str(out)]
+             if workers == "2" else
+             ["-m", "sarc.cli", "train", str(tmp_path / "m.py"), "--dataset",
+              str(tmp_path / "g.npz"), "--mode", "mfg", "--batch-size", "1", "--no-shuffle",
+              "--epochs", "3", "--json", str(out)])
+        losses.append(json.loads(out.read_text())["final_loss"])
+    assert abs(losses[0] - losses[1]) <= 1e-6 * abs(losses[0]), losses
