@@ -250,6 +250,11 @@ def _row_count_hint(e: Exception) -> str:
 
     def names(cls):
         return {cls.__name__} | {n for sub in cls.__subclasses__() for n in names(sub)}
+    if isinstance(e, TypeError) and "TracedDevice" in str(e):
+        return (" (device= is the device of a traced value, which tracing does not know: only "
+                "a tensor of constants over a row count takes it, torch.zeros(x.shape[0], 4, "
+                "device=x.device); a tensor of fixed size made in a layer is a constant: "
+                "write the number, or register it as a buffer)")
     if not isinstance(e, TypeError) or not any(n in str(e) for n in names(RowCount)):
         return ""
     return (" (the argument is a graph size, g.num_edges() or x.shape[0], which has no value "

@@ -167,6 +167,8 @@ def test_equals_torch(name, backend):
     (lambda x: x * (x.device == torch.device("cpu")), "device of a traced value is not known"),
     (lambda x: x * (x.device.type == "cuda"), "device of a traced value is not known"),
     (lambda x: x + torch.zeros(8, device=x.device), "tensor of shape \\[8\\] that is not a"),
+    (lambda x: x + torch.arange(8, device=x.device), r"arange\(\) received .*device= is the "
+                                                    r"device of a traced value"),
 ])
 def test_what_is_not_modelled_is_refused(key, message):
     _refused_with(lambda s, x: key(x), message)
