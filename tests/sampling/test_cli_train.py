@@ -279,14 +279,10 @@ def test_a_step_whose_seeds_have_no_in_edges_is_the_single_process_step(tmp_path
              num_classes=np.int64(3))
     (tmp_path / "m.py").write_text(SOURCE_ONLY)
     losses = []
-    for workers in ("1", "2"):
-        out = tmp_path / f"p{workers}.json"
+    for workers in ((), ("--workers", "2", "--method", "random")):
+        out = tmp_path / f"p{len(losses)}.json"
         _run(["-m", "sarc.cli", "train", str(tmp_path / "m.py"), "--dataset",
               str(tmp_path / "g.npz"), "--mode", "mfg", "--batch-size", "1", "--no-shuffle",
-              "--epochs", "3", "--workers", workers, "--method", "random", "--json", str(out)]
-             if workers == "2" else
-             ["-m", "sarc.cli", "train", str(tmp_path / "m.py"), "--dataset",
-              str(tmp_path / "g.npz"), "--mode", "mfg", "--batch-size", "1", "--no-shuffle",
-              "--epochs", "3", "--json", str(out)])
+              "--epochs", "3", *workers, "--json", str(out)])
         losses.append(json.loads(out.read_text())["final_loss"])
     assert abs(losses[0] - losses[1]) <= 1e-6 * abs(losses[0]), losses
