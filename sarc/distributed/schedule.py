@@ -45,12 +45,15 @@ from .merge import NormalizerMerge, SiteShares, make_merge
 @dataclass
 class LayerProgram:
     """A layer compiled for a distributed graph: its plan, its split, its schedule module;
-    ``state``: the layer's ``layer_state.state_key`` it was compiled at."""
+    ``differentiated``: the params its gradient reaches (``autodiff.differentiated_params``
+    of the traced layer); ``state``: the layer's ``layer_state.state_key`` it was compiled
+    at."""
 
     name: str
     plan: LayerPlan
     split: LayerSplit
     generated: dist_backend.Generated
+    differentiated: frozenset = frozenset()
     state: tuple = ()
 
     @property
@@ -71,7 +74,8 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> La
                              inputs_need_grad=inputs_need_grad, distributed=True,
                              kept_peers=dg.kept_share.get(id(layer)))
     c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
-    return LayerProgram(name, c.plan, c.split, c.schedule)
+    from ..ir.autodiff import differentiated_params
+    return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_params(c.traced))
 
 
 def share_memory(model, dg: DistGraph) -> None:
@@ -548,25 +552,12 @@ class Call:
         if any(g is None and need for g, need in zip(out, self.needs)):
             # no piece ran (a block without edges): torch's zero, not None, for the params
             # the gradient reaches, as the layer's kernel on one process gives
-            reached = _differentiated_params(self.split.layer)
+            reached = self.program.differentiated
             out = [torch.zeros_like(p) if g is None and k in reached else g
                    for g, (k, p) in zip(out, self.params.items())] + out[len(self.params):]
         out += [self.grad_node.get(k) for k in self.node_inputs]
         out += [self.grad_edge.get(k) for k in self.edge_inputs]
         return tuple(g if need else None for g, need in zip(out, self.needs))
-
-
-_DIFFERENTIATED: dict[int, tuple] = {}
-"""id(layer IR) -> (the IR, ``autodiff.differentiated_params`` of it): a program's layer IR
-lives as long as the program does."""
-
-
-def _differentiated_params(fn) -> frozenset[str]:
-    from ..ir.autodiff import differentiated_params
-    held = _DIFFERENTIATED.get(id(fn))
-    if held is None or held[0] is not fn:
-        held = _DIFFERENTIATED[id(fn)] = (fn, differentiated_params(fn))
-    return held[1]
 
 
 class Merges:

@@ -528,10 +528,14 @@ def differentiated_params(fn: Function) -> frozenset[str]:
     """The params of layer ``fn`` its gradient reaches: each float param an output depends
     on differentiably, whose gradient is a tensor, zero where nothing flows (a layer on a
     block without edges), as torch gives a parameter an op it feeds reads; not one read
-    only by a comparison or detached (no gradient). Where a value has no VJP rule (a layer
-    only torch's autograd differentiates), every path but those through ``ZERO_GRADIENT``
-    ops and non-float values counts."""
+    only by a comparison or detached (no gradient). ``fn`` is a traced layer (``grad``'s);
+    where a value has no VJP rule (a layer only torch's autograd differentiates), every
+    path counts but those through ``ZERO_GRADIENT`` ops, non-float values and a
+    ``where``'s condition."""
     try:
+        needs = _needs_grad(fn, frozenset())
+        if not any(needs[i] for _, i in fn.outputs):   # no param reaches an output
+            return frozenset()
         names = {n[len(GRAD_PREFIX):] for n, _ in grad(fn, ()).outputs}
         return frozenset(n for n in fn.params() if n in names)
     except AutodiffError:
@@ -542,8 +546,9 @@ def differentiated_params(fn: Function) -> frozenset[str]:
     for i in reversed(range(len(fn.values))):
         v = fn.values[i]
         if reach[i] and v.op not in ZERO_GRADIENT and v.op not in LEAVES:
-            for j in v.inputs:
-                reach[j] = reach[j] or fn.values[j].type.dtype.is_float
+            for k, j in enumerate(v.inputs):
+                if not (v.op is Op.WHERE_POS and k == 0):
+                    reach[j] = reach[j] or fn.values[j].type.dtype.is_float
     return frozenset(v.attr["name"] for i, v in enumerate(fn.values)
                      if v.op is Op.PARAM and reach[i])
 
