@@ -33,14 +33,17 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import DSLError, SarcError, SourceLoc, class_loc, dsl_errors_made
 from .names import GENERATED_PACKAGE
-from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library, _is_library, _is_sarc,
-                    _torch_name, traced_code, user_loc)
+from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library,
+                    _is_library, _is_sarc, _torch_name, traced_code, user_loc)
+
+
+_BAKED_IN = ("the draw would be baked into the compiled layer as a constant. The randomness a "
+             "sarc layer models is dropout (sarc.dropout, nn.Dropout, F.dropout(x, p, "
+             "self.training))")
 
 
 def _random_message(name: str) -> str:
-    return (f"{name}() draws a random number while the layer is traced: the draw would be "
-            f"baked into the compiled layer as a constant. The randomness a sarc layer models "
-            f"is dropout (sarc.dropout, nn.Dropout, F.dropout(x, p, self.training))")
+    return f"{name}() draws a random number while the layer is traced: {_BAKED_IN}"
 
 
 def _torch_random_functions() -> frozenset:
@@ -195,10 +198,8 @@ def _refuse_generator_objects(modules: list, namespaces: Callable[[], list[dict]
                 setattr(cls, name, original)
     for where, (obj, state) in before.items():
         if not _same_state(_generator_state(obj), state):
-            raise DSLError(f"{where} (numpy.random.{type(obj).__name__}) drew a random number while the layer was traced: the draw would "
-                           f"be baked into the compiled layer as a constant. The randomness a "
-                           f"sarc layer models is dropout (sarc.dropout, nn.Dropout, "
-                           f"F.dropout(x, p, self.training))",
+            raise DSLError(f"{where} (numpy.random.{type(obj).__name__}) drew a random number "
+                           f"while the layer was traced: {_BAKED_IN}",
                            class_loc(type(modules[0])) if modules else None)
 
 
