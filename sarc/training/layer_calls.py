@@ -20,8 +20,7 @@ from torch import nn
 
 from ..dsl import Layer
 from ..errors import GraphError, SarcError
-from ..trace_guards import raised_at
-from .inputs import check_call
+from .inputs import check_call, model_code_error
 
 
 class LayerCallError(SarcError):
@@ -82,7 +81,8 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
 
 def _run_once(model: nn.Module, graph, x, edge_inputs) -> None:
     """One training forward pass of ``model``, on a fork of torch's random state, the model
-    left in the mode it was in; an error of the model file's code named as this pass's."""
+    left in the mode it was in. A mistake in the model file's code is said as training says
+    it (``loop.forward``): at its line, or as the call that does not fit the forward."""
     was_training = model.training
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
@@ -90,13 +90,13 @@ def _run_once(model: nn.Module, graph, x, edge_inputs) -> None:
             model(graph, x, **dict(edge_inputs or {}))
     except SarcError:
         raise
-    except Exception as e:  # the model file's code
-        if isinstance(e, TypeError):  # a call that does not fit its forward: as training says
+    except Exception as e:
+        if isinstance(e, TypeError):
             check_call(model, (graph, x), dict(edge_inputs or {}))
-        where = raised_at(e)
-        raise LayerCallError(f"{f'{where}: ' if where else ''}running {type(model).__name__} "
-                             f"once on the graph to find the order of its layer calls failed: "
-                             f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0]}") from e
+        err = model_code_error(e, "in the model's forward, run once to find its layer calls")
+        if err is None:   # sarc's or torch's code below the user's: a bug, with its traceback
+            raise
+        raise err from e
     finally:
         model.train(was_training)
 

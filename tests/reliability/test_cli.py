@@ -161,12 +161,13 @@ def test_a_bool_dropout_in_the_model_file(tmp_path):
 @pytest.mark.parametrize("command", [("train", "--epochs", "1"), ("train", "--epochs", "1",
                                      "--mode", "mfg"), ("compile",)])
 def test_a_mistake_in_the_models_forward_names_its_line(tmp_path, command):
-    """It was a traceback through the training loop (compile named no line)."""
+    """It was a traceback through the training loop (compile named no line); compile, which
+    runs the forward once to find its layer calls, says it as training does."""
     model = tmp_path / "misspelt.py"
     model.write_text(GCN.read_text().replace("x = F.relu(self.conv1(g, x))",
                                              "x = F.relu(self.conv1(g, xx))"))
     assert_error(run_sarc(command[0], model, *command[1:]), f"{model}:46",
-                 "NameError: name 'xx' is not defined")
+                 "NameError: name 'xx' is not defined (in the model's forward")
 
 
 @case("cli", "`--set lr=abc` (a string for a float)", "error")
