@@ -38,7 +38,7 @@ from torch import nn
 from . import names
 from .atomic import MANIFEST, atomic_directory
 from .compiler import Compilation, Target, compile_layer
-from .dsl import Layer
+from .dsl import Layer, backends_named
 from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
@@ -117,7 +117,7 @@ def _steps(model: nn.Module, calls) -> list[tuple[str, Layer, bool]]:
 def _backends(layers, backend: str | None) -> str:
     """The backends the layers compile for, named as ``sarc.training.device.kernels``
     names them: ``backend``, or (None) each layer's own."""
-    return backend or "+".join(sorted({layer._sarc_backend for _, layer, _ in layers}))
+    return backend or backends_named(layer._sarc_backend for _, layer, _ in layers)
 
 
 def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: str | None = None,

@@ -675,6 +675,12 @@ BACKEND_OF_MADE_LAYERS = "_sarc_layers_backend"
 layers at its calls (DGL's after ``patch()``), the backend they compile for."""
 
 
+def backends_named(names) -> str:
+    """A set of backend ``names`` as a run logs and records the kernels it trains with:
+    sorted, joined by "+" ("torch+triton"); none: "torch"."""
+    return "+".join(sorted(set(names))) or "torch"
+
+
 def routes_library_convs(model: nn.Module) -> bool:
     """Whether the model runs library convs through sarc (DGL's after ``patch()``), whose
     layers declare their edge data at their first call."""

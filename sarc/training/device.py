@@ -18,7 +18,7 @@ def placed(model: nn.Module, device: torch.device | str = "cpu",
     its own (the ``backend=`` it was made with): those it holds, and those a library conv
     running through sarc by itself (DGL's after ``patch()``) makes at its calls, which read
     the backend it is given here (``BACKEND_OF_MADE_LAYERS``)."""
-    from ..dsl import BACKEND_OF_MADE_LAYERS, Layer
+    from ..dsl import BACKEND_OF_MADE_LAYERS, Layer, backends_named
     for m in model.modules() if backend is not None else ():
         if isinstance(m, Layer):
             m.set_backend(backend)
@@ -34,11 +34,11 @@ def placed(model: nn.Module, device: torch.device | str = "cpu",
 def kernels(model: nn.Module) -> str:
     """The backends of ``model``'s sarc layers, as a run logs and records them: "torch",
     "triton", or "torch+triton" where its layers differ."""
-    from ..dsl import BACKEND_OF_MADE_LAYERS, Layer
+    from ..dsl import BACKEND_OF_MADE_LAYERS, Layer, backends_named
     found = set()
     for m in model.modules():
         if isinstance(m, Layer):
             found.add(m._sarc_backend)
         if getattr(type(m).forward, "_sarc_held", None) is not None:
             found.add(m.__dict__.get(BACKEND_OF_MADE_LAYERS, "torch"))
-    return "+".join(sorted(found)) or "torch"
+    return backends_named(found)
