@@ -109,6 +109,13 @@ def bcast(expr: str, axis: int, rank: int) -> str:
     return f"{expr}[{', '.join(':' if i == axis else 'None' for i in range(rank))}]"
 
 
+def wide(index: str) -> str:
+    """A feature index as a 64-bit offset: an operand's stride need not be its row's width
+    (a column-major input), and index x stride may pass 2^31 elements where the stride
+    itself fits 32 bits (Triton passes it as int32 then)."""
+    return f"{index}.to(tl.int64)"
+
+
 def axis_mask(axes: tuple[Axis, ...], rank: int, first: int) -> list[str]:
     """The masks of the padded feature axes (axis i of ``axes`` at tile axis first + i)."""
     out = []
@@ -340,7 +347,7 @@ class RegionEmitter:
             if side not in self.row_sides:
                 masks.append(bcast("emask", 0, rank))
         for i, a in enumerate(t.axes):
-            terms.append(f"{bcast(a.index(), i + 1, rank)} * x{k}_s{first + i}")
+            terms.append(f"{bcast(wide(a.index()), i + 1, rank)} * x{k}_s{first + i}")
         masks += axis_mask(t.axes, rank, 1)
         # a parameter has feature terms only, each with a size-1 row axis: a [1, ...] tile
         offs = " + ".join(terms)
@@ -437,7 +444,7 @@ def _index(em: RegionEmitter, j: int, v: Value) -> str:
     rank = t.rank
     terms = [f"{bcast(em.operand(idx), 0, rank)} * x{k}_s0"]
     for a_i, a in enumerate(t.axes):
-        terms.append(f"{bcast(a.index(), a_i + 1, rank)} * x{k}_s{a_i + 1}")
+        terms.append(f"{bcast(wide(a.index()), a_i + 1, rank)} * x{k}_s{a_i + 1}")
     masks = [bcast("emask", 0, rank)] if em.tiles[idx].rows == "E" else []
     masks += axis_mask(t.axes, rank, 1)
     mask = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
@@ -470,18 +477,17 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.LOG: lambda v, x: f"tl.log({x})",
     Op.RELU: lambda v, x: f"_nan_max({x}, 0.0)",
     Op.SIGMOID: lambda v, x: f"tl.sigmoid({x})",
-    Op.TANH: lambda v, x: f"(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)",
+    Op.TANH: lambda v, x: f"_tanh({x})",
     Op.ERF: lambda v, x: f"tl.math.erf({x})",
     Op.COS: lambda v, x: f"tl.cos({x})",
     Op.SIN: lambda v, x: f"tl.sin({x})",
-    # log(u) * x / (u - 1), u = 1 + x: exact where 1 + x rounds (Goldberg's log1p)
     Op.DETACH: lambda v, x: x,
-    Op.LOG1P: lambda v, x: (f"tl.where(1.0 + {x} == 1.0, {x}, "
-                            f"tl.log(1.0 + {x}) * ({x} / ((1.0 + {x}) - 1.0)))"),
+    Op.LOG1P: lambda v, x: f"_log1p({x})",
     Op.POW: _pow,
     Op.CLAMP_MIN: lambda v, x: f"_nan_max({x}, {_const(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, x: f"tl.where({x} > 0, {x}, {x} * {_const(v.attr['slope'])})",
-    Op.ELU: lambda v, x: f"tl.where({x} > 0, {x}, {_const(v.attr['alpha'])} * (tl.exp({x}) - 1.0))",
+    Op.ELU: lambda v, x: (f"tl.where({x} > 0, {x}, "
+                          f"{_const(v.attr['alpha'])} * _expm1_neg(_nan_min({x}, 0.0)))"),
 }
 
 TL_LOWERING: dict[Op, Lowering] = {

@@ -418,7 +418,7 @@ def typed_linear(origin: Origin, name: str, role: str, dtype: DType) -> KernelSo
            "float32 accumulation; an edge-level input gathered from node rows on the fly."]
     dot = ', input_precision="ieee"' if dtype is DType.F32 else ""
     return _render("triton_typed_linear.py.j2", name, origin, role, doc,
-                   "(types, cdiv(largest type count, BLOCK_M), cdiv(N, BLOCK_N))", configs,
+                   "(types x cdiv(largest type count, BLOCK_M), cdiv(N, BLOCK_N))", configs,
                    ["K", "N"], dot_args=dot)
 
 

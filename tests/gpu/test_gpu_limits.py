@@ -1,13 +1,18 @@
 """Sizes where a GPU launch breaks and an interpreter run does not: more than 65535 row
-blocks of one relation in RGCN's per-edge typed product (grid axes 1 and 2 stop at 65535; see
-tests/backends/triton/test_triton_grids.py), an 8M-row node x relation table, a hub of 100k
+blocks of one relation in RGCN's per-edge typed product, and more than 65535 relations (grid
+axes 1 and 2 stop at 65535; see tests/backends/triton/test_triton_grids.py), an 8M-row node x
+relation table, a column-major input whose offsets pass 2^31 elements, a hub of 100k
 in-edges, and many rows without in-edges. Each against the PyTorch backend on the same GPU,
 outputs and every gradient."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from gpu_check import CUDA, LONG_SUM_RTOL, compare, graph, kernel_modules, needs_gpu, on_gpu
+from difftest import assert_close
+from gpu_check import (CUDA, LONG_SUM_RTOL, compare, graph, kernel_modules, needs_gpu, on_backend,
+                       on_gpu)
 from rgcn import RGCNLayer
 from zoo import LAYERS, features
 
@@ -113,3 +118,41 @@ def test_rows_without_in_edges(model):
             out = tri(g, **feats)
         bias = tri.bias.detach().expand(n - receivers, -1)
         assert torch.equal(out[receivers:], bias)
+
+
+def test_rgcn_of_more_types_than_grid_axis_1_holds():
+    """70000 relations (a knowledge graph's): the typed product's types share grid axis 0
+    with its row blocks (axes 1 and 2 stop at 65535)."""
+    rels, n, e = 70_000, 2_000, 300_000
+    gen = torch.Generator().manual_seed(2)
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+    layer = RGCNLayer(4, 4, num_rels=rels).to(CUDA)
+    feats = {"h": torch.randn(n, 4, generator=gen),
+             "etype": torch.randint(0, rels, (e,), generator=gen),
+             "norm": torch.rand(e, generator=gen) + 0.1}
+    compare(layer, graph(src, dst, n), on_gpu(feats), rtol=TYPED_PRODUCT_RTOL)
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat_4heads_concat", "rgcn"])
+def test_a_column_major_input_whose_columns_lie_past_2_31_elements(model):
+    """A feature matrix in column-major order (``torch.from_numpy`` of a Fortran-order
+    array, ``X.t()``), its columns 2^31 - 8 elements apart: column 2 starts past 2^31
+    elements, where an int32 index times the stride wraps (17 GB of GPU memory)."""
+    stride, n, f = 2**31 - 8, 3000, 3
+    gen = torch.Generator().manual_seed(3)
+    base = torch.full((2 * stride + n + 64,), 999.0, device=CUDA)
+    x = base.as_strided((n, f), (1, stride), storage_offset=32)
+    x.copy_(torch.randn(n, f, generator=gen))
+    e = 4 * n
+    g = graph(torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen), n)
+    feats = {**features(LAYERS[model](f), g.to("cpu"), f), "h": x}
+    feats = {k: v if k == "h" else v.to(CUDA) for k, v in feats.items()}
+    layer = LAYERS[model](f).to(CUDA)
+    tri, ref = on_backend(copy.deepcopy(layer), "triton"), on_backend(copy.deepcopy(layer), "torch")
+    out_t, out_r = tri(g, **feats), ref(g, **feats)
+    assert_close(out_t, out_r, 1e-5, "output")
+    out_t.square().sum().backward()
+    out_r.square().sum().backward()
+    for (name, p_t), p_r in zip(tri.named_parameters(), ref.parameters()):
+        assert_close(p_t.grad, p_r.grad, LONG_SUM_RTOL, f"grad of {name}")
+    del base

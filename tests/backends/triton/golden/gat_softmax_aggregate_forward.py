@@ -50,6 +50,33 @@ def _nan_min(a, b):
 
 
 @triton.jit
+def _expm1_neg(x):
+    """exp(x) - 1 for x <= 0, to a few ulps where |x| is small (Kahan's (u - 1) x / log u,
+    u = exp(x)): exp(x) - 1 itself loses every digit there (0 for |x| < 3e-8)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * (x / tl.log(u))))
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x), to a few ulps where |x| is small (Goldberg's log(u) x / (u - 1), u = 1 + x,
+    where u - 1 is not x itself; where it is, u is exact, as at inf)."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(d == x, tl.log(u), tl.log(u) * (x / d)))
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) = -e / (2 + e) with the sign of x, e = expm1(-2|x|): exact to a few ulps
+    near 0, where 2 sigmoid(2x) - 1 cancels."""
+    e = _expm1_neg(-2.0 * tl.abs(x))
+    t = -e / (2.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _convert(x, dtype: tl.constexpr):
     """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
     bits are taken as they are (no conversion that could flush subnormals)."""
@@ -95,7 +122,7 @@ def kernel(
     fd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = fd < D
     # ^1: edge f32[E,4] = arg 1 @dst
-    s1 = tl.load(x1_ptr + rowv[:, None] * x1_s0 + tl.arange(0, 4)[None, :] * x1_s1).to(tl.float32)
+    s1 = tl.load(x1_ptr + rowv[:, None] * x1_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x1_s1).to(tl.float32)
     m = tl.full((4,), float("-inf"), tl.float32)
     l = tl.zeros((4,), tl.float32)
     acc = tl.zeros((4, BLOCK_D), tl.float32)
@@ -104,13 +131,13 @@ def kernel(
         emask = j < hi
         i_src = tl.load(other_ptr + j, mask=emask, other=0)
         # ^0: edge f32[E,4] = arg 0 @src
-        s0 = tl.load(x0_ptr + i_src[:, None] * x0_s0 + tl.arange(0, 4)[None, :] * x0_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        s0 = tl.load(x0_ptr + i_src[:, None] * x0_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x0_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^2: edge f32[E,4] = add(^0, ^1)
         s2 = s0 + s1
         # ^3: edge f32[E,4] = leaky_relu(^2, slope=0.2)
         s3 = tl.where(s2 > 0, s2, s2 * 0.2)
         # ^0: edge f32[E,4,8] = arg 2 @src
-        v0 = tl.load(x2_ptr + i_src[:, None, None] * x2_s0 + tl.arange(0, 4)[None, :, None] * x2_s1 + fd[None, None, :] * x2_s2, mask=emask[:, None, None] & dmask[None, None, :], other=0.0).to(tl.float32)
+        v0 = tl.load(x2_ptr + i_src[:, None, None] * x2_s0 + tl.arange(0, 4).to(tl.int64)[None, :, None] * x2_s1 + fd.to(tl.int64)[None, None, :] * x2_s2, mask=emask[:, None, None] & dmask[None, None, :], other=0.0).to(tl.float32)
         s = tl.where(emask[:, None], s3, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no edge yet: nothing to shift

@@ -72,6 +72,33 @@ def _nan_min(a, b):
 
 
 @triton.jit
+def _expm1_neg(x):
+    """exp(x) - 1 for x <= 0, to a few ulps where |x| is small (Kahan's (u - 1) x / log u,
+    u = exp(x)): exp(x) - 1 itself loses every digit there (0 for |x| < 3e-8)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * (x / tl.log(u))))
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x), to a few ulps where |x| is small (Goldberg's log(u) x / (u - 1), u = 1 + x,
+    where u - 1 is not x itself; where it is, u is exact, as at inf)."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(d == x, tl.log(u), tl.log(u) * (x / d)))
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) = -e / (2 + e) with the sign of x, e = expm1(-2|x|): exact to a few ulps
+    near 0, where 2 sigmoid(2x) - 1 cancels."""
+    e = _expm1_neg(-2.0 * tl.abs(x))
+    t = -e / (2.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _convert(x, dtype: tl.constexpr):
     """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
     bits are taken as they are (no conversion that could flush subnormals)."""
@@ -119,26 +146,26 @@ def kernel(
     fd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = fd < D
     # ^0: edge f32[E,4] = arg 0 @src
-    r0 = tl.load(x0_ptr + rowv[:, None] * x0_s0 + tl.arange(0, 4)[None, :] * x0_s1).to(tl.float32)
+    r0 = tl.load(x0_ptr + rowv[:, None] * x0_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x0_s1).to(tl.float32)
     # ^4: edge f32[E,4,8] = arg 2 @src
-    r4 = tl.load(x2_ptr + rowv[:, None, None] * x2_s0 + tl.arange(0, 4)[None, :, None] * x2_s1 + tl.arange(0, 8)[None, None, :] * x2_s2).to(tl.float32)
+    r4 = tl.load(x2_ptr + rowv[:, None, None] * x2_s0 + tl.arange(0, 4).to(tl.int64)[None, :, None] * x2_s1 + tl.arange(0, 8).to(tl.int64)[None, None, :] * x2_s2).to(tl.float32)
     acc = tl.full((BLOCK_E, 4), 0.0, tl.float32)
     for e0 in range(lo, hi, BLOCK_E):
         j = e0 + tl.arange(0, BLOCK_E)
         emask = j < hi
         i_dst = tl.load(other_ptr + j, mask=emask, other=0)
         # ^1: edge f32[E,4] = arg 1 @dst
-        r1 = tl.load(x1_ptr + i_dst[:, None] * x1_s0 + tl.arange(0, 4)[None, :] * x1_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        r1 = tl.load(x1_ptr + i_dst[:, None] * x1_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x1_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^2: edge f32[E,4] = add(^0, ^1)
         r2 = r0 + r1
         # ^3: edge f32[E,4] = leaky_relu(^2, slope=0.2)
         r3 = tl.where(r2 > 0, r2, r2 * 0.2)
         # ^5: edge f32[E,4,8] = arg 3 @dst
-        r5 = tl.load(x3_ptr + i_dst[:, None, None] * x3_s0 + tl.arange(0, 4)[None, :, None] * x3_s1 + tl.arange(0, 8)[None, None, :] * x3_s2, mask=emask[:, None, None], other=0.0).to(tl.float32)
+        r5 = tl.load(x3_ptr + i_dst[:, None, None] * x3_s0 + tl.arange(0, 4).to(tl.int64)[None, :, None] * x3_s1 + tl.arange(0, 8).to(tl.int64)[None, None, :] * x3_s2, mask=emask[:, None, None], other=0.0).to(tl.float32)
         # ^6: edge f32[E,4] = arg 4 @dst
-        r6 = tl.load(x4_ptr + i_dst[:, None] * x4_s0 + tl.arange(0, 4)[None, :] * x4_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        r6 = tl.load(x4_ptr + i_dst[:, None] * x4_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x4_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^7: edge f32[E,4] = arg 5 @dst
-        r7 = tl.load(x5_ptr + i_dst[:, None] * x5_s0 + tl.arange(0, 4)[None, :] * x5_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        r7 = tl.load(x5_ptr + i_dst[:, None] * x5_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x5_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^8: edge f32[E,4] = sub(^3, ^6)
         r8 = r3 - r6
         # ^9: edge f32[E,4] = exp(^8)
@@ -152,7 +179,7 @@ def kernel(
         # ^13: edge f32[E,4] = mul(^9, ^12)
         r13 = r9 * r12
         # ^14: edge f32[E,4] = arg 6 @dst
-        r14 = tl.load(x6_ptr + i_dst[:, None] * x6_s0 + tl.arange(0, 4)[None, :] * x6_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        r14 = tl.load(x6_ptr + i_dst[:, None] * x6_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x6_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^15: edge f32[E,4] = mul(^9, ^14)
         r15 = r9 * r14
         # ^16: edge f32[E,4] = sub(^13, ^15)

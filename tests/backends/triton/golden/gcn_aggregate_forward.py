@@ -43,6 +43,33 @@ def _nan_min(a, b):
 
 
 @triton.jit
+def _expm1_neg(x):
+    """exp(x) - 1 for x <= 0, to a few ulps where |x| is small (Kahan's (u - 1) x / log u,
+    u = exp(x)): exp(x) - 1 itself loses every digit there (0 for |x| < 3e-8)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * (x / tl.log(u))))
+
+
+@triton.jit
+def _log1p(x):
+    """log(1 + x), to a few ulps where |x| is small (Goldberg's log(u) x / (u - 1), u = 1 + x,
+    where u - 1 is not x itself; where it is, u is exact, as at inf)."""
+    u = 1.0 + x
+    d = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(d == x, tl.log(u), tl.log(u) * (x / d)))
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) = -e / (2 + e) with the sign of x, e = expm1(-2|x|): exact to a few ulps
+    near 0, where 2 sigmoid(2x) - 1 cancels."""
+    e = _expm1_neg(-2.0 * tl.abs(x))
+    t = -e / (2.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _convert(x, dtype: tl.constexpr):
     """``x.to(dtype)``, rounding to nearest even where ``dtype`` is bfloat16: its top 16
     bits are taken as they are (no conversion that could flush subnormals)."""
@@ -89,7 +116,7 @@ def kernel(
         emask = j < hi
         i_src = tl.load(other_ptr + j, mask=emask, other=0)
         # ^0: edge f32[E,8] = arg 0 @src
-        r0 = tl.load(x0_ptr + i_src[:, None] * x0_s0 + fd[None, :] * x0_s1, mask=emask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        r0 = tl.load(x0_ptr + i_src[:, None] * x0_s0 + fd.to(tl.int64)[None, :] * x0_s1, mask=emask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
         acc += tl.where(emask[:, None], r0, 0.0)
     acc = tl.sum(acc, axis=0)
     tl.store(out_ptr + slot * 8 + fd, _convert(acc, out_ptr.dtype.element_ty), mask=dmask)
