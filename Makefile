@@ -29,8 +29,9 @@ run: $(VENV)/.stamp
 	$(VENV)/bin/sarc compile models/gcn.py --emit ir,plan,kernels,schedule --out out/gcn --overwrite
 	$(VENV)/bin/sarc train models/gcn.py --dataset cora --log-every 20
 
-# The suite runs a test file per worker process (pytest-xdist), one worker per core, at most 4.
-PYTEST := -m pytest -q tests -n auto --maxprocesses 4 --dist loadfile
+# The suite runs a test file per worker process (pytest-xdist), one worker per core, at most 4,
+# and names its 40 slowest tests (the suite must stay within CI's time).
+PYTEST := -m pytest -q tests -n auto --maxprocesses 4 --dist loadfile --durations=40
 
 test-main: $(VENV)/.stamp
 	$(VENV)/bin/python $(PYTEST)
