@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from ..distributed.exchange import Exchanger
+from ..distributed.exchange import ByteCounter, Exchanger
 from ..planner.stats import BlockSample, ShardStats
 from ..runtime.sharded import ShardedGraph
 from ..sampling import NeighbourSampler, SamplingError, SamplingSpec
@@ -127,7 +127,9 @@ class ThreadExchanger(Exchanger):
     (``sarc.distributed.prepare.with_self_loops``) runs here as it runs in training."""
 
     def __init__(self, comm: ThreadComm):
-        super().__init__(comm.rank, comm.size)
+        # no process group: the threads' messages go through the hub's mailboxes, by tag
+        self.rank, self.size, self.group = comm.rank, comm.size, None
+        self.counter, self.timeout, self.grads = ByteCounter(), None, None
         self.hub = comm.hub
 
     def send(self, tensor, to, tag, phase):

@@ -18,10 +18,25 @@ rows come back from the readers, added into place as their steps retire.
 
 Every byte sent or received goes through ``ByteCounter`` (``counter``), the
 one place the instrumentation counts, per phase.
+
+**Order, not tags.** NCCL ignores a point-to-point message's tag: the i-th message one
+worker sends another is the other's i-th receive from it. And torch runs all of two
+workers' point-to-point ops, in both directions, in the order posted on one stream per
+pair, where a receive waits for its send (and a large send for its receive). So every
+message is posted in the same order on both sides of each pair (``Exchanger`` passes no
+tag, and gloo matches them by that order as NCCL does):
+
+- a step that sends to and receives from the same peer (two workers, or round P/2)
+  posts the lower rank's send first on both sides (``Exchanger.pair``);
+- gradients go back on a second process group of the same workers
+  (``Exchanger.grads``), so that a pass's row messages, posted a step ahead, never sit
+  between two of its gradient messages; a step's gradients are sent and received after
+  its piece is computed, on every worker, in step order.
 """
 from __future__ import annotations
 
 import datetime
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -70,14 +85,47 @@ class ExchangeError(RuntimeError):
     """A peer did not deliver (it died, or the exchange timed out)."""
 
 
+_GRADS_GROUPS: dict = {}
+"""Per process group (None: the world): (the world it was made in, its gradients' group)."""
+
+
+def grads_group(group=None, ranks: list[int] | None = None):
+    """The second process group of ``group``'s workers, for gradient messages (see the
+    module's docstring): made on first use, collectively over the whole world, as
+    ``dist.new_group``. The world's is made by the first ``Exchanger`` of every process;
+    a subgroup's must be made where the subgroup is, by every process (``ranks``: the
+    subgroup's, on a process that is not in it)."""
+    world = dist.group.WORLD
+    made = _GRADS_GROUPS.get(group)
+    if made is not None and made[0] is world:
+        return made[1]
+    if ranks is None:
+        ranks = (list(range(dist.get_world_size())) if group is None
+                 else dist.get_process_group_ranks(group))
+    grads = dist.new_group(sorted(ranks))
+    if group is None or dist.get_rank() in ranks:
+        _GRADS_GROUPS[group] = (world, grads)
+    return grads
+
+
 class Exchanger:
-    """Point-to-point transfers of one worker within a process group, counted."""
+    """Point-to-point transfers of one worker within a process group, counted. Rows go on
+    ``group``, gradients on ``grads`` (``grads_group``); messages are matched by the order
+    they are posted in (see the module's docstring), the tags only name them."""
 
     def __init__(self, rank: int, size: int, group=None, counter: ByteCounter | None = None,
                  timeout: datetime.timedelta | None = None):
         self.rank, self.size, self.group = rank, size, group
         self.counter = counter if counter is not None else ByteCounter()
         self.timeout = timeout
+        self.grads = (grads_group(group)
+                      if size > 1 and dist.is_available() and dist.is_initialized() else group)
+
+    def pair(self, to: int, frm: int) -> bool:
+        """Whether a step sending to ``to`` and receiving from ``frm`` posts its receive
+        first: where both are one peer, the lower rank of the two sends first, so that the
+        pair's ops line up one to one on their stream."""
+        return to == frm and self.rank > to
 
     def rounds(self) -> list[tuple[int, int, int]]:
         """(k, send to, receive from) for k = 1 .. P-1."""
@@ -87,17 +135,42 @@ class Exchanger:
     def _global(self, peer: int) -> int:
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
+    def _channel(self, tag: int):
+        """Gradient messages (tags ``GRADS_TAG + 4 * chunk``, ``KEPT_GRADS_TAG``) go on
+        ``grads``, every other one on ``group``."""
+        return self.grads if tag % 4 in (GRADS_TAG, KEPT_GRADS_TAG) else self.group
+
     def send(self, tensor: torch.Tensor, to: int, tag: int, phase: str):
         tensor = tensor.contiguous()
-        work = dist.isend(tensor, self._global(to), group=self.group, tag=tag)
+        work = dist.isend(tensor, self._global(to), group=self._channel(tag))
         self.counter.add_sent(phase, tensor.numel() * tensor.element_size())
         return _Pending(work, tensor, to, "send", self.timeout)
 
     def recv(self, shape, dtype, device, frm: int, tag: int, phase: str):
         buf = torch.empty(shape, dtype=dtype, device=device)
-        work = dist.irecv(buf, self._global(frm), group=self.group, tag=tag)
+        work = dist.irecv(buf, self._global(frm), group=self._channel(tag))
         self.counter.add_received(phase, buf.numel() * buf.element_size())
         return _Pending(work, buf, frm, "receive", self.timeout)
+
+    def swap(self, out: dict, shapes: dict, dtype, device, tag: int, phase: str
+             ) -> tuple[list, dict]:
+        """Every round at once: ``out[j]`` (a tensor, or None) to each peer j, a tensor of
+        ``shapes[j]`` (None: nothing) from each; an empty one is not sent (both sides know
+        the sizes). Returns (the sends, the receives by peer), to be waited for."""
+        sends, recvs = [], {}
+        for _, to, frm in self.rounds():
+            def send():
+                t = out.get(to)
+                if t is not None and t.numel():
+                    sends.append(self.send(t, to, tag, phase))
+
+            def recv():
+                shape = shapes.get(frm)
+                if shape is not None and math.prod(shape):
+                    recvs[frm] = self.recv(shape, dtype, device, frm, tag, phase)
+            for post in ((recv, send) if self.pair(to, frm) else (send, recv)):
+                post()
+        return sends, recvs
 
 
 @dataclass
@@ -137,6 +210,8 @@ class Step:
     rows_in: _Pending | None = None
     grads_in: _Pending | None = None
     grads_out: _Pending | None = None
+    grad_rows: torch.Tensor | None = None   # the piece's row gradients, given, not yet sent
+    grads_done: bool = False                # the step's gradient messages are posted
 
 
 def _tag(base: int, chunk: int) -> int:
@@ -151,7 +226,9 @@ class RowFetch:
     this pass sends rows to; ``recv_from``: the peers it receives rows from
     (the others' rows come from ``kept``, or are not needed); ``keep``: the
     peers whose received rows are stored into ``kept`` (by piece key); ``grads_from``:
-    backward pass, the readers that return gradients of this worker's rows.
+    backward pass, the readers that return gradients of this worker's rows;
+    ``returns_grads``: backward pass, this worker returns the gradients of the rows it
+    receives (``give_grad``).
     ``pieces``: each source block cut into chunks of at most ``chunk_rows`` source
     rows (``sarc.distributed.pieces``; None: whole blocks). ``all_at_once``: post every
     message before computing (oneshot), else one step ahead (prefetch).
@@ -164,10 +241,11 @@ class RowFetch:
     def __init__(self, ex: Exchanger, shard, x: torch.Tensor | None, *, phase: str,
                  send_to: set[int], recv_from: set[int], keep: set[int],
                  kept: dict[tuple[int, int], torch.Tensor], grads_from: set[int] = frozenset(),
-                 all_at_once: bool = False, pieces=None, chunk_rows: int | None = None):
+                 all_at_once: bool = False, pieces=None, chunk_rows: int | None = None,
+                 returns_grads: bool = False):
         self.ex, self.shard, self.x, self.phase = ex, shard, x, phase
         self.send_to, self.recv_from, self.keep, self.kept = send_to, recv_from, keep, kept
-        self.grads_from = grads_from
+        self.grads_from, self.returns_grads = grads_from, returns_grads
         self.all_at_once = all_at_once
         if pieces is None:
             pieces, chunk_rows = whole_blocks(shard), None
@@ -185,22 +263,53 @@ class RowFetch:
 
     # -- posting -------------------------------------------------------------------------
     def _post(self, st: Step) -> None:
+        """A step's row messages (``Exchanger.pair`` orders them)."""
         sh, ex, x = self.shard, self.ex, self.x
         if x is None:  # the layer reads no source rows: only its edges' own data
             return
-        if st.out is not None:
-            lo, hi = st.out
-            c = st.c
-            if st.to in self.send_to:
+
+        def send():
+            if st.out is not None and st.to in self.send_to:
+                lo, hi = st.out
                 st.rows_out = ex.send(x.index_select(0, sh.send_rows[st.to][lo:hi]), st.to,
-                                      _tag(ROWS_TAG, c), self.phase)
-            if st.to in self.grads_from:
+                                      _tag(ROWS_TAG, st.c), self.phase)
+
+        def recv():
+            p = st.piece
+            if p is not None and st.frm in self.recv_from:
+                st.rows_in = ex.recv((p.hi - p.lo, x.shape[1]), x.dtype, x.device, st.frm,
+                                     _tag(ROWS_TAG, p.chunk), self.phase)
+        for post in ((recv, send) if ex.pair(st.to, st.frm) else (send, recv)):
+            post()
+
+    def _post_grads(self, st: Step) -> None:
+        """A step's gradient messages, once its piece is computed: the piece's row gradients
+        back to their owner (zeros for a piece without edges, which is not computed), and
+        the gradients of this worker's chunk from its reader. Every worker posts them
+        after the step's piece, in step order, so that they pair up on ``Exchanger.grads``."""
+        if st.grads_done:
+            return
+        st.grads_done = True
+        ex, x = self.ex, self.x
+        if x is None:
+            return
+
+        def send():
+            p = st.piece
+            if self.returns_grads and p is not None and st.frm in self.recv_from:
+                g = st.grad_rows
+                if g is None:
+                    g = x.new_zeros((p.hi - p.lo, x.shape[1]))
+                st.grad_rows = None
+                st.grads_out = ex.send(g, st.frm, _tag(GRADS_TAG, p.chunk), self.phase)
+
+        def recv():
+            if st.out is not None and st.to in self.grads_from:
+                lo, hi = st.out
                 st.grads_in = ex.recv((hi - lo, x.shape[1]), x.dtype, x.device, st.to,
-                                      _tag(GRADS_TAG, c), self.phase)
-        p = st.piece
-        if p is not None and st.frm in self.recv_from:
-            st.rows_in = ex.recv((p.hi - p.lo, x.shape[1]), x.dtype, x.device, st.frm,
-                                 _tag(ROWS_TAG, p.chunk), self.phase)
+                                      _tag(GRADS_TAG, st.c), self.phase)
+        for post in ((recv, send) if ex.pair(st.to, st.frm) else (send, recv)):
+            post()
 
     def _post_next(self) -> None:
         if self._posted < len(self.steps):
@@ -209,7 +318,8 @@ class RowFetch:
 
     # -- the pass ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Piece, torch.Tensor | None]]:
-        """(piece, its source rows): the local block, then round by round, chunk by chunk."""
+        """(piece, its source rows): the local block, then round by round, chunk by chunk.
+        A piece's row gradients are given (``give_grad``) before the next piece is asked for."""
         sh = self.shard
         if self.all_at_once:
             while self._posted < len(self.steps):
@@ -234,18 +344,23 @@ class RowFetch:
                 if p.block.num_edges:
                     yield p, rows
                 del rows
+            self._post_grads(st)
             if i > 0:  # a step late, so the peers' progress does not hold this worker up
                 self._retire(self.steps[i - 1])
         self.finish()
 
     def give_grad(self, piece: Piece, grad_rows: torch.Tensor) -> None:
         """Gradients of a piece's source rows: local ones are added here, remote ones go back
-        to their owner in this step (the caller keeps the kept peers' until the end)."""
+        to their owner after the piece's step (the caller keeps the kept peers' until the
+        end)."""
         if piece.peer == self.shard.rank:
             self.grad_local = grad_rows if self.grad_local is None else self.grad_local + grad_rows
             return
         st = self._by_piece[piece.key]
-        st.grads_out = self.ex.send(grad_rows, piece.peer, _tag(GRADS_TAG, piece.chunk), self.phase)
+        if st.grads_done:
+            raise RuntimeError(f"the gradients of piece {piece.key} came after its step: they "
+                               f"must be given before the next piece is asked for")
+        st.grad_rows = grad_rows
 
     def _collect(self, st: Step) -> None:
         if st.grads_in is not None:
@@ -267,9 +382,12 @@ class RowFetch:
         st.rows_out = st.grads_out = st.rows_in = None
 
     def finish(self) -> None:
-        """Wait for everything this pass posted."""
+        """Post what this pass has not (a step not iterated to sends zero gradients) and
+        wait for everything it posted."""
         while self._posted < len(self.steps):
             self._post_next()
+        for st in self.steps:
+            self._post_grads(st)
         for st in self.steps:
             self._retire(st)
 
@@ -279,20 +397,14 @@ def send_kept_grads(ex: Exchanger, shard, x: torch.Tensor, grads: dict[int, torc
     """Return the accumulated gradients of kept rows to their owners (one message per
     peer, every round at once); returns the gradients of this worker's rows that readers
     kept (None if none)."""
-    pending_in, pending_out = [], []
-    for k, to, frm in ex.rounds():
-        if frm in grads:
-            pending_out.append(ex.send(grads[frm], frm, KEPT_GRADS_TAG, phase))
-        n = int(shard.send_rows[to].numel())
-        if to in readers_keeping and n:
-            pending_in.append((to, ex.recv((n, x.shape[1]), x.dtype, x.device, to,
-                                           KEPT_GRADS_TAG, phase)))
+    shapes = {j: (int(shard.send_rows[j].numel()), x.shape[1]) for j in readers_keeping}
+    sends, recvs = ex.swap(grads, shapes, x.dtype, x.device, KEPT_GRADS_TAG, phase)
     total = None
-    for to, p in pending_in:
+    for to, p in recvs.items():
         g = p.wait()
         if total is None:
             total = torch.zeros_like(x)
         total.index_add_(0, shard.send_rows[to], g)
-    for p in pending_out:
+    for p in sends:
         p.wait()
     return total

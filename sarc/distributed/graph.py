@@ -74,8 +74,8 @@ class DistGraph:
         if chunk_rows is not None and chunk_rows < 1:
             raise DistError(f"chunk_rows must be a positive number of rows (or None), got {chunk_rows}")
         self.counter = counter if counter is not None else ByteCounter()
+        self.stats = gather_stats(shard, group, chunk_rows)  # every worker's shard fits
         self.exchanger = Exchanger(rank, size, group, self.counter, timeout)
-        self.stats = gather_stats(shard, group, chunk_rows)
         self.chunk_rows = chunk_rows
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers

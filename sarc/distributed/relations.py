@@ -21,7 +21,8 @@ from ..graph import Graph
 from ..runtime.sharded import ShardedGraph
 from .exchange import Exchanger
 
-COUNTS_TAG, DEGREES_TAG = 11, 12
+COUNTS_TAG, DEGREES_TAG = 100, 104
+"""Multiples of 4: they go on the rows' process group (``exchange.Exchanger``)."""
 
 
 def _input_order(b: Graph) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,17 +33,13 @@ def _input_order(b: Graph) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _swap(ex: Exchanger, out: dict[int, torch.Tensor], sizes: dict[int, int], tag: int
           ) -> dict[int, torch.Tensor]:
-    """Send ``out[j]`` to every peer j and receive ``sizes[j]`` float32 values from each, in
-    rounds; empty messages are not sent (both sides know the sizes)."""
-    pending_out, pending_in = [], {}
-    for _, to, frm in ex.rounds():
-        if out[to].numel():
-            pending_out.append(ex.send(out[to], to, tag, "setup"))
-        if sizes[frm]:
-            pending_in[frm] = ex.recv((sizes[frm],), torch.float32, out[to].device, frm, tag,
-                                      "setup")
-    got = {j: p.wait() for j, p in pending_in.items()}
-    for p in pending_out:
+    """Send ``out[j]`` to every peer j and receive ``sizes[j]`` float32 values from each
+    (``Exchanger.swap``)."""
+    device = next(iter(out.values())).device
+    sends, recvs = ex.swap(out, {j: (n,) for j, n in sizes.items()}, torch.float32, device,
+                           tag, "setup")
+    got = {j: p.wait() for j, p in recvs.items()}
+    for p in sends:
         p.wait()
     return got
 

@@ -295,7 +295,7 @@ class Call:
             keep=self.kept_by_me if first else set(), kept=self.kept,
             grads_from=(peers - self.readers_keeping) if grads else set(),
             all_at_once=first and self.plan.exec_mode == "oneshot",
-            pieces=self.dg.pieces, chunk_rows=self.dg.chunk_rows)
+            pieces=self.dg.pieces, chunk_rows=self.dg.chunk_rows, returns_grads=grads)
         if backward:
             self.fetches.append(f)
         return f

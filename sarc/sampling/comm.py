@@ -7,7 +7,9 @@ code. ``exchange`` is an all-to-all of variable-length tensors built from
 point-to-point messages in rounds (round k: send to ``(r + k) % P``, receive
 from ``(r - k) % P``), because gloo before torch 2.3 has no ``all_to_all``; an
 empty message is not sent. A peer that fails or times out raises
-``SamplingError`` naming it, instead of leaving this worker waiting.
+``SamplingError`` naming it, instead of leaving this worker waiting. Messages carry no
+tag: NCCL matches them by the order they are posted in (``sarc.distributed.exchange``),
+and where a round's peer is the same both ways the lower rank sends first.
 """
 from __future__ import annotations
 
@@ -19,8 +21,6 @@ import torch.distributed as dist
 from ..errors import agreed
 from .spec import SamplingError
 
-_TAG = 7000
-"""The messages' tag: a multiple of 4, never one of the row exchange's (1, 2, 3 + 4 * chunk)."""
 
 
 class Comm:
@@ -83,14 +83,17 @@ class Comm:
             to, frm = (r + k) % p, (r - k) % p
             out = outgoing[to].to(self.device).contiguous()
             self.bytes_sent += out.numel() * out.element_size()
-            if out.shape[0]:
-                pending.append((to, "send", dist.isend(out, self._global(to), group=self.group,
-                                                       tag=_TAG), out))
             buf = torch.empty((sizes[frm], *like.shape[1:]), dtype=like.dtype, device=self.device)
-            if sizes[frm]:
-                pending.append((frm, "receive", dist.irecv(buf, self._global(frm),
-                                                           group=self.group, tag=_TAG), buf))
             incoming[frm] = buf
+            ops = []
+            if out.shape[0]:
+                ops.append((to, "send", dist.isend, out))
+            if sizes[frm]:
+                ops.append((frm, "receive", dist.irecv, buf))
+            if to == frm and r > to:   # one peer both ways: the lower rank sends first
+                ops.reverse()
+            for peer, what, post, t in ops:
+                pending.append((peer, what, post(t, self._global(peer), group=self.group), t))
         for peer, what, work, _ in pending:
             try:
                 work.wait() if self.timeout is None else work.wait(self.timeout)

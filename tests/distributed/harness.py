@@ -6,8 +6,9 @@ mode, ...) and the single-process reference of each; ``run_cases`` forks
 with P workers runs on a subgroup of ranks 0..P-1 (``new_group``), the others
 wait for the next case. Each worker writes what it computed (its rows of the
 output, of the input gradient, the summed parameter gradients, the loss, the
-bytes its exchanges counted and the planner's prediction) to a file per case
-and rank; the tests compare them with the reference.
+bytes its exchanges counted and the planner's prediction, and its point-to-point ops
+in the order it posted them) to a file per case and rank; the tests compare them with the
+reference.
 
 A training step here: ``loss = sum of cross-entropies over the worker's training
 nodes / the global number of training nodes``, backward, gradients all-reduced,
@@ -80,6 +81,21 @@ def _budget(model, dg):
     return max(lp.bytes_kept) + smallest * lp.exchange.row_bytes
 
 
+P2P: list = []
+"""This worker's point-to-point ops of the running case, in the order posted: (process
+group, global peer, "send" / "recv", shape) (``_recording``)."""
+
+
+def _recording(post, what: str):
+    """``dist.isend`` / ``dist.irecv``, logging each op into ``P2P``."""
+    def logged(tensor, peer, group=None, *args, **kw):
+        from torch.distributed.distributed_c10d import _world
+        name = "world" if group is None else _world.pg_names[group]
+        P2P.append((name, int(peer), what, tuple(tensor.shape)))
+        return post(tensor, peer, group, *args, **kw)
+    return logged
+
+
 def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     from sarc.distributed import DistGraph
     from sarc.distributed.schedule import Call
@@ -103,6 +119,7 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
     x = shard.ndata["feat"].clone().requires_grad_(case.x_grad)
     label, mask = shard.ndata["label"], shard.ndata["train_mask"]
     edge_inputs = {"etype": dg.edge_data("etype")} if spec["relational"] else {}
+    P2P.clear()
     gc.disable()  # what reference counting alone frees (a cycle would wait for the collector)
     try:
         logits, loss = step(model, dg, x, label, mask, spec["num_train"], edge_inputs)
@@ -122,6 +139,7 @@ def _run_case(case: Case, spec: dict, rank: int, group, out: Path) -> None:
         "pieces": [len(p) for p in dg.pieces], "planned": dg.planned_bytes_sent(),
         "plans": [(p.name, p.plan.exec_mode, p.plan.kept_peers) for p in dg.training_programs.values()],
         "sources": [p.source for p in dg.training_programs.values()] if rank == 0 else None,
+        "p2p": list(P2P), "global_rank": dist.get_rank(),
     }, out / f"{case.name}.r{rank}.pt")
 
 
@@ -133,12 +151,15 @@ def _worker(rank: int, world: int, port: int, plan_file: str, out_dir: str,
     # in the last barrier for every such case): the run's time limit, not a step's
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=run_timeout_s))
+    from sarc.distributed.exchange import grads_group
     cases, specs = torch.load(plan_file, weights_only=False)
+    dist.isend, dist.irecv = _recording(dist.isend, "send"), _recording(dist.irecv, "recv")
     try:
         groups = {}
         for case in cases:
             if case.parts not in groups:  # collective over the world: every rank creates it
                 groups[case.parts] = dist.new_group(list(range(case.parts)))
+                grads_group(groups[case.parts], list(range(case.parts)))  # and its gradients
             if rank < case.parts:
                 torch.manual_seed(0)
                 _run_case(case, specs[case.name], rank, groups[case.parts], out)
@@ -170,6 +191,32 @@ def run_cases(cases: list[Case], specs: dict, workdir: Path, timeout_s: float = 
             if p.is_alive():
                 os.kill(p.pid, 9)
     return out
+
+
+def unpaired_ops(logs: dict[int, list]) -> list[str]:
+    """Where the point-to-point ops of one run (``logs[global rank]``: its ``P2P``) would
+    not pair up under NCCL: it ignores tags, and runs the ops two workers post to each other,
+    both ways, in order on one stream per process group and pair, where a receive waits
+    for its send. So the i-th op worker a posts with worker b on a group must be the
+    send or receive that is b's i-th with a on it, of the same shape."""
+    problems = []
+    for a in sorted(logs):
+        for b in sorted(logs):
+            if b <= a:
+                continue
+            groups = {op[0] for op in logs[a] + logs[b]}
+            for grp in sorted(groups):
+                mine = [(what, shape) for g, peer, what, shape in logs[a] if g == grp and peer == b]
+                theirs = [(what, shape) for g, peer, what, shape in logs[b] if g == grp and peer == a]
+                if len(mine) != len(theirs):
+                    problems.append(f"group {grp}: worker {a} posts {len(mine)} ops with {b}, "
+                                    f"which posts {len(theirs)} with {a}")
+                for i, ((wa, sa), (wb, sb)) in enumerate(zip(mine, theirs)):
+                    if {wa, wb} != {"send", "recv"} or sa != sb:
+                        problems.append(f"group {grp}, op {i} of the pair: worker {a} posts a "
+                                        f"{wa} of {sa}, worker {b} a {wb} of {sb}")
+                        break
+    return problems
 
 
 def gather(out: Path, case: Case) -> dict:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from .conftest import _cases
-from .harness import gather
+from .harness import gather, unpaired_ops
 
 REL_TOL = 1e-5
 
@@ -79,3 +79,17 @@ def test_chunked_cases_cut_every_remote_block(dist_results):
                 assert max(remote) >= 3, (name, r["pieces"])
             else:
                 assert all(n <= 1 for n in remote), (name, r["pieces"])
+
+
+@pytest.mark.parametrize("name", [c.name for c in _cases() if c.parts > 1])
+def test_point_to_point_ops_pair_up_as_nccl_runs_them(dist_results, name):
+    """Every case's exchanges, as NCCL matches them (by order, tags ignored, one stream per
+    pair): the i-th op a worker posts with a peer is the peer's i-th with it, a send
+    against a receive of the same shape. Rows prefetched ahead of gradients, or two
+    workers both sending first, would hang on a GPU or read rows as gradients."""
+    cases, _, out = dist_results
+    ranks = gather(out, cases[name])["ranks"]
+    logs = {r["global_rank"]: r["p2p"] for r in ranks}
+    assert sum(map(len, logs.values())), "the case exchanged nothing"
+    assert unpaired_ops(logs) == []
+
