@@ -365,9 +365,11 @@ def tracing(modules: Iterable[torch.nn.Module]):
     modules' classes are the user's code (``sarc.trace.traced_code``), and a call that
     Python refuses, or an error the user's own code raises (a TypeError from the user's
     call, an AttributeError or NameError from a misspelt name; see ``raised_at``),
-    is a DSLError at the user's line."""
+    is a DSLError at the user's line; what the code stores on the modules is put back
+    (``_put_back``)."""
     modules = list(modules)
     modes = [m.training for m in modules]
+    stored = [(m, dict(vars(m))) for m in modules]
     traced = _traced_modules(modules)
     _ONE_TRACE.acquire()
     try:
@@ -399,6 +401,26 @@ def tracing(modules: Iterable[torch.nn.Module]):
                                f"except of its own and went on: sarc cannot trace the "
                                f"code as written)", first.loc) from None
     finally:
+        _put_back(stored)
         for m, mode in zip(modules, modes):
             m.training = mode
         _ONE_TRACE.release()
+
+
+def _put_back(stored: list) -> None:
+    """Each module's attributes as they were before the trace (``stored``: the modules and
+    their attribute dicts then). What the layer's code stores on itself while traced
+    (PyG's ``self._alpha = alpha``, a call counter) is a traced value, or a change the
+    compiled layer would not make at its calls: the code does not run there. sarc's own
+    (``_sarc_...``) stay; a module's parameter, buffer and submodule tables are the same
+    dicts, kept with what they hold."""
+    for m, before in stored:
+        now = vars(m)
+        for k in [k for k in now if k not in before and not k.startswith("_sarc")]:
+            del now[k]
+        for k, v in before.items():
+            if now.get(k, _ABSENT) is not v and not k.startswith("_sarc"):
+                now[k] = v
+
+
+_ABSENT = object()

@@ -512,3 +512,35 @@ def test_constants_changed_anywhere_the_trace_reads_them_are_followed(g, change)
     want = changed(ReadsEveryKindOfConstant())(g, h)
     assert not torch.allclose(want, before)
     torch.testing.assert_close(changed(layer)(g, h), want)
+
+
+class Stashes(sarc.Layer):
+    """Keeps its last message on itself (``self.last = m``), and counts its calls."""
+
+    def __init__(self):
+        super().__init__(node={"h": D})
+        self.lin = nn.Linear(D, D)
+        self.calls = 0
+
+    def message(self, src, dst, edge):
+        m = self.lin(src.h)
+        self.last = m
+        self.calls += 1
+        return m
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_what_the_code_stores_on_the_layer_while_traced_is_put_back(g):
+    """A value stored on the module while traced was left there as a traced value (its next
+    use broke, and a counter changed by the trace recompiled the layer at every call)."""
+    layer = Stashes()
+    x = torch.randn(g.num_src, D)
+    want = torch.zeros(g.num_dst, D).index_add_(0, g.dst, layer.lin(x)[g.src]).detach()
+    assert_close(layer(g, h=x), want)
+    kernel = layer.compiled()
+    assert_close(layer(g, h=x), want)
+    assert layer.compiled() is kernel   # not traced again
+    assert not hasattr(layer, "last") and layer.calls == 0
+

@@ -235,6 +235,33 @@ def test_a_subclass_of_an_instantiated_user_conv_is_traced():
     check_both_paths(SubOfUserConv())
 
 
+class StashesAlpha(MessagePassing):
+    """PyG's GATConv idiom: the attention kept on the module (``self._alpha = alpha``)."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.att = nn.Linear(D, 1)
+        self._alpha = None
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_j, x_i, index, size_i):
+        from torch_geometric.utils import softmax
+        alpha = softmax(self.att(x_i + x_j), index, num_nodes=size_i)
+        self._alpha = alpha
+        return x_j * alpha
+
+
+def test_a_value_the_conv_stores_on_itself_while_traced_is_not_kept():
+    """It was a traced value left on the conv, which broke the layer's next call (and the
+    conv's own use). What the code stores while traced is put back as it was."""
+    conv = StashesAlpha()
+    check_both_paths(conv)
+    assert conv._alpha is None or isinstance(conv._alpha, torch.Tensor)
+
+
 # --- x passes isinstance(x, Tensor): PyG's (x, x) pair ----------------------------------------------
 
 X_PAIR = {
