@@ -368,8 +368,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
     is a DSLError at the user's line; what the code stores on the modules is put back
     (``_put_back``)."""
     modules = list(modules)
-    modes = [m.training for m in modules]
-    stored = [(m, dict(vars(m))) for m in modules]
+    stored = [(m, dict(vars(m))) for m in modules]   # their modes included
     traced = _traced_modules(modules)
     _ONE_TRACE.acquire()
     try:
@@ -402,8 +401,6 @@ def tracing(modules: Iterable[torch.nn.Module]):
                                f"code as written)", first.loc) from None
     finally:
         _put_back(stored)
-        for m, mode in zip(modules, modes):
-            m.training = mode
         _ONE_TRACE.release()
 
 

@@ -22,7 +22,7 @@ import threading
 
 import torch
 
-from ..distributed.exchange import ByteCounter, Exchanger
+from ..distributed.exchange import Exchanger
 from ..planner.stats import BlockSample, ShardStats
 from ..runtime.sharded import ShardedGraph
 from ..sampling import NeighbourSampler, SamplingError, SamplingSpec
@@ -126,10 +126,10 @@ class ThreadExchanger(Exchanger):
     threads of ``run_threads`` (worker ``comm.rank``), so that a worker's setup code
     (``sarc.distributed.prepare.with_self_loops``) runs here as it runs in training."""
 
+    makes_groups = False   # the threads' messages go through the hub's mailboxes, by tag
+
     def __init__(self, comm: ThreadComm):
-        # no process group: the threads' messages go through the hub's mailboxes, by tag
-        self.rank, self.size, self.group = comm.rank, comm.size, None
-        self.counter, self.timeout, self.grads = ByteCounter(), None, None
+        super().__init__(comm.rank, comm.size)
         self.hub = comm.hub
 
     def send(self, tensor, to, tag, phase):

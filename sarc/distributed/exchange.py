@@ -27,7 +27,7 @@ message is posted in the same order on both sides of each pair (``Exchanger`` pa
 tag, and gloo matches them by that order as NCCL does):
 
 - a step that sends to and receives from the same peer (two workers, or round P/2)
-  posts the lower rank's send first on both sides (``Exchanger.pair``);
+  posts the lower rank's send first on both sides (``Exchanger.in_order``);
 - gradients go back on a second process group of the same workers
   (``Exchanger.grads``), so that a pass's row messages, posted a step ahead, never sit
   between two of its gradient messages; a step's gradients are sent and received after
@@ -38,11 +38,12 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from ..sampling.comm import receives_first
 from .pieces import Piece, chunks, whole_blocks
 
 ROWS_TAG, GRADS_TAG, KEPT_GRADS_TAG = 1, 2, 3
@@ -113,19 +114,24 @@ class Exchanger:
     ``group``, gradients on ``grads`` (``grads_group``); messages are matched by the order
     they are posted in (see the module's docstring), the tags only name them."""
 
+    makes_groups = True
+    """Whether it makes the gradients' process group (``grads_group``); an exchanger of
+    threads (``sarc.cli.block_sample``) has none."""
+
     def __init__(self, rank: int, size: int, group=None, counter: ByteCounter | None = None,
                  timeout: datetime.timedelta | None = None):
         self.rank, self.size, self.group = rank, size, group
         self.counter = counter if counter is not None else ByteCounter()
         self.timeout = timeout
-        self.grads = (grads_group(group)
-                      if size > 1 and dist.is_available() and dist.is_initialized() else group)
+        self.grads = (grads_group(group) if self.makes_groups and size > 1
+                      and dist.is_available() and dist.is_initialized() else group)
 
-    def pair(self, to: int, frm: int) -> bool:
-        """Whether a step sending to ``to`` and receiving from ``frm`` posts its receive
-        first: where both are one peer, the lower rank of the two sends first, so that the
-        pair's ops line up one to one on their stream."""
-        return to == frm and self.rank > to
+    def in_order(self, to: int, frm: int, send: Callable[[], None],
+                 recv: Callable[[], None]) -> None:
+        """Post a step's send to ``to`` and receive from ``frm`` in the order both sides of
+        a pair post them (``sampling.comm.receives_first``)."""
+        for post in ((recv, send) if receives_first(self.rank, to, frm) else (send, recv)):
+            post()
 
     def rounds(self) -> list[tuple[int, int, int]]:
         """(k, send to, receive from) for k = 1 .. P-1."""
@@ -168,8 +174,7 @@ class Exchanger:
                 shape = shapes.get(frm)
                 if shape is not None and math.prod(shape):
                     recvs[frm] = self.recv(shape, dtype, device, frm, tag, phase)
-            for post in ((recv, send) if self.pair(to, frm) else (send, recv)):
-                post()
+            self.in_order(to, frm, send, recv)
         return sends, recvs
 
 
@@ -263,7 +268,7 @@ class RowFetch:
 
     # -- posting -------------------------------------------------------------------------
     def _post(self, st: Step) -> None:
-        """A step's row messages (``Exchanger.pair`` orders them)."""
+        """A step's row messages (``Exchanger.in_order`` orders them)."""
         sh, ex, x = self.shard, self.ex, self.x
         if x is None:  # the layer reads no source rows: only its edges' own data
             return
@@ -279,8 +284,7 @@ class RowFetch:
             if p is not None and st.frm in self.recv_from:
                 st.rows_in = ex.recv((p.hi - p.lo, x.shape[1]), x.dtype, x.device, st.frm,
                                      _tag(ROWS_TAG, p.chunk), self.phase)
-        for post in ((recv, send) if ex.pair(st.to, st.frm) else (send, recv)):
-            post()
+        ex.in_order(st.to, st.frm, send, recv)
 
     def _post_grads(self, st: Step) -> None:
         """A step's gradient messages, once its piece is computed: the piece's row gradients
@@ -308,8 +312,7 @@ class RowFetch:
                 lo, hi = st.out
                 st.grads_in = ex.recv((hi - lo, x.shape[1]), x.dtype, x.device, st.to,
                                       _tag(GRADS_TAG, st.c), self.phase)
-        for post in ((recv, send) if ex.pair(st.to, st.frm) else (send, recv)):
-            post()
+        ex.in_order(st.to, st.frm, send, recv)
 
     def _post_next(self) -> None:
         if self._posted < len(self.steps):

@@ -23,6 +23,14 @@ from .spec import SamplingError
 
 
 
+def receives_first(rank: int, to: int, frm: int) -> bool:
+    """Whether worker ``rank``, in a round that sends to ``to`` and receives from ``frm``,
+    posts its receive first: where both are one peer (two workers, or round P/2), the
+    lower rank of the two sends first, so that the pair's ops line up one to one on the
+    stream NCCL runs them on (``sarc.distributed.exchange``)."""
+    return to == frm and rank > to
+
+
 class Comm:
     def __init__(self, group=None, *, timeout: datetime.timedelta | None = None):
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -90,7 +98,7 @@ class Comm:
                 ops.append((to, "send", dist.isend, out))
             if sizes[frm]:
                 ops.append((frm, "receive", dist.irecv, buf))
-            if to == frm and r > to:   # one peer both ways: the lower rank sends first
+            if receives_first(r, to, frm):
                 ops.reverse()
             for peer, what, post, t in ops:
                 pending.append((peer, what, post(t, self._global(peer), group=self.group), t))
