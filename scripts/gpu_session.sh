@@ -18,7 +18,9 @@
 #   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
 #   $OUT/summary.txt    one line per step: name, exit code, seconds
 # Timeouts (seconds): TESTS_TIMEOUT, TRAIN_TIMEOUT (each train step), BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
-# tests/gpu/test_gpu_precision.py alone), BENCH_SIZES, BENCH_REPEAT override what runs.
+# tests/gpu/test_gpu_precision.py alone), TESTS_ARGS (more pytest options: "-n 8" runs the tests
+# in 8 processes, where pytest-xdist is installed), BENCH_SIZES, BENCH_REPEAT override what runs.
+# At most eight files land in $OUT (the partition of the train step goes to a temp folder).
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,6 +44,7 @@ else
     BENCH_TIMEOUT="${BENCH_TIMEOUT:-560}"
 fi
 TESTS_PATHS="${TESTS_PATHS:-tests/gpu}"
+TESTS_ARGS="${TESTS_ARGS:-}"
 BENCH_SIZES="${BENCH_SIZES:-100k/2M,1M/40M,233k/114M}"
 BENCH_REPEAT="${BENCH_REPEAT:-3}"
 
@@ -93,7 +96,7 @@ for step in "${STEPS[@]}"; do
             run_step env 120 "$OUT/env.txt" env_info ;;
         tests)
             run_step tests "$TESTS_TIMEOUT" "$OUT/tests.log" \
-                "$PYTHON" -m pytest -m gpu $TESTS_PATHS -v -rfEs --durations=25 \
+                "$PYTHON" -m pytest -m gpu $TESTS_ARGS $TESTS_PATHS -v -rfEs --durations=25 \
                 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ;;
         train)
             if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
@@ -106,12 +109,13 @@ for step in "${STEPS[@]}"; do
             run_step train-cuda "$TRAIN_TIMEOUT" "$OUT/train-cuda.log" \
                 "$PYTHON" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
                 --backend triton --epochs 3 --json "$OUT/train-cuda.json"
+            parts="$(mktemp -d)/parts-cora-1"
             run_step train-nccl "$TRAIN_TIMEOUT" "$OUT/train-nccl.log" bash -c \
                 '"$1" -m sarc.cli partition --dataset cora --parts 1 --method random \
-                     --out "$2/parts-cora-1" --overwrite &&
+                     --out "$3" --overwrite &&
                  "$1" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
-                     --backend triton --epochs 3 --workers 1 --partition "$2/parts-cora-1" \
-                     --json "$2/train-nccl.json"' bash "$PYTHON" "$OUT" ;;
+                     --backend triton --epochs 3 --workers 1 --partition "$3" \
+                     --json "$2/train-nccl.json"' bash "$PYTHON" "$OUT" "$parts" ;;
         bench)
             # the benchmark stops starting cells 60 s before its timeout, and prints its tables
             run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
