@@ -1,7 +1,8 @@
 """sarc's Triton backend on a CUDA GPU against sarc's PyTorch backend, PyG and DGL.
 
 For each graph size (power-law graphs from ``sarc.datasets.power_law_graph``) and each
-layer (GCN, GraphSAGE-mean, GAT 4x32, RGCN with 8 relations), every implementation that
+layer (GCN, GraphSAGE-mean, GAT 4x32, GAT 1x7 (a narrow output head), RGCN with 8
+relations), every implementation that
 imports here runs forward + backward on the same features; per cell:
 
 - the median time of ``--repeat`` runs, each timed with CUDA events, after ``--warmup``
@@ -48,7 +49,7 @@ import sarc  # noqa: E402
 
 DEFAULT_SIZES = "100k/2M,1M/40M,233k/114M"
 REDDIT = "233k/114M"
-LAYERS = ("GCN", "SAGE", "GAT", "RGCN")
+LAYERS = ("GCN", "SAGE", "GAT", "GAT1x7", "RGCN")
 IMPLS = ("sarc triton", "sarc torch", "PyG", "DGL")
 PEERS = ("PyG", "DGL")
 
@@ -381,7 +382,7 @@ def pyg_forms(b: Bench) -> dict:
 
 
 PYG_FORMS = {"GCN": ("SparseTensor", "CSR", "edge_index"), "SAGE": ("SparseTensor", "CSR", "edge_index"),
-             "GAT": ("edge_index",), "RGCN": ("edge_index",)}
+             "GAT": ("edge_index",), "GAT1x7": ("edge_index",), "RGCN": ("edge_index",)}
 """The graph forms tried for each PyG layer, in order (GATConv and RGCNConv compute per edge)."""
 
 
@@ -391,7 +392,8 @@ def sarc_layer(name: str, f: int, rels: int):
     from rgcn import RGCNLayer
     from sage import SAGELayer
     return {"GCN": lambda: GCNLayer(f, f), "SAGE": lambda: SAGELayer(f, f),
-            "GAT": lambda: GATLayer(f, 32, heads=4), "RGCN": lambda: RGCNLayer(f, f, rels)}[name]()
+            "GAT": lambda: GATLayer(f, 32, heads=4), "GAT1x7": lambda: GATLayer(f, 7, heads=1),
+            "RGCN": lambda: RGCNLayer(f, f, rels)}[name]()
 
 
 def pyg_layer(name: str, f: int, rels: int):
@@ -399,6 +401,7 @@ def pyg_layer(name: str, f: int, rels: int):
     return {"GCN": lambda: pyg.GCNConv(f, f, add_self_loops=False),
             "SAGE": lambda: pyg.SAGEConv(f, f, aggr="mean"),
             "GAT": lambda: pyg.GATConv(f, 32, heads=4, add_self_loops=False),
+            "GAT1x7": lambda: pyg.GATConv(f, 7, heads=1, add_self_loops=False),
             "RGCN": lambda: pyg.RGCNConv(f, f, rels)}[name]()
 
 
@@ -407,6 +410,7 @@ def dgl_layer(name: str, f: int, rels: int):
     return {"GCN": lambda: dglnn.GraphConv(f, f, norm="both", allow_zero_in_degree=True),
             "SAGE": lambda: dglnn.SAGEConv(f, f, "mean"),
             "GAT": lambda: dglnn.GATConv(f, 32, 4, allow_zero_in_degree=True),
+            "GAT1x7": lambda: dglnn.GATConv(f, 7, 1, allow_zero_in_degree=True),
             "RGCN": lambda: dglnn.RelGraphConv(f, f, rels)}[name]()
 
 

@@ -19,9 +19,11 @@ import gpu  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
-def test_without_a_gpu_it_says_so_and_exits_0(tmp_path):
+@pytest.mark.parametrize("script", ["gpu.py", "gpu_startup.py", "gpu_profile.py"])
+def test_without_a_gpu_it_says_so_and_exits_0(tmp_path, script):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--json", str(out)],
+    argv = ["--json", str(out)] if script != "gpu_profile.py" else []
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *argv],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "No CUDA GPU on this machine" in proc.stdout
@@ -119,16 +121,16 @@ def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", DRY_RUN, "--sizes", "40/160", "--layers", "GCN,RGCN",
+        [sys.executable, "-c", DRY_RUN, "--sizes", "40/160", "--layers", "GCN,GAT1x7,RGCN",
          "--feats", "8", "--rels", "3", "--repeat", "1", "--warmup", "0",
          "--epoch-size", "40/160", "--epoch-feats", "6", "--epoch-classes", "3",
          "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = json.loads(out.read_text())
     cells = {(c["layer"], c["impl"]): c for c in saved["cells"]}
-    assert sorted({c["layer"] for c in saved["cells"]}) == ["GCN", "RGCN"]
+    assert sorted({c["layer"] for c in saved["cells"]}) == ["GAT1x7", "GCN", "RGCN"]
     pyg_ok = gpu.importable("torch_geometric") is None
-    for layer in ("GCN", "RGCN"):
+    for layer in ("GCN", "GAT1x7", "RGCN"):
         assert cells[layer, "sarc torch"]["status"] == "ok" and cells[layer, "sarc torch"]["time_ms"] > 0
         assert cells[layer, "sarc triton"]["status"] == ("ok" if has_triton else "error")
         assert cells[layer, "PyG"]["status"] == ("ok" if pyg_ok else "n/a")
@@ -139,6 +141,7 @@ def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
         ("sarc triton", "ok" if has_triton else "error"), ("sarc torch", "ok")]
 
     if has_triton:
+        from gat import GATLayer
         from gcn import GCNLayer
         from rgcn import RGCNLayer
 
@@ -146,7 +149,8 @@ def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
         from sarc.ir.types import E, N_DST, N_SRC
         from sarc.planner.cost import fused_traffic
         want = set()
-        for name, layer in (("GCN", GCNLayer(8, 8)), ("RGCN", RGCNLayer(8, 8, 3))):
+        for name, layer in (("GCN", GCNLayer(8, 8)), ("GAT1x7", GATLayer(8, 7, heads=1)),
+                            ("RGCN", RGCNLayer(8, 8, 3))):
             fn = compile_layer(layer, "triton", through="optimize").optimized  # the kernel's IR
             for t in fused_traffic(fn):
                 want.add((name, int(t.fused.subs({N_SRC: 40, N_DST: 40, E: 160}))))
@@ -156,5 +160,28 @@ def test_dry_run_of_every_cell_on_the_cpu(tmp_path):
     else:
         assert saved["kernels"] == []
     assert saved["device"] == "cpu" and saved["peak_bandwidth_bytes_per_s"] is None
-    assert saved["tables"]["layers"].splitlines()[0].split("|")[1:3] == [" size   ", " layer "]
+    assert [c.strip() for c in saved["tables"]["layers"].splitlines()[0].split("|")[1:3]] == ["size", "layer"]
     assert "epoch" in saved["tables"]
+
+
+STARTUP_AND_PROFILE = """
+import sys
+sys.path.insert(0, "benchmarks")
+import json, gpu_profile, gpu_startup
+print(json.dumps(gpu_startup.measure("GCN", "60/240", 1, device="cpu", feats=4)))
+print(gpu_profile.profile("GCN", "60/240", "triton", 1, 5, 4, device="cpu"))
+"""
+
+
+def test_startup_and_profile_measure_a_layer_on_the_cpu():
+    """benchmarks/gpu_startup.py's and gpu_profile.py's measurements, on the CPU (Triton's
+    interpreter): the first step and a steady one timed, the profiler's table printed."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", STARTUP_AND_PROFILE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, rest = proc.stdout.split("\n", 1)
+    times = json.loads(first)
+    assert times["first_s"] > 0 and times["steady_s"] > 0
+    assert "## GCN on triton, 60/240, 4 features:" in rest and "(no GPU: host time only)" in rest
+    assert "_FusedFunction" in rest  # the fused op's autograd Function, by the profiler
