@@ -40,7 +40,7 @@ from torch import nn
 
 from .. import dsl
 from ..dsl import INDEX, Layer
-from ..errors import DSLError, GraphError, SarcError
+from ..errors import DSLError, GraphError, SarcError, class_loc
 from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
@@ -57,8 +57,16 @@ class ConversionError(SarcError, TypeError):
 
 
 def _refuse(conv, construct: str, why: str = "") -> ConversionError:
+    """``Conv: construct is not supported (why)``; for a user's own conv class, where it is
+    defined (a PyG conv's is PyG's)."""
     name = conv if isinstance(conv, str) else type(conv).__name__
-    return ConversionError(f"{name}: {construct} is not supported" + (f" ({why})" if why else ""))
+    text = f"{name}: {construct} is not supported" + (f" ({why})" if why else "")
+    cls = None if isinstance(conv, str) else type(conv)
+    if cls is not None and not cls.__module__.startswith("torch_geometric."):
+        loc = class_loc(cls)
+        if loc is not None:
+            text += f"; {name} is defined at {loc}"
+    return ConversionError(text)
 
 
 @dataclass

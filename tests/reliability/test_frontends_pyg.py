@@ -46,6 +46,24 @@ def test_sage_std_aggregation():
             "aggr='std'")
 
 
+class StdOfMessages(MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="std")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+
+@case("dsl", "a user's PyG conv with an aggregation sarc has not (aggr='std')", "error")
+def test_own_conv_std_aggregation_names_where_the_class_is():
+    import inspect
+    line = inspect.getsourcelines(StdOfMessages)[1]
+    refused(lambda: run(StdOfMessages()), "StdOfMessages: aggr='std'",
+            f"StdOfMessages is defined at {__file__}:{line}")
+    # PyG's own convs are named, not located in PyG's source
+    assert " is defined at " not in refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="std")))
+
+
 @case("dsl", "a PyG SAGEConv that normalizes its output (normalize=True)", "error")
 def test_sage_normalize():
     refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, normalize=True)), "SAGEConv",
