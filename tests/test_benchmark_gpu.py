@@ -3,6 +3,7 @@ dry run of every cell on a tiny graph (Triton's interpreter for the Triton colum
 time for CUDA events) that checks the bytes it divides by are the cost model's."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,9 +14,20 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu  # noqa: E402
+
+def _load_gpu_benchmark():
+    """benchmarks/gpu.py as a module, without benchmarks/ on sys.path: its scripts'
+    names (distributed.py, sampling.py) would hide the test packages of the same names
+    from every later test of this process."""
+    spec = importlib.util.spec_from_file_location("benchmark_gpu", ROOT / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu = _load_gpu_benchmark()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
@@ -185,3 +197,13 @@ def test_startup_and_profile_measure_a_layer_on_the_cpu():
     assert times["first_s"] > 0 and times["steady_s"] > 0
     assert "## GCN on triton, 60/240, 4 features:" in rest and "(no GPU: host time only)" in rest
     assert "_FusedFunction" in rest  # the fused op's autograd Function, by the profiler
+
+
+def test_loading_the_benchmark_leaves_the_test_packages_importable():
+    """A test file's imports are every later test's in the same process (pytest-xdist runs
+    many files per worker): benchmarks/distributed.py must not stand for tests/distributed."""
+    import distributed
+    import sampling
+    assert str(ROOT / "benchmarks") not in sys.path
+    assert Path(distributed.__file__) == ROOT / "tests" / "distributed" / "__init__.py"
+    assert Path(sampling.__file__).parent == ROOT / "tests" / "sampling"
