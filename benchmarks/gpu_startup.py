@@ -38,12 +38,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(name: str, size: str, repeat: int, device: str = "cuda", feats: int = 128) -> dict:
+def measure(name: str, size: str, repeat: int, device: str = "cuda", feats: int = 128,
+            backend: str = "triton") -> dict:
     """In this process: the first step and the steady steps of layer ``name`` (seconds)."""
     device = torch.device(device)
     args = gpu.parse_args(["--layers", name, "--sizes", size, "--feats", str(feats)])
     b = gpu.build_bench(*args.sizes[0], args, device)
-    _, step = gpu.sarc_step(b, name, "triton", args, device)
+    _, step = gpu.sarc_step(b, name, backend, args, device)
 
     def timed() -> float:
         _sync(device)
