@@ -35,7 +35,7 @@ STEPS=("$@")
 if [ ${#STEPS[@]} -eq 0 ] || [ "${STEPS[0]}" = all ]; then
     STEPS=(env tests train bench)
     # one call of at most 10 minutes: the long steps share it
-    # (an H200 with 16 cores, 2026-12-04: tests 178 s in 16 processes, each train step
+    # (an H200 with 16 cores, 2026-12-04: tests 178 s in 12 processes, each train step
     # about 30 s, the benchmark 140 s)
     TESTS_TIMEOUT="${TESTS_TIMEOUT:-230}"
     TRAIN_TIMEOUT="${TRAIN_TIMEOUT:-60}"
