@@ -115,12 +115,21 @@ def size_label(nodes: int, edges: int) -> str:
     return f"{short(nodes)}/{short(edges)}"
 
 
+def parse_layers(text: str) -> list[str]:
+    """``"GCN, GAT"`` -> ["GCN", "GAT"], each one of ``LAYERS``."""
+    layers = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in layers if s not in LAYERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
+    return layers
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
                     help=f"NODES/EDGES,... (default {DEFAULT_SIZES})")
-    ap.add_argument("--layers", default=",".join(LAYERS),
+    ap.add_argument("--layers", type=parse_layers, default=",".join(LAYERS),
                     help=f"comma-separated subset of {','.join(LAYERS)}")
     ap.add_argument("--feats", type=int, default=128)
     ap.add_argument("--rels", type=int, default=8, help="RGCN's relations")
@@ -135,11 +144,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="start no new cell after this many seconds (the rest: 'skipped')")
     ap.add_argument("--json", type=Path, default=None, help="write every cell and table here")
     args = ap.parse_args(argv)
-    layers = [s.strip() for s in args.layers.split(",") if s.strip()]
-    unknown = [s for s in layers if s not in LAYERS]
-    if unknown:
-        ap.error(f"--layers: unknown {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
-    args.layers = layers
     if args.repeat < 1 or args.warmup < 0:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
     return args

@@ -56,19 +56,20 @@ def profile(name: str, size: str, backend: str, steps: int, rows: int, feats: in
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="100k/2M")
-    ap.add_argument("--layers", default="GCN,GAT")
+    ap.add_argument("--size", type=gpu.parse_size, default="100k/2M", help="NODES/EDGES")
+    ap.add_argument("--layers", default="GCN,GAT", type=gpu.parse_layers)
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--feats", type=int, default=128)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rows", type=int, default=15)
     args = ap.parse_args(argv)
+    size = gpu.size_label(*args.size)   # "100k/2M", as the measuring functions take it
     why = gpu.gpu_unavailable()
     if why:
         print(why)
         return 0
-    for name in [s.strip() for s in args.layers.split(",") if s.strip()]:
-        print(profile(name, args.size, args.backend, args.steps, args.rows, args.feats), flush=True)
+    for name in args.layers:
+        print(profile(name, size, args.backend, args.steps, args.rows, args.feats), flush=True)
     return 0
 
 

@@ -71,24 +71,25 @@ def child(name: str, size: str, repeat: int, caches: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="100k/2M")
-    ap.add_argument("--layers", default=",".join(gpu.LAYERS))
+    ap.add_argument("--size", type=gpu.parse_size, default="100k/2M", help="NODES/EDGES")
+    ap.add_argument("--layers", default=",".join(gpu.LAYERS), type=gpu.parse_layers)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    size = gpu.size_label(*args.size)   # "100k/2M", as the measuring functions take it
     if args.child:
-        print(json.dumps(measure(args.child, args.size, args.repeat)))
+        print(json.dumps(measure(args.child, size, args.repeat)))
         return 0
     why = gpu.gpu_unavailable()
     if why:
         print(why)
         return 0
     rows = []
-    for name in [s.strip() for s in args.layers.split(",") if s.strip()]:
+    for name in args.layers:
         with tempfile.TemporaryDirectory() as d:
-            cold = child(name, args.size, args.repeat, Path(d))
-            warm = child(name, args.size, args.repeat, Path(d))
+            cold = child(name, size, args.repeat, Path(d))
+            warm = child(name, size, args.repeat, Path(d))
         rows.append({"layer": name, "cold": cold, "warm": warm})
         print(f"  {name}: cold {cold['first_s']:.2f} s, warm {warm['first_s']:.2f} s", file=sys.stderr)
     head = ["layer", "first step, empty caches", "first step, caches of a run before",
@@ -96,10 +97,10 @@ def main(argv=None) -> int:
     body = [[r["layer"], f"{r['cold']['first_s']:.2f} s", f"{r['warm']['first_s']:.2f} s",
              f"{1e3 * r['warm']['steady_s']:.2f} ms",
              f"{r['warm']['first_s'] - r['warm']['steady_s']:.2f} s"] for r in rows]
-    print(f"{torch.cuda.get_device_name()}, {args.size}, one process per run\n")
+    print(f"{torch.cuda.get_device_name()}, {size}, one process per run\n")
     print(gpu.md_table(head, body))
     if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "size": args.size,
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "size": size,
                                          "rows": rows}, indent=1))
     return 0
 

@@ -219,3 +219,14 @@ def test_loading_the_benchmark_leaves_the_test_packages_importable():
     assert str(ROOT / "benchmarks") not in sys.path
     assert Path(distributed.__file__) == ROOT / "tests" / "distributed" / "__init__.py"
     assert Path(sampling.__file__).parent == ROOT / "tests" / "sampling"
+
+
+@pytest.mark.parametrize("script", ["gpu_startup.py", "gpu_profile.py"])
+@pytest.mark.parametrize("argv,message", [(["--layers", "GCN,GIN"], "unknown GIN"),
+                                          (["--size", "100k"], "is not NODES/EDGES")])
+def test_bad_options_of_the_startup_and_profile_scripts_name_them(script, argv, message):
+    """Refused before anything runs (with or without a GPU), with the option named."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and ("--layers" if "--layers" in argv else "--size") in proc.stderr
