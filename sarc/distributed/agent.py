@@ -18,6 +18,7 @@ It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,8 +29,10 @@ import tempfile
 from pathlib import Path
 
 from .stacks import dump_on_signal
-from .supervise import FAILURES, PARENT_ENV, RUN_DIR_ENV, die_with_parent
+from .supervise import FAILURES, PARENT_ENV, RUN_DIR_ENV, die_with_parent, parent_gone
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""Those on which torchrun's handler raises."""
 _QUIET = ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api")
 
 
@@ -51,8 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # however torchrun ended (stopped, its workers failed): once sarc train is gone,
         # nobody else removes the run's directory
-        if run_dir and parent and os.getppid() != int(parent):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if run_dir and parent and parent.isdigit() and parent_gone(int(parent)):
+            with _stop_signals_ignored():
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _stop_signals_ignored():
+    """A dying ``sarc train`` signals the agent once per thread it ends (see
+    ``parent_gone``): one that comes during the removal must not stop it halfway, as
+    torchrun's handler would by raising."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run_torchrun(argv: list[str] | None, run_dir: str | None) -> int:

@@ -18,7 +18,8 @@ Each level dies with the one above it, and ``sarc train`` checks before it says 
   where torchrun would wait 30 s.
 - Files: a run's directory (its temporary partition, torchrun's logs) is
   ``TMPDIR/sarc-train-<pid namespace>.<pid>.<start time>-<random>``. ``sarc train``
-  removes it when it ends; the agent, when ``sarc train`` was killed (SIGKILL); where
+  removes it when it ends; the agent, when ``sarc train`` was killed (SIGKILL: its
+  threads end one by one, and the agent is told at the first, ``parent_gone``); where
   both were killed outright, the next ``sarc train`` does: it removes every such
   directory whose process (that pid, started at that time) is gone (``sweep_run_dirs``).
 
@@ -94,14 +95,35 @@ def start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def _state_letter(pid: int) -> str | None:
+    """``pid``'s state as ``/proc/PID/stat`` gives it ("R", "S", "Z", ...; None: no such
+    process). A process's state is its main thread's."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def process_state(pid: int) -> str:
     """``pid``'s state in words where it cannot act on a signal (else "running")."""
-    try:
-        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    letter = _state_letter(pid)
+    if letter is None:
         return "gone"
     return {"T": "stopped", "t": "stopped by a debugger", "D": "stuck in the kernel"}.get(
         letter, "running")
+
+
+def parent_gone(parent: int) -> bool:
+    """This process's parent ``parent`` has died or is dying.
+
+    A killed process ends a thread at a time, and the kernel hands the children of an ended
+    thread to a live one of the same process (signalling them then: ``PR_SET_PDEATHSIG`` is
+    per thread), so until its last thread ends it is still their parent, its main thread a
+    zombie. Its main thread ends only with the process.
+    """
+    if os.getppid() != parent:
+        return True
+    return _state_letter(parent) in (None, "Z", "X")
 
 
 def _worker_name(pid: int) -> str:

@@ -4,11 +4,16 @@ since nobody else is left to.
 
 torchrun itself is replaced by a stand-in that ends one way or another; "``sarc train``
 is gone" is the agent's parent pid changing while torchrun runs (the agent was adopted).
+The last test runs the real agent and torchrun under a parent that ends a thread at a
+time, as a killed ``sarc train`` does.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 from torch.distributed import run as torchrun
@@ -25,7 +30,8 @@ def _failed(tmp_path):
     return ChildFailedError("worker", {0: failure})
 
 
-SARC_TRAIN = 4242  # the agent's parent while sarc train lives; init (1) adopts it after
+SARC_TRAIN = os.getpid()  # the agent's parent while sarc train lives (a live process);
+# init (1) adopts the agent after
 
 ENDINGS = {
     "returns": lambda tmp: None,
@@ -101,3 +107,83 @@ def test_descendants_of_processes_that_end_while_they_are_read(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+# --- a parent whose threads end one by one --------------------------------------------------
+
+# The stand-in for sarc train: it starts the agent from its main thread (torchrun running
+# `sleep` as its one worker), says so, and on a line from stdin ends its main thread alone
+# (the exit system call) while another thread lives on: the kernel then hands the agent to
+# that thread and signals it (PR_SET_PDEATHSIG is per thread), and signals it again when
+# the last thread goes. A killed multi-threaded sarc train ends this way, a thread at a time.
+_PARENT = r"""
+import ctypes, os, subprocess, sys, threading, time
+run_dir, port, marker, exit_call = sys.argv[1:]
+env = {**os.environ, "SARC_PARENT_PID": str(os.getpid()), "SARC_RUN_DIR": run_dir}
+agent = subprocess.Popen(
+    [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1", "--nproc-per-node", "1",
+     "--master-addr", "127.0.0.1", "--master-port", port, "--no-python", "sleep", marker],
+    env=env, start_new_session=True)
+print(agent.pid, flush=True)
+sys.stdin.readline()
+threading.Thread(target=time.sleep, args=(60,)).start()
+time.sleep(0.2)
+ctypes.CDLL(None, use_errno=True).syscall(int(exit_call), 0)
+"""
+
+_EXIT_CALL = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (its parent, stuck in a thread of its own, never reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _EXIT_CALL is None,
+                    reason="Linux's per-thread parent death signal, on x86_64 or aarch64")
+def test_the_run_directory_goes_when_sarc_trains_threads_end_one_by_one(tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    from sarc.distributed import supervise
+
+    run_dir = tmp_path / "sarc-train-run"
+    (run_dir / "partition").mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    marker = f"{900 + os.getpid() % 97}.25"  # sleep's argument: names this test's worker
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(run_dir), str(port), marker,
+                               str(_EXIT_CALL)], cwd=root, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": root})
+    agent_pid = int(parent.stdout.readline())
+
+    def worker_started():
+        return any(supervise.start_time(pid) is not None
+                   for pid in supervise.descendants(agent_pid))
+    try:
+        deadline = time.monotonic() + 60
+        while not worker_started():
+            assert time.monotonic() < deadline, "the agent started no worker"
+            time.sleep(0.1)
+        parent.stdin.write("end the main thread\n")
+        parent.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not _ended(agent_pid):
+            assert time.monotonic() < deadline, "the agent did not end with its parent"
+            time.sleep(0.1)
+        # sarc train's last thread still lives: nobody but the agent removes the directory
+        assert parent.poll() is None
+        assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in supervise.descendants(agent_pid) + [agent_pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
