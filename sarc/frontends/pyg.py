@@ -1126,17 +1126,18 @@ class TracedConv(PyGLayer):
         args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)
         object.__setattr__(conv, "propagate", propagate)
         object.__setattr__(conv, "edge_updater", edge_updater)
-        try:
-            out = _call_conv(conv, "forward", conv.forward, *args)
-        except AcrossRowsError as e:   # said of the rows it is traced at: an edge's end
-            raise DSLError(f"{e.operation} works across the nodes of the forward's values (x "
-                           f"and what it computes, a row per node): sarc traces the forward at "
-                           f"each node and each end of an edge, so nothing in it reads across "
-                           f"nodes; compute that before the conv (in the model's forward) and "
-                           f"pass it in", e.loc) from None
-        finally:
-            del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
-        refused()
+        with _says_why_traced(conv):
+            try:
+                out = _call_conv(conv, "forward", conv.forward, *args)
+            except AcrossRowsError as e:   # said of the rows it is traced at: an edge's end
+                raise DSLError(f"{e.operation} works across the nodes of the forward's values "
+                               f"(x and what it computes, a row per node): sarc traces the "
+                               f"forward at each node and each end of an edge, so nothing in "
+                               f"it reads across nodes; compute that before the conv (in the "
+                               f"model's forward) and pass it in", e.loc) from None
+            finally:
+                del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
+            refused()
         if not calls:
             raise _refuse(conv, "a forward that never calls propagate")
         return out
@@ -1345,7 +1346,8 @@ def from_message_passing(conv, *, in_channels: int | None = None, edge_dim=None)
 _NOT_MODELLED = frozenset({"__init__", "reset_parameters", "__repr__", "extra_repr",
                            "__module__", "__qualname__", "__doc__", "__annotations__",
                            "__dict__", "__weakref__", "__firstlineno__", "__static_attributes__",
-                           "_orig_propagate", "_jinja_propagate"})
+                           "_orig_propagate", "_jinja_propagate", "_orig_edge_updater",
+                           "_jinja_edge_updater"})
 
 
 def _converter(cls) -> Callable[[nn.Module], PyGLayer] | None:
@@ -1355,18 +1357,63 @@ def _converter(cls) -> Callable[[nn.Module], PyGLayer] | None:
     from torch_geometric.nn import MessagePassing
     converters = _converters()
     stock = next((c for c in cls.__mro__ if c in converters), None)
-    if stock is None:
-        return None
-    for sub in cls.__mro__[:cls.__mro__.index(stock)]:
-        # PyG generates propagate and collect on each class from its code (the class's
-        # own propagate is kept as _orig_propagate, checked below).
-        generated = {"propagate", "collect"} if "_orig_propagate" in vars(sub) else set()
-        for name in vars(sub):
-            if name not in _NOT_MODELLED and name not in generated and hasattr(stock, name):
-                return None
-    if _overrides_propagate(cls):
+    if stock is None or _overridden(cls, stock):
         return None
     return converters[stock]
+
+
+def _overridden(cls, stock) -> list[str]:
+    """The methods of ``stock`` (a converted class in ``cls``'s MRO) that ``cls`` or a class
+    between them defines, propagate included."""
+    names = []
+    for sub in cls.__mro__[:cls.__mro__.index(stock)]:
+        # PyG generates propagate and collect on each class from its code (the class's
+        # own propagate is kept as _orig_propagate, checked below), and edge_updater and
+        # edge_collect for a conv with an edge_update (GATConv's), unless it has its own
+        generated = {"propagate", "collect"} if "_orig_propagate" in vars(sub) else set()
+        updater = vars(sub).get("edge_updater")
+        if "_orig_edge_updater" in vars(sub) and getattr(updater, "__module__", "").startswith(
+                f"{sub.__module__}_{sub.__name__}"):
+            generated |= {"edge_updater", "edge_collect"}
+        names += [name for name in vars(sub) if name not in _NOT_MODELLED
+                  and name not in generated and hasattr(stock, name) and name not in names]
+    if _overrides_propagate(cls) and "propagate" not in names:
+        names.append("propagate")
+    return names
+
+
+def _why_traced(cls) -> str | None:
+    """Why a subclass of a converted conv is traced from its code instead (None for any
+    other class): its refusals come from the stock conv's forward, not the user's code."""
+    converters = _converters()
+    stock = next((c for c in cls.__mro__ if c in converters), None)
+    if stock is None or stock is cls:
+        return None
+    names = _overridden(cls, stock)
+    if not names:
+        return None
+    s, name = stock.__name__, cls.__name__
+    loc = class_loc(cls)
+    return (f"{name} overrides {s}'s {', '.join(names)}"
+            + (f" ({name} is defined at {loc})" if loc is not None else "")
+            + f", so sarc traces {name}'s code, {s}.forward included; a subclass that "
+            f"overrides none of {s}'s methods is converted as a {s}")
+
+
+@contextlib.contextmanager
+def _says_why_traced(conv):
+    """A refusal while a subclass of a converted conv is traced says why it was traced."""
+    try:
+        yield
+    except (DSLError, ConversionError) as e:
+        why = _why_traced(type(conv))
+        if why is None or type(e) not in (DSLError, ConversionError) or why in str(e):
+            raise
+        if type(e) is DSLError:
+            raise DSLError(f"{e.problem}; {why}", e.loc) from e.__cause__
+        loc = class_loc(type(conv))
+        text = str(e).removesuffix(f"; {type(conv).__name__} is defined at {loc}")
+        raise ConversionError(f"{text}; {why}") from e.__cause__
 
 
 def _overrides_propagate(cls) -> bool:
