@@ -872,6 +872,16 @@ def _flat(value):
         yield value
 
 
+def _def_loc(cls, method: str) -> str:
+    """``Cls.method, at FILE:LINE`` (its ``def``); the name alone where there is no source."""
+    fn = getattr(cls, method)
+    name = f"{cls.__name__}.{method}"
+    try:
+        return f"{name}, at {inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return name
+
+
 def _forward_line(conv, method: str = "forward", callee_named: bool = True) -> str:
     """`` at FILE:LINE``: the innermost line of the conv's ``method`` on the stack, and the
     function it called there where that is not the use itself (`` in add_self_loops(),
@@ -1221,7 +1231,14 @@ class TracedConv(PyGLayer):
             extra = {n: kwargs[n] for n in self._update_args if n in kwargs}   # as PyG: as given
             return _call_conv(conv, "update", conv.update, _as_tensor(agg.agg), **extra)
 
-        return self._forward(dst.x, ea, finish)
+        out = self._forward(dst.x, ea, finish)
+        if isinstance(out, (tuple, list)):
+            raise _refuse(conv, f"a forward that returns a {type(out).__name__} of {len(out)} "
+                          f"({_def_loc(type(conv), 'forward')})",
+                          "a sarc layer's output is the conv's output alone, a value per node; "
+                          "return it alone, and compute anything else (attention weights, "
+                          "another node value) outside the conv")
+        return out
 
 
 class SelfLoopsTracedConv(TracedConv):
