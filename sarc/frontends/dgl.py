@@ -434,6 +434,22 @@ class _Frame(MutableMapping):
         self._data: dict[str, Proxy] = {} if data is None else data
 
     def __getitem__(self, key):
+        """The user's ``g.srcdata[key]`` (``read``'s, and what it says where it is refused)."""
+        value = self._data.get(key)
+        if (self._domain is Domain.SRC and value is not None
+                and value.type.domain is Domain.DST and _from_edges(self._graph.tracer, value)):
+            raise DSLError(f"{self._graph.owner}: g.srcdata[{key!r}] reads per source node what "
+                           f"update_all computed per destination node. On a DGL graph srcdata "
+                           f"and dstdata are one store, but on a block (a mini-batch's message "
+                           f"flow graph) update_all writes dstdata only and srcdata[{key!r}] "
+                           f"stays the sources' own; sarc runs a layer on both: read it as "
+                           f"g.dstdata[{key!r}] (a second round of message passing from it is a "
+                           f"layer of its own)", user_loc())
+        return self.read(key)
+
+    def read(self, key):
+        """``key``'s value as this view reads it (per source or destination node), for the
+        user's code and DGL's builtins and message UDFs alike."""
         if key not in self._data:
             raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is read before it is "
                            f"set (set: {', '.join(map(repr, self._data)) or 'nothing'}); a sarc "
@@ -481,6 +497,21 @@ def _as_dst(graph: "ProxyGraph", value: Proxy) -> Proxy:
     return value
 
 
+def _from_edges(tracer, value: Proxy) -> bool:
+    """Whether the node value ``value`` is computed from the graph's edges (``_EDGE_MADE``)."""
+    b, seen, stack = tracer.builder, set(), [value.index]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        v = b.values[i]
+        if v.op in _EDGE_MADE:
+            return True
+        stack.extend(j for j in v.inputs if b.values[j].type.domain in (Domain.SRC, Domain.DST))
+    return False
+
+
 def _as_src(graph: "ProxyGraph", value: Proxy, what: str) -> Proxy:
     """A node value read per source node: a destination value is one only when it is node
     code on the layer's inputs (replayed on the source rows); a value a message passing
@@ -510,7 +541,7 @@ class _Gathered(Mapping):
         self._graph, self._frame, self._gather = graph, frame, gather
 
     def __getitem__(self, key):
-        return self._graph.tracer.emit(self._gather, [self._frame[key]])
+        return self._graph.tracer.emit(self._gather, [self._frame.read(key)])
 
     def __iter__(self):
         return iter(self._frame)
@@ -830,10 +861,10 @@ class ProxyGraph:
     def _operand(self, target: int, field: str) -> Proxy:
         from dgl.function.base import TargetCode
         if target == TargetCode.SRC:
-            return self.tracer.emit(Op.GATHER_SRC, [self.srcdata[field]])
+            return self.tracer.emit(Op.GATHER_SRC, [self.srcdata.read(field)])
         if target == TargetCode.DST:
-            return self.tracer.emit(Op.GATHER_DST, [self.dstdata[field]])
-        return self.edata[field]
+            return self.tracer.emit(Op.GATHER_DST, [self.dstdata.read(field)])
+        return self.edata.read(field)
 
     def _reduce(self, func, messages: dict[str, Proxy]) -> dict[str, Proxy]:
         from dgl.function.reducer import SimpleReduceFunction
