@@ -563,9 +563,21 @@ class _NodeBatch:
                        f"supported by sarc (nodes.mailbox and nodes.data are)", user_loc())
 
 
-_ELEMENTWISE = frozenset({"relu", "exp", "abs", "sigmoid", "tanh", "square", "sqrt", "log",
-                          "neg", "sin", "cos"})
-"""Functions of one mailbox applied to each message alone: a message computed again."""
+_ELEMENTWISE = frozenset({
+    "relu", "exp", "abs", "sigmoid", "tanh", "square", "sqrt", "log", "neg", "sin", "cos",
+    "elu", "leaky_relu", "gelu", "silu", "softplus", "selu", "celu", "relu6", "hardtanh",
+    "mish", "hardswish", "hardsigmoid", "logsigmoid", "softsign", "tanhshrink", "rsqrt",
+    "expm1", "log1p", "log2", "exp2", "clamp", "clamp_min", "clamp_max", "clip", "sign", "erf",
+    "reciprocal"})
+"""torch's pointwise functions: of one mailbox (and numbers: a slope, a bound) they apply to
+each message alone, a message computed again (traced as the message functions are)."""
+
+
+def _settings_only(args, kwargs) -> bool:
+    """A pointwise function's other arguments are settings (numbers, a mode), not tensors,
+    and it does not write its input (``inplace=True``)."""
+    return (all(a is None or isinstance(a, (int, float, str)) for a in (*args, *kwargs.values()))
+            and not kwargs.get("inplace"))
 
 _ARITHMETIC = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
                "truediv": operator.truediv, "pow": operator.pow}
@@ -582,7 +594,8 @@ def _arithmetic_of(name: str, reflected: bool = False):
 class _Mailbox:
     """``nodes.mailbox[name]``: only a sum, mean, max or min over the mailbox axis (dim 1)
     lowers to a sarc reduction, of the messages or of each message's own arithmetic (with
-    numbers, another mailbox, ``_ELEMENTWISE``: ``(m * 2).relu().sum(1)``); anything else
+    numbers, another mailbox, ``_ELEMENTWISE``: ``(m * 2).relu().sum(1)``,
+    ``F.leaky_relu(m, 0.2).max(1)``); anything else
     (an LSTM, sorting, indexing, node data broadcast over the mailbox) is refused."""
 
     def __init__(self, graph, name, value):
@@ -644,9 +657,9 @@ class _Mailbox:
         name = getattr(func, "__name__", "")
         if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin"):
             return getattr(box, name)(*args[1:], **kwargs)
-        if isinstance(box, _Mailbox) and name in _ELEMENTWISE and len(args) == 1 and \
-                not any(kwargs.values()):   # F.relu(m) passes inplace=False
-            return getattr(box, name)()
+        if isinstance(box, _Mailbox) and name in _ELEMENTWISE and \
+                _settings_only(args[1:], kwargs):   # F.relu(m) passes inplace=False
+            return box._each(func(box._value, *args[1:], **kwargs))
         mailbox = next(a for a in (*args, *kwargs.values()) if isinstance(a, _Mailbox))
         mailbox._refuse(f"torch.{name}")
 
@@ -654,7 +667,11 @@ class _Mailbox:
         if name.startswith("_"):
             raise AttributeError(name)
         if name in _ELEMENTWISE:
-            return lambda: self._each(getattr(self._value, name)())
+            def pointwise(*args, **kwargs):
+                if not _settings_only(args, kwargs):
+                    self._refuse(f".{name}")
+                return self._each(getattr(self._value, name)(*args, **kwargs))
+            return pointwise
         self._refuse(f".{name}")
 
     def __neg__(self):

@@ -23,11 +23,13 @@ from dgl.nn.functional import edge_softmax  # noqa: E402
 from dgl.nn.pytorch import (APPNPConv, DotGatConv, EdgeConv, GATConv,  # noqa: E402
                             GATv2Conv, GINConv, GraphConv, RelGraphConv, SAGEConv, SGConv,
                             TAGConv)
+import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from dgl_support import randomized  # noqa: E402
 import sarc  # noqa: E402
 import sarc.frontends.dgl  # noqa: E402
+from sarc.errors import DSLError  # noqa: E402
 from sarc.frontends.dgl import from_dgl_module  # noqa: E402
 
 N, IN, R = 15, 6, 3
@@ -253,6 +255,53 @@ def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
     (got * w).sum().backward()
     (want * w).sum().backward()
     torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+
+
+POINTWISE = {   # torch's pointwise functions of one message, with their number arguments
+    "elu": lambda m: F.elu(m).sum(1),
+    "leaky_relu": lambda m: F.leaky_relu(m, 0.2).max(1)[0],
+    "leaky_relu_kw": lambda m: F.leaky_relu(m, negative_slope=0.3).mean(1),
+    "gelu_silu": lambda m: (F.gelu(m) + F.silu(m)).sum(1),
+    "softplus": lambda m: F.softplus(m, beta=2.0).amin(1),
+    "clamp": lambda m: torch.clamp(m, min=-0.5, max=0.5).sum(1),
+    "method": lambda m: m.clamp_min(0.1).log().mean(1),
+}
+
+
+@pytest.mark.parametrize("name", POINTWISE)
+def test_pointwise_functions_of_the_messages_in_a_reduce_udf_equal_dgl(name):
+    """F.elu, F.leaky_relu (its slope), clamp...: each message's own, as relu and tanh were;
+    they were refused ("nodes.mailbox['m'] used by torch.elu")."""
+    reduce = POINTWISE[name]
+    module = MailboxUDF(lambda nodes: {"o": reduce(nodes.mailbox["m"])})
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(module, node={"feat": IN})
+    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
+    want = module(dgl.graph((src, dst), num_nodes=N), xd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(want.shape)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+
+
+ACROSS_THE_MAILBOX = {   # not of one message: the mailbox axis or its shape matters
+    "softmax": (lambda m: torch.softmax(m, dim=1).sum(1), "torch.softmax"),
+    "cumsum": (lambda m: torch.cumsum(m, 1).sum(1), "torch.cumsum"),
+    "inplace": (lambda m: F.relu(m, inplace=True).sum(1), "torch.relu"),
+}
+
+
+@pytest.mark.parametrize("name", ACROSS_THE_MAILBOX)
+def test_functions_across_the_mailbox_are_still_refused(name):
+    reduce, what = ACROSS_THE_MAILBOX[name]
+    module = MailboxUDF(lambda nodes: {"o": reduce(nodes.mailbox["m"])})
+    src, dst = _edges(False)
+    layer = from_dgl_module(module, node={"feat": IN})
+    with pytest.raises(DSLError, match=rf"nodes.mailbox\['m'\] used by {what}"):
+        layer(sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN))
 
 
 @pytest.mark.parametrize("mailbox_first", [True, False])
