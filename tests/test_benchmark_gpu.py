@@ -31,7 +31,8 @@ gpu = _load_gpu_benchmark()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
-@pytest.mark.parametrize("script", ["gpu.py", "gpu_startup.py", "gpu_profile.py"])
+@pytest.mark.parametrize("script", ["gpu.py", "gpu_startup.py", "gpu_profile.py",
+                                    "gpu_schedule.py"])
 def test_without_a_gpu_it_says_so_and_exits_0(tmp_path, script):
     out = tmp_path / "gpu.json"
     argv = ["--json", str(out)] if script != "gpu_profile.py" else []
@@ -209,6 +210,65 @@ def test_startup_and_profile_measure_a_layer_on_the_cpu():
         assert "_FusedFunction" in rest  # the fused op's autograd Function, by the profiler
     else:
         assert "aten::" in rest
+
+
+SCHEDULES = """
+import sys
+sys.path.insert(0, "benchmarks")
+import json, gpu_schedule
+schedules = gpu_schedule.parse_schedules(sys.argv[2])
+rows = {name: gpu_schedule.measure(name, "40/300", schedules, 1, device="cpu", feats=4,
+                                   backend=sys.argv[1], warmup=0) for name in ("GCN", "GAT1x7")}
+print(json.dumps(rows))
+"""
+
+
+def test_every_row_schedule_computes_the_same_layer_with_its_own_launches():
+    """benchmarks/gpu_schedule.py under Triton's interpreter: the default schedule, one
+    launch per kernel (one bucket, no split), and small buckets with short segments give
+    the same output; the launch counts follow the schedule."""
+    from sarc.backends import triton_backend
+    try:
+        triton_backend.check_triton()
+    except triton_backend.TritonUnavailable as err:
+        pytest.skip(f"the Triton backend is unavailable here: {err}")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCHEDULES, "triton",
+                           "16,64,256:1024 :none 1,2,4:8"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, by in rows.items():
+        assert [r["schedule"] for r in by] == ["16,64,256:1024", ":none", "1,2,4:8"]
+        for r in by:
+            assert r["max_diff"] < 1e-4, (name, r)
+            assert r["step_s"] > 0
+        one, many = by[1]["launches"], by[2]["launches"]
+        assert 0 < one < many, (name, by)
+
+
+BAD_SCHEDULES = """
+import argparse, sys
+sys.path.insert(0, "benchmarks")
+import gpu_schedule
+for text in ("16,64", "a:1", "16:0", ":-1", ""):
+    try:
+        gpu_schedule.parse_schedules(text)
+    except argparse.ArgumentTypeError as err:
+        print(err)
+    else:
+        print("accepted", repr(text))
+"""
+
+
+def test_a_bad_schedule_is_an_error_naming_the_option():
+    """(In a process of its own: benchmarks/gpu.py, which gpu_schedule imports as ``gpu``,
+    would shadow the tests/gpu package here.)"""
+    proc = subprocess.run([sys.executable, "-c", BAD_SCHEDULES], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 5 and all(line.startswith("--schedules: ") for line in lines), lines
 
 
 def test_loading_the_benchmark_leaves_the_test_packages_importable():

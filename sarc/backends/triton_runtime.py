@@ -25,11 +25,12 @@ config runs, its tiles shrunk to the bucket and feature sizes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -186,6 +187,29 @@ class View:
 
 
 _VIEWS: "weakref.WeakKeyDictionary[Graph, dict]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def row_schedule(buckets: Sequence[int], split_edges: int | None) -> Iterator[None]:
+    """Rows scheduled by other degree bounds (``BUCKETS``) and cut at another length
+    (``SPLIT_EDGES``; None: never) while inside, to measure one schedule against another
+    (``benchmarks/gpu_schedule.py``). Every schedule computes the same values: a kernel
+    walks any row in tiles, whatever its bucket. Views are cached under their bounds."""
+    global BUCKETS, SPLIT_EDGES
+    if any(int(b) < 1 for b in buckets) or (split_edges is not None and int(split_edges) < 1):
+        raise ValueError(f"row schedule: bucket bounds and the split length are at least 1, "
+                         f"got buckets {tuple(buckets)}, split {split_edges}")
+    saved = BUCKETS, SPLIT_EDGES
+    BUCKETS = tuple(sorted({int(b) for b in buckets}))
+    SPLIT_EDGES = _NEVER_SPLIT if split_edges is None else int(split_edges)
+    try:
+        yield
+    finally:
+        BUCKETS, SPLIT_EDGES = saved
+
+
+_NEVER_SPLIT = 1 << 62
+"""A split length no row reaches."""
 
 
 def graph_view(g: Graph, name: str) -> View:
@@ -796,4 +820,4 @@ class _TypedAggregateVjp(torch.autograd.Function):
 
 __all__ = ["AggregateKernel", "SddmmKernel", "SoftmaxKernel", "Grad", "FusedOp", "EdgeSoftmaxOp",
            "TypedLinearOp", "TypedAggregateOp", "typed_graph", "graph_view", "type_groups", "run",
-           "SPLIT_EDGES", "BUCKETS", "TritonRuntimeError"]
+           "row_schedule", "SPLIT_EDGES", "BUCKETS", "TritonRuntimeError"]
