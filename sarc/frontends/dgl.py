@@ -18,8 +18,9 @@ and records what it does as sarc IR:
   ``fn.u_add_v``, ``fn.e_dot_v``, ... and ``fn.sum`` / ``mean`` / ``max`` / ``min``)
   become gathers, edge math and reductions; message UDFs are traced as written
   (``edges.src``, ``edges.dst``, ``edges.data``), reduce UDFs when they sum, average
-  or take the extremum of ``nodes.mailbox[...]`` over its mailbox axis (their results
-  are 0 on nodes without in-edges, where DGL does not call them);
+  or take the extremum of ``nodes.mailbox[...]`` over its mailbox axis, of the messages or
+  of each message's own arithmetic, and a softmax over that axis is an edge softmax
+  (their results are 0 on nodes without in-edges, where DGL does not call them);
 - ``dgl.ops.edge_softmax`` / ``dgl.nn.functional.edge_softmax`` become sarc's;
   ``dgl.nn.TypedLinear`` (RelGraphConv's ``W[etype]``) becomes sarc's typed linear;
 - ``g.in_degrees()`` / ``g.out_degrees()`` are sarc's degree inputs (whole-graph
@@ -620,8 +621,10 @@ class _Mailbox:
     def _refusal(self, what: str) -> str:
         return (f"{self._graph.owner}: nodes.mailbox[{self._name!r}] used by {what}: sarc "
                 f"lowers a reduce function only when it sums, averages or takes the max / min "
-                f"over dim 1 of the mailbox or of each message's own arithmetic (e.g. "
-                f"fn.{_REDUCERS[0]}, mailbox.sum(1), (mailbox * 2).relu().mean(1))")
+                f"over dim 1 of the mailbox or of each message's own arithmetic, pointwise "
+                f"functions and softmax (over dim 1: an edge softmax) (e.g. "
+                f"fn.{_REDUCERS[0]}, mailbox.sum(1), (mailbox * 2).relu().mean(1), "
+                f"(F.softmax(e, dim=1) * z).sum(1))")
 
     def _refuse(self, what: str):
         raise DSLError(self._refusal(what), user_loc())
@@ -650,12 +653,25 @@ class _Mailbox:
     def amin(self, dim=None, keepdim=False):
         return self._reduce("min", dim, keepdim)
 
+    def softmax(self, dim=None, _stacklevel=None, dtype=None):
+        """Over dim 1, each node's messages: an edge softmax (DGL's GAT tutorial's
+        ``F.softmax(nodes.mailbox['e'], dim=1)``); over a feature dim, each message's own."""
+        full = 2 + len(self._value.type.feat)
+        if dtype is not None:
+            self._refuse("a softmax with dtype (the messages' own dtype is kept)")
+        if not isinstance(dim, int) or not -full <= dim < full or dim % full == 0:
+            self._refuse(f"a softmax over dim={dim!r}")
+        if dim % full == 1:
+            return self._each(_edge_softmax(self._graph, self._value))
+        return self._each(torch.softmax(self._value, dim % full - 1))
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         box = args[0] if args else None
         name = getattr(func, "__name__", "")
-        if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin"):
+        if isinstance(box, _Mailbox) and name in ("sum", "mean", "max", "min", "amax", "amin",
+                                                  "softmax"):
             return getattr(box, name)(*args[1:], **kwargs)
         if isinstance(box, _Mailbox) and name in _ELEMENTWISE and \
                 _settings_only(args[1:], kwargs):   # F.relu(m) passes inplace=False

@@ -287,8 +287,78 @@ def test_pointwise_functions_of_the_messages_in_a_reduce_udf_equal_dgl(name):
     torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
 
 
-ACROSS_THE_MAILBOX = {   # not of one message: the mailbox axis or its shape matters
-    "softmax": (lambda m: torch.softmax(m, dim=1).sum(1), "torch.softmax"),
+class TutorialGAT(nn.Module):
+    """DGL's GAT tutorial's layer as written there (its graph given to forward): attention
+    by apply_edges, its softmax over the mailbox in the reduce function."""
+
+    def __init__(self, in_dim, out_dim, heads=None, method=False):
+        super().__init__()
+        self.heads, self.method = heads, method
+        width = out_dim * (heads or 1)
+        self.fc = nn.Linear(in_dim, width, bias=False)
+        self.attn_fc = nn.Linear(2 * out_dim, 1, bias=False)
+
+    def edge_attention(self, edges):
+        z2 = torch.cat([edges.src["z"], edges.dst["z"]], dim=-1)
+        return {"e": F.leaky_relu(self.attn_fc(z2))}
+
+    def message_func(self, edges):
+        return {"z": edges.src["z"], "e": edges.data["e"]}
+
+    def reduce_func(self, nodes):
+        e = nodes.mailbox["e"]
+        alpha = e.softmax(dim=1) if self.method else F.softmax(e, dim=1)
+        return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
+
+    def forward(self, g, h):
+        z = self.fc(h)
+        if self.heads:
+            z = z.view(-1, self.heads, z.shape[-1] // self.heads)
+        g.ndata["z"] = z
+        g.apply_edges(self.edge_attention)
+        g.update_all(self.message_func, self.reduce_func)
+        out = g.ndata.pop("h")
+        return out.flatten(1) if self.heads else out
+
+
+@pytest.mark.parametrize("heads,method", [(None, False), (3, False), (None, True)],
+                         ids=["one-head", "three-heads", "method"])
+def test_the_gat_tutorials_softmax_over_the_mailbox_equals_dgl(heads, method):
+    """``F.softmax(nodes.mailbox['e'], dim=1)``: the softmax of each node's messages, an
+    edge softmax (it was refused as a function across the mailbox)."""
+    module = TutorialGAT(IN, 4, heads, method)
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(module, node={"h": IN})
+    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
+    want = module(dgl.graph((src, dst), num_nodes=N), xd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(want.shape)
+    (got * w).sum().backward()
+    gw = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    (want * w).sum().backward()
+    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gw, [p.grad for p in module.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_softmax_over_each_messages_features_equals_dgl():
+    module = MailboxUDF(lambda nodes: {"o": torch.softmax(nodes.mailbox["m"], -1).sum(1)
+                                       + F.softmax(nodes.mailbox["m"], dim=2).amax(1)})
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(module, node={"feat": IN})
+    got = layer(sarc.Graph.from_edges(src, dst, N), x)
+    want = module(dgl.graph((src, dst), num_nodes=N), x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+ACROSS_THE_MAILBOX = {   # not of one message, nor a softmax of a node's messages
+    "softmax_over_nodes": (lambda m: torch.softmax(m, dim=0).sum(1), "a softmax over dim=0"),
+    "softmax_dtype": (lambda m: torch.softmax(m, 1, dtype=torch.float64).sum(1),
+                      "a softmax with dtype"),
     "cumsum": (lambda m: torch.cumsum(m, 1).sum(1), "torch.cumsum"),
     "inplace": (lambda m: F.relu(m, inplace=True).sum(1), "torch.relu"),
 }
