@@ -193,6 +193,16 @@ class KernelBandwidth:
         return self.predicted_bytes / (self.time_ms / 1e3) / 1e9
 
 
+def print_report(size: str, what: str, head, body, json_path: Path | None, **payload) -> None:
+    """A script's table under the GPU's name, the size and ``what``; its rows, with the
+    device and the size, to ``json_path`` where given."""
+    device = torch.cuda.get_device_name()
+    print(f"{device}, {size}, {what}\n")
+    print(md_table(head, body))
+    if json_path:
+        json_path.write_text(json.dumps({"device": device, "size": size, **payload}, indent=1))
+
+
 def gbps_text(gbps: float) -> str:
     return f"{gbps:.0f} GB/s" if gbps >= 100 else f"{gbps:.3g} GB/s"
 

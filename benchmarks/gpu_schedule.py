@@ -20,7 +20,6 @@ and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,11 +125,7 @@ def main(argv=None) -> int:
         for r in rows:
             body.append([name, r["schedule"], f"{1e3 * r['step_s']:.3f} ms", str(r["launches"]),
                          f"{r['step_s'] / rows[0]['step_s']:.2f}x", f"{r['max_diff']:.1e}"])
-    print(f"{torch.cuda.get_device_name()}, {size}, {args.feats} features\n")
-    print(gpu.md_table(head, body))
-    if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "size": size,
-                                         "layers": results}, indent=1))
+    gpu.print_report(size, f"{args.feats} features", head, body, args.json, layers=results)
     return 0
 
 

@@ -97,11 +97,7 @@ def main(argv=None) -> int:
     body = [[r["layer"], f"{r['cold']['first_s']:.2f} s", f"{r['warm']['first_s']:.2f} s",
              f"{1e3 * r['warm']['steady_s']:.2f} ms",
              f"{r['warm']['first_s'] - r['warm']['steady_s']:.2f} s"] for r in rows]
-    print(f"{torch.cuda.get_device_name()}, {size}, one process per run\n")
-    print(gpu.md_table(head, body))
-    if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "size": size,
-                                         "rows": rows}, indent=1))
+    gpu.print_report(size, "one process per run", head, body, args.json, rows=rows)
     return 0
 
 

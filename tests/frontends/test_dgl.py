@@ -235,6 +235,26 @@ class MailboxUDF(nn.Module):
             return g.dstdata["o"]
 
 
+def _equals_dgl(module, node: str) -> None:
+    """``module`` through sarc equals DGL's run of it: output, the input's gradient and the
+    parameters' (random edges, some nodes without in-edges)."""
+    src, dst = _edges(False)
+    x = torch.randn(N, IN)
+    layer = from_dgl_module(module, node={node: IN})
+    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
+    want = module(dgl.graph((src, dst), num_nodes=N), xd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(want.shape)
+    (got * w).sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    (want * w).sum().backward()
+    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, [p.grad for p in module.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
     """``(m * 2 - 1).relu().mean(1)``: arithmetic on the mailbox before its reduction (it was
     Python's "unsupported operand type(s) for *: '_Mailbox' and 'int'")."""
@@ -244,17 +264,7 @@ def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
         + torch.tanh(1 - nodes.mailbox["m"]).amax(1)
         + torch.nn.functional.relu(nodes.mailbox["m"]).sum(1)
         + (nodes.mailbox["m"] * nodes.mailbox["m"].sigmoid()).sum(1)})
-    src, dst = _edges(False)
-    x = torch.randn(N, IN)
-    layer = from_dgl_module(module, node={"feat": IN})
-    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
-    want = module(dgl.graph((src, dst), num_nodes=N), xd)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    w = torch.randn(want.shape)
-    (got * w).sum().backward()
-    (want * w).sum().backward()
-    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+    _equals_dgl(module, "feat")
 
 
 POINTWISE = {   # torch's pointwise functions of one message, with their number arguments
@@ -274,17 +284,7 @@ def test_pointwise_functions_of_the_messages_in_a_reduce_udf_equal_dgl(name):
     they were refused ("nodes.mailbox['m'] used by torch.elu")."""
     reduce = POINTWISE[name]
     module = MailboxUDF(lambda nodes: {"o": reduce(nodes.mailbox["m"])})
-    src, dst = _edges(False)
-    x = torch.randn(N, IN)
-    layer = from_dgl_module(module, node={"feat": IN})
-    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
-    want = module(dgl.graph((src, dst), num_nodes=N), xd)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    w = torch.randn(want.shape)
-    (got * w).sum().backward()
-    (want * w).sum().backward()
-    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
+    _equals_dgl(module, "feat")
 
 
 class TutorialGAT(nn.Module):
@@ -326,22 +326,7 @@ class TutorialGAT(nn.Module):
 def test_the_gat_tutorials_softmax_over_the_mailbox_equals_dgl(heads, method):
     """``F.softmax(nodes.mailbox['e'], dim=1)``: the softmax of each node's messages, an
     edge softmax (it was refused as a function across the mailbox)."""
-    module = TutorialGAT(IN, 4, heads, method)
-    src, dst = _edges(False)
-    x = torch.randn(N, IN)
-    layer = from_dgl_module(module, node={"h": IN})
-    xs, xd = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    got = layer(sarc.Graph.from_edges(src, dst, N), xs)
-    want = module(dgl.graph((src, dst), num_nodes=N), xd)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    w = torch.randn(want.shape)
-    (got * w).sum().backward()
-    gw = [p.grad.clone() for p in module.parameters()]
-    module.zero_grad()
-    (want * w).sum().backward()
-    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-5, atol=1e-5)
-    for a, b in zip(gw, [p.grad for p in module.parameters()]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    _equals_dgl(TutorialGAT(IN, 4, heads, method), "h")
 
 
 def test_a_softmax_over_each_messages_features_equals_dgl():

@@ -213,13 +213,9 @@ def test_a_second_round_of_message_passing_is_refused(make):
     _refused(make(), "second round of message passing", "'h'")
 
 
-class ReturnsSrcData(nn.Module):
+class ReturnsSrcData(EdgesAfterUpdate):
     """Reads update_all's result back through g.srcdata: the same store on a DGL graph, the
     sources' own 'h' on a block."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(IN, 4)
 
     def forward(self, g, feat):
         with g.local_scope():
