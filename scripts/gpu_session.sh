@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh              # env + tests + train + bench, in about 9.5 minutes
 #   bash scripts/gpu_session.sh tests        # one step, with up to 9.5 minutes of its own
 #   bash scripts/gpu_session.sh bench
+#   bash scripts/gpu_session.sh schedule     # benchmarks/gpu_schedule.py (not in "all")
 #
 # Installs nothing: it runs on the machine's python (PYTHON=...) with torch, triton and,
 # where present, torch_geometric and dgl. Every step runs under a timeout, its log and exit
@@ -16,6 +17,8 @@
 #   $OUT/train-nccl.log the same as one NCCL worker (--workers 1 --partition); train-nccl.json
 #                       (tests/gpu/test_gpu_train.py holds both to the CPU run's losses)
 #   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
+#   $OUT/schedule-SIZE.log  benchmarks/gpu_schedule.py at each of SCHEDULE_SIZES (100k-2M...),
+#                       SCHEDULE_LAYERS, SCHEDULES
 #   $OUT/summary.txt    one line per step: name, exit code, seconds
 # Timeouts (seconds): TESTS_TIMEOUT, TRAIN_TIMEOUT (each train step), BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
 # tests/gpu/test_gpu_precision.py alone), TESTS_ARGS (more pytest options; default "-n auto",
@@ -52,6 +55,9 @@ if [ -z "${TESTS_ARGS+set}" ]; then
 fi
 BENCH_SIZES="${BENCH_SIZES:-100k/2M,1M/40M,233k/114M}"
 BENCH_REPEAT="${BENCH_REPEAT:-3}"
+SCHEDULE_SIZES="${SCHEDULE_SIZES:-100k/2M,1M/40M}"
+SCHEDULE_LAYERS="${SCHEDULE_LAYERS:-GCN,GAT,GAT1x7}"
+SCHEDULES="${SCHEDULES:-16,64,256:1024 64,256:1024 :1024 :4096 :none}"
 
 : > "$OUT/summary.txt"
 FAILED=0
@@ -127,8 +133,15 @@ for step in "${STEPS[@]}"; do
                 "$PYTHON" benchmarks/gpu.py --sizes "$BENCH_SIZES" --repeat "$BENCH_REPEAT" \
                 --budget-s $(( BENCH_TIMEOUT > 120 ? BENCH_TIMEOUT - 60 : BENCH_TIMEOUT / 2 )) \
                 --json "$OUT/gpu.json" ;;
+        schedule)
+            # not in "all": the row schedules of the Triton kernels, per size
+            for size in ${SCHEDULE_SIZES//,/ }; do
+                run_step "schedule-$size" "$BENCH_TIMEOUT" "$OUT/schedule-${size//\//-}.log" \
+                    "$PYTHON" benchmarks/gpu_schedule.py --size "$size" \
+                    --layers "$SCHEDULE_LAYERS" --schedules "$SCHEDULES"
+            done ;;
         *)
-            echo "unknown step '$step' (steps: env, tests, train, bench, all)" | tee -a "$OUT/summary.txt"
+            echo "unknown step '$step' (steps: env, tests, train, bench, schedule, all)" | tee -a "$OUT/summary.txt"
             FAILED=1 ;;
     esac
 done
