@@ -213,24 +213,6 @@ def test_a_second_round_of_message_passing_is_refused(make):
     _refused(make(), "second round of message passing", "'h'")
 
 
-class ReturnsSrcData(EdgesAfterUpdate):
-    """Reads update_all's result back through g.srcdata: the same store on a DGL graph, the
-    sources' own 'h' on a block."""
-
-    def forward(self, g, feat):
-        with g.local_scope():
-            g.srcdata["h"] = self.lin(feat)
-            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
-            return g.srcdata["h"]
-
-
-def test_update_alls_result_read_through_srcdata_says_to_read_dstdata():
-    """It was said to be a second round of message passing, which the module does not do."""
-    err = _refused(ReturnsSrcData(), "g.srcdata['h'] reads per source node what update_all "
-                   "computed per destination node", "on a block", "read it as g.dstdata['h']")
-    assert "return g.srcdata" in str(err)   # the user's line
-
-
 def test_a_second_round_through_builtins_is_not_said_to_read_srcdata():
     """The builtins of the second update_all read 'h' per source node, not the user's code."""
     err = _refused(TwoHops(), "second round of message passing")

@@ -495,32 +495,7 @@ class ParamAtAnEnd(ParamKwarg):
         return x_j * w_j
 
 
-class ReturnsAPair(Sum):
-    """Returns its output and a node value of its own, as a model's code may want."""
-
-    def forward(self, x, edge_index):
-        return self.propagate(edge_index, x=x), 2 * x
-
-
-class ReturnsItsAttention(Sum):
-    """Returns what its message stored on it (per edge), as GATConv's attention weights."""
-
-    def forward(self, x, edge_index):
-        out = self.propagate(edge_index, x=x)
-        return out, self._alpha
-
-    def message(self, x_j):
-        self._alpha = x_j.sum(-1)
-        return x_j
-
-
 REFUSED = {
-    "returns_a_pair": (lambda: ReturnsAPair(), {},
-                       r"^ReturnsAPair: a forward that returns a tuple of 2 \(ReturnsAPair"
-                       r"\.forward, at .*test_pyg_tracing\.py:\d+\) is not supported \(a "
-                       r"sarc layer's output is the conv's output alone"),
-    "returns_its_attention": (lambda: ReturnsItsAttention(), {},
-                              r"^ReturnsItsAttention: a forward that returns a tuple of 2"),
     "message_raises": (lambda: NoneWeight(), {},
                        r"^NoneWeight\.message cannot be traced at .*: AttributeError"),
     "node_values_unsuffixed": (lambda: NodeKwarg(), {},

@@ -269,3 +269,27 @@ def test_features_that_are_not_forward_arguments_are_refused():
     with pytest.raises(DSLError, match=r"_FeatAndWeight: forward's argument 'w' \(no default\) "
                                        r"is declared in neither node= nor edge="):
         from_dgl_module(_FeatAndWeight(), node={"feat": IN})
+
+
+class _ReturnsSrcData(nn.Module):
+    """Reads update_all's result back through g.srcdata (the sources' own 'h' on a block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(IN, 4)
+
+    def forward(self, g, feat):
+        import dgl.function as fn
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat)
+            g.update_all(fn.copy_u("h", "m"), fn.sum("m", "h"))
+            return g.srcdata["h"]
+
+
+@case("tracer", "a DGL module returning update_all's result through `g.srcdata` (a block "
+      "keeps the sources' own value there)", "error-at-line")
+def test_update_alls_result_read_through_srcdata_says_to_read_dstdata():
+    _dgl()
+    err = _refused(_ReturnsSrcData(), "g.srcdata['h'] reads per source node what update_all "
+                   "computed per destination node", "on a block", "read it as g.dstdata['h']")
+    assert err.loc is not None and err.loc.file == __file__ and "return g.srcdata" in str(err)

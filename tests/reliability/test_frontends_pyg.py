@@ -276,3 +276,30 @@ def test_conv_without_its_width_says_to_give_it():
             "as_conv(conv, in_channels=...)")
     out = as_conv(_NoWidth(), in_channels=5)(X, EDGE_INDEX)
     assert out.shape == (4, 3)
+
+
+class _ReturnsItsAttention(MessagePassing):
+    """Returns its output and what its message stored on it, as GATConv's attention."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        out = self.propagate(edge_index, x=x)
+        return out, self._alpha
+
+    def message(self, x_j):
+        self._alpha = x_j.sum(-1)
+        return x_j
+
+
+@case("dsl", "a user's PyG conv whose forward returns a tuple (its output and its attention "
+      "weights)", "error")
+def test_conv_returning_a_tuple_is_refused_at_its_forward():
+    import inspect
+    line = inspect.getsourcelines(_ReturnsItsAttention.forward)[1]
+    refused(lambda: as_conv(_ReturnsItsAttention())(X, EDGE_INDEX),
+            "_ReturnsItsAttention: a forward that returns a tuple of 2 "
+            f"(_ReturnsItsAttention.forward, at {__file__}:{line}) is not supported",
+            "return it alone")
