@@ -214,8 +214,29 @@ def _aggr_name(conv) -> str:
     raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min")
 
 
+def _aggr_kinds(conv) -> tuple[str, ...]:
+    """What PyG aggregates with, as sarc's reductions: one (``_aggr_name``), or those of
+    PyG's ``MultiAggregation`` in its ``mode='cat'`` (``aggr=["mean", "max"]``: each
+    aggregation of the messages, concatenated along the features)."""
+    module = getattr(conv, "aggr_module", None)
+    if type(module).__name__ != "MultiAggregation" or \
+            not type(module).__module__.startswith("torch_geometric"):
+        return (_aggr_name(conv),)
+    names = [type(a).__name__ for a in module.aggrs]
+    kinds = tuple(_AGGREGATIONS.get(n) for n in names)
+    if module.mode != "cat" or not all(kinds) or not all(
+            type(a).__module__.startswith("torch_geometric") for a in module.aggrs):
+        raise _refuse(conv, f"aggr=MultiAggregation([{', '.join(names)}], "
+                      f"mode={module.mode!r})", "sarc concatenates (mode='cat') sum/add, "
+                      "mean, max and min aggregations")
+    return kinds
+
+
 def _aggregate(conv, value):
-    return _REDUCERS[_aggr_name(conv)](value)
+    kinds = _aggr_kinds(conv)
+    if len(kinds) == 1:
+        return _REDUCERS[kinds[0]](value)
+    return torch.cat([_REDUCERS[k](value) for k in kinds], dim=-1)
 
 
 def _plain_edge_index(conv, edge_index) -> torch.Tensor:
@@ -1046,7 +1067,7 @@ class TracedConv(PyGLayer):
     def __init__(self, conv, in_channels: int | None = None, edge_dim=None):
         from torch_geometric.nn import MessagePassing
         cls = type(conv)
-        _aggr_name(conv)
+        _aggr_kinds(conv)
         if cls.message is MessagePassing.message and \
                 cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
             raise _refuse(conv, "message_and_aggregate without message",

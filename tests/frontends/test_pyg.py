@@ -66,6 +66,16 @@ class EdgeConvLike(MessagePassing):
         return self.mlp(torch.cat([x_i, x_j - x_i], dim=-1))
 
 
+class MeanAndMax(EdgeConvLike):
+    """EdgeConv's message, aggregated by its mean and its max, concatenated (PyG's
+    MultiAggregation)."""
+
+    def __init__(self, in_channels, out_channels):
+        MessagePassing.__init__(self, aggr=["mean", "max"])
+        self.in_channels = in_channels
+        self.mlp = mlp(2 * in_channels, out_channels)
+
+
 class GatedMean(MessagePassing):
     """A weighted message: node features projected in forward, gated by the edge's
     features in message, averaged, passed through update, plus a skip term."""
@@ -151,6 +161,7 @@ CONVS = {
     "cluster_gcn": (lambda: pyg.ClusterGCNConv(D_IN, 4, diag_lambda=0.5), None),
     "user_edgeconv": (lambda: EdgeConvLike(D_IN, 4), None),
     "user_gated_mean": (lambda: GatedMean(D_IN, 4, D_EDGE), "edge_attr"),
+    "user_mean_and_max": (lambda: MeanAndMax(D_IN, 4), None),
     "user_weighted": (lambda: WeightedSum(D_IN, 4), None),
     "user_weighted_given": (lambda: WeightedSum(D_IN, 4), "edge_weight"),
 }
@@ -441,7 +452,7 @@ def _worker(rank, port, queue, layer, pset_path, edge_names, upstream, out_dir):
 DISTRIBUTED = ["gcn", "gcn_improved_weighted", "sage_max", "gat_3heads_concat", "gat_edge_dim",
                "gatv2", "gin_train_eps", "gine", "rgcn_bases", "res_gated",
                "transformer_edge_dim", "sgconv", "chebconv_k3", "cluster_gcn", "user_edgeconv",
-               "user_gated_mean"]
+               "user_gated_mean", "user_mean_and_max"]
 
 
 @pytest.mark.parametrize("name", DISTRIBUTED)

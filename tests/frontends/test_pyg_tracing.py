@@ -10,6 +10,7 @@ PyG's own: output, the gradient of x, of every parameter and of the edge feature
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -416,6 +417,41 @@ class Sum(MessagePassing):
 
     def forward(self, x, edge_index):
         return self.propagate(edge_index, x=self.lin(x))
+
+
+class SeveralAggregations(MessagePassing):
+    """``aggr=[...]``: PyG's MultiAggregation, the aggregations concatenated (mode 'cat')."""
+
+    def __init__(self, aggr, **kwargs):
+        super().__init__(aggr=aggr, **kwargs)
+        self.in_channels = D
+        self.lin = nn.Linear(D, 2)
+        self.out = nn.Linear(2 * len(aggr), 3)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x))
+
+    def message(self, x_j, x_i):
+        return torch.tanh(x_j - 0.5 * x_i)
+
+    def update(self, aggr_out):
+        return self.out(aggr_out)
+
+
+@pytest.mark.parametrize("aggr", [["mean", "max"], ["sum", "min", "mean"]], ids="-".join)
+def test_several_aggregations_concatenated_equal_pyg(aggr):
+    check_both_paths(SeveralAggregations(aggr))
+
+
+@pytest.mark.parametrize("aggr,options,shown", [
+    (["mean", "max"], {"aggr_kwargs": {"mode": "sum"}},
+     "aggr=MultiAggregation([MeanAggregation, MaxAggregation], mode='sum')"),
+    (["mean", "std"], {}, "aggr=MultiAggregation([MeanAggregation, StdAggregation], "
+                          "mode='cat')")], ids=["mode-sum", "std"])
+def test_several_aggregations_sarc_has_not_are_refused(aggr, options, shown):
+    with pytest.raises(ConversionError, match=re.escape(f"SeveralAggregations: {shown} is not "
+                                                        f"supported")):
+        from_message_passing(SeveralAggregations(aggr, **options))
 
 
 def test_aggr_set_after_construction_is_what_pyg_uses():
