@@ -499,18 +499,10 @@ def _as_dst(graph: "ProxyGraph", value: Proxy) -> Proxy:
 
 
 def _from_edges(tracer, value: Proxy) -> bool:
-    """Whether the node value ``value`` is computed from the graph's edges (``_EDGE_MADE``)."""
-    b, seen, stack = tracer.builder, set(), [value.index]
-    while stack:
-        i = stack.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        v = b.values[i]
-        if v.op in _EDGE_MADE:
-            return True
-        stack.extend(j for j in v.inputs if b.values[j].type.domain in (Domain.SRC, Domain.DST))
-    return False
+    """Whether the node value ``value`` is computed, through node values, from the graph's
+    edges (``_EDGE_MADE``): what ``_replay`` cannot carry to the other side."""
+    return tracer.builder.reaches(value.index, lambda i, v: v.op in _EDGE_MADE,
+                                  through=lambda v: v.type.domain in (Domain.SRC, Domain.DST))
 
 
 def _as_src(graph: "ProxyGraph", value: Proxy, what: str) -> Proxy:

@@ -1287,15 +1287,7 @@ class SelfLoopsTracedConv(TracedConv):
 
 def _reaches(builder, value, targets: set) -> bool:
     """Whether the traced ``value`` is computed from one of the values ``targets``."""
-    seen, stack = set(), [value.index]
-    while stack:
-        i = stack.pop()
-        if i in targets:
-            return True
-        if i not in seen:
-            seen.add(i)
-            stack.extend(builder.values[i].inputs)
-    return False
+    return builder.reaches(value.index, lambda i, v: i in targets)
 
 
 def _check_forward_signature(conv, params) -> None:
@@ -1393,11 +1385,16 @@ def _converter(cls) -> Callable[[nn.Module], PyGLayer] | None:
     methods (a subclass that changes ``message``, ``update``, ``forward``... is traced
     from its own code instead, as any other MessagePassing)."""
     from torch_geometric.nn import MessagePassing
-    converters = _converters()
-    stock = next((c for c in cls.__mro__ if c in converters), None)
+    stock = _stock(cls)
     if stock is None or _overridden(cls, stock):
         return None
-    return converters[stock]
+    return _converters()[stock]
+
+
+def _stock(cls) -> type | None:
+    """The first class in ``cls``'s MRO that sarc converts (None: none is)."""
+    converters = _converters()
+    return next((c for c in cls.__mro__ if c in converters), None)
 
 
 def _overridden(cls, stock) -> list[str]:
@@ -1423,8 +1420,7 @@ def _overridden(cls, stock) -> list[str]:
 def _why_traced(cls) -> str | None:
     """Why a subclass of a converted conv is traced from its code instead (None for any
     other class): its refusals come from the stock conv's forward, not the user's code."""
-    converters = _converters()
-    stock = next((c for c in cls.__mro__ if c in converters), None)
+    stock = _stock(cls)
     if stock is None or stock is cls:
         return None
     names = _overridden(cls, stock)

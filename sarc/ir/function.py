@@ -8,7 +8,7 @@ nothing is mutated in place.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import DSLError, SourceLoc
 from .ops import Op, TypeError_, infer_type
@@ -135,6 +135,22 @@ class Builder:
     def const(self, value: float, type: TensorType, loc: SourceLoc | None = None) -> int:
         assert type.domain is Domain.PARAM and type.feat == ()
         return self.add(Op.CONST, (), {"value": float(value)}, loc, type)
+
+    def reaches(self, index: int, hit: Callable[[int, Value], bool],
+                through: Callable[[Value], bool] = lambda v: True) -> bool:
+        """Whether value ``index``, or a value it is computed from, is a ``hit(i, value)``;
+        only inputs that pass ``through`` are followed."""
+        seen, stack = set(), [index]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            v = self.values[i]
+            if hit(i, v):
+                return True
+            stack.extend(j for j in v.inputs if through(self.values[j]))
+        return False
 
     def finish_region(self, result: int) -> Region:
         return Region(tuple(self.values), result)
