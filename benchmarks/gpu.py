@@ -436,10 +436,25 @@ def _step(module: torch.nn.Module, call: Callable[[torch.Tensor], torch.Tensor],
     return step
 
 
+def sarc_edge_inputs(b: Bench, name: str) -> dict:
+    """The edge inputs of sarc's layer ``name`` (RGCN's relations and norms)."""
+    return {"etype": b.etype, "norm": b.norm} if name == "RGCN" else {}
+
+
 def sarc_step(b: Bench, name: str, backend: str, args, device):
     layer = sarc_layer(name, args.feats, args.rels).to(device).train().set_backend(backend)
-    edge = {"etype": b.etype, "norm": b.norm} if name == "RGCN" else {}
+    edge = sarc_edge_inputs(b, name)
     return layer, _step(layer, lambda xx: layer(b.g, h=xx, **edge), b.x)
+
+
+def one_layer(name: str, size: str, feats: int, backend: str, device: torch.device):
+    """sarc's layer ``name`` at ``size`` ("100k/2M") on ``device``, for the scripts that
+    measure one layer: its bench (graph, features), the layer, and a forward + backward
+    step of it."""
+    args = parse_args(["--layers", name, "--sizes", size, "--feats", str(feats)])
+    b = build_bench(*args.sizes[0], args, device)
+    layer, step = sarc_step(b, name, backend, args, device)
+    return b, layer, step
 
 
 def pyg_step(b: Bench, name: str, form: str, args, device):

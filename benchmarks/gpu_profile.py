@@ -29,9 +29,7 @@ def profile(name: str, size: str, backend: str, steps: int, rows: int, feats: in
     from torch.profiler import profile as torch_profile
     device = torch.device(device)
     cuda = device.type == "cuda"
-    args = gpu.parse_args(["--layers", name, "--sizes", size, "--feats", str(feats)])
-    b = gpu.build_bench(*args.sizes[0], args, device)
-    _, step = gpu.sarc_step(b, name, backend, args, device)
+    _, _, step = gpu.one_layer(name, size, feats, backend, device)
     for _ in range(3):  # compilation, autotuning
         step()
     sync = torch.cuda.synchronize if cuda else (lambda: None)

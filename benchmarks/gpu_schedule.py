@@ -72,10 +72,8 @@ def measure(name: str, size: str, schedules: list[Schedule], repeat: int,
     difference of the output from the first schedule's."""
     from sarc.backends import triton_runtime
     device = torch.device(device)
-    args = gpu.parse_args(["--layers", name, "--sizes", size, "--feats", str(feats)])
-    b = gpu.build_bench(*args.sizes[0], args, device)
-    layer, step = gpu.sarc_step(b, name, backend, args, device)
-    edge = {"etype": b.etype, "norm": b.norm} if name == "RGCN" else {}
+    b, layer, step = gpu.one_layer(name, size, feats, backend, device)
+    edge = gpu.sarc_edge_inputs(b, name)
     launches = [0]
     real_run = triton_runtime.run
 

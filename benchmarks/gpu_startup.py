@@ -42,9 +42,7 @@ def measure(name: str, size: str, repeat: int, device: str = "cuda", feats: int 
             backend: str = "triton") -> dict:
     """In this process: the first step and the steady steps of layer ``name`` (seconds)."""
     device = torch.device(device)
-    args = gpu.parse_args(["--layers", name, "--sizes", size, "--feats", str(feats)])
-    b = gpu.build_bench(*args.sizes[0], args, device)
-    _, step = gpu.sarc_step(b, name, backend, args, device)
+    _, _, step = gpu.one_layer(name, size, feats, backend, device)
 
     def timed() -> float:
         _sync(device)
