@@ -118,11 +118,11 @@ def test_descendants_of_processes_that_end_while_they_are_read(monkeypatch):
 # the last thread goes. A killed multi-threaded sarc train ends this way, a thread at a time.
 _PARENT = r"""
 import ctypes, os, subprocess, sys, threading, time
-run_dir, port, marker, exit_call = sys.argv[1:]
+run_dir, port, exit_call = sys.argv[1:]
 env = {**os.environ, "SARC_PARENT_PID": str(os.getpid()), "SARC_RUN_DIR": run_dir}
 agent = subprocess.Popen(
     [sys.executable, "-m", "sarc.distributed.agent", "--nnodes", "1", "--nproc-per-node", "1",
-     "--master-addr", "127.0.0.1", "--master-port", port, "--no-python", "sleep", marker],
+     "--master-addr", "127.0.0.1", "--master-port", port, "--no-python", "sleep", "600"],
     env=env, start_new_session=True)
 print(agent.pid, flush=True)
 sys.stdin.readline()
@@ -145,20 +145,17 @@ def _ended(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux") or _EXIT_CALL is None,
                     reason="Linux's per-thread parent death signal, on x86_64 or aarch64")
 def test_the_run_directory_goes_when_sarc_trains_threads_end_one_by_one(tmp_path):
-    import socket
     import subprocess
     import time
 
     from sarc.distributed import supervise
 
+    from .harness import free_port
+
     run_dir = tmp_path / "sarc-train-run"
     (run_dir / "partition").mkdir(parents=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    marker = f"{900 + os.getpid() % 97}.25"  # sleep's argument: names this test's worker
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(run_dir), str(port), marker,
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(run_dir), str(free_port()),
                                str(_EXIT_CALL)], cwd=root, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": root})
