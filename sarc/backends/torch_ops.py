@@ -660,16 +660,23 @@ def extremum_spmm(kind: str, g: Graph, x: torch.Tensor) -> torch.Tensor:
 
 class _ExtremumProduct(torch.autograd.Function):
     """max / min of x[src(e)] over each destination's edges (the C kernel's ``extremum``).
-    Like a fused op it keeps x alone: backward computes the extremum and its tie counts
-    again, then ``dx[u] = sum over the edges (u, v) of [x[u] == y[v]] dy[v] / count[v]``
-    row by row of the transposed index (``select_sum``: no edge tensor, no scatter)."""
+    It keeps x, and the tie counts the forward kernel computes with the extremum (a number
+    per output number: less than the edge tensor or the argmax DGL keeps), and reads the
+    output itself in backward: ``dx[u] = sum over the edges (u, v) of [x[u] == y[v]]
+    dy[v] / count[v]`` row by row of the transposed index (``select_sum``: no edge tensor,
+    no scatter). Where the output was written over after the call, backward computes the
+    extremum again from x."""
 
     @staticmethod
     def forward(ctx, x, kind, g):
         lay = layout(g)
         ctx.kind, ctx.g, ctx.lay = kind, g, lay
         ctx.save_for_backward(x)
-        y, _ = cpu_kernels.kernels().extremum(kind, lay.rowptr, lay.src, x.detach(), g.num_dst)
+        y, count = cpu_kernels.kernels().extremum(kind, lay.rowptr, lay.src, x.detach(),
+                                                   g.num_dst)
+        # held detached (no cycle through the output's grad_fn), with its version to see
+        # an in-place write; the counts are the kernel's own, read by nothing else
+        ctx.y, ctx.y_version, ctx.count = y.detach(), y._version, count
         return y
 
     @staticmethod
@@ -677,7 +684,10 @@ class _ExtremumProduct(torch.autograd.Function):
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
         k, lay = cpu_kernels.kernels(), ctx.lay
-        y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
+        y, count = ctx.y, ctx.count
+        ctx.y = ctx.count = None
+        if y._version != ctx.y_version:
+            y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
         ptr, rows, _ = lay.transposed()
         return k.select_sum(ptr, rows, x, y, tie_share(dy.to(x.dtype), count)), None, None
 

@@ -1,11 +1,14 @@
 """The PyTorch backend's graph kernels against their plain definitions (values and grads)."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
 import sarc
 from sarc.backends import torch_ops as K
+from sarc.native import kernels as cpu_kernels
 
 
 def _graph(n: int, e: int, seed: int = 0) -> sarc.Graph:
@@ -212,6 +215,34 @@ def test_extremum_spmm_splits_ties_evenly(kind, dtype):
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad((got * ct).sum(), x)[0],
                                torch.autograd.grad((want * ct).sum(), xo)[0])
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extremum_spmm_keeps_its_output_and_tie_counts_for_backward(kind):
+    """The backward reads the output and the forward's tie counts (one extremum kernel per
+    step); where the output was written over in place after the call, the gradient is
+    still the extremum's: backward computes it again from x."""
+    if cpu_kernels.kernels() is None:
+        pytest.skip("sarc's C kernels are not built here (no C compiler)")
+    g = _multi_graph()
+    x = torch.randint(-1, 2, (5, 3)).to(torch.float64).requires_grad_()
+    ct = torch.randn(5, 3, dtype=torch.float64)
+    want = torch.autograd.grad((K.extremum_spmm(kind, g, x) * ct).sum(), x)[0]
+    calls = []
+    real = type(cpu_kernels.kernels()).extremum
+
+    def counted(self, *args):
+        calls.append(args[0])
+        return real(self, *args)
+    with mock.patch.object(type(cpu_kernels.kernels()), "extremum", counted):
+        y = K.extremum_spmm(kind, g, x)
+        torch.testing.assert_close(torch.autograd.grad((y * ct).sum(), x)[0], want)
+        assert calls == [kind]          # the forward's; backward read what it kept
+        y = K.extremum_spmm(kind, g, x)
+        z = y.detach()
+        z += 100.0                      # the output written over (as a user may)
+        torch.testing.assert_close(torch.autograd.grad((y * ct).sum(), x)[0], want)
+        assert calls == [kind] * 3      # backward computed the extremum again
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
