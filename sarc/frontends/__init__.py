@@ -21,3 +21,12 @@ def in_module(name: str, e: DSLError) -> DSLError:
         problem += (f" (this is in the module's own code: sarc does not trace {name} used "
                     f"this way; call it with other arguments, or write the layer in sarc's DSL)")
     return DSLError(problem, e.loc)
+
+
+def follow_mode(wrapper, module) -> None:
+    """The wrapper of a library module takes the module's train / eval mode at each call:
+    its dropout is on or off as the module's own forward would have it, whether the user
+    switched the wrapper (which switches the module with it) or the module itself
+    (``conv.eval()``, or ``model.eval()`` on a model that holds the module)."""
+    if wrapper.training != module.training:
+        wrapper.train(module.training)

@@ -65,7 +65,7 @@ from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
 from ..trace_guards import code_namespaces, routed, tracing
-from . import in_module
+from . import follow_mode, in_module
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
 
@@ -222,6 +222,7 @@ class DGLLayer(Layer):
         """As ``Layer.forward``. A module that refuses nodes without in-edges (DGL's
         ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph`` and on a whole
         graph's ``DistGraph`` (every worker, ``refuse_zero_in_degree``)."""
+        follow_mode(self, self.module)
         self.compiled()   # traced: whether the module checks for nodes without in-edges
         if self._sarc_checks_in_degree:
             refuse_zero_in_degree(self.module_name, g)

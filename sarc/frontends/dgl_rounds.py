@@ -26,6 +26,7 @@ from .. import dsl
 from ..dsl import Layer
 from ..errors import DSLError, GraphError
 from ..trace import user_loc
+from . import follow_mode
 from .rounds import later_rows
 
 
@@ -84,6 +85,7 @@ class DGLRounds(nn.Module):
 
     def forward(self, g, feat, edge_weight=None):
         name = self.module_name
+        follow_mode(self, self.module)
         if edge_weight is not None:
             raise GraphError(f"{name} with k={self.module._k}: an edge_weight argument is not "
                              f"supported (DGL normalizes it with EdgeWeightNorm, a weighted "

@@ -48,7 +48,7 @@ from ..ir.types import Domain
 from ..trace import Proxy, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 from ..trace_torch import AcrossRowsError
-from . import in_module
+from . import follow_mode, in_module
 
 
 class ConversionError(SarcError, TypeError):
@@ -105,6 +105,7 @@ class PyGLayer(Layer):
         _check_message_passing(conv)
 
     def forward(self, g, *args, **feats):
+        follow_mode(self, self.conv)
         type(self).check_conv(self.conv)
         check_not_hooked(self.conv)
         return super().forward(g, *args, **feats)

@@ -26,6 +26,7 @@ from ..errors import GraphError
 from .pyg import (ConversionError, PyGInputs, _REDUCERS, _aggr_name, _check_message_passing,
                   _in_channels, _plain_edge_index, _refuse, _require, check_not_hooked,
                   weighted_inputs, weights_dtype)
+from . import follow_mode
 from .rounds import later_rows
 
 
@@ -83,6 +84,7 @@ class PyGRounds(nn.Module):
 
     def forward(self, g, x, edge_weight=None):
         name = type(self.conv).__name__
+        follow_mode(self, self.conv)
         if self.count() != len(self.rounds):
             raise ConversionError(f"{name}: it was converted for {len(self.rounds)} rounds and "
                                   f"now has {self.count()}; convert it again "

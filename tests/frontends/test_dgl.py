@@ -175,6 +175,32 @@ def test_imported_layer_equals_the_dgl_module(case):
         _close(got[k], ref_grads[k], f"gradient of {k}")
 
 
+MODE_CASES = [
+    ("gat", lambda: GATConv(IN, 3, num_heads=2, feat_drop=0.5, attn_drop=0.5,
+                            allow_zero_in_degree=True)),
+    ("sage", lambda: SAGEConv(IN, 4, "mean", feat_drop=0.5)),
+    ("appnp-k1", lambda: APPNPConv(1, 0.2, edge_drop=0.5)),
+    ("appnp-k3", lambda: APPNPConv(3, 0.2, edge_drop=0.5)),
+]
+
+
+@pytest.mark.parametrize("make", [c[1] for c in MODE_CASES], ids=[c[0] for c in MODE_CASES])
+def test_the_layer_follows_the_modules_mode_set_after_the_import(make):
+    """``module.eval()`` after the import (a model holding the module switched to eval)
+    turns the layer's dropout off, as DGL's forward has it; ``module.train()`` on again."""
+    torch.manual_seed(0)
+    module = make()
+    layer = from_dgl_module(module, node={"feat": IN})
+    src, dst = _edges(True)
+    g, x = sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN)
+    module.eval()
+    _close(layer(g, x), module(dgl.graph((src, dst), num_nodes=N), x), "eval output")
+    assert not layer.training
+    module.train()
+    assert not torch.equal(layer(g, x), layer(g, x))   # a mask drawn per call
+    assert layer.training
+
+
 def test_parameters_are_shared_with_the_module():
     module = GraphConv(IN, 4, allow_zero_in_degree=True)
     layer = from_dgl_module(module, node={"feat": IN})

@@ -243,6 +243,25 @@ def test_attention_dropout_follows_the_mode():
     assert_all_close([("eval output", layer.run(x, ei).detach(), conv(x, ei).detach())])
 
 
+@pytest.mark.parametrize("make", [lambda: pyg.GATConv(D_IN, 4, heads=2, dropout=0.6),
+                                  lambda: pyg.TransformerConv(D_IN, 4, heads=2, dropout=0.6)],
+                         ids=["GATConv", "TransformerConv"])
+def test_the_layer_follows_the_convs_mode_set_after_the_import(make):
+    """``conv.eval()`` after the import (a model holding the conv switched to eval) turns
+    the attention dropout off in the layer and in ``as_conv``'s module, as PyG's forward
+    has it; ``conv.train()`` turns it on again."""
+    torch.manual_seed(0)
+    conv = make()
+    layer, wrapped = from_message_passing(conv), as_conv(conv)
+    x, ei = torch.randn(N, D_IN), graph()
+    conv.eval()
+    want = conv(x, ei).detach()
+    assert_all_close([("run, eval", layer.run(x, ei).detach(), want),
+                      ("as_conv, eval", wrapped(x, ei).detach(), want)])
+    conv.train()
+    assert not torch.equal(layer.run(x, ei), layer.run(x, ei))   # a mask drawn per call
+
+
 def test_training_the_imported_layer_trains_the_conv():
     conv = pyg.GATConv(D_IN, 4, heads=2)
     layer = from_message_passing(conv)
