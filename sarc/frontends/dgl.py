@@ -856,8 +856,14 @@ class ProxyGraph:
         if isinstance(func, CopyMessageFunction):
             return {func.out_field: self._operand(func.target, func.in_field)}
         if isinstance(func, BinaryMessageFunction):
-            lhs, rhs = self._aligned(self._operand(func.lhs, func.lhs_field),
-                                     self._operand(func.rhs, func.rhs_field))
+            lhs = self._operand(func.lhs, func.lhs_field)
+            rhs = self._operand(func.rhs, func.rhs_field)
+            fa, fb = lhs.type.feat, rhs.type.feat
+            if func.binary_op == "dot" and (not fa or not fb or fa[-1] != fb[-1]):
+                self._refuse(f"fn.{func.name} of features {list(fa)} and {list(fb)}",
+                             "DGL's dot needs the same size on the last dimension of both "
+                             "operands, and raises")
+            lhs, rhs = self._aligned(lhs, rhs)
             if func.binary_op == "dot":
                 prod = lhs * rhs
                 return {func.out_field: prod.sum(-1).unsqueeze(-1)}

@@ -221,6 +221,32 @@ def test_traced_ir_has_no_edge_tensor_for_graphconv():
     assert ops.get("aggregate") == 1 and "gather_src" not in ops and "reduce" not in ops
 
 
+class _DotOfOtherWidths(nn.Module):
+    def forward(self, g, feat, w):
+        with g.local_scope():
+            g.ndata["h"], g.edata["w"] = feat, w
+            g.apply_edges(fn.u_dot_e("h", "w", "d"))   # [IN] . [1]: DGL raises
+            g.update_all(fn.copy_e("d", "m"), fn.sum("m", "out"))
+            return g.ndata["out"]
+
+
+def test_a_dot_of_features_of_other_widths_is_refused_as_dgl_does():
+    """DGL's ``fn.u_dot_e`` of a [IN] node feature and a [1] edge feature raises (its dot
+    needs the last sizes equal); sarc refuses it at the user's line, naming both shapes,
+    where broadcasting it would compute what DGL never does."""
+    src, dst = _edges(True)
+    module = _DotOfOtherWidths()
+    with pytest.raises(Exception, match="same size on last dimension"):
+        g = dgl.graph((src, dst), num_nodes=N)
+        module(g, torch.randn(N, IN), torch.randn(src.numel(), 1))
+    layer = from_dgl_module(module, node={"feat": IN}, edge={"w": (1,)})
+    with pytest.raises(DSLError, match=rf"fn.u_dot_e of features \[{IN}\] and \[1\].*same "
+                       r"size on the last dimension") as info:
+        layer(sarc.Graph.from_edges(src, dst, N), torch.randn(N, IN),
+              w=torch.randn(src.numel(), 1))
+    assert info.value.loc is not None and info.value.loc.file == __file__
+
+
 def test_udfs_that_reduce_over_the_mailbox_are_traced():
     class UDFConv(nn.Module):
         def __init__(self):
