@@ -59,3 +59,29 @@ def reference(layer: ScoreShapes, src: torch.Tensor, dst: torch.Tensor, num_node
             s = SCORES[layer.score][0](qk) * layer.channels ** -0.5
             out[node] = (torch.softmax(s, 0) * v[src[e]]).sum(0)
     return out.flatten(1)
+
+
+class MaskedAttention(sarc.Layer):
+    """Dot-product attention whose masked edges score ``fill`` (``masked_fill(mask, -1e9)``,
+    the usual attention mask) and whose scores are shifted by ``shift``: a softmax weighs
+    them as without the shift."""
+
+    def __init__(self, width: int, fill: float, shift: float = 0.0):
+        super().__init__(node={"h": 4}, edge={"w": ()})
+        self.lin, self.fill, self.shift = nn.Linear(4, width), fill, shift
+
+    def message(self, src, dst, edge):
+        score = ((src.h * dst.h).sum(-1) + self.shift).masked_fill(edge.w < 0, self.fill)
+        return {"z": self.lin(src.h), "s": score}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.z * sarc.edge_softmax(msg.s).unsqueeze(-1))
+
+
+def masked_attention_feats(g: sarc.Graph, seed: int = 5) -> dict[str, torch.Tensor]:
+    """``MaskedAttention``'s inputs on ``g``: a third of the edges masked, and every edge
+    into a destination whose id is a multiple of 4 (rows of several edges, all masked)."""
+    gen = torch.Generator().manual_seed(seed)
+    masked = (torch.rand(g.num_edges, generator=gen) < 0.3) | (g.dst.cpu() % 4 == 0)
+    return {"h": torch.randn(g.num_src, 4, generator=gen),
+            "w": torch.where(masked, -1.0, 1.0)}

@@ -17,10 +17,11 @@ value region), and the block op runs its kernels:
   ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``),
   whose kernels load the operands as they are (float32 is exact in float64: no float64
   copy) and compute in ``STATS``: the partial is its forward
-  kernel's ``(lse, 1, out)``, the normalizer ``(lse, 1)``, the normalized sum
-  ``out * exp(lse - M) / S``; the surrogate, computed for its gradient alone, is the
-  op's gradient kernels fed the merged state, each gradient accumulated in ``STATS`` and
-  rounded once.
+  kernel's ``(m, l, out * l)`` (each row's max score, its sum of exp(score - m), the
+  unnormalized sum), the normalizer ``(m, l)``, the normalized sum
+  ``out * exp(m - M) * l / S``; the surrogate, computed for its gradient alone, is the
+  op's gradient kernels fed the merged state ``(M, S)``, each gradient accumulated in
+  ``STATS`` and rounded once.
 
 - ``score_normalizer``, ``edge_softmax_global``, ``score_normalizer_surrogate``: an
   unfused edge_softmax's normalizer pass and global weights, given the site's kernels
@@ -123,67 +124,73 @@ def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
 
 
 def _softmax(op: FusedOp, g, operands):
-    """The op's forward kernel on the block: (out, lse, (m, s)), ``(m, s) = (lse, 1)`` the
-    normalizer state equivalent to it; (-inf, 0) and an output of 0 on rows without edges,
-    or whose scores in the block are all -inf (``masked_fill``: the kernel's 0 / 0 there)."""
+    """The op's forward kernel on the block: (out, (m, l)), its normalized output and each
+    row's max score and sum of exp(score - m); (-inf, 0) and an output of 0 on rows without
+    edges, or whose scores in the block are all -inf (``masked_fill``: the kernel's 0 / 0
+    there)."""
     check_device(op.name, op.forward.main.kernel, [g.src, *operands])
-    out, lse = op.forward(g, operands, STATS)
-    neg_inf = torch.full((), float("-inf"), dtype=STATS, device=lse.device)
-    has = _rows_with_edges(g, lse) & (lse != neg_inf)
-    m = torch.where(has, lse, neg_inf)
+    out, m, l_ = op.forward(g, operands, STATS)
+    neg_inf = torch.full((), float("-inf"), dtype=STATS, device=m.device)
+    zero = torch.zeros((), dtype=STATS, device=m.device)
+    has = _rows_with_edges(g, m) & (m != neg_inf)
+    m, l_ = torch.where(has, m, neg_inf), torch.where(has, l_, zero).contiguous()
     out = torch.where(has.view(*has.shape, *([1] * (out.dim() - has.dim()))), out,
                       torch.zeros((), dtype=out.dtype, device=out.device))
-    return out, lse, (m, has.to(STATS).contiguous())
+    return out, (m, l_)
+
+
+def _by_row(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A row statistic [rows, *score] broadcast over ``like``'s trailing value axes."""
+    return t.reshape(*t.shape, *([1] * (like.dim() - t.dim())))
 
 
 @torch.no_grad()
 def softmax_partial(score, value, sides, width: int, g, value_index, *operands):
     """(m, s, acc): the block's share of a softmax aggregate. On the op (compiled in
-    ``STATS``): its forward kernel's output and log-sum-exp, as the equivalent state
-    ``(lse, 1, out)``."""
+    ``STATS``): its forward kernel's max scores and sums, and its output times the sums."""
     if not isinstance(score, FusedOp):
         return torch_blocks.softmax_partial(score, value, sides, width, g, value_index,
                                             *operands)
-    out, _, (m, s) = _softmax(score, g, operands)
-    return m, s, out
+    out, (m, s) = _softmax(score, g, operands)
+    return m, s, out * _by_row(s, out)
 
 
 @torch.no_grad()
 def softmax_normalizer(score, sides, width: int, g, *operands):
     """(m, s) of a softmax aggregate's score on the block (a normalizer pass); on the op:
-    ``(lse, 1)``."""
+    its forward kernel's."""
     if not isinstance(score, FusedOp):
         return torch_blocks.softmax_normalizer(score, sides, width, g, *operands)
-    return _softmax(score, g, operands)[2]
+    return _softmax(score, g, operands)[1]
 
 
 @torch.no_grad()
 def softmax_normalized(score, value, sides, width: int, g, value_index, norm, *operands):
     """sum over the block's edges of alpha * value, alpha normalized by the global (M, S);
-    on the op: its output rescaled, ``out * exp(lse - M) / S``."""
+    on the op: its output rescaled, ``out * exp(m - M) * l / S``."""
     if not isinstance(score, FusedOp):
         return torch_blocks.softmax_normalized(score, value, sides, width, g, value_index,
                                                norm, *operands)
     big_m, big_s = norm
-    out, lse, (m, _) = _softmax(score, g, operands)
-    w = torch.exp(m - big_m.to(STATS)) / big_s.to(STATS)  # 0 where the block has no edge
-    return out * w.reshape(*w.shape, *([1] * (out.dim() - w.dim())))
+    out, (m, s) = _softmax(score, g, operands)
+    w = torch.exp(m - big_m.to(STATS)) * s / big_s.to(STATS)  # 0 where the block has no edge
+    return out * _by_row(w, out)
 
 
 def softmax_surrogate(score, value, sides, width: int, g, value_index, state, *operands):
     """The sum over destinations and the block's edges of alpha_e (<g_v, value_e> - D_v),
     for its gradient alone (``torch_blocks.softmax_surrogate``). On the op (compiled in
-    ``STATS``): its gradient kernels, fed the merged log-sum-exp ``M + log S``, ``g`` and
-    ``D``, and no projection (the block's share of a row's score gradients does not sum to
-    zero)."""
+    ``STATS``): its gradient kernels, fed the merged ``M`` and ``S``, ``g`` and ``D``, and
+    no projection (the block's share of a row's score gradients does not sum to zero)."""
     if not isinstance(score, FusedOp):
         return torch_blocks.softmax_surrogate(score, value, sides, width, g, value_index,
                                               state, *operands)
     op = score
     big_m, big_s, grad, d = state
     check_device(op.name, op.forward.main.kernel, [g.src, grad, *operands])
-    lse = big_m.to(STATS) + torch.log(big_s.to(STATS))
-    return _SoftmaxSurrogate.apply(op, g, lse, grad.to(STATS), d.to(STATS), *operands)
+    return _SoftmaxSurrogate.apply(op, g, big_m.to(STATS).contiguous(),
+                                   big_s.to(STATS).contiguous(), grad.to(STATS), d.to(STATS),
+                                   *operands)
 
 
 class _SoftmaxSurrogate(torch.autograd.Function):
@@ -191,21 +198,22 @@ class _SoftmaxSurrogate(torch.autograd.Function):
     computes nothing (only the gradient is read)."""
 
     @staticmethod
-    def forward(ctx, op: FusedOp, g, lse, grad, d, *operands):
+    def forward(ctx, op: FusedOp, g, big_m, big_s, grad, d, *operands):
         ctx.op, ctx.g = op, g
         ctx.dtypes = [x.dtype for x in operands]
-        ctx.save_for_backward(lse, grad, d, *operands)
-        return lse.new_zeros(())
+        ctx.save_for_backward(big_m, big_s, grad, d, *operands)
+        return big_m.new_zeros(())
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dsur):
-        lse, grad, d, *xs = ctx.saved_tensors
+        big_m, big_s, grad, d, *xs = ctx.saved_tensors
         dsur = dsur.to(STATS)
         # the surrogate is linear in (g, D): its cotangent scales both
-        feeds = [*xs, (grad * dsur).contiguous(), lse, d * dsur, torch.zeros_like(lse)]
-        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[5:], STATS)
-        return (None, None, None, None, None,
+        feeds = [*xs, (grad * dsur).contiguous(), big_m, big_s, d * dsur,
+                 torch.zeros_like(big_m)]
+        grads = ctx.op.operand_grads(ctx.g, xs, feeds, ctx.needs_input_grad[6:], STATS)
+        return (None, None, None, None, None, None,
                 *(None if gr is None else gr.to(dt) for gr, dt in zip(grads, ctx.dtypes)))
 
 

@@ -22,9 +22,10 @@ runtime computes from the op's output cotangent ``dy``:
   edges that attain the extremum, as the interpreter's ``amax`` does; ties are
   counted by one more aggregate, ``count_region``);
 - SDDMM: ``dy`` at the edge;
-- softmax_aggregate: ``dy``, the forward's per-row log-sum-exp ``lse``,
+- softmax_aggregate: ``dy``, the forward's per-row max score ``m`` and sum ``l`` of
+  ``exp(score - m)`` (kept apart: ``m + log(l)`` rounds l away at a max far from zero),
   ``delta = <dy, y>`` (summed over the value's trailing axes) and ``sigma``:
-  with ``a = exp(score - lse)`` and ``ds = a * (<dy, value> - delta)``,
+  with ``a = exp(score - m) / l`` and ``ds = a * (<dy, value> - delta)``,
   ``dscore = ds - a * sigma`` where ``sigma`` is the per-row sum of ``ds`` (one
   more aggregate, ``sigma_region``): the cancellation-free form of
   ``sarc.ir.softmax``, whose rows sum to zero as the softmax's shift invariance
@@ -51,7 +52,7 @@ EXTRAS = {
     "max": ("y", "dy_over_ties"),
     "min": ("y", "dy_over_ties"),
     "sddmm": ("dy",),
-    "softmax": ("dy", "lse", "delta", "sigma"),
+    "softmax": ("dy", "m", "l", "delta", "sigma"),
 }
 """What the backward regions read after the operands, by op kind (runtime computes them):
 one entry per reducer (``sarc.ir.reducers``) and the sddmm's."""
@@ -217,15 +218,16 @@ def softmax_grads(score: Region, value: Region, types: list[TensorType],
     val = g.inline(value)
     st, vt = g.b.values[s].type, g.b.values[val].type
     dy = g.arg(n, "dst", vt)
-    lse = g.arg(n + 1, "dst", st)
-    delta = g.arg(n + 2, "dst", st)
-    a = g.emit(Op.EXP, [g.emit(Op.SUB, [s, lse])])
+    m = g.arg(n + 1, "dst", st)
+    l_ = g.arg(n + 2, "dst", st)
+    delta = g.arg(n + 3, "dst", st)
+    a = g.emit(Op.DIV, [g.emit(Op.EXP, [g.emit(Op.SUB, [s, m])]), l_])
     da = g.emit(Op.MUL, [dy, val])
     for _ in range(len(vt.feat) - len(st.feat)):
         da = g.emit(Op.SUM_AXIS, [da], axis=-1)
     ds = g.emit(Op.MUL, [a, g.emit(Op.SUB, [da, delta])])
     sigma_region = prune(Region(tuple(g.b.values), ds))
-    sigma = g.arg(n + 3, "dst", st)
+    sigma = g.arg(n + 4, "dst", st)
     ds = g.emit(Op.SUB, [ds, g.emit(Op.MUL, [a, sigma])])
     a_x = a
     if len(vt.feat) > len(st.feat):
@@ -238,6 +240,6 @@ def extra_types(kind: str, out: TensorType, score: TensorType | None = None) -> 
     """The types of ``EXTRAS[kind]`` (what the runtime passes after the operands)."""
     if kind == "softmax":
         assert score is not None
-        return [out, *[score.with_(domain=Domain.DST)] * 3]
+        return [out, *[score.with_(domain=Domain.DST)] * 4]
     return [out] * len(EXTRAS[kind])
 

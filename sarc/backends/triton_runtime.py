@@ -336,7 +336,10 @@ class SddmmKernel:
 
 @dataclass(frozen=True)
 class SoftmaxKernel:
-    """``y[v] = sum_e softmax_v(score)(e) * value(e)``; also returns the per-row log-sum-exp."""
+    """``y[v] = sum_e softmax_v(score)(e) * value(e)``; also returns each row's max score m
+    and sum l of exp(score - m), apart: at a max far from zero (a masked edge's -1e9)
+    ``m + log(l)`` would round l away, and the weights ``exp(score - m) / l`` the backward
+    computes again would not be the forward's."""
 
     score_feat: tuple[int, ...]
     feat: tuple[int, ...]
@@ -347,17 +350,18 @@ class SoftmaxKernel:
         view = graph_view(g, "csr")
         acc = _acc_dtype(dtype)
         out = torch.zeros((view.num_rows, *self.feat), dtype=dtype, device=g.device)
-        lse = torch.zeros((view.num_rows, *self.score_feat), dtype=acc, device=g.device)
+        m_row = torch.zeros((view.num_rows, *self.score_feat), dtype=acc, device=g.device)
+        l_row = torch.zeros((view.num_rows, *self.score_feat), dtype=acc, device=g.device)
         for items in view.buckets:
-            self.main.launch(run, xs, out, lse, lse, items, view, True)
+            self.main.launch(run, xs, out, m_row, l_row, items, view, True)
         if view.split is not None:
             n = view.split.n_segs
             part = torch.empty((n, *self.feat), dtype=acc, device=g.device)
             m = torch.empty((n, *self.score_feat), dtype=acc, device=g.device)
             l_ = torch.empty((n, *self.score_feat), dtype=acc, device=g.device)
             self.main.launch(run, xs, part, m, l_, view.split.segs, view, False)
-            self.combine.launch(run, part, m, l_, out, lse, view.split)
-        return out, lse
+            self.combine.launch(run, part, m, l_, out, m_row, l_row, view.split)
+        return out, m_row, l_row
 
 
 @dataclass(frozen=True)
@@ -409,8 +413,8 @@ class FusedOp:
 
     def run_forward(self, g: Graph, xs) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         if self.kind == "softmax":
-            out, lse = self.forward(g, xs, self.dtype)
-            return out, (out, lse)
+            out, m, l_ = self.forward(g, xs, self.dtype)
+            return out, (out, m, l_)
         if self._selects:
             y = self.forward(g, xs, _acc_dtype(self.dtype))  # exact, for the ties in backward
             return y.to(self.dtype), (y,)
@@ -432,13 +436,13 @@ class FusedOp:
             (y,) = saved
             ties = self.row_sum(g, [*xs, y], y.dtype)
             return [y, tie_share(dy.to(y.dtype), ties)]
-        out, lse = saved
-        acc = lse.dtype
+        out, m, l_ = saved
+        acc = m.dtype
         delta = dy.to(acc) * out.to(acc)
         for _ in range(self.value_extra):
             delta = delta.sum(-1)
-        sigma = self.row_sum(g, [*xs, dy, lse, delta], acc)
-        return [dy, lse, delta, sigma]
+        sigma = self.row_sum(g, [*xs, dy, m, l_, delta], acc)
+        return [dy, m, l_, delta, sigma]
 
     def run_backward(self, g: Graph, xs, saved, dy: torch.Tensor, needs) -> list:
         dy = dy.contiguous()

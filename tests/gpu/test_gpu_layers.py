@@ -53,3 +53,13 @@ def test_zoo_layer_on_gpu_equals_the_torch_backend(model, graph_name):
     layer = LAYERS[model](D).to(CUDA)
     compare(layer, g, on_gpu(features(layer, g, D)))
 
+
+
+@pytest.mark.parametrize("fill,shift", [(-1e9, 0.0), (-30.0, 1e5)], ids=["masked", "shifted"])
+def test_attention_of_scores_far_from_zero_on_gpu(fill, shift):
+    """Masked (-1e9) and shifted (1e5) scores, rows of several edges all masked among them:
+    the gradient kernels weigh each edge as the forward did (``triton_grad``: the row's max
+    and sum kept apart), on the hub's split rows too."""
+    from attention_layers import MaskedAttention, masked_attention_feats
+    g = _graphs()["mixed"]
+    compare(MaskedAttention(4, fill, shift).to(CUDA), g, on_gpu(masked_attention_feats(g)))

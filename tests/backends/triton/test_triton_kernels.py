@@ -29,7 +29,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_layers import SCORES, ScoreShapes
+from attention_layers import SCORES, MaskedAttention, ScoreShapes, masked_attention_feats
 from gat import GATLayer
 from rgcn import RGCNLayer
 from torch import nn
@@ -138,6 +138,21 @@ def test_softmax_aggregate_large_scores_stay_finite():
     g = GRAPHS["multi_edges"]
     tri = compare(AttentionLayer(2, 3), g, {"h": 30.0 * torch.randn(g.num_src, 2, 3)})
     assert torch.isfinite(tri(g, h=30.0 * torch.randn(g.num_src, 2, 3))).all()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["rows", "split_rows"])
+@pytest.mark.parametrize("fill,shift", [(-1e9, 0.0), (-30.0, 1e5), (-30.0, -1e6)],
+                         ids=["masked", "shifted_up", "shifted_down"])
+@pytest.mark.parametrize("width", [4, 12])
+def test_softmax_aggregate_of_scores_far_from_zero(width, fill, shift, split, request):
+    """Scores of magnitude 1e5 to 1e9, rows whose every edge is masked among them: the
+    weights the gradient kernels compute again are those of the forward (the row's max and
+    sum kept apart: ``max + log(sum)`` rounds the sum away at such a max, and a masked row
+    of k edges would weigh each 1, not 1 / k)."""
+    if split:
+        request.getfixturevalue("split_small")
+    g = GRAPHS["power_law"]
+    compare(MaskedAttention(width, fill, shift), g, masked_attention_feats(g))
 
 
 @pytest.mark.parametrize("d", [1, 3, 16, 100, 257])

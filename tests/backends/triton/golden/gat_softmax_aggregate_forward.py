@@ -146,18 +146,18 @@ def kernel(
         l = l * scale + tl.sum(p, axis=0)
         acc = acc * scale[:, None] + tl.sum(p[:, :, None] * tl.where(emask[:, None, None], v0, 0.0), axis=0)
         m = m_new
-    if FINAL:  # a whole row: normalize, and keep log-sum-exp for the backward pass
+    if FINAL:  # a whole row: normalized; its max and sum kept apart for the backward pass
         tl.store(out_ptr + slot * 32 + tl.arange(0, 4)[:, None] * 8 + fd[None, :], _convert(acc / l[:, None], out_ptr.dtype.element_ty), mask=dmask[None, :])
-        tl.store(m_ptr + slot * 4 + tl.arange(0, 4), m + tl.log(l))
     else:  # a segment of a split row: the combine kernel merges (m, l, acc)
         tl.store(out_ptr + slot * 32 + tl.arange(0, 4)[:, None] * 8 + fd[None, :], acc, mask=dmask[None, :])
-        tl.store(m_ptr + slot * 4 + tl.arange(0, 4), m)
-        tl.store(l_ptr + slot * 4 + tl.arange(0, 4), l)
+    tl.store(m_ptr + slot * 4 + tl.arange(0, 4), m)
+    tl.store(l_ptr + slot * 4 + tl.arange(0, 4), l)
 
 
 def launch(run, xs, out, m, l, items, view, final):
     """Run over one list of work items of ``view``: with ``final`` whole rows (``out``
-    normalized, ``m`` = log-sum-exp), else segments of split rows (partial acc, m, l)."""
+    normalized), else segments of split rows (partial acc); each row's max score ``m`` and
+    sum ``l`` of exp(score - m) either way."""
     run(kernel, CONFIGS, KEY, lambda meta: (items.n, triton.cdiv(D, meta["BLOCK_D"])),
         (xs[0], *xs[0].stride(), xs[1], *xs[1].stride(), xs[2], *xs[2].stride(), out, m, l,
          items.row, items.lo, items.hi, items.slot, view.other, D, items.max_deg),

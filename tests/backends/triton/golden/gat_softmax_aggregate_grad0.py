@@ -21,19 +21,21 @@ Kernel v14_softmax_aggregate.grad0: gradient of operand 0 (read at src): a trans
         ^5: edge f32[E,4,8] = arg 3 @dst
         ^6: edge f32[E,4] = arg 4 @dst
         ^7: edge f32[E,4] = arg 5 @dst
-        ^8: edge f32[E,4] = sub(^3, ^6)
-        ^9: edge f32[E,4] = exp(^8)
-        ^10: edge f32[E,4,8] = mul(^5, ^4)
-        ^11: edge f32[E,4] = sum_axis(^10, axis=-1)
-        ^12: edge f32[E,4] = sub(^11, ^7)
-        ^13: edge f32[E,4] = mul(^9, ^12)
-        ^14: edge f32[E,4] = arg 6 @dst
-        ^15: edge f32[E,4] = mul(^9, ^14)
-        ^16: edge f32[E,4] = sub(^13, ^15)
-        ^17: param f32[] = const 0.2
-        ^18: edge f32[E,4] = mul(^16, ^17)
-        ^19: edge f32[E,4] = where_pos(^2, ^16, ^18)
-        yield ^19
+        ^8: edge f32[E,4] = arg 6 @dst
+        ^9: edge f32[E,4] = sub(^3, ^6)
+        ^10: edge f32[E,4] = exp(^9)
+        ^11: edge f32[E,4] = div(^10, ^7)
+        ^12: edge f32[E,4,8] = mul(^5, ^4)
+        ^13: edge f32[E,4] = sum_axis(^12, axis=-1)
+        ^14: edge f32[E,4] = sub(^13, ^8)
+        ^15: edge f32[E,4] = mul(^11, ^14)
+        ^16: edge f32[E,4] = arg 7 @dst
+        ^17: edge f32[E,4] = mul(^11, ^16)
+        ^18: edge f32[E,4] = sub(^15, ^17)
+        ^19: param f32[] = const 0.2
+        ^20: edge f32[E,4] = mul(^18, ^19)
+        ^21: edge f32[E,4] = where_pos(^2, ^18, ^20)
+        yield ^21
 
 Reduction: sum over the edges of each source row (CSC: the transposed graph); accumulation in float32.
 Schedule: rows are grouped in degree buckets (a launch per bucket, BLOCK_E pruned to the bucket's largest degree); rows longer than the split length run as segments whose partial results a combine kernel merges (no atomics).
@@ -130,6 +132,7 @@ def kernel(
     x4_ptr, x4_s0, x4_s1,
     x5_ptr, x5_s0, x5_s1,
     x6_ptr, x6_s0, x6_s1,
+    x7_ptr, x7_s0, x7_s1,
     out_ptr,
     item_row, item_lo, item_hi, item_slot,
     other_ptr, eid_ptr,
@@ -166,29 +169,33 @@ def kernel(
         r6 = tl.load(x4_ptr + i_dst[:, None] * x4_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x4_s1, mask=emask[:, None], other=0.0).to(tl.float32)
         # ^7: edge f32[E,4] = arg 5 @dst
         r7 = tl.load(x5_ptr + i_dst[:, None] * x5_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x5_s1, mask=emask[:, None], other=0.0).to(tl.float32)
-        # ^8: edge f32[E,4] = sub(^3, ^6)
-        r8 = r3 - r6
-        # ^9: edge f32[E,4] = exp(^8)
-        r9 = tl.exp(r8)
-        # ^10: edge f32[E,4,8] = mul(^5, ^4)
-        r10 = r5 * r4
-        # ^11: edge f32[E,4] = sum_axis(^10, axis=-1)
-        r11 = tl.sum(r10, axis=2)
-        # ^12: edge f32[E,4] = sub(^11, ^7)
-        r12 = r11 - r7
-        # ^13: edge f32[E,4] = mul(^9, ^12)
-        r13 = r9 * r12
-        # ^14: edge f32[E,4] = arg 6 @dst
-        r14 = tl.load(x6_ptr + i_dst[:, None] * x6_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x6_s1, mask=emask[:, None], other=0.0).to(tl.float32)
-        # ^15: edge f32[E,4] = mul(^9, ^14)
-        r15 = r9 * r14
-        # ^16: edge f32[E,4] = sub(^13, ^15)
-        r16 = r13 - r15
-        # ^18: edge f32[E,4] = mul(^16, ^17)
-        r18 = r16 * 0.2
-        # ^19: edge f32[E,4] = where_pos(^2, ^16, ^18)
-        r19 = tl.where(r2 > 0, r16, r18)
-        acc += tl.where(emask[:, None], r19, 0.0)
+        # ^8: edge f32[E,4] = arg 6 @dst
+        r8 = tl.load(x6_ptr + i_dst[:, None] * x6_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x6_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        # ^9: edge f32[E,4] = sub(^3, ^6)
+        r9 = r3 - r6
+        # ^10: edge f32[E,4] = exp(^9)
+        r10 = tl.exp(r9)
+        # ^11: edge f32[E,4] = div(^10, ^7)
+        r11 = r10 / r7
+        # ^12: edge f32[E,4,8] = mul(^5, ^4)
+        r12 = r5 * r4
+        # ^13: edge f32[E,4] = sum_axis(^12, axis=-1)
+        r13 = tl.sum(r12, axis=2)
+        # ^14: edge f32[E,4] = sub(^13, ^8)
+        r14 = r13 - r8
+        # ^15: edge f32[E,4] = mul(^11, ^14)
+        r15 = r11 * r14
+        # ^16: edge f32[E,4] = arg 7 @dst
+        r16 = tl.load(x7_ptr + i_dst[:, None] * x7_s0 + tl.arange(0, 4).to(tl.int64)[None, :] * x7_s1, mask=emask[:, None], other=0.0).to(tl.float32)
+        # ^17: edge f32[E,4] = mul(^11, ^16)
+        r17 = r11 * r16
+        # ^18: edge f32[E,4] = sub(^15, ^17)
+        r18 = r15 - r17
+        # ^20: edge f32[E,4] = mul(^18, ^19)
+        r20 = r18 * 0.2
+        # ^21: edge f32[E,4] = where_pos(^2, ^18, ^20)
+        r21 = tl.where(r2 > 0, r18, r20)
+        acc += tl.where(emask[:, None], r21, 0.0)
     acc = tl.sum(acc, axis=0)
     tl.store(out_ptr + slot * 4 + tl.arange(0, 4), _convert(acc, out_ptr.dtype.element_ty))
 
@@ -197,7 +204,7 @@ def launch(run, xs, out, items, view, final):
     """Run over one list of work items of ``view`` (a degree bucket, or the segments of
     split rows with ``final=False``); ``out`` is contiguous, one row per slot."""
     run(kernel, CONFIGS, KEY, lambda meta: (items.n, triton.cdiv(D, meta["BLOCK_D"])),
-        (xs[0], *xs[0].stride(), xs[1], *xs[1].stride(), xs[2], *xs[2].stride(), xs[3], *xs[3].stride(), xs[4], *xs[4].stride(), xs[5], *xs[5].stride(), xs[6], *xs[6].stride(), out,
+        (xs[0], *xs[0].stride(), xs[1], *xs[1].stride(), xs[2], *xs[2].stride(), xs[3], *xs[3].stride(), xs[4], *xs[4].stride(), xs[5], *xs[5].stride(), xs[6], *xs[6].stride(), xs[7], *xs[7].stride(), out,
          items.row, items.lo, items.hi, items.slot, view.other, view.eid,
          D, items.max_deg),
         dict(FINAL=final), max_deg=items.max_deg, d=D)
