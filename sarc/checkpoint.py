@@ -547,6 +547,7 @@ class Checkpointer:
         self.dir = Path(cfg.directory)
         self.gather = gather or (lambda obj: [obj])
         self.say = (log if rank == 0 and log else (lambda s: None))
+        self.made_dir = False   # whether this run created DIR (``discard_if_unused``)
 
     def _agree(self, problem: str | None) -> list:
         got = self.gather(problem)
@@ -574,6 +575,7 @@ class Checkpointer:
         """
         state, problem = None, None
         try:
+            self.made_dir = not self.dir.exists()
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.rank == 0:
                 _lock_directory(self, self.dir)
@@ -593,6 +595,20 @@ class Checkpointer:
             self.say(f"resuming from {self.dir}: epoch {state['epoch']} done"
                      f"{' (stopped early)' if state['stopped_early'] else ''}")
         return state
+
+    def discard_if_unused(self) -> None:
+        """Remove DIR where this run created it and it is still empty: a run that fails
+        before its first checkpoint (a layer refused at its first trace) leaves nothing
+        behind. A directory the user made, or one holding a file, stays."""
+        if self.rank != 0 or not self.made_dir:
+            return
+        key = str(self.dir.resolve())
+        if key in _HELD:
+            os.close(_HELD.pop(key)[0])
+        try:
+            self.dir.rmdir()   # only an empty directory goes
+        except OSError:
+            pass
 
     def _read_mine(self) -> dict | None:
         meta = read_manifest(self.cfg, self.run)

@@ -262,64 +262,69 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     if checkpoint is not None:
         ckpt = Checkpointer(checkpoint, run, rank=reduction.rank, world_size=reduction.size,
                             gather=reduction.gather, log=log)
-    at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
-    epoch, loss, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
-    t_start = time.perf_counter()
-    step_s, eval_s = [], []
-    # on a terminal, a bar: of the epochs, or of each epoch's steps where it has several
-    per_epoch = getattr(source, "steps_per_epoch", 1)
-    with progress_bar(0 if stop else epochs - epoch, "train", "epoch",
-                      enabled=speak and per_epoch == 1) as run_bar:
-        show = run_bar.printer(say)
-        for epoch in range(epoch + 1, 0 if stop else epochs + 1):
-            injected_fault(reduction.rank, epoch)
-            t0 = time.perf_counter()
-            model.train()
-            step = getattr(source, "train_step", None)  # a task's own step (link.py)
-            if step is None:
-                step = functools.partial(train_step, check_output=check_output)
-                check_output = None  # checked once: the first step of this run
-            losses = []
-            with progress_bar(per_epoch, f"epoch {epoch}", "step",
-                              enabled=speak and per_epoch > 1) as bar:
-                for batch in source.steps(epoch):
-                    losses.append(step(model, opt, batch, reduction))
-                    bar.advance(status=f"loss {losses[-1]:.4f}")
-            if not losses:
-                raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
-                                 f"gave no step")
-            loss = sum(losses) / len(losses)
-            if not math.isfinite(loss):   # the same on every worker (all-reduced)
-                raise TrainError(f"epoch {epoch}: the training loss is {loss}: the model's "
-                                 f"parameters or outputs are no longer finite numbers, and "
-                                 f"nothing would be learned from here (a learning rate too "
-                                 f"large, --set lr=..., features of non-finite values, or "
-                                 f"a softmax over a node's edges whose scores are all -inf, "
-                                 f"NaN as in torch); "
-                                 f"the run stops without saving")
-            t1 = time.perf_counter()
-            step_s.append(t1 - t0)
-            evaluated = epoch % max(1, eval_every) == 0 or epoch == epochs
-            if evaluated:
-                model.eval()
-                with torch.no_grad():
-                    acc, val_loss = (source.evaluate(model, reduction)
-                                     if hasattr(source, "evaluate")
-                                     else evaluate(model, source, reduction))
-            eval_s.append(time.perf_counter() - t1 if evaluated else 0.0)
-            seconds = time.perf_counter() - t0
-            run_bar.advance(status=f"loss {loss:.4f}")
-            if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
-                show(line(epoch, loss, acc if evaluated else None, seconds))
-            stop = evaluated and selection.update(epoch, acc, val_loss, model)
-            if stop:
-                show(selection.stop_message(epoch))
-            if ckpt is not None and ckpt.due(epoch, stop, epochs):
-                ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
-                                                stopped_early=stop,
-                                                elapsed_s=before + time.perf_counter() - t_start))
-            if stop:
-                break
+    try:
+        at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
+        epoch, loss, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
+        t_start = time.perf_counter()
+        step_s, eval_s = [], []
+        # on a terminal, a bar: of the epochs, or of each epoch's steps where it has several
+        per_epoch = getattr(source, "steps_per_epoch", 1)
+        with progress_bar(0 if stop else epochs - epoch, "train", "epoch",
+                          enabled=speak and per_epoch == 1) as run_bar:
+            show = run_bar.printer(say)
+            for epoch in range(epoch + 1, 0 if stop else epochs + 1):
+                injected_fault(reduction.rank, epoch)
+                t0 = time.perf_counter()
+                model.train()
+                step = getattr(source, "train_step", None)  # a task's own step (link.py)
+                if step is None:
+                    step = functools.partial(train_step, check_output=check_output)
+                    check_output = None  # checked once: the first step of this run
+                losses = []
+                with progress_bar(per_epoch, f"epoch {epoch}", "step",
+                                  enabled=speak and per_epoch > 1) as bar:
+                    for batch in source.steps(epoch):
+                        losses.append(step(model, opt, batch, reduction))
+                        bar.advance(status=f"loss {losses[-1]:.4f}")
+                if not losses:
+                    raise TrainError(f"epoch {epoch}: the step source ({type(source).__name__}) "
+                                     f"gave no step")
+                loss = sum(losses) / len(losses)
+                if not math.isfinite(loss):   # the same on every worker (all-reduced)
+                    raise TrainError(f"epoch {epoch}: the training loss is {loss}: the model's "
+                                     f"parameters or outputs are no longer finite numbers, and "
+                                     f"nothing would be learned from here (a learning rate too "
+                                     f"large, --set lr=..., features of non-finite values, or "
+                                     f"a softmax over a node's edges whose scores are all -inf, "
+                                     f"NaN as in torch); "
+                                     f"the run stops without saving")
+                t1 = time.perf_counter()
+                step_s.append(t1 - t0)
+                evaluated = epoch % max(1, eval_every) == 0 or epoch == epochs
+                if evaluated:
+                    model.eval()
+                    with torch.no_grad():
+                        acc, val_loss = (source.evaluate(model, reduction)
+                                         if hasattr(source, "evaluate")
+                                         else evaluate(model, source, reduction))
+                eval_s.append(time.perf_counter() - t1 if evaluated else 0.0)
+                seconds = time.perf_counter() - t0
+                run_bar.advance(status=f"loss {loss:.4f}")
+                if speak and (epoch % max(1, log_every) == 0 or epoch == 1 or epoch == epochs):
+                    show(line(epoch, loss, acc if evaluated else None, seconds))
+                stop = evaluated and selection.update(epoch, acc, val_loss, model)
+                if stop:
+                    show(selection.stop_message(epoch))
+                if ckpt is not None and ckpt.due(epoch, stop, epochs):
+                    elapsed_s = before + time.perf_counter() - t_start
+                    ckpt.save(epoch, training_state(model, opt, selection, loss=loss, acc=acc,
+                                                    stopped_early=stop, elapsed_s=elapsed_s))
+                if stop:
+                    break
+    except BaseException:
+        if ckpt is not None:   # nothing saved yet: a directory this run made goes
+            ckpt.discard_if_unused()
+        raise
     elapsed = before + time.perf_counter() - t_start
     say(selection.restore(model, epoch, elapsed))
     return Outcome(epoch, loss, acc, elapsed, tuple(step_s), tuple(eval_s))

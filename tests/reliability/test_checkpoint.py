@@ -533,6 +533,24 @@ def test_a_checkpoint_is_not_overwritten_without_resume(tmp_path, reference):
     assert _snapshot(ckpt) == before
 
 
+@case("checkpoint", "a run that fails before its first checkpoint (its layer refused at "
+      "the first trace)", "error")
+@pytest.mark.parametrize("made", [False, True], ids=["new_dir", "users_dir"])
+def test_a_run_failing_before_its_first_checkpoint_leaves_no_directory(tmp_path, made):
+    """The directory a failed run created goes (nothing of the run is in it); one the user
+    made stays."""
+    model = tmp_path / "bad.py"
+    text = GCN.read_text()
+    assert "src.h" in text
+    model.write_text(text.replace("src.h", "src.missing", 1))
+    ckpt = tmp_path / "ckpt"
+    if made:
+        ckpt.mkdir()
+    assert_error(_train(ckpt, model=model), "missing")
+    assert ckpt.exists() == made
+    assert not made or not any(ckpt.iterdir())
+
+
 @case("checkpoint", "`--resume` where a checkpoint file's bytes changed", "error")
 def test_a_corrupt_checkpoint_file_is_refused(tmp_path, reference):
     ckpt = tmp_path / "ckpt"
