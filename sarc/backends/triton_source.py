@@ -292,7 +292,8 @@ def softmax_aggregate(origin: Origin, name: str, score: Region, value: Region,
     doc = ["One pass over each destination row's edges: running max m and sum l of "
            "exp(score - m) per score element, the accumulator rescaled by exp(m_old - m_new) "
            f"(FlashAttention's online softmax); accumulation in {ve.cdtype.removeprefix('tl.')}.",
-           "Writes log(l) + m per row (the backward pass recomputes the weights from it).",
+           "Writes m and l per row, apart (the backward pass recomputes the weights "
+           "exp(score - m) / l from them).",
            "Schedule: degree buckets; long rows split into segments merged by a combine kernel."]
     grid = "(work items of the bucket, cdiv(D, BLOCK_D))" if d > 1 else "(work items of the bucket, 1)"
     return _render(

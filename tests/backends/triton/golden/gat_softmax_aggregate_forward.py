@@ -13,7 +13,7 @@ Kernel v14_softmax_aggregate.forward: forward of
                 yield ^0
 
 One pass over each destination row's edges: running max m and sum l of exp(score - m) per score element, the accumulator rescaled by exp(m_old - m_new) (FlashAttention's online softmax); accumulation in float32.
-Writes log(l) + m per row (the backward pass recomputes the weights from it).
+Writes m and l per row, apart (the backward pass recomputes the weights exp(score - m) / l from them).
 Schedule: degree buckets; long rows split into segments merged by a combine kernel.
 
 Launch grid: (work items of the bucket, cdiv(D, BLOCK_D))
