@@ -131,11 +131,13 @@ def _aggregate_kernels(plan: _Plan, origin, prefix: str, role: str, body: Region
 
 
 def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: str,
-                regions: dict, types: list[TensorType], sides: tuple[str, ...]):
-    """Kernels of an aggregate / sddmm / softmax_aggregate; returns (plan, builder spec)."""
+                regions: dict, types: list[TensorType], sides: tuple[str, ...],
+                acc: str | None = None):
+    """Kernels of an aggregate / sddmm / softmax_aggregate; returns (plan, builder spec);
+    ``acc``: a softmax's statistics (max, sum, weighted sum) in that dtype."""
     plan = _Plan()
     out = v.type
-    cdtype = TK.cdtype_of(types)
+    cdtype = acc or TK.cdtype_of(types)
     grads_spec: dict[int, tuple] = {}
     row_sum_spec = None
     value_extra = 0
@@ -149,7 +151,8 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
         st = score.values[score.result].type
         vt = value.values[value.result].type
         value_extra = len(vt.feat) - len(st.feat)
-        main = plan.add(TK.softmax_aggregate(origin, f"{prefix}.forward", score, value, types))
+        main = plan.add(TK.softmax_aggregate(origin, f"{prefix}.forward", score, value, types,
+                                             acc))
         comb = plan.add(TK.softmax_combine(origin, f"{prefix}.forward_combine", st.feat, vt.feat,
                                            cdtype))
         fwd = ("softmax", st.feat, out.feat, main, comb)
@@ -193,8 +196,10 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
     return plan, ("fused", kind, row_side, fwd, grads_spec, row_sum_spec, value_extra)
 
 
-def plan_op(fn: Function, i: int, folded: dict[int, int]):
-    """The kernels of value ``i`` (a ``KERNEL_OPS`` op) and the spec of its runtime object."""
+def plan_op(fn: Function, i: int, folded: dict[int, int], acc: str | None = None):
+    """The kernels of value ``i`` (a ``KERNEL_OPS`` op) and the spec of its runtime object;
+    ``acc``: a softmax aggregate's statistics in that dtype (``"tl.float64"``: a distributed
+    block's), not the operands'."""
     v = fn.values[i]
     origin = TK.Origin(fn.name, codegen.source_of(fn),
                        tuple(format_value(i, v, with_loc=True).split("\n")))
@@ -206,7 +211,7 @@ def plan_op(fn: Function, i: int, folded: dict[int, int]):
         regions = {k: r for k, r in v.attrs if isinstance(r, Region)}
         sides = region_sides(v)
         kind = {Op.SDDMM: "sddmm", Op.SOFTMAX_AGGREGATE: "softmax"}.get(v.op) or v.attr["kind"]
-        return _fused_plan(origin, prefix, v, kind, "dst", regions, types, sides)
+        return _fused_plan(origin, prefix, v, kind, "dst", regions, types, sides, acc)
     if v.op is Op.REDUCE:
         return _fused_plan(origin, prefix, v, v.attr["kind"], "dst",
                            {"body": _copy_region(types[0], "edge")}, types, ("edge",))

@@ -14,14 +14,15 @@ value region), and the block op runs its kernels:
   the op's gradient kernels fed the merged ``y`` and the cotangent ``g / C`` (C the tie
   count over every block) in place of the block's own;
 - ``softmax_partial``, ``softmax_normalizer``, ``softmax_normalized``,
-  ``softmax_surrogate``: on the op compiled in float64 (``STATS``, see ``torch_blocks``),
-  whose kernels load the operands as they are (float32 is exact in float64: no float64
-  copy) and compute in ``STATS``: the partial is its forward
-  kernel's ``(m, l, out * l)`` (each row's max score, its sum of exp(score - m), the
-  unnormalized sum), the normalizer ``(m, l)``, the normalized sum
+  ``softmax_surrogate``: on the op whose statistics are in float64 (``STATS``, see
+  ``torch_blocks``): its kernels compute the score and value in the layer's dtype, as
+  the layer on one process does (no float64 copy of the operands, no score computed
+  otherwise than there), and each row's max, sum and weighted sum in ``STATS``. The
+  partial is its forward kernel's ``(m, l, out * l)`` (each row's max score, its sum of
+  exp(score - m), the unnormalized sum), the normalizer ``(m, l)``, the normalized sum
   ``out * exp(m - M) * l / S``; the surrogate, computed for its gradient alone, is the
-  op's gradient kernels fed the merged state ``(M, S)``, each gradient accumulated in
-  ``STATS`` and rounded once.
+  op's gradient kernels fed the merged state ``(M, S)``, each gradient stored in
+  ``STATS``.
 
 - ``score_normalizer``, ``edge_softmax_global``, ``score_normalizer_surrogate``: an
   unfused edge_softmax's normalizer pass and global weights, given the site's kernels

@@ -6,8 +6,9 @@ layer's aggregates on one source block. Its graph ops get the Triton backend's k
 mean aggregates (the block's partial; the surrogate ``sum(agg * cot)`` differentiates
 through the op's gradient kernels), sddmm, gathers, typed_linear, unfused sum reduces.
 The max / min aggregates and reduces hand their op to the block ops of ``triton_blocks``
-(partials and select surrogates on its kernels), the softmax aggregates their op compiled
-in float64 (``in_dtype``: the distributed softmax's statistics). The rest follows the backend's
+(partials and select surrogates on its kernels), the softmax aggregates their op with its
+statistics in float64 (the distributed softmax's: each row's max, sum and weighted sum),
+its score and value computed in the layer's dtype, as on one process. The rest follows the backend's
 no-silent-fallback rule: an op the backend cannot lower, and every block op without a
 Triton kernel (``triton_blocks.FALLBACKS``), runs on the torch backend's kernels, with a
 warning naming the op and the reason, listed in ``fallbacks``; under
@@ -15,9 +16,7 @@ warning naming the op and the reason, listed in ``fallbacks``; under
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from ..ir.function import Function, Region, Value
+from ..ir.function import Function, Value
 from ..ir.ops import Op
 from ..ir.types import DType
 from . import torch_backend, triton_blocks
@@ -39,19 +38,19 @@ class EdgeLowering:
         self._specs: list = []
         self._kernels: list = []
         self._reported: set[tuple[str, int]] = set()
-        self._stats: Function | None = None
 
     def _op(self, i: int, how: str = "") -> int | None:
         """The position of value ``i``'s op in ``ops`` (planned once), or None: it falls
-        back to the torch backend. ``how``: "" (the op itself), "stats" (the op of the
-        value computed in ``STATS``, float64, as the distributed softmax's statistics are)
-        or "site" (an unfused edge_softmax's block kernels)."""
+        back to the torch backend. ``how``: "" (the op itself), "stats" (the op with its
+        statistics and output in ``STATS``, float64, as the distributed softmax's are, its
+        regions in the layer's dtype) or "site" (an unfused edge_softmax's block kernels)."""
         key = (i, how)
         if key not in self._index:
             v = self.edge.values[i]
-            fn = self._in_stats() if how == "stats" else self.edge
+            fn = self.edge
             try:
-                plan, spec = plan_softmax_site(fn, i) if how == "site" else plan_op(fn, i, {})
+                plan, spec = (plan_softmax_site(fn, i) if how == "site" else
+                              plan_op(fn, i, {}, acc="tl.float64" if how == "stats" else None))
             except TritonLoweringError as e:
                 fallback(self.layer, i, v, e, self.strict, self.fallbacks)
                 self._index[key] = None
@@ -60,14 +59,10 @@ class EdgeLowering:
                 said = {"stats": " in float64", "site": " (block ops)"}.get(how, "")
                 self.op_lines.append(f"ops[{len(self._specs)}]: %{i} {v.op.value}{said} -> "
                                      "kernels " + ", ".join(k.name for k in plan.kernels))
-                self._specs.append((i, spec, fn.values[i].type.dtype))
+                self._specs.append((i, spec, DType.F64 if how == "stats"
+                                    else fn.values[i].type.dtype))
                 self._kernels.extend(plan.kernels)
         return self._index[key]
-
-    def _in_stats(self) -> Function:
-        if self._stats is None:
-            self._stats = in_dtype(self.edge, DType.F64)
-        return self._stats
 
     def lower(self, i: int, v: Value, regions: RegionNames, operands: list[str]) -> str:
         if v.op in KERNEL_OPS and v.op is not Op.EDGE_SOFTMAX:
@@ -105,13 +100,3 @@ class EdgeLowering:
 
     def ops(self) -> tuple:
         return load_ops(self.edge, self._specs, self._kernels)
-
-
-def in_dtype(fn: Function, dtype: DType) -> Function:
-    """``fn`` with every floating value, region values included, of ``dtype``."""
-    def value(v: Value) -> Value:
-        attrs = tuple((k, Region(tuple(value(u) for u in a.values), a.result)
-                       if isinstance(a, Region) else a) for k, a in v.attrs)
-        t = v.type.with_(dtype=dtype) if v.type.dtype.is_float else v.type
-        return replace(v, attrs=attrs, type=t)
-    return replace(fn, values=tuple(value(v) for v in fn.values))

@@ -274,12 +274,15 @@ def _keep(name: str, n_keep: int, n_new: int, row: bool) -> str:
 
 
 def softmax_aggregate(origin: Origin, name: str, score: Region, value: Region,
-                      types: list[TensorType]) -> KernelSource:
-    """``y[v] = sum_e softmax_v(score)(e) * value(e)`` in one pass (online softmax)."""
+                      types: list[TensorType], acc: str | None = None) -> KernelSource:
+    """``y[v] = sum_e softmax_v(score)(e) * value(e)`` in one pass (online softmax); the
+    score and value computed as their regions say, the running max, sum and weighted sum
+    in ``acc`` (default: the value's compute dtype)."""
     sf = score.values[score.result].type.feat
     vf = value.values[value.result].type.feat
     se = _emitter(score, "s", "csr", frozenset())
     ve = _emitter(value, "v", "csr", None if len(vf) > len(sf) else frozenset())
+    acc = acc or ve.cdtype
     s_res, s_tile = se.emit()
     v_res, v_tile = ve.emit()
     ns, nx = len(sf), len(vf) - len(sf)
@@ -291,7 +294,7 @@ def softmax_aggregate(origin: Origin, name: str, score: Region, value: Region,
                else _untiled(ROW_BLOCK_E, _width(tiles)))
     doc = ["One pass over each destination row's edges: running max m and sum l of "
            "exp(score - m) per score element, the accumulator rescaled by exp(m_old - m_new) "
-           f"(FlashAttention's online softmax); accumulation in {ve.cdtype.removeprefix('tl.')}.",
+           f"(FlashAttention's online softmax); accumulation in {acc.removeprefix('tl.')}.",
            "Writes m and l per row, apart (the backward pass recomputes the weights "
            "exp(score - m) / l from them).",
            "Schedule: degree buckets; long rows split into segments merged by a combine kernel."]
@@ -300,7 +303,7 @@ def softmax_aggregate(origin: Origin, name: str, score: Region, value: Region,
         "triton_softmax_aggregate.py.j2", name, origin, "forward", doc, grid, configs,
         ["D", "MAX_DEG"], d=d, params=_params(types, se.operands | ve.operands),
         pre=se.pre + ve.pre, index=_index_lines("csr", se.sides | ve.sides),
-        body=se.body + ve.body, cdtype=ve.cdtype, score_shape=s_tile.feature_shape(),
+        body=se.body + ve.body, cdtype=acc, score_shape=s_tile.feature_shape(),
         acc_shape=v_tile.feature_shape(), score=s_res, value=v_res,
         emask_s=bcast("emask", 0, 1 + ns), emask_v=bcast("emask", 0, 1 + len(vf)),
         shift_e="shift" if ns == 0 else f"shift[{', '.join(['None'] + [':'] * ns)}]",

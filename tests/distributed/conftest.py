@@ -83,7 +83,12 @@ def _cases() -> list[Case]:
         Case("masked_p3_sar", "masked", 3, "random"),
         Case("masked_p2_oneshot", "masked", 2, exec_mode="oneshot"),
         Case("masked_p3_baseline", "masked", 3, baseline=True),
-        *([Case("masked_p2_triton", "masked_triton", 2, "random")] if NO_TRITON is None else []),
+        *([Case("masked_p2_triton", "masked_triton", 2, "random"),
+           # scores far from zero: the blocks' statistics in float64 of the scores as the
+           # layer computes them (float32), not of scores computed again in float64
+           Case("masked_far_p2_triton", "masked_far_triton", 2, "random"),
+           Case("masked_far_p3_triton_baseline", "masked_far_triton", 3, "random",
+                baseline=True)] if NO_TRITON is None else []),
         Case("nested_sum_p3_sar", "nested_sum", 3, "random"),
         # a message of both ends under a max, its linear computed at the nodes
         Case("edgeconv_p3_sar", "edgeconv", 3, "random"),

@@ -125,16 +125,21 @@ class MaxSourceDegreeLayer(sarc.Layer):
 class MaskedAttentionLayer(sarc.Layer):
     """Attention whose score is -inf (``masked_fill``) on the edges from sources of less than
     the largest out-degree among the destination's in-neighbours (``h``'s last column): every
-    destination keeps an edge, while a block may hold only masked edges into one."""
+    destination keeps an edge, while a block may hold only masked edges into one. With
+    ``fill=-1e9, shift=1e5``: scores far from zero, which a softmax weighs as near it (the
+    statistics of rows and blocks whose every edge is masked among them)."""
 
-    def __init__(self, in_feats: int, out_feats: int):
+    def __init__(self, in_feats: int, out_feats: int, fill: float = float("-inf"),
+                 shift: float = 0.0):
         super().__init__(node={"h": in_feats + 1})
         self.lin = nn.Linear(in_feats, out_feats)
         self.att = nn.Parameter(torch.randn(out_feats) / out_feats ** 0.5)
+        self.fill, self.shift = fill, shift
 
     def message(self, src, dst, edge):
         z = self.lin(src.h[:, :-1])
-        s = (z * self.att).sum(-1).masked_fill(src.out_degree < dst.h[:, -1], float("-inf"))
+        s = ((z * self.att).sum(-1) + self.shift).masked_fill(src.out_degree < dst.h[:, -1],
+                                                              self.fill)
         return {"z": z, "s": s}
 
     def reduce(self, msg):

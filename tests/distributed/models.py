@@ -83,10 +83,11 @@ class TwoLayers(nn.Module):
 class MaskedAttentionNet(nn.Module):
     """``MaskedAttentionLayer`` after the column it masks by."""
 
-    def __init__(self, in_feats: int, hidden: int, num_classes: int, backend: str = "torch"):
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, backend: str = "torch",
+                 **far):
         super().__init__()
         self.degrees = MaxSourceDegreeLayer(in_feats)
-        self.conv = MaskedAttentionLayer(in_feats, num_classes)
+        self.conv = MaskedAttentionLayer(in_feats, num_classes, **far)
         self.conv.set_backend(backend)
 
     def forward(self, g, x):
@@ -112,6 +113,8 @@ MODELS = {
     "same_names": lambda f, c, **_: TwoLayers(SameNamesLayer, f, 6, c),
     "masked": lambda f, c, **_: MaskedAttentionNet(f, 6, c),
     "masked_triton": lambda f, c, **_: MaskedAttentionNet(f, 6, c, "triton"),
+    "masked_far_triton": lambda f, c, **_: MaskedAttentionNet(f, 6, c, "triton", fill=-1e9,
+                                                              shift=1e5),
     "nested_sum": lambda f, c, **_: TwoLayers(lambda i, o: NestedSoftmaxLayer(i, o, "sum"),
                                               f, 6, c),
 }

@@ -209,7 +209,7 @@ def test_one_worker_step_on_triton_equals_the_graph_step(tmp_path, name):
     for k, p in model.named_parameters():
         _close(out["param_grads"][k], p.grad, f"gradient of {k}")
     if name in ("gat", "gat_baseline"):
-        # the blocks' kernels, compiled in float64, read the float32 operands themselves:
+        # the blocks' kernels, statistics in float64, read the float32 operands themselves:
         # no float64 copy of z or the scores per block
         reads = out["softmax_reads"]
         assert {(way, dtype) for way, dtype, _ in reads} >= {("forward", "torch.float64"),
