@@ -258,8 +258,8 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
         tmp.mkdir()
     except OSError as e:
         raise cannot_write(path, e) from e
-    _step("created")
     try:
+        _step("created")
         yield tmp
         _step("written")
         _write_manifest(tmp, kind)

@@ -218,6 +218,27 @@ def test_compile_killed_at_each_step(tmp_path, gcn_artifacts, exchange, step):
     assert siblings(out) == ["new-reference", "out"]
 
 
+@case("files", "compile interrupted (Ctrl-C, an exception) at each step before the swap",
+      "nothing-lost")
+@pytest.mark.parametrize("step", ["created", "written", "sealed"])
+def test_compile_interrupted_before_the_swap_leaves_the_old_set_alone(tmp_path, gcn_artifacts,
+                                                                      monkeypatch, step):
+    """A KeyboardInterrupt at a step before the new set replaces the old one: the old set
+    stays as it was, and no temporary directory is left beside it."""
+    out = tmp_path / "out"
+    write_artifacts(gcn_artifacts, out, ("ir",))
+    old = snapshot(out)
+
+    def interrupted(name):
+        if name == step:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(atomic, "_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_artifacts(gcn_artifacts, out, ("plan",), overwrite=True)
+    assert snapshot(out) == old
+    assert siblings(out) == ["out"]
+
+
 def snapshot_new(art, tmp_path: Path) -> dict[str, bytes]:
     ref = tmp_path / "new-reference"
     if not ref.exists():
