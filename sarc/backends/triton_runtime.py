@@ -38,7 +38,7 @@ from ..backward_once import once_differentiable
 from ..errors import SarcError
 from ..graph import Graph, derived
 from ..ir.reducers import REDUCERS, tie_share
-from .torch_ops import check_types
+from .torch_ops import LOW_PRECISION, check_types
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -411,14 +411,30 @@ class FusedOp:
         check_device(self.name, self.forward.main.kernel, [g.src, *xs])
         return _FusedVjp.apply(self, g, cot, *xs)
 
+    def result_dtype(self, xs) -> torch.dtype:
+        """The dtype of the op's result on operands ``xs``: the IR's, except where half or
+        bfloat16 operands meet an op traced in float32 (``torch.autocast``): their promoted
+        dtype, as the torch backend's ops round theirs (``torch_ops.accumulates``; a
+        softmax's weights are float32 under autocast, so its result is float32 at least)."""
+        if self.dtype != torch.float32:
+            return self.dtype
+        floats = [x.dtype for x in xs if x.is_floating_point()]
+        if not any(d in LOW_PRECISION for d in floats):
+            return self.dtype
+        dtype = floats[0]
+        for d in floats[1:]:
+            dtype = torch.promote_types(dtype, d)
+        return torch.promote_types(dtype, torch.float32) if self.kind == "softmax" else dtype
+
     def run_forward(self, g: Graph, xs) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        dtype = self.result_dtype(xs)
         if self.kind == "softmax":
-            out, m, l_ = self.forward(g, xs, self.dtype)
+            out, m, l_ = self.forward(g, xs, dtype)
             return out, (out, m, l_)
         if self._selects:
-            y = self.forward(g, xs, _acc_dtype(self.dtype))  # exact, for the ties in backward
-            return y.to(self.dtype), (y,)
-        return self.forward(g, xs, self.dtype), ()
+            y = self.forward(g, xs, _acc_dtype(dtype))  # exact, for the ties in backward
+            return y.to(dtype), (y,)
+        return self.forward(g, xs, dtype), ()
 
     @property
     def _selects(self) -> bool:

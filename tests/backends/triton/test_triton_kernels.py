@@ -33,6 +33,7 @@ from attention_layers import SCORES, MaskedAttention, ScoreShapes, masked_attent
 from gat import GATLayer
 from rgcn import RGCNLayer
 from torch import nn
+from difftest import assert_close
 from triton_check import GRAPHS, compare, power_law_block, set_backend
 
 import sarc
@@ -332,6 +333,42 @@ def test_float64():
 
     layer = Wide("mean", 4, "f64").double()
     compare(layer, g, message_feats(g, 4, torch.float64), rtol=1e-10)
+
+
+class LinearMessages(sarc.Layer):
+    """kind over the in-edges of ``lin(src.h)``: under autocast a half-precision operand of
+    an op traced in float32."""
+
+    def __init__(self, kind: str, d: int):
+        super().__init__(node={"h": d})
+        self.kind, self.lin = kind, nn.Linear(d, d)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return REDUCERS[self.kind](msg.m)
+
+
+AUTOCAST_LAYERS = {**{k: (lambda k=k: LinearMessages(k, 6)) for k in ("sum", "mean", "max")},
+                   "gat": lambda: GATLayer(6, 3, heads=2)}
+
+
+@pytest.mark.parametrize("name", sorted(AUTOCAST_LAYERS))
+def test_autocast_results_have_the_torch_backends_dtype(name):
+    """Under ``torch.autocast`` (bfloat16) a layer's aggregates of half-precision messages
+    are rounded to bfloat16 on both backends, a softmax's to float32, as torch's ops give
+    them: the Triton layer's output has the torch layer's dtype and values."""
+    torch.manual_seed(0)
+    layer = AUTOCAST_LAYERS[name]()
+    g = GRAPHS["multi_edges"]
+    x = torch.randn(g.num_src, 6)
+    outs = {}
+    for backend in ("torch", "triton"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs[backend] = set_backend(copy.deepcopy(layer), backend)(g, h=x)
+    assert outs["triton"].dtype == outs["torch"].dtype
+    assert_close(outs["triton"].float(), outs["torch"].float(), 1e-2, "output")
 
 
 def test_copy_is_independent_of_the_original():
