@@ -531,13 +531,22 @@ def typed_spmm(kind: str, g: Graph, x: torch.Tensor, table: torch.Tensor, types:
     num_types, _, out = table.shape
     check_types(types, num_types)
     if g.num_src * num_types <= g.num_edges and x.dtype in _SPMM_DTYPES and g.num_edges:
+        # under autocast the products are in its low dtype, as torch's matmul gives them;
+        # the sparse product sums them in float32 and rounds once (``accumulates``)
         per_type = torch.einsum("ni,rio->nro", x, table).reshape(g.num_src * num_types, out)
         cols = g.src * num_types + types
         w = w.reshape(-1, 1).to(x.dtype) if w is not None else None
-        return _finalize(kind, _CsrProduct.apply(g, cols, g.num_src * num_types, w, per_type,
-                                                 "sum"), g)
+        return _table_product(kind, g, cols, w, per_type)
     rows = _GatheredTypedLinear.apply(x, table, types, g.src)
     return spmm(kind, g, rows, w, "edge")
+
+
+@accumulates
+def _table_product(kind: str, g: Graph, cols: torch.Tensor, w: torch.Tensor | None,
+                   per_type: torch.Tensor) -> torch.Tensor:
+    """``typed_spmm``'s sum (or mean) over the node x type rows ``per_type``, entry e of
+    destination v reading row ``cols[e]``."""
+    return _finalize(kind, _CsrProduct.apply(g, cols, per_type.shape[0], w, per_type, "sum"), g)
 
 
 class _GatheredTypedLinear(torch.autograd.Function):

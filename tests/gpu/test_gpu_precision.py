@@ -83,3 +83,27 @@ def test_a_hub_of_thousands_of_in_edges_is_summed_in_float32_on_gpu(model, preci
     assert_compiled(tri.compiled())
     assert float((hub - want).norm() / want.norm()) < HUB[precision]
 
+
+
+@pytest.mark.parametrize("precision", sorted(LOW))
+@pytest.mark.parametrize("model", sorted(LAYERS))
+def test_autocast_triton_layer_on_gpu(model, precision):
+    """A float32 layer under ``torch.autocast("cuda", dtype)`` on the Triton backend: its
+    output has the torch backend's dtype under the same autocast (an aggregate of
+    low-precision messages rounded to them, a softmax's float32), and both are within the
+    precision's rounding of each other, gradients too."""
+    dtype, tol = LOW[precision]
+    g = random_block(torch.Generator().manual_seed(3), 12, 12, 48).to(CUDA)
+    layer = LAYERS[model](D).eval().to(CUDA)
+    feats = on_gpu(features(layer, g, D))
+    results = {}
+    for backend in ("triton", "torch"):
+        with torch.autocast("cuda", dtype=dtype):
+            results[backend] = run(on_backend(copy.deepcopy(layer), backend), g, feats)
+    (out_t, grads_t), (out_l, grads_l) = results["triton"], results["torch"]
+    assert out_t["h"].dtype == out_l["h"].dtype
+    assert _scaled_err(out_t["h"], out_l["h"]) < 2 * tol
+    floor = CANCEL_FLOOR * max(float(t.detach().abs().max())
+                               for t in [*grads_l.values(), out_l["h"]] if t.numel())
+    for name, want in grads_l.items():
+        assert _scaled_err(grads_t[name], want, floor) < 8 * tol, f"grad of {name}"
