@@ -52,7 +52,7 @@ def partition_link_dataset(args, data, out: Path, node_data: dict) -> str:
     src, dst = split.message_edges()
     method = args.method or DEFAULT_METHOD
     pset = partition_graph(src, dst, data.num_nodes, args.workers, out, method=method,
-                           node_data=node_data, seed=args.seed, dataset=data.name)
+                           node_data=node_data, seed=args.seed, dataset=data.recorded)
     split.save(Path(out) / LINK_FILE)
     print(f"split {data.name}'s edges into {split.train.shape[1]} / {split.val.shape[1]} / "
           f"{split.test.shape[1]} train / val / test pairs; partitioned the message graph "

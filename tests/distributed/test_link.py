@@ -157,18 +157,24 @@ def test_p_workers_equal_one_process(reference, tmp_path, p):
 
 def test_cli_on_two_workers_reports_the_one_process_result(tmp_path):
     """``sarc train --task link --workers 2`` (split, partition, the split beside the parts,
-    the workers' dispatch) reports the metrics of the one-process run."""
+    the workers' dispatch) reports the metrics of the one-process run; on an ``.npz`` file
+    whose arrays' ``name`` is not its file's (a copy of Cora), which the partition records
+    by its path, as a node task's does."""
     import json
+    import shutil
     import sys
 
     from timeouts import run_or_show_stacks
+
+    data = tmp_path / "my copy.npz"
+    shutil.copy(ROOT / "sarc" / "data" / "cora.npz", data)
 
     def run(*extra):
         out = tmp_path / f"r{len(extra)}.json"
         proc = run_or_show_stacks(
             [sys.executable, "-m", "sarc.cli", "train", "models/sage_lp.py", "--task", "link",
-             "--epochs", "2", "--set", "eval_negatives=50", "--negatives", "degree",
-             "--json", out, *extra], cwd=ROOT, timeout=300)
+             "--dataset", data, "--epochs", "2", "--set", "eval_negatives=50",
+             "--negatives", "degree", "--json", out, *extra], cwd=ROOT, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(out.read_text()), proc.stdout
 
