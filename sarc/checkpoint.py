@@ -509,8 +509,7 @@ def _lock_directory(owner, directory: Path) -> None:
     except ImportError:   # not a POSIX system: no lock
         return
     key = str(directory.resolve())
-    if key in _HELD:
-        os.close(_HELD.pop(key)[0])
+    _let_go(key)
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -522,6 +521,12 @@ def _lock_directory(owner, directory: Path) -> None:
     token = object()
     _HELD[key] = (fd, token)
     weakref.finalize(owner, _release, key, token)
+
+
+def _let_go(key: str) -> None:
+    """Close the lock this process holds on the directory ``key``, if it holds it."""
+    if key in _HELD:
+        os.close(_HELD.pop(key)[0])
 
 
 def _release(key: str, token: object) -> None:
@@ -602,9 +607,7 @@ class Checkpointer:
         behind. A directory the user made, or one holding a file, stays."""
         if self.rank != 0 or not self.made_dir:
             return
-        key = str(self.dir.resolve())
-        if key in _HELD:
-            os.close(_HELD.pop(key)[0])
+        _let_go(str(self.dir.resolve()))
         try:
             self.dir.rmdir()   # only an empty directory goes
         except OSError:

@@ -35,6 +35,20 @@ def _cast(out, dtype: torch.dtype):
     return out
 
 
+def accumulated_dtype(dtypes, softmax: bool, device_type: str) -> torch.dtype | None:
+    """The dtype of an edge sum over operands of ``dtypes`` where one is half / bfloat16
+    (None where none is): their promoted dtype, as torch's arithmetic on them gives it;
+    a softmax's (``softmax``) float32 at least under autocast on ``device_type``, whose
+    softmax is float32."""
+    dtypes = list(dtypes)
+    if not any(d in LOW_PRECISION for d in dtypes):
+        return None
+    dtype = functools.reduce(torch.promote_types, dtypes)
+    if softmax and autocast_state(device_type)[0]:
+        dtype = torch.promote_types(dtype, torch.float32)
+    return dtype
+
+
 def accumulates(fn=None, *, softmax: bool = False):
     """An op summing over edges: half / bfloat16 operands are summed in float32, the result
     rounded once to the operands' promoted dtype, as torch's arithmetic on them gives it
@@ -52,13 +66,11 @@ def accumulates(fn=None, *, softmax: bool = False):
     def run(*args, **kwargs):
         floats = [a for a in (*args, *kwargs.values())
                   if isinstance(a, torch.Tensor) and a.is_floating_point()]
-        low = next((a for a in floats if a.dtype in LOW_PRECISION), None)
-        if low is None:
+        dtype = accumulated_dtype((a.dtype for a in floats), softmax,
+                                  floats[0].device.type if floats else "cpu")
+        if dtype is None:
             return fn(*args, **kwargs)
-        dtype = functools.reduce(torch.promote_types, (a.dtype for a in floats))
-        if softmax and autocast_state(low.device.type)[0]:
-            dtype = torch.promote_types(dtype, torch.float32)
-        with torch.autocast(low.device.type, enabled=False):  # autocast would cast back down
+        with torch.autocast(floats[0].device.type, enabled=False):  # it would cast back down
             return _cast(fn(*map(up, args), **{k: up(a) for k, a in kwargs.items()}), dtype)
     return run
 

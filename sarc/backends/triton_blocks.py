@@ -119,9 +119,13 @@ class _Select(torch.autograd.Function):
 
 # --- softmax ------------------------------------------------------------------------------
 
+def _by_row(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A row statistic [rows, *score] broadcast over ``like``'s trailing value axes."""
+    return t.reshape(*t.shape, *([1] * (like.dim() - t.dim())))
+
+
 def _rows_with_edges(g, like: torch.Tensor) -> torch.Tensor:
-    has = g.rowptr[1:] > g.rowptr[:-1]
-    return has.view(-1, *([1] * (like.dim() - 1)))
+    return _by_row(g.rowptr[1:] > g.rowptr[:-1], like)
 
 
 def _softmax(op: FusedOp, g, operands):
@@ -135,14 +139,9 @@ def _softmax(op: FusedOp, g, operands):
     zero = torch.zeros((), dtype=STATS, device=m.device)
     has = _rows_with_edges(g, m) & (m != neg_inf)
     m, l_ = torch.where(has, m, neg_inf), torch.where(has, l_, zero).contiguous()
-    out = torch.where(has.view(*has.shape, *([1] * (out.dim() - has.dim()))), out,
+    out = torch.where(_by_row(has, out), out,
                       torch.zeros((), dtype=out.dtype, device=out.device))
     return out, (m, l_)
-
-
-def _by_row(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A row statistic [rows, *score] broadcast over ``like``'s trailing value axes."""
-    return t.reshape(*t.shape, *([1] * (like.dim() - t.dim())))
 
 
 @torch.no_grad()

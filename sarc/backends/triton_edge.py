@@ -47,10 +47,10 @@ class EdgeLowering:
         key = (i, how)
         if key not in self._index:
             v = self.edge.values[i]
-            fn = self.edge
             try:
-                plan, spec = (plan_softmax_site(fn, i) if how == "site" else
-                              plan_op(fn, i, {}, acc="tl.float64" if how == "stats" else None))
+                plan, spec = (plan_softmax_site(self.edge, i) if how == "site" else
+                              plan_op(self.edge, i, {},
+                                      acc="tl.float64" if how == "stats" else None))
             except TritonLoweringError as e:
                 fallback(self.layer, i, v, e, self.strict, self.fallbacks)
                 self._index[key] = None
@@ -59,8 +59,7 @@ class EdgeLowering:
                 said = {"stats": " in float64", "site": " (block ops)"}.get(how, "")
                 self.op_lines.append(f"ops[{len(self._specs)}]: %{i} {v.op.value}{said} -> "
                                      "kernels " + ", ".join(k.name for k in plan.kernels))
-                self._specs.append((i, spec, DType.F64 if how == "stats"
-                                    else fn.values[i].type.dtype))
+                self._specs.append((i, spec, DType.F64 if how == "stats" else v.type.dtype))
                 self._kernels.extend(plan.kernels)
         return self._index[key]
 

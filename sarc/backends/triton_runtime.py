@@ -38,7 +38,7 @@ from ..backward_once import once_differentiable
 from ..errors import SarcError
 from ..graph import Graph, derived
 from ..ir.reducers import REDUCERS, tie_share
-from .torch_ops import LOW_PRECISION, check_types
+from .torch_ops import accumulated_dtype, check_types
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -413,18 +413,13 @@ class FusedOp:
 
     def result_dtype(self, xs) -> torch.dtype:
         """The dtype of the op's result on operands ``xs``: the IR's, except where half or
-        bfloat16 operands meet an op traced in float32 (``torch.autocast``): their promoted
-        dtype, as the torch backend's ops round theirs (``torch_ops.accumulates``; a
-        softmax's weights are float32 under autocast, so its result is float32 at least)."""
-        if self.dtype != torch.float32:
+        bfloat16 operands meet an op traced in float32 (``torch.autocast``): the torch
+        backend's for them (``torch_ops.accumulated_dtype``)."""
+        if self.dtype != torch.float32 or not xs:
             return self.dtype
-        floats = [x.dtype for x in xs if x.is_floating_point()]
-        if not any(d in LOW_PRECISION for d in floats):
-            return self.dtype
-        dtype = floats[0]
-        for d in floats[1:]:
-            dtype = torch.promote_types(dtype, d)
-        return torch.promote_types(dtype, torch.float32) if self.kind == "softmax" else dtype
+        dtype = accumulated_dtype((x.dtype for x in xs if x.is_floating_point()),
+                                  self.kind == "softmax", xs[0].device.type)
+        return self.dtype if dtype is None else dtype
 
     def run_forward(self, g: Graph, xs) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         dtype = self.result_dtype(xs)
