@@ -257,15 +257,28 @@ def spawn(fn, nprocs: int, args: tuple = (), timeout_s: float = 60.0) -> tuple[l
     procs = [ctx.Process(target=_forked, args=(fn, r, port, q, *args)) for r in range(nprocs)]
     for p in procs:
         p.start()
+    # The queue is read while the workers run: a child whose report is larger than the
+    # pipe holds cannot exit until it is read, so joining first would call it hung.
+    import queue as queues
+    reports: list = [None] * nprocs
     deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.1, deadline - time.monotonic()))
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        try:
+            rank, what = q.get(timeout=0.1)
+            reports[rank] = what
+        except queues.Empty:
+            pass
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
     for r in hung:
         os.kill(procs[r].pid, 9)
-    reports: list = [None] * nprocs
-    while not q.empty():
-        rank, what = q.get()
-        reports[rank] = what
+    for p in procs:
+        p.join()
+    if not hung:  # a killed child can leave a half-written report: read only after clean exits
+        while True:
+            try:
+                rank, what = q.get(timeout=0.1)
+                reports[rank] = what
+            except queues.Empty:
+                break
     assert not hung, f"workers {hung} still running after {timeout_s} s (a hang)"
     return [p.exitcode for p in procs], reports
