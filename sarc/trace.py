@@ -209,6 +209,9 @@ class Tracer:
             return x
         if _is_number(x):
             return self.const(float(x), like)
+        refusal = getattr(type(x), "_sarc_refusal", None)   # what the tracer made but refuses
+        if refusal is not None:
+            raise DSLError(refusal(x), user_loc())
         if isinstance(x, torch.Tensor):
             if x.dim() == 0 and not x.requires_grad:
                 return self.const(float(x), like)
@@ -224,9 +227,6 @@ class Tracer:
             raise DSLError(x._message(), user_loc())
         if x is TRAINING:
             raise DSLError(_TRAINING_MESSAGE, user_loc())
-        refusal = getattr(type(x), "_sarc_refusal", None)   # what the tracer made but refuses
-        if refusal is not None:
-            raise DSLError(refusal(x), user_loc())
         raise DSLError(f"cannot use a {type(x).__name__} in a sarc layer", user_loc())
 
 
@@ -431,6 +431,7 @@ class RowCount:
     rows of a tensor of constants (``torch.ones(x.shape[0], 4)``: ``tracer``'s)."""
 
     __slots__ = ("symbol", "tracer", "taken")
+    value: int | None = None   # a stand-in graph's count where graph code needs a number
 
     def __init__(self, symbol, tracer: "Tracer | None" = None, taken: SourceLoc | None = None):
         self.symbol = symbol

@@ -2598,6 +2598,7 @@ def _filled(name: str):
     def fill(*args, **kwargs):
         if "size" in kwargs:
             args = (kwargs.pop("size"), *args)
+        args = tuple(_valued(a) for a in args)
         size, rest = args, ()
         if name == "full":
             size, rest = args[:1], args[1:]
@@ -2622,6 +2623,16 @@ def _filled(name: str):
     fill.__name__ = name
     fill.__doc__ = original.__doc__
     return fill
+
+
+def _valued(x):
+    """A row count that has a value (a stand-in graph's, ``frontends.pyg_prepare``) as that
+    number, inside a size too: the graph code that reads it computes on real tensors."""
+    if isinstance(x, RowCount) and x.value is not None:
+        return x.value
+    if isinstance(x, (tuple, list)):
+        return type(x)(_valued(v) for v in x)
+    return x
 
 
 def rows_filled(size: tuple, value: float, kwargs: dict, written: str) -> Proxy:
@@ -2680,6 +2691,17 @@ def _cat_routed(original):
         return original(tensors, *args, **kwargs)
     cat.__name__ = original.__name__
     return cat
+
+
+def valued_route(original):
+    """``original`` (``torch.arange``) taking a row count that has a value (a stand-in
+    graph's, ``frontends.pyg_prepare``) as that number, which torch's parsing of a Number
+    takes."""
+    def route(*args, **kwargs):
+        return original(*(_valued(a) for a in args),
+                        **{k: _valued(v) for k, v in kwargs.items()})
+    route.__name__ = original.__name__
+    return route
 
 
 ROW_COUNT_ROUTES = {**{f: _filled(name) for name, (f, _) in _TORCH_FILLS.items()},

@@ -8,8 +8,9 @@
   conv's attributes (heads, concat, aggr, eps...), into the DSL, and so is a subclass
   of one that overrides none of its methods (a conv of K rounds, SGConv, APPNP, TAGConv
   or ChebConv, becomes K layers: ``pyg_rounds.PyGRounds``); any other ``MessagePassing`` has its own
-  ``forward``, ``message`` and ``update`` traced (``TracedConv``), its ``edge_index`` a
-  tensor it may only pass to ``propagate``. Whatever cannot be modelled exactly is a
+  ``forward``, ``message`` and ``update`` traced (``TracedConv``); what its forward
+  computes from ``edge_index`` alone runs on the real graph when the inputs are prepared
+  (``pyg_prepare``). Whatever cannot be modelled exactly is a
   ``ConversionError`` naming the conv's class and the construct.
 - ``as_conv(layer)``: a ``torch.nn.Module`` with PyG's calling convention,
   ``forward(x, edge_index[, edge_attr], size=None)``, that builds the ``sarc.Graph`` of
@@ -45,7 +46,7 @@ from ..graph import Graph
 from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
-from ..trace import Proxy, dropout, leaky_relu, user_loc
+from ..trace import Proxy, RowCount, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 from ..trace_torch import AcrossRowsError
 from . import follow_mode, in_module
@@ -811,8 +812,6 @@ def _converters() -> dict[type, Callable[..., PyGLayer]]:
         for cls, layer in fixed.items()}
     out[pyg.LGConv] = lambda conv, in_channels=None, edge_dim=None: LGConvLayer(conv, in_channels)
     out[pyg.SimpleConv] = _simple_conv
-    for cls in (pyg.AGNNConv, pyg.FeaStConv):
-        out[cls] = SelfLoopsTracedConv
     from .pyg_rounds import rounds_converters
     out.update(rounds_converters(pyg))
     return out
@@ -1023,14 +1022,31 @@ class _TensorProxy(Proxy):
         return tuple(self.shape) if dim is None else self.shape[dim]
 
 
+class _StandInProxy(_TensorProxy):
+    """A ``_TensorProxy`` while a conv whose forward prepares the graph is traced: its row
+    count (``x.size(0)``) is also the stand-in graph's node count where the graph code needs
+    a number (``pyg_prepare.GraphRows``)."""
+
+    __slots__ = ()
+
+    @property
+    def shape(self) -> tuple:
+        from .pyg_prepare import GraphRows
+        shape = Proxy.shape.fget(self)
+        if shape and isinstance(shape[0], RowCount):
+            rows = shape[0]
+            return (GraphRows(rows.symbol, rows.tracer, rows.taken), *shape[1:])
+        return shape
+
+
 def _as_tensor(value):
     if type(value) is Proxy:
-        return _TensorProxy(value.tracer, value.index)
+        return value.tracer.proxy_type(value.tracer, value.index)
     return value
 
 
 @contextlib.contextmanager
-def _conv_code(conv, tracer):
+def _conv_code(conv, tracer, proxy_type: type = _TensorProxy):
     """While the conv's forward, message and update run: its traced values, parameters
     among them, are ``isinstance(..., Tensor)`` as PyG's code expects (the tracer makes
     ``_TensorProxy`` values)."""
@@ -1038,7 +1054,7 @@ def _conv_code(conv, tracer):
         yield
         return
     saved = []
-    tracer.proxy_type = _TensorProxy
+    tracer.proxy_type = proxy_type
     try:
         for mod in conv.modules():
             for table in (mod._parameters, mod._buffers):
@@ -1105,8 +1121,134 @@ class TracedConv(PyGLayer):
                               "destination index (index, edge_index_i) only for "
                               "torch_geometric.utils.softmax, its edge softmax")
         self._update_args = list(inspect.signature(conv.update).parameters)[1:]
+        self._given_edge = dict(self._sarc_edge)
+        self._prepares: tuple | None = None   # (the conv's options, whether its forward does)
+        # the forward's graph code (pyg_prepare), None where it has none: (whether the edge
+        # feature forward is given is read by it, ((name, shape) of each per-edge value))
+        self.graph_code: tuple | None = None
 
     def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+        inputs = self._given(edge_index, num_nodes, edge_attr, dtype)
+        options = _options(self)
+        if self._prepares == (options, False):
+            return inputs
+        given = inputs.edge.get(self.edge_input)
+        with _says_why_traced(self.conv):
+            prepared = self._prepared(edge_index, num_nodes, given, dtype, False)
+            reads_edge = isinstance(prepared, Exception)   # the graph code reads the edge feature
+            if reads_edge:
+                prepared = self._prepared(edge_index, num_nodes, given, dtype, True)
+        self._prepares = (options, prepared is not None)
+        if prepared is None:
+            self._declare(None)
+            return inputs
+        if self._takes_edge_attr and not reads_edge \
+                and prepared.edge_index.size(1) != edge_index.size(1):
+            raise _refuse(self.conv, f"an edge feature {self.edge_input} with a forward that "
+                          f"changes the edges ({edge_index.size(1)} edges given, "
+                          f"{prepared.edge_index.size(1)} given to propagate)",
+                          f"{self.edge_input} has a value per edge of the graph given")
+        self._declare((reads_edge, tuple((k, tuple(v.shape[1:]))
+                                         for k, v in prepared.edge.items())))
+        edge = prepared.edge if reads_edge else {**inputs.edge, **prepared.edge}
+        return PyGInputs(prepared.edge_index, num_nodes, edge)
+
+    def _declare(self, graph_code: tuple | None) -> None:
+        """The layer's edge features: the per-edge values of the forward's graph code
+        (``pyg_prepare``), and the edge feature forward is given where the graph code does
+        not read it."""
+        if graph_code != self.graph_code:
+            self.graph_code = graph_code
+            given = {} if graph_code is not None and graph_code[0] else self._given_edge
+            values = {} if graph_code is None else dict(graph_code[1])
+            self._sarc_edge = {**given, **dsl._declared(values, "edge")}
+
+    def _prepared(self, edge_index, num_nodes, edge_attr, dtype, graph_reads_edge: bool):
+        """The graph and per-edge values the forward's graph code gives propagate, run on
+        the real graph (``pyg_prepare``); None where the forward has no graph code. With
+        ``graph_reads_edge`` the edge feature forward is given is graph code's to read,
+        else a value it may not meet (where it does: the error, returned)."""
+        from . import pyg_prepare as pp
+        conv = self.conv
+        watch = pp.Watch(lambda func, met: _refuse(
+            conv, f"a forward that computes from edge_index and {met} together ({func}"
+                  f"{_forward_line(conv)})", pp.MIXED))
+        dtype = dtype or next((p.dtype for p in conv.parameters() if p.is_floating_point()),
+                              torch.get_default_dtype())
+        x = watch.tagged(torch.zeros(num_nodes, self._sarc_node["x"].shape[-1], dtype=dtype,
+                                     device=edge_index.device), pp.NodeValue)
+        args = [x, watch.tagged(edge_index, pp.Structure)]
+        if self._takes_edge_attr:
+            args.append(watch.tagged(edge_attr, pp.Structure if graph_reads_edge
+                                     else pp.EdgeValue))
+        grad = graph_reads_edge and edge_attr.requires_grad
+
+        def propagate(edge_index, size=None, **kwargs):
+            raise _Stop({"edge_index": edge_index, **kwargs})
+
+        def edge_updater(*args, **kwargs):
+            raise _edge_updater_refused(conv)
+
+        object.__setattr__(conv, "propagate", propagate)
+        object.__setattr__(conv, "edge_updater", edge_updater)
+        try:
+            with pp.quiet_run(conv.modules(), grad):
+                _call_conv(conv, "forward", conv.forward, *args)
+            return None   # no propagate: refused where the layer is traced
+        except _Stop as s:
+            given = s.kwargs
+        except Exception:   # noqa: BLE001 - said where the layer is traced, unless graph code
+            if watch.refused and watch.met_edge and not graph_reads_edge:
+                return watch.refused[0]
+            watch.check()
+            if watch.used:
+                raise
+            return None
+        finally:
+            del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
+        if watch.refused and watch.met_edge and not graph_reads_edge:
+            return watch.refused[0]
+        watch.check()
+        ei = given.pop("edge_index")
+        graph = {k: v for k, v in given.items()
+                 if any(isinstance(t, pp.Structure) for t in _flat(v))}
+        if not watch.used and not graph:
+            return None
+        given_edge = () if graph_reads_edge else self._given_edge
+        return pp.Prepared(self._graph_edges(ei), {
+            k: self._per_edge(k, v, ei.size(1), given_edge) for k, v in graph.items()})
+
+    def _graph_edges(self, ei) -> torch.Tensor:
+        from . import pyg_prepare as pp
+        if not (isinstance(ei, pp.Structure) and ei.dim() == 2 and ei.size(0) == 2
+                and ei.dtype == torch.long):
+            raise _refuse(self.conv, f"propagate given {type(ei).__name__} "
+                          f"{list(ei.shape) if isinstance(ei, torch.Tensor) else ''} as its "
+                          f"edge_index", "sarc runs the conv on an edge list [2, E] the forward "
+                          "computes from the call's edge_index, not on one kept from an "
+                          "earlier call (cached=True)")
+        return pp.plain(ei)
+
+    def _per_edge(self, name: str, value, edges: int, given_edge) -> torch.Tensor:
+        """A value propagate is given that the graph code computed: one float per edge."""
+        from . import pyg_prepare as pp
+        if not isinstance(value, pp.Structure):
+            raise _refuse(self.conv, f"propagate's argument {name!r} holding several values "
+                          f"computed from edge_index", "give propagate each on its own")
+        if value.dim() == 0 or value.size(0) != edges or not value.is_floating_point():
+            raise _refuse(self.conv, f"propagate's argument {name!r} computed from edge_index "
+                          f"({value.dtype}, shape {list(value.shape)})",
+                          f"sarc reads a value the graph code computes as an edge feature: "
+                          f"floats, one row per edge of the edge_index given to propagate "
+                          f"({edges}); index a per-node value by edge_index's rows "
+                          f"(deg[col]) in forward")
+        if name in self._sarc_node or name in given_edge:
+            raise _refuse(self.conv, f"propagate's argument {name!r}",
+                          "it is named as the conv's node or edge feature")
+        return pp.plain(value)
+
+    def _given(self, edge_index, num_nodes, edge_attr, dtype) -> PyGInputs:
+        """The graph as given, and the edge feature forward is given."""
         if not self._takes_edge_attr:
             if edge_attr is not None:
                 width = tuple(edge_attr.shape[1:]) if isinstance(edge_attr, torch.Tensor) \
@@ -1121,20 +1263,35 @@ class TracedConv(PyGLayer):
                           f"it was imported with edge_dim for {self.edge_input}")
         return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
 
-    def _forward(self, x, edge_attr, on_propagate) -> Any:
+    def _forward(self, x, edge_attr, on_propagate, edge=None) -> Any:
+        """The forward traced up to ``on_propagate(kwargs)``; ``edge``: the edge side, whose
+        features stand for the values the graph code gives propagate (in message)."""
+        from . import pyg_prepare as pp
         conv = self.conv
-        token = _EdgeIndex.make(conv)
         calls = []
         builder = x.tracer.builder
         drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
+        if self.graph_code is not None:   # the graph code runs on the stand-in graph
+            watch = pp.Watch(lambda func, met: _refuse(
+                conv, f"a forward that computes from edge_index and {met} together ({func}"
+                      f"{_forward_line(conv)})", pp.MIXED))
+            token = watch.tagged(pp.stand_in_edges(), pp.Structure)
+            refused = watch.check
+            if self._graph_reads_edge():
+                edge_attr = watch.tagged(pp.stand_in_edge_values(
+                    self._given_edge[self.edge_input].shape, x.dtype), pp.Structure)
+        else:
+            token = _EdgeIndex.make(conv)
 
-        def refused():   # what the forward did to edge_index, even if it caught the error
-            if token._sarc_refused:
-                raise token._sarc_refused[0]
+            def refused():   # what the forward did to edge_index, even if it caught the error
+                if token._sarc_refused:
+                    raise token._sarc_refused[0]
 
         def propagate(edge_index, size=None, **kwargs):
             refused()
-            if edge_index is not token:
+            if self.graph_code is not None:
+                kwargs = self._graph_values_read(kwargs, edge)
+            elif edge_index is not token:
                 raise _refuse(conv, f"a forward that changes edge_index before propagate"
                               f"{_forward_line(conv)}", "prepare the graph before the call")
             if size is not None:
@@ -1150,15 +1307,13 @@ class TracedConv(PyGLayer):
             return on_propagate(kwargs)
 
         def edge_updater(*args, **kwargs):
-            raise _refuse(conv, f"a forward that calls edge_updater"
-                          f"{_forward_line(conv, callee_named=False)}",
-                          "per-edge graph structure")
+            raise _edge_updater_refused(conv)
 
         x, edge_attr = _as_tensor(x), _as_tensor(edge_attr)
         args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)
         object.__setattr__(conv, "propagate", propagate)
         object.__setattr__(conv, "edge_updater", edge_updater)
-        with _says_why_traced(conv):
+        with _says_why_traced(conv), self._graph_code_routes():
             try:
                 out = _call_conv(conv, "forward", conv.forward, *args)
             except AcrossRowsError as e:   # said of the rows it is traced at: an edge's end
@@ -1174,27 +1329,28 @@ class TracedConv(PyGLayer):
             raise _refuse(conv, "a forward that never calls propagate")
         return out
 
-    def _captured(self, x, edge_attr) -> dict:
+    def _captured(self, x, edge_attr, edge) -> dict:
         def stop(kwargs):
             raise _Stop(kwargs)
         try:
-            self._forward(x, edge_attr, stop)
+            self._forward(x, edge_attr, stop, edge)
         except _Stop as s:
             return s.kwargs
         raise AssertionError("unreachable: _forward returns only through propagate")
 
     def message(self, src, dst, edge):
-        with _conv_code(self.conv, src.x.tracer):
+        with _conv_code(self.conv, src.x.tracer, self._proxy_type()):
             return self._message(src, dst, edge)
 
     def _message(self, src, dst, edge):
         conv = self.conv
-        ea = edge[self.edge_input] if self._takes_edge_attr else None
+        ea = edge[self.edge_input] if self._takes_edge_attr and not self._graph_reads_edge() \
+            else None
         x_src = src.x
-        at_src = self._captured(x_src, ea)
+        at_src = self._captured(x_src, ea, edge)
         reads_dst = any(a.endswith("_i") for a in self._message_args)
         x_dst = dst.x if reads_dst else None
-        at_dst = self._captured(x_dst, ea) if reads_dst else {}
+        at_dst = self._captured(x_dst, ea, edge) if reads_dst else {}
         builder = x_src.tracer.builder
         # Inside message the node values given to forward are read per edge already, so
         # what forward computed from x is per edge too: PyG reads it per node. Where a
@@ -1238,14 +1394,50 @@ class TracedConv(PyGLayer):
         with _pyg_softmax_routed(conv):
             return _call_conv(conv, "message", conv.message, **args)
 
+    def _graph_values_read(self, kwargs: dict, edge) -> dict:
+        """propagate's arguments with each value of the graph code replaced by the edge
+        feature the prepared inputs give it (in message; in update, which reads none,
+        by nothing)."""
+        from . import pyg_prepare as pp
+        names = dict(self.graph_code[1])
+        out = {}
+        for k, v in kwargs.items():
+            if any(isinstance(t, pp.Structure) for t in _flat(v)):
+                if k not in names:
+                    raise _refuse(self.conv, f"propagate's argument {k!r} computed from "
+                                  f"edge_index on one graph and not on another",
+                                  "the graph code gives propagate the same arguments on "
+                                  "every graph")
+                v = edge[k] if edge is not None else None
+            out[k] = v
+        return out
+
+    def _graph_code_routes(self):
+        """While the forward's graph code runs on the stand-in graph: ``torch.arange`` takes
+        its node count (``x.size(0)``, a ``GraphRows``)."""
+        if self.graph_code is None:
+            return contextlib.nullcontext()
+        from ..trace_torch import valued_route
+        return routed({torch.arange: valued_route(torch.arange)},
+                      lambda: [vars(torch)] + code_namespaces([self.conv]))
+
+    def _proxy_type(self) -> type:
+        return _StandInProxy if self.graph_code is not None else _TensorProxy
+
+    def _graph_reads_edge(self) -> bool:
+        """Whether the edge feature forward is given is read by its graph code (and so
+        computed with it when the inputs are prepared, not traced)."""
+        return self.graph_code is not None and self.graph_code[0]
+
     def update(self, dst, agg):
-        with _conv_code(self.conv, dst.x.tracer):
+        with _conv_code(self.conv, dst.x.tracer, self._proxy_type()):
             return self._update(dst, agg)
 
     def _update(self, dst, agg):
         conv = self.conv
         ea = None
-        if self._takes_edge_attr:   # what forward may compute on edge_attr before propagate
+        if self._takes_edge_attr and not self._graph_reads_edge():
+            # what forward may compute on edge_attr before propagate
             edge = dsl._Side(self, dst._tracer, Domain.EDGE, None, "edge", dst._precision)
             ea = edge[self.edge_input]
 
@@ -1263,27 +1455,9 @@ class TracedConv(PyGLayer):
         return out
 
 
-class SelfLoopsTracedConv(TracedConv):
-    """A conv whose forward prepares the graph only by replacing its self loops under its
-    ``add_self_loops`` flag (``remove_self_loops`` then ``add_self_loops``: AGNNConv,
-    FeaStConv): the loops are replaced when the inputs are prepared, by PyG's functions,
-    and the rest of its forward, message and update are traced with the flag off."""
-
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
-        if self.conv.add_self_loops:
-            from torch_geometric.utils import add_self_loops, remove_self_loops
-            edge_index, _ = remove_self_loops(edge_index)
-            edge_index, _ = add_self_loops(edge_index, num_nodes=num_nodes)
-        return super().prepare(edge_index, num_nodes, edge_attr, dtype)
-
-    def _forward(self, x, edge_attr, on_propagate):
-        conv = self.conv
-        flag = conv.add_self_loops
-        conv.__dict__["add_self_loops"] = False   # the loops are in the prepared graph
-        try:
-            return super()._forward(x, edge_attr, on_propagate)
-        finally:
-            conv.__dict__["add_self_loops"] = flag
+def _edge_updater_refused(conv) -> ConversionError:
+    return _refuse(conv, f"a forward that calls edge_updater"
+                   f"{_forward_line(conv, callee_named=False)}", "per-edge graph structure")
 
 
 def _reaches(builder, value, targets: set) -> bool:
@@ -1333,8 +1507,8 @@ def _call_conv(conv, what: str, fn, *args, **kwargs):
         cls = type(conv).__name__
         raise ConversionError(f"{cls}.{what} cannot be traced{_where(conv, e, what)}: "
                               f"{type(e).__name__}{': ' if str(e) else ''}{e} (sarc traces "
-                              f"a forward that computes on x and passes it, with edge_index "
-                              f"unchanged, to self.propagate, and message and update on the "
+                              f"a forward that computes on x, and on edge_index alone, and "
+                              f"passes both to self.propagate, and message and update on the "
                               f"values propagate is given)") from e
 
 

@@ -2,10 +2,10 @@
 
 The conv's ``forward`` runs on stand-ins: ``x`` (and the edge feature, the conv's
 parameters and every value computed from them) are ``isinstance(..., Tensor)`` as PyG's
-code expects, and ``edge_index`` is a tensor whose only use is being passed to
-``propagate``. So a forward that prepares the graph under ``if isinstance(edge_index,
-Tensor)`` (self loops, ``gcn_norm``) is refused instead of silently skipped, and PyG's
-``if isinstance(x, Tensor): x = (x, x)`` runs. Each conv that imports is compared with
+code expects, and so is ``edge_index``: a forward that prepares the graph under ``if
+isinstance(edge_index, Tensor)`` (self loops, ``gcn_norm``) runs that code on the real
+graph when the inputs are prepared (``frontends.pyg_prepare``; tested further in
+``test_pyg_graph_code.py``), and PyG's ``if isinstance(x, Tensor): x = (x, x)`` runs. Each conv that imports is compared with
 PyG's own: output, the gradient of x, of every parameter and of the edge features.
 """
 from __future__ import annotations
@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 pytest.importorskip("torch_geometric")
 from torch_geometric import nn as pyg  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
-from torch_geometric.utils import add_self_loops  # noqa: E402
+from torch_geometric.utils import add_self_loops, degree  # noqa: E402
 
 from interop.interop_check import assert_all_close  # noqa: E402
 from sarc.errors import DSLError  # noqa: E402
@@ -80,7 +81,7 @@ def check_both_paths(conv, edge=None, **options) -> None:
         check_same(run, lambda x, *e: conv(x, ei, *e), conv, torch.randn(N, D), *extra)
 
 
-# --- 1. graph preparation under isinstance(edge_index, Tensor) is refused, not skipped ----------
+# --- 1. graph preparation under isinstance(edge_index, Tensor) runs, not skipped ----------------
 
 class SelfLoopSum(MessagePassing):
     """PyG's idiom: self loops added when edge_index is a Tensor."""
@@ -96,7 +97,7 @@ class SelfLoopSum(MessagePassing):
 
 
 class CatchesTheRefusal(SelfLoopSum):
-    """A forward that swallows the error of its graph preparation is still refused."""
+    """A forward that would swallow an error of its graph preparation."""
 
     def forward(self, x, edge_index):
         try:
@@ -114,8 +115,8 @@ class TanhGCN(pyg.GCNConv):
 
 
 class TanhLG(pyg.LGConv):
-    """LGConv (converted, its gcn_norm prepared by sarc) with update overridden: traced, so
-    its forward's gcn_norm is refused."""
+    """LGConv (converted, its gcn_norm prepared by sarc) with update overridden: traced, its
+    forward's gcn_norm run as graph code."""
 
     def update(self, aggr_out):
         return torch.tanh(aggr_out)
@@ -127,8 +128,8 @@ class HalfSG(pyg.SGConv):
 
 
 class HalfAPPNP(pyg.APPNP):
-    """APPNP (converted into rounds) with message overridden: traced, so its forward's
-    gcn_norm is refused."""
+    """APPNP (converted into rounds) with message overridden: traced, so its forward's K
+    propagates are refused."""
 
     def message(self, x_j, edge_weight):
         return 0.5 * edge_weight.view(-1, 1) * x_j
@@ -136,7 +137,6 @@ class HalfAPPNP(pyg.APPNP):
 
 PREPARES_THE_GRAPH = {
     "lgconv_subclass_update": (lambda: TanhLG(), {"in_channels": D}, None),
-    "appnp_subclass_message": (lambda: HalfAPPNP(K=2, alpha=0.1), {"in_channels": D}, None),
     "sgconv_subclass_weighted": (lambda: HalfSG(D, 2, K=1), {"edge_dim": ()}, "weight"),
     "gcn_subclass_update": (lambda: TanhGCN(D, 2), {}, None),
     "self_loops_isinstance": (lambda: SelfLoopSum(), {}, None),
@@ -145,26 +145,21 @@ PREPARES_THE_GRAPH = {
 
 
 @pytest.mark.parametrize("name", PREPARES_THE_GRAPH)
-def test_graph_preparation_in_forward_is_refused(name):
+def test_graph_preparation_in_forward_runs_on_the_real_graph(name):
+    """Self loops, gcn_norm of an edge weight (its gradient too): the conv's own code."""
     make, options, edge = PREPARES_THE_GRAPH[name]
+    torch.manual_seed(0)
     conv = make()
-    ei, x = graph(), torch.randn(N, D)
-    extra = [] if edge is None else [torch.rand(ei.size(1)) + 0.5]
-    cls = type(conv).__name__
-    with pytest.raises(ConversionError, match=rf"^{cls}: a forward that reads or changes "
-                                              rf"edge_index \(.* at .*:\d+\)"):
-        from_message_passing(conv, **options).run(x, ei, *extra)
-    with pytest.raises(ConversionError, match=rf"^{cls}: a forward that reads or changes"):
-        as_conv(conv, **options)(x, ei, *extra)
+    randomize_zeros(conv)
+    extra = None if edge is None else torch.rand(graph().size(1)) + 0.5
+    check_both_paths(conv, extra, **options)
 
 
-def test_the_refusal_names_the_function_the_forward_called():
-    """The use of edge_index is inside PyG's add_self_loops: the message names the call the
-    user wrote, and its line."""
-    with pytest.raises(ConversionError, match=r"^SelfLoopSum: a forward that reads or changes "
-                                              r"edge_index \(edge_index\.\w+ in add_self_loops\(\), "
-                                              r"at .*test_pyg_tracing.py:\d+\)"):
-        as_conv(SelfLoopSum())(torch.randn(N, D), graph())
+def test_a_forward_of_several_propagates_is_refused_at_the_second():
+    with pytest.raises(ConversionError, match=r"^HalfAPPNP: a forward that calls propagate "
+                                              r"twice \(the second call in propagate\(\), at "
+                                              r".*appnp.py:\d+\)"):
+        as_conv(HalfAPPNP(K=2, alpha=0.1), in_channels=D)(torch.randn(N, D), graph())
 
 
 class EdgeUpdater(MessagePassing):
@@ -245,9 +240,8 @@ class ReluGAT(pyg.GATConv):
 
 
 SUBCLASS_REFUSALS = {
-    # GATConv's self loops: the forward compares x's row counts before edge_index
-    "gat_message": (lambda: ReluGAT(D, 2, heads=2), DSLError, "GATConv", "message"),
-    "gcn_update": (lambda: TanhGCN(D, 2), ConversionError, "GCNConv", "update"),
+    # GATConv's forward: its attention from edge_updater, per-edge graph structure
+    "gat_message": (lambda: ReluGAT(D, 2, heads=2), ConversionError, "GATConv", "message"),
 }
 
 
@@ -553,3 +547,104 @@ def test_what_cannot_be_modelled_is_a_clear_error(name):
     extra = [torch.randn(ei.size(1), 2)] if "edge_dim" in options else []
     with pytest.raises(ConversionError, match=message):
         from_message_passing(make(), **options).run(torch.randn(N, D), ei, *extra)
+
+
+# --- graph code in forward: run on the real graph when the inputs are prepared ------------------
+
+class TutorialGCN(MessagePassing):
+    """PyG's tutorial GCN ("Creating Message Passing Networks"), as written there."""
+
+    def __init__(self, in_channels, out_channels):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.bias = nn.Parameter(torch.randn(out_channels))
+
+    def forward(self, x, edge_index):
+        edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+        x = self.lin(x)
+        row, col = edge_index
+        deg = degree(col, x.size(0), dtype=x.dtype)
+        deg_inv_sqrt = deg.pow(-0.5)
+        deg_inv_sqrt[deg_inv_sqrt == float("inf")] = 0
+        norm = deg_inv_sqrt[row] * deg_inv_sqrt[col]
+        out = self.propagate(edge_index, x=x, norm=norm)
+        out = out + self.bias
+        return out
+
+    def message(self, x_j, norm):
+        return norm.view(-1, 1) * x_j
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_tutorial_gcn_equals_pyg(dtype):
+    torch.manual_seed(0)
+    conv = TutorialGCN(D, 4).to(dtype)
+    ei, x = graph(), torch.randn(N, D, dtype=dtype)
+    for run in (lambda x: from_message_passing(conv, in_channels=D).run(x, ei),
+                lambda x: as_conv(conv, in_channels=D)(x, ei)):
+        check_same(run, lambda x: conv(x, ei), conv, x)
+    layer = from_message_passing(conv, in_channels=D)
+    layer.prepare(ei, N)
+    assert layer.graph_code == (False, (("norm", ()),))   # an edge feature of its name
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)),
+                                   max_size=30), st.integers(0, 2**16))
+def test_the_tutorial_gcn_equals_pyg_on_random_graphs(n, edges, seed):
+    """Any graph: no edges, self loops, duplicates, nodes without in-edges."""
+    edges = [(u % n, v % n) for u, v in edges]
+    ei = torch.tensor(edges, dtype=torch.long).t().reshape(2, -1)
+    torch.manual_seed(seed)
+    conv = TutorialGCN(D, 2)
+    x = torch.randn(n, D)
+    got = as_conv(conv, in_channels=D)(x, ei)
+    torch.testing.assert_close(got, conv(x, ei), rtol=1e-5, atol=1e-6)
+
+
+class NormalizedEdges(MessagePassing):
+    """Graph code (a mean's weights) beside an edge feature that forward transforms."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.lin_edge = nn.Linear(2, D)
+
+    def forward(self, x, edge_index, edge_attr):
+        deg = degree(edge_index[1], x.size(0), dtype=x.dtype).clamp(min=1)
+        norm = deg.reciprocal()[edge_index[1]]
+        return self.propagate(edge_index, x=x, e=self.lin_edge(edge_attr), norm=norm)
+
+    def message(self, x_j, e, norm):
+        return norm.view(-1, 1) * torch.relu(x_j + e)
+
+
+def test_graph_code_beside_a_traced_edge_feature():
+    torch.manual_seed(0)
+    conv = NormalizedEdges()
+    check_both_paths(conv, torch.randn(graph().size(1), 2), edge_dim=2)
+
+
+class LoopsAndEdgeFeature(NormalizedEdges):
+    def forward(self, x, edge_index, edge_attr):
+        edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+        return self.propagate(edge_index, x=x, e=self.lin_edge(edge_attr), norm=x[:, 0])
+
+
+def test_graph_code_that_adds_edges_beside_an_edge_feature_is_refused():
+    """The edge feature has a row per edge given; the graph propagate is given has more."""
+    with pytest.raises(ConversionError, match=r"^LoopsAndEdgeFeature: an edge feature "
+                                              r"edge_attr with a forward that changes the "
+                                              r"edges \(9 edges given, 16 given to propagate\)"):
+        as_conv(LoopsAndEdgeFeature(), edge_dim=2)(torch.randn(N, D), graph(),
+                                                    torch.randn(graph().size(1), 2))
+
+
+def test_a_graph_cached_by_the_conv_is_refused():
+    """A traced conv with cached=True reads, after PyG's own call, the graph it kept."""
+    conv = TanhGCN(D, 2, cached=True)
+    x, ei = torch.randn(N, D), graph()
+    conv(x, ei)
+    with pytest.raises(ConversionError, match=r"^TanhGCN: a forward that changes edge_index "
+                                              r"before propagate"):
+        as_conv(conv)(x, ei)

@@ -9,7 +9,7 @@ from torch import nn
 pytest.importorskip("torch_geometric")
 from torch_geometric import nn as pyg  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
-from torch_geometric.utils import add_self_loops, scatter  # noqa: E402
+from torch_geometric.utils import degree, scatter  # noqa: E402
 
 import sarc  # noqa: E402
 from sarc.frontends.pyg import ConversionError, as_conv, from_message_passing  # noqa: E402
@@ -144,24 +144,76 @@ def test_message_and_aggregate_only():
             "message_and_aggregate without message")
 
 
-class SelfLoopsInForward(MessagePassing):
+class DegreeScaledX(MessagePassing):
+    """Graph code (the degrees) combined with x before propagate."""
+
     def __init__(self):
         super().__init__(aggr="add")
         self.in_channels = 5
 
     def forward(self, x, edge_index):
-        edge_index, _ = add_self_loops(edge_index)
-        return self.propagate(edge_index, x=x)
+        deg = degree(edge_index[1], x.size(0), dtype=x.dtype)
+        return self.propagate(edge_index, x=x * deg.view(-1, 1))  # ERR:mixed
 
     def message(self, x_j):
         return x_j
 
 
-@case("tracer", "a MessagePassing forward that rewrites edge_index (add_self_loops)", "error")
-def test_forward_changes_edge_index():
-    refused(lambda: run(SelfLoopsInForward()),
-            "SelfLoopsInForward: a forward that reads or changes edge_index",
-            "test_frontends_pyg.py", "graph preparation in forward")
+@case("tracer", "a MessagePassing forward that combines the degrees it computes from "
+                "edge_index with x before propagate", "error")
+def test_forward_combines_graph_code_with_x():
+    line = next(n for n, text in enumerate(open(__file__).read().splitlines(), 1)
+                if text.endswith("# ERR:mixed"))
+    refused(lambda: run(DegreeScaledX()),
+            "DegreeScaledX: a forward that computes from edge_index and x or an edge feature "
+            "together (torch.Tensor.mul", f"test_frontends_pyg.py:{line})",
+            "give each to propagate on its own and combine them in message")
+
+
+class DegreePerNode(MessagePassing):
+    """A value per node computed from edge_index given to propagate (read as deg_i)."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x, deg=degree(edge_index[1], x.size(0)))
+
+    def message(self, x_j, deg_i):
+        return x_j / deg_i.view(-1, 1)
+
+
+@case("tracer", "a MessagePassing forward that gives propagate a value per node computed "
+                "from edge_index", "error")
+def test_forward_gives_propagate_a_node_value_of_graph_code():
+    refused(lambda: run(DegreePerNode()),
+            "DegreePerNode: propagate's argument 'deg' computed from edge_index",
+            "one row per edge of the edge_index given to propagate (5)",
+            "index a per-node value by edge_index's rows (deg[col]) in forward")
+
+
+class LearnedGraphWeights(MessagePassing):
+    """Graph code that reads a parameter: its gradient would be lost."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.in_channels = 5
+        self.temperature = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, x, edge_index):
+        deg = degree(edge_index[1], x.size(0), dtype=x.dtype)
+        return self.propagate(edge_index, x=x, w=deg[edge_index[1]] * self.temperature)
+
+    def message(self, x_j, w):
+        return x_j * w.view(-1, 1)
+
+
+@case("tracer", "a MessagePassing forward whose graph code reads a parameter", "error")
+def test_graph_code_with_a_parameter():
+    refused(lambda: run(LearnedGraphWeights()),
+            "LearnedGraphWeights: a forward that computes from edge_index and a parameter "
+            "together")
 
 
 class BranchOnValue(MessagePassing):
