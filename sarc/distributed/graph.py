@@ -81,6 +81,8 @@ class DistGraph:
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
+        # a step's block k: (k, the model's sarc layers its budget share pairs with blocks)
+        self.share_of: tuple | None = None
         self._set_shard(shard)
         trim_heap()  # the loading's and the setup's transients go back to the system
 

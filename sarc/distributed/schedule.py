@@ -35,6 +35,7 @@ from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
+from ..training.inputs import TrainError
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
@@ -69,6 +70,7 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> La
     # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
     # backend, whose kernels run the blocks), planned for dg, cut at the exchange, and its
     # schedule
+    _check_share_order(layer, dg)
     target = compiler.Target(mode=dg.mode, workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
                              mem_budget=_budget_left(dg, layer), baseline=dg.baseline,
                              inputs_need_grad=inputs_need_grad, distributed=True,
@@ -106,6 +108,26 @@ def step_layers(layers) -> list:
     for its backend, and whether its input needs a gradient (all but the first's)."""
     return [(compiler.compile_layer(layer, layer._sarc_backend, through="optimize").optimized,
              k > 0) for k, layer in enumerate(layers)]
+
+
+def _check_share_order(layer, dg: DistGraph) -> None:
+    """A step's budget share pairs the model's sarc layers, in declaration order, with its
+    blocks, in call order: a layer that runs on another layer's block would be planned
+    with that layer's share (or none), so the step could keep more than the budget. Every
+    worker runs the same model, so every worker raises here, at the same call."""
+    if dg.share_of is None:
+        return
+    k, layers = dg.share_of
+    if layer is layers[k] or not any(layer is m for m in layers):
+        return   # a layer a library conv made at its call is not in the share
+    declared = next(i for i, m in enumerate(layers) if m is layer)
+    raise TrainError(f"the model's sarc layers run in another order than its __init__ "
+                     f"declares them: call {k + 1} of the forward pass runs sarc layer "
+                     f"{declared + 1} ({type(layer).__name__}) in declaration order; "
+                     f"--mem-budget shares "
+                     f"the budget over the layers in declaration order, paired with the "
+                     f"step's blocks in call order: declare the layers in the order forward "
+                     f"calls them")
 
 
 def _budget_left(dg: DistGraph, layer):

@@ -336,8 +336,9 @@ class BlockGraphs:
                              f"{len(self.graphs)} blocks")
         fns = step_layers(self.layers)
         kept = share_budget(fns, [g.stats for g in self.graphs], first.mem_budget, first.baseline)
-        for layer, g, k in zip(self.layers, self.graphs, kept):
+        for i, (layer, g, k) in enumerate(zip(self.layers, self.graphs, kept)):
             g.kept_share[id(layer)] = k
+            g.share_of = (i, tuple(self.layers))
         self.shared = (fns, kept)
 
     def _gather(self, shards) -> tuple[list, bool]:

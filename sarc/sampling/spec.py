@@ -7,6 +7,7 @@ that has given up).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -34,7 +35,7 @@ class SamplingSpec:
             raise SamplingError(f"fanouts must be a list of integers, one per layer, got "
                                 f"{fanouts!r}")
         for k, f in enumerate(fanouts, 1):
-            if isinstance(f, bool) or not isinstance(f, int):
+            if isinstance(f, bool) or not isinstance(f, numbers.Integral):
                 raise SamplingError(f"the fanout of layer {k} must be an integer, got {f!r}")
             if f < ALL:
                 raise SamplingError(f"the fanout of layer {k} is {f}: a fanout is a number of "

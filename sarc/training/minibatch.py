@@ -124,10 +124,15 @@ class MiniBatchConfig:
 
     def spec(self, layers: int, seed: int) -> SamplingSpec:
         """The sampling spec for a model of ``layers`` graph layers (checked against them)."""
+        if layers == 0:
+            raise TrainError(f"--mode {self.mode}: the model has no sarc layer to run on the "
+                             f"sampled blocks (its forward calls none)")
         if self.mode == "mfg":
             return SamplingSpec.mfg(layers, seed=seed)
+        fanouts = self.fanouts
         try:
-            return SamplingSpec.of(list(self.fanouts), layers=layers, replace=self.replace,
+            return SamplingSpec.of(fanouts if isinstance(fanouts, (str, bytes)) else
+                                   list(fanouts), layers=layers, replace=self.replace,
                                    prob=self.prob, seed=seed)
         except ValueError as e:
             raise TrainError(str(e)) from None

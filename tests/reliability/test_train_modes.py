@@ -142,3 +142,58 @@ def test_resuming_a_checkpoint_of_another_training_mode(tmp_path):
     err = assert_error(proc, "the mode differs (--mode full in the checkpoint, --mode sampling "
                              "now)")
     assert "hyperparameters differ" not in err and "(unset)" not in err, err
+
+
+REVERSED = '''
+import torch.nn.functional as F
+from torch import nn
+import sarc
+
+
+class Mean(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self, i, h, c):
+        super().__init__()
+        self.second = Mean(h, c)   # declared first, called second
+        self.first = Mean(i, h)
+
+    def forward(self, g, x):
+        return self.second(g, F.relu(self.first(g, x)))
+
+
+HPARAMS = {"hidden": 16, "lr": 0.01, "weight_decay": 0.0, "epochs": 1}
+
+
+def build_model(in_feats, num_classes, hidden=16, **_):
+    return Net(in_feats, hidden, num_classes)
+'''
+
+
+@case("cli", "`--mode mfg --workers 2 --mem-budget` for a model whose sarc layers are "
+             "declared in another order than its forward calls them", "error")
+def test_a_budget_share_over_layers_declared_out_of_call_order(tmp_path):
+    """The share pairs declared layers with called blocks: each block was planned with
+    another layer's share (or the whole budget), so most steps ran over it, silently."""
+    model = tmp_path / "reversed.py"
+    model.write_text(REVERSED)
+    proc = run_sarc("train", model, "--dataset", "cora", "--mode", "mfg", "--batch-size",
+                    "600", "--workers", "2", "--method", "random", "--mem-budget", "40K")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for rank in (0, 1):   # every worker says it, at the same call: none waits on another
+        assert (f"sarc worker {rank}: error: the model's sarc layers run in another order "
+                f"than its __init__ declares them: call 1 of the forward pass runs sarc layer 2 "
+                f"(Mean) in declaration order") in proc.stderr, proc.stderr
+    assert "declare the layers in the order forward calls them" in proc.stderr
+    assert "epoch 1" not in proc.stdout, proc.stdout
