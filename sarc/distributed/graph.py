@@ -83,6 +83,7 @@ class DistGraph:
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
         # a step's block k: (k, the model's sarc layers its budget share pairs with blocks)
         self.share_of: tuple | None = None
+        self.ran_by = None   # the layer that ran on it, where it has a share_of
         self._set_shard(shard)
         trim_heap()  # the loading's and the setup's transients go back to the system
 

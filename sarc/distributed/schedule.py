@@ -35,7 +35,6 @@ from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
-from ..training.inputs import TrainError
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistGraph
@@ -70,11 +69,13 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> La
     # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
     # backend, whose kernels run the blocks), planned for dg, cut at the exchange, and its
     # schedule
-    _check_share_order(layer, dg)
-    target = compiler.Target(mode=dg.mode, workers=dg.size, stats=dg.stats, exec_mode=dg.exec_mode,
-                             mem_budget=_budget_left(dg, layer), baseline=dg.baseline,
-                             inputs_need_grad=inputs_need_grad, distributed=True,
-                             kept_peers=dg.kept_share.get(id(layer)))
+    unshared = _runs_another_layers_share(layer, dg)
+    target = compiler.Target(mode=dg.mode, workers=dg.size, stats=dg.stats,
+                             exec_mode="sar" if unshared else dg.exec_mode,
+                             mem_budget=None if unshared else _budget_left(dg, layer),
+                             baseline=dg.baseline, inputs_need_grad=inputs_need_grad,
+                             distributed=True,
+                             kept_peers=None if unshared else dg.kept_share.get(id(layer)))
     c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
     from ..ir.autodiff import differentiated_params
     return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_params(c.traced))
@@ -110,24 +111,17 @@ def step_layers(layers) -> list:
              k > 0) for k, layer in enumerate(layers)]
 
 
-def _check_share_order(layer, dg: DistGraph) -> None:
-    """A step's budget share pairs the model's sarc layers, in declaration order, with its
-    blocks, in call order: a layer that runs on another layer's block would be planned
-    with that layer's share (or none), so the step could keep more than the budget. Every
-    worker runs the same model, so every worker raises here, at the same call."""
+def _runs_another_layers_share(layer, dg: DistGraph) -> bool:
+    """Whether ``layer`` runs on a step's block whose budget share was priced for another of
+    the model's layers: the share pairs them in declaration order with the blocks in call
+    order, and this model calls them in another. Such a block is planned in sar, keeping
+    no remote row, so the step stays within the budget (``BlockGraphs`` shares it again in
+    call order for the next step). The block records which layer ran on it."""
     if dg.share_of is None:
-        return
+        return False
     k, layers = dg.share_of
-    if layer is layers[k] or not any(layer is m for m in layers):
-        return   # a layer a library conv made at its call is not in the share
-    declared = next(i for i, m in enumerate(layers) if m is layer)
-    raise TrainError(f"the model's sarc layers run in another order than its __init__ "
-                     f"declares them: call {k + 1} of the forward pass runs sarc layer "
-                     f"{declared + 1} ({type(layer).__name__}) in declaration order; "
-                     f"--mem-budget shares "
-                     f"the budget over the layers in declaration order, paired with the "
-                     f"step's blocks in call order: declare the layers in the order forward "
-                     f"calls them")
+    dg.ran_by = layer
+    return layer is not layers[k] and any(layer is m for m in layers)
 
 
 def _budget_left(dg: DistGraph, layer):

@@ -281,7 +281,10 @@ class BlockGraphs:
     layer), for two things:
 
     - a memory budget (``mem_budget``) is the whole step's: the first step's blocks share
-      it over ``layers`` (the model's sarc layers in call order; ``share_budget``). A
+      it over ``layers`` (the model's sarc layers in declaration order, taken for the call
+      order; ``share_budget``); a block that runs another layer than its share's runs in
+      sar (``schedule._runs_another_layers_share``), and the next step's blocks share it
+      again over the layers in the order the first step called them. A
       later step's blocks may be larger than the first's; where the planned programs
       would keep more than the budget of them on any worker (``step_kept_bytes``), the
       step runs in sar, keeping no remote row (those programs compiled once, on first
@@ -302,6 +305,11 @@ class BlockGraphs:
 
     def __call__(self, blocks) -> list[DistGraph]:
         shards = [b.shard.to(self.device) for b in blocks]
+        if self.graphs is not None and self._called_out_of_order():
+            # the first step showed the call order: its blocks ran another layer's share in
+            # sar; the step's programs are planned again, the budget shared in call order
+            self.predicted.append(self._predict(*self._last))
+            self.graphs = None
         if self.graphs is None:  # collective: every worker builds the first step's together
             self.graphs = self._build(shards, **self.options)
             self._share_budget()
@@ -340,6 +348,18 @@ class BlockGraphs:
             g.kept_share[id(layer)] = k
             g.share_of = (i, tuple(self.layers))
         self.shared = (fns, kept)
+
+    def _called_out_of_order(self) -> bool:
+        """Whether the last step's blocks ran the model's sarc layers in another order than
+        ``layers`` (their declaration order); if so ``layers`` becomes the call order. Every
+        worker runs the same model, so every worker finds the same."""
+        ran = [g.ran_by for g in self.graphs]
+        if self.shared is None or any(r is None for r in ran) or \
+                all(r is m for r, m in zip(ran, self.layers)) or \
+                sorted(map(id, ran)) != sorted(map(id, self.layers)):
+            return False
+        self.layers = ran
+        return True
 
     def _gather(self, shards) -> tuple[list, bool]:
         """This step's blocks' statistics on every worker, and whether the planned programs

@@ -838,11 +838,13 @@ class _EdgeIndex(torch.Tensor):
     """Stands for ``edge_index`` while a conv's forward is traced.
 
     It is a ``torch.Tensor``, so the forward takes the branches it takes for the real
-    ``[2, E]`` tensor (``if isinstance(edge_index, Tensor): ...``). What it may do with it
-    is pass it to ``propagate`` or ask what every edge_index sarc runs on has (a strided,
-    not sparse, 2-d tensor); any other use (its size, an index, ``add_self_loops``,
-    ``gcn_norm``...) is recorded and refused, naming the function and the forward's line,
-    even where the forward catches the error: sarc runs the conv on the graph as given.
+    ``[2, E]`` tensor (``if isinstance(edge_index, Tensor): ...``). It stands in for a conv
+    whose forward has no graph code (``pyg_prepare``: preparing the inputs found none) or
+    has not been prepared (a call on a ``sarc.Graph``): what it may do with it is pass it to
+    ``propagate`` or ask what every edge_index sarc runs on has (a strided, not sparse, 2-d
+    tensor); any other use (its size, an index, ``add_self_loops``, ``gcn_norm``...) is
+    recorded and refused, naming the function and the forward's line, even where the
+    forward catches the error.
     """
 
     _FACTS = {"torch.Tensor.layout.__get__": torch.strided,

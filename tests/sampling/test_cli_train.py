@@ -129,6 +129,33 @@ def test_a_steps_bytes_are_predicted_from_the_programs_that_ran_on_its_blocks(tm
         assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
 
 
+def test_a_budget_is_shared_in_call_order_whatever_the_declaration_order(tmp_path):
+    """The share paired the layers in declaration order with the blocks in call order:
+    each block was planned with the other layer's share (or the whole budget), so most
+    steps were priced over the budget and ran in sar. The first step's blocks now run
+    such a layer in sar, and the next step shares the budget in call order: as many steps
+    over the budget as for the model declared in call order, and each step's bytes
+    predicted."""
+    runs = {}
+    for name, text in (("out_of_order", OUT_OF_ORDER), ("in_order", OUT_OF_ORDER.replace(
+            "self.out = Mean(h, c)  # declared first, called second\n        self.inp = Mean(i, h)",
+            "self.inp = Mean(i, h)\n        self.out = Mean(h, c)"))):
+        model = tmp_path / f"{name}.py"
+        model.write_text(text)
+        out = tmp_path / f"{name}.json"
+        _run(["-m", "sarc.cli", "train", str(model), "--dataset", "cora", "--workers", "2",
+              "--mode", "mfg", "--batch-size", "20", "--epochs", "2", "--method", "random",
+              "--mem-budget", "1500K", "--json", str(out)])
+        runs[name] = json.loads(out.read_text())["per_worker"]
+    assert "self.inp = Mean(i, h)\n        self.out" in (tmp_path / "in_order.py").read_text()
+    for got, want in zip(runs["out_of_order"], runs["in_order"]):
+        # the seeded blocks of this run: 8 of 14 steps larger than the first's plan allows
+        # (before, every block of the out-of-order model was priced with the whole budget,
+        # and no step was found over it)
+        assert got["over_budget_steps"] == want["over_budget_steps"] == 8, (got, want)
+        assert got["step_bytes_sent"] == got["planned_step_bytes_sent"] > 0, got
+
+
 def test_an_external_torchrun_runs_sampling_workers(tmp_path):
     parts = tmp_path / "parts"
     _run(["-m", "sarc.cli", "partition", "--dataset", "cora", "--parts", "2", "--out", str(parts)])
