@@ -2598,6 +2598,7 @@ def _filled(name: str):
     def fill(*args, **kwargs):
         if "size" in kwargs:
             args = (kwargs.pop("size"), *args)
+        stand_in = _has_value(args)
         args = tuple(_valued(a) for a in args)
         size, rest = args, ()
         if name == "full":
@@ -2607,7 +2608,10 @@ def _filled(name: str):
         if not any(isinstance(d, RowCount) for d in size):
             if kwargs.get("device") is TRACED_DEVICE:   # made where tracing runs: a constant
                 del kwargs["device"]                     # the tracer lifts (0-d) or refuses
-            return original(*args, **kwargs)
+            made = original(*args, **kwargs)
+            if stand_in:   # sized by a stand-in graph's node count: for graph code only
+                made._sarc_stand_in = True
+            return made
         if name == "empty":
             raise DSLError(f"torch.empty({', '.join(map(str, size))}): its values are "
                            f"undefined; write torch.zeros or torch.full", user_loc())
@@ -2633,6 +2637,13 @@ def _valued(x):
     if isinstance(x, (tuple, list)):
         return type(x)(_valued(v) for v in x)
     return x
+
+
+def _has_value(x) -> bool:
+    """Whether ``x`` (a size, or arguments) holds a row count that has a value."""
+    if isinstance(x, RowCount):
+        return x.value is not None
+    return isinstance(x, (tuple, list)) and any(_has_value(v) for v in x)
 
 
 def rows_filled(size: tuple, value: float, kwargs: dict, written: str) -> Proxy:

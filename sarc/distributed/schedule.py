@@ -117,9 +117,10 @@ def _runs_another_layers_share(layer, dg: DistGraph) -> bool:
     order, and this model calls them in another. Such a block is planned in sar, keeping
     no remote row, so the step stays within the budget (``BlockGraphs`` shares it again in
     call order for the next step). The block records which layer ran on it."""
-    if dg.share_of is None:
+    share_of = getattr(dg, "share_of", None)   # a block of a mini-batch step's
+    if share_of is None:
         return False
-    k, layers = dg.share_of
+    k, layers = share_of
     dg.ran_by = layer
     return layer is not layers[k] and any(layer is m for m in layers)
 

@@ -918,13 +918,14 @@ def _forward_line(conv, method: str = "forward", callee_named: bool = True) -> s
                       else f" in {callee.f_code.co_name}(),")
             return f"{called} at {f.f_code.co_filename}:{f.f_lineno}"
         if f.f_code.co_name != "__torch_function__" and not f.f_code.co_filename.startswith(
-                _TORCH_DIR):
+                (_TORCH_DIR, _SARC_DIR)):
             callee = f
         f = f.f_back
     return ""
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_SARC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class _SoftmaxArg(torch.Tensor):
@@ -1140,7 +1141,7 @@ class TracedConv(PyGLayer):
             reads_edge = isinstance(prepared, Exception)   # the graph code reads the edge feature
             if reads_edge:
                 prepared = self._prepared(edge_index, num_nodes, given, dtype, True)
-        self._prepares = (options, prepared is not None)
+        self._prepares = (options, prepared is not None)   # (options, False): no graph code
         if prepared is None:
             self._declare(None)
             return inputs
@@ -1196,7 +1197,11 @@ class TracedConv(PyGLayer):
         try:
             with pp.quiet_run(conv.modules(), grad):
                 _call_conv(conv, "forward", conv.forward, *args)
-            return None   # no propagate: refused where the layer is traced
+            if watch.used:   # returned before propagate on this graph (an empty one)
+                raise _refuse(conv, f"a forward that returns before propagate on this graph "
+                              f"({num_nodes} nodes, {edge_index.size(1)} edges)",
+                              "the sarc layer is the conv's propagate, message and update")
+            return None   # no propagate at all: refused where the layer is traced
         except _Stop as s:
             given = s.kwargs
         except Exception:   # noqa: BLE001 - said where the layer is traced, unless graph code
@@ -1218,7 +1223,7 @@ class TracedConv(PyGLayer):
             return None
         given_edge = () if graph_reads_edge else self._given_edge
         return pp.Prepared(self._graph_edges(ei), {
-            k: self._per_edge(k, v, ei.size(1), given_edge) for k, v in graph.items()})
+            k: self._per_edge(k, v, ei.size(1), given_edge, dtype) for k, v in graph.items()})
 
     def _graph_edges(self, ei) -> torch.Tensor:
         from . import pyg_prepare as pp
@@ -1231,8 +1236,10 @@ class TracedConv(PyGLayer):
                           "earlier call (cached=True)")
         return pp.plain(ei)
 
-    def _per_edge(self, name: str, value, edges: int, given_edge) -> torch.Tensor:
-        """A value propagate is given that the graph code computed: one float per edge."""
+    def _per_edge(self, name: str, value, edges: int, given_edge, dtype) -> torch.Tensor:
+        """A value propagate is given that the graph code computed: one float per edge, in
+        x's dtype (``dtype``) where it is narrower (``degree`` without ``dtype=`` of a
+        float64 conv), as torch promotes it where message meets x."""
         from . import pyg_prepare as pp
         if not isinstance(value, pp.Structure):
             raise _refuse(self.conv, f"propagate's argument {name!r} holding several values "
@@ -1247,6 +1254,13 @@ class TracedConv(PyGLayer):
         if name in self._sarc_node or name in given_edge:
             raise _refuse(self.conv, f"propagate's argument {name!r}",
                           "it is named as the conv's node or edge feature")
+        if value.dtype != dtype:
+            if torch.promote_types(value.dtype, dtype) != dtype:
+                raise _refuse(self.conv, f"propagate's argument {name!r} computed from "
+                              f"edge_index in {value.dtype}, wider than x's {dtype}",
+                              f"PyG would compute the conv's output in {value.dtype}; compute "
+                              f"it in x's dtype (dtype=x.dtype)")
+            value = value.to(dtype)
         return pp.plain(value)
 
     def _given(self, edge_index, num_nodes, edge_attr, dtype) -> PyGInputs:
@@ -1720,7 +1734,7 @@ class PyGConv(nn.Module):
                               "and targets")
             prepared = self.layer.prepare(edge_index, num, edge_attr, x_dtype)
             g, edge = prepared.graph() if g is None else g, prepared.edge
-            if getattr(self.layer.conv, "cached", False) is True:
+            if _keeps_pygs_cache(self.layer):
                 # what PyG's forward caches (its reset_parameters forgets it): the normalized
                 # edges and their weights, read by this conv's next call, or PyG's
                 self.layer.conv._cached_edge_index = (prepared.edge_index,
@@ -1762,16 +1776,33 @@ def _options(layer) -> tuple:
     that the graph kept by ``as_conv`` is prepared again when one is set."""
     if not _imported(layer):
         return ()
-    return tuple(sorted((k, repr(v)) for k, v in vars(layer.conv).items()
-                        if not k.startswith("_") and isinstance(v, _OPTION_TYPES)))
+    traced = isinstance(layer, TracedConv)   # its graph code may read any of them
+    return tuple(sorted((path, k, repr(v)) for path, m in layer.conv.named_modules()
+                        for k, v in vars(m).items()
+                        if isinstance(v, _OPTION_TYPES) and (traced or not k.startswith("_"))
+                        and k not in _PER_CALL and not k.startswith("_sarc")))
+
+
+_PER_CALL = frozenset({"_alpha", "_cached_edge_index", "_cached_adj_t", "_cached_x",
+                       "_explain", "_edge_mask", "_loop_mask", "_apply_sigmoid",
+                       "_fused_user_args", "_edge_user_args", "_propagate_forward_pre_hooks"})
+"""PyG's attributes of a conv that its calls set or are not options: not in ``_options``."""
 
 
 def _cached_by_the_conv(layer) -> bool:
     """An imported conv with ``cached=True`` that has been called (and not reset since): PyG
     uses its first call's normalized graph at every later call, whatever ``edge_index`` it
     is given."""
-    return (_imported(layer) and getattr(layer.conv, "cached", False) is True
+    return (_keeps_pygs_cache(layer)
             and getattr(layer.conv, "_cached_edge_index", None) is not None)
+
+
+def _keeps_pygs_cache(layer) -> bool:
+    """A converted conv with ``cached=True`` (GCNConv's): as_conv keeps its graph where PyG
+    does. A traced conv's forward reads its own cache (the graph code refuses one kept
+    from an earlier call), so nothing is stored there."""
+    return (_imported(layer) and not isinstance(layer, TracedConv)
+            and getattr(layer.conv, "cached", False) is True)
 
 
 def _imported(layer) -> bool:

@@ -24,11 +24,13 @@ is given).
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from ..trace import Proxy, RowCount
+from ..errors import DSLError
+from ..trace import Proxy, RowCount, _is_library, user_loc
 
 STAND_IN_NODES = 4
 """The stand-in graph's node count while message and update are traced."""
@@ -47,23 +49,25 @@ def stand_in_edge_values(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 class GraphRows(RowCount):
     """``x.size(0)`` of a traced value while a preparing conv's forward runs on the stand-in
-    graph: the row count of the traced value (a view's row dim), and, where the graph code
-    needs a number (``degree(col, x.size(0))``, ``torch.arange(N)``), the stand-in's."""
+    graph: the row count of the traced value (a view's row dim), known to no code the user
+    wrote (``x.size(0) == 4``, ``range(x.size(0))`` are refused as a row count is); torch's
+    fills and ``arange`` (routed while the forward runs: ``trace_torch._valued``) and
+    library code (PyG's ``add_self_loops``, ``scatter``) take it as the stand-in's node
+    count, for the graph code they run."""
 
     __slots__ = ()
     value = STAND_IN_NODES
 
+    def _message(self) -> str:
+        return ("the node count (x.size(0)) is not known while sarc traces the conv (the "
+                "layer runs on any graph): graph code passes it on to torch.zeros, ones, full, "
+                "arange or PyG's utils (add_self_loops, degree, scatter), which run on the "
+                "real graph when the inputs are prepared; other code may not read it")
+
     def __index__(self) -> int:
+        if not _is_library(sys._getframe(1).f_code.co_filename):
+            raise DSLError(self._message(), user_loc())
         return self.value
-
-    __int__ = __index__
-
-    def __eq__(self, other):
-        if isinstance(other, int) and not isinstance(other, bool):
-            return other == self.value
-        return RowCount.__eq__(self, other)
-
-    __hash__ = RowCount.__hash__
 
 
 def _name(func) -> str:

@@ -166,7 +166,7 @@ def test_forward_combines_graph_code_with_x():
                 if text.endswith("# ERR:mixed"))
     refused(lambda: run(DegreeScaledX()),
             "DegreeScaledX: a forward that computes from edge_index and x or an edge feature "
-            "together (torch.Tensor.mul", f"test_frontends_pyg.py:{line})",
+            "together (torch.Tensor.mul at ", f"test_frontends_pyg.py:{line})",
             "give each to propagate on its own and combine them in message")
 
 
