@@ -1032,6 +1032,17 @@ class _StandInProxy(_TensorProxy):
 
     __slots__ = ()
 
+    def _fresh(name: str):
+        def make(self, *args, **kwargs):
+            from .pyg_prepare import fresh
+            made = fresh(self, name, args, kwargs)
+            return getattr(_TensorProxy, name)(self, *args, **kwargs) if made is None else made
+        make.__name__ = name
+        return make
+
+    new_ones, new_zeros, new_full = _fresh("new_ones"), _fresh("new_zeros"), _fresh("new_full")
+    del _fresh
+
     @property
     def shape(self) -> tuple:
         from .pyg_prepare import GraphRows

@@ -109,7 +109,24 @@ class _Tagged(torch.Tensor):
                 else EdgeValue)
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
+        if _name(func) in _FRESH and not graph:   # x.new_ones(E): x's dtype, none of its values
+            return out
         return _tag(out, kind, watch)
+
+
+_FRESH = frozenset(f"torch.Tensor.{m}" for m in ("new_ones", "new_zeros", "new_full",
+                                                  "new_empty", "new_tensor"))
+
+
+def fresh(x, name: str, args: tuple, kwargs: dict):
+    """``x.new_ones(5)`` of a traced ``x`` while the forward's graph code runs on the
+    stand-in graph: a tensor of graph code (sized by numbers, not a row count), in x's
+    dtype; None where it is sized by a row count (a traced value's)."""
+    if any(isinstance(a, RowCount) for a in _flat((args, kwargs))):
+        return None
+    kwargs = {"dtype": x.dtype, **kwargs}
+    kwargs.pop("device", None)
+    return getattr(torch.empty(0, dtype=x.dtype), name)(*args, **kwargs)
 
 
 class Structure(_Tagged):

@@ -720,3 +720,32 @@ def test_the_node_count_is_no_number_outside_the_graph_code():
     with pytest.raises(DSLError, match=r"the node count \(x\.size\(0\)\) is not known while "
                                        r"sarc traces the conv"):
         as_conv(Branches(D, 2), in_channels=D)(torch.randn(N, D), graph())
+
+
+class OnesOfX(MessagePassing):
+    """Edge weights made with x's dtype (``x.new_ones(E)``), summed per node by scatter."""
+
+    def __init__(self):
+        super().__init__(aggr="add")
+        self.lin = nn.Linear(D, 4)
+
+    def forward(self, x, edge_index):
+        from torch_geometric.utils import scatter
+        edge_index, _ = add_self_loops(edge_index, num_nodes=x.size(0))
+        w = x.new_ones(edge_index.size(1))
+        deg = scatter(w, edge_index[1], 0, dim_size=x.size(0), reduce="sum")
+        return self.propagate(edge_index, x=self.lin(x), norm=deg.reciprocal()[edge_index[1]])
+
+    def message(self, x_j, norm):
+        return norm.view(-1, 1) * x_j
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_tensor_made_like_x_is_graph_code(dtype):
+    """x.new_ones(E) takes x's dtype, none of its values: it was refused as x meeting the
+    graph code."""
+    torch.manual_seed(0)
+    conv = OnesOfX().to(dtype)
+    x = torch.randn(N, D, dtype=dtype)
+    for run in (from_message_passing(conv, in_channels=D).run, as_conv(conv, in_channels=D)):
+        check_same(lambda x: run(x, graph()), lambda x: conv(x, graph()), conv, x)
