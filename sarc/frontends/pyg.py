@@ -50,6 +50,7 @@ from ..trace import Proxy, RowCount, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 from ..trace_torch import AcrossRowsError
 from . import follow_mode, in_module
+from .pyg_prepare import flat as _flat
 
 
 class ConversionError(SarcError, TypeError):
@@ -882,17 +883,6 @@ class _EdgeIndex(torch.Tensor):
         if token is not None:
             token._sarc_refused.append(error)
         raise error
-
-
-def _flat(value):
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _flat(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _flat(v)
-    else:
-        yield value
 
 
 def _def_loc(cls, method: str) -> str:

@@ -75,13 +75,14 @@ def _name(func) -> str:
     return name[:-len(".__get__")] if name.endswith(".__get__") else name
 
 
-def _flat(value):
+def flat(value):
+    """The leaves of nested lists, tuples and dicts (a torch function's arguments)."""
     if isinstance(value, (list, tuple)):
         for v in value:
-            yield from _flat(v)
+            yield from flat(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _flat(v)
+            yield from flat(v)
     else:
         yield value
 
@@ -94,18 +95,18 @@ class _Tagged(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        flat = list(_flat((args, kwargs)))
-        watch = next(a._sarc_watch for a in flat if isinstance(a, _Tagged))
-        graph = any(isinstance(a, Structure) for a in flat)
-        nodes = any(isinstance(a, (NodeValue, EdgeValue, Proxy)) for a in flat)
+        leaves = list(flat((args, kwargs)))
+        watch = next(a._sarc_watch for a in leaves if isinstance(a, _Tagged))
+        graph = any(isinstance(a, Structure) for a in leaves)
+        nodes = any(isinstance(a, (NodeValue, EdgeValue, Proxy)) for a in leaves)
         learned = any(isinstance(a, torch.Tensor) and not isinstance(a, _Tagged)
-                      and a.requires_grad for a in flat)
+                      and a.requires_grad for a in leaves)
         if graph:
             watch.used = True
             if nodes or learned:
-                watch.met_edge = any(isinstance(a, EdgeValue) for a in flat)
+                watch.met_edge = any(isinstance(a, EdgeValue) for a in leaves)
                 watch.refuse(_name(func), "x or an edge feature" if nodes else "a parameter")
-        kind = (Structure if graph else NodeValue if any(isinstance(a, NodeValue) for a in flat)
+        kind = (Structure if graph else NodeValue if any(isinstance(a, NodeValue) for a in leaves)
                 else EdgeValue)
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
@@ -122,7 +123,7 @@ def fresh(x, name: str, args: tuple, kwargs: dict):
     """``x.new_ones(5)`` of a traced ``x`` while the forward's graph code runs on the
     stand-in graph: a tensor of graph code (sized by numbers, not a row count), in x's
     dtype; None where it is sized by a row count (a traced value's)."""
-    if any(isinstance(a, RowCount) for a in _flat((args, kwargs))):
+    if any(isinstance(a, RowCount) for a in flat((args, kwargs))):
         return None
     kwargs = {"dtype": x.dtype, **kwargs}
     kwargs.pop("device", None)
