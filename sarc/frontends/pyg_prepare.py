@@ -5,21 +5,22 @@ PyG's tutorial GCN computes, in its ``forward``, self loops (``add_self_loops``)
 degrees (``degree(col, x.size(0))``) and a weight per edge (``deg_inv_sqrt[row] *
 deg_inv_sqrt[col]``) before it calls ``propagate(edge_index, x=x, norm=norm)``. What it
 computes from ``edge_index`` alone is the graph's, the same for every call on that graph:
-sarc computes it once, when the inputs are prepared (``prepared``), by running the
-forward up to ``propagate`` on real tensors. The edge list given to ``propagate`` is the
+sarc computes it once, when the inputs are prepared (``TracedConv.prepare`` in
+``frontends.pyg``), by running the forward up to ``propagate`` on real tensors. The edge list given to ``propagate`` is the
 graph the layer runs on, and each per-edge value computed from ``edge_index`` that is
 given to ``propagate`` is an edge feature of that name; ``message`` reads it per edge
 as it reads any edge feature.
 
 While ``message`` and ``update`` are traced, the forward runs again on a small stand-in
-graph (``stand_in``), so that its graph code runs as written, and the values it gives
+graph (``stand_in_edges``), so that its graph code runs as written, and the values it gives
 ``propagate`` from ``edge_index`` are replaced by those edge features.
 
 The two kinds of values never meet before ``propagate``: a value computed from both
 ``edge_index`` and ``x`` (or a parameter, whose gradient would be lost) is refused at
 the forward's line. Values are told apart by their class: ``Structure`` (computed from
-``edge_index``) and ``NodeValue`` (computed from ``x`` or the edge features the forward
-is given).
+``edge_index``), ``NodeValue`` (computed from ``x``) and ``EdgeValue`` (from the edge
+feature the forward is given, where the graph code does not read it; where it does, the
+feature is graph code's too, and keeps its gradient).
 """
 from __future__ import annotations
 
