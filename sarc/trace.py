@@ -209,18 +209,15 @@ class Tracer:
             return x
         if _is_number(x):
             return self.const(float(x), like)
-        refusal = getattr(type(x), "_sarc_refusal", None)   # what the tracer made but refuses
+        # what the tracer made but refuses: said by its class, or by the value itself (a
+        # tensor sized by a stand-in graph's row count, ``trace_torch._filled``)
+        refusal = getattr(type(x), "_sarc_refusal", None) or \
+            getattr(x, "__dict__", {}).get("_sarc_refusal")
         if refusal is not None:
             raise DSLError(refusal(x), user_loc())
         if isinstance(x, torch.Tensor):
             if x.dim() == 0 and not x.requires_grad:
                 return self.const(float(x), like)
-            if getattr(x, "_sarc_stand_in", False):
-                raise DSLError(f"a tensor of shape {list(x.shape)} sized by the node count "
-                               f"(x.size(0)) is used with a traced value: with graph code in "
-                               f"the forward, x.size(0) sizes only the graph code's tensors; "
-                               f"make a per-node tensor from x itself (torch.ones_like(x), "
-                               f"x[:, :1] * 0 + 1)", user_loc())
             raise DSLError(
                 f"a torch tensor of shape {list(x.shape)} that is not a parameter of the layer "
                 f"is used here; {_REGISTER_IT}", user_loc())

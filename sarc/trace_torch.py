@@ -2610,7 +2610,7 @@ def _filled(name: str):
                 del kwargs["device"]                     # the tracer lifts (0-d) or refuses
             made = original(*args, **kwargs)
             if stand_in:   # sized by a stand-in graph's node count: for graph code only
-                made._sarc_stand_in = True
+                made._sarc_refusal = _sized_by_a_stand_in
             return made
         if name == "empty":
             raise DSLError(f"torch.empty({', '.join(map(str, size))}): its values are "
@@ -2637,6 +2637,13 @@ def _valued(x):
     if isinstance(x, (tuple, list)):
         return type(x)(_valued(v) for v in x)
     return x
+
+
+def _sized_by_a_stand_in(t: torch.Tensor) -> str:
+    return (f"a tensor of shape {list(t.shape)} sized by the node count (x.size(0)) is used "
+            f"with a traced value: with graph code in the forward, x.size(0) sizes only the "
+            f"graph code's tensors; make a per-node tensor from x itself (torch.ones_like(x), "
+            f"x[:, :1] * 0 + 1)")
 
 
 def _has_value(x) -> bool:

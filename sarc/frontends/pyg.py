@@ -50,6 +50,7 @@ from ..trace import Proxy, RowCount, dropout, leaky_relu, user_loc
 from ..trace_guards import code_namespaces, routed
 from ..trace_torch import AcrossRowsError
 from . import follow_mode, in_module
+from . import pyg_prepare as pp
 from .pyg_prepare import flat as _flat
 
 
@@ -1024,8 +1025,7 @@ class _StandInProxy(_TensorProxy):
 
     def _fresh(name: str):
         def make(self, *args, **kwargs):
-            from .pyg_prepare import fresh
-            made = fresh(self, name, args, kwargs)
+            made = pp.fresh(self, name, args, kwargs)
             return getattr(_TensorProxy, name)(self, *args, **kwargs) if made is None else made
         make.__name__ = name
         return make
@@ -1035,11 +1035,10 @@ class _StandInProxy(_TensorProxy):
 
     @property
     def shape(self) -> tuple:
-        from .pyg_prepare import GraphRows
         shape = Proxy.shape.fget(self)
         if shape and isinstance(shape[0], RowCount):
             rows = shape[0]
-            return (GraphRows(rows.symbol, rows.tracer, rows.taken), *shape[1:])
+            return (pp.GraphRows(rows.symbol, rows.tracer, rows.taken), *shape[1:])
         return shape
 
 
@@ -1172,11 +1171,8 @@ class TracedConv(PyGLayer):
         the real graph (``pyg_prepare``); None where the forward has no graph code. With
         ``graph_reads_edge`` the edge feature forward is given is graph code's to read,
         else a value it may not meet (where it does: the error, returned)."""
-        from . import pyg_prepare as pp
         conv = self.conv
-        watch = pp.Watch(lambda func, met: _refuse(
-            conv, f"a forward that computes from edge_index and {met} together ({func}"
-                  f"{_forward_line(conv)})", pp.MIXED))
+        watch = _graph_watch(conv)
         dtype = dtype or next((p.dtype for p in conv.parameters() if p.is_floating_point()),
                               torch.get_default_dtype())
         x = watch.tagged(torch.zeros(num_nodes, self._sarc_node["x"].shape[-1], dtype=dtype,
@@ -1195,28 +1191,29 @@ class TracedConv(PyGLayer):
 
         object.__setattr__(conv, "propagate", propagate)
         object.__setattr__(conv, "edge_updater", edge_updater)
+        given, failed = None, None
         try:
             with pp.quiet_run(conv.modules(), grad):
                 _call_conv(conv, "forward", conv.forward, *args)
+        except _Stop as s:
+            given = s.kwargs
+        except Exception as e:   # noqa: BLE001 - said where the layer is traced, unless graph code
+            failed = e
+        finally:
+            del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
+        if watch.refused and watch.met_edge and not graph_reads_edge:
+            return watch.refused[0]
+        watch.check()   # what the graph code met, even where the forward caught the error
+        if failed is not None:
+            if watch.used:
+                raise failed
+            return None
+        if given is None:
             if watch.used:   # returned before propagate on this graph (an empty one)
                 raise _refuse(conv, f"a forward that returns before propagate on this graph "
                               f"({num_nodes} nodes, {edge_index.size(1)} edges)",
                               "the sarc layer is the conv's propagate, message and update")
             return None   # no propagate at all: refused where the layer is traced
-        except _Stop as s:
-            given = s.kwargs
-        except Exception:   # noqa: BLE001 - said where the layer is traced, unless graph code
-            if watch.refused and watch.met_edge and not graph_reads_edge:
-                return watch.refused[0]
-            watch.check()
-            if watch.used:
-                raise
-            return None
-        finally:
-            del conv.__dict__["propagate"], conv.__dict__["edge_updater"]
-        if watch.refused and watch.met_edge and not graph_reads_edge:
-            return watch.refused[0]
-        watch.check()
         ei = given.pop("edge_index")
         graph = {k: v for k, v in given.items()
                  if any(isinstance(t, pp.Structure) for t in _flat(v))}
@@ -1227,7 +1224,6 @@ class TracedConv(PyGLayer):
             k: self._per_edge(k, v, ei.size(1), given_edge, dtype) for k, v in graph.items()})
 
     def _graph_edges(self, ei) -> torch.Tensor:
-        from . import pyg_prepare as pp
         if not (isinstance(ei, pp.Structure) and ei.dim() == 2 and ei.size(0) == 2
                 and ei.dtype == torch.long):
             raise _refuse(self.conv, f"propagate given {type(ei).__name__} "
@@ -1241,7 +1237,6 @@ class TracedConv(PyGLayer):
         """A value propagate is given that the graph code computed: one float per edge, in
         x's dtype (``dtype``) where it is narrower (``degree`` without ``dtype=`` of a
         float64 conv), as torch promotes it where message meets x."""
-        from . import pyg_prepare as pp
         if not isinstance(value, pp.Structure):
             raise _refuse(self.conv, f"propagate's argument {name!r} holding several values "
                           f"computed from edge_index", "give propagate each on its own")
@@ -1283,15 +1278,12 @@ class TracedConv(PyGLayer):
     def _forward(self, x, edge_attr, on_propagate, edge=None) -> Any:
         """The forward traced up to ``on_propagate(kwargs)``; ``edge``: the edge side, whose
         features stand for the values the graph code gives propagate (in message)."""
-        from . import pyg_prepare as pp
         conv = self.conv
         calls = []
         builder = x.tracer.builder
         drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
         if self.graph_code is not None:   # the graph code runs on the stand-in graph
-            watch = pp.Watch(lambda func, met: _refuse(
-                conv, f"a forward that computes from edge_index and {met} together ({func}"
-                      f"{_forward_line(conv)})", pp.MIXED))
+            watch = _graph_watch(conv)
             token = watch.tagged(pp.stand_in_edges(), pp.Structure)
             refused = watch.check
             if self._graph_reads_edge():
@@ -1415,7 +1407,6 @@ class TracedConv(PyGLayer):
         """propagate's arguments with each value of the graph code replaced by the edge
         feature the prepared inputs give it (in message; in update, which reads none,
         by nothing)."""
-        from . import pyg_prepare as pp
         names = dict(self.graph_code[1])
         out = {}
         for k, v in kwargs.items():
@@ -1470,6 +1461,14 @@ class TracedConv(PyGLayer):
                           "return it alone, and compute anything else (attention weights, "
                           "another node value) outside the conv")
         return out
+
+
+def _graph_watch(conv):
+    """A ``pyg_prepare.Watch`` of one run of ``conv``'s forward: graph code meeting x, an
+    edge feature or a parameter is refused at the forward's line."""
+    return pp.Watch(lambda func, met: _refuse(
+        conv, f"a forward that computes from edge_index and {met} together ({func}"
+              f"{_forward_line(conv)})", pp.MIXED))
 
 
 def _edge_updater_refused(conv) -> ConversionError:
@@ -1777,17 +1776,15 @@ def _options(layer) -> tuple:
     that the graph kept by ``as_conv`` is prepared again when one is set."""
     if not _imported(layer):
         return ()
-    traced = isinstance(layer, TracedConv)   # its graph code may read any of them
-    return tuple(sorted((path, k, repr(v)) for path, m in layer.conv.named_modules()
-                        for k, v in vars(m).items()
+    traced = isinstance(layer, TracedConv)   # its graph code may read private ones too
+    return tuple(sorted((k, repr(v)) for k, v in vars(layer.conv).items()
                         if isinstance(v, _OPTION_TYPES) and (traced or not k.startswith("_"))
                         and k not in _PER_CALL and not k.startswith("_sarc")))
 
 
 _PER_CALL = frozenset({"_alpha", "_cached_edge_index", "_cached_adj_t", "_cached_x",
-                       "_explain", "_edge_mask", "_loop_mask", "_apply_sigmoid",
-                       "_fused_user_args", "_edge_user_args", "_propagate_forward_pre_hooks"})
-"""PyG's attributes of a conv that its calls set or are not options: not in ``_options``."""
+                       "_explain", "_edge_mask", "_loop_mask", "_apply_sigmoid"})
+"""PyG's attributes of a conv its calls set (or None until they do): not options."""
 
 
 def _cached_by_the_conv(layer) -> bool:

@@ -749,3 +749,17 @@ def test_a_tensor_made_like_x_is_graph_code(dtype):
     x = torch.randn(N, D, dtype=dtype)
     for run in (from_message_passing(conv, in_channels=D).run, as_conv(conv, in_channels=D)):
         check_same(lambda x: run(x, graph()), lambda x: conv(x, graph()), conv, x)
+
+
+def test_a_tensor_sized_by_the_node_count_beside_graph_code_is_refused_at_its_line():
+    """With graph code, x.size(0) sizes the stand-in graph's tensors: one used with x is
+    refused, saying so, not taken for a constant."""
+    class OnesBesideLoops(TutorialGCN):
+        def update(self, aggr_out, x):
+            return aggr_out + torch.ones(x.size(0), aggr_out.size(-1))  # ERR:stand-in
+
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.endswith("# ERR:stand-in"))
+    with pytest.raises(DSLError, match=rf"test_pyg_tracing.py:{line} .*a tensor of shape "
+                                       rf"\[4, 2\] sized by the node count \(x\.size\(0\)\)"):
+        as_conv(OnesBesideLoops(D, 2), in_channels=D)(torch.randn(N, D), graph())
