@@ -99,6 +99,23 @@ def reference(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor
     return interpreter.run(fn, g, inputs, layer.leaf_tensors(), layer.training)
 
 
+def _no_further_from_float64(layer, g, feats, name, got, want, rtol) -> None:
+    """An output that cancels (``log(sigmoid(x) + 0.5)``, a log of nearly 1) differs from the
+    interpreter's by float32's rounding of its terms, beyond ``rtol`` of its own size: it
+    passes where it is no further from the float64 interpreter's than the float32
+    interpreter's own is (twice, and rtol of the result's size)."""
+    import copy
+    wide = copy.deepcopy(layer).double()
+    wide_feats = {k: v.double() if v.is_floating_point() else v for k, v in feats.items()}
+    truth = reference(wide, g, _fresh(wide_feats))[name].detach()
+    err_got = float((got.detach().double() - truth).abs().max())
+    err_want = float((want.detach().double() - truth).abs().max())
+    scale = float(truth.abs().max())
+    assert err_got <= 2 * err_want + rtol * scale, (
+        f"output {name!r}: {err_got:.3e} from the float64 interpreter's, where the float32 "
+        f"interpreter's is {err_want:.3e} (scale {scale:.3e})")
+
+
 def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor],
                 rtol: float = RTOL) -> dict[str, torch.Tensor]:
     """Assert compiled == interpreter for outputs and all gradients; returns the outputs."""
@@ -115,9 +132,6 @@ def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tens
     out_r = reference(layer, g, fr, fn)
 
     assert sorted(out_c) == sorted(out_r)
-    for k in out_r:
-        assert_close(out_c[k], out_r[k], rtol, f"output {k!r}")
-
     cot = {k: torch.randn_like(v) for k, v in out_r.items()}
     names = [f"param {n}" for n, _ in params]
     float_feats = [k for k in sorted(feats) if feats[k].is_floating_point()]
@@ -125,6 +139,11 @@ def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tens
     gc = _grads(out_c, cot, [p for _, p in params] + [fc[k] for k in float_feats])
     gr = _grads(out_r, cot, [p for _, p in params] + [fr[k] for k in float_feats])
     floor = CANCEL_FLOOR * max([_maxabs(t) for t in gr] + [_maxabs(t) for t in out_r.values()])
+    for k in out_r:
+        try:
+            assert_close(out_c[k], out_r[k], rtol, f"output {k!r}")
+        except AssertionError:
+            _no_further_from_float64(layer, g, feats, k, out_c[k], out_r[k], rtol)
     for name, a, b in zip(names, gc, gr):
         assert_close(a, b, rtol, f"grad of {name}", floor)
     return out_c

@@ -38,7 +38,8 @@ from ..planner.plan import LayerPlan
 from . import codegen
 from ..ir.patterns import accumulating_adds, region_sides, region_width, softmax_value
 from .registry import EdgeLowering, get_backend
-from .torch_backend import LOWERING, accumulate_reads, accumulated, region_function
+from .torch_backend import (LOWERING, accumulate_reads, accumulated, differentiated_args,
+                            region_function)
 
 Lower = Callable[[int, Value, codegen.RegionNames, list[str]], str]
 """(index, value, its region functions' names (written when called), operands) -> code."""
@@ -93,6 +94,10 @@ def _value_src_index(v: Value) -> int | None:
 
 
 def _fused_args(v: Value, operands: list[str]) -> tuple[str, str, str]:
+    """A fused op's sides, block width and operands (one read under detach() only,
+    detached: ``torch_backend.differentiated_args``)."""
+    kept = differentiated_args(v)
+    operands = [x if k in kept else f"{x}.detach()" for k, x in enumerate(operands)]
     return repr(region_sides(v)), str(region_width(v)), ", ".join(operands)
 
 

@@ -73,15 +73,27 @@ def _dtype(v: Value) -> str:
 
 
 def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> str:
-    """Fused ops get their region functions' names first, then their operands.
+    """Fused ops get their region functions' names first, then their operands; a result
+    of half / bfloat16 in the IR is given in that dtype (``K.rounded``).
 
     Aggregates that are sparse matrix products (copy a source feature, maybe
     times an edge weight; attention over a source feature) run as CSR SpMM; the max / min
     of a source feature as a CSR extremum (``extremum_pattern``). ``folds``: an
     attention's operands given as a contraction's factor (``softmax_folds``).
     """
+    code = _fused_call(v, a, folds)
+    if v.type.dtype.value in ("f16", "bf16"):
+        return f"K.rounded({code}, {_dtype(v)})"
+    return code
+
+
+def _fused_call(v: Value, a: list[str], folds: tuple[tuple[int, int], ...]) -> str:
     n = len([1 for _, r in v.attrs if isinstance(r, Region)])
-    regions, operands = a[:n], a[n:]
+    regions, operands = a[:n], list(a[n:])
+    differentiated = differentiated_args(v)
+    for k, x in enumerate(operands):
+        if k not in differentiated:   # read under detach() only: no gradient, None as torch
+            operands[k] = f"{x}.detach()"
     sides = region_sides(v)
     typed = typed_spmm_pattern(v)
     if typed is not None:
@@ -98,8 +110,12 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
     if x is not None:
         return f"K.extremum_spmm({literal(v.attr['kind'])}, g, {operands[x]})"
     z = softmax_value(v)
+    score = v.attr.get("score") if v.op is Op.SOFTMAX_AGGREGATE else None
+    if z is not None and (score.values[score.result].type.dtype !=
+                          v.attr["value"].values[v.attr["value"].result].type.dtype
+                          or any(x.op is Op.CAST for x in score.values)):
+        z = None   # scores converted, or weights of another dtype than z's: as written
     if z is not None:
-        score = v.attr["score"]
         reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
         fold = f", folds={folds!r}" if folds else ""
         return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
@@ -109,6 +125,28 @@ def _fused(v: Value, a: list[str], folds: tuple[tuple[int, int], ...] = ()) -> s
     head = f"{literal(v.attr['kind'])}, " if v.op is Op.AGGREGATE else ""
     return (f"K.{v.op.value}({head}{', '.join(regions)}, {sides!r}, {region_width(v)}, g, "
             f"{', '.join(operands)})")
+
+
+def differentiated_args(v: Value) -> set[int]:
+    """The operands of fused op ``v`` its regions' results depend on other than through
+    ``detach`` (an operand read only under it gets no gradient: passed detached, so that
+    a parameter read so has ``None`` for its gradient, as torch gives it)."""
+    out: set[int] = set()
+    for _, r in v.attrs:
+        if not isinstance(r, Region):
+            continue
+        seen, stack = set(), [r.result]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            x = r.values[i]
+            if x.op is Op.ARG:
+                out.add(x.attr["index"])
+            elif x.op is not Op.DETACH:
+                stack.extend(x.inputs)
+    return out
 
 
 def _torch_perm(v: Value) -> tuple[int, ...]:

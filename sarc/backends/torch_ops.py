@@ -76,6 +76,15 @@ def accumulates(fn=None, *, softmax: bool = False):
 
 
 
+def rounded(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fused op's result in the half / bfloat16 dtype the IR gives it, where autocast is
+    off: ``accumulates`` rounds to its operands' promoted dtype, and a region may cast
+    down what it sums (``z * w.to(z.dtype)``, float32 weights of a bfloat16 layer)."""
+    if x.dtype == dtype or autocast_state(x.device.type)[0]:
+        return x
+    return x.to(dtype)
+
+
 def csr(rowptr: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape) -> torch.Tensor:
     """A CSR matrix from a Graph's arrays, whose invariants hold by construction.
 

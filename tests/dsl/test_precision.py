@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from difftest import random_block
+from difftest import BACKENDS, random_block
 from zoo import LAYERS, features
 
 import sarc
@@ -213,3 +213,49 @@ def test_the_model_files_run_in_bfloat16(g, name):
     out = model(g, torch.randn(g.num_src, D).to(torch.bfloat16), **extra)
     assert out.dtype == torch.bfloat16 and out.shape == (g.num_dst, 3)
     assert torch.isfinite(out.float()).all()
+
+
+class _ScoreInFloat32(sarc.Layer):
+    """A half layer whose attention score is computed in float32 and whose weights are
+    cast back (``sarc.edge_softmax(s).to(z.dtype)``) or whose score is cast before the
+    softmax, as the README's half-precision pattern writes it. The torch backend gave
+    float32 (weights and value fused past the cast) or failed in its sparse product."""
+
+    def __init__(self, cast_score: bool):
+        super().__init__(node={"h": D})
+        self.cast_score = cast_score
+        self.lin = torch.nn.Linear(D, 5, bias=False)
+        self.a = torch.nn.Parameter(torch.randn(5))
+
+    def message(self, src, dst, edge):
+        z, zd = self.lin(src.h), self.lin(dst.h)
+        s = torch.nn.functional.leaky_relu((z.float() * self.a.float()).sum(-1)
+                                           + (zd.float() * self.a.float()).sum(-1), 0.2)
+        return {"z": z, "s": s}
+
+    def reduce(self, msg):
+        if self.cast_score:
+            w = sarc.edge_softmax(msg.s.to(msg.z.dtype))
+        else:
+            w = sarc.edge_softmax(msg.s).to(msg.z.dtype)
+        return sarc.sum(msg.z * w.unsqueeze(-1)) + sarc.max(msg.z * w.unsqueeze(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cast_score", [False, True], ids=["weights-cast", "score-cast"])
+@pytest.mark.parametrize("precision", sorted(LOW))
+def test_a_score_computed_in_float32_gives_the_layers_dtype(precision, cast_score, backend, g):
+    dtype, tol = LOW[precision]
+    torch.manual_seed(0)
+    low = _ScoreInFloat32(cast_score).to(dtype).set_backend(backend)
+    ref = _ScoreInFloat32(cast_score)
+    ref.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    x = torch.randn(g.num_src, D).to(dtype)
+    for grad in (False, True):
+        xs = x.clone().requires_grad_(grad)
+        out = low(g, h=xs)
+        assert out.dtype == dtype
+        assert _scaled_err(out, ref(g, h=x.float())) < tol
+        if grad:
+            out.float().sum().backward()
+            assert xs.grad.dtype == dtype
