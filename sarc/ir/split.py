@@ -228,8 +228,13 @@ def split_layer(fn: Function, exchanged: Sequence[int] | None) -> LayerSplit:
                              f"only src values cross the network")
     dtypes = {values[j].type.dtype for j in x_index}
     if len(dtypes) > 1:
+        made = "; ".join(f"{values[j].type.dtype.value} at {values[j].loc.file}:"
+                         f"{values[j].loc.line}" if values[j].loc is not None
+                         else values[j].type.dtype.value for j in x_index)
         raise SplitError(f"the exchanged values of {fn.name} mix dtypes "
-                         f"({', '.join(sorted(d.value for d in dtypes))}); a row packs one dtype")
+                         f"({', '.join(sorted(d.value for d in dtypes))}: {made}), and so do "
+                         f"the inputs they are computed from; a row of the exchange packs "
+                         f"one dtype: give the layer's source features one dtype")
 
     # edge part: every aggregate, from X rows, dst values and edge inputs --------------
     d_slots: dict[int, Slot] = {}

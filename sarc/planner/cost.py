@@ -452,7 +452,10 @@ def exchange_candidates(fn: Function, inputs_need_grad: bool = True) -> list[Exc
         cands.append(make(kept, derived))
     if leaves != ops:
         cands.append(make(leaves, closure - set(leaves)))
-    return cands
+    # a row of the exchange packs one dtype: a set that mixes them (a float32 score of a
+    # bfloat16 layer beside its value) is no candidate where another is
+    one_dtype = [c for c in cands if len({fn.values[j].type.dtype for j in c.values}) == 1]
+    return one_dtype or cands
 
 
 def _underivable(fn: Function, ops: list[int]) -> tuple[list[int], set[int]]:

@@ -66,6 +66,53 @@ def test_every_exchange_candidate_splits_into_verified_parts(name):
         assert "$x0" in format_split(split)
 
 
+class _Float64Score(sarc.Layer):
+    """A float32 layer whose per-edge score is computed in float64 from both ends."""
+
+    def __init__(self, d):
+        super().__init__(node={"h": d})
+        self.a, self.b = torch.nn.Linear(d, 3), torch.nn.Linear(d, 2)
+
+    def message(self, src, dst, edge):
+        s = torch.tanh((self.b(src.h).double() + self.b(dst.h).double()).sum(-1, keepdim=True))
+        return self.a(src.h) * s.float()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class _Float64Input(sarc.Layer):
+    """A float64 source feature beside a float32 one: every exchange mixes them."""
+
+    def __init__(self, d):
+        super().__init__(node={"h": d, "k": sarc.Feature((d,), "f64")})
+        self.a = torch.nn.Linear(d, 3)
+
+    def message(self, src, dst, edge):
+        s = src.k.sum(-1, keepdim=True) - dst.k.sum(-1, keepdim=True)
+        return self.a(src.h) * torch.tanh(s).float()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_an_exchange_of_one_dtype_is_chosen_where_the_operands_mix_them():
+    """The operands (``a(h)`` float32, ``b(h)`` float64) were the only candidates split:
+    refused, where the float32 input they come from crosses as one row."""
+    fn = optimize(_Float64Score(D).trace())
+    cands = exchange_candidates(fn)
+    assert cands and all(len({fn.values[j].type.dtype for j in c.values}) == 1 for c in cands)
+    split_layer(fn, cands[0].values)
+
+
+def test_an_exchange_that_must_mix_dtypes_is_refused_saying_where():
+    fn = optimize(_Float64Input(D).trace())
+    with pytest.raises(SplitError, match=r"mix dtypes \(f32, f64: .*test_split.py:\d+.*\), "
+                                         r"and so do the inputs .* a row of the exchange packs "
+                                         r"one dtype"):
+        split_layer(fn, exchange_candidates(fn)[0].values)
+
+
 def test_kinds_and_softmax_sites():
     fn = optimize(GATLayer(D, 3, heads=2).trace())
     split = split_layer(fn, exchange_candidates(fn)[0].values)
