@@ -462,7 +462,29 @@ class RowCount:
     def _refuse(self, *args):
         raise DSLError(self._message(), user_loc())
 
-    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __index__ = __int__ = _refuse
+    def _same(self, other) -> bool:
+        """Whether ``other`` is this count (the same rows): an order of the two is known
+        (``min(x_src.size(0), x_dst.size(0))`` of one x); any other is refused."""
+        if isinstance(other, RowCount) and other.symbol == self.symbol:
+            return True
+        self._refuse()
+
+    def __ne__(self, other):
+        return not self._same(other)
+
+    def __lt__(self, other):
+        return not self._same(other)
+
+    def __gt__(self, other):
+        return not self._same(other)
+
+    def __le__(self, other):
+        return self._same(other)
+
+    def __ge__(self, other):
+        return self._same(other)
+
+    __bool__ = __index__ = __int__ = _refuse
     __float__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = _refuse
 

@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from .errors import DSLError, SarcError, SourceLoc, class_loc, dsl_errors_made
 from .names import GENERATED_PACKAGE
 from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library,
-                    _is_library, _is_sarc, _torch_name, traced_code, user_loc)
+                    _is_library, _is_sarc, _torch_name, call_torch, traced_code, user_loc)
 
 
 _BAKED_IN = ("the draw would be baked into the compiled layer as a constant. The randomness a "
@@ -154,6 +154,37 @@ def routed(routes: Mapping[Callable, Callable] | Iterable[tuple[Callable, Callab
                 hit = of_route.get(id(value))
                 if hit is not None and hit[0] is value:
                     ns[key] = hit[1]
+
+
+@contextlib.contextmanager
+def builtins_take_tensor_proxies(namespaces: Callable[[], Iterable[dict]],
+                                 also: Mapping[Callable, Callable] | None = None):
+    """While values that say they are tensors are traced (a frontend's proxies whose
+    ``__class__`` is ``torch.Tensor``, so that ``isinstance(x, Tensor)`` in PyG's or DGL's
+    code holds): torch's builtins (``torch.pow``, ``torch.where``, ``F``'s) given a proxy
+    go to the tracer first. torch's argument parser takes such an object for a tensor and
+    reads its memory as one, trying an overload with a number there (``torch.pow(x,
+    2.0)``, ``torch.where(c, x, 0.0)``): a crash, not an error. Replaced in torch's and
+    ``F``'s namespaces and in ``namespaces()`` (``from torch import where``), with the
+    routes ``also`` (a front end's own, swapped in the same pass over the namespaces)."""
+    routes = [*_tensor_proxy_routes(), *(also or {}).items()]
+    with routed(routes, lambda: [vars(torch), vars(F)] + list(namespaces())):
+        yield
+
+
+@functools.cache
+def _tensor_proxy_routes() -> tuple:
+    builtins = {id(f): f for ns in (vars(torch), vars(F)) for f in ns.values()
+                if type(f) is type(torch.pow) and "torch_function" not in f.__name__}
+
+    def route(func):
+        @functools.wraps(func)
+        def call(*args, **kwargs):
+            if _has_proxy(args, kwargs):
+                return call_torch(func, args, kwargs)
+            return func(*args, **kwargs)
+        return call
+    return tuple((f, route(f)) for f in builtins.values())
 
 
 @contextlib.contextmanager

@@ -525,6 +525,35 @@ def test_ones_zeros_full_and_reshape_over_a_row_count_equal_torch(backend):
     check_layer(FilledOverRows(), g, {"h": x.detach()})
 
 
+class RowCountsCompared(sarc.Layer):
+    """Two row counts of one set of rows compared (``min(x_src.size(0), x_dst.size(0))``,
+    as PyG's GATConv writes it): the same count, so the order is known."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+
+    def message(self, src, dst, edge):
+        a, b = src.h.shape[0], dst.h.shape[0]   # both the edge count
+        assert a <= b and a >= b and not (a < b or a > b or a != b)
+        return src.h * torch.ones(min(a, b), 1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_a_row_count_compared_with_itself_is_ordered_and_with_another_refused():
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    assert_close(RowCountsCompared()(g, x), x[[2, 0, 1]], 1e-6, "output")
+
+    class AgainstANumber(RowCountsCompared):
+        def message(self, src, dst, edge):
+            return src.h * torch.ones(min(src.h.shape[0], 5), 1)
+
+    with pytest.raises(DSLError, match="the row count E of a traced value is not known"):
+        AgainstANumber().trace()
+
+
 class SizeMethod(sarc.Layer):
     """``x.size(0)``, ``x.size(-1)`` and ``x.size()`` as torch code writes them."""
 
@@ -1152,3 +1181,30 @@ def test_a_recurrent_cell_of_other_sizes_is_refused():
         with pytest.raises(sarc.DSLError, match=r"test_torch_functions.py:\d+.*input has 8 "
                                                 r"features but the weight expects 4"):
             Apply(lambda s, x: s.mod(x), module=module).trace()
+
+
+class DetachedScore(sarc.Layer):
+    """An attention whose score is detached: its parameter ``att`` is read under detach()
+    only. Fused with the sum, it was an operand of the fused kernel, whose gradient for it
+    was zeros, where torch gives None (weight decay then moves it: a divergence from torch
+    over steps)."""
+
+    def __init__(self):
+        super().__init__(node={"h": 4})
+        self.lin = nn.Linear(4, 4)
+        self.att = nn.Parameter(torch.randn(4))
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h)
+        return {"z": z, "w": sarc.edge_softmax(((z * dst.h) * self.att).sum(-1).detach())}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.z * msg.w.unsqueeze(-1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parameter_read_only_under_detach_has_no_gradient(backend):
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2, 0, 3]), torch.tensor([1, 2, 0, 0, 0]), 4)
+    layer = DetachedScore().set_backend(backend)
+    layer(g, torch.randn(4, 4)).square().sum().backward()
+    assert layer.att.grad is None and layer.lin.weight.grad is not None
