@@ -47,7 +47,7 @@ from ..interop import from_pyg
 from ..ir.ops import Op
 from ..ir.types import Domain
 from ..trace import Proxy, RowCount, dropout, leaky_relu, user_loc
-from ..trace_guards import code_namespaces, routed
+from ..trace_guards import builtins_take_tensor_proxies, code_namespaces, routed
 from ..trace_torch import AcrossRowsError
 from . import follow_mode, in_module
 from . import pyg_prepare as pp
@@ -76,12 +76,27 @@ def _refuse(conv, construct: str, why: str = "") -> ConversionError:
 class PyGInputs:
     """A conv's graph after its ``forward``'s graph preparation, and its edge features."""
 
-    edge_index: torch.Tensor                 # [2, E'], the edges the layer aggregates over
+    edge_index: torch.Tensor                 # [2, E'], the edges the layer aggregates over: row 0
+                                             # the messages' sources, row 1 their targets
     num_nodes: int
     edge: dict[str, torch.Tensor] = field(default_factory=dict)   # in edge_index's order
 
     def graph(self) -> Graph:
         return from_pyg(self.edge_index, self.num_nodes)
+
+
+def oriented(conv, inputs: PyGInputs) -> PyGInputs:
+    """``inputs`` with row 0 the sources of messages and row 1 their targets, as a sarc
+    graph has them: a conv with ``flow='target_to_source'`` aggregates at
+    ``edge_index[0]`` (PyG's ``i``) what it computes at ``edge_index[1]`` (``j``), so
+    its prepared edge list is flipped; the edges keep their order, and their features."""
+    if _flows_to_sources(conv):
+        return PyGInputs(inputs.edge_index.flip(0), inputs.num_nodes, inputs.edge)
+    return inputs
+
+
+def _flows_to_sources(conv) -> bool:
+    return getattr(conv, "flow", "source_to_target") == "target_to_source"
 
 
 class PyGLayer(Layer):
@@ -114,6 +129,10 @@ class PyGLayer(Layer):
         return super().forward(g, *args, **feats)
 
     def prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
+        return oriented(self.conv, self._prepare(edge_index, num_nodes, edge_attr, dtype))
+
+    def _prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
+        """What the conv's forward does to the graph, on ``edge_index`` as PyG numbers it."""
         if edge_attr is not None:
             raise _refuse(self.conv, f"the argument {self.edge_input or 'edge_attr'}",
                           "this conv takes x and edge_index only")
@@ -146,9 +165,10 @@ def _check_message_passing(conv) -> None:
     if not isinstance(conv, MessagePassing):
         raise ConversionError(f"from_message_passing takes a torch_geometric.nn.MessagePassing "
                               f"layer, got {type(conv).__name__}")
-    if getattr(conv, "flow", "source_to_target") != "source_to_target":
-        raise _refuse(conv, f"flow={conv.flow!r}", "sarc aggregates at edge_index[1], PyG's "
-                      "default flow='source_to_target'")
+    if getattr(conv, "flow", "source_to_target") not in ("source_to_target",
+                                                          "target_to_source"):
+        raise _refuse(conv, f"flow={conv.flow!r}", "PyG's flows are 'source_to_target' and "
+                      "'target_to_source'")
     if getattr(conv, "decomposed_layers", 1) != 1:
         raise _refuse(conv, f"decomposed_layers={conv.decomposed_layers}")
     if getattr(conv, "node_dim", -2) not in (0, -2):
@@ -243,8 +263,30 @@ def _aggregate(conv, value):
     return torch.cat([_REDUCERS[k](value) for k in kinds], dim=-1)
 
 
+def _by_the_convs_names(layer, edge_attr, others: dict):
+    """``edge_attr`` and the keyword arguments ``as_conv`` is not given by position, as an
+    imported conv's forward names them: its third argument by its own name
+    (``conv(x, edge_index, edge_weight=w)``, as PyG's models call a GCNConv), another of
+    its arguments given as its default None (``edge_attr=None``) as not given."""
+    conv = getattr(layer, "conv", None) if _imported(layer) else None
+    if conv is None or not others:
+        return edge_attr, others
+    params = inspect.signature(conv.forward).parameters
+    third = list(params)[2:3]
+    rest = {}
+    for k, v in others.items():
+        if third and k == third[0] and edge_attr is None:
+            edge_attr = v
+        elif k in params and v is None and params[k].default is None:
+            continue
+        else:
+            rest[k] = v
+    return edge_attr, rest
+
+
 def _plain_edge_index(conv, edge_index) -> torch.Tensor:
-    """``edge_index`` as a [2, E] int64 tensor; a SparseTensor or sparse adjacency is refused."""
+    """``edge_index`` as a [2, E] int64 tensor (PyG's ``EdgeIndex`` as the ids it holds); a
+    SparseTensor or sparse adjacency is refused."""
     if type(edge_index).__name__ == "SparseTensor":
         raise _refuse(conv, "a torch_sparse.SparseTensor adjacency",
                       "pass edge_index as a [2, E] tensor")
@@ -256,6 +298,9 @@ def _plain_edge_index(conv, edge_index) -> torch.Tensor:
                  else type(edge_index).__name__)
         name = conv if isinstance(conv, str) else type(conv).__name__
         raise ConversionError(f"{name}: edge_index must be a [2, E] tensor, got {shape}")
+    if type(edge_index) is not torch.Tensor:   # EdgeIndex, or another subclass of Tensor
+        edge_index = (edge_index.as_tensor() if hasattr(edge_index, "as_tensor")
+                      else edge_index.as_subclass(torch.Tensor))
     return edge_index
 
 
@@ -270,8 +315,12 @@ def _in_channels(conv, value=None) -> int:
         raise ConversionError(f"{type(conv).__name__} does not record its input width (no "
                               f"in_channels attribute): give it, as_conv(conv, in_channels=...) "
                               f"or from_message_passing(conv, in_channels=...)")
+    if isinstance(ch, int) and ch < 0:
+        raise _refuse(conv, f"in_channels={ch} (a lazy conv)", "sarc declares the layer's "
+                      "input width when it imports the conv: build the conv with its input "
+                      "width")
     raise _refuse(conv, f"in_channels={ch!r}", "give the width: from_message_passing(conv, "
-                  "in_channels=...); lazy (-1) convs are initialized by one PyG call first")
+                  "in_channels=...)")
 
 
 def _require(conv, ok: bool, construct: str, why: str = "") -> None:
@@ -303,7 +352,7 @@ class GCNConvLayer(PyGLayer):
         _aggr_name(conv)
         super().__init__(conv, _in_channels(conv), edge={"edge_weight": ()})
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         if c.normalize:
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -389,7 +438,7 @@ class GATConvLayer(PyGLayer):
             other.set_autodiff(self._sarc_autodiff)
         return other
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         edge_index, edge_attr = _self_loops(self.conv, edge_index, edge_attr, num_nodes)
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
 
@@ -513,7 +562,7 @@ class GINEConvLayer(GINConvLayer):
         width = conv.lin.in_channels if conv.lin is not None else _gin_in_channels(conv)
         PyGLayer.__init__(self, conv, _gin_in_channels(conv), edge={"edge_attr": width})
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
             raise ConversionError("GINEConv: edge_attr is required (GINEConv's forward needs it)")
         return PyGInputs(edge_index, num_nodes, {"edge_attr": edge_attr})
@@ -555,13 +604,13 @@ class RGCNConvLayer(PyGLayer):
                  "block-diagonal decomposition")
         _require_aggr(conv, ("add", "sum", "mean"), "a per-relation max or min")
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if edge_attr is None:
             raise ConversionError("RGCNConv: edge_type is required (RGCNConv's third argument)")
         etype = edge_attr.to(torch.int64)
         if _aggr_name(self.conv) == "mean":
-            r = self.conv.num_relations
-            key = edge_index[1] * r + etype
+            r = self.conv.num_relations   # PyG's mean is over each target's edges of a type
+            key = edge_index[0 if _flows_to_sources(self.conv) else 1] * r + etype
             counts = torch.bincount(key, minlength=num_nodes * r).to(self.conv.weight.dtype)
             norm = 1.0 / counts[key]
         else:
@@ -600,7 +649,7 @@ class ResGatedGraphConvLayer(PyGLayer):
         _aggr_name(conv)
         super().__init__(conv, _in_channels(conv), edge=_edge_attr(conv))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:
             raise ConversionError("ResGatedGraphConv: edge_attr is required (edge_dim is set)")
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
@@ -637,7 +686,7 @@ class TransformerConvLayer(PyGLayer):
         _require(conv, not conv.beta, "beta=True", "the gated skip connection")
         _require_aggr(conv, ("add", "sum"))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         if self.conv.edge_dim is not None and edge_attr is None:
             raise ConversionError("TransformerConv: edge_attr is required (edge_dim is set)")
         return PyGInputs(edge_index, num_nodes, _edge_inputs(self.conv, edge_index, edge_attr))
@@ -708,7 +757,7 @@ class LGConvLayer(_WeightedSum):
     def __init__(self, conv, in_channels=None):
         super().__init__(conv, _in_channels(conv, in_channels))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         if c.normalize:
             from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -735,7 +784,7 @@ class SGConvLayer(_WeightedSum):
         _require(conv, not conv.cached, "cached=True",
                  "PyG reuses its first call's propagated features")
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         from torch_geometric.nn.conv.gcn_conv import gcn_norm
         c = self.conv
         edge_index, w = gcn_norm(edge_index, edge_attr, num_nodes, False, c.add_self_loops,
@@ -753,7 +802,7 @@ class ClusterGCNConvLayer(_WeightedSum):
     def __init__(self, conv):
         super().__init__(conv, _in_channels(conv))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         from torch_geometric.utils import add_self_loops, degree, remove_self_loops
         c = self.conv
         if edge_attr is not None:
@@ -783,13 +832,23 @@ class SimpleConvLayer(_WeightedSum):
     def __init__(self, conv, in_channels=None):
         super().__init__(conv, _in_channels(conv, in_channels))
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         from torch_geometric.utils import add_self_loops
         edge_index, w = add_self_loops(edge_index, edge_attr, num_nodes=num_nodes)
         return self._weights(edge_index, num_nodes, w, dtype)
 
     def update(self, dst, agg):
         return agg.agg
+
+
+def _sage_conv(conv, in_channels=None, edge_dim=None) -> PyGLayer:
+    """SAGEConv of one aggregation, without ``project`` and ``normalize``: converted; any
+    other (``aggr=["mean", "max"]``, ``project=True``, ``normalize=True``): traced."""
+    try:
+        SAGEConvLayer.check_conv(conv)
+    except ConversionError:
+        return TracedConv(conv, in_channels, edge_dim)
+    return SAGEConvLayer(conv)
 
 
 def _simple_conv(conv, in_channels=None, edge_dim=None) -> PyGLayer:
@@ -814,6 +873,7 @@ def _converters() -> dict[type, Callable[..., PyGLayer]]:
         for cls, layer in fixed.items()}
     out[pyg.LGConv] = lambda conv, in_channels=None, edge_dim=None: LGConvLayer(conv, in_channels)
     out[pyg.SimpleConv] = _simple_conv
+    out[pyg.SAGEConv] = _sage_conv
     from .pyg_rounds import rounds_converters
     out.update(rounds_converters(pyg))
     return out
@@ -823,7 +883,7 @@ def _converters() -> dict[type, Callable[..., PyGLayer]]:
 
 _EDGE_INDEX_ARGS = ("index", "ptr", "size_i", "size_j", "dim_size", "size", "edge_index",
                     "edge_index_i", "edge_index_j", "adj_t")
-_SOFTMAX_ARGS = ("index", "edge_index_i", "ptr", "size_i")
+_SOFTMAX_ARGS = ("index", "edge_index_i", "ptr", "size_i", "dim_size")
 """What PyG gives ``message`` for its ``softmax(alpha, index, ptr, size_i)``: the target
 node of each edge, no CSR pointer (edge_index is a tensor), the number of targets. sarc
 gives stand-ins whose only use is that call, which is sarc's edge softmax."""
@@ -834,6 +894,39 @@ class _Stop(BaseException):
 
     def __init__(self, kwargs: dict):
         self.kwargs = kwargs
+
+
+class _UpdaterStop(_Stop):
+    """Ends a traced ``forward`` at its ``edge_updater`` call."""
+
+
+class _EdgeUpdates:
+    """``edge_updater`` while a conv's message is traced: PyG's ``edge_update`` computed once,
+    per edge, from what the forward gives ``edge_updater`` at the edges' targets (a run of
+    the forward on ``dst.x`` that stops there: ``targets``) and at their sources (the run
+    on ``src.x``, which computes it); a later run is given the same value."""
+
+    def __init__(self):
+        self.targets: dict | None = None
+        self.value = None
+
+
+class _Origins:
+    """Where a value traced in message comes from: ``x`` read at an end of the edge (a node
+    value, which PyG would read per node), the edge feature (``edge``) or an edge_update
+    (``updates``), whose values are per edge."""
+
+    def __init__(self, builder, x: set, edge: set):
+        self.builder, self.x, self.edge, self.updates = builder, x, edge, set()
+
+    def of_x(self, value) -> bool:
+        return _reaches(self.builder, value, self.x)
+
+    def of_updates(self, value) -> bool:
+        return bool(self.updates) and _reaches(self.builder, value, self.updates)
+
+    def per_edge(self, value) -> bool:
+        return _reaches(self.builder, value, self.edge) or self.of_updates(value)
 
 
 class _EdgeIndex(torch.Tensor):
@@ -920,15 +1013,16 @@ _SARC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class _SoftmaxArg(torch.Tensor):
-    """Stands for message's ``index`` / ``edge_index_i`` (each edge's target node) or
-    ``size_i`` (the number of targets) while a conv's message is traced: its one use is
-    ``torch_geometric.utils.softmax(alpha, index, ptr, size_i)``, sarc's edge softmax
-    (``_pyg_softmax``); any other use is refused, naming the use and message's line."""
+    """Stands for message's (or edge_update's) ``index`` / ``edge_index_i`` (each edge's
+    target node) or ``size_i`` / ``dim_size`` (the number of targets) while it is traced:
+    its one use is ``torch_geometric.utils.softmax(alpha, index, ptr, size_i)``, sarc's
+    edge softmax (``_pyg_softmax``), and ``index.numel()`` compared with 0
+    (``_EdgeCount``); any other use is refused, naming the use and the method's line."""
 
     @staticmethod
-    def make(conv, name: str) -> "_SoftmaxArg":
+    def make(conv, name: str, method: str = "message") -> "_SoftmaxArg":
         t = torch.Tensor._make_subclass(_SoftmaxArg, torch.empty(0, dtype=torch.long))
-        t._sarc_conv, t._sarc_name = conv, name
+        t._sarc_conv, t._sarc_name, t._sarc_method = conv, name, method
         return t
 
     @classmethod
@@ -938,6 +1032,8 @@ class _SoftmaxArg(torch.Tensor):
             return args[0]._sarc_name
         if name == "torch.Tensor.__hash__":
             return id(args[0])
+        if name == "torch.Tensor.numel" and args[0]._sarc_name in ("index", "edge_index_i"):
+            return _EdgeCount(args[0])
         token = next(a for a in _flat((args, kwargs or {})) if isinstance(a, _SoftmaxArg))
         shown = name[:-len(".__get__")] if name.endswith(".__get__") else name
         if shown.startswith("torch.Tensor."):
@@ -947,8 +1043,71 @@ class _SoftmaxArg(torch.Tensor):
         if _in_pyg_softmax():
             why += ("; this is PyG's softmax, reached where sarc does not route it (a closure): "
                     "call it by a name of a module, or hold it as an attribute of the conv")
-        raise _refuse(token._sarc_conv, f"message's {token._sarc_name} used in {shown}"
-                      f"{_forward_line(token._sarc_conv, 'message')}", why)
+        raise _refuse(token._sarc_conv, f"{token._sarc_method}'s {token._sarc_name} used in "
+                      f"{shown}{_forward_line(token._sarc_conv, token._sarc_method)}", why)
+
+
+class _EdgeUpdated(torch.Tensor):
+    """What ``edge_updater`` gives while the forward is traced for ``update`` (at the
+    nodes): sarc computes edge_update per edge in message, so its value may be passed to
+    propagate, for message, and nothing else; any use is refused, naming it."""
+
+    @staticmethod
+    def make(conv, misused: list) -> "_EdgeUpdated":
+        t = torch.Tensor._make_subclass(_EdgeUpdated, torch.empty(0))
+        t._sarc_conv, t._sarc_misused = conv, misused
+        return t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
+        if name in ("torch.Tensor.__repr__", "torch.Tensor.__str__", "torch.Tensor.__format__"):
+            return "edge_updater's value"
+        if name == "torch.Tensor.__hash__":
+            return id(args[0])
+        token = next(a for a in _flat((args, kwargs or {})) if isinstance(a, _EdgeUpdated))
+        shown = name[:-len(".__get__")] if name.endswith(".__get__") else name
+        error = _refuse(token._sarc_conv, f"edge_updater's value used in {shown} in forward "
+                        f"or update{_forward_line(token._sarc_conv, 'forward')}",
+                        "sarc computes edge_update per edge, in message: give its value to "
+                        "propagate, for message, and use it there")
+        token._sarc_misused.append(error)
+        raise error
+
+
+class _EdgeCount:
+    """``index.numel()`` in a traced message or edge_update: the number of edges, which is
+    known only when the layer runs. Compared with 0 it is not 0: where a graph has no edges
+    every per-edge value is empty whichever way the code goes (GATConv's ``if
+    index.numel() == 0: return alpha``). Any other use is refused."""
+
+    __hash__ = None
+
+    def __init__(self, index: _SoftmaxArg):
+        self._index = index
+
+    def _zero(self, other, what: str) -> None:
+        if isinstance(other, bool) or not isinstance(other, int) or other != 0:
+            ix = self._index
+            raise _refuse(ix._sarc_conv, f"{ix._sarc_name}.numel() {what} {other!r}"
+                          f"{_forward_line(ix._sarc_conv, ix._sarc_method)}",
+                          "the number of edges is known when the layer runs; sarc reads it "
+                          "only compared with 0")
+
+    def __eq__(self, other):
+        self._zero(other, "==")
+        return False
+
+    def __ne__(self, other):
+        self._zero(other, "!=")
+        return True
+
+    def __gt__(self, other):
+        self._zero(other, ">")
+        return True
+
+    def __bool__(self):
+        return True
 
 
 def _in_pyg_softmax() -> bool:
@@ -972,8 +1131,9 @@ def _pyg_softmax(src, index=None, ptr=None, num_nodes=None, dim=0):
         or "a MessagePassing"
     by_dst = isinstance(index, _SoftmaxArg) and index._sarc_name in ("index", "edge_index_i")
     sized = num_nodes is None or (isinstance(num_nodes, _SoftmaxArg)
-                                  and num_nodes._sarc_name == "size_i")
-    line = _forward_line(conv, "message") if not isinstance(conv, str) else ""
+                                  and num_nodes._sarc_name in ("size_i", "dim_size"))
+    method = getattr(index, "_sarc_method", "message")
+    line = _forward_line(conv, method) if not isinstance(conv, str) else ""
     if not (by_dst and ptr is None and sized):
         shown = ("a ptr" if ptr is not None else "num_nodes other than size_i" if not sized
                  else f"index {getattr(index, '_sarc_name', type(index).__name__)}")
@@ -1065,7 +1225,8 @@ def _conv_code(conv, tracer, proxy_type: type = _TensorProxy):
                     if type(value) is Proxy:
                         saved.append((table, name, value))
                         table[name] = _as_tensor(value)
-        yield
+        with builtins_take_tensor_proxies(lambda: code_namespaces([conv])):
+            yield
     finally:
         tracer.proxy_type = Proxy
         for table, name, value in saved:
@@ -1116,21 +1277,18 @@ class TracedConv(PyGLayer):
                           "number per edge")
         edge = {self.edge_input: edge_dim} if self._takes_edge_attr else None
         super().__init__(conv, _in_channels(conv, in_channels), edge=edge)
-        self._message_args = list(inspect.signature(conv.message).parameters)
-        for name in self._message_args:
-            if name in _EDGE_INDEX_ARGS and name not in _SOFTMAX_ARGS:
-                raise _refuse(conv, f"message argument {name!r}",
-                              "per-edge graph structure; sarc's message reads the edge's "
-                              "destination index (index, edge_index_i) only for "
-                              "torch_geometric.utils.softmax, its edge softmax")
+        self._message_args = _per_edge_arguments(conv, "message")
         self._update_args = list(inspect.signature(conv.update).parameters)[1:]
+        # edge_update's arguments, where the conv has one its forward may call edge_updater for
+        self._updater_args = (_per_edge_arguments(conv, "edge_update")
+                              if cls.edge_update is not MessagePassing.edge_update else None)
         self._given_edge = dict(self._sarc_edge)
         self._prepares: tuple | None = None   # (the conv's options, whether its forward does)
         # the forward's graph code (pyg_prepare), None where it has none: (whether the edge
         # feature forward is given is read by it, ((name, shape) of each per-edge value))
         self.graph_code: tuple | None = None
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         inputs = self._given(edge_index, num_nodes, edge_attr, dtype)
         options = _options(self)
         if self._prepares == (options, False):
@@ -1186,8 +1344,13 @@ class TracedConv(PyGLayer):
         def propagate(edge_index, size=None, **kwargs):
             raise _Stop({"edge_index": edge_index, **kwargs})
 
-        def edge_updater(*args, **kwargs):
-            raise _edge_updater_refused(conv)
+        updated = {}   # what the forward gives edge_updater
+
+        def edge_updater(edge_index, size=None, **kwargs):
+            updated.update(kwargs, edge_index=edge_index)
+            # its value is traced in message; here a stand-in of no graph values
+            return watch.tagged(torch.zeros(pp.plain(edge_index).size(1), dtype=dtype),
+                                pp.EdgeValue)
 
         object.__setattr__(conv, "propagate", propagate)
         object.__setattr__(conv, "edge_updater", edge_updater)
@@ -1217,11 +1380,32 @@ class TracedConv(PyGLayer):
         ei = given.pop("edge_index")
         graph = {k: v for k, v in given.items()
                  if any(isinstance(t, pp.Structure) for t in _flat(v))}
+        if updated:
+            graph = self._with_updaters_graph_values(graph, updated, ei)
         if not watch.used and not graph:
             return None
         given_edge = () if graph_reads_edge else self._given_edge
         return pp.Prepared(self._graph_edges(ei), {
             k: self._per_edge(k, v, ei.size(1), given_edge, dtype) for k, v in graph.items()})
+
+    def _with_updaters_graph_values(self, graph: dict, updated: dict, ei) -> dict:
+        """``graph`` (propagate's values of graph code) and those the forward gives
+        ``edge_updater``, which edge_update reads per edge of the same edge list."""
+        updater_ei = updated.pop("edge_index")
+        if updater_ei is not ei and not (
+                isinstance(updater_ei, torch.Tensor) and updater_ei.shape == ei.shape
+                and torch.equal(pp.plain(updater_ei), pp.plain(ei))):
+            raise _refuse(self.conv, "a forward that gives edge_updater and propagate "
+                          "different edge lists", "sarc computes edge_update per edge of "
+                          "the graph propagate runs on")
+        for k, v in updated.items():
+            if any(isinstance(t, pp.Structure) for t in _flat(v)):
+                if k in graph and graph[k] is not v:
+                    raise _refuse(self.conv, f"edge_updater and propagate given different "
+                                  f"values named {k!r} computed from edge_index",
+                                  "each per-edge value of the graph code has one name")
+                graph[k] = v
+        return graph
 
     def _graph_edges(self, ei) -> torch.Tensor:
         if not (isinstance(ei, pp.Structure) and ei.dim() == 2 and ei.size(0) == 2
@@ -1269,15 +1453,17 @@ class TracedConv(PyGLayer):
                               f"imported without edge_dim, its forward was traced without it: "
                               f"from_message_passing(conv, edge_dim={width}) for this one "
                               f"(edge_dim=() is one number per edge)")
-            return super().prepare(edge_index, num_nodes, edge_attr, dtype)
+            return super()._prepare(edge_index, num_nodes, edge_attr, dtype)
         if edge_attr is None:
             raise _refuse(self.conv, f"a call without {self.edge_input}",
                           f"it was imported with edge_dim for {self.edge_input}")
         return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
 
-    def _forward(self, x, edge_attr, on_propagate, edge=None) -> Any:
+    def _forward(self, x, edge_attr, on_propagate, edge=None, on_update=None) -> Any:
         """The forward traced up to ``on_propagate(kwargs)``; ``edge``: the edge side, whose
-        features stand for the values the graph code gives propagate (in message)."""
+        features stand for the values the graph code gives propagate (in message);
+        ``on_update(kwargs)``: what ``edge_updater`` gives (outside message: a value only
+        propagate may be given, ``_EdgeUpdated``)."""
         conv = self.conv
         calls = []
         builder = x.tracer.builder
@@ -1315,8 +1501,26 @@ class TracedConv(PyGLayer):
                               "each end of an edge would draw its own mask")
             return on_propagate(kwargs)
 
-        def edge_updater(*args, **kwargs):
-            raise _edge_updater_refused(conv)
+        misused = []   # uses of edge_updater's value outside message (torch turns the
+        # refusal, a TypeError, into NotImplemented in an operator: raised after the run)
+
+        def edge_updater(edge_index, size=None, **kwargs):
+            nonlocal drops
+            refused()
+            if self.graph_code is not None:
+                kwargs = self._graph_values_read(kwargs, edge)
+            elif edge_index is not token:
+                raise _refuse(conv, f"a forward that changes edge_index before edge_updater"
+                              f"{_forward_line(conv, 'forward', False)}",
+                              "prepare the graph before the call")
+            if size is not None:
+                raise _refuse(conv, "edge_updater(..., size=...)")
+            if on_update is None:
+                return _EdgeUpdated.make(conv, misused)
+            value = on_update(kwargs)
+            # edge_update's own dropout (GAT's attention dropout) is drawn once, per edge
+            drops = sum(1 for v in builder.values if v.op is Op.DROPOUT)
+            return value
 
         x, edge_attr = _as_tensor(x), _as_tensor(edge_attr)
         args = (x, token, edge_attr) if self._takes_edge_attr else (x, token)
@@ -1325,6 +1529,10 @@ class TracedConv(PyGLayer):
         with _says_why_traced(conv), self._graph_code_routes():
             try:
                 out = _call_conv(conv, "forward", conv.forward, *args)
+            except ConversionError:
+                if misused:
+                    raise misused[0] from None
+                raise
             except AcrossRowsError as e:   # said of the rows it is traced at: an edge's end
                 raise DSLError(f"{e.operation} works across the nodes of the forward's values "
                                f"(x and what it computes, a row per node): sarc traces the "
@@ -1338,13 +1546,20 @@ class TracedConv(PyGLayer):
             raise _refuse(conv, "a forward that never calls propagate")
         return out
 
-    def _captured(self, x, edge_attr, edge) -> dict:
+    def _captured(self, x, edge_attr, edge, on_update=None, at_updater: bool = False):
+        """What the forward gives ``propagate`` (``at_updater``: ``edge_updater``, None if
+        it reaches propagate first); ``on_update(kwargs)``: edge_updater's value."""
         def stop(kwargs):
             raise _Stop(kwargs)
+
+        def stop_at_updater(kwargs):
+            raise _UpdaterStop(kwargs)
         try:
-            self._forward(x, edge_attr, stop, edge)
-        except _Stop as s:
+            self._forward(x, edge_attr, stop, edge, stop_at_updater if at_updater else on_update)
+        except _UpdaterStop as s:
             return s.kwargs
+        except _Stop as s:
+            return None if at_updater else s.kwargs
         raise AssertionError("unreachable: _forward returns only through propagate")
 
     def message(self, src, dst, edge):
@@ -1356,52 +1571,96 @@ class TracedConv(PyGLayer):
         ea = edge[self.edge_input] if self._takes_edge_attr and not self._graph_reads_edge() \
             else None
         x_src = src.x
-        at_src = self._captured(x_src, ea, edge)
         reads_dst = any(a.endswith("_i") for a in self._message_args)
+        updates = None
+        if self._updater_args is not None:   # the forward may call edge_updater
+            updates = _EdgeUpdates()
+            reads_dst = reads_dst or any(a.endswith("_i") for a in self._updater_args)
         x_dst = dst.x if reads_dst else None
-        at_dst = self._captured(x_dst, ea, edge) if reads_dst else {}
-        builder = x_src.tracer.builder
         # Inside message the node values given to forward are read per edge already, so
         # what forward computed from x is per edge too: PyG reads it per node. Where a
         # value comes from says which it is.
-        from_x = {x_src.index} | ({x_dst.index} if reads_dst else set())
-        from_edge = {ea.index} if isinstance(ea, Proxy) else set()
-        sig = inspect.signature(conv.message).parameters
+        origins = _Origins(x_src.tracer.builder,
+                           {x_src.index} | ({x_dst.index} if reads_dst else set()),
+                           {ea.index} if isinstance(ea, Proxy) else set())
+        on_update = None
+        if updates is not None:
+            updates.targets = self._captured(x_dst, ea, edge, at_updater=True)
+
+            def on_update(kwargs):
+                return self._edge_update(updates, origins, kwargs)
+        at_src = self._captured(x_src, ea, edge, on_update)
+        at_dst = self._captured(x_dst, ea, edge, on_update) if reads_dst else {}
+        args = self._arguments("message", self._message_args, at_src, at_dst, origins)
+        with _pyg_softmax_routed(conv):
+            return _call_conv(conv, "message", conv.message, **args)
+
+    def _edge_update(self, updates: "_EdgeUpdates", origins: "_Origins", kwargs: dict):
+        """PyG's ``edge_update`` on what the forward gave ``edge_updater``: ``kwargs`` at the
+        edges' sources, ``updates.targets`` at their targets; a value per edge."""
+        conv = self.conv
+        if updates.value is None:
+            if updates.targets is None:
+                raise _refuse(conv, "edge_updater called in one run of the forward and not "
+                              "in another", "sarc runs the forward at each end of an edge")
+            args = self._arguments("edge_update", self._updater_args, kwargs, updates.targets,
+                                   origins)
+            with _pyg_softmax_routed(conv):
+                value = _call_conv(conv, "edge_update", conv.edge_update, **args)
+            if not isinstance(value, Proxy) or value.type.domain is not Domain.EDGE:
+                raise _refuse(conv, f"an edge_update that returns "
+                              f"{'a node value' if isinstance(value, Proxy) else type(value).__name__}",
+                              "sarc computes it per edge, in message")
+            updates.value = value
+            origins.updates.add(value.index)
+        return updates.value
+
+    def _arguments(self, what: str, names: list, at_src: dict, at_dst: dict,
+                   origins: "_Origins") -> dict:
+        """The arguments of ``message`` or ``edge_update`` (``what``), as PyG collects them
+        from what the forward gives ``propagate`` / ``edge_updater``: ``at_src`` in the run
+        at the edges' sources, ``at_dst`` at their targets."""
+        conv = self.conv
+        sig = inspect.signature(getattr(conv, what)).parameters
         args = {}
-        for name in self._message_args:
+        for name in names:
             base, end = name[:-2], name[-2:]
             if name in _SOFTMAX_ARGS:
-                args[name] = None if name == "ptr" else _SoftmaxArg.make(conv, name)
+                args[name] = None if name == "ptr" else _SoftmaxArg.make(conv, name, what)
             elif end in ("_j", "_i") and base in (at_src if end == "_j" else at_dst):
+                # a pair's first value is read at the messages' sources, the second at
+                # their targets, whatever the flow (PyG's generated collect)
                 value = _end(conv, (at_src if end == "_j" else at_dst)[base],
                              0 if end == "_j" else 1, name)
-                if not isinstance(value, Proxy) or not _reaches(builder, value, from_x) \
-                        or _reaches(builder, value, from_edge):
-                    what = ("edge values" if isinstance(value, Proxy)
-                            and _reaches(builder, value, from_edge) else
-                            "values that are not computed from x" if isinstance(value, Proxy)
-                            else f"a {type(value).__name__}")
-                    raise _refuse(conv, f"message argument {name!r} on {what}",
-                                  f"PyG reads {name} as row edge_index[{0 if end == '_j' else 1}]"
+                row = (end == "_j") == _flows_to_sources(conv)   # PyG's j or i: 0 or 1
+                if not isinstance(value, Proxy) or not origins.of_x(value) \
+                        or origins.per_edge(value):
+                    read = ("edge values" if isinstance(value, Proxy) and origins.per_edge(value)
+                            else "values that are not computed from x"
+                            if isinstance(value, Proxy) else f"a {type(value).__name__}")
+                    raise _refuse(conv, f"{what} argument {name!r} on {read}",
+                                  f"PyG reads {name} as row edge_index[{int(row)}]"
                                   f" of {base}; sarc reads node values computed from x at the "
                                   f"ends of an edge")
                 args[name] = value
             elif name in at_src:
                 value = at_src[name]
                 if isinstance(value, (tuple, list)) and any(isinstance(v, Proxy) for v in value):
-                    raise _refuse(conv, f"message argument {name!r} holding a pair of node "
+                    raise _refuse(conv, f"{what} argument {name!r} holding a pair of node "
                                   f"values", f"read them per edge as {name}_j or {name}_i")
-                if isinstance(value, Proxy) and _reaches(builder, value, from_x):
-                    raise _refuse(conv, f"message argument {name!r} holding node values",
-                                  f"PyG passes message the whole [N, ...] tensor; read them "
+                if isinstance(value, Proxy) and origins.of_x(value) \
+                        and not origins.of_updates(value):
+                    raise _refuse(conv, f"{what} argument {name!r} holding node values",
+                                  f"PyG passes {what} the whole [N, ...] tensor; read them "
                                   f"per edge as {name}_j or {name}_i")
                 args[name] = value   # per edge, or the same for every edge (a parameter)
             elif sig[name].default is not inspect.Parameter.empty:
                 args[name] = sig[name].default
             else:
-                raise _refuse(conv, f"message argument {name!r}", "propagate is not given it")
-        with _pyg_softmax_routed(conv):
-            return _call_conv(conv, "message", conv.message, **args)
+                raise _refuse(conv, f"{what} argument {name!r}",
+                              f"{'propagate' if what == 'message' else 'edge_updater'} is not "
+                              f"given it")
+        return args
 
     def _graph_values_read(self, kwargs: dict, edge) -> dict:
         """propagate's arguments with each value of the graph code replaced by the edge
@@ -1471,9 +1730,17 @@ def _graph_watch(conv):
               f"{_forward_line(conv)})", pp.MIXED))
 
 
-def _edge_updater_refused(conv) -> ConversionError:
-    return _refuse(conv, f"a forward that calls edge_updater"
-                   f"{_forward_line(conv, callee_named=False)}", "per-edge graph structure")
+def _per_edge_arguments(conv, method: str) -> list[str]:
+    """The arguments of the conv's ``message`` or ``edge_update``; per-edge graph structure
+    other than the destination index PyG's softmax reads is refused."""
+    names = list(inspect.signature(getattr(conv, method)).parameters)
+    for name in names:
+        if name in _EDGE_INDEX_ARGS and name not in _SOFTMAX_ARGS:
+            raise _refuse(conv, f"{method} argument {name!r}",
+                          f"per-edge graph structure; sarc's {method} reads the edge's "
+                          f"destination index (index, edge_index_i) only for "
+                          f"torch_geometric.utils.softmax, its edge softmax")
+    return names
 
 
 def _reaches(builder, value, targets: set) -> bool:
@@ -1682,6 +1949,16 @@ class PyGConv(nn.Module):
         self._register_state_dict_hook(_without_inner_prefix)
         self._register_load_state_dict_pre_hook(_with_inner_prefix, with_module=True)
 
+    def reset_parameters(self) -> None:
+        """The conv's own ``reset_parameters`` (PyG's models call each conv's); the graph
+        kept of the last call is prepared again at the next."""
+        target = self.layer.conv if _imported(self.layer) else self.layer
+        reset = getattr(target, "reset_parameters", None)
+        if reset is None:
+            raise AttributeError(f"{type(target).__name__} has no reset_parameters")
+        reset()
+        self._cache = None
+
     def inner_prefix(self) -> str:
         """Where the wrapped parameters sit below this module: ``layer.`` or, for an
         imported conv, ``layer.conv.``; state dicts leave it out."""
@@ -1689,6 +1966,7 @@ class PyGConv(nn.Module):
 
     def forward(self, x, edge_index, edge_attr=None, size=None, **others):
         name = type(getattr(self.layer, "conv", self.layer)).__name__
+        edge_attr, others = _by_the_convs_names(self.layer, edge_attr, others)
         if others:
             raise ConversionError(f"{name}: argument {next(iter(others))}= is not supported "
                                   f"through as_conv, which calls a conv as forward(x, "
@@ -1696,6 +1974,12 @@ class PyGConv(nn.Module):
         if isinstance(x, (tuple, list)):
             raise _refuse(name, "a (x_src, x_dst) pair of node features",
                           "sarc's layers read one node feature tensor")
+        if not isinstance(x, torch.Tensor) or (_imported(self.layer)
+                                               and not x.is_floating_point()):
+            shown = type(x).__name__ if not isinstance(x, torch.Tensor) else f"{x.dtype} ids"
+            raise _refuse(name, f"x={shown} (a featureless conv, as RGCNConv's x=None or "
+                          f"node ids)", "sarc's layers read a float node feature tensor: give "
+                          "the nodes features, as an nn.Embedding's rows")
         edge_index = _plain_edge_index(self.layer.conv if _imported(self.layer) else name,
                                        edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))
@@ -1719,7 +2003,14 @@ class PyGConv(nn.Module):
                   *_options(self.layer))
         c = self._cache
         g = None
-        if c is not None and _cached_by_the_conv(self.layer):
+        if _cached_by_the_conv(self.layer):
+            kept = self.layer.conv._cached_edge_index
+            if c is None or c.pygs_cache is not kept:   # PyG's call, or another wrapper's
+                ei, w = kept
+                inputs = oriented(self.layer.conv, PyGInputs(
+                    ei, num, {} if w is None else {self.layer.edge_input: w}))
+                c = self._cache = _Prepared(None, num, None, dtypes, inputs.graph(),
+                                            inputs.edge, kept)
             return c.graph, c.edge
         if c is not None and c.num == num and c.dtypes == dtypes \
                 and _same_values(c.edge_index, edge_index):
@@ -1736,16 +2027,19 @@ class PyGConv(nn.Module):
             g, edge = prepared.graph() if g is None else g, prepared.edge
             if _keeps_pygs_cache(self.layer):
                 # what PyG's forward caches (its reset_parameters forgets it): the normalized
-                # edges and their weights, read by this conv's next call, or PyG's
-                self.layer.conv._cached_edge_index = (prepared.edge_index,
-                                                      next(iter(edge.values()), None))
+                # edges, numbered as PyG's, and their weights, read by this conv's next
+                # call, or PyG's
+                self.layer.conv._cached_edge_index = (
+                    oriented(self.layer.conv, prepared).edge_index,
+                    next(iter(edge.values()), None))
         else:
             g = from_pyg(edge_index, num) if g is None else g
             if edge_attr is not None and self.edge is None:
                 raise ConversionError(f"{type(self.layer).__name__} declares no edge feature; "
                                       f"it takes no edge_attr")
             edge = {} if edge_attr is None else {self.edge: edge_attr}
-        self._cache = _Prepared(_kept(edge_index), num, _kept(edge_attr), dtypes, g, edge)
+        pygs = self.layer.conv._cached_edge_index if _keeps_pygs_cache(self.layer) else None
+        self._cache = _Prepared(_kept(edge_index), num, _kept(edge_attr), dtypes, g, edge, pygs)
         return g, edge
 
     def __getstate__(self):
@@ -1765,6 +2059,7 @@ class _Prepared:
     dtypes: tuple
     graph: Graph
     edge: dict
+    pygs_cache: Any = None   # the conv's _cached_edge_index the graph is (cached=True)
 
 
 _OPTION_TYPES = (bool, int, float, str, type(None))
@@ -1777,9 +2072,21 @@ def _options(layer) -> tuple:
     if not _imported(layer):
         return ()
     traced = isinstance(layer, TracedConv)   # its graph code may read private ones too
-    return tuple(sorted((k, repr(v)) for k, v in vars(layer.conv).items()
-                        if isinstance(v, _OPTION_TYPES) and (traced or not k.startswith("_"))
+    return tuple(sorted((k, _option_value(v)) for k, v in vars(layer.conv).items()
+                        if isinstance(v, _OPTION_TYPES + (torch.Tensor,))
+                        and (traced or not k.startswith("_"))
                         and k not in _PER_CALL and not k.startswith("_sarc")))
+
+
+def _option_value(v) -> str:
+    """An option as compared between calls: a plain value's repr; a tensor's (GATConv's
+    ``fill_value``) values, so that one replaced or changed in place is seen (a larger one
+    than 4096 numbers: its identity and version)."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() > 4096:
+            return f"tensor@{id(v)}:{v._version}"
+        return f"tensor{tuple(v.shape)}:{v.dtype}:{v.detach().flatten().tolist()}"
+    return repr(v)
 
 
 _PER_CALL = frozenset({"_alpha", "_cached_edge_index", "_cached_adj_t", "_cached_x",

@@ -99,14 +99,17 @@ class _Tagged(torch.Tensor):
         leaves = list(flat((args, kwargs)))
         watch = next(a._sarc_watch for a in leaves if isinstance(a, _Tagged))
         graph = any(isinstance(a, Structure) for a in leaves)
-        nodes = any(isinstance(a, (NodeValue, EdgeValue, Proxy)) for a in leaves)
-        learned = any(isinstance(a, torch.Tensor) and not isinstance(a, _Tagged)
+        nodes = any(isinstance(a, (NodeValue, EdgeValue)) for a in leaves)
+        traced = any(isinstance(a, Proxy) for a in leaves)   # x's, or a parameter's or buffer's
+        learned = any(isinstance(a, torch.Tensor) and not isinstance(a, (_Tagged, Proxy))
                       and a.requires_grad for a in leaves)
         if graph:
             watch.used = True
-            if nodes or learned:
+            if nodes or traced or learned:
                 watch.met_edge = any(isinstance(a, EdgeValue) for a in leaves)
-                watch.refuse(_name(func), "x or an edge feature" if nodes else "a parameter")
+                watch.refuse(_name(func), "x or an edge feature" if nodes else
+                             "a traced value (x, a parameter or a buffer)" if traced
+                             else "a parameter")
         kind = (Structure if graph else NodeValue if any(isinstance(a, NodeValue) for a in leaves)
                 else EdgeValue)
         with torch._C.DisableTorchFunctionSubclass():

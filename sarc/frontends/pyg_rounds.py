@@ -25,7 +25,7 @@ from ..dsl import Layer
 from ..errors import GraphError
 from .pyg import (ConversionError, PyGInputs, _REDUCERS, _aggr_name, _check_message_passing,
                   _in_channels, _plain_edge_index, _refuse, _require, check_not_hooked,
-                  weighted_inputs, weights_dtype)
+                  oriented, weighted_inputs, weights_dtype)
 from . import follow_mode
 from .rounds import later_rows
 
@@ -76,6 +76,10 @@ class PyGRounds(nn.Module):
         raise NotImplementedError
 
     def prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
+        """The graph and edge weights the rounds run on (``PyGLayer.prepare``'s)."""
+        return oriented(self.conv, self._prepare(edge_index, num_nodes, edge_attr, dtype))
+
+    def _prepare(self, edge_index, num_nodes: int, edge_attr=None, dtype=None) -> PyGInputs:
         raise NotImplementedError
 
     def combine(self, x: torch.Tensor, propagate) -> torch.Tensor:
@@ -128,7 +132,7 @@ class SGConvRounds(PyGRounds):
     def count(self):
         return self.conv.K
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         return self._gcn_norm(edge_index, num_nodes, edge_attr, dtype, self.conv.add_self_loops)
 
     def combine(self, x, propagate):
@@ -154,7 +158,7 @@ class APPNPRounds(PyGRounds):
     def count(self):
         return self.conv.K
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         if c.normalize:
             return self._gcn_norm(edge_index, num_nodes, edge_attr, dtype, c.add_self_loops)
@@ -179,7 +183,7 @@ class TAGConvRounds(PyGRounds):
     def count(self):
         return len(self.conv.lins) - 1
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         if c.normalize:
             return self._gcn_norm(edge_index, num_nodes, edge_attr, dtype, False)
@@ -205,7 +209,7 @@ class ChebConvRounds(PyGRounds):
     def count(self):
         return len(self.conv.lins) - 1
 
-    def prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
+    def _prepare(self, edge_index, num_nodes, edge_attr=None, dtype=None):
         c = self.conv
         edge_index, w = c.__norm__(edge_index, num_nodes, edge_attr, c.normalization,
                                    None, dtype=weights_dtype(c, dtype))

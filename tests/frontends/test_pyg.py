@@ -123,6 +123,10 @@ CONVS = {
     "gcn_unnormalized": (lambda: pyg.GCNConv(D_IN, 4, normalize=False, bias=False), None),
     "sage_mean": (lambda: pyg.SAGEConv(D_IN, 4), None),
     "sage_max": (lambda: pyg.SAGEConv(D_IN, 4, aggr="max"), None),
+    # not converted: traced from SAGEConv's own code
+    "sage_mean_max_traced": (lambda: pyg.SAGEConv(D_IN, 4, aggr=["mean", "max"]), None),
+    "sage_project_normalize_traced": (lambda: pyg.SAGEConv(D_IN, 4, project=True,
+                                                           normalize=True), None),
     "gat_1head": (lambda: pyg.GATConv(D_IN, 4), None),
     "gat_3heads_concat": (lambda: pyg.GATConv(D_IN, 4, heads=3), None),
     "gat_3heads_mean": (lambda: pyg.GATConv(D_IN, 4, heads=3, concat=False), None),
@@ -217,8 +221,20 @@ def check_same(run_sarc, run_pyg, conv, x, edge=None) -> None:
 
 @pytest.mark.parametrize("name", CONVS)
 def test_imported_conv_equals_pyg(name):
+    check_imported(name, "source_to_target")
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_a_conv_aggregating_at_edge_index_0_equals_pyg(name):
+    """``flow='target_to_source'``: PyG aggregates at ``edge_index[0]`` what it computes at
+    ``edge_index[1]``; the graph is directed, so the other flow is another result."""
+    check_imported(name, "target_to_source")
+
+
+def check_imported(name, flow):
     make, kind = CONVS[name]
     conv = make()
+    conv.flow = flow
     randomize_zeros(conv)
     ei = graph()
     extra = third_argument(kind, ei.size(1))
@@ -474,12 +490,15 @@ DISTRIBUTED = ["gcn", "gcn_improved_weighted", "sage_max", "gat_3heads_concat", 
                "user_gated_mean", "user_mean_and_max"]
 
 
-@pytest.mark.parametrize("name", DISTRIBUTED)
-def test_two_workers_equal_one_process(name, tmp_path):
+@pytest.mark.parametrize("name, flow", [(n, "source_to_target") for n in DISTRIBUTED]
+                         + [(n, "target_to_source") for n in ("gcn", "rgcn_bases",
+                                                              "user_gated_mean")])
+def test_two_workers_equal_one_process(name, flow, tmp_path):
     from distributed.harness import spawn
     from sarc.partition import partition_graph
     make, kind = CONVS[name]
     conv = make()
+    conv.flow = flow
     randomize_zeros(conv)
     layer = from_message_passing(conv)
     x = torch.randn(N, D_IN)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 pytest.importorskip("torch_geometric")
 from torch_geometric import nn as pyg  # noqa: E402
 from torch_geometric.nn import MessagePassing  # noqa: E402
-from torch_geometric.utils import add_self_loops, degree  # noqa: E402
+from torch_geometric.utils import add_self_loops, degree, softmax  # noqa: E402
 
 from interop.interop_check import assert_all_close  # noqa: E402
 from sarc.errors import DSLError  # noqa: E402
@@ -161,31 +161,143 @@ def test_a_forward_of_several_propagates_is_refused_at_the_second():
         as_conv(HalfAPPNP(K=2, alpha=0.1), in_channels=D)(torch.randn(N, D), graph())
 
 
-class EdgeUpdater(MessagePassing):
-    """Per-edge weights from ``edge_updater`` (``edge_update``), then a propagate."""
+class ScalarOverloads(MessagePassing):
+    """torch builtins with an overload taking a number where the traced value is
+    (``torch.pow(h, 2.0)``, ``torch.where(c, h, 0.0)``): torch's argument parser read the
+    value, which says it is a tensor, as one (a crash of the process)."""
 
     def __init__(self):
         super().__init__(aggr="add")
         self.in_channels = D
+        self.lin = nn.Linear(D, D)
 
     def forward(self, x, edge_index):
-        w = self.edge_updater(edge_index, x=x)  # ERR:edge-updater
-        return self.propagate(edge_index, x=x, w=w)
+        h = torch.pow(self.lin(x), 2.0)
+        h = torch.where(h > 0.5, h, 0.0)
+        return self.propagate(edge_index, x=h)
 
-    def edge_update(self, x_j, x_i):
-        return (x_j * x_i).sum(-1, keepdim=True)
+    def message(self, x_j):
+        return torch.pow(x_j, 0.5) + torch.where(x_j > 1.0, 1.0, x_j)
+
+
+def test_torch_builtins_with_number_overloads_trace():
+    check_both_paths(ScalarOverloads())
+
+
+# --- edge_updater: per-edge values of edge_update, computed in message --------------------------
+
+class EdgeUpdater(MessagePassing):
+    """Per-edge weights from ``edge_updater`` (``edge_update``), then a propagate."""
+
+    def __init__(self, softmax_over_targets=False):
+        super().__init__(aggr="add")
+        self.in_channels = D
+        self.lin = nn.Linear(D, D)
+        self.softmax_over_targets = softmax_over_targets
+
+    def forward(self, x, edge_index):
+        h = self.lin(x)
+        w = self.edge_updater(edge_index, x=(h, x))
+        return self.propagate(edge_index, x=h, w=w)
+
+    def edge_update(self, x_j, x_i, index, ptr, dim_size):
+        w = (x_j * x_i).sum(-1, keepdim=True)
+        if self.softmax_over_targets:
+            w = softmax(w, index, ptr, dim_size)
+        return w
 
     def message(self, x_j, w):
         return x_j * w
 
 
-def test_edge_updater_is_refused_at_its_line():
+class ReluGAT(pyg.GATConv):
+    """A user's GATConv with its own message: traced, GATConv's forward with it (its
+    attention from edge_updater, self loops by graph code)."""
+
+    def message(self, x_j, alpha):
+        return torch.relu(x_j) * alpha.unsqueeze(-1)
+
+
+class ScaledGATv2(pyg.GATv2Conv):
+    def message(self, x_j, alpha):
+        return 0.5 * super().message(x_j, alpha)
+
+
+EDGE_UPDATERS = {
+    "user": (lambda: EdgeUpdater(), None),
+    "user_softmax": (lambda: EdgeUpdater(softmax_over_targets=True), None),
+    "gat": (lambda: ReluGAT(D, 2, heads=2), None),
+    "gat_mean_no_loops": (lambda: ReluGAT(D, 2, heads=3, concat=False, add_self_loops=False),
+                          None),
+    "gat_edge_dim": (lambda: ReluGAT(D, 2, heads=2, edge_dim=3), "edge"),
+    "gat_edge_dim_fill_add": (lambda: ReluGAT(D, 2, heads=2, edge_dim=3, fill_value="add"),
+                              "edge"),
+    "gat_residual_eval_dropout": (lambda: ReluGAT(D, 2, heads=2, residual=True,
+                                                  dropout=0.5).eval(), None),
+    "gatv2": (lambda: ScaledGATv2(D, 2, heads=2), None),
+}
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("name", EDGE_UPDATERS)
+def test_edge_updater_is_edge_update_per_edge(name, flow):
+    """What edge_update computes from both ends of an edge (GATConv's attention) is traced
+    once per edge, in message, and equals PyG: output and every gradient."""
+    make, edge = EDGE_UPDATERS[name]
+    conv = make()
+    conv.flow = flow
+    randomize_zeros(conv)
+    if edge is None:
+        check_both_paths(conv)
+    else:
+        check_both_paths(conv, torch.randn(graph().size(1), 3), edge_dim=3)
+
+
+def test_edge_updates_attention_dropout_is_drawn_once_per_edge():
+    """In training, GAT's attention dropout (in edge_update) is one mask over the edges:
+    each kept weight is scaled by 1/(1-p), each other is 0, and the output is what PyG's
+    forward gives with that mask."""
+    torch.manual_seed(0)
+    conv = ReluGAT(D, 2, heads=1, dropout=0.5, add_self_loops=False)
+    randomize_zeros(conv)
+    layer = from_message_passing(conv)
+    x, ei = torch.randn(N, D), graph()
+    outs = [layer.run(x, ei) for _ in range(2)]
+    assert not torch.equal(outs[0], outs[1])   # a mask per call
+    conv.eval()
+    full = conv(x, ei)
+    assert not torch.equal(outs[0], full)
+
+
+class ScaledBeforePropagate(EdgeUpdater):
+    def forward(self, x, edge_index):
+        w = self.edge_updater(edge_index, x=(x, x))
+        w = w * 2  # ERR:edge-updated-used
+        return self.propagate(edge_index, x=x, w=w)
+
+
+class CountsEdges(EdgeUpdater):
+    def edge_update(self, x_j, x_i, index):
+        if index.numel() > 3:  # ERR:numel
+            return x_j.sum(-1, keepdim=True)
+        return x_i.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("make, needle", [
+    (ScaledBeforePropagate, "ScaledBeforePropagate: edge_updater's value used in "
+                            "torch.Tensor.mul in forward or update at "
+                            ".*test_pyg_tracing.py:{line} is not supported \\(sarc computes "
+                            "edge_update per edge, in message: give its value to propagate"),
+    (CountsEdges, "CountsEdges: index.numel\\(\\) > 3 at .*test_pyg_tracing.py:{line} is not "
+                  "supported \\(the number of edges is known when the layer runs; sarc reads "
+                  "it only compared with 0\\)"),
+], ids=["edge-updated-used", "numel"])
+def test_what_edge_update_cannot_be_traced_as_is_refused_at_its_line(make, needle):
+    tag = "# ERR:" + ("numel" if make is CountsEdges else "edge-updated-used")
     line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
-                if text.endswith("# ERR:edge-updater"))
-    with pytest.raises(ConversionError, match=rf"^EdgeUpdater: a forward that calls edge_updater "
-                                              rf"at .*test_pyg_tracing.py:{line} is not "
-                                              rf"supported \(per-edge graph structure\)"):
-        as_conv(EdgeUpdater())(torch.randn(N, D), graph())
+                if text.endswith(tag))
+    with pytest.raises(ConversionError, match=needle.format(line=line)):
+        as_conv(make())(torch.randn(N, D), graph())
 
 
 # --- subclasses of the converted classes -----------------------------------------------------------
@@ -231,16 +343,16 @@ def test_a_subclass_that_overrides_message_is_traced():
     check_both_paths(conv)
 
 
-class ReluGAT(pyg.GATConv):
-    """A user's GATConv with its own message: traced, GATConv's forward with it."""
+class TwiceSG(pyg.SGConv):
+    """A user's SGConv with its own message: traced, SGConv's forward with it."""
 
-    def message(self, x_j, alpha):
-        return torch.relu(x_j) * alpha.unsqueeze(-1)
+    def message(self, x_j, edge_weight):
+        return 2 * super().message(x_j, edge_weight)
 
 
 SUBCLASS_REFUSALS = {
-    # GATConv's forward: its attention from edge_updater, per-edge graph structure
-    "gat_message": (lambda: ReluGAT(D, 2, heads=2), ConversionError, "GATConv", "message"),
+    # SGConv's forward with K=2: propagate twice, one sarc layer is one round
+    "sgconv_message": (lambda: TwiceSG(D, 2, K=2), ConversionError, "SGConv", "message"),
 }
 
 

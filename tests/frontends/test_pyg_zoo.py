@@ -79,6 +79,12 @@ def check(conv, ei, x, *extra, wrapped=None):
     return wrapped
 
 
+def flowing(conv, flow: str) -> nn.Module:
+    """``conv`` with its ``flow`` set (PyG reads it at each call)."""
+    conv.flow = flow
+    return conv
+
+
 def adam_losses(net, x, ei, y, steps: int = 3) -> list[float]:
     """The cross-entropy losses of ``steps`` Adam steps of ``net(x, ei)`` against ``y``."""
     opt = torch.optim.Adam(net.parameters(), lr=0.05, weight_decay=5e-4)
@@ -436,10 +442,13 @@ SOFTMAX_CONVS = {
 }
 
 
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
 @pytest.mark.parametrize("name", SOFTMAX_CONVS)
-def test_pyg_softmax_in_message_equals_pyg(name):
+def test_pyg_softmax_in_message_equals_pyg(name, flow):
+    """With ``flow='target_to_source'`` the softmax is over the edges of each
+    ``edge_index[0]``, where the messages go."""
     make, options = SOFTMAX_CONVS[name]
-    conv = randomize(make())
+    conv = flowing(randomize(make()), flow)
     check(conv, graph(), x64(), wrapped=as_conv(conv, **options))
 
 
@@ -562,9 +571,11 @@ def check_prepared(make, options: dict, weighted: bool) -> None:
     check(conv, ei, x64(seed=3), *extra, wrapped=wrapped)   # the prepared graph reused
 
 
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
 @pytest.mark.parametrize("name", PREPARED)
-def test_one_round_normalizing_conv_equals_pyg(name):
-    check_prepared(*PREPARED[name])
+def test_one_round_normalizing_conv_equals_pyg(name, flow):
+    make, options, weighted = PREPARED[name]
+    check_prepared(lambda: flowing(make(), flow), options, weighted)
 
 
 def test_one_round_normalizing_convs_train_three_steps_as_pyg():
@@ -580,3 +591,75 @@ def test_one_round_normalizing_convs_train_three_steps_as_pyg():
     assert losses[1] == pytest.approx(losses[0], rel=1e-10, abs=1e-12)
 
 
+
+
+# --- PyG's own calling conventions ----------------------------------------------------------------
+
+@pytest.mark.parametrize("make, options", [(lambda: pyg.GraphConv(D, 3), {}),
+                                           (lambda: pyg.LEConv(D, 3), {}),
+                                           (lambda: pyg.GCNConv(D, 3), {})],
+                         ids=["graphconv", "leconv", "gcn"])
+def test_an_edge_index_object_is_read_as_its_ids(make, options):
+    """A traced conv given PyG's EdgeIndex failed inside sarc (a tensor subclass met the
+    graph code's own); it is read as the [2, E] ids it holds."""
+    from torch_geometric import EdgeIndex
+    conv = randomize(make())
+    ei = EdgeIndex(graph(), sparse_size=(N, N))
+    check(conv, ei, x64(), wrapped=as_conv(conv, **options))
+
+
+@pytest.mark.parametrize("model", ["GCN", "GAT", "GraphSAGE", "GIN"])
+def test_pygs_models_with_their_convs_wrapped_equal_pyg(model):
+    """PyG's models call each conv by keyword (``conv(x, edge_index, edge_weight=w)``,
+    ``edge_weight=None`` when not given): the conv's third argument by its name, and
+    another given as its default None; ``reset_parameters()`` reaches each conv."""
+    from torch_geometric.nn import models
+    torch.manual_seed(0)
+    ref = getattr(models, model)(D, 8, num_layers=2, out_channels=3,
+                                 **({"heads": 2} if model == "GAT" else {})).to(F64).eval()
+    mine = copy.deepcopy(ref)
+    mine.convs = nn.ModuleList(as_conv(c) for c in mine.convs)
+    x, ei = x64(), graph()
+    extra = {"edge_weight": torch.rand(ei.size(1), dtype=F64) + 0.5} if model == "GCN" else {}
+    close(mine(x, ei, **extra), ref(x, ei, **extra), "output")
+    close(mine(x, ei), ref(x, ei), "output without edge weights")
+    torch.manual_seed(1)
+    mine.reset_parameters()
+    torch.manual_seed(1)
+    ref.reset_parameters()
+    close(mine(x, ei), ref(x, ei), "output after reset_parameters")
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("make, options", [(lambda: pyg.GCNConv(D, 3, cached=True), {}),
+                                           (lambda: pyg.APPNP(K=2, alpha=0.1, cached=True),
+                                            {"in_channels": D})], ids=["gcn", "appnp"])
+def test_a_cached_conv_called_by_pyg_first_keeps_pygs_graph(make, options, flow):
+    """PyG's call cached graph A; the wrapper then normalized graph B, where PyG keeps
+    A's (and wrote B's into the conv's cache). Two wrappers of one conv share its cache."""
+    conv = flowing(randomize(make()), flow)
+    x = x64()
+    a = graph()
+    b = torch.randint(0, N, (2, 12), generator=torch.Generator().manual_seed(4))
+    conv(x, a)
+    first, second = as_conv(conv, **options), as_conv(conv, **options)
+    check(conv, b, x, wrapped=first)
+    check(conv, b, x64(seed=2), wrapped=second)
+    conv.reset_parameters()   # PyG forgets its graph: the next call's is kept
+    randomize(conv)
+    check(conv, b, x, wrapped=first)
+    check(conv, a, x, wrapped=second)
+
+
+def test_a_tensor_option_replaced_or_changed_in_place_prepares_the_graph_again():
+    """GATConv's fill_value as a tensor: the graph kept by as_conv was reused after it
+    changed (only plain-valued options were compared)."""
+    conv = randomize(pyg.GATConv(D, 3, heads=2, edge_dim=2,
+                                 fill_value=torch.tensor([0.5, -1.0], dtype=F64)))
+    wrapped = as_conv(conv)
+    ei, attr = graph(), torch.randn(graph().size(1), 2, dtype=F64)
+    check(conv, ei, x64(), attr, wrapped=wrapped)
+    conv.fill_value = torch.tensor([2.0, 3.0], dtype=F64)
+    check(conv, ei, x64(), attr, wrapped=wrapped)
+    conv.fill_value.mul_(-4.0)
+    check(conv, ei, x64(), attr, wrapped=wrapped)

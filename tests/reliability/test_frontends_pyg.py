@@ -64,11 +64,6 @@ def test_own_conv_std_aggregation_names_where_the_class_is():
     assert " is defined at " not in refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="std")))
 
 
-@case("dsl", "a PyG SAGEConv that normalizes its output (normalize=True)", "error")
-def test_sage_normalize():
-    refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, normalize=True)), "SAGEConv",
-            "normalize=True")
-
 
 @case("dsl", "a PyG TransformerConv with the gated skip (beta=True)", "error")
 def test_transformer_beta():
@@ -82,10 +77,11 @@ def test_rgcn_blocks():
             "num_blocks=5")
 
 
-@case("dsl", "a PyG conv that aggregates at edge_index[0] (flow='target_to_source')", "error")
-def test_flow_target_to_source():
-    refused(lambda: from_message_passing(pyg.GCNConv(5, 3, flow="target_to_source")),
-            "GCNConv", "flow='target_to_source'")
+@case("dsl", "a PyG conv whose flow is set to neither of PyG's two", "error")
+def test_flow_of_another_name():
+    conv = pyg.GCNConv(5, 3)
+    conv.flow = "both_ways"
+    refused(lambda: from_message_passing(conv), "GCNConv", "flow='both_ways'")
 
 
 class SoftmaxByIndex(MessagePassing):
@@ -214,6 +210,27 @@ def test_graph_code_with_a_parameter():
     refused(lambda: run(LearnedGraphWeights()),
             "LearnedGraphWeights: a forward that computes from edge_index and a parameter "
             "together")
+
+
+class BufferedGraphWeights(LearnedGraphWeights):
+    """Graph code that reads a buffer (a traced value where the layer is traced: the
+    tracer's own error about ``requires_grad`` came out)."""
+
+    def __init__(self):
+        super().__init__()
+        del self.temperature
+        self.register_buffer("p", torch.tensor(0.5))
+
+    def forward(self, x, edge_index):
+        deg = degree(edge_index[1], x.size(0), dtype=x.dtype).clamp(min=1)
+        return self.propagate(edge_index, x=x, w=deg.pow(-self.p)[edge_index[1]])
+
+
+@case("tracer", "a MessagePassing forward whose graph code reads a buffer", "error")
+def test_graph_code_with_a_buffer():
+    refused(lambda: run(BufferedGraphWeights()),
+            "BufferedGraphWeights: a forward that computes from edge_index and a traced value "
+            "(x, a parameter or a buffer) together")
 
 
 class BranchOnValue(MessagePassing):
@@ -355,3 +372,19 @@ def test_conv_returning_a_tuple_is_refused_at_its_forward():
             "_ReturnsItsAttention: a forward that returns a tuple of 2 "
             f"(_ReturnsItsAttention.forward, at {__file__}:{line}) is not supported",
             "return it alone")
+
+
+@pytest.mark.parametrize("x", [None, torch.arange(5)], ids=["none", "ids"])
+@case("dsl", "a featureless PyG RGCNConv (x=None or node ids, as PyG's R-GCN example)", "error")
+def test_featureless_rgcn(x):
+    conv = pyg.RGCNConv(5, 4, num_relations=3)
+    refused(lambda: as_conv(conv)(x, torch.tensor([[0, 1, 2], [1, 2, 0]]),
+                                  torch.tensor([0, 1, 2])),
+            "RGCNConv: x=", "(a featureless conv, as RGCNConv's x=None or node ids)")
+
+
+@case("dsl", "a lazy PyG conv (in_channels=-1)", "error")
+def test_lazy_conv():
+    refused(lambda: from_message_passing(pyg.SAGEConv(-1, 3)),
+            "SAGEConv: in_channels=-1 (a lazy conv) is not supported", "build the conv with "
+            "its input width")
