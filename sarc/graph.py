@@ -81,6 +81,15 @@ class Graph:
             return self.src_in_degree
         return self.in_degree if self.num_src == self.num_dst and self.dst_in_src else None
 
+    def num_src_nodes(self) -> int:
+        """``num_src`` by DGL's name: a DGL user's mini-batch loop slices its features as
+        ``h[:block.num_dst_nodes()]`` on the block it got from ``from_dgl``."""
+        return self.num_src
+
+    def num_dst_nodes(self) -> int:
+        """``num_dst`` by DGL's name (``num_src_nodes``)."""
+        return self.num_dst
+
     __getattr__ = missing_attribute
 
     def run_layer(self, layer, args: tuple, feats: dict):

@@ -59,12 +59,12 @@ from typing import Any, Mapping
 import torch
 
 from ..dsl import BACKEND_OF_MADE_LAYERS, Layer, _params_as_proxies
-from ..errors import DSLError, GraphError
+from ..errors import DSLError, GraphError, SourceLoc
 from ..interop import from_dgl
 from ..ir.ops import Op
 from ..ir.types import Domain, TensorType
 from ..trace import Proxy, RowCount, Tracer, _is_int, user_loc
-from ..trace_guards import code_namespaces, routed, tracing
+from ..trace_guards import builtins_take_tensor_proxies, code_namespaces, tracing
 from . import follow_mode, in_module
 
 __all__ = ["DGLLayer", "from_dgl_module", "from_dgl", "patch", "ProxyGraph"]
@@ -94,12 +94,13 @@ def from_dgl_module(module: torch.nn.Module, *, node: Mapping[str, Any],
     return DGLLayer(module, node=node, edge=edge, backend=backend)
 
 
-def refuse_zero_in_degree(owner: str, g) -> None:
+def refuse_zero_in_degree(owner: str, g, asked=True) -> None:
     """DGL's check of a module built with ``allow_zero_in_degree=False``: nodes without
     in-edges are refused on a ``sarc.Graph``, and on a worker's whole-graph ``DistGraph``
     by every worker at once (the in-degrees are the whole graph's; whether any is 0 is
     all-reduced, so no worker raises while its peers wait). A mini-batch step's blocks
-    are not checked."""
+    are not checked. ``asked``: where the module asked (a ``SourceLoc``: a module of the
+    user's own, which branches there), else True."""
     from ..graph import Graph
     if isinstance(g, Graph):
         zero = bool((g.in_degree == 0).any())
@@ -110,11 +111,21 @@ def refuse_zero_in_degree(owner: str, g) -> None:
         zero = bool(flag.item())
     else:
         return
-    if zero:
-        raise GraphError(f"{owner}: there are nodes without incoming edges, whose output "
-                         f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop "
-                         f"before building the graph, or the model's self_loops) or build the "
-                         f"module with allow_zero_in_degree=True", loc=user_loc())
+    if not zero:
+        return
+    import dgl
+    if isinstance(asked, SourceLoc) and not asked.file.startswith(
+            os.path.dirname(dgl.__file__) + os.sep):
+        raise GraphError(f"{owner}: there are nodes without incoming edges, and the module "
+                         f"branches on whether there are ((g.in_degrees() == 0).any() at "
+                         f"{asked.file}:{asked.line}), which sarc traced as False, as DGL's "
+                         f"convs ask it to raise; compute without the branch (a mask, "
+                         f"torch.where(g.in_degrees() == 0, ...)), or add self loops",
+                         loc=user_loc())
+    raise GraphError(f"{owner}: there are nodes without incoming edges, whose output "
+                     f"DGL's module refuses as invalid; add self loops (dgl.add_self_loop "
+                     f"before building the graph, or the model's self_loops) or build the "
+                     f"module with allow_zero_in_degree=True", loc=user_loc())
 
 
 def _check_arguments(module: torch.nn.Module, node: Mapping, edge: Mapping) -> None:
@@ -122,9 +133,17 @@ def _check_arguments(module: torch.nn.Module, node: Mapping, edge: Mapping) -> N
     of them without a default is declared."""
     import inspect
     try:
-        params = list(inspect.signature(module.forward).parameters.values())[1:]
+        every = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         return
+    params = every[1:]
+    if every and (every[0].name in node or every[0].name in edge):
+        first = every[0].name
+        raise DSLError(f"{type(module).__name__}: forward({', '.join(p.name for p in every)}) "
+                       f"takes the feature {first!r} first, where sarc gives it the graph: a "
+                       f"module runs through sarc as forward(graph, {first}, ...), as DGL's "
+                       f"convs do (a graph the module holds, self.g, is not the one each call "
+                       f"runs on)", user_loc())
     kinds = inspect.Parameter
     if any(p.kind is kinds.VAR_KEYWORD for p in params):
         return
@@ -159,9 +178,11 @@ class DGLLayer(Layer):
         self.module = module
         self._sarc_checks_in_degree = False
         self._sarc_outputs: tuple[str, ...] | None = None   # set when forward returns a tuple
-        # a patched conv's layer (``_layer_for``): the module's own call ran its hooks on
-        # the real tensors, so the trace runs its forward alone (else they would act twice)
-        self.hooks_run_outside = False
+        # a patched conv's layer (``_layer_for``): DGL's class whose forward the module's
+        # call reached. Its hooks, and a subclass's forward around DGL's (``return
+        # super().forward(g, 2 * x)``), ran on the real tensors, so the trace runs that
+        # forward alone (else they would act twice)
+        self.routed_class: type | None = None
 
     @property
     def module_name(self) -> str:
@@ -187,7 +208,8 @@ class DGLLayer(Layer):
         try:
             with _params_as_proxies(self, tracer, precision), _scalar_buffers(self.module), \
                     tracing(self.modules()), _dgl_routes(self.module, graph):
-                call = self.module.forward if self.hooks_run_outside else self.module
+                call = self.module if self.routed_class is None else _dgls_forward(
+                    self.routed_class).__get__(self.module)
                 out = call(graph, **feats)
         except DSLError as e:
             raise in_module(name, e) from None
@@ -225,7 +247,7 @@ class DGLLayer(Layer):
         follow_mode(self, self.module)
         self.compiled()   # traced: whether the module checks for nodes without in-edges
         if self._sarc_checks_in_degree:
-            refuse_zero_in_degree(self.module_name, g)
+            refuse_zero_in_degree(self.module_name, g, self._sarc_checks_in_degree)
         out = super().forward(g, *args, **feats)
         if self._sarc_outputs is not None:   # the module returned a tuple: so does the layer
             return tuple(out[k] for k in self._sarc_outputs) if isinstance(out, Mapping) else (out,)
@@ -279,6 +301,12 @@ class _DGLProxy(Proxy):
     __slots__ = ()
     __hash__ = Proxy.__hash__
 
+    @property
+    def __class__(self):
+        """``isinstance(value, torch.Tensor)`` holds, as the module's code sees a tensor
+        there (``if isinstance(w, torch.Tensor): ...``); it traces as a Proxy."""
+        return torch.Tensor
+
     def __getitem__(self, key):
         if _is_dst_rows(key):
             domain = self.type.domain
@@ -309,24 +337,31 @@ class _DGLProxy(Proxy):
 
     def __eq__(self, other):
         v = self.tracer.builder.values[self.index]
+        mask = Proxy.__eq__(self, other)
         if (v.op is Op.INPUT and v.attr["name"] == "in_degree" and isinstance(other, int)
                 and other == 0):
-            return _ZeroInDegree(self.tracer)
-        return Proxy.__eq__(self, other)
+            return _ZeroInDegree(mask.tracer, mask.index)
+        return mask
 
 
-class _ZeroInDegree:
-    """``g.in_degrees() == 0`` while tracing: ``.any()`` is False and records that the
-    module checks, which each call of the compiled layer then does on its graph."""
+class _ZeroInDegree(_DGLProxy):
+    """``g.in_degrees() == 0`` while tracing: the mask of the nodes without in-edges, and,
+    asked whether any node is one (``.any()``, ``bool``: DGL's convs raise if so), False,
+    recording where it was asked: each call of the compiled layer refuses a graph where it
+    is True (``refuse_zero_in_degree``)."""
 
-    def __init__(self, tracer: "_DGLTracer"):
-        self.tracer = tracer
+    __slots__ = ()
 
-    def any(self) -> bool:
-        self.tracer.graph.checks_in_degree = True
+    def any(self, *args, **kwargs):
+        if args or kwargs:   # over a feature axis: the traced op
+            return super().any(*args, **kwargs)
+        graph = self.tracer.graph
+        if not graph.checks_in_degree:
+            graph.checks_in_degree = user_loc() or True
         return False
 
-    __bool__ = any
+    def __bool__(self):
+        return self.any()
 
 
 def _is_dst_rows(key) -> bool:
@@ -398,6 +433,24 @@ def _replay(tracer: "_DGLTracer", index: int, to: Domain, what: str = "the value
     return out
 
 
+def _one_node_value(b, i: int, j: int, memo: dict) -> bool:
+    """Whether values ``i`` and ``j`` are one node value, on either side: the same
+    instructions from the same inputs (``srcdata[k][:num_dst_nodes()]``, or DGL's layers
+    computing ``norm(feat_src)`` and ``norm(feat_dst)`` alike)."""
+    if i == j:
+        return True
+    if (i, j) not in memo:
+        vi, vj = b.values[i], b.values[j]
+        memo[i, j] = (vi.op is vj.op and vi.attr == vj.attr and vi.type.feat == vj.type.feat
+                      and vi.type.dtype == vj.type.dtype
+                      and (vi.type.domain is vj.type.domain
+                           or {vi.type.domain, vj.type.domain} <= {Domain.SRC, Domain.DST})
+                      and len(vi.inputs) == len(vj.inputs)
+                      and all(_one_node_value(b, a, c, memo)
+                              for a, c in zip(vi.inputs, vj.inputs)))
+    return memo[i, j]
+
+
 def _is_degree(b, index: int) -> bool:
     v = b.values[index]
     return v.op is Op.INPUT and v.attr["name"] in ("in_degree", "out_degree")
@@ -424,6 +477,9 @@ class _Rows(RowCount):
 
 
 # --- the graph ---------------------------------------------------------------------------------
+
+_NODE_VIEWS = ("srcdata", "dstdata")
+
 
 class _Frame(MutableMapping):
     """``g.srcdata`` / ``g.dstdata`` / ``g.ndata`` (views of one node store, as on a DGL graph:
@@ -460,6 +516,8 @@ class _Frame(MutableMapping):
                            f"({'edge' if self._what == 'edata' else 'node'}={{{key!r}: ...}})",
                            user_loc())
         value = self._data[key]
+        if self._what in _NODE_VIEWS:
+            self._check_one_store(key, value)
         if self._domain is Domain.SRC:
             return _as_src(self._graph, value, f"node data {key!r}")
         if self._domain is Domain.DST:
@@ -478,6 +536,29 @@ class _Frame(MutableMapping):
                            f"{value.type.domain.article} value; it holds "
                            f"{'node' if node else 'edge'} values", user_loc())
         self._data[key] = value
+        if node:
+            writes = self._graph.node_writes.setdefault(key, {})
+            for side in ((self._what,) if self._what in _NODE_VIEWS else _NODE_VIEWS):
+                writes[side] = value
+
+    def _check_one_store(self, key, value) -> None:
+        """A value of ``key`` read through srcdata (dstdata) that the other view wrote over
+        the value this view wrote: on a DGL graph the two are one store and the read gives
+        the later value, on a block they are two and it gives this view's own; sarc runs a
+        layer on both, so it refuses rather than guess which."""
+        own = self._graph.node_writes.get(key, {}).get(self._what)
+        tracer = self._graph.tracer
+        if self._domain is Domain.SRC and value.type.domain is Domain.DST \
+                and _from_edges(tracer, value):
+            return   # a second round of message passing: refused as one when replayed
+        if own is not None and not _one_node_value(tracer.builder, own.index, value.index, {}):
+            other = next(s for s in _NODE_VIEWS if s != self._what)
+            raise DSLError(f"{self._graph.owner}: g.{self._what}[{key!r}] is read after "
+                           f"g.{other}[{key!r}] was set to another value than "
+                           f"g.{self._what}[{key!r}]'s: on a DGL graph srcdata and dstdata are "
+                           f"one store (the read gives the later value), on a block (a "
+                           f"mini-batch's message flow graph) two (it gives its own); sarc runs "
+                           f"a layer on both: give the two values different names", user_loc())
 
     def __delitem__(self, key):
         del self._data[key]
@@ -753,6 +834,9 @@ class ProxyGraph:
         tracer.graph = self
         self.checks_in_degree = False
         self._nodes: dict[str, Proxy] = {}
+        # per node data key, the value last written through srcdata and through dstdata
+        # (ndata: both), which a block keeps apart (``_Frame._check_one_store``)
+        self.node_writes: dict[str, dict[str, Proxy]] = {}
         self.edata = _Frame(self, Domain.EDGE, "edata")
 
     @property
@@ -787,18 +871,21 @@ class ProxyGraph:
     @contextlib.contextmanager
     def local_scope(self):
         nodes, edges = dict(self._nodes), dict(self.edata._data)
+        writes = {k: dict(v) for k, v in self.node_writes.items()}
         try:
             yield self
         finally:
             self._nodes.clear()
             self._nodes.update(nodes)
             self.edata._data = edges
+            self.node_writes = writes
 
     def local_var(self):
         """DGL's ``g.local_var()``: this graph, with data stores of its own (copies), so
         what the module writes into it leaves this one's as they were."""
         other = copy.copy(self)
         other._nodes = dict(self._nodes)
+        other.node_writes = {k: dict(v) for k, v in self.node_writes.items()}
         other.edata = _Frame(other, Domain.EDGE, "edata", dict(self.edata._data))
         return other
 
@@ -1000,7 +1087,15 @@ def _dgl_op(name: str):
                 graph.apply_edges(message)
                 return graph.edata["_sarc_m"]
             graph.update_all(message, getattr(fn, reduce)("_sarc_m", "_sarc_out"))
-            return graph.dstdata["_sarc_out"]
+            out = graph.dstdata["_sarc_out"]
+            if reduce in ("max", "min"):
+                # DGL's gspmm leaves a node without in-edges at -inf (max) / inf (min), where
+                # update_all's max and min give it 0
+                fed = graph.in_degrees() > 0
+                for _ in out.shape[1:]:
+                    fed = fed.unsqueeze(-1)
+                out = torch.where(fed, out, float("-inf" if reduce == "max" else "inf"))
+            return out
     run.__name__ = name
     return run
 
@@ -1063,7 +1158,7 @@ def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
     forward = TypedLinear.forward
     try:
         TypedLinear.forward = _typed_linear
-        with routed(routes, spaces):
+        with builtins_take_tensor_proxies(spaces, also=routes):
             yield
     finally:
         TypedLinear.forward = forward
@@ -1104,7 +1199,7 @@ def patch() -> None:
         cls = getattr(conv, name)
         if (inspect.isclass(cls) and issubclass(cls, torch.nn.Module)
                 and "forward" in vars(cls) and not getattr(cls.forward, "_sarc_routed", False)):
-            cls.forward = _routed(cls.forward)
+            cls.forward = _routed(cls)
     from ..graph import on_missing_attribute
     on_missing_attribute(_not_a_dgl_graph)
 
@@ -1146,9 +1241,11 @@ def _not_a_dgl_graph(self, name: str) -> None:
         user_loc())
 
 
-def _routed(forward):
+def _routed(cls):
+    """``cls.forward`` run through sarc on a sarc graph (``patch``)."""
     import functools
     import inspect
+    forward = cls.forward
     signature = inspect.signature(forward)
 
     @functools.wraps(forward)
@@ -1160,7 +1257,8 @@ def _routed(forward):
         # a value given as its default (None, get_attention=False) is the default: the traced
         # forward takes it so
         feats = {k: v for k, v in bound.arguments.items() if k not in names[:2] and v is not None
-                 and not _is_default(v, signature.parameters[k].default)}
+                 and not _is_default(v, signature.parameters[k].default)
+                 and not (k in _SPEED_ONLY and isinstance(v, bool))}
         owner = type(self).__name__
         for k, v in feats.items():
             if isinstance(v, tuple) and len(v) == 2:
@@ -1179,7 +1277,7 @@ def _routed(forward):
                            f"conv(g, x @ W) (the same result: GraphConv's weight multiplies "
                            f"each node's features, before or after the aggregation), or build "
                            f"the module with weight=True", user_loc())
-        layer = _rounds_for(self, feats) or _layer_for(self, graph, feats)
+        layer = _rounds_for(self, feats) or _layer_for(self, graph, feats, cls)
         layer.train(self.training)
         return layer(graph, **feats)
 
@@ -1187,6 +1285,11 @@ def _routed(forward):
     run._sarc_round_count = _round_count
     run._sarc_held = _held_layers
     return run
+
+
+_SPEED_ONLY = frozenset({"presorted"})
+"""Flags of DGL's convs that say how DGL may compute, not what (RelGraphConv's
+``presorted``: the edges come sorted by type): read by DGL alone."""
 
 
 def _is_default(value, default) -> bool:
@@ -1243,6 +1346,8 @@ def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:
     if not (isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor)):
         return pair
     num_dst = _block_of(graph).num_dst
+    if dst is src and src.dim() and src.shape[0] == num_dst:
+        return src   # (h, h) on a graph: the same rows, gradient and all
     what = (f"argument {name}=(h_src {list(src.shape)}, h_dst {list(dst.shape)}): sarc reads a "
             f"block's destination features as the first num_dst ({num_dst}) rows of its source "
             f"features (DGL's block convention), so pass h_src alone")
@@ -1304,10 +1409,18 @@ EDGE_ARGUMENTS = frozenset({"edge_weight", "efeat", "efeats", "edge_feat", "edge
 them: read so where a tensor's rows fit both (a graph with as many edges as nodes)."""
 
 
-def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
+def _dgls_forward(cls):
+    """The forward DGL's class ``cls`` defines (under ``patch()``, the one it wraps)."""
+    forward = vars(cls)["forward"]
+    return getattr(forward, "__wrapped__", forward) if getattr(
+        forward, "_sarc_routed", False) else forward
+
+
+def _layer_for(module, graph, feats: Mapping[str, torch.Tensor], owner: type) -> DGLLayer:
     """The layer of a patched conv for the features of this call, declared from their
     tensors: rows of the graph's source nodes (a worker's local rows) are node features,
-    rows of its edges edge features, 1-d int64 tensors types. One layer per declaration,
+    rows of its edges edge features, 1-d int64 tensors types; ``owner``: DGL's class whose
+    forward the call reached, which the layer traces. One layer per declaration and class,
     kept on the module. A tensor whose rows could be either (a block with as many edges
     as nodes) is what its argument's name says (``NODE_ARGUMENTS``, ``EDGE_ARGUMENTS``),
     else takes the declaration of an earlier call with the same names and shapes."""
@@ -1326,7 +1439,7 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
 
     def fits(key) -> bool:
         declared = {k: ("node", d) for k, d in key[0]} | {k: ("edge", d) for k, d in key[1]}
-        return declared.keys() == feats.keys() and all(
+        return key[2] is owner and declared.keys() == feats.keys() and all(
             declared[k][0] in sides[k] and declared[k][1] == decls[k] for k in feats)
     for k in feats:   # as many rows as nodes and edges: DGL's convs name their arguments
         if sides[k] == {"node", "edge"} and k in NODE_ARGUMENTS | EDGE_ARGUMENTS:
@@ -1342,11 +1455,11 @@ def _layer_for(module, graph, feats: Mapping[str, torch.Tensor]) -> DGLLayer:
                          f"({num_edges}); declare it with sarc.frontends.dgl.from_dgl_module")
     node = {k: d for k, d in decls.items() if sides[k] == {"node"}}
     edge = {k: d for k, d in decls.items() if sides[k] == {"edge"}}
-    key = (tuple(node.items()), tuple(edge.items()))
+    key = (tuple(node.items()), tuple(edge.items()), owner)
     if key not in cache:
         cache[key] = DGLLayer(module, node=node, edge=edge,
                               backend=_backend_of_made_layers(module))
-        cache[key].hooks_run_outside = True
+        cache[key].routed_class = owner
     return cache[key]
 
 

@@ -169,6 +169,33 @@ def test_a_patched_convs_hooks_run_once_per_call(patched):
     _close(held(sarc.frontends.dgl.from_dgl(g), x), want, "output of the held module")
 
 
+class _ScaledGraphConv(GraphConv):
+    """A user's subclass whose forward wraps DGL's: ``super().forward`` of scaled inputs."""
+
+    def forward(self, graph, feat):
+        return super().forward(graph, feat * 2.0) + 1.0
+
+
+class _MeanHeadsGAT(GATConv):
+    def forward(self, graph, feat):
+        return super().forward(graph, feat).mean(1)
+
+
+@pytest.mark.parametrize("make", [lambda: _ScaledGraphConv(IN, 4),
+                                  lambda: _MeanHeadsGAT(IN, 3, num_heads=2)],
+                         ids=["scaled-graphconv", "mean-heads-gat"])
+def test_a_subclass_around_dgls_forward_runs_its_own_code_once(patched, make):
+    """Its forward ran outside and again inside the trace of the module's forward: the
+    scaling twice (GraphConv), the mean of heads twice (GAT: a wrong shape). The layer
+    traces the forward of DGL's class the call reached, alone."""
+    torch.manual_seed(0)
+    src, dst = _edges(True)
+    g, x = dgl.graph((src, dst), num_nodes=N), torch.randn(N, IN)
+    module = randomized(make())
+    want = module(g, x)
+    _close(module(sarc.frontends.dgl.from_dgl(g), x), want, "output")
+
+
 class _PatchedNet(nn.Module):
     """A GraphConv and a 2-round APPNPConv, their sarc layers made at their first call."""
 
@@ -233,7 +260,10 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     x = torch.randn(block.num_src_nodes(), IN)
     mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     n = block.num_dst_nodes()
-    out = module(sarc.frontends.dgl.from_dgl(block), (mine, mine[:n]))
+    sblock = sarc.frontends.dgl.from_dgl(block)
+    # DGL's names of the block's sizes, as a DGL user's loop slices with them
+    assert (sblock.num_src_nodes(), sblock.num_dst_nodes()) == (block.num_src_nodes(), n)
+    out = module(sblock, (mine, mine[:sblock.num_dst_nodes()]))
     want = module(block, (theirs, theirs[:n]))
     _close(out, want, "output")
     cot = torch.randn(want.shape)
@@ -242,6 +272,22 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     _close(mine.grad, theirs.grad, "input gradient")
     # equal values that are not a view of h are h's destinations too
     _close(module(sarc.frontends.dgl.from_dgl(block), (x, x[:n].clone())), want, "a copy")
+
+
+def test_the_pair_of_one_tensor_on_a_graph_equals_dgl(patched):
+    """``conv(g, (h, h))`` on a graph, h taking a gradient: it was refused as an h_dst that
+    does not carry h_src's gradient, though it is h_src."""
+    torch.manual_seed(0)
+    module = randomized(SAGEConv(IN, 3, "mean"))
+    g = dgl.graph(_edges(True), num_nodes=N)
+    x = torch.randn(N, IN)
+    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out = module(sarc.frontends.dgl.from_dgl(g), (mine, mine))
+    want = module(g, (theirs, theirs))
+    _close(out, want, "output")
+    out.sum().backward()
+    want.sum().backward()
+    _close(mine.grad, theirs.grad, "input gradient")
 
 
 @pytest.mark.parametrize("pair, message", [
@@ -292,6 +338,20 @@ def test_a_default_argument_given_explicitly_is_the_default(patched, make, call)
     x = torch.randn(N, IN)
     want = call(conv, dg, x)
     _close(call(conv, sarc.frontends.dgl.from_dgl(dg), x), want, "output")
+
+
+def test_relgraphconvs_presorted_is_dgls_alone(patched):
+    """``presorted=True`` says the edges come sorted by type, which only DGL's kernels
+    read: it was refused as a non-tensor argument."""
+    torch.manual_seed(0)
+    src, dst = _edges(True)
+    order = torch.argsort(_ETYPE, stable=True)
+    src, dst, etype = src[order], dst[order], _ETYPE[order]
+    conv = randomized(RelGraphConv(IN, 3, 2))
+    x = torch.randn(N, IN)
+    want = conv(dgl.graph((src, dst), num_nodes=N), x, etype, presorted=True)
+    got = conv(sarc.Graph.from_edges(src, dst, N), x, etype, presorted=True)
+    _close(got, want, "output")
 
 
 def test_another_value_than_the_default_is_refused(patched):

@@ -293,3 +293,25 @@ def test_update_alls_result_read_through_srcdata_says_to_read_dstdata():
     err = _refused(_ReturnsSrcData(), "g.srcdata['h'] reads per source node what update_all "
                    "computed per destination node", "on a block", "read it as g.dstdata['h']")
     assert err.loc is not None and err.loc.file == __file__ and "return g.srcdata" in str(err)
+
+
+class _HoldsItsGraph(nn.Module):
+    """DGL's GAT tutorial style: the graph kept on the module, forward(h)."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.g = g
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, h):
+        return self.lin(h)
+
+
+@case("dsl", "a DGL module whose forward takes no graph (forward(h), the graph on self.g)",
+      "error")
+def test_a_module_holding_its_graph():
+    pytest.importorskip("dgl")
+    from sarc.frontends.dgl import from_dgl_module
+    with pytest.raises(DSLError, match=r"_HoldsItsGraph: forward\(h\) takes the feature 'h' "
+                                       r"first, where sarc gives it the graph"):
+        from_dgl_module(_HoldsItsGraph(None), node={"h": 4})
