@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import torch
 
 from ..backward_once import once_differentiable
-from ..ir.function import Function, Region, Value
+from ..ir.function import Function, Region, Value, upstream
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
@@ -131,22 +131,11 @@ def differentiated_args(v: Value) -> set[int]:
     """The operands of fused op ``v`` its regions' results depend on other than through
     ``detach`` (an operand read only under it gets no gradient: passed detached, so that
     a parameter read so has ``None`` for its gradient, as torch gives it)."""
-    out: set[int] = set()
-    for _, r in v.attrs:
-        if not isinstance(r, Region):
-            continue
-        seen, stack = set(), [r.result]
-        while stack:
-            i = stack.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            x = r.values[i]
-            if x.op is Op.ARG:
-                out.add(x.attr["index"])
-            elif x.op is not Op.DETACH:
-                stack.extend(x.inputs)
-    return out
+    def live(x: Value) -> bool:
+        return x.op is not Op.DETACH
+    return {r.values[i].attr["index"] for _, r in v.attrs
+            if isinstance(r, Region) and live(r.values[r.result])
+            for i in upstream(r.values, [r.result], live) if r.values[i].op is Op.ARG}
 
 
 def _torch_perm(v: Value) -> tuple[int, ...]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.autodiff import VJP_RULES, _Backward
-from ..ir.function import Builder, Region, Value
+from ..ir.function import Builder, Region, Value, upstream
 from ..ir.ops import Op
 from ..ir.reducers import reducer
 from ..ir.types import Domain, TensorType
@@ -159,14 +159,7 @@ class _Grads:
 
 def prune(r: Region) -> Region:
     """Only the values the result depends on, renumbered in order."""
-    keep: set[int] = set()
-    stack = [r.result]
-    while stack:
-        j = stack.pop()
-        if j not in keep:
-            keep.add(j)
-            stack.extend(r.values[j].inputs)
-    order = sorted(keep)
+    order = sorted(upstream(r.values, [r.result]))
     new = {j: n for n, j in enumerate(order)}
     values = tuple(Value(r.values[j].op, tuple(new[i] for i in r.values[j].inputs),
                          r.values[j].attrs, r.values[j].type, r.values[j].loc) for j in order)

@@ -21,6 +21,19 @@ def _freeze(attrs: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
 
 
+def upstream(values, roots: Iterable[int], through: Callable[[Value], bool] = lambda v: True):
+    """Values ``roots`` and the values they are computed from, each once (indices into
+    ``values``); only inputs that pass ``through`` are followed."""
+    seen, stack = set(), list(roots)
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        yield i
+        stack.extend(j for j in values[i].inputs if through(values[j]))
+
+
 @dataclass(frozen=True)
 class Value:
     """One SSA instruction: ``op`` applied to earlier values, giving ``type``."""
@@ -140,17 +153,7 @@ class Builder:
                 through: Callable[[Value], bool] = lambda v: True) -> bool:
         """Whether value ``index``, or a value it is computed from, is a ``hit(i, value)``;
         only inputs that pass ``through`` are followed."""
-        seen, stack = set(), [index]
-        while stack:
-            i = stack.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            v = self.values[i]
-            if hit(i, v):
-                return True
-            stack.extend(j for j in v.inputs if through(self.values[j]))
-        return False
+        return any(hit(i, self.values[i]) for i in upstream(self.values, [index], through))
 
     def finish_region(self, result: int) -> Region:
         return Region(tuple(self.values), result)

@@ -1,20 +1,12 @@
 """Dead-code elimination: drop values no output depends on."""
 from __future__ import annotations
 
-from ..function import Function
+from ..function import Function, upstream
 from .rewrite import Rewriter
 
 
 def live_set(fn: Function) -> set[int]:
-    live: set[int] = set()
-    stack = [i for _, i in fn.outputs]
-    while stack:
-        i = stack.pop()
-        if i in live:
-            continue
-        live.add(i)
-        stack.extend(fn.values[i].inputs)
-    return live
+    return set(upstream(fn.values, [i for _, i in fn.outputs]))
 
 
 def dce(fn: Function) -> Function:
