@@ -137,7 +137,18 @@ def linear(input, weight, bias=None) -> Proxy:
     if not isinstance(input, Proxy) or not isinstance(weight, Proxy):
         raise DSLError("linear needs a traced input and a parameter weight", user_loc())
     y = input.tracer.emit(Op.LINEAR, [input, weight])
-    return y if bias is None else y + bias
+    return y if bias is None else y + _cast_by_autocast(bias)
+
+
+def _cast_by_autocast(x):
+    """``x`` as an operand of a matmul under ``torch.autocast``: autocast casts every float
+    operand of a linear or an addmm but a double to its low dtype, the bias among them,
+    so the sum is in the low dtype however sarc's passes then place the add (the linear
+    distributed over a difference, its bias summed over edges). The IR's type is ``x``'s:
+    without autocast the cast does nothing."""
+    if isinstance(x, Proxy) and x.type.dtype in (DType.F32, *_HALF):
+        return _emit(Op.CAST, x, dtype=x.type.dtype, autocast=True)
+    return x
 
 
 @traces(F.leaky_relu, name="sarc.leaky_relu")
@@ -2162,6 +2173,7 @@ def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=Fixed(None)):
     product = _arith(Op.MATMUL, mat1, mat2)
     beta, alpha = _number(beta, "beta"), _number(alpha, "alpha")
     scaled = product if alpha == 1 else product * alpha
+    input = _cast_by_autocast(input)
     return scaled if beta == 0 else scaled + (input if beta == 1 else input * beta)
 
 

@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from ..amp import autocast_state
 from ..backward_once import once_differentiable
 from ..ir.function import Function, Region, Value, upstream
 from ..ir.ops import Op
@@ -172,7 +173,8 @@ LOWERING: dict[Op, Lowering] = {
     Op.SIN: lambda v, a: f"torch.sin({a[0]})",
     Op.LOG1P: lambda v, a: f"torch.log1p({a[0]})",
     Op.DETACH: lambda v, a: f"{a[0]}.detach()",
-    Op.CAST: lambda v, a: f"{a[0]}.to({_dtype(v)})",
+    Op.CAST: lambda v, a: (f"K.cast_by_autocast({a[0]}, {_dtype(v)})" if v.attr.get("autocast")
+                           else f"{a[0]}.to({_dtype(v)})"),
     Op.POW: lambda v, a: f"torch.pow({a[0]}, {number(v.attr['exponent'])})",
     Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {number(v.attr['slope'])})",
@@ -427,7 +429,9 @@ class _IRBackward(torch.autograd.Function):
 
     The backward function recomputes the forward values it needs from the
     leaves (rematerialization), so only the leaves are saved; the dropout seed
-    of the call is kept, so recomputed dropouts draw the forward's masks.
+    of the call is kept, so recomputed dropouts draw the forward's masks, and so is
+    the forward's autocast, under which it recomputes them (autograd runs a backward
+    without it: a low cotangent then met a float32 weight in a matmul).
     """
 
     @staticmethod
@@ -436,6 +440,7 @@ class _IRBackward(torch.autograd.Function):
         out = kernel.module.forward(g, inputs, params, training, seed)
         ctx.kernel, ctx.g, ctx.inputs, ctx.params = kernel, g, inputs, params
         ctx.training, ctx.seed, ctx.keys, ctx.names = training, seed, keys, list(out)
+        ctx.autocast = (g.device.type, *autocast_state(g.device.type))
         ctx.save_for_backward(*tensors)
         return tuple(out.values())
 
@@ -444,7 +449,10 @@ class _IRBackward(torch.autograd.Function):
     def backward(ctx, *cotangents):
         inputs, params = _with_leaves(ctx.inputs, ctx.params, ctx.keys, ctx.saved_tensors)
         feeds = {**inputs, **{GRAD_PREFIX + k: c for k, c in zip(ctx.names, cotangents)}}
-        grads = ctx.kernel.backward.module.forward(ctx.g, feeds, params, ctx.training, ctx.seed)
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            grads = ctx.kernel.backward.module.forward(ctx.g, feeds, params, ctx.training,
+                                                       ctx.seed)
         return (None,) * 7 + tuple(grads.get(GRAD_PREFIX + k) for _, k in ctx.keys)
 
 

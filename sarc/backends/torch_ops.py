@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..amp import autocast_state
+from ..amp import autocast_state, cast_by_autocast  # noqa: F401 - generated code calls K.cast_by_autocast
 from ..backward_once import once_differentiable
 from ..graph import Graph
 from ..native import kernels as cpu_kernels

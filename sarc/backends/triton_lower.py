@@ -462,6 +462,8 @@ def _cast(em: RegionEmitter, j: int, v: Value) -> str:
     op-by-op rounding in a half layer).
     To bfloat16 through ``_bf16_round`` (every kernel module's header): Triton's own
     conversion truncates, or gives 0 / NaN from float64, under the interpreter."""
+    if v.attr.get("autocast"):   # never fused (passes.fuse): autocast is not the kernel's
+        raise TritonLoweringError("a cast by autocast in an edge region")
     x = em.operand(v.inputs[0])
     to = _TL_DTYPE[v.attr["dtype"]]
     if to == em.cdtype:

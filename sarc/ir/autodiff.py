@@ -232,8 +232,14 @@ def _vjp_log1p(bw, v, y, ct, needs):
 
 def _vjp_cast(bw, v, y, ct, needs):
     # the cotangent converted back to the operand's dtype (as torch's .to); an integer
-    # operand has none
-    return (bw.emit(Op.CAST, [ct], dtype=bw.type(v.inputs[0]).dtype) if needs[0] else None,)
+    # operand has none. A cast by autocast is of the operand's own IR dtype: its cotangent
+    # is in autocast's dtype as every value's under autocast is (torch's autograd gives
+    # a parameter's gradient in the parameter's dtype)
+    if not needs[0]:
+        return (None,)
+    if v.attr.get("autocast"):
+        return (ct,)
+    return (bw.emit(Op.CAST, [ct], dtype=bw.type(v.inputs[0]).dtype),)
 
 
 def _vjp_pow(bw, v, y, ct, needs):

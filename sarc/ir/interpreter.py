@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
+from ..amp import autocast_state, cast_by_autocast
 from ..graph import Graph
 from .function import Function, Region, Value
 from .ops import Op
@@ -91,6 +92,10 @@ reads (score, value)."""
 
 
 def _edge_softmax(x: torch.Tensor, g: Graph) -> torch.Tensor:
+    """Under autocast, a half / bfloat16 score's softmax in float32, as CUDA's autocast
+    computes torch.softmax, on every device (every backend's: ``torch_ops.accumulates``)."""
+    if x.dtype in (torch.float16, torch.bfloat16) and autocast_state(x.device.type)[0]:
+        x = x.float()
     return _EdgeSoftmax.apply(x, g)
 
 
@@ -228,7 +233,8 @@ IMPLS: dict[Op, Impl] = {
     Op.SIN: lambda v, g, c, x: torch.sin(x),
     Op.LOG1P: lambda v, g, c, x: torch.log1p(x),
     Op.DETACH: lambda v, g, c, x: x.detach(),
-    Op.CAST: lambda v, g, c, x: x.to(v.attr["dtype"].to_torch()),
+    Op.CAST: lambda v, g, c, x: (cast_by_autocast if v.attr.get("autocast") else torch.Tensor.to)(
+        x, v.attr["dtype"].to_torch()),
     Op.POW: lambda v, g, c, x: torch.pow(x, v.attr["exponent"]),
     Op.CLAMP_MIN: lambda v, g, c, x: torch.clamp_min(x, v.attr["min"]),
     Op.LEAKY_RELU: lambda v, g, c, x: F.leaky_relu(x, v.attr["slope"]),

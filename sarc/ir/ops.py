@@ -46,7 +46,9 @@ class Op(enum.Enum):
     LEAKY_RELU = "leaky_relu"  # attrs: slope
     ELU = "elu"                # attrs: alpha
     DROPOUT = "dropout"        # attrs: p, key  (identity when not training; see sarc.ir.rng)
-    CAST = "cast"              # attrs: dtype (a DType)   y = x converted (Tensor.float(), .to)
+    CAST = "cast"              # attrs: dtype (a DType)   y = x converted (Tensor.float(), .to);
+    #                            autocast=True: to torch.autocast's low dtype where it is on at
+    #                            run time, else to dtype (the bias of a linear, as autocast casts it)
     # elementwise, binary (broadcasting)
     ADD = "add"
     SUB = "sub"
@@ -201,7 +203,8 @@ def _dropout(ts, attrs):
 
 def _cast(ts, attrs):
     """A conversion to another float dtype, of a float or an integer value; a float does not
-    become an integer (that would round a value, and cut its gradient)."""
+    become an integer (that would round a value, and cut its gradient). A cast by autocast
+    (``autocast=True``) is to the value's own dtype where autocast is off."""
     (x,) = ts
     to = attrs.get("dtype")
     if not isinstance(to, DType):
@@ -210,7 +213,13 @@ def _cast(ts, attrs):
         _fail(f"cast of {x.dtype.value} value {_fmt(x)} to {to.value}: a layer converts "
               f"values to float dtypes only (an integer value is an index, read as it is "
               f"given)")
-    if to is x.dtype:
+    autocast = attrs.get("autocast", False)
+    if autocast not in (True, False):
+        _fail(f"cast's autocast attribute is True or False, got {autocast!r}")
+    if autocast and to is not x.dtype:
+        _fail(f"a cast by autocast of {x.dtype.value} value {_fmt(x)} is to its own dtype "
+              f"where autocast is off, not {to.value}")
+    if to is x.dtype and not autocast:
         _fail(f"cast of {x.dtype.value} value {_fmt(x)} to its own dtype")
     return x.with_(dtype=to)
 

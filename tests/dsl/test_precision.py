@@ -80,12 +80,15 @@ def test_autocast_runs_a_float32_layer_in_bfloat16(g):
     assert _scaled_err(out, expect) < LOW["bf16"][1]
 
 
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
 @pytest.mark.parametrize("name", sorted(LAYERS))
-def test_autocast_runs_every_layer_within_bfloat16s_rounding(g, name):
+def test_autocast_runs_every_layer_within_bfloat16s_rounding(g, name, autodiff):
     """Every zoo layer under autocast (bfloat16) runs, its output and input gradient within
     bfloat16's rounding of the float32 layer's: R-GCN's node x relation products too,
-    in bfloat16 under autocast, whose sparse sum crashed on them (float32 weights)."""
-    layer = LAYERS[name](D).eval()
+    in bfloat16 under autocast, whose sparse sum crashed on them (float32 weights). The
+    IR's backward runs under the forward's autocast (it ran without it: a bfloat16
+    cotangent met a float32 weight in a matmul)."""
+    layer = LAYERS[name](D).eval().set_autodiff(autodiff)
     feats = {k: v.requires_grad_(v.is_floating_point()) for k, v in features(layer, g, D).items()}
     x = next(k for k, v in feats.items() if v.is_floating_point())
     expect = layer(g, **feats)
@@ -259,3 +262,52 @@ def test_a_score_computed_in_float32_gives_the_layers_dtype(precision, cast_scor
         if grad:
             out.float().sum().backward()
             assert xs.grad.dtype == dtype
+
+
+class _BiasedLinears(sarc.Layer):
+    """Linears with a bias where sarc's passes move the bias: ``lin(src.h - dst.h)`` (the
+    linear distributed over the difference, its bias into the edge sum: EdgeConv's theta)
+    and a linear in ``update``. Under autocast torch's linear casts its bias too, so each
+    result is bfloat16; sarc added the float32 bias after the linear and gave float32."""
+
+    def __init__(self):
+        super().__init__(node={"h": D})
+        self.msg, self.upd = torch.nn.Linear(D, 5), torch.nn.Linear(5 + D, 4)
+
+    def message(self, src, dst, edge):
+        return self.msg(src.h - dst.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, node, agg):
+        return {"h": agg.agg, "o": self.upd(torch.cat([agg.agg, node.h], -1))}
+
+    def torch_reference(self, g: sarc.Graph, h: torch.Tensor) -> dict:
+        src, dst = g.src, g.dst
+        m = self.msg(h[src] - h[dst])
+        agg = torch.zeros(g.num_dst, 5, dtype=m.dtype).index_add(0, dst, m)
+        return {"h": agg, "o": self.upd(torch.cat([agg, h[:g.num_dst]], -1))}
+
+
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_autocast_a_linears_bias_is_in_the_low_dtype_as_torch_casts_it(backend, autodiff,
+                                                                              g):
+    layer = _BiasedLinears().eval().set_backend(backend).set_autodiff(autodiff)
+    x = torch.randn(g.num_src, D, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for run in (layer, layer.torch_reference):
+        xs = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = run(g, xs) if run is layer.torch_reference else run(g, h=xs)
+        (out["o"].float().sum() + out["h"].float().square().sum()).backward()
+        grads.append((out, xs.grad, layer.msg.bias.grad, layer.upd.bias.grad))
+        layer.zero_grad(set_to_none=True)
+    (got, *got_grads), (want, *want_grads) = grads
+    for name in ("h", "o"):
+        assert got[name].dtype == want[name].dtype == torch.bfloat16, name
+        assert _scaled_err(got[name], want[name]) < LOW["bf16"][1], name
+    for a, b in zip(got_grads, want_grads):
+        assert a.dtype == b.dtype == torch.float32
+        assert _scaled_err(a, b) < 4 * LOW["bf16"][1]

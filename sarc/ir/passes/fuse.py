@@ -25,6 +25,12 @@ FUSIBLE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
     Op.CAST, Op.RESHAPE, Op.SUM_AXIS, Op.CONCAT, Op.SLICE, Op.INDEX}
 
 
+def fusible(v) -> bool:
+    """Whether edge value ``v`` may be computed inside a region: not a cast by autocast,
+    which a region's kernel cannot see (the bias of a linear, where given per edge)."""
+    return v.op in FUSIBLE and not (v.op is Op.CAST and v.attr.get("autocast"))
+
+
 class _Regions:
     """Collects regions over one shared operand list (old value, side) -> ARG index."""
 
@@ -65,7 +71,7 @@ class _Regions:
                 out = b.add(Op.ARG, (), {"index": k, "side": side}, v.loc, v.type)
                 if self._single_use(j):
                     self.absorbed.add(j)
-            elif v.op in FUSIBLE and v.type.domain is Domain.EDGE and inline:
+            elif fusible(v) and v.type.domain is Domain.EDGE and inline:
                 out = b.add(v.op, [visit(i, False) for i in v.inputs], v.attr, v.loc)
                 self.absorbed.add(j)
             else:
