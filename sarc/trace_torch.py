@@ -1471,6 +1471,22 @@ def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=Fi
                         keepdim)
 
 
+@traces(torch.linalg.norm)
+def _linalg_norm(A, ord=None, dim=None, keepdim=False, *, out=Fixed(None), dtype=None):
+    """A vector norm over one feature axis (``ord`` None: the 2-norm), or the Frobenius norm
+    over two (``ord`` None or ``'fro'``: the 2-norm of their entries), as torch's."""
+    v = _in_dtype(_traced(A, "linalg.norm"), dtype, "linalg.norm")
+    axes = _feature_axes(v, dim, "a norm")
+    if len(axes) > 2 or (len(axes) == 2 and ord not in (None, "fro")):
+        raise DSLError(f"linalg.norm(ord={ord!r}, dim={dim!r}): sarc traces a vector norm "
+                       f"(ord 1 or 2) over one feature axis and the Frobenius norm (ord=None "
+                       f"or 'fro') over two", user_loc())
+    if len(axes) == 1 and ord == "fro":
+        raise DSLError("linalg.norm: the 'fro' norm is of a matrix: name two feature dims, "
+                       "or give ord=2 for a vector", user_loc())
+    return _vector_norm(v, 2 if ord is None else _norm_order(ord, "linalg.norm"), axes, keepdim)
+
+
 def _norm_value(input, p, dim, keepdim, dtype) -> Proxy:
     v = _in_dtype(_traced(input, "norm"), dtype, "norm")
     return _vector_norm(v, _norm_order(p, "norm"), _feature_axes(v, dim, "a norm"), keepdim)

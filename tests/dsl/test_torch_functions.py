@@ -402,6 +402,10 @@ NORMS = {
     "norm": lambda s, x: torch.norm(x, dim=-1, keepdim=True) * x
     + x.norm(p=1, dim=1, keepdim=True) + x.norm(2, -1).unsqueeze(-1)
     + torch.linalg.vector_norm(x.view(-1, 2, 4), dim=-1).sum(-1, keepdim=True),
+    "linalg-norm": lambda s, x: torch.linalg.norm(x, dim=-1, keepdim=True) * x
+    + torch.linalg.norm(x.view(-1, 2, 4), ord=1, dim=2).sum(-1, keepdim=True)
+    + torch.linalg.norm(x.view(-1, 2, 4), dim=(1, 2)).unsqueeze(-1)
+    + torch.linalg.norm(x.view(-1, 2, 4), "fro", (-1, -2), True).flatten(1),
     # torch's gradient of a 2-norm is 0 where the norm is 0 (the root's derivative is not)
     "norm-zero": lambda s, x: torch.linalg.vector_norm(x[:, 5:6], dim=-1, keepdim=True) * x,
     "square": lambda s, x: torch.square(x) + x.square(),
@@ -427,6 +431,10 @@ def test_norms_stacks_and_repeats_equal_torch(name, backend):
     (lambda x: F.normalize(x, p=3), r"the 3-norm is not traced; sarc traces the 1-norm"),
     (lambda x: torch.norm(x, p="nuc", dim=-1), r"the 'nuc'-norm is not traced"),
     (lambda x: torch.norm(x), "a norm over all axes is not supported"),
+    (lambda x: torch.linalg.norm(x), "a norm over all axes is not supported"),
+    (lambda x: torch.linalg.norm(x.view(-1, 2, 4), 2, (1, 2)),
+     r"linalg.norm\(ord=2, dim=\(1, 2\)\): sarc traces a vector norm"),
+    (lambda x: torch.linalg.norm(x, "fro", -1), "the 'fro' norm is of a matrix"),
     (lambda x: torch.stack([x, x]), r"stacks along the row axis .*torch.stack\(xs, dim=1\)"),
     (lambda x: x.repeat(2, 1), "repeats the rows of a dst value"),
     (lambda x: x.repeat(2), "give a count for each of the value's 2 axes"),
