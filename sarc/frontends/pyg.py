@@ -235,14 +235,23 @@ def _aggr_name(conv) -> str:
         shown = f"aggr={aggr!r}" + ("" if module is None else f" ({type(module).__name__})")
     else:
         shown = f"aggr={type(module).__name__}"
-    raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min")
+    raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min (and "
+                  "PyG's SoftmaxAggregation in a conv it traces)")
+
+
+def _pygs(module, name: str) -> bool:
+    """Whether ``module`` is PyG's own class ``name`` (not a user's of the same name)."""
+    return type(module).__name__ == name and type(module).__module__.startswith("torch_geometric")
 
 
 def _aggr_kinds(conv) -> tuple[str, ...]:
-    """What PyG aggregates with, as sarc's reductions: one (``_aggr_name``), or those of
+    """What PyG aggregates with, as sarc's reductions: one (``_aggr_name``), those of
     PyG's ``MultiAggregation`` in its ``mode='cat'`` (``aggr=["mean", "max"]``: each
-    aggregation of the messages, concatenated along the features)."""
+    aggregation of the messages, concatenated along the features), or ``("softmax",)``
+    for its ``SoftmaxAggregation`` (a traced conv's: ``_softmax_aggregate``)."""
     module = getattr(conv, "aggr_module", None)
+    if _pygs(module, "SoftmaxAggregation"):
+        return ("softmax",)
     if type(module).__name__ != "MultiAggregation" or \
             not type(module).__module__.startswith("torch_geometric"):
         return (_aggr_name(conv),)
@@ -258,9 +267,24 @@ def _aggr_kinds(conv) -> tuple[str, ...]:
 
 def _aggregate(conv, value):
     kinds = _aggr_kinds(conv)
+    if kinds == ("softmax",):
+        return _softmax_aggregate(conv.aggr_module, value)
     if len(kinds) == 1:
         return _REDUCERS[kinds[0]](value)
     return torch.cat([_REDUCERS[k](value) for k in kinds], dim=-1)
+
+
+def _softmax_aggregate(module, value):
+    """PyG's ``SoftmaxAggregation``: ``sum_e softmax_v(t * x_e) * x_e`` over the edges into
+    each node, per feature channel, ``t`` its temperature (a number, or a parameter of one
+    or ``channels`` values); with ``semi_grad`` the weights get no gradient (PyG computes
+    them under ``no_grad``)."""
+    t = module.t
+    score = value if isinstance(t, (int, float)) and t == 1 else value * t
+    weights = dsl.edge_softmax(score)
+    if module.semi_grad and not module.learn:
+        weights = weights.detach()
+    return dsl.sum(value * weights)
 
 
 def _by_the_convs_names(layer, edge_attr, others: dict):

@@ -663,3 +663,43 @@ def test_a_tensor_option_replaced_or_changed_in_place_prepares_the_graph_again()
     check(conv, ei, x64(), attr, wrapped=wrapped)
     conv.fill_value.mul_(-4.0)
     check(conv, ei, x64(), attr, wrapped=wrapped)
+
+
+class _SoftmaxAggregated(MessagePassing):
+    """DeeperGCN's message ``relu(x_j) + eps`` under the conv's aggregation."""
+
+    def __init__(self, aggr):
+        super().__init__(aggr=aggr)
+        self.in_channels, self.lin = D, nn.Linear(D, D)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=self.lin(x))
+
+    def message(self, x_j):
+        return x_j.relu() + 1e-7
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _SoftmaxAggregated("softmax"),
+    lambda: _SoftmaxAggregated(pyg.aggr.SoftmaxAggregation(t=0.5)),
+    lambda: _SoftmaxAggregated(pyg.aggr.SoftmaxAggregation(learn=True)),
+    lambda: _SoftmaxAggregated(pyg.aggr.SoftmaxAggregation(learn=True, channels=D)),
+    lambda: _SoftmaxAggregated(pyg.aggr.SoftmaxAggregation(t=2.0, semi_grad=True)),
+    lambda: pyg.GENConv(D, 3, norm=None),
+    lambda: pyg.GENConv(D, 3, norm=None, learn_t=True, msg_norm=True, learn_msg_scale=True),
+], ids=["softmax", "t", "learned-t", "t-per-channel", "semi-grad", "genconv", "genconv-learned"])
+def test_pygs_softmax_aggregation_equals_pyg(make):
+    """PyG's SoftmaxAggregation (GENConv's default: ``sum_e softmax_v(t x_e) x_e``, per
+    channel, a learned temperature among the parameters; semi_grad's weights without a
+    gradient) in a traced conv; it was refused as an aggregation sarc has not."""
+    conv = randomize(make())
+    x = torch.randn(N, D, generator=torch.Generator().manual_seed(2), dtype=F64)
+    check(conv, graph(), x)
+
+
+def test_genconv_with_edge_features_equals_pyg():
+    conv = randomize(pyg.GENConv(D, 3, norm=None, learn_t=True, edge_dim=2))
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(N, D, generator=gen, dtype=F64)
+    check(conv, graph(), x, torch.randn(graph().size(1), 2, generator=gen, dtype=F64),
+          wrapped=as_conv(conv, edge_dim=2))
