@@ -247,11 +247,18 @@ def _pygs(module, name: str) -> bool:
 def _aggr_kinds(conv) -> tuple[str, ...]:
     """What PyG aggregates with, as sarc's reductions: one (``_aggr_name``), those of
     PyG's ``MultiAggregation`` in its ``mode='cat'`` (``aggr=["mean", "max"]``: each
-    aggregation of the messages, concatenated along the features), or ``("softmax",)``
-    for its ``SoftmaxAggregation`` (a traced conv's: ``_softmax_aggregate``)."""
+    aggregation of the messages, concatenated along the features), ``("softmax",)`` for
+    its ``SoftmaxAggregation`` and ``("powermean",)`` for its ``PowerMeanAggregation`` (a
+    traced conv's: ``_softmax_aggregate``, ``_power_mean_aggregate``)."""
     module = getattr(conv, "aggr_module", None)
     if _pygs(module, "SoftmaxAggregation"):
         return ("softmax",)
+    if _pygs(module, "PowerMeanAggregation"):
+        if module.learn and not (module.min_value is not None and module.min_value > 0):
+            raise _refuse(conv, f"PowerMeanAggregation(learn=True, clamp_min="
+                          f"{module.min_value})", "a learned power is taken of messages "
+                          "clamped above 0 (clamp_min > 0, PyG's default 1e-4)")
+        return ("powermean",)
     if type(module).__name__ != "MultiAggregation" or \
             not type(module).__module__.startswith("torch_geometric"):
         return (_aggr_name(conv),)
@@ -269,6 +276,8 @@ def _aggregate(conv, value):
     kinds = _aggr_kinds(conv)
     if kinds == ("softmax",):
         return _softmax_aggregate(conv.aggr_module, value)
+    if kinds == ("powermean",):
+        return _power_mean_aggregate(conv.aggr_module, value)
     if len(kinds) == 1:
         return _REDUCERS[kinds[0]](value)
     return torch.cat([_REDUCERS[k](value) for k in kinds], dim=-1)
@@ -285,6 +294,20 @@ def _softmax_aggregate(module, value):
     if module.semi_grad and not module.learn:
         weights = weights.detach()
     return dsl.sum(value * weights)
+
+
+def _power_mean_aggregate(module, value):
+    """PyG's ``PowerMeanAggregation``: ``clamp(mean_e clamp(x_e)^p)^(1/p)`` over the edges
+    into each node (``clamp``: to ``[clamp_min, clamp_max]``); a learned ``p`` (one or
+    ``channels`` values) as ``exp(p log x)``, of messages clamped above 0."""
+    p = module.p
+
+    def power(x, e):
+        x = x.clamp(min=module.min_value, max=module.max_value)
+        return x.pow(e) if isinstance(e, (int, float)) else torch.exp(e * torch.log(x))
+    if isinstance(p, (int, float)) and p == 1:
+        return dsl.mean(value)
+    return power(dsl.mean(power(value, p)), 1.0 / p)
 
 
 def _by_the_convs_names(layer, edge_attr, others: dict):

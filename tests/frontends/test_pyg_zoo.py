@@ -703,3 +703,33 @@ def test_genconv_with_edge_features_equals_pyg():
     x = torch.randn(N, D, generator=gen, dtype=F64)
     check(conv, graph(), x, torch.randn(graph().size(1), 2, generator=gen, dtype=F64),
           wrapped=as_conv(conv, edge_dim=2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _SoftmaxAggregated("powermean"),
+    lambda: _SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(p=2.5)),
+    lambda: _SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(p=0.5, clamp_min=None)),
+    lambda: _SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(learn=True)),
+    lambda: _SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(learn=True, channels=D)),
+    lambda: pyg.GENConv(D, 3, aggr="powermean", p=3.0, norm=None),
+    lambda: pyg.GENConv(D, 3, aggr="powermean", learn_p=True, norm=None),
+], ids=["powermean", "p", "p-no-min", "learned-p", "p-per-channel", "genconv", "genconv-learned"])
+def test_pygs_power_mean_aggregation_equals_pyg(make):
+    """PyG's PowerMeanAggregation (GENConv's ``aggr='powermean'``): ``clamp(mean_e
+    clamp(x_e)^p)^(1/p)``, a learned power among the parameters."""
+    conv = randomize(make())
+    with torch.no_grad():   # a power of 0 is no mean; PyG learns p from 1
+        for name, p in conv.named_parameters():
+            if name.endswith("aggr_module.p"):
+                p.copy_(torch.linspace(0.7, 2.2, p.numel(), dtype=F64))
+    x = torch.randn(N, D, generator=torch.Generator().manual_seed(2), dtype=F64)
+    check(conv, graph(), x)
+
+
+def test_a_learned_power_of_unclamped_messages_is_refused():
+    """``exp(p log x)`` is x^p for x > 0 only: a learned power without ``clamp_min`` is
+    refused, naming the option."""
+    conv = _SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(learn=True, clamp_min=None))
+    with pytest.raises(ConversionError, match=r"PowerMeanAggregation\(learn=True, clamp_min="
+                                              r"None\).*clamp_min > 0"):
+        as_conv(conv)(torch.randn(N, D), graph())
