@@ -320,12 +320,22 @@ def _rpow_operator(input, other):
 
 
 def _product(input, other, written: str) -> Proxy:
-    """``input @ other``: by a matrix parameter (a matmul), or by a vector parameter, which
-    torch contracts with input's last axis (``x @ w``, w [d]: one number per row and head)."""
+    """``input @ other``: by a matrix parameter (a matmul), by a vector parameter, which
+    torch contracts with input's last axis (``x @ w``, w [d]: one number per row and head),
+    or of two graph values of as many axes, at least 3: a matrix product per row (and per
+    further batch axis), as torch batches it (``x_j.unsqueeze(1) @ w``, w [E, in, out] a
+    weight per edge: PyG's NNConv)."""
     if isinstance(input, Proxy) and isinstance(other, Proxy) \
             and other.type.domain is Domain.PARAM and len(other.type.feat) == 1:
         letters = _LETTERS[:len(input.shape)]
         return _contracted(f"{letters},{letters[-1]}->{letters[:-1]}", [input, other], written)
+    if isinstance(input, Proxy) and isinstance(other, Proxy) \
+            and Domain.PARAM not in (input.type.domain, other.type.domain) \
+            and len(input.shape) == len(other.shape) >= 3:
+        batch = _LETTERS[:len(input.shape) - 2]
+        i, j, k = _LETTERS[len(batch):len(batch) + 3]
+        return _contracted(f"{batch}{i}{j},{batch}{j}{k}->{batch}{i}{k}", [input, other],
+                           written)
     return _arith(Op.MATMUL, input, other)
 
 

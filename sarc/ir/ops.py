@@ -278,7 +278,8 @@ def _matmul(ts, attrs):
     if b.domain is not Domain.PARAM or len(b.feat) != 2:
         per_row = ("" if b.domain is Domain.PARAM else
                    "; a product with a matrix per row (computed in the layer, as NNConv's) is "
-                   "torch.einsum('ei,eio->eo', x, w)")
+                   "torch.einsum('ei,eio->eo', x, w) or x.unsqueeze(1) @ w (as many axes "
+                   "on both sides)")
         _fail(f"matmul needs a 2-d parameter on the right, got {b}{per_row}")
     if not a.feat or a.feat[-1] != b.feat[0]:
         _fail(f"matmul: shapes {_fmt(a)} and {list(b.feat)} do not match")

@@ -247,6 +247,10 @@ AXES = {
     "unflatten": lambda s, x: (x.unflatten(-1, (2, 4))
                                * torch.unflatten(x, 1, (4, -1)).transpose(1, 2)).flatten(1),
     "mm": lambda s, x: torch.mm(x, s.m8.T) @ s.m8 + x.mm(s.m8.t()).sum(-1, keepdim=True),
+    # a matrix product per row of two values of the layer (NNConv's per-edge weight)
+    "row-matmul": lambda s, x: (x.view(-1, 2, 4) @ x.view(-1, 4, 2)).flatten(1)
+    + torch.matmul(x.unsqueeze(1), (x @ s.m8.T)[:, :4].unsqueeze(1).expand(-1, 8, 4)).flatten(1)
+    + x.view(-1, 2, 2, 2).matmul(x.view(-1, 2, 2, 2).transpose(-1, -2)).flatten(1)[:, :1],
 }
 
 
@@ -267,6 +271,7 @@ def test_axes_reordered_equal_torch(name, backend):
     (lambda s, x: x.unflatten(0, (2, -1)), "row axis"),
     (lambda s, x: x.unflatten(-1, (3, -1)), r"cannot unflatten features \[8\] into \[3, -1\]"),
     (lambda s, x: torch.mm(x.view(-1, 2, 4), s.m8[:, :4].T), "mm takes two matrices"),
+    (lambda s, x: x @ x.view(-1, 8, 1), r"x.unsqueeze\(1\) @ w \(as many axes on both sides\)"),
 ])
 def test_unflatten_and_mm_refuse_what_torch_refuses(fn, message):
     _refused_with(fn, message, ApplyWithMatrices)

@@ -733,3 +733,16 @@ def test_a_learned_power_of_unclamped_messages_is_refused():
     with pytest.raises(ConversionError, match=r"PowerMeanAggregation\(learn=True, clamp_min="
                                               r"None\).*clamp_min > 0"):
         as_conv(conv)(torch.randn(N, D), graph())
+
+
+@pytest.mark.parametrize("aggr", ["add", "mean", "max"])
+@pytest.mark.parametrize("root_weight", [True, False])
+def test_nnconv_equals_pyg(aggr, root_weight):
+    """NNConv: a weight per edge from its edge features (``nn``), ``x_j.unsqueeze(1) @ w``:
+    a matrix product per edge (it was refused as a product by a non-parameter)."""
+    net = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, D * 5))
+    conv = randomize(pyg.NNConv(D, 5, net, aggr=aggr, root_weight=root_weight))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(N, D, generator=gen, dtype=F64)
+    check(conv, graph(), x, torch.randn(graph().size(1), 3, generator=gen, dtype=F64),
+          wrapped=as_conv(conv, edge_dim=3))
