@@ -235,8 +235,9 @@ def _aggr_name(conv) -> str:
         shown = f"aggr={aggr!r}" + ("" if module is None else f" ({type(module).__name__})")
     else:
         shown = f"aggr={type(module).__name__}"
-    raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min (and "
-                  "PyG's SoftmaxAggregation in a conv it traces)")
+    raise _refuse(conv, shown, "sarc aggregates with sum/add, mean, max and min, and in a "
+                  "conv it traces with PyG's softmax, power mean, var and std aggregations, "
+                  "their concatenation and PNA's degree scalers of them")
 
 
 def _pygs(module, name: str) -> bool:
@@ -244,43 +245,108 @@ def _pygs(module, name: str) -> bool:
     return type(module).__name__ == name and type(module).__module__.startswith("torch_geometric")
 
 
-def _aggr_kinds(conv) -> tuple[str, ...]:
-    """What PyG aggregates with, as sarc's reductions: one (``_aggr_name``), those of
-    PyG's ``MultiAggregation`` in its ``mode='cat'`` (``aggr=["mean", "max"]``: each
-    aggregation of the messages, concatenated along the features), ``("softmax",)`` for
-    its ``SoftmaxAggregation`` and ``("powermean",)`` for its ``PowerMeanAggregation`` (a
-    traced conv's: ``_softmax_aggregate``, ``_power_mean_aggregate``)."""
+_SCALERS = ("identity", "amplification", "attenuation", "linear", "inverse_linear")
+_COMPUTED = ("SoftmaxAggregation", "PowerMeanAggregation", "VarAggregation", "StdAggregation",
+             "MultiAggregation", "DegreeScalerAggregation")
+"""PyG's aggregation classes a traced conv aggregates with, besides ``_AGGREGATIONS``."""
+
+
+def _check_aggregation(conv) -> None:
+    """A traced conv aggregates with its ``aggr_module`` (``_aggregate``): PyG's sum, mean,
+    max, min, softmax, power mean, var and std, their concatenation (``MultiAggregation``
+    in its mode ``'cat'``, ``aggr=["mean", "max"]``) and PNA's degree scalers of them
+    (``DegreeScalerAggregation``); anything else is refused, naming it."""
     module = getattr(conv, "aggr_module", None)
-    if _pygs(module, "SoftmaxAggregation"):
-        return ("softmax",)
+    if _pygs(module, type(module).__name__) and type(module).__name__ in _COMPUTED:
+        _check_module(conv, module)
+    else:
+        _aggr_name(conv)
+
+
+def _check_module(conv, module) -> None:
+    name = type(module).__name__
+    if name in _AGGREGATIONS and _pygs(module, name) or \
+            name in ("SoftmaxAggregation", "VarAggregation", "StdAggregation") and _pygs(module, name):
+        return
     if _pygs(module, "PowerMeanAggregation"):
         if module.learn and not (module.min_value is not None and module.min_value > 0):
             raise _refuse(conv, f"PowerMeanAggregation(learn=True, clamp_min="
                           f"{module.min_value})", "a learned power is taken of messages "
                           "clamped above 0 (clamp_min > 0, PyG's default 1e-4)")
-        return ("powermean",)
-    if type(module).__name__ != "MultiAggregation" or \
-            not type(module).__module__.startswith("torch_geometric"):
-        return (_aggr_name(conv),)
-    names = [type(a).__name__ for a in module.aggrs]
-    kinds = tuple(_AGGREGATIONS.get(n) for n in names)
-    if module.mode != "cat" or not all(kinds) or not all(
-            type(a).__module__.startswith("torch_geometric") for a in module.aggrs):
-        raise _refuse(conv, f"aggr=MultiAggregation([{', '.join(names)}], "
-                      f"mode={module.mode!r})", "sarc concatenates (mode='cat') sum/add, "
-                      "mean, max and min aggregations")
-    return kinds
+    elif _pygs(module, "MultiAggregation"):
+        names = [type(a).__name__ for a in module.aggrs]
+        shown = f"aggr=MultiAggregation([{', '.join(names)}], mode={module.mode!r})"
+        if module.mode != "cat":
+            raise _refuse(conv, shown, "sarc concatenates aggregations (mode='cat')")
+        for a in module.aggrs:
+            if not (_pygs(a, type(a).__name__) and (type(a).__name__ in _AGGREGATIONS
+                                                     or type(a).__name__ in _COMPUTED)):
+                raise _refuse(conv, shown, "sarc concatenates PyG's sum, mean, max, min, "
+                              "softmax, power mean, var and std aggregations")
+            _check_module(conv, a)
+    elif _pygs(module, "DegreeScalerAggregation"):
+        unknown = [s for s in module.scaler if s not in _SCALERS]
+        if unknown:
+            raise _refuse(conv, f"DegreeScalerAggregation(scaler={unknown})",
+                          f"PyG's scalers are {', '.join(_SCALERS)}")
+        _check_module(conv, module.aggr)
+    else:
+        raise _refuse(conv, f"aggr={name}", "sarc aggregates with PyG's sum, mean, max, min, "
+                      "softmax, power mean, var and std aggregations, their concatenation "
+                      "and PNA's degree scalers of them")
 
 
 def _aggregate(conv, value):
-    kinds = _aggr_kinds(conv)
-    if kinds == ("softmax",):
-        return _softmax_aggregate(conv.aggr_module, value)
-    if kinds == ("powermean",):
-        return _power_mean_aggregate(conv.aggr_module, value)
-    if len(kinds) == 1:
-        return _REDUCERS[kinds[0]](value)
-    return torch.cat([_REDUCERS[k](value) for k in kinds], dim=-1)
+    """``value`` aggregated over the edges into each node as the conv's ``aggr_module``
+    does (``_check_aggregation``), or by its ``aggr`` name where it has none."""
+    _check_aggregation(conv)
+    module = getattr(conv, "aggr_module", None)
+    if not _pygs(module, type(module).__name__) or type(module).__name__ not in (
+            *_AGGREGATIONS, *_COMPUTED):
+        return _REDUCERS[_aggr_name(conv)](value)
+    return _aggregation(module, value)
+
+
+def _aggregation(module, value):
+    """What PyG's aggregation ``module`` computes of per-edge ``value`` (checked)."""
+    name = type(module).__name__
+    if name in _AGGREGATIONS:
+        return _REDUCERS[_AGGREGATIONS[name]](value)
+    if name == "SoftmaxAggregation":
+        return _softmax_aggregate(module, value)
+    if name == "PowerMeanAggregation":
+        return _power_mean_aggregate(module, value)
+    if name == "VarAggregation":
+        return _variance(module, value)
+    if name == "StdAggregation":   # as PyG: sqrt(clamp(var, 1e-5)), 0 at or below the clamp
+        std = _variance(module.var_aggr, value).clamp(min=1e-5).sqrt()
+        return std.masked_fill(std <= math.sqrt(1e-5), 0.0)
+    if name == "MultiAggregation":
+        return torch.cat([_aggregation(a, value) for a in module.aggrs], dim=-1)
+    return _degree_scaled(module, value)
+
+
+def _variance(module, value):
+    """PyG's ``VarAggregation``: ``mean(x^2) - mean(x)^2`` (with ``semi_grad``, the mean of
+    the squares gets no gradient: PyG computes it under ``no_grad``)."""
+    mean, squares = dsl.mean(value), dsl.mean(value * value)
+    return (squares.detach() if module.semi_grad else squares) - mean * mean
+
+
+def _degree_scaled(module, value):
+    """PyG's ``DegreeScalerAggregation`` (PNA's): the inner aggregation's output times each
+    scaler of the node's in-edge count ``d`` (``log(d + 1) / avg_deg_log``, its inverse of
+    ``d`` clamped to 1, ``d / avg_deg_lin`` and its inverse), concatenated in the order
+    given."""
+    out = _aggregation(module.aggr, value)
+    deg = dsl.sum(torch.ones_like(value[..., :1]))
+    scaled = {"identity": lambda: out,
+              "amplification": lambda: out * (torch.log(deg + 1) / module.avg_deg_log),
+              "attenuation": lambda: out * (module.avg_deg_log / torch.log(deg.clamp(min=1) + 1)),
+              "linear": lambda: out * (deg / module.avg_deg_lin),
+              "inverse_linear": lambda: out * (module.avg_deg_lin / deg.clamp(min=1))}
+    outs = [scaled[s]() for s in module.scaler]
+    return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
 
 
 def _softmax_aggregate(module, value):
@@ -1295,7 +1361,7 @@ class TracedConv(PyGLayer):
     def __init__(self, conv, in_channels: int | None = None, edge_dim=None):
         from torch_geometric.nn import MessagePassing
         cls = type(conv)
-        _aggr_kinds(conv)
+        _check_aggregation(conv)
         if cls.message is MessagePassing.message and \
                 cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
             raise _refuse(conv, "message_and_aggregate without message",

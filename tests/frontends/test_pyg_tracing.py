@@ -543,7 +543,8 @@ class SeveralAggregations(MessagePassing):
         return self.out(aggr_out)
 
 
-@pytest.mark.parametrize("aggr", [["mean", "max"], ["sum", "min", "mean"]], ids="-".join)
+@pytest.mark.parametrize("aggr", [["mean", "max"], ["sum", "min", "mean"], ["mean", "std"],
+                                  ["var", "softmax", "powermean"]], ids="-".join)
 def test_several_aggregations_concatenated_equal_pyg(aggr):
     check_both_paths(SeveralAggregations(aggr))
 
@@ -551,8 +552,8 @@ def test_several_aggregations_concatenated_equal_pyg(aggr):
 @pytest.mark.parametrize("aggr,options,shown", [
     (["mean", "max"], {"aggr_kwargs": {"mode": "sum"}},
      "aggr=MultiAggregation([MeanAggregation, MaxAggregation], mode='sum')"),
-    (["mean", "std"], {}, "aggr=MultiAggregation([MeanAggregation, StdAggregation], "
-                          "mode='cat')")], ids=["mode-sum", "std"])
+    (["mean", "median"], {}, "aggr=MultiAggregation([MeanAggregation, MedianAggregation], "
+                             "mode='cat')")], ids=["mode-sum", "median"])
 def test_several_aggregations_sarc_has_not_are_refused(aggr, options, shown):
     with pytest.raises(ConversionError, match=re.escape(f"SeveralAggregations: {shown} is not "
                                                         f"supported")):

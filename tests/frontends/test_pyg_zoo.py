@@ -746,3 +746,39 @@ def test_nnconv_equals_pyg(aggr, root_weight):
     x = torch.randn(N, D, generator=gen, dtype=F64)
     check(conv, graph(), x, torch.randn(graph().size(1), 3, generator=gen, dtype=F64),
           wrapped=as_conv(conv, edge_dim=3))
+
+
+PNA = {
+    "mean-min-max-std": dict(aggregators=["mean", "min", "max", "std"],
+                             scalers=["identity", "amplification", "attenuation"]),
+    "towers": dict(aggregators=["sum", "var"], scalers=["linear", "inverse_linear"], towers=2,
+                   divide_input=True),
+    "towers-repeated": dict(aggregators=["mean", "max"], scalers=["identity"], towers=2,
+                            divide_input=False, pre_layers=2, post_layers=2),
+    "edges-train-norm": dict(aggregators=["mean", "std"], scalers=["amplification"], edge_dim=3,
+                             train_norm=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PNA))
+def test_pnaconv_equals_pyg(name):
+    """PNAConv: several aggregations (std and var among them) concatenated, each scaled by
+    the node's in-edge count as PNA's ``DegreeScalerAggregation`` does (towers, edge
+    features, learned average degrees); it was refused as an aggregation sarc has not."""
+    options = PNA[name]
+    conv = randomize(pyg.PNAConv(D, 6, deg=torch.tensor([1, 3, 2, 1]), **options))
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(N, D, generator=gen, dtype=F64)
+    if "edge_dim" not in options:
+        check(conv, graph(), x)
+        return
+    check(conv, graph(), x, torch.randn(graph().size(1), 3, generator=gen, dtype=F64),
+          wrapped=as_conv(conv, edge_dim=3))
+
+
+@pytest.mark.parametrize("aggr", ["std", "var", ["std", "softmax"]], ids=str)
+def test_sage_conv_of_the_aggregations_pna_uses_equals_pyg(aggr):
+    """SAGEConv with PyG's std or var aggregation (traced from its own code)."""
+    conv = randomize(pyg.SAGEConv(D, 3, aggr=aggr))
+    check(conv, graph(), torch.randn(N, D, generator=torch.Generator().manual_seed(6),
+                                     dtype=F64))

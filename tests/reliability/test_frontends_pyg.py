@@ -40,28 +40,29 @@ def test_gat_bipartite_widths():
             "in_channels=(5, 4)")
 
 
-@case("dsl", "a PyG SAGEConv with an aggregation sarc has not (aggr='std')", "error")
-def test_sage_std_aggregation():
-    refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="std")), "SAGEConv",
-            "aggr='std'")
+@case("dsl", "a PyG SAGEConv with an aggregation sarc has not (aggr='median')", "error")
+def test_sage_median_aggregation():
+    refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="median")), "SAGEConv",
+            "aggr='median'")
 
 
-class StdOfMessages(MessagePassing):
+class MedianOfMessages(MessagePassing):
     def __init__(self):
-        super().__init__(aggr="std")
+        super().__init__(aggr="median")
 
     def forward(self, x, edge_index):
         return self.propagate(edge_index, x=x)
 
 
-@case("dsl", "a user's PyG conv with an aggregation sarc has not (aggr='std')", "error")
-def test_own_conv_std_aggregation_names_where_the_class_is():
+@case("dsl", "a user's PyG conv with an aggregation sarc has not (aggr='median')", "error")
+def test_own_conv_median_aggregation_names_where_the_class_is():
     import inspect
-    line = inspect.getsourcelines(StdOfMessages)[1]
-    refused(lambda: run(StdOfMessages()), "StdOfMessages: aggr='std'",
-            f"StdOfMessages is defined at {__file__}:{line}")
+    line = inspect.getsourcelines(MedianOfMessages)[1]
+    refused(lambda: run(MedianOfMessages()), "MedianOfMessages: aggr='median'",
+            f"MedianOfMessages is defined at {__file__}:{line}")
     # PyG's own convs are named, not located in PyG's source
-    assert " is defined at " not in refused(lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="std")))
+    assert " is defined at " not in refused(
+        lambda: from_message_passing(pyg.SAGEConv(5, 3, aggr="median")))
 
 
 
