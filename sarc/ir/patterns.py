@@ -169,8 +169,11 @@ def dst_rows_of_src(fn: Function) -> dict[int, int]:
 def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:
     """What a node value computes row by row, the same for its src and dst versions
     (None: not row-wise, or not a node value)."""
-    if v.op is Op.PARAM or v.op is Op.CONST:
-        return (v.op, v.attrs, v.type)
+    if v.type.domain is Domain.PARAM:   # a parameter, or computed of them (a linear's bias
+        # cast by autocast): the same value on both sides
+        if any(j not in keys for j in v.inputs):
+            return None
+        return (v.op, v.attrs, tuple(keys[j] for j in v.inputs), v.type)
     if v.type.domain not in (Domain.SRC, Domain.DST):
         return None
     if v.op is Op.INPUT:
