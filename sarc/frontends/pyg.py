@@ -251,13 +251,19 @@ _COMPUTED = ("SoftmaxAggregation", "PowerMeanAggregation", "VarAggregation", "St
 """PyG's aggregation classes a traced conv aggregates with, besides ``_AGGREGATIONS``."""
 
 
+def _computed(module) -> bool:
+    """Whether ``module`` is one of PyG's own aggregation classes that sarc computes."""
+    name = type(module).__name__
+    return _pygs(module, name) and (name in _AGGREGATIONS or name in _COMPUTED)
+
+
 def _check_aggregation(conv) -> None:
     """A traced conv aggregates with its ``aggr_module`` (``_aggregate``): PyG's sum, mean,
     max, min, softmax, power mean, var and std, their concatenation (``MultiAggregation``
     in its mode ``'cat'``, ``aggr=["mean", "max"]``) and PNA's degree scalers of them
     (``DegreeScalerAggregation``); anything else is refused, naming it."""
     module = getattr(conv, "aggr_module", None)
-    if _pygs(module, type(module).__name__) and type(module).__name__ in _COMPUTED:
+    if _computed(module):
         _check_module(conv, module)
     else:
         _aggr_name(conv)
@@ -265,35 +271,31 @@ def _check_aggregation(conv) -> None:
 
 def _check_module(conv, module) -> None:
     name = type(module).__name__
-    if name in _AGGREGATIONS and _pygs(module, name) or \
-            name in ("SoftmaxAggregation", "VarAggregation", "StdAggregation") and _pygs(module, name):
-        return
-    if _pygs(module, "PowerMeanAggregation"):
+    if not _computed(module):
+        raise _refuse(conv, f"aggr={name}", "sarc aggregates with PyG's sum, mean, max, min, "
+                      "softmax, power mean, var and std aggregations, their concatenation "
+                      "and PNA's degree scalers of them")
+    if name == "PowerMeanAggregation":
         if module.learn and not (module.min_value is not None and module.min_value > 0):
             raise _refuse(conv, f"PowerMeanAggregation(learn=True, clamp_min="
                           f"{module.min_value})", "a learned power is taken of messages "
                           "clamped above 0 (clamp_min > 0, PyG's default 1e-4)")
-    elif _pygs(module, "MultiAggregation"):
+    elif name == "MultiAggregation":
         names = [type(a).__name__ for a in module.aggrs]
         shown = f"aggr=MultiAggregation([{', '.join(names)}], mode={module.mode!r})"
         if module.mode != "cat":
             raise _refuse(conv, shown, "sarc concatenates aggregations (mode='cat')")
         for a in module.aggrs:
-            if not (_pygs(a, type(a).__name__) and (type(a).__name__ in _AGGREGATIONS
-                                                     or type(a).__name__ in _COMPUTED)):
+            if not _computed(a):
                 raise _refuse(conv, shown, "sarc concatenates PyG's sum, mean, max, min, "
                               "softmax, power mean, var and std aggregations")
             _check_module(conv, a)
-    elif _pygs(module, "DegreeScalerAggregation"):
+    elif name == "DegreeScalerAggregation":
         unknown = [s for s in module.scaler if s not in _SCALERS]
         if unknown:
             raise _refuse(conv, f"DegreeScalerAggregation(scaler={unknown})",
                           f"PyG's scalers are {', '.join(_SCALERS)}")
         _check_module(conv, module.aggr)
-    else:
-        raise _refuse(conv, f"aggr={name}", "sarc aggregates with PyG's sum, mean, max, min, "
-                      "softmax, power mean, var and std aggregations, their concatenation "
-                      "and PNA's degree scalers of them")
 
 
 def _aggregate(conv, value):
@@ -301,8 +303,7 @@ def _aggregate(conv, value):
     does (``_check_aggregation``), or by its ``aggr`` name where it has none."""
     _check_aggregation(conv)
     module = getattr(conv, "aggr_module", None)
-    if not _pygs(module, type(module).__name__) or type(module).__name__ not in (
-            *_AGGREGATIONS, *_COMPUTED):
+    if not _computed(module):
         return _REDUCERS[_aggr_name(conv)](value)
     return _aggregation(module, value)
 
