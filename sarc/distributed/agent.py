@@ -54,16 +54,39 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # however torchrun ended (stopped, its workers failed): once sarc train is gone,
         # nobody else removes the run's directory
-        if run_dir and parent and parent.isdigit() and parent_gone(int(parent)):
+        if run_dir and parent and parent.isdigit():
+            _remove_if_orphaned(run_dir, int(parent))
+
+
+def _remove_if_orphaned(run_dir: str, parent: int) -> None:
+    """Remove the run's directory if ``sarc train`` (``parent``) is gone.
+
+    A dying ``sarc train`` signals the agent once per thread it ends (see ``parent_gone``),
+    and the handler then installed (torchrun's, or ``_terminated``) raises: a signal that
+    comes before this ignores them, or while it checks, starts it again instead of
+    skipping the removal (a killed ``sarc train`` left its directory behind)."""
+    while True:
+        try:
             with _stop_signals_ignored():
-                shutil.rmtree(run_dir, ignore_errors=True)
+                if parent_gone(parent):
+                    shutil.rmtree(run_dir, ignore_errors=True)
+            return
+        except _raised_by_stop_signals():
+            continue
+
+
+def _raised_by_stop_signals() -> tuple[type[BaseException], ...]:
+    """What a stop signal's handler raises in the agent: ``_terminated``'s exception,
+    Python's on SIGINT, and torchrun's where torchrun is loaded."""
+    api = sys.modules.get("torch.distributed.elastic.multiprocessing.api")
+    signalled = getattr(api, "SignalException", None)
+    return (_Terminated, KeyboardInterrupt) + ((signalled,) if signalled else ())
 
 
 @contextlib.contextmanager
 def _stop_signals_ignored():
-    """A dying ``sarc train`` signals the agent once per thread it ends (see
-    ``parent_gone``): one that comes during the removal must not stop it halfway, as
-    torchrun's handler would by raising."""
+    """While the run's directory is removed, a stop signal must not end the removal
+    halfway, as a raising handler would."""
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in _STOP_SIGNALS}
     try:
         yield

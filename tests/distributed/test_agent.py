@@ -51,7 +51,10 @@ def run_dir(tmp_path, monkeypatch):
     # never ask the kernel to signal the test process when its parent dies
     monkeypatch.setattr(agent, "die_with_parent", lambda sig: True)
     monkeypatch.setattr(agent.tempfile, "tempdir", agent.tempfile.tempdir)
-    return d
+    # the agent (and torchrun) install SIGTERM handlers that raise: not past the test
+    previous = signal.getsignal(signal.SIGTERM)
+    yield d
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _torchrun(monkeypatch, ending, parent_dies: bool):
@@ -75,6 +78,45 @@ def test_the_run_directory_stays_for_a_live_sarc_train(run_dir, monkeypatch, how
     _torchrun(monkeypatch, ENDINGS[how](run_dir), parent_dies=False)
     agent.main([])
     assert (run_dir / "partition").is_dir()
+
+
+def test_the_run_directory_goes_when_sarc_train_signals_again_while_it_is_checked(
+        run_dir, monkeypatch):
+    """A killed sarc train signals the agent once per thread it ends: a SIGTERM that comes
+    while the agent checks whether sarc train is gone does not stop the removal (it did:
+    torchrun's handler raised, and the directory stayed)."""
+    from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+
+    def main(argv):  # torchrun, stopped by the first SIGTERM
+        signal.signal(signal.SIGTERM, _terminate_process_handler)
+        monkeypatch.setattr(os, "getppid", lambda: 1)
+        raise SignalException("SIGTERM", signal.SIGTERM)
+    monkeypatch.setattr(torchrun, "main", main)
+    checks = []
+
+    def gone(parent):
+        checks.append(parent)
+        os.kill(os.getpid(), signal.SIGTERM)  # the next thread of sarc train ends
+        return True
+    monkeypatch.setattr(agent, "parent_gone", gone)
+    assert agent.main([]) == 128 + signal.SIGTERM
+    assert checks and not run_dir.exists()
+
+
+def test_a_stop_signal_before_the_removal_starts_it_again(run_dir, monkeypatch):
+    """However early in the removal a stop signal's handler raises, the removal starts
+    again and the directory goes."""
+    _torchrun(monkeypatch, SignalException("SIGTERM", signal.SIGTERM), parent_dies=True)
+    raised = []
+
+    def gone(parent):
+        if not raised:
+            raised.append(parent)
+            raise SignalException("SIGTERM", signal.SIGTERM)
+        return True
+    monkeypatch.setattr(agent, "parent_gone", gone)
+    assert agent.main([]) == 128 + signal.SIGTERM
+    assert raised and not run_dir.exists()
 
 
 def test_failed_workers_are_written_for_sarc_train(run_dir, monkeypatch):
