@@ -122,5 +122,11 @@ class GraphError(SarcError, ValueError):
         return type(self)(self.problem, layer, loc)
 
 
+class GraphAttributeError(AttributeError):
+    """What a graph a model runs on has not (``DistGraph.src``): the user's line asked for
+    it, so a model's error names that line (``trace_guards.raised_at``), though sarc's
+    ``__getattr__`` raised it."""
+
+
 class PartitionError(SarcError, ValueError):
     """A partition set on disk is missing, incomplete, corrupt, or of another graph."""

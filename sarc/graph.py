@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from .errors import GraphError
+from .errors import GraphError, GraphAttributeError
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ def missing_attribute(graph, name: str):
     for hook in _MISSING_ATTRIBUTE_HOOKS:
         hook(graph, name)
     why = getattr(type(graph), "WHY_NOT", {}).get(name)
-    raise AttributeError(why or f"{type(graph).__name__!r} object has no attribute {name!r}")
+    raise GraphAttributeError(why or f"{type(graph).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)

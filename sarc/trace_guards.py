@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .errors import DSLError, SarcError, SourceLoc, class_loc, dsl_errors_made
+from .errors import DSLError, GraphAttributeError, SarcError, SourceLoc, class_loc, dsl_errors_made
 from .names import GENERATED_PACKAGE
 from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library,
                     _is_library, _is_sarc, _torch_name, call_torch, traced_code, user_loc)
@@ -381,7 +381,8 @@ def raised_at(e: BaseException) -> SourceLoc | None:
         elif user is not None:
             below_user.append(path)
         tb = tb.tb_next
-    if user is None or any(_is_sarc(p) for p in below_user):
+    if user is None or (any(_is_sarc(p) for p in below_user)
+                        and not isinstance(e, GraphAttributeError)):
         return None
     code = user.tb_frame.f_code
     return SourceLoc(code.co_filename, user.tb_lineno, code.co_name)

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import injected_fault
+from ..graph import missing_attribute
 from ..names import one_line
 from ..native.allocator import kept_between_steps
 from ..runtime.bind import resolve_features
@@ -194,9 +195,16 @@ class MiniBatchGraph:
     block's, and ``num_dst`` and ``in_degree`` (the whole graph's, as a layer reads
     ``dst.in_degree``) count them so; so a per-edge quantity a model computes from ``g``
     (R-GCN's 1 / |N_r(v)|, ``1 / g.in_degree[g.dst]``) is each block's, on one process
-    and on P workers alike. What else a model reads of ``g`` (``num_src``,
-    ``out_degree``, ``device``) answers for the block of its next layer call
-    (``current``)."""
+    and on P workers alike. It has no ``src`` (``WHY_NOT``): each block's sources are
+    numbered by that block, and on workers not at all. What else a model reads of ``g``
+    (``num_src``, ``out_degree``, ``device``) answers for the block of its next layer
+    call (``current``)."""
+
+    WHY_NOT = {"src": "in mfg and sampling modes `g` is a step's blocks, whose edges run "
+                      "from each block's sources, numbered by that block (on workers, "
+                      "partly other workers' rows), so it has no `src`; a layer reads its "
+                      "sources through the DSL (`edges.src`), and `dst` / `perm` / "
+                      "`in_degree` give every block's destinations"}
 
     def __init__(self, graphs: Sequence[Any]):
         if not graphs:
@@ -290,6 +298,8 @@ class MiniBatchGraph:
     def __getattr__(self, name: str):
         if name.startswith("_") or name in ("graphs", "calls", "edge_offsets"):
             raise AttributeError(name)
+        if name in self.WHY_NOT:
+            missing_attribute(self, name)
         return getattr(self.current, name)
 
     def __repr__(self) -> str:

@@ -257,4 +257,4 @@ def test_a_dist_graph_has_num_src_and_says_why_it_has_no_src(tmp_path):
     num_src, num_local, src, has_src = reports[0]
     assert not has_src
     assert num_src == num_local == 60
-    assert src.startswith("AttributeError: a DistGraph's edges read other workers' rows"), src
+    assert src.startswith("GraphAttributeError: a DistGraph's edges read other workers' rows"), src
