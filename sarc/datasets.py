@@ -266,6 +266,7 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         if k in out:
             out[k] = _mask(out[k], k, n, fail)
     _warn_training_nodes_scored(out, source)
+    _warn_unlabeled_nodes_masked(out, source)
 
     if "feat" in out:
         out["feat"] = _features(out["feat"], n, fail, check)
@@ -327,6 +328,23 @@ def _warn_training_nodes_scored(arrays: Mapping[str, np.ndarray], source: str) -
                     f"{source}: {k} and train_mask share {_many(both.size, 'node')} (the first "
                     f"is node {int(both[0])}); their {k.removesuffix('_mask')} accuracy is "
                     f"measured on nodes the model trains on"), stacklevel=2)
+
+
+def _warn_unlabeled_nodes_masked(arrays: Mapping[str, np.ndarray], source: str) -> None:
+    """A mask holding unlabeled nodes (label -1): the loss or the accuracy leaves them out
+    (the accuracies are over a split's labeled nodes), said, not refused."""
+    if "label" not in arrays:
+        return
+    for k in MASKS:
+        if k in arrays:
+            unlabeled = np.flatnonzero(arrays[k] & (arrays["label"] == UNLABELED))
+            if unlabeled.size:
+                what = ("the loss" if k == "train_mask"
+                        else f"its {k.removesuffix('_mask')} accuracy")
+                warnings.warn(DatasetWarning(
+                    f"{source}: {k} holds {_many(unlabeled.size, 'unlabeled node')} (label -1; "
+                    f"the first is node {int(unlabeled[0])}), which {what} leaves out"),
+                    stacklevel=2)
 
 
 def _as_numpy(value: Any) -> np.ndarray:

@@ -75,10 +75,15 @@ class SamplingSpec:
         check_prob(self.prob, edge_names)
 
 
+EDGE_DATA_NAMING = ("a dataset file's edge data are its numeric arrays named edge_*, such "
+                    "as edge_weight, besides edge_src and edge_dst")
+
+
 def check_prob(prob: str | None, edge_names: Iterable[str], holder: str = "the graph") -> None:
     """Raise unless the sampling probabilities ``prob`` (if any) are among the edge data
-    ``edge_names`` that ``holder`` has."""
+    ``edge_names`` that ``holder`` has (a dataset's, or a shard's of one)."""
     names = sorted(edge_names)
     if prob is not None and prob not in names:
         raise SamplingError(f"no edge data {prob!r} for the sampling probabilities "
-                            f"({holder} has: {', '.join(names) or 'none'})")
+                            f"({holder} has: {', '.join(names) or 'none'}; "
+                            f"{EDGE_DATA_NAMING})")

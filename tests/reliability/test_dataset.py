@@ -100,6 +100,24 @@ def test_masks_sharing_training_nodes(tmp_path, other):
     assert sum(line.startswith("epoch") for line in proc.stdout.splitlines()) == 2
 
 
+@case("dataset", "a mask holding unlabeled nodes (label -1)", "warning")
+@pytest.mark.parametrize("mask", ["train_mask", "test_mask"])
+def test_unlabeled_nodes_in_a_mask_are_said_to_be_left_out(tmp_path, mask):
+    """The loss and the accuracies are over a split's labeled nodes: a mask's unlabeled
+    ones were left out without a word (train accuracy over 139 of the 140 nodes)."""
+    label = cora("label").copy()
+    nodes = np.flatnonzero(cora(mask))[[3, 7]]
+    label[nodes] = -1
+    path = write_variant(tmp_path / "unlabeled.npz", label=label)
+    proc = run_sarc("train", GCN, "--dataset", path, "--epochs", "2")
+    assert proc.returncode == 0, proc.stderr
+    said = [l for l in proc.stderr.splitlines() if "warning" in l]
+    what = "the loss" if mask == "train_mask" else "its test accuracy"
+    assert said == [f"sarc train: warning: {path}: {mask} holds 2 unlabeled nodes (label -1; "
+                    f"the first is node {nodes[0]}), which {what} leaves out"], proc.stderr
+    assert sum(line.startswith("epoch") for line in proc.stdout.splitlines()) == 2
+
+
 def test_mask_overlap_warned_in_python_and_val_test_overlap_is_not():
     """Only the train mask must be apart: a split that scores its test nodes as validation too
     (aifb has no val split) is the user's to choose."""

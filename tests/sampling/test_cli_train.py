@@ -246,7 +246,22 @@ def test_sampling_by_edge_data_the_dataset_lacks_names_the_datasets_edge_data(tm
     np.savez(tmp_path / "weighted.npz", **data)
     config = MiniBatchConfig("sampling", (3, 3), batch_size=70, prob="edge_wieght")
     with pytest.raises(ValueError,
-                       match=r"no edge data 'edge_wieght'.*the dataset has: edge_weight\)"):
+                       match=r"no edge data 'edge_wieght'.*the dataset has: edge_weight;"):
+        train(load_model_file(ROOT / "models/gcn.py"), str(tmp_path / "weighted.npz"),
+              epochs=1, log=None, minibatch=config)
+
+
+def test_sampling_by_an_array_not_named_as_edge_data_says_how_edge_data_are_named(tmp_path):
+    """A file's array ``weight`` is not edge data (``edge_*`` arrays are): the error said
+    only that the dataset had none."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["weight"] = np.ones(data["edge_src"].shape[0], np.float32)
+    np.savez(tmp_path / "weighted.npz", **data)
+    config = MiniBatchConfig("sampling", (3, 3), batch_size=70, prob="weight")
+    with pytest.raises(ValueError, match=r"no edge data 'weight'.*the dataset has: none; a "
+                                         r"dataset file's edge data are its numeric arrays "
+                                         r"named edge_\*, such as edge_weight"):
         train(load_model_file(ROOT / "models/gcn.py"), str(tmp_path / "weighted.npz"),
               epochs=1, log=None, minibatch=config)
 
