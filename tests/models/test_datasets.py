@@ -43,7 +43,7 @@ def test_aifb_is_relational_and_featureless():
 def test_edge_types_are_kept_with_and_without_node_types(given, ntype):
     from sarc.datasets import Dataset
     arrays = {"edge_src": [0, 1, 2], "edge_dst": [1, 2, 0], "etype": [0, 2, 1],
-              "label": [0, 1, -1], "train_mask": [1, 1, 0], "val_mask": [0, 0, 1],
+              "label": [0, 1, 1], "train_mask": [1, 1, 0], "val_mask": [0, 0, 1],
               "test_mask": [0, 0, 0]}
     if given is not None:
         arrays["num_etypes"] = given

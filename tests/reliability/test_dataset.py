@@ -287,10 +287,12 @@ def test_python_dataset_is_checked():
 
 def test_from_arrays_converts_01_masks_and_infers_sizes():
     n = 4
-    d = Dataset.from_arrays({"edge_src": [0, 1, 2], "edge_dst": [1, 2, 3],
-                             "label": [0, 1, -1, 2], "train_mask": [1, 1, 0, 0],
-                             "val_mask": np.array([0, 0, 1, 0], np.uint8),
-                             "test_mask": [False, False, False, True]}, name="tiny")
+    with pytest.warns(DatasetWarning, match=r"dataset 'tiny': val_mask holds 1 unlabeled node "
+                                            r"\(label -1; the first is node 2\)"):
+        d = Dataset.from_arrays({"edge_src": [0, 1, 2], "edge_dst": [1, 2, 3],
+                                 "label": [0, 1, -1, 2], "train_mask": [1, 1, 0, 0],
+                                 "val_mask": np.array([0, 0, 1, 0], np.uint8),
+                                 "test_mask": [False, False, False, True]}, name="tiny")
     assert (d.num_nodes, d.num_classes, d.num_features) == (n, 3, 0)
     assert d.train_mask.dtype == torch.bool and d.train_mask.tolist() == [True, True, False, False]
     assert d.edge_src.dtype == d.label.dtype == torch.int64
