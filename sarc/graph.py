@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from .errors import GraphError, GraphAttributeError
+from .errors import GraphAttributeError, GraphError
 
 T = TypeVar("T")
 
