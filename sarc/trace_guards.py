@@ -183,8 +183,15 @@ def _tensor_proxy_routes() -> tuple:
             if _has_proxy(args, kwargs):
                 return call_torch(func, args, kwargs)
             return func(*args, **kwargs)
+        _PASSES_ON.add(call.__code__)
         return call
     return tuple((f, route(f)) for f in builtins.values())
+
+
+_PASSES_ON: set = set()
+"""The code of sarc's wrappers that pass a call on to torch unchanged (the routes of
+``builtins_take_tensor_proxies`` given no proxy): an error torch raises below one is
+the user's call's, as if no wrapper were there (``raised_at``)."""
 
 
 @contextlib.contextmanager
@@ -378,7 +385,7 @@ def raised_at(e: BaseException) -> SourceLoc | None:
         path = tb.tb_frame.f_code.co_filename
         if not _is_library(path):
             user, below_user = tb, []
-        elif user is not None:
+        elif user is not None and tb.tb_frame.f_code not in _PASSES_ON:
             below_user.append(path)
         tb = tb.tb_next
     if user is None or (any(_is_sarc(p) for p in below_user)

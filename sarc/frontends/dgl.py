@@ -1148,7 +1148,7 @@ def _dgl_routes(module: torch.nn.Module, graph: "ProxyGraph"):
             routes[getattr(dgl.ops, name)] = _dgl_op(name)
     for name in ("to_homogeneous", "to_heterogeneous", "add_self_loop", "remove_self_loop",
                  "to_bidirected", "add_reverse_edges", "to_simple", "node_subgraph",
-                 "edge_subgraph", "in_subgraph"):
+                 "edge_subgraph", "in_subgraph", "reverse"):
         if hasattr(dgl, name):
             routes[getattr(dgl, name)] = _refusal(f"dgl.{name}")
     def spaces():

@@ -175,6 +175,17 @@ def _check_message_passing(conv) -> None:
         raise _refuse(conv, f"node_dim={conv.node_dim}")
 
 
+def _check_node_axis(conv, value, what: str) -> None:
+    """PyG gathers node values and aggregates messages along ``node_dim``; sarc along
+    their rows. ``node_dim=-2`` (PyG's default) is the rows of a value of two dimensions
+    only: on one of three or more, PyG works along its second axis (heads), so it is
+    refused rather than computed along the rows."""
+    if getattr(conv, "node_dim", -2) == -2 and isinstance(value, Proxy) and value.dim() > 2:
+        raise _refuse(conv, f"node_dim=-2 with {what} of {value.dim()} dimensions",
+                      "PyG gathers and aggregates them along their axis -2, not their rows: "
+                      "set node_dim=0, as PyG's GATConv does")
+
+
 _REDUCERS = {"add": dsl.sum, "sum": dsl.sum, "mean": dsl.mean, "max": dsl.max, "min": dsl.min}
 _AGGREGATIONS = {"SumAggregation": "sum", "MeanAggregation": "mean", "MaxAggregation": "max",
                  "MinAggregation": "min"}
@@ -302,10 +313,24 @@ def _aggregate(conv, value):
     """``value`` aggregated over the edges into each node as the conv's ``aggr_module``
     does (``_check_aggregation``), or by its ``aggr`` name where it has none."""
     _check_aggregation(conv)
+    _check_node_axis(conv, value, "messages")
     module = getattr(conv, "aggr_module", None)
     if not _computed(module):
         return _REDUCERS[_aggr_name(conv)](value)
+    _check_channels(conv, module, value)
     return _aggregation(module, value)
+
+
+def _check_channels(conv, module, value) -> None:
+    """PyG's softmax and power mean aggregations with a value per channel
+    (``channels != 1``) take messages of two dimensions only, and raise otherwise: so
+    does sarc, rather than broadcast the channels over a value of more."""
+    members = module.aggrs if type(module).__name__ == "MultiAggregation" else [module]
+    for m in members:
+        if getattr(m, "channels", 1) != 1 and isinstance(value, Proxy) and value.dim() != 2:
+            raise _refuse(conv, f"{type(m).__name__}(channels={m.channels}) of messages of "
+                          f"{value.dim()} dimensions", "PyG's aggregation requires "
+                          "two-dimensional inputs where it has a value per channel")
 
 
 def _aggregation(module, value):
@@ -1367,10 +1392,12 @@ class TracedConv(PyGLayer):
                 cls.message_and_aggregate is not MessagePassing.message_and_aggregate:
             raise _refuse(conv, "message_and_aggregate without message",
                           "sarc traces message, then aggregates with aggr")
-        for hook, overridden in (("aggregate", cls.aggregate is not MessagePassing.aggregate),
-                                 ("propagate", _overrides_propagate(cls))):
-            if overridden:
-                raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
+        if cls.aggregate is not MessagePassing.aggregate or _overrides(cls, "propagate"):
+            hook = "propagate" if _overrides(cls, "propagate") else "aggregate"
+            raise _refuse(conv, f"an overridden {hook}", "sarc aggregates with the conv's aggr")
+        if _overrides(cls, "edge_updater"):
+            raise _refuse(conv, "an overridden edge_updater", "sarc computes edge_update per "
+                          "edge, in message: change its value in edge_update")
         # forward(x, edge_index[, e]): e (edge_attr, edge_weight...) is an edge feature of
         # that name, of width edge_dim (() for one number per edge); without edge_dim, an
         # optional e is traced as None.
@@ -1743,9 +1770,14 @@ class TracedConv(PyGLayer):
                 args[name] = None if name == "ptr" else _SoftmaxArg.make(conv, name, what)
             elif end in ("_j", "_i") and base in (at_src if end == "_j" else at_dst):
                 # a pair's first value is read at the messages' sources, the second at
-                # their targets, whatever the flow (PyG's generated collect)
-                value = _end(conv, (at_src if end == "_j" else at_dst)[base],
-                             0 if end == "_j" else 1, name)
+                # their targets, whatever the flow in PyG's generated collect; its
+                # fallback reads them at rows 0 and 1 of edge_index
+                side = 0 if end == "_j" else 1
+                if _flows_to_sources(conv) and not _generated_collect(
+                        conv, "propagate" if what == "message" else "edge_updater"):
+                    side = 1 - side
+                value = _end(conv, (at_src if end == "_j" else at_dst)[base], side, name)
+                _check_node_axis(conv, value, f"node values ({name})")
                 row = (end == "_j") == _flows_to_sources(conv)   # PyG's j or i: 0 or 1
                 if not isinstance(value, Proxy) or not origins.of_x(value) \
                         or origins.per_edge(value):
@@ -1984,8 +2016,9 @@ def _overridden(cls, stock) -> list[str]:
             generated |= {"edge_updater", "edge_collect"}
         names += [name for name in vars(sub) if name not in _NOT_MODELLED
                   and name not in generated and hasattr(stock, name) and name not in names]
-    if _overrides_propagate(cls) and "propagate" not in names:
-        names.append("propagate")
+    for name in ("propagate", "edge_updater"):
+        if _overrides(cls, name) and name not in names:
+            names.append(name)
     return names
 
 
@@ -2022,18 +2055,30 @@ def _says_why_traced(conv):
         raise ConversionError(f"{text}; {why}") from e.__cause__
 
 
-def _overrides_propagate(cls) -> bool:
-    """Whether a class in ``cls``'s MRO defines its own ``propagate``. PyG replaces each
-    class's propagate by code it generates (``_jinja_propagate``) and keeps what it
-    replaced as ``_orig_propagate``: PyG's own, or the generated one of a parent (a class
-    with its own propagate is not generated: both name its function)."""
+def _overrides(cls, method: str) -> bool:
+    """Whether a class in ``cls``'s MRO defines its own ``method`` (``propagate`` or
+    ``edge_updater``). PyG replaces each class's method by code it generates
+    (``_jinja_<method>``) and keeps what it replaced as ``_orig_<method>``: PyG's own, or
+    the generated one of a parent (a class with its own method is not generated: both
+    name its function)."""
     from torch_geometric.nn import MessagePassing
-    pyg = {MessagePassing.propagate} | {
-        vars(c)["_jinja_propagate"] for c in cls.__mro__
-        if "_jinja_propagate" in vars(c)
-        and vars(c)["_jinja_propagate"] is not vars(c).get("_orig_propagate")}
+    jinja, orig = f"_jinja_{method}", f"_orig_{method}"
+    pyg = {getattr(MessagePassing, method)} | {
+        vars(c)[jinja] for c in cls.__mro__
+        if jinja in vars(c) and vars(c)[jinja] is not vars(c).get(orig)}
     return any(vars(c)[name] not in pyg for c in cls.__mro__
-               for name in ("propagate", "_orig_propagate") if name in vars(c))
+               for name in (method, orig) if name in vars(c))
+
+
+def _generated_collect(conv, method: str) -> bool:
+    """Whether PyG collects the arguments of ``conv.<method>`` (``propagate`` or
+    ``edge_updater``, not overridden) with the code it generated for the class, or with
+    ``MessagePassing._collect``, its fallback where it could not generate it (an
+    unannotated ``ptr`` in ``message`` is enough). They read a pair ``(a, b)`` given
+    for ``x_j`` / ``x_i`` differently under ``flow='target_to_source'``: the generated
+    code reads ``a`` at ``x_j`` whatever the flow, the fallback ``b``."""
+    from torch_geometric.nn import MessagePassing
+    return getattr(type(conv), method) is not getattr(MessagePassing, method)
 
 
 class PyGConv(nn.Module):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -428,6 +429,106 @@ def test_convs_that_pair_x_equal_pyg(name):
     conv = X_PAIR[name]()
     randomize_zeros(conv)
     check_both_paths(conv, in_channels=D)
+
+
+class PairAtBothEnds(MessagePassing):
+    """A pair given to propagate, read at both ends. ``typed=False`` leaves message's
+    ``ptr`` unannotated, as PyG's tutorials write it: PyG then cannot generate the
+    class's collect and falls back on ``MessagePassing._collect``, which reads the pair's
+    second value at x_j under ``flow='target_to_source'`` (the generated code reads the
+    first, whatever the flow)."""
+
+    def __init__(self, flow, typed):
+        super().__init__(aggr="add", flow=flow)
+        self.typed = typed
+        self.lin = nn.Linear(D, 2)
+        self.root = nn.Linear(D, 2)
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=(self.lin(x), self.root(x)))
+
+    def message(self, x_j, x_i, index, ptr, size_i):
+        return x_j * torch.sigmoid(x_i) + softmax(x_i, index, ptr, size_i)
+
+
+class TypedPairAtBothEnds(PairAtBothEnds):
+    def message(self, x_j, x_i, index: Tensor, ptr: Optional[Tensor], size_i: Optional[int]):
+        return x_j * torch.sigmoid(x_i) + softmax(x_i, index, ptr, size_i)
+
+
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+@pytest.mark.parametrize("typed", [True, False])
+def test_a_pair_is_read_as_pygs_collect_reads_it(flow, typed):
+    conv = (TypedPairAtBothEnds if typed else PairAtBothEnds)(flow, typed)
+    # the two collects PyG has: generated for the typed class, its fallback for the other
+    assert (type(conv).propagate is not MessagePassing.propagate) == typed
+    check_both_paths(conv, in_channels=D)
+
+
+class OwnEdgeUpdater(EdgeUpdater):
+    def edge_updater(self, edge_index, **kwargs):
+        return super().edge_updater(edge_index, **kwargs) * 2
+
+
+def test_an_overridden_edge_updater_is_refused():
+    """sarc computes edge_update per edge in message; an edge_updater of the class's own
+    (which PyG runs) would silently not run."""
+    with pytest.raises(ConversionError, match="OwnEdgeUpdater: an overridden edge_updater "
+                                              "is not supported"):
+        from_message_passing(OwnEdgeUpdater()).run(torch.randn(N, D), graph())
+
+
+class Heads(MessagePassing):
+    """[N, heads, C] node values (or messages): PyG gathers and aggregates them along
+    ``node_dim``, which must be their rows (0) for sarc."""
+
+    def __init__(self, node_dim=None, view_in="forward", aggr="add"):
+        super().__init__(aggr=aggr, **({} if node_dim is None else {"node_dim": node_dim}))
+        self.view_in = view_in
+        self.lin = nn.Linear(D, 2 * N)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x)
+        if self.view_in == "forward":
+            h = h.view(-1, N, 2)
+        return self.propagate(edge_index, x=h).flatten(1)
+
+    def message(self, x_j):
+        return x_j.view(-1, N, 2) if self.view_in == "message" else x_j
+
+
+@pytest.mark.parametrize("view_in, shown", [("forward", "node values \\(x_j\\)"),
+                                            ("message", "messages")])
+def test_node_dim_minus_two_on_values_of_three_dims_is_refused(view_in, shown):
+    """PyG's default node_dim=-2 is the heads axis of [N, heads, C] values: given as many
+    heads as nodes, PyG gathers them along the heads, and runs; sarc refuses rather than
+    go along the rows. (PyG's aggregation of such messages fails where the heads are not
+    the edges' count.)"""
+    conv = Heads(view_in=view_in)
+    if view_in == "forward":
+        conv(torch.randn(N, D), graph())
+    with pytest.raises(ConversionError, match=f"Heads: node_dim=-2 with {shown} of 3 "
+                                              f"dimensions is not supported"):
+        from_message_passing(conv, in_channels=D).run(torch.randn(N, D), graph())
+
+
+@pytest.mark.parametrize("view_in", ["forward", "message"])
+def test_node_dim_zero_on_values_of_three_dims_equals_pyg(view_in):
+    conv = Heads(node_dim=0, view_in=view_in)
+    check_both_paths(conv, in_channels=D)
+
+
+@pytest.mark.parametrize("aggr", ["softmax", "powermean"])
+def test_an_aggregation_per_channel_of_messages_of_three_dims_is_refused_as_pyg_does(aggr):
+    from torch_geometric.nn import aggr as aggrs
+    module = (aggrs.SoftmaxAggregation(learn=True, channels=2) if aggr == "softmax"
+              else aggrs.PowerMeanAggregation(learn=True, channels=2))
+    conv = Heads(node_dim=0, aggr=module)
+    with pytest.raises(ValueError, match="two-dimensional"):
+        conv(torch.randn(N, D), graph())
+    with pytest.raises(ConversionError, match=f"Heads: {type(module).__name__}\\(channels=2\\)"
+                                              f" of messages of 3 dimensions is not supported"):
+        from_message_passing(conv, in_channels=D).run(torch.randn(N, D), graph())
 
 
 def test_filmconv_with_its_split_equals_pyg():

@@ -91,6 +91,51 @@ def test_second_hop_is_refused():
     assert err.loc.file == __file__
 
 
+@case("tracer", "`dgl.reverse(g)` in a DGL module's forward (the graph is not a block)",
+      "error-at-line")
+def test_reverse_is_refused_as_a_graph_rewrite():
+    """Not DGL's own "Reversing a block graph" error: the user's graph is no block."""
+    dgl = _dgl()
+
+    class Reversed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(IN, 3)
+
+        def forward(self, g, feat):
+            rg = dgl.reverse(g)
+            rg.ndata["h"] = self.lin(feat)
+            rg.update_all(dgl.function.copy_u("h", "m"), dgl.function.sum("m", "h"))
+            return rg.ndata["h"]
+
+    err = _refused(Reversed(), "dgl.reverse is not supported")
+    assert "block" not in str(err).split("(")[0]
+    assert err.loc.file == __file__
+
+
+@case("tracer", "`torch.arange(g.num_edges())` in a DGL module's forward (edge ids over a "
+      "graph size)", "error-at-line")
+def test_arange_over_a_graph_size_is_refused_at_its_line():
+    """A torch call sarc passes on unchanged (no traced value among its arguments) that
+    torch refuses is the user's line's error, with the graph-size hint, not a TypeError
+    from sarc's wrapper."""
+    dgl = _dgl()
+    from dgl.nn.functional import edge_softmax
+
+    class EdgeIds(nn.Module):
+        def forward(self, g, feat):
+            with g.local_scope():
+                g.ndata["h"] = feat
+                g.apply_edges(dgl.function.u_dot_v("h", "h", "s"))
+                g.edata["a"] = edge_softmax(g, g.edata["s"],
+                                            eids=torch.arange(g.num_edges()))
+                g.update_all(dgl.function.u_mul_e("h", "a", "m"), dgl.function.sum("m", "h"))
+                return g.ndata["h"]
+
+    err = _refused(EdgeIds(), "arange", "graph size")
+    assert err.loc.file == __file__ and "torch.arange" in err.loc.source_line()
+
+
 @case("tracer", "`torch.rand` in a DGL module's forward", "error-at-line")
 def test_random_draw_is_refused():
     dgl = _dgl()
