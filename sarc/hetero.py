@@ -176,6 +176,9 @@ class TypedInput(nn.Module):
         if ntype.shape != (x.shape[0],):
             raise GraphError(f"TypedInput: ntype has shape {list(ntype.shape)}, but x has "
                              f"{x.shape[0]} rows (one node type per row)")
+        if ntype.dtype.is_floating_point or ntype.dtype.is_complex or ntype.dtype is torch.bool:
+            raise GraphError(f"TypedInput: ntype must hold integer node types, got "
+                             f"{ntype.dtype}")
         present = torch.unique(ntype).tolist()
         unknown = [t for t in present if t not in self.in_widths]
         if unknown:
@@ -206,7 +209,21 @@ class RelationGraphs:
         self.graphs: dict[int, tuple] = {}        # relation -> (its graph, its edges' positions)
         self.dst_type: dict[int, int] = {}        # relation -> its destinations' node type
         self.ntype: torch.Tensor | None = None    # the node types dst_type was found with
+        self.ntype_given: torch.Tensor | None = None   # the caller's tensor of them,
+        self.ntype_version: int | None = None          # and its version then
         self.num_dst = 0
+        self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
+
+    def same_types(self, ntype: torch.Tensor | None) -> bool:
+        """Whether ``ntype`` holds the node types ``dst_type`` was found with (the same
+        unchanged tensor, or equal values)."""
+        if ntype is None or self.ntype is None:
+            return ntype is None and self.ntype is None
+        version = _version(ntype)
+        if ntype is self.ntype_given and version is not None and version == self.ntype_version:
+            return True
+        ntype = torch.as_tensor(ntype)
+        return ntype.shape == self.ntype.shape and torch.equal(ntype, self.ntype)
 
     def counted(self, rid: int) -> torch.Tensor | None:
         if self.ntype is None:
@@ -222,7 +239,7 @@ def _version(t: torch.Tensor) -> int | None:
     (an inference-mode tensor)."""
     try:
         return t._version
-    except RuntimeError:
+    except (RuntimeError, AttributeError):   # inference mode; not a tensor
         return None
 
 
@@ -251,9 +268,13 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         rel = RelationGraphs(etype)
         entries.append(rel)
     missing = [r for r in relations if r not in rel.graphs]
-    same_types = ntype is rel.ntype or (ntype is not None and rel.ntype is not None
-                                        and torch.equal(ntype, rel.ntype))
-    if missing or not same_types:
+    if not rel.same_types(ntype):   # found with other node types: found again, as asked
+        rel.dst_type.clear()
+        rel.ntype = rel.ntype_given = rel.ntype_version = None
+    if rel.edge_counts is None:
+        rel.edge_counts = _count_edges(g, etype)
+    _check_relations(rel, relations, names)
+    if ntype is not None and any(r not in rel.dst_type for r in relations):
         _find_dst_types(g, rel, etype, relations, ntype, names)
     for r in missing:
         keep = etype == r
@@ -271,41 +292,67 @@ def _edge_subgraph(g, keep: torch.Tensor):
                             dst_in_src=g.dst_in_src)
 
 
+def _count_edges(g, etype: torch.Tensor) -> torch.Tensor:
+    """The edges of each edge type over the whole graph (on a DistGraph collective)."""
+    ends = torch.tensor([int(etype.max()) + 1, -int(etype.min())] if etype.numel() else
+                        [0, 0], dtype=torch.int64, device=g.device)
+    _all_reduce(g, ends, "max")
+    if int(ends[1]) > 0:
+        raise GraphError(f"HeteroConv: etype holds negative edge types (down to "
+                         f"{-int(ends[1])}); edge types are ids >= 0")
+    counts = torch.bincount(etype.to(torch.int64), minlength=int(ends[0])).to(g.device)
+    _all_reduce(g, counts, "sum")
+    return counts
+
+
+def _check_relations(rel: RelationGraphs, relations, names) -> None:
+    """Each of ``relations`` has edges in the graph, and every edge is of one of them (DGL's
+    HeteroGraphConv refuses a relation of the graph it has no module for: its edges would
+    be left out silently)."""
+    counts = rel.edge_counts
+    for r in relations:
+        if r >= counts.numel() or int(counts[r]) == 0:
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the graph "
+                             f"(its edge types are the etype values the edges carry)")
+    others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
+    if others:
+        shown = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
+        raise GraphError(f"HeteroConv: the graph has edges of edge types {shown}, which no "
+                         f"relation's layer is given for: give each edge type of the graph a "
+                         f"layer, or leave its edges out of the graph")
+
+
 def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> None:
-    """Each relation's edge count over the whole graph and its destinations' node types;
-    a relation without edges, or with destinations of two types, is an error."""
+    """Each relation's destinations' node type (over the whole graph): destinations of two
+    types are an error."""
+    given = ntype
     dst = torch.empty_like(g.dst)
     dst[g.perm] = g.dst  # each edge's destination, in the graph's edge order
     num_dst = g.num_dst
-    if ntype is not None:
-        ntype = torch.as_tensor(ntype)
-        if ntype.shape[0] < num_dst or ntype.dim() != 1 or ntype.dtype.is_floating_point:
-            raise GraphError(f"HeteroConv: ntype must hold an integer node type per node "
-                             f"({num_dst}), got {ntype.dtype} of shape {list(ntype.shape)}")
-    top = torch.tensor([int(ntype.max()) if ntype is not None and ntype.numel() else 0],
+    ntype = torch.as_tensor(ntype)
+    if (ntype.dim() != 1 or ntype.shape[0] < num_dst or ntype.dtype.is_floating_point
+            or ntype.dtype is torch.bool or (ntype.numel() and int(ntype.min()) < 0)):
+        raise GraphError(f"HeteroConv: ntype must hold an integer node type (>= 0) per node "
+                         f"({num_dst}), got {ntype.dtype} of shape {list(ntype.shape)}")
+    top = torch.tensor([int(ntype.max()) if ntype.numel() else 0],
                        dtype=torch.int64, device=g.device)
     _all_reduce(g, top, "max")
     types = int(top) + 1
-    table = torch.zeros(len(relations), 1 + types, dtype=torch.int64, device=g.device)
+    table = torch.zeros(len(relations), types, dtype=torch.int64, device=g.device)
     for i, r in enumerate(relations):
-        at = dst[etype == r]
-        table[i, 0] = at.numel()
-        if ntype is not None:
-            table[i, 1:] = torch.bincount(ntype.index_select(0, at), minlength=types)[:types]
+        table[i] = torch.bincount(ntype.index_select(0, dst[etype == r]),
+                                  minlength=types)[:types]
     _all_reduce(g, table, "sum")
     for i, r in enumerate(relations):
-        if int(table[i, 0]) == 0:
-            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the graph "
-                             f"(its edge types are the etype values the edges carry)")
-        if ntype is not None:
-            seen = torch.nonzero(table[i, 1:]).squeeze(1).tolist()
-            if len(seen) > 1:
-                raise GraphError(f"HeteroConv: relation {_named(r, names)} has destinations of "
-                                 f"node types {', '.join(map(str, seen))}; a relation counts for "
-                                 f"the nodes of one type (split it into one edge type per "
-                                 f"destination type)")
-            rel.dst_type[r] = seen[0]
-    rel.ntype, rel.num_dst = ntype, num_dst
+        seen = torch.nonzero(table[i]).squeeze(1).tolist()
+        if len(seen) > 1:
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} has destinations of "
+                             f"node types {', '.join(map(str, seen))}; a relation counts for "
+                             f"the nodes of one type (split it into one edge type per "
+                             f"destination type)")
+        rel.dst_type[r] = seen[0]
+    rel.num_dst, rel.ntype = num_dst, ntype.clone()
+    rel.ntype_given, rel.ntype_version = given, _version(given)
 
 
 def _all_reduce(g, t: torch.Tensor, op: str) -> None:

@@ -118,10 +118,11 @@ def test_a_relation_sees_only_its_edges_and_degrees():
     accident)."""
     src, dst, etype, ntype, w, x = typed_graph(3, relations=2)
     torch.manual_seed(0)
-    layer = MeanLayer(F_IN, F_OUT)
-    conv = sarc.HeteroConv({0: layer}, "sum")
+    layer, other = MeanLayer(F_IN, F_OUT), MeanLayer(F_IN, F_OUT)
+    conv = sarc.HeteroConv({0: layer, 1: other}, "sum")
     g = sarc.Graph.from_edges(src, dst, N)
-    got = conv(g, x, etype=etype)
+    ones = etype == 1
+    got = conv(g, x, etype=etype) - other(sarc.Graph.from_edges(src[ones], dst[ones], N), x)
     keep = etype == 0
     whole = layer(g, x)
     alone = layer(sarc.Graph.from_edges(src[keep], dst[keep], N), x)
@@ -211,3 +212,65 @@ def test_an_etype_changed_in_place_gives_new_sub_graphs():
     assert not torch.allclose(want, before)
     torch.testing.assert_close(conv(g, x, etype=etype), want)
     torch.testing.assert_close(conv(g, x, etype=etype.clone()), want)
+
+
+def test_node_types_changed_in_place_or_given_anew_give_the_new_types():
+    """The relations' destination types are kept per node types' values, for every
+    relation: types changed in place after a call, or other types given to a conv of some
+    of the relations after a call with the first, give what a fresh graph gives."""
+    src, dst, etype, ntype, w, x = typed_graph(6, relations=2)
+    torch.manual_seed(0)
+    conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: MeanLayer(F_IN, F_OUT)})
+    swapped = ntype.clone()   # the isolated nodes (no relation into them) change type
+    swapped[-3:] = 1 - swapped[-3:]
+
+    def fresh(types):
+        return conv(sarc.Graph.from_edges(src, dst, N), x, etype=etype, ntype=types.clone())
+
+    g = sarc.Graph.from_edges(src, dst, N)
+    types = ntype.clone()
+    before = conv(g, x, etype=etype, ntype=types)
+    types[:] = swapped
+    assert not torch.allclose(fresh(swapped), before)
+    torch.testing.assert_close(conv(g, x, etype=etype, ntype=types), fresh(swapped))
+
+    g = sarc.Graph.from_edges(src, dst, N)
+    only0 = sarc.HeteroConv({0: conv.layers["0"]})
+    with pytest.raises(sarc.errors.GraphError, match="edge types 1, which no relation"):
+        only0(g, x, etype=etype, ntype=ntype)
+    conv(g, x, etype=etype, ntype=ntype)
+    torch.testing.assert_close(conv(g, x, etype=etype, ntype=swapped), fresh(swapped))
+    torch.testing.assert_close(conv(g, x, etype=etype), conv(
+        sarc.Graph.from_edges(src, dst, N), x, etype=etype))
+
+
+def test_edges_of_an_edge_type_without_a_layer_are_refused():
+    """As DGL's HeteroGraphConv (a KeyError there): the edges of a relation no layer is
+    given for would be left out silently; whichever conv builds the sub-graphs first."""
+    src, dst, etype, ntype, w, x = typed_graph(7, relations=3)
+    torch.manual_seed(0)
+    full = make_conv("sum", relations=3)
+    part = sarc.HeteroConv({0: full.layers["0"], 2: full.layers["2"]})
+    for first in (full, part):
+        g = sarc.Graph.from_edges(src, dst, N)
+        if first is full:
+            full(g, x, etype=etype, w=w)
+        with pytest.raises(sarc.errors.GraphError, match="the graph has edges of edge types "
+                                                         "1, which no relation's layer"):
+            part(g, x, etype=etype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_typed_input_refuses_node_types_that_are_not_integers(dtype):
+    proj = sarc.TypedInput({0: 2, 1: 3}, 4)
+    with pytest.raises(sarc.errors.GraphError, match=f"TypedInput: ntype must hold integer "
+                                                     f"node types, got {dtype}"):
+        proj(torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1]).to(dtype))
+
+
+def test_negative_edge_types_are_refused():
+    src, dst, etype, ntype, w, x = typed_graph(8, relations=2)
+    etype[3] = -1
+    conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: MeanLayer(F_IN, F_OUT)})
+    with pytest.raises(sarc.errors.GraphError, match="negative edge types \\(down to -1\\)"):
+        conv(sarc.Graph.from_edges(src, dst, N), x, etype=etype)
