@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from .errors import SarcError, agreed, cannot_write
+from .partition.fingerprint import EDGE_DATA
 from .records import Record, load_plain
 
 FORMAT, MODEL_FORMAT, VERSION = "sarc-checkpoint", "sarc-model", 1
@@ -166,10 +167,11 @@ def recorded_hparams(hparams: dict) -> str:
 
 def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, world_size: int = 1,
                partition: str = "", node_data: dict[str, str] | None = None,
-               eval_every: int = 1) -> dict[str, Any]:
+               eval_every: int = 1, baseline: bool = False) -> dict[str, Any]:
     """What a checkpoint belongs to; ``resume`` compares all but the names. ``node_data``:
-    the digests of the dataset's features, labels and splits (``node_data_digests``), so
-    the same graph with other node data is not taken for it; ``eval_every``: the epochs
+    the digests of the dataset's features, labels, splits, node types and edge data
+    (``partition.fingerprint.data_digests``), so the same graph with other data is not
+    taken for it; ``eval_every``: the epochs
     model selection and early stopping see."""
     if not spec.path or not Path(spec.path).is_file():
         raise CheckpointError(f"model {spec.name} has no file to record in a checkpoint")
@@ -179,7 +181,7 @@ def run_record(spec, hparams: dict, *, seed: int, dataset: str, graph: str, worl
             "hparams": recorded_hparams(hp), "seed": int(seed),
             "dataset": str(dataset), "graph": graph, "world_size": int(world_size),
             "partition": partition, "node_data": dict(node_data or {}),
-            "eval_every": int(eval_every)}
+            "eval_every": int(eval_every), "baseline": bool(baseline)}
 
 
 def helper_digests(spec) -> dict[str, str]:
@@ -245,14 +247,20 @@ def run_differences(saved: dict, now: dict) -> list[str]:
     else:   # what both runs recorded (a checkpoint of an older sarc, or a partition set,
         #     may record none)
         a, b = saved.get("node_data") or {}, now.get("node_data") or {}
-        names = sorted(k for k in set(a) & set(b) if a[k] != b[k])
+        names = sorted(k for k in set(a) & set(b) if a[k] != b[k] and k != EDGE_DATA)
+        if EDGE_DATA in a and EDGE_DATA in b:   # an edge array one record has is new
+            names += sorted(k for k in set(a) ^ set(b) if k.startswith("edge:"))
         if names:
-            out.append(f"the dataset differs: the same graph with other node data ("
+            out.append(f"the dataset differs: the same graph with other data ("
                        f"{', '.join(names)}; the checkpoint's is {saved.get('dataset')}, this "
                        f"run's {now['dataset']})")
     periods = saved.get("eval_every"), now.get("eval_every")   # an older sarc recorded none
     if None not in periods and periods[0] != periods[1]:
         out.append(f"--eval-every differs ({periods[0]} in the checkpoint, {periods[1]} now)")
+    if bool(saved.get("baseline")) != bool(now.get("baseline")):   # older: none, not baseline
+        out.append(f"--baseline differs ({'given' if saved.get('baseline') else 'not given'} "
+                   f"in the checkpoint; its exchanges sum in another order, so a resumed run "
+                   f"would not equal an uninterrupted one)")
     if saved.get("world_size") != now["world_size"]:
         out.append(f"the world size differs ({saved.get('world_size')} in the checkpoint, "
                    f"{now['world_size']} now)")
@@ -489,7 +497,8 @@ def check_launch(args, partition: str, minibatch=None, dataset: str | None = Non
     read_manifest(cfg, run_record(spec, hp, seed=args.seed, dataset=dataset or "",
                                   graph=pset.fingerprint, world_size=args.workers,
                                   partition=partition_fingerprint(pset),
-                                  node_data=pset.node_digests, eval_every=args.eval_every))
+                                  node_data=pset.node_digests, eval_every=args.eval_every,
+                                  baseline=bool(getattr(args, "baseline", False))))
 
 
 _HELD: dict[str, tuple[int, object]] = {}

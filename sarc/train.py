@@ -35,7 +35,7 @@ from .dsl import edge_inputs_for
 from .errors import SarcError
 from .graph import Graph
 from .loader import ModelSpec, exit_call, exits_raise
-from .partition.fingerprint import graph_fingerprint, node_data_digests
+from .partition.fingerprint import dataset_digests, graph_fingerprint
 from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
@@ -527,7 +527,7 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
         recorded = minibatch.recorded(hp) if minibatch else hp
         run = run_record(spec, recorded, seed=seed, dataset=data.recorded,
                          graph=graph_fingerprint(data.edge_src, data.edge_dst, data.num_nodes),
-                         node_data=node_data_digests(data.node_data), eval_every=eval_every)
+                         node_data=dataset_digests(data), eval_every=eval_every)
     full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
                  train_total=counts["train"])
     source, line = FullBatch(full, counts), epoch_line

@@ -7,8 +7,9 @@ from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import exits_raise, parse_overrides
 from .options import (MEM_BUDGET_HELP, UsageError, write_result, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
-                      at_least, check_device_arguments, overrides, check_input_dir, check_mode_arguments,
-                      check_output_file, check_outputs_apart, check_run_options, minibatch_config)
+                      at_least, check_device_arguments, overrides, check_input_dir,
+                      check_mode_arguments, check_files_dir, check_output_file,
+                      check_outputs_apart, check_run_options, minibatch_config)
 
 
 def check_train_args(args):
@@ -46,6 +47,7 @@ def check_train_args(args):
     check_device_arguments(args, args.workers if args.workers > 1 or args.partition else 1)
     check_input_dir("--data-dir", args.data_dir)
     check_output_file("--save", args.save)
+    check_files_dir("--checkpoint", args.checkpoint)
     check_outputs_apart(args)
     spec = load_model_file(args.model)
     if args.task == "link":

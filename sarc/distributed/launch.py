@@ -90,7 +90,8 @@ def checked_dataset(args, pset) -> str | None:
     """``--dataset`` as the run records it (``Dataset.recorded``: a file's path, or a
     name) where it is the graph the partition set ``pset`` (of ``--partition``) holds, the
     same edges over the same nodes (its recorded fingerprint), with the same features,
-    labels and splits where the set records their digests (``check_node_data``); None
+    labels, splits, node types and edge data where the set records their digests
+    (``check_node_data``); None
     without ``--dataset``. The workers train on the partition and record this, so a
     dataset that is another graph, or the graph with other node data, is refused rather
     than recorded."""
@@ -122,23 +123,30 @@ def checked_dataset(args, pset) -> str | None:
     return same_dataset(pset.dataset, data.recorded) or pset.dataset
 
 
-_NODE_DATA_KINDS = (("features", ("feat",)), ("labels", ("label",)),
-                    ("splits", ("train_mask", "val_mask", "test_mask")))
+_DATA_KINDS = (("features", ("feat",)), ("labels", ("label",)),
+               ("splits", ("train_mask", "val_mask", "test_mask")), ("node types", ("ntype",)))
 """The node data a partition set records digests of, by what a user calls them."""
 
 
 def check_node_data(args, pset, data) -> None:
-    """Refuse ``data`` (``--dataset``, the graph of ``pset``) where its features, labels or
-    splits are not those partitioned: compared by the digests the set records (one pass
-    over each array); a set without them (an older sarc's, a DGL or PyG conversion) is
-    checked by its graph alone."""
-    from ..partition.fingerprint import node_data_digests
+    """Refuse ``data`` (``--dataset``, the graph of ``pset``) where its features, labels,
+    splits, node types or edge data are not those partitioned: compared by the digests
+    the set records (one pass over each array; ``data_digests``); a set without them (an
+    older sarc's, a DGL or PyG conversion) is checked by its graph alone, and one without
+    the digests of node types and edge data by its node data."""
+    from ..partition.fingerprint import EDGE_DATA, dataset_digests
     recorded = pset.node_digests
     if not recorded:
         return
-    mine = node_data_digests(data.node_data, keys=recorded)
+    mine = dataset_digests(data)
     differ = {k for k, digest in recorded.items() if mine.get(k, digest) != digest}
-    kinds = [kind for kind, keys in _NODE_DATA_KINDS if differ & set(keys)]
+    kinds = [kind for kind, keys in _DATA_KINDS if differ & set(keys)]
+    if EDGE_DATA in recorded:
+        arrays = set(filter(None, recorded[EDGE_DATA].split(","))) | set(data.edge_data)
+        edges = sorted(name for name in arrays
+                       if recorded.get(f"edge:{name}") != mine.get(f"edge:{name}"))
+        if edges:
+            kinds.append(f"edge data ({', '.join(edges)})")
     if not kinds:
         return
     splits = [k.removesuffix("_mask") for k in ("train_mask", "val_mask", "test_mask")
@@ -146,7 +154,7 @@ def check_node_data(args, pset, data) -> None:
     what = ", ".join(f"{kind} ({', '.join(splits)})" if kind == "splits" else kind
                      for kind in kinds)
     raise DistError(f"--dataset {args.dataset} has the graph partitioned in --partition "
-                    f"{args.partition} but other node data: its {what} differ from those "
+                    f"{args.partition} but other data: its {what} differ from those "
                     f"partitioned{f' (from {pset.dataset})' if pset.dataset else ''}; the "
                     f"workers train on the partition's data: leave --dataset out, or "
                     f"partition {data.name}")

@@ -7,9 +7,10 @@ matched to them by mistake.
 
     fingerprint = "sha256:" + sha256("sarc-graph-v1" | N | E | src | dst)
 
-with N, E and the ids as little-endian int64. The node data a dataset brings
-beyond its graph (features, labels, the three splits) have digests of their own
-(``node_data_digests``), recorded beside the fingerprint.
+with N, E and the ids as little-endian int64. The data a dataset brings
+beyond its graph (features, labels, the three splits, node types; edge types and other
+edge arrays) have digests of their own (``data_digests``), recorded beside the
+fingerprint.
 """
 from __future__ import annotations
 
@@ -30,10 +31,42 @@ def graph_fingerprint(src, dst, num_nodes: int) -> str:
 
 
 NODE_DIGEST_KEYS = {"feat": "float32", "label": "int64", "train_mask": "bool",
-                    "val_mask": "bool", "test_mask": "bool"}
+                    "val_mask": "bool", "test_mask": "bool", "ntype": "int64"}
 """The node data a dataset brings beyond its graph, each digested as this dtype."""
 
-_DTYPES = {"float32": "<f4", "int64": "<i8", "bool": "|b1"}
+_DTYPES = {"float32": "<f4", "int64": "<i8", "bool": "|b1", "float64": "<f8"}
+
+EDGE_DATA = "edge data"
+"""The key of a digest record that names its edge arrays (``edge:<name>`` their digests),
+and whose presence says the record covers edge data and node types (``"ntype"``:
+``"none"`` for a graph without)."""
+
+
+def dataset_digests(data) -> dict[str, str]:
+    """``data_digests`` of a ``sarc.datasets.Dataset``: its node data and node types, its
+    edge data (what ``sarc partition`` cuts of it)."""
+    node = dict(data.node_data)
+    if data.ntype is not None:
+        node["ntype"] = data.ntype
+    return data_digests(node, data.edge_data)
+
+
+def data_digests(node_data, edge_data) -> dict[str, str]:
+    """The digests of a graph's node data (``node_data_digests``) and edge data (its edge
+    types and other edge arrays, each ``edge:<name>``: integers as int64, others as
+    float64, so a file and the set partitioned from it agree), with ``EDGE_DATA`` naming
+    the edge arrays and ``ntype`` ``"none"`` where the graph has no node types: a record
+    of a graph without them is told from a record of an older sarc, which has no such
+    keys and is checked by its node data alone."""
+    out = node_data_digests(node_data)
+    out.setdefault("ntype", "none")
+    names = sorted(edge_data)
+    out[EDGE_DATA] = ",".join(names)
+    for name in names:
+        t = torch.as_tensor(edge_data[name])
+        kind = "int64" if not (t.is_floating_point() or t.is_complex()) else "float64"
+        out[f"edge:{name}"] = _digest(name, kind, t)
+    return out
 
 
 def node_data_digests(node_data, keys=None) -> dict[str, str]:
@@ -53,11 +86,15 @@ def node_data_digests(node_data, keys=None) -> dict[str, str]:
         if name not in node_data or node_data[name] is None or (keys is not None
                                                                 and name not in keys):
             continue
-        t = torch.as_tensor(node_data[name]).detach().cpu()
-        a = np.ascontiguousarray(t.numpy(), dtype=_DTYPES[dtype])
-        h = hashlib.sha256(b"sarc-node-data-v1")
-        h.update(f"{name}:{dtype}".encode())
-        h.update(np.array([a.ndim, *a.shape], dtype="<i8").tobytes())
-        h.update(a.reshape(-1).view(np.uint8))
-        out[name] = "sha256:" + h.hexdigest()
+        out[name] = _digest(name, dtype, node_data[name])
     return out
+
+
+def _digest(name: str, dtype: str, data) -> str:
+    t = torch.as_tensor(data).detach().cpu()
+    a = np.ascontiguousarray(t.numpy(), dtype=_DTYPES[dtype])
+    h = hashlib.sha256(b"sarc-node-data-v1")
+    h.update(f"{name}:{dtype}".encode())
+    h.update(np.array([a.ndim, *a.shape], dtype="<i8").tobytes())
+    h.update(a.reshape(-1).view(np.uint8))
+    return "sha256:" + h.hexdigest()

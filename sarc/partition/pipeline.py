@@ -8,7 +8,7 @@ import torch
 
 from ..errors import GraphError
 from ..atomic import check_target
-from .fingerprint import graph_fingerprint, node_data_digests
+from .fingerprint import data_digests, graph_fingerprint
 from .format import SET_KIND, PartitionSet, write_partitions
 from .partitioners import PARTITIONERS, check_graph_input
 from .parts import cut_parts
@@ -39,7 +39,7 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     refuses the set (``PartitionSet.dataset``); ``sizes``: its ``Dataset.sizes`` (the
     declared classes and types), recorded so that the workers build the model one process
     builds (``PartitionSet.sizes``), not one sized by the largest label or type. The
-    digests of ``node_data``'s features, labels and splits (``node_data_digests``, in the
+    digests of ``node_data`` and ``edge_data`` (``data_digests``, in the
     original order) are recorded too (``PartitionSet.node_digests``), so that a dataset
     with this graph but other node data is not taken for it. Returns the written set, as
     ``load_partitions(out)`` would. More parts than nodes is an error (a ``GraphError``
@@ -64,7 +64,7 @@ def partition_graph(src, dst, num_nodes: int, num_parts: int, out, *, method: st
     _check_rows(node_data, num_nodes, "node")
     _check_rows(edge_data, src.numel(), "edge")
 
-    digests = node_data_digests(node_data)
+    digests = data_digests(node_data, edge_data) if node_data or edge_data else {}
 
     part = PARTITIONERS[method](src, dst, num_nodes, num_parts, masks=masks, seed=seed)
     done(f"assign ({method})")

@@ -14,7 +14,7 @@ from sarc.datasets import load_dataset
 from sarc.distributed.graph import DistError
 from sarc.distributed.launch import checked_dataset
 from sarc.partition import load_partitions, partition_graph
-from sarc.partition.fingerprint import node_data_digests
+from sarc.partition.fingerprint import dataset_digests, node_data_digests
 
 
 def small_arrays(seed: int = 0, n: int = 12) -> dict:
@@ -40,9 +40,15 @@ def node_data(data) -> dict:
 
 
 def partitioned(tmp_path, arrays, *, with_node_data: bool = True):
+    """``arrays`` partitioned as ``sarc partition --dataset`` cuts them: node data with the
+    node types, edge data."""
     data = load_dataset(write_npz(tmp_path / "a.npz", arrays))
+    nodes = node_data(data)
+    if data.ntype is not None:
+        nodes["ntype"] = data.ntype
     return partition_graph(data.edge_src, data.edge_dst, data.num_nodes, 2, tmp_path / "parts",
-                           method="random", node_data=node_data(data) if with_node_data else None,
+                           method="random", node_data=nodes if with_node_data else None,
+                           edge_data=data.edge_data if with_node_data else None,
                            dataset=data.name, sizes=data.sizes)
 
 
@@ -57,8 +63,10 @@ def test_recorded_digests_are_those_of_the_dataset_in_its_order(tmp_path):
     arrays = small_arrays()
     pset = partitioned(tmp_path, arrays)
     digests = load_partitions(pset.path).node_digests
-    assert set(digests) == {"feat", "label", "train_mask", "val_mask", "test_mask"}
-    assert digests == node_data_digests(node_data(load_dataset(str(tmp_path / "a.npz"))))
+    assert set(digests) == {"feat", "label", "train_mask", "val_mask", "test_mask", "ntype",
+                            "edge data"}
+    assert digests == dataset_digests(load_dataset(str(tmp_path / "a.npz")))
+    assert digests["ntype"] == "none" and digests["edge data"] == ""
     assert json.loads((pset.path / "metadata.json").read_text())["node_digests"] == digests
 
 
@@ -108,7 +116,35 @@ def test_same_edges_other_node_data_is_refused(tmp_path, change, named, unnamed)
                    "(from a)", "leave --dataset out, or partition b"):
         assert needle in msg, (needle, msg)
     for kind in unnamed:
-        assert kind not in msg.split("other node data:")[1].split("differ")[0], msg
+        assert kind not in msg.split("other data:")[1].split("differ")[0], msg
+
+
+def typed_arrays() -> dict:
+    """``small_arrays`` with node types, edge types and an edge weight."""
+    a = small_arrays()
+    n = len(a["label"])
+    a.update(ntype=np.arange(n) % 2, num_ntypes=np.int64(2), etype=np.arange(n) % 3,
+             num_etypes=np.int64(3), edge_weight=np.linspace(0.1, 1, n).astype(np.float32))
+    return a
+
+
+@pytest.mark.parametrize("change,named", [
+    (lambda a: a.update(etype=a["etype"][::-1].copy()), "its edge data (etype) differ"),
+    (lambda a: a.update(edge_weight=a["edge_weight"] * 2), "its edge data (edge_weight) differ"),
+    (lambda a: a.pop("edge_weight"), "its edge data (edge_weight) differ"),
+    (lambda a: a.update(edge_score=a["edge_weight"]), "its edge data (edge_score) differ"),
+    (lambda a: a.update(ntype=1 - a["ntype"]), "its node types differ"),
+])
+def test_same_edges_other_edge_data_or_node_types_is_refused(tmp_path, change, named):
+    """The workers train on the set's edge types, edge weights (``--prob``, a layer's edge
+    feature) and node types: a dataset with others is not the set's."""
+    pset = partitioned(tmp_path, typed_arrays())
+    assert {"ntype", "edge:etype", "edge:edge_weight"} <= set(pset.node_digests)
+    assert check(tmp_path, pset, typed_arrays()) == "a"
+    other = typed_arrays()
+    change(other)
+    with pytest.raises(DistError, match=named.replace("(", "\\(").replace(")", "\\)")):
+        check(tmp_path, pset, other)
 
 
 def test_a_set_without_the_record_keeps_the_graph_check(tmp_path):

@@ -495,6 +495,36 @@ def test_resume_refuses_the_same_graph_with_other_node_data(tmp_path, reference)
     assert _snapshot(ckpt) == before
 
 
+@case("checkpoint", "`--resume` on a dataset with the same graph and node data but other "
+                    "edge types or edge weights", "error")
+@pytest.mark.parametrize("change, named", [("etype", "edge:etype"),
+                                           ("edge_weight", "edge:edge_weight"),
+                                           ("no edge_weight", "edge:edge_weight")])
+def test_resume_refuses_the_same_graph_with_other_edge_data(tmp_path, change, named):
+    """A model reads edge types (R-GCN) and edge weights (--prob, an edge feature): a
+    dataset whose edge data differ is another run's, as one whose labels do."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    e = len(data["edge_src"])
+    data.update(etype=np.arange(e) % 2, num_etypes=np.int64(2),
+                edge_weight=np.linspace(0.5, 1, e).astype(np.float32))
+    first, other = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(first, **data)
+    if change == "no edge_weight":
+        del data["edge_weight"]
+    else:
+        data[change] = data[change][::-1].copy()
+    np.savez(other, **data)
+    ckpt = tmp_path / "ckpt"
+    short = ("--epochs", "2", "--threads", "1")
+    assert run_sarc("train", GCN, *short, "--checkpoint", ckpt, "--dataset", first
+                    ).returncode == 0
+    before = _snapshot(ckpt)
+    proc = run_sarc("train", GCN, *short, "--checkpoint", ckpt, "--resume", "--dataset", other)
+    assert_error(proc, "is a checkpoint of another run", "the dataset differs", named)
+    assert _snapshot(ckpt) == before
+
+
 @case("checkpoint", "`--resume` with another `--eval-every` (the epochs model selection sees)",
       "error")
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -510,6 +540,25 @@ def test_resume_refuses_another_eval_every(tmp_path, workers):
                     "--checkpoint", ckpt, "--resume", *more)
     assert_error(proc, "is a checkpoint of another run",
                  "--eval-every differs (2 in the checkpoint, 1 now)")
+    assert _snapshot(ckpt) == before
+
+
+@case("checkpoint", "`--resume` of workers' checkpoint with `--baseline` added or dropped",
+      "error")
+@pytest.mark.parametrize("first, then", [((), ("--baseline",)), (("--baseline",), ())],
+                         ids=["added", "dropped"])
+def test_resume_refuses_another_baseline(tmp_path, first, then):
+    """The baseline schedule sums the exchanged rows in another order (about 3e-7 apart):
+    a run resumed with it added or dropped equalled no uninterrupted run, and was taken."""
+    ckpt = tmp_path / "ckpt"
+    run = ("--checkpoint-every", "2", "--threads", "1", "--checkpoint", ckpt, "--workers", "2",
+           "--method", "random")
+    _ok(run_sarc("train", GCN, "--epochs", "2", *run, *first))
+    before = _snapshot(ckpt)
+    proc = run_sarc("train", GCN, "--epochs", "4", *run, "--resume", *then)
+    err = assert_error(proc, "is a checkpoint of another run", "--baseline differs ("
+                       + ("given" if first else "not given") + " in the checkpoint")
+    assert "sarc worker" not in err  # refused before any worker started
     assert _snapshot(ckpt) == before
 
 

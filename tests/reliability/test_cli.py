@@ -385,6 +385,29 @@ def test_a_pipe_is_an_output_file_where_its_directory_is_not_writable(tmp_path, 
         options.check_output_file("--json", str(tmp_path / "report.json"))
 
 
+@case("cli", "`--checkpoint DIR` where DIR is a directory that cannot be written", "error")
+def test_an_unwritable_checkpoint_directory_is_refused_before_training(tmp_path):
+    """Training ran to the first save (10 epochs), then failed writing it: a run shorter
+    than that lost its result and its --save."""
+    import subprocess
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    if os.geteuid() != 0:
+        ckpt.chmod(0o555)
+    elif subprocess.run(["chattr", "+i", str(ckpt)], capture_output=True).returncode != 0:
+        pytest.skip("root, and no chattr to make a directory unwritable")
+    try:
+        proc = run_sarc("train", GCN, "--epochs", "2", "--checkpoint", ckpt, "--save",
+                        tmp_path / "m.pt")
+        refused_before_work(proc, f"--checkpoint {ckpt}: the directory is not writable")
+        assert not (tmp_path / "m.pt").exists()
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(ckpt)], capture_output=True)
+        ckpt.chmod(0o755)
+    assert list(ckpt.iterdir()) == []
+
+
 @case("cli", "an empty output path (`--out \"$UNSET\"`, `--json \"\"`)", "error")
 @pytest.mark.parametrize("argv", [("compile", GCN, "--out", ""),
                                   ("partition", "--dataset", "cora", "--parts", "2", "--out", ""),
@@ -716,7 +739,7 @@ def test_dataset_with_the_partitioned_graph_but_other_node_data(tmp_path):
                                        parts, "--dataset", b, "--workers", "2", "--epochs",
                                        "1", "--save", tmp_path / "m.pt"),
                               f"--dataset {b} has the graph partitioned in --partition "
-                              f"{parts} but other node data",
+                              f"{parts} but other data",
                               "its features, splits (val) differ", f"(from {a.resolve()})",
                               "leave --dataset out, or partition b")
     assert "labels" not in err
