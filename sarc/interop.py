@@ -55,6 +55,10 @@ def from_dgl(g, *, dst_in_src: bool = True) -> Graph:
     if len(g.canonical_etypes) != 1:
         raise GraphError(f"from_dgl takes a homogeneous graph or block, got edge types "
                          f"{g.canonical_etypes}; convert with dgl.to_homogeneous first")
+    if not g.is_block and len(g.ntypes) != 1:   # one relation between two node types
+        raise GraphError(f"from_dgl takes a homogeneous graph or block, got node types "
+                         f"{g.ntypes} (relation {g.canonical_etypes[0]}), whose ids each "
+                         f"start at 0; convert with dgl.to_homogeneous first")
     src, dst = (t.cpu() for t in g.edges(order="eid"))
     if not g.is_block:
         return Graph.from_edges(src, dst, g.num_nodes()).to(g.device)

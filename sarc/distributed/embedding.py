@@ -74,6 +74,8 @@ class Embedding(nn.Module):
         local = initial_embedding(keys, dim, seed, self.scale, dtype)
         self.register_buffer("weight", local)
         self.store = ShardedTensor(local, offsets, rank, comm, name)
+        # the lookups whose rows got a gradient since the optimizer's last zero_grad: what
+        # its step applies (as torch's optimizers apply a parameter's accumulated .grad)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.steps = 0
 
@@ -122,14 +124,29 @@ class Embedding(nn.Module):
         rows = self.store.pull(ids, phase="embedding")
         if torch.is_grad_enabled():  # a leaf whose .grad the optimizer's step reads
             rows.requires_grad_(True)
-            self.pending.append((torch.as_tensor(ids).to(torch.int64).cpu(), rows))
+            ids = torch.as_tensor(ids).to(torch.int64).cpu()
+            rows.register_post_accumulate_grad_hook(lambda r: self._got_gradient(ids, r))
         return rows
 
-    def take_gradient(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, gradient rows) of the lookups since the last step whose rows got a
-        gradient, repeats not yet summed; the lookups are forgotten."""
-        used = [(i, r.grad) for i, r in self.pending if r.grad is not None]
+    def _got_gradient(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """A backward gave the lookup of ``ids`` its rows' gradient: the step applies it,
+        whenever the lookup was made (before the optimizer's zero_grad too, as torch's
+        optimizers see a gradient accumulated after it)."""
+        if not any(r is rows for _, r in self.pending):
+            self.pending.append((ids, rows))
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the lookups' gradients (each row's ``.grad`` set to None), as
+        ``nn.Embedding.zero_grad`` its table's."""
+        for _, r in self.pending:
+            r.grad = None
         self.pending.clear()
+
+    def take_gradient(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, gradient rows) of the lookups whose rows got a gradient since the last
+        zero_grad, repeats not yet summed; kept, as torch keeps a parameter's gradient
+        over a step (a second step without zero_grad applies them again)."""
+        used = [(i, r.grad) for i, r in self.pending if r.grad is not None]
         if not used:
             return torch.zeros(0, dtype=torch.int64), self.local.new_zeros((0, self.dim))
         return torch.cat([i for i, _ in used]), torch.cat([g for _, g in used])
@@ -156,7 +173,7 @@ class _SparseOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for e in self.embeddings:
-            e.pending.clear()
+            e.zero_grad()
 
     def state_dict(self) -> dict:
         """This worker's state (its rows'), and each table's step count, as plain data."""
@@ -188,7 +205,9 @@ class _SparseOptimizer:
             ids, grads = e.take_gradient()
             rows, vals = e.store.route(ids, grads, "add", phase="embedding_grad")
             rows, vals = coalesce(rows, vals, "add")
-            if not _any_worker(e.store, rows.numel() > 0):
+            # a step where a backward reached a lookup on some worker, even of no rows, as
+            # torch steps a table whose .grad is set (empty too)
+            if not _any_worker(e.store, any(r.grad is not None for _, r in e.pending)):
                 continue
             e.steps += 1
             self.update(e, st, rows, vals)

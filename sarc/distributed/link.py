@@ -26,7 +26,7 @@ from ..loader import ModelSpec
 from ..sampling.comm import Comm
 from ..sampling.negative import negative_sampler
 from ..training.link import (EVAL_SPLITS, LinkSplit, LinkSteps, check_link_hparams, link_line,
-                             link_result, link_selection, scorer_of, split_edges)
+                             link_result, link_selection, check_link_model, split_edges)
 from ..training.loop import Batch, fit
 from .store import ShardedTensor, owners
 
@@ -154,7 +154,7 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
                           sharded_table(shard, group, timeout, cfg.seed), name=dataset_name(cfg),
                           group=group, say=say),
                    device, cfg.backend)
-    scorer_of(model)
+    check_link_model(model)
     broadcast_parameters(model, group)
     dg.share_memory(model)
     seed_all(cfg.seed * 1000003 + rank)

@@ -575,7 +575,7 @@ def _run_record(spec: ModelSpec, cfg: WorkerConfig, hp: dict, size: int, pset) -
     return run_record(spec, hp, seed=cfg.seed, dataset=recorded_dataset(cfg, pset),
                       graph=pset.fingerprint, world_size=size,
                       partition=partition_fingerprint(pset), node_data=pset.node_digests,
-                      eval_every=cfg.eval_every)
+                      eval_every=cfg.eval_every, baseline=cfg.baseline)
 
 
 def recorded_dataset(cfg: WorkerConfig, pset=None) -> str:

@@ -163,6 +163,28 @@ def scorer_of(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.
     return score
 
 
+def check_link_model(model: nn.Module) -> None:
+    """The model has a ``score`` and its forward needs nothing but the graph and the node
+    features: link prediction passes it no node types or edge data (its edge split
+    carries none), so a forward that needs them is refused naming them, not as a dataset
+    without them."""
+    import inspect
+
+    from ..dsl import declared_edge_inputs, input_taker
+    scorer_of(model)
+    taker = input_taker(model)
+    declared = set(declared_edge_inputs(model))
+    needed = [n for n, p in inspect.signature(taker.forward).parameters.items()
+              if n in declared and p.default is p.empty
+              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if needed:
+        raise TrainError(f"the model ({type(taker).__name__})'s forward needs "
+                         f"{', '.join(map(repr, needed))}, which link prediction does not pass: "
+                         f"it trains on the graph and the node features alone (its edge split "
+                         f"carries no node types or edge data); give the forward a default "
+                         f"({needed[0]}=None) and call its layers without it then")
+
+
 def ranks(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """The rank of each positive score ``pos`` [E] among its negatives ``neg`` [E, K]:
     1 + the negatives above it + half those equal to it."""
@@ -350,7 +372,7 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
     g = Graph.from_edges(src, dst, data.num_nodes).to(device)
     seed_all(seed)
     model = placed(build(spec, data, hp, seed=seed), device, backend)
-    scorer_of(model)
+    check_link_model(model)
     opt = optimizer(model, hp)
     say = log or (lambda s: None)
     say(f"sarc train: {spec.name}, link prediction on {data.name} ({data.num_nodes} nodes; "

@@ -96,6 +96,7 @@ def _embedding_worker(rank, port, q, p, opt_name):
     emb = Embedding(N, DIM, offsets=_offsets(p), rank=rank, comm=comm, seed=7)
     opt = (SparseAdagrad(emb, lr=0.3) if opt_name == "adagrad" else SparseAdam(emb, lr=0.1))
     for step in range(STEPS):
+        opt.zero_grad()
         rows = emb(_lookups(step, rank, p))
         _loss(rows, step, rank).backward()
         opt.step()
@@ -140,6 +141,53 @@ def test_sharded_embedding_training_equals_one_process(p, opt_name):
         rows = int(offsets[rank + 1] - offsets[rank])
         assert len(r["local"]) == rows and len(r["local"][0]) == DIM
         assert all(s == (rows, DIM) for s in r["state"].values())
+
+
+ORDERS = {
+    # where zero_grad stands: after the step's lookup (before its backward), or nowhere in
+    # a step (gradients accumulate over the steps: each step applies them all again)
+    "zero_grad after the lookup": ("lookup", "zero_grad", "backward", "step"),
+    "no zero_grad": ("lookup", "backward", "step"),
+    "two lookups, one backward": ("zero_grad", "lookup", "lookup", "backward", "step"),
+    "two steps per backward": ("zero_grad", "lookup", "backward", "step", "step"),
+    "an empty lookup": ("zero_grad", "empty lookup", "backward", "step"),
+}
+
+
+def _order_worker(rank, port, q, p, opt_name, order):
+    """sarc's table and torch's ``nn.Embedding(sparse=True)`` through ``order``; in a child,
+    as ``_reference_worker``."""
+    ours, theirs = Embedding(N, DIM, seed=7), nn.Embedding(N, DIM, sparse=True)
+    with torch.no_grad():
+        theirs.weight.copy_(ours.initial_table())
+    opts = ((SparseAdagrad(ours, lr=0.3), torch.optim.Adagrad(theirs.parameters(), lr=0.3))
+            if opt_name == "adagrad" else
+            (SparseAdam(ours, lr=0.1), torch.optim.SparseAdam(theirs.parameters(), lr=0.1)))
+    for step in range(STEPS):
+        for emb, opt in zip((ours, theirs), opts):
+            losses = []
+            for i, what in enumerate(ORDERS[order]):
+                if what == "lookup":
+                    losses.append(_loss(emb(_lookups(step + i, 0, 1)), step, 0))
+                elif what == "empty lookup":   # a step of no rows (torch's steps count it)
+                    ids = _lookups(step, 0, 1) if step % 2 else torch.zeros(0, dtype=torch.int64)
+                    losses.append(_loss(emb(ids), step, 0))
+                elif what == "backward":
+                    sum(losses).backward()
+                else:
+                    getattr(opt, what)()
+    q.put((rank, (ours.local - theirs.weight.detach()).abs().max().item()))
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("opt_name", ["adagrad", "adam"])
+def test_the_sparse_optimizers_see_gradients_as_torchs_do(opt_name, order):
+    """A sparse optimizer applies what a backward gave the lookups since its zero_grad,
+    whenever they were made, and keeps it over a step, as torch's optimizers keep a
+    parameter's .grad (zero_grad after a lookup dropped it: the table never trained)."""
+    codes, (diff,) = spawn(_order_worker, 1, (1, opt_name, order))
+    assert codes == [0]
+    assert diff < 1e-6, diff
 
 
 def test_initial_rows_do_not_depend_on_the_split():

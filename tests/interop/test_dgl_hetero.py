@@ -96,3 +96,18 @@ def test_hetero_conv_equals_dgl_heterographconv(aggregate, kind, seed):
     assert set(got_grads) == set(want_grads)
     for k, w in want_grads.items():
         torch.testing.assert_close(got_grads[k], w, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("relations", [[("user", "buys", "item")], RELATIONS],
+                         ids=["one-relation-two-types", "four-relations"])
+def test_from_dgl_refuses_a_graph_of_several_node_types(relations):
+    """One relation from users to items: from_dgl numbered both from 0 in one id space
+    (user 0 -> item 0 became a self loop) rather than refuse, as it refuses several
+    relations."""
+    dgl = require_dgl()
+    from sarc.errors import GraphError
+    from sarc.interop import from_dgl
+    hg = dgl.heterograph({r: (torch.tensor([0, 1]), torch.tensor([0, 0])) for r in relations})
+    with pytest.raises(GraphError, match="from_dgl takes a homogeneous graph or block, got "
+                                         ".*convert with dgl.to_homogeneous first"):
+        from_dgl(hg)

@@ -64,3 +64,69 @@ def test_a_damaged_link_split_names_what_is_wrong(tmp_path, content, message):
     torch.save(content, path)
     with pytest.raises(TrainError, match=message):
         LinkSplit.load(path)
+
+
+WEIGHTED_LP = '''
+import sarc
+from torch import nn
+
+
+class Weighted(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i}, edge={"edge_weight": ()})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return src.h * edge.edge_weight.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin(agg.agg)
+
+
+class Encoder(nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.conv = Weighted(i, 8)
+
+    def forward(self, g, x, edge_weight):
+        return self.conv(g, x, edge_weight=edge_weight)
+
+    def score(self, h_u, h_v):
+        return (h_u * h_v).sum(-1)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Encoder(in_feats)
+
+
+HPARAMS = {"epochs": 1, "eval_negatives": 50, "negatives": "uniform", "negatives_per_edge": 1}
+'''
+
+
+@case("cli", "`--task link` with a model whose forward needs edge data (`edge_weight`), on a "
+             "dataset that has it", "error")
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_link_model_needing_edge_data_is_refused_by_what_it_needs(tmp_path, workers):
+    """The error said the dataset had no edge data of that name, though it had: link
+    prediction passes the model none."""
+    import numpy as np
+    data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    data["edge_weight"] = np.ones(len(data["edge_src"]), dtype=np.float32)
+    np.savez(tmp_path / "w.npz", **data)
+    (tmp_path / "weighted_lp.py").write_text(WEIGHTED_LP)
+    more = ("--workers", "2", "--method", "random") if workers == "2" else ()
+    proc = run_sarc("train", tmp_path / "weighted_lp.py", "--task", "link", "--dataset",
+                    tmp_path / "w.npz", *more)
+    needle = "forward needs 'edge_weight', which link prediction does not pass"
+    if workers == "1":
+        err = assert_error(proc, needle)
+    else:   # each worker says it (the model is built there), then the launcher
+        err = proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in err, err
+        said = [line for line in err.splitlines() if line.startswith("sarc worker")]
+        assert len(said) == 2 and all(needle in line for line in said), err
+    assert "the dataset has no edge data" not in err
+    assert "epoch" not in proc.stdout, proc.stdout
