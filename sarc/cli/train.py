@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import exits_raise, parse_overrides
@@ -153,14 +154,23 @@ def train_command(args) -> int:
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    data = load_dataset(args.dataset or hp["dataset"], args.data_dir, check=args.check_data)
-    if args.task == "link":
-        from .link import link_command
-        return link_command(args, spec, data)
-    result = train(spec, data, epochs=args.epochs, seed=args.seed,
-                   hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
-                   log_every=args.log_every, eval_every=args.eval_every, checkpoint=checkpoint, save=args.save,
-                   minibatch=minibatch_config(args), device=args.device, backend=args.backend)
+    from ..distributed.supervise import Stopped, stop_on_signals
+    try:   # a stop signal raises in the run, whose cleanup runs (an unused --checkpoint DIR)
+        with stop_on_signals():
+            data = load_dataset(args.dataset or hp["dataset"], args.data_dir,
+                                check=args.check_data)
+            if args.task == "link":
+                from .link import link_command
+                return link_command(args, spec, data)
+            result = train(spec, data, epochs=args.epochs, seed=args.seed,
+                           hparams=parse_overrides(args.overrides),
+                           log=None if args.quiet else print, log_every=args.log_every,
+                           eval_every=args.eval_every, checkpoint=checkpoint, save=args.save,
+                           minibatch=minibatch_config(args), device=args.device,
+                           backend=args.backend)
+    except Stopped as e:
+        sys.stderr.write(f"sarc train: stopped by {e}\n")
+        return 128 + e.signum
     if args.quiet:
         print(f"{result['model']} on {result['dataset']} (seed {result['seed']}): "
               f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "

@@ -197,6 +197,27 @@ def test_sigterm_of_sarc_train_stops_everything_and_says_so(start):
     assert_stopped(run)
 
 
+@case("faults", "`sarc train` on one process stopped with SIGTERM before its first checkpoint",
+      "nothing-lost")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_one_process_cleans_up_and_says_so(tmp_path, sig):
+    """SIGTERM ended the process where it stood: the --checkpoint directory it had made,
+    still empty, stayed (a run that fails is cleaned up; a stopped one was not)."""
+    ckpt = tmp_path / "ckpt"
+    run = Training(tmp_path, "--dataset", "cora", "--epochs", "100000", "--log-every", "1",
+                   "--checkpoint", str(ckpt), "--checkpoint-every", "100000")
+    try:
+        run.wait_for("epoch    2 |")   # one process: no epoch count in the line
+        assert ckpt.is_dir()
+        run.proc.send_signal(sig)
+        code, out, err = run.finish(30)
+    finally:
+        run.kill()
+    assert code == 128 + sig, err
+    assert last_line(err) == f"sarc train: stopped by {signal.Signals(sig).name}", err
+    assert not ckpt.exists()
+
+
 @case("faults", "`sarc train` interrupted with Ctrl-C (SIGINT) while its workers train",
       "no-orphans")
 def test_sigint_of_sarc_train_stops_everything_and_says_so(start):
