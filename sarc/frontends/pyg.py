@@ -270,8 +270,8 @@ def _computed(module) -> bool:
 
 def _check_aggregation(conv) -> None:
     """A traced conv aggregates with its ``aggr_module`` (``_aggregate``): PyG's sum, mean,
-    max, min, softmax, power mean, var and std, their concatenation (``MultiAggregation``
-    in its mode ``'cat'``, ``aggr=["mean", "max"]``) and PNA's degree scalers of them
+    max, min, softmax, power mean, var and std, their combinations (``MultiAggregation``,
+    ``aggr=["mean", "max"]``, in its modes but ``attn``) and PNA's degree scalers of them
     (``DegreeScalerAggregation``); anything else is refused, naming it."""
     module = getattr(conv, "aggr_module", None)
     if _computed(module):
@@ -294,8 +294,9 @@ def _check_module(conv, module) -> None:
     elif name == "MultiAggregation":
         names = [type(a).__name__ for a in module.aggrs]
         shown = f"aggr=MultiAggregation([{', '.join(names)}], mode={module.mode!r})"
-        if module.mode != "cat":
-            raise _refuse(conv, shown, "sarc concatenates aggregations (mode='cat')")
+        if module.mode not in _COMBINES:
+            raise _refuse(conv, shown, f"sarc combines aggregations by "
+                          f"{', '.join(map(repr, _COMBINES))}")
         for a in module.aggrs:
             if not _computed(a):
                 raise _refuse(conv, shown, "sarc concatenates PyG's sum, mean, max, min, "
@@ -348,8 +349,46 @@ def _aggregation(module, value):
         std = _variance(module.var_aggr, value).clamp(min=1e-5).sqrt()
         return std.masked_fill(std <= math.sqrt(1e-5), 0.0)
     if name == "MultiAggregation":
-        return torch.cat([_aggregation(a, value) for a in module.aggrs], dim=-1)
+        return _combined(module, [_aggregation(a, value) for a in module.aggrs])
     return _degree_scaled(module, value)
+
+
+_COMBINES = ("cat", "proj", "sum", "mean", "max", "min", "logsumexp", "std", "var")
+"""The modes of PyG's ``MultiAggregation`` sarc computes (not ``attn``)."""
+
+
+def _combined(module, outs: list):
+    """PyG's ``MultiAggregation.combine`` of the aggregations' outputs: concatenated
+    (``cat``), concatenated and projected (``proj``), or reduced over the aggregations
+    as ``torch.<mode>(torch.stack(outs), dim=0)`` (max / min: the first output that
+    attains it takes the gradient, as torch's indices of a reduction over a dim)."""
+    if len(outs) == 1:
+        return outs[0]
+    mode = module.mode
+    if mode in ("cat", "proj"):
+        cat = torch.cat(outs, dim=-1)
+        return module.lin(cat) if mode == "proj" else cat
+    if mode in ("max", "min", "logsumexp"):
+        best = outs[0]
+        for x in outs[1:]:
+            best = torch.where((x < best) if mode == "min" else (x > best), x, best)
+        if mode != "logsumexp":
+            return best
+        top = best.detach()
+        return top + torch.log(sum(torch.exp(x - top) for x in outs))
+    total = outs[0]
+    for x in outs[1:]:
+        total = total + x
+    if mode == "sum":
+        return total
+    mean = total / len(outs)
+    if mode == "mean":
+        return mean
+    var = sum((x - mean) * (x - mean) for x in outs) / (len(outs) - 1)
+    if mode == "var":
+        return var
+    flat = var <= 0   # torch.std's gradient where it is 0 (equal outputs): 0, not NaN
+    return var.masked_fill(flat, 1.0).sqrt().masked_fill(flat, 0.0)
 
 
 def _variance(module, value):

@@ -650,11 +650,28 @@ def test_several_aggregations_concatenated_equal_pyg(aggr):
     check_both_paths(SeveralAggregations(aggr))
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean", "max", "min", "logsumexp", "std", "var",
+                                  "proj"])
+@pytest.mark.parametrize("aggr", [["mean", "max"], ["sum", "min", "mean"], ["max", "min"]],
+                         ids="-".join)
+def test_several_aggregations_combined_equal_pyg(aggr, mode):
+    """MultiAggregation's other modes: reduced over the aggregations as torch reduces a
+    stack of them (ties of max / min, and a std of equal outputs: a node with one edge or
+    none, take torch's gradients), or projected."""
+    options = {"mode": mode}
+    if mode == "proj":
+        options["mode_kwargs"] = {"in_channels": 2, "out_channels": 4}
+    conv = SeveralAggregations(aggr, aggr_kwargs=options)
+    conv.out = nn.Linear(4 if mode == "proj" else 2, 3)
+    check_both_paths(conv)
+
+
 @pytest.mark.parametrize("aggr,options,shown", [
-    (["mean", "max"], {"aggr_kwargs": {"mode": "sum"}},
-     "aggr=MultiAggregation([MeanAggregation, MaxAggregation], mode='sum')"),
+    (["mean", "max"], {"aggr_kwargs": {"mode": "attn", "mode_kwargs": {
+        "in_channels": 2, "out_channels": 4, "num_heads": 2}}},
+     "aggr=MultiAggregation([MeanAggregation, MaxAggregation], mode='attn')"),
     (["mean", "median"], {}, "aggr=MultiAggregation([MeanAggregation, MedianAggregation], "
-                             "mode='cat')")], ids=["mode-sum", "median"])
+                             "mode='cat')")], ids=["mode-attn", "median"])
 def test_several_aggregations_sarc_has_not_are_refused(aggr, options, shown):
     with pytest.raises(ConversionError, match=re.escape(f"SeveralAggregations: {shown} is not "
                                                         f"supported")):
