@@ -308,6 +308,12 @@ class _DGLProxy(Proxy):
         return torch.Tensor
 
     def __getitem__(self, key):
+        if isinstance(key, tuple) and key and (_is_dst_rows(key[0])
+                                               or _is_rows(key[0], Domain.SRC)):
+            # x[:g.num_dst_nodes(), :8]: the rows, then the feature axes
+            return self[key[0]][(slice(None), *key[1:])]
+        if _is_rows(key, Domain.SRC) and self.type.domain is Domain.SRC:
+            return self   # x[:g.num_src_nodes()]: every source row
         if _is_dst_rows(key):
             domain = self.type.domain
             if domain is Domain.DST:
@@ -365,8 +371,13 @@ class _ZeroInDegree(_DGLProxy):
 
 
 def _is_dst_rows(key) -> bool:
+    return _is_rows(key, Domain.DST)
+
+
+def _is_rows(key, domain: Domain) -> bool:
+    """``key`` is ``[:n]``, ``n`` the row count of ``domain`` (``g.num_dst_nodes()``)."""
     return (isinstance(key, slice) and key.step is None and key.start in (None, 0)
-            and isinstance(key.stop, RowCount) and key.stop.symbol == Domain.DST.rows)
+            and isinstance(key.stop, RowCount) and key.stop.symbol == domain.rows)
 
 
 _EDGE_MADE = (Op.GATHER_SRC, Op.GATHER_DST, Op.REDUCE, Op.EDGE_SOFTMAX, Op.SCATTER_SRC,
@@ -626,11 +637,13 @@ class _Gathered(Mapping):
 
 
 class _NodeBatch:
-    """What a reduce UDF receives: ``nodes.mailbox`` and ``nodes.data`` (destination rows)."""
+    """What a reduce UDF receives: ``nodes.mailbox`` and ``nodes.data`` (destination rows);
+    an ``apply_node_func``, ``nodes.data`` (``data``: the rows and the reduced values)
+    and an empty mailbox."""
 
-    def __init__(self, graph: "ProxyGraph", messages: dict[str, Proxy]):
+    def __init__(self, graph: "ProxyGraph", messages: dict[str, Proxy], data=None):
         self.mailbox = {k: _Mailbox(graph, k, v) for k, v in messages.items()}
-        self.data = graph.dstdata
+        self.data = graph.dstdata if data is None else data
         self._graph = graph
 
     def __getattr__(self, name):
@@ -930,10 +943,23 @@ class ProxyGraph:
         self.edata.update(self._messages(func))
 
     def update_all(self, message_func, reduce_func, apply_node_func=None, etype=None):
-        if apply_node_func is not None:
-            self._refuse("update_all(..., apply_node_func)")
         messages = self._messages(message_func)
-        self.dstdata.update(self._reduce(reduce_func, messages))
+        reduced = self._reduce(reduce_func, messages)
+        if apply_node_func is not None:   # as DGL: on every destination, its data and the
+            # reduced values; what it returns (only) is written
+            data = {**{k: self.dstdata.read(k) for k in self.dstdata}, **reduced}
+            out = apply_node_func(_NodeBatch(self, {}, data))
+            if not isinstance(out, Mapping) or not all(isinstance(v, Proxy)
+                                                       for v in out.values()):
+                self._refuse(f"an apply_node_func returning {type(out).__name__}",
+                             "it returns a dict of destination values")
+            reduced = {k: _as_dst(self, v) if v.type.domain is Domain.SRC else v
+                       for k, v in out.items()}
+            for k, v in reduced.items():
+                if v.type.domain is not Domain.DST:
+                    self._refuse(f"apply_node_func result {k!r} is {v.type.domain.article} "
+                                 f"value", "it returns values per destination node")
+        self.dstdata.update(reduced)
 
     def multi_update_all(self, *args, **kwargs):
         self._refuse("g.multi_update_all", "a sarc graph is homogeneous")

@@ -319,6 +319,35 @@ def test_each_messages_arithmetic_in_a_reduce_udf_is_traced():
     _equals_dgl(module, "feat")
 
 
+class Applied(nn.Module):
+    """``update_all(..., apply_node_func)``: DGL applies it on every destination node (those
+    without in-edges too), to its data and the reduced values, and writes only what it
+    returns. (The node rows as DGL's code slices them: ``[:g.num_src_nodes()]``,
+    ``[:g.num_dst_nodes(), :3]``.)"""
+
+    def __init__(self, reduce):
+        super().__init__()
+        self.lin, self.out, self.reduce = nn.Linear(IN, 4), nn.Linear(4, 3), reduce
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = self.lin(feat[:g.num_src_nodes()])
+            g.dstdata["r"] = self.lin(feat[:g.num_dst_nodes()])
+            g.dstdata["kept"] = feat[:g.num_dst_nodes(), :3]
+            g.update_all(fn.copy_u("h", "m"), self.reduce,
+                         lambda nodes: {"o": torch.relu(self.out(nodes.data["s"]
+                                                                 + nodes.data["r"]) + 1),
+                                        "kept": nodes.data["kept"] * 2})
+            assert "s" not in g.dstdata   # not returned by the apply function: not written
+            return g.dstdata["o"] + g.dstdata["kept"]
+
+
+@pytest.mark.parametrize("reduce", ["builtin", "udf"])
+def test_update_alls_apply_node_func_equals_dgl(reduce):
+    _equals_dgl(Applied(fn.sum("m", "s") if reduce == "builtin" else
+                        (lambda nodes: {"s": nodes.mailbox["m"].max(1)[0]})), "feat")
+
+
 POINTWISE = {   # torch's pointwise functions of one message, with their number arguments
     "elu": lambda m: F.elu(m).sum(1),
     "leaky_relu": lambda m: F.leaky_relu(m, 0.2).max(1)[0],
