@@ -717,10 +717,17 @@ class _Mailbox:
         raise DSLError(self._refusal(what), user_loc())
 
     def _reduce(self, kind, dim, keepdim=False):
-        full = 2 + len(self._value.type.feat)
-        if not isinstance(dim, int) or dim not in (1, 1 - full) or keepdim:
-            self._refuse(f"a {kind} over dim={dim!r}" + (" with keepdim" if keepdim else ""))
-        return self._graph.tracer.emit(Op.REDUCE, [self._value], {"kind": kind})
+        feat = tuple(self._value.type.feat)
+        full = 2 + len(feat)
+        if isinstance(dim, (tuple, list)) and len(dim) == 1:   # .sum((1,))
+            dim = dim[0]
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim not in (1, 1 - full):
+            self._refuse(f"a {kind} over dim={dim!r}")
+        tracer = self._graph.tracer
+        out = tracer.emit(Op.REDUCE, [self._value], {"kind": kind})
+        if keepdim:   # [nodes, 1, ...]: the mailbox axis kept, of one entry
+            out = tracer.emit(Op.RESHAPE, [out], {"feat": (1, *feat)})
+        return out
 
     def sum(self, dim=None, keepdim=False):
         return self._reduce("sum", dim, keepdim)

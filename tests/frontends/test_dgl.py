@@ -348,6 +348,17 @@ def test_update_alls_apply_node_func_equals_dgl(reduce):
                         (lambda nodes: {"s": nodes.mailbox["m"].max(1)[0]})), "feat")
 
 
+def test_mailbox_reductions_with_keepdim_or_a_tuple_of_dims_equal_dgl():
+    """``mean(1, keepdim=True)`` (then squeezed, as DGL's code writes it), ``sum((1,))``,
+    ``max(dim=1, keepdim=True)``: the same reductions over dim 1 (they were refused)."""
+    module = MailboxUDF(lambda nodes: {
+        "o": nodes.mailbox["m"].mean(1, keepdim=True).squeeze(1)
+        + nodes.mailbox["m"].sum((1,))
+        + torch.amax(nodes.mailbox["m"], (1,))
+        + nodes.mailbox["m"].max(dim=1, keepdim=True)[0][:, 0]})
+    _equals_dgl(module, "feat")
+
+
 POINTWISE = {   # torch's pointwise functions of one message, with their number arguments
     "elu": lambda m: F.elu(m).sum(1),
     "leaky_relu": lambda m: F.leaky_relu(m, 0.2).max(1)[0],
