@@ -199,36 +199,46 @@ class TypedInput(nn.Module):
 
 # --- relation sub-graphs ------------------------------------------------------------------
 
+class _Kept:
+    """A tensor's values, copied (the caller's may change in place), and the tensor itself
+    with its version counter, to know it again without comparing values."""
+
+    def __init__(self, t: torch.Tensor):
+        self.values, self.given, self.version = t.clone(), t, _version(t)
+
+    def is_unchanged(self, t: torch.Tensor) -> bool:
+        version = _version(t)
+        return t is self.given and version is not None and version == self.version
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """``t`` holds the kept values: the same unchanged tensor, or equal ones."""
+        return self.is_unchanged(t) or (t.shape == self.values.shape
+                                        and torch.equal(t, self.values))
+
+
 class RelationGraphs:
     """The sub-graphs of some relations of one graph (and, with node types, the nodes each
     relation counts for)."""
 
     def __init__(self, etype: torch.Tensor):
-        self.etype = etype.clone()               # the values: the caller's may change in place
-        self.given, self.version = etype, _version(etype)
+        self.etype = _Kept(etype)
         self.graphs: dict[int, tuple] = {}        # relation -> (its graph, its edges' positions)
         self.dst_type: dict[int, int] = {}        # relation -> its destinations' node type
-        self.ntype: torch.Tensor | None = None    # the node types dst_type was found with
-        self.ntype_given: torch.Tensor | None = None   # the caller's tensor of them,
-        self.ntype_version: int | None = None          # and its version then
+        self.types: _Kept | None = None           # the node types dst_type was found with
         self.num_dst = 0
         self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
+        self.checked: set[tuple] = set()          # relation sets _check_relations passed
 
     def same_types(self, ntype: torch.Tensor | None) -> bool:
-        """Whether ``ntype`` holds the node types ``dst_type`` was found with (the same
-        unchanged tensor, or equal values)."""
-        if ntype is None or self.ntype is None:
-            return ntype is None and self.ntype is None
-        version = _version(ntype)
-        if ntype is self.ntype_given and version is not None and version == self.ntype_version:
-            return True
-        ntype = torch.as_tensor(ntype)
-        return ntype.shape == self.ntype.shape and torch.equal(ntype, self.ntype)
+        """Whether ``ntype`` holds the node types ``dst_type`` was found with."""
+        if ntype is None or self.types is None:
+            return ntype is None and self.types is None
+        return self.types.holds(torch.as_tensor(ntype))
 
     def counted(self, rid: int) -> torch.Tensor | None:
-        if self.ntype is None:
+        if self.types is None:
             return None
-        return self.ntype[:self.num_dst] == self.dst_type[rid]
+        return self.types.values[:self.num_dst] == self.dst_type[rid]
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -239,7 +249,7 @@ def _version(t: torch.Tensor) -> int | None:
     (an inference-mode tensor)."""
     try:
         return t._version
-    except (RuntimeError, AttributeError):   # inference mode; not a tensor
+    except RuntimeError:   # inference mode
         return None
 
 
@@ -259,21 +269,21 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         raise GraphError(f"HeteroConv: etype must hold an integer edge type per edge "
                          f"({g.num_edges}), got {etype.dtype} of shape {list(etype.shape)}")
     entries = _CACHE.setdefault(g, [])
-    version = _version(etype)
-    rel = next((e for e in entries if e.given is etype and version is not None
-                and e.version == version), None)
+    rel = next((e for e in entries if e.etype.is_unchanged(etype)), None)
     if rel is None:
-        rel = next((e for e in entries if torch.equal(e.etype, etype)), None)
+        rel = next((e for e in entries if e.etype.holds(etype)), None)
     if rel is None:
         rel = RelationGraphs(etype)
         entries.append(rel)
     missing = [r for r in relations if r not in rel.graphs]
     if not rel.same_types(ntype):   # found with other node types: found again, as asked
         rel.dst_type.clear()
-        rel.ntype = rel.ntype_given = rel.ntype_version = None
-    if rel.edge_counts is None:
-        rel.edge_counts = _count_edges(g, etype)
-    _check_relations(rel, relations, names)
+        rel.types = None
+    if tuple(relations) not in rel.checked:   # once per relation set: not at every call
+        if rel.edge_counts is None:
+            rel.edge_counts = _count_edges(g, etype)
+        _check_relations(rel, relations, names)
+        rel.checked.add(tuple(relations))
     if ntype is not None and any(r not in rel.dst_type for r in relations):
         _find_dst_types(g, rel, etype, relations, ntype, names)
     for r in missing:
@@ -325,7 +335,6 @@ def _check_relations(rel: RelationGraphs, relations, names) -> None:
 def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> None:
     """Each relation's destinations' node type (over the whole graph): destinations of two
     types are an error."""
-    given = ntype
     dst = torch.empty_like(g.dst)
     dst[g.perm] = g.dst  # each edge's destination, in the graph's edge order
     num_dst = g.num_dst
@@ -351,8 +360,7 @@ def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> N
                              f"the nodes of one type (split it into one edge type per "
                              f"destination type)")
         rel.dst_type[r] = seen[0]
-    rel.num_dst, rel.ntype = num_dst, ntype.clone()
-    rel.ntype_given, rel.ntype_version = given, _version(given)
+    rel.num_dst, rel.types = num_dst, _Kept(ntype)
 
 
 def _all_reduce(g, t: torch.Tensor, op: str) -> None:

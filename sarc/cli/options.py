@@ -330,18 +330,11 @@ def check_output_dir(option: str, path: str | None) -> None:
 
 def check_files_dir(option: str, path: str | None) -> None:
     """A directory sarc writes files into (``--checkpoint``): where it exists, a writable
-    directory; else one that can be made in a writable place. Refused before the run
-    trains, not at its first save."""
-    if not path:
-        if path == "":
-            raise UsageError(f"{option} names no directory (an empty path)")
-        return
-    p = Path(path).absolute()
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{option} {path} exists and is not a directory")
-    if p.is_dir():
+    directory; else one that can be made in a writable place (``check_output_dir``).
+    Refused before the run trains, not at its first save."""
+    if path and Path(path).is_dir():
         try:   # a file made and dropped: permissions, a read-only mount, an immutable flag
-            tempfile.TemporaryFile(dir=p).close()
+            tempfile.TemporaryFile(dir=path).close()
         except OSError as e:
             raise UsageError(f"{option} {path}: the directory is not writable "
                              f"({e.strerror or e})") from None

@@ -52,6 +52,7 @@ import copy
 import operator
 import os
 import sys
+from collections import ChainMap
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -954,8 +955,7 @@ class ProxyGraph:
         reduced = self._reduce(reduce_func, messages)
         if apply_node_func is not None:   # as DGL: on every destination, its data and the
             # reduced values; what it returns (only) is written
-            data = {**{k: self.dstdata.read(k) for k in self.dstdata}, **reduced}
-            out = apply_node_func(_NodeBatch(self, {}, data))
+            out = apply_node_func(_NodeBatch(self, {}, ChainMap(reduced, self.dstdata)))
             if not isinstance(out, Mapping) or not all(isinstance(v, Proxy)
                                                        for v in out.values()):
                 self._refuse(f"an apply_node_func returning {type(out).__name__}",

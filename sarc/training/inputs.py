@@ -204,7 +204,7 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
     try:
         inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError as e:
-        absent, undeclared, declared = _missing_edge_args(model, kwargs)
+        absent, undeclared, declared = missing_edge_args(model, kwargs)
         if absent:   # declared, so the trainer would pass it: the dataset has none of it
             raise TrainError(f"the model ({type(model).__name__})'s forward needs the edge data "
                              f"{', '.join(map(repr, absent))}, which its sarc layers read, but "
@@ -225,7 +225,7 @@ def check_call(model: nn.Module, args: tuple, kwargs: dict) -> None:
                          f"sarc layers read by name{why}") from None
 
 
-def _missing_edge_args(model: nn.Module, kwargs: dict) -> tuple[list[str], list[str], set[str]]:
+def missing_edge_args(model: nn.Module, kwargs: dict) -> tuple[list[str], list[str], set[str]]:
     """The arguments of ``forward`` after (graph, x) that have no default and are not given,
     split by whether a sarc layer declares them: (declared ones, which the trainer would have
     passed had the dataset held them; the others, which the trainer never passes: a layer that

@@ -45,7 +45,7 @@ from torch import nn
 
 from ..records import Record, load_plain
 from ..sampling.negative import NEGATIVE_SAMPLERS, eval_negatives, train_negatives
-from .inputs import EmbeddingInput, TrainError, optimizer
+from .inputs import EmbeddingInput, TrainError, missing_edge_args, optimizer
 from .loop import epoch_line, timings
 from .loop import Batch, Reduction, forward
 from .progress import plural
@@ -168,17 +168,11 @@ def check_link_model(model: nn.Module) -> None:
     features: link prediction passes it no node types or edge data (its edge split
     carries none), so a forward that needs them is refused naming them, not as a dataset
     without them."""
-    import inspect
-
-    from ..dsl import declared_edge_inputs, input_taker
+    from ..dsl import input_taker
     scorer_of(model)
-    taker = input_taker(model)
-    declared = set(declared_edge_inputs(model))
-    needed = [n for n, p in inspect.signature(taker.forward).parameters.items()
-              if n in declared and p.default is p.empty
-              and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    needed, _, _ = missing_edge_args(model, {})
     if needed:
-        raise TrainError(f"the model ({type(taker).__name__})'s forward needs "
+        raise TrainError(f"the model ({type(input_taker(model)).__name__})'s forward needs "
                          f"{', '.join(map(repr, needed))}, which link prediction does not pass: "
                          f"it trains on the graph and the node features alone (its edge split "
                          f"carries no node types or edge data); give the forward a default "
