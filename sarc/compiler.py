@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from .backends.registry import BACKENDS, get_backend  # noqa: F401 (BACKENDS: the names)
-from .ir.autodiff import grad
+from .ir.autodiff import grad, has_gradient
 from .ir.function import Function
 from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
                         split_concat)
@@ -102,9 +102,10 @@ def _verify(c: dict) -> None:
 
 
 def _grad(c: dict) -> None:
-    # autodiff differentiates the verified layer; the passes then optimize both
-    c["backward"] = (optimize(grad(c["verified"]), c["passes"]) if c["autodiff"] == "ir"
-                     else None)
+    # autodiff differentiates the verified layer; the passes then optimize both. A layer no
+    # output of which has a gradient has no backward: it runs as under torch's autodiff.
+    ir = c["autodiff"] == "ir" and has_gradient(c["verified"])
+    c["backward"] = optimize(grad(c["verified"]), c["passes"]) if ir else None
 
 
 def _optimize(c: dict) -> None:

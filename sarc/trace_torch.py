@@ -2139,7 +2139,8 @@ def _erfc(input, *, out=Fixed(None)):
 @traces(torch.logit, torch.Tensor.logit, torch.special.logit)
 def _logit(input, eps=None, *, out=Fixed(None)):
     """``log(x / (1 - x))``, x first clamped to [eps, 1 - eps] where eps is given (torch's
-    gradient: none outside)."""
+    gradient: none outside). Without eps, outside [0, 1] the value is NaN as torch's, and
+    the gradient that formula's (finite), where torch's is NaN."""
     x = _traced(input, "logit")
     if eps is not None:
         lo = _number(eps, "logit's eps")

@@ -476,13 +476,28 @@ def _needs_grad(fn: Function, wrt_inputs: frozenset[str]) -> list[bool]:
             needs.append(v.type.dtype.is_float and v.attr["name"] in wrt_inputs)
         elif v.op in LEAVES or v.op in ZERO_GRADIENT or not v.type.dtype.is_float:
             needs.append(False)
-        else:
-            need = any(needs[j] for j in v.inputs)
+        else:   # a where's condition selects; no gradient flows to it
+            need = any(needs[j] for k, j in enumerate(v.inputs)
+                       if not (v.op is Op.WHERE_POS and k == 0))
             if need and v.op not in VJP_RULES:
                 why = NOT_DIFFERENTIABLE.get(v.op, "no VJP rule")
                 raise AutodiffError(f"cannot differentiate {v.op.value}: {why}", v.loc)
             needs.append(need)
     return needs
+
+
+def _wrt(fn: Function, wrt_inputs: Iterable[str] | None) -> frozenset[str]:
+    return frozenset(n for n, t in fn.inputs().items() if t.dtype.is_float and (
+        n in wrt_inputs if wrt_inputs is not None else n not in NO_GRAD_INPUTS))
+
+
+def has_gradient(fn: Function, wrt_inputs: Iterable[str] | None = None) -> bool:
+    """Whether an output of layer ``fn`` depends differentiably on a float param or input
+    (``grad``'s ``wrt_inputs``): where none does (a count of comparisons, a detached value)
+    there is no backward function to build, as torch's autograd gives such an output no
+    ``grad_fn``."""
+    needs = _needs_grad(fn, _wrt(fn, wrt_inputs))
+    return any(needs[i] for _, i in fn.outputs)
 
 
 def grad(fn: Function, wrt_inputs: Iterable[str] | None = None) -> Function:
@@ -493,10 +508,8 @@ def grad(fn: Function, wrt_inputs: Iterable[str] | None = None) -> Function:
     """
     if fn.role != "layer":
         raise ValueError(f"grad takes a layer, got {fn.name} with role {fn.role!r}")
-    features = fn.inputs()
     params = fn.params()
-    wrt = frozenset(n for n, t in features.items() if t.dtype.is_float and (
-        n in wrt_inputs if wrt_inputs is not None else n not in NO_GRAD_INPUTS))
+    wrt = _wrt(fn, wrt_inputs)
     clash = wrt & {n for n, t in params.items() if t.dtype.is_float}
     if clash:
         raise AutodiffError(f"layer {fn.name} has a feature and a parameter both named "

@@ -30,6 +30,7 @@ from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
 import programs
+from difftest import BACKENDS
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from random_layers import cases
@@ -731,6 +732,34 @@ def test_ir_autodiff_without_gradients_runs_the_forward_only():
     assert out.grad_fn is None
     with pytest.raises(ValueError, match="unknown autodiff"):
         layer.set_autodiff("jax")
+
+
+class _NoGradientPath(sarc.Layer):
+    """A layer whose output no float input or parameter reaches differentiably: a count of
+    larger neighbours, or a detached source value; ``lin`` is declared and not read."""
+
+    def __init__(self, how):
+        super().__init__(node={"h": 3})
+        self.how, self.lin = how, torch.nn.Linear(3, 3)
+
+    def message(self, src, dst, edge):
+        return (src.h > dst.h).float() if self.how == "compare" else src.h.detach()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["compare", "detach"])
+def test_ir_autodiff_of_a_layer_without_a_gradient_path_runs_as_torch_autodiff(how, backend):
+    """No output needs a gradient: there is no backward to build (it had no outputs, and the
+    verifier refused it at the first call)."""
+    g = GRAPHS["multi_edges"]
+    h = torch.randn(g.num_src, 3, requires_grad=True)
+    outs = [_NoGradientPath(how).set_backend(backend).set_autodiff(mode)(g, h)
+            for mode in ("torch", "ir")]
+    assert outs[1].grad_fn is None and outs[0].grad_fn is None
+    assert torch.equal(outs[0], outs[1])
 
 
 # --- a select in the forward ------------------------------------------------------------
