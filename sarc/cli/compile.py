@@ -168,6 +168,9 @@ def compile_command(args) -> int:
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
         from ..training.minibatch import graph_layers, never_called
         n = graph_layers(model)
+        again = _again(calls, args.mode)
+        if again:
+            raise CompileError(again)
         if len(calls) != n:
             raise CompileError(f"{args.mode} mode: the model made {len(calls)} sarc layer "
                                f"call{'s' * (len(calls) != 1)} in one forward pass, but it has {n} sarc layer"
@@ -214,6 +217,18 @@ def compile_command(args) -> int:
         print(f"sarc compile: --emit {args.emit}: nothing is written without --out (the "
               f"artifacts go there; without it, sarc compile prints the plan)", file=sys.stderr)
     return 0
+
+
+def _again(calls, mode: str) -> str | None:
+    """The refusal of the first call of a layer called before in ``calls`` (None where none
+    is)."""
+    from ..training.layer_calls import called_again
+    first: dict[int, str] = {}
+    for c in calls:
+        if id(c.layer) in first:
+            return called_again(first[id(c.layer)], c.loc, mode)
+        first[id(c.layer)] = c.name
+    return None
 
 
 def _load_partitions(path: Path):

@@ -1301,7 +1301,7 @@ def _routed(cls):
                                f"compiles the module's forward with tensor arguments only",
                                user_loc())
         if hasattr(graph, "check_call"):   # a mini-batch step: a block left for this call
-            graph.check_call()
+            graph.check_call(self)
         if isinstance(feats.get("weight"), torch.Tensor):
             w = feats["weight"]
             raise DSLError(f"{owner}: an external weight argument (weight= a tensor of shape "

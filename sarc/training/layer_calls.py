@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..dsl import Layer
-from ..errors import GraphError, SarcError
+from ..errors import GraphError, SarcError, SourceLoc
+from ..trace import user_loc
 from .inputs import check_call, model_code_error
 
 
@@ -30,12 +31,13 @@ class LayerCallError(SarcError):
 @dataclass(frozen=True, eq=False)
 class LayerCall:
     """One call of a sarc layer in the forward pass: the layer's name in the model (a
-    layer called again: ``name#2``, ...), the layer, and whether its node inputs need a
-    gradient."""
+    layer called again: ``name#2``, ...), the layer, whether its node inputs need a
+    gradient, and the model file's line that calls it."""
 
     name: str
     layer: Layer
     inputs_need_grad: bool
+    loc: SourceLoc | None = None
 
 
 def input_needs_grad(layer: Layer, given: Mapping[str, Any]) -> bool:
@@ -65,7 +67,7 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
         n = seen[id(layer)] = seen.get(id(layer), 0) + 1
         name = layers[id(layer)][0]
         calls.append(LayerCall(name if n == 1 else f"{name}#{n}", layer,
-                               input_needs_grad(layer, given)))
+                               input_needs_grad(layer, given), user_loc()))
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in layers.values()]
     try:
@@ -116,3 +118,13 @@ def _named_layers(model: nn.Module, graph, x, edge_inputs) -> dict[int, tuple[st
             full = owner + name if not name or name.startswith("~") else f"{owner}.{name}"
             layers.setdefault(id(layer), (full or type(conv).__name__, layer))
     return layers
+
+
+def called_again(name: str, loc: SourceLoc | None, mode: str | None = None) -> str:
+    """What a minibatch mode says of a sarc layer called a second time in a forward pass
+    (weight sharing: a step has one block per layer), at the line that calls it."""
+    modes = f"{mode} mode" if mode else "mfg and sampling modes"
+    what = (f"the forward calls the sarc layer {name} again: in {modes} a step has a "
+            f"block per sarc layer, each layer called once per forward pass, input layer "
+            f"first (use a layer per call, or --mode full)")
+    return loc.located(what) if loc is not None else what

@@ -52,6 +52,7 @@ from ..sampling import Comm, LayerBlock, NeighbourSampler, SamplingSpec
 from ..sampling.draws import SHUFFLE_KEY, uniform
 from ..sampling.neighbours import edge_weights
 from ..sampling.spec import check_prob
+from ..trace import user_loc
 from ..trace_guards import raised_at
 from .inputs import TrainError
 from .loop import Batch, epoch_line
@@ -179,6 +180,14 @@ def never_called(model: nn.Module | None, called: set[int]) -> str:
             f"does not call, or call them")
 
 
+def _layer_name(model: nn.Module | None, layer) -> str:
+    """``layer``'s name in ``model`` (its attribute path), else its class's."""
+    for name, m in (model.named_modules() if model is not None else ()):
+        if m is layer and name:
+            return name
+    return type(layer).__name__
+
+
 _ROWS_MISMATCH = "at non-singleton dimension 0"
 """torch's error for two operands of other row counts (``The size of tensor a (1664) must
 match the size of tensor b (644) at non-singleton dimension 0``)."""
@@ -216,12 +225,14 @@ class MiniBatchGraph:
         self.edge_offsets = tuple(offsets)
         self.calls = 0
         self.called: set[int] = set()   # the ids of the layers called in this pass
+        self.callers: set[int] = set()  # and of the modules that called (check_call)
+        self.model: nn.Module | None = None   # the model of this pass (its layers' names)
 
     @contextlib.contextmanager
     def forward_pass(self, model: nn.Module | None = None):
         """One forward pass (of ``model``): the layer calls start at block 1, and must use
         every block."""
-        self.calls, self.called = 0, set()
+        self.calls, self.called, self.callers, self.model = 0, set(), set(), model
         try:
             yield self
         except RuntimeError as e:
@@ -250,15 +261,20 @@ class MiniBatchGraph:
     def current(self):
         return self.graphs[min(self.calls, len(self.graphs) - 1)]
 
-    def check_call(self) -> None:
-        """A layer call has a block left for it (a library conv that declares its layer from
-        its first call's rows checks before it reads the rows of a block not its own)."""
+    def check_call(self, caller: nn.Module) -> None:
+        """``caller`` (a sarc layer, or a library conv that declares its layer from its
+        first call's rows, before it reads the rows of a block not its own) has a block
+        left for it; one called again in the pass is named, at the line that calls it."""
+        if id(caller) in self.callers:
+            from .layer_calls import called_again
+            raise TrainError(called_again(_layer_name(self.model, caller), user_loc()))
+        self.callers.add(id(caller))
         if self.calls >= len(self.graphs):
             raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
 
     def run_layer(self, layer, args: tuple, feats: dict):
         k = self.calls
-        self.check_call()
+        self.check_call(layer)
         given = resolve_features(layer, args, feats)
         lo, hi = self.edge_offsets[k], self.edge_offsets[k + 1]
         for name in layer._sarc_edge:

@@ -166,9 +166,29 @@ def test_compile_refuses_a_layer_called_twice_in_a_minibatch_mode(tmp_path):
     model = tmp_path / "twice.py"
     model.write_text(TWICE)
     assert "src.in_degree" not in TWICE and "self.conv(g, self.conv(g, x))" in TWICE
-    refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
-            tmp_path / "o", "mfg mode: the model made 2 sarc layer calls in one forward pass, "
-                            "but it has 1 sarc layer (one block each)")
+    line = TWICE.splitlines().index(next(l for l in TWICE.splitlines()
+                                         if "self.conv(g, self.conv(g, x))" in l)) + 1
+    err = refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
+                  tmp_path / "o", f"twice.py:{line} (in forward): the forward calls the "
+                                  f"sarc layer conv again: in mfg mode a step has a block per "
+                                  f"sarc layer")
+    assert "self.conv(g, self.conv(g, x))" in err, err
+
+
+@case("cli", "`sarc train --mode mfg` of a model calling its one sarc layer twice: the call's "
+      "line", "error")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_train_names_the_line_that_calls_a_layer_again_in_a_minibatch_mode(tmp_path, workers):
+    """The refusal counted the calls, but named neither the layer nor the line."""
+    model = tmp_path / "twice.py"
+    model.write_text(TWICE)
+    line = TWICE.splitlines().index(next(l for l in TWICE.splitlines()
+                                         if "self.conv(g, self.conv(g, x))" in l)) + 1
+    proc = run_sarc("train", model, "--mode", "mfg", "--epochs", "1", *on_workers(workers))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"twice.py:{line} (in forward): the forward calls the sarc layer conv again: in " \
+        f"mfg and sampling modes a step has a block per sarc layer" in proc.stderr, \
+        proc.stderr[-2000:]
 
 
 UNCALLED = (SOURCE_IN_DEGREE
