@@ -336,13 +336,38 @@ def serialize(obj: dict) -> bytes:
     return buf.getvalue()
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it where Linux says it (``os.umask``
+    sets it, for a moment, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds its old content or all of ``data``, whenever the process dies."""
+    """``path`` holds its old content or all of ``data``, whenever the process dies. It is
+    written as ``open(path, "wb")`` would write it: through a link, to the file the link
+    names (the link stays), with the mode of the file it replaces, else the umask's."""
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except OSError:
+        mode = 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise cannot_write(path, e) from e
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

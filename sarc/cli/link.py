@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..loader import parse_overrides
 from ..training.link import LINK_DEFAULTS, hits_text, train_links
-from .options import UsageError, write_result
+from ..training.loop import write_result
+from .options import UsageError
 
 
 def check_link_args(args, spec) -> None:

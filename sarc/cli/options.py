@@ -6,7 +6,6 @@ import argparse
 import math
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 
@@ -383,32 +382,6 @@ def check_run_options(args) -> None:
     if args.mem_budget is not None:
         parse_bytes(args.mem_budget)
     check_output_file("--json", args.json)
-
-
-def write_result(path: str, result: dict) -> None:
-    """A run's ``--json`` report: its result without the trained module, strict JSON (a
-    metric without a value is ``null``: ``sarc.training.loop.result_json``), written whole
-    or not at all."""
-    from ..checkpoint import write_atomic
-    from ..training.loop import result_json
-    text = result_json(result)
-    try:
-        kind = os.stat(path).st_mode   # through links: /dev/stdout's is a pipe's or a tty's
-    except FileNotFoundError:
-        kind = None
-    if kind is not None and not stat.S_ISREG(kind):   # /dev/stdout, a pipe: written in place
-        with open(path, "w") as f:   # by its name: a pipe's resolved path names no entry
-            f.write(text)
-        return
-    target = Path(path).resolve()   # through a link, to what it names
-    if target.exists():   # a report written over keeps its mode, as open() would
-        mode = target.stat().st_mode & 0o7777
-    else:                 # as open() would have made it, not the temp file's
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    write_atomic(target, text.encode())
-    os.chmod(target, mode)
 
 
 def add_device_arguments(p, group=None, worker: bool = False) -> None:

@@ -6,7 +6,8 @@ import sys
 
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import exits_raise, parse_overrides
-from .options import (MEM_BUDGET_HELP, UsageError, write_result, add_check_data_argument, add_device_arguments,
+from ..training.loop import write_result
+from .options import (MEM_BUDGET_HELP, UsageError, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
                       at_least, check_device_arguments, overrides, check_input_dir,
                       check_mode_arguments, check_files_dir, check_output_file,

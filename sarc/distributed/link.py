@@ -175,7 +175,6 @@ def train_link_worker(spec: ModelSpec, cfg, group=None,
                          seed=cfg.seed,
                          negatives=hp["negatives"], workers=size, per_worker=workers)
     if rank == 0 and cfg.json_path:
-        from ..backends.codegen import write_atomic
-        from ..training.loop import result_json
-        write_atomic(Path(cfg.json_path), result_json(result))
+        from ..training.loop import write_result
+        write_result(cfg.json_path, result)
     return {**result, "module": model}

@@ -49,7 +49,7 @@ from ..train import (ModelSelection, TrainError, check_minibatch_model, hyperpar
 from ..sampling import Comm
 from ..training.device import kernels, placed
 from ..training.inputs import EMBEDDING_SCALE, optimizer
-from ..training.loop import (Batch, FullBatch, epoch_line, fit, result_json, save_selected,
+from ..training.loop import (Batch, FullBatch, epoch_line, fit, save_selected,
                              timings)
 from ..training.progress import plural
 from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
@@ -565,8 +565,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                  "num_ntypes": data.num_ntypes}
         save_selected(cfg.save_path, selection, run=run, hparams=hp, sizes=sizes)
     if rank == 0 and cfg.json_path:
-        from ..backends.codegen import write_atomic
-        write_atomic(Path(cfg.json_path), result_json(result))
+        from ..training.loop import write_result
+        write_result(cfg.json_path, result)
     return {**result, "module": model}
 
 

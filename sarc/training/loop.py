@@ -40,6 +40,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import numpy as np
@@ -339,6 +340,26 @@ def result_json(result: dict) -> str:
     import json
     body = {k: v for k, v in result.items() if k != "module"}
     return json.dumps(_finite_or_null(body), indent=2, default=repr, allow_nan=False) + "\n"
+
+
+def write_result(path: str, result: dict) -> None:
+    """A run's ``--json`` report (``result_json``), written whole or not at all, as
+    ``open(path, "w")`` would write it: a pipe or a terminal (``/dev/stdout``) in place, a
+    link's file through it (``checkpoint.write_atomic``)."""
+    import os
+    import stat
+
+    from ..checkpoint import write_atomic
+    text = result_json(result)
+    try:
+        kind = os.stat(path).st_mode   # through links: /dev/stdout's is a pipe's or a tty's
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):   # /dev/stdout, a pipe: written in place
+        with open(path, "w") as f:   # by its name: a pipe's resolved path names no entry
+            f.write(text)
+        return
+    write_atomic(Path(path), text.encode())
 
 
 def _finite_or_null(value):

@@ -26,7 +26,7 @@ from sarc.partition import load_partitions
 from sarc.partition.pipeline import partition_graph
 
 from .catalogue import case
-from .harness import ROOT, assert_error, run_sarc
+from .harness import ROOT, assert_error, on_workers, run_sarc
 
 GCN = ROOT / "models" / "gcn.py"
 KILLED = 137
@@ -332,7 +332,7 @@ def test_a_result_inside_a_set_sarc_wrote_is_refused(tmp_path, option):
 
 @case("files", "`--json` over an existing report of mode 0600", "nothing-lost")
 def test_a_report_written_over_keeps_its_mode(tmp_path):
-    from sarc.cli.options import write_result
+    from sarc.training.loop import write_result
     report = tmp_path / "r.json"
     report.write_text("{}")
     report.chmod(0o600)
@@ -344,3 +344,29 @@ def test_a_report_written_over_keeps_its_mode(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@case("files", "`--json` and `--save` onto a link, over a 0644 file, with 1 process and 2 "
+      "workers", "nothing-lost")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_results_are_written_through_links_with_the_mode_open_would_give(tmp_path, workers):
+    """Workers' rank 0 replaced a link with a file of mode 0600 (its ``--json`` on a link to
+    /proc/self/fd/1 replaced the link, and ``/dev/stdout`` as root); ``--save`` did on one
+    process too, and left every file it wrote 0600."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "report.json").symlink_to(real / "report.json")
+    (tmp_path / "model.pt").symlink_to(real / "model.pt")
+    (real / "model.pt").write_bytes(b"old")
+    (real / "model.pt").chmod(0o644)
+    proc = run_sarc("train", GCN, "--epochs", "1", "--json", tmp_path / "report.json",
+                    "--save", tmp_path / "model.pt", *on_workers(workers))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("report.json", "model.pt"):
+        assert (tmp_path / name).is_symlink(), name
+        assert (real / name).stat().st_size > 3, name
+    assert json.loads((real / "report.json").read_text())["epochs"] == 1
+    assert (real / "model.pt").stat().st_mode & 0o777 == 0o644
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (real / "report.json").stat().st_mode & 0o777 == 0o666 & ~umask
