@@ -16,3 +16,15 @@ __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "
            "edge_softmax", "HeteroConv", "TypedInput", "dropout", "leaky_relu", "elu", "concat",
            "linear", "glorot_",
            "DSLError", "GraphError", "SarcError", "load_trained"]
+
+_SUBPACKAGES = frozenset({"interop", "distributed", "frontends", "datasets"})
+"""Modules the README writes as attributes of ``sarc`` (``sarc.interop.from_pyg``), imported
+at their first use: ``import sarc`` stays light, and the frontends import their library only
+when a user reaches them."""
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'sarc' has no attribute {name!r}")

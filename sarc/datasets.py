@@ -255,6 +255,11 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
         top = int(label.max()) if label.size else UNLABELED
         c = (_count(out["num_classes"], "num_classes", fail, low=1) if "num_classes" in out
              else max(1, top + 1))
+        if "num_classes" not in out and c > max(n, 2):   # inferred: a class per node at most
+            i = int(np.argmax(label))
+            raise fail(f"label of node {i} is {label[i]}: more classes than the {_many(n, 'node')} "
+                       f"(without a num_classes array, the classes are 0 .. the largest "
+                       f"label); give num_classes where that many are meant")
         bad = (label < UNLABELED) | (label >= c)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

@@ -98,3 +98,21 @@ def test_the_table_is_in_pipeline_order():
     for pkg, may in rows.items():
         later = [p for p in may if p not in order[: order.index(pkg)]]
         assert not later, f"{pkg} may import {later}, listed below it"
+
+
+def test_the_modules_the_readme_writes_as_attributes_of_sarc_are_there():
+    """``sarc.interop.from_pyg`` after ``import sarc`` was an AttributeError (the README's
+    snippet); nothing heavy is imported until it is used."""
+    import subprocess
+    import sys
+    code = ("import sys, sarc\n"
+            "assert 'sarc.interop' not in sys.modules and 'dgl' not in sys.modules\n"
+            "print(sarc.interop.from_pyg.__name__, sarc.datasets.load_dataset.__name__,\n"
+            "      sarc.distributed.ShardedTensor.__name__, sarc.frontends.__name__)\n"
+            "try:\n    sarc.nothing\nexcept AttributeError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == [
+        "from_pyg load_dataset ShardedTensor sarc.frontends",
+        "module 'sarc' has no attribute 'nothing'"], proc.stdout

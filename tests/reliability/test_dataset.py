@@ -206,6 +206,18 @@ def test_label_out_of_range(tmp_path):
                   str(bad), "label", "num_classes = 7", "node 5")
 
 
+@case("dataset", "a label of 10**9 in a dataset without `num_classes`", "error")
+def test_a_label_beyond_the_node_count_without_num_classes(tmp_path):
+    """num_classes was taken as 10**9 + 1: the model's output layer failed to allocate
+    64 GB, an error said to be the model file's."""
+    label = cora("label").copy()
+    label[5] = 10**9
+    bad = write_variant(tmp_path / "huge.npz", label=label, num_classes=None)
+    train_refused(run_sarc("train", GCN, "--dataset", bad, "--epochs", "2"),
+                  str(bad), "label of node 5 is 1000000000", "more classes than the 2708 nodes",
+                  "num_classes")
+
+
 @case("dataset", "a negative label other than -1 (unlabeled)", "error")
 def test_negative_label(tmp_path):
     label = cora("label").copy()
