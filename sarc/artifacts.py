@@ -142,16 +142,26 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                                   workers=workers, mem_budget=mem_budget, baseline=baseline,
                                   exec_mode=exec_mode, schedules=schedules, t0=t0)
     shared = [None] * len(layers)
-    if mem_budget is not None and stats is not None and workers > 1 and exec_mode in (None, "hybrid"):
-        # the budget is the whole step's: the layers share it (share_budget)
+    sharing = mem_budget is not None and stats is not None and workers > 1 and \
+        exec_mode in (None, "hybrid")
+    seen: set[int] = set()
+    again = [id(layer) in seen or seen.add(id(layer)) for _, layer, _ in layers]
+    if sharing:
+        # the budget is the whole step's: the layers share it (share_budget), a share each;
+        # a layer's later calls run in sar (sarc.distributed.schedule.calls_again)
+        firsts = [k for k, a in enumerate(again) if not a]
         fns = [(compile_layer(layer, backend or layer._sarc_backend,
-                              through="optimize").optimized, need) for _, layer, need in layers]
-        shared = share_budget(fns, stats, mem_budget, baseline)
+                              through="optimize").optimized, need)
+               for _, layer, need in (layers[k] for k in firsts)]
+        for k, kept in zip(firsts, share_budget(fns, stats, mem_budget, baseline)):
+            shared[k] = kept
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):
-        target = Target(mode=mode, workers=workers, stats=stats, exec_mode=exec_mode,
-                        mem_budget=mem_budget, baseline=baseline, inputs_need_grad=need,
-                        distributed=schedules, kept_peers=shared[k])
+        sar = sharing and again[k]
+        target = Target(mode=mode, workers=workers, stats=stats,
+                        exec_mode="sar" if sar else exec_mode,
+                        mem_budget=None if sar else mem_budget, baseline=baseline,
+                        inputs_need_grad=need, distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(
             layer, backend or layer._sarc_backend, target=target, name=lname)))
     plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats,

@@ -80,6 +80,8 @@ class DistGraph:
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
         self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
+        self.step_calls = StepCalls()      # the programs a step's calls ran (sarc train's steps)
+        self.awaiting: dict = {}           # layer id -> its last call under autograd, weakly
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
         # a step's block k: (k, the model's sarc layers its budget share pairs with blocks)
         self.share_of: tuple | None = None
@@ -136,6 +138,7 @@ class DistGraph:
                         counter=self.counter, chunk_rows=self.chunk_rows, mode=self.mode)
         sub.programs, sub.layer_names = self.programs, self.layer_names
         sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
+        sub.step_calls, sub.awaiting = self.step_calls, self.awaiting
         return sub
 
     def share_memory(self, model) -> None:
@@ -233,10 +236,13 @@ class DistGraph:
         return torch.cat([e[name] for e in self.shard.edata])
 
     def planned_bytes_sent(self) -> int | None:
-        """The planner's bytes this worker sends in one training step (forward + backward) of
-        the layers called so far under autograd (None without partition statistics)."""
+        """The planner's bytes this worker sends in one training step (forward + backward):
+        of every call of the last step where steps are counted (``step_calls``: a layer
+        called k times sends k times), else of the layers called so far under autograd,
+        once each (None without partition statistics)."""
         total = 0
-        for prog in self.training_programs.values():
+        programs = self.step_calls.programs
+        for prog in programs if programs is not None else self.training_programs.values():
             if prog.plan.bytes_sent is None:
                 return None
             total += prog.plan.bytes_sent[self.rank]
@@ -246,6 +252,22 @@ class DistGraph:
         return (f"DistGraph(rank={self.rank}/{self.size}, nodes={self.num_dst}, "
                 f"edges={self.num_edges}, exec_mode={self.exec_mode or 'planner'}"
                 f"{', baseline' if self.baseline else ''})")
+
+
+class StepCalls:
+    """The programs the layer calls of a training step ran under autograd, in call order:
+    counted from the first ``begin`` (a trainer's, at each step), so the planner's bytes
+    are the step's, a layer called twice counted twice."""
+
+    def __init__(self):
+        self.programs: list | None = None
+
+    def begin(self) -> None:
+        self.programs = []
+
+    def add(self, program) -> None:
+        if self.programs is not None:
+            self.programs.append(program)
 
 
 def gather_stats(shard: ShardedGraph, group=None, chunk_rows: int | None = None) -> ShardStats:

@@ -18,6 +18,7 @@ go back to their owners and are added there).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -65,11 +66,12 @@ class LayerProgram:
         return self.generated.source
 
 
-def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool) -> LayerProgram:
+def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
+                  again: bool = False) -> LayerProgram:
     # the layer's IR as it runs on one process (the pipeline and the passes of the layer's
     # backend, whose kernels run the blocks), planned for dg, cut at the exchange, and its
-    # schedule
-    unshared = _runs_another_layers_share(layer, dg)
+    # schedule; ``again``: a call of a layer whose earlier call awaits its backward, in sar
+    unshared = again or _runs_another_layers_share(layer, dg)
     target = compiler.Target(mode=dg.mode, workers=dg.size, stats=dg.stats,
                              exec_mode="sar" if unshared else dg.exec_mode,
                              mem_budget=None if unshared else _budget_left(dg, layer),
@@ -132,21 +134,36 @@ def _budget_left(dg: DistGraph, layer):
     if dg.mem_budget is None or id(layer) in dg.kept_share:
         return dg.mem_budget
     taken = {}
-    for (lid, _), prog in dg.programs.items():
+    for (lid, *_), prog in dg.programs.items():
         if lid != id(layer) and prog.plan.bytes_kept is not None:
             kept = prog.plan.bytes_kept
             taken[lid] = [max(a, b) for a, b in zip(taken.get(lid, kept), kept)]
     return tuple(dg.mem_budget - sum(t[r] for t in taken.values()) for r in range(dg.size))
 
 
-def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
+def calls_again(layer, dg: DistGraph) -> bool:
+    """Whether a training call of ``layer`` on ``dg`` is one of several in a step that share
+    a memory budget: an earlier call of it (weight sharing) still awaits its backward,
+    keeping the rows its plan keeps. The budget was shared over the model's layers, one
+    share each: such a call runs in sar, keeping no remote row, so the step stays within
+    the budget (``sarc compile`` plans a step's later calls of a layer so)."""
+    if not torch.is_grad_enabled() or not shares_budget(dg):
+        return False
+    earlier = dg.awaiting.get(id(layer))
+    return earlier is not None and earlier() is not None
+
+
+def program_for(layer, dg: DistGraph, inputs_need_grad: bool,
+                again: bool = False) -> LayerProgram:
     """The layer's program on ``dg``, compiled on first use (named by class and first-call
-    order), and again when what its trace read has changed (``Layer.compiled``)."""
-    key = (id(layer), inputs_need_grad)
+    order), and again when what its trace read has changed (``Layer.compiled``);
+    ``again``: its program for a call while an earlier one awaits its backward
+    (``calls_again``)."""
+    key = (id(layer), inputs_need_grad, again)
     state = state_key(layer)
     if key not in dg.programs or dg.programs[key].state != state:
         name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
-        dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad)
+        dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad, again)
         dg.programs[key].state = state_key(layer)  # after the trace (Layer.compiled)
     return dg.programs[key]
 
@@ -154,7 +171,7 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool) -> LayerProgram:
 def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
     given = resolve_features(layer, args, feats)
-    prog = program_for(layer, dg, input_needs_grad(layer, given))
+    prog = program_for(layer, dg, input_needs_grad(layer, given), calls_again(layer, dg))
     fn = prog.split.layer
     node_inputs, edge_inputs = {}, {}
     for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges
@@ -170,12 +187,15 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     params = {k: p for k, p in layer.leaf_tensors().items() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog
+        dg.step_calls.add(prog)
     training = layer.training
     seed = rng.draw_seed() if training else None
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
     call.differentiable = torch.is_grad_enabled()   # its forward keeps the node parts' graphs
     flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]
     outs = _DistLayer.apply(call, *flat)
+    if call.differentiable:   # kept, with what it keeps, until its backward (calls_again)
+        dg.awaiting[id(layer)] = weakref.ref(call)
     names = [k for k, _ in fn.outputs]
     return outs[0] if len(names) == 1 else dict(zip(names, outs))
 

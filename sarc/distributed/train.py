@@ -248,14 +248,16 @@ class AllReduce:
 
 class ShardSteps(FullBatch):
     """Full-batch steps on the worker's shard, with the bytes each step's exchanges sent
-    (``step_bytes``; the counter starts at zero every epoch)."""
+    (``step_bytes``; the counter starts at zero every epoch) and the programs its calls
+    ran (``DistGraph.step_calls``)."""
 
-    def __init__(self, batch: Batch, counts: dict[str, int], counter: ByteCounter):
+    def __init__(self, batch: Batch, counts: dict[str, int], dg: DistGraph):
         super().__init__(batch, counts)
-        self.counter, self.step_bytes = counter, []
+        self.counter, self.calls, self.step_bytes = dg.counter, dg.step_calls, []
 
     def steps(self, epoch: int) -> Iterable[Batch]:
         self.counter.reset()
+        self.calls.begin()
         yield self.batch
         self.step_bytes.append(self.counter.total_sent)  # the step is done: see StepSource
 
@@ -494,7 +496,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                  train_total=data.counts["train"], node_ids=global_ids(shard))
     last = int(hp["epochs"])
     if cfg.minibatch is None:
-        source = ShardSteps(full, data.counts, dg.counter)
+        source = ShardSteps(full, data.counts, dg)
 
         def line(*progress) -> str:
             return (epoch_line(*progress, of=last) +

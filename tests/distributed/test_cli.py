@@ -119,6 +119,33 @@ def test_a_plain_batch_norm_normalizes_over_every_worker(tmp_path):
     assert "batch norm norm.0: normalized over every worker's rows" in proc.stdout
 
 
+SHARED_MODEL = BATCH_NORM_MODEL.replace(
+    "self.conv1, self.conv2 = Mean(in_feats, 16), Mean(16, num_classes)",
+    "self.enc, self.conv, self.out = nn.Linear(in_feats, 16), Mean(16, 16), nn.Linear(16, num_classes)"
+).replace(
+    "return self.conv2(g, F.relu(self.norm(self.conv1(g, x))))",
+    "h = self.enc(x)\n            for _ in range(3):\n                h = F.relu(self.conv(g, h))\n"
+    "            return self.out(h)")
+
+
+def test_a_layer_called_three_times_a_step_is_planned_three_times_within_the_budget(tmp_path):
+    """Weight sharing: the report's planned bytes counted a layer once a step where it ran
+    three times (a third of what was sent), and each call kept the rows of the one share
+    the layer had of the budget. A call while an earlier one awaits its backward now runs
+    in sar, and the step's calls are counted."""
+    model = tmp_path / "shared.py"
+    model.write_text(SHARED_MODEL)
+    assert "for _ in range(3)" in SHARED_MODEL
+    out = tmp_path / "three.json"
+    _sarc("train", str(model), "--workers", "3", "--method", "random", "--exec", "hybrid",
+          "--mem-budget", "20K", "--json", str(out))
+    three = json.loads(out.read_text())
+    for w in three["per_worker"]:
+        assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
+    one = train(load_model_file(model), "cora", log=None)
+    assert abs(three["final_loss"] - one["final_loss"]) <= 1e-5 * one["final_loss"]
+
+
 def test_compile_emits_the_generated_schedules(tmp_path):
     parts = tmp_path / "parts"
     _sarc("partition", "--dataset", "cora", "--parts", "3", "--out", str(parts))
