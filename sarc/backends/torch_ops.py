@@ -841,22 +841,40 @@ class _Rematerialized(torch.autograd.Function):
 
 def _block_grads(ctx, needs, cotangent) -> list:
     """The operands' gradients of a rematerialized op: each block computed again with
-    autograd and differentiated against ``cotangent(out, lo, hi)``, the gradients added."""
-    operands = ctx.saved_tensors
-    leaves = [x.detach().requires_grad_(n) for x, n in zip(operands, needs)]
-    wrt = [x for x in leaves if x.requires_grad]
-    if not wrt:
-        return [None] * len(leaves)
-    acc = [torch.zeros_like(x) for x in wrt]
+    autograd and differentiated against ``cotangent(out, lo, hi)``, the gradients added.
+    A block's leaves are its own slices of the edge and destination operands, so their
+    gradients are the block's rows only, written into the whole gradient's rows (a leaf
+    of the whole operand would give each block a zero-filled gradient of all E rows:
+    O(blocks x E) work)."""
+    operands = [x.detach() for x in ctx.saved_tensors]
+    if not any(needs):
+        return [None] * len(operands)
+    g, sides = ctx.g, ctx.sides
+    acc = [torch.zeros_like(x) if n else None for x, n in zip(operands, needs)]
     for lo, hi in ctx.blocks:
+        if (lo, hi) == (0, g.num_dst):
+            gb, xs, e0, e1 = g, operands, 0, g.num_edges
+        else:
+            gb, e0, e1 = _sub_block(g, lo, hi)
+            xs = [_slice_operand(x, s, lo, hi, e0, e1) for x, s in zip(operands, sides)]
+        leaves = [x.detach().requires_grad_(n) for x, n in zip(xs, needs)]
+        wrt = [x for x in leaves if x.requires_grad]
         with torch.enable_grad():
-            out = ctx.block_fn(*block_args(ctx.g, ctx.sides, lo, hi, leaves))
-        gs = torch.autograd.grad(out, wrt, cotangent(out, lo, hi), allow_unused=True)
-        for a, gr in zip(acc, gs):
-            if gr is not None:
+            out = ctx.block_fn(gb, *leaves)
+        gs = iter(torch.autograd.grad(out, wrt, cotangent(out, lo, hi), allow_unused=True))
+        for a, x, s in zip(acc, leaves, sides):
+            if not x.requires_grad:
+                continue
+            gr = next(gs)
+            if gr is None:
+                continue
+            if x.shape == a.shape:
                 a.add_(gr)
-    it = iter(acc)
-    return [next(it) if x.requires_grad else None for x in leaves]
+            elif s == "dst":
+                a[lo:hi].add_(gr)
+            else:
+                a[e0:e1].add_(gr)
+    return acc
 
 
 class _RematerializedSum(torch.autograd.Function):
@@ -1073,10 +1091,12 @@ def _edge_rows(x: torch.Tensor | None, side: str, g: Graph, e0: int, e1: int):
     return x[e0:e1] if side == "edge" else x
 
 
-SPAN_ELEMS = 1 << 18
-"""Edge-value elements (edges x width) of one span of a region computed span by span (a
-sixteenth of a fused block's: the region's several edge values are live at once, beside
-the whole layer's node-sized ones)."""
+SPAN_ELEMS = 1 << 20
+"""Edge-value elements (edges x width) of one span of a region computed span by span, width
+the region's widest edge value, in both passes. 2^18 gave GATv2's 64-wide region
+4096-edge spans, hundreds of small ops per pass on a 1M-edge graph, while its backward took
+65536-edge spans sized by the scores' width alone; 2^22 (a fused block's) was faster still
+but doubled GATv2's peak memory (300k edges, F = 64: 196 MiB against 98 at 2^20)."""
 
 
 def _edge_spans(g: Graph, width: int):
@@ -1101,8 +1121,24 @@ def _span_scores(score, sides, width: int, g: Graph, operands) -> torch.Tensor:
     return out
 
 
+def _scatter_add_rows(out: torch.Tensor, index: torch.Tensor, d: torch.Tensor,
+                      sorted_index: bool) -> None:
+    """out[index[e]] += d[e]: sarc's C scatter where built (``index_add_`` is several times
+    slower on CPU); a sorted index (a span's destinations, CSR order) touches only the rows
+    [index[0], index[-1]], so only those are scattered into and added."""
+    k = cpu_kernels.kernels_for(out, d) if out.is_contiguous() and d.dtype == out.dtype else None
+    if k is None or not index.numel():
+        out.index_add_(0, index, d)
+        return
+    if sorted_index:
+        lo, hi = int(index[0]), int(index[-1]) + 1
+        out[lo:hi].add_(k.scatter_rows(index - lo, d, hi - lo).view(hi - lo, *out.shape[1:]))
+    else:
+        out.add_(k.scatter_rows(index, d, out.shape[0]).view(out.shape))
+
+
 def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
-                      ds: torch.Tensor) -> list[torch.Tensor | None]:
+                      ds: torch.Tensor, width: int = 1) -> list[torch.Tensor | None]:
     """The gradients of the operands ``need`` names, given that of the region's scores
     ``ds``: the region again span by span, with autograd from each span's rows of its
     operands, each span's scores' gradient sent through it and the rows' gradients added
@@ -1110,8 +1146,8 @@ def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
     functions of their keys (``sarc.ir.rng``), so the second pass is the first."""
     grads: list[torch.Tensor | None] = [torch.zeros_like(x) if x is not None and n else None
                                         for x, n in zip(operands, need)]
-    width = math.prod(ds.shape[1:])
-    wanted = [k for k, n in enumerate(need) if n]
+    width = max(width, math.prod(ds.shape[1:]))  # the region's widest edge value: its spans
+    wanted = [k for k, n in enumerate(need) if n]   # are the forward pass's
     with torch.enable_grad():
         for e0, e1 in _edge_spans(g, width):
             leaves = [None if x is None else
@@ -1126,7 +1162,8 @@ def _span_score_grads(score, sides, g: Graph, operands, need: list[bool],
                 if d is None:
                     continue
                 if sides[k] in ("src", "dst"):
-                    grads[k].index_add_(0, (g.src if sides[k] == "src" else g.dst)[e0:e1], d)
+                    _scatter_add_rows(grads[k], (g.src if sides[k] == "src" else g.dst)[e0:e1],
+                                      d, sides[k] == "dst")
                 elif sides[k] == "edge":
                     grads[k][e0:e1].add_(d)
                 else:
@@ -1142,7 +1179,7 @@ class _RecomputedScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, score, sides, width, g, *operands):
-        ctx.score, ctx.sides, ctx.g = score, sides, g
+        ctx.score, ctx.sides, ctx.g, ctx.width = score, sides, g, width
         ctx.save_for_backward(*operands)
         return _span_scores(score, sides, width, g, operands)
 
@@ -1152,7 +1189,7 @@ class _RecomputedScores(torch.autograd.Function):
         operands = ctx.saved_tensors
         need = [x is not None and n for x, n in zip(operands, ctx.needs_input_grad[4:])]
         return None, None, None, None, *_span_score_grads(ctx.score, ctx.sides, ctx.g,
-                                                          operands, need, ds)
+                                                          operands, need, ds, ctx.width)
 
 
 def _own(s: torch.Tensor, operands) -> torch.Tensor:
@@ -1224,7 +1261,8 @@ class _RecomputedSoftmaxProduct(torch.autograd.Function):
                 ctx.spent = True
             else:
                 ds = _softmax_vjp_into(_dots(lay, g.src, g.num_src, dy3, z3), alpha, g)
-            grads = _span_score_grads(ctx.score, ctx.sides, g, ops, need, ds.reshape(ctx.s_shape))
+            grads = _span_score_grads(ctx.score, ctx.sides, g, ops, need, ds.reshape(ctx.s_shape),
+                                      ctx.width)
         for k, dim in folds:
             grads[k] = _fold(grads[k], z, dz, operands[k], ctx.sides[k], dim, g,
                              ctx.needs_input_grad[6 + k])
