@@ -31,6 +31,7 @@ the model was built for; ``load_trained(PATH, MODEL.py)`` rebuilds it for infere
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -352,12 +353,18 @@ def _umask() -> int:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """``path`` holds its old content or all of ``data``, whenever the process dies. It is
-    written as ``open(path, "wb")`` would write it: through a link, to the file the link
-    names (the link stays), with the mode of the file it replaces, else the umask's."""
+    """``path`` holds its old content or all of ``data``, whenever the process dies. A link
+    is written through: the file it names is replaced (the link stays), in that file's
+    directory, which must be writable (``cli.options.check_output_file`` checks it); the
+    file keeps the mode of the one it replaces, else gets the umask's, as ``open`` gives."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        try:
+            path = path.resolve()
+        except RuntimeError as e:   # a loop (an OSError from Python 3.13)
+            raise cannot_write(path, OSError(errno.ELOOP, str(e))) from None
+        except OSError as e:
+            raise cannot_write(path, e) from e
     try:
         mode = path.stat().st_mode & 0o7777
     except OSError:

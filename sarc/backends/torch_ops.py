@@ -1127,7 +1127,9 @@ def _scatter_add_rows(out: torch.Tensor, index: torch.Tensor, d: torch.Tensor,
     slower on CPU); a sorted index (a span's destinations, CSR order) touches only the rows
     [index[0], index[-1]], so only those are scattered into and added."""
     k = cpu_kernels.kernels_for(out, d) if out.is_contiguous() and d.dtype == out.dtype else None
-    if k is None or not index.numel():
+    # unsorted, the C scatter fills and adds all of out's rows: worth it for a span that
+    # touches about as many rows as out has, not for a span of a large graph's
+    if k is None or not index.numel() or (not sorted_index and out.shape[0] > 4 * index.numel()):
         out.index_add_(0, index, d)
         return
     if sorted_index:

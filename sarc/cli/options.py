@@ -248,6 +248,11 @@ def check_output_file(option: str, path: str | None) -> None:
     p = Path(path)
     if p.is_dir() or path.endswith(os.sep):   # Path drops the slash: results/ wrote "results"
         raise UsageError(f"{option} {path} is a directory; give the path of a file")
+    if p.is_symlink():   # written beside the file the link names (checkpoint.write_atomic)
+        try:
+            p = p.resolve()
+        except (RuntimeError, OSError) as e:   # a loop
+            raise UsageError(f"{option} {path} is a link that names no file ({e})") from None
     if p.exists() and not p.is_file():   # /dev/stdout, a pipe: written in place, not beside
         if not os.access(p, os.W_OK):
             raise UsageError(f"{option} {path} exists and is not writable")

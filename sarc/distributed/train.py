@@ -528,7 +528,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if cfg.minibatch is None:
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
-        programs, sampled = list(dg.training_programs.values()), {}
+        programs, sampled = dg.step_calls.programs or list(dg.training_programs.values()), {}
     else:  # the mean step of the last epoch, each step planned on its own blocks
         h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
                                                         "sampling_bytes_sent": 0}

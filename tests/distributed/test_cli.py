@@ -142,6 +142,9 @@ def test_a_layer_called_three_times_a_step_is_planned_three_times_within_the_bud
     three = json.loads(out.read_text())
     for w in three["per_worker"]:
         assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0, w
+    # the last step's calls: the first keeps its share, the two while it awaits its backward
+    # keep nothing
+    assert [p["exec_mode"] for p in three["plans"]] == ["hybrid", "sar", "sar"], three["plans"]
     one = train(load_model_file(model), "cora", log=None)
     assert abs(three["final_loss"] - one["final_loss"]) <= 1e-5 * one["final_loss"]
 

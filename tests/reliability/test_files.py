@@ -370,3 +370,24 @@ def test_results_are_written_through_links_with_the_mode_open_would_give(tmp_pat
     umask = os.umask(0)
     os.umask(umask)
     assert (real / "report.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@case("files", "`--json` / `--save` a link loop, or a link into a directory sarc cannot write "
+      "in", "error")
+def test_a_link_loop_or_a_link_into_an_unwritable_directory_is_refused_before_training(tmp_path):
+    """A loop ended the run, after training, with a bare RuntimeError; a link to a file in a
+    directory where no file can be made passed the check and failed after training (the
+    report is written beside the file the link names: that directory is checked)."""
+    from sarc.checkpoint import write_atomic
+    from sarc.cli.options import UsageError, check_output_file
+    from sarc.errors import OutputError
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(tmp_path / "loop.json")
+    with pytest.raises(UsageError, match="loop.json.*link"):
+        check_output_file("--json", str(loop))
+    with pytest.raises(OutputError, match="loop.json: cannot be written"):
+        write_atomic(loop, b"{}")
+    gone = tmp_path / "gone"   # a link to a file in a directory that is not there
+    (tmp_path / "r.json").symlink_to(gone / "r.json")
+    with pytest.raises(UsageError, match=f"the directory {gone} does not exist"):
+        check_output_file("--json", str(tmp_path / "r.json"))
