@@ -17,6 +17,8 @@ from sarc.checkpoint import run_differences
 from sarc.training.minibatch import MiniBatchConfig
 from sarc.training.progress import plural
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

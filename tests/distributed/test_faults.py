@@ -24,6 +24,8 @@ from sarc.partition import partition_graph
 
 from .harness import spawn
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = datetime.timedelta(seconds=15)
 

@@ -17,6 +17,8 @@ from sarc.loader import load_model_file
 from sarc.train import train
 from timeouts import run_or_show_stacks
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,6 +11,8 @@ import torch
 from sarc.cli import main
 from timeouts import run_or_show_stacks
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 MODEL_FILES = sorted((ROOT / "models").glob("*.py"))
 

@@ -21,6 +21,8 @@ from sarc.cli import main
 from sarc.datasets import load_dataset
 from timeouts import run_or_show_stacks
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -30,6 +30,8 @@ from timeouts import run_or_show_stacks
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 GCN = ROOT / "models" / "gcn.py"
 GAT = ROOT / "models" / "gat.py"
 RUN = ("--epochs", "6", "--checkpoint-every", "2", "--threads", "1", "--log-every", "3")

@@ -12,6 +12,8 @@ import pytest
 from .catalogue import case
 from .harness import ROOT, assert_error, on_workers, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 GCN = ROOT / "models" / "gcn.py"
 
 

@@ -17,6 +17,8 @@ from sarc.train import train
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 CORA = ROOT / "sarc" / "data" / "cora.npz"
 AIFB = ROOT / "sarc" / "data" / "aifb.npz"
 GCN = ROOT / "models" / "gcn.py"

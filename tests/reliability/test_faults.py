@@ -27,6 +27,8 @@ from sarc.partition import partition_graph
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 GCN = str(ROOT / "models" / "gcn.py")
 LONG_RUN = ("--dataset", "cora", "--method", "random", "--epochs", "100000", "--log-every", "1")
 

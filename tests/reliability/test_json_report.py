@@ -14,6 +14,8 @@ from sarc.training.loop import result_json
 
 from .harness import ROOT, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 SAGE = ROOT / "models" / "sage.py"
 
 

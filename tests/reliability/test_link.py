@@ -8,6 +8,8 @@ import torch
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 SAGE = ROOT / "models" / "sage.py"
 SAGE_LP = ROOT / "models" / "sage_lp.py"
 

@@ -27,6 +27,8 @@ from difftest import BACKENDS
 from .catalogue import case
 from .harness import assert_error, run_sarc
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 WIDTH = 4
 
 

@@ -9,12 +9,15 @@ import datetime
 import traceback
 from textwrap import dedent
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 from .test_hetero import MISSING_RELATION
+
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
 
 SAGE = str(ROOT / "models" / "sage.py")
 GCN = str(ROOT / "models" / "gcn.py")

@@ -21,6 +21,8 @@ from sarc.train import train
 from sarc.training.minibatch import MiniBatchConfig
 from timeouts import run_or_show_stacks
 
+pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
+
 ROOT = Path(__file__).resolve().parents[2]
 NO_DROPOUT = {"sage": ["--set", "dropout=0"], "gat": ["--set", "dropout=0", "--set", "attn_drop=0"],
               "gcn": ["--set", "dropout=0"]}
