@@ -160,6 +160,10 @@ TWICE = (SOURCE_IN_DEGREE
          .replace("return self.conv(g, x)", "return self.out(self.conv(g, self.conv(g, x)))")
          .replace("return Deep(in_feats, num_classes)", "return Net(in_feats, num_classes)"))
 
+TWICE_LINE = next(k for k, line in enumerate(TWICE.splitlines(), 1)
+                  if "self.conv(g, self.conv(g, x))" in line)
+"""The model file's line that calls the layer twice."""
+
 
 @case("cli", "`sarc compile --mode mfg` of a model calling its one sarc layer twice (a step "
       "has a block per layer)", "error")
@@ -168,10 +172,8 @@ def test_compile_refuses_a_layer_called_twice_in_a_minibatch_mode(tmp_path):
     model = tmp_path / "twice.py"
     model.write_text(TWICE)
     assert "src.in_degree" not in TWICE and "self.conv(g, self.conv(g, x))" in TWICE
-    line = TWICE.splitlines().index(next(l for l in TWICE.splitlines()
-                                         if "self.conv(g, self.conv(g, x))" in l)) + 1
     err = refused(run_sarc("compile", model, "--mode", "mfg", "--out", tmp_path / "o"),
-                  tmp_path / "o", f"twice.py:{line} (in forward): the forward calls the "
+                  tmp_path / "o", f"twice.py:{TWICE_LINE} (in forward): the forward calls the "
                                   f"sarc layer conv again: in mfg mode a step has a block per "
                                   f"sarc layer")
     assert "self.conv(g, self.conv(g, x))" in err, err
@@ -184,13 +186,11 @@ def test_train_names_the_line_that_calls_a_layer_again_in_a_minibatch_mode(tmp_p
     """The refusal counted the calls, but named neither the layer nor the line."""
     model = tmp_path / "twice.py"
     model.write_text(TWICE)
-    line = TWICE.splitlines().index(next(l for l in TWICE.splitlines()
-                                         if "self.conv(g, self.conv(g, x))" in l)) + 1
     proc = run_sarc("train", model, "--mode", "mfg", "--epochs", "1", *on_workers(workers))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert f"twice.py:{line} (in forward): the forward calls the sarc layer conv again: in " \
-        f"mfg and sampling modes a step has a block per sarc layer" in proc.stderr, \
-        proc.stderr[-2000:]
+    assert f"twice.py:{TWICE_LINE} (in forward): the forward calls the sarc layer conv " \
+        f"again: in mfg and sampling modes a step has a block per sarc layer" in \
+        proc.stderr, proc.stderr[-2000:]
 
 
 UNCALLED = (SOURCE_IN_DEGREE
