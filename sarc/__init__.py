@@ -28,3 +28,7 @@ def __getattr__(name: str):
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'sarc' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_SUBPACKAGES})
