@@ -168,7 +168,7 @@ def compile_command(args) -> int:
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
         from ..training.minibatch import graph_layers, never_called
         n = graph_layers(model)
-        again = _again(calls, args.mode)
+        again = _again(calls, args.mode) if len(calls) > n else None
         if again:
             raise CompileError(again)
         if len(calls) != n:

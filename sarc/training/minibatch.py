@@ -264,12 +264,14 @@ class MiniBatchGraph:
     def check_call(self, caller: nn.Module) -> None:
         """``caller`` (a sarc layer, or a library conv that declares its layer from its
         first call's rows, before it reads the rows of a block not its own) has a block
-        left for it; one called again in the pass is named, at the line that calls it."""
-        if id(caller) in self.callers:
-            from .layer_calls import called_again
-            raise TrainError(called_again(_layer_name(self.model, caller), user_loc()))
+        left for it; where none is left and it was called before in the pass (weight
+        sharing, a block per layer), it is named, at the line that calls it."""
+        again = id(caller) in self.callers
         self.callers.add(id(caller))
         if self.calls >= len(self.graphs):
+            if again:   # a block per call: a layer called again takes one no layer has
+                from .layer_calls import called_again
+                raise TrainError(called_again(_layer_name(self.model, caller), user_loc()))
             raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
 
     def run_layer(self, layer, args: tuple, feats: dict):
