@@ -10,6 +10,7 @@ from .errors import DSLError, GraphError, SarcError
 from .graph import Graph
 from .hetero import HeteroConv, TypedInput
 from .trace import concat, dropout, elu, leaky_relu, linear
+from .trace_guards import passes_on as _passes_on
 from .version import __version__
 
 __all__ = ["Layer", "Feature", "INDEX", "TypedLinear", "Graph", "sum", "mean", "max", "min",
@@ -23,6 +24,7 @@ at their first use: ``import sarc`` stays light, and the frontends import their 
 when a user reaches them."""
 
 
+@_passes_on
 def __getattr__(name: str):
     if name in _SUBPACKAGES:
         import importlib

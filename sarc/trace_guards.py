@@ -194,6 +194,13 @@ _PASSES_ON: set = set()
 the user's call's, as if no wrapper were there (``raised_at``)."""
 
 
+def passes_on(fn):
+    """Mark ``fn`` as a pass-through (``_PASSES_ON``): an error raised in it is its caller's
+    (``sarc.__getattr__``'s AttributeError is the user's misspelt ``sarc.meen``)."""
+    _PASSES_ON.add(fn.__code__)
+    return fn
+
+
 @contextlib.contextmanager
 def _refuse_python_randomness(namespaces: Callable[[], list[dict]]):
     """Swap the drawing functions of ``random`` and ``numpy.random`` in their modules and
