@@ -30,16 +30,19 @@ run: $(VENV)/.stamp
 	$(VENV)/bin/sarc train models/gcn.py --dataset cora --log-every 20
 
 # The suite runs a test file per worker process (pytest-xdist), one worker per core, at most 4,
-# and names its 40 slowest tests (the suite must stay within CI's time).
+# and names its 40 slowest tests (the suite must stay within CI's time). sarc's modules are
+# compiled first: each of the suite's hundreds of worker processes would compile them again.
 PYTEST := -m pytest -q tests -n auto --maxprocesses 4 --dist loadfile --durations=40
 
 test-main: $(VENV)/.stamp
+	$(VENV)/bin/python -m compileall -q sarc
 	$(VENV)/bin/python $(PYTEST)
 
 # In the DGL environment DGL must import: SARC_REQUIRE_DGL turns a skip into a failure. It
 # runs every test but the DGL-free end-to-end runs (marker `once`), which the main
 # environment runs: the unit, differential and DGL tests on torch 2.2.1, DGL's end to end.
 test-dgl: $(VENV_DGL)/.stamp
+	$(VENV_DGL)/bin/python -m compileall -q sarc
 	SARC_REQUIRE_DGL=1 $(VENV_DGL)/bin/python $(PYTEST) -m "not once"
 
 test: test-main test-dgl

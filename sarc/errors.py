@@ -5,6 +5,17 @@ import contextlib
 import linecache
 from dataclasses import dataclass, field
 
+PASSES_ON: set = set()
+"""The code of functions that pass a call on (``passes_on``): the tracer takes an error
+raised in one for its caller's (``sarc.trace_guards``)."""
+
+
+def passes_on(fn):
+    """Mark ``fn`` as a pass-through: an error raised in it is its caller's
+    (``sarc.__getattr__``'s AttributeError is the user's misspelt ``sarc.meen``)."""
+    PASSES_ON.add(fn.__code__)
+    return fn
+
 
 @dataclass(frozen=True)
 class SourceLoc:

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .errors import DSLError, GraphAttributeError, SarcError, SourceLoc, class_loc, dsl_errors_made
+from .errors import (PASSES_ON, DSLError, GraphAttributeError, SarcError, SourceLoc, class_loc,
+                     dsl_errors_made)
 from .names import GENERATED_PACKAGE
 from .trace import (TRAINING, _has_proxy, _inside_torch_module, _installed, _is_core_library,
                     _is_library, _is_sarc, _torch_name, call_torch, traced_code, user_loc)
@@ -183,22 +184,9 @@ def _tensor_proxy_routes() -> tuple:
             if _has_proxy(args, kwargs):
                 return call_torch(func, args, kwargs)
             return func(*args, **kwargs)
-        _PASSES_ON.add(call.__code__)
+        PASSES_ON.add(call.__code__)
         return call
     return tuple((f, route(f)) for f in builtins.values())
-
-
-_PASSES_ON: set = set()
-"""The code of sarc's wrappers that pass a call on to torch unchanged (the routes of
-``builtins_take_tensor_proxies`` given no proxy): an error torch raises below one is
-the user's call's, as if no wrapper were there (``raised_at``)."""
-
-
-def passes_on(fn):
-    """Mark ``fn`` as a pass-through (``_PASSES_ON``): an error raised in it is its caller's
-    (``sarc.__getattr__``'s AttributeError is the user's misspelt ``sarc.meen``)."""
-    _PASSES_ON.add(fn.__code__)
-    return fn
 
 
 @contextlib.contextmanager
@@ -392,7 +380,7 @@ def raised_at(e: BaseException) -> SourceLoc | None:
         path = tb.tb_frame.f_code.co_filename
         if not _is_library(path):
             user, below_user = tb, []
-        elif user is not None and tb.tb_frame.f_code not in _PASSES_ON:
+        elif user is not None and tb.tb_frame.f_code not in PASSES_ON:
             below_user.append(path)
         tb = tb.tb_next
     if user is None or (any(_is_sarc(p) for p in below_user)

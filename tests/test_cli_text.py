@@ -16,6 +16,7 @@ import pytest
 from sarc.checkpoint import run_differences
 from sarc.training.minibatch import MiniBatchConfig
 from sarc.training.progress import plural
+from timeouts import run_or_show_stacks
 
 pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
 
@@ -23,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sarc(*argv, module: str = "sarc.cli", ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *map(str, argv)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = run_or_show_stacks([sys.executable, "-m", module, *map(str, argv)], cwd=ROOT,
+                              timeout=300, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     if ok:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc

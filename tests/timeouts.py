@@ -5,6 +5,9 @@ asks the command where it is first: ``sarc`` prints its threads' stacks on SIGUS
 ``sarc train --workers P`` its agent's and workers' too (``sarc.distributed.stacks``).
 Then it stops the command (SIGTERM: ``sarc train`` stops its run; SIGKILL after
 ``STOP_S``), and the test fails with the command's output, stacks included.
+
+``sarc`` commands run forked from a preloaded interpreter where they can (``preloaded``):
+each a process of its own, without the seconds of importing torch and sarc.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import shlex
 import signal
 import subprocess
 from pathlib import Path
+
+import preloaded
 
 STACKS_S = 5.0   # how long the command has to print its stacks
 STOP_S = 30.0    # how long it has to stop after SIGTERM
@@ -26,8 +31,8 @@ def run_or_show_stacks(cmd, *, timeout: float, **kwargs) -> subprocess.Completed
     and stopped, and the test fails (AssertionError) with its output."""
     cmd = [os.fspath(c) if isinstance(c, os.PathLike) else c for c in cmd]
     kwargs.setdefault("text", True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, **kwargs)
+    proc = preloaded.popen(cmd, **kwargs) or subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -19,13 +19,25 @@ the report),
 ``agent`` (torchrun as ``sarc train`` runs it), ``supervise`` (nothing of a run
 outlives it) and ``stacks`` (where a run is stuck).
 """
-from .batchnorm import SyncBatchNorm
-from .embedding import Embedding, SparseAdagrad, SparseAdam
-from .exchange import ByteCounter
-from .graph import DistError, DistGraph
-from .store import ShardedTensor
-from ..training.loop import global_cross_entropy
-from .train import allreduce_gradients
-
 __all__ = ["DistGraph", "DistError", "SyncBatchNorm", "ByteCounter", "allreduce_gradients",
            "global_cross_entropy", "ShardedTensor", "Embedding", "SparseAdagrad", "SparseAdam"]
+
+_FROM = {"SyncBatchNorm": ".batchnorm", "Embedding": ".embedding", "SparseAdagrad": ".embedding",
+         "SparseAdam": ".embedding", "ByteCounter": ".exchange", "DistError": ".graph",
+         "DistGraph": ".graph", "ShardedTensor": ".store", "global_cross_entropy": "..training.loop",
+         "allreduce_gradients": ".train"}
+"""The module of each name above, imported at its first use: torchrun's agent
+(``agent``, ``supervise``, ``stacks``) imports this package without the compiler."""
+
+
+def __getattr__(name: str):
+    if name not in _FROM:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(_FROM[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_FROM})

@@ -1,7 +1,8 @@
 """Freed memory kept between mini-batch steps (``sarc.native.allocator``): within
 ``kept_between_steps`` a step reuses the pages of the large tensor the step before freed
 (no page faults); afterwards the free memory is given back to the system. Each case runs
-in a fresh interpreter: glibc's heap carries the history of whatever ran before."""
+in a fresh interpreter: glibc's heap carries the history of whatever ran before, here what
+a mini-batch run has (``sarc.training.minibatch`` and the compiler it imports)."""
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB = 64
 PROGRAM = f"""
 import json, os, resource, sys, torch
+import sarc.training.minibatch
 from sarc.native.allocator import kept_between_steps
 
 def step():                     # allocate, fill, free: a step's largest tensor
