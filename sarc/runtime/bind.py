@@ -229,7 +229,10 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
             hint = (f"; in a mini-batch step (--mode mfg / sampling) each layer runs on a "
                     f"block whose sources are the first rows of the previous layer's input: "
                     f"cut a value made before the first layer to them ({name}[:h.shape[0]], "
-                    f"h the layer's other input), as a full graph's rows are all kept")
+                    f"h the layer's other input), as a full graph's rows are all kept; or, "
+                    f"where two sarc layers read one value (branches), each takes a block of "
+                    f"its own, in call order: a step's layers are a chain, input layer first "
+                    f"(--mode full runs branches)")
         raise GraphError(f"feature {name!r} has {got} rows but the graph has {rows} {what}"
                          f"{hint}")
     if tuple(x.shape[1:]) != t.feat:

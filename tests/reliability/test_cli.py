@@ -922,6 +922,24 @@ def test_an_uncut_initial_residual_in_mfg_mode_says_how_to_cut_it(tmp_path, work
         assert f"{model}:{line}" in proc.stderr and "h0[:h.shape[0]]" in proc.stderr
 
 
+BRANCHES = INITIAL_RESIDUAL.replace(
+    "        h2 = self.p2(g, self.p1(g, h0))\n        return h0 + h2  # the residual",
+    "        return self.p1(g, h0) + self.p2(g, h0)  # two branches")
+
+
+@case("cli", "`--mode mfg` of a model whose two sarc layers read one value (branches)", "error")
+def test_branches_in_mfg_mode_are_named_as_well_as_the_cut(tmp_path):
+    """The refusal spoke only of cutting a value made before the first layer: of two layers
+    reading one value, the second takes the next block (a step's layers are a chain)."""
+    model = tmp_path / "branches.py"
+    model.write_text(BRANCHES)
+    line = BRANCHES.splitlines().index("        return self.p1(g, h0) + self.p2(g, h0)  "
+                                       "# two branches") + 1
+    proc = run_sarc("train", model, "--mode", "mfg", "--batch-size", "64", "--epochs", "1")
+    assert_error(proc, f"{model}:{line}", "two sarc layers read one value (branches)",
+                 "a step's layers are a chain", "--mode full runs branches")
+
+
 def _negative_features(path: Path) -> Path:
     import numpy as np
     data = dict(np.load(ROOT / "sarc" / "data" / "cora.npz", allow_pickle=False))
