@@ -45,6 +45,7 @@ _MAX_REQUEST = 1 << 20
 def serve(fd: int) -> int:
     """Fork a child per request on the socket ``fd`` until it closes; in the parent this
     returns 0 at the end, in each child the command's run raises or returns its status."""
+    sys.path[0] = os.getcwd()        # as for python -m (not this file's folder, the tests')
     import sarc.cli
     sarc.cli.build_parser()          # imports every subcommand, as each command does first
     sock = socket.socket(fileno=fd)
