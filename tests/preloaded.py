@@ -2,9 +2,10 @@
 
 Each ``sarc`` command a test runs would start by importing torch, sympy and sarc: about
 3 s of CPU on the 2-core CI machine, most of a one-process run and a quarter of a
-two-worker one, a few hundred times a suite. A preloaded interpreter (one per test
-process, started at its first command) imports them once, as building ``sarc``'s parser
-does, and forks a child per command. The child is a process of its own, as the command's
+two-worker one, a few hundred times a suite. A preloaded interpreter imports them once,
+as building ``sarc``'s parser does, and forks a child per command (two per test process,
+started at its first commands, taking turns: two commands in a row differ in their hash
+seed, as two fresh interpreters would). The child is a process of its own, as the command's
 would be: its pid, session (``start_new_session``), stdin (``/dev/null``), stdout and stderr
 pipes, working directory, environment, ``sys.argv`` / ``sys.path`` as ``python -m`` sets
 them, and exit status (a signal's as negative); it runs the ``__main__`` of ``sarc.cli``
@@ -88,7 +89,7 @@ def _run_command(request: dict, fds: list[int]) -> int:
     os.environ.update(request["env"])
     after = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     dropped = {os.path.abspath(p) for p in before.split(os.pathsep) if p}
-    sys.path[:] = [os.getcwd(), *map(os.path.abspath, after),
+    sys.path[:] = [request["path0"], *map(os.path.abspath, after),
                    *(p for p in sys.path[1:] if os.path.abspath(p) not in dropped)]
     module = request["module"]
     sys.argv = [importlib.util.find_spec(module + ".__main__").origin, *request["argv"]]
@@ -130,18 +131,23 @@ class _Server:
             self.proc.wait()
 
 
-_server: _Server | None = None
+_servers: list[_Server] = []
+_turn = 0
 
 
 def _preloaded() -> _Server | None:
-    """This process's preloaded interpreter, started at its first call; None once it is gone
-    (it failed to start, or died): commands then run in fresh interpreters."""
-    global _server
-    if _server is None:
+    """The preloaded interpreter for this process's next command, started at first use;
+    None once it is gone (it failed to start, or died): commands then run fresh. Commands
+    alternate between two, so that two in a row (a run and its resumption, compared) differ
+    in their hash seed as fresh interpreters would."""
+    global _turn
+    if len(_servers) < 2:
         import atexit
-        _server = _Server()
-        atexit.register(_server.close)
-    return _server if _server.alive() else None
+        _servers.append(_Server())
+        atexit.register(_servers[-1].close)
+    server = _servers[_turn % 2]
+    _turn += 1
+    return server if server.alive() else None
 
 
 def _module(cmd: list[str]) -> str | None:
@@ -149,9 +155,14 @@ def _module(cmd: list[str]) -> str | None:
     sarc.cli``, ``python -m sarc`` or the ``sarc`` script)."""
     if cmd[:2] == [sys.executable, "-m"] and cmd[2:3] in (["sarc.cli"], ["sarc"]):
         return cmd[2]
-    if cmd and Path(cmd[0]) == Path(sys.executable).with_name("sarc"):
+    if cmd and Path(cmd[0]) == _SCRIPT:
         return "sarc.cli"
     return None
+
+
+_SCRIPT = Path(sys.executable).with_name("sarc")
+ANSWER_S = 120.0
+"""How long the preloaded interpreter has to fork a command and name its pid."""
 
 
 def _start_differs(env: dict, base: dict) -> bool:
@@ -175,19 +186,30 @@ def popen(cmd: list[str], *, cwd=None, env=None, stdin=None, text=True, **kwargs
     try:
         if not server.idle():
             return None
-        argv = cmd[3:] if cmd[1:2] == ["-m"] else cmd[1:]
-        request = json.dumps({"module": module, "argv": argv, "env": env,
-                              "cwd": os.path.abspath(cwd or os.getcwd())}).encode()
+        script = cmd[1:2] != ["-m"]     # the sarc script: its folder first on the path
+        cwd = os.path.abspath(cwd or os.getcwd())
+        request = json.dumps({"module": module, "argv": cmd[1 if script else 3:], "env": env,
+                              "cwd": cwd, "path0": str(_SCRIPT.parent) if script else cwd})
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         try:
-            socket.send_fds(server.sock, [request], [null, out_w, err_w])
-            pid = int(server.sock.recv(64))
-        except (OSError, ValueError):
-            for f in (out_r, err_r):
-                os.close(f)
-            return None
+            try:
+                socket.send_fds(server.sock, [request.encode()], [null, out_w, err_w])
+            except OSError:       # nothing was sent: the command runs fresh
+                os.close(out_r)
+                os.close(err_r)
+                return None
+            server.sock.settimeout(ANSWER_S)
+            try:
+                pid = int(server.sock.recv(64))
+            except BaseException as e:   # it may have forked the command: never run it twice
+                server.proc.kill()
+                os.close(out_r)
+                os.close(err_r)
+                raise AssertionError(f"the preloaded interpreter (tests/preloaded.py) did not "
+                                     f"start {cmd}: {e!r}") from e
+            server.sock.settimeout(None)
         finally:
             for f in (null, out_w, err_w):
                 os.close(f)

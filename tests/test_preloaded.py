@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import preloaded
 from timeouts import run_or_show_stacks
 
@@ -15,7 +17,8 @@ PROBE = """
 import json, os, sys
 print(json.dumps({"pid": os.getpid(), "sid": os.getsid(0), "cwd": os.getcwd(),
                   "probe": os.environ.get("SARC_PROBE"), "path0": sys.path[0],
-                  "argv0": sys.argv[0], "stdin": sys.stdin.read()}), flush=True)
+                  "argv0": sys.argv[0], "stdin": sys.stdin.read(), "hash": hash("sarc")}),
+      flush=True)
 print("said on stderr", file=sys.stderr, flush=True)
 """
 
@@ -42,6 +45,9 @@ def test_a_forked_command_is_a_process_of_its_own_where_and_as_it_was_asked(tmp_
                            stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == fresh.returncode == 2
     assert err == fresh.stderr and "said on stderr" in err and "Traceback" not in err
+    # the next command has another hash seed, as a fresh interpreter would
+    again = json.loads(_forked(cmd, cwd=tmp_path, env=env)[1].splitlines()[0])
+    assert again["pid"] != seen["pid"] and again["hash"] != seen["hash"]
 
 
 def test_the_exit_status_of_a_forked_command_is_its_own_a_signal_negative(tmp_path):
@@ -65,3 +71,11 @@ def test_what_an_interpreter_reads_as_it_starts_runs_fresh():
     proc = preloaded.popen(cmd, env={**os.environ, "SARC_DEBUG": "1"})
     assert isinstance(proc, preloaded.ForkedProcess)
     assert proc.communicate(timeout=120)[0].startswith("sarc ")
+
+
+def test_the_sarc_script_has_its_folder_first_on_the_path_as_when_run_fresh(tmp_path):
+    if not preloaded._SCRIPT.exists():
+        pytest.skip("no sarc script beside this interpreter (sarc not installed)")
+    (tmp_path / "model.py").write_text(PROBE)
+    _, out, _ = _forked([str(preloaded._SCRIPT), "compile", "model.py"], cwd=tmp_path)
+    assert json.loads(out.splitlines()[0])["path0"] == str(preloaded._SCRIPT.parent)
