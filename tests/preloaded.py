@@ -100,7 +100,7 @@ def _run_command(request: dict, fds: list[int]) -> int:
 # -- the tests' side ------------------------------------------------------------------------
 
 class _Server:
-    """The preloaded interpreter of this test process, and the one command it runs at a time."""
+    """A preloaded interpreter of this test process, and the one command it runs at a time."""
 
     def __init__(self):
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -150,6 +150,9 @@ def _preloaded() -> _Server | None:
     return server if server.alive() else None
 
 
+_SCRIPT = Path(sys.executable).with_name("sarc")
+
+
 def _module(cmd: list[str]) -> str | None:
     """The module ``cmd`` runs as ``__main__``, where it is sarc's command line (``python -m
     sarc.cli``, ``python -m sarc`` or the ``sarc`` script)."""
@@ -160,7 +163,6 @@ def _module(cmd: list[str]) -> str | None:
     return None
 
 
-_SCRIPT = Path(sys.executable).with_name("sarc")
 ANSWER_S = 120.0
 """How long the preloaded interpreter has to fork a command and name its pid."""
 
@@ -233,28 +235,20 @@ class ForkedProcess:
         self._open = [self.stdout, self.stderr]
 
     def poll(self):
-        if self.returncode is None:
-            sel = selectors.DefaultSelector()
-            sel.register(self._server.sock, selectors.EVENT_READ)
-            ready = sel.select(0)
-            sel.close()
-            if ready:
-                self._status()
-        return self.returncode
-
-    def _status(self) -> None:
-        said = self._server.sock.recv(64)
-        self.returncode = int(said) if said else -9   # the preloaded interpreter is gone
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
+        """The exit status the preloaded interpreter relays (-9 if it is gone)."""
         if self.returncode is None:
-            sel = selectors.DefaultSelector()
-            sel.register(self._server.sock, selectors.EVENT_READ)
-            ready = sel.select(timeout)
-            sel.close()
-            if not ready:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self._status()
+            with selectors.DefaultSelector() as sel:
+                sel.register(self._server.sock, selectors.EVENT_READ)
+                if not sel.select(timeout):
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+            said = self._server.sock.recv(64)
+            self.returncode = int(said) if said else -9
         return self.returncode
 
     def communicate(self, timeout: float | None = None):
