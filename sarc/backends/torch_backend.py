@@ -29,8 +29,9 @@ from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
 from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dst_rows_of_src,
-                           extremum_pattern, inplace_adds, region_sides, region_width,
-                           scaled_products, softmax_value, spmm_pattern, typed_spmm_pattern)
+                           extremum_pattern, inplace_adds, lifted_extremum, region_sides,
+                           region_width, scaled_products, softmax_value, spmm_pattern,
+                           typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain
 from ..names import literal
@@ -110,6 +111,11 @@ def _fused_call(v: Value, a: list[str], folds: tuple[tuple[int, int], ...]) -> s
     x = extremum_pattern(v)
     if x is not None:
         return f"K.extremum_spmm({literal(v.attr['kind'])}, g, {operands[x]})"
+    lifted = lifted_extremum(v)
+    if lifted is not None:
+        x, extremum = lifted
+        return (f"K.extremum_lifted({literal(v.attr['kind'])}, {regions[0]}, {sides!r}, "
+                f"{region_width(v)}, {x}, {literal(extremum)}, g, {', '.join(operands)})")
     z = softmax_value(v)
     score = v.attr.get("score") if v.op is Op.SOFTMAX_AGGREGATE else None
     if z is not None and (score.values[score.result].type.dtype !=

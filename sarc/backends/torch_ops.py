@@ -688,6 +688,25 @@ def extremum_spmm(kind: str, g: Graph, x: torch.Tensor) -> torch.Tensor:
     return _ExtremumProduct.apply(x, kind, g)
 
 
+def extremum_lifted(kind: str, body, sides: tuple[str, ...], width: int, source: int,
+                    extremum: str, g: Graph, *operands) -> torch.Tensor:
+    """A max / min aggregate whose message is the source feature ``operands[source]`` plus
+    or minus values constant over a destination's edges (``patterns.lifted_extremum``):
+    ``body`` evaluated per destination at the feature's ``extremum`` over the row's edges
+    (no edge tensor), ``empty`` where a row has no edges. Where the CSR extremum kernel is
+    not built, or for half precision, ``aggregate``."""
+    x = operands[source]
+    if (cpu_kernels.kernels_for(x) is None or g.num_edges == 0
+            or any(isinstance(o, torch.Tensor) and o.is_floating_point()
+                   and o.dtype not in _SPMM_DTYPES for o in operands)):
+        return aggregate(kind, body, sides, width, g, *operands)
+    at = extremum_spmm(extremum, g, x)
+    out = body(g, *(at if k == source else o for k, o in enumerate(operands)))
+    has_edges = (g.rowptr[1:] > g.rowptr[:-1]).view(-1, *[1] * (out.dim() - 1))
+    return torch.where(has_edges, out, torch.full((), reducer(kind).empty, dtype=out.dtype,
+                                                  device=out.device))
+
+
 class _ExtremumProduct(torch.autograd.Function):
     """max / min of x[src(e)] over each destination's edges (the C kernel's ``extremum``).
     It keeps x, and the tie counts the forward kernel computes with the extremum (a number

@@ -104,6 +104,50 @@ def extremum_pattern(v: Value) -> int | None:
     return arg_index(r, r.result, "src")
 
 
+_FLIP = {"max": "min", "min": "max"}
+
+
+def lifted_extremum(v: Value) -> tuple[int, str] | None:
+    """(source operand, the extremum to take of it) when a max / min aggregate's message is
+    one source feature plus or minus values constant over a destination's edges (its own
+    rows, parameters, constants): DGL's EdgeConv, ``(W h)_v - (W h)_u + b + (P h)_v`` once
+    W is at the nodes, is ``(W h)_v - min_u (W h)_u + b + (P h)_v``. Rounding is monotone,
+    so the extremum over a row's edges of the message is the message at the source
+    feature's extremum (of the opposite kind where the feature is subtracted): the body
+    evaluated once per destination, on that row (None: another form)."""
+    if v.op is not Op.AGGREGATE or v.attr["kind"] not in _FLIP:
+        return None
+    r = v.attr["body"]
+    found: list[tuple[int, int]] = []
+
+    def per_edge(j: int) -> bool:
+        x = r.values[j]
+        return (x.attr["side"] in ("src", "edge") if x.op is Op.ARG
+                else any(per_edge(k) for k in x.inputs))
+
+    def terms(j: int, sign: int) -> bool:
+        x = r.values[j]
+        if not per_edge(j):
+            return True   # the destination's, a parameter's or a constant: one per row
+        if x.op is Op.ARG:
+            found.append((x.attr["index"], sign))
+            return x.attr["side"] == "src"
+        if x.op is Op.NEG:
+            return terms(x.inputs[0], -sign)
+        if x.op in (Op.ADD, Op.SUB):
+            a, b = x.inputs
+            return terms(a, sign) and terms(b, -sign if x.op is Op.SUB else sign)
+        return False
+
+    if not terms(r.result, 1) or len(found) != 1:
+        return None
+    k, sign = found[0]
+    if r.values[r.result].type.feat != next(a.type.feat for a in r.values
+                                            if a.op is Op.ARG and a.attr["index"] == k):
+        return None   # the feature broadcast over the message: keep the edges' own form
+    return k, v.attr["kind"] if sign > 0 else _FLIP[v.attr["kind"]]
+
+
 def softmax_value(v: Value) -> int | None:
     """The operand an attention (``softmax_aggregate``) weighs when its value is a source
     feature as it is (GAT's z): a sparse product per head weighted by the softmax, no

@@ -9,6 +9,7 @@ import torch
 import sarc
 from sarc.backends import torch_ops as K
 from sarc.native import kernels as cpu_kernels
+from difftest import check_layer
 
 
 def _graph(n: int, e: int, seed: int = 0) -> sarc.Graph:
@@ -178,7 +179,7 @@ class _SourcePool(sarc.Layer):
         self.lin = torch.nn.Linear(5, 3)
 
     def message(self, src, dst, edge):
-        return {"m": torch.relu(self.lin(src.h)) if self.feat else self.lin(src.h) - dst.h[:, :3]}
+        return {"m": torch.relu(self.lin(src.h)) if self.feat else self.lin(src.h) * dst.h[:, :3]}
 
     def reduce(self, msg):
         return sarc.max(msg.m) if self.kind == "max" else sarc.min(msg.m)
@@ -186,14 +187,50 @@ class _SourcePool(sarc.Layer):
 
 @pytest.mark.parametrize("kind", ["max", "min"])
 def test_the_extremum_of_a_source_feature_is_a_csr_extremum(kind):
-    """Such an aggregate is ``K.extremum_spmm`` (no edge tensor); one whose message reads
-    the destination too stays a fused aggregate."""
+    """Such an aggregate is ``K.extremum_spmm`` (no edge tensor); one whose message is a
+    product with the destination's value stays a fused aggregate."""
     from sarc.compiler import compile_layer
     for feat, product in ((True, True), (False, False)):
         source = compile_layer(_SourcePool(kind, feat)).kernel.source
         code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
         assert any(f'K.extremum_spmm("{kind}", g, v' in line for line in code) == product, code
         assert any(f'K.aggregate("{kind}"' in line for line in code) != product, code
+
+
+class _LiftedPool(sarc.Layer):
+    """A max / min of one source feature plus or minus the destination's own values and a
+    parameter: ``form`` picks how the message writes it (the feature subtracted, negated,
+    added last)."""
+
+    def __init__(self, kind: str, form: int):
+        super().__init__(node={"a": 3, "b": 3})
+        self.kind, self.form = kind, form
+        self.bias = torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+
+    def message(self, src, dst, edge):
+        return {"m": (dst.a - src.b + self.bias, -src.b + torch.relu(dst.a) * 2.0,
+                      dst.a - (src.b - self.bias * dst.b), (dst.b + src.a) - dst.a)[self.form]}
+
+    def reduce(self, msg):
+        return sarc.max(msg.m) if self.kind == "max" else sarc.min(msg.m)
+
+
+@pytest.mark.parametrize("form", range(4))
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_an_extremum_of_a_source_feature_and_destination_terms_is_lifted(kind, form):
+    """The message at the source feature's extremum (of the opposite kind where it is
+    subtracted), once per destination: no edge tensor; values and gradients equal the
+    interpreter's on multi-edges, ties (small integers) and a node without in-edges."""
+    from sarc.compiler import compile_layer
+    layer = _LiftedPool(kind, form)
+    code = compile_layer(layer).kernel.source
+    # subtracted in the message (forms 0, 2); negated alone, -b is computed per node (1)
+    flipped = {"max": "min", "min": "max"}[kind] if form in (0, 2) else kind
+    assert f'"{flipped}", g, v' in code and f"K.extremum_lifted(\"{kind}\"" in code, code
+    assert "K.aggregate(" not in code, code
+    gen = torch.Generator().manual_seed(form)
+    feats = {k: torch.randint(-2, 3, (5, 3), generator=gen).float() for k in ("a", "b")}
+    check_layer(layer, _multi_graph(), feats)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -272,3 +272,38 @@ def test_a_widening_linear_of_both_ends_stays_on_the_edges():
     assert sum(v.op is Op.LINEAR and v.type.domain is Domain.EDGE for v in fn.values) == 1
     _same_meaning(layer, random_block(torch.Generator().manual_seed(3), 10, 8, 40),
                   {"h": torch.randn(10, 3)})
+
+
+def test_a_linear_of_both_ends_that_keeps_the_width_is_computed_at_the_nodes():
+    """``W (h_u - h_v)`` with W square: per node, N rows instead of E (DGL's EdgeConv at
+    equal widths), and no edge tensor is a product."""
+    layer = _EdgeConv(6, 6, "sub")
+    fn = optimize(layer.trace())
+    assert not any(v.op in (Op.LINEAR, Op.MATMUL) and v.type.domain is Domain.EDGE
+                   for v in fn.values), format_function(fn)
+    _same_meaning(layer, random_block(torch.Generator().manual_seed(3), 10, 8, 40),
+                  {"h": torch.randn(10, 6)})
+
+
+class _EdgeFeatureConv(sarc.Layer):
+    """``max_u W (h_u + e_uv)``: one term of the sum is an edge feature."""
+
+    def __init__(self, width: int):
+        super().__init__(node={"h": width}, edge={"e": width})
+        self.lin = torch.nn.Linear(width, width)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h + edge.e)
+
+    def reduce(self, msg):
+        return sarc.max(msg.m)
+
+
+def test_a_linear_that_keeps_the_width_of_an_edge_feature_sum_stays_on_the_edges():
+    """Split, its edge term's product would still be per edge, and the node term's added."""
+    layer = _EdgeFeatureConv(5)
+    fn = optimize(layer.trace())
+    assert sum(v.op is Op.LINEAR and v.type.domain is Domain.EDGE for v in fn.values) == 1
+    assert not any(v.op is Op.LINEAR and v.type.domain is not Domain.EDGE for v in fn.values)
+    _same_meaning(layer, random_block(torch.Generator().manual_seed(3), 10, 8, 40),
+                  {"h": torch.randn(10, 5), "e": torch.randn(40, 5)})

@@ -14,7 +14,9 @@ not W's input: ``W(a + b)`` is no ``Wa + Wb`` there).
 
 A sum of both ends' values is such a sum too: EdgeConv's ``W (h_u - h_v)`` is
 ``(W h)_u - (W h)_v``, each end's product per node (``pushdown``), and the edges carry W's
-narrow output instead of h.
+narrow output instead of h. Of both ends, a linear that keeps the width moves too: it runs
+on N rows instead of E, and what crosses shards is as wide; one that widens stays (the
+exchange would carry its wider output).
 
 W also commutes with a scale per row, broadcast over the features it reads
 (``W (w_e h_u) = w_e (W h_u)``, and ``/``): GraphConv's edge weights,
@@ -92,10 +94,23 @@ def linear_through_aggregate(fn: Function) -> Function:
             return rw.emit(v.op, [a, b], None, v)
         return rw.emit(Op.LINEAR, [rw.map[j], w], None, like)
 
+    def of_nodes(j: int) -> bool:
+        """Edge value j is a sum of node values gathered (each a product per node, moved)."""
+        v = fn.values[j]
+        return j in to_nodes or (v.op in (Op.ADD, Op.SUB) and movable(j)
+                                 and all(of_nodes(k) for k in v.inputs))
+
+    def worth(v) -> bool:
+        """Linear ``v`` narrows (``out < in``), or keeps the width of an edge value of both
+        ends: moved, it runs on the nodes' rows instead of the edges'."""
+        x = fn.values[v.inputs[0]].type
+        return v.type.feat[-1] < x.feat[-1] or (v.type.feat[-1] == x.feat[-1]
+                                                and x.domain is Domain.EDGE
+                                                and of_nodes(v.inputs[0]))
+
     # values only a rewritten linear reads are not copied
     for i, v in enumerate(fn.values):
-        if v.op is Op.LINEAR and v.type.feat[-1] < fn.values[v.inputs[0]].type.feat[-1] \
-                and movable(v.inputs[0]):
+        if v.op is Op.LINEAR and worth(v) and movable(v.inputs[0]):
             stack = [v.inputs[0]]
             while stack:
                 j = stack.pop()
