@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import operator
 import os
 import sys
 import traceback
@@ -2178,6 +2179,10 @@ class PyGConv(nn.Module):
             raise _refuse(name, f"x={shown} (a featureless conv, as RGCNConv's x=None or "
                           f"node ids)", "sarc's layers read a float node feature tensor: give "
                           "the nodes features, as an nn.Embedding's rows")
+        declared = self.layer._sarc_node[self.node].shape
+        if tuple(x.shape[1:]) != tuple(declared):
+            raise _refuse(name, f"x of shape {list(x.shape)}", f"the layer reads node features "
+                          f"[num_nodes{''.join(f', {d}' for d in declared)}]")
         edge_index = _plain_edge_index(self.layer.conv if _imported(self.layer) else name,
                                        edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))
@@ -2349,10 +2354,34 @@ def _only(feats: dict, kind: str, layer: str) -> str:
     return next(iter(feats))
 
 
+def _count(n) -> int | None:
+    """``n`` as a node count (an int, numpy's too; not a bool or a tensor), else None."""
+    if isinstance(n, (bool, torch.Tensor)):
+        return None
+    try:
+        return operator.index(n)
+    except TypeError:
+        return None
+
+
 def _size(name: str, size, rows: int):
-    if isinstance(size, int):
-        return size
-    num_src, num_dst = (int(s) for s in size)
+    """PyG's ``size``: the node count, or ``(num_src, num_dst)``. Anything else, as a conv's
+    further argument given by position (RGATConv's ``edge_attr`` after ``edge_type``),
+    is refused, naming what was given."""
+    if _count(size) is not None:
+        return _count(size)
+    pair = (size.tolist() if isinstance(size, torch.Tensor) and size.dim() == 1
+            and not size.is_floating_point() else size)
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(_count(s) is not None for s in pair)):
+        shown = (f"a {size.dtype} tensor of shape {list(size.shape)}"
+                 if isinstance(size, torch.Tensor) else repr(size))
+        raise ConversionError(f"{name}: size={shown} is not a node count or a (num_src, "
+                              f"num_dst) pair: as_conv calls a conv as forward(x, edge_index"
+                              f"[, edge_attr], size=None), so a fourth argument by position is "
+                              f"PyG's size; a conv that takes more arguments is not supported "
+                              f"through as_conv")
+    num_src, num_dst = map(_count, pair)
     if num_src != rows:
         raise ConversionError(f"{name}: size={tuple(size)} but x has {rows} rows")
     return num_src if num_src == num_dst else (num_src, num_dst)

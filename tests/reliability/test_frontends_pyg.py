@@ -2,6 +2,7 @@
 the construct, never converted into something else (``sarc.frontends.pyg``)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -389,3 +390,26 @@ def test_lazy_conv():
     refused(lambda: from_message_passing(pyg.SAGEConv(-1, 3)),
             "SAGEConv: in_channels=-1 (a lazy conv) is not supported", "build the conv with "
             "its input width")
+
+
+@case("dsl", "a conv called through as_conv with a fourth argument that is not PyG's size "
+      "(RGATConv's edge_attr after edge_type)", "error")
+@pytest.mark.parametrize("size", [torch.randn(4, 2), torch.tensor([4.0, 4.0]), "4", (4, 4, 4)])
+def test_a_fourth_argument_that_is_no_size_is_refused_by_name(size):
+    refused(lambda: as_conv(pyg.GCNConv(5, 3))(X, EDGE_INDEX, None, size), "GCNConv",
+            "is not a node count or a (num_src, num_dst) pair", "forward(x, edge_index")
+
+
+def test_a_size_as_a_pair_or_a_tensor_of_two_is_the_node_count():
+    conv = pyg.GCNConv(5, 3)
+    want = as_conv(conv)(X, EDGE_INDEX)
+    for size in (4, (4, 4), [4, 4], torch.tensor([4, 4]), (np.int64(4), 4)):
+        torch.testing.assert_close(as_conv(conv)(X, EDGE_INDEX, None, size), want)
+
+
+@case("dsl", "node features of another shape than the conv reads (DNAConv's [N, layers, C])",
+      "error")
+def test_node_features_of_another_shape_are_refused_before_the_trace():
+    refused(lambda: as_conv(pyg.DNAConv(5, heads=1), in_channels=5)(torch.randn(4, 2, 5),
+                                                                     EDGE_INDEX),
+            "DNAConv", "x of shape [4, 2, 5]", "[num_nodes, 5]")
