@@ -246,6 +246,12 @@ class DGLLayer(Layer):
         ``allow_zero_in_degree=False``) refuses them on a ``sarc.Graph`` and on a whole
         graph's ``DistGraph`` (every worker, ``refuse_zero_in_degree``)."""
         follow_mode(self, self.module)
+        # DGL's minibatch idiom, a (h, h[:num_dst]) pair, is h here as after patch()
+        names = list(self._sarc_node)
+        args = tuple(_source_of_pair(self.module_name, names[i] if i < len(names) else str(i),
+                                     a, g) if _is_pair(a) else a for i, a in enumerate(args))
+        feats = {k: _source_of_pair(self.module_name, k, v, g) if _is_pair(v) else v
+                 for k, v in feats.items()}
         self.compiled()   # traced: whether the module checks for nodes without in-edges
         if self._sarc_checks_in_degree:
             refuse_zero_in_degree(self.module_name, g, self._sarc_checks_in_degree)
@@ -478,7 +484,17 @@ class _Rows(RowCount):
     layers guard empty graphs that way, and sarc's reductions give 0 to a node without
     edges, as DGL's guards do."""
 
-    __slots__ = ()
+    __slots__ = ("written",)
+
+    def __init__(self, symbol, tracer, written: str):
+        super().__init__(symbol, tracer)
+        self.written = written   # how the module asked for it: g.num_edges()
+
+    def _message(self) -> str:
+        return (f"{self.written} used as a number is not known while tracing: sarc compiles "
+                f"the module once for every graph it runs on (a block, a worker's shard), "
+                f"where it sizes a tensor of constants (torch.ones({self.written}, 1)) and "
+                f"ends a slice (x[:{self.written}]) only")
 
     def __eq__(self, other):
         if isinstance(other, int) and not isinstance(other, bool) and other == 0:
@@ -912,20 +928,22 @@ class ProxyGraph:
 
     # sizes and degrees
     def num_src_nodes(self, ntype=None):
-        return _Rows(Domain.SRC.rows, self.tracer)
+        return _Rows(Domain.SRC.rows, self.tracer, "g.num_src_nodes()")
 
     def num_dst_nodes(self, ntype=None):
-        return _Rows(Domain.DST.rows, self.tracer)
+        return _Rows(Domain.DST.rows, self.tracer, "g.num_dst_nodes()")
 
     def num_edges(self, etype=None):
-        return _Rows(Domain.EDGE.rows, self.tracer)
+        return _Rows(Domain.EDGE.rows, self.tracer, "g.num_edges()")
 
     number_of_src_nodes = num_src_nodes
     number_of_dst_nodes = num_dst_nodes
     number_of_edges = num_edges
 
     def num_nodes(self, ntype=None):
-        self._refuse("g.num_nodes()", "a block has num_src_nodes() and num_dst_nodes()")
+        self._refuse("g.num_nodes()", "sarc traces the module once for a graph and a block, "
+                     "and a block has two node counts: write g.num_src_nodes() (the rows of "
+                     "g.ndata and g.srcdata) or g.num_dst_nodes() (those of g.dstdata)")
 
     number_of_nodes = num_nodes
 
@@ -955,7 +973,10 @@ class ProxyGraph:
         reduced = self._reduce(reduce_func, messages)
         if apply_node_func is not None:   # as DGL: on every destination, its data and the
             # reduced values; what it returns (only) is written
-            out = apply_node_func(_NodeBatch(self, {}, ChainMap(reduced, self.dstdata)))
+            extremum = _builtin_extremum(reduce_func)
+            given = reduced if extremum is None else {
+                k: self._unreached(v, extremum) for k, v in reduced.items()}
+            out = apply_node_func(_NodeBatch(self, {}, ChainMap(given, self.dstdata)))
             if not isinstance(out, Mapping) or not all(isinstance(v, Proxy)
                                                        for v in out.values()):
                 self._refuse(f"an apply_node_func returning {type(out).__name__}",
@@ -966,7 +987,30 @@ class ProxyGraph:
                 if v.type.domain is not Domain.DST:
                     self._refuse(f"apply_node_func result {k!r} is {v.type.domain.article} "
                                  f"value", "it returns values per destination node")
+            if extremum is not None and reduced:   # DGL zeroes +-inf in the first key only
+                first = next(iter(reduced))
+                reduced[first] = self._infinities_zeroed(reduced[first])
         self.dstdata.update(reduced)
+
+    def _unreached(self, value: Proxy, kind: str) -> Proxy:
+        """``value`` (a builtin max / min) with DGL's -inf / +inf on a destination without
+        in-edges, where sarc's reduction is 0: what DGL's apply_node_func reads there."""
+        from ..trace_torch import degree_over, ones_over_rows
+        t = self.tracer
+        ones = ones_over_rows(degree_over(t, Domain.EDGE, value.type.dtype), (), 1.0, None,
+                              "fn.max")
+        reached = t.emit(Op.REDUCE, [ones], {"kind": "max"})   # 1 with in-edges, else 0
+        if value.type.feat:
+            reached = t.emit(Op.RESHAPE, [reached], {"feat": (1,) * len(value.type.feat)})
+        inf = float("-inf") if kind == "max" else float("inf")
+        return t.emit(Op.WHERE_POS, [reached, value, t.lift(inf, value)])
+
+    def _infinities_zeroed(self, value: Proxy) -> Proxy:
+        """DGL's ``replace_inf_with_zero``: +-inf -> 0, other values as they are."""
+        t = self.tracer
+        inf = t.emit(Op.ADD, [t.emit(Op.EQ_MASK, [value, t.lift(float("inf"), value)]),
+                              t.emit(Op.EQ_MASK, [value, t.lift(float("-inf"), value)])])
+        return t.emit(Op.WHERE_POS, [inf, t.lift(0.0, value), value])
 
     def multi_update_all(self, *args, **kwargs):
         self._refuse("g.multi_update_all", "a sarc graph is homogeneous")
@@ -1294,7 +1338,7 @@ def _routed(cls):
                  and not (k in _SPEED_ONLY and isinstance(v, bool))}
         owner = type(self).__name__
         for k, v in feats.items():
-            if isinstance(v, tuple) and len(v) == 2:
+            if _is_pair(v):
                 feats[k] = v = _source_of_pair(owner, k, v, graph)
             if not isinstance(v, torch.Tensor):
                 raise DSLError(f"{owner}: argument {k}={_described(v)} on a sarc graph; sarc "
@@ -1368,6 +1412,17 @@ def _block_of(graph):
     """The block a call on ``graph`` runs on: a mini-batch step's next
     (``MiniBatchGraph.current``, whose edges alone are the step's), else the graph."""
     return getattr(graph, "current", graph)
+
+
+def _builtin_extremum(func) -> str | None:
+    """``max`` / ``min`` for DGL's builtin reducer of that name (``fn.max``), else None."""
+    from dgl.function.reducer import SimpleReduceFunction
+    name = getattr(func, "_name", None)
+    return name if isinstance(func, SimpleReduceFunction) and name in ("max", "min") else None
+
+
+def _is_pair(v) -> bool:
+    return isinstance(v, tuple) and len(v) == 2
 
 
 def _source_of_pair(owner: str, name: str, pair: tuple, graph) -> Any:

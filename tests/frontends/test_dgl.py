@@ -348,6 +348,32 @@ def test_update_alls_apply_node_func_equals_dgl(reduce):
                         (lambda nodes: {"s": nodes.mailbox["m"].max(1)[0]})), "feat")
 
 
+class AppliedAfterExtremum(nn.Module):
+    """A builtin max / min, then an apply_node_func: DGL's reduction is -inf / +inf on a node
+    without in-edges, which the apply function reads (clamped to a bound, exponentiated),
+    and DGL zeroes +-inf in the first key the function returns only ('o' doubled: +-inf
+    there is 0; 'e', exp of it, is 0 or inf where sarc's 0 would give 1)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.lin, self.kind = nn.Linear(IN, 4), kind
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.ndata["h"] = self.lin(feat)
+            sign = 1.0 if self.kind == "max" else -1.0
+            g.update_all(fn.copy_u("h", "m"), getattr(fn, self.kind)("m", "s"),
+                         lambda nodes: {"o": nodes.data["s"] * 2,
+                                        "c": nodes.data["s"].clamp(-3.0, 3.0),
+                                        "e": torch.exp(sign * nodes.data["s"]).clamp(max=5.0)})
+            return g.ndata["o"] + g.ndata["c"] + g.ndata["e"]
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_an_apply_node_func_after_a_builtin_extremum_reads_dgls_infinities(kind):
+    _equals_dgl(AppliedAfterExtremum(kind), "feat")
+
+
 def test_mailbox_reductions_with_keepdim_or_a_tuple_of_dims_equal_dgl():
     """``mean(1, keepdim=True)`` (then squeezed, as DGL's code writes it), ``sum((1,))``,
     ``max(dim=1, keepdim=True)``: the same reductions over dim 1 (they were refused)."""

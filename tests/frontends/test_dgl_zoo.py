@@ -274,6 +274,30 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     _close(module(sarc.frontends.dgl.from_dgl(block), (x, x[:n].clone())), want, "a copy")
 
 
+@pytest.mark.parametrize("by", ["keyword", "position"])
+def test_the_minibatch_pair_through_from_dgl_module_equals_dgl(by):
+    """The same idiom on a layer of ``from_dgl_module``: the pair is h, as after ``patch()``
+    (it was refused as a feature that is no tensor)."""
+    torch.manual_seed(0)
+    module = randomized(SAGEConv(IN, 3, "mean"))
+    block = _block()
+    x = torch.randn(block.num_src_nodes(), IN)
+    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    n = block.num_dst_nodes()
+    layer = from_dgl_module(copy.deepcopy(module), node={"feat": IN})
+    sblock = sarc.frontends.dgl.from_dgl(block)
+    pair = (mine, mine[:n])
+    out = layer(sblock, feat=pair) if by == "keyword" else layer(sblock, pair)
+    want = module(block, (theirs, theirs[:n]))
+    _close(out, want, "output")
+    cot = torch.randn(want.shape)
+    (out * cot).sum().backward()
+    (want * cot).sum().backward()
+    _close(mine.grad, theirs.grad, "input gradient")
+    with pytest.raises(DSLError, match="pass h_src alone"):
+        layer(sblock, feat=(x, torch.randn(n, IN)))
+
+
 def test_the_pair_of_one_tensor_on_a_graph_equals_dgl(patched):
     """``conv(g, (h, h))`` on a graph, h taking a gradient: it was refused as an h_dst that
     does not carry h_src's gradient, though it is h_src."""

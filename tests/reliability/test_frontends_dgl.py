@@ -360,3 +360,32 @@ def test_a_module_holding_its_graph():
     with pytest.raises(DSLError, match=r"_HoldsItsGraph: forward\(h\) takes the feature 'h' "
                                        r"first, where sarc gives it the graph"):
         from_dgl_module(_HoldsItsGraph(None), node={"h": 4})
+
+
+class _ByEdgeCount(nn.Module):
+    def forward(self, g, feat):
+        with g.local_scope():
+            g.srcdata["h"] = feat
+            g.update_all(_dgl().function.copy_u("h", "m"), _dgl().function.sum("m", "o"))
+            return g.dstdata["o"] / g.num_edges()
+
+
+class _ByNodeCount(nn.Module):
+    def forward(self, g, feat):
+        return feat / g.num_nodes()
+
+
+@case("tracer", "a DGL module dividing by `g.num_edges()` (a graph size as a number)",
+      "error-at-line")
+def test_a_graph_size_as_a_number_is_named_as_written():
+    _dgl()
+    err = _refused(_ByEdgeCount(), "g.num_edges() used as a number", "torch.ones(g.num_edges(), 1)")
+    assert err.loc.file == __file__
+
+
+@case("tracer", "`g.num_nodes()` in a DGL module (a block has two node counts)",
+      "error-at-line")
+def test_num_nodes_says_which_count_to_write():
+    _dgl()
+    err = _refused(_ByNodeCount(), "g.num_nodes()", "g.num_src_nodes()", "g.num_dst_nodes()")
+    assert err.loc.file == __file__
