@@ -137,8 +137,16 @@ class _Side:
             declared = ", ".join(sorted(feats)) or "none"
             builtin = BUILTIN_NODE.get(self._domain.value, ())
             extra = f"; built in: {', '.join(builtin)}" if builtin else ""
+            other = self._layer._sarc_node if self._domain is Domain.EDGE else self._layer._sarc_edge
+            hint = ""
+            if name in other:
+                hint = (f"; {name!r} is declared a node feature: message reads it as src.{name} "
+                        f"or dst.{name}" if self._domain is Domain.EDGE else
+                        f"; {name!r} is declared an edge feature: message reads it as "
+                        f"edge.{name}, and what reaches the nodes is what reduce aggregates")
             raise DSLError(f"{self._role}.{name}: layer {type(self._layer).__name__} has no "
-                           f"{kind} feature {name!r} (declared: {declared}{extra})", user_loc())
+                           f"{kind} feature {name!r} (declared: {declared}{extra}){hint}",
+                           user_loc())
         b = self._tracer.builder
         leaf = Proxy(self._tracer, b.leaf(Op.INPUT, name, t, user_loc()))
         if self._gather is None:

@@ -116,6 +116,31 @@ class UndeclaredEdge(sarc.Layer):
         return sarc.sum(msg.m)
 
 
+class EdgeFeatureAtTheNodes(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"w": ()})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.w.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg * dst.w.unsqueeze(-1)  # ERR:edge-at-node
+
+
+class NodeFeatureOnTheEdges(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return edge.h  # ERR:node-on-edge
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
 class UnusedMessage(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
@@ -481,6 +506,11 @@ CASES = [
     (Undeclared, "undeclared", [r"src\.hh", "no node feature 'hh'", r"declared: h\b"]),
     (UndeclaredEdge, "undeclared-edge", [r"edge\.weight", "no edge feature 'weight'",
                                          "declared: none"]),
+    (EdgeFeatureAtTheNodes, "edge-at-node", [r"dst\.w", "no node feature 'w'",
+                                             "'w' is declared an edge feature",
+                                             r"message reads it as edge\.w"]),
+    (NodeFeatureOnTheEdges, "node-on-edge", [r"edge\.h", "'h' is declared a node feature",
+                                             r"src\.h or dst\.h"]),
     (UnusedMessage, "unused", ["message 'unused' is never used by reduce"]),
     (SoftmaxNotAggregated, "softmax-result", ["reduce result 'agg' is an edge value",
                                               "sarc.edge_softmax gives each edge a weight",
