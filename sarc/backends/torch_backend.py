@@ -185,6 +185,8 @@ LOWERING: dict[Op, Lowering] = {
     Op.CLAMP_MIN: lambda v, a: f"torch.clamp_min({a[0]}, {number(v.attr['min'])})",
     Op.LEAKY_RELU: lambda v, a: f"F.leaky_relu({a[0]}, {number(v.attr['slope'])})",
     Op.ELU: lambda v, a: f"F.elu({a[0]}, {number(v.attr['alpha'])})",
+    Op.SOFTPLUS: lambda v, a: (f"F.softplus({a[0]}, {number(v.attr['beta'])}, "
+                               f"{number(v.attr['threshold'])})"),
     Op.DROPOUT: lambda v, a: (f"K.dropout({a[0]}, {number(v.attr['p'])}, seed, "
                               f"{int(v.attr['key'])}, training)"),
     Op.ADD: lambda v, a: f"{a[0]} + {a[1]}",

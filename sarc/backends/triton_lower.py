@@ -490,6 +490,8 @@ UNARY_TL: dict[Op, Callable[[Value, str], str]] = {
     Op.LEAKY_RELU: lambda v, x: f"tl.where({x} > 0, {x}, {x} * {_const(v.attr['slope'])})",
     Op.ELU: lambda v, x: (f"tl.where({x} > 0, {x}, "
                           f"{_const(v.attr['alpha'])} * _expm1_neg(_nan_min({x}, 0.0)))"),
+    Op.SOFTPLUS: lambda v, x: f"_softplus({x}, {_const(v.attr['beta'])}, "
+                              f"{_const(v.attr['threshold'])})",
 }
 
 TL_LOWERING: dict[Op, Lowering] = {

@@ -273,6 +273,15 @@ def _vjp_elu(bw, v, y, ct, needs):
     return (bw.emit(Op.WHERE_POS, [x, ct, neg]),)
 
 
+def _vjp_softplus(bw, v, y, ct, needs):
+    """torch's: the cotangent where beta x > threshold, else times sigmoid(beta x)."""
+    x = v.inputs[0]
+    beta = v.attr["beta"]
+    z = x if beta == 1.0 else bw.mul(x, bw.const(beta, x))
+    over = bw.emit(Op.SUB, [z, bw.const(v.attr["threshold"], x)])
+    return (bw.emit(Op.WHERE_POS, [over, ct, bw.mul(ct, bw.emit(Op.SIGMOID, [z]))]),)
+
+
 def _vjp_where_pos(bw, v, y, ct, needs):
     """y = a where c > 0 else b: the cotangent goes to the operand each row took (where, not
     a product with a 0/1 mask, so an inf or NaN the other operand holds never reaches it);
@@ -419,6 +428,7 @@ VJP_RULES: dict[Op, VJPRule] = {
     Op.CLAMP_MIN: _vjp_clamp_min,
     Op.LEAKY_RELU: _vjp_leaky_relu,
     Op.ELU: _vjp_elu,
+    Op.SOFTPLUS: _vjp_softplus,
     Op.DROPOUT: _vjp_dropout,
     Op.WHERE_POS: _vjp_where_pos,
     Op.ADD: _vjp_add,

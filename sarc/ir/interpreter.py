@@ -239,6 +239,7 @@ IMPLS: dict[Op, Impl] = {
     Op.CLAMP_MIN: lambda v, g, c, x: torch.clamp_min(x, v.attr["min"]),
     Op.LEAKY_RELU: lambda v, g, c, x: F.leaky_relu(x, v.attr["slope"]),
     Op.ELU: lambda v, g, c, x: F.elu(x, v.attr["alpha"]),
+    Op.SOFTPLUS: lambda v, g, c, x: F.softplus(x, v.attr["beta"], v.attr["threshold"]),
     Op.DROPOUT: lambda v, g, c, x: rng.dropout(x, v.attr["p"], c["seed"], v.attr["key"],
                                                c["training"]),
     Op.ADD: lambda v, g, c, a, b: a + b,

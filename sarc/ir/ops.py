@@ -45,6 +45,7 @@ class Op(enum.Enum):
     CLAMP_MIN = "clamp_min"    # attrs: min     y = max(x, min)
     LEAKY_RELU = "leaky_relu"  # attrs: slope
     ELU = "elu"                # attrs: alpha
+    SOFTPLUS = "softplus"      # attrs: beta, threshold   torch's F.softplus
     DROPOUT = "dropout"        # attrs: p, key  (identity when not training; see sarc.ir.rng)
     CAST = "cast"              # attrs: dtype (a DType)   y = x converted (Tensor.float(), .to);
     #                            autocast=True: to torch.autocast's low dtype where it is on at
@@ -91,7 +92,8 @@ class Op(enum.Enum):
 
 UNARY_ELEMENTWISE = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
                                Op.COS, Op.SIN, Op.LOG1P, Op.DETACH,
-                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.DROPOUT})
+                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.SOFTPLUS,
+                               Op.DROPOUT})
 BINARY_ELEMENTWISE = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
 LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONST})
 

@@ -37,6 +37,7 @@ SAVES: dict[Op, tuple] = {
     Op.MUL: (0, 1), Op.DIV: (0, 1),
     Op.EXP: (OUT,), Op.RELU: (OUT,), Op.SIGMOID: (OUT,), Op.TANH: (OUT,), Op.ELU: (OUT,),
     Op.LOG: (0,), Op.POW: (0,), Op.CLAMP_MIN: (0,), Op.LEAKY_RELU: (0,), Op.ERF: (0,),
+    Op.SOFTPLUS: (0,),
     Op.COS: (0,), Op.SIN: (0,), Op.LOG1P: (0,),
     Op.MAX_AXIS: (0, OUT), Op.WHERE_POS: (0,),
     Op.EDGE_SOFTMAX: (OUT,), Op.DROPOUT: ("mask",),
@@ -248,7 +249,7 @@ def _value_flops(values, v: Value) -> sympy.Expr:
         return total
     if v.op in BINARY_ELEMENTWISE or v.op in (Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
                                                Op.COS, Op.SIN, Op.LOG1P, Op.CAST,
-                                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU,
+                                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.SOFTPLUS,
                                                Op.DROPOUT, Op.NEG, Op.SUM_AXIS, Op.MAX_AXIS):
         return t.numel_expr()
     return sympy.Integer(0)

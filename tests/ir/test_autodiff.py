@@ -300,6 +300,7 @@ ROUNDING_RULES = {
     Op.ERF: _elementwise(ELEMENTARY_ROUNDING),
     Op.CAST: lambda v, g, ctx, y, xs, es: es[0].to(y.dtype) + _cast_rounding(xs[0], y) * y.abs(),
     Op.POW: _elementwise(ELEMENTARY_ROUNDING), Op.ELU: _elementwise(ELEMENTARY_ROUNDING),
+    Op.SOFTPLUS: _elementwise(ELEMENTARY_ROUNDING),
     Op.REDUCE: _reduce_bound,
     Op.EDGE_SOFTMAX: _edge_softmax_bound,
     Op.SUM_AXIS: _summing(lambda v, g, xs: xs[0].shape[interpreter._graph_axis(v, v.attr["axis"])]),

@@ -92,6 +92,14 @@ def _log1p(x):
 
 
 @triton.jit
+def _softplus(x, beta, threshold):
+    """torch's softplus: x where beta x > threshold, else log(1 + exp(beta x)) / beta, taken
+    as max(z, 0) + log1p(exp(-|z|)), which cannot overflow (z = beta x)."""
+    z = x * beta
+    return tl.where(z > threshold, x, (_nan_max(z, 0.0) + _log1p(tl.exp(-tl.abs(z)))) / beta)
+
+
+@triton.jit
 def _tanh(x):
     """tanh(x) = -e / (2 + e) with the sign of x, e = expm1(-2|x|): exact to a few ulps
     near 0, where 2 sigmoid(2x) - 1 cancels."""
