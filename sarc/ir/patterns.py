@@ -110,7 +110,8 @@ _FLIP = {"max": "min", "min": "max"}
 def lifted_extremum(v: Value) -> tuple[int, str] | None:
     """(source operand, the extremum to take of it) when a max / min aggregate's message is
     one source feature plus or minus values constant over a destination's edges (its own
-    rows, parameters, constants): DGL's EdgeConv, ``(W h)_v - (W h)_u + b + (P h)_v`` once
+    rows, parameters, constants; what is computed of them alone, ``pushdown`` computes per
+    node): DGL's EdgeConv, ``(W h)_v - (W h)_u + b + (P h)_v`` once
     W is at the nodes, is ``(W h)_v - min_u (W h)_u + b + (P h)_v``. Rounding is monotone,
     so the extremum over a row's edges of the message is the message at the source
     feature's extremum (of the opposite kind where the feature is subtracted): the body
@@ -120,18 +121,14 @@ def lifted_extremum(v: Value) -> tuple[int, str] | None:
     r = v.attr["body"]
     found: list[tuple[int, int]] = []
 
-    def per_edge(j: int) -> bool:
-        x = r.values[j]
-        return (x.attr["side"] in ("src", "edge") if x.op is Op.ARG
-                else any(per_edge(k) for k in x.inputs))
-
     def terms(j: int, sign: int) -> bool:
         x = r.values[j]
-        if not per_edge(j):
-            return True   # the destination's, a parameter's or a constant: one per row
+        if x.op is Op.CONST:
+            return True
         if x.op is Op.ARG:
-            found.append((x.attr["index"], sign))
-            return x.attr["side"] == "src"
+            if x.attr["side"] == "src":
+                found.append((x.attr["index"], sign))
+            return x.attr["side"] in ("src", "dst", "param")
         if x.op is Op.NEG:
             return terms(x.inputs[0], -sign)
         if x.op in (Op.ADD, Op.SUB):

@@ -147,7 +147,7 @@ def _keep_region(kept: _Kept, r: Region, operands: list[int], need: list[bool], 
 
 def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None:
     """What fused op ``i`` keeps, as the PyTorch backend lowers it."""
-    from ..ir.patterns import softmax_value, spmm_pattern, typed_spmm_pattern
+    from ..ir.patterns import lifted_extremum, softmax_value, spmm_pattern, typed_spmm_pattern
     ops = v.inputs
     if not any(need[j] for j in ops):
         return
@@ -179,6 +179,14 @@ def _keep_fused(kept: _Kept, values, i: int, v: Value, need: list[bool]) -> None
             kept.value(values, ops[w])
             if need[ops[w]]:
                 kept.value(values, ops[x])
+        return
+    lifted = lifted_extremum(v)
+    if lifted is not None:
+        # the source feature's CSR extremum keeps it; the body's sums per destination keep
+        # nothing; the rows without edges are a mask of one byte per destination
+        if need[ops[lifted[0]]]:
+            kept.value(values, ops[lifted[0]])
+        kept.bytes(("mask", i), Domain.DST, N_DST)
         return
     if v.op is Op.SDDMM:
         _keep_region(kept, v.attr["body"], list(ops), need, i)

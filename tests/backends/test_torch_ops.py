@@ -197,6 +197,42 @@ def test_the_extremum_of_a_source_feature_is_a_csr_extremum(kind):
         assert any(f'K.aggregate("{kind}"' in line for line in code) != product, code
 
 
+class _GaussianWeighted(sarc.Layer):
+    """GMMConv's message: a source feature per kernel, ``[E, K, D]``, weighed by a Gaussian
+    of the edge's pseudo-coordinates per kernel, ``[E, K, 1]``, computed from the edge
+    feature and parameters alone."""
+
+    def __init__(self, kind: str):
+        super().__init__(node={"h": 4}, edge={"u": 2})
+        self.kind = kind
+        self.lin = torch.nn.Linear(4, 3 * 5, bias=False)
+        self.mu = torch.nn.Parameter(torch.randn(3, 2))
+        self.inv_sigma = torch.nn.Parameter(torch.rand(3, 2) + 0.5)
+
+    def message(self, src, dst, edge):
+        z = self.lin(src.h).view(-1, 3, 5)
+        d = (edge.u.view(-1, 1, 2) - self.mu) * self.inv_sigma
+        return {"m": z * torch.exp(-0.5 * (d * d).sum(-1, keepdim=True))}
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m) if self.kind == "sum" else sarc.mean(msg.m)
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+def test_a_weight_per_edge_and_head_computed_from_edge_features_is_a_weighted_product(kind):
+    """The weight is an edge tensor of its own (E x K), the aggregate a sparse product
+    weighted per edge and head (no E x K x D message); values and gradients equal the
+    interpreter's."""
+    from sarc.compiler import compile_layer
+    layer = _GaussianWeighted(kind)
+    code = compile_layer(layer).kernel.source
+    assert f'K.spmm("{kind}", g, v' in code and "K.aggregate(" not in code, code
+    gen = torch.Generator().manual_seed(0)
+    g = _multi_graph()
+    check_layer(layer, g, {"h": torch.randn(5, 4, generator=gen),
+                           "u": torch.randn(g.num_edges, 2, generator=gen)})
+
+
 class _LiftedPool(sarc.Layer):
     """A max / min of one source feature plus or minus the destination's own values and a
     parameter: ``form`` picks how the message writes it (the feature subtracted, negated,

@@ -15,6 +15,8 @@ its single user; values with other users become operands.
 """
 from __future__ import annotations
 
+import math
+
 from ..function import Builder, Function, Region
 from ..ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
 from ..reducers import SUM, reducer
@@ -49,11 +51,12 @@ class _Regions:
         return len(self.users[j]) == 1 and j not in self.outputs
 
     def build(self, root: int, name: str, inline_root: bool,
-              feat: tuple[int, ...] | None = None) -> Region:
+              feat: tuple[int, ...] | None = None, apart: frozenset = frozenset()) -> Region:
         """The region computing old value ``root``; single-use subterms are absorbed.
 
         With ``inline_root`` False a root that has other users is read as an
         operand instead of recomputed. ``feat``: the result reshaped to these features.
+        ``apart``: values read as operands, computed outside the region.
         """
         b = Builder(name)
         memo: dict[int, int] = {}
@@ -71,7 +74,7 @@ class _Regions:
                 out = b.add(Op.ARG, (), {"index": k, "side": side}, v.loc, v.type)
                 if self._single_use(j):
                     self.absorbed.add(j)
-            elif fusible(v) and v.type.domain is Domain.EDGE and inline:
+            elif fusible(v) and v.type.domain is Domain.EDGE and inline and j not in apart:
                 out = b.add(v.op, [visit(i, False) for i in v.inputs], v.attr, v.loc)
                 self.absorbed.add(j)
             else:
@@ -122,6 +125,33 @@ def _softmax_parts(fn: Function, users, e: int):
     return None
 
 
+def _edge_weights(fn: Function, e: int) -> frozenset:
+    """The factors of edge product ``e`` computed from edge features and parameters alone
+    (no gather) and narrower than ``e``: GMMConv's Gaussian weight per kernel,
+    ``exp(-(u - mu)^2 / sigma^2 / 2)`` of ``[E, K, 1]`` against messages ``[E, K, D]``. Left
+    out of the region, each is an edge tensor computed once (E x K), and the aggregate a
+    product weighted per edge and head (``patterns.spmm_pattern``)."""
+    v = fn.values[e]
+    if v.op is not Op.MUL:
+        return frozenset()
+    gathers: dict[int, bool] = {}
+
+    def gathered(j: int) -> bool:
+        if j not in gathers:
+            u = fn.values[j]
+            gathers[j] = u.op in (Op.GATHER_SRC, Op.GATHER_DST) or any(
+                gathered(k) for k in u.inputs)
+        return gathers[j]
+
+    def computed(j: int) -> bool:   # more than a view of one edge feature
+        u = fn.values[j]
+        return u.op is not Op.INPUT and (u.op is not Op.RESHAPE or computed(u.inputs[0]))
+
+    return frozenset(j for j in v.inputs if fn.values[j].type.domain is Domain.EDGE
+                     and not gathered(j) and computed(j)
+                     and math.prod(fn.values[j].type.feat) < math.prod(v.type.feat))
+
+
 def fuse(fn: Function) -> Function:
     users = fn.users()
     outputs = {i for _, i in fn.outputs}
@@ -142,7 +172,9 @@ def fuse(fn: Function) -> Function:
             regions.absorbed.update([e, *chain])
             plans[i] = (Op.SOFTMAX_AGGREGATE, attrs, regions.operands)
         else:
-            attrs = {"kind": v.attr["kind"], "body": regions.build(e, "body", single)}
+            body = regions.build(e, "body", single, apart=_edge_weights(fn, e) if single
+                                 else frozenset())
+            attrs = {"kind": v.attr["kind"], "body": body}
             plans[i] = (Op.AGGREGATE, attrs, regions.operands)
         absorbed |= regions.absorbed
     # What is left: edge expressions of node values used by non-fusible ops -> SDDMM.
