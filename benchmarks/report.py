@@ -376,6 +376,10 @@ STEPS = [
          about="The same layers in the DGL environment (torch 2.2.1), where DGL imports: "
                "compare the libraries within this table, not with the one above.",
          plot=plot_layers),
+    Step("dgl_convs", "DGL's convs on the CPU: sarc against DGL (.venv-dgl)",
+         "benchmarks/dgl_convs_cpu.py", [], [*TINY, "--repeat", "1"], env="dgl",
+         about="Forward + backward of DGL's convs traced by sarc (from_dgl_module) against "
+               "the same modules on DGL's kernels, 64 features, a power-law graph."),
     Step("fusion", "What fusion buys (PyTorch backend)", "benchmarks/fusion.py",
          ["--nodes", "100000", "--edges", "1000000", "--repeat", "3"],
          [*TINY, "--feats", "16", "--repeat", "1"],

@@ -38,6 +38,7 @@ from sarc.planner.cost import fused_traffic  # noqa: E402
 
 def layers(f: int, rels: int):
     """(name, sarc layer, relational) for every model of the zoo."""
+    from edgeconv import EdgeConvLayer
     from gat import GATLayer
     from gcn import GCNLayer
     from gin import GINLayer
@@ -50,6 +51,7 @@ def layers(f: int, rels: int):
         ("GAT 4x32", GATLayer(f, 32, heads=4), False),
         ("GAT 4x32 attn-drop", GATLayer(f, 32, heads=4, attn_drop=0.5), False),
         ("GIN", GINLayer(f, f, f), False),
+        ("EdgeConv", EdgeConvLayer(f, f), False),
         ("RGCN", RGCNLayer(f, f, rels), True),
     ]
 
@@ -103,6 +105,8 @@ def _pyg_layer(name: str, f: int, rels: int):
     if name == "GIN":
         return pyg.GINConv(torch.nn.Sequential(torch.nn.Linear(f, f), torch.nn.ReLU(),
                                                torch.nn.Linear(f, f)))
+    if name == "EdgeConv":   # theta(x_j - x_i) + phi(x_i): one linear of [x_i, x_j - x_i]
+        return pyg.EdgeConv(torch.nn.Linear(2 * f, f), aggr="max")
     return pyg.RGCNConv(f, f, rels)
 
 
@@ -120,6 +124,8 @@ def _dgl_layer(name: str, f: int, rels: int):
     if name == "GIN":
         return dglnn.GINConv(torch.nn.Sequential(torch.nn.Linear(f, f), torch.nn.ReLU(),
                                                  torch.nn.Linear(f, f)), "sum")
+    if name == "EdgeConv":
+        return dglnn.EdgeConv(f, f, allow_zero_in_degree=True)
     return dglnn.RelGraphConv(f, f, rels)
 
 
