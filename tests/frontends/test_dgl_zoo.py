@@ -248,6 +248,24 @@ def _block():
     return dgl.to_block(dgl.in_subgraph(g, torch.arange(5)), dst_nodes=torch.arange(5))
 
 
+def _pair_equals_dgl(module, call):
+    """``call(block, (h, h[:num_dst]))`` through sarc equals ``module`` on DGL's block: the
+    output and h's gradient. (sarc's block, h, num_dst, DGL's output) for further checks."""
+    block = _block()
+    x = torch.randn(block.num_src_nodes(), IN)
+    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    n = block.num_dst_nodes()
+    sblock = sarc.frontends.dgl.from_dgl(block)
+    out = call(sblock, (mine, mine[:n]))
+    want = module(block, (theirs, theirs[:n]))
+    _close(out, want, "output")
+    cot = torch.randn(want.shape)
+    (out * cot).sum().backward()
+    (want * cot).sum().backward()
+    _close(mine.grad, theirs.grad, "input gradient")
+    return sblock, x, n, want
+
+
 @pytest.mark.parametrize("make", [lambda: SAGEConv(IN, 3, "mean"), lambda: GraphConv(IN, 3),
                                   lambda: GATConv(IN, 3, 2), lambda: AGNNConv()],
                          ids=["sage", "graphconv", "gat", "agnn"])
@@ -256,22 +274,11 @@ def test_the_minibatch_pair_on_a_block_equals_dgl(patched, make):
     are the destinations, as sarc reads them."""
     torch.manual_seed(0)
     module = randomized(make())
-    block = _block()
-    x = torch.randn(block.num_src_nodes(), IN)
-    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    n = block.num_dst_nodes()
-    sblock = sarc.frontends.dgl.from_dgl(block)
+    sblock, x, n, want = _pair_equals_dgl(module, module)
     # DGL's names of the block's sizes, as a DGL user's loop slices with them
-    assert (sblock.num_src_nodes(), sblock.num_dst_nodes()) == (block.num_src_nodes(), n)
-    out = module(sblock, (mine, mine[:sblock.num_dst_nodes()]))
-    want = module(block, (theirs, theirs[:n]))
-    _close(out, want, "output")
-    cot = torch.randn(want.shape)
-    (out * cot).sum().backward()
-    (want * cot).sum().backward()
-    _close(mine.grad, theirs.grad, "input gradient")
+    assert (sblock.num_src_nodes(), sblock.num_dst_nodes()) == (x.shape[0], n)
     # equal values that are not a view of h are h's destinations too
-    _close(module(sarc.frontends.dgl.from_dgl(block), (x, x[:n].clone())), want, "a copy")
+    _close(module(sblock, (x, x[:n].clone())), want, "a copy")
 
 
 @pytest.mark.parametrize("by", ["keyword", "position"])
@@ -280,20 +287,9 @@ def test_the_minibatch_pair_through_from_dgl_module_equals_dgl(by):
     (it was refused as a feature that is no tensor)."""
     torch.manual_seed(0)
     module = randomized(SAGEConv(IN, 3, "mean"))
-    block = _block()
-    x = torch.randn(block.num_src_nodes(), IN)
-    mine, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    n = block.num_dst_nodes()
     layer = from_dgl_module(copy.deepcopy(module), node={"feat": IN})
-    sblock = sarc.frontends.dgl.from_dgl(block)
-    pair = (mine, mine[:n])
-    out = layer(sblock, feat=pair) if by == "keyword" else layer(sblock, pair)
-    want = module(block, (theirs, theirs[:n]))
-    _close(out, want, "output")
-    cot = torch.randn(want.shape)
-    (out * cot).sum().backward()
-    (want * cot).sum().backward()
-    _close(mine.grad, theirs.grad, "input gradient")
+    sblock, x, n, _ = _pair_equals_dgl(module, lambda g, pair: layer(g, feat=pair)
+                                       if by == "keyword" else layer(g, pair))
     with pytest.raises(DSLError, match="pass h_src alone"):
         layer(sblock, feat=(x, torch.randn(n, IN)))
 
