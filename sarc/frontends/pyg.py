@@ -1638,6 +1638,12 @@ class TracedConv(PyGLayer):
         if edge_attr is None:
             raise _refuse(self.conv, f"a call without {self.edge_input}",
                           f"it was imported with edge_dim for {self.edge_input}")
+        if (isinstance(edge_attr, torch.Tensor) and not edge_attr.is_floating_point()
+                and self._sarc_edge[self.edge_input].dtype is None):
+            raise _refuse(self.conv, f"{self.edge_input} of {edge_attr.dtype} (ids, as relation "
+                          f"types) imported as a float feature",
+                          f"import it as one id per edge: from_message_passing(conv, "
+                          f"edge_dim=sarc.INDEX)")
         return PyGInputs(edge_index, num_nodes, {self.edge_input: edge_attr})
 
     def _forward(self, x, edge_attr, on_propagate, edge=None, on_update=None) -> Any:

@@ -994,3 +994,42 @@ def test_a_tensor_sized_by_the_node_count_beside_graph_code_is_refused_at_its_li
     with pytest.raises(DSLError, match=rf"test_pyg_tracing.py:{line} .*a tensor of shape "
                                        rf"\[4, 2\] sized by the node count \(x\.size\(0\)\)"):
         as_conv(OnesBesideLoops(D, 2), in_channels=D)(torch.randn(N, D), graph())
+
+
+class _RelationScaled(MessagePassing):
+    """A user's relation-typed conv: ``x_j * scale[edge_type]``, the edge type an id."""
+
+    def __init__(self, d: int, relations: int):
+        super().__init__(aggr="add")
+        self.in_channels = d
+        self.scale = nn.Parameter(torch.randn(relations, d))
+
+    def forward(self, x, edge_index, edge_type):
+        return self.propagate(edge_index, x=x, edge_type=edge_type)
+
+    def message(self, x_j, edge_type):
+        return x_j * self.scale[edge_type]
+
+
+def test_an_integer_edge_feature_imported_as_an_index_equals_pyg():
+    """Relation ids per edge, imported with ``edge_dim=sarc.INDEX``: output and gradients
+    equal PyG's; imported as a float feature (``edge_dim=()``) they are refused, saying so
+    (they were cast to float and refused at the table lookup)."""
+    import sarc
+    conv = _RelationScaled(4, 3)
+    x = torch.randn(8, 4)
+    ei = torch.tensor([[0, 1, 2, 3, 0, 4, 4, 2], [1, 2, 3, 0, 2, 1, 1, 2]])
+    et = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    xs, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = as_conv(conv, edge_dim=sarc.INDEX)(xs, ei, et)
+    want = conv(xp, ei, et)
+    torch.testing.assert_close(got, want)
+    cot = torch.randn(want.shape)
+    (gs,) = torch.autograd.grad((got * cot).sum(), [xs])
+    gp, gw = torch.autograd.grad((want * cot).sum(), [xp, conv.scale])
+    torch.testing.assert_close(gs, gp)
+    conv.scale.grad = None
+    (as_conv(conv, edge_dim=sarc.INDEX)(x, ei, et) * cot).sum().backward()
+    torch.testing.assert_close(conv.scale.grad, gw)
+    with pytest.raises(ConversionError, match=r"edge_type of torch.int64 \(ids.*edge_dim=sarc"):
+        as_conv(conv, edge_dim=())(x, ei, et)
