@@ -28,7 +28,8 @@ from ..ir.function import Function, Region, Value, upstream
 from ..ir.ops import Op
 from ..ir import rng
 from ..ir.autodiff import GRAD_PREFIX
-from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dst_rows_of_src,
+from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dot_score,
+                           dst_rows_of_src,
                            extremum_pattern, inplace_adds, lifted_extremum, region_sides,
                            region_width, scaled_products, softmax_value, spmm_pattern,
                            typed_spmm_pattern)
@@ -124,6 +125,11 @@ def _fused_call(v: Value, a: list[str], folds: tuple[tuple[int, int], ...]) -> s
         z = None   # scores converted, or weights of another dtype than z's: as written
     if z is not None:
         reads = tuple(sorted({a.attr["index"] for a in score.values if a.op is Op.ARG}))
+        dot = dot_score(v) if not folds else None
+        if dot is not None:   # the scores one SDDMM of the two ends' rows
+            feat = score.values[score.result].type.feat
+            return (f"K.softmax_dot_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
+                    f"{region_width(v, 'score')}, {dot!r}, {feat!r}, g, {', '.join(operands)})")
         fold = f", folds={folds!r}" if folds else ""
         return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
                 f"{region_width(v, 'score')}, g, {', '.join(operands)}{fold})")

@@ -999,8 +999,59 @@ def softmax_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[i
     return _SoftmaxProduct.apply(g, scores, z)
 
 
+@accumulates(softmax=True)
+def softmax_dot_spmm(score, sides: tuple[str, ...], value_index: int, reads: tuple[int, ...],
+                     width: int, dot: tuple, feat: tuple[int, ...], g: Graph, *operands):
+    """``softmax_spmm`` whose score is the dot product per head of a source and a destination
+    row, maybe scaled by a constant (``patterns.dot_score``: ``dot`` is (source operand,
+    destination operand, "mul" / "div" / None, the constant); ``feat``: the score's
+    features): the scores one SDDMM of the rows (``_DotScores``), no gathered row, then the
+    softmax-weighted product. Where sarc's CPU kernels are not built, or for half
+    precision, ``softmax_spmm``."""
+    src, dst, op, c = dot
+    a, b, z = operands[dst], operands[src], operands[value_index]
+    if (cpu_kernels.kernels_for(a, b, z) is None or g.num_edges == 0 or a.dtype != b.dtype
+            or any(t.dtype not in _SPMM_DTYPES for t in (a, b, z))):
+        return softmax_spmm(score, sides, value_index, reads, width, g, *operands)
+    heads = math.prod(feat)
+    s = _DotScores.apply(g, a, b, heads)
+    if op == "div":
+        s = s / c
+    elif op == "mul":
+        s = s * c
+    return _SoftmaxProduct.apply(g, s.reshape(g.num_edges, *feat), z)
+
+
+class _DotScores(torch.autograd.Function):
+    """s[e, h] = <a[dst(e), h], b[src(e), h]>, a [N_dst, H, D] and b [N_src, H, D] read by
+    head: sarc's SDDMM (``_dots``). It keeps a and b (the one each other's gradient reads);
+    backward: da = A_ds @ b per head, db = A_ds^T @ a (the transposed index), no edge row."""
+
+    @staticmethod
+    def forward(ctx, g, a, b, heads):
+        ctx.g, ctx.lay, ctx.heads, ctx.shapes = g, layout(g), heads, (a.shape, b.shape)
+        need_a, need_b = ctx.needs_input_grad[1:3]
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return _dots(ctx.lay, g.src, g.num_src, _by_head(a.detach(), heads),
+                     _by_head(b.detach(), heads))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, ds):
+        g, lay, heads = ctx.g, ctx.lay, ctx.heads
+        a, b = ctx.saved_tensors
+        da = db = None
+        if ctx.needs_input_grad[1]:
+            da = _products(lay.rowptr, lay.src, ds.to(b.dtype), (g.num_dst, g.num_src),
+                           _by_head(b, heads), as_shape=ctx.shapes[0])
+        if ctx.needs_input_grad[2]:
+            db = transposed_product(g, ds.to(a.dtype), a, ctx.shapes[1])
+        return None, da, db, None
+
+
 _OUTPUT_NOT_SAVED = frozenset({
     "_CsrProductBackward", "_SoftmaxProductBackward", "_RecomputedSoftmaxProductBackward",
+    "_DotScoresBackward",
     "AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "MmBackward0",
     "AddmmBackward0", "BmmBackward0", "UnsafeViewBackward0"})
 """Backward nodes that do not read their op's result: a result of theirs may be written over."""

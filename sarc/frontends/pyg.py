@@ -2185,10 +2185,10 @@ class PyGConv(nn.Module):
             raise _refuse(name, f"x={shown} (a featureless conv, as RGCNConv's x=None or "
                           f"node ids)", "sarc's layers read a float node feature tensor: give "
                           "the nodes features, as an nn.Embedding's rows")
-        declared = self.layer._sarc_node[self.node].shape
-        if tuple(x.shape[1:]) != tuple(declared):
+        declared = getattr(self.layer, "_sarc_node", {}).get(self.node)   # (rounds: none)
+        if declared is not None and tuple(x.shape[1:]) != tuple(declared.shape):
             raise _refuse(name, f"x of shape {list(x.shape)}", f"the layer reads node features "
-                          f"[num_nodes{''.join(f', {d}' for d in declared)}]")
+                          f"[num_nodes{''.join(f', {d}' for d in declared.shape)}]")
         edge_index = _plain_edge_index(self.layer.conv if _imported(self.layer) else name,
                                        edge_index)
         num = x.size(0) if size is None else _size(name, size, x.size(0))

@@ -155,6 +155,41 @@ def softmax_value(v: Value) -> int | None:
     return arg_index(value, value.result, "src")
 
 
+def dot_score(v: Value) -> tuple[int, int, str | None, float] | None:
+    """(source operand, destination operand, ``"mul"`` / ``"div"`` / None, the constant)
+    when an attention's score is the dot product of a source and a destination row per
+    head, maybe scaled by a constant: DotGatConv's and a transformer's ``(q_v * k_u).sum(-1)
+    / sqrt(d)``, one SDDMM (None: another form)."""
+    if v.op is not Op.SOFTMAX_AGGREGATE:
+        return None
+    r = v.attr["score"]
+
+    def unshaped(j: int) -> int:
+        while r.values[j].op is Op.RESHAPE:
+            j = r.values[j].inputs[0]
+        return j
+
+    j, scale, c = unshaped(r.result), None, 1.0
+    x = r.values[j]
+    if x.op in (Op.MUL, Op.DIV):
+        a, b = x.inputs
+        if x.op is Op.MUL and r.values[a].op is Op.CONST:
+            a, b = b, a
+        if r.values[b].op is Op.CONST and r.values[b].attr["value"] != 0:
+            scale, c, j = x.op.value, float(r.values[b].attr["value"]), unshaped(a)
+            x = r.values[j]
+    if x.op is not Op.SUM_AXIS or r.values[x.inputs[0]].op is not Op.MUL:
+        return None
+    prod = r.values[x.inputs[0]]
+    if x.attr["axis"] != len(prod.type.feat) - 1:
+        return None
+    ends = {r.values[k].attr["side"]: r.values[k] for k in prod.inputs
+            if r.values[k].op is Op.ARG}
+    if set(ends) != {"src", "dst"} or not (ends["src"].type == ends["dst"].type == prod.type):
+        return None
+    return ends["src"].attr["index"], ends["dst"].attr["index"], scale, c
+
+
 def typed_spmm_pattern(v: Value) -> tuple[int, int, int, int | None] | None:
     """(x, table, types, weight or None) operands when an aggregate sums
     ``typed_linear(x[src], table, types[e]) [* w[e]]`` (see passes.fuse_typed)."""

@@ -233,6 +233,43 @@ def test_a_weight_per_edge_and_head_computed_from_edge_features_is_a_weighted_pr
                            "u": torch.randn(g.num_edges, 2, generator=gen)})
 
 
+class _DotAttention(sarc.Layer):
+    """A transformer's attention: the score per head is ``<q_v, k_u>`` scaled by a constant
+    (``scale``: "div", "mul" or None), the value ``v_u``; ``heads`` 0 is one head of
+    features [D] (no heads axis)."""
+
+    def __init__(self, heads: int, scale):
+        super().__init__(node={"h": 6})
+        self.heads, self.scale = heads, scale
+        width = 4 * max(heads, 1)
+        self.q, self.k, self.v = (torch.nn.Linear(6, width) for _ in range(3))
+
+    def _split(self, x):
+        return x.view(-1, self.heads, 4) if self.heads else x
+
+    def message(self, src, dst, edge):
+        s = (self._split(self.q(dst.h)) * self._split(self.k(src.h))).sum(-1)
+        s = s / 2.0 if self.scale == "div" else 0.5 * s if self.scale == "mul" else s
+        return {"s": s, "v": self._split(self.v(src.h))}
+
+    def reduce(self, msg):
+        a = sarc.edge_softmax(msg.s)
+        return sarc.sum(msg.v * a.unsqueeze(-1))
+
+
+@pytest.mark.parametrize("heads, scale", [(3, "div"), (2, "mul"), (0, None)])
+def test_a_dot_product_score_is_one_sddmm_of_the_rows(heads, scale):
+    """The attention's scores are the SDDMM of the two ends' rows (``K.softmax_dot_spmm``, no
+    gathered row); values and gradients equal the interpreter's on multi-edges and a node
+    without in-edges."""
+    from sarc.compiler import compile_layer
+    layer = _DotAttention(heads, scale)
+    code = compile_layer(layer).kernel.source
+    assert "K.softmax_dot_spmm(" in code, code
+    gen = torch.Generator().manual_seed(1)
+    check_layer(layer, _multi_graph(), {"h": torch.randn(5, 6, generator=gen)})
+
+
 class _LiftedPool(sarc.Layer):
     """A max / min of one source feature plus or minus the destination's own values and a
     parameter: ``form`` picks how the message writes it (the feature subtracted, negated,
