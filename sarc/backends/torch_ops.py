@@ -693,8 +693,11 @@ def extremum_lifted(kind: str, body, sides: tuple[str, ...], width: int, source:
     """A max / min aggregate whose message is the source feature ``operands[source]`` plus
     or minus values constant over a destination's edges (``patterns.lifted_extremum``):
     ``body`` evaluated per destination at the feature's ``extremum`` over the row's edges
-    (no edge tensor), ``empty`` where a row has no edges. Where the CSR extremum kernel is
-    not built, or for half precision, ``aggregate``."""
+    (no edge tensor), ``empty`` where a row has no edges. The values are the per-edge
+    form's (rounding is monotone); the gradient goes to the edges where the feature attains
+    its extremum, split evenly, which are the edges whose messages tie unless a destination
+    term so much larger than the feature rounds unequal features to equal messages. Where
+    the CSR extremum kernel is not built, or for half precision, ``aggregate``."""
     x = operands[source]
     if (cpu_kernels.kernels_for(x) is None or g.num_edges == 0
             or any(isinstance(o, torch.Tensor) and o.is_floating_point()
