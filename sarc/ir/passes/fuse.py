@@ -11,7 +11,9 @@ The body is a ``Region`` whose ARG leaves read operands per edge; backends
 evaluate it edge block by edge block, so the E x D edge tensors of the unfused
 program exist only transiently (and are recomputed in the backward pass rather
 than stored). An edge value is absorbed into a region only when that region is
-its single user; values with other users become operands.
+its single user; values with other users become operands. A factor of the message
+computed from edge features alone and narrower than it (a weight per edge and head)
+stays out: one small edge tensor, and the aggregate a weighted sparse product.
 """
 from __future__ import annotations
 
