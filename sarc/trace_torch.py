@@ -60,7 +60,10 @@ def _dim_to_axis(p: "Proxy", dim: Any) -> int:
 def _feature_axes(p: "Proxy", dim: Any, what: str) -> list[int]:
     """The sorted feature axes named by ``dim`` (an int or a tuple / list of them)."""
     if dim is None or (isinstance(dim, (tuple, list)) and not dim):
-        raise DSLError(f"{what} over all axes is not supported; name a feature dim", user_loc())
+        raise DSLError(f"{what} over all axes is not supported; name a feature dim (the rows "
+                       f"are among all axes: a layer computes each row by itself, so neither a "
+                       f"value over every row nor Python control flow on one, `if h.sum() > 0:`, "
+                       f"is modelled)", user_loc())
     dims = list(dim) if isinstance(dim, (tuple, list, torch.Size)) else [dim]
     axes = [_dim_to_axis(p, d) for d in dims]
     if len(set(axes)) != len(axes):

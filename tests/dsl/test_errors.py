@@ -1035,3 +1035,19 @@ def test_a_traced_tensor_made_a_numpy_array_is_refused_at_its_line():
 
 def test_setting_an_attribute_of_a_traced_tensor_is_refused_at_its_line():
     expect_dsl_error(lambda: SetsData().trace(), "setdata", r"x\.data = \.\.\.")
+
+
+class BranchOnASum(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return src.h if src.h.sum() > 0 else dst.h
+
+
+def test_control_flow_on_a_sum_over_all_axes_names_the_rows_and_the_branch():
+    """``if h.sum() > 0:`` was refused as a sum over all axes only; it says the rows are among
+    them and that such control flow is not modelled."""
+    with pytest.raises(sarc.DSLError, match=r"sum over all axes.*rows are among all axes.*"
+                                       r"control flow on one, `if h.sum\(\) > 0:`"):
+        BranchOnASum().trace()
