@@ -137,7 +137,8 @@ class _Side:
             declared = ", ".join(sorted(feats)) or "none"
             builtin = BUILTIN_NODE.get(self._domain.value, ())
             extra = f"; built in: {', '.join(builtin)}" if builtin else ""
-            other = self._layer._sarc_node if self._domain is Domain.EDGE else self._layer._sarc_edge
+            other = (self._layer._sarc_node if self._domain is Domain.EDGE
+                     else self._layer._sarc_edge)
             hint = ""
             if name in other:
                 hint = (f"; {name!r} is declared a node feature: message reads it as src.{name} "

@@ -272,7 +272,8 @@ def transpose(cols: torch.Tensor, rows: torch.Tensor, num_cols: int, index_dtype
 
 
 def _finalize(kind: str, s: torch.Tensor, g: Graph) -> torch.Tensor:
-    """A linear reducer's rows from their sums (mean divides by the degree)."""
+    """A reducer's rows from their accumulators (``Reducer.finalize``: a mean divides by the
+    degree, a max / min is ``empty`` on a row without edges)."""
     return reducer(kind).finalize(s, g.rowptr[1:] - g.rowptr[:-1])
 
 
@@ -705,9 +706,7 @@ def extremum_lifted(kind: str, body, sides: tuple[str, ...], width: int, source:
         return aggregate(kind, body, sides, width, g, *operands)
     at = extremum_spmm(extremum, g, x)
     out = body(g, *(at if k == source else o for k, o in enumerate(operands)))
-    has_edges = (g.rowptr[1:] > g.rowptr[:-1]).view(-1, *[1] * (out.dim() - 1))
-    return torch.where(has_edges, out, torch.full((), reducer(kind).empty, dtype=out.dtype,
-                                                  device=out.device))
+    return _finalize(kind, out, g)
 
 
 class _ExtremumProduct(torch.autograd.Function):

@@ -2374,8 +2374,8 @@ def _size(name: str, size, rows: int):
     """PyG's ``size``: the node count, or ``(num_src, num_dst)``. Anything else, as a conv's
     further argument given by position (RGATConv's ``edge_attr`` after ``edge_type``),
     is refused, naming what was given."""
-    if _count(size) is not None:
-        return _count(size)
+    if (n := _count(size)) is not None:
+        return n
     pair = (size.tolist() if isinstance(size, torch.Tensor) and size.dim() == 1
             and not size.is_floating_point() else size)
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2

@@ -119,7 +119,7 @@ def lifted_extremum(v: Value) -> tuple[int, str] | None:
     if v.op is not Op.AGGREGATE or v.attr["kind"] not in _FLIP:
         return None
     r = v.attr["body"]
-    found: list[tuple[int, int]] = []
+    found: list[tuple[Value, int]] = []
 
     def terms(j: int, sign: int) -> bool:
         x = r.values[j]
@@ -127,7 +127,7 @@ def lifted_extremum(v: Value) -> tuple[int, str] | None:
             return True
         if x.op is Op.ARG:
             if x.attr["side"] == "src":
-                found.append((x.attr["index"], sign))
+                found.append((x, sign))
             return x.attr["side"] in ("src", "dst", "param")
         if x.op is Op.NEG:
             return terms(x.inputs[0], -sign)
@@ -138,11 +138,10 @@ def lifted_extremum(v: Value) -> tuple[int, str] | None:
 
     if not terms(r.result, 1) or len(found) != 1:
         return None
-    k, sign = found[0]
-    if r.values[r.result].type.feat != next(a.type.feat for a in r.values
-                                            if a.op is Op.ARG and a.attr["index"] == k):
+    arg, sign = found[0]
+    if r.values[r.result].type.feat != arg.type.feat:
         return None   # the feature broadcast over the message: keep the edges' own form
-    return k, v.attr["kind"] if sign > 0 else _FLIP[v.attr["kind"]]
+    return arg.attr["index"], v.attr["kind"] if sign > 0 else _FLIP[v.attr["kind"]]
 
 
 def softmax_value(v: Value) -> int | None:

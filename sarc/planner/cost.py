@@ -257,8 +257,9 @@ def _value_flops(values, v: Value) -> sympy.Expr:
         return total
     if v.op in BINARY_ELEMENTWISE or v.op in (Op.EXP, Op.LOG, Op.RELU, Op.SIGMOID, Op.TANH, Op.ERF,
                                                Op.COS, Op.SIN, Op.LOG1P, Op.CAST,
-                                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU, Op.SOFTPLUS,
-                                               Op.DROPOUT, Op.NEG, Op.SUM_AXIS, Op.MAX_AXIS):
+                                               Op.POW, Op.CLAMP_MIN, Op.LEAKY_RELU, Op.ELU,
+                                               Op.SOFTPLUS, Op.DROPOUT, Op.NEG, Op.SUM_AXIS,
+                                               Op.MAX_AXIS):
         return t.numel_expr()
     return sympy.Integer(0)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ..function import Builder, Function, Region
+from ..function import Builder, Function, Region, upstream
 from ..ops import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, Op
 from ..reducers import SUM, reducer
 from ..types import Domain
@@ -136,14 +136,10 @@ def _edge_weights(fn: Function, e: int) -> frozenset:
     v = fn.values[e]
     if v.op is not Op.MUL:
         return frozenset()
-    gathers: dict[int, bool] = {}
 
     def gathered(j: int) -> bool:
-        if j not in gathers:
-            u = fn.values[j]
-            gathers[j] = u.op in (Op.GATHER_SRC, Op.GATHER_DST) or any(
-                gathered(k) for k in u.inputs)
-        return gathers[j]
+        return any(fn.values[k].op in (Op.GATHER_SRC, Op.GATHER_DST)
+                   for k in upstream(fn.values, [j]))
 
     def computed(j: int) -> bool:   # more than a view of one edge feature
         u = fn.values[j]
