@@ -10,7 +10,7 @@ ops that run on the torch backend's kernels instead). Median of ``--repeats`` af
 one warm-up step.
 
     python benchmarks/distributed_step.py [--nodes 100000] [--edges 2000000]
-        [--features 64] [--layers gcn,sage,gat,max] [--backends torch,triton] [--repeats 5]
+        [--features 64] [--layers gcn,sage,gat,max,edgeconv,dot] [--backends torch,triton] [--repeats 5]
         [--json PATH]
 
 The Triton rows need a GPU: without CUDA they are left out and the output says so.
@@ -34,13 +34,16 @@ sys.path[:0] = [str(ROOT / "models"), str(ROOT / "tests")]
 
 
 def make_layer(name: str, d: int):
+    from edgeconv import EdgeConvLayer
     from gat import GATLayer
     from gcn import GCNLayer
     from sage import SAGELayer
 
-    from distributed.layers import MaxLayer
+    from distributed.layers import DotAttentionLayer, MaxLayer
     return {"gcn": lambda: GCNLayer(d, d), "sage": lambda: SAGELayer(d, d),
-            "gat": lambda: GATLayer(d, d // 4, heads=4), "max": lambda: MaxLayer(d, d)}[name]()
+            "gat": lambda: GATLayer(d, d // 4, heads=4), "max": lambda: MaxLayer(d, d),
+            "edgeconv": lambda: EdgeConvLayer(d, d),
+            "dot": lambda: DotAttentionLayer(d, d // 4, heads=4)}[name]()
 
 
 def timed(fn, device, repeats: int) -> float:
@@ -64,7 +67,7 @@ def main(argv=None) -> None:
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--edges", type=int, default=2_000_000)
     p.add_argument("--features", type=int, default=64)
-    p.add_argument("--layers", default="gcn,sage,gat,max")
+    p.add_argument("--layers", default="gcn,sage,gat,max,edgeconv,dot")
     p.add_argument("--backends", default="torch,triton")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", help="write the measurements (seconds) to this file")

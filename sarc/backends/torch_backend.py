@@ -59,6 +59,12 @@ def number(x: float) -> str:
     return repr(x) if math.isfinite(x) else f'float("{x}")'
 
 
+def dot_literal(dot: tuple[int, int, str | None, float]) -> str:
+    """``patterns.dot_score``'s tuple as Python code."""
+    src, dst, op, c = dot
+    return f"({src}, {dst}, {literal(op) if op else None}, {number(c)})"
+
+
 def _leaf(v: Value, a: list[str]) -> str:
     if v.op is Op.CONST:
         return f"torch.tensor({number(v.attr['value'])}, dtype={_dtype(v)}, device=g.device)"
@@ -129,7 +135,8 @@ def _fused_call(v: Value, a: list[str], folds: tuple[tuple[int, int], ...]) -> s
         if dot is not None:   # the scores one SDDMM of the two ends' rows
             feat = score.values[score.result].type.feat
             return (f"K.softmax_dot_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
-                    f"{region_width(v, 'score')}, {dot!r}, {feat!r}, g, {', '.join(operands)})")
+                    f"{region_width(v, 'score')}, {dot_literal(dot)}, {feat!r}, g, "
+                    f"{', '.join(operands)})")
         fold = f", folds={folds!r}" if folds else ""
         return (f"K.softmax_spmm({regions[0]}, {sides!r}, {z}, {reads!r}, "
                 f"{region_width(v, 'score')}, g, {', '.join(operands)}{fold})")
@@ -275,9 +282,19 @@ class EdgeLowering:
 
     def block_op(self, name: str, i: int, v: Value,
                  bodies: codegen.RegionNames) -> tuple[str, list[str]]:
-        source = extremum_pattern(v) if name in ("extremum_partial", "extremum_select") else None
-        if source is not None:  # its message a source feature as it is: no region function
-            return f"DK.{name}", [f"DK.SourceRow({source})"]
+        if name in ("extremum_partial", "extremum_select"):
+            source = extremum_pattern(v)
+            if source is not None:  # its message a source feature as it is: no region function
+                return f"DK.{name}", [f"DK.SourceRow({source})"]
+            lifted = lifted_extremum(v)
+            if lifted is not None:  # a source feature plus destination terms: at its extremum
+                (body,) = bodies()
+                return f"DK.{name}", [f"DK.LiftedRow({lifted[0]}, {literal(lifted[1])}, {body})"]
+        dot = dot_score(v) if v.op is Op.SOFTMAX_AGGREGATE else None
+        if dot is not None:  # the scores one SDDMM of the two ends' rows
+            score, *rest = bodies()
+            feat = v.attr["score"].values[v.attr["score"].result].type.feat
+            return f"DK.{name}", [f"DK.DotScore({score}, {dot_literal(dot)}, {feat!r})", *rest]
         return f"DK.{name}", bodies()
 
     def ops(self) -> tuple:

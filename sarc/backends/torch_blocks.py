@@ -74,12 +74,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..backward_once import once_differentiable
 from . import torch_ops as K
 from ..graph import Graph
+from ..ir.reducers import tie_share
 from ..native import kernels as cpu_kernels
 
 NEG_INF = float("-inf")
@@ -127,12 +129,38 @@ class SourceRow:
         return per_edge[self.index]
 
 
+@dataclass(frozen=True)
+class LiftedRow:
+    """The body of a max / min aggregate whose message is operand ``index``, a source
+    feature, plus or minus values constant over a destination's edges
+    (``patterns.lifted_extremum``: EdgeConv), callable as its region function ``body``: the
+    block ops take the feature's ``extremum`` over the CSR index with sarc's C kernel and
+    evaluate ``body`` once per destination at it (``torch_ops.extremum_lifted``), no edge
+    values formed. Its ties are the feature's, as on one process."""
+
+    index: int
+    extremum: str
+    body: Callable
+
+    def __call__(self, g: Graph, *per_edge: torch.Tensor) -> torch.Tensor:
+        return self.body(g, *per_edge)
+
+
 def _source_kernels(body, g: Graph, operands):
-    """The CPU kernels where ``body`` is a ``SourceRow`` they can run (CPU, float32 /
-    float64, a block with edges), else None."""
-    if not isinstance(body, SourceRow) or g.num_edges == 0:
+    """The CPU kernels where ``body`` is a ``SourceRow`` or ``LiftedRow`` they can run (CPU,
+    float32 / float64 operands, a block with edges), else None."""
+    if not isinstance(body, (SourceRow, LiftedRow)) or g.num_edges == 0:
+        return None
+    if isinstance(body, LiftedRow) and any(
+            isinstance(o, torch.Tensor) and o.is_floating_point()
+            and o.dtype not in K._SPMM_DTYPES for o in operands):
         return None
     return cpu_kernels.kernels_for(operands[body.index])
+
+
+def _lifted(body: LiftedRow, at: torch.Tensor, g: Graph, operands) -> torch.Tensor:
+    """``body`` at each destination, its source feature ``at`` (the row's extremum)."""
+    return body.body(g, *(at if k == body.index else o for k, o in enumerate(operands)))
 
 
 @torch.no_grad()
@@ -141,6 +169,11 @@ def extremum_partial(kind: str, body, sides, width: int, g: Graph, *operands):
     k = _source_kernels(body, g, operands)
     if k is not None:
         lay = K.layout(g)
+        if isinstance(body, LiftedRow):
+            at, count = k.extremum(body.extremum, lay.rowptr, lay.src, operands[body.index],
+                                   g.num_dst)
+            y = _lifted(body, at, g, operands)
+            return torch.where(_rows(_has_edges(g), y), y, torch.zeros((), dtype=y.dtype)), count
         return k.extremum(kind, lay.rowptr, lay.src, operands[body.index], g.num_dst)
     return _by_row_blocks(g, sides, width, operands,
                           lambda gb, *xs: _extremum(kind, body(gb, *_per_edge(gb, sides, xs)), gb))
@@ -162,9 +195,10 @@ def extremum_select(kind: str, body, sides, width: int, g: Graph, y: torch.Tenso
     """The sum over destinations v and the block's edges e -> v of ``share[v] * body(e)``
     where ``body(e)`` equals the merged ``y[v]``, for its gradient alone
     (``torch_ops.fused_surrogate``)."""
-    x = operands[body.index] if isinstance(body, SourceRow) else None
-    if _source_kernels(body, g, operands) is not None and x.requires_grad \
-            and torch.is_grad_enabled():
+    k = _source_kernels(body, g, operands)
+    if k is not None and isinstance(body, LiftedRow):
+        return _lifted_select(k, body, g, y, share, operands)
+    if k is not None and operands[body.index].requires_grad and torch.is_grad_enabled():
         return _SourceSelect.apply(g, y.detach(), share.detach(), body.index, *operands)
 
     def block(gb, yb, *xs):
@@ -195,6 +229,43 @@ class _SourceSelect(torch.autograd.Function):
         return None, None, None, None, *grads
 
 
+def _lifted_select(k, body: LiftedRow, g: Graph, y: torch.Tensor, share: torch.Tensor,
+                   operands) -> torch.Tensor:
+    """``extremum_select`` of a ``LiftedRow``: per destination, the message at the block's
+    extremum of the feature, where it equals the merged ``y``, times ``share`` and the
+    count of the block's edges attaining it (each of them selected): the destination
+    terms' gradient is the per-edge form's; the feature's goes to those edges, ``share``
+    each (``_AtExtremum``)."""
+    x = operands[body.index]
+    lay = K.layout(g)
+    with torch.no_grad():
+        at, count = k.extremum(body.extremum, lay.rowptr, lay.src, x.detach(), g.num_dst)
+    msg = _lifted(body, _AtExtremum.apply(x, at, count, g), g, operands)
+    keep = (msg == y.to(msg.dtype)) & _rows(_has_edges(g), msg)
+    zero = torch.zeros((), dtype=msg.dtype)
+    return torch.where(keep, msg * (share.to(msg.dtype) * count.to(msg.dtype)), zero).sum()
+
+
+class _AtExtremum(torch.autograd.Function):
+    """``at``, the extremum of x over each row of the block's CSR index with ``count`` edges
+    attaining it (computed by the caller); backward: each of those edges' sources gets
+    ``dat / count`` (``select_sum`` over the transposed index: no edge tensor)."""
+
+    @staticmethod
+    def forward(ctx, x, at, count, g):
+        ctx.g = g
+        ctx.save_for_backward(x, at, count)
+        return at.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dat):
+        x, at, count = ctx.saved_tensors
+        ptr, rows, _ = K.layout(ctx.g).transposed()
+        dx = cpu_kernels.kernels().select_sum(ptr, rows, x, at, tie_share(dat.to(x.dtype), count))
+        return dx, None, None, None
+
+
 def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor,
                            share: torch.Tensor) -> torch.Tensor:
     """``extremum_select`` of an edge tensor ``x`` (a REDUCE)."""
@@ -223,6 +294,33 @@ def _weighted_sum(w: torch.Tensor, value, value_index, gb: Graph, sides, xs) -> 
     return K.segment_sum(_expand_to(w, val.dim()) * val, gb)
 
 
+@dataclass(frozen=True)
+class DotScore:
+    """The score region ``body`` of an attention whose score is the dot product per head of
+    a source and a destination row, maybe scaled (``patterns.dot_score``; ``dot`` and
+    ``feat`` as ``torch_ops.dot_scores`` takes them), callable as the region: the softmax
+    block ops compute the scores as one SDDMM of the rows, no gathered row, where sarc's
+    CPU kernels run it, as on one process (``torch_ops.softmax_dot_spmm``)."""
+
+    body: Callable
+    dot: tuple
+    feat: tuple[int, ...]
+
+    def __call__(self, g: Graph, *per_edge: torch.Tensor) -> torch.Tensor:
+        return self.body(g, *per_edge)
+
+
+def _scores(score, gb: Graph, sides, xs, skip: int | None):
+    """(the block's scores, the operands per edge or None where the scores did not need
+    them): ``score`` of the rows ``xs``, a ``DotScore`` as one SDDMM where it can."""
+    if isinstance(score, DotScore):
+        sc = K.dot_scores(gb, score.dot, score.feat, *xs)
+        if sc is not None:
+            return sc, None
+    per = _per_edge(gb, sides, xs, skip)
+    return score(gb, *per), per
+
+
 def _score_stats(sc: torch.Tensor, g: Graph, dtype: torch.dtype):
     """(m, exp(sc - m)): the block's max score per destination (sc's dtype, exact) and the
     exponentials in ``dtype``. Where a destination's scores in the block are all -inf
@@ -247,7 +345,7 @@ def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *ope
     value is a source feature z (GAT), sarc's C kernel takes the scores to (m, s, acc) in
     one pass over each row (``softmax_partial``: no edge tensor in ``STATS``)."""
     def block(gb, *xs):
-        sc = score(gb, *_per_edge(gb, sides, xs, value_index))
+        sc, _ = _scores(score, gb, sides, xs, value_index)
         z = xs[value_index] if value_index is not None else None
         k = cpu_kernels.kernels_for(sc, z) if z is not None and gb.num_edges else None
         if k is not None:
@@ -265,7 +363,7 @@ def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *ope
 def softmax_normalizer(score, sides, width: int, g: Graph, *operands):
     """(m, s) of a softmax aggregate's score on the block (a normalizer pass)."""
     def block(gb, *xs):
-        m, ex = _score_stats(score(gb, *_per_edge(gb, sides, xs)), gb, STATS)
+        m, ex = _score_stats(_scores(score, gb, sides, xs, None)[0], gb, STATS)
         return m, K.segment_sum(ex, gb)
     return _by_row_blocks(g, sides, width, operands, block)
 
@@ -276,7 +374,7 @@ def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, n
     big_m, big_s = norm
 
     def block(gb, mb, sb, *xs):
-        alpha = _weights(score(gb, *_per_edge(gb, sides, xs, value_index)), gb, mb, sb)
+        alpha = _weights(_scores(score, gb, sides, xs, value_index)[0], gb, mb, sb)
         return (_weighted_sum(alpha, value, value_index, gb, sides, xs),)
     (out,) = _by_row_blocks(g, ("dst", "dst", *sides), width, (big_m, big_s, *operands), block)
     return out
@@ -292,12 +390,11 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
     big_m, big_s, grad, d = state
 
     def block(gb, mb, sb, gr, db, *xs):
-        per = _per_edge(gb, sides, xs, value_index)
-        sc = score(gb, *per)
+        sc, per = _scores(score, gb, sides, xs, value_index)
         if value_index is not None:
             return _SourceValueShares.apply(sc, xs[value_index], mb, sb, gr, db, gb)
         alpha = _weights(sc, gb, mb, sb)
-        val = value(gb, *per).to(STATS)
+        val = value(gb, *(per or _per_edge(gb, sides, xs))).to(STATS)
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)

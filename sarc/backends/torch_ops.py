@@ -1010,18 +1010,31 @@ def softmax_dot_spmm(score, sides: tuple[str, ...], value_index: int, reads: tup
     features): the scores one SDDMM of the rows (``_DotScores``), no gathered row, then the
     softmax-weighted product. Where sarc's CPU kernels are not built, or for half
     precision, ``softmax_spmm``."""
-    src, dst, op, c = dot
-    a, b, z = operands[dst], operands[src], operands[value_index]
-    if (cpu_kernels.kernels_for(a, b, z) is None or g.num_edges == 0 or a.dtype != b.dtype
-            or any(t.dtype not in _SPMM_DTYPES for t in (a, b, z))):
+    z = operands[value_index]
+    s = (dot_scores(g, dot, feat, *operands)
+         if z.dtype in _SPMM_DTYPES and cpu_kernels.kernels_for(z) is not None else None)
+    if s is None:
         return softmax_spmm(score, sides, value_index, reads, width, g, *operands)
-    heads = math.prod(feat)
-    s = _DotScores.apply(g, a, b, heads)
+    return _SoftmaxProduct.apply(g, s, z)
+
+
+def dot_scores(g: Graph, dot: tuple, feat: tuple[int, ...], *operands) -> torch.Tensor | None:
+    """The scores ``patterns.dot_score`` finds (``dot``: source operand, destination operand,
+    "mul" / "div" / None, the constant; ``feat``: the score's features), one SDDMM of the
+    rows (``_DotScores``: no gathered row), as the score region computes them up to the
+    order of the dot's sums; None where sarc's CPU kernels do not run it (not built, half
+    precision, rows of two dtypes, a graph without edges)."""
+    src, dst, op, c = dot
+    a, b = operands[dst], operands[src]
+    if (cpu_kernels.kernels_for(a, b) is None or g.num_edges == 0 or a.dtype != b.dtype
+            or any(t.dtype not in _SPMM_DTYPES for t in (a, b))):
+        return None
+    s = _DotScores.apply(g, a, b, math.prod(feat))
     if op == "div":
         s = s / c
     elif op == "mul":
         s = s * c
-    return _SoftmaxProduct.apply(g, s.reshape(g.num_edges, *feat), z)
+    return s.reshape(g.num_edges, *feat)
 
 
 class _DotScores(torch.autograd.Function):

@@ -357,7 +357,9 @@ class RowFetch:
         to their owner after the piece's step (the caller keeps the kept peers' until the
         end)."""
         if piece.peer == self.shard.rank:
-            self.grad_local = grad_rows if self.grad_local is None else self.grad_local + grad_rows
+            # a tensor of its own: later pieces add to it in place (``_collect``)
+            self.grad_local = (grad_rows.clone() if self.grad_local is None
+                               else self.grad_local + grad_rows)
             return
         st = self._by_piece[piece.key]
         if st.grads_done:

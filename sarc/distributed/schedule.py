@@ -437,9 +437,11 @@ class Call:
 
     def _accumulate(self, store: dict, name: str, g: torch.Tensor,
                     rows: torch.Tensor | None = None, n: int | None = None) -> None:
-        """store[name] += g (g at destination ``rows`` of ``n``, or at every row)."""
+        """store[name] += g (g at destination ``rows`` of ``n``, or at every row). ``g`` is
+        autograd's, maybe the very tensor it gave for another name too (an add's operands get
+        their sum's gradient): what is stored is a tensor of its own, added to in place."""
         if rows is None:
-            store[name] = g if name not in store else store[name] + g
+            store[name] = g.clone() if name not in store else store[name] + g
             return
         if name not in store:
             store[name] = g.new_zeros((n, *g.shape[1:]))

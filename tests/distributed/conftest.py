@@ -93,6 +93,9 @@ def _cases() -> list[Case]:
         # a message of both ends under a max, its linear computed at the nodes
         Case("edgeconv_p3_sar", "edgeconv", 3, "random"),
         Case("edgeconv_p2_oneshot", "edgeconv", 2, exec_mode="oneshot"),
+        # dot-product scores, one SDDMM of the two ends' rows per block
+        Case("dot_p3_sar", "dot", 3, "random"),
+        Case("dot_p2_oneshot", "dot", 2, exec_mode="oneshot"),
     ]
     # messages of at most 4 rows: every remote block in several pieces, whose partial
     # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly

@@ -163,3 +163,27 @@ class NestedSoftmaxLayer(sarc.Layer):
     def reduce(self, msg):
         inner = sarc.edge_softmax(msg.s)
         return self.aggregate(msg.z * sarc.edge_softmax(4.0 * inner).unsqueeze(-1))  # ERR:nested
+
+
+class DotAttentionLayer(sarc.Layer):
+    """A transformer's attention: scores ``<q_v, k_u> / sqrt(d)`` per head, one SDDMM of
+    the two ends' rows (``patterns.dot_score``), weighing the source's values."""
+
+    def __init__(self, in_feats: int, out_feats: int, heads: int = 2):
+        super().__init__(node={"h": in_feats})
+        self.heads, self.d = heads, out_feats
+        self.q, self.v = (nn.Linear(in_feats, heads * out_feats) for _ in range(2))
+        # no key bias: <q_v, b> is the same on every edge into v, its gradient 0 (rounding)
+        self.k = nn.Linear(in_feats, heads * out_feats, bias=False)
+
+    def message(self, src, dst, edge):
+        q = self.q(dst.h).view(-1, self.heads, self.d)
+        k = self.k(src.h).view(-1, self.heads, self.d)
+        return {"s": (q * k).sum(-1) / self.d ** 0.5,
+                "v": self.v(src.h).view(-1, self.heads, self.d)}
+
+    def reduce(self, msg):
+        return sarc.sum(sarc.edge_softmax(msg.s).unsqueeze(-1) * msg.v)
+
+    def update(self, dst, agg):
+        return agg.agg.mean(1)

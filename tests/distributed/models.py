@@ -13,8 +13,9 @@ from sage import SAGELayer
 from sage import build_model as sage
 from torch import nn
 
-from .layers import (DegreesLayer, FeatureAxesLayer, MaskedAttentionLayer, MaxLayer,
-                     MaxSourceDegreeLayer, NestedSoftmaxLayer, SameNamesLayer, TiedMaxLayer)
+from .layers import (DegreesLayer, DotAttentionLayer, FeatureAxesLayer, MaskedAttentionLayer,
+                     MaxLayer, MaxSourceDegreeLayer, NestedSoftmaxLayer, SameNamesLayer,
+                     TiedMaxLayer)
 
 
 class MaxNet(nn.Module):
@@ -115,6 +116,7 @@ MODELS = {
     "masked_triton": lambda f, c, **_: MaskedAttentionNet(f, 6, c, "triton"),
     "masked_far_triton": lambda f, c, **_: MaskedAttentionNet(f, 6, c, "triton", fill=-1e9,
                                                               shift=1e5),
+    "dot": lambda f, c, **_: TwoLayers(DotAttentionLayer, f, 6, c),
     "nested_sum": lambda f, c, **_: TwoLayers(lambda i, o: NestedSoftmaxLayer(i, o, "sum"),
                                               f, 6, c),
 }

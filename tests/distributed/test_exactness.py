@@ -62,6 +62,9 @@ def test_the_matrix_takes_every_path(dist_results):
                for s in sources["gat_attn_drop_p3_sar"])
     assert any("DK.extremum_select" in s for s in sources["max_p2_sar"])
     assert any("K.typed_linear" in s for s in sources["rgcn_p2_sar"])  # recomputed per block
+    # EdgeConv's max at the source feature's extremum, dot scores as one SDDMM per block
+    assert any("DK.LiftedRow(" in s for s in sources["edgeconv_p3_sar"])
+    assert any("DK.DotScore(" in s for s in sources["dot_p3_sar"])
     shapes = sources["score_shapes_p3_sar"]  # an unfused softmax, then a fused one
     assert any("def edge_normalizers" in s for s in shapes)
     assert any("DK.softmax_partial" in s for s in shapes)

@@ -50,3 +50,20 @@ def test_pieces_partition_a_split_block(seed, rows, n_src, n_dst, e):
         for i in range(g.num_edges):
             seen.append((int(g.perm[i]), int(g.src[i]) + p.lo, int(p.rows[g.dst[i]])))
     assert sorted(seen) == sorted((i, int(src[i]), int(dst[i])) for i in range(e))
+
+
+def test_gradients_of_pieces_add_up_when_autograd_gives_one_tensor_for_two_names():
+    """Autograd gives an add's operands their sum's gradient, the same tensor: a piece over
+    every row stores it for both names; a later piece adds to each in place, and neither
+    sees the other's additions (``Call._accumulate``)."""
+    from sarc.distributed.schedule import Call
+    g = torch.ones(4, 2)
+    store: dict = {}
+    Call._accumulate(None, store, "$d0", g)   # the piece over every row
+    Call._accumulate(None, store, "$d1", g)
+    rows = torch.tensor([1, 3])
+    Call._accumulate(None, store, "$d0", torch.full((2, 2), 5.0), rows, 4)
+    Call._accumulate(None, store, "$d1", torch.full((2, 2), 7.0), rows, 4)
+    assert torch.equal(store["$d0"], torch.tensor([[1.0, 1], [6, 6], [1, 1], [6, 6]]))
+    assert torch.equal(store["$d1"], torch.tensor([[1.0, 1], [8, 8], [1, 1], [8, 8]]))
+    assert torch.equal(g, torch.ones(4, 2))

@@ -543,3 +543,92 @@ def test_mean_merge_divides_by_the_whole_graph_in_degree():
     merge.add(torch.tensor([[0.0], [1.0], [2.0]]))
     merge.add(torch.tensor([[0.0], [3.0], [6.0]]))
     assert torch.equal(merge.finish(torch.zeros(3, 1)), torch.tensor([[0.0], [2.0], [2.0]]))
+
+
+def _merged_extremum(kind, body, sides, g, blocks, operands, cot):
+    """The merged output of ``body``'s max / min over the blocks ``blocks`` and the summed
+    gradients of the blocks' surrogates (the runtime's two passes)."""
+    merge = ExtremumMerge(kind)
+    for idx in blocks:
+        merge.add(DK.extremum_partial(kind, body, sides, 4, _edges(g, idx), *operands))
+    out = merge.finish(torch.zeros(g.num_dst, *operands[0].shape[1:]))
+    y, share = merge.cotangent(cot)
+    grads = [torch.zeros_like(t) for t in operands]
+    for idx in blocks:
+        xs = [t.clone().requires_grad_() for t in operands]
+        sur = DK.extremum_select(kind, body, sides, 4, _edges(g, idx), y, share, *xs)
+        for acc, grad in zip(grads, torch.autograd.grad(sur, xs, allow_unused=True)):
+            acc += 0 if grad is None else grad
+    return out, grads
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_lifted_extremum_blocks_equal_the_per_edge_form(kind, sign, cpu_kernels):
+    """A max / min of a source feature plus or minus destination terms (EdgeConv's, its
+    linear at the nodes: ``patterns.lifted_extremum``) taken at the feature's extremum per
+    block (``DK.LiftedRow``) merges to the per-edge form's output, ties (integer features)
+    and rows without edges in a block included, and its surrogates give the same gradients
+    to the feature, the destination term and the parameter."""
+    gen = torch.Generator().manual_seed(5 + sign)
+    n, e = 11, 70
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n - 2, (e,), generator=gen)   # 2 rows without edges
+    g = sarc.Graph.from_edges(src, dst, num_src=n, num_dst=n, dst_in_src=False)
+    x, h = (torch.randint(-3, 4, (n, 2), generator=gen).float() for _ in range(2))
+    w = torch.tensor([0.5, -1.0])
+    sides = ("src", "dst", "param")
+
+    def body(gb, a, b, c):
+        return sign * a + b - c
+    extremum = kind if sign > 0 else {"max": "min", "min": "max"}[kind]
+    cot = torch.randn(n, 2, generator=gen)
+    blocks = _split_edges(g, 3, gen)
+    want = _merged_extremum(kind, body, sides, g, blocks, (x, h, w), cot)
+    got = _merged_extremum(kind, DK.LiftedRow(0, extremum, body), sides, g, blocks, (x, h, w), cot)
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b)
+    assert float(want[1][0].abs().sum()) > 0 and float(want[1][1].abs().sum()) > 0
+
+
+@pytest.mark.parametrize("value_index", [None, 2])
+def test_dot_score_blocks_equal_the_per_edge_form(value_index, cpu_kernels):
+    """An attention whose score is a dot product of a destination and a source row per head,
+    scaled (``patterns.dot_score``), its scores one SDDMM per block (``DK.DotScore``):
+    the merged output and the surrogates' gradients equal the per-edge score's."""
+    gen = torch.Generator().manual_seed(4)
+    n, e, heads, d = 10, 60, 2, 3
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n - 1, (e,), generator=gen)
+    g = sarc.Graph.from_edges(src, dst, num_src=n, num_dst=n, dst_in_src=False)
+    q, k, z = (torch.randn(n, heads, d, generator=gen) for _ in range(3))
+    sides = ("dst", "src", "src")
+
+    def score(gb, a, b, c):
+        return (a * b).sum(-1) / 2.0
+
+    def value(gb, a, b, c):
+        return c
+    cot = torch.randn(n, heads, d, generator=gen)
+    blocks = _split_edges(g, 3, gen)
+    runs = []
+    for sc in (score, DK.DotScore(score, (1, 0, "div", 2.0), (heads,))):
+        merge = SoftmaxMerge(2, g.in_degree)
+        for idx in blocks:
+            merge.add(DK.softmax_partial(sc, value, sides, 8, _edges(g, idx), value_index,
+                                         q, k, z))
+        out = merge.finish(torch.zeros(n, heads, d))
+        state = merge.cotangent(cot)
+        grads = [torch.zeros_like(t) for t in (q, k, z)]
+        for idx in blocks:
+            xs = [t.clone().requires_grad_() for t in (q, k, z)]
+            sur = DK.softmax_surrogate(sc, value, sides, 8, _edges(g, idx), value_index,
+                                       state, *xs)
+            for acc, grad in zip(grads, torch.autograd.grad(sur.sum(), xs)):
+                acc += grad
+        runs.append((out, grads))
+    (want, want_grads), (got, got_grads) = runs
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b)
