@@ -1,8 +1,11 @@
 """The distributed test matrix, run once per session in one group of worker processes."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from filelock import FileLock
 import torch.nn.functional as F
 
 import sarc
@@ -151,12 +154,28 @@ def planned_steps(cases: list[Case], work, make_model, relational) -> tuple[dict
     return specs, refs
 
 
-@pytest.fixture(scope="session")
-def dist_results(tmp_path_factory):
-    """(cases by name, single-process references, results folder)."""
-    work = tmp_path_factory.mktemp("dist")
+def _run_matrix(work) -> tuple[dict, Path]:
     cases = _cases()
     specs, refs = planned_steps(cases, work, lambda c: MODELS[c.model](FEATS, CLASSES),
                                 lambda c: c.model.startswith("rgcn"))
-    out = run_cases(cases, specs, work)
-    return {c.name: c for c in cases}, refs, out
+    return refs, run_cases(cases, specs, work)
+
+
+@pytest.fixture(scope="session")
+def dist_results(tmp_path_factory, worker_id):
+    """(cases by name, single-process references, results folder). Under pytest-xdist the
+    matrix runs once for the whole session: the first worker to ask runs it in the run's
+    shared folder, the others wait for it and read what it left."""
+    cases = {c.name: c for c in _cases()}
+    if worker_id == "master":
+        return (cases, *_run_matrix(tmp_path_factory.mktemp("dist")))
+    shared = tmp_path_factory.getbasetemp().parent   # this run's, shared by its workers
+    done = shared / "dist-matrix.pt"
+    with FileLock(str(shared / "dist-matrix.lock")):
+        if not done.exists():
+            work = shared / "dist-matrix"
+            work.mkdir()
+            refs, out = _run_matrix(work)
+            torch.save({"refs": refs, "out": str(out)}, done)
+    saved = torch.load(done, weights_only=False)
+    return cases, saved["refs"], Path(saved["out"])
