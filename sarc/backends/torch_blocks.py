@@ -310,6 +310,16 @@ class DotScore:
         return self.body(g, *per_edge)
 
 
+def _block_width(score, width: int, operands, value_per_edge: bool) -> int:
+    """The per-edge width a block op's row blocks are sized by: a ``DotScore`` whose SDDMM
+    runs, with no value formed per edge, holds the scores alone (a number per head and
+    edge), not the dot's products: one block where the layer's width would cut many."""
+    if (isinstance(score, DotScore) and not value_per_edge
+            and K.dot_scores_run(score.dot, *operands)):
+        return max(1, math.prod(score.feat))
+    return width
+
+
 def _scores(score, gb: Graph, sides, xs, skip: int | None):
     """(the block's scores, the operands per edge or None where the scores did not need
     them): ``score`` of the rows ``xs``, a ``DotScore`` as one SDDMM where it can."""
@@ -356,6 +366,7 @@ def softmax_partial(score, value, sides, width: int, g: Graph, value_index, *ope
                     s.reshape(gb.num_dst, *sc.shape[1:]), acc.reshape(gb.num_dst, *z.shape[1:]))
         m, ex = _score_stats(sc, gb, STATS)
         return m, K.segment_sum(ex, gb), _weighted_sum(ex, value, value_index, gb, sides, xs)
+    width = _block_width(score, width, operands, value_index is None)
     return _by_row_blocks(g, sides, width, operands, block)
 
 
@@ -365,7 +376,7 @@ def softmax_normalizer(score, sides, width: int, g: Graph, *operands):
     def block(gb, *xs):
         m, ex = _score_stats(_scores(score, gb, sides, xs, None)[0], gb, STATS)
         return m, K.segment_sum(ex, gb)
-    return _by_row_blocks(g, sides, width, operands, block)
+    return _by_row_blocks(g, sides, _block_width(score, width, operands, False), operands, block)
 
 
 @torch.no_grad()
@@ -376,6 +387,7 @@ def softmax_normalized(score, value, sides, width: int, g: Graph, value_index, n
     def block(gb, mb, sb, *xs):
         alpha = _weights(_scores(score, gb, sides, xs, value_index)[0], gb, mb, sb)
         return (_weighted_sum(alpha, value, value_index, gb, sides, xs),)
+    width = _block_width(score, width, operands, value_index is None)
     (out,) = _by_row_blocks(g, ("dst", "dst", *sides), width, (big_m, big_s, *operands), block)
     return out
 
@@ -398,6 +410,7 @@ def softmax_surrogate(score, value, sides, width: int, g: Graph, value_index, st
         ge = gr.to(STATS).index_select(0, gb.dst)
         dot = (ge * val).reshape(*sc.shape, math.prod(val.shape[sc.dim():])).sum(-1)
         return K.segment_sum(alpha * (dot - db.to(STATS).index_select(0, gb.dst)), gb)
+    width = _block_width(score, width, operands, value_index is None)
     return K.fused_surrogate(block, g, ("dst", "dst", "dst", "dst", *sides), width,
                              (big_m, big_s, grad, d, *operands))
 

@@ -1026,8 +1026,7 @@ def dot_scores(g: Graph, dot: tuple, feat: tuple[int, ...], *operands) -> torch.
     precision, rows of two dtypes, a graph without edges)."""
     src, dst, op, c = dot
     a, b = operands[dst], operands[src]
-    if (cpu_kernels.kernels_for(a, b) is None or g.num_edges == 0 or a.dtype != b.dtype
-            or any(t.dtype not in _SPMM_DTYPES for t in (a, b))):
+    if g.num_edges == 0 or not dot_scores_run(dot, *operands):
         return None
     s = _DotScores.apply(g, a, b, math.prod(feat))
     if op == "div":
@@ -1035,6 +1034,14 @@ def dot_scores(g: Graph, dot: tuple, feat: tuple[int, ...], *operands) -> torch.
     elif op == "mul":
         s = s * c
     return s.reshape(g.num_edges, *feat)
+
+
+def dot_scores_run(dot: tuple, *operands) -> bool:
+    """Whether ``dot_scores`` computes these operands' scores as an SDDMM (on a graph with
+    edges): sarc's CPU kernels built and taking the two rows, of one dtype, float32 / 64."""
+    a, b = operands[dot[1]], operands[dot[0]]
+    return (cpu_kernels.kernels_for(a, b) is not None and a.dtype == b.dtype
+            and a.dtype in _SPMM_DTYPES)
 
 
 class _DotScores(torch.autograd.Function):
