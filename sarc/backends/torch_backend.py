@@ -290,7 +290,7 @@ class EdgeLowering:
             if lifted is not None:  # a source feature plus destination terms: at its extremum
                 (body,) = bodies()
                 return f"DK.{name}", [f"DK.LiftedRow({lifted[0]}, {literal(lifted[1])}, {body})"]
-        dot = dot_score(v) if v.op is Op.SOFTMAX_AGGREGATE else None
+        dot = dot_score(v)
         if dot is not None:  # the scores one SDDMM of the two ends' rows
             score, *rest = bodies()
             feat = v.attr["score"].values[v.attr["score"].result].type.feat

@@ -81,7 +81,6 @@ import torch
 from ..backward_once import once_differentiable
 from . import torch_ops as K
 from ..graph import Graph
-from ..ir.reducers import tie_share
 from ..native import kernels as cpu_kernels
 
 NEG_INF = float("-inf")
@@ -149,11 +148,9 @@ class LiftedRow:
 def _source_kernels(body, g: Graph, operands):
     """The CPU kernels where ``body`` is a ``SourceRow`` or ``LiftedRow`` they can run (CPU,
     float32 / float64 operands, a block with edges), else None."""
-    if not isinstance(body, (SourceRow, LiftedRow)) or g.num_edges == 0:
-        return None
-    if isinstance(body, LiftedRow) and any(
-            isinstance(o, torch.Tensor) and o.is_floating_point()
-            and o.dtype not in K._SPMM_DTYPES for o in operands):
+    if isinstance(body, LiftedRow):
+        return K.lifted_kernels(g, operands[body.index], operands)
+    if not isinstance(body, SourceRow) or g.num_edges == 0:
         return None
     return cpu_kernels.kernels_for(operands[body.index])
 
@@ -172,8 +169,7 @@ def extremum_partial(kind: str, body, sides, width: int, g: Graph, *operands):
         if isinstance(body, LiftedRow):
             at, count = k.extremum(body.extremum, lay.rowptr, lay.src, operands[body.index],
                                    g.num_dst)
-            y = _lifted(body, at, g, operands)
-            return torch.where(_rows(_has_edges(g), y), y, torch.zeros((), dtype=y.dtype)), count
+            return K._finalize(kind, _lifted(body, at, g, operands), g), count
         return k.extremum(kind, lay.rowptr, lay.src, operands[body.index], g.num_dst)
     return _by_row_blocks(g, sides, width, operands,
                           lambda gb, *xs: _extremum(kind, body(gb, *_per_edge(gb, sides, xs)), gb))
@@ -261,9 +257,7 @@ class _AtExtremum(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dat):
         x, at, count = ctx.saved_tensors
-        ptr, rows, _ = K.layout(ctx.g).transposed()
-        dx = cpu_kernels.kernels().select_sum(ptr, rows, x, at, tie_share(dat.to(x.dtype), count))
-        return dx, None, None, None
+        return K.extremum_grad(K.layout(ctx.g), x, at, count, dat), None, None, None
 
 
 def reduce_extremum_select(kind: str, x: torch.Tensor, g: Graph, y: torch.Tensor,

@@ -700,13 +700,29 @@ def extremum_lifted(kind: str, body, sides: tuple[str, ...], width: int, source:
     term so much larger than the feature rounds unequal features to equal messages. Where
     the CSR extremum kernel is not built, or for half precision, ``aggregate``."""
     x = operands[source]
-    if (cpu_kernels.kernels_for(x) is None or g.num_edges == 0
-            or any(isinstance(o, torch.Tensor) and o.is_floating_point()
-                   and o.dtype not in _SPMM_DTYPES for o in operands)):
+    if lifted_kernels(g, x, operands) is None:
         return aggregate(kind, body, sides, width, g, *operands)
     at = extremum_spmm(extremum, g, x)
     out = body(g, *(at if k == source else o for k, o in enumerate(operands)))
     return _finalize(kind, out, g)
+
+
+def lifted_kernels(g: Graph, x: torch.Tensor, operands):
+    """sarc's CPU kernels where a lifted extremum of source feature ``x`` runs on them (the
+    kernels built and taking x, float32 / float64 operands, a graph with edges), else None."""
+    if g.num_edges == 0 or any(isinstance(o, torch.Tensor) and o.is_floating_point()
+                               and o.dtype not in _SPMM_DTYPES for o in operands):
+        return None
+    return cpu_kernels.kernels_for(x)
+
+
+def extremum_grad(lay: Layout, x: torch.Tensor, y: torch.Tensor, count: torch.Tensor,
+                  dy: torch.Tensor) -> torch.Tensor:
+    """The gradient of x for y, the max / min of x[src(e)] over each of ``lay``'s rows with
+    ``count`` edges attaining it: each of those edges' sources gets ``dy / count``, row by
+    row of the transposed index (the C kernel's ``select_sum``: no edge tensor, no scatter)."""
+    ptr, rows, _ = lay.transposed()
+    return cpu_kernels.kernels().select_sum(ptr, rows, x, y, tie_share(dy.to(x.dtype), count))
 
 
 class _ExtremumProduct(torch.autograd.Function):
@@ -739,8 +755,7 @@ class _ExtremumProduct(torch.autograd.Function):
         ctx.y = ctx.count = None
         if y._version != ctx.y_version:
             y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
-        ptr, rows, _ = lay.transposed()
-        return k.select_sum(ptr, rows, x, y, tie_share(dy.to(x.dtype), count)), None, None
+        return extremum_grad(lay, x, y, count, dy), None, None
 
 
 SEGMENT_REDUCE: dict[str, Callable[..., torch.Tensor]] = {

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 import torch.nn.functional as F
+from filelock import FileLock
 
 import sarc
 from sarc.backends import triton_backend
