@@ -264,6 +264,7 @@ class RowFetch:
                                        ins[c] if c < len(ins) else None))
         self._by_piece = {st.piece.key: st for st in self.steps if st.piece is not None}
         self.grad_local: torch.Tensor | None = None  # gradients of own rows, returned by readers
+        self._own_grad_local = False  # grad_local is a tensor of this fetch's own
         self._posted = 0
 
     # -- posting -------------------------------------------------------------------------
@@ -357,9 +358,11 @@ class RowFetch:
         to their owner after the piece's step (the caller keeps the kept peers' until the
         end)."""
         if piece.peer == self.shard.rank:
-            # a tensor of its own: later pieces add to it in place (``_collect``)
-            self.grad_local = (grad_rows.clone() if self.grad_local is None
-                               else self.grad_local + grad_rows)
+            # autograd's tensor, maybe another name's too: never added to in place
+            # (``_collect`` adds to a copy)
+            self.grad_local, self._own_grad_local = (
+                (grad_rows, False) if self.grad_local is None
+                else (self.grad_local + grad_rows, True))
             return
         st = self._by_piece[piece.key]
         if st.grads_done:
@@ -374,6 +377,9 @@ class RowFetch:
             lo, hi = st.out
             if self.grad_local is None:
                 self.grad_local = torch.zeros_like(self.x)
+            elif not self._own_grad_local:
+                self.grad_local = self.grad_local.clone()
+            self._own_grad_local = True
             self.grad_local.index_add_(0, self.shard.send_rows[st.to][lo:hi], g)
 
     def _retire(self, st: Step) -> None:

@@ -54,6 +54,37 @@ def _full(n: int, part: torch.Tensor, value: float) -> torch.Tensor:
     return torch.full((n, *part.shape[1:]), value, dtype=part.dtype, device=part.device)
 
 
+ROW_SPAN_ELEMS = 1 << 18
+"""The values of a span of rows the softmax merge's float64 arithmetic is done in: whole
+rows' temporaries would each be fresh memory, paid for page by page, every step."""
+
+
+def _row_spans(n: int, width: int):
+    step = max(1, ROW_SPAN_ELEMS // max(1, width))
+    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+
+
+def _normalized(acc: torch.Tensor, s: torch.Tensor, dtype: torch.dtype):
+    """(acc / s, and the same in ``dtype``): acc [rows, *S, ...] divided by its row's sum
+    s [rows, *S], span of rows by span of rows."""
+    out, y = torch.empty_like(acc), torch.empty(acc.shape, dtype=dtype, device=acc.device)
+    for r0, r1 in _row_spans(acc.shape[0], math.prod(acc.shape[1:])):
+        torch.div(acc[r0:r1], _expand(s[r0:r1], acc), out=out[r0:r1])
+        y[r0:r1] = out[r0:r1]
+    return out, y
+
+
+def _row_dots(g: torch.Tensor, y: torch.Tensor, shape) -> torch.Tensor:
+    """D = <g, y> per row and score element (``shape``: [rows, *S]), in y's dtype: g is
+    taken to it exactly first, span of rows by span of rows."""
+    d = torch.empty(shape, dtype=y.dtype, device=y.device)
+    trailing = math.prod(y.shape[len(shape):])
+    for r0, r1 in _row_spans(y.shape[0], math.prod(y.shape[1:])):
+        yr = y[r0:r1].reshape(r1 - r0, *shape[1:], trailing)
+        d[r0:r1] = (g[r0:r1].reshape(yr.shape).to(y.dtype) * yr).sum(-1)
+    return d
+
+
 def _if_edges(edges_into: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Where a softmax's sum ``s`` (rows x score axes) is 0: NaN on the rows with edges (all
     their scores -inf), else 0, in ``s``'s dtype."""
@@ -65,19 +96,30 @@ class _AtRows:
     """Adding a part that covers some destination rows only (a piece's ``rows``): the
     rule's state at those rows is merged with it as a whole part is, and written back.
     ``STATE`` names the state tensors, ``IDENTITY`` the value of each before any part
-    (what a row no block reaches holds)."""
+    (what a row no block reaches holds).
+
+    A whole first part becomes the state as it is, not copied (``_add``): a block op's
+    partial is a tensor of its own that nothing else reads (with one block, the merge
+    then costs no pass over the rows). The state is written in place only where it is
+    the rule's own (``owned``): a part at rows copies a block's partial first."""
 
     STATE: tuple[str, ...] = ()
     IDENTITY: tuple[float, ...] = ()
+    owned = False
 
     def add(self, part, rows: torch.Tensor | None = None, n: int | None = None) -> None:
         if rows is None:
+            self.owned = getattr(self, self.STATE[0]) is not None  # combined: new tensors
             self._add(part)
             return
         parts = part if isinstance(part, tuple) else (part,)
         if getattr(self, self.STATE[0]) is None:
             for name, p, value in zip(self.STATE, parts, self.IDENTITY):
                 setattr(self, name, _full(n, p, value))
+        elif not self.owned:
+            for name in self.STATE:
+                setattr(self, name, getattr(self, name).clone())
+        self.owned = True
         full = [getattr(self, name) for name in self.STATE]
         for name, t in zip(self.STATE, full):
             setattr(self, name, t.index_select(0, rows))
@@ -135,7 +177,7 @@ class ExtremumMerge(_AtRows):
     def _add(self, part) -> None:
         y, c = part
         if self.y is None:
-            self.y, self.count = y.clone(), c.clone()
+            self.y, self.count = y, c
             return
         better = self.reducer.beats(y, self.y)
         better = better & (c > 0) | (self.count == 0) & (c > 0) & ~torch.isnan(self.y)
@@ -150,8 +192,9 @@ class ExtremumMerge(_AtRows):
         (Triton's) gives its exact extremum, which its backward compares edges with."""
         if self.y is None:
             self.y, self.count = zeros.clone(), zeros.clone()
-        kept = (self.count > 0) | torch.isnan(self.y)
-        self.y = torch.where(kept, self.y, torch.zeros((), dtype=self.y.dtype))
+        dropped = (self.count == 0) & ~torch.isnan(self.y)
+        if dropped.any():  # rows no edge reaches (a block's identity there): 0
+            self.y = self.y.masked_fill(dropped, 0.0)
         return self.y.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
@@ -171,7 +214,7 @@ class SoftmaxMerge(_AtRows):
     def _add(self, part) -> None:
         m, s, acc = part
         if self.m is None:
-            self.m, self.s, self.acc = m.clone(), s.clone(), acc.clone()
+            self.m, self.s, self.acc = m, s, acc
             return
         self.m, self.s, self.acc = SOFTMAX.combine((self.m, self.s, self.acc), part)
 
@@ -182,20 +225,22 @@ class SoftmaxMerge(_AtRows):
             self.s = torch.zeros(shape, dtype=zeros.dtype, device=zeros.device)
             self.acc = zeros.contiguous()
         empty = self.s == 0
-        self.out = torch.where(_expand(empty, self.acc),
-                               _expand(_if_edges(self.edges_into, self.s), self.acc),
-                               self.acc / _expand(torch.where(empty, 1.0, self.s), self.acc))
-        # the backward's statistics: a row whose scores are all -inf weighs its edges NaN
-        # (exp(-inf - NaN)), as one process's backward does; a row without edges has none
-        self.m = torch.where(empty, _if_edges(self.edges_into, self.m), self.m)
-        self.s = torch.where(empty, 1.0, self.s)
+        self.out, y = _normalized(self.acc, self.s.masked_fill(empty, 1.0), zeros.dtype)
+        if empty.any():  # a row whose sum is 0: 0 without edges, NaN with (all -inf)
+            has = _expand(self.edges_into > 0, empty)
+            for t in (self.out, y):
+                t.masked_fill_(_expand(empty & has, t), float("nan"))
+                t.masked_fill_(_expand(empty & ~has, t), 0.0)
+            # the backward's statistics: a row whose scores are all -inf weighs its edges
+            # NaN (exp(-inf - NaN)), as one process's backward does; a row without edges
+            # has none
+            self.m = torch.where(empty, _if_edges(self.edges_into, self.m), self.m)
+            self.s = self.s.masked_fill(empty, 1.0)
         self.acc = None
-        return self.out.to(zeros.dtype)
+        return y
 
     def cotangent(self, g: torch.Tensor):
-        trailing = math.prod(g.shape[self.m.dim():])
-        d = (g.to(self.out.dtype) * self.out).reshape(*self.m.shape, trailing).sum(-1)
-        return self.m, self.s, g, d
+        return self.m, self.s, g, _row_dots(g, self.out, self.m.shape)
 
 
 class NormalizedSoftmaxMerge(SoftmaxMerge):
@@ -226,7 +271,7 @@ class NormalizerMerge(_AtRows):
     def _add(self, part) -> None:
         m, s = part
         if self.m is None:
-            self.m, self.s = m.clone(), s.clone()
+            self.m, self.s = m, s
             return
         self.m, self.s = SOFTMAX.combine((self.m, self.s), part)
 

@@ -377,6 +377,7 @@ class Call:
         self.grad_x: dict[str, torch.Tensor] = {}  # the dst parts' ($x<k> on the first rows)
         self.site_shares: dict[str, SiteShares] = {}  # unfused edge_softmax: per piece
         self.grad_params: dict[str, torch.Tensor] = {}
+        self._owned: set[tuple[int, str]] = set()  # the sums above that are their own tensors
         self.row_grad: torch.Tensor | None = None
 
     @property
@@ -439,12 +440,21 @@ class Call:
                     rows: torch.Tensor | None = None, n: int | None = None) -> None:
         """store[name] += g (g at destination ``rows`` of ``n``, or at every row). ``g`` is
         autograd's, maybe the very tensor it gave for another name too (an add's operands get
-        their sum's gradient): what is stored is a tensor of its own, added to in place."""
+        their sum's gradient): it is stored as it is but never added to in place; a sum at
+        rows is added into a tensor of the store's own (``_owned``: (store, name))."""
+        key = (id(store), name)
         if rows is None:
-            store[name] = g.clone() if name not in store else store[name] + g
+            if name in store:
+                store[name] = store[name] + g
+                self._owned.add(key)
+            else:
+                store[name] = g
             return
         if name not in store:
             store[name] = g.new_zeros((n, *g.shape[1:]))
+        elif key not in self._owned:
+            store[name] = store[name].clone()
+        self._owned.add(key)
         store[name].index_add_(0, rows, g)
 
     def _take_param_grads(self, grads: dict) -> None:

@@ -56,14 +56,17 @@ def test_gradients_of_pieces_add_up_when_autograd_gives_one_tensor_for_two_names
     """Autograd gives an add's operands their sum's gradient, the same tensor: a piece over
     every row stores it for both names; a later piece adds to each in place, and neither
     sees the other's additions (``Call._accumulate``)."""
+    from types import SimpleNamespace
+
     from sarc.distributed.schedule import Call
+    call = SimpleNamespace(_owned=set())  # the call's record of the sums it owns
     g = torch.ones(4, 2)
     store: dict = {}
-    Call._accumulate(None, store, "$d0", g)   # the piece over every row
-    Call._accumulate(None, store, "$d1", g)
+    Call._accumulate(call, store, "$d0", g)   # the piece over every row
+    Call._accumulate(call, store, "$d1", g)
     rows = torch.tensor([1, 3])
-    Call._accumulate(None, store, "$d0", torch.full((2, 2), 5.0), rows, 4)
-    Call._accumulate(None, store, "$d1", torch.full((2, 2), 7.0), rows, 4)
+    Call._accumulate(call, store, "$d0", torch.full((2, 2), 5.0), rows, 4)
+    Call._accumulate(call, store, "$d1", torch.full((2, 2), 7.0), rows, 4)
     assert torch.equal(store["$d0"], torch.tensor([[1.0, 1], [6, 6], [1, 1], [6, 6]]))
     assert torch.equal(store["$d1"], torch.tensor([[1.0, 1], [8, 8], [1, 1], [8, 8]]))
     assert torch.equal(g, torch.ones(4, 2))

@@ -632,3 +632,51 @@ def test_dot_score_blocks_equal_the_per_edge_form(value_index, cpu_kernels):
     torch.testing.assert_close(got, want)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["sum", "max", "softmax", "normalizer"])
+def test_a_merge_takes_a_whole_first_part_as_it_is_and_never_writes_into_it(kind):
+    """A merge keeps a block's whole partial as its state, not a copy (one block then costs
+    no pass over the rows); a later part at some rows, or the finish and cotangent, must not
+    write into that partial: the merged values equal those of merging copies."""
+    gen = torch.Generator().manual_seed(7)
+    n = 6
+    rows = torch.tensor([1, 4])
+
+    def parts(k):
+        x = torch.randn(k, 3, generator=gen)
+        if kind == "sum":
+            return x
+        if kind == "max":
+            return x, torch.ones(k, 3)
+        if kind == "softmax":
+            return x, torch.rand(k, 3, generator=gen, dtype=torch.float64) + 0.5, \
+                torch.randn(k, 3, generator=gen, dtype=torch.float64)
+        return x, torch.rand(k, 3, generator=gen, dtype=torch.float64) + 0.5
+
+    def make():
+        return {"sum": lambda: SumMerge(), "max": lambda: ExtremumMerge("max"),
+                "softmax": lambda: SoftmaxMerge(2, torch.ones(n)),
+                "normalizer": lambda: NormalizerMerge(torch.ones(n))}[kind]()
+
+    def clone(p):
+        return tuple(t.clone() for t in p) if isinstance(p, tuple) else p.clone()
+
+    first, second = parts(n), parts(2)
+    kept = clone(first)
+    merged, copied = make(), make()
+    merged.add(first)
+    merged.add(second, rows, n)
+    copied.add(clone(kept))
+    copied.add(clone(second), rows, n)
+    if kind == "normalizer":
+        got, want = merged.finish((n, 3), torch.float32, "cpu"), copied.finish((n, 3), torch.float32, "cpu")
+    else:
+        got, want = merged.finish(torch.zeros(n, 3)), copied.finish(torch.zeros(n, 3))
+        cot = torch.randn(n, 3, generator=gen)
+        got = (got, merged.cotangent(cot))
+        want = (want, copied.cotangent(cot))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(first if isinstance(first, tuple) else (first,),
+                    kept if isinstance(kept, tuple) else (kept,)):
+        assert torch.equal(a, b)  # the block's partial as the block gave it
