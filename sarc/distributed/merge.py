@@ -55,12 +55,17 @@ def _full(n: int, part: torch.Tensor, value: float) -> torch.Tensor:
 
 
 ROW_SPAN_ELEMS = 1 << 18
-"""The values of a span of rows the softmax merge's float64 arithmetic is done in: whole
-rows' temporaries would each be fresh memory, paid for page by page, every step."""
+"""The values of a span of rows the softmax merge's float64 arithmetic is done in on the
+CPU: whole rows' temporaries would each be fresh memory, paid for page by page, every
+step. On a GPU the caching allocator reuses memory: the rows are one span, one launch."""
 
 
-def _row_spans(n: int, width: int):
-    step = max(1, ROW_SPAN_ELEMS // max(1, width))
+def _row_spans(t: torch.Tensor):
+    """Spans [r0, r1) of t's rows (``ROW_SPAN_ELEMS``)."""
+    n = t.shape[0]
+    if t.device.type != "cpu":
+        return [(0, n)] if n else []
+    step = max(1, ROW_SPAN_ELEMS // max(1, math.prod(t.shape[1:])))
     return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
 
 
@@ -68,7 +73,7 @@ def _normalized(acc: torch.Tensor, s: torch.Tensor, dtype: torch.dtype):
     """(acc / s, and the same in ``dtype``): acc [rows, *S, ...] divided by its row's sum
     s [rows, *S], span of rows by span of rows."""
     out, y = torch.empty_like(acc), torch.empty(acc.shape, dtype=dtype, device=acc.device)
-    for r0, r1 in _row_spans(acc.shape[0], math.prod(acc.shape[1:])):
+    for r0, r1 in _row_spans(acc):
         torch.div(acc[r0:r1], _expand(s[r0:r1], acc), out=out[r0:r1])
         y[r0:r1] = out[r0:r1]
     return out, y
@@ -79,7 +84,7 @@ def _row_dots(g: torch.Tensor, y: torch.Tensor, shape) -> torch.Tensor:
     taken to it exactly first, span of rows by span of rows."""
     d = torch.empty(shape, dtype=y.dtype, device=y.device)
     trailing = math.prod(y.shape[len(shape):])
-    for r0, r1 in _row_spans(y.shape[0], math.prod(y.shape[1:])):
+    for r0, r1 in _row_spans(y):
         yr = y[r0:r1].reshape(r1 - r0, *shape[1:], trailing)
         d[r0:r1] = (g[r0:r1].reshape(yr.shape).to(y.dtype) * yr).sum(-1)
     return d

@@ -583,7 +583,8 @@ class Call:
         self.kept_grads.clear()
 
     def grads_of(self, d: dict) -> dict:
-        return {k: self.grad_d.get(k, torch.zeros_like(t)) for k, t in d.items()}
+        return {k: self.grad_d[k] if k in self.grad_d else torch.zeros_like(t)
+                for k, t in d.items()}
 
     def row_grads(self) -> dict:
         """The gradients of this worker's exchanged values: from every reader of its rows

@@ -680,3 +680,26 @@ def test_a_merge_takes_a_whole_first_part_as_it_is_and_never_writes_into_it(kind
     for a, b in zip(first if isinstance(first, tuple) else (first,),
                     kept if isinstance(kept, tuple) else (kept,)):
         assert torch.equal(a, b)  # the block's partial as the block gave it
+
+
+def test_the_softmax_merge_gives_the_same_numbers_span_by_span(monkeypatch):
+    """The merge's float64 arithmetic runs span of rows by span of rows on the CPU
+    (``merge.ROW_SPAN_ELEMS``): spans of a few rows, rows without edges and rows whose
+    scores are all -inf among them, give the numbers of one span, bit for bit."""
+    from sarc.distributed import merge as merge_module
+    gen = torch.Generator().manual_seed(11)
+    g = _segments(40, 300, gen)
+    score, value = torch.randn(g.num_edges, 3, generator=gen), torch.randn(g.num_edges, 3, 5, generator=gen)
+    score[g.dst == g.dst[0]] = float("-inf")
+    cot = torch.randn(40, 3, 5, generator=gen)
+    results = []
+    for elems in (1 << 18, 7, 1):
+        monkeypatch.setattr(merge_module, "ROW_SPAN_ELEMS", elems)
+        merge = SoftmaxMerge(2, g.in_degree)
+        for idx in _split_edges(g, 2, torch.Generator().manual_seed(3)):
+            merge.add(DK.softmax_partial(lambda gb, a, c: a, lambda gb, a, c: c, ("edge", "edge"),
+                                         15, _block(g, idx), None, score[idx], value[idx]))
+        results.append((merge.finish(torch.zeros(40, 3, 5)), *merge.cotangent(cot)))
+    assert torch.isnan(results[0][0]).any() and (results[0][0][38:] == 0).all()
+    for got in results[1:]:
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0, equal_nan=True)
