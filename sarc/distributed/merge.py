@@ -197,10 +197,13 @@ class ExtremumMerge(_AtRows):
         (Triton's) gives its exact extremum, which its backward compares edges with."""
         if self.y is None:
             self.y, self.count = zeros.clone(), zeros.clone()
-        dropped = (self.count == 0) & ~torch.isnan(self.y)
-        if dropped.any():  # rows no edge reaches (a block's identity there): 0
-            self.y = self.y.masked_fill(dropped, 0.0)
-        return self.y.to(zeros.dtype)
+        y = torch.empty_like(self.y)  # rows no edge reaches (a block's identity there): 0
+        zero = torch.zeros((), dtype=y.dtype, device=y.device)
+        for r0, r1 in _row_spans(y):
+            yr, cr = self.y[r0:r1], self.count[r0:r1]
+            torch.where((cr == 0) & ~torch.isnan(yr), zero, yr, out=y[r0:r1])
+        self.y = y
+        return y.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
         return self.y, tie_share(g, self.count)

@@ -703,3 +703,27 @@ def test_the_softmax_merge_gives_the_same_numbers_span_by_span(monkeypatch):
     assert torch.isnan(results[0][0]).any() and (results[0][0][38:] == 0).all()
     for got in results[1:]:
         torch.testing.assert_close(got, results[0], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_the_extremum_merge_gives_the_same_numbers_span_by_span(monkeypatch, kind):
+    """As the softmax merge: an extremum merge's finish, span of rows by span of rows, gives
+    one span's numbers (rows without edges 0, a NaN kept, ties counted)."""
+    from sarc.distributed import merge as merge_module
+    gen = torch.Generator().manual_seed(13)
+    g = _segments(40, 300, gen)
+    x = torch.randint(-2, 3, (g.num_edges, 3), generator=gen).float()
+    x[7, 2] = float("nan")
+    results = []
+    for elems in (1 << 18, 5, 1):
+        monkeypatch.setattr(merge_module, "ROW_SPAN_ELEMS", elems)
+        merge = ExtremumMerge(kind)
+        # a block without edges first: its identity everywhere, which no edge attains
+        merge.add((torch.full((40, 3), float("-inf") if kind == "max" else float("inf")),
+                   torch.zeros(40, 3)))
+        for idx in _split_edges(g, 3, torch.Generator().manual_seed(4)):
+            merge.add(DK.reduce_extremum_partial(kind, x[idx], _block(g, idx)))
+        results.append((merge.finish(torch.zeros(40, 3)), *merge.cotangent(torch.ones(40, 3))))
+    assert torch.isnan(results[0][0]).sum() == 1 and (results[0][0][38:] == 0).all()
+    for got in results[1:]:
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0, equal_nan=True)
