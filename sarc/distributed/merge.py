@@ -60,22 +60,29 @@ CPU: whole rows' temporaries would each be fresh memory, paid for page by page, 
 step. On a GPU the caching allocator reuses memory: the rows are one span, one launch."""
 
 
-def _row_spans(t: torch.Tensor):
-    """Spans [r0, r1) of t's rows (``ROW_SPAN_ELEMS``)."""
+def _row_spans(t: torch.Tensor, min_rows: int = 1):
+    """Spans [r0, r1) of t's rows (``ROW_SPAN_ELEMS``), each of ``min_rows`` rows at least
+    where t has as many (a short last span is folded into the one before)."""
     n = t.shape[0]
     if t.device.type != "cpu":
         return [(0, n)] if n else []
-    step = max(1, ROW_SPAN_ELEMS // max(1, math.prod(t.shape[1:])))
-    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+    step = max(min_rows, ROW_SPAN_ELEMS // max(1, math.prod(t.shape[1:])))
+    spans = [(r0, min(n, r0 + step)) for r0 in range(0, n, step)]
+    if len(spans) > 1 and spans[-1][1] - spans[-1][0] < min_rows:
+        spans[-2:] = [(spans[-2][0], n)]
+    return spans
 
 
 def _normalized(acc: torch.Tensor, s: torch.Tensor, dtype: torch.dtype):
     """(acc / s, and the same in ``dtype``): acc [rows, *S, ...] divided by its row's sum
     s [rows, *S], span of rows by span of rows."""
-    out, y = torch.empty_like(acc), torch.empty(acc.shape, dtype=dtype, device=acc.device)
+    out = torch.empty(acc.shape, dtype=torch.promote_types(acc.dtype, s.dtype),
+                      device=acc.device)
+    y = out if dtype == out.dtype else torch.empty(acc.shape, dtype=dtype, device=acc.device)
     for r0, r1 in _row_spans(acc):
         torch.div(acc[r0:r1], _expand(s[r0:r1], acc), out=out[r0:r1])
-        y[r0:r1] = out[r0:r1]
+        if y is not out:
+            y[r0:r1] = out[r0:r1]
     return out, y
 
 
@@ -84,7 +91,9 @@ def _row_dots(g: torch.Tensor, y: torch.Tensor, shape) -> torch.Tensor:
     taken to it exactly first, span of rows by span of rows."""
     d = torch.empty(shape, dtype=y.dtype, device=y.device)
     trailing = math.prod(y.shape[len(shape):])
-    for r0, r1 in _row_spans(y):
+    # two rows a span at least: a reduction to one number is split across threads
+    # (torch's two-pass reduction), which sums in another order than the whole tensor's
+    for r0, r1 in _row_spans(y, min_rows=2):
         yr = y[r0:r1].reshape(r1 - r0, *shape[1:], trailing)
         d[r0:r1] = (g[r0:r1].reshape(yr.shape).to(y.dtype) * yr).sum(-1)
     return d
@@ -234,9 +243,11 @@ class SoftmaxMerge(_AtRows):
             self.acc = zeros.contiguous()
         empty = self.s == 0
         self.out, y = _normalized(self.acc, self.s.masked_fill(empty, 1.0), zeros.dtype)
-        if empty.any():  # a row whose sum is 0: 0 without edges, NaN with (all -inf)
+        # a row whose sum is 0: 0 without edges, NaN with (all -inf); on a GPU without
+        # asking whether there is one (a host sync every step)
+        if self.out.device.type != "cpu" or empty.any():
             has = _expand(self.edges_into > 0, empty)
-            for t in (self.out, y):
+            for t in (self.out,) if y is self.out else (self.out, y):
                 t.masked_fill_(_expand(empty & has, t), float("nan"))
                 t.masked_fill_(_expand(empty & ~has, t), 0.0)
             # the backward's statistics: a row whose scores are all -inf weighs its edges

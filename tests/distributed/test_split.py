@@ -727,3 +727,27 @@ def test_the_extremum_merge_gives_the_same_numbers_span_by_span(monkeypatch, kin
     assert torch.isnan(results[0][0]).sum() == 1 and (results[0][0][38:] == 0).all()
     for got in results[1:]:
         torch.testing.assert_close(got, results[0], rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_softmax_merges_row_dots_sum_in_the_whole_tensors_order_on_threads():
+    """``D = <g, y>`` span by span equals the whole tensor's sum bit for bit with torch's
+    intra-op threads on: a span of one row and one score element would be a reduction to
+    one number, which torch splits across its threads in another order of additions (wide
+    rows; a process of its own: the suite keeps one thread)."""
+    import subprocess
+    import sys
+    code = (
+        "import torch\n"
+        "from sarc.distributed import merge\n"
+        "torch.set_num_threads(2)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "for n, s, t in ((7, (), (40000,)), (3, (), (300000,)), (2, (1,), (300000,)), "
+        "(5, (2,), (3, 7))):\n"
+        "    y = torch.randn(n, *s, *t, generator=g, dtype=torch.float64)\n"
+        "    c = torch.randn(n, *s, *t, generator=g)\n"
+        "    whole = (c.to(y.dtype) * y).reshape(n, *s, -1).sum(-1)\n"
+        "    assert torch.equal(merge._row_dots(c, y, (n, *s)), whole), (n, s, t)\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
