@@ -7,7 +7,8 @@ nothing crosses the network, so the ratio is what the distributed schedule costs
 the layer's own kernels: its split into parts, merges and surrogates, and which of
 its edge blocks run on the layer's backend (the ``fallbacks`` column counts the block
 ops that run on the torch backend's kernels instead). Median of ``--repeats`` after
-one warm-up step.
+one warm-up step. Each row is printed as it is measured, and ``--json`` is rewritten after
+every row (a run stopped by a timeout keeps what it measured).
 
     python benchmarks/distributed_step.py [--nodes 100000] [--edges 2000000]
         [--features 64] [--layers gcn,sage,gat,max,edgeconv,dot] [--backends torch,triton] [--repeats 5]
@@ -122,20 +123,35 @@ def main(argv=None) -> None:
                     fallbacks = sum(len(p.generated.fallbacks) for k, p in dg.programs.items()
                                     if k[0] == id(layer))
                     rows.append((name, backend, t_graph, t_dist, fallbacks))
+                    print("measured: " + _row(*rows[-1]), flush=True)
+                    _write_json(args, device, rows)
     finally:
         dist.destroy_process_group()
 
-    print(f"\n{'layer':<6} {'backend':<8} {'Graph ms':>10} {'1-part dist ms':>15} "
+    print(f"\n{'layer':<8} {'backend':<8} {'Graph ms':>10} {'1-part dist ms':>15} "
           f"{'ratio':>7} {'fallbacks':>10}")
-    for name, backend, tg, td, fb in rows:
-        print(f"{name:<6} {backend:<8} {tg * 1e3:>10.1f} {td * 1e3:>15.1f} {td / tg:>7.2f} "
-              f"{fb:>10}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "args": vars(args), "device": str(device), "torch": torch.__version__,
-            "rows": [{"layer": name, "backend": backend, "graph_s": tg, "dist_s": td,
-                      "ratio": td / tg, "fallbacks": fb} for name, backend, tg, td, fb in rows]},
-            indent=1))
+    for row in rows:
+        print(_row(*row))
+
+
+def _row(name, backend, tg, td, fb) -> str:
+    return (f"{name:<8} {backend:<8} {tg * 1e3:>10.1f} {td * 1e3:>15.1f} {td / tg:>7.2f} "
+            f"{fb:>10}")
+
+
+def _write_json(args, device, rows) -> None:
+    if not args.json:
+        return
+    path = Path(args.json)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({
+        "args": vars(args), "device": str(device),
+        "device_name": torch.cuda.get_device_name() if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "rows": [{"layer": name, "backend": backend, "graph_s": tg, "dist_s": td,
+                  "ratio": td / tg, "fallbacks": fb} for name, backend, tg, td, fb in rows]},
+        indent=1))
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU plan of sarc's Triton backend: the GPU tests, sarc train on the GPU, then the GPU
-# benchmark.
+# The GPU plan of sarc's Triton backend: the GPU tests, the one-part distributed step on the
+# GPU, then the GPU benchmark.
 #
-#   bash scripts/gpu_session.sh              # env + tests + train + bench, in about 9.5 minutes
+#   bash scripts/gpu_session.sh              # env + tests + dist + bench, in about 9 minutes
 #   bash scripts/gpu_session.sh tests        # one step, with up to 9.5 minutes of its own
 #   bash scripts/gpu_session.sh bench
+#   bash scripts/gpu_session.sh train        # the two sarc train commands (not in "all": the
+#                                            # GPU tests run both, held to the CPU's losses)
 #   bash scripts/gpu_session.sh schedule     # benchmarks/gpu_schedule.py (not in "all")
 #
 # Installs nothing: it runs on the machine's python (PYTHON=...) with torch, triton and,
@@ -16,14 +18,18 @@
 #                       process; $OUT/train-cuda.json its result
 #   $OUT/train-nccl.log the same as one NCCL worker (--workers 1 --partition); train-nccl.json
 #                       (tests/gpu/test_gpu_train.py holds both to the CPU run's losses)
+#   $OUT/dist.log       benchmarks/distributed_step.py at 100k/2M (DIST_LAYERS, torch and
+#                       triton, one NCCL process); $OUT/dist.json (rewritten after every row)
 #   $OUT/bench.log      benchmarks/gpu.py; $OUT/gpu.json (rewritten after every cell)
 #   $OUT/schedule-SIZE.log  benchmarks/gpu_schedule.py at each of SCHEDULE_SIZES (100k-2M...),
 #                       SCHEDULE_LAYERS, SCHEDULES
 #   $OUT/summary.txt    one line per step: name, exit code, seconds
-# Timeouts (seconds): TESTS_TIMEOUT, TRAIN_TIMEOUT (each train step), BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g.
-# tests/gpu/test_gpu_precision.py alone), TESTS_ARGS (more pytest options; default "-n auto",
-# one process per core, where pytest-xdist is installed), BENCH_SIZES, BENCH_REPEAT override what runs.
-# At most eight files land in $OUT (the partition of the train step goes to a temp folder).
+# Timeouts (seconds): TESTS_TIMEOUT, TRAIN_TIMEOUT (each train step), DIST_TIMEOUT,
+# BENCH_TIMEOUT; TESTS_PATHS (default tests/gpu: e.g. tests/gpu/test_gpu_precision.py alone),
+# TESTS_ARGS (more pytest options; default "-n auto", one process per core, where
+# pytest-xdist is installed), DIST_LAYERS, BENCH_SIZES, BENCH_REPEAT override what runs.
+# "all" leaves eight files in $OUT, as many as a device call brings back (the partition of
+# the train step goes to a temp folder).
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,18 +42,21 @@ unset TRITON_INTERPRET   # compiled kernels: the interpreter is for CPU-only mac
 
 STEPS=("$@")
 if [ ${#STEPS[@]} -eq 0 ] || [ "${STEPS[0]}" = all ]; then
-    STEPS=(env tests train bench)
+    STEPS=(env tests dist bench)
     # one call of at most 10 minutes: the long steps share it
     # (an H200 with 16 cores, 2026-12-04: tests 178 s in 12 processes, each train step
     # about 30 s, the benchmark 140 s)
     TESTS_TIMEOUT="${TESTS_TIMEOUT:-230}"
     TRAIN_TIMEOUT="${TRAIN_TIMEOUT:-60}"
+    DIST_TIMEOUT="${DIST_TIMEOUT:-110}"
     BENCH_TIMEOUT="${BENCH_TIMEOUT:-200}"
 else
     TESTS_TIMEOUT="${TESTS_TIMEOUT:-560}"
     TRAIN_TIMEOUT="${TRAIN_TIMEOUT:-270}"
+    DIST_TIMEOUT="${DIST_TIMEOUT:-560}"
     BENCH_TIMEOUT="${BENCH_TIMEOUT:-560}"
 fi
+DIST_LAYERS="${DIST_LAYERS:-gcn,sage,gat,max}"
 TESTS_PATHS="${TESTS_PATHS:-tests/gpu}"
 # the tests compile hundreds of kernels: one process per core where pytest-xdist is installed
 if [ -z "${TESTS_ARGS+set}" ]; then
@@ -127,6 +136,12 @@ for step in "${STEPS[@]}"; do
                  "$1" -m sarc.cli train models/gcn.py --dataset cora --device cuda \
                      --backend triton --epochs 3 --workers 1 --partition "$3" \
                      --json "$2/train-nccl.json"' bash "$PYTHON" "$OUT" "$parts" ;;
+        dist)
+            # without a GPU it measures the torch rows on the CPU, and says so
+            run_step dist "$DIST_TIMEOUT" "$OUT/dist.log" \
+                "$PYTHON" benchmarks/distributed_step.py --nodes 100000 --edges 2000000 \
+                --layers "$DIST_LAYERS" --backends torch,triton --repeats 5 \
+                --json "$OUT/dist.json" ;;
         bench)
             # the benchmark stops starting cells 60 s before its timeout, and prints its tables
             run_step bench "$BENCH_TIMEOUT" "$OUT/bench.log" \
@@ -141,7 +156,7 @@ for step in "${STEPS[@]}"; do
                     --layers "$SCHEDULE_LAYERS" --schedules "$SCHEDULES"
             done ;;
         *)
-            echo "unknown step '$step' (steps: env, tests, train, bench, schedule, all)" | tee -a "$OUT/summary.txt"
+            echo "unknown step '$step' (steps: env, tests, train, dist, bench, schedule, all)" | tee -a "$OUT/summary.txt"
             FAILED=1 ;;
     esac
 done
