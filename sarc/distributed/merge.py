@@ -215,7 +215,14 @@ class ExtremumMerge(_AtRows):
         return y.to(zeros.dtype)
 
     def cotangent(self, g: torch.Tensor):
-        return self.y, tie_share(g, self.count)
+        spans = _row_spans(g)
+        if len(spans) <= 1:
+            return self.y, tie_share(g, self.count)
+        share = torch.empty(g.shape, dtype=torch.promote_types(g.dtype, self.count.dtype),
+                            device=g.device)
+        for r0, r1 in spans:
+            share[r0:r1] = tie_share(g[r0:r1], self.count[r0:r1])
+        return self.y, share
 
 
 class SoftmaxMerge(_AtRows):
