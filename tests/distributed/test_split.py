@@ -751,3 +751,35 @@ def test_the_softmax_merges_row_dots_sum_in_the_whole_tensors_order_on_threads()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_source_value_surrogates_gradient_by_a_constant_cotangent_is_the_per_row_ones():
+    """The surrogate's sum gives ``_SourceValueShares`` one number for every row (a tensor of
+    stride 0): its backward skips the per-edge gather and, for 1, the product; the gradients
+    equal those of the same cotangent given row by row, bit for bit."""
+    from sarc.backends.torch_blocks import _SourceValueShares
+    gen = torch.Generator().manual_seed(17)
+    n, e = 10, 70
+    src, dst = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n - 2, (e,), generator=gen)
+    g = sarc.Graph.from_edges(src, dst, num_src=n, num_dst=n, dst_in_src=False)
+    sc = torch.randn(e, 2, generator=gen)
+    z = torch.randn(n, 2, 3, generator=gen)
+    big_m = torch.full((n, 2), float("-inf")).index_reduce(0, dst, sc, "amax")
+    big_m[n - 2:] = 0.0
+    big_s = torch.zeros(n, 2, dtype=torch.float64).index_add(0, dst, torch.exp(sc - big_m[dst]).double())
+    big_s[n - 2:] = 1.0
+    grad, d = torch.randn(n, 2, 3, generator=gen), torch.randn(n, 2, dtype=torch.float64, generator=gen)
+
+    def grads(cot):
+        leaves = [sc.clone().requires_grad_(), z.clone().requires_grad_()]
+        out = _SourceValueShares.apply(*leaves, big_m, big_s, grad, d, g)
+        return torch.autograd.grad(out, leaves, cot)
+
+    for value in (1.0, 2.5):
+        constant = torch.full((), value, dtype=torch.float64).expand(n, 2)
+        rows = torch.full((n, 2), value, dtype=torch.float64)
+        assert not any(constant.stride()) and any(rows.stride())
+        for a, b in zip(grads(constant), grads(rows)):
+            assert torch.equal(a, b)
+    varying = torch.randn(n, 2, dtype=torch.float64, generator=gen)
+    assert not torch.equal(grads(varying)[1], grads(torch.ones(n, 2, dtype=torch.float64))[1])
