@@ -5,9 +5,9 @@ It is ``torch.distributed.run``, with what a run of ``sarc train`` needs around 
 
 - it dies with ``sarc train``: SIGTERM when its parent dies, on which torchrun stops
   the workers; however it ends after ``sarc train`` died (stopped, or its workers
-  failed first), it removes the run's directory (``SARC_RUN_DIR``), which ``sarc
-  train`` can no longer do; and it names itself the workers' parent
-  (``SARC_PARENT_PID``), so that they die with it;
+  failed first), it ends what is left of the run and removes the run's directory
+  (``SARC_RUN_DIR``), which ``sarc train`` can no longer do; and it names itself the
+  workers' parent (``SARC_PARENT_PID``), so that they die with it;
 - torchrun's own files (``torchelastic_*``, its log directories) go in the run's
   directory, and go with it;
 - workers that failed are written to ``RUN_DIR/failures.json`` (global rank, pid, exit
@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 from .stacks import dump_on_signal
-from .supervise import FAILURES, PARENT_ENV, RUN_DIR_ENV, die_with_parent, parent_gone
+from .supervise import (FAILURES, GONE_WAIT_S, PARENT_ENV, RUN_DIR_ENV, RUN_ENV,
+                        die_with_parent, end_run_processes, parent_gone)
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 """Those on which torchrun's handler raises."""
@@ -59,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _remove_if_orphaned(run_dir: str, parent: int) -> None:
-    """Remove the run's directory if ``sarc train`` (``parent``) is gone.
+    """Remove the run's directory if ``sarc train`` (``parent``) is gone, once every other
+    process of the run has ended (``end_run_processes``: a worker torchrun did not stop in
+    time, or one that is still ending, would write its logs or its error file into the
+    directory while it goes, and leave it behind).
 
     A dying ``sarc train`` signals the agent once per thread it ends (see ``parent_gone``),
     and the handler then installed (torchrun's, or ``_terminated``) raises: a signal that
@@ -69,6 +73,9 @@ def _remove_if_orphaned(run_dir: str, parent: int) -> None:
         try:
             with _stop_signals_ignored():
                 if parent_gone(parent):
+                    token = os.environ.get(RUN_ENV)
+                    if token:
+                        end_run_processes(token, GONE_WAIT_S)
                     shutil.rmtree(run_dir, ignore_errors=True)
             return
         except _raised_by_stop_signals():

@@ -19,7 +19,8 @@ Each level dies with the one above it, and ``sarc train`` checks before it says 
 - Files: a run's directory (its temporary partition, torchrun's logs) is
   ``TMPDIR/sarc-train-<pid namespace>.<pid>.<start time>-<random>``. ``sarc train``
   removes it when it ends; the agent, when ``sarc train`` was killed (SIGKILL: its
-  threads end one by one, and the agent is told at the first, ``parent_gone``); where
+  threads end one by one, and the agent is told at the first, ``parent_gone``), after
+  ending every other process of the run, which could still write into it; where
   both were killed outright, the next ``sarc train`` does: it removes every such
   directory whose process (that pid, started at that time) is gone (``sweep_run_dirs``).
 
@@ -167,6 +168,19 @@ def run_processes(token: str) -> list[int]:
         if needle in env.split(b"\0"):
             found.append(int(entry))
     return found
+
+
+def end_run_processes(token: str, timeout: float) -> list[int]:
+    """SIGKILL every live process carrying ``SARC_RUN=token`` but this one, again and again,
+    until none is left or ``timeout`` s have passed; returns those still left."""
+    deadline = time.monotonic() + timeout
+    left = run_processes(token)
+    while left and time.monotonic() < deadline:
+        for pid in left:
+            _kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+        left = run_processes(token)
+    return left
 
 
 def descendants(pid: int) -> list[int]:
@@ -471,13 +485,7 @@ class Run:
             if proc.poll() is None:  # not reaped: its pid is still its group's
                 _kill(proc.pid, signal.SIGKILL, group=True)
             proc.wait()
-        deadline = time.monotonic() + GONE_WAIT_S
-        left = run_processes(self.token)
-        while left and time.monotonic() < deadline:
-            for pid in left:
-                _kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
-            left = run_processes(self.token)
+        left = end_run_processes(self.token, GONE_WAIT_S)
         failures = []
         with contextlib.suppress(OSError, ValueError):
             failures = json.loads((self.run_dir / FAILURES).read_text())

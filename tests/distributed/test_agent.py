@@ -119,6 +119,44 @@ def test_a_stop_signal_before_the_removal_starts_it_again(run_dir, monkeypatch):
     assert raised and not run_dir.exists()
 
 
+WRITER = """
+import itertools, os, sys, time
+d, end = sys.argv[1], time.monotonic() + 60
+for i in itertools.count():
+    if time.monotonic() > end:
+        break
+    try:
+        open(os.path.join(d, f"log{i % 1000}.{os.getpid()}"), "w").close()
+    except OSError:
+        pass
+"""
+
+
+def test_the_run_directory_goes_while_a_process_of_the_run_writes_into_it(run_dir, monkeypatch):
+    """A killed sarc train leaves the agent to remove the run's directory; a process of the
+    run that still writes into it (a worker torchrun has not stopped yet, writing its logs
+    or its error file) is ended first: a removal racing a writer left the directory behind
+    (under load, once in a CI run)."""
+    import subprocess
+    import time
+    from sarc.distributed.supervise import RUN_ENV
+    token = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setenv(RUN_ENV, token)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run_dir)],
+                              env={**os.environ, RUN_ENV: token})
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(run_dir.iterdir())) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)  # writing
+        _torchrun(monkeypatch, None, parent_dies=True)
+        agent.main([])
+        assert not run_dir.exists()
+        assert writer.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_failed_workers_are_written_for_sarc_train(run_dir, monkeypatch):
     _torchrun(monkeypatch, _failed(run_dir), parent_dies=False)
     assert agent.main([]) == 1
