@@ -63,10 +63,24 @@ def leftovers(tmp: Path) -> list[str]:
                   if p.name.startswith(("sarc-train-", "torchelastic_")))
 
 
-def wait_until(predicate, timeout: float = 20.0, what: str = "") -> None:
+def left_files(tmp: Path) -> dict[str, list[str]]:
+    """Each leftover directory and the files in it (what a failed wait names)."""
+    found = {}
+    for d in leftovers(tmp):
+        try:
+            found[d] = sorted(str(p.relative_to(tmp / d)) for p in (tmp / d).rglob("*"))
+        except OSError as e:  # going meanwhile
+            found[d] = [f"({e})"]
+    return found
+
+
+def wait_until(predicate, timeout: float = 20.0, what: str = "", left=None) -> None:
+    """Wait for ``predicate``; a timeout names ``what``, and ``left()`` if given (what is
+    still there)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"still not {what} after {timeout} s"
+        assert time.monotonic() < deadline, (f"still not {what} after {timeout} s"
+                                             + (f": {left()}" if left else ""))
         time.sleep(0.1)
 
 
@@ -166,8 +180,9 @@ def test_sigkill_of_sarc_train_stops_torchrun_and_the_workers(tmp_path, start):
     run = start(*LONG_RUN, "--timeout", "30")
     os.kill(run.proc.pid, signal.SIGKILL)
     run.proc.wait()
-    wait_until(lambda: not processes_with(tmp_path), 15, "stopped")
-    wait_until(lambda: not leftovers(tmp_path), 15, "removed")
+    wait_until(lambda: not processes_with(tmp_path), 15, "stopped",
+               lambda: processes_with(tmp_path))
+    wait_until(lambda: not leftovers(tmp_path), 15, "removed", lambda: left_files(tmp_path))
 
 
 @case("faults", "`sarc train` killed with SIGKILL while it partitions (nothing can clean up)",
@@ -178,7 +193,8 @@ def test_a_run_directory_left_by_a_killed_sarc_train_goes_at_the_next_run(tmp_pa
         wait_until(lambda: leftovers(tmp_path), 60, "started")
         os.kill(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
-        wait_until(lambda: not processes_with(tmp_path), 15, "stopped")
+        wait_until(lambda: not processes_with(tmp_path), 15, "stopped",
+                   lambda: processes_with(tmp_path))
     finally:
         run.kill()
     # whatever was left (a partial partition), the next sarc train removes it
