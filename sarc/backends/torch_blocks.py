@@ -434,14 +434,14 @@ class _SourceValueShares(torch.autograd.Function):
             # one number for every row (the surrogate's sum gives 1): no per-edge gather,
             # and no product at all by 1
             c = float(cot.reshape(-1)[0])
-            scale = (lambda t: t) if c == 1.0 else (lambda t: t * c)
         else:
             c = cot.reshape(g.num_dst, heads).to(alpha.dtype).index_select(0, g.dst)
-            scale = lambda t: t * c  # noqa: E731
-        dsc = scale(ds).reshape(ctx.sc_shape) if ctx.needs_input_grad[0] else None
+        unit = isinstance(c, float) and c == 1.0
+        dsc = (ds if unit else ds * c).reshape(ctx.sc_shape) if ctx.needs_input_grad[0] else None
         dz = None
         if ctx.needs_input_grad[1]:
-            dz = K.transposed_product(g, scale(alpha), grad, ctx.z_shape).to(ctx.z_dtype)
+            dz = K.transposed_product(g, alpha if unit else alpha * c, grad,
+                                      ctx.z_shape).to(ctx.z_dtype)
         return dsc, dz, None, None, None, None, None
 
 

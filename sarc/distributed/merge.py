@@ -249,7 +249,8 @@ class SoftmaxMerge(_AtRows):
             self.s = torch.zeros(shape, dtype=zeros.dtype, device=zeros.device)
             self.acc = zeros.contiguous()
         empty = self.s == 0
-        self.out, y = _normalized(self.acc, self.s.masked_fill(empty, 1.0), zeros.dtype)
+        self.s = self.s.masked_fill(empty, 1.0)  # a row without a sum: divided by 1
+        self.out, y = _normalized(self.acc, self.s, zeros.dtype)
         # a row whose sum is 0: 0 without edges, NaN with (all -inf); on a GPU without
         # asking whether there is one (a host sync every step)
         if self.out.device.type != "cpu" or empty.any():
@@ -261,7 +262,6 @@ class SoftmaxMerge(_AtRows):
             # NaN (exp(-inf - NaN)), as one process's backward does; a row without edges
             # has none
             self.m = torch.where(empty, _if_edges(self.edges_into, self.m), self.m)
-            self.s = self.s.masked_fill(empty, 1.0)
         self.acc = None
         return y
 
