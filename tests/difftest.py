@@ -40,8 +40,11 @@ RTOL = 1e-5
 # scores fall on one side of the leaky_relu, an attention over scores that are equal
 # for every edge into a node -- is float32 rounding noise in both implementations,
 # a few ulps of the layer's larger terms (checked against a float64 run of the
-# interpreter). Each gradient is measured against at least this fraction of the
-# largest output or gradient of the layer: noise up to rtol * 0.1 of that passes.
+# interpreter). So is an output that cancels (a sum over edges of theta h_u - theta h_v
+# whose two ends are nearly equal) where the two round its terms in different orders,
+# and the gradient of such a theta. Each output and gradient is measured
+# against at least this fraction of the largest output or gradient of the layer:
+# noise up to rtol * 0.1 of that passes.
 CANCEL_FLOOR = 0.1
 DROPOUT_SEED = 1234
 
@@ -99,20 +102,61 @@ def reference(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tensor
     return interpreter.run(fn, g, inputs, layer.leaf_tensors(), layer.training)
 
 
-def _no_further_from_float64(layer, g, feats, name, got, want, rtol) -> None:
-    """An output that cancels (``log(sigmoid(x) + 0.5)``, a log of nearly 1) differs from the
-    interpreter's by float32's rounding of its terms, beyond ``rtol`` of its own size: it
-    passes where it is no further from the float64 interpreter's than the float32
-    interpreter's own is (twice, and rtol of the result's size)."""
-    import copy
-    wide = copy.deepcopy(layer).double()
-    wide_feats = {k: v.double() if v.is_floating_point() else v for k, v in feats.items()}
-    truth = reference(wide, g, _fresh(wide_feats))[name].detach()
-    err_got = float((got.detach().double() - truth).abs().max())
-    err_want = float((want.detach().double() - truth).abs().max())
-    scale = float(truth.abs().max())
+class _Float64Truth:
+    """The float64 interpreter's outputs and gradients, run once and only when asked.
+
+    A value that cancels -- an output ``log(sigmoid(x) + 0.5)``, a log of nearly 1; a
+    parameter's gradient summed over terms much larger than itself, as ``theta h_u -
+    theta h_v`` into a hub of equal sources gives -- differs from the interpreter's by
+    float32's rounding of its terms, beyond ``rtol`` of its own size. It passes where it
+    is no further from the float64 interpreter's than the float32 interpreter's own is
+    (twice, and ``rtol`` of the larger of its size and the floor).
+    """
+
+    def __init__(self, layer, g, feats, cot, float_feats: list[str]):
+        self._args = layer, g, feats, cot, float_feats
+        self._outs: dict[str, torch.Tensor] = {}
+        self._grads: list[torch.Tensor] = []
+
+    def _run(self) -> None:
+        import copy
+        layer, g, feats, cot, float_feats = self._args
+        wide = copy.deepcopy(layer).double()
+        fw = _fresh({k: v.double() if v.is_floating_point() else v for k, v in feats.items()})
+        torch.manual_seed(DROPOUT_SEED)          # the same dropout masks
+        outs = reference(wide, g, fw)
+        params = [p for _, p in wide.named_parameters() if p.requires_grad]
+        self._grads = _grads(outs, {k: v.double() for k, v in cot.items()},
+                             params + [fw[k] for k in float_feats])
+        self._outs = {k: v.detach() for k, v in outs.items()}
+
+    def output(self, name: str) -> torch.Tensor:
+        if not self._outs:
+            self._run()
+        return self._outs[name]
+
+    def grad(self, i: int) -> torch.Tensor:
+        if not self._outs:
+            self._run()
+        return self._grads[i].detach()
+
+
+def _close_or_no_further(what: str, got: torch.Tensor, want: torch.Tensor, truth,
+                         rtol: float, floor: float = 0.0) -> None:
+    """``assert_close``, or else no further from the float64 ``truth()`` than ``want`` is."""
+    try:
+        assert_close(got, want, rtol, what, floor)
+        return
+    except AssertionError as e:
+        if got.shape != want.shape or got.dtype != want.dtype or not torch.isfinite(got).all():
+            raise
+        first = e
+    exact = truth()
+    err_got = float((got.detach().double() - exact).abs().max())
+    err_want = float((want.detach().double() - exact).abs().max())
+    scale = max(float(exact.abs().max()), floor)
     assert err_got <= 2 * err_want + rtol * scale, (
-        f"output {name!r}: {err_got:.3e} from the float64 interpreter's, where the float32 "
+        f"{first}; and {err_got:.3e} from the float64 interpreter's, where the float32 "
         f"interpreter's is {err_want:.3e} (scale {scale:.3e})")
 
 
@@ -139,13 +183,12 @@ def check_layer(layer: sarc.Layer, g: sarc.Graph, feats: Mapping[str, torch.Tens
     gc = _grads(out_c, cot, [p for _, p in params] + [fc[k] for k in float_feats])
     gr = _grads(out_r, cot, [p for _, p in params] + [fr[k] for k in float_feats])
     floor = CANCEL_FLOOR * max([_maxabs(t) for t in gr] + [_maxabs(t) for t in out_r.values()])
+    truth = _Float64Truth(layer, g, feats, cot, float_feats)
     for k in out_r:
-        try:
-            assert_close(out_c[k], out_r[k], rtol, f"output {k!r}")
-        except AssertionError:
-            _no_further_from_float64(layer, g, feats, k, out_c[k], out_r[k], rtol)
-    for name, a, b in zip(names, gc, gr):
-        assert_close(a, b, rtol, f"grad of {name}", floor)
+        _close_or_no_further(f"output {k!r}", out_c[k], out_r[k], lambda k=k: truth.output(k),
+                             rtol, floor)
+    for i, (name, a, b) in enumerate(zip(names, gc, gr)):
+        _close_or_no_further(f"grad of {name}", a, b, lambda i=i: truth.grad(i), rtol, floor)
     return out_c
 
 

@@ -14,12 +14,13 @@ from difftest import check_layer, one_torch_thread  # noqa: F401  (autouse fixtu
 from gat import GATLayer
 from gcn import GCNLayer
 from gin import GINLayer
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from programs import features, graphs, make_layer, out_width, specs
+from programs import Spec, features, graphs, make_layer, out_width, specs
 from rgcn import RGCNLayer
 from sage import SAGELayer
 
+import sarc
 from sarc.compiler import optimize
 from sarc.ir.verifier import verify
 
@@ -46,8 +47,20 @@ def test_models_on_random_graphs(g, model, d, seed):
     check_layer(layer, g, feats)
 
 
+# -2 (theta h_u - theta h_v) summed into a hub whose sources are one node: the output
+# and theta's gradient cancel, and the two implementations round their terms apart.
+_HUB_OF_ONE_SOURCE = Spec(
+    din=2, d=1, use_x=False, use_w=False, use_t=False, lins=((2, 1, False),), params=(),
+    typed=(), messages=(("scale", -2.0, ("bin", "sub", ("src_lin", 0), ("dst_lin", 0))),),
+    reduces=(("sum", 1),), update_self=None, update_act="tanh", concat=None, update_norm=True)
+_HUB = sarc.Graph.from_edges(torch.tensor([0, 0, 0, 0, 0]), torch.tensor([0, 2, 2, 2, 2]),
+                             num_src=3, num_dst=3)
+
+
 @settings(max_examples=50, deadline=None)
 @given(spec=specs(), g=graphs(), seed=st.integers(0, 2**16))
+@example(spec=_HUB_OF_ONE_SOURCE, g=_HUB, seed=309)      # theta's gradient cancels
+@example(spec=_HUB_OF_ONE_SOURCE, g=_HUB, seed=1458)     # the output cancels
 def test_random_programs(spec, g, seed):
     torch.manual_seed(seed)
     layer = make_layer(spec)
