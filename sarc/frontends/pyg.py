@@ -2207,7 +2207,8 @@ class PyGConv(nn.Module):
         counter does not see (numpy writing into a ``torch.from_numpy`` tensor, ``.data``)
         is seen, and an equal edge_index in a new tensor reuses the graph. Edge features
         computed from an ``edge_attr`` that needs a gradient are prepared again at each
-        call (each backward needs its own), on the same graph."""
+        call (each backward needs its own), on the same graph; so are those of a call after
+        such a call, whose kept features belong to that call's autograd graph."""
         dtypes = (str(x_dtype), *sorted({str(p.dtype) for p in self.layer.parameters()}),
                   *_options(self.layer))
         c = self._cache
@@ -2224,7 +2225,8 @@ class PyGConv(nn.Module):
         if c is not None and c.num == num and c.dtypes == dtypes \
                 and _same_values(c.edge_index, edge_index):
             if _same_values(c.edge_attr, edge_attr) and not (
-                    edge_attr is not None and edge_attr.requires_grad):
+                    edge_attr is not None and edge_attr.requires_grad) and not any(
+                    t.requires_grad for t in c.edge.values()):
                 return c.graph, c.edge
             g = c.graph   # the same edges: only the edge features are prepared again
         if _imported(self.layer):
@@ -2404,7 +2406,7 @@ def as_conv(layer, *, node: str | None = None, edge: str | None = None,
         if isinstance(layer, MessagePassing):
             layer = from_message_passing(layer, in_channels=in_channels, edge_dim=edge_dim)
             in_channels = edge_dim = None
-    if in_channels is not None or edge_dim is not None:
+    if (in_channels is not None or edge_dim is not None) and isinstance(layer, Layer):
         raise ConversionError(f"as_conv: in_channels= and edge_dim= are for a PyG "
                               f"MessagePassing (from_message_passing's), not a "
                               f"{type(layer).__name__}, which declares its features")

@@ -196,6 +196,27 @@ def test_cache_reuses_the_graph_of_an_equal_edge_index():
     assert wrapped._cache.graph is g
 
 
+@pytest.mark.parametrize("make,options", [(lambda: pyg.GCNConv(D, 3), {}),
+                                          (lambda: pyg.GraphConv(D, 3), {"edge_dim": ()})])
+def test_cache_never_hands_a_call_edge_features_of_an_earlier_calls_graph(make, options):
+    """Edge features prepared from an edge weight that needed a gradient belong to that
+    call's autograd graph: a later call with equal weights that need none prepares its own
+    (it neither backpropagates through the first call's graph again nor into its leaf)."""
+    conv = randomize(make())
+    wrapped = as_conv(copy.deepcopy(conv), **options)
+    x, ei = x64(), graph()
+    w = torch.rand(ei.shape[1], dtype=F64) + 0.5
+    first = w.clone().requires_grad_()
+    wrapped(x, ei, first).sum().backward()
+    grad = first.grad.clone()
+    wrapped(x, ei, first.detach().clone()).sum().backward()   # a second backward: no error
+    wrapped(x, ei, first)                                      # forward only, then:
+    out = wrapped(x, ei, w.clone())
+    out.sum().backward()
+    assert torch.equal(first.grad, grad), "a call's backward reached an earlier call's leaf"
+    close(out, conv(x, ei, w), "output")
+
+
 @pytest.mark.parametrize("make,option,value", [
     (lambda: pyg.GCNConv(D, 3), "add_self_loops", False),
     (lambda: pyg.APPNP(K=2, alpha=0.2), "normalize", False),

@@ -325,6 +325,16 @@ def test_as_conv_ambiguous_node_feature():
     assert as_conv(TwoNodeFeatures(), node="h").node == "h"
 
 
+@case("dsl", "as_conv of a module that is neither a sarc layer nor a MessagePassing, with "
+      "the widths a MessagePassing takes", "error")
+def test_as_conv_of_another_module_names_what_it_wraps():
+    for kw in ({}, {"in_channels": 5}, {"edge_dim": 2}):
+        refused(lambda: as_conv(nn.Linear(5, 4), **kw), "sarc.Layer or a PyG MessagePassing",
+                "got Linear")
+    refused(lambda: as_conv(TwoNodeFeatures(), node="h", in_channels=5),
+            "in_channels= and edge_dim= are for a PyG MessagePassing", "TwoNodeFeatures")
+
+
 class _NoWidth(MessagePassing):
     """A user's conv that does not record its input width (PyG's tutorial EdgeConv)."""
 
