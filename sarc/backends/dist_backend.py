@@ -231,8 +231,10 @@ def _generate(split, plan: LayerPlan, baseline: bool, layer_name: str | None, wo
             k = agg_index[a.name]
             v = edge.values[k]
             fname = f"_edge_normalizers_{a.name[1:]}_score"
-            op, (score,) = lowering.block_op("softmax_normalizer", k, v, lambda: [fname])
-            if score == fname:
+            named = []   # the op's args name the score's region function (as it is, in a DotScore)
+            op, (score,) = lowering.block_op("softmax_normalizer", k, v,
+                                             lambda: named.append(fname) or [fname])
+            if named:
                 regions.append(region_function(fname, v.attr["score"], len(v.inputs)))
             sides, width, operands = _fused_args(v, [f"v{j}" for j in v.inputs])
             tail.append(f"n_{a.name[1:]} = {op}({score}, {sides}, {width}, g, {operands})")

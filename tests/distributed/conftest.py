@@ -99,6 +99,7 @@ def _cases() -> list[Case]:
         # dot-product scores, one SDDMM of the two ends' rows per block
         Case("dot_p3_sar", "dot", 3, "random"),
         Case("dot_p2_oneshot", "dot", 2, exec_mode="oneshot"),
+        Case("dot_p2_baseline", "dot", 2, baseline=True),
     ]
     # messages of at most 4 rows: every remote block in several pieces, whose partial
     # aggregates (sums, maxima with ties, online softmax, normalizers) merge exactly

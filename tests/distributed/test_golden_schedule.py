@@ -8,6 +8,8 @@ the diff before committing it.
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import difflib
 import os
 from pathlib import Path
@@ -22,7 +24,7 @@ from sarc.ir.split import split_layer
 from sarc.planner.plan import plan_layer
 from sarc.planner.stats import ShardStats
 
-from .layers import MaxLayer
+from .layers import DotAttentionLayer, MaxLayer
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden" / "distributed"
 UPDATE = os.environ.get("SARC_UPDATE_GOLDEN") == "1"
@@ -34,16 +36,41 @@ CASES = {
     "gat_baseline": (lambda: GATLayer(16, 4, heads=2), "sar", True),
     "gat_attn_drop_oneshot": (lambda: GATLayer(16, 4, heads=2, attn_drop=0.5), "oneshot", False),
     "max_sar": (lambda: MaxLayer(16, 8), "sar", False),
+    # dot-product scores (one SDDMM a block) in the baseline's normalizer pass
+    "dot_baseline": (lambda: DotAttentionLayer(16, 4, heads=2), "sar", True),
 }
 
 
-def schedule(name: str) -> str:
+def schedule(name: str, backend: str = "torch") -> str:
     make, mode, baseline = CASES[name]
     fn = optimize(make().trace())
     lp = plan_layer(name, fn, workers=2, stats=STATS, exec_mode=mode, baseline=baseline,
                     inputs_need_grad=True)
     return dist_backend.generate(split_layer(fn, lp.exchange.values), lp, baseline=baseline,
-                                 layer_name=name, workers=2)
+                                 layer_name=name, workers=2, backend=backend)
+
+
+def unbound_names(text: str) -> set[str]:
+    """Names the module reads that nothing in it binds and that are no builtins: a call of
+    a function the generator named but did not emit (a NameError only when it runs)."""
+    tree = ast.parse(text)
+    bound, read = set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return read - bound
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_schedule_binds_every_name_it_reads(name, backend):
+    assert unbound_names(schedule(name, backend)) == set()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
