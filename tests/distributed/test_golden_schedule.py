@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 from gat import GATLayer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from programs import make_layer, specs
 from gcn import GCNLayer
 
 from sarc.backends import dist_backend
@@ -71,6 +74,19 @@ def unbound_names(text: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_schedule_binds_every_name_it_reads(name, backend):
     assert unbound_names(schedule(name, backend)) == set()
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=specs(), mode=st.sampled_from(["sar", "oneshot"]), baseline=st.booleans(),
+       backend=st.sampled_from(["torch", "triton"]))
+def test_schedules_of_random_programs_bind_every_name_they_read(spec, mode, baseline, backend):
+    fn = optimize(make_layer(spec).trace())
+    lp = plan_layer("random", fn, workers=2, stats=STATS, exec_mode=mode, baseline=baseline,
+                    inputs_need_grad=True)
+    split = split_layer(fn, lp.exchange.values if lp.exchange is not None else None)
+    text = dist_backend.generate(split, lp, baseline=baseline, layer_name="random", workers=2,
+                                 backend=backend)
+    assert unbound_names(text) == set()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
