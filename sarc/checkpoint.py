@@ -452,6 +452,16 @@ def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer,
                     state["last"]["loss"], state["last"]["acc"])
 
 
+def _first_reason(e: Exception) -> str:
+    """The first of a ``load_state_dict`` error's reasons (its first line only says that
+    there are some), with how many more there are."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("Error(s) in loading"):
+        lines = lines[1:]
+    more = f"; and {len(lines) - 1} more" if len(lines) > 1 else ""
+    return (lines[0].rstrip(".") if lines else type(e).__name__) + more
+
+
 def injected_fault(rank: int, epoch: int | str) -> None:
     """SIGKILL this worker at ``$SARC_TEST_KILL_AT``, stall it at ``$SARC_TEST_STALL_AT``
     (``RANK:EPOCH``), first attempt only."""
@@ -605,7 +615,17 @@ class Checkpointer:
     def resume(self, model: nn.Module, opt: torch.optim.Optimizer, selection) -> Progress:
         """The latest checkpoint's state put back (collective, ``load``), or a fresh start."""
         state = self.load()
-        return Progress() if state is None else restore_training(state, model, opt, selection)
+        if state is None:
+            return Progress()
+        at, problem = None, None
+        try:
+            at = restore_training(state, model, opt, selection)
+        except (RuntimeError, ValueError) as e:   # torch's load_state_dict's: shapes, groups
+            problem = (f"{self.dir}: the checkpoint does not fit the model built now "
+                       f"({_first_reason(e)}): what the model file builds it from changed since "
+                       f"it was written (a file or an environment variable it reads)")
+        self._agree(problem)
+        return at
 
     def due(self, epoch: int, stopped: bool, last: int) -> bool:
         """Whether the run saves after ``epoch``: every ``--checkpoint-every``, on an early
@@ -801,5 +821,5 @@ def load_trained(path, model_file, *, check_digest: bool = True) -> nn.Module:
         model.load_state_dict(saved["state_dict"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: the weights do not fit {model_file}'s model: "
-                              f"{str(e).splitlines()[0]}") from e
+                              f"{_first_reason(e)}") from e
     return model.eval()

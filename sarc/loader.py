@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .errors import SarcError
+from .names import one_line
 
 
 class ModelFileError(SarcError):
@@ -86,7 +87,8 @@ class ModelSpec:
                 raise ModelFileError(f"{where}: HPARAMS key {key!r} is not a string naming a "
                                      f"hyperparameter (a Python identifier, as build_model's "
                                      f"keywords and --set KEY=VALUE take)")
-        return ModelSpec(name, build, dict(hparams), path)
+        # the file's name is shown in sarc train's lines and reports: escaped, as a dataset's
+        return ModelSpec(one_line(name), build, dict(hparams), path)
 
     @staticmethod
     def from_module(module: ModuleType) -> "ModelSpec":

@@ -231,6 +231,30 @@ def test_resume_and_load_trained_see_a_changed_helper_module(tmp_path):
         sys.modules.pop("helper", None)   # this test's, imported by name in this process
 
 
+@case("checkpoint", "`--resume` into a model whose parameters' shapes differ from the "
+                    "checkpoint's (the model reads what the run record does not hold: an "
+                    "environment variable)", "error")
+def test_resume_into_a_model_of_other_shapes_is_an_error_naming_the_checkpoint(tmp_path,
+                                                                              monkeypatch):
+    """It was a raw traceback (load_state_dict's RuntimeError), where load_trained of the
+    same weights says they do not fit."""
+    model = tmp_path / "model.py"
+    model.write_text(GCN.read_text().replace(
+        "return GCN(in_feats, hidden, num_classes, dropout)",
+        'import os; return GCN(in_feats, int(os.environ.get("WIDTH", hidden)), num_classes, '
+        'dropout)'))
+    ckpt, saved = tmp_path / "ck", tmp_path / "model.pt"
+    _ok(_train(ckpt, "--save", saved, model=model, env={**os.environ, "WIDTH": "16"}))
+    before = _snapshot(ckpt)
+    proc = _train(ckpt, "--resume", "--epochs", "8", model=model, env={**os.environ, "WIDTH": "8"})
+    assert_error(proc, str(ckpt), "does not fit the model", "size mismatch for conv1.bias",
+                 "and 2 more")
+    assert _snapshot(ckpt) == before
+    monkeypatch.setenv("WIDTH", "8")
+    with pytest.raises(CheckpointError, match="the weights do not fit .* size mismatch for "):
+        sarc.load_trained(saved, model)
+
+
 def test_restoring_the_random_state_is_what_makes_resume_exact(tmp_path, monkeypatch):
     """The exactness above is not vacuous: resuming with the right weights and optimizer
     but another random state (dropout masks) gives other weights."""

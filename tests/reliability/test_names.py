@@ -265,6 +265,22 @@ def test_model_file_name_with_a_newline(tmp_path):
     assert not (tmp_path / "marker").exists()
 
 
+@case("names", "a model file whose name holds a terminal escape and a line break, trained",
+      "literal")
+def test_a_model_files_name_is_printed_escaped_by_sarc_train(tmp_path):
+    """sarc train's header line and its --quiet summary name the model by its file's name;
+    it reached the terminal raw (a fake line, a cleared screen)."""
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "x\x1b[2J\nsarc train: all good.py"
+    path.write_text((root / "models" / "gcn.py").read_text())
+    for quiet in ((), ("--quiet",)):
+        proc = run_sarc("train", path, "--epochs", "1", *quiet, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout + proc.stderr
+        assert "\x1b" not in out and "\nsarc train: all good" not in out, out
+        assert "x\\x1b[2J\\nsarc train: all good" in out, out
+
+
 @case("names", "a layer output named with a non-string key", "error")
 def test_non_string_output_key(tmp_path):
     layer = make_layer(cls="IntKey", out=7)()
