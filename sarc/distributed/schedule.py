@@ -46,15 +46,15 @@ from .merge import NormalizerMerge, SiteShares, make_merge
 @dataclass
 class LayerProgram:
     """A layer compiled for a distributed graph: its plan, its split, its schedule module;
-    ``differentiated``: the params its gradient reaches (``autodiff.differentiated_params``
-    of the traced layer); ``state``: the layer's ``layer_state.state_key`` it was compiled
-    at."""
+    ``differentiated``: the params, and the features, its gradient reaches
+    (``autodiff.differentiated_leaves`` of the traced layer); ``state``: the layer's
+    ``layer_state.state_key`` it was compiled at."""
 
     name: str
     plan: LayerPlan
     split: LayerSplit
     generated: dist_backend.Generated
-    differentiated: frozenset = frozenset()
+    differentiated: tuple[frozenset, frozenset] = (frozenset(), frozenset())
     state: tuple = ()
 
     @property
@@ -79,8 +79,8 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
                              distributed=True,
                              kept_peers=None if unshared else dg.kept_share.get(id(layer)))
     c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
-    from ..ir.autodiff import differentiated_params
-    return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_params(c.traced))
+    from ..ir.autodiff import differentiated_leaves
+    return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_leaves(c.traced))
 
 
 def share_memory(model, dg: DistGraph) -> None:
@@ -598,16 +598,18 @@ class Call:
         return out
 
     def input_grads(self) -> tuple:
+        params, features = self.program.differentiated
+        leaves = [(k in params, t) for k, t in self.params.items()]
+        leaves += [(k in features, t) for k, t in (*self.node_inputs.items(),
+                                                     *self.edge_inputs.items())]
         out = [self.grad_params.get(k) for k in self.params]
-        if any(g is None and need for g, need in zip(out, self.needs)):
-            # no piece ran (a block without edges): torch's zero, not None, for the params
-            # the gradient reaches, as the layer's kernel on one process gives
-            reached = self.program.differentiated
-            out = [torch.zeros_like(p) if g is None and k in reached else g
-                   for g, (k, p) in zip(out, self.params.items())] + out[len(self.params):]
         out += [self.grad_node.get(k) for k in self.node_inputs]
         out += [self.grad_edge.get(k) for k in self.edge_inputs]
-        return tuple(g if need else None for g, need in zip(out, self.needs))
+        # where no piece ran (a block without edges): torch's zero, not None, for the params
+        # and features the gradient reaches, as the layer's kernel on one process gives
+        # (an edge feature's: empty)
+        return tuple(None if not need else torch.zeros_like(t) if g is None and reached
+                     else g for g, need, (reached, t) in zip(out, self.needs, leaves))
 
 
 class Merges:

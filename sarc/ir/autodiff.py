@@ -554,19 +554,26 @@ def grad(fn: Function, wrt_inputs: Iterable[str] | None = None) -> Function:
 
 
 def differentiated_params(fn: Function) -> frozenset[str]:
-    """The params of layer ``fn`` its gradient reaches: each float param an output depends
-    on differentiably, whose gradient is a tensor, zero where nothing flows (a layer on a
-    block without edges), as torch gives a parameter an op it feeds reads; not one read
-    only by a comparison or detached (no gradient). ``fn`` is a traced layer (``grad``'s);
-    where a value has no VJP rule (a layer only torch's autograd differentiates), every
-    path counts but those through ``ZERO_GRADIENT`` ops, non-float values and a
-    ``where``'s condition."""
+    """The params of layer ``fn`` its gradient reaches (``differentiated_leaves``)."""
+    return differentiated_leaves(fn)[0]
+
+
+def differentiated_leaves(fn: Function) -> tuple[frozenset[str], frozenset[str]]:
+    """The params, and the float features (but the builtin degrees), of layer ``fn`` its
+    gradient reaches: each one an output depends on differentiably, whose gradient is a
+    tensor, zero where nothing flows (a layer on a block without edges; an edge feature's
+    is empty there), as torch gives a leaf an op it feeds reads; not one read only by a
+    comparison or detached (no gradient). ``fn`` is a traced layer (``grad``'s); where a
+    value has no VJP rule (a layer only torch's autograd differentiates), every path counts
+    but those through ``ZERO_GRADIENT`` ops, non-float values and a ``where``'s condition."""
+    features = _wrt(fn, None)
     try:
-        needs = _needs_grad(fn, frozenset())
-        if not any(needs[i] for _, i in fn.outputs):   # no param reaches an output
-            return frozenset()
-        names = {n[len(GRAD_PREFIX):] for n, _ in grad(fn, ()).outputs}
-        return frozenset(n for n in fn.params() if n in names)
+        needs = _needs_grad(fn, features)
+        if not any(needs[i] for _, i in fn.outputs):   # no leaf reaches an output
+            return frozenset(), frozenset()
+        names = {n[len(GRAD_PREFIX):] for n, _ in grad(fn).outputs}
+        return (frozenset(n for n in fn.params() if n in names),
+                frozenset(n for n in features if n in names))
     except AutodiffError:
         pass
     reach = [False] * len(fn.values)
@@ -578,8 +585,10 @@ def differentiated_params(fn: Function) -> frozenset[str]:
             for k, j in enumerate(v.inputs):
                 if not (v.op is Op.WHERE_POS and k == 0):
                     reach[j] = reach[j] or fn.values[j].type.dtype.is_float
-    return frozenset(v.attr["name"] for i, v in enumerate(fn.values)
-                     if v.op is Op.PARAM and reach[i])
+    reached = [(v.op, v.attr["name"]) for i, v in enumerate(fn.values)
+               if v.op in (Op.PARAM, Op.INPUT) and reach[i]]
+    return (frozenset(n for op, n in reached if op is Op.PARAM),
+            frozenset(n for op, n in reached if op is Op.INPUT and n in features))
 
 
 def _gradient_outputs(fn: Function, bw: _Backward, cts: dict[int, int]) -> list[tuple[str, int]]:

@@ -816,6 +816,33 @@ class _ReadByAComparison(sarc.Layer):
         return agg.agg + self.root(dst.h)
 
 
+class _FeaturesReadFourWays(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"w": 2, "d": 2, "e": 2})
+        self.lin = torch.nn.Linear(3, 2)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * edge.w * (edge.d > 0).float() + edge.e.detach()
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_differentiated_features_are_those_torch_gives_a_gradient():
+    """The features a distributed step gives a zero (an edge feature's: empty) gradient
+    where no piece of a block ran: those the layer's kernel gives one on one process."""
+    from sarc.ir.autodiff import differentiated_leaves
+    layer = _FeaturesReadFourWays()
+    assert differentiated_leaves(layer.trace()) == ({"lin.weight", "lin.bias"}, {"h", "w"})
+    for edges in (0, 2):
+        g = sarc.Graph.from_edges(torch.tensor([0, 1][:edges], dtype=torch.long),
+                                  torch.tensor([1, 0][:edges], dtype=torch.long), 2)
+        feats = {"h": torch.randn(2, 3, requires_grad=True),
+                 **{k: torch.randn(edges, 2, requires_grad=True) for k in "wde"}}
+        layer(g, **feats).sum().backward()
+        assert {k for k, t in feats.items() if t.grad is not None} == {"h", "w"}
+
+
 def test_differentiated_params_are_those_torch_gives_a_gradient():
     """What a distributed step gives a zero gradient where no piece of a block ran (a block
     without edges): the params the layer's kernel gives one on one process, on any graph."""

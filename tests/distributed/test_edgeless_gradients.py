@@ -1,0 +1,76 @@
+"""On a graph without edges, a distributed layer gives every input it reads a gradient as
+the layer on one process does: an edge feature's is an empty tensor, not None. A module
+that makes the edge feature (an embedding of edge types) then has a zero gradient on P
+workers as on one process, and an optimizer with momentum moves it alike."""
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import sarc
+
+from .harness import spawn
+
+P = 2
+N = 12
+
+
+class EdgeWeighted(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3}, edge={"w": 2})
+        self.lin = nn.Linear(3, 2)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) * edge.w
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return agg.agg + dst.h[:, :2]
+
+
+def _grads(layer, g, x, w) -> dict:
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    layer.zero_grad(set_to_none=True)
+    layer(g, x, w=w).sum().backward()
+    return {"x": x.grad, "w": w.grad, **{k: p.grad for k, p in layer.named_parameters()}}
+
+
+def _worker(rank, port, q, parts, state):
+    from sarc.distributed import DistGraph
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=P, timeout=datetime.timedelta(seconds=60))
+    layer = EdgeWeighted()
+    layer.load_state_dict(state)
+    shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
+    dg = DistGraph(shard)
+    grads = _grads(layer, dg, shard.ndata["feat"], torch.zeros(dg.num_edges, 2))
+    q.put((rank, {"ids": shard.orig_node_ids.tolist(),
+                  "grads": {k: None if g is None else g.tolist() for k, g in grads.items()},
+                  "shapes": {k: None if g is None else list(g.shape) for k, g in grads.items()}}))
+    dist.barrier()
+
+
+def test_inputs_of_a_layer_on_a_graph_without_edges_have_gradients_on_workers(tmp_path):
+    from sarc.partition import partition_graph
+    none = torch.zeros(0, dtype=torch.long)
+    torch.manual_seed(0)
+    x, layer = torch.randn(N, 3), EdgeWeighted()
+    parts = partition_graph(none, none, N, P, tmp_path / "parts", method="random",
+                            node_data={"feat": x}).path
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    codes, reports = spawn(_worker, P, (str(parts), state), timeout_s=120)
+    assert codes == [0] * P, reports
+    want = _grads(layer, sarc.Graph.from_edges(none, none, N), x, torch.zeros(0, 2))
+    for r in reports:
+        assert [k for k, g in r["grads"].items() if g is None] == [], r["shapes"]
+        assert r["shapes"]["w"] == [0, 2]
+        torch.testing.assert_close(torch.tensor(r["grads"]["x"]), want["x"][r["ids"]])
+        for k in ("lin.weight", "lin.bias"):
+            torch.testing.assert_close(torch.tensor(r["grads"][k]), want[k])
