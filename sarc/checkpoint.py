@@ -39,6 +39,7 @@ import os
 import random
 import re
 import signal
+import stat
 import tempfile
 import time
 import weakref
@@ -366,9 +367,13 @@ def write_atomic(path: Path, data: bytes) -> None:
         except OSError as e:
             raise cannot_write(path, e) from e
     try:
-        mode = path.stat().st_mode & 0o7777
+        st = path.stat()
     except OSError:
         mode = 0o666 & ~_umask()
+    else:
+        if not stat.S_ISREG(st.st_mode):   # a pipe, a device: the new file would replace it
+            raise cannot_write(path, OSError(errno.EINVAL, "not a regular file"))
+        mode = st.st_mode & 0o7777
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:

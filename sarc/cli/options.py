@@ -239,8 +239,11 @@ def check_input_dir(option: str, path: str | None) -> None:
                                                  else "does not exist"))
 
 
-def check_output_file(option: str, path: str | None) -> None:
-    """A file can be written at ``path`` (if given): its directory exists and is writable."""
+def check_output_file(option: str, path: str | None, *, replaced: bool = False) -> None:
+    """A file can be written at ``path`` (if given): its directory exists and is writable.
+    ``replaced``: the file is written beside the path and replaces it
+    (``checkpoint.write_atomic``), so the path must not be a pipe or a device, which a
+    report is written into in place."""
     if path is None:
         return
     if not path:   # an unset shell variable: `--json "$OUT"`
@@ -248,6 +251,11 @@ def check_output_file(option: str, path: str | None) -> None:
     p = Path(path)
     if p.is_dir() or path.endswith(os.sep):   # Path drops the slash: results/ wrote "results"
         raise UsageError(f"{option} {path} is a directory; give the path of a file")
+    if replaced and (p.is_fifo() or p.is_char_device() or p.is_block_device()
+                     or p.is_socket()):   # through links: /dev/stdout is one to a pipe
+        raise UsageError(f"{option} {path} is not a regular file (a pipe or a device): the "
+                         f"file is written beside it and then replaces it; give the path of "
+                         f"a regular file")
     if p.is_symlink():   # written beside the file the link names (checkpoint.write_atomic)
         try:
             p = p.resolve()

@@ -48,7 +48,7 @@ def check_train_args(args):
     check_run_options(args)
     check_device_arguments(args, args.workers if args.workers > 1 or args.partition else 1)
     check_input_dir("--data-dir", args.data_dir)
-    check_output_file("--save", args.save)
+    check_output_file("--save", args.save, replaced=True)
     check_files_dir("--checkpoint", args.checkpoint)
     check_outputs_apart(args)
     spec = load_model_file(args.model)

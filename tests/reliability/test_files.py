@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import traceback
 from pathlib import Path
 
@@ -372,6 +373,24 @@ def test_results_are_written_through_links_with_the_mode_open_would_give(tmp_pat
     umask = os.umask(0)
     os.umask(umask)
     assert (real / "report.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@case("files", "`--save` onto a pipe, or `/dev/stdout`", "error")
+def test_save_onto_a_pipe_is_refused_before_training_and_the_pipe_stays(tmp_path):
+    """A saved model is written beside its path and replaces it: a pipe (a device, as root
+    /dev/null) was replaced by a regular file, and /dev/stdout failed after training."""
+    from sarc.checkpoint import write_atomic
+    from sarc.errors import OutputError
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, "/dev/stdout"):
+        proc = run_sarc("train", GCN, "--epochs", "1", "--save", target)
+        assert_error(proc, f"--save {target} is not a regular file")
+        assert "epoch" not in proc.stdout
+    with pytest.raises(OutputError, match="fifo: cannot be written: not a regular file"):
+        write_atomic(fifo, b"weights")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
 @case("files", "`--json` / `--save` a link loop, or a link into a directory sarc cannot write "
