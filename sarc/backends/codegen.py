@@ -21,7 +21,7 @@ import jinja2
 from .. import names
 from ..ir.function import Function, Region, Value
 from ..ir.printer import format_value
-from ..native.cache import cache_dir
+from ..native.cache import cache_dir, cannot_write_cache
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -110,7 +110,10 @@ def load_module(name: str, source: str) -> tuple[Path, ModuleType]:
     stem = names.file_stem(name)
     path = names.inside(cache_dir(), f"{stem}.py")
     if not path.exists() or path.read_text() != source:
-        write_atomic(path, source)
+        try:
+            write_atomic(path, source)
+        except OSError as e:
+            raise cannot_write_cache(path, e) from None
     mod_name = f"{names.GENERATED_PACKAGE}.{stem}"
     if mod_name in sys.modules:
         return path, sys.modules[mod_name]

@@ -13,6 +13,13 @@ class CacheDirError(SarcError):
     """The module cache directory is not private to this user."""
 
 
+def cannot_write_cache(path: Path, e: OSError) -> CacheDirError:
+    """The error of a file of the module cache that cannot be written (a read-only cache
+    directory: a mount, a chmod, /proc), naming the file and what to set."""
+    return CacheDirError(f"the module cache cannot be written ({path}: {e.strerror or e}); "
+                         f"set SARC_CACHE_DIR to a directory of your own that you can write")
+
+
 def cache_dir() -> Path:
     """Where generated modules are written and imported from: ``$SARC_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/sarc/kernels`` (``~/.cache/sarc/kernels``).

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import cache_dir
+from .cache import cache_dir, cannot_write_cache
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
@@ -346,7 +346,10 @@ def _build(compiler: str) -> Kernels | None:
                                         _cpu().encode()])).hexdigest()[:16]
     path = cache_dir() / f"cpu_kernels_{digest}.so"
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu_kernels.", suffix=".so")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".cpu_kernels.", suffix=".so")
+        except OSError as e:
+            raise cannot_write_cache(path, e) from None
         os.close(fd)
         try:
             for flags in ((NATIVE, *FLAGS), FLAGS):

@@ -336,6 +336,29 @@ def test_cache_owned_by_another_user_is_refused(tmp_path, monkeypatch):
     assert str(cache) in str(e.value)
 
 
+@case("names", "a private module cache that cannot be written (/proc/self: a read-only "
+      "directory of one's own)", "error")
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_cache_that_cannot_be_written_is_an_error(tmp_path, monkeypatch):
+    """It passed the privacy checks, and the first module written there was a traceback
+    (tempfile's PermissionError), in sarc train and sarc compile."""
+    import shutil
+
+    from sarc.native.kernels import _build
+    monkeypatch.setenv("SARC_CACHE_DIR", "/proc/self")
+    with pytest.raises(SarcError, match="the module cache cannot be written .*/proc/self/"
+                                        ".*SARC_CACHE_DIR"):
+        codegen.load_module("Layer0_torch_0", "x = 1\n")
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler:   # the CPU kernels are built into the cache too
+        with pytest.raises(SarcError, match="the module cache cannot be written"):
+            _build(compiler)
+    models = Path(__file__).resolve().parents[2] / "models"
+    proc = run_sarc("compile", models / "gcn.py", "--emit", "plan", "--out",
+                    tmp_path / "out", env={**os.environ, "SARC_CACHE_DIR": "/proc/self"})
+    assert_error(proc, "the module cache cannot be written")
+
+
 @case("names", "a module cache inside a folder everyone may write to (no sticky bit)", "error")
 def test_cache_inside_a_world_writable_folder_is_refused(tmp_path, monkeypatch):
     shared = tmp_path / "shared"
