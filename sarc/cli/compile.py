@@ -35,7 +35,8 @@ from ..compiler import BACKENDS
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
-                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural)
+                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural,
+                      stops_on_signals)
 
 DEFAULT_BATCHES = 8
 DEFAULT_EMIT = ",".join(EMITS)
@@ -137,6 +138,7 @@ def check_minibatch_args(args) -> None:
                          "--fanouts (one per layer, e.g. 10,25)")
 
 
+@stops_on_signals("compile")
 def compile_command(args) -> int:
     from ..loader import load_model_file
     from ..training.layer_calls import layer_calls

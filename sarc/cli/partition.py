@@ -28,6 +28,7 @@ from .. import names
 from ..partition.graph_file import load_npz_graph
 from ..partition.partitioners import PARTITIONERS
 from ..partition.pipeline import partition_graph
+from .options import stops_on_signals
 
 
 def add_partition_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,6 +73,7 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+@stops_on_signals("partition")
 def partition_command(args) -> int:
     """Run ``sarc partition`` with parsed ``args``; prints the partition's quality."""
     _check_options(args)

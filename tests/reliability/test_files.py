@@ -249,6 +249,49 @@ def snapshot_new(art, tmp_path: Path) -> dict[str, bytes]:
     return snapshot(ref)
 
 
+_SIGNALLED = """
+import os, signal, sys
+import torch
+from sarc import atomic
+from sarc.cli import main
+command, sig, out = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3]
+if command == "partition":    # the signal once the first part is written
+    real = torch.save
+    def save(*a, **k):
+        real(*a, **k)
+        os.kill(os.getpid(), sig)
+    torch.save = save
+    argv = ["partition", "--dataset", "cora", "--parts", "2", "--method", "random", "--out", out]
+else:                         # the signal once the set is written, before it is sealed
+    def step(name):
+        if name == "written":
+            os.kill(os.getpid(), sig)
+    atomic._step = step
+    argv = ["compile", sys.argv[4], "--emit", "plan", "--out", out]
+sys.exit(main(argv))
+"""
+
+
+@case("files", "`sarc partition` / `sarc compile` stopped by SIGTERM or SIGHUP while writing",
+      "nothing-lost")
+@pytest.mark.parametrize("command", ["partition", "compile"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_partition_and_compile_stopped_by_a_signal_leave_nothing(tmp_path, command, sig):
+    """Ctrl-C removed the set being written; SIGTERM killed the command and left it
+    (.OUT.tmp-PID-*, parts of hundreds of MiB), silently."""
+    import signal
+    import subprocess
+    import sys
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", _SIGNALLED, command, sig, str(out), str(GCN)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr[-3000:]
+    assert f"sarc {command}: stopped by {sig}" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 @case("files", "`sarc partition --overwrite` killed while writing its parts", "old-or-new")
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
 def test_partition_killed_while_writing_parts(tmp_path, exchange):
