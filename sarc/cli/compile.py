@@ -32,6 +32,7 @@ from ..artifacts import (EMITS, SET_KIND, CompileError, compile_model, format_su
                          write_artifacts)
 from ..atomic import check_target
 from ..compiler import BACKENDS
+from ..names import one_line
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
@@ -214,7 +215,7 @@ def compile_command(args) -> int:
         print(format_plan(art.plan), end="")
     if args.out:
         written = write_artifacts(art, Path(args.out), emit, overwrite=args.overwrite)
-        print(f"wrote {len(written)} files to {args.out}")
+        print(f"wrote {len(written)} files to {one_line(args.out)}")
     elif args.emit != DEFAULT_EMIT and "plan" not in emit:   # asked for, written nowhere
         print(f"sarc compile: --emit {args.emit}: nothing is written without --out (the "
               f"artifacts go there; without it, sarc compile prints the plan)", file=sys.stderr)

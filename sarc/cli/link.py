@@ -5,6 +5,7 @@ from __future__ import annotations
 
 
 from ..loader import parse_overrides
+from ..names import one_line
 from ..training.link import LINK_DEFAULTS, hits_text, train_links
 from ..training.loop import write_result
 from .options import UsageError
@@ -36,7 +37,7 @@ def link_command(args, spec, data) -> int:
                          hparams=parse_overrides(args.overrides), log=None if args.quiet else print,
                          log_every=args.log_every, eval_every=args.eval_every, device=args.device, backend=args.backend)
     if args.quiet:  # otherwise the run's log ends with it (``selected epoch ...``)
-        print(f"{result['model']} on {result['dataset']} (seed {result['seed']}, link "
+        print(f"{one_line(result['model'])} on {one_line(result['dataset'])} (seed {result['seed']}, link "
               f"prediction): test mrr {result['test_mrr']:.4f}{hits_text(result)} (val mrr "
               f"{result['val_mrr']:.4f}, epoch {result['best_epoch']} of {result['epochs']})")
     if args.json:

@@ -101,7 +101,7 @@ def partition_command(args) -> int:
                                dataset=None if args.graph else ds.recorded,
                                sizes=None if args.graph else ds.sizes,
                                progress=(lambda stage: bar.advance(1, stage)) if bar.shown else None)
-    print(f"{name}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
+    print(f"{names.one_line(name)}: {num_nodes} nodes, {src.numel()} edges -> {args.parts} parts "
           f"({method}, seed {seed})")
     _print_result(pset, node_data, edge_data)
     return 0
@@ -124,7 +124,8 @@ def convert_command(args) -> int:
         raise UsageError(f"--parts {args.parts}, but {args.from_dgl or args.from_pyg} has "
                          f"{graph.num_parts} parts")
     pset = write_foreign(graph, args.out, overwrite=args.overwrite)
-    print(f"{args.from_dgl or args.from_pyg}: {graph.num_nodes} nodes, {graph.src.numel()} edges, "
+    print(f"{names.one_line(args.from_dgl or args.from_pyg)}: {graph.num_nodes} nodes, "
+          f"{graph.src.numel()} edges, "
           f"{graph.num_parts} parts ({graph.method}"
           + (", DGL's shuffled ids" if graph.source.get("ids") == "dgl-shuffled" else "")
           + ")")
@@ -176,4 +177,4 @@ def _listed(items) -> str:
 def _print_result(pset, node_data, edge_data) -> None:
     print(f"node data: {_listed(node_data)}; edge data: {_listed(edge_data)}")
     print(pset.stats.format())
-    print(f"wrote {pset.path}")
+    print(f"wrote {names.one_line(pset.path)}")

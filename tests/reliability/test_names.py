@@ -281,6 +281,30 @@ def test_a_model_files_name_is_printed_escaped_by_sarc_train(tmp_path):
         assert "x\\x1b[2J\\nsarc train: all good" in out, out
 
 
+@case("names", "paths holding a terminal escape and a line break: sarc partition's --graph and "
+      "--out, sarc compile's --out, sarc train --quiet's dataset file", "literal")
+def test_paths_the_commands_print_are_escaped(tmp_path):
+    """Each command's summary lines printed them raw."""
+    import numpy as np
+    root = Path(__file__).resolve().parents[2]
+    evil = "x\x1b[2J\nfake"
+    arrays = dict(np.load(root / "sarc" / "data" / "cora.npz", allow_pickle=False))
+    graph = tmp_path / f"{evil}.npz"
+    np.savez(graph, **{k: arrays[k] for k in ("edge_src", "edge_dst", "num_nodes")})
+    data = tmp_path / f"{evil}-data.npz"
+    np.savez(data, **arrays)
+    runs = [run_sarc("partition", "--graph", graph, "--parts", "2", "--method", "random",
+                     "--out", tmp_path / f"{evil}-parts", cwd=tmp_path),
+            run_sarc("compile", root / "models" / "gcn.py", "--emit", "plan", "--out",
+                     tmp_path / f"{evil}-out", cwd=tmp_path),
+            run_sarc("train", root / "models" / "gcn.py", "--dataset", data, "--epochs", "1",
+                     "--quiet", cwd=tmp_path)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "\x1b" not in proc.stdout and "\nfake" not in proc.stdout, proc.stdout
+        assert "x\\x1b[2J\\nfake" in proc.stdout, proc.stdout
+
+
 @case("names", "a layer output named with a non-string key", "error")
 def test_non_string_output_key(tmp_path):
     layer = make_layer(cls="IntKey", out=7)()
