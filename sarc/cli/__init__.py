@@ -27,7 +27,7 @@ from typing import Any, Callable
 from .. import names
 from ..errors import SarcError, SarcWarning
 from ..loader import parse_overrides
-from .options import ArgumentParser, UsageError, attach_values
+from .options import ArgumentParser, UsageError, attach_values, check_no_empty_inputs
 
 
 def _train_parser(subparsers):
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     try:
+        check_no_empty_inputs(args)
         with _warnings_said(args.command):
             return int(args.func(args) or 0)
     except SarcError as e:

@@ -232,6 +232,21 @@ def check_timeout(option: str, seconds: float) -> None:
                          f"{MAX_TIMEOUT_S:g}, got {seconds}")
 
 
+INPUT_PATHS = {"model": "MODEL.py", "dataset": "--dataset", "data_dir": "--data-dir",
+               "partition": "--partition", "graph": "--graph", "from_dgl": "--from-dgl",
+               "from_pyg": "--from-pyg"}
+"""The options (by ``args`` name) that name a file or directory a command reads."""
+
+
+def check_no_empty_inputs(args) -> None:
+    """An empty input path is an error, as an empty output path is: an unset shell variable
+    (``--dataset "$DATA"``) would otherwise read as the option not given (the model's
+    dataset, one process instead of a partition's workers)."""
+    for dest, option in INPUT_PATHS.items():
+        if getattr(args, dest, None) == "":
+            raise UsageError(f"{option} names nothing (an empty path)")
+
+
 def check_input_dir(option: str, path: str | None) -> None:
     """``path`` (if given) is an existing directory."""
     if path is not None and not Path(path).is_dir():

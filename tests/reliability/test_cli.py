@@ -962,3 +962,20 @@ def test_what_workers_would_refuse_is_refused_before_partitioning(tmp_path, prob
                "drop_last": ["--drop-last with a batch size of 1000", "140 training nodes"],
                "eval_negatives": ["eval_negatives=5000", "2708 nodes"]}[problem]
     refused_before_work(run_sarc("train", *argv, "--epochs", "1", "--workers", "2"), *needles)
+
+
+@case("cli", "an empty input path (an unset shell variable): `--dataset \"\"`, `--partition "
+             "\"\"`, `--data-dir \"\"`, an empty MODEL.py", "error")
+@pytest.mark.parametrize("argv,option", [
+    (("train", GCN, "--dataset", ""), "--dataset"),
+    (("train", GCN, "--partition", ""), "--partition"),
+    (("train", GCN, "--data-dir", ""), "--data-dir"),
+    (("compile", GCN, "--dataset", ""), "--dataset"),
+    (("train", ""), "MODEL.py"),
+    (("partition", "--graph", "", "--parts", "2", "--out", "parts"), "--graph")])
+def test_an_empty_input_path_is_refused(tmp_path, argv, option):
+    """It read as the option not given: the model's dataset (cora), one process instead of
+    the partition's workers."""
+    proc = run_sarc(*argv, cwd=tmp_path)
+    refused_before_work(proc, f"{option} names nothing (an empty path)")
+    assert list(tmp_path.iterdir()) == []
