@@ -198,6 +198,9 @@ def check_dataset(data: Dataset, *, check: bool = True) -> Dataset:
 
 MAX_NODES = 2**40
 """The most nodes a graph may have: a per-node int64 array of it is 8 TiB."""
+MAX_CLASSES = 2**20
+"""The most classes a dataset may declare: more than any node-classification dataset has
+(ogbn-papers100M: 172), and the model's output holds a logit per node and class."""
 
 
 def check_arrays(arrays: Mapping[str, Any], source: str, *,
@@ -260,6 +263,10 @@ def check_arrays(arrays: Mapping[str, Any], source: str, *,
             raise fail(f"label of node {i} is {label[i]}: more classes than the {_many(n, 'node')} "
                        f"(without a num_classes array, the classes are 0 .. the largest "
                        f"label); give num_classes where that many are meant")
+        if c > MAX_CLASSES:
+            what = f"num_classes is {c}" if "num_classes" in out else f"{c} classes"
+            raise fail(f"{what}: more than the {MAX_CLASSES} classes (2**20) sarc trains a "
+                       f"classifier over (its output holds a logit per node and class)")
         bad = (label < UNLABELED) | (label >= c)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

@@ -180,6 +180,18 @@ def test_an_absurd_node_count_is_refused(tmp_path):
     assert not out.exists()
 
 
+@case("dataset", "a `num_classes` of 100,000,000 on Cora (labels 0 .. 6)", "error")
+def test_an_absurd_class_count_is_refused(tmp_path):
+    """It built the model and its [N, C] outputs until the process was killed for memory
+    (exit 137, no message)."""
+    bad = write_variant(tmp_path / "classes.npz", num_classes=np.int64(100_000_000))
+    train_refused(run_sarc("train", GCN, "--dataset", bad, "--epochs", "1"), str(bad),
+                  "num_classes is 100000000: more than the 1048576 classes (2**20)")
+    wide = write_variant(tmp_path / "wide.npz", num_classes=np.int64(50))   # unused classes
+    proc = run_sarc("train", GCN, "--dataset", wide, "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @case("dataset", "a named pipe given as `--dataset`", "error")
 def test_a_pipe_as_the_dataset_is_named_so(tmp_path):
     """It was said not to exist."""
