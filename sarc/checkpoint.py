@@ -486,6 +486,17 @@ def stall_forever() -> None:
         time.sleep(3600)
 
 
+def _refuse_entries_in_the_way(directory: Path) -> None:
+    """A directory (or a pipe) in DIR named as a file the run writes or removes there (the
+    manifest, an epoch's file) is refused before training: the first save, or the removal
+    of an old epoch's files, would fail on it after the epochs were trained."""
+    for f in directory.iterdir():
+        if (f.name == MANIFEST or _RANK_FILE.fullmatch(f.name)
+                or _LEFTOVER.fullmatch(f.name)) and (f.is_symlink() or not f.is_file()):
+            raise CheckpointError(f"{f} is not a file, and a checkpoint's files are named so: "
+                                  f"remove it or choose another --checkpoint DIR")
+
+
 def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
     """The manifest in ``cfg.directory`` if there is one, checked: it may be resumed
     (``cfg.resume``) and belongs to ``run``."""
@@ -498,7 +509,7 @@ def read_manifest(cfg: CheckpointConfig, run: dict) -> dict | None:
         meta["epoch"] = int(meta["epoch"])
         files = [{"file": str(f["file"]), "sha256": str(f["sha256"])} for f in meta["files"]]
         meta["files"] = files
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError) as e:
         raise CheckpointError(f"{manifest}: corrupt manifest ({type(e).__name__}: {e})") from e
     for f in files:   # names this directory's own files only: never a path out of it
         if not _RANK_FILE.fullmatch(f["file"]):
@@ -650,6 +661,7 @@ class Checkpointer:
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.rank == 0:
                 _lock_directory(self, self.dir)
+            _refuse_entries_in_the_way(self.dir)
             state = self._read_mine()
         except (CheckpointError, OSError) as e:
             problem = str(e) if isinstance(e, CheckpointError) else f"{self.dir}: {e}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -847,3 +848,32 @@ def test_node_data_compared_only_where_both_runs_recorded_it():
     diff = run_differences({**base, "node_data": {"feat": "a", "label": "c"}}, now)
     assert len(diff) == 1 and "label" in diff[0] and "feat" not in diff[0], diff
     assert run_differences({**base, "eval_every": 3}, now) == []   # a period one side lacks
+
+
+@case("checkpoint", "`--checkpoint DIR` holding a directory or a link named as a checkpoint's "
+                    "file (`checkpoint.json`, `epoch-000007.rank-0.pt`)", "error")
+@pytest.mark.parametrize("entry", ["checkpoint.json", "epoch-000007.rank-0.pt", "link"])
+def test_entries_in_the_way_of_a_checkpoints_files_are_refused_before_training(tmp_path, entry):
+    """A directory named as an old epoch's file was a traceback (its removal); one named as
+    the manifest failed the first save, after training; a link would have been written
+    through, outside DIR."""
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    if entry == "link":
+        entry = "epoch-000001.rank-0.pt"
+        (ckpt / entry).symlink_to(tmp_path / "elsewhere.pt")
+    else:
+        (ckpt / entry).mkdir()
+    proc = _train(ckpt)
+    assert_error(proc, str(ckpt / entry), "is not a file")
+    assert "epoch" not in proc.stdout
+    assert not (tmp_path / "elsewhere.pt").exists()
+
+
+@case("checkpoint", "a manifest whose epoch is `1e400` (past any integer)", "error")
+def test_a_manifest_epoch_past_any_integer_is_corrupt(tmp_path, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    manifest = ckpt / MANIFEST
+    manifest.write_text(re.sub(r'"epoch": \d+', '"epoch": 1e400', manifest.read_text()))
+    assert_error(_train(ckpt, "--resume"), "corrupt manifest (OverflowError")
