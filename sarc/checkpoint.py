@@ -448,11 +448,21 @@ is put back."""
 
 def restore_training(state: dict, model: nn.Module, opt: torch.optim.Optimizer,
                      selection) -> Progress:
-    """Put ``state`` (``training_state``) back, random states last; where the run stands."""
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    selection.load_state_dict(state["selection"])
-    set_rng_state(state["rng"])
+    """Put ``state`` (``training_state``) back, random states last; where the run stands.
+    A part that does not fit (torch's load_state_dict's errors: shapes, parameter groups;
+    a selection or random state of another form) is a CheckpointError naming it."""
+    for part, put_back in (("model", lambda: model.load_state_dict(state["model"])),
+                           ("optimizer", lambda: opt.load_state_dict(state["optimizer"])),
+                           ("selection", lambda: selection.load_state_dict(state["selection"])),
+                           ("random state", lambda: set_rng_state(state["rng"]))):
+        try:
+            put_back()
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            built = (": what the model file builds it from changed since it was written (a "
+                     "file or an environment variable it reads)" if part == "model" else "")
+            raise CheckpointError(f"the checkpoint's {part} state does not fit the "
+                                  f"{'model built now' if part == 'model' else 'run'} "
+                                  f"({_first_reason(e)}){built}") from e
     return Progress(state["epoch"], state["stopped_early"], state["elapsed_s"],
                     state["last"]["loss"], state["last"]["acc"])
 
@@ -636,10 +646,8 @@ class Checkpointer:
         at, problem = None, None
         try:
             at = restore_training(state, model, opt, selection)
-        except (RuntimeError, ValueError) as e:   # torch's load_state_dict's: shapes, groups
-            problem = (f"{self.dir}: the checkpoint does not fit the model built now "
-                       f"({_first_reason(e)}): what the model file builds it from changed since "
-                       f"it was written (a file or an environment variable it reads)")
+        except CheckpointError as e:
+            problem = f"{self.dir}: {e}"
         self._agree(problem)
         return at
 

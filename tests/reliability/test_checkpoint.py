@@ -877,3 +877,27 @@ def test_a_manifest_epoch_past_any_integer_is_corrupt(tmp_path, reference):
     manifest = ckpt / MANIFEST
     manifest.write_text(re.sub(r'"epoch": \d+', '"epoch": 1e400', manifest.read_text()))
     assert_error(_train(ckpt, "--resume"), "corrupt manifest (OverflowError")
+
+
+@case("checkpoint", "a checkpoint edited by hand, its manifest's digest made to match: a "
+                    "selection state of another form, an optimizer state of other groups",
+      "error")
+@pytest.mark.parametrize("part", ["selection", "optimizer"])
+def test_a_hand_edited_state_that_does_not_fit_is_refused_naming_it(tmp_path, reference, part):
+    """The selection's was a KeyError traceback, the optimizer's a ValueError one."""
+    from sarc.checkpoint import serialize
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference[0], ckpt)
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    path = ckpt / manifest["files"][0]["file"]
+    state = _load(path)
+    if part == "selection":
+        state["selection"] = {}
+    else:
+        state["optimizer"]["param_groups"] = state["optimizer"]["param_groups"] * 2
+    data = serialize(state)
+    path.write_bytes(data)
+    manifest["files"][0]["sha256"] = hashlib.sha256(data).hexdigest()
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+    assert_error(_train(ckpt, "--resume"), str(ckpt), f"the checkpoint's {part} state does not "
+                                                      f"fit the run")
