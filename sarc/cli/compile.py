@@ -134,6 +134,9 @@ def check_minibatch_args(args) -> None:
         parse_fanouts(args.fanouts)
     at_least("--batch-size", args.batch_size, 1)
     at_least("--batches", args.batches, 1)
+    if args.batches is not None and not args.partition:
+        raise UsageError("--batches: the batches sampled from the shards of --partition to plan "
+                         "on; without --partition the plan is symbolic and samples none")
     if args.mode == "sampling" and args.partition and args.fanouts is None:
         raise UsageError("--mode sampling with --partition samples blocks to plan on: give "
                          "--fanouts (one per layer, e.g. 10,25)")

@@ -979,3 +979,10 @@ def test_an_empty_input_path_is_refused(tmp_path, argv, option):
     proc = run_sarc(*argv, cwd=tmp_path)
     refused_before_work(proc, f"{option} names nothing (an empty path)")
     assert list(tmp_path.iterdir()) == []
+
+
+@case("cli", "`sarc compile --mode mfg --batches 4` without `--partition`", "error")
+def test_compile_batches_without_a_partition_is_refused(tmp_path):
+    """It was ignored: the plan without a partition is symbolic and samples no batch."""
+    proc = run_sarc("compile", GCN, "--mode", "mfg", "--batches", "4", cwd=tmp_path)
+    refused_before_work(proc, "--batches", "without --partition")
