@@ -738,21 +738,21 @@ class _ExtremumProduct(torch.autograd.Function):
     def forward(ctx, x, kind, g):
         lay = layout(g)
         ctx.kind, ctx.g, ctx.lay = kind, g, lay
-        ctx.save_for_backward(x)
         y, count = cpu_kernels.kernels().extremum(kind, lay.rowptr, lay.src, x.detach(),
                                                    g.num_dst)
-        # held detached (no cycle through the output's grad_fn), with its version to see
-        # an in-place write; the counts are the kernel's own, read by nothing else
-        ctx.y, ctx.y_version, ctx.count = y.detach(), y._version, count
+        # the counts are the kernel's own, read by nothing else: saved, freed with the graph
+        # (kept for a second backward under retain_graph); the output is held detached (no
+        # cycle through its grad_fn), with its version to see an in-place write
+        ctx.save_for_backward(x, count)
+        ctx.y, ctx.y_version = y.detach(), y._version
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
+        x, count = ctx.saved_tensors
         k, lay = cpu_kernels.kernels(), ctx.lay
-        y, count = ctx.y, ctx.count
-        ctx.y = ctx.count = None
+        y = ctx.y
         if y._version != ctx.y_version:
             y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
         return extremum_grad(lay, x, y, count, dy), None, None

@@ -38,7 +38,7 @@ from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
-from .graph import DistGraph
+from .graph import DistError, DistGraph
 from .pieces import Piece
 from .merge import NormalizerMerge, SiteShares, make_merge
 
@@ -222,6 +222,8 @@ class _DistLayer(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         call = ctx.call
+        if call is None:   # its rows were sent, its kept graphs freed, by the first backward
+            raise DistError(ONE_BACKWARD)
         ctx.call = None
         fn = call.program.split.layer
         grad_out = {}
@@ -237,6 +239,11 @@ class _DistLayer(torch.autograd.Function):
 
 
 _PART_KEYS = {"src": 1, "dst": 2, "edge": 3, "post": 4}
+
+ONE_BACKWARD = ("a layer on a DistGraph runs one backward pass per call: the first sends its "
+                "row gradients to their owners and frees what the forward kept, so a second "
+                "one through the same call (retain_graph=True) is not supported; call the "
+                "layer again for another")
 
 
 class Call:

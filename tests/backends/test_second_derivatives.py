@@ -85,3 +85,24 @@ def test_a_gradient_penalty_through_a_layer_is_refused_at_the_backward_pass():
     assert torch.isfinite(first).all()
     with pytest.raises(sarc.SarcError, match="a sarc layer differentiates once"):
         torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("reduce", REDUCES)
+def test_a_graph_kept_by_retain_graph_gives_the_same_gradients_again(reduce, backend, autodiff):
+    """Two backward passes through one forward (``retain_graph=True``: two losses, gradcheck,
+    jacobian): a max / min's backward dropped its kept output and counts after the first,
+    and the second failed on them."""
+    torch.manual_seed(0)
+    g = sarc.Graph.from_edges(SRC, DST, N)
+    layer = Penalised(reduce).set_backend(backend).set_autodiff(autodiff)
+    x = torch.randn(N, 3, requires_grad=True)
+    w = (torch.rand(len(SRC), 1) + 0.5).requires_grad_()
+    out = layer(g, x, w)
+    cot = torch.randn_like(out)
+    first = torch.autograd.grad(out, [x, w, *layer.parameters()], cot, retain_graph=True,
+                                allow_unused=True)
+    again = torch.autograd.grad(out, [x, w, *layer.parameters()], cot, allow_unused=True)
+    for a, b in zip(first, again):
+        assert (a is None and b is None) or torch.equal(a, b)

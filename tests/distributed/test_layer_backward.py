@@ -1,7 +1,10 @@
-"""On a graph without edges, a distributed layer gives every input it reads a gradient as
-the layer on one process does: an edge feature's is an empty tensor, not None. A module
-that makes the edge feature (an embedding of edge types) then has a zero gradient on P
-workers as on one process, and an optimizer with momentum moves it alike."""
+"""What a layer's backward gives on a DistGraph, beyond the exactness matrix's steps.
+
+On a graph without edges a distributed layer gives every input it reads a gradient as the
+layer on one process does: an edge feature's is an empty tensor, not None. A module that
+makes the edge feature (an embedding of edge types) then has a zero gradient on P workers
+as on one process, and an optimizer with momentum moves it alike. A second backward pass
+through one call (retain_graph=True) is refused, naming why."""
 from __future__ import annotations
 
 import datetime
@@ -74,3 +77,35 @@ def test_inputs_of_a_layer_on_a_graph_without_edges_have_gradients_on_workers(tm
         torch.testing.assert_close(torch.tensor(r["grads"]["x"]), want["x"][r["ids"]])
         for k in ("lin.weight", "lin.bias"):
             torch.testing.assert_close(torch.tensor(r["grads"][k]), want[k])
+
+
+def _twice(rank, port, q, parts, state):
+    from sarc.distributed import DistGraph
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    layer = EdgeWeighted()
+    layer.load_state_dict(state)
+    shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
+    dg = DistGraph(shard)
+    w = torch.rand(dg.num_edges, 2, requires_grad=True)
+    out = layer(dg, shard.ndata["feat"], w=w)
+    out.sum().backward(retain_graph=True)
+    try:
+        out.sum().backward()
+        q.put((rank, "a second backward ran"))
+    except Exception as e:  # noqa: BLE001 (reported to the test)
+        q.put((rank, f"{type(e).__name__}: {e}"))
+
+
+def test_a_second_backward_through_one_distributed_call_is_refused(tmp_path):
+    from sarc.partition import partition_graph
+    src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
+    parts = partition_graph(src, dst, 4, 1, tmp_path / "parts", method="random",
+                            node_data={"feat": torch.randn(4, 3)}).path
+    state = EdgeWeighted().state_dict()
+    codes, reports = spawn(_twice, 1, (str(parts), state), timeout_s=120)
+    assert codes == [0], reports
+    assert reports[0].startswith("DistError: a layer on a DistGraph runs one backward pass "
+                                 "per call"), reports
