@@ -32,7 +32,7 @@ from .ir.ops import Op
 from .ir.types import Domain, DType, TensorType
 from .trace import Proxy, Tracer, call_returning, traces, user_loc
 from .trace_torch import torch_integer_kind
-from .trace_guards import tracing
+from .trace_guards import TRACE_LOCK, tracing
 
 BUILTIN_NODE = {"src": ("out_degree", "in_degree"), "dst": ("in_degree", "out_degree")}
 """The degrees every node has, on both ends of an edge: whole-graph degrees on a shard too
@@ -281,7 +281,8 @@ class Layer(nn.Module):
 
     def __call__(self, *args, **kwargs):
         self._check_init()
-        self._note_features_dtype(args[1:], kwargs)
+        with TRACE_LOCK:   # not while another thread traces it (its parameters swapped)
+            self._note_features_dtype(args[1:], kwargs)
         return super().__call__(*args, **kwargs)
 
     def _note_features_dtype(self, args: tuple, feats: dict) -> None:
@@ -346,6 +347,10 @@ class Layer(nn.Module):
     def trace(self) -> Function:
         """Record message / reduce / update as IR (parameters become PARAM leaves)."""
         self._check_init()
+        with TRACE_LOCK:   # from before its parameters are swapped until they are back
+            return self._trace()
+
+    def _trace(self) -> Function:
         precision = self.precision()
         tracer = Tracer(type(self).__name__, precision)
         with _params_as_proxies(self, tracer, precision), tracing(self.modules()):
@@ -487,9 +492,11 @@ class Layer(nn.Module):
     def run_local(self, g, args: tuple, feats: dict):
         """The layer's compiled kernel on the block ``g`` (a ``Graph``)."""
         from .runtime.bind import bind_inputs
-        kernel = self.compiled()
-        inputs = bind_inputs(self, kernel.function, g, args, feats)
-        out = kernel(g, inputs, self.leaf_tensors(), self.training)
+        with TRACE_LOCK:   # the layer's state as no trace in another thread has swapped it
+            kernel = self.compiled()
+            inputs = bind_inputs(self, kernel.function, g, args, feats)
+            leaves = self.leaf_tensors()
+        out = kernel(g, inputs, leaves, self.training)
         return out if len(out) > 1 else next(iter(out.values()))
 
 

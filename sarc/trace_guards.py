@@ -96,7 +96,12 @@ _TRACING = threading.local()
 
 _ONE_TRACE = threading.RLock()
 """Held while a layer is traced: the routes are module globals (``routed``), so two traces
-in two threads would put each other's back; traces run one at a time."""
+in two threads would put each other's back; traces run one at a time. A trace swaps the
+layer's parameters for the tracer's placeholders in place, so a call in another thread
+reads the layer's state (its precision, its parameters, whether its kernel is current)
+under it too (``Layer.run_local``, ``sarc.distributed.schedule.run_layer``)."""
+
+TRACE_LOCK = _ONE_TRACE
 
 
 def _python_random_functions() -> dict[int, tuple[str, Callable]]:

@@ -36,6 +36,7 @@ from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
+from ..trace_guards import TRACE_LOCK
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistError, DistGraph
@@ -171,7 +172,9 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool,
 def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
     given = resolve_features(layer, args, feats)
-    prog = program_for(layer, dg, input_needs_grad(layer, given), calls_again(layer, dg))
+    with TRACE_LOCK:   # the layer's state as no trace in another thread has swapped it
+        prog = program_for(layer, dg, input_needs_grad(layer, given), calls_again(layer, dg))
+        leaves = layer.leaf_tensors()
     fn = prog.split.layer
     node_inputs, edge_inputs = {}, {}
     for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges
@@ -184,7 +187,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
             node_inputs[name] = check_feature(layer, name, given, t, dg.num_local,
                                               "local nodes", dg.device)
     check_type_ids(layer, fn, {**node_inputs, **edge_inputs})  # this worker's rows
-    params = {k: p for k, p in layer.leaf_tensors().items() if k in fn.params()}
+    params = {k: p for k, p in leaves.items() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog
         dg.step_calls.add(prog)
