@@ -351,6 +351,7 @@ class Layer(nn.Module):
             return self._trace()
 
     def _trace(self) -> Function:
+        _refuse_hooked_submodules(self)
         precision = self.precision()
         tracer = Tracer(type(self).__name__, precision)
         with _params_as_proxies(self, tracer, precision), tracing(self.modules()):
@@ -498,6 +499,22 @@ class Layer(nn.Module):
             leaves = self.leaf_tensors()
         out = kernel(g, inputs, leaves, self.training)
         return out if len(out) > 1 else next(iter(out.values()))
+
+
+def _refuse_hooked_submodules(layer: nn.Module) -> None:
+    """A hook on a submodule's calls would act once, while the layer is traced, and never
+    on the compiled kernel's calls (which do not call the submodule): refused, naming it.
+    (A hook on the layer itself wraps each call, and acts as on any module.)"""
+    from .layer_state import CALL_HOOKS, call_hooks
+    for path, mod in layer.named_modules():
+        hooks = call_hooks(mod) if path else ()
+        if hooks:
+            raise DSLError(f"submodule {path!r} ({type(mod).__name__}) of layer "
+                           f"{type(layer).__name__} has a hook registered with "
+                           f"{CALL_HOOKS[hooks[0][0]]}: sarc compiles the layer's code into "
+                           f"kernels that never call the submodule, so the hook would not run "
+                           f"at each call; remove it, or register it on the layer itself",
+                           _loc_of(type(layer).__init__))
 
 
 def _no_init(cls: type, when: str) -> str:

@@ -195,11 +195,39 @@ def _code_reads(code: types.CodeType, globals_: set, attributes: set) -> None:
             _code_reads(c, globals_, attributes)
 
 
-@functools.lru_cache(maxsize=None)
-def _names_read(cls: type) -> tuple[frozenset, frozenset]:
+def _class_code(cls: type) -> tuple:
+    """The code of ``cls`` and its bases (user code), function by function."""
+    return tuple((base.__qualname__, name, func.__code__)
+                 for base in cls.__mro__ if _users_module(base.__module__)
+                 for name, value in vars(base).items() for func in _functions_of(value))
+
+
+def _code_of(cls: type) -> tuple:
+    """The code a trace of ``cls`` runs: its methods' and the module functions they name
+    (a helper, one level down). A method replaced on the class, or a helper defined again
+    (a notebook's cell run again), is other code: the layer is traced again."""
+    own = _class_code(cls)
+    out = list(own)
+    for base in cls.__mro__:
+        module = sys.modules.get(base.__module__)
+        if module is None or not _users_module(base.__module__):
+            continue
+        for name in sorted(_names_read(cls, own)[0]):
+            out.extend((base.__module__, name, f.__code__)
+                       for f in _functions_of(vars(module).get(name)))
+    return tuple(out)
+
+
+def _names_read(cls: type, code: tuple | None = None) -> tuple[frozenset, frozenset]:
     """(the global names, the attribute names) the code of ``cls`` and its bases (user code)
     reads, with the global names the module functions it names read (a helper the layer
-    calls, one level down): the globals and class attributes a trace of it can read."""
+    calls, one level down): the globals and class attributes a trace of it can read.
+    ``code``: the class's code (``_class_code``), which keys the answer."""
+    return _names_read_of(cls, _class_code(cls) if code is None else code)
+
+
+@functools.lru_cache(maxsize=None)
+def _names_read_of(cls: type, code: tuple) -> tuple[frozenset, frozenset]:
     globals_: set = set()
     attributes: set = set()
     for base in cls.__mro__:
@@ -265,6 +293,19 @@ def _leaf(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.dtype)
 
 
+CALL_HOOKS = {"_forward_pre_hooks": "register_forward_pre_hook",
+              "_forward_hooks": "register_forward_hook",
+              "_backward_pre_hooks": "register_full_backward_pre_hook",
+              "_backward_hooks": "register_full_backward_hook (or register_backward_hook)"}
+"""nn.Module's hooks on its calls, by the dict holding them: what registers them."""
+
+
+def call_hooks(mod: nn.Module) -> tuple:
+    """The hooks registered on ``mod``'s calls, by their handles' ids."""
+    return tuple((name, tuple(getattr(mod, name, {}))) for name in CALL_HOOKS
+                 if getattr(mod, name, None))
+
+
 def state_key(layer: nn.Module) -> tuple:
     """The key of everything ``layer``'s trace depends on besides its parameters' and
     floating-point buffers' values (see the module doc): those buffers too where its last
@@ -272,8 +313,9 @@ def state_key(layer: nn.Module) -> tuple:
     numbers = getattr(layer, "_sarc_numbers", ())
     key = []
     for path, mod in layer.named_modules():
-        key.append(("module", path, type(mod), _class_constants(type(mod)),
-                    _module_globals(type(mod))))
+        key.append(("module", path, type(mod), _code_of(type(mod)),
+                    _class_constants(type(mod)), _module_globals(type(mod)),
+                    call_hooks(mod) if path else ()))
         for name, value in vars(mod).items():
             if name in _MODULE_INTERNALS or name.startswith("_sarc"):
                 continue

@@ -544,3 +544,44 @@ def test_what_the_code_stores_on_the_layer_while_traced_is_put_back(g):
     assert layer.compiled() is kernel   # not traced again
     assert not hasattr(layer, "last") and layer.calls == 0
 
+
+
+def _scaled(x):
+    return x * 2.0
+
+
+class _CallsAHelper(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+
+    def message(self, src, dst, edge):
+        return _scaled(src.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_code_defined_again_is_traced_again(g):
+    """A helper the layer calls defined again (a notebook's cell run again), or a method
+    replaced on the class: the kernel was the old code's, silently."""
+    layer, h = _CallsAHelper(), torch.randn(g.num_src, 3)
+    plain = torch.zeros(g.num_dst, 3).index_add_(0, g.dst, h[g.src])
+    assert_close(layer(g, h), 2.0 * plain)
+    kernel = layer.compiled()
+    assert layer.compiled() is kernel
+    saved = globals()["_scaled"]
+    try:
+        exec("def _scaled(x):\n    return x * 3.0\n", globals())
+        assert_close(layer(g, h), 3.0 * plain)
+    finally:
+        globals()["_scaled"] = saved
+    assert_close(layer(g, h), 2.0 * plain)
+
+    class Replaced(_CallsAHelper):
+        pass
+    other = Replaced()
+    assert_close(other(g, h), 2.0 * plain)
+    Replaced.reduce = lambda self, msg: sarc.max(msg.m)
+    want = torch.full((g.num_dst, 3), -torch.inf).index_reduce_(0, g.dst, 2.0 * h[g.src], "amax")
+    want[torch.isinf(want)] = 0.0
+    assert_close(other(g, h), want)
