@@ -473,7 +473,9 @@ class _IRBackward(torch.autograd.Function):
         ctx.training, ctx.seed, ctx.keys, ctx.names = training, seed, keys, list(out)
         ctx.autocast = (g.device.type, *autocast_state(g.device.type))
         ctx.save_for_backward(*tensors)
-        return tuple(out.values())
+        # an output that is a view (GAT's heads flattened) would be a view out of a custom
+        # Function, which torch forbids writing in place (a residual ``h += x``): its own
+        return tuple(t.clone() if t._base is not None else t for t in out.values())
 
     @staticmethod
     @once_differentiable

@@ -585,3 +585,21 @@ def test_code_defined_again_is_traced_again(g):
     want = torch.full((g.num_dst, 3), -torch.inf).index_reduce_(0, g.dst, 2.0 * h[g.src], "amax")
     want[torch.isinf(want)] = 0.0
     assert_close(other(g, h), want)
+
+
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
+def test_a_layers_output_can_be_written_in_place(g, autodiff):
+    """A residual ``h += x`` or an in-place activation on a layer's output, as on any
+    module's: under the IR's autodiff GAT's output (its heads flattened, a view) was a view
+    out of a custom Function, which torch forbids writing in place."""
+    from gat import GATLayer
+    torch.manual_seed(0)
+    layer = GATLayer(4, 2, heads=2).set_autodiff(autodiff)
+    x = torch.randn(g.num_src, 4, requires_grad=True)
+    h = layer(g, x)
+    want = torch.relu(h.detach() + x.detach()[: g.num_dst])
+    h += x[: g.num_dst]
+    torch.relu_(h)
+    assert_close(h.detach(), want)
+    h.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
