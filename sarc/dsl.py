@@ -280,6 +280,9 @@ class Layer(nn.Module):
         super().__setattr__(name, value)
 
     def __call__(self, *args, **kwargs):
+        if _under_torch_compile():   # sarc compiles the layer itself: opaque to dynamo
+            import torch._dynamo
+            return torch._dynamo.disable(Layer.__call__)(self, *args, **kwargs)
         self._check_init()
         with TRACE_LOCK:   # not while another thread traces it (its parameters swapped)
             self._note_features_dtype(args[1:], kwargs)
@@ -499,6 +502,14 @@ class Layer(nn.Module):
             leaves = self.leaf_tensors()
         out = kernel(g, inputs, leaves, self.training)
         return out if len(out) > 1 else next(iter(out.values()))
+
+
+def _under_torch_compile() -> bool:
+    """Whether dynamo (``torch.compile``) is tracing this call."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if is_compiling is None:   # torch 2.2: dynamo's own, where it was imported at all
+        is_compiling = getattr(sys.modules.get("torch._dynamo"), "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
 
 
 def _refuse_hooked_submodules(layer: nn.Module) -> None:
