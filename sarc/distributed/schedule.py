@@ -192,7 +192,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         dg.training_programs[id(layer)] = prog
         dg.step_calls.add(prog)
     training = layer.training
-    seed = rng.draw_seed() if training else None
+    seed = rng.draw_seed() if training and rng.draws_masks(fn) else None
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
     call.differentiable = torch.is_grad_enabled()   # its forward keeps the node parts' graphs
     flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]

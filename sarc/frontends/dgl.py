@@ -260,17 +260,6 @@ class DGLLayer(Layer):
             return tuple(out[k] for k in self._sarc_outputs) if isinstance(out, Mapping) else (out,)
         return out
 
-    def run_local(self, g, args: tuple, feats: dict):
-        """As ``Layer.run_local``; a module without dropout draws no dropout seed, so the
-        script's random stream (its own dropout between layers) is the DGL script's."""
-        from ..runtime.bind import bind_inputs
-        kernel = self.compiled()
-        inputs = bind_inputs(self, kernel.function, g, args, feats)
-        draws = any(v.op is Op.DROPOUT for v in kernel.function.values)
-        out = kernel(g, inputs, self.leaf_tensors(), self.training,
-                     seed=None if draws else 0)
-        return out if len(out) > 1 else next(iter(out.values()))
-
 
 # --- proxies ---------------------------------------------------------------------------------
 

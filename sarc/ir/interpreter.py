@@ -299,7 +299,7 @@ def run(fn: Function, g: Graph, inputs: Mapping[str, torch.Tensor],
     is None one is drawn from torch's RNG.
     """
     env: list[torch.Tensor] = []
-    if training and seed is None:
+    if training and seed is None and rng.draws_masks(fn):
         seed = rng.draw_seed()
     ctx = {"training": training, "seed": seed}
     for v in fn.values:

@@ -39,6 +39,21 @@ def draw_seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
+def draws_masks(fn) -> bool:
+    """Whether function ``fn`` (its fused ops' regions included) has a dropout: a training
+    call of a layer without one draws no seed, so the script's random stream (its own
+    dropout between layers) is what it would be with the library's layers."""
+    from .function import Region
+    from .ops import Op
+    todo = [fn.values]
+    while todo:
+        for v in todo.pop():
+            if v.op is Op.DROPOUT:
+                return True
+            todo.extend(r.values for r in v.attr.values() if isinstance(r, Region))
+    return False
+
+
 def dropout_scale(shape, p: float, seed: int, key: int, device, dtype) -> torch.Tensor:
     """The multiplier of dropout ``key``: ``keep / (1 - p)`` with ``keep ~ Bernoulli(1 - p)``."""
     gen = torch.Generator(device=device)

@@ -196,6 +196,18 @@ def check_fingerprint(pset: PartitionSet, fingerprint: str) -> None:
                              f"fingerprint is {pset.fingerprint}, the graph's is {fingerprint})")
 
 
+PYG_META = "META.json"
+"""PyG's ``Partitioner`` writes its partition's description here."""
+
+
+def refuse_foreign(path: Path) -> None:
+    """A PyG partition given where a sarc set is read: say so, and how to convert it."""
+    if (path / PYG_META).is_file() and not (path / METADATA).exists():
+        raise PartitionError(f"{path} is a PyG partition ({PYG_META}), not a sarc partition "
+                             f"set: convert it with `sarc partition --from-pyg {path} --out "
+                             f"SET`, then give SET")
+
+
 def load_partitions(path, *, fingerprint: str | None = None, verify: bool = True) -> PartitionSet:
     """Open the partition set at ``path``, checking it is complete and intact.
 
@@ -208,6 +220,7 @@ def load_partitions(path, *, fingerprint: str | None = None, verify: bool = True
         raise PartitionError(f"{path}: no partition set here (not a directory)")
     meta_file = path / METADATA
     if not meta_file.is_file():
+        refuse_foreign(path)
         raise PartitionError(f"{path}: not a partition set: {METADATA} is missing")
     try:
         meta = json.loads(meta_file.read_text())

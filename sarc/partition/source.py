@@ -13,12 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..atomic import MANIFEST
-from .format import METADATA, PartitionSet, load_partitions
+from .format import METADATA, PYG_META, PartitionSet, load_partitions, refuse_foreign
 
 
 def open_partition(path, *, verify: bool = True):
     """The partition at ``path``: a ``PartitionSet``, or a ``DglPartition`` (DGL imported
     only then); ``verify`` hashes a sarc set's part files up front."""
+    if Path(path).is_dir():
+        refuse_foreign(Path(path))
     if is_dgl_partition(path):
         from .dgl_in_place import open_dgl_partition
         return open_dgl_partition(path)
@@ -32,7 +34,7 @@ def is_dgl_partition(path) -> bool:
     if path.is_file():
         return path.suffix == ".json"
     return path.is_dir() and not (path / METADATA).exists() and any(
-        f.name != MANIFEST for f in path.glob("*.json"))
+        f.name not in (MANIFEST, PYG_META) for f in path.glob("*.json"))
 
 
 __all__ = ["open_partition", "is_dgl_partition", "PartitionSet"]

@@ -383,7 +383,7 @@ def train_links(spec, data, *, epochs: int | None = None, seed: int = 0,
     selection = link_selection(hp["patience"])
     out = fit(model, opt, source, selection, epochs=int(hp["epochs"]), log=log,
               log_every=log_every, eval_every=eval_every, line=link_line)
-    return {**link_result(selection, out, model=spec.name, dataset=data.name, seed=seed,
+    return {**link_result(selection, out, model=spec.name, dataset=data.recorded, seed=seed,
                           negatives=hp["negatives"], workers=1),
             "module": model}
 

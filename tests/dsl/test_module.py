@@ -620,3 +620,18 @@ def test_a_model_of_layers_under_torch_compile_runs_them_as_sarc_compiles_them(g
     eager(g, x).sum().backward()
     for (k, p), q in zip(model.named_parameters(), eager.parameters()):
         assert_close(p.grad, q.grad, what=k)
+
+
+def test_a_training_call_draws_from_torchs_rng_only_for_its_dropout(g):
+    """A layer without dropout drew a seed at every training call, which moved the script's
+    random stream (its own dropout between layers) away from the library layers' script."""
+    from gat import GATLayer
+    x = torch.randn(g.num_src, 3)
+    for layer, draws in ((GATLayer(3, 2, heads=2), False),
+                         (GATLayer(3, 2, heads=2, attn_drop=0.5), True)):
+        layer.train()
+        torch.manual_seed(7)
+        layer(g, x)
+        after = torch.rand(1)
+        torch.manual_seed(7)
+        assert torch.equal(after, torch.rand(1)) is not draws

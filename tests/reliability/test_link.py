@@ -132,3 +132,19 @@ def test_a_link_model_needing_edge_data_is_refused_by_what_it_needs(tmp_path, wo
         assert len(said) == 2 and all(needle in line for line in said), err
     assert "the dataset has no edge data" not in err
     assert "epoch" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("task", ["node", "link"])
+def test_a_dataset_file_is_recorded_by_its_path_on_one_process(tmp_path, task):
+    """One process's link run recorded the file's own name (``cora``) where its workers,
+    and node classification, record what the run was given (the file)."""
+    import json
+    import shutil
+    data = tmp_path / "graph.npz"
+    shutil.copy(ROOT / "sarc" / "data" / "cora.npz", data)
+    out = tmp_path / "result.json"
+    model = SAGE_LP if task == "link" else SAGE
+    proc = run_sarc("train", model, "--task", task, "--dataset", data, "--epochs", "1",
+                    "--quiet", "--json", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert str(data) in json.loads(out.read_text())["dataset"]

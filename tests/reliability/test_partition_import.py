@@ -204,3 +204,18 @@ def test_a_worker_that_cannot_read_its_dgl_part_stops_every_worker(tmp_path):
     from .test_faults import same_error_from_every_worker
     message = same_error_from_every_worker(proc, 2)
     assert message.startswith(f"{graph}: cannot be read as a DGL graph"), message
+
+
+@case("partition", "a PyG partition directory (its META.json) given to `sarc train "
+                   "--partition` or `sarc compile --partition`", "error")
+@pytest.mark.parametrize("command", ["train", "compile"])
+def test_a_pyg_partition_given_as_a_set_says_to_convert_it(tmp_path, command):
+    """It was taken for a DGL partition (a directory with a .json file): "the DGL
+    partition config lacks 'num_nodes'", and sarc compile said metadata.json is missing."""
+    pyg = tmp_path / "g-partitions"
+    pyg.mkdir()
+    (pyg / "META.json").write_text(json.dumps({"num_parts": 2, "is_hetero": False,
+                                               "node_types": None, "edge_types": None}))
+    extra = ("--workers", "2") if command == "train" else ()
+    proc = run_sarc(command, ROOT / "models" / "gcn.py", "--partition", pyg, *extra)
+    assert_error(proc, f"{pyg} is a PyG partition (META.json)", "sarc partition --from-pyg")
