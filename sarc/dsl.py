@@ -281,8 +281,14 @@ class Layer(nn.Module):
 
     def __call__(self, *args, **kwargs):
         if _under_torch_compile():   # sarc compiles the layer itself: opaque to dynamo
-            import torch._dynamo
-            return torch._dynamo.disable(Layer.__call__)(self, *args, **kwargs)
+            import torch._dynamo as dynamo
+            return dynamo.disable(Layer.__call__)(self, *args, **kwargs)
+        if torch._C._are_functorch_transforms_active():
+            raise DSLError(f"layer {type(self).__name__} called under a torch.func transform "
+                            f"(vmap, grad, jacrev, jvp): a sarc layer's kernels are autograd "
+                            f"Functions of its own, which the transforms do not go through; "
+                            f"batch the graphs into one graph, and take gradients with "
+                            f"torch.autograd", user_loc())
         self._check_init()
         with TRACE_LOCK:   # not while another thread traces it (its parameters swapped)
             self._note_features_dtype(args[1:], kwargs)

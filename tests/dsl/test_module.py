@@ -635,3 +635,17 @@ def test_a_training_call_draws_from_torchs_rng_only_for_its_dropout(g):
         after = torch.rand(1)
         torch.manual_seed(7)
         assert torch.equal(after, torch.rand(1)) is not draws
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jvp"])
+def test_a_layer_under_a_torch_func_transform_is_refused_at_the_call(g, transform):
+    """It failed inside torch (a kernel's autograd Function without setup_context / jvp)."""
+    from gcn import GCNLayer
+    layer = GCNLayer(3, 2)
+    x = torch.randn(g.num_src, 3)
+    run = {"vmap": lambda: torch.func.vmap(lambda x: layer(g, x))(x[None]),
+           "grad": lambda: torch.func.grad(lambda x: layer(g, x).sum())(x),
+           "jvp": lambda: torch.func.jvp(lambda x: layer(g, x), (x,), (x,))}[transform]
+    with pytest.raises(sarc.SarcError, match="called under a torch.func transform") as info:
+        run()
+    assert "test_module.py" in str(info.value)
