@@ -740,19 +740,19 @@ class _ExtremumProduct(torch.autograd.Function):
         ctx.kind, ctx.g, ctx.lay = kind, g, lay
         y, count = cpu_kernels.kernels().extremum(kind, lay.rowptr, lay.src, x.detach(),
                                                    g.num_dst)
-        # the counts are the kernel's own, read by nothing else: saved, freed with the graph
-        # (kept for a second backward under retain_graph); the output is held detached (no
-        # cycle through its grad_fn), with its version to see an in-place write
-        ctx.save_for_backward(x, count)
-        ctx.y, ctx.y_version = y.detach(), y._version
+        ctx.save_for_backward(x)
+        # held detached (no cycle through the output's grad_fn), with its version to see
+        # an in-place write; the counts are the kernel's own, read by nothing else. Both stay
+        # for a second backward pass (retain_graph), and go with the graph
+        ctx.y, ctx.y_version, ctx.count = y.detach(), y._version, count
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        x, count = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
         k, lay = cpu_kernels.kernels(), ctx.lay
-        y = ctx.y
+        y, count = ctx.y, ctx.count
         if y._version != ctx.y_version:
             y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
         return extremum_grad(lay, x, y, count, dy), None, None

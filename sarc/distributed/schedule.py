@@ -28,6 +28,7 @@ from ..backends import dist_backend
 from ..amp import autocast_state
 from .. import compiler
 from ..backward_once import once_differentiable
+from ..dsl import TRACE_LOCK
 from ..graph import Graph
 from ..ir import rng
 from ..ir.ops import Op
@@ -36,7 +37,6 @@ from ..ir.types import Domain
 from ..layer_state import state_key
 from ..planner.plan import LayerPlan, share_budget
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
-from ..trace_guards import TRACE_LOCK
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
 from .graph import DistError, DistGraph
