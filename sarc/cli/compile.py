@@ -32,12 +32,12 @@ from ..artifacts import (EMITS, SET_KIND, CompileError, compile_model, format_su
                          write_artifacts)
 from ..atomic import check_target
 from ..compiler import BACKENDS
+from ..distributed.supervise import stops_on_signals
 from ..names import one_line
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
-                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural,
-                      stops_on_signals)
+                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural)
 
 DEFAULT_BATCHES = 8
 DEFAULT_EMIT = ",".join(EMITS)
@@ -142,7 +142,7 @@ def check_minibatch_args(args) -> None:
                          "--fanouts (one per layer, e.g. 10,25)")
 
 
-@stops_on_signals("compile")
+@stops_on_signals(workers=False)
 def compile_command(args) -> int:
     from ..loader import load_model_file
     from ..training.layer_calls import layer_calls

@@ -254,27 +254,6 @@ def check_input_dir(option: str, path: str | None) -> None:
                                                  else "does not exist"))
 
 
-def stops_on_signals(command: str):
-    """A command that SIGTERM and SIGHUP stop as Ctrl-C does: what it was writing is removed
-    (its ``finally`` clauses run), it says which signal stopped it and exits 128 + its
-    number (without this, SIGTERM killed it and left its temporary files)."""
-    import functools
-    import sys
-
-    def wrap(run):
-        @functools.wraps(run)
-        def stoppable(args) -> int:
-            from ..distributed.supervise import Stopped, stop_on_signals
-            try:
-                with stop_on_signals():
-                    return run(args)
-            except Stopped as e:
-                sys.stderr.write(f"sarc {command}: stopped by {e}\n")
-                return 128 + e.signum
-        return stoppable
-    return wrap
-
-
 def check_output_file(option: str, path: str | None, *, replaced: bool = False) -> None:
     """A file can be written at ``path`` (if given): its directory exists and is writable.
     ``replaced``: the file is written beside the path and replaces it

@@ -25,10 +25,10 @@ import argparse
 from pathlib import Path
 
 from .. import names
+from ..distributed.supervise import stops_on_signals
 from ..partition.graph_file import load_npz_graph
 from ..partition.partitioners import PARTITIONERS
 from ..partition.pipeline import partition_graph
-from .options import stops_on_signals
 
 
 def add_partition_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,7 +73,7 @@ def add_partition_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-@stops_on_signals("partition")
+@stops_on_signals(workers=False)
 def partition_command(args) -> int:
     """Run ``sarc partition`` with parsed ``args``; prints the partition's quality."""
     _check_options(args)

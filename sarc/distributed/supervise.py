@@ -341,19 +341,26 @@ def stop_received() -> int | None:
     return _StopState.signum
 
 
-def stops_on_signals(command):
-    """``command(args, ...) -> exit status`` (``sarc train``), stopped by ``STOP_SIGNALS``:
-    the run stops (``stop_on_signals``), one line says so, and the status is 128 + the
-    signal."""
+def stops_on_signals(command=None, *, workers: bool = True):
+    """``command(args, ...) -> exit status`` (a sarc command), stopped by ``STOP_SIGNALS`` as
+    by Ctrl-C: the run stops (``stop_on_signals``; its ``finally`` clauses remove what it
+    was writing), one line says so, and the status is 128 + the signal. ``workers``: the
+    command launches workers (``sarc train --workers``), and the line says what became of
+    them. ``@stops_on_signals`` or ``@stops_on_signals(workers=False)``."""
+    if command is None:
+        return functools.partial(stops_on_signals, workers=workers)
+
     @functools.wraps(command)
     def run(args, *more) -> int:
         try:
             with stop_on_signals():
                 return command(args, *more)
         except Stopped as e:
-            done = ("no worker was running" if e.outcome is None
-                    else e.outcome.leftovers() or "torchrun and every worker were stopped")
-            sys.stderr.write(f"sarc {getattr(args, 'command', 'train')}: stopped by {e}: {done}\n")
+            line = f"sarc {getattr(args, 'command', 'train')}: stopped by {e}"
+            if workers:
+                line += ": " + ("no worker was running" if e.outcome is None else
+                                e.outcome.leftovers() or "torchrun and every worker were stopped")
+            sys.stderr.write(line + "\n")
             sys.stderr.flush()
             return 128 + e.signum
     return run
