@@ -500,19 +500,13 @@ class Layer(nn.Module):
             raise e.at_call(self.display_name(), user_loc()) from None
 
     def run_local(self, g, args: tuple, feats: dict):
-        """The layer's compiled kernel on the block ``g`` (a ``Graph``). A training call of a
-        layer with dropout draws its seed from torch's RNG (``sarc.ir.rng``); one without
-        draws none, so the script's random stream is what it would be with the library's
-        layers."""
-        from .ir.rng import draws_masks
+        """The layer's compiled kernel on the block ``g`` (a ``Graph``)."""
         from .runtime.bind import bind_inputs
         with TRACE_LOCK:   # the layer's state as no trace in another thread has swapped it
             kernel = self.compiled()
             inputs = bind_inputs(self, kernel.function, g, args, feats)
             leaves = self.leaf_tensors()
-        # a layer without dropout draws no seed (0: read by nothing)
-        out = kernel(g, inputs, leaves, self.training,
-                     seed=None if draws_masks(kernel.function) else 0)
+        out = kernel(g, inputs, leaves, self.training)
         return out if len(out) > 1 else next(iter(out.values()))
 
 

@@ -431,11 +431,15 @@ class TorchKernel:
     path: Path
     module: ModuleType
     backward: "TorchKernel | None" = field(default=None)
+    draws: bool = field(init=False)   # the layer has a dropout (``rng.draws_masks``)
+
+    def __post_init__(self):
+        self.draws = rng.draws_masks(self.function)
 
     def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
-        """Run the layer; a training call draws its dropout seed (``sarc.ir.rng``) unless given."""
-        if training and seed is None:
-            seed = rng.draw_seed()
+        """Run the layer; a training call of a layer with dropout draws its seed
+        (``sarc.ir.rng``) unless given."""
+        seed = rng.call_seed(self.draws, training, seed)
         if self.backward is not None and torch.is_grad_enabled():
             return run_with_ir_backward(self, g, inputs, params, training, seed)
         return self.module.forward(g, inputs, params, training, seed)

@@ -456,10 +456,13 @@ class TritonKernel:
     kernels: tuple[TK.KernelSource, ...]
     fallbacks: tuple[str, ...]
     backward: "TritonKernel | None" = None
+    draws: bool = field(init=False)   # the layer has a dropout (``rng.draws_masks``)
+
+    def __post_init__(self):
+        self.draws = rng.draws_masks(self.function)
 
     def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
-        if training and seed is None:
-            seed = rng.draw_seed()
+        seed = rng.call_seed(self.draws, training, seed)
         if self.backward is not None and torch.is_grad_enabled():
             return torch_backend.run_with_ir_backward(self.bound(), g, inputs, params,
                                                        training, seed)

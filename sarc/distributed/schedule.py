@@ -49,7 +49,8 @@ class LayerProgram:
     """A layer compiled for a distributed graph: its plan, its split, its schedule module;
     ``differentiated``: the params, and the features, its gradient reaches
     (``autodiff.differentiated_leaves`` of the traced layer); ``state``: the layer's
-    ``layer_state.state_key`` it was compiled at."""
+    ``layer_state.state_key`` it was compiled at; ``draws``: the layer has a dropout
+    (``rng.draws_masks``: a training call draws a seed)."""
 
     name: str
     plan: LayerPlan
@@ -57,6 +58,7 @@ class LayerProgram:
     generated: dist_backend.Generated
     differentiated: tuple[frozenset, frozenset] = (frozenset(), frozenset())
     state: tuple = ()
+    draws: bool = False
 
     @property
     def module(self):
@@ -81,7 +83,8 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
                              kept_peers=None if unshared else dg.kept_share.get(id(layer)))
     c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
     from ..ir.autodiff import differentiated_leaves
-    return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_leaves(c.traced))
+    return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_leaves(c.traced),
+                        draws=rng.draws_masks(c.optimized))
 
 
 def share_memory(model, dg: DistGraph) -> None:
@@ -192,7 +195,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         dg.training_programs[id(layer)] = prog
         dg.step_calls.add(prog)
     training = layer.training
-    seed = rng.draw_seed() if training and rng.draws_masks(fn) else None
+    seed = rng.call_seed(prog.draws, training, None)
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
     call.differentiable = torch.is_grad_enabled()   # its forward keeps the node parts' graphs
     flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]

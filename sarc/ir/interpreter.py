@@ -296,11 +296,10 @@ def run(fn: Function, g: Graph, inputs: Mapping[str, torch.Tensor],
     """Evaluate ``fn`` on ``g``; returns the named outputs.
 
     ``seed`` fixes the dropout masks of a training call (``sarc.ir.rng``); when it
-    is None one is drawn from torch's RNG.
+    is None one is drawn from torch's RNG, where ``fn`` has a dropout.
     """
     env: list[torch.Tensor] = []
-    if training and seed is None and rng.draws_masks(fn):
-        seed = rng.draw_seed()
+    seed = rng.call_seed(rng.draws_masks(fn), training, seed)
     ctx = {"training": training, "seed": seed}
     for v in fn.values:
         if v.op in (Op.INPUT, Op.PARAM, Op.CONST):

@@ -54,6 +54,13 @@ def draws_masks(fn) -> bool:
     return False
 
 
+def call_seed(draws: bool, training: bool, seed: int | None) -> int | None:
+    """A call's seed: the one given, else, for a training call of a function with dropout
+    (``draws``: ``draws_masks``), one drawn from torch's RNG; a call that draws no mask
+    draws none."""
+    return draw_seed() if training and seed is None and draws else seed
+
+
 def dropout_scale(shape, p: float, seed: int, key: int, device, dtype) -> torch.Tensor:
     """The multiplier of dropout ``key``: ``keep / (1 - p)`` with ``keep ~ Bernoulli(1 - p)``."""
     gen = torch.Generator(device=device)
