@@ -202,40 +202,42 @@ def _class_code(cls: type) -> tuple:
                  for name, value in vars(base).items() for func in _functions_of(value))
 
 
-def _code_of(cls: type) -> tuple:
-    """The code a trace of ``cls`` runs: its methods' and the module functions they name
-    (a helper, one level down). A method replaced on the class, or a helper defined again
-    (a notebook's cell run again), is other code: the layer is traced again."""
+def _watched_code(cls: type) -> tuple:
+    """What of ``cls``'s code and of the constants it reads the state key holds: the code
+    a trace of it runs (``_code_of``), and the class attributes (``_class_constants``) and
+    module globals (``_module_globals``) that code names; its code is read once a call."""
     own = _class_code(cls)
-    out = list(own)
+    globals_read, attributes_read = _names_read(cls, own)
+    return (_code_of(cls, own, globals_read), _class_constants(cls, attributes_read),
+            _module_globals(cls, globals_read))
+
+
+def _code_of(cls: type, own: tuple, globals_read: frozenset) -> tuple:
+    """The code a trace of ``cls`` runs: its methods' (``own``) and the module functions
+    they name (a helper, one level down). A method replaced on the class, or a helper
+    defined again (a notebook's cell run again), is other code: the layer is traced
+    again."""
+    out, names = list(own), sorted(globals_read)
     for base in cls.__mro__:
         module = sys.modules.get(base.__module__)
         if module is None or not _users_module(base.__module__):
             continue
-        for name in sorted(_names_read(cls, own)[0]):
+        for name in names:
             out.extend((base.__module__, name, f.__code__)
                        for f in _functions_of(vars(module).get(name)))
     return tuple(out)
 
 
-def _names_read(cls: type, code: tuple | None = None) -> tuple[frozenset, frozenset]:
+@functools.lru_cache(maxsize=None)
+def _names_read(cls: type, code: tuple) -> tuple[frozenset, frozenset]:
     """(the global names, the attribute names) the code of ``cls`` and its bases (user code)
     reads, with the global names the module functions it names read (a helper the layer
     calls, one level down): the globals and class attributes a trace of it can read.
     ``code``: the class's code (``_class_code``), which keys the answer."""
-    return _names_read_of(cls, _class_code(cls) if code is None else code)
-
-
-@functools.lru_cache(maxsize=None)
-def _names_read_of(cls: type, code: tuple) -> tuple[frozenset, frozenset]:
     globals_: set = set()
     attributes: set = set()
-    for base in cls.__mro__:
-        if not _users_module(base.__module__):
-            continue
-        for value in vars(base).values():
-            for func in _functions_of(value):
-                _code_reads(func.__code__, globals_, attributes)
+    for _, _, func_code in code:
+        _code_reads(func_code, globals_, attributes)
     helpers: set = set()
     for base in cls.__mro__:
         module = sys.modules.get(base.__module__)
@@ -247,10 +249,10 @@ def _names_read_of(cls: type, code: tuple) -> tuple[frozenset, frozenset]:
     return frozenset(globals_ | helpers), frozenset(attributes)
 
 
-def _class_constants(cls: type) -> tuple:
+def _class_constants(cls: type, read: frozenset) -> tuple:
     """The scalars and containers of scalars ``cls`` and its bases (user code) define as
-    class attributes and their code reads: ``self.SCALE``."""
-    read, out = _names_read(cls)[1], []
+    class attributes and their code reads (``read``): ``self.SCALE``."""
+    out = []
     for base in cls.__mro__:
         if not _users_module(base.__module__):
             continue
@@ -264,12 +266,12 @@ def _class_constants(cls: type) -> tuple:
     return tuple(out)
 
 
-def _module_globals(cls: type) -> tuple:
+def _module_globals(cls: type, read: frozenset) -> tuple:
     """The numbers, strings and small containers among the globals of the modules defining
-    ``cls`` and its bases (user code) that their code reads by name: ``TEMP`` in
+    ``cls`` and its bases (user code) that their code reads by name (``read``): ``TEMP`` in
     ``message`` (a global the layer's code does not name, a training loop's step counter,
     is not watched)."""
-    read, out = _names_read(cls)[0], []
+    out = []
     for base in cls.__mro__:
         name = base.__module__
         if not _users_module(name):
@@ -313,8 +315,7 @@ def state_key(layer: nn.Module) -> tuple:
     numbers = getattr(layer, "_sarc_numbers", ())
     key = []
     for path, mod in layer.named_modules():
-        key.append(("module", path, type(mod), _code_of(type(mod)),
-                    _class_constants(type(mod)), _module_globals(type(mod)),
+        key.append(("module", path, type(mod), *_watched_code(type(mod)),
                     call_hooks(mod) if path else ()))
         for name, value in vars(mod).items():
             if name in _MODULE_INTERNALS or name.startswith("_sarc"):
