@@ -94,14 +94,12 @@ class _RefuseTorchRandomness(TorchFunctionMode):
 
 _TRACING = threading.local()
 
-_ONE_TRACE = threading.RLock()
+TRACE_LOCK = threading.RLock()
 """Held while a layer is traced: the routes are module globals (``routed``), so two traces
 in two threads would put each other's back; traces run one at a time. A trace swaps the
 layer's parameters for the tracer's placeholders in place, so a call in another thread
 reads the layer's state (its precision, its parameters, whether its kernel is current)
 under it too (``Layer.run_local``, ``sarc.distributed.schedule.run_layer``)."""
-
-TRACE_LOCK = _ONE_TRACE
 
 
 def _python_random_functions() -> dict[int, tuple[str, Callable]]:
@@ -409,7 +407,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
     modules = list(modules)
     stored = [(m, dict(vars(m))) for m in modules]   # their modes included
     traced = _traced_modules(modules)
-    _ONE_TRACE.acquire()
+    TRACE_LOCK.acquire()
     try:
         for m in modules:
             m.training = TRAINING
@@ -440,7 +438,7 @@ def tracing(modules: Iterable[torch.nn.Module]):
                                f"code as written)", first.loc) from None
     finally:
         _put_back(stored)
-        _ONE_TRACE.release()
+        TRACE_LOCK.release()
 
 
 def _put_back(stored: list) -> None:
