@@ -304,6 +304,16 @@ class RandomLayer(sarc.Layer):
         return _unary(s.update_act, h) if s.update_act else h
 
 
+# A max over a message computed in float64 (tanh through a float64 cast), then added to a
+# float32 value: a Triton kernel adds in float64, so an edge's value is finer than the
+# float32 maximum; the backward's ties are found at the precision the region computes in.
+MAX_OF_A_F64_REGION = Spec(
+    din=1, d=1, use_x=True, use_w=False, use_t=True, lins=((1, 1, False),), params=(),
+    typed=((1, 1, None),),
+    messages=(("bin", "add", ("un", "tanh_f64", ("src_typed", 0)), ("src_x",)),),
+    reduces=(("max", 1),), update_self=None, update_act=None, concat=None, update_norm=False)
+
+
 def out_width(spec: Spec) -> int:
     """The width of the layer's output ``h``."""
     return spec.d - 1 if spec.update_out is not None else spec.d

@@ -65,6 +65,7 @@ from ..names import literal, one_line
 from . import codegen, torch_backend
 from . import triton_source as TK
 from .triton_grad import aggregate_grads, extra_types, sddmm_grads, softmax_grads
+from .triton_lower import compute_dtype
 from .triton_lower import TritonLoweringError
 
 log = logging.getLogger("sarc.backends.triton")
@@ -141,6 +142,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
     grads_spec: dict[int, tuple] = {}
     row_sum_spec = None
     value_extra = 0
+    fine = False   # max / min: the region computes in float64 (y kept so, for the ties)
     if kind == "sddmm":
         fwd = ("sddmm", out.feat, plan.add(TK.sddmm(origin, f"{prefix}.forward", "forward",
                                                      regions["body"], types)))
@@ -167,6 +169,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
         fwd = _aggregate_kernels(plan, origin, f"{prefix}.forward", "forward", body, kind,
                                  _VIEW[row_side], types, out.feat, cdtype, False)
         grads, count = aggregate_grads(body, kind, row_side, types, sides, out)
+        fine = count is not None and compute_dtype(body) == "tl.float64"
         ext = extra_types(kind, out)
         if count is not None:
             row_sum_spec = _aggregate_kernels(plan, origin, f"{prefix}.ties", "ties per row (the "
@@ -193,7 +196,7 @@ def _fused_plan(origin: TK.Origin, prefix: str, v: Value, kind: str, row_side: s
             role = f"gradient of operand {gr.operand} (read at {gr.side}): {how}"
         grads_spec[gr.operand] = (gr.side, _aggregate_kernels(
             plan, origin, name, role, gr.region, "sum", view, all_types, feat, cdtype, True))
-    return plan, ("fused", kind, row_side, fwd, grads_spec, row_sum_spec, value_extra)
+    return plan, ("fused", kind, row_side, fwd, grads_spec, row_sum_spec, value_extra, fine)
 
 
 def plan_op(fn: Function, i: int, folded: dict[int, int], acc: str | None = None):
@@ -332,14 +335,15 @@ def build_op(spec, name: str, mods: dict[str, ModuleType], dtype):
         return agg(s)
 
     if spec[0] == "fused":
-        _, kind, row_side, fwd, grads, row_sum, value_extra = spec
+        _, kind, row_side, fwd, grads, row_sum, value_extra, fine = spec
         if fwd[0] == "softmax":
             forward = T.SoftmaxKernel(fwd[1], fwd[2], mods[fwd[3]], mods[fwd[4]])
         else:
             forward = kernel(fwd)
         return T.FusedOp(name, kind, row_side, dtype, forward,
                          {k: T.Grad(k, side, kernel(s)) for k, (side, s) in grads.items()},
-                         agg(row_sum) if row_sum is not None else None, value_extra)
+                         agg(row_sum) if row_sum is not None else None, value_extra,
+                         torch.float64 if fine else None)
     if spec[0] == "edge_softmax":
         return T.EdgeSoftmaxOp(name, mods[spec[1]], mods[spec[2]])
     if spec[0] == "softmax_site":

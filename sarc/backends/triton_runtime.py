@@ -397,6 +397,8 @@ class FusedOp:
     grads: dict[int, Grad]
     row_sum: AggregateKernel | None = None
     value_extra: int = 0   # softmax: value axes beyond the score's (summed in delta)
+    exact: torch.dtype | None = None   # max / min: y's dtype for the ties, where the region
+    #                                    computes finer than its result's accumulator (f64)
 
     def __call__(self, g: Graph, *xs: torch.Tensor) -> torch.Tensor:
         check_device(self.name, self.forward.main.kernel, [g.src, *xs])
@@ -427,7 +429,9 @@ class FusedOp:
             out, m, l_ = self.forward(g, xs, dtype)
             return out, (out, m, l_)
         if self._selects:
-            y = self.forward(g, xs, _acc_dtype(dtype))  # exact, for the ties in backward
+            # y as the region computes it (exact), for the backward's ties: an edge's value
+            # is compared with it, and a rounded y would be attained by no edge
+            y = self.forward(g, xs, self.exact or _acc_dtype(dtype))
             return y.to(dtype), (y,)
         return self.forward(g, xs, dtype), ()
 
