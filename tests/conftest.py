@@ -29,13 +29,13 @@ if not torch.cuda.is_available():
 # Property tests draw the same examples on every run of the suite (a profile seeded by each
 # test's own code): what passed once passes again, and a failure is reproduced by running
 # again. SARC_HYPOTHESIS=random draws fresh examples each run, to look for new failures;
-# pin each one found with @example. Neither profile times the drawing of examples
-# (HealthCheck.too_slow): on a loaded machine that check fails a test whose examples are
-# the same as on an idle one.
-_UNTIMED = [HealthCheck.too_slow]
+# pin each one found with @example. Neither profile times an example or its drawing
+# (no deadline, no HealthCheck.too_slow): on a loaded machine they fail a test whose
+# examples are the same as on an idle one.
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("fixed", derandomize=True, database=None, print_blob=True,
-                          suppress_health_check=_UNTIMED)
-settings.register_profile("random", print_blob=True, suppress_health_check=_UNTIMED)
+                          **_UNTIMED)
+settings.register_profile("random", print_blob=True, **_UNTIMED)
 settings.load_profile(os.environ.get("SARC_HYPOTHESIS", "fixed"))
 
 # Generated modules go to a per-run temp dir, not the user's cache.

@@ -1,6 +1,7 @@
 """The suite's property tests give the same result on every run and on any machine load:
-the profile draws fixed examples (``derandomize``) and times nothing of their drawing (a
-health check that fails on a slow draw failed a test on a loaded CI machine)."""
+the profile draws fixed examples (``derandomize``) and times neither an example (a
+deadline) nor its drawing (a health check that fails on a slow draw failed a test on a
+loaded CI machine)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 
-def test_the_profile_times_no_draw():
+def test_the_profile_times_no_example_and_no_draw():
+    assert settings().deadline is None
     assert HealthCheck.too_slow in settings().suppress_health_check
 
 
