@@ -55,9 +55,10 @@ def _ties(op: FusedOp, g, xs, y: torch.Tensor) -> torch.Tensor:
 
 
 def _partial(op: FusedOp, g, xs):
-    """(y, count) with y exact (the accumulation dtype: float32 for a half-precision
-    layer), as the op's gradient kernels compare each edge with it; the merge rounds the
-    merged y to the layer's dtype (``sarc.distributed.merge.ExtremumMerge``)."""
+    """(y, count) with y exact (the dtype the op's region computes in: float32 for a
+    half-precision layer, float64 for a region with float64 values), as the op's gradient
+    kernels compare each edge with it; the merge rounds the merged y to the layer's dtype
+    (``sarc.distributed.merge.ExtremumMerge``)."""
     check_device(op.name, op.forward.main.kernel, [g.src, *xs])
     _, (exact,) = op.run_forward(g, xs)
     return exact, _ties(op, g, xs, exact).to(exact.dtype)
