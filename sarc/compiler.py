@@ -12,7 +12,7 @@ from .backends.registry import BACKENDS, get_backend  # noqa: F401 (BACKENDS: th
 from .ir.autodiff import grad, has_gradient
 from .ir.function import Function
 from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
-                        split_concat)
+                        split_concat, twins_first)
 from .ir.printer import format_function
 from .ir.split import LayerSplit, split_layer
 from .ir.verifier import verify
@@ -28,7 +28,8 @@ def debug_level() -> int:
         return 0
 
 
-PIPELINE = (const_fold, split_concat, linear_through_aggregate, pushdown, dce, cse, fuse, dce)
+PIPELINE = (const_fold, split_concat, linear_through_aggregate, pushdown, dce, cse, twins_first,
+            fuse, dce)
 """The optimizing passes, in order (each ``Function -> Function``)."""
 
 

@@ -219,8 +219,9 @@ ROW_WISE = (UNARY_ELEMENTWISE - {Op.DROPOUT}) | BINARY_ELEMENTWISE | {
 Dropout draws its mask for the whole tensor, so it is not one."""
 
 
-def dst_rows_of_src(fn: Function) -> dict[int, int]:
-    """dst value -> the earlier src value whose first ``num_dst`` rows it is.
+def dst_rows_of_src(fn: Function, earlier: bool = True) -> dict[int, int]:
+    """dst value -> the earlier src value whose first ``num_dst`` rows it is (``earlier``
+    False: a src value anywhere in ``fn``, ``passes.twins_first`` moves it before).
 
     A destination node is the source node of the same index (``sarc.graph``), so a dst
     input is the source input's first rows, and a row-wise function (``ROW_WISE``) of
@@ -228,7 +229,7 @@ def dst_rows_of_src(fn: Function) -> dict[int, int]:
     ``lin(dst.h)`` is ``lin(src.h)[:num_dst]``, computed once instead of twice."""
     keys: dict[int, tuple] = {}
     src_value: dict[tuple, int] = {}
-    twins: dict[int, int] = {}
+    dst_keyed: list[int] = []
     for i, v in enumerate(fn.values):
         key = _row_key(v, keys)
         if key is None:
@@ -236,9 +237,10 @@ def dst_rows_of_src(fn: Function) -> dict[int, int]:
         keys[i] = key
         if v.type.domain is Domain.SRC:
             src_value.setdefault(key, i)
-        elif v.type.domain is Domain.DST and v.op is not Op.INPUT and key in src_value:
-            twins[i] = src_value[key]
-    return twins
+        elif v.type.domain is Domain.DST and v.op is not Op.INPUT:
+            dst_keyed.append(i)
+    return {i: src_value[keys[i]] for i in dst_keyed
+            if keys[i] in src_value and (not earlier or src_value[keys[i]] < i)}
 
 
 def _row_key(v: Value, keys: dict[int, tuple]) -> tuple | None:

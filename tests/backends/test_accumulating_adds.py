@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import sarc
 from difftest import assert_close, check_layer, one_torch_thread, random_block  # noqa: F401
 from sage import SAGELayer
 from zoo import LAYERS, features
@@ -16,6 +18,7 @@ from sarc.ir import interpreter
 from sarc.ir.function import Builder
 from sarc.ir.ops import Op
 from sarc.ir.patterns import accumulating_adds
+from sarc.ir.split import format_split, split_layer
 from sarc.ir.types import Domain, DType, TensorType
 
 G = random_block(torch.Generator().manual_seed(5), 9, 6, 30)  # more src than dst rows
@@ -216,6 +219,47 @@ def test_an_add_computed_as_rows_of_a_fused_src_add():
     assert sum("torch.addmm(" in line for line in code) == 1, code
     assert not any("torch.matmul(" in line for line in code), code
     assert any("= K.dst_rows(v" in line for line in code), code
+
+
+class _DstFirst(sarc.Layer):
+    """``q(dst.h) * q(src.h)``: the dst linear is written (and traced) first."""
+
+    def __init__(self, d: int = 4):
+        super().__init__(node={"h": d})
+        self.q = torch.nn.Linear(d, 3)
+
+    def message(self, src, dst, edge):
+        return self.q(dst.h) * self.q(src.h)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("model", ["edgeconv", "dst_first"])
+def test_a_dst_linear_traced_before_its_src_twin_is_its_rows(model):
+    """EdgeConv's ``theta(dst.h - src.h)`` is ``theta(dst.h) - theta(src.h)`` through the
+    aggregate, the dst linear first; ``q(dst.h) * q(src.h)`` is written so. The src linear
+    is computed first (``passes.twins_first``) and the dst one is its rows: one product
+    with each weight, on one process and in the distributed split's dst part."""
+    layer = LAYERS["edgeconv"](5) if model == "edgeconv" else _DstFirst()
+    weight, products = ("theta.weight", 2) if model == "edgeconv" else ("q.weight", 1)
+    c = compile_layer(layer)
+    fn = c.optimized
+    code = [line for line in c.kernel.source.splitlines() if not line.lstrip().startswith("#")]
+    assert sum(any(f in line for f in ("torch.matmul(", "torch.addmm(", "F.linear("))
+               for line in code) == products, "\n".join(code)
+    assert any("= K.dst_rows(v" in line for line in code)
+
+    def reads_weight(f, v):
+        return v.op is Op.LINEAR and f.values[v.inputs[1]].attr.get("name") == weight
+    (src_linear,) = [i for i, v in enumerate(fn.values)
+                     if reads_weight(fn, v) and v.type.domain is Domain.SRC]
+    split = split_layer(fn, [src_linear])
+    assert split.dst_pre is None or not any(reads_weight(split.dst_pre, v)
+                                            for v in split.dst_pre.values), format_split(split)
+    g = random_block(torch.Generator().manual_seed(3), 9, 6, 30)
+    check_layer(layer, g, features(layer, g, 5) if model == "edgeconv"
+                else {"h": torch.randn(g.num_src, 4)})
 
 
 # --- adds of a product: torch.addcmul ---------------------------------------------------------

@@ -8,7 +8,7 @@ from .linear_through_aggregate import linear_through_aggregate
 from .pushdown import pushdown
 from .rewrite import Rewriter
 from .split_concat import split_concat
+from .twins_first import twins_first
 
 __all__ = ["const_fold", "cse", "dce", "fuse", "fuse_typed_linear", "linear_through_aggregate",
-           "pushdown",
-           "split_concat", "Rewriter"]
+           "pushdown", "split_concat", "twins_first", "Rewriter"]
