@@ -326,7 +326,8 @@ def accumulate_reads(fn: Function, fused: Mapping[int, tuple[int, int]]) -> dict
     return {i: [other, *fn.values[added].inputs] for i, (other, added) in fused.items()}
 
 
-def _live(fn: Function, reads: dict[int, list[int]]) -> set[int]:
+def live_values(fn: Function, reads: dict[int, list[int]]) -> set[int]:
+    """The values the outputs need, each value reading ``reads[i]``."""
     live = {j for _, j in fn.outputs}
     for i in reversed(range(len(fn.values))):
         if i in live:
@@ -386,7 +387,7 @@ def generate(fn: Function) -> str:
     folds = softmax_folds(fn, contracted, twins)
     for i, fold in folds.items():
         reads[i] = [fold[k][0] if k in fold else j for k, j in enumerate(fn.values[i].inputs)]
-    live = _live(fn, reads)
+    live = live_values(fn, reads)
     rows_read = {twins[i] for i in live if i in twins}
     fused = {i: (other, added) for i, (other, added) in accumulating_adds(fn).items()
              if not {i, added} & twins.keys() and added not in rows_read | scaled.keys()}
@@ -410,7 +411,7 @@ def generate(fn: Function) -> str:
             return f"K.add_({operands[k]}, {operands[1 - k]})"
         return (accumulated(fn, fused[i][1], operands) if i in fused
                 else lower(i, v, operands, regions))
-    regions, body = emit(fn, sorted(_live(fn, reads)), lower_rows,
+    regions, body = emit(fn, sorted(live_values(fn, reads)), lower_rows,
                          live_out=[j for _, j in fn.outputs], inputs=reads)
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)
     return codegen.render("torch_layer.py.j2", fn=fn, body=body, outputs=outputs, regions=regions,

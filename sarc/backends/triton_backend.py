@@ -34,7 +34,8 @@ Which kernels an IR op gets (``KERNEL_OPS``):
 Node-level ops (linear maps, elementwise math on nodes, reshapes) and dropout
 run as PyTorch, exactly as in the PyTorch backend (its ``LOWERING`` table; an add
 of a linear as one ``torch.addmm``, ``patterns.accumulating_adds``; a product stays its
-own value, which its kernels may read).
+own value, which its kernels may read; a dst value computed as a src value is, row by
+row, is that value's first rows, ``patterns.dst_rows_of_src``: GAT's ``lin(dst.h)``).
 
 No silent fallback: when a graph op cannot be lowered (``TritonLoweringError``,
 e.g. a region that slices a feature axis), the op runs with the PyTorch
@@ -58,7 +59,8 @@ from ..errors import SarcError
 from ..ir import rng
 from ..ir.function import Function, Region, Value
 from ..ir.ops import Op
-from ..ir.patterns import accumulating_adds, region_sides, typed_spmm_pattern
+from ..ir.patterns import (accumulating_adds, dst_rows_of_src, region_sides,
+                           typed_spmm_pattern)
 from ..ir.printer import format_value
 from ..ir.types import Domain, TensorType
 from ..names import literal, one_line
@@ -389,7 +391,14 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     inputs = {i: [] if i in skipped else list(v.inputs) for i, v in enumerate(fn.values)}
     for i, x in folded.items():
         inputs[i][0] = fn.values[x].inputs[0]
-    fused = accumulating_adds(fn, ops=(Op.LINEAR,))
+    # a dst value computed as a src value is, row by row, is its rows (as the torch
+    # backend's: GAT's lin(dst.h), EdgeConv's theta(h_v)), not a product of its own
+    twins = dst_rows_of_src(fn)
+    for i, j in twins.items():
+        inputs[i] = [j]
+    rows_read = {twins[i] for i in torch_backend.live_values(fn, inputs) if i in twins}
+    fused = {i: pair for i, pair in accumulating_adds(fn, ops=(Op.LINEAR,)).items()
+             if not {i, pair[1]} & twins.keys() and pair[1] not in rows_read}
     inputs.update(torch_backend.accumulate_reads(fn, fused))
     fused_linears = {linear for _, linear in fused.values()}
     specs, kernels, fallbacks, op_lines = [], [], [], []
@@ -397,6 +406,8 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
     def lower(i: int, v: Value, args: list[str], region_names) -> str | tuple[str, ...]:
         if i in skipped:
             return (f"# (read row by row inside the typed_linear kernel of %{_user(folded, i)})",)
+        if i in twins:
+            return f"K.dst_rows({args[0]}, g)"
         if i in fused:
             return torch_backend.accumulated(fn, fused[i][1], args)
         if v.op not in KERNEL_OPS:
@@ -417,7 +428,8 @@ def generate(fn: Function, strict: bool | None = None) -> _Generated:
                         + ", ".join(k.name for k in plan.kernels))
         return f"ops[{n}](g, {', '.join(args)})"
 
-    emitted = [i for i in range(len(fn.values)) if i not in fused_linears]
+    live = torch_backend.live_values(fn, inputs)
+    emitted = [i for i in range(len(fn.values)) if i not in fused_linears and i in live]
     regions, body = torch_backend.emit(fn, emitted, lower, inputs=inputs,
                                        live_out=[j for _, j in fn.outputs])
     outputs = ", ".join(f"{literal(k)}: v{i}" for k, i in fn.outputs)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from difftest import check_layer
+from edgeconv import EdgeConvLayer
 from gat import GATLayer
 from gcn import GCNLayer
 from rgcn import RGCNLayer
@@ -27,7 +28,7 @@ from sarc.backends import triton_backend, triton_runtime
 from sarc.backends.torch_backend import LOWERING
 from sarc.backends.triton_lower import (NOT_IN_KERNELS, TL_LOWERING, TritonLoweringError,
                                         layout_compatible, plan_tiling)
-from sarc.compiler import compile_function, optimize
+from sarc.compiler import compile_function, compile_layer, optimize
 from sarc.ir.ops import Op
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -316,3 +317,20 @@ def test_fused_kernels_move_fewer_bytes_than_the_naive_plan(model):
         for n, e in ((100, 1000), (10**5, 2 * 10**6)):
             sizes = {N_SRC: n, N_DST: n, E: e}
             assert 0 < t.fused.subs(sizes) < t.naive.subs(sizes)
+
+
+
+@pytest.mark.parametrize("model", ["gat", "edgeconv"])
+def test_a_dst_linear_is_the_rows_of_its_src_twin(model):
+    """GAT's ``lin(dst.h)`` and EdgeConv's ``theta(h_v)`` are the rows of the source linear
+    (``patterns.dst_rows_of_src``), as on the PyTorch backend: one product per weight;
+    values and gradients as the PyTorch backend's."""
+    layer, products = ((GATLayer(8, 4, heads=2), 1) if model == "gat"
+                       else (EdgeConvLayer(8, 8), 2))
+    code = [line for line in compile_layer(layer, backend="triton").kernel.source.splitlines()
+            if not line.lstrip().startswith("#")]
+    assert sum("torch.matmul(" in line or "torch.addmm(" in line for line in code) == \
+        products, "\n".join(code)
+    assert any("= K.dst_rows(v" in line for line in code), "\n".join(code)
+    g = power_law_block(40, seed=3)
+    compare(layer, g, {"h": torch.randn(g.num_src, 8)})
