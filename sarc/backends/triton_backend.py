@@ -67,8 +67,7 @@ from ..names import literal, one_line
 from . import codegen, torch_backend
 from . import triton_source as TK
 from .triton_grad import aggregate_grads, extra_types, sddmm_grads, softmax_grads
-from .triton_lower import compute_dtype
-from .triton_lower import TritonLoweringError
+from .triton_lower import TritonLoweringError, compute_dtype
 
 log = logging.getLogger("sarc.backends.triton")
 
