@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import sarc
 from difftest import assert_close, check_layer, one_torch_thread, random_block  # noqa: F401
 from sage import SAGELayer
 from zoo import LAYERS, features
 
+import sarc
 from sarc.backends import torch_backend
 from sarc.compiler import compile_layer, optimize
 from sarc.ir import interpreter

@@ -319,7 +319,6 @@ def test_fused_kernels_move_fewer_bytes_than_the_naive_plan(model):
             assert 0 < t.fused.subs(sizes) < t.naive.subs(sizes)
 
 
-
 @pytest.mark.parametrize("model", ["gat", "edgeconv"])
 def test_a_dst_linear_is_the_rows_of_its_src_twin(model):
     """GAT's ``lin(dst.h)`` and EdgeConv's ``theta(h_v)`` are the rows of the source linear
