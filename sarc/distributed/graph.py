@@ -86,6 +86,10 @@ class DistGraph:
         # a step's block k: (k, the model's sarc layers its budget share pairs with blocks)
         self.share_of: tuple | None = None
         self.ran_by = None   # the layer that ran on it, where it has a share_of
+        self.ran_program = None   # the program of its last call under autograd
+        # the sub-graphs made of it (a HeteroConv's relations on a step's block), shared
+        # by its copies for other shards (on_shard): what a step's prediction prices
+        self.subgraph_runs: list = []
         self._set_shard(shard)
         trim_heap()  # the loading's and the setup's transients go back to the system
 
@@ -119,26 +123,34 @@ class DistGraph:
         from .schedule import run_layer
         return run_layer(layer, self, args, feats)
 
-    def edge_subgraph(self, keep: torch.Tensor) -> "DistGraph":
+    def edge_subgraph(self, keep: torch.Tensor,
+                      degrees: tuple[torch.Tensor, torch.Tensor] | None = None) -> "DistGraph":
         """The DistGraph of the edges ``keep`` marks (bool, this DistGraph's edge order), over
         the same nodes, in the same group (collective: every worker, in the same order). Its
         layers exchange only the rows those edges read, normalize by the sub-graph's degrees
-        (``sarc.distributed.relations``), count bytes in this graph's counter, and their
-        programs join this graph's (plans, predicted bytes, memory shares)."""
+        (``sarc.distributed.relations``; on a mini-batch step's block, ``degrees``: the local
+        rows' in- and out-degrees in the whole graph's sub-graph), count bytes in this
+        graph's counter, and their programs join this graph's (plans, predicted bytes,
+        memory shares)."""
         from .relations import edge_subshard
-        if self.mode != "full":
-            raise DistError(f"a sub-graph of edges runs on a full-graph DistGraph, not on a "
-                            f"{self.mode} step's block")
+        if self.mode != "full" and degrees is None:
+            raise DistError(f"a sub-graph of a {self.mode} step's block normalizes by the whole "
+                            f"graph's degrees: give them (degrees=)")
         if keep.shape != (self.num_edges,):
             raise DistError(f"an edge mask has one entry per edge of the DistGraph "
                             f"({self.num_edges}), got shape {list(keep.shape)}")
-        sub = DistGraph(edge_subshard(self.shard, keep, self.exchanger), self.group,
+        if degrees is not None and any(d.shape != (self.num_local,) for d in degrees):
+            raise DistError(f"a sub-graph's degrees have one entry per local row "
+                            f"({self.num_local}), got shapes "
+                            f"{', '.join(str(list(d.shape)) for d in degrees)}")
+        sub = DistGraph(edge_subshard(self.shard, keep, self.exchanger, degrees), self.group,
                         exec_mode=self.exec_mode, mem_budget=self.mem_budget,
                         baseline=self.baseline, timeout=self.exchanger.timeout,
                         counter=self.counter, chunk_rows=self.chunk_rows, mode=self.mode)
         sub.programs, sub.layer_names = self.programs, self.layer_names
         sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
         sub.step_calls, sub.awaiting = self.step_calls, self.awaiting
+        self.subgraph_runs.append(sub)
         return sub
 
     def share_memory(self, model) -> None:

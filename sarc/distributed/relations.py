@@ -10,6 +10,11 @@ the in-degree of a local node counts the kept edges of all its blocks; the out-d
 of a row counts kept edges on every worker that reads it, so the readers send their
 counts to the owner, which sends the totals back to every reader (two exchanges in the
 ``setup`` phase, collective).
+
+On a mini-batch step's block (``sarc.sampling.blocks``: its local rows are sources, the
+first ``num_dst`` of them its destinations) the degrees a layer reads are the whole
+graph's, not the block's: the caller gives each local row's in- and out-degree in the
+whole graph's relation (``degrees``), and each owner sends its rows' to their readers.
 """
 from __future__ import annotations
 
@@ -44,10 +49,14 @@ def _swap(ex: Exchanger, out: dict[int, torch.Tensor], sizes: dict[int, int], ta
     return got
 
 
-def edge_subshard(shard: ShardedGraph, keep: torch.Tensor, ex: Exchanger) -> ShardedGraph:
+def edge_subshard(shard: ShardedGraph, keep: torch.Tensor, ex: Exchanger,
+                  degrees: tuple[torch.Tensor, torch.Tensor] | None = None) -> ShardedGraph:
     """The shard of the sub-graph of ``shard``'s graph whose edges are those ``keep`` marks
-    (bool, DistGraph edge order; every worker calls it with its own edges: collective)."""
+    (bool, DistGraph edge order; every worker calls it with its own edges: collective).
+    ``degrees``: ``(in_degree, out_degree)`` of the local rows in the sub-graph of the whole
+    graph (a mini-batch block's; default: counted on these edges, a full shard's)."""
     r, p, n = shard.rank, shard.num_parts, shard.num_local
+    nd = shard.local_block.num_dst
     dev = shard.in_degree.device
     masks = torch.split(keep.to(device=dev, dtype=torch.bool), [b.num_edges for b in shard.blocks])
     edges, counts = [], {}
@@ -57,7 +66,7 @@ def edge_subshard(shard: ShardedGraph, keep: torch.Tensor, ex: Exchanger) -> Sha
         src, dst = _input_order(b)
         src, dst = src[m], dst[m]
         edges.append((src, dst))
-        in_degree += torch.bincount(dst, minlength=n).to(torch.float32)
+        in_degree[:nd] += torch.bincount(dst, minlength=nd).to(torch.float32)
         used = torch.bincount(src, minlength=b.num_src).to(torch.float32)
         if j == r:
             out_degree += used
@@ -72,6 +81,8 @@ def edge_subshard(shard: ShardedGraph, keep: torch.Tensor, ex: Exchanger) -> Sha
     for j, c in readers.items():
         out_degree.index_add_(0, shard.send_rows[j], c)
         send_rows[j] = shard.send_rows[j][c > 0]
+    if degrees is not None:   # the whole graph's, not these edges'
+        in_degree, out_degree = (d.to(device=dev, dtype=torch.float32) for d in degrees)
     needed, kept_rows = list(shard.needed_rows), {}
     for j in range(p):
         if j != r:
@@ -83,15 +94,16 @@ def edge_subshard(shard: ShardedGraph, keep: torch.Tensor, ex: Exchanger) -> Sha
     blocks = []
     for j, (src, dst) in enumerate(edges):
         if j == r:
-            blocks.append(Graph.from_edges(src, dst, num_src=n, num_dst=n, in_degree=in_degree,
-                                           out_degree=out_degree))
+            blocks.append(Graph.from_edges(src, dst, num_src=n, num_dst=nd,
+                                           in_degree=in_degree[:nd], out_degree=out_degree))
             continue
         old = shard.blocks[j].num_src
         renumber = torch.full((old,), -1, dtype=torch.int64, device=dev)
         renumber[kept_rows[j]] = torch.arange(kept_rows[j].numel(), device=dev)
         rows = int(needed[j].numel())
         blocks.append(Graph.from_edges(
-            renumber[src], dst, num_src=rows, num_dst=n, dst_in_src=False, in_degree=in_degree,
+            renumber[src], dst, num_src=rows, num_dst=nd, dst_in_src=False,
+            in_degree=in_degree[:nd],
             out_degree=degrees.get(j, torch.zeros(0, dtype=torch.float32, device=dev))))
     edata = tuple({k: v[m] for k, v in e.items()} for e, m in zip(shard.edata, masks))
     edge_ids = tuple(ids[m] for ids, m in zip(shard.orig_edge_ids, masks))

@@ -193,6 +193,7 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     params = {k: p for k, p in leaves.items() if k in fn.params()}
     if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
         dg.training_programs[id(layer)] = prog
+        dg.ran_program = prog
         dg.step_calls.add(prog)
     training = layer.training
     seed = rng.call_seed(prog.draws, training, None)
