@@ -18,6 +18,15 @@ first call with an ``etype`` tensor and kept with the graph.
 As in DGL, a relation counts for the nodes of its destination type: with ``ntype``, the
 type every one of its destinations has (one per relation; its layer's output on nodes
 of other types is left out); without, every node. A node no relation counts for gets 0.
+
+In a mini-batch step (``sarc.training.minibatch``) a ``HeteroConv`` takes one block, and
+each relation's layer runs on the block's edges of its relation. What a relation's
+layer reads of the graph is the whole graph's, as a sarc layer's on a block is: its
+degrees are the whole graph's relation's (found on the whole graph, which the step
+evaluates on, and read at the block's rows), and so are the relations' destination
+types and the check that every edge type has a layer. A relation without edges in a
+block still runs (its layer's terms of the destinations themselves are its output, as
+on the whole graph), so an MFG step equals the full-batch step on its seeds.
 """
 from __future__ import annotations
 
@@ -100,16 +109,59 @@ class HeteroConv(nn.Module):
                                               for m in self.layers.values())]
         if unread:
             raise GraphError(f"HeteroConv: no relation's layer reads {', '.join(unread)}")
+        take_block = getattr(type(g), "take_block", None)
+        if take_block is not None:   # a mini-batch step's graph: this conv's block
+            return self._on_block(take_block(g, self), args, etype, ntype, feats)
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names)
-        outs, counted = [], []
+        return self._run(args, feats, {r: rel.graphs[r] for r in self.relation_ids},
+                         [rel.counted(r) for r in self.relation_ids])
+
+    def _run(self, args, feats, graphs: dict, counted: list) -> torch.Tensor:
+        """Each relation's layer on ``graphs[r]`` (its graph, its edges' positions in the
+        edge inputs), combined over the nodes each relation counts for."""
+        outs = []
         for rid in self.relation_ids:
             layer = self.layers[str(rid)]
-            sub, edges = rel.graphs[rid]
+            sub, edges = graphs[rid]
             mine = {k: (v.index_select(0, edges) if k in layer._sarc_edge else v)
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
             outs.append(layer(sub, *args, **mine))
-            counted.append(rel.counted(rid))
         return combine(outs, counted, self.aggregate)
+
+    def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
+        """This conv on a mini-batch step's block (``call``: a ``BlockCall``): each relation's
+        layer on the block's edges of the relation, normalized by the whole graph's
+        relation degrees at the block's rows."""
+        whole = call.whole
+        if whole is None or call.rows is None or "etype" not in whole.edge_inputs:
+            raise GraphError("HeteroConv in a mini-batch step reads the whole graph's relations "
+                             "(its degrees and node types): the step has no whole graph with "
+                             "an etype input")
+        lo, hi = call.edges
+        etype = torch.as_tensor(etype)
+        if etype.dim() != 1 or etype.shape[0] != call.step_edges:
+            raise GraphError(f"HeteroConv: etype must hold an edge type per edge of the step's "
+                             f"blocks ({call.step_edges}), got shape {list(etype.shape)}")
+        b = call.graph
+        if ntype is not None:   # the step's input rows' types: the block's are the first
+            ntype = torch.as_tensor(ntype)[:b.num_src]
+        rel = relation_graphs(whole.graph, whole.edge_inputs["etype"], self.relation_ids,
+                              None if ntype is None else whole.edge_inputs.get("ntype"),
+                              self.relation_names)
+        feats = {k: (v[lo:hi] if any(k in m._sarc_edge for m in self.layers.values()) else v)
+                 for k, v in feats.items()}
+        etype, rows = etype[lo:hi], call.rows
+        graphs, counted = {}, []
+        for r in self.relation_ids:
+            whole_sub = rel.graphs[r][0]
+            degrees = tuple(d.index_select(0, rows.to(d.device))
+                            for d in _local_degrees(whole_sub))
+            keep = etype == r
+            sub = (_edge_subgraph(b, keep, degrees) if isinstance(b, Graph)
+                   else b.edge_subgraph(keep, degrees))
+            graphs[r] = (sub, torch.nonzero(keep).squeeze(1))
+            counted.append(None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r])
+        return self._run(args, feats, graphs, counted)
 
 
 def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggregate: str
@@ -292,14 +344,30 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     return rel
 
 
-def _edge_subgraph(g, keep: torch.Tensor):
+def _edge_subgraph(g, keep: torch.Tensor, degrees: tuple | None = None):
+    """The sub-graph of ``g``'s edges ``keep`` marks (in their input order), over the same
+    nodes; ``degrees``: the in- and out-degree of each source row, to read instead of the
+    kept edges' counts (a block's, in the whole graph)."""
     if not isinstance(g, Graph):
         return g.edge_subgraph(keep)
     order = torch.empty_like(g.perm)
     order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
     src, dst = g.src.index_select(0, order), g.dst.index_select(0, order)  # the input order
+    if degrees is None:
+        return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
+                                dst_in_src=g.dst_in_src)
+    in_degree, out_degree = degrees
     return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
-                            dst_in_src=g.dst_in_src)
+                            dst_in_src=g.dst_in_src, in_degree=in_degree[:g.num_dst],
+                            out_degree=out_degree, src_in_degree=in_degree)
+
+
+def _local_degrees(g) -> tuple[torch.Tensor, torch.Tensor]:
+    """The in- and out-degree of each of ``g``'s local rows (a whole graph's relation: a
+    ``Graph`` over every node, or a worker's full-graph ``DistGraph``)."""
+    if isinstance(g, Graph):
+        return g.in_degree, g.out_degree
+    return g.shard.in_degree, g.shard.out_degree
 
 
 def _count_edges(g, etype: torch.Tensor) -> torch.Tensor:

@@ -558,16 +558,17 @@ def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int 
     }
 
 
-def check_minibatch_model(mode: str, edge_inputs, model: nn.Module) -> None:
-    """A model that trains in ``mode`` (mfg, sampling), given ``edge_inputs``: one reading
-    node types (``sarc.HeteroConv``, ``sarc.TypedInput``) trains full-batch only; refused
-    by ``sarc train`` (one process and workers) before the first step, and by ``sarc
-    compile``. (A source's in-degree, ``src.in_degree``, is the whole graph's in every
-    mode: a step's blocks carry their sources' in-degrees.)"""
-    if "ntype" in edge_inputs:
-        raise TrainError(f"{mode} mode: the model reads node types (sarc.HeteroConv, "
-                         f"sarc.TypedInput), which train full-batch only (--mode full)")
-    graph_layers(model)   # a HeteroConv is refused by name
+NODE_INPUTS = ("ntype",)
+"""The node data the trainer hands a model that reads it (``sarc.dsl.edge_inputs_for``:
+``sarc.HeteroConv``'s and ``sarc.TypedInput``'s node types); in a mini-batch step, the
+input rows'."""
+
+
+def minibatch_inputs(edge_inputs) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of ``edge_inputs`` (what the trainer hands the model) that are edge data
+    and node data, which a mini-batch step takes of its blocks' edges and input rows."""
+    return (tuple(k for k in edge_inputs if k not in NODE_INPUTS),
+            tuple(k for k in edge_inputs if k in NODE_INPUTS))
 
 
 def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: nn.Module,
@@ -576,19 +577,20 @@ def minibatch_source(data: Dataset, prep: Prepared, hp: dict[str, Any], model: n
     """``config``'s steps on one process: the graph as one part, sampled on the CPU, each
     layer on its block's ``Graph`` on the inputs' device; evaluated on the whole graph
     (``full``)."""
-    check_minibatch_model(config.mode, prep.edge_inputs, model)
+    edge_names, node_names = minibatch_inputs(prep.edge_inputs)
     # the dataset's own edge data (prep's holds the self loops it added), and the weights
     # of the draws, which the model may not read
     carried = config.carried(data.edge_data,
                              [k for k in prep.edge_inputs if k in data.edge_data])
     on_cpu = {k: v.cpu() for k, v in carried.items()}  # sampled on the CPU
     shard = whole_graph_shard(data.edge_src, data.edge_dst, data.num_nodes, on_cpu,
-                              self_loops=hp["self_loops"])
+                              self_loops=hp["self_loops"],
+                              node_data={k: prep.edge_inputs[k].cpu() for k in node_names})
     return MiniBatchSteps(shard, config, layers=graph_layers(model), seed=seed, comm=Comm(),
                           rows=ShardRows(prep.x, prep.label, prep.masks["train"]),
                           evaluation=full, counts=counts,
                           graphs_of=lambda blocks: local_blocks(blocks, prep.x.device),
-                          edge_names=tuple(prep.edge_inputs))   # what the model is given
+                          edge_names=edge_names, node_names=node_names)  # what the model is given
 
 
 def script_main(namespace: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from ..loader import ModelSpec
 from ..partition import open_partition
 from ..partition.dgl_in_place import PeerPartError
 from ..runtime.sharded import ShardedGraph, build_shard
-from ..train import (ModelSelection, TrainError, check_minibatch_model, hyperparameters,
+from ..train import (ModelSelection, TrainError, hyperparameters, minibatch_inputs,
                      output_check)
 from ..sampling import Comm
 from ..training.device import kernels, placed
@@ -52,8 +52,8 @@ from ..training.inputs import EMBEDDING_SCALE, optimizer
 from ..training.loop import (Batch, FullBatch, epoch_line, fit, save_selected,
                              timings)
 from ..training.progress import plural
-from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
-                                  sarc_layers)
+from ..training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows,
+                                  check_minibatch_budget, graph_layers, sarc_layers)
 from .batchnorm import sync_batch_norms
 from .embedding import Embedding
 from .exchange import ByteCounter, ExchangeError, Exchanger
@@ -319,6 +319,8 @@ class BlockGraphs:
             return self.graphs
         stats, over = self._gather(shards)
         self.predicted.append(self._predict(*self._last))  # its programs have run by now
+        for g in [*self.graphs, *(self.fallback or ())]:
+            g.subgraph_runs.clear()   # the last step's relations, priced
         self._last = (stats, over)
         if not over:
             return [g.on_shard(s) for g, s in zip(self.graphs, shards)]
@@ -407,13 +409,18 @@ class BlockGraphs:
         layer ran (whichever layer the model called on it, in whatever order it declares
         them; a patched conv's, made at its call)."""
         from ..planner.plan import step_bytes_sent
-        plans = []
-        for g in self.fallback if in_sar else self.graphs:
-            ran = list(g.training_programs.values())
-            if len(ran) != 1:  # the step ran without autograd
-                return None
-            plans.append(ran[0].plan)
-        return step_bytes_sent(plans, stats)[self.graphs[0].rank]
+        plans, priced = [], []
+        for g, st in zip(self.fallback if in_sar else self.graphs, stats):
+            if g.subgraph_runs:   # a HeteroConv's block: each relation's, on its own edges
+                ran = [sub.ran_program for sub in g.subgraph_runs]
+                priced += [sub.stats for sub in g.subgraph_runs]
+            else:
+                ran = list(g.training_programs.values())
+                priced.append(st)
+            if any(r is None for r in ran) or (len(ran) != 1 and not g.subgraph_runs):
+                return None   # the step ran without autograd
+            plans += [r.plan for r in ran]
+        return step_bytes_sent(plans, priced)[self.graphs[0].rank]
 
 
 def resident_bytes() -> int:
@@ -502,7 +509,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
             return (epoch_line(*progress, of=last) +
                     f" | sent {dg.counter.total_sent / 2**20:.2f} MiB (worker 0)")
     else:
-        check_minibatch_model(cfg.minibatch.mode, edge_inputs, model)
+        edge_names, node_names = minibatch_inputs(edge_inputs)
+        check_minibatch_budget(model, cfg.mem_budget)
         blocks = BlockGraphs(group, cfg.minibatch.mode, device, layers=sarc_layers(model),
                              exec_mode=cfg.exec_mode,
                              mem_budget=cfg.mem_budget, baseline=cfg.baseline, timeout=timeout,
@@ -514,7 +522,8 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
                                 prefetch=True,
                                 rows=ShardRows(data.x, data.label, data.masks["train"]),
                                 evaluation=full, counts=data.counts, graphs_of=blocks,
-                                edge_names=tuple(edge_inputs), counter=counter)
+                                edge_names=edge_names, node_names=node_names,
+                                counter=counter)
         say(f"{cfg.minibatch.mode} mode: {plural(source.seeds.steps, 'step')} per epoch, fanouts "
             f"{', '.join(map(str, source.spec.fanouts))}")
 
@@ -536,6 +545,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         planned = blocks.planned_bytes_sent(h["steps"]) if source.history else None
         step_bytes, planned = h["bytes_sent"] // steps, None if planned is None else planned // steps
         sampled = {"epoch_sampling_bytes_sent": h["sampling_bytes_sent"],
+                   "epoch_setup_bytes_sent": h.get("setup_bytes_sent", 0),
                    "over_budget_steps": blocks.over_budget_steps}
         programs = [p for g in blocks.graphs or () for p in g.training_programs.values()]
     mine = {"rank": rank, **peak_memory(fixed_rss), **embedding_bytes(model, opt), **sampled,

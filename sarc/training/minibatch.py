@@ -148,24 +148,33 @@ def sarc_layers(model: nn.Module) -> list:
 
 
 def graph_layers(model: nn.Module) -> int:
-    """The blocks a step of ``model`` needs: one per sarc layer, and per round of a library
-    conv that runs through sarc by itself (DGL's convs after ``patch()``, whose layers are
-    made at their first call: ``forward._sarc_round_count``). A ``sarc.HeteroConv`` (a layer per
-    relation, on one graph) trains full-batch only: refused here, before its relations'
-    layers are counted as blocks."""
+    """The blocks a step of ``model`` needs: one per sarc layer, per ``sarc.HeteroConv``
+    (its relations' layers run on one block: ``MiniBatchGraph.take_block``), and per round
+    of a library conv that runs through sarc by itself (DGL's convs after ``patch()``, whose
+    layers are made at their first call: ``forward._sarc_round_count``)."""
     from ..dsl import Layer
     from ..hetero import HeteroConv
-    if any(isinstance(m, HeteroConv) for m in model.modules()):
-        raise TrainError("the model has a sarc.HeteroConv, which trains full-batch only "
-                         "(--mode full): mini-batch steps (--mode mfg, sampling) are not "
-                         "supported for it")
+    convs = [m for m in model.modules() if isinstance(m, HeteroConv)]
     # a module a conversion holds (from_dgl_module's) runs through the conversion's layers
     held = {id(sub) for m in model.modules()
             if isinstance(m, Layer) or getattr(m, "_sarc_converted", False)
             for sub in m.modules() if sub is not m}
+    inside = {id(sub) for c in convs for sub in c.modules() if sub is not c}
     routed = sum(type(m).forward._sarc_round_count(m) for m in model.modules()
                  if getattr(type(m).forward, "_sarc_routed", False) and id(m) not in held)
-    return len(sarc_layers(model)) + routed
+    return sum(id(m) not in inside for m in sarc_layers(model)) + len(convs) + routed
+
+
+def check_minibatch_budget(model: nn.Module, mem_budget) -> None:
+    """A memory budget of a step on workers is shared over its blocks, a sarc layer's
+    each (``sarc.distributed.train.BlockGraphs``); a ``sarc.HeteroConv``'s block runs a
+    layer per relation, which the sharing does not price: refused with a budget."""
+    from ..hetero import HeteroConv
+    if mem_budget is not None and any(isinstance(m, HeteroConv) for m in model.modules()):
+        raise TrainError("--mem-budget in a mini-batch mode shares the budget over the step's "
+                         "blocks, one sarc layer each; a sarc.HeteroConv runs a layer per "
+                         "relation on its block, which it does not price: train it without "
+                         "--mem-budget, or full-batch")
 
 
 def never_called(model: nn.Module | None, called: set[int]) -> str:
@@ -193,6 +202,22 @@ _ROWS_MISMATCH = "at non-singleton dimension 0"
 match the size of tensor b (644) at non-singleton dimension 0``)."""
 
 
+@dataclass(frozen=True, eq=False)
+class BlockCall:
+    """A module's call on one block of a step that runs its own layers on it
+    (``sarc.HeteroConv``, a layer per relation): the block (a ``Graph``, or a worker's
+    ``DistGraph``), its edges' span ``[lo, hi)`` in the step's edge inputs (of
+    ``step_edges``), its local rows as rows of the whole graph's (this worker's: where
+    the whole graph's degrees are read) and the whole graph with its inputs (the
+    evaluation ``Batch``, which normalizes as a block must)."""
+
+    graph: Any
+    edges: tuple[int, int]
+    step_edges: int
+    rows: torch.Tensor | None
+    whole: Batch | None
+
+
 class MiniBatchGraph:
     """A step's blocks as the graph ``model(g, x)`` runs on: its k-th sarc layer call in a
     forward pass runs on ``graphs[k]`` (block k + 1, input layer first).
@@ -207,7 +232,11 @@ class MiniBatchGraph:
     and on P workers alike. It has no ``src`` (``WHY_NOT``): each block's sources are
     numbered by that block, and on workers not at all. What else a model reads of ``g``
     (``num_src``, ``out_degree``, ``device``) answers for the block of its next layer
-    call (``current``)."""
+    call (``current``).
+
+    ``rows[k]``: block k's local rows as rows of the whole graph's local rows (this
+    worker's), and ``whole``: the whole graph's ``Batch``; what a module that runs several
+    layers on a block reads (``take_block``)."""
 
     WHY_NOT = {"src": "in mfg and sampling modes `g` is a step's blocks, whose edges run "
                       "from each block's sources, numbered by that block (on workers, "
@@ -215,10 +244,12 @@ class MiniBatchGraph:
                       "sources through the DSL (`edges.src`), and `dst` / `perm` / "
                       "`in_degree` give every block's destinations"}
 
-    def __init__(self, graphs: Sequence[Any]):
+    def __init__(self, graphs: Sequence[Any], rows: Sequence[torch.Tensor] | None = None,
+                 whole: Batch | None = None):
         if not graphs:
             raise TrainError("a mini-batch graph needs at least one block")
         self.graphs = tuple(graphs)
+        self.rows, self.whole = rows, whole
         offsets = [0]
         for g in self.graphs:
             offsets.append(offsets[-1] + g.num_edges)
@@ -274,18 +305,26 @@ class MiniBatchGraph:
                 raise TrainError(called_again(_layer_name(self.model, caller), user_loc()))
             raise TrainError(self._mismatch(f"more than {len(self.graphs)} sarc layer calls"))
 
-    def run_layer(self, layer, args: tuple, feats: dict):
+    def take_block(self, caller: nn.Module) -> BlockCall:
+        """The next block, for ``caller``'s call: a sarc layer's, or a module's that runs
+        layers of its own on it (which count as called)."""
         k = self.calls
-        self.check_call(layer)
+        self.check_call(caller)
+        self.calls += 1
+        self.called.update(id(m) for m in caller.modules())
+        return BlockCall(self.graphs[k], (self.edge_offsets[k], self.edge_offsets[k + 1]),
+                         self.num_edges, None if self.rows is None else self.rows[k],
+                         self.whole)
+
+    def run_layer(self, layer, args: tuple, feats: dict):
+        call = self.take_block(layer)
         given = resolve_features(layer, args, feats)
-        lo, hi = self.edge_offsets[k], self.edge_offsets[k + 1]
+        lo, hi = call.edges
         for name in layer._sarc_edge:
             t = given.get(name)
             if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == self.num_edges:
                 given[name] = t[lo:hi]
-        self.calls += 1
-        self.called.add(id(layer))
-        return self.graphs[k].run_layer(layer, (), given)
+        return call.graph.run_layer(layer, (), given)
 
     @property
     def num_edges(self) -> int:
@@ -314,7 +353,7 @@ class MiniBatchGraph:
         return torch.cat([g.in_degree for g in self.graphs])   # each block's has num_dst rows
 
     def __getattr__(self, name: str):
-        if name.startswith("_") or name in ("graphs", "calls", "edge_offsets"):
+        if name.startswith("_") or name in ("graphs", "calls", "edge_offsets", "rows", "whole"):
             raise AttributeError(name)
         if name in self.WHY_NOT:
             missing_attribute(self, name)
@@ -390,21 +429,25 @@ class MiniBatchSteps:
 
     ``graphs_of(blocks)``: what each layer runs on for a step's blocks, layer k + 1 on
     block k (the local blocks on one process, ``DistGraph``s on P workers: ``BlockGraphs``); ``edge_names``: edge data the model takes as
-    inputs (R-GCN's ``etype``). ``prefetch``: sample the next step in a thread while a
+    inputs (R-GCN's ``etype``), ``node_names``: node data it takes (``sarc.HeteroConv``'s
+    ``ntype``), of a step's input rows. ``prefetch``: sample the next step in a thread while a
     step computes, which needs a ``comm`` whose process group nothing else uses at the
     same time (default: only without peers). Per epoch it records the steps, the seeds
     trained on, the seconds of the steps, the bytes the sampler sent and, given a
-    ``counter`` (the layers' ``ByteCounter``), the bytes the layers' exchanges sent."""
+    ``counter`` (the layers' ``ByteCounter``), the bytes the layers' exchanges sent (and
+    apart, those of the ``setup`` phase: a ``sarc.HeteroConv``'s relation sub-graphs of
+    each block learn their rows' whole-graph degrees from the rows' owners)."""
 
     def __init__(self, shard: ShardedGraph, config: MiniBatchConfig, *, layers: int, seed: int,
                  comm: Comm, rows: ShardRows, evaluation: Batch, counts: dict[str, int],
                  graphs_of: Callable[[Sequence[LayerBlock]], Sequence[Any]], edge_names: Sequence[str] = (),
-                 counter=None, prefetch: bool | None = None):
+                 node_names: Sequence[str] = (), counter=None, prefetch: bool | None = None):
         self.shard, self.config, self.comm = shard, config, comm
         self.prefetch = comm.size == 1 if prefetch is None else prefetch
         self.spec = config.spec(layers, seed)
         self.rows, self.eval_batch, self.counts = rows, evaluation, dict(counts)
         self.graphs_of, self.edge_names, self.counter = graphs_of, tuple(edge_names), counter
+        self.node_names = tuple(node_names)
         self.sampler = NeighbourSampler(shard, self.spec, comm)
         self.seeds = SeedBatches(shard, rows.train, config, seed, comm)
         config.check_steps(self.seeds.total)
@@ -425,10 +468,14 @@ class MiniBatchSteps:
             for step, (mb, rows, total) in enumerate(self.sampled(epoch), 1):
                 yield self.batch(mb, total, rows)
                 seeds, n = seeds + total, step
-        layers_sent = None if self.counter is None else self.counter.total_sent
+        # the layers' exchanges, and apart the setup of a HeteroConv's relations per block
+        # (each owner's whole-graph degrees of the rows its readers still read)
+        setup = 0 if self.counter is None else self.counter.sent.get("setup", 0)
+        layers_sent = None if self.counter is None else self.counter.total_sent - setup
         self.history.append({"epoch": epoch, "steps": n, "seeds": seeds,
                              "seconds": time.perf_counter() - t0, "bytes_sent": layers_sent,
-                             "sampling_bytes_sent": self.comm.bytes_sent - sampled_before})
+                             "sampling_bytes_sent": self.comm.bytes_sent - sampled_before,
+                             "setup_bytes_sent": setup})
 
     def sampled(self, epoch: int):
         """``(blocks, their input rows and labels or None, the step's seeds over all
@@ -472,9 +519,14 @@ class MiniBatchSteps:
         all workers; ``rows``: their ``input_rows`` where gathered already."""
         x_dev = self.rows.x.device
         x, label = rows if rows is not None else self.input_rows(mb)
-        graph = MiniBatchGraph(self.graphs_of(mb.blocks))
+        lo = self.shard.local_range[0]
+        graph = MiniBatchGraph(self.graphs_of(mb.blocks),
+                               rows=[(b.src_nodes - lo).to(x_dev) for b in mb.blocks],
+                               whole=self.eval_batch)
         edge_inputs = {name: torch.cat([e[name] for b in mb.blocks for e in b.shard.edata])
                        .to(x_dev) for name in self.edge_names}
+        first = mb.blocks[0].shard.ndata   # the input rows' node data
+        edge_inputs.update({name: first[name].to(x_dev) for name in self.node_names})
         none = torch.zeros(label.shape[0], dtype=torch.bool, device=x_dev)
         return Batch(graph, x, edge_inputs, label,
                      {"train": torch.ones_like(none), "val": none, "test": none},
@@ -493,29 +545,32 @@ class MiniBatchSteps:
             return ""
         h = self.history[-1]
         rate = h["seeds"] / h["seconds"] if h["seconds"] > 0 else float("inf")
+        setup = h.get("setup_bytes_sent", 0)
         sent = ("" if h["bytes_sent"] is None else
                 f", sent {h['bytes_sent'] / 2**20:.2f} MiB + {h['sampling_bytes_sent'] / 2**20:.2f}"
-                f" MiB sampling")
+                f" MiB sampling" + (f" + {setup / 2**20:.2f} MiB relations" if setup else ""))
         return f"{h['steps']} step{'s' * (h['steps'] != 1)}, {rate:.0f} samples/s{sent}"
 
 
 def whole_graph_shard(src: torch.Tensor, dst: torch.Tensor, num_nodes: int,
-                      edge_data: dict[str, torch.Tensor], *, self_loops: bool) -> ShardedGraph:
+                      edge_data: dict[str, torch.Tensor], *, self_loops: bool,
+                      node_data: dict[str, torch.Tensor] | None = None) -> ShardedGraph:
     """The graph as the one part of a one-worker partition, for mini-batches on one process.
     With ``self_loops``, every self loop is replaced by one per node, whose original edge id
     is -1, as a worker's shard gets them (``sarc.distributed.prepare.with_self_loops``): the
     samples are then those of any number of workers; a float edge feature is
-    ``SELF_LOOP_FILL`` on them, as there."""
+    ``SELF_LOOP_FILL`` on them, as there. ``node_data``: what the blocks keep of their rows
+    (the node types a model reads)."""
     from ..datasets import add_self_loops_with_data
     from ..partition import cut_parts, relabel
     from ..runtime.sharded import build_shard
     one = relabel(torch.zeros(num_nodes, dtype=torch.int64), 1)  # the identity
     if not self_loops:
-        (part,) = cut_parts(src, dst, one, {}, edge_data)
+        (part,) = cut_parts(src, dst, one, node_data or {}, edge_data)
         return build_shard(part, one.offsets, 0)
     edge_ids = torch.cat([torch.arange(src.numel())[src != dst],
                           torch.full((num_nodes,), -1, dtype=torch.int64)])
     loop_src, loop_dst, loop_data = add_self_loops_with_data(src, dst, num_nodes, edge_data)
-    (part,) = cut_parts(loop_src, loop_dst, one, {}, loop_data)
+    (part,) = cut_parts(loop_src, loop_dst, one, node_data or {}, loop_data)
     shard = build_shard(part, one.offsets, 0)
     return dataclasses.replace(shard, orig_edge_ids=(edge_ids[shard.orig_edge_ids[0]],))

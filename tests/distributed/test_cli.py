@@ -18,6 +18,7 @@ import pytest
 
 from sarc.loader import load_model_file
 from sarc.train import train
+from sarc.training.minibatch import MiniBatchConfig
 from timeouts import run_or_show_stacks
 
 pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
@@ -66,6 +67,28 @@ def test_rgcn_on_aifb_2_workers_oneshot_matches_1_worker(tmp_path):
     assert abs(two["test_acc"] - one["test_acc"]) <= 0.005
     assert abs(two["final_loss"] - one["final_loss"]) <= 1e-4 * one["final_loss"]
     assert {p["exec_mode"] for p in two["plans"]} == {"oneshot"}
+
+
+def test_hetero_sage_on_aifb_2_workers_sampling_matches_1_worker(tmp_path):
+    """A HeteroConv on sampled blocks: each relation's layer on the block's edges of its
+    relation, normalized as on the whole graph; the steps' samples do not depend on the
+    worker count, so two workers train as one process (dropout and weight decay off), and
+    each worker's layer bytes per step are the planner's for the relations' programs."""
+    out = tmp_path / "two.json"
+    opts = ["--mode", "sampling", "--fanouts", "4,4", "--batch-size", "40", "--epochs", "2",
+            "--set", "dropout=0", "--set", "weight_decay=0"]
+    proc = _sarc("train", "models/hetero_sage.py", "--dataset", "aifb", "--workers", "2",
+                 "--method", "random", *opts, "--json", str(out))
+    two = json.loads(out.read_text())
+    one = train(load_model_file(ROOT / "models/hetero_sage.py"), "aifb", epochs=2,
+                hparams={"dropout": 0.0, "weight_decay": 0.0}, log=None,
+                minibatch=MiniBatchConfig("sampling", (4, 4), batch_size=40))
+    assert two["mode"] == one["mode"] == "sampling"
+    assert abs(two["final_loss"] - one["final_loss"]) <= 1e-4 * one["final_loss"]
+    for w in two["per_worker"]:
+        assert w["step_bytes_sent"] == w["planned_step_bytes_sent"] > 0
+        assert w["epoch_setup_bytes_sent"] > 0
+    assert "MiB relations" in proc.stdout
 
 
 BATCH_NORM_MODEL = """

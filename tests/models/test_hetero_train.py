@@ -1,6 +1,7 @@
 """``models/hetero_sage.py`` through the trainer on a small typed dataset: the node types
 reach the model (``ntype`` beside ``etype``), a saved model loads and predicts as trained,
-and the minibatch modes refuse a model that reads node types."""
+and it trains in the mini-batch modes (one process: ``tests/sampling/test_hetero.py`` has
+the steps on workers)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,7 @@ from sarc.datasets import Dataset
 from sarc.loader import load_model_file
 from sarc.train import prepare, train
 from sarc.training.inputs import TrainError
-from sarc.training.minibatch import MiniBatchConfig
+from sarc.training.minibatch import MiniBatchConfig, check_minibatch_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 N, E, RELS = 50, 300, 4
@@ -54,8 +55,28 @@ def test_hetero_sage_trains_saves_and_loads(tmp_path):
                                    model(prep.graph, prep.x, **prep.edge_inputs))
 
 
-def test_minibatch_mode_refuses_node_types():
+def test_hetero_sage_trains_in_minibatch_modes():
+    """With every training node in one MFG batch a step is the full-batch step, so three
+    epochs end at the full-batch run's loss (dropout and weight decay off); sampled
+    batches train too, each HeteroConv on a block of its own."""
     spec = load_model_file(str(ROOT / "models" / "hetero_sage.py"))
-    with pytest.raises(TrainError, match="reads node types .* full-batch only"):
-        train(spec, typed_dataset(), hparams={"epochs": 1}, log=None,
-              minibatch=MiniBatchConfig(mode="mfg", batch_size=8))
+    hp = {"epochs": 3, "dropout": 0.0, "weight_decay": 0.0}
+    full = train(spec, typed_dataset(), hparams=hp, log=None)
+    mfg = train(spec, typed_dataset(), hparams=hp, log=None, minibatch=MiniBatchConfig("mfg"))
+    assert mfg["mode"] == "mfg"
+    assert abs(mfg["final_loss"] - full["final_loss"]) <= 1e-5 * full["final_loss"]
+    sampled = train(spec, typed_dataset(), hparams=hp, log=None,
+                    minibatch=MiniBatchConfig("sampling", (3, 2), batch_size=8))
+    assert sampled["minibatch"]["fanouts"] == [3, 2]
+    assert abs(sampled["final_loss"] - full["final_loss"]) > 1e-3   # other steps, other weights
+    assert torch.isfinite(torch.tensor(sampled["final_loss"]))
+
+
+def test_a_memory_budget_with_a_hetero_conv_in_minibatch_steps_is_refused():
+    """Workers share a budget over a step's blocks, one sarc layer each; a HeteroConv's
+    block runs a layer per relation."""
+    spec = load_model_file(str(ROOT / "models" / "hetero_sage.py"))
+    model = spec.build_model(5, 3, num_etypes=RELS, num_ntypes=2)
+    check_minibatch_budget(model, None)
+    with pytest.raises(TrainError, match="--mem-budget .* sarc.HeteroConv"):
+        check_minibatch_budget(model, 1 << 20)

@@ -1,0 +1,291 @@
+"""A heterogeneous model (``sarc.TypedInput``, ``sarc.HeteroConv``) in mini-batch steps.
+
+A ``HeteroConv`` takes one block of a step, and each relation's layer runs on the block's
+edges of its relation with the whole graph's relation degrees, so:
+
+- MFG: one step with every training node as a seed equals the full-batch step (loss,
+  every parameter gradient, the input features' gradient), on one process and on P
+  workers (P = 2 METIS, 3 random), for relation layers that read what a block changes:
+  a mean, a max, a sum normed by the relation's ``src.out_degree`` and ``dst.in_degree``
+  and one by ``src.in_degree``, with an edge weight;
+- sampling: the losses of every step of two epochs (Adam between them) are the same
+  whatever P, and each worker's layer bytes per step equal the planner's prediction
+  for the relations' programs on the step's blocks.
+"""
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import sarc
+from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
+from sarc.graph import Graph
+from sarc.partition import cut_parts, metis_partition, random_partition, relabel
+from sarc.runtime.sharded import build_shard
+from sarc.sampling import Comm
+from sarc.training.loop import ONE_PROCESS, Batch, forward, global_cross_entropy, train_step
+from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks
+
+from .graphs import run_workers
+
+N, E, RELS, CLASSES, HIDDEN = 48, 320, 4, 3, 6
+WIDTHS = {0: 4, 1: 7}
+REL = 1e-5
+MFG = MiniBatchConfig("mfg")
+SAMPLED = MiniBatchConfig("sampling", (2, 3), batch_size=6)
+EPOCHS = (1, 2)
+EDGES, NODES = ("etype", "w"), ("ntype",)
+
+
+class InDegreeLayer(sarc.Layer):
+    """A sum weighted by the source's in-degree in the relation (``src.in_degree``)."""
+
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h) / (1.0 + src.in_degree).unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        kinds = (MeanLayer, NormSumLayer, MaxLayer, InDegreeLayer)
+        self.input = sarc.TypedInput(WIDTHS, HIDDEN)
+        self.conv1 = sarc.HeteroConv({r: kinds[r](HIDDEN, HIDDEN) for r in range(RELS)}, "sum")
+        self.conv2 = sarc.HeteroConv({r: MeanLayer(HIDDEN, CLASSES) for r in range(RELS)}, "mean")
+
+    def forward(self, g, x, etype, ntype, w):
+        h = torch.relu(self.input(x, ntype))
+        h = torch.relu(self.conv1(g, h, etype=etype, ntype=ntype, w=w))
+        return self.conv2(g, h, etype=etype, ntype=ntype)
+
+
+def typed_graph() -> dict:
+    """Relation r goes into node type r % 2; type t's features in its first WIDTHS[t]
+    columns; the last 3 nodes have no edges."""
+    gen = torch.Generator().manual_seed(7)
+    ntype = torch.randint(0, 2, (N,), generator=gen)
+    etype = torch.randint(0, RELS, (E,), generator=gen)
+    src = torch.randint(0, N - 3, (E,), generator=gen)
+    dst = torch.empty(E, dtype=torch.int64)
+    for t in (0, 1):
+        into = torch.nonzero(ntype[:N - 3] == t).squeeze(1)
+        rows = torch.nonzero(etype % 2 == t).squeeze(1)
+        dst[rows] = into[torch.randint(0, into.numel(), (rows.numel(),), generator=gen)]
+    feat = torch.randn(N, max(WIDTHS.values()), generator=gen)
+    for t, w in WIDTHS.items():
+        feat[ntype == t, w:] = 0.0
+    ndata = {"feat": feat, "label": torch.randint(0, CLASSES, (N,), generator=gen),
+             "train_mask": torch.rand(N, generator=gen) < 0.6, "ntype": ntype}
+    return {"src": src, "dst": dst, "ndata": ndata,
+            "edata": {"etype": etype, "w": torch.rand(E, generator=gen)}}
+
+
+def _model() -> Net:
+    torch.manual_seed(3)  # the same weights on every worker and in the test process
+    return Net()
+
+
+def _shard(data, parts: int, method: str, rank: int):
+    part = (metis_partition if method == "metis" else random_partition)(
+        data["src"], data["dst"], N, parts, seed=0)
+    rl = relabel(part, parts)
+    parts_ = list(cut_parts(data["src"], data["dst"], rl, data["ndata"], data["edata"]))
+    return build_shard(parts_[rank], rl.offsets, rank)
+
+
+def _steps(shard, config, group):
+    """The step source of ``config`` on ``shard`` (one process: ``group is False``), with
+    the whole graph (a ``Graph``, or the workers' ``DistGraph``) as its evaluation batch."""
+    nd = shard.ndata
+    x = nd["feat"].clone().requires_grad_(True)
+    if group is False:
+        whole = Graph.from_edges(*_edges(shard), N)
+        edge_inputs = {k: shard.edata[0][k] for k in EDGES}
+        comm, graphs_of, train = Comm(), local_blocks, int(nd["train_mask"].sum())
+    else:
+        from sarc.distributed import DistGraph
+        from sarc.distributed.train import BlockGraphs
+        timeout = datetime.timedelta(seconds=60)
+        whole = DistGraph(shard, group, timeout=timeout)
+        edge_inputs = {k: whole.edge_data(k) for k in EDGES}
+        comm, graphs_of = Comm(group), BlockGraphs(group, config.mode, torch.device("cpu"),
+                                                   timeout=timeout, counter=whole.counter)
+        train = _sum(int(nd["train_mask"].sum()), group)
+    edge_inputs["ntype"] = nd["ntype"]
+    counts = {"train": train, "val": 0, "test": 0}
+    evaluation = Batch(whole, x, edge_inputs, nd["label"], {}, train_total=train)
+    src = MiniBatchSteps(shard, config, layers=2, seed=5, comm=comm,
+                         rows=ShardRows(x, nd["label"], nd["train_mask"]),
+                         evaluation=evaluation, counts=counts, graphs_of=graphs_of,
+                         edge_names=EDGES, node_names=NODES,
+                         counter=None if group is False else whole.counter)
+    return src, x, graphs_of
+
+
+def _edges(shard):
+    """The one-part shard's edges, in its edge data's order (original ids)."""
+    b = shard.local_block
+    order = torch.argsort(b.perm)
+    return b.src[order], b.dst[order]
+
+
+def _sum(v, group):
+    t = torch.tensor([v], dtype=torch.int64)
+    dist.all_reduce(t, group=group)
+    return int(t)
+
+
+def _one_step(shard, group):
+    """One MFG step's loss, parameter gradients (summed over workers) and input gradient."""
+    model = _model()
+    src, x, _ = _steps(shard, MFG, group)
+    (batch,) = list(src.steps(0))
+    loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
+                                batch.train_total)
+    loss.backward()
+    grads = {}
+    for name, prm in model.named_parameters():
+        t = prm.grad.clone()
+        if group is not False:
+            dist.all_reduce(t, group=group)
+        grads[name] = t
+    total = loss.detach().reshape(1)
+    if group is not False:
+        dist.all_reduce(total, group=group)
+    return {"loss": float(total), "grads": grads, "x_grad": x.grad.clone(),
+            "x_ids": shard.orig_node_ids.clone()}
+
+
+def _trajectory(shard, group):
+    """The losses of every sampled step of two epochs; on workers, with each epoch's layer
+    bytes per step sent and planned."""
+    from sarc.distributed.train import AllReduce
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    src, _, blocks = _steps(shard, SAMPLED, group)
+    red = ONE_PROCESS if group is False else AllReduce(group)
+    losses, bytes_ = [], []
+    for e in EPOCHS:
+        losses += [train_step(model, opt, b, red) for b in src.steps(e)]
+        if group is not False:
+            h = src.history[-1]
+            bytes_.append((h["bytes_sent"], blocks.planned_bytes_sent(h["steps"]),
+                           h["setup_bytes_sent"]))
+    return {"losses": losses, "bytes": bytes_}
+
+
+def _work(rank, group, data, parts, method):
+    return {"mfg": _one_step(_shard(data, parts, method, rank), group),
+            "sampled": _trajectory(_shard(data, parts, method, rank), group)}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return typed_graph()
+
+
+@pytest.fixture(scope="module")
+def one_process(data):
+    return {"mfg": _one_step(_shard(data, 1, "random", 0), False),
+            "sampled": _trajectory(_shard(data, 1, "random", 0), False)}
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory):
+    return {(p, m): run_workers(_work, p, tmp_path_factory.mktemp(f"het{p}"), data, p, m,
+                                timeout_s=240)
+            for p, m in ((2, "metis"), (3, "random"))}
+
+
+def _full_batch(data):
+    model = _model()
+    nd = data["ndata"]
+    x = nd["feat"].clone().requires_grad_(True)
+    train = nd["train_mask"]
+    logits = model(Graph.from_edges(data["src"], data["dst"], N), x, data["edata"]["etype"],
+                   nd["ntype"], data["edata"]["w"])
+    loss = global_cross_entropy(logits, nd["label"], train, int(train.sum()))
+    loss.backward()
+    return {"loss": float(loss.detach()), "x_grad": x.grad,
+            "grads": {k: p.grad for k, p in model.named_parameters()}}
+
+
+def rel_err(got, want) -> float:
+    scale = float(want.norm())
+    return float((got - want).norm()) / (scale if scale > 0 else 1.0)
+
+
+def _assert_same_step(got: dict, want: dict, x_grad: torch.Tensor):
+    assert abs(got["loss"] - want["loss"]) <= REL * abs(want["loss"])
+    assert set(got["grads"]) == set(want["grads"])
+    for name, g in want["grads"].items():
+        assert rel_err(got["grads"][name], g) <= REL, name
+    assert float(want["x_grad"].norm()) > 0
+    assert rel_err(x_grad, want["x_grad"]) <= REL
+
+
+def _x_grad(records):
+    g = torch.zeros(N, records[0]["x_grad"].shape[1])
+    for r in records:
+        g[r["x_ids"]] += r["x_grad"]
+    return g
+
+
+def test_the_blocks_normalize_otherwise_than_the_whole_graph(data):
+    """What the MFG tests below tell apart: a block's relation degrees are not the whole
+    graph's (its sources' out-edges into nodes outside the step are left out)."""
+    src, _, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
+    (batch,) = list(src.steps(0))
+    last = batch.graph.graphs[-1]
+    whole = Graph.from_edges(data["src"], data["dst"], N)
+    assert last.num_dst < N and last.num_edges < whole.num_edges
+    out = torch.bincount(_edges_of(last)[0], minlength=last.num_src).to(torch.float32)
+    rows = batch.graph.rows[-1]
+    assert bool((out < whole.out_degree[rows]).any())
+
+
+def _edges_of(g):
+    order = torch.argsort(g.perm)
+    return g.src[order], g.dst[order]
+
+
+def test_single_process_mfg_step_equals_the_full_batch_step(data, one_process):
+    got = one_process["mfg"]
+    _assert_same_step(got, _full_batch(data), got["x_grad"])
+
+
+@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
+def test_mfg_step_on_workers_equals_the_full_batch_step(data, runs, one_process, parts,
+                                                        method):
+    records = [r["mfg"] for r in runs[parts, method]]
+    _assert_same_step(records[0], _full_batch(data), _x_grad(records))
+    _assert_same_step(records[0], one_process["mfg"], _x_grad(records))
+
+
+@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
+def test_sampled_steps_do_not_depend_on_the_worker_count(runs, one_process, parts, method):
+    want = one_process["sampled"]["losses"]
+    assert len(want) == 2 * -(-int(typed_graph()["ndata"]["train_mask"].sum()) // 6)
+    for r in runs[parts, method]:
+        got = r["sampled"]["losses"]
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert abs(a - b) <= REL * abs(b), (got, want)
+
+
+@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
+def test_each_workers_layer_bytes_are_the_planners(runs, parts, method):
+    for r in runs[parts, method]:
+        for sent, planned, setup in r["sampled"]["bytes"]:
+            assert sent == planned and sent > 0
+            assert setup > 0   # the relations' degrees of the rows their readers read
