@@ -146,7 +146,7 @@ def check_minibatch_args(args) -> None:
 def compile_command(args) -> int:
     from ..loader import load_model_file
     from ..training.layer_calls import layer_calls
-    from ..train import build, check_minibatch_model, hyperparameters, prepare
+    from ..train import build, hyperparameters, prepare
 
     emit = check_compile_args(args)
     spec = load_model_file(args.model)
@@ -168,27 +168,25 @@ def compile_command(args) -> int:
     # the layers in the order a training step calls them, each with its inputs' gradient
     # needs: the model run once on the graph and inputs sarc train feeds it
     prep = prepare(data, hparams, model)
-    if args.mode != "full":   # what sarc train refuses to train in this mode, planned for it
-        check_minibatch_model(args.mode, prep.edge_inputs, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
         from ..training.minibatch import graph_layers, never_called
-        n = graph_layers(model)
-        again = _again(calls, args.mode) if len(calls) > n else None
+        n, blocks = graph_layers(model), _blocks_taken(model, calls)
+        again = _again(calls, args.mode) if blocks > n else None
         if again:
             raise CompileError(again)
-        if len(calls) != n:
-            raise CompileError(f"{args.mode} mode: the model made {len(calls)} sarc layer "
-                               f"call{'s' * (len(calls) != 1)} in one forward pass, but it has {n} sarc layer"
+        if blocks != n:
+            raise CompileError(f"{args.mode} mode: the model made {blocks} sarc layer "
+                               f"call{'s' * (blocks != 1)} in one forward pass, but it has {n} sarc layer"
                                f"{'s' * (n != 1)} (one block each); a model in mfg or sampling "
                                f"mode calls each of its sarc layers once, input layer first"
                                + (never_called(model, {id(c.layer) for c in calls})
-                                  if len(calls) < n else ""))
+                                  if blocks < n else ""))
     fanouts = parse_fanouts(args.fanouts) if args.fanouts is not None else None
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train
         from ..sampling import SamplingError, SamplingSpec
         try:
-            SamplingSpec.of(fanouts, layers=len(calls))
+            SamplingSpec.of(fanouts, layers=_blocks_taken(model, calls))
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
     stats = sample = None
@@ -198,6 +196,7 @@ def compile_command(args) -> int:
     if pset is not None:
         shards = _shards(pset, model, hparams)
         if minibatch:
+            _check_blocks_sampled(args.mode, model)
             asked = args.batches or DEFAULT_BATCHES
             sample, steps = _block_sample(shards, len(calls), args.mode, fanouts,
                                           args.batch_size, asked)
@@ -223,6 +222,33 @@ def compile_command(args) -> int:
         print(f"sarc compile: --emit {args.emit}: nothing is written without --out (the "
               f"artifacts go there; without it, sarc compile prints the plan)", file=sys.stderr)
     return 0
+
+
+def _blocks_taken(model, calls) -> int:
+    """The blocks a step's layer ``calls`` take: one each, but the relations' layers of one
+    ``sarc.HeteroConv`` call share its block."""
+    from ..hetero import HeteroConv
+    conv_of = {id(sub): id(c) for c in model.modules() if isinstance(c, HeteroConv)
+               for sub in c.modules() if sub is not c}
+    blocks, last = 0, None
+    for c in calls:
+        conv = conv_of.get(id(c.layer))
+        blocks += conv is None or conv != last
+        last = conv
+    return blocks
+
+
+def _check_blocks_sampled(mode: str, model) -> None:
+    """Planning on sampled blocks (``--partition``) prices each layer call on its block;
+    a ``sarc.HeteroConv``'s relations run on their own edges of a block, whose statistics
+    the sample does not have: refused, naming what plans it."""
+    from ..hetero import HeteroConv
+    if any(isinstance(m, HeteroConv) for m in model.modules()):
+        raise CompileError(f"{mode} mode with --partition: the model has a sarc.HeteroConv, "
+                           f"whose relations' layers run on their own edges of a block, which "
+                           f"the sampled blocks' statistics do not give; plan it without "
+                           f"--partition (sarc train --mode {mode} --workers P reports the "
+                           f"bytes each step sends, planned on its relations' blocks)")
 
 
 def _again(calls, mode: str) -> str | None:
