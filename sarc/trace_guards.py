@@ -1,9 +1,10 @@
 """What holds while a layer is traced (``tracing``, entered by ``Layer.trace``).
 
-- ``module.training`` of the layer and its submodules reads as ``sarc.trace.TRAINING``:
-  one compiled kernel serves training and evaluation, so the mode has no value while
-  tracing. Dropout takes it and follows the mode at run time; Python control flow on
-  it is refused.
+- ``module.training`` of the layer and its submodules reads as ``sarc.trace.TRAINING``
+  in the tracing thread: one compiled kernel serves training and evaluation, so the mode
+  has no value while tracing. Dropout takes it and follows the mode at run time; Python
+  control flow on it is refused. Other threads (eager code sharing a submodule) read
+  each module's own mode (``_TracedMode``).
 - A random draw outside sarc's dropout (``random``, ``numpy.random``, torch's random
   functions) is refused at the user's line: it would be baked into the compiled layer
   as a constant; so is a generator object made before the trace (``random.Random``,
@@ -409,15 +410,13 @@ def tracing(modules: Iterable[torch.nn.Module]):
     traced = _traced_modules(modules)
     TRACE_LOCK.acquire()
     try:
-        for m in modules:
-            m.training = TRAINING
         from .trace_torch import ROW_COUNT_ROUTES
         with torch.inference_mode(False), torch.enable_grad(), \
                 traced_code(mod.__file__ for mod in traced), \
                 _refuse_python_randomness(lambda: code_namespaces(modules)), \
                 _refuse_generator_objects(modules, lambda: code_namespaces(modules)), \
                 routed(ROW_COUNT_ROUTES, lambda: [vars(torch)] + code_namespaces(modules)), \
-                _RefuseTorchRandomness(), dsl_errors_made() as refused:
+                _RefuseTorchRandomness(), _TracedMode(modules), dsl_errors_made() as refused:
             try:
                 yield
             except SarcError:
@@ -439,6 +438,42 @@ def tracing(modules: Iterable[torch.nn.Module]):
     finally:
         _put_back(stored)
         TRACE_LOCK.release()
+
+
+class _TracedMode:
+    """``nn.Module.training`` while a layer is traced (a context manager, which installs it
+    on ``nn.Module`` for the trace): ``TRAINING`` where the tracing thread reads it of a
+    traced module; elsewhere (another thread, a module outside the layer) the module's
+    own mode, as without it. Setting a mode sets the module's own."""
+
+    def __init__(self, modules: list):
+        self.traced = {id(m) for m in modules}   # alive: the trace holds them
+        self.thread = threading.get_ident()
+        self.before = _ABSENT
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        if id(obj) in self.traced and threading.get_ident() == self.thread:
+            return TRAINING
+        try:
+            return obj.__dict__["training"]
+        except KeyError:
+            raise AttributeError("training") from None
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["training"] = value
+
+    def __enter__(self):
+        self.before = vars(torch.nn.Module).get("training", _ABSENT)
+        torch.nn.Module.training = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.before is _ABSENT:
+            del torch.nn.Module.training
+        else:
+            torch.nn.Module.training = self.before
 
 
 def _put_back(stored: list) -> None:

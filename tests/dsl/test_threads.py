@@ -51,3 +51,53 @@ def test_a_call_while_another_thread_traces_the_layer_waits_for_the_trace():
     assert errors == []
     assert outs["first"].shape == (3, 3) and torch.equal(outs["first"], outs["second"])
     assert all(isinstance(p, nn.Parameter) for p in layer.parameters())
+
+
+class SharedDropout(sarc.Layer):
+    """A layer holding a module that eager code in another thread uses too."""
+
+    def __init__(self, drop: nn.Dropout):
+        super().__init__(node={"h": 4})
+        self.lin, self.drop = nn.Linear(4, 3), drop
+
+    def message(self, src, dst, edge):
+        time.sleep(0.3)
+        return self.drop(self.lin(src.h))
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+def test_eager_code_in_another_thread_sees_a_modules_own_mode_while_a_layer_is_traced():
+    """The trace reads ``training`` of the layer's modules as the traced mode, in the
+    tracing thread only: a thread running a shared module meanwhile reads its mode."""
+    torch.manual_seed(0)
+    g = sarc.Graph.from_edges(torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), 3)
+    drop = nn.Dropout(0.5)
+    layer = SharedDropout(drop)
+    layer.eval()
+    seen, errors = [], []
+
+    def trace() -> None:
+        try:
+            layer(g, torch.randn(3, 4))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(f"trace: {type(e).__name__}: {e}")
+
+    def eager() -> None:
+        try:
+            seen.append(drop.training)
+            seen.append(torch.equal(drop(torch.ones(8)), torch.ones(8)))  # eval: the input
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(f"eager: {type(e).__name__}: {e}")
+
+    tracer = threading.Thread(target=trace)
+    tracer.start()
+    time.sleep(0.1)   # inside the trace now
+    other = threading.Thread(target=eager)
+    other.start()
+    other.join()
+    tracer.join()
+    assert errors == []
+    assert seen == [False, True]
+    assert drop.training is False and layer.training is False
