@@ -90,9 +90,9 @@ def typed_graph() -> dict:
             "edata": {"etype": etype, "w": torch.rand(E, generator=gen)}}
 
 
-def _model() -> Net:
+def _model(cls=Net) -> Net:
     torch.manual_seed(3)  # the same weights on every worker and in the test process
-    return Net()
+    return cls()
 
 
 def _shard(data, parts: int, method: str, rank: int):
@@ -145,9 +145,9 @@ def _sum(v, group):
     return int(t)
 
 
-def _one_step(shard, group):
+def _one_step(shard, group, cls=Net):
     """One MFG step's loss, parameter gradients (summed over workers) and input gradient."""
-    model = _model()
+    model = _model(cls)
     src, x, _ = _steps(shard, MFG, group)
     (batch,) = list(src.steps(0))
     loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
@@ -207,8 +207,8 @@ def runs(data, tmp_path_factory):
             for p, m in ((2, "metis"), (3, "random"))}
 
 
-def _full_batch(data):
-    model = _model()
+def _full_batch(data, cls=Net):
+    model = _model(cls)
     nd = data["ndata"]
     x = nd["feat"].clone().requires_grad_(True)
     train = nd["train_mask"]
@@ -262,6 +262,20 @@ def _edges_of(g):
 def test_single_process_mfg_step_equals_the_full_batch_step(data, one_process):
     got = one_process["mfg"]
     _assert_same_step(got, _full_batch(data), got["x_grad"])
+
+
+class Untyped(Net):
+    """Without node types every relation counts for every node."""
+
+    def forward(self, g, x, etype, ntype, w):
+        h = torch.relu(self.input(x, ntype))
+        h = torch.relu(self.conv1(g, h, etype=etype, w=w))
+        return self.conv2(g, h, etype=etype)
+
+
+def test_single_process_mfg_step_without_node_types_equals_the_full_batch_step(data):
+    got = _one_step(_shard(data, 1, "random", 0), False, Untyped)
+    _assert_same_step(got, _full_batch(data, Untyped), got["x_grad"])
 
 
 @pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
