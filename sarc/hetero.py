@@ -151,16 +151,15 @@ class HeteroConv(nn.Module):
         feats = {k: (v[lo:hi] if any(k in m._sarc_edge for m in self.layers.values()) else v)
                  for k, v in feats.items()}
         etype, rows = etype[lo:hi], call.rows
-        graphs, counted = {}, []
-        for r in self.relation_ids:
-            whole_sub = rel.graphs[r][0]
-            degrees = tuple(d.index_select(0, rows.to(d.device))
-                            for d in _local_degrees(whole_sub))
-            keep = etype == r
-            sub = (_edge_subgraph(b, keep, degrees) if isinstance(b, Graph)
-                   else b.edge_subgraph(keep, degrees))
-            graphs[r] = (sub, torch.nonzero(keep).squeeze(1))
-            counted.append(None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r])
+        keeps = [etype == r for r in self.relation_ids]
+        degrees = [tuple(d.index_select(0, rows.to(d.device))
+                         for d in _local_degrees(rel.graphs[r][0])) for r in self.relation_ids]
+        subs = ([_edge_subgraph(b, k, d) for k, d in zip(keeps, degrees)] if isinstance(b, Graph)
+                else b.edge_subgraphs(keeps, degrees))   # set up together
+        graphs = {r: (sub, torch.nonzero(k).squeeze(1))
+                  for r, k, sub in zip(self.relation_ids, keeps, subs)}
+        counted = [None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r]
+                   for r in self.relation_ids]
         return self._run(args, feats, graphs, counted)
 
 
@@ -313,9 +312,8 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     A relation without edges in the whole graph, or whose destinations are of several
     node types, is a ``GraphError``."""
     if not isinstance(g, Graph) and not hasattr(g, "edge_subgraph"):
-        raise GraphError(f"HeteroConv runs on a sarc.Graph or a worker's full-graph "
-                         f"DistGraph, got {type(g).__name__} (minibatch steps are not "
-                         f"supported)")
+        raise GraphError(f"HeteroConv runs on a sarc.Graph, a worker's DistGraph or a "
+                         f"mini-batch step's blocks, got {type(g).__name__}")
     etype = torch.as_tensor(etype)
     if etype.shape != (g.num_edges,) or etype.dtype.is_floating_point:
         raise GraphError(f"HeteroConv: etype must hold an integer edge type per edge "
@@ -338,18 +336,18 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         rel.checked.add(tuple(relations))
     if ntype is not None and any(r not in rel.dst_type for r in relations):
         _find_dst_types(g, rel, etype, relations, ntype, names)
-    for r in missing:
-        keep = etype == r
-        rel.graphs[r] = (_edge_subgraph(g, keep), torch.nonzero(keep).squeeze(1))
+    keeps = [etype == r for r in missing]
+    subs = ([_edge_subgraph(g, keep) for keep in keeps] if isinstance(g, Graph)
+            else g.edge_subgraphs(keeps) if keeps else [])   # set up together
+    for r, keep, sub in zip(missing, keeps, subs):
+        rel.graphs[r] = (sub, torch.nonzero(keep).squeeze(1))
     return rel
 
 
-def _edge_subgraph(g, keep: torch.Tensor, degrees: tuple | None = None):
+def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -> Graph:
     """The sub-graph of ``g``'s edges ``keep`` marks (in their input order), over the same
     nodes; ``degrees``: the in- and out-degree of each source row, to read instead of the
     kept edges' counts (a block's, in the whole graph)."""
-    if not isinstance(g, Graph):
-        return g.edge_subgraph(keep)
     order = torch.empty_like(g.perm)
     order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
     src, dst = g.src.index_select(0, order), g.dst.index_select(0, order)  # the input order

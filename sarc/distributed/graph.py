@@ -56,7 +56,7 @@ class DistGraph:
                  mem_budget: int | None = None, baseline: bool = False,
                  timeout: datetime.timedelta | None = DEFAULT_TIMEOUT,
                  counter: ByteCounter | None = None, chunk_rows: int | None = DEFAULT_CHUNK_ROWS,
-                 mode: str = "full"):
+                 mode: str = "full", stats: ShardStats | None = None):
         if exec_mode is not None and exec_mode not in EXEC_MODES:
             raise DistError(f"unknown execution mode {exec_mode!r}; expected one of "
                             f"{', '.join(EXEC_MODES)}")
@@ -74,7 +74,8 @@ class DistGraph:
         if chunk_rows is not None and chunk_rows < 1:
             raise DistError(f"chunk_rows must be a positive number of rows (or None), got {chunk_rows}")
         self.counter = counter if counter is not None else ByteCounter()
-        self.stats = gather_stats(shard, group, chunk_rows)  # every worker's shard fits
+        # every worker's shard fits (``stats``: gathered already, with other shards')
+        self.stats = gather_stats(shard, group, chunk_rows) if stats is None else stats
         self.exchanger = Exchanger(rank, size, group, self.counter, timeout)
         self.chunk_rows = chunk_rows
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
@@ -91,7 +92,8 @@ class DistGraph:
         # by its copies for other shards (on_shard): what a step's prediction prices
         self.subgraph_runs: list = []
         self._set_shard(shard)
-        trim_heap()  # the loading's and the setup's transients go back to the system
+        if stats is None:
+            trim_heap()  # the loading's and the setup's transients go back to the system
 
     def _set_shard(self, shard: ShardedGraph) -> None:
         self.shard = shard
@@ -132,26 +134,40 @@ class DistGraph:
         rows' in- and out-degrees in the whole graph's sub-graph), count bytes in this
         graph's counter, and their programs join this graph's (plans, predicted bytes,
         memory shares)."""
-        from .relations import edge_subshard
+        return self.edge_subgraphs([keep], None if degrees is None else [degrees])[0]
+
+    def edge_subgraphs(self, keeps: list[torch.Tensor],
+                       degrees: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                       ) -> list["DistGraph"]:
+        """``edge_subgraph`` of each of ``keeps`` (with ``degrees[i]``), their shards set up
+        and their statistics gathered in three collectives for them all (a HeteroConv's
+        relations of one block)."""
+        from .relations import edge_subshards
         if self.mode != "full" and degrees is None:
             raise DistError(f"a sub-graph of a {self.mode} step's block normalizes by the whole "
                             f"graph's degrees: give them (degrees=)")
-        if keep.shape != (self.num_edges,):
-            raise DistError(f"an edge mask has one entry per edge of the DistGraph "
-                            f"({self.num_edges}), got shape {list(keep.shape)}")
-        if degrees is not None and any(d.shape != (self.num_local,) for d in degrees):
-            raise DistError(f"a sub-graph's degrees have one entry per local row "
-                            f"({self.num_local}), got shapes "
-                            f"{', '.join(str(list(d.shape)) for d in degrees)}")
-        sub = DistGraph(edge_subshard(self.shard, keep, self.exchanger, degrees), self.group,
-                        exec_mode=self.exec_mode, mem_budget=self.mem_budget,
-                        baseline=self.baseline, timeout=self.exchanger.timeout,
-                        counter=self.counter, chunk_rows=self.chunk_rows, mode=self.mode)
-        sub.programs, sub.layer_names = self.programs, self.layer_names
-        sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
-        sub.step_calls, sub.awaiting = self.step_calls, self.awaiting
-        self.subgraph_runs.append(sub)
-        return sub
+        for keep in keeps:
+            if keep.shape != (self.num_edges,):
+                raise DistError(f"an edge mask has one entry per edge of the DistGraph "
+                                f"({self.num_edges}), got shape {list(keep.shape)}")
+        for pair in degrees or ():
+            if any(d.shape != (self.num_local,) for d in pair):
+                raise DistError(f"a sub-graph's degrees have one entry per local row "
+                                f"({self.num_local}), got shapes "
+                                f"{', '.join(str(list(d.shape)) for d in pair)}")
+        shards = edge_subshards(self.shard, keeps, self.exchanger, degrees)
+        subs = []
+        for shard, stats in zip(shards, gather_stats_of(shards, self.group, self.chunk_rows)):
+            sub = DistGraph(shard, self.group, exec_mode=self.exec_mode,
+                            mem_budget=self.mem_budget, baseline=self.baseline,
+                            timeout=self.exchanger.timeout, counter=self.counter,
+                            chunk_rows=self.chunk_rows, mode=self.mode, stats=stats)
+            sub.programs, sub.layer_names = self.programs, self.layer_names
+            sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
+            sub.step_calls, sub.awaiting = self.step_calls, self.awaiting
+            self.subgraph_runs.append(sub)
+            subs.append(sub)
+        return subs
 
     def share_memory(self, model) -> None:
         """Share the memory budget over a whole step of ``model`` (before its first step)."""
@@ -286,16 +302,34 @@ def gather_stats(shard: ShardedGraph, group=None, chunk_rows: int | None = None)
     """The planner's statistics of every shard, gathered from the workers (collective).
     Every worker must cut messages at the same rows: a different ``chunk_rows`` on one
     of them is an error on all."""
-    p = shard.num_parts
-    sends, reads = shard.boundary_digests()
-    mine = torch.tensor([shard.num_local, sum(b.num_edges for b in shard.blocks),
-                         -1 if chunk_rows is None else chunk_rows,
-                         *(0 if j == shard.rank else shard.needed_rows[j].numel() for j in range(p)),
-                         *sends, *reads, shard.local_block.num_dst],
-                        dtype=torch.int64, device=comm_device(group))
+    return gather_stats_of([shard], group, chunk_rows)[0]
+
+
+def gather_stats_of(shards: list[ShardedGraph], group=None, chunk_rows: int | None = None
+                    ) -> list[ShardStats]:
+    """``gather_stats`` of each of ``shards`` (one graph's sub-graphs, the same number on
+    every worker), in one all-gather."""
+    if not shards:
+        return []
+    p = shards[0].num_parts
+    figures = []
+    for shard in shards:
+        sends, reads = shard.boundary_digests()
+        figures += [shard.num_local, sum(b.num_edges for b in shard.blocks),
+                    -1 if chunk_rows is None else chunk_rows,
+                    *(0 if j == shard.rank else shard.needed_rows[j].numel() for j in range(p)),
+                    *sends, *reads, shard.local_block.num_dst]
+    mine = torch.tensor(figures, dtype=torch.int64, device=comm_device(group))
     allv = [torch.zeros_like(mine) for _ in range(p)]
     dist.all_gather(allv, mine, group=group)
-    rows = [v.cpu().tolist() for v in allv]
+    width = len(figures) // len(shards)
+    every = [v.cpu().tolist() for v in allv]
+    return [_stats([row[k * width:(k + 1) * width] for row in every], p)
+            for k in range(len(shards))]
+
+
+def _stats(rows: list[list[int]], p: int) -> ShardStats:
+    """One shard's statistics from every worker's figures (``gather_stats_of``)."""
     check_boundaries([(r[3 + p:3 + 2 * p], r[3 + 2 * p:3 + 3 * p]) for r in rows],
                      [f"the shard of part {r}" for r in range(p)])
     if len({r[2] for r in rows}) > 1:
