@@ -113,20 +113,28 @@ class HeteroConv(nn.Module):
         if take_block is not None:   # a mini-batch step's graph: this conv's block
             return self._on_block(take_block(g, self), args, etype, ntype, feats)
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names)
-        return self._run(args, feats, {r: rel.graphs[r] for r in self.relation_ids},
-                         [rel.counted(r) for r in self.relation_ids])
+        if rel.types is not None and isinstance(g, Graph) and g.dst_in_src:
+            return self._run(args, feats, {r: rel.compact_graph(g, r) for r in self.relation_ids},
+                             g.num_dst)
+        return self._run(args, feats, {r: (*rel.graphs[r], rel.counted(r))
+                                       for r in self.relation_ids}, g.num_dst)
 
-    def _run(self, args, feats, graphs: dict, counted: list) -> torch.Tensor:
-        """Each relation's layer on ``graphs[r]`` (its graph, its edges' positions in the
-        edge inputs), combined over the nodes each relation counts for."""
-        outs = []
+    def _run(self, args, feats, graphs: dict, num_dst: int) -> torch.Tensor:
+        """Each relation's layer on ``graphs[r]``: its graph, its edges' positions in the
+        edge inputs, and where its output rows go (``combine``); on a graph of the rows
+        its edges read and the nodes of its destination type (``compact``), the node
+        inputs' rows of it. Combined over the nodes each relation counts for."""
+        outs, places = [], []
         for rid in self.relation_ids:
             layer = self.layers[str(rid)]
-            sub, edges = graphs[rid]
-            mine = {k: (v.index_select(0, edges) if k in layer._sarc_edge else v)
+            sub, edges, place = graphs[rid][:3]
+            rows = graphs[rid][3] if len(graphs[rid]) > 3 else None
+            mine = {k: (v.index_select(0, edges) if k in layer._sarc_edge else
+                        _rows_of(v, rows))
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
-            outs.append(layer(sub, *args, **mine))
-        return combine(outs, counted, self.aggregate)
+            outs.append(layer(sub, *(_rows_of(a, rows) for a in args), **mine))
+            places.append(place)
+        return combine(outs, places, self.aggregate, num_dst)
 
     def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
         """This conv on a mini-batch step's block (``call``: a ``BlockCall``): each relation's
@@ -154,42 +162,60 @@ class HeteroConv(nn.Module):
         keeps = [etype == r for r in self.relation_ids]
         degrees = [tuple(d.index_select(0, rows.to(d.device))
                          for d in _local_degrees(rel.graphs[r][0])) for r in self.relation_ids]
-        subs = ([_edge_subgraph(b, k, d) for k, d in zip(keeps, degrees)] if isinstance(b, Graph)
-                else b.edge_subgraphs(keeps, degrees))   # set up together
-        graphs = {r: (sub, torch.nonzero(k).squeeze(1))
-                  for r, k, sub in zip(self.relation_ids, keeps, subs)}
         counted = [None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r]
                    for r in self.relation_ids]
-        return self._run(args, feats, graphs, counted)
+        if ntype is not None and isinstance(b, Graph) and b.dst_in_src:
+            graphs = {r: compact(b, k, c, d) for r, k, c, d in
+                      zip(self.relation_ids, keeps, counted, degrees)}
+            return self._run(args, feats, graphs, b.num_dst)
+        subs = ([_edge_subgraph(b, k, d) for k, d in zip(keeps, degrees)] if isinstance(b, Graph)
+                else b.edge_subgraphs(keeps, degrees))   # set up together
+        graphs = {r: (sub, torch.nonzero(k).squeeze(1), c)
+                  for r, k, sub, c in zip(self.relation_ids, keeps, subs, counted)}
+        return self._run(args, feats, graphs, b.num_dst)
 
 
-def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggregate: str
-            ) -> torch.Tensor:
-    """The relations' outputs ``outs`` combined per node: over the relations whose
-    ``counted`` mask (bool per node; None: every node) holds the node; 0 where none does."""
-    if all(c is None for c in counted):
-        stacked = torch.stack(outs)
-        if aggregate == "sum":
-            return stacked.sum(0)
-        if aggregate == "mean":
-            return stacked.mean(0)
-        return _extremum(stacked, aggregate)
-    n = outs[0].shape[0]
-    masks = torch.stack([torch.ones(n, dtype=torch.bool, device=outs[0].device) if c is None
-                         else c for c in counted])
-    masks = masks.reshape(*masks.shape, *([1] * (outs[0].dim() - 1)))
-    stacked = torch.stack(outs)
+def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggregate: str,
+            num_rows: int | None = None) -> torch.Tensor:
+    """The relations' outputs ``outs`` combined per node, of ``num_rows`` nodes: over the
+    relations that count for the node; 0 where none does. ``counted[i]`` says which nodes
+    ``outs[i]`` counts for: None, every node (its rows); a bool mask per node (its rows);
+    or the nodes its rows are (int64). A sum or a mean adds the relations one after
+    another (no tensor of every relation's output)."""
+    n = outs[0].shape[0] if num_rows is None else num_rows
+    dev, dt = outs[0].device, outs[0].dtype
     if aggregate in ("sum", "mean"):
-        total = torch.where(masks, stacked, torch.zeros((), dtype=stacked.dtype,
-                                                        device=stacked.device)).sum(0)
+        total, count = None, torch.zeros(n, dtype=dt, device=dev)
+        for o, c in zip(outs, counted):
+            if c is None:
+                t = o
+                count += 1
+            elif c.dtype == torch.bool:
+                t = torch.where(c.reshape(-1, *([1] * (o.dim() - 1))), o,
+                                torch.zeros((), dtype=dt, device=dev))
+                count += c.to(dt)
+            else:
+                t = o.new_zeros(n, *o.shape[1:]).index_add(0, c, o)
+                count.index_add_(0, c, torch.ones(c.numel(), dtype=dt, device=dev))
+            total = t if total is None else total + t
         if aggregate == "sum":
             return total
-        return total / masks.sum(0).clamp_min(1).to(total.dtype)
+        return total / count.clamp_min(1).reshape(-1, *([1] * (total.dim() - 1)))
+    dense, masks = [], []
+    for o, c in zip(outs, counted):
+        if c is not None and c.dtype != torch.bool:   # the rows it gives, spread out
+            o = o.new_zeros(n, *o.shape[1:]).index_put((c,), o)
+            c = torch.zeros(n, dtype=torch.bool, device=dev).index_fill(0, c, True)
+        dense.append(o)
+        masks.append(torch.ones(n, dtype=torch.bool, device=dev) if c is None else c)
+    stacked = torch.stack(dense)
+    if all(c is None for c in counted):
+        return _extremum(stacked, aggregate)
+    mask = torch.stack(masks).reshape(len(masks), n, *([1] * (stacked.dim() - 2)))
     fill = float("-inf") if aggregate == "max" else float("inf")
-    picked = torch.where(masks, stacked, torch.full((), fill, dtype=stacked.dtype,
-                                                    device=stacked.device))
+    picked = torch.where(mask, stacked, torch.full((), fill, dtype=dt, device=dev))
     best = _extremum(picked, aggregate)
-    return torch.where(masks.any(0), best, torch.zeros((), dtype=best.dtype, device=best.device))
+    return torch.where(mask.any(0), best, torch.zeros((), dtype=dt, device=dev))
 
 
 def _extremum(stacked: torch.Tensor, aggregate: str) -> torch.Tensor:
@@ -279,6 +305,7 @@ class RelationGraphs:
         self.num_dst = 0
         self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
         self.checked: set[tuple] = set()          # relation sets _check_relations passed
+        self.compacts: dict[int, tuple] = {}      # relation -> its compact graph (types')
 
     def same_types(self, ntype: torch.Tensor | None) -> bool:
         """Whether ``ntype`` holds the node types ``dst_type`` was found with."""
@@ -290,6 +317,15 @@ class RelationGraphs:
         if self.types is None:
             return None
         return self.types.values[:self.num_dst] == self.dst_type[rid]
+
+    def compact_graph(self, g: Graph, rid: int) -> tuple:
+        """Relation ``rid``'s ``compact`` graph of ``g`` (over the nodes of its destination
+        type and the sources its edges read), made at first use for these node types."""
+        if rid not in self.compacts:
+            keep = torch.zeros(g.num_edges, dtype=torch.bool, device=g.perm.device)
+            keep[self.graphs[rid][1]] = True
+            self.compacts[rid] = compact(g, keep, self.counted(rid))
+        return self.compacts[rid]
 
 
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -328,6 +364,7 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     missing = [r for r in relations if r not in rel.graphs]
     if not rel.same_types(ntype):   # found with other node types: found again, as asked
         rel.dst_type.clear()
+        rel.compacts.clear()
         rel.types = None
     if tuple(relations) not in rel.checked:   # once per relation set: not at every call
         if rel.edge_counts is None:
@@ -358,6 +395,43 @@ def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -
     return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
                             dst_in_src=g.dst_in_src, in_degree=in_degree[:g.num_dst],
                             out_degree=out_degree, src_in_degree=in_degree)
+
+
+def compact(g: Graph, keep: torch.Tensor, counted: torch.Tensor,
+            degrees: tuple | None = None) -> tuple:
+    """The sub-graph of ``g``'s edges ``keep`` marks (in their input order) over the nodes
+    its layer computes for: the destinations ``counted`` marks (bool per destination, a
+    relation's destination type), then the other sources those edges read, as a block;
+    ``(graph, the edges' positions, its destinations' rows, its sources' rows)``. Its
+    degrees are counted on the kept edges, or read from ``degrees`` (each of ``g``'s
+    source rows' in- and out-degree)."""
+    order = torch.empty_like(g.perm)
+    order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
+    src = g.src.index_select(0, order)[keep]
+    dst = g.dst.index_select(0, order)[keep]
+    dst_rows = torch.nonzero(counted).squeeze(1)
+    is_dst = torch.zeros(g.num_src, dtype=torch.bool, device=src.device)
+    is_dst[dst_rows] = True
+    rows = torch.cat([dst_rows, torch.unique(src[~is_dst[src]])])
+    at = torch.full((g.num_src,), -1, dtype=torch.int64, device=src.device)
+    at[rows] = torch.arange(rows.numel(), device=src.device)
+    src, dst = at[src], at[dst]
+    if degrees is None:
+        in_degree = torch.bincount(dst, minlength=rows.numel()).to(torch.float32)
+        out_degree = None
+    else:
+        in_degree, out_degree = (d.index_select(0, rows) for d in degrees)
+    sub = Graph.from_edges(src, dst, num_src=rows.numel(), num_dst=dst_rows.numel(),
+                           in_degree=in_degree[:dst_rows.numel()], out_degree=out_degree,
+                           src_in_degree=in_degree)
+    return sub, torch.nonzero(keep).squeeze(1), dst_rows, rows
+
+
+def _rows_of(t, rows: torch.Tensor | None):
+    """A node input's ``rows`` (None: all of it); anything else as it is."""
+    if rows is None or not isinstance(t, torch.Tensor):
+        return t
+    return t.index_select(0, rows)
 
 
 def _local_degrees(g) -> tuple[torch.Tensor, torch.Tensor]:

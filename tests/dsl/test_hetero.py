@@ -274,3 +274,22 @@ def test_negative_edge_types_are_refused():
     conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: MeanLayer(F_IN, F_OUT)})
     with pytest.raises(sarc.errors.GraphError, match="negative edge types \\(down to -1\\)"):
         conv(sarc.Graph.from_edges(src, dst, N), x, etype=etype)
+
+
+def test_with_node_types_a_relation_computes_for_its_destination_type_alone():
+    """A relation's layer runs on a graph of the nodes of its destination type, then the
+    other sources its edges read: not on every node (its output elsewhere is left out)."""
+    from sarc.hetero import relation_graphs
+    src, dst, etype, ntype, w, x = typed_graph(8)
+    conv = make_conv("sum")
+    g = sarc.Graph.from_edges(src, dst, N)
+    rel = relation_graphs(g, etype, conv.relation_ids, ntype)
+    for r in conv.relation_ids:
+        sub, edges, dst_rows, rows = rel.compact_graph(g, r)
+        assert torch.equal(dst_rows, torch.nonzero(ntype == r % TYPES).squeeze(1))
+        assert torch.equal(rows[:dst_rows.numel()], dst_rows)
+        read = set(src[etype == r].tolist())
+        assert set(rows.tolist()) == set(dst_rows.tolist()) | read
+        assert rows.numel() == len(set(rows.tolist())) < N
+        assert (sub.num_dst, sub.num_src) == (dst_rows.numel(), rows.numel())
+        assert torch.equal(edges, torch.nonzero(etype == r).squeeze(1))
