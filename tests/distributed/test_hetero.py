@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 import sarc
-from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
+import hetero_layers
+from hetero_layers import MaxLayer, MeanLayer, NormSumLayer, TypedNet
 
 from .harness import spawn
 
@@ -30,38 +30,12 @@ WIDTHS = {0: 4, 1: 7}
 REL_TOL = 1e-5
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        kinds = (MeanLayer, NormSumLayer, MaxLayer, MeanLayer)
-        self.input = sarc.TypedInput(WIDTHS, HIDDEN)
-        self.conv1 = sarc.HeteroConv({r: kinds[r](HIDDEN, HIDDEN) for r in range(RELS)}, "sum")
-        self.conv2 = sarc.HeteroConv({r: MeanLayer(HIDDEN, CLASSES) for r in range(RELS)}, "mean")
-
-    def forward(self, g, x, etype, ntype, w):
-        h = torch.relu(self.input(x, ntype))
-        h = torch.relu(self.conv1(g, h, etype=etype, ntype=ntype, w=w))
-        return self.conv2(g, h, etype=etype, ntype=ntype)
+def Net():
+    return TypedNet((MeanLayer, NormSumLayer, MaxLayer, MeanLayer), WIDTHS, HIDDEN, CLASSES)
 
 
 def typed_graph():
-    """Relation r goes into node type r % 2; features of type t in its first WIDTHS[t]
-    columns; the last 4 nodes are isolated."""
-    gen = torch.Generator().manual_seed(11)
-    ntype = torch.randint(0, 2, (N,), generator=gen)
-    etype = torch.randint(0, RELS, (E,), generator=gen)
-    src = torch.randint(0, N - 4, (E,), generator=gen)
-    dst = torch.empty(E, dtype=torch.int64)
-    for t in (0, 1):
-        into = torch.nonzero(ntype[:N - 4] == t).squeeze(1)
-        rows = torch.nonzero(etype % 2 == t).squeeze(1)
-        dst[rows] = into[torch.randint(0, into.numel(), (rows.numel(),), generator=gen)]
-    feat = torch.randn(N, max(WIDTHS.values()), generator=gen)
-    for t, w in WIDTHS.items():
-        feat[ntype == t, w:] = 0.0
-    return {"src": src, "dst": dst, "etype": etype, "w": torch.rand(E, generator=gen),
-            "ntype": ntype, "feat": feat, "label": torch.randint(0, CLASSES, (N,), generator=gen),
-            "train_mask": torch.rand(N, generator=gen) < 0.7}
+    return hetero_layers.typed_graph(N, E, RELS, WIDTHS, CLASSES, seed=11, isolated=4, train=0.7)
 
 
 def single_process(data, state):

@@ -75,3 +75,55 @@ def _worker(rank, port, queue, fn, parts, out, args):
         raise
     finally:
         dist.destroy_process_group()
+
+
+def summed_grads(model, group) -> dict:
+    """Each parameter's gradient, summed over the workers of ``group`` (``False``: one
+    process, as it is)."""
+    grads = {}
+    for name, prm in model.named_parameters():
+        t = prm.grad.clone()
+        if group is not False:
+            dist.all_reduce(t, group=group)
+        grads[name] = t
+    return grads
+
+
+def step_record(model, batch, x, shard, group) -> dict:
+    """One training step of ``model`` on ``batch`` (``x`` its input rows, a leaf): the loss
+    over all workers, the parameter gradients summed over them, this worker's input
+    gradient and its rows' original ids."""
+    from sarc.training.loop import forward, global_cross_entropy
+    loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
+                                batch.train_total)
+    loss.backward()
+    total = loss.detach().reshape(1)
+    if group is not False:
+        dist.all_reduce(total, group=group)
+    return {"loss": float(total), "grads": summed_grads(model, group),
+            "x_grad": x.grad.clone(), "x_ids": shard.orig_node_ids.clone()}
+
+
+def rel_err(got, want) -> float:
+    scale = float(want.norm())
+    return float((got - want).norm()) / (scale if scale > 0 else 1.0)
+
+
+def assert_same_step(got: dict, want: dict, x_grad: torch.Tensor, rel: float) -> None:
+    """``got`` (a ``step_record``, with ``x_grad`` the input gradient over every worker) is
+    ``want``'s step within ``rel``: the loss, every parameter gradient, the input's."""
+    assert abs(got["loss"] - want["loss"]) <= rel * abs(want["loss"])
+    assert set(got["grads"]) == set(want["grads"])
+    for name, g in want["grads"].items():
+        assert rel_err(got["grads"][name], g) <= rel, name
+    assert float(want["x_grad"].norm()) > 0
+    assert rel_err(x_grad, want["x_grad"]) <= rel
+
+
+def x_grad_of(records: list, n: int) -> torch.Tensor:
+    """The input gradient of ``n`` nodes from every worker's ``step_record``."""
+    g = torch.zeros(n, records[0]["x_grad"].shape[1])
+    for r in records:
+        g[r["x_ids"]] += r["x_grad"]
+    return g
+

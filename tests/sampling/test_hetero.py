@@ -19,18 +19,17 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 
-import sarc
-from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
+import hetero_layers
+from hetero_layers import InDegreeLayer, MaxLayer, MeanLayer, NormSumLayer, TypedNet
 from sarc.graph import Graph
 from sarc.partition import cut_parts, metis_partition, random_partition, relabel
 from sarc.runtime.sharded import build_shard
 from sarc.sampling import Comm
-from sarc.training.loop import ONE_PROCESS, Batch, forward, global_cross_entropy, train_step
+from sarc.training.loop import ONE_PROCESS, Batch, global_cross_entropy, train_step
 from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks
 
-from .graphs import run_workers
+from .graphs import assert_same_step, run_workers, step_record, x_grad_of
 
 N, E, RELS, CLASSES, HIDDEN = 48, 320, 4, 3, 6
 WIDTHS = {0: 4, 1: 7}
@@ -39,60 +38,20 @@ MFG = MiniBatchConfig("mfg")
 SAMPLED = MiniBatchConfig("sampling", (2, 3), batch_size=6)
 EPOCHS = (1, 2)
 EDGES, NODES = ("etype", "w"), ("ntype",)
-
-
-class InDegreeLayer(sarc.Layer):
-    """A sum weighted by the source's in-degree in the relation (``src.in_degree``)."""
-
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return self.lin(src.h) / (1.0 + src.in_degree).unsqueeze(-1)
-
-    def reduce(self, msg):
-        return sarc.sum(msg.m)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        kinds = (MeanLayer, NormSumLayer, MaxLayer, InDegreeLayer)
-        self.input = sarc.TypedInput(WIDTHS, HIDDEN)
-        self.conv1 = sarc.HeteroConv({r: kinds[r](HIDDEN, HIDDEN) for r in range(RELS)}, "sum")
-        self.conv2 = sarc.HeteroConv({r: MeanLayer(HIDDEN, CLASSES) for r in range(RELS)}, "mean")
-
-    def forward(self, g, x, etype, ntype, w):
-        h = torch.relu(self.input(x, ntype))
-        h = torch.relu(self.conv1(g, h, etype=etype, ntype=ntype, w=w))
-        return self.conv2(g, h, etype=etype, ntype=ntype)
+KINDS = (MeanLayer, NormSumLayer, MaxLayer, InDegreeLayer)
 
 
 def typed_graph() -> dict:
-    """Relation r goes into node type r % 2; type t's features in its first WIDTHS[t]
-    columns; the last 3 nodes have no edges."""
-    gen = torch.Generator().manual_seed(7)
-    ntype = torch.randint(0, 2, (N,), generator=gen)
-    etype = torch.randint(0, RELS, (E,), generator=gen)
-    src = torch.randint(0, N - 3, (E,), generator=gen)
-    dst = torch.empty(E, dtype=torch.int64)
-    for t in (0, 1):
-        into = torch.nonzero(ntype[:N - 3] == t).squeeze(1)
-        rows = torch.nonzero(etype % 2 == t).squeeze(1)
-        dst[rows] = into[torch.randint(0, into.numel(), (rows.numel(),), generator=gen)]
-    feat = torch.randn(N, max(WIDTHS.values()), generator=gen)
-    for t, w in WIDTHS.items():
-        feat[ntype == t, w:] = 0.0
-    ndata = {"feat": feat, "label": torch.randint(0, CLASSES, (N,), generator=gen),
-             "train_mask": torch.rand(N, generator=gen) < 0.6, "ntype": ntype}
-    return {"src": src, "dst": dst, "ndata": ndata,
-            "edata": {"etype": etype, "w": torch.rand(E, generator=gen)}}
+    """``hetero_layers.typed_graph`` as node and edge data."""
+    data = hetero_layers.typed_graph(N, E, RELS, WIDTHS, CLASSES, seed=7, isolated=3, train=0.6)
+    return {"src": data["src"], "dst": data["dst"],
+            "ndata": {k: data[k] for k in ("feat", "label", "train_mask", "ntype")},
+            "edata": {k: data[k] for k in ("etype", "w")}}
 
 
-def _model(cls=Net) -> Net:
+def _model(typed: bool = True) -> TypedNet:
     torch.manual_seed(3)  # the same weights on every worker and in the test process
-    return cls()
+    return TypedNet(KINDS, WIDTHS, HIDDEN, CLASSES, typed)
 
 
 def _shard(data, parts: int, method: str, rank: int):
@@ -145,25 +104,12 @@ def _sum(v, group):
     return int(t)
 
 
-def _one_step(shard, group, cls=Net):
+def _one_step(shard, group, typed: bool = True):
     """One MFG step's loss, parameter gradients (summed over workers) and input gradient."""
-    model = _model(cls)
+    model = _model(typed)
     src, x, _ = _steps(shard, MFG, group)
     (batch,) = list(src.steps(0))
-    loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
-                                batch.train_total)
-    loss.backward()
-    grads = {}
-    for name, prm in model.named_parameters():
-        t = prm.grad.clone()
-        if group is not False:
-            dist.all_reduce(t, group=group)
-        grads[name] = t
-    total = loss.detach().reshape(1)
-    if group is not False:
-        dist.all_reduce(total, group=group)
-    return {"loss": float(total), "grads": grads, "x_grad": x.grad.clone(),
-            "x_ids": shard.orig_node_ids.clone()}
+    return step_record(model, batch, x, shard, group)
 
 
 def _trajectory(shard, group):
@@ -207,8 +153,8 @@ def runs(data, tmp_path_factory):
             for p, m in ((2, "metis"), (3, "random"))}
 
 
-def _full_batch(data, cls=Net):
-    model = _model(cls)
+def _full_batch(data, typed: bool = True):
+    model = _model(typed)
     nd = data["ndata"]
     x = nd["feat"].clone().requires_grad_(True)
     train = nd["train_mask"]
@@ -218,27 +164,6 @@ def _full_batch(data, cls=Net):
     loss.backward()
     return {"loss": float(loss.detach()), "x_grad": x.grad,
             "grads": {k: p.grad for k, p in model.named_parameters()}}
-
-
-def rel_err(got, want) -> float:
-    scale = float(want.norm())
-    return float((got - want).norm()) / (scale if scale > 0 else 1.0)
-
-
-def _assert_same_step(got: dict, want: dict, x_grad: torch.Tensor):
-    assert abs(got["loss"] - want["loss"]) <= REL * abs(want["loss"])
-    assert set(got["grads"]) == set(want["grads"])
-    for name, g in want["grads"].items():
-        assert rel_err(got["grads"][name], g) <= REL, name
-    assert float(want["x_grad"].norm()) > 0
-    assert rel_err(x_grad, want["x_grad"]) <= REL
-
-
-def _x_grad(records):
-    g = torch.zeros(N, records[0]["x_grad"].shape[1])
-    for r in records:
-        g[r["x_ids"]] += r["x_grad"]
-    return g
 
 
 def test_the_blocks_normalize_otherwise_than_the_whole_graph(data):
@@ -261,29 +186,20 @@ def _edges_of(g):
 
 def test_single_process_mfg_step_equals_the_full_batch_step(data, one_process):
     got = one_process["mfg"]
-    _assert_same_step(got, _full_batch(data), got["x_grad"])
-
-
-class Untyped(Net):
-    """Without node types every relation counts for every node."""
-
-    def forward(self, g, x, etype, ntype, w):
-        h = torch.relu(self.input(x, ntype))
-        h = torch.relu(self.conv1(g, h, etype=etype, w=w))
-        return self.conv2(g, h, etype=etype)
+    assert_same_step(got, _full_batch(data), got["x_grad"], REL)
 
 
 def test_single_process_mfg_step_without_node_types_equals_the_full_batch_step(data):
-    got = _one_step(_shard(data, 1, "random", 0), False, Untyped)
-    _assert_same_step(got, _full_batch(data, Untyped), got["x_grad"])
+    got = _one_step(_shard(data, 1, "random", 0), False, typed=False)
+    assert_same_step(got, _full_batch(data, typed=False), got["x_grad"], REL)
 
 
 @pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
 def test_mfg_step_on_workers_equals_the_full_batch_step(data, runs, one_process, parts,
                                                         method):
     records = [r["mfg"] for r in runs[parts, method]]
-    _assert_same_step(records[0], _full_batch(data), _x_grad(records))
-    _assert_same_step(records[0], one_process["mfg"], _x_grad(records))
+    assert_same_step(records[0], _full_batch(data), x_grad_of(records, N), REL)
+    assert_same_step(records[0], one_process["mfg"], x_grad_of(records, N), REL)
 
 
 @pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])

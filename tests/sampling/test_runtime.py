@@ -11,12 +11,11 @@ import datetime
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from sarc.sampling import Comm, NeighbourSampler, SamplingSpec
 
-from .graphs import run_workers, shards, tiny_graph
+from .graphs import run_workers, shards, summed_grads, tiny_graph
 
 SEEDS = [0, 4, 5, 9, 13, 21, 26, 28]
 KINDS = ("sage", "gcn", "gat", "gin", "rgcn")
@@ -64,14 +63,8 @@ def _step(kind, graphs, mb, g, group):
     y = model[1](graphs[1], F.relu(model[0](graphs[0], x, **edges[0])), **edges[1])
     ids = mb.blocks[1].shard.orig_node_ids[:mb.blocks[1].num_dst]
     (y * _weights(g.num_nodes)[ids]).sum().backward()
-    grads = {}
-    for name, prm in model.named_parameters():
-        t = prm.grad.clone()
-        if group is not False:
-            dist.all_reduce(t, group=group)
-        grads[name] = t
     return {"ids": ids, "y": y.detach(), "x_ids": mb.blocks[0].shard.orig_node_ids,
-            "x_grad": x.grad, "grads": grads}
+            "x_grad": x.grad, "grads": summed_grads(model, group)}
 
 
 def _work(rank, group, g, parts):

@@ -26,7 +26,7 @@ from sarc.training.loop import ONE_PROCESS, forward, global_cross_entropy, train
 from sarc.training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks,
                                      whole_graph_shard)
 
-from .graphs import run_workers, tiny_graph
+from .graphs import assert_same_step, run_workers, step_record, tiny_graph, x_grad_of
 
 KINDS = ("gcn", "sage", "gat", "gin", "rgcn", "degnorm")
 METHODS = ("metis", "random")
@@ -130,20 +130,7 @@ def _one_step(kind, shard, config, group, rows_of):
     model = _model(kind)
     src, x = _steps(kind, shard, config, group, rows_of)
     (batch,) = list(src.steps(0))
-    loss = global_cross_entropy(forward(model, batch), batch.label, batch.masks["train"],
-                                batch.train_total)
-    loss.backward()
-    grads = {}
-    for name, prm in model.named_parameters():
-        t = prm.grad.clone()
-        if group is not False:
-            dist.all_reduce(t, group=group)
-        grads[name] = t
-    total = loss.detach().reshape(1)
-    if group is not False:
-        dist.all_reduce(total, group=group)
-    return {"loss": float(total), "grads": grads, "x_grad": x.grad.clone(),
-            "x_ids": shard.orig_node_ids.clone()}
+    return step_record(model, batch, x, shard, group)
 
 
 def _trajectory(kind, shard, group, rows_of, prefetch=False):
@@ -221,31 +208,10 @@ def _full_batch(kind, g):
             "x_grad": x.grad}
 
 
-def rel_err(got, want) -> float:
-    scale = float(want.norm())
-    return float((got - want).norm()) / (scale if scale > 0 else 1.0)
-
-
-def _x_grad(records, n):
-    g = torch.zeros(n, records[0]["x_grad"].shape[1])
-    for r in records:
-        g[r["x_ids"]] += r["x_grad"]
-    return g
-
-
-def _assert_same_step(got: dict, want: dict, x_grad: torch.Tensor):
-    assert abs(got["loss"] - want["loss"]) <= REL * abs(want["loss"])
-    assert set(got["grads"]) == set(want["grads"])
-    for name, g in want["grads"].items():
-        assert rel_err(got["grads"][name], g) <= REL, name
-    assert float(want["x_grad"].norm()) > 0
-    assert rel_err(x_grad, want["x_grad"]) <= REL
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_single_process_mfg_step_equals_the_full_batch_step(graph, one_process, kind):
     got = one_process["mfg", kind]
-    _assert_same_step(got, _full_batch(kind, graph), got["x_grad"])
+    assert_same_step(got, _full_batch(kind, graph), got["x_grad"], REL)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -254,9 +220,9 @@ def test_single_process_mfg_step_equals_the_full_batch_step(graph, one_process, 
 def test_mfg_step_on_workers_equals_full_batch_and_single_process(graph, runs, one_process,
                                                                   p, kind, method):
     records = [r["mfg", method, kind] for r in runs[p]]
-    x_grad = _x_grad(records, graph.num_nodes)
-    _assert_same_step(records[0], _full_batch(kind, graph), x_grad)
-    _assert_same_step(records[0], one_process["mfg", kind], x_grad)
+    x_grad = x_grad_of(records, graph.num_nodes)
+    assert_same_step(records[0], _full_batch(kind, graph), x_grad, REL)
+    assert_same_step(records[0], one_process["mfg", kind], x_grad, REL)
 
 
 @pytest.mark.parametrize("kind", ("gcn", "gat"))
