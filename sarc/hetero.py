@@ -31,7 +31,7 @@ on the whole graph), so an MFG step equals the full-batch step on its seeds.
 from __future__ import annotations
 
 import weakref
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -43,6 +43,18 @@ from .trace import user_loc
 
 AGGREGATES = ("sum", "mean", "max", "min")
 """How ``HeteroConv`` combines the relations' outputs at a destination node."""
+
+
+class RelationRun(NamedTuple):
+    """What a relation's layer runs on in one call: its graph, its edges' positions in the
+    edge inputs, which nodes its output rows count for (``combine``'s ``counted``), and
+    the rows of the node inputs it reads (None: all of them; a ``compact`` graph's
+    sources)."""
+
+    graph: object
+    edges: torch.Tensor
+    place: torch.Tensor | None
+    rows: torch.Tensor | None = None
 
 
 class HeteroConv(nn.Module):
@@ -116,25 +128,21 @@ class HeteroConv(nn.Module):
         if rel.types is not None and isinstance(g, Graph) and g.dst_in_src:
             return self._run(args, feats, {r: rel.compact_graph(g, r) for r in self.relation_ids},
                              g.num_dst)
-        return self._run(args, feats, {r: (*rel.graphs[r], rel.counted(r))
+        return self._run(args, feats, {r: RelationRun(*rel.graphs[r], rel.counted(r))
                                        for r in self.relation_ids}, g.num_dst)
 
-    def _run(self, args, feats, graphs: dict, num_dst: int) -> torch.Tensor:
-        """Each relation's layer on ``graphs[r]``: its graph, its edges' positions in the
-        edge inputs, and where its output rows go (``combine``); on a graph of the rows
-        its edges read and the nodes of its destination type (``compact``), the node
-        inputs' rows of it. Combined over the nodes each relation counts for."""
-        outs, places = [], []
+    def _run(self, args, feats, runs: dict[int, RelationRun], num_dst: int) -> torch.Tensor:
+        """Each relation's layer on its ``RelationRun``, the outputs combined over the nodes
+        each relation counts for."""
+        outs = []
         for rid in self.relation_ids:
-            layer = self.layers[str(rid)]
-            sub, edges, place = graphs[rid][:3]
-            rows = graphs[rid][3] if len(graphs[rid]) > 3 else None
-            mine = {k: (v.index_select(0, edges) if k in layer._sarc_edge else
-                        _rows_of(v, rows))
+            layer, run = self.layers[str(rid)], runs[rid]
+            mine = {k: (v.index_select(0, run.edges) if k in layer._sarc_edge else
+                        _rows_of(v, run.rows))
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
-            outs.append(layer(sub, *(_rows_of(a, rows) for a in args), **mine))
-            places.append(place)
-        return combine(outs, places, self.aggregate, num_dst)
+            outs.append(layer(run.graph, *(_rows_of(a, run.rows) for a in args), **mine))
+        return combine(outs, [runs[r].place for r in self.relation_ids], self.aggregate,
+                       num_dst)
 
     def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
         """This conv on a mini-batch step's block (``call``: a ``BlockCall``): each relation's
@@ -170,7 +178,7 @@ class HeteroConv(nn.Module):
             return self._run(args, feats, graphs, b.num_dst)
         subs = ([_edge_subgraph(b, k, d) for k, d in zip(keeps, degrees)] if isinstance(b, Graph)
                 else b.edge_subgraphs(keeps, degrees))   # set up together
-        graphs = {r: (sub, torch.nonzero(k).squeeze(1), c)
+        graphs = {r: RelationRun(sub, torch.nonzero(k).squeeze(1), c)
                   for r, k, sub, c in zip(self.relation_ids, keeps, subs, counted)}
         return self._run(args, feats, graphs, b.num_dst)
 
@@ -305,7 +313,7 @@ class RelationGraphs:
         self.num_dst = 0
         self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
         self.checked: set[tuple] = set()          # relation sets _check_relations passed
-        self.compacts: dict[int, tuple] = {}      # relation -> its compact graph (types')
+        self.compacts: dict[int, RelationRun] = {}  # relation -> its compact graph (types')
 
     def same_types(self, ntype: torch.Tensor | None) -> bool:
         """Whether ``ntype`` holds the node types ``dst_type`` was found with."""
@@ -318,7 +326,7 @@ class RelationGraphs:
             return None
         return self.types.values[:self.num_dst] == self.dst_type[rid]
 
-    def compact_graph(self, g: Graph, rid: int) -> tuple:
+    def compact_graph(self, g: Graph, rid: int) -> RelationRun:
         """Relation ``rid``'s ``compact`` graph of ``g`` (over the nodes of its destination
         type and the sources its edges read), made at first use for these node types."""
         if rid not in self.compacts:
@@ -398,12 +406,12 @@ def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -
 
 
 def compact(g: Graph, keep: torch.Tensor, counted: torch.Tensor,
-            degrees: tuple | None = None) -> tuple:
+            degrees: tuple | None = None) -> RelationRun:
     """The sub-graph of ``g``'s edges ``keep`` marks (in their input order) over the nodes
     its layer computes for: the destinations ``counted`` marks (bool per destination, a
-    relation's destination type), then the other sources those edges read, as a block;
-    ``(graph, the edges' positions, its destinations' rows, its sources' rows)``. Its
-    degrees are counted on the kept edges, or read from ``degrees`` (each of ``g``'s
+    relation's destination type), then the other sources those edges read, as a block
+    (its output rows count for those destinations; its inputs are those sources' rows).
+    Its degrees are counted on the kept edges, or read from ``degrees`` (each of ``g``'s
     source rows' in- and out-degree)."""
     order = torch.empty_like(g.perm)
     order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
@@ -424,7 +432,7 @@ def compact(g: Graph, keep: torch.Tensor, counted: torch.Tensor,
     sub = Graph.from_edges(src, dst, num_src=rows.numel(), num_dst=dst_rows.numel(),
                            in_degree=in_degree[:dst_rows.numel()], out_degree=out_degree,
                            src_in_degree=in_degree)
-    return sub, torch.nonzero(keep).squeeze(1), dst_rows, rows
+    return RelationRun(sub, torch.nonzero(keep).squeeze(1), dst_rows, rows)
 
 
 def _rows_of(t, rows: torch.Tensor | None):
