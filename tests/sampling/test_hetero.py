@@ -29,6 +29,9 @@ from sarc.sampling import Comm
 from sarc.training.loop import ONE_PROCESS, Batch, global_cross_entropy, train_step
 from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from .graphs import assert_same_step, run_workers, step_record, x_grad_of
 
 N, E, RELS, CLASSES, HIDDEN = 48, 320, 4, 3, 6
@@ -55,8 +58,9 @@ def _model(typed: bool = True) -> TypedNet:
 
 
 def _shard(data, parts: int, method: str, rank: int):
+    n = data["ndata"]["ntype"].shape[0]
     part = (metis_partition if method == "metis" else random_partition)(
-        data["src"], data["dst"], N, parts, seed=0)
+        data["src"], data["dst"], n, parts, seed=0)
     rl = relabel(part, parts)
     parts_ = list(cut_parts(data["src"], data["dst"], rl, data["ndata"], data["edata"]))
     return build_shard(parts_[rank], rl.offsets, rank)
@@ -68,7 +72,7 @@ def _steps(shard, config, group):
     nd = shard.ndata
     x = nd["feat"].clone().requires_grad_(True)
     if group is False:
-        whole = Graph.from_edges(*_edges(shard), N)
+        whole = Graph.from_edges(*_edges(shard), shard.num_nodes)
         edge_inputs = {k: shard.edata[0][k] for k in EDGES}
         comm, graphs_of, train = Comm(), local_blocks, int(nd["train_mask"].sum())
     else:
@@ -219,3 +223,60 @@ def test_each_workers_layer_bytes_are_the_planners(runs, parts, method):
         for sent, planned, setup in r["sampled"]["bytes"]:
             assert sent == planned and sent > 0
             assert setup > 0   # the relations' degrees of the rows their readers read
+
+
+@st.composite
+def typed_graphs(draw):
+    """A random graph of two node types (each with at least one node) whose relation r,
+    of 1 to 5, has edges into node type r % 2 only (at least one edge each)."""
+    relations = draw(st.integers(1, 5))
+    n = draw(st.integers(4, 30))
+    e = draw(st.integers(relations, 120))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    ntype = torch.randint(0, 2, (n,), generator=gen)
+    ntype[:2] = torch.tensor([0, 1])
+    etype = torch.arange(e) % relations
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.empty(e, dtype=torch.int64)
+    for t in (0, 1):
+        into = torch.nonzero(ntype == t).squeeze(1)
+        rows = torch.nonzero(etype % 2 == t).squeeze(1)
+        dst[rows] = into[torch.randint(0, into.numel(), (rows.numel(),), generator=gen)]
+    feat = torch.randn(n, max(WIDTHS.values()), generator=gen)
+    ndata = {"feat": feat, "label": torch.randint(0, CLASSES, (n,), generator=gen),
+             "train_mask": torch.rand(n, generator=gen) < 0.5, "ntype": ntype}
+    ndata["train_mask"][0] = True
+    return {"src": src, "dst": dst, "ndata": ndata,
+            "edata": {"etype": etype, "w": torch.rand(e, generator=gen)}}, relations
+
+
+@settings(max_examples=30, deadline=None)
+@given(typed_graphs(), st.integers(1, 6), st.booleans())
+def test_each_mfg_batchs_outputs_are_the_whole_graphs_at_its_seeds(graph, batch, typed):
+    """On random typed graphs, every MFG batch of an epoch gives each of its seeds the
+    whole graph's output there, and the gradient of their sum the whole graph's (the
+    relations' degrees and destination types the whole graph's, relations without
+    edges in a block included)."""
+    data, relations = graph
+    torch.manual_seed(0)
+    kinds = [KINDS[(r + 1) % len(KINDS)] for r in range(relations)]   # one reads w
+    model = TypedNet(kinds, WIDTHS, HIDDEN, CLASSES, typed)
+    nd = data["ndata"]
+    whole = Graph.from_edges(data["src"], data["dst"], nd["ntype"].shape[0])
+    full = model(whole, nd["feat"], data["edata"]["etype"], nd["ntype"], data["edata"]["w"])
+    src, x, _ = _steps(_shard(data, 1, "random", 0), MiniBatchConfig("mfg", batch_size=batch),
+                       False)
+    ids = src.shard.orig_node_ids
+    for b in src.steps(1):
+        out = model(b.graph, b.x, **b.edge_inputs)
+        seeds = ids[b.node_ids[:out.shape[0]]]
+        torch.testing.assert_close(out, full[seeds], rtol=1e-5, atol=1e-6)
+        got = torch.autograd.grad(out.sum(), list(model.parameters()), allow_unused=True)
+        want = torch.autograd.grad(full[seeds].sum(), list(model.parameters()),
+                                   allow_unused=True, retain_graph=True)
+        for g, w in zip(got, want):
+            if g is None or w is None:   # a relation without edges into the batch's seeds
+                assert all(t is None or float(t.abs().max()) == 0.0 for t in (g, w))
+            else:
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
