@@ -259,8 +259,12 @@ class TypedInput(nn.Module):
 
     def forward(self, x: torch.Tensor, ntype: torch.Tensor) -> torch.Tensor:
         if ntype.shape != (x.shape[0],):
+            longer = ntype.dim() == 1 and ntype.shape[0] > x.shape[0]
             raise GraphError(f"TypedInput: ntype has shape {list(ntype.shape)}, but x has "
-                             f"{x.shape[0]} rows (one node type per row)")
+                             f"{x.shape[0]} rows (one node type per row)" +
+                             ("; in mfg and sampling modes a layer's output has its block's "
+                              "destination rows, the first of its input's: cut the node types "
+                              "to them, ntype[:h.shape[0]]" if longer else ""))
         if ntype.dtype.is_floating_point or ntype.dtype.is_complex or ntype.dtype is torch.bool:
             raise GraphError(f"TypedInput: ntype must hold integer node types, got "
                              f"{ntype.dtype}")

@@ -148,3 +148,12 @@ def test_node_type_out_of_range(tmp_path):
     proc = run_sarc("train", ROOT / "models" / "hetero_sage.py", "--dataset",
                     tmp_path / "bad.npz", "--threads", "1")
     assert_error(proc, "bad.npz", "ntype of node 7 is 3, outside [0, 2) (num_ntypes = 2)")
+
+
+@case("dsl", "`TypedInput(h, ntype)` between layers of a mini-batch step (ntype of the "
+      "step's input rows, more than h's)", "error")
+def test_typed_input_given_more_node_types_than_rows_says_how_to_cut_them():
+    proj = sarc.TypedInput({0: 3, 1: 3}, 4)
+    with pytest.raises(sarc.GraphError, match=r"ntype has shape \[5\], but x has 3 rows .* "
+                                              r"ntype\[:h.shape\[0\]\]"):
+        proj(torch.randn(3, 3), torch.tensor([0, 1, 0, 1, 0]))
