@@ -436,6 +436,11 @@ STEPS = [
          [*TINY, "--workers", "1,2", "--no-cora"],
          about="Training on the K-hop closure of the labeled nodes against full-batch "
                "training when few nodes are labeled."),
+    Step("hetero", "A heterogeneous model: modes and workers", "benchmarks/hetero.py",
+         ["--epochs", "4"], ["--epochs", "2", "--workers", "1", "--modes", "full,sampling"],
+         about="models/hetero_sage.py (a GraphSAGE layer per relation, 90 relations) on "
+               "AIFB, full batch, MFG and sampled batches of 40 seeds, on one process and 2 "
+               "workers: the steps of an epoch, and on workers the bytes a step sends."),
     Step("embedding_memory", "A featureless graph's embedding: replicated against sharded",
          "benchmarks/embedding_memory.py", ["--rows", "10000000", "--workers", "1,2,4"],
          ["--rows", "100000", "--workers", "1,2", "--steps", "1"],
