@@ -189,23 +189,23 @@ def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggreg
     relations that count for the node; 0 where none does. ``counted[i]`` says which nodes
     ``outs[i]`` counts for: None, every node (its rows); a bool mask per node (its rows);
     or the nodes its rows are (int64). A sum or a mean adds the relations one after
-    another (no tensor of every relation's output)."""
+    another into one tensor (no tensor of every relation's output, no copy per relation)."""
     n = outs[0].shape[0] if num_rows is None else num_rows
     dev, dt = outs[0].device, outs[0].dtype
-    if aggregate in ("sum", "mean"):
-        total, count = None, torch.zeros(n, dtype=dt, device=dev)
+    if aggregate in ("sum", "mean"):   # into one tensor, in place, relation by relation
+        total = outs[0].new_zeros(n, *outs[0].shape[1:])
+        count = torch.zeros(n, dtype=dt, device=dev)
         for o, c in zip(outs, counted):
             if c is None:
-                t = o
+                total.add_(o)
                 count += 1
             elif c.dtype == torch.bool:
-                t = torch.where(c.reshape(-1, *([1] * (o.dim() - 1))), o,
-                                torch.zeros((), dtype=dt, device=dev))
+                total.add_(torch.where(c.reshape(-1, *([1] * (o.dim() - 1))), o,
+                                       torch.zeros((), dtype=dt, device=dev)))
                 count += c.to(dt)
             else:
-                t = o.new_zeros(n, *o.shape[1:]).index_add(0, c, o)
+                total.index_add_(0, c, o)
                 count.index_add_(0, c, torch.ones(c.numel(), dtype=dt, device=dev))
-            total = t if total is None else total + t
         if aggregate == "sum":
             return total
         return total / count.clamp_min(1).reshape(-1, *([1] * (total.dim() - 1)))
