@@ -71,3 +71,36 @@ def test_one_nccl_worker_on_triton_trains_as_torch_on_the_cpu(tmp_path, cpu_run)
                 "cuda", "--backend", "triton")
     assert (got[0]["workers"], got[0]["device"], got[0]["backend"]) == (1, "cuda:0", "triton")
     assert_same_losses(got, cpu_run)
+
+
+def _typed_dataset():
+    """hetero_layers' random typed graph (two node types, four relations) as a dataset."""
+    import hetero_layers
+    from sarc.datasets import Dataset
+    g = hetero_layers.typed_graph(300, 3000, 4, {0: 6, 1: 9}, 3, seed=5, isolated=5, train=0.5)
+    train = g["train_mask"].numpy()
+    return Dataset.from_arrays({
+        "edge_src": g["src"].numpy(), "edge_dst": g["dst"].numpy(),
+        "etype": g["etype"].numpy(), "ntype": g["ntype"].numpy(), "feat": g["feat"].numpy(),
+        "label": g["label"].numpy(), "train_mask": train, "val_mask": ~train,
+        "test_mask": ~train, "num_classes": 3}, name="typed")
+
+
+def hetero_losses(device: str) -> float:
+    """``models/hetero_sage.py`` trained in sampled steps on ``device`` (torch kernels, no
+    dropout): its final loss."""
+    from sarc.loader import load_model_file
+    from sarc.train import train as train_model
+    from sarc.training.minibatch import MiniBatchConfig
+    out = train_model(load_model_file(ROOT / "models" / "hetero_sage.py"), _typed_dataset(),
+                      epochs=3, hparams={"dropout": 0.0}, log=None, device=device,
+                      backend="torch", minibatch=MiniBatchConfig("sampling", (5, 5),
+                                                                 batch_size=40))
+    assert out["device"].startswith(device)
+    return out["final_loss"]
+
+
+def test_a_hetero_model_in_sampled_steps_on_cuda_trains_as_on_the_cpu():
+    """A HeteroConv per block on CUDA (each relation's block with the whole graph's
+    relation degrees at the block's rows, its rows compacted to its destination type)."""
+    assert hetero_losses("cuda") == pytest.approx(hetero_losses("cpu"), rel=RTOL)
