@@ -10,7 +10,9 @@ edges of its relation with the whole graph's relation degrees, so:
   and one by ``src.in_degree``, with an edge weight;
 - sampling: the losses of every step of two epochs (Adam between them) are the same
   whatever P, and each worker's layer bytes per step equal the planner's prediction
-  for the relations' programs on the step's blocks.
+  for the relations' programs on the step's blocks;
+- on random typed graphs (hypothesis), every MFG batch gives its seeds the whole graph's
+  outputs and parameter gradients, with and without node types.
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def _steps(shard, config, group):
     nd = shard.ndata
     x = nd["feat"].clone().requires_grad_(True)
     if group is False:
-        whole = Graph.from_edges(*_edges(shard), shard.num_nodes)
+        whole = Graph.from_edges(*_edges(shard.local_block), shard.num_nodes)
         edge_inputs = {k: shard.edata[0][k] for k in EDGES}
         comm, graphs_of, train = Comm(), local_blocks, int(nd["train_mask"].sum())
     else:
@@ -95,11 +97,11 @@ def _steps(shard, config, group):
     return src, x, graphs_of
 
 
-def _edges(shard):
-    """The one-part shard's edges, in its edge data's order (original ids)."""
-    b = shard.local_block
-    order = torch.argsort(b.perm)
-    return b.src[order], b.dst[order]
+def _edges(g: Graph):
+    """``g``'s edges in their input order (a one-part shard's local block: its edge data's
+    order, original ids)."""
+    order = torch.argsort(g.perm)
+    return g.src[order], g.dst[order]
 
 
 def _sum(v, group):
@@ -178,14 +180,9 @@ def test_the_blocks_normalize_otherwise_than_the_whole_graph(data):
     last = batch.graph.graphs[-1]
     whole = Graph.from_edges(data["src"], data["dst"], N)
     assert last.num_dst < N and last.num_edges < whole.num_edges
-    out = torch.bincount(_edges_of(last)[0], minlength=last.num_src).to(torch.float32)
+    out = torch.bincount(_edges(last)[0], minlength=last.num_src).to(torch.float32)
     rows = batch.graph.rows[-1]
     assert bool((out < whole.out_degree[rows]).any())
-
-
-def _edges_of(g):
-    order = torch.argsort(g.perm)
-    return g.src[order], g.dst[order]
 
 
 def test_single_process_mfg_step_equals_the_full_batch_step(data, one_process):
