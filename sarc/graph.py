@@ -81,6 +81,13 @@ class Graph:
             return self.src_in_degree
         return self.in_degree if self.num_src == self.num_dst and self.dst_in_src else None
 
+    def input_edges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(src, dst)`` in the order the edges were given (their edge data's order), not
+        CSR order."""
+        order = torch.empty_like(self.perm)
+        order[self.perm] = torch.arange(self.num_edges, device=self.perm.device)
+        return self.src.index_select(0, order), self.dst.index_select(0, order)
+
     def num_src_nodes(self) -> int:
         """``num_src`` by DGL's name: a DGL user's mini-batch loop slices its features as
         ``h[:block.num_dst_nodes()]`` on the block it got from ``from_dgl``."""

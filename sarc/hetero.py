@@ -397,16 +397,11 @@ def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -
     """The sub-graph of ``g``'s edges ``keep`` marks (in their input order), over the same
     nodes; ``degrees``: the in- and out-degree of each source row, to read instead of the
     kept edges' counts (a block's, in the whole graph)."""
-    order = torch.empty_like(g.perm)
-    order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
-    src, dst = g.src.index_select(0, order), g.dst.index_select(0, order)  # the input order
-    if degrees is None:
-        return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
-                                dst_in_src=g.dst_in_src)
-    in_degree, out_degree = degrees
+    src, dst = g.input_edges()
+    given = {} if degrees is None else {"in_degree": degrees[0][:g.num_dst],
+                                        "out_degree": degrees[1], "src_in_degree": degrees[0]}
     return Graph.from_edges(src[keep], dst[keep], num_src=g.num_src, num_dst=g.num_dst,
-                            dst_in_src=g.dst_in_src, in_degree=in_degree[:g.num_dst],
-                            out_degree=out_degree, src_in_degree=in_degree)
+                            dst_in_src=g.dst_in_src, **given)
 
 
 def compact(g: Graph, keep: torch.Tensor, counted: torch.Tensor,
@@ -417,10 +412,7 @@ def compact(g: Graph, keep: torch.Tensor, counted: torch.Tensor,
     (its output rows count for those destinations; its inputs are those sources' rows).
     Its degrees are counted on the kept edges, or read from ``degrees`` (each of ``g``'s
     source rows' in- and out-degree)."""
-    order = torch.empty_like(g.perm)
-    order[g.perm] = torch.arange(g.num_edges, device=g.perm.device)
-    src = g.src.index_select(0, order)[keep]
-    dst = g.dst.index_select(0, order)[keep]
+    src, dst = (ends[keep] for ends in g.input_edges())
     dst_rows = torch.nonzero(counted).squeeze(1)
     is_dst = torch.zeros(g.num_src, dtype=torch.bool, device=src.device)
     is_dst[dst_rows] = True

@@ -30,12 +30,6 @@ COUNTS_TAG, DEGREES_TAG = 100, 104
 """Multiples of 4: they go on the rows' process group (``exchange.Exchanger``)."""
 
 
-def _input_order(b: Graph) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's (src, dst) in the order its edges were given (its edge data's order)."""
-    order = torch.argsort(b.perm)
-    return b.src.index_select(0, order), b.dst.index_select(0, order)
-
-
 def _swap(ex: Exchanger, out: dict[int, torch.Tensor], sizes: dict[int, int], tag: int,
           dtype: torch.dtype = torch.float32) -> dict[int, torch.Tensor]:
     """Send ``out[j]`` to every peer j and receive ``sizes[j]`` values of ``dtype`` from
@@ -72,7 +66,7 @@ class _SubEdges:
         self.out_degree = torch.zeros(n, dtype=torch.float32, device=dev)
         self.in_degree = torch.zeros(n, dtype=torch.float32, device=dev)
         for j, (b, m) in enumerate(zip(shard.blocks, self.masks)):
-            src, dst = _input_order(b)
+            src, dst = b.input_edges()
             src, dst = src[m], dst[m]
             self.edges.append((src, dst))
             self.in_degree[:nd] += torch.bincount(dst, minlength=nd).to(torch.float32)

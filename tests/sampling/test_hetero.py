@@ -74,7 +74,7 @@ def _steps(shard, config, group):
     nd = shard.ndata
     x = nd["feat"].clone().requires_grad_(True)
     if group is False:
-        whole = Graph.from_edges(*_edges(shard.local_block), shard.num_nodes)
+        whole = Graph.from_edges(*shard.local_block.input_edges(), shard.num_nodes)
         edge_inputs = {k: shard.edata[0][k] for k in EDGES}
         comm, graphs_of, train = Comm(), local_blocks, int(nd["train_mask"].sum())
     else:
@@ -95,13 +95,6 @@ def _steps(shard, config, group):
                          edge_names=EDGES, node_names=NODES,
                          counter=None if group is False else whole.counter)
     return src, x, graphs_of
-
-
-def _edges(g: Graph):
-    """``g``'s edges in their input order (a one-part shard's local block: its edge data's
-    order, original ids)."""
-    order = torch.argsort(g.perm)
-    return g.src[order], g.dst[order]
 
 
 def _sum(v, group):
@@ -180,7 +173,7 @@ def test_the_blocks_normalize_otherwise_than_the_whole_graph(data):
     last = batch.graph.graphs[-1]
     whole = Graph.from_edges(data["src"], data["dst"], N)
     assert last.num_dst < N and last.num_edges < whole.num_edges
-    out = torch.bincount(_edges(last)[0], minlength=last.num_src).to(torch.float32)
+    out = torch.bincount(last.input_edges()[0], minlength=last.num_src).to(torch.float32)
     rows = batch.graph.rows[-1]
     assert bool((out < whole.out_degree[rows]).any())
 
