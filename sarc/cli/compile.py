@@ -169,9 +169,10 @@ def compile_command(args) -> int:
     # needs: the model run once on the graph and inputs sarc train feeds it
     prep = prepare(data, hparams, model)
     calls = layer_calls(model, prep.graph, prep.x, prep.edge_inputs)
+    blocks = _blocks_taken(model, calls)
     if args.mode != "full":   # a step gives each sarc layer one block, as sarc train does
         from ..training.minibatch import graph_layers, never_called
-        n, blocks = graph_layers(model), _blocks_taken(model, calls)
+        n = graph_layers(model)
         again = _again(calls, args.mode) if blocks > n else None
         if again:
             raise CompileError(again)
@@ -186,7 +187,7 @@ def compile_command(args) -> int:
     if fanouts is not None:  # one per layer call, with or without --partition, as sarc train
         from ..sampling import SamplingError, SamplingSpec
         try:
-            SamplingSpec.of(fanouts, layers=_blocks_taken(model, calls))
+            SamplingSpec.of(fanouts, layers=blocks)
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
     stats = sample = None
