@@ -270,3 +270,22 @@ def test_each_mfg_batchs_outputs_are_the_whole_graphs_at_its_seeds(graph, batch,
             else:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
+
+
+def test_a_hetero_conv_in_a_step_needs_the_whole_graph_and_the_steps_edge_types(data):
+    """Refused by name: a step built without the whole graph (``MiniBatchSteps`` given no
+    evaluation batch), and edge types that are not one per edge of the step's blocks."""
+    import sarc
+    from sarc.training.minibatch import MiniBatchGraph
+    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
+    (batch,) = list(src.steps(0))
+    conv = _model().conv1
+    h = torch.randn(x.shape[0], HIDDEN)
+    etype, w = batch.edge_inputs["etype"], batch.edge_inputs["w"]
+    alone = MiniBatchGraph(batch.graph.graphs)   # no rows, no whole graph
+    with pytest.raises(sarc.GraphError, match="no whole graph with an etype input"):
+        conv(alone, h, etype=etype, w=w)
+    with pytest.raises(sarc.GraphError, match=r"an edge type per edge of the step's blocks "
+                                              rf"\({etype.numel()}\), got shape "
+                                              rf"\[{etype.numel() - 1}\]"):
+        conv(batch.graph, h, etype=etype[1:], w=w)
