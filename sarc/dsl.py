@@ -354,10 +354,20 @@ class Layer(nn.Module):
 
     # Tracing --------------------------------------------------------------------------
     def trace(self) -> Function:
-        """Record message / reduce / update as IR (parameters become PARAM leaves)."""
+        """Record message / reduce / update as IR (parameters become PARAM leaves). The IR
+        is immutable: it is kept, and traced again only when what the trace read has
+        changed (``layer_state.state_key``), so a check that traces a layer (a
+        ``HeteroConv``'s widths) and its first call trace it once."""
+        from .layer_state import state_key
         self._check_init()
+        kept = self.__dict__.get("_sarc_traced")
+        if kept is not None and kept[0] == state_key(self):
+            return kept[1]
         with TRACE_LOCK:   # from before its parameters are swapped until they are back
-            return self._trace()
+            fn = self._trace()
+            # the key after the trace: it has said which buffers it read as numbers
+            self._sarc_traced = (state_key(self), fn)
+        return fn
 
     def _trace(self) -> Function:
         _refuse_hooked_submodules(self)
@@ -476,7 +486,7 @@ class Layer(nn.Module):
         # The compiled kernel holds an imported module, which can be neither pickled
         # nor deep-copied; a copy (copy.deepcopy, torch.save) recompiles on first use.
         state = dict(super().__getstate__())
-        state["_sarc_compiled"] = None
+        state["_sarc_compiled"] = state["_sarc_traced"] = None
         return state
 
     def forward(self, g, *args, **feats):

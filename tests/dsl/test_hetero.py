@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import sarc
 from hetero_layers import MaxLayer, MeanLayer, NormSumLayer
@@ -293,3 +294,22 @@ def test_with_node_types_a_relation_computes_for_its_destination_type_alone():
         assert rows.numel() == len(set(rows.tolist())) < N
         assert (sub.num_dst, sub.num_src) == (dst_rows.numel(), rows.numel())
         assert torch.equal(edges, torch.nonzero(etype == r).squeeze(1))
+
+
+def test_a_relation_layer_is_traced_once_for_the_width_check_and_its_calls(monkeypatch):
+    """HeteroConv's construction traces each relation's layer (its output width); the first
+    call compiles that trace, not a second one. A change the trace reads traces again."""
+    traced = []
+    trace = sarc.Layer._trace
+    monkeypatch.setattr(sarc.Layer, "_trace", lambda self: traced.append(self) or trace(self))
+    src, dst, etype, ntype, w, x = typed_graph(0)
+    conv = make_conv("sum")
+    assert len(traced) == 4
+    g = sarc.Graph.from_edges(src, dst, N)
+    out = conv(g, x, etype=etype, w=w)
+    assert len(traced) == 4
+    layer = conv.layers["0"]
+    layer.neigh = nn.Linear(F_IN, F_OUT, bias=False)   # no bias: traced again
+    again = conv(g, x, etype=etype, w=w)
+    assert len(traced) == 5 and traced[-1] is layer
+    assert not torch.equal(out, again)
