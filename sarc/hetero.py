@@ -17,7 +17,8 @@ first call with an ``etype`` tensor and kept with the graph.
 
 As in DGL, a relation counts for the nodes of its destination type: with ``ntype``, the
 type every one of its destinations has (one per relation; its layer's output on nodes
-of other types is left out); without, every node. A node no relation counts for gets 0.
+of other types is left out), or for a relation without edges the type ``dst_types``
+gives it; without, every node. A node no relation counts for gets 0.
 
 In a mini-batch step (``sarc.training.minibatch``) a ``HeteroConv`` takes one block, and
 each relation's layer runs on the block's edges of its relation. What a relation's
@@ -65,13 +66,20 @@ class HeteroConv(nn.Module):
     ``conv(g, x, etype=etype, ntype=ntype, **features)``: ``x`` (and any positional
     features) go to every layer; a keyword feature goes to the layers that declare it,
     an edge feature cut to the relation's edges.
+
+    ``dst_types`` maps a relation to the node type of its destinations, where the edges
+    cannot say it: a relation without edges (DGL's heterograph knows each relation's
+    types from its canonical edge type; a graph of one node id space knows them from the
+    edges). With node types, such a relation runs for the nodes of that type; without, it
+    runs for every node, as DGL runs a relation with no edges.
     """
 
     sarc_inputs = ("etype", "ntype")
     """What the trainer hands a model that holds this module (``sarc.dsl.edge_inputs_for``)."""
 
     def __init__(self, layers: Mapping[int | str, Layer], aggregate: str = "sum", *,
-                 relations: Sequence[str] | None = None):
+                 relations: Sequence[str] | None = None,
+                 dst_types: Mapping[int | str, int] | None = None):
         super().__init__()
         if aggregate not in AGGREGATES:
             raise DSLError(f"HeteroConv: unknown aggregate {aggregate!r}; the aggregates: "
@@ -92,6 +100,7 @@ class HeteroConv(nn.Module):
         self.relation_ids = tuple(ids)
         self.relation_names = tuple(relations) if relations is not None else None
         self.layers = nn.ModuleDict({str(rid): layer for rid, layer in ids.items()})
+        self.dst_types = _dst_types(dst_types or {}, relations, self.relation_ids)
         self._check_widths()
 
     def _check_widths(self) -> None:
@@ -124,7 +133,8 @@ class HeteroConv(nn.Module):
         take_block = getattr(type(g), "take_block", None)
         if take_block is not None:   # a mini-batch step's graph: this conv's block
             return self._on_block(take_block(g, self), args, etype, ntype, feats)
-        rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names)
+        rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
+                              self.dst_types)
         if rel.types is not None and isinstance(g, Graph) and g.dst_in_src:
             return self._run(args, feats, {r: rel.compact_graph(g, r) for r in self.relation_ids},
                              g.num_dst)
@@ -163,7 +173,7 @@ class HeteroConv(nn.Module):
             ntype = torch.as_tensor(ntype)[:b.num_src]
         rel = relation_graphs(whole.graph, whole.edge_inputs["etype"], self.relation_ids,
                               None if ntype is None else whole.edge_inputs.get("ntype"),
-                              self.relation_names)
+                              self.relation_names, self.dst_types)
         feats = {k: (v[lo:hi] if any(k in m._sarc_edge for m in self.layers.values()) else v)
                  for k, v in feats.items()}
         etype, rows = etype[lo:hi], call.rows
@@ -354,11 +364,14 @@ def _version(t: torch.Tensor) -> int | None:
 
 def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
                     ntype: torch.Tensor | None = None,
-                    names: Sequence[str] | None = None) -> RelationGraphs:
+                    names: Sequence[str] | None = None,
+                    dst_types: Mapping[int, int] | None = None) -> RelationGraphs:
     """Each of ``relations``' sub-graph of ``g`` (a ``Graph`` or a full-graph
     ``DistGraph``; on a DistGraph collective), kept with ``g`` for the same ``etype``.
-    A relation without edges in the whole graph, or whose destinations are of several
-    node types, is a ``GraphError``."""
+    With node types, a relation whose destinations are of several types, or without
+    edges and not in ``dst_types``, or whose edges' type is not the one ``dst_types``
+    gives, is a ``GraphError``."""
+    dst_types = dst_types or {}
     if not isinstance(g, Graph) and not hasattr(g, "edge_subgraph"):
         raise GraphError(f"HeteroConv runs on a sarc.Graph, a worker's DistGraph or a "
                          f"mini-batch step's blocks, got {type(g).__name__}")
@@ -383,8 +396,11 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
             rel.edge_counts = _count_edges(g, etype)
         _check_relations(rel, relations, names)
         rel.checked.add(tuple(relations))
-    if ntype is not None and any(r not in rel.dst_type for r in relations):
-        _find_dst_types(g, rel, etype, relations, ntype, names)
+    if ntype is not None and any(rel.dst_type.get(r) != dst_types.get(r, rel.dst_type.get(r))
+                                 or r not in rel.dst_type for r in relations):
+        for r in relations:   # found again: a relation without edges may count for another type
+            rel.compacts.pop(r, None)
+        _find_dst_types(g, rel, etype, relations, ntype, names, dst_types)
     keeps = [etype == r for r in missing]
     subs = ([_edge_subgraph(g, keep) for keep in keeps] if isinstance(g, Graph)
             else g.edge_subgraphs(keeps) if keeps else [])   # set up together
@@ -460,25 +476,27 @@ def _count_edges(g, etype: torch.Tensor) -> torch.Tensor:
 
 
 def _check_relations(rel: RelationGraphs, relations, names) -> None:
-    """Each of ``relations`` has edges in the graph, and every edge is of one of them (DGL's
-    HeteroGraphConv refuses a relation of the graph it has no module for: its edges would
-    be left out silently)."""
+    """Every edge is of one of ``relations`` (DGL's HeteroGraphConv refuses a relation of the
+    graph it has no module for: its edges would be left out silently). A relation without
+    edges runs, as DGL runs one (with node types, for the type ``dst_types`` gives it)."""
     counts = rel.edge_counts
-    for r in relations:
-        if r >= counts.numel() or int(counts[r]) == 0:
-            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the graph "
-                             f"(its edge types are the etype values the edges carry)")
     others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
     if others:
         shown = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
+        empty = [_named(r, names) for r in relations
+                 if r >= counts.numel() or int(counts[r]) == 0]
+        hint = (f"; relation {', '.join(empty)} {'has' if len(empty) == 1 else 'have'} a "
+                f"layer but no edges in the graph" if empty else "")
         raise GraphError(f"HeteroConv: the graph has edges of edge types {shown}, which no "
                          f"relation's layer is given for: give each edge type of the graph a "
-                         f"layer, or leave its edges out of the graph")
+                         f"layer, or leave its edges out of the graph{hint}")
 
 
-def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> None:
-    """Each relation's destinations' node type (over the whole graph): destinations of two
-    types are an error."""
+def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names,
+                    dst_types: Mapping[int, int]) -> None:
+    """Each relation's destinations' node type (over the whole graph), or ``dst_types``'
+    for a relation without edges: destinations of two types, a relation without edges
+    whose type is not given, or edges of a type other than the given one are errors."""
     dst = torch.empty_like(g.dst)
     dst[g.perm] = g.dst  # each edge's destination, in the graph's edge order
     num_dst = g.num_dst
@@ -503,7 +521,16 @@ def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> N
                              f"node types {', '.join(map(str, seen))}; a relation counts for "
                              f"the nodes of one type (split it into one edge type per "
                              f"destination type)")
-        rel.dst_type[r] = seen[0]
+        if not seen and r not in dst_types:
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the "
+                             f"graph, so the node type it counts for is not known: give it, "
+                             f"HeteroConv(..., dst_types={{{r}: <its destinations' node "
+                             f"type>}}) (its edge types are the etype values the edges carry)")
+        if seen and seen[0] != dst_types.get(r, seen[0]):
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} is given destination "
+                             f"node type {dst_types[r]} (dst_types), but its edges go into "
+                             f"nodes of type {seen[0]}")
+        rel.dst_type[r] = seen[0] if seen else dst_types[r]
     rel.num_dst, rel.types = num_dst, _Kept(ntype)
 
 
@@ -514,6 +541,22 @@ def _all_reduce(g, t: torch.Tensor, op: str) -> None:
     import torch.distributed as dist
     dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
                     group=g.group)
+
+
+def _dst_types(given: Mapping, names: Sequence[str] | None, relations) -> dict[int, int]:
+    """``HeteroConv``'s ``dst_types``, keyed by relation id; each a relation of the conv and
+    a node type (an int >= 0)."""
+    out = {}
+    for key, t in given.items():
+        rid = _relation_id(key, names)
+        if rid not in relations:
+            raise DSLError(f"HeteroConv: dst_types gives relation {_named(rid, names)}, which "
+                           f"has no layer", user_loc())
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise DSLError(f"HeteroConv: dst_types gives relation {_named(rid, names)} node "
+                           f"type {t!r}; a node type is an int >= 0", user_loc())
+        out[rid] = t
+    return out
 
 
 def _relation_id(key, names: Sequence[str] | None) -> int:

@@ -73,15 +73,18 @@ class InDegreeLayer(sarc.Layer):
 class TypedNet(nn.Module):
     """A ``TypedInput``, then a ``HeteroConv`` (sum) of the relation layers ``kinds`` (one
     per relation; an edge weight ``w`` to those that read it) and one (mean) of means.
-    ``typed=False``: the convs without node types (every relation counts for every node)."""
+    ``typed=False``: the convs without node types (every relation counts for every node);
+    ``dst_types``: the convs' (a relation without edges)."""
 
-    def __init__(self, kinds, widths: dict, hidden: int, classes: int, typed: bool = True):
+    def __init__(self, kinds, widths: dict, hidden: int, classes: int, typed: bool = True,
+                 dst_types: dict | None = None):
         super().__init__()
         self.typed = typed
         self.input = sarc.TypedInput(widths, hidden)
-        self.conv1 = sarc.HeteroConv({r: k(hidden, hidden) for r, k in enumerate(kinds)}, "sum")
+        self.conv1 = sarc.HeteroConv({r: k(hidden, hidden) for r, k in enumerate(kinds)}, "sum",
+                                     dst_types=dst_types)
         self.conv2 = sarc.HeteroConv({r: MeanLayer(hidden, classes) for r in range(len(kinds))},
-                                     "mean")
+                                     "mean", dst_types=dst_types)
 
     def forward(self, g, x, etype, ntype, w):
         types = ntype if self.typed else None

@@ -31,11 +31,20 @@ REL_TOL = 1e-5
 
 
 def Net():
-    return TypedNet((MeanLayer, NormSumLayer, MaxLayer, MeanLayer), WIDTHS, HIDDEN, CLASSES)
+    """Relation 3 goes into node type 1 (``typed_graph``): said, for a graph where it has no
+    edges."""
+    return TypedNet((MeanLayer, NormSumLayer, MaxLayer, MeanLayer), WIDTHS, HIDDEN, CLASSES,
+                    dst_types={3: 1})
 
 
-def typed_graph():
-    return hetero_layers.typed_graph(N, E, RELS, WIDTHS, CLASSES, seed=11, isolated=4, train=0.7)
+def typed_graph(empty: bool = False):
+    """``empty``: relation 3's edges left out (a relation without edges)."""
+    data = hetero_layers.typed_graph(N, E, RELS, WIDTHS, CLASSES, seed=11, isolated=4,
+                                     train=0.7)
+    if empty:
+        keep = data["etype"] != 3
+        data.update({k: data[k][keep] for k in ("src", "dst", "etype", "w")})
+    return data
 
 
 def single_process(data, state):
@@ -87,10 +96,12 @@ def rel_err(got, want):
     return float((got - want).norm()) / max(float(want.norm()), 1e-30)
 
 
-@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
-def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method):
+@pytest.mark.parametrize("parts,method,empty", [(2, "metis", False), (3, "random", False),
+                                               (2, "random", True)],
+                         ids=["2-metis", "3-random", "2-random-a-relation-without-edges"])
+def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empty):
     from sarc.partition import partition_graph
-    data = typed_graph()
+    data = typed_graph(empty)
     torch.manual_seed(0)
     state = Net().state_dict()
     want = single_process(data, state)

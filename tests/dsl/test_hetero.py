@@ -43,7 +43,8 @@ def reference(conv, src, dst, etype, w, x, ntype):
         if ntype is None:
             counted.append(torch.ones(n, dtype=torch.bool))
         else:
-            counted.append(ntype == ntype[dst[keep][0]])
+            into = conv.dst_types[rid] if not keep.any() else ntype[dst[keep][0]]
+            counted.append(ntype == into)
     total = torch.zeros_like(outs[0])
     picked = []
     count = torch.zeros(n)
@@ -313,3 +314,47 @@ def test_a_relation_layer_is_traced_once_for_the_width_check_and_its_calls(monke
     again = conv(g, x, etype=etype, w=w)
     assert len(traced) == 5 and traced[-1] is layer
     assert not torch.equal(out, again)
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "mean", "max"])
+@pytest.mark.parametrize("typed", [True, False])
+def test_a_relation_without_edges_runs_as_dgls_does(aggregate, typed):
+    """A relation no edge has (relation 4 of 5) runs, as DGL's HeteroGraphConv runs a
+    relation with no edges: its layer's terms of the destinations alone (a mean layer's
+    root and bias; a max's 0) count for the nodes of its type (``dst_types``), or every
+    node without node types."""
+    src, dst, etype, ntype, w, x = typed_graph(5)
+    torch.manual_seed(5)
+    kinds = [MeanLayer, NormSumLayer] if aggregate != "max" else [MeanLayer, MaxLayer]
+    conv = sarc.HeteroConv({r: kinds[r % 2](F_IN, F_OUT) for r in range(4)}
+                           | {4: MeanLayer(F_IN, F_OUT)}, aggregate, dst_types={4: 1})
+    types = ntype if typed else None
+    feats = {"w": w} if aggregate != "max" else {}
+    x1 = x.clone().requires_grad_(True)
+    got = conv(sarc.Graph.from_edges(src, dst, N), x1, etype=etype, ntype=types, **feats)
+    got_grads = grads(conv, got, x1)
+    x2 = x.clone().requires_grad_(True)
+    want = reference(conv, src, dst, etype, w, x2, types)
+    want_grads = grads(conv, want, x2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for k in want_grads:
+        torch.testing.assert_close(got_grads[k], want_grads[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert want_grads["layers.4.root.weight"].abs().sum() > 0   # the empty relation counted
+
+
+def test_a_relation_without_edges_needs_its_type_with_node_types():
+    src, dst, etype, ntype, w, x = typed_graph(5)
+    g = sarc.Graph.from_edges(src, dst, N)
+    layers = {r: MeanLayer(F_IN, F_OUT) for r in range(5)}
+    with pytest.raises(sarc.GraphError, match=r"relation 4 has no edges in the graph, so the "
+                       r"node type it counts for is not known: give it, "
+                       r"HeteroConv\(\.\.\., dst_types=\{4: "):
+        sarc.HeteroConv(layers)(g, x, etype=etype, ntype=ntype)
+    with pytest.raises(sarc.GraphError, match=r"relation 1 is given destination node type 0 "
+                       r"\(dst_types\), but its edges go into nodes of type 1"):
+        sarc.HeteroConv(layers, dst_types={1: 0, 4: 0})(g, x, etype=etype, ntype=ntype)
+    with pytest.raises(sarc.DSLError, match=r"dst_types gives relation 7, which has no layer"):
+        sarc.HeteroConv(layers, dst_types={7: 0})
+    with pytest.raises(sarc.DSLError, match=r"dst_types gives relation 4 node type -1; a node "
+                       r"type is an int >= 0"):
+        sarc.HeteroConv(layers, dst_types={4: -1})

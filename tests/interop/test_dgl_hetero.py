@@ -25,11 +25,12 @@ RELATIONS = [("a", "r0", "a"), ("a", "r1", "b"), ("b", "r2", "a"), ("b", "r3", "
 F_IN, F_OUT = 5, 4
 
 
-def hetero_graph(dgl, seed: int):
+def hetero_graph(dgl, seed: int, empty: tuple = ()):
+    """A random heterograph; the relations ``empty`` names have no edges."""
     gen = torch.Generator().manual_seed(seed)
     edges = {}
     for s, r, d in RELATIONS:
-        e = int(torch.randint(15, 40, (1,), generator=gen))
+        e = int(torch.randint(15, 40, (1,), generator=gen)) if r not in empty else 0
         edges[(s, r, d)] = (torch.randint(0, SIZES[s] - 2, (e,), generator=gen),
                             torch.randint(0, SIZES[d] - 2, (e,), generator=gen))
     hg = dgl.heterograph(edges, num_nodes_dict=SIZES)
@@ -63,6 +64,18 @@ def make_module(kind: str):
 @pytest.mark.parametrize("kind", ["graphconv", "sage", "mixed"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_hetero_conv_equals_dgl_heterographconv(aggregate, kind, seed):
+    _equals_dgl(aggregate, kind, seed)
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "mean", "max"])
+@pytest.mark.parametrize("empty", [("r3",), ("r1", "r2")])
+def test_a_relation_without_edges_equals_dgls(aggregate, empty):
+    """DGL runs a relation of the heterograph that has no edges (a SAGEConv's root term and
+    bias, for its destination type); sarc, told the type (``dst_types``), the same."""
+    _equals_dgl(aggregate, "sage", 3, empty)
+
+
+def _equals_dgl(aggregate, kind, seed, empty=()):
     dgl = require_dgl()
     from dgl.nn.pytorch import HeteroGraphConv
     from sarc.frontends.dgl import from_dgl_module
@@ -71,9 +84,11 @@ def test_hetero_conv_equals_dgl_heterographconv(aggregate, kind, seed):
              "mixed": ["graphconv", "sage", "sage", "graphconv"]}[kind]
     mods = {r: make_module(k) for (_, r, _), k in zip(RELATIONS, kinds)}
     ours = sarc.HeteroConv({i: from_dgl_module(mods[r], node={"feat": F_IN})
-                            for i, (_, r, _) in enumerate(RELATIONS)}, aggregate)
+                            for i, (_, r, _) in enumerate(RELATIONS)}, aggregate,
+                           dst_types={i: "ab".index(d) for i, (_, r, d) in enumerate(RELATIONS)
+                                      if r in empty})
     theirs = HeteroGraphConv(mods, aggregate=aggregate)
-    hg, edges, feats = hetero_graph(dgl, seed)
+    hg, edges, feats = hetero_graph(dgl, seed, empty)
     g, etype, ntype = as_typed_graph(edges)
 
     xs = {t: f.clone().requires_grad_(True) for t, f in feats.items()}

@@ -134,7 +134,8 @@ def test_relation_the_graph_lacks(tmp_path):
     model = tmp_path / "missing_relation.py"
     model.write_text(dedent(MISSING_RELATION))
     proc = run_sarc("train", model, "--threads", "1")
-    assert_error(proc, "relation 95 has no edges in the graph")
+    assert_error(proc, "edges of edge types 0, 1, 2, 4",
+                 "relation 95 has a layer but no edges in the graph")
     assert not any(line.startswith("epoch") for line in proc.stdout.splitlines()), proc.stdout
 
 
@@ -157,3 +158,21 @@ def test_typed_input_given_more_node_types_than_rows_says_how_to_cut_them():
     with pytest.raises(sarc.GraphError, match=r"ntype has shape \[5\], but x has 3 rows .* "
                                               r"ntype\[:h.shape\[0\]\]"):
         proj(torch.randn(3, 3), torch.tensor([0, 1, 0, 1, 0]))
+
+
+@case("cli", "`sarc train` of a HeteroConv with a layer for every AIFB relation and one "
+      "more (90), which has no edges: its node type unknown", "error")
+def test_a_relation_without_edges_and_node_types(tmp_path):
+    model = tmp_path / "extra_relation.py"
+    model.write_text(dedent(MISSING_RELATION).replace(
+        "{3: Mean(f, c), 95: Mean(f, c)}", "{r: Mean(f, c) for r in range(91)}"))
+    proc = run_sarc("train", model, "--threads", "1")
+    assert_error(proc, "relation 90 has no edges in the graph, so the node type it counts "
+                 "for is not known", "dst_types={90: <its destinations' node type>}")
+    assert not any(line.startswith("epoch") for line in proc.stdout.splitlines()), proc.stdout
+    given = tmp_path / "extra_relation_typed.py"
+    given.write_text(model.read_text().replace("for r in range(91)}", "for r in range(91)}, "
+                                               "dst_types={90: 0}"))
+    proc = run_sarc("train", given, "--threads", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(line.startswith("epoch") for line in proc.stdout.splitlines()), proc.stdout

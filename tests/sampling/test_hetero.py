@@ -218,8 +218,10 @@ def test_each_workers_layer_bytes_are_the_planners(runs, parts, method):
 @st.composite
 def typed_graphs(draw):
     """A random graph of two node types (each with at least one node) whose relation r,
-    of 1 to 5, has edges into node type r % 2 only (at least one edge each)."""
+    of 1 to 5, has edges into node type r % 2 only (at least one edge each), and up to two
+    relations more without edges."""
     relations = draw(st.integers(1, 5))
+    empty = draw(st.integers(0, 2))
     n = draw(st.integers(4, 30))
     e = draw(st.integers(relations, 120))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
@@ -237,7 +239,7 @@ def typed_graphs(draw):
              "train_mask": torch.rand(n, generator=gen) < 0.5, "ntype": ntype}
     ndata["train_mask"][0] = True
     return {"src": src, "dst": dst, "ndata": ndata,
-            "edata": {"etype": etype, "w": torch.rand(e, generator=gen)}}, relations
+            "edata": {"etype": etype, "w": torch.rand(e, generator=gen)}}, relations, empty
 
 
 @settings(max_examples=30, deadline=None)
@@ -246,11 +248,12 @@ def test_each_mfg_batchs_outputs_are_the_whole_graphs_at_its_seeds(graph, batch,
     """On random typed graphs, every MFG batch of an epoch gives each of its seeds the
     whole graph's output there, and the gradient of their sum the whole graph's (the
     relations' degrees and destination types the whole graph's, relations without
-    edges in a block included)."""
-    data, relations = graph
+    edges in a block, or in the graph, included)."""
+    data, relations, empty = graph
     torch.manual_seed(0)
-    kinds = [KINDS[(r + 1) % len(KINDS)] for r in range(relations)]   # one reads w
-    model = TypedNet(kinds, WIDTHS, HIDDEN, CLASSES, typed)
+    kinds = [KINDS[(r + 1) % len(KINDS)] for r in range(relations + empty)]   # one reads w
+    model = TypedNet(kinds, WIDTHS, HIDDEN, CLASSES, typed,
+                     dst_types={r: r % 2 for r in range(relations, relations + empty)})
     nd = data["ndata"]
     whole = Graph.from_edges(data["src"], data["dst"], nd["ntype"].shape[0])
     full = model(whole, nd["feat"], data["edata"]["etype"], nd["ntype"], data["edata"]["w"])
