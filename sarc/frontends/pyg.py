@@ -431,12 +431,15 @@ def _softmax_aggregate(module, value):
 def _power_mean_aggregate(module, value):
     """PyG's ``PowerMeanAggregation``: ``clamp(mean_e clamp(x_e)^p)^(1/p)`` over the edges
     into each node (``clamp``: to ``[clamp_min, clamp_max]``); a learned ``p`` (one or
-    ``channels`` values) as ``exp(p log x)``, of messages clamped above 0."""
+    ``channels`` values) as ``x exp((p - 1) log x)``, of messages clamped above 0: exact
+    at p = 1, where PyG starts a learned p and where p's gradient is a difference of
+    nearly equal terms (``exp(p log x)``'s rounding made it off by 1e-3 in float32;
+    torch's ``pow`` is exact there)."""
     p = module.p
 
     def power(x, e):
         x = x.clamp(min=module.min_value, max=module.max_value)
-        return x.pow(e) if isinstance(e, (int, float)) else torch.exp(e * torch.log(x))
+        return x.pow(e) if isinstance(e, (int, float)) else x * torch.exp((e - 1) * torch.log(x))
     if isinstance(p, (int, float)) and p == 1:
         return dsl.mean(value)
     return power(dsl.mean(power(value, p)), 1.0 / p)

@@ -747,6 +747,29 @@ def test_pygs_power_mean_aggregation_equals_pyg(make):
     check(conv, graph(), x)
 
 
+@pytest.mark.parametrize("channels", [1, D])
+def test_a_learned_power_of_one_has_pygs_gradient_in_float32(channels):
+    """At p = 1 (where PyG starts a learned p) the gradient of p is a difference of nearly
+    equal terms: ``exp(p log x)``'s rounding (torch's ``pow`` is exact at 1) made it off by
+    1e-3 in float32. x^p is ``x exp((p - 1) log x)``, exact at p = 1."""
+    conv = randomize(_SoftmaxAggregated(pyg.aggr.PowerMeanAggregation(learn=True,
+                                                                      channels=channels)))
+    conv = conv.float()
+    with torch.no_grad():
+        conv.aggr_module.p.fill_(1.0)
+    x = torch.rand(N, D, generator=torch.Generator().manual_seed(5)) * 3
+    up = torch.randn(N, D, generator=torch.Generator().manual_seed(6))
+    ours = as_conv(conv)
+    (ours(x, graph()) * up).sum().backward()
+    got = conv.aggr_module.p.grad.clone()
+    exact = copy.deepcopy(conv).double()
+    exact.aggr_module.p.grad = None
+    (exact(x.double(), graph()) * up.double()).sum().backward()
+    want = exact.aggr_module.p.grad.float()
+    assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), \
+        (got, want)
+
+
 def test_a_learned_power_of_unclamped_messages_is_refused():
     """``exp(p log x)`` is x^p for x > 0 only: a learned power without ``clamp_min`` is
     refused, naming the option."""
