@@ -396,8 +396,16 @@ class Proxy:
         f"table (W[edge.etype])")
     __float__ = __complex__ = __round__ = __trunc__ = __floor__ = __ceil__ = _refuse(
         f"a traced value used as a Python number: {_NO_CONTROL_FLOW}")
-    __iter__ = _refuse(f"iterating over a traced value: {_NO_CONTROL_FLOW} "
-                       f"(nor are its rows known)")
+    def __iter__(self):
+        hint = ""
+        if self.type.domain in (Domain.SRC, Domain.DST):   # `h_src, h_dst = feat`
+            hint = ("; unpacking a (src, dst) pair? A node feature is one value, over the "
+                    "source rows, the destinations' being its first rows (a pair given at "
+                    "the call, DGL's (h, h[:num_dst]), is taken as h): write "
+                    "`h_src, h_dst = dgl.utils.expand_as_pair(feat, g)`, which sarc reads so, "
+                    "or h[:g.num_dst_nodes()]")
+        raise DSLError(f"iterating over a traced value: {_NO_CONTROL_FLOW} (nor are its rows "
+                       f"known){hint}", user_loc())
     __contains__ = _refuse(f"`in` on a traced value: {_NO_CONTROL_FLOW}")
     __setitem__ = __delitem__ = _refuse(
         "assigning into a traced value (h[...] = ...) is not supported: it would change "

@@ -725,3 +725,37 @@ def test_a_refusal_in_dgls_own_code_says_it_is_the_modules():
     problem = str(e.value).splitlines()[0]
     assert "tagconv.py:" in problem and "TAGConv: any() over all axes" in problem, problem
     assert "this is in the module's own code: sarc does not trace TAGConv used this way" in problem
+
+
+class _Unpacks(nn.Module):
+    """A user's module that unpacks DGL's minibatch pair itself (``pair``), or through
+    ``expand_as_pair``."""
+
+    def __init__(self, pair: bool):
+        super().__init__()
+        self.pair, self.lin = pair, nn.Linear(5, 3)
+
+    def forward(self, g, feat):
+        with g.local_scope():
+            h_src, h_dst = feat if self.pair else dgl.utils.expand_as_pair(feat, g)
+            g.srcdata["h"], g.dstdata["hd"] = self.lin(h_src), self.lin(h_dst)
+            g.update_all(fn.u_mul_v("h", "hd", "m"), fn.sum("m", "o"))
+            return g.dstdata["o"]
+
+
+def test_a_pair_unpacked_by_the_module_is_refused_naming_expand_as_pair():
+    """``h_src, h_dst = feat`` iterates the traced feature, one value: the error says so
+    and names what reads the pair (``expand_as_pair``), with which the module equals DGL."""
+    torch.manual_seed(0)
+    g = dgl.graph((torch.randint(0, 10, (30,)), torch.randint(0, 10, (30,))), num_nodes=10)
+    seeds = torch.tensor([0, 1, 2, 5])
+    block = dgl.to_block(dgl.in_subgraph(g, seeds), dst_nodes=seeds)
+    x = torch.randn(block.num_src_nodes(), 5)
+    pair = (x, x[:block.num_dst_nodes()])
+    with pytest.raises(DSLError, match=r"unpacking a \(src, dst\) pair\?.*expand_as_pair") as e:
+        from_dgl_module(_Unpacks(True), node={"feat": 5})(sarc.frontends.dgl.from_dgl(block),
+                                                           pair)
+    assert e.value.loc.line > 0 and e.value.loc.file == __file__
+    module = _Unpacks(False)
+    got = from_dgl_module(module, node={"feat": 5})(sarc.frontends.dgl.from_dgl(block), pair)
+    torch.testing.assert_close(got, module(block, pair))
