@@ -35,8 +35,7 @@ class RGCNLayer(sarc.Layer):
 
 def relation_norm(g: "sarc.Graph", etype: torch.Tensor, num_rels: int) -> torch.Tensor:
     """1 / |N_r(v)| per edge u -r-> v (edges in the order ``etype`` is given)."""
-    dst = torch.empty_like(g.dst).index_copy_(0, g.perm, g.dst)  # dst in the input edge order
-    key = dst * num_rels + etype
+    key = g.input_dst * num_rels + etype   # dst in the edges' given order (g.dst: CSR order)
     counts = torch.bincount(key, minlength=g.num_dst * num_rels).to(torch.float32)
     return 1.0 / counts[key]
 

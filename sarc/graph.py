@@ -81,6 +81,13 @@ class Graph:
             return self.src_in_degree
         return self.in_degree if self.num_src == self.num_dst and self.dst_in_src else None
 
+    @property
+    def input_dst(self) -> torch.Tensor:
+        """[E] each edge's destination in the order the edges were given, the order of an
+        edge input (``dst`` is in CSR order): what a per-edge quantity a model computes
+        from ``g`` indexes, ``1 / g.in_degree[g.input_dst]``."""
+        return torch.empty_like(self.dst).index_copy_(0, self.perm, self.dst)
+
     def input_edges(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(src, dst)`` in the order the edges were given (their edge data's order), not
         CSR order."""

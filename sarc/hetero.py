@@ -497,8 +497,7 @@ def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names,
     """Each relation's destinations' node type (over the whole graph), or ``dst_types``'
     for a relation without edges: destinations of two types, a relation without edges
     whose type is not given, or edges of a type other than the given one are errors."""
-    dst = torch.empty_like(g.dst)
-    dst[g.perm] = g.dst  # each edge's destination, in the graph's edge order
+    dst = g.input_dst   # each edge's destination, in the graph's edge order
     num_dst = g.num_dst
     ntype = torch.as_tensor(ntype)
     if (ntype.dim() != 1 or ntype.shape[0] < num_dst or ntype.dtype.is_floating_point

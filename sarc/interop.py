@@ -78,19 +78,10 @@ def to_dgl(g: Graph):
     becomes ``dgl.create_block``; anything else a ``dgl.graph``.
     """
     import dgl
-    src, dst = _input_order(g)
+    src, dst = g.input_edges()
     if g.num_src == g.num_dst and g.dst_in_src:
         return dgl.graph((src, dst), num_nodes=g.num_src)
     return dgl.create_block((src, dst), num_src_nodes=g.num_src, num_dst_nodes=g.num_dst)
-
-
-def _input_order(g: Graph) -> tuple[torch.Tensor, torch.Tensor]:
-    """The edge list as it was given: CSR edge ``i`` was input edge ``perm[i]``."""
-    src = torch.empty_like(g.src)
-    dst = torch.empty_like(g.dst)
-    src[g.perm] = g.src
-    dst[g.perm] = g.dst
-    return src, dst
 
 
 __all__ = ["from_pyg", "from_dgl", "to_dgl"]

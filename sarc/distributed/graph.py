@@ -248,10 +248,15 @@ class DistGraph:
         """Sorted edge i is edge ``perm[i]`` of the DistGraph edge order (as ``Graph.perm``)."""
         return self._sorted()[1]
 
+    @property
+    def input_dst(self) -> torch.Tensor:
+        """Local destination row of every edge in DistGraph edge order, the order of an edge
+        input (as ``Graph.input_dst``)."""
+        return torch.cat([b.input_dst for b in self.shard.blocks])
+
     def _sorted(self):
         if self._csr is None:
-            dst = torch.cat([b.dst.index_select(0, torch.argsort(b.perm)) for b in self.shard.blocks])
-            sorted_dst, perm = torch.sort(dst, stable=True)
+            sorted_dst, perm = torch.sort(self.input_dst, stable=True)
             self._csr = (sorted_dst, perm)
         return self._csr
 

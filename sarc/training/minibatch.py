@@ -228,7 +228,8 @@ class MiniBatchGraph:
     destinations are every block's too: ``dst`` numbers each block's after the previous
     block's, and ``num_dst`` and ``in_degree`` (the whole graph's, as a layer reads
     ``dst.in_degree``) count them so; so a per-edge quantity a model computes from ``g``
-    (R-GCN's 1 / |N_r(v)|, ``1 / g.in_degree[g.dst]``) is each block's, on one process
+    (R-GCN's 1 / |N_r(v)|, ``1 / g.in_degree[g.input_dst]``: ``input_dst`` is ``dst`` in
+    the edge inputs' order, ``dst`` in CSR order) is each block's, on one process
     and on P workers alike. It has no ``src`` (``WHY_NOT``): each block's sources are
     numbered by that block, and on workers not at all. What else a model reads of ``g``
     (``num_src``, ``out_degree``, ``device``) answers for the block of its next layer
@@ -341,6 +342,16 @@ class MiniBatchGraph:
     @property
     def perm(self) -> torch.Tensor:
         return torch.cat([g.perm + off for g, off in zip(self.graphs, self.edge_offsets)])
+
+    @property
+    def input_dst(self) -> torch.Tensor:
+        """Every block's edges' destinations (numbered as ``dst`` numbers them) in the order
+        of the step's edge inputs."""
+        out, base = [], 0
+        for g in self.graphs:
+            out.append(g.input_dst + base)
+            base += g.num_dst
+        return torch.cat(out)
 
     @property
     def num_dst(self) -> int:

@@ -649,3 +649,26 @@ def test_a_layer_under_a_torch_func_transform_is_refused_at_the_call(g, transfor
     with pytest.raises(sarc.SarcError, match="called under a torch.func transform") as info:
         run()
     assert "test_module.py" in str(info.value)
+
+
+def test_a_per_edge_weight_from_g_indexes_the_edges_in_their_given_order():
+    """``g.dst`` is in CSR order, an edge input in the order the edges were given:
+    ``1 / g.in_degree[g.input_dst]`` weights each edge by its own destination's in-degree
+    (a mean), where ``g.dst`` put the weights on other edges."""
+    class Weighted(sarc.Layer):
+        def __init__(self):
+            super().__init__(node={"h": 1}, edge={"w": ()})
+
+        def message(self, src, dst, edge):
+            return edge.w.unsqueeze(-1) * src.h
+
+        def reduce(self, msg):
+            return sarc.sum(msg.m)
+
+    src, dst = torch.tensor([0, 1, 2, 0]), torch.tensor([2, 0, 0, 1])   # not sorted by dst
+    g = sarc.Graph.from_edges(src, dst, 3)
+    assert torch.equal(g.input_dst, dst) and not torch.equal(g.dst, dst)
+    h = torch.tensor([[1.0], [10.0], [100.0]])
+    mean = torch.zeros(3, 1).index_add(0, dst, h[src]) / torch.bincount(dst).unsqueeze(1)
+    torch.testing.assert_close(Weighted()(g, h, w=1.0 / g.in_degree[g.input_dst]), mean)
+    assert not torch.allclose(Weighted()(g, h, w=1.0 / g.in_degree[g.dst]), mean)

@@ -58,16 +58,15 @@ class _WeightedSum(sarc.Layer):
 
 class _DegreeNormed(nn.Module):
     """Edge weights the model computes from ``g`` itself: 1 / in_degree(v) of each edge
-    u -> v, indexed by ``g.dst`` (in the edges' input order, with ``g.perm``), as R-GCN's
-    relation_norm counts its 1 / |N_r(v)|."""
+    u -> v, indexed by ``g.input_dst`` (each edge's destination in the edges' input
+    order), as R-GCN's relation_norm counts its 1 / |N_r(v)|."""
 
     def __init__(self, d_in: int, hidden: int, classes: int):
         super().__init__()
         self.c1, self.c2 = _WeightedSum(d_in, hidden), _WeightedSum(hidden, classes)
 
     def forward(self, g, x):
-        dst = torch.empty_like(g.dst).index_copy_(0, g.perm, g.dst)
-        w = (1.0 / g.in_degree.clamp_min(1))[dst].to(x.dtype)
+        w = (1.0 / g.in_degree.clamp_min(1))[g.input_dst].to(x.dtype)
         return self.c2(g, torch.relu(self.c1(g, x, w=w)), w=w)
 
 
