@@ -1101,7 +1101,18 @@ def _reshape(x: Proxy, shape: tuple) -> Proxy:
         shape = shape[1:]
     if not all(_is_int(s) for s in shape):
         raise DSLError(f"reshape takes int sizes, got {list(shape)}", user_loc())
-    return _emit(Op.RESHAPE, x, feat=_resolve_minus_one(shape, t.feat, written))
+    feat = _resolve_minus_one(shape, t.feat, written)
+    if t.domain is not Domain.PARAM and _prod(feat) != _prod(t.feat):
+        raise DSLError(f"reshape to {_shown(written)}: the first dim is the row axis, which a "
+                       f"graph value keeps, so its features {list(t.feat)} must fit "
+                       f"{list(feat)}; to flatten the features write x.flatten(1) or "
+                       f"x.view(-1, {_prod(t.feat)})", user_loc())
+    return _emit(Op.RESHAPE, x, feat=feat)
+
+
+def _shown(shape: list) -> list:
+    """A shape as written, the row count (``x.shape[0]``) shown as -1."""
+    return [-1 if isinstance(s, RowCount) else s for s in shape]
 
 
 def _resolve_minus_one(shape, feat: tuple[int, ...], written: list) -> tuple[int, ...]:

@@ -532,6 +532,25 @@ def test_iterating_a_traced_value_is_refused():
                     "data-dependent control flow cannot be traced")
 
 
+class FlattenedRows(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 6})
+
+    def message(self, src, dst, edge):
+        return src.h.view(-1)  # ERR:view-rows
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("tracer", "`src.h.view(-1)` of a [rows, 6] value (flattens the row axis in torch)",
+      "error-at-line")
+def test_a_view_into_the_row_axis_names_the_row_axis():
+    expect_error_at(lambda: FlattenedRows().trace(), "view-rows",
+                    "reshape to [-1]: the first dim is the row axis",
+                    "features [6] must fit []", "x.flatten(1) or x.view(-1, 6)")
+
+
 class RowCountBranch(sarc.Layer):
     def __init__(self):
         super().__init__(node={"h": 3})
