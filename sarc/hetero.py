@@ -138,7 +138,8 @@ class HeteroConv(nn.Module):
         if rel.types is not None and isinstance(g, Graph) and g.dst_in_src:
             return self._run(args, feats, {r: rel.compact_graph(g, r) for r in self.relation_ids},
                              g.num_dst)
-        return self._run(args, feats, {r: RelationRun(*rel.graphs[r], rel.counted(r))
+        return self._run(args, feats, {r: RelationRun(rel.graph(g, r), rel.edges[r],
+                                                      rel.counted(r))
                                        for r in self.relation_ids}, g.num_dst)
 
     def _run(self, args, feats, runs: dict[int, RelationRun], num_dst: int) -> torch.Tensor:
@@ -179,7 +180,7 @@ class HeteroConv(nn.Module):
         etype, rows = etype[lo:hi], call.rows
         keeps = [etype == r for r in self.relation_ids]
         degrees = [tuple(d.index_select(0, rows.to(d.device))
-                         for d in _local_degrees(rel.graphs[r][0])) for r in self.relation_ids]
+                         for d in rel.degrees(whole.graph, r)) for r in self.relation_ids]
         counted = [None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r]
                    for r in self.relation_ids]
         if ntype is not None and isinstance(b, Graph) and b.dst_in_src:
@@ -317,11 +318,15 @@ class _Kept:
 
 class RelationGraphs:
     """The sub-graphs of some relations of one graph (and, with node types, the nodes each
-    relation counts for)."""
+    relation counts for). On a ``DistGraph`` each relation's sub-graph is made with its
+    edges (collectively); on a ``Graph`` at first use (``graph``): one process with node
+    types runs the ``compact`` ones, and a mini-batch step reads only their degrees."""
 
     def __init__(self, etype: torch.Tensor):
         self.etype = _Kept(etype)
-        self.graphs: dict[int, tuple] = {}        # relation -> (its graph, its edges' positions)
+        self.edges: dict[int, torch.Tensor] = {}  # relation -> its edges' positions
+        self.graphs: dict[int, object] = {}       # relation -> its sub-graph
+        self._degrees: dict[int, tuple] = {}      # relation -> its rows' in- and out-degrees
         self.dst_type: dict[int, int] = {}        # relation -> its destinations' node type
         self.types: _Kept | None = None           # the node types dst_type was found with
         self.num_dst = 0
@@ -335,6 +340,28 @@ class RelationGraphs:
             return ntype is None and self.types is None
         return self.types.holds(torch.as_tensor(ntype))
 
+    def graph(self, g, rid: int):
+        """Relation ``rid``'s sub-graph of ``g``: its edges over the same nodes."""
+        if rid not in self.graphs:   # a Graph's, made at first use
+            self.graphs[rid] = _edge_subgraph(g, self._keep(g, rid))
+        return self.graphs[rid]
+
+    def degrees(self, g, rid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in- and out-degree of each of ``g``'s local rows in relation ``rid`` (a
+        ``Graph``'s counted on its edges, without its sub-graph)."""
+        if rid in self.graphs:
+            return _local_degrees(self.graphs[rid])
+        if rid not in self._degrees:
+            src, dst = (ends.index_select(0, self.edges[rid]) for ends in g.input_edges())
+            self._degrees[rid] = tuple(torch.bincount(ends, minlength=g.num_src)
+                                       .to(torch.float32) for ends in (dst, src))
+        return self._degrees[rid]
+
+    def _keep(self, g, rid: int) -> torch.Tensor:
+        keep = torch.zeros(g.num_edges, dtype=torch.bool, device=g.perm.device)
+        keep[self.edges[rid]] = True
+        return keep
+
     def counted(self, rid: int) -> torch.Tensor | None:
         if self.types is None:
             return None
@@ -344,9 +371,7 @@ class RelationGraphs:
         """Relation ``rid``'s ``compact`` graph of ``g`` (over the nodes of its destination
         type and the sources its edges read), made at first use for these node types."""
         if rid not in self.compacts:
-            keep = torch.zeros(g.num_edges, dtype=torch.bool, device=g.perm.device)
-            keep[self.graphs[rid][1]] = True
-            self.compacts[rid] = compact(g, keep, self.counted(rid))
+            self.compacts[rid] = compact(g, self._keep(g, rid), self.counted(rid))
         return self.compacts[rid]
 
 
@@ -386,7 +411,7 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     if rel is None:
         rel = RelationGraphs(etype)
         entries.append(rel)
-    missing = [r for r in relations if r not in rel.graphs]
+    missing = [r for r in relations if r not in rel.edges]
     if not rel.same_types(ntype):   # found with other node types: found again, as asked
         rel.dst_type.clear()
         rel.compacts.clear()
@@ -402,10 +427,10 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
             rel.compacts.pop(r, None)
         _find_dst_types(g, rel, etype, relations, ntype, names, dst_types)
     keeps = [etype == r for r in missing]
-    subs = ([_edge_subgraph(g, keep) for keep in keeps] if isinstance(g, Graph)
-            else g.edge_subgraphs(keeps) if keeps else [])   # set up together
-    for r, keep, sub in zip(missing, keeps, subs):
-        rel.graphs[r] = (sub, torch.nonzero(keep).squeeze(1))
+    for r, keep in zip(missing, keeps):
+        rel.edges[r] = torch.nonzero(keep).squeeze(1)
+    if not isinstance(g, Graph) and keeps:   # set up together, on every worker
+        rel.graphs.update(zip(missing, g.edge_subgraphs(keeps)))
     return rel
 
 

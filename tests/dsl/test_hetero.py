@@ -143,7 +143,10 @@ def test_relations_by_name_and_sub_graphs_kept_with_the_graph():
     first = a(g, x, etype=etype, ntype=ntype)
     from sarc.hetero import relation_graphs
     rel = relation_graphs(g, etype, (0, 1), ntype)
-    assert rel.graphs[0][0].num_edges == int((etype == 0).sum())
+    assert rel.edges[0].numel() == int((etype == 0).sum())
+    assert not rel.graphs   # with node types one process runs the compact graphs alone
+    untyped = relation_graphs(g, etype, (0, 1))
+    assert untyped is rel and rel.graph(g, 0).num_edges == int((etype == 0).sum())
     assert relation_graphs(g, etype.clone(), (0, 1), ntype) is rel  # an equal etype: kept
     torch.testing.assert_close(a(g, x, etype=etype, ntype=ntype), first)
 
