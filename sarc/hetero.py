@@ -13,7 +13,8 @@ A relation's sub-graph has its own degrees (``dst.in_degree``, ``src.out_degree`
 On a ``sarc.distributed.DistGraph`` it is a ``DistGraph`` of its own
 (``DistGraph.edge_subgraph``): a relation's layer exchanges only the rows its edges
 read, planned on the relation's shard statistics. Sub-graphs are built on a graph's
-first call with an ``etype`` tensor and kept with the graph.
+first call with an ``etype`` tensor and kept with the graph for that ``etype``'s values
+(compared at each call, as a change in place may not show in torch's version counter).
 
 As in DGL, a relation counts for the nodes of its destination type: with ``ntype``, the
 type every one of its destinations has (one per relation; its layer's output on nodes
@@ -31,6 +32,7 @@ on the whole graph), so an MFG step equals the full-batch step on its seeds.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Mapping, NamedTuple, Sequence
 
@@ -171,10 +173,10 @@ class HeteroConv(nn.Module):
                              f"blocks ({call.step_edges}), got shape {list(etype.shape)}")
         b = call.graph
         if ntype is not None:   # the step's input rows' types: the block's are the first
-            ntype = torch.as_tensor(ntype)[:b.num_src]
+            ntype = _whole_types(torch.as_tensor(ntype)[:b.num_src], whole, call.rows)
         rel = relation_graphs(whole.graph, whole.edge_inputs["etype"], self.relation_ids,
                               None if ntype is None else whole.edge_inputs.get("ntype"),
-                              self.relation_names, self.dst_types)
+                              self.relation_names, self.dst_types, compare=False)
         feats = {k: (v[lo:hi] if any(k in m._sarc_edge for m in self.layers.values()) else v)
                  for k, v in feats.items()}
         etype, rows = etype[lo:hi], call.rows
@@ -194,15 +196,39 @@ class HeteroConv(nn.Module):
         return self._run(args, feats, graphs, b.num_dst)
 
 
+def _whole_types(ntype: torch.Tensor, whole, rows: torch.Tensor) -> torch.Tensor:
+    """The node types a model gives a ``HeteroConv`` in a mini-batch step (``ntype``, of the
+    block's rows ``rows``), checked to be the whole graph's there: a relation's destination
+    type is found over the whole graph, from its ``ntype`` input (the dataset's), so types
+    the model makes otherwise (its own, relabeled) would count for other nodes."""
+    known = whole.edge_inputs.get("ntype")
+    if known is None:
+        raise GraphError("HeteroConv in a mini-batch step was given node types, but the whole "
+                         "graph has none (no ntype input, the dataset's): a relation's "
+                         "destination type is found over the whole graph; give the dataset "
+                         "an ntype array, or call the conv without ntype")
+    known = torch.as_tensor(known).index_select(0, rows.to(known.device))
+    if ntype.shape != known.shape or not torch.equal(ntype.to(known), known):
+        raise GraphError("HeteroConv in a mini-batch step was given node types other than the "
+                         "whole graph's (the dataset's ntype, which the trainer hands the "
+                         "model) at the step's rows: a relation's destination type is found "
+                         "over the whole graph, so pass the model's ntype input unchanged")
+    return ntype
+
+
 def combine(outs: list[torch.Tensor], counted: list[torch.Tensor | None], aggregate: str,
             num_rows: int | None = None) -> torch.Tensor:
     """The relations' outputs ``outs`` combined per node, of ``num_rows`` nodes: over the
     relations that count for the node; 0 where none does. ``counted[i]`` says which nodes
     ``outs[i]`` counts for: None, every node (its rows); a bool mask per node (its rows);
     or the nodes its rows are (int64). A sum or a mean adds the relations one after
-    another into one tensor (no tensor of every relation's output, no copy per relation)."""
+    another into one tensor (no tensor of every relation's output, no copy per relation).
+    Outputs of several dtypes (layers under autocast, some ending in a product, some not)
+    combine in their promoted dtype, as DGL's stack of them does."""
     n = outs[0].shape[0] if num_rows is None else num_rows
-    dev, dt = outs[0].device, outs[0].dtype
+    dev = outs[0].device
+    dt = functools.reduce(torch.promote_types, (o.dtype for o in outs))
+    outs = [o.to(dt) for o in outs]
     if aggregate in ("sum", "mean"):   # into one tensor, in place, relation by relation
         total = outs[0].new_zeros(n, *outs[0].shape[1:])
         count = torch.zeros(n, dtype=dt, device=dev)
@@ -310,9 +336,11 @@ class _Kept:
         version = _version(t)
         return t is self.given and version is not None and version == self.version
 
-    def holds(self, t: torch.Tensor) -> bool:
-        """``t`` holds the kept values: the same unchanged tensor, or equal ones."""
-        return self.is_unchanged(t) or (t.shape == self.values.shape
+    def holds(self, t: torch.Tensor, compare: bool = True) -> bool:
+        """``t`` holds the kept values: equal ones (``compare``: compared, since a write
+        through a numpy view or ``.data`` leaves the version counter as it was), or
+        without ``compare`` the same unchanged tensor (a run's own input)."""
+        return (not compare and self.is_unchanged(t)) or (t.shape == self.values.shape
                                         and torch.equal(t, self.values))
 
 
@@ -334,11 +362,11 @@ class RelationGraphs:
         self.checked: set[tuple] = set()          # relation sets _check_relations passed
         self.compacts: dict[int, RelationRun] = {}  # relation -> its compact graph (types')
 
-    def same_types(self, ntype: torch.Tensor | None) -> bool:
+    def same_types(self, ntype: torch.Tensor | None, compare: bool = True) -> bool:
         """Whether ``ntype`` holds the node types ``dst_type`` was found with."""
         if ntype is None or self.types is None:
             return ntype is None and self.types is None
-        return self.types.holds(torch.as_tensor(ntype))
+        return self.types.holds(torch.as_tensor(ntype), compare)
 
     def graph(self, g, rid: int):
         """Relation ``rid``'s sub-graph of ``g``: its edges over the same nodes."""
@@ -390,12 +418,17 @@ def _version(t: torch.Tensor) -> int | None:
 def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
                     ntype: torch.Tensor | None = None,
                     names: Sequence[str] | None = None,
-                    dst_types: Mapping[int, int] | None = None) -> RelationGraphs:
+                    dst_types: Mapping[int, int] | None = None,
+                    compare: bool = True) -> RelationGraphs:
     """Each of ``relations``' sub-graph of ``g`` (a ``Graph`` or a full-graph
     ``DistGraph``; on a DistGraph collective), kept with ``g`` for the same ``etype``.
     With node types, a relation whose destinations are of several types, or without
     edges and not in ``dst_types``, or whose edges' type is not the one ``dst_types``
-    gives, is a ``GraphError``."""
+    gives, is a ``GraphError``. The kept sub-graphs serve an ``etype`` (``ntype``) of the
+    kept values: compared (O(E), as a layer's pass over the edges), so a change made in
+    place is seen even where torch's version counter misses it (numpy writing into it,
+    ``.data``); without ``compare`` (the whole graph's inputs of a mini-batch run, which
+    the run keeps), the same unchanged tensor is known by its version counter."""
     dst_types = dst_types or {}
     if not isinstance(g, Graph) and not hasattr(g, "edge_subgraph"):
         raise GraphError(f"HeteroConv runs on a sarc.Graph, a worker's DistGraph or a "
@@ -405,14 +438,14 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         raise GraphError(f"HeteroConv: etype must hold an integer edge type per edge "
                          f"({g.num_edges}), got {etype.dtype} of shape {list(etype.shape)}")
     entries = _CACHE.setdefault(g, [])
-    rel = next((e for e in entries if e.etype.is_unchanged(etype)), None)
+    rel = None if compare else next((e for e in entries if e.etype.is_unchanged(etype)), None)
     if rel is None:
         rel = next((e for e in entries if e.etype.holds(etype)), None)
     if rel is None:
         rel = RelationGraphs(etype)
         entries.append(rel)
     missing = [r for r in relations if r not in rel.edges]
-    if not rel.same_types(ntype):   # found with other node types: found again, as asked
+    if not rel.same_types(ntype, compare):   # found with other types: found again, as asked
         rel.dst_type.clear()
         rel.compacts.clear()
         rel.types = None

@@ -219,6 +219,27 @@ def test_an_etype_changed_in_place_gives_new_sub_graphs():
     torch.testing.assert_close(conv(g, x, etype=etype.clone()), want)
 
 
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_an_etype_changed_where_its_version_counter_misses_it_gives_new_sub_graphs(write):
+    """A write through a numpy view or ``.data`` leaves the tensor's version counter as it
+    was: the etype's values are compared, so the new relations run (they were the old)."""
+    src, dst, etype, ntype, w, x = typed_graph(5, relations=2)
+    torch.manual_seed(0)
+    conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: MeanLayer(F_IN, F_OUT)})
+    g = sarc.Graph.from_edges(src, dst, N)
+    before = conv(g, x, etype=etype, ntype=ntype)
+    version = etype._version
+    if write == "numpy":
+        view = etype.numpy()
+        view[:] = 1 - view
+    else:
+        etype.data[:] = 1 - etype.data
+    assert etype._version == version
+    want = conv(sarc.Graph.from_edges(src, dst, N), x, etype=etype.clone(), ntype=ntype)
+    assert not torch.allclose(want, before)
+    torch.testing.assert_close(conv(g, x, etype=etype, ntype=ntype), want)
+
+
 def test_node_types_changed_in_place_or_given_anew_give_the_new_types():
     """The relations' destination types are kept per node types' values, for every
     relation: types changed in place after a call, or other types given to a conv of some
@@ -361,3 +382,39 @@ def test_a_relation_without_edges_needs_its_type_with_node_types():
     with pytest.raises(sarc.DSLError, match=r"dst_types gives relation 4 node type -1; a node "
                        r"type is an int >= 0"):
         sarc.HeteroConv(layers, dst_types={4: -1})
+
+
+class _Tanh(sarc.Layer):
+    """A sum of tanh(h_u): no product, so float32 under autocast."""
+
+    def __init__(self):
+        super().__init__(node={"h": F_IN})
+
+    def message(self, src, dst, edge):
+        return torch.tanh(src.h[:, :F_OUT])
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("typed", [True, False])
+def test_relations_of_several_dtypes_under_autocast_combine_in_the_promoted_dtype(aggregate,
+                                                                                   typed):
+    """Under autocast a layer ending in a product returns bfloat16 and one without float32:
+    combined in float32, as DGL's stack of them (the typed sum failed in index_add_, the
+    untyped one rounded to the first relation's dtype)."""
+    src, dst, etype, ntype, w, x = typed_graph(6, relations=2)
+    torch.manual_seed(6)
+    conv = sarc.HeteroConv({0: MeanLayer(F_IN, F_OUT), 1: _Tanh()}, aggregate)
+    g = sarc.Graph.from_edges(src, dst, N)
+    types = ntype if typed else None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = conv(g, x, etype=etype, ntype=types)
+        alone = [conv.layers[str(r)](sarc.Graph.from_edges(src[etype == r], dst[etype == r], N),
+                                     x) for r in (0, 1)]
+    assert [a.dtype for a in alone] == [torch.bfloat16, torch.float32]
+    assert got.dtype == torch.float32
+    counted = [None if types is None else ntype == r % TYPES for r in (0, 1)]
+    want = sarc.hetero.combine([a.float() for a in alone], counted, aggregate)
+    torch.testing.assert_close(got, want)

@@ -292,3 +292,24 @@ def test_a_hetero_conv_in_a_step_needs_the_whole_graph_and_the_steps_edge_types(
                                               rf"\({etype.numel()}\), got shape "
                                               rf"\[{etype.numel() - 1}\]"):
         conv(batch.graph, h, etype=etype[1:], w=w)
+
+
+def test_node_types_other_than_the_whole_graphs_are_refused_in_a_step(data):
+    """In a step a relation's destination type is the whole graph's (its ntype input, the
+    dataset's): a model that passes other types (relabeled, or its own where the whole
+    graph has none) is refused by name; they counted for other nodes (a KeyError, an id out
+    of range, or on workers a silently other loss)."""
+    import sarc
+    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
+    (batch,) = list(src.steps(0))
+    conv = _model().conv1
+    h = torch.randn(x.shape[0], HIDDEN)
+    inputs = batch.edge_inputs
+    etype, w, ntype = inputs["etype"], inputs["w"], inputs["ntype"]
+    with pytest.raises(sarc.GraphError, match=r"node types other than the whole graph's"):
+        conv(batch.graph, h, etype=etype, w=w, ntype=1 - ntype)
+    batch.graph.calls = 0
+    del batch.graph.whole.edge_inputs["ntype"]
+    with pytest.raises(sarc.GraphError, match=r"was given node types, but the whole graph "
+                                              r"has none"):
+        conv(batch.graph, h, etype=etype, w=w, ntype=ntype)
