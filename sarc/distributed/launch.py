@@ -248,11 +248,27 @@ def launch(args, minibatch=None) -> int:
                "-m", "sarc.cli.worker",
                *worker_command_line(args, partition, args.json, dataset),
                "--threads", str(threads)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), **this_sarc_env()}
         outcome = run_agent(cmd, env, tmp)
     if outcome.returncode != 0 or outcome.survivors:
         raise DistError(f"distributed training failed: {outcome.summary()}")
     return 0
+
+
+def this_sarc_env() -> dict[str, str]:
+    """The environment in which torchrun and the workers (``python -m ...``) import the sarc
+    this process runs: its folder first on their path, and not the current directory,
+    which ``python -m`` puts first (``PYTHONSAFEPATH``, Python 3.11+): a ``sarc`` folder
+    there, another checkout's, would run silently in the workers in its place."""
+    import site
+    root = str(Path(__file__).resolve().parents[2])
+    given = os.environ.get("PYTHONPATH")
+    installed = {str(Path(d).resolve()) for d in (*site.getsitepackages(),
+                                                  site.getusersitepackages())}
+    if root in installed:   # found as any package is: not ahead of the standard library
+        return {"PYTHONSAFEPATH": "1"}
+    return {"PYTHONSAFEPATH": "1",
+            "PYTHONPATH": root if not given else os.pathsep.join([root, given])}
 
 
 @contextlib.contextmanager

@@ -455,3 +455,19 @@ def test_a_link_loop_or_a_link_into_an_unwritable_directory_is_refused_before_tr
     (tmp_path / "r.json").symlink_to(gone / "r.json")
     with pytest.raises(UsageError, match=f"the directory {gone} does not exist"):
         check_output_file("--json", str(tmp_path / "r.json"))
+
+
+@case("files", "`sarc train --workers 2` run in a folder holding a `sarc` package of its own "
+      "(another checkout's)", "nothing-lost")
+def test_workers_import_the_sarc_that_launched_them(tmp_path):
+    """``python -m`` puts the current directory first on the path: torchrun and the workers
+    imported the folder's sarc (silently, where it is another version) instead of the one
+    ``sarc train`` runs."""
+    (tmp_path / "sarc").mkdir()
+    (tmp_path / "sarc" / "__init__.py").write_text(
+        'raise ImportError("the sarc of the current directory")\n')
+    proc = run_sarc("train", ROOT / "models" / "gcn.py", "--epochs", "1", "--workers", "2",
+                    "--method", "random", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the sarc of the current directory" not in proc.stdout + proc.stderr
+    assert any(line.startswith("epoch") for line in proc.stdout.splitlines()), proc.stdout
