@@ -665,7 +665,12 @@ class Checkpointer:
         """
         state, problem = None, None
         try:
-            self.made_dir = not self.dir.exists()
+            existed = self.dir.exists()
+        except OSError:
+            existed = True   # the mkdir below says why
+        # every worker looks before any makes it: DIR is this run's where none saw it
+        self.made_dir = not any(self.gather(existed))
+        try:
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.rank == 0:
                 _lock_directory(self, self.dir)
@@ -746,11 +751,22 @@ class Checkpointer:
         self._agree(problem)
 
     def _remove_leftovers(self, keep: int | None) -> None:
-        """Temporary files, and every epoch's files but ``keep``'s."""
+        """Temporary files, and every epoch's files but ``keep``'s (those of a checkpoint
+        left unfinished, or whose manifest is gone: sarc resumes from none of them), the
+        epochs said."""
+        removed = set()
         for f in self.dir.iterdir():
             m = _LEFTOVER.fullmatch(f.name)
             if m and (m.group(1) is None or int(m.group(1)) != keep):
                 f.unlink(missing_ok=True)
+                if m.group(1) is not None:
+                    removed.add(int(m.group(1)))
+        if removed:
+            epochs = ", ".join(map(str, sorted(removed)))
+            self.say(f"{self.dir}: removed the files of epoch{'s' * (len(removed) > 1)} "
+                     f"{epochs}, which {MANIFEST} does not name"
+                     f"{'' if keep is not None else ' (there is none)'}: a checkpoint left "
+                     f"unfinished, which no run resumes from")
 
 
 # --- the selected model, for inference ----------------------------------------------------

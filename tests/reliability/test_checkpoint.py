@@ -137,6 +137,46 @@ def test_a_checkpoint_directory_holds_one_run_at_a_time(tmp_path):
     assert proc.returncode != 0 and "is in use by another run" in proc.stderr, proc.stderr
 
 
+@case("checkpoint", "a `--workers 2` run that fails before its first checkpoint, one worker "
+      "creating `--checkpoint DIR` before the other looks", "nothing-lost")
+def test_a_failed_runs_checkpoint_directory_goes_whichever_worker_made_it(tmp_path):
+    """Each worker asked whether DIR existed before making it: where worker 1 made it first,
+    worker 0, which alone removes it, took it for the user's and left it, empty. The
+    workers look before any of them makes it."""
+    import threading
+    import time
+    from sarc.checkpoint import Checkpointer
+    cfg = CheckpointConfig(str(tmp_path / "ckpt"))
+    slots, barrier = [None, None], threading.Barrier(2, timeout=60)
+
+    def gather_of(rank):
+        def gather(obj):   # all_gather_object between the two threads
+            slots[rank] = obj
+            barrier.wait()
+            got = list(slots)
+            barrier.wait()
+            return got
+        return gather
+
+    workers = [Checkpointer(cfg, {"seed": 0}, rank=r, world_size=2, gather=gather_of(r),
+                            log=None) for r in (0, 1)]
+
+    def run(rank):
+        if rank == 0:
+            time.sleep(0.5)   # worker 1 is at DIR first
+        workers[rank].load()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert (tmp_path / "ckpt").is_dir()
+    for w in workers:   # the run failed before its first checkpoint
+        w.discard_if_unused()
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_a_later_run_of_a_process_takes_the_lock_an_earlier_one_kept(tmp_path):
     """A run whose Checkpointer a kept traceback holds has ended: the next run of the same
     process takes its lock over (and the first one's finalizer leaves it)."""
@@ -901,3 +941,20 @@ def test_a_hand_edited_state_that_does_not_fit_is_refused_naming_it(tmp_path, re
     (ckpt / MANIFEST).write_text(json.dumps(manifest))
     assert_error(_train(ckpt, "--resume"), str(ckpt), f"the checkpoint's {part} state does not "
                                                       f"fit the run")
+
+
+@case("checkpoint", "`--checkpoint DIR` holding a checkpoint's epoch files without its "
+      "`checkpoint.json`", "old-or-new")
+def test_epoch_files_no_manifest_names_are_removed_saying_so(tmp_path):
+    """Sarc resumes from no checkpoint its manifest does not name (one left unfinished, or
+    whose manifest was removed) and removes its files: it did so without a word."""
+    ckpt = tmp_path / "ckpt"
+    _ok(_train(ckpt))
+    (ckpt / MANIFEST).unlink()
+    epochs = sorted(f.name for f in ckpt.iterdir())
+    assert epochs and all(f.startswith("epoch-") for f in epochs)
+    proc = _ok(_train(ckpt, "--resume"))
+    assert re.search(r"ckpt: removed the files of epoch \d+, which checkpoint\.json does not "
+                     r"name \(there is none\): a checkpoint left unfinished", proc.stdout), \
+        proc.stdout
+    assert "no checkpoint" in proc.stdout

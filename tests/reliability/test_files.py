@@ -458,7 +458,7 @@ def test_a_link_loop_or_a_link_into_an_unwritable_directory_is_refused_before_tr
 
 
 @case("files", "`sarc train --workers 2` run in a folder holding a `sarc` package of its own "
-      "(another checkout's)", "nothing-lost")
+      "(another checkout's)", "exact")
 def test_workers_import_the_sarc_that_launched_them(tmp_path):
     """``python -m`` puts the current directory first on the path: torchrun and the workers
     imported the folder's sarc (silently, where it is another version) instead of the one
