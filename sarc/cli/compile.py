@@ -37,7 +37,8 @@ from ..names import one_line
 from ..planner.plan import format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
-                      check_mode_arguments, check_output_dir, overrides, parse_bytes, plural)
+                      check_input_dir, check_mode_arguments, check_output_dir, overrides,
+                      parse_bytes, plural)
 
 DEFAULT_BATCHES = 8
 DEFAULT_EMIT = ",".join(EMITS)
@@ -55,6 +56,7 @@ def add_compile_parser(sub) -> None:
                    help="the workers to plan for (default 1; with --partition: its parts)")
     p.add_argument("--partition", help="a partition directory (real statistics for the plan)")
     p.add_argument("--dataset", help="the dataset whose sizes build the model (default: the model's)")
+    p.add_argument("--data-dir", help="directory of datasets not embedded in sarc")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a hyperparameter the model is built with, as sarc train takes it "
                         "(repeatable), e.g. --set hidden=64")
@@ -85,6 +87,7 @@ def add_compile_parser(sub) -> None:
 def check_compile_args(args) -> tuple[str, ...]:
     """Every value of ``sarc compile`` checked before any work; the artifacts to emit."""
     check_mode_arguments(args)
+    check_input_dir("--data-dir", args.data_dir)
     emit = tuple(e.strip() for e in args.emit.split(",") if e.strip())
     bad = [e for e in emit if e not in EMITS]
     if bad:
@@ -292,8 +295,8 @@ def _dataset(args, hparams: dict, pset):
     from ..distributed.launch import checked_dataset
     name = args.dataset or _recorded(pset, hparams) or hparams["dataset"]
     if pset is None or (pset.fingerprint.startswith("dgl:") and not args.dataset):
-        return load_dataset(name)
-    given = SimpleNamespace(dataset=name, partition=args.partition, data_dir=None,
+        return load_dataset(name, args.data_dir)
+    given = SimpleNamespace(dataset=name, partition=args.partition, data_dir=args.data_dir,
                             check_data=True)
     try:
         checked_dataset(given, pset)
@@ -306,7 +309,7 @@ def _dataset(args, hparams: dict, pset):
                     f"{what.split(': ', 1)[-1]}")
         raise CompileError(f"{what}; the workers build the model from the partition: give "
                            f"--dataset, the dataset partitioned there") from None
-    return load_dataset(name)
+    return load_dataset(name, args.data_dir)
 
 
 def training_seeds(data) -> int:

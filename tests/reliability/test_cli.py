@@ -986,3 +986,18 @@ def test_compile_batches_without_a_partition_is_refused(tmp_path):
     """It was ignored: the plan without a partition is symbolic and samples no batch."""
     proc = run_sarc("compile", GCN, "--mode", "mfg", "--batches", "4", cwd=tmp_path)
     refused_before_work(proc, "--batches", "without --partition")
+
+
+@case("cli", "`sarc compile --dataset NAME` of a dataset not embedded, the error naming "
+      "`--data-dir`", "error")
+def test_compile_takes_the_data_dir_its_error_names(tmp_path):
+    """The error said to pass --data-dir, which `sarc compile` did not take."""
+    import shutil
+    shutil.copy(ROOT / "sarc" / "data" / "cora.npz", tmp_path / "mine.npz")
+    proc = run_sarc("compile", ROOT / "models" / "gcn.py", "--dataset", "mine",
+                    "--out", tmp_path / "out")
+    assert_error(proc, "dataset 'mine' not found", "--data-dir")
+    proc = run_sarc("compile", ROOT / "models" / "gcn.py", "--dataset", "mine", "--data-dir",
+                    tmp_path, "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "wrote" in proc.stdout and (tmp_path / "out").is_dir()
