@@ -94,6 +94,11 @@ def _declared(features: Any, side: str) -> dict[str, Feature]:
     if not isinstance(features, Mapping) or not all(isinstance(k, str) for k in features):
         raise DSLError(f"{side}= takes a dict of feature names to widths, shapes or "
                        f"sarc.Feature (e.g. {side}={{'h': 16}}), got {features!r}", user_loc())
+    for k in features:
+        if k.startswith("$") or ":" in k:
+            raise DSLError(f"{side} feature {k!r}: names that start with '$' or hold ':' are "
+                           f"sarc's own (the distributed split's $x0, $agg0, autodiff's "
+                           f"grad:h, param:w); name the feature otherwise", user_loc())
     return {k: _as_feature(v, k) for k, v in features.items()}
 
 

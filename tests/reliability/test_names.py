@@ -85,6 +85,19 @@ def test_feature_name_with_a_quote(tmp_path):
     assert not marker.exists()
 
 
+@case("names", "a feature named as sarc names its own values (`$x0`, `$agg0`, `grad:h`, "
+      "`param:W`)", "error-at-line")
+@pytest.mark.parametrize("feat", ["$x0", "$agg0", "$d1", "grad:h", "param:W", "norm:h"])
+def test_a_feature_named_as_sarcs_own_values_is_refused(feat):
+    """The distributed split's values ($x0, $d0, $agg0) and the backward's leaves (grad:h,
+    param:W) share the inputs' names: a feature of one of those names was taken for it (on 2
+    workers a silently other loss, or a KeyError)."""
+    with pytest.raises(sarc.DSLError, match=r"node feature '[^']+': names that start with "
+                       r"'\$' or hold ':' are sarc's own") as info:
+        make_layer(feat=feat)()
+    assert info.value.loc is not None and info.value.loc.file == __file__
+
+
 @case("names", "a layer class name with a newline and code after it", "literal")
 def test_class_name_with_a_newline(tmp_path):
     marker = marker_of(tmp_path)
