@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import SarcError, cannot_write
+from .names import system_path
 
 MANIFEST = "sarc-set.json"
 FORMAT = "sarc-set"
@@ -115,7 +116,7 @@ def _complete(path: Path) -> bool:
 
 
 def _absolute(path) -> Path:
-    path = Path(os.path.abspath(path))
+    path = system_path(path)
     if not path.name:
         raise DirectoryExistsError(f"cannot write a set at {path}: name a directory below it")
     return path
@@ -278,7 +279,7 @@ def atomic_directory(path, *, kind: str, overwrite: bool = False) -> Iterator[Pa
 
 
 def _under(name, *dirs: Path) -> bool:
-    return any(Path(os.path.abspath(name)).is_relative_to(d) for d in dirs)
+    return any(system_path(name).is_relative_to(d) for d in dirs)
 
 
 def _write_manifest(tmp: Path, kind: str) -> None:

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from .errors import SarcError, agreed, cannot_write
+from .names import system_path
 from .partition.fingerprint import EDGE_DATA
 from .records import Record, load_plain
 
@@ -358,7 +359,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     is written through: the file it names is replaced (the link stays), in that file's
     directory, which must be writable (``cli.options.check_output_file`` checks it); the
     file keeps the mode of the one it replaces, else gets the umask's, as ``open`` gives."""
-    path = Path(path)
+    path = system_path(path)   # its folder as mkstemp's name for the temporary file has it
     if path.is_symlink():
         try:
             path = path.resolve()

@@ -85,6 +85,19 @@ def file_stem(name: str, *, digest: bool = False) -> str:
     return f"{safe[:_MAX_STEM]}-{tag}"
 
 
+def system_path(path) -> Path:
+    """``path`` made absolute as the system resolves it: ``lnk/../x`` is ``x`` beside the
+    folder the link ``lnk`` names, where ``os.path.abspath`` (and ``tempfile``) would put
+    it in the current directory. Its last component is not followed (a link there stays a
+    link), unless it is ``..``."""
+    p = Path(path)
+    if not p.is_absolute():
+        p = Path(os.getcwd()) / p
+    if p.name in ("", ".."):
+        return Path(os.path.realpath(p))
+    return Path(os.path.realpath(p.parent)) / p.name
+
+
 def inside(folder: Path, relative: str) -> Path:
     """``folder / relative``, checked to stay inside ``folder`` (no absolute part, no ``..``)."""
     base = os.path.abspath(folder)

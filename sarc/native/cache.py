@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 from ..errors import SarcError
+from ..names import system_path
 
 
 class CacheDirError(SarcError):
@@ -31,8 +32,8 @@ def cache_dir() -> Path:
     user or root, or writable by all without the sticky bit, as /tmp has).
     """
     env = os.environ.get("SARC_CACHE_DIR")
-    if env:
-        root, owned = Path(env).expanduser(), Path(env).expanduser()
+    if env:   # as the system resolves it: the folder checked is the one imported from
+        root = owned = system_path(Path(env).expanduser())
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         if xdg and os.path.isabs(xdg):

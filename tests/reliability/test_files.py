@@ -471,3 +471,50 @@ def test_workers_import_the_sarc_that_launched_them(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the sarc of the current directory" not in proc.stdout + proc.stderr
     assert any(line.startswith("epoch") for line in proc.stdout.splitlines()), proc.stdout
+
+
+def _linked_folder(tmp_path: Path) -> Path:
+    """``tmp_path/lnk``, a link to ``real/sub``: ``lnk/../x`` is ``real/x`` to the system,
+    ``./x`` to a path collapsed as text."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to("real/sub")
+    return tmp_path / "real"
+
+
+@case("files", "`--out lnk/../x`, `lnk` a link to a folder elsewhere", "exact")
+def test_out_through_a_link_and_dotdot_is_where_the_system_puts_it(tmp_path):
+    """The set was written to ./x (``..`` collapsed as text), and the path printed named
+    nothing."""
+    real = _linked_folder(tmp_path)
+    proc = run_sarc("compile", ROOT / "models" / "gcn.py", "--emit", "plan", "--out",
+                    "lnk/../x", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (real / "x" / "plan.txt").is_file() and not (tmp_path / "x").exists()
+
+
+@case("checkpoint", "`--checkpoint lnk/../ck`, `lnk` a link to a folder elsewhere", "exact")
+def test_checkpoint_through_a_link_and_dotdot(tmp_path):
+    """The run trained every epoch, then failed at its first checkpoint: the temporary
+    file's name had ``..`` collapsed as text."""
+    real = _linked_folder(tmp_path)
+    proc = run_sarc("train", ROOT / "models" / "gcn.py", "--epochs", "2", "--threads", "1",
+                    "--checkpoint", "lnk/../ck", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (real / "ck" / "checkpoint.json").is_file() and not (tmp_path / "ck").exists()
+
+
+@case("files", "`SARC_CACHE_DIR=lnk/../cache`, where `./cache` is writable by all",
+      "nothing-lost")
+def test_the_module_cache_checked_is_the_one_imported_from(tmp_path):
+    """The folder the system resolves was checked (private), but the modules were written to
+    and imported from ./cache, collapsed as text: a folder anyone could write, which sarc
+    refuses when named."""
+    real = _linked_folder(tmp_path)
+    (tmp_path / "cache").mkdir()
+    os.chmod(tmp_path / "cache", 0o777)
+    proc = run_sarc("compile", ROOT / "models" / "gcn.py", "--emit", "plan", "--out",
+                    tmp_path / "out", cwd=tmp_path,
+                    env={"SARC_CACHE_DIR": str(tmp_path / "lnk" / ".." / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list((tmp_path / "cache").iterdir())
+    assert any(f.suffix == ".py" for f in (real / "cache").iterdir())
