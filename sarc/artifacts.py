@@ -273,7 +273,7 @@ def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...], *,
         for rel, text in files.items():
             path = names.inside(tmp, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            path.write_text(text, encoding="utf-8")
     return [Path(out) / rel for rel in files]
 
 

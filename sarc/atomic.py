@@ -3,7 +3,7 @@ old one stays. ``sarc compile --out`` and ``sarc partition --out`` both write th
 ``atomic_directory``.
 
     with atomic_directory(path, kind="compile", overwrite=False) as tmp:
-        (tmp / "plan.txt").write_text(text)
+        (tmp / "plan.txt").write_text(text, encoding="utf-8")
 
 What ``path`` may be (``check_target``, which the commands also run before their work):
 

@@ -685,7 +685,7 @@ class Checkpointer:
             raise CheckpointError(f"{self.dir}: the workers read different checkpoints (epochs "
                                   f"{epochs}); every worker must see the same directory")
         if self.rank == 0:
-            self._remove_leftovers(keep=epochs[0])
+            self._remove_leftovers(keep=epochs[0], say=True)
         if state is None and self.cfg.resume:
             self.say(f"--resume: no checkpoint in {self.dir}; starting at epoch 1")
         elif state is not None:
@@ -751,10 +751,10 @@ class Checkpointer:
                 problem = f"cannot write checkpoint {self.dir / MANIFEST}: {e.strerror or e}"
         self._agree(problem)
 
-    def _remove_leftovers(self, keep: int | None) -> None:
-        """Temporary files, and every epoch's files but ``keep``'s (those of a checkpoint
-        left unfinished, or whose manifest is gone: sarc resumes from none of them), the
-        epochs said."""
+    def _remove_leftovers(self, keep: int | None, say: bool = False) -> None:
+        """Temporary files, and every epoch's files but ``keep``'s: after a save, the
+        checkpoint it replaced; at a run's start (``say``: the epochs said), those of a
+        checkpoint left unfinished, or whose manifest is gone, which no run resumes from."""
         removed = set()
         for f in self.dir.iterdir():
             m = _LEFTOVER.fullmatch(f.name)
@@ -762,7 +762,7 @@ class Checkpointer:
                 f.unlink(missing_ok=True)
                 if m.group(1) is not None:
                     removed.add(int(m.group(1)))
-        if removed:
+        if removed and say:
             epochs = ", ".join(map(str, sorted(removed)))
             self.say(f"{self.dir}: removed the files of epoch{'s' * (len(removed) > 1)} "
                      f"{epochs}, which {MANIFEST} does not name"

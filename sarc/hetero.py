@@ -88,6 +88,14 @@ class HeteroConv(nn.Module):
                            f"{', '.join(AGGREGATES)}", user_loc())
         if not layers:
             raise DSLError("HeteroConv needs at least one relation's layer", user_loc())
+        if relations is not None:
+            if isinstance(relations, str) or not all(isinstance(r, str) for r in relations):
+                raise DSLError(f"HeteroConv: relations= takes the edge types' names in id "
+                               f"order, a list of str, got {relations!r}", user_loc())
+            twice = sorted({r for r in relations if list(relations).count(r) > 1})
+            if twice:
+                raise DSLError(f"HeteroConv: relations= names {twice[0]!r} twice; each edge "
+                               f"type has a name of its own", user_loc())
         self.aggregate = aggregate
         ids: dict[int, Layer] = {}
         for key, layer in layers.items():

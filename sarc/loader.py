@@ -118,7 +118,7 @@ def load_model_file(path: str | Path) -> ModelSpec:
     # beside it), after every installed one, so none of those is shadowed
     if str(resolved.parent) not in sys.path:
         sys.path.append(str(resolved.parent))
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(os.fsencode(resolved)).hexdigest()[:12]
     mod_name = f"sarc_user_models.{p.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(mod_name, resolved)
     module = importlib.util.module_from_spec(spec)
@@ -181,6 +181,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text
+        except (RecursionError, MemoryError):   # the parser's limits: 10,000 unary minuses
+            raise OverrideError(f"--set {key.strip()}=...: the value ({len(text)} characters) "
+                                f"nests too deeply to read as a Python literal") from None
         key = key.strip()
         if key in out and (out[key] != value or type(out[key]) is not type(value)):
             raise OverrideError(f"--set {key} given twice ({out[key]!r}, then {value!r}); give "

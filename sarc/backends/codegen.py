@@ -95,7 +95,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:   # names in it: any locale
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
@@ -109,7 +109,7 @@ def load_module(name: str, source: str) -> tuple[Path, ModuleType]:
     import it."""
     stem = names.file_stem(name)
     path = names.inside(cache_dir(), f"{stem}.py")
-    if not path.exists() or path.read_text() != source:
+    if not path.exists() or path.read_text(encoding="utf-8", errors="replace") != source:
         try:
             write_atomic(path, source)
         except OSError as e:

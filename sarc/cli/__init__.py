@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     # stderr is no file (main called with its output captured, as by a test)
     with contextlib.suppress(OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # a name of the user's (a class named Lé) printed under a locale that cannot encode it
+    # (LC_ALL=C): escaped, as Python writes such a character to stderr, not an error
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):   # not a file's
+            if stream.errors in ("strict", "surrogateescape"):   # the C locale's
+                stream.reconfigure(errors="backslashreplace")
     try:   # building the parser imports the subcommands (torch): seconds, interruptible
         args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:

@@ -356,7 +356,7 @@ def write_result(path: str, result: dict) -> None:
     except FileNotFoundError:
         kind = None
     if kind is not None and not stat.S_ISREG(kind):   # /dev/stdout, a pipe: written in place
-        with open(path, "w") as f:   # by its name: a pipe's resolved path names no entry
+        with open(path, "w", encoding="utf-8") as f:   # by its name: a pipe's resolved path names no entry
             f.write(text)
         return
     write_atomic(Path(path), text.encode())

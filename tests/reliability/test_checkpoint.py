@@ -958,3 +958,4 @@ def test_epoch_files_no_manifest_names_are_removed_saying_so(tmp_path):
                      r"name \(there is none\): a checkpoint left unfinished", proc.stdout), \
         proc.stdout
     assert "no checkpoint" in proc.stdout
+    assert proc.stdout.count("removed the files") == 1   # not at each save's replacement

@@ -453,6 +453,15 @@ def test_a_setting_given_two_values_is_refused(argv, needle):
     refused_before_work(run_sarc("train", GCN, "--epochs", "1", *argv), needle)
 
 
+@case("cli", "`--set hidden=` and 20,000 minus signs (a literal nested past the parser's "
+             "limits)", "error")
+def test_a_setting_nested_past_the_parsers_limits_is_refused():
+    """The parser's MemoryError ended the command in a traceback."""
+    refused_before_work(run_sarc("train", GCN, "--epochs", "1", "--set",
+                                 "hidden=" + "-" * 20000 + "1"),
+                        "--set hidden=...: the value (20001 characters) nests too deeply")
+
+
 def test_a_setting_given_twice_with_one_value_is_taken():
     from sarc.loader import parse_overrides
     assert parse_overrides(["hidden=16", "lr=0.1", "hidden=16"]) == {"hidden": 16, "lr": 0.1}

@@ -63,6 +63,20 @@ def not_a_layer():
     return sarc.HeteroConv({0: Mean(4, 8), 1: nn.Linear(4, 8)})  # ERR:module
 
 
+@case("dsl", "HeteroConv's `relations=` a string, or a list naming an edge type twice",
+      "error-at-line")
+def test_relations_a_string_or_a_name_twice():
+    """A string's letters were taken for the names (an internal ValueError at its name's
+    look-up); a name given twice named the first id."""
+    expect(lambda: sarc.HeteroConv({"follows": Mean(4, 4)},  # ERR:relations-str
+                                   relations="follows"),
+           "relations-str", "relations= takes the edge types' names in id order, a "
+           "list of str, got 'follows'")
+    expect(lambda: sarc.HeteroConv({"a": Mean(4, 4)},  # ERR:relations-twice
+                                   relations=["a", "b", "a"]),
+           "relations-twice", "relations= names 'a' twice")
+
+
 @case("dsl", "a HeteroConv relation given a torch module, not a sarc.Layer", "error-at-line")
 def test_relation_module_not_a_layer():
     expect(not_a_layer, "module", "the layer of relation 1 is a Linear, not a sarc.Layer")

@@ -540,3 +540,32 @@ def test_a_feature_named_with_two_underscores_is_read_by_subscript(backend):
     x = torch.randn(3, 3)
     out = DunderFeature().set_backend(backend)(g, **{"__x": x})
     assert torch.allclose(out, 2.0 * x[[2, 0, 1]])
+
+
+@case("names", "a model file whose path holds a byte that is not UTF-8", "literal")
+def test_a_model_path_of_bytes_not_utf8(tmp_path):
+    """Its module's name hashed the path's text, which cannot be encoded (a traceback)."""
+    folder = tmp_path / os.fsdecode(b"dir\xff")
+    folder.mkdir()
+    model = folder / "gcn.py"
+    model.write_bytes((Path(__file__).resolve().parents[2] / "models" / "gcn.py").read_bytes())
+    proc = run_sarc("compile", model, "--emit", "plan", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "plan.txt").is_file()
+
+
+@case("names", "a layer class named `GCNLayé` under a locale that cannot encode it "
+      "(`LC_ALL=C`)", "literal")
+def test_a_name_the_locale_cannot_encode(tmp_path):
+    """The generated modules and the set's files were written in the locale's encoding (a
+    traceback), and the summary printed so."""
+    source = (Path(__file__).resolve().parents[2] / "models" / "gcn.py").read_text()
+    assert "class GCNLayer" in source
+    model = tmp_path / "m.py"
+    model.write_text(source.replace("GCNLayer", "GCNLay\u00e9"), encoding="utf-8")
+    proc = run_sarc("compile", model, "--emit", "ir,kernels", "--out", tmp_path / "out",
+                    env={"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
+                         "SARC_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "GCNLay\\xe9" in proc.stdout   # escaped where the locale cannot say it
+    assert "GCNLay\u00e9" in (tmp_path / "out" / "conv1.torch.py").read_text(encoding="utf-8")
