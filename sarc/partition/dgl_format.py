@@ -255,11 +255,26 @@ def dgl_layout(config, *, orig_ids: Sequence | None = None, shuffled_ids: bool =
     etypes = _type_names(meta.get("etypes", {"_N:_E:_N": 0}), "etypes", config)
     nodes = IdRanges(meta["node_map"], ntypes, num_parts, n, "node_map", config)
     edges = IdRanges(meta["edge_map"], etypes, num_parts, e, "edge_map", config)
+    for p in range(num_parts):
+        _check_part_files(meta, p, num_parts, config)
     nids, eids, ids = _orig_ids(config, num_parts, orig_ids, shuffled_ids, default_shuffled)
     if nids is not None:
         nids = _per_type(nids, ntypes, nodes.counts, "orig_nids", config)
         eids = _per_type(eids, etypes, edges.counts, "orig_eids", config)
     return DglLayout(config, meta, num_parts, ntypes, etypes, nodes, edges, nids, eids, ids)
+
+
+def _check_part_files(meta: dict, p: int, num_parts: int, config: Path) -> None:
+    """Part ``p``'s entry names its files (read before any worker starts)."""
+    files = meta.get(f"part-{p}")
+    if files is None:
+        raise PartitionError(f"{config}: no entry \"part-{p}\" (its files) for part {p} of "
+                             f"{num_parts}")
+    require_keys(files, ("part_graph", "node_feats", "edge_feats"), f"part-{p}", config)
+    for key in ("part_graph", "node_feats", "edge_feats"):
+        if not isinstance(files[key], str) or not files[key]:
+            raise PartitionError(f"{config}: part-{p}'s {key} holds {files[key]!r}, expected "
+                                 f"the name of a file")
 
 
 def _count(meta: dict, key: str, config: Path) -> int:
@@ -299,7 +314,6 @@ def read_dgl_part(layout: DglLayout, dgl, p: int) -> DglPart:
     """Part ``p`` of ``layout``, read from its files only, checked against the config."""
     config = layout.config
     files = layout.meta.get(f"part-{p}")
-    require_keys(files, ("part_graph", "node_feats", "edge_feats"), f"part-{p}", config)
     graph_file = config.parent / files["part_graph"]
     g = _load_graph(dgl, graph_file)
     n, e = layout.num_nodes, layout.num_edges
@@ -536,7 +550,14 @@ def _orig_ids(config: Path, num_parts: int, orig_ids, shuffled_ids: bool,
         return None, None, "original"
     if orig_ids is None:
         files = [config.parent / f for f in ORIG_IDS_FILES]
-        if not all(f.is_file() for f in files):
+        there = [f for f in files if f.is_file()]
+        if there and len(there) < len(files):   # half a mapping: the ids would be DGL's
+            missing = [f.name for f in files if f not in there]
+            raise PartitionError(f"{config}: {there[0].name} is beside it but "
+                                 f"{', '.join(missing)} is not: save both of the mapping "
+                                 f"partition_graph(..., return_mapping=True) returned, or "
+                                 f"neither (DGL's shuffled ids)")
+        if not there:
             if default_shuffled:
                 return None, None, "dgl-shuffled"
             raise PartitionError(

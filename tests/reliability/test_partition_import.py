@@ -166,6 +166,32 @@ def test_one_id_tensor_for_several_types_is_refused(sarc_here, tmp_path):
                  "the dict of per-type ids")
 
 
+@case("partition", "a DGL partition config whose `part-1` names no graph file "
+      "(`\"part_graph\": null`)", "error")
+def test_a_dgl_part_entry_naming_no_file_is_refused(sarc_here, tmp_path):
+    """A worker died in a TypeError reading it, the others in a failed collective."""
+    config = _dgl_hetero_config(tmp_path / "dgl", {"a": [[0, 1], [3, 4]], "b": [[1, 3], [4, 6]]})
+    meta = json.loads(config.read_text())
+    meta["part-1"]["part_graph"] = None
+    config.write_text(json.dumps(meta))
+    proc = sarc_here("partition", "--from-dgl", config, "--dgl-shuffled-ids",
+                    "--out", tmp_path / "out")
+    assert_error(proc, "part-1's part_graph holds None, expected the name of a file")
+    assert not (tmp_path / "out").exists()
+
+
+@case("partition", "a DGL partition with `orig_nids.pt` beside its config but no "
+      "`orig_eids.pt`", "error")
+def test_half_a_saved_dgl_id_mapping_is_refused(sarc_here, tmp_path):
+    """Trained on in place, the half mapping was left out silently: the run took DGL's
+    shuffled ids (in sampling mode, another run than one process's)."""
+    config = _dgl_hetero_config(tmp_path / "dgl", {"a": [[0, 1], [3, 4]], "b": [[1, 3], [4, 6]]})
+    torch.save({"a": torch.arange(2), "b": torch.arange(4)}, config.parent / "orig_nids.pt")
+    proc = sarc_here("partition", "--from-dgl", config, "--out", tmp_path / "out")
+    assert_error(proc, "orig_nids.pt is beside it but orig_eids.pt is not")
+    assert not (tmp_path / "out").exists()
+
+
 @case("partition", "sarc train --partition NAME.json (a DGL partition) where DGL is not installed",
       "error")
 def test_training_on_a_dgl_partition_without_dgl_says_to_convert_it(tmp_path):
