@@ -374,6 +374,13 @@ def _writable_dir(option: str, path: str, where: Path) -> None:
         raise UsageError(f"{option} {path}: {where} is not a directory")
     if not os.access(where, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: the directory {where} is not writable")
+    try:   # as root os.access says yes to /proc: a file made and removed says it for sure
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".sarc-", suffix=".probe")
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot create a file in {where} "
+                         f"({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def add_check_data_argument(p: argparse.ArgumentParser) -> None:
