@@ -84,6 +84,7 @@ def read_dgl_partitions(config, *, orig_ids: Sequence | None = None,
     layout = dgl_layout(config, orig_ids=orig_ids, shuffled_ids=shuffled_ids)
     config, n, e = layout.config, layout.num_nodes, layout.num_edges
     dgl = import_dgl()
+    check_part_entries(layout)
     src_s = torch.empty(e, dtype=torch.int64)  # in shuffled node and edge ids
     dst_s = torch.empty(e, dtype=torch.int64)
     edge_ids, node_chunks, edge_chunks, shapes = [], {}, {}, ({}, {})
@@ -255,8 +256,6 @@ def dgl_layout(config, *, orig_ids: Sequence | None = None, shuffled_ids: bool =
     etypes = _type_names(meta.get("etypes", {"_N:_E:_N": 0}), "etypes", config)
     nodes = IdRanges(meta["node_map"], ntypes, num_parts, n, "node_map", config)
     edges = IdRanges(meta["edge_map"], etypes, num_parts, e, "edge_map", config)
-    for p in range(num_parts):
-        _check_part_files(meta, p, num_parts, config)
     nids, eids, ids = _orig_ids(config, num_parts, orig_ids, shuffled_ids, default_shuffled)
     if nids is not None:
         nids = _per_type(nids, ntypes, nodes.counts, "orig_nids", config)
@@ -264,8 +263,14 @@ def dgl_layout(config, *, orig_ids: Sequence | None = None, shuffled_ids: bool =
     return DglLayout(config, meta, num_parts, ntypes, etypes, nodes, edges, nids, eids, ids)
 
 
+def check_part_entries(layout: DglLayout) -> None:
+    """Every part's entry in the config names its files: checked where DGL is found to
+    read them, before any worker starts."""
+    for p in range(layout.num_parts):
+        _check_part_files(layout.meta, p, layout.num_parts, layout.config)
+
+
 def _check_part_files(meta: dict, p: int, num_parts: int, config: Path) -> None:
-    """Part ``p``'s entry names its files (read before any worker starts)."""
     files = meta.get(f"part-{p}")
     if files is None:
         raise PartitionError(f"{config}: no entry \"part-{p}\" (its files) for part {p} of "

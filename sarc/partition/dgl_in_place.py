@@ -38,7 +38,8 @@ from typing import Callable
 import torch
 
 from ..errors import PartitionError, SarcError
-from .dgl_format import ORIG_IDS_FILES, DglLayout, DglPart, dgl_layout, import_dgl, read_dgl_part
+from .dgl_format import (ORIG_IDS_FILES, DglLayout, DglPart, check_part_entries, dgl_layout,
+                         import_dgl, read_dgl_part)
 from .foreign import MissingDependencyError
 from .parts import Part
 
@@ -58,6 +59,7 @@ def open_dgl_partition(config) -> "DglPartition":
             f"files with DGL, which this environment lacks ({e.__cause__ or e}). Convert it "
             f"first: sarc partition --from-dgl {layout.config} --out DIR, then train with "
             f"--partition DIR") from e
+    check_part_entries(layout)
     return DglPartition(layout)
 
 

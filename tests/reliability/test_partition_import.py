@@ -168,8 +168,12 @@ def test_one_id_tensor_for_several_types_is_refused(sarc_here, tmp_path):
 
 @case("partition", "a DGL partition config whose `part-1` names no graph file "
       "(`\"part_graph\": null`)", "error")
+@pytest.mark.dgl
 def test_a_dgl_part_entry_naming_no_file_is_refused(sarc_here, tmp_path):
-    """A worker died in a TypeError reading it, the others in a failed collective."""
+    """A worker died in a TypeError reading it, the others in a failed collective. (Checked
+    where DGL is found: without it, the error says DGL is needed.)"""
+    from dgl_support import require_dgl
+    require_dgl()
     config = _dgl_hetero_config(tmp_path / "dgl", {"a": [[0, 1], [3, 4]], "b": [[1, 3], [4, 6]]})
     meta = json.loads(config.read_text())
     meta["part-1"]["part_graph"] = None
