@@ -33,6 +33,7 @@ on the whole graph), so an MFG step equals the full-batch step on its seeds.
 from __future__ import annotations
 
 import functools
+import operator
 import weakref
 from typing import Mapping, NamedTuple, Sequence
 
@@ -89,6 +90,8 @@ class HeteroConv(nn.Module):
         if not layers:
             raise DSLError("HeteroConv needs at least one relation's layer", user_loc())
         if relations is not None:
+            if not isinstance(relations, str):
+                relations = tuple(relations)   # a generator read once
             if isinstance(relations, str) or not all(isinstance(r, str) for r in relations):
                 raise DSLError(f"HeteroConv: relations= takes the edge types' names in id "
                                f"order, a list of str, got {relations!r}", user_loc())
@@ -216,7 +219,11 @@ def _whole_types(ntype: torch.Tensor, whole, rows: torch.Tensor) -> torch.Tensor
                          "destination type is found over the whole graph; give the dataset "
                          "an ntype array, or call the conv without ntype")
     known = torch.as_tensor(known).index_select(0, rows.to(known.device))
-    if ntype.shape != known.shape or not torch.equal(ntype.to(known), known):
+    other = torch.tensor([int(ntype.shape != known.shape or not torch.equal(ntype.to(known),
+                                                                              known))],
+                         device=known.device)
+    _all_reduce(whole.graph, other, "max")   # every worker raises, none waits in an exchange
+    if int(other):
         raise GraphError("HeteroConv in a mini-batch step was given node types other than the "
                          "whole graph's (the dataset's ntype, which the trainer hands the "
                          "model) at the step's rows: a relation's destination type is found "
@@ -367,7 +374,8 @@ class RelationGraphs:
         self.types: _Kept | None = None           # the node types dst_type was found with
         self.num_dst = 0
         self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
-        self.checked: set[tuple] = set()          # relation sets _check_relations passed
+        self.checked: set[tuple] = set()          # relation sets _check_relations passed (and
+        #                                           the convs' dst_types and names)
         self.compacts: dict[int, RelationRun] = {}  # relation -> its compact graph (types')
 
     def same_types(self, ntype: torch.Tensor | None, compare: bool = True) -> bool:
@@ -387,10 +395,13 @@ class RelationGraphs:
         ``Graph``'s counted on its edges, without its sub-graph)."""
         if rid in self.graphs:
             return _local_degrees(self.graphs[rid])
-        if rid not in self._degrees:
-            src, dst = (ends.index_select(0, self.edges[rid]) for ends in g.input_edges())
-            self._degrees[rid] = tuple(torch.bincount(ends, minlength=g.num_src)
-                                       .to(torch.float32) for ends in (dst, src))
+        if rid not in self._degrees:   # every relation's at once: one pass to input order
+            ends = g.input_edges()
+            for r, edges in self.edges.items():
+                if r not in self._degrees:
+                    src, dst = (e.index_select(0, edges) for e in ends)
+                    self._degrees[r] = tuple(torch.bincount(e, minlength=g.num_src)
+                                             .to(torch.float32) for e in (dst, src))
         return self._degrees[rid]
 
     def _keep(self, g, rid: int) -> torch.Tensor:
@@ -457,22 +468,51 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         rel.dst_type.clear()
         rel.compacts.clear()
         rel.types = None
-    if tuple(relations) not in rel.checked:   # once per relation set: not at every call
-        if rel.edge_counts is None:
-            rel.edge_counts = _count_edges(g, etype)
-        _check_relations(rel, relations, names)
-        rel.checked.add(tuple(relations))
-    if ntype is not None and any(rel.dst_type.get(r) != dst_types.get(r, rel.dst_type.get(r))
-                                 or r not in rel.dst_type for r in relations):
-        for r in relations:   # found again: a relation without edges may count for another type
-            rel.compacts.pop(r, None)
-        _find_dst_types(g, rel, etype, relations, ntype, names, dst_types)
+    if rel.edge_counts is None:
+        rel.edge_counts = _count_edges(g, etype)
+    key = (tuple(relations), tuple(sorted(dst_types)), None if names is None else len(names))
+    if key not in rel.checked:   # once per conv's relations: not at every call
+        _check_relations(rel, relations, names, dst_types)
+        rel.checked.add(key)
+    if ntype is not None:
+        _dst_types_of(g, rel, etype, relations, ntype, names, dst_types)
     keeps = [etype == r for r in missing]
-    for r, keep in zip(missing, keeps):
+    subs = (g.edge_subgraphs(keeps) if not isinstance(g, Graph) and keeps   # on every worker
+            else [None] * len(keeps))
+    for r, keep, sub in zip(missing, keeps, subs):   # kept once all are made
         rel.edges[r] = torch.nonzero(keep).squeeze(1)
-    if not isinstance(g, Graph) and keeps:   # set up together, on every worker
-        rel.graphs.update(zip(missing, g.edge_subgraphs(keeps)))
+        if sub is not None:
+            rel.graphs[r] = sub
     return rel
+
+
+def _dst_types_of(g, rel: RelationGraphs, etype, relations, ntype, names,
+                  dst_types: Mapping[int, int]) -> None:
+    """Each relation's destination type in ``rel.dst_type``: found over the whole graph for
+    a relation with edges (once per node types), the conv's ``dst_types`` entry for one
+    without (its own: two convs may give it two types)."""
+    empty = {r for r in relations if not _has_edges(rel, r)}
+    for r in relations:
+        if r in empty and r not in dst_types:
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the "
+                             f"graph, so the node type it counts for is not known: give it, "
+                             f"HeteroConv(..., dst_types={{{r}: <its destinations' node "
+                             f"type>}}) (its edge types are the etype values the edges carry)")
+    if rel.types is None or any(r not in rel.dst_type for r in relations if r not in empty):
+        _find_dst_types(g, rel, etype, [r for r in relations if r not in empty], ntype, names)
+    for r in relations:
+        if r in empty and rel.dst_type.get(r) != dst_types[r]:
+            rel.dst_type[r] = dst_types[r]
+            rel.compacts.pop(r, None)   # made for another type
+        elif r not in empty and rel.dst_type[r] != dst_types.get(r, rel.dst_type[r]):
+            raise GraphError(f"HeteroConv: relation {_named(r, names)} is given destination "
+                             f"node type {dst_types[r]} (dst_types), but its edges go into "
+                             f"nodes of type {rel.dst_type[r]}")
+
+
+def _has_edges(rel: RelationGraphs, r: int) -> bool:
+    counts = rel.edge_counts
+    return r < counts.numel() and int(counts[r]) > 0
 
 
 def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -> Graph:
@@ -541,11 +581,23 @@ def _count_edges(g, etype: torch.Tensor) -> torch.Tensor:
     return counts
 
 
-def _check_relations(rel: RelationGraphs, relations, names) -> None:
+def _check_relations(rel: RelationGraphs, relations, names, dst_types) -> None:
     """Every edge is of one of ``relations`` (DGL's HeteroGraphConv refuses a relation of the
     graph it has no module for: its edges would be left out silently). A relation without
-    edges runs, as DGL runs one (with node types, for the type ``dst_types`` gives it)."""
+    edges runs, as DGL runs one of the graph's (with node types, for the type ``dst_types``
+    gives it); one past every edge type the edges carry is the graph's only where said so:
+    among the ``relations`` names, or in ``dst_types`` (else a relation the graph lacks, a
+    typo, which DGL would not run)."""
     counts = rel.edge_counts
+    beyond = [r for r in relations if r >= counts.numel() and r not in dst_types
+              and (names is None or r >= len(names))]
+    others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
+    if beyond and not others:
+        raise GraphError(f"HeteroConv: relation {_named(beyond[0], names)} is past every edge "
+                         f"type the graph's edges carry (0..{counts.numel() - 1}): a relation "
+                         f"the graph lacks? A relation of the graph without edges is said so "
+                         f"by its name among relations=[...], or by its node type in "
+                         f"dst_types={{{beyond[0]}: ...}}")
     others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
     if others:
         shown = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
@@ -558,11 +610,9 @@ def _check_relations(rel: RelationGraphs, relations, names) -> None:
                          f"layer, or leave its edges out of the graph{hint}")
 
 
-def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names,
-                    dst_types: Mapping[int, int]) -> None:
-    """Each relation's destinations' node type (over the whole graph), or ``dst_types``'
-    for a relation without edges: destinations of two types, a relation without edges
-    whose type is not given, or edges of a type other than the given one are errors."""
+def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names) -> None:
+    """Each of ``relations``' (with edges) destinations' node type, over the whole graph
+    (collective on a DistGraph): destinations of two types are an error."""
     dst = g.input_dst   # each edge's destination, in the graph's edge order
     num_dst = g.num_dst
     ntype = torch.as_tensor(ntype)
@@ -586,16 +636,7 @@ def _find_dst_types(g, rel: RelationGraphs, etype, relations, ntype, names,
                              f"node types {', '.join(map(str, seen))}; a relation counts for "
                              f"the nodes of one type (split it into one edge type per "
                              f"destination type)")
-        if not seen and r not in dst_types:
-            raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the "
-                             f"graph, so the node type it counts for is not known: give it, "
-                             f"HeteroConv(..., dst_types={{{r}: <its destinations' node "
-                             f"type>}}) (its edge types are the etype values the edges carry)")
-        if seen and seen[0] != dst_types.get(r, seen[0]):
-            raise GraphError(f"HeteroConv: relation {_named(r, names)} is given destination "
-                             f"node type {dst_types[r]} (dst_types), but its edges go into "
-                             f"nodes of type {seen[0]}")
-        rel.dst_type[r] = seen[0] if seen else dst_types[r]
+        rel.dst_type[r] = seen[0]
     rel.num_dst, rel.types = num_dst, _Kept(ntype)
 
 
@@ -617,9 +658,13 @@ def _dst_types(given: Mapping, names: Sequence[str] | None, relations) -> dict[i
         if rid not in relations:
             raise DSLError(f"HeteroConv: dst_types gives relation {_named(rid, names)}, which "
                            f"has no layer", user_loc())
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        try:
+            t = operator.index(t)   # numpy's integers too
+        except TypeError:
+            t = -1
+        if isinstance(given[key], bool) or t < 0:
             raise DSLError(f"HeteroConv: dst_types gives relation {_named(rid, names)} node "
-                           f"type {t!r}; a node type is an int >= 0", user_loc())
+                           f"type {given[key]!r}; a node type is an int >= 0", user_loc())
         out[rid] = t
     return out
 

@@ -16,6 +16,7 @@ and exit with status 2; anything else is a bug in sarc and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import faulthandler
 import os
@@ -91,6 +92,19 @@ def _warnings_said(command: str):
         warnings.showwarning = show
 
 
+def _escape(err: UnicodeError):
+    """An output error handler: a file name's undecodable bytes written back as those bytes
+    (``surrogateescape``), any other character the encoding lacks as ``\\xe9``."""
+    try:
+        return codecs.lookup_error("surrogateescape")(err)
+    except UnicodeError:
+        return codecs.backslashreplace_errors(err)
+
+
+_ESCAPE = "sarc-escape"
+codecs.register_error(_ESCAPE, _escape)
+
+
 def main(argv: list[str] | None = None) -> int:
     # where a command seems stuck: ``kill -USR1 PID`` prints its threads' stacks
     # (``sarc.distributed.stacks``: sarc train --workers P adds its workers'); not where
@@ -98,11 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError, ValueError):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     # a name of the user's (a class named Lé) printed under a locale that cannot encode it
-    # (LC_ALL=C): escaped, as Python writes such a character to stderr, not an error
+    # (LC_ALL=C): escaped, not an error; a file name's undecodable bytes still as its bytes
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):   # not a file's
             if stream.errors in ("strict", "surrogateescape"):   # the C locale's
-                stream.reconfigure(errors="backslashreplace")
+                stream.reconfigure(errors=_ESCAPE)
     try:   # building the parser imports the subcommands (torch): seconds, interruptible
         args = build_parser().parse_args(attach_values(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt:

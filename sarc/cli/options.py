@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import SarcError
+from ..names import system_path
 from ..planner.plan import EXEC_MODES, MODES
 from ..training.progress import plural  # noqa: F401 (the commands' counts)
 
@@ -361,7 +362,7 @@ def check_files_dir(option: str, path: str | None) -> None:
     Refused before the run trains, not at its first save."""
     if path and Path(path).is_dir():
         try:   # a file made and dropped: permissions, a read-only mount, an immutable flag
-            tempfile.TemporaryFile(dir=path).close()
+            tempfile.TemporaryFile(dir=system_path(path)).close()
         except OSError as e:
             raise UsageError(f"{option} {path}: the directory is not writable "
                              f"({e.strerror or e})") from None
@@ -375,7 +376,8 @@ def _writable_dir(option: str, path: str, where: Path) -> None:
     if not os.access(where, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: the directory {where} is not writable")
     try:   # as root os.access says yes to /proc: a file made and removed says it for sure
-        fd, probe = tempfile.mkstemp(dir=where, prefix=".sarc-", suffix=".probe")
+        # in the folder as the system resolves it (mkstemp's name collapses lnk/.. as text)
+        fd, probe = tempfile.mkstemp(dir=system_path(where), prefix=".sarc-", suffix=".probe")
     except OSError as e:
         raise UsageError(f"{option} {path}: cannot create a file in {where} "
                          f"({e.strerror or e})") from None

@@ -102,6 +102,8 @@ def run(args) -> int:
     from ..train import hyperparameters
 
     check_worker_args(args)
+    from ..distributed.launch import check_launchers_sarc
+    check_launchers_sarc()
     cfg = WorkerConfig(partition=args.partition, exec_mode=args.exec_mode,
                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
                        baseline=args.baseline, epochs=args.epochs, seed=args.seed,

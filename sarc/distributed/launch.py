@@ -255,20 +255,40 @@ def launch(args, minibatch=None) -> int:
     return 0
 
 
+LAUNCHER_SARC = "SARC_LAUNCHER_PACKAGE"
+"""The folder of the sarc package ``sarc train --workers P`` runs, which its workers run."""
+
+
+def check_launchers_sarc() -> None:
+    """This worker runs the sarc its launcher runs (where a launcher says which): with
+    Python 3.10, which has no PYTHONSAFEPATH, ``python -m`` imports a ``sarc`` folder of the
+    current directory first, another checkout's."""
+    expected = os.environ.get(LAUNCHER_SARC)
+    mine = Path(__file__).resolve().parents[1]
+    if expected and Path(expected) != mine:
+        raise DistError(f"this worker imported sarc from {mine}, but sarc train runs the one "
+                        f"in {expected} (a sarc folder in the current directory?); run from "
+                        f"another directory")
+
+
 def this_sarc_env() -> dict[str, str]:
     """The environment in which torchrun and the workers (``python -m ...``) import the sarc
     this process runs: its folder first on their path, and not the current directory,
     which ``python -m`` puts first (``PYTHONSAFEPATH``, Python 3.11+): a ``sarc`` folder
-    there, another checkout's, would run silently in the workers in its place."""
+    there, another checkout's, would run silently in the workers in its place (with Python
+    3.10 the workers refuse it: ``check_launchers_sarc``)."""
     import site
-    root = str(Path(__file__).resolve().parents[2])
-    given = os.environ.get("PYTHONPATH")
+    package = Path(__file__).resolve().parents[1]
+    root = str(package.parent)
+    env = {"PYTHONSAFEPATH": "1", LAUNCHER_SARC: str(package)}
     installed = {str(Path(d).resolve()) for d in (*site.getsitepackages(),
                                                   site.getusersitepackages())}
     if root in installed:   # found as any package is: not ahead of the standard library
-        return {"PYTHONSAFEPATH": "1"}
-    return {"PYTHONSAFEPATH": "1",
-            "PYTHONPATH": root if not given else os.pathsep.join([root, given])}
+        return env
+    # a checkout's folder (an editable install, PYTHONPATH=. in it): first, as a relative
+    # PYTHONPATH entry is the current directory's again
+    given = os.environ.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": root if not given else os.pathsep.join([root, given])}
 
 
 @contextlib.contextmanager

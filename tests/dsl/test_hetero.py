@@ -370,10 +370,17 @@ def test_a_relation_without_edges_needs_its_type_with_node_types():
     src, dst, etype, ntype, w, x = typed_graph(5)
     g = sarc.Graph.from_edges(src, dst, N)
     layers = {r: MeanLayer(F_IN, F_OUT) for r in range(5)}
-    with pytest.raises(sarc.GraphError, match=r"relation 4 has no edges in the graph, so the "
-                       r"node type it counts for is not known: give it, "
+    names = [f"r{r}" for r in range(5)]   # relation 4 named: one of the graph's, no edges
+    with pytest.raises(sarc.GraphError, match=r"relation 4 \('r4'\) has no edges in the graph, "
+                       r"so the node type it counts for is not known: give it, "
                        r"HeteroConv\(\.\.\., dst_types=\{4: "):
-        sarc.HeteroConv(layers)(g, x, etype=etype, ntype=ntype)
+        sarc.HeteroConv(layers, relations=names)(g, x, etype=etype, ntype=ntype)
+    for types in (ntype, None):   # unnamed, past every edge type: a relation the graph lacks
+        with pytest.raises(sarc.GraphError, match=r"relation 4 is past every edge type the "
+                           r"graph's edges carry \(0\.\.3\): a relation the graph lacks\?"):
+            sarc.HeteroConv(layers)(g, x, etype=etype, ntype=types)
+    untyped = sarc.HeteroConv(layers, relations=names)(g, x, etype=etype)   # named: it runs
+    assert untyped.shape == (N, F_OUT)
     with pytest.raises(sarc.GraphError, match=r"relation 1 is given destination node type 0 "
                        r"\(dst_types\), but its edges go into nodes of type 1"):
         sarc.HeteroConv(layers, dst_types={1: 0, 4: 0})(g, x, etype=etype, ntype=ntype)

@@ -518,3 +518,15 @@ def test_the_module_cache_checked_is_the_one_imported_from(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not list((tmp_path / "cache").iterdir())
     assert any(f.suffix == ".py" for f in (real / "cache").iterdir())
+
+
+def test_a_worker_refuses_a_sarc_other_than_its_launchers(monkeypatch, tmp_path):
+    """Where PYTHONSAFEPATH does nothing (Python 3.10), a worker that imported another sarc
+    says so instead of running it."""
+    from sarc.distributed.launch import LAUNCHER_SARC, DistError, check_launchers_sarc
+    monkeypatch.setenv(LAUNCHER_SARC, str(ROOT / "sarc"))
+    check_launchers_sarc()
+    monkeypatch.setenv(LAUNCHER_SARC, str(tmp_path / "sarc"))
+    with pytest.raises(DistError, match=r"this worker imported sarc from .*, but sarc train "
+                                         r"runs the one in .*tmp.*sarc"):
+        check_launchers_sarc()
