@@ -272,15 +272,16 @@ def check_output_file(option: str, path: str | None, *, replaced: bool = False) 
         raise UsageError(f"{option} {path} is not a regular file (a pipe or a device): the "
                          f"file is written beside it and then replaces it; give the path of "
                          f"a regular file")
+    if p.exists() and not p.is_file():   # /dev/stdout, a pipe: written in place, not beside
+        # (through its link: /dev/stdout's target, pipe:[N], names no file of /proc/PID/fd)
+        if not os.access(p, os.W_OK):
+            raise UsageError(f"{option} {path} exists and is not writable")
+        return
     if p.is_symlink():   # written beside the file the link names (checkpoint.write_atomic)
         try:
             p = p.resolve()
         except (RuntimeError, OSError) as e:   # a loop
             raise UsageError(f"{option} {path} is a link that names no file ({e})") from None
-    if p.exists() and not p.is_file():   # /dev/stdout, a pipe: written in place, not beside
-        if not os.access(p, os.W_OK):
-            raise UsageError(f"{option} {path} exists and is not writable")
-        return
     where = p.absolute().parent
     if not where.exists():
         raise UsageError(f"{option} {path}: the directory {where} does not exist")
