@@ -109,6 +109,13 @@ class HeteroConv(nn.Module):
             if not isinstance(layer, Layer):
                 raise DSLError(f"HeteroConv: the layer of relation {_named(rid, relations)} is "
                                f"a {type(layer).__name__}, not a sarc.Layer", user_loc())
+            taken = [k for k in self.sarc_inputs if k in layer._sarc_edge or k in layer._sarc_node]
+            if taken:
+                raise DSLError(f"HeteroConv: the layer of relation {_named(rid, relations)} "
+                               f"declares feature {taken[0]!r}, which HeteroConv takes itself "
+                               f"(to pick each relation's edges and nodes; a relation's layer "
+                               f"sees its one edge type): name the layer's feature otherwise",
+                               user_loc())
             ids[rid] = layer
         self.relation_ids = tuple(ids)
         self.relation_names = tuple(relations) if relations is not None else None

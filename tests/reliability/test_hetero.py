@@ -77,6 +77,26 @@ def test_relations_a_string_or_a_name_twice():
            "relations-twice", "relations= names 'a' twice")
 
 
+class ReadsEtype(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 4}, edge={"etype": ()})
+
+    def message(self, src, dst, edge):
+        return src.h * edge.etype.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+
+@case("dsl", "a HeteroConv relation layer that declares the feature `etype`, which "
+      "HeteroConv takes itself", "error-at-line")
+def test_a_relation_layer_declaring_etype_is_refused():
+    """It was refused at the call as a feature not given (HeteroConv keeps etype)."""
+    expect(lambda: sarc.HeteroConv({0: ReadsEtype()}),  # ERR:etype-feature
+           "etype-feature", "relation 0 declares feature 'etype', which HeteroConv takes "
+           "itself")
+
+
 @case("dsl", "a HeteroConv relation given a torch module, not a sarc.Layer", "error-at-line")
 def test_relation_module_not_a_layer():
     expect(not_a_layer, "module", "the layer of relation 1 is a Linear, not a sarc.Layer")
