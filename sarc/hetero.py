@@ -95,7 +95,7 @@ class HeteroConv(nn.Module):
             if isinstance(relations, str) or not all(isinstance(r, str) for r in relations):
                 raise DSLError(f"HeteroConv: relations= takes the edge types' names in id "
                                f"order, a list of str, got {relations!r}", user_loc())
-            twice = sorted({r for r in relations if list(relations).count(r) > 1})
+            twice = sorted({r for r in relations if relations.count(r) > 1})
             if twice:
                 raise DSLError(f"HeteroConv: relations= names {twice[0]!r} twice; each edge "
                                f"type has a name of its own", user_loc())
@@ -381,6 +381,7 @@ class RelationGraphs:
         self.types: _Kept | None = None           # the node types dst_type was found with
         self.num_dst = 0
         self.edge_counts: torch.Tensor | None = None   # edges per edge type, whole graph
+        self.carried: frozenset[int] = frozenset()     # the edge types with edges
         self.checked: set[tuple] = set()          # relation sets _check_relations passed (and
         #                                           the convs' dst_types and names)
         self.compacts: dict[int, RelationRun] = {}  # relation -> its compact graph (types')
@@ -475,8 +476,9 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
         rel.dst_type.clear()
         rel.compacts.clear()
         rel.types = None
-    if rel.edge_counts is None:
+    if rel.edge_counts is None:   # once: read at every call without a device sync
         rel.edge_counts = _count_edges(g, etype)
+        rel.carried = frozenset(torch.nonzero(rel.edge_counts).squeeze(1).tolist())
     key = (tuple(relations), tuple(sorted(dst_types)), None if names is None else len(names))
     if key not in rel.checked:   # once per conv's relations: not at every call
         _check_relations(rel, relations, names, dst_types)
@@ -498,7 +500,7 @@ def _dst_types_of(g, rel: RelationGraphs, etype, relations, ntype, names,
     """Each relation's destination type in ``rel.dst_type``: found over the whole graph for
     a relation with edges (once per node types), the conv's ``dst_types`` entry for one
     without (its own: two convs may give it two types)."""
-    empty = {r for r in relations if not _has_edges(rel, r)}
+    empty = {r for r in relations if r not in rel.carried}
     for r in relations:
         if r in empty and r not in dst_types:
             raise GraphError(f"HeteroConv: relation {_named(r, names)} has no edges in the "
@@ -515,11 +517,6 @@ def _dst_types_of(g, rel: RelationGraphs, etype, relations, ntype, names,
             raise GraphError(f"HeteroConv: relation {_named(r, names)} is given destination "
                              f"node type {dst_types[r]} (dst_types), but its edges go into "
                              f"nodes of type {rel.dst_type[r]}")
-
-
-def _has_edges(rel: RelationGraphs, r: int) -> bool:
-    counts = rel.edge_counts
-    return r < counts.numel() and int(counts[r]) > 0
 
 
 def _edge_subgraph(g: Graph, keep: torch.Tensor, degrees: tuple | None = None) -> Graph:
@@ -598,18 +595,16 @@ def _check_relations(rel: RelationGraphs, relations, names, dst_types) -> None:
     counts = rel.edge_counts
     beyond = [r for r in relations if r >= counts.numel() and r not in dst_types
               and (names is None or r >= len(names))]
-    others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
+    others = sorted(rel.carried.difference(relations))
     if beyond and not others:
         raise GraphError(f"HeteroConv: relation {_named(beyond[0], names)} is past every edge "
                          f"type the graph's edges carry (0..{counts.numel() - 1}): a relation "
                          f"the graph lacks? A relation of the graph without edges is said so "
                          f"by its name among relations=[...], or by its node type in "
                          f"dst_types={{{beyond[0]}: ...}}")
-    others = [t for t in torch.nonzero(counts).squeeze(1).tolist() if t not in relations]
     if others:
         shown = ", ".join(map(str, others[:8])) + (" ..." if len(others) > 8 else "")
-        empty = [_named(r, names) for r in relations
-                 if r >= counts.numel() or int(counts[r]) == 0]
+        empty = [_named(r, names) for r in relations if r not in rel.carried]
         hint = (f"; relation {', '.join(empty)} {'has' if len(empty) == 1 else 'have'} a "
                 f"layer but no edges in the graph" if empty else "")
         raise GraphError(f"HeteroConv: the graph has edges of edge types {shown}, which no "

@@ -333,9 +333,14 @@ class MiniBatchGraph:
 
     @property
     def dst(self) -> torch.Tensor:
+        return self._destinations("dst")
+
+    def _destinations(self, name: str) -> torch.Tensor:
+        """Every block's ``name`` (its edges' destination rows), each block's numbered
+        after the previous block's."""
         out, base = [], 0
         for g in self.graphs:
-            out.append(g.dst + base)
+            out.append(getattr(g, name) + base)
             base += g.num_dst
         return torch.cat(out)
 
@@ -347,11 +352,7 @@ class MiniBatchGraph:
     def input_dst(self) -> torch.Tensor:
         """Every block's edges' destinations (numbered as ``dst`` numbers them) in the order
         of the step's edge inputs."""
-        out, base = [], 0
-        for g in self.graphs:
-            out.append(g.input_dst + base)
-            base += g.num_dst
-        return torch.cat(out)
+        return self._destinations("input_dst")
 
     @property
     def num_dst(self) -> int:
