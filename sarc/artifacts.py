@@ -164,10 +164,58 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                         inputs_need_grad=need, distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(
             layer, backend or layer._sarc_backend, target=target, name=lname)))
-    plan = Plan(mode, workers, mem_budget, baseline, tuple(c.plan for c in compiled), stats,
-                None, batch_size, None if fanouts is None else tuple(fanouts))
+    plans, fetches = tuple(c.plan for c in compiled), ()
+    if workers > 1 and mem_budget is None and exec_mode in (None, "oneshot") and not baseline:
+        plans, fetches = _fetched_once(model, layers, plans, workers, stats)
+    plan = Plan(mode, workers, mem_budget, baseline, plans, stats, None, batch_size,
+                None if fanouts is None else tuple(fanouts), fetches)
     return ModelArtifacts(name, _backends(layers, backend), tuple(compiled), plan,
                           time.perf_counter() - t0)
+
+
+def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], workers: int,
+                  stats: ShardStats | None) -> tuple[tuple[LayerPlan, ...], tuple[LayerPlan, ...]]:
+    """A full-batch step without a memory budget as workers run it: each ``sarc.HeteroConv``
+    fetches its input's boundary rows once (``sarc.distributed.halo``: the node features its
+    relations' layers read), and its relations' layers run on them, exchanging nothing
+    (``exec="halo"``). Returns the layers' plans so changed and the convs' fetches."""
+    from dataclasses import replace
+
+    from .hetero import HeteroConv
+    from .ir.types import Domain
+    from .planner.plan import _local_kept, plan_fetch
+    from .runtime.bind import BUILTINS
+    conv_of = {id(sub): c for c in model.modules() if isinstance(c, HeteroConv)
+               for sub in c.layers.values()}
+    out, fetches, seen = [], [], set()
+    for (lname, layer, need), lp in zip(layers, plans):
+        conv = conv_of.get(id(layer))
+        if conv is None:
+            out.append(lp)
+            continue
+        if id(conv) not in seen:
+            seen.add(id(conv))
+            read: dict[str, tuple[int, int]] = {}
+            for sub in conv.layers.values():
+                for k, t in sub.trace().inputs().items():
+                    if t.domain is not Domain.EDGE and k not in BUILTINS:
+                        width = 1
+                        for d in t.feat:
+                            width *= int(d)
+                        read[k] = (width, t.dtype.to_torch().itemsize)
+            conv_name = lname.rsplit(".layers.", 1)[0]
+            width = sum(w for w, _ in read.values())
+            size = max((b for _, b in read.values()), default=4)
+            fetches.append(plan_fetch(conv_name, [f"{k}[{w}]" for k, (w, _) in read.items()],
+                                      width, size, need, workers=workers, stats=stats))
+        recomputed = tuple(r for r in lp.recomputed if not r.startswith("remote rows"))
+        out.append(replace(lp, exec_mode="halo", exchange=None, alternatives=(),
+                           recomputed=recomputed, kept_peers=tuple(() for _ in range(workers)),
+                           bytes_sent=None if stats is None else (0,) * workers,
+                           bytes_kept=None if stats is None else tuple(
+                               _local_kept(lp.saved["total"], stats, r) for r in range(workers)),
+                           bytes_sent_expr=0))
+    return tuple(out), tuple(fetches)
 
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
@@ -200,6 +248,10 @@ def format_schedule(art: ModelArtifacts) -> str:
     lines = [f"schedule: {art.model_name}, mode={plan.mode}, workers={plan.workers}"]
     for lp in plan.layers:
         lines.append(f"layer {lp.name} ({lp.exec_mode})")
+        if lp.exec_mode == "halo":
+            lines.append("  forward: aggregate its relation's edges on the worker's rows and the "
+                         "boundary rows its HeteroConv fetched; backward: autograd there")
+            continue
         if plan.workers == 1 or lp.exchange is None:
             lines.append("  forward: aggregate the local block; backward: autograd on the local block")
             continue
@@ -220,6 +272,14 @@ def format_schedule(art: ModelArtifacts) -> str:
                 "no gradient leaves (the exchanged rows need none)"
             lines.append(f"    round {k}: {refetch}recompute the edge values, {grad}")
         lines.append("    all-reduce parameter gradients")
+    for lp in plan.fetches:
+        x = " + ".join(lp.exchange.names)
+        lines.append(f"fetch {lp.name} ({lp.exec_mode})")
+        lines.append(f"  forward: send the boundary rows of {x} to their readers, every round at "
+                     f"once; keep them for its relations' layers")
+        lines.append("  backward: " + ("send each boundary row's gradient to its owner, which "
+                                       "adds it" if lp.exchange.needs_grad else
+                                       "no gradient leaves (the fetched rows need none)"))
     return "".join(names.one_line(line) + "\n" for line in lines)  # names stay on their line
 
 
@@ -242,17 +302,25 @@ def format_summary(art: ModelArtifacts) -> str:
         if lp.exchange is None:
             exch, width, sent = "-", "-", "-"
         else:
-            exch, width = " + ".join(lp.exchange.names), str(lp.exchange.width)
-            sent = (f"{max(lp.bytes_sent) / 2**20:.2f} MiB" if lp.bytes_sent is not None
-                    else f"{lp.bytes_sent_expr} bytes")
+            exch, width, sent = " + ".join(lp.exchange.names), str(lp.exchange.width), _sent(lp)
         rows.append([names.one_line(x) for x in (c.name, c.traced.name, str(len(c.traced)),
                      str(len(c.optimized)), fused, lp.exec_mode, exch, width, sent)])
+    for lp in art.plan.fetches:   # a HeteroConv's input, fetched once for its relations
+        rows.append([names.one_line(x) for x in (
+            lp.name, lp.layer_class, "-", "-", "-", lp.exec_mode, " + ".join(lp.exchange.names),
+            str(lp.exchange.width), _sent(lp))])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()
     out = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, rows)]
     out.append(f"compiled {len(art.layers)} layer(s) for mode={art.plan.mode}, "
                f"backend={art.backend}, workers={art.plan.workers} in {art.seconds:.2f} s")
     return "\n".join(out) + "\n"
+
+
+def _sent(lp: LayerPlan) -> str:
+    """A plan's bytes sent by the busiest worker, or its formula."""
+    return (f"{max(lp.bytes_sent) / 2**20:.2f} MiB" if lp.bytes_sent is not None
+            else f"{lp.bytes_sent_expr} bytes")
 
 
 def write_artifacts(art: ModelArtifacts, out: Path, emit: tuple[str, ...], *,

@@ -10,9 +10,13 @@ and, optionally, a node type per node (``ntype``).
 
 A relation's sub-graph has its own degrees (``dst.in_degree``, ``src.out_degree``,
 ``sarc.mean``'s counts are the relation's, as DGL computes them on a relation's graph).
-On a ``sarc.distributed.DistGraph`` it is a ``DistGraph`` of its own
-(``DistGraph.edge_subgraph``): a relation's layer exchanges only the rows its edges
-read, planned on the relation's shard statistics. Sub-graphs are built on a graph's
+On a worker's full-batch ``sarc.distributed.DistGraph`` without a memory budget
+(``DistGraph.fetches_once``) the conv fetches each node input's boundary rows once for
+all its relations (``sarc.distributed.halo``), and each relation's layer runs on its
+edges of the worker's rows and those; with a budget (or in ``sar`` execution) a
+relation's sub-graph is a ``DistGraph`` of its own (``DistGraph.edge_subgraph``): its
+layer exchanges only the rows its edges read, in its memory-bounded schedule, planned on
+the relation's shard statistics. Sub-graphs are built on a graph's
 first call with an ``etype`` tensor and kept with the graph for that ``etype``'s values
 (compared at each call, as a change in place may not show in torch's version counter).
 
@@ -153,6 +157,8 @@ class HeteroConv(nn.Module):
         take_block = getattr(type(g), "take_block", None)
         if take_block is not None:   # a mini-batch step's graph: this conv's block
             return self._on_block(take_block(g, self), args, etype, ntype, feats)
+        if getattr(g, "fetches_once", False):   # a worker's full-batch shard, no budget
+            return self._on_halo(g, args, etype, ntype, feats)
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
                               self.dst_types)
         if rel.types is not None and isinstance(g, Graph) and g.dst_in_src:
@@ -162,18 +168,37 @@ class HeteroConv(nn.Module):
                                                       rel.counted(r))
                                        for r in self.relation_ids}, g.num_dst)
 
-    def _run(self, args, feats, runs: dict[int, RelationRun], num_dst: int) -> torch.Tensor:
+    def _run(self, args, feats, runs: dict[int, RelationRun], num_dst: int,
+             nodes: dict | None = None) -> torch.Tensor:
         """Each relation's layer on its ``RelationRun``, the outputs combined over the nodes
-        each relation counts for."""
+        each relation counts for. ``nodes``: the keyword features as node features, where
+        they differ from ``feats`` (fetched rows)."""
+        nodes = feats if nodes is None else nodes
         outs = []
         for rid in self.relation_ids:
             layer, run = self.layers[str(rid)], runs[rid]
             mine = {k: (v.index_select(0, run.edges) if k in layer._sarc_edge else
-                        _rows_of(v, run.rows))
+                        _rows_of(nodes[k], run.rows))
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
             outs.append(layer(run.graph, *(_rows_of(a, run.rows) for a in args), **mine))
         return combine(outs, [runs[r].place for r in self.relation_ids], self.aggregate,
                        num_dst)
+
+    def _on_halo(self, g, args, etype, ntype, feats) -> torch.Tensor:
+        """This conv on a worker's full-batch ``DistGraph`` (``g.fetches_once``): each node
+        input's boundary rows fetched once (``sarc.distributed.halo``), then each
+        relation's layer on its edges of the worker's halo graph, normalized by the whole
+        graph's relation degrees."""
+        rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
+                              self.dst_types, subgraphs=False)
+        halo = g.halo()
+        name = g.layer_names.setdefault(id(self), f"{type(self).__name__}#{len(g.layer_names)}")
+        args = tuple(_fetched(halo, a, f"{name}.input{i}", g.num_local)
+                     for i, a in enumerate(args))
+        nodes = {k: _fetched(halo, v, f"{name}.{k}", g.num_local) for k, v in feats.items()
+                 if any(k in m._sarc_node for m in self.layers.values())}
+        runs = {r: rel.halo_run(halo, r) for r in self.relation_ids}
+        return self._run(args, feats, runs, g.num_dst, nodes)
 
     def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
         """This conv on a mini-batch step's block (``call``: a ``BlockCall``): each relation's
@@ -212,6 +237,17 @@ class HeteroConv(nn.Module):
         graphs = {r: RelationRun(sub, torch.nonzero(k).squeeze(1), c)
                   for r, k, sub, c in zip(self.relation_ids, keeps, subs, counted)}
         return self._run(args, feats, graphs, b.num_dst)
+
+
+def _fetched(halo, t, name: str, num_local: int):
+    """A node input of a worker's rows on every row of ``halo``'s graph (anything that is
+    not a tensor as it is)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.dim() == 0 or t.shape[0] != num_local:
+        raise GraphError(f"HeteroConv on a DistGraph: node input {name.split('.', 1)[1]} has "
+                         f"shape {list(t.shape)}, not a row per local node ({num_local})")
+    return halo.fetch(t, name)
 
 
 def _whole_types(ntype: torch.Tensor, whole, rows: torch.Tensor) -> torch.Tensor:
@@ -385,6 +421,10 @@ class RelationGraphs:
         self.checked: set[tuple] = set()          # relation sets _check_relations passed (and
         #                                           the convs' dst_types and names)
         self.compacts: dict[int, RelationRun] = {}  # relation -> its compact graph (types')
+        # a DistGraph's halo (sarc.distributed.halo): every relation's degrees on its rows,
+        # and per relation what its layer runs on there (types')
+        self.halo_degrees: dict[int, tuple] | None = None
+        self.halo_runs: dict[int, RelationRun] = {}
 
     def same_types(self, ntype: torch.Tensor | None, compare: bool = True) -> bool:
         """Whether ``ntype`` holds the node types ``dst_type`` was found with."""
@@ -400,9 +440,13 @@ class RelationGraphs:
 
     def degrees(self, g, rid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The in- and out-degree of each of ``g``'s local rows in relation ``rid`` (a
-        ``Graph``'s counted on its edges, without its sub-graph)."""
+        ``Graph``'s counted on its edges, without its sub-graph; a DistGraph's found on its
+        halo where its relations' sub-graphs were not made)."""
         if rid in self.graphs:
             return _local_degrees(self.graphs[rid])
+        if not isinstance(g, Graph):
+            ins, outs = self.halo_degrees_of(g.halo(), rid)
+            return ins[:g.num_local], outs[:g.num_local]
         if rid not in self._degrees:   # every relation's at once: one pass to input order
             ends = g.input_edges()
             for r, edges in self.edges.items():
@@ -421,6 +465,30 @@ class RelationGraphs:
         if self.types is None:
             return None
         return self.types.values[:self.num_dst] == self.dst_type[rid]
+
+    def halo_degrees_of(self, halo, rid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Relation ``rid``'s whole-graph in- and out-degree of every row of ``halo``'s
+        graph: found for every relation with edges at first need (collective), 0 for one
+        without."""
+        if self.halo_degrees is None:
+            self.halo_degrees = halo.relation_degrees(self.etype.values, sorted(self.carried))
+        if rid not in self.halo_degrees:
+            zero = torch.zeros(halo.num_rows, dtype=torch.float32, device=halo.graph.perm.device)
+            return zero, zero
+        return self.halo_degrees[rid]
+
+    def halo_run(self, halo, rid: int) -> RelationRun:
+        """What relation ``rid``'s layer runs on in a worker's halo (``halo``): its edges
+        there, over the rows of its destination type and the sources they read where
+        there are node types (``compact``), else over every row; made at first use."""
+        if rid not in self.halo_runs:
+            keep = self._keep(halo.graph, rid)
+            degrees = self.halo_degrees_of(halo, rid)
+            self.halo_runs[rid] = (
+                compact(halo.graph, keep, self.counted(rid), degrees) if self.types is not None
+                else RelationRun(_edge_subgraph(halo.graph, keep, degrees), self.edges[rid],
+                                 None))
+        return self.halo_runs[rid]
 
     def compact_graph(self, g: Graph, rid: int) -> RelationRun:
         """Relation ``rid``'s ``compact`` graph of ``g`` (over the nodes of its destination
@@ -446,7 +514,7 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
                     ntype: torch.Tensor | None = None,
                     names: Sequence[str] | None = None,
                     dst_types: Mapping[int, int] | None = None,
-                    compare: bool = True) -> RelationGraphs:
+                    compare: bool = True, subgraphs: bool = True) -> RelationGraphs:
     """Each of ``relations``' sub-graph of ``g`` (a ``Graph`` or a full-graph
     ``DistGraph``; on a DistGraph collective), kept with ``g`` for the same ``etype``.
     With node types, a relation whose destinations are of several types, or without
@@ -455,7 +523,9 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     kept values: compared (O(E), as a layer's pass over the edges), so a change made in
     place is seen even where torch's version counter misses it (numpy writing into it,
     ``.data``); without ``compare`` (the whole graph's inputs of a mini-batch run, which
-    the run keeps), the same unchanged tensor is known by its version counter."""
+    the run keeps), the same unchanged tensor is known by its version counter. Without
+    ``subgraphs`` a DistGraph's relations get no sub-graphs of their own (its conv runs
+    them on the worker's halo, ``HeteroConv._on_halo``)."""
     dst_types = dst_types or {}
     if not isinstance(g, Graph) and not hasattr(g, "edge_subgraph"):
         raise GraphError(f"HeteroConv runs on a sarc.Graph, a worker's DistGraph or a "
@@ -475,6 +545,7 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     if not rel.same_types(ntype, compare):   # found with other types: found again, as asked
         rel.dst_type.clear()
         rel.compacts.clear()
+        rel.halo_runs.clear()
         rel.types = None
     if rel.edge_counts is None:   # once: read at every call without a device sync
         rel.edge_counts = _count_edges(g, etype)
@@ -486,8 +557,8 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     if ntype is not None:
         _dst_types_of(g, rel, etype, relations, ntype, names, dst_types)
     keeps = [etype == r for r in missing]
-    subs = (g.edge_subgraphs(keeps) if not isinstance(g, Graph) and keeps   # on every worker
-            else [None] * len(keeps))
+    subs = (g.edge_subgraphs(keeps) if subgraphs and not isinstance(g, Graph) and keeps
+            else [None] * len(keeps))   # on every worker
     for r, keep, sub in zip(missing, keeps, subs):   # kept once all are made
         rel.edges[r] = torch.nonzero(keep).squeeze(1)
         if sub is not None:
@@ -513,6 +584,7 @@ def _dst_types_of(g, rel: RelationGraphs, etype, relations, ntype, names,
         if r in empty and rel.dst_type.get(r) != dst_types[r]:
             rel.dst_type[r] = dst_types[r]
             rel.compacts.pop(r, None)   # made for another type
+            rel.halo_runs.pop(r, None)
         elif r not in empty and rel.dst_type[r] != dst_types.get(r, rel.dst_type[r]):
             raise GraphError(f"HeteroConv: relation {_named(r, names)} is given destination "
                              f"node type {dst_types[r]} (dst_types), but its edges go into "

@@ -106,6 +106,7 @@ class DistGraph:
         self._edges_into = None
         self._own = None
         self._degrees: dict = {}
+        self._halo = None
 
     def on_shard(self, shard: ShardedGraph) -> "DistGraph":
         """This DistGraph's programs, exchanger and counter on another shard of the same
@@ -168,6 +169,23 @@ class DistGraph:
             self.subgraph_runs.append(sub)
             subs.append(sub)
         return subs
+
+    @property
+    def fetches_once(self) -> bool:
+        """Whether a ``sarc.HeteroConv`` fetches its inputs' boundary rows once for all its
+        relations (``halo``), not once per relation's schedule: on a full-batch shard where
+        nothing asks that remote rows be dropped and fetched again (no memory budget, the
+        planner's or ``oneshot`` execution, not the SAR baseline)."""
+        return (self.mode == "full" and self.mem_budget is None and not self.baseline
+                and self.exec_mode in (None, "oneshot"))
+
+    def halo(self):
+        """This worker's rows and the boundary rows its edges read, as one ``Graph``
+        (``sarc.distributed.halo.Halo``), made at first use per shard."""
+        if self._halo is None:
+            from .halo import Halo
+            self._halo = Halo(self)
+        return self._halo
 
     def share_memory(self, model) -> None:
         """Share the memory budget over a whole step of ``model`` (before its first step)."""

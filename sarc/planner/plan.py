@@ -51,7 +51,7 @@ EXEC_MODES = ("sar", "oneshot", "hybrid")
 class LayerPlan:
     name: str
     layer_class: str
-    exec_mode: str                       # sar | oneshot | hybrid | local
+    exec_mode: str                       # sar | oneshot | hybrid | local | halo
     exchange: Exchange | None
     alternatives: tuple[Exchange, ...]   # the candidates not chosen
     fetch_passes: int                    # forward fetches per round (2: softmax without online normalization)
@@ -108,6 +108,7 @@ class Plan:
     sample: BlockSample | None = None    # the minibatch modes' block statistics
     batch_size: int | None = None        # the minibatch modes' seeds per worker and step
     fanouts: tuple[int, ...] | None = None  # sampling: per layer, input layer first
+    fetches: tuple[LayerPlan, ...] = ()  # HeteroConv inputs fetched once (exec "halo")
 
     @property
     def minibatch(self) -> bool:
@@ -122,9 +123,10 @@ class Plan:
     def step_bytes_kept(self) -> list[int] | None:
         """Per worker, the bytes a training step keeps for backward, all layers together (a
         minibatch plan: each layer's largest batch of the sample)."""
-        if any(lp.bytes_kept is None for lp in self.layers):
+        every = (*self.layers, *self.fetches)
+        if any(lp.bytes_kept is None for lp in every):
             return None
-        return [sum(lp.bytes_kept[r] for lp in self.layers) for r in range(self.workers)]
+        return [sum(lp.bytes_kept[r] for lp in every) for r in range(self.workers)]
 
     def over_budget(self) -> list[int]:
         """The workers whose step keeps more than the memory budget."""
@@ -134,9 +136,10 @@ class Plan:
         return [r for r, b in enumerate(step) if b > self.mem_budget]
 
     def total_bytes_sent(self) -> list[int] | None:
-        if any(lp.bytes_sent is None for lp in self.layers):
+        every = (*self.layers, *self.fetches)
+        if any(lp.bytes_sent is None for lp in every):
             return None
-        return [sum(lp.bytes_sent[r] for lp in self.layers) for r in range(self.workers)]
+        return [sum(lp.bytes_sent[r] for lp in every) for r in range(self.workers)]
 
     def to_json(self) -> dict:
         def ex(x: Exchange | None):
@@ -144,12 +147,9 @@ class Plan:
                                            "width": x.width, "row_bytes": x.row_bytes,
                                            "needs_grad": x.needs_grad,
                                            "recompute": list(x.recompute)}
-        out = {
-            "mode": self.mode, "workers": self.workers, "mem_budget": self.mem_budget,
-            "baseline": self.baseline,
-            "rounds": [[list(t) for t in rnd] for rnd in self.rounds],
-            "stats": None if self.stats is None else self.stats.to_json(),
-            "layers": [{
+
+        def layer(lp: LayerPlan) -> dict:
+            return {
                 "name": lp.name, "class": lp.layer_class, "exec_mode": lp.exec_mode,
                 "exchange": ex(lp.exchange), "alternatives": [ex(a) for a in lp.alternatives],
                 "fetch_passes": lp.fetch_passes, "backward_passes": lp.backward_passes,
@@ -160,8 +160,16 @@ class Plan:
                 "bytes_kept_per_worker": None if lp.bytes_kept is None else list(lp.bytes_kept),
                 "bytes_sent_formula": str(lp.bytes_sent_expr),
                 **({} if lp.batches is None else {"batches": lp.batches.to_json()}),
-            } for lp in self.layers],
+            }
+        out = {
+            "mode": self.mode, "workers": self.workers, "mem_budget": self.mem_budget,
+            "baseline": self.baseline,
+            "rounds": [[list(t) for t in rnd] for rnd in self.rounds],
+            "stats": None if self.stats is None else self.stats.to_json(),
+            "layers": [layer(lp) for lp in self.layers],
         }
+        if self.fetches:
+            out["fetches"] = [layer(lp) for lp in self.fetches]
         if self.minibatch:
             out["minibatch"] = {"batch_size": self.batch_size,
                                 "fanouts": None if self.fanouts is None else list(self.fanouts),
@@ -322,6 +330,27 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
     return LayerPlan(name, fn.name, em, chosen, alts, passes, saved, forward_flops(fn),
                      tuple(recomputed), tuple(kept), tuple(sent), tuple(kept_bytes), expr,
                      bwd_passes)
+
+
+def plan_fetch(name: str, names: Sequence[str], width: int, dtype_bytes: int,
+               needs_grad: bool, *, workers: int, stats: ShardStats | None = None) -> LayerPlan:
+    """The plan of a ``sarc.HeteroConv``'s input fetched once for all its relations
+    (``sarc.distributed.halo``): each boundary row of ``width`` values (``names``) sent once
+    to each worker that reads it and kept there for the relations' layers and their
+    backward (``exec="halo"``), its gradient sent back once."""
+    exchange = Exchange((), tuple(names), width, dtype_bytes, needs_grad, ())
+    rb = exchange.row_bytes
+    grad = 1 if needs_grad else 0
+    kept_bytes = B * rb
+    saved = {"edge": sympy.Integer(0), "node": kept_bytes, "total": kept_bytes}
+    p = workers
+    kept = tuple(tuple(j for j in range(p) if j != r) for r in range(p))
+    sent = held = None
+    if stats is not None:
+        sent = tuple(_bytes_sent(stats.boundary, rb, kept, 1, 1, grad))
+        held = tuple(rb * sum(stats.boundary[r]) for r in range(p))
+    return LayerPlan(name, "HeteroConv", "halo", exchange, (), 1, saved, sympy.Integer(0), (),
+                     kept, sent, held, B * rb * (1 + grad), 1)
 
 
 def _bytes_sent(bnd, rb: int, kept, passes: int, bwd_passes: int, grad: int) -> list[int]:
@@ -562,6 +591,19 @@ def format_plan(plan: Plan) -> str:
             if lp.exec_mode == "hybrid":
                 lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
         elif plan.workers > 1:
+            lines.append(f"  bytes sent / worker / {per}: {lp.bytes_sent_expr}")
+    for lp in plan.fetches:
+        x = lp.exchange
+        lines.append(f"fetch {lp.name} ({lp.layer_class}): exec={lp.exec_mode}, its input's "
+                     f"boundary rows fetched once for all its relations' layers (those above "
+                     f"with exec=halo, which exchange nothing of their own)")
+        lines.append(f"  exchanged: {' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
+                     f"{', gradients sent back' if x.needs_grad else ''}")
+        if lp.bytes_sent is not None:
+            lines.append(f"  bytes sent / worker / {per}: max {_fmt_bytes(max(lp.bytes_sent))}, "
+                         f"mean {_fmt_bytes(sum(lp.bytes_sent) / len(lp.bytes_sent))}")
+            lines.append(f"  bytes kept / worker: max {_fmt_bytes(max(lp.bytes_kept))}")
+        else:
             lines.append(f"  bytes sent / worker / {per}: {lp.bytes_sent_expr}")
     step = plan.step_bytes_kept()
     if step is not None and (plan.workers > 1 or plan.sample is not None):

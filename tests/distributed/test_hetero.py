@@ -1,13 +1,15 @@
 """A heterogeneous model's training step on P workers equals the one-process step.
 
-``sarc.HeteroConv`` on a worker's ``DistGraph`` runs each relation's layer on the
-relation's own ``DistGraph`` (``DistGraph.edge_subgraph``): its shard's edges of that
-relation, the rows they read, the relation's whole-graph degrees. On a random typed
+``sarc.HeteroConv`` on a worker's ``DistGraph`` either fetches each input's boundary rows
+once and runs every relation's layer on the worker's halo graph (without a memory
+budget: ``DistGraph.fetches_once``), or runs each relation's layer on the relation's own
+``DistGraph`` (``DistGraph.edge_subgraph``, in ``sar`` execution): its shard's edges of
+that relation, the rows they read, the relation's whole-graph degrees. On a random typed
 graph (two node types of different feature widths, four relations, an edge weight,
-sum / mean / max layers), P = 2 and 3: the loss, the whole output, the input gradient and
-every parameter gradient equal one process's (relative error <= 1e-5), and each
-worker's bytes sent in the step equal the planner's prediction for the relations'
-programs.
+sum / mean / max layers), P = 2 and 3, both ways, with and without node types: the loss,
+the whole output, the input gradient and every parameter gradient equal one process's
+(relative error <= 1e-5), and each worker's bytes sent in the step equal the planner's
+prediction (the relations' programs, or each conv's one fetch).
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ WIDTHS = {0: 4, 1: 7}
 REL_TOL = 1e-5
 
 
-def Net():
+def Net(typed: bool = True):
     """Relation 3 goes into node type 1 (``typed_graph``): said, for a graph where it has no
     edges."""
     return TypedNet((MeanLayer, NormSumLayer, MaxLayer, MeanLayer), WIDTHS, HIDDEN, CLASSES,
-                    dst_types={3: 1})
+                    typed=typed, dst_types={3: 1})
 
 
 def typed_graph(empty: bool = False):
@@ -47,8 +49,8 @@ def typed_graph(empty: bool = False):
     return data
 
 
-def single_process(data, state):
-    model = Net()
+def single_process(data, state, typed=True):
+    model = Net(typed)
     model.load_state_dict(state)
     g = sarc.Graph.from_edges(data["src"], data["dst"], N)
     x = data["feat"].clone().requires_grad_(True)
@@ -60,7 +62,7 @@ def single_process(data, state):
             "grads": {k: p.grad for k, p in model.named_parameters()}}
 
 
-def _worker(rank, port, q, size, partdir, state, total):
+def _worker(rank, port, q, size, partdir, state, total, exec_mode, typed):
     from sarc.distributed import DistGraph
     from sarc.distributed.train import allreduce_gradients
     from sarc.partition import load_partitions
@@ -69,8 +71,8 @@ def _worker(rank, port, q, size, partdir, state, total):
                             world_size=size, timeout=datetime.timedelta(seconds=60))
     try:
         shard = ShardedGraph.from_partitions(load_partitions(partdir, verify=False), rank)
-        dg = DistGraph(shard, timeout=datetime.timedelta(seconds=60))
-        model = Net()
+        dg = DistGraph(shard, timeout=datetime.timedelta(seconds=60), exec_mode=exec_mode)
+        model = Net(typed)
         model.load_state_dict(state)
         x = shard.ndata["feat"].clone().requires_grad_(True)
         logits = model(dg, x, dg.edge_data("etype"), shard.ndata["ntype"], dg.edge_data("w"))
@@ -96,20 +98,28 @@ def rel_err(got, want):
     return float((got - want).norm()) / max(float(want.norm()), 1e-30)
 
 
-@pytest.mark.parametrize("parts,method,empty", [(2, "metis", False), (3, "random", False),
-                                               (2, "random", True)],
-                         ids=["2-metis", "3-random", "2-random-a-relation-without-edges"])
-def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empty):
+@pytest.mark.parametrize("parts,method,empty,exec_mode,typed", [
+    (2, "metis", False, None, True), (3, "random", False, None, True),
+    (2, "random", True, None, True), (3, "random", False, None, False),
+    (1, "random", False, None, True),
+    (2, "metis", False, "sar", True), (3, "random", False, "sar", True),
+    (2, "random", True, "sar", True), (3, "random", False, "sar", False)],
+    ids=["2-metis", "3-random", "2-random-a-relation-without-edges", "3-random-untyped", "1-part",
+         "2-metis-sar", "3-random-sar", "2-random-a-relation-without-edges-sar",
+         "3-random-untyped-sar"])
+def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empty, exec_mode,
+                                                   typed):
     from sarc.partition import partition_graph
     data = typed_graph(empty)
     torch.manual_seed(0)
     state = Net().state_dict()
-    want = single_process(data, state)
+    want = single_process(data, state, typed)
     partition_graph(data["src"], data["dst"], N, parts, tmp_path / "parts", method=method,
                     node_data={k: data[k] for k in ("feat", "label", "train_mask", "ntype")},
                     edge_data={"etype": data["etype"], "w": data["w"]})
     codes, reports = spawn(_worker, parts, (parts, str(tmp_path / "parts"), state,
-                                            int(data["train_mask"].sum())), timeout_s=120)
+                                            int(data["train_mask"].sum()), exec_mode, typed),
+                           timeout_s=120)
     assert codes == [0] * parts, codes
     reports = [torch.load(io.BytesIO(r), weights_only=False) for r in reports]
     logits = torch.zeros(N, CLASSES)
@@ -122,6 +132,6 @@ def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empt
     assert rel_err(x_grad, want["x_grad"]) <= REL_TOL
     for k, g in want["grads"].items():
         assert rel_err(reports[0]["grads"][k], g) <= REL_TOL, k
-    for r in reports:  # every relation's program, both HeteroConvs: 2 x RELS
-        assert r["programs"] == 2 * RELS
-        assert r["sent"] == r["planned"] and r["sent"] > 0
+    for r in reports:  # every relation's program of both HeteroConvs, or their fetches
+        assert r["programs"] == (2 * RELS if exec_mode == "sar" else 2)
+        assert r["sent"] == r["planned"] and (r["sent"] > 0) == (parts > 1)

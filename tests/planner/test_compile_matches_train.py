@@ -64,8 +64,9 @@ def _predicted(plan: dict) -> list[int]:
     """Per worker, the bytes compile predicts one step sends (a minibatch mode: the mean
     step of the sampled batches, which must be the whole epoch, as sarc train reports)."""
     p = plan["workers"]
-    if plan["mode"] == "full":
-        return [sum(lp["bytes_sent_per_worker"][r] for lp in plan["layers"]) for r in range(p)]
+    if plan["mode"] == "full":   # the layers' and the HeteroConvs' fetches of their inputs
+        return [sum(lp["bytes_sent_per_worker"][r]
+                    for lp in (*plan["layers"], *plan.get("fetches", ()))) for r in range(p)]
     per_batch = [lp["batches"]["bytes_sent_per_step"]["per_batch"] for lp in plan["layers"]]
     steps = len(per_batch[0])
     return [sum(b[r] for layer in per_batch for b in layer) // steps for r in range(p)]
@@ -114,6 +115,30 @@ def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path):
     assert all(lp["exchange"]["needs_grad"] for lp in plan["layers"])
     counted, _ = _counted(tmp_path, model, parts, "--baseline")
     assert _predicted(plan) == counted
+
+
+@pytest.mark.parametrize("options", [(), ("--exec", "sar")], ids=["fetched-once", "sar"])
+def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, options):
+    """A HeteroConv of 90 relations on AIFB: without a memory budget each conv fetches its
+    input's boundary rows once (a fetch per conv, its relations' layers exchanging
+    nothing), as compile plans it; in sar each relation's layer exchanges its own rows
+    (what the workers count is what they planned on their relations' shards)."""
+    parts = tmp_path / "parts"
+    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
+                 "--out", str(parts)]) == 0
+    model = ROOT / "models" / "hetero_sage.py"
+    plan, schedule = _compiled(tmp_path, model, parts, *options)
+    fetched = not options
+    assert [f["name"] for f in plan.get("fetches", ())] == (["model.conv1", "model.conv2"]
+                                                            if fetched else [])
+    assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo" if fetched else "sar"}
+    assert ("fetch model.conv1 (halo)" in schedule) == fetched
+    # the second epoch's step: the first one's also finds the relations' degrees (set-up)
+    counted, run = _counted(tmp_path, model, parts, "--epochs", "2", *options)
+    assert all(c > 0 for c in counted)
+    assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
+    if fetched:   # (each relation's own plan is made on the whole shard's statistics)
+        assert _predicted(plan) == counted
 
 
 @pytest.mark.parametrize("self_loops", [True, False])
