@@ -42,6 +42,7 @@ from .dsl import Layer, backends_named
 from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
+from .ir.split import AGGREGATE_OPS
 from .ir.printer import format_function
 from .planner.plan import LayerPlan, Plan, format_plan, plan_minibatch, share_budget
 from .planner.stats import BlockSample, ShardStats
@@ -286,11 +287,14 @@ def format_schedule(art: ModelArtifacts) -> str:
 def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
     """Each layer's generated distributed schedule (the module ``sarc train --workers`` runs),
     for the plan's mode and workers."""
-    missing = [c.name for c in art.layers if c.compilation.schedule is None]
+    missing = [c.name for c in art.layers if c.compilation.schedule is None
+               and any(v.op in AGGREGATE_OPS for v in c.optimized.values)]
     if missing:
         raise CompileError(f"layers {', '.join(missing)} were compiled without their "
                            f"schedules (compile_model(..., schedules=True))")
-    return {c.name: c.compilation.schedule.source for c in art.layers}
+    # a layer that aggregates nothing over edges runs on each worker's rows: no schedule
+    return {c.name: c.compilation.schedule.source for c in art.layers
+            if c.compilation.schedule is not None}
 
 
 def format_summary(art: ModelArtifacts) -> str:

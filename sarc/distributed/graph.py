@@ -105,6 +105,7 @@ class DistGraph:
         self._csr = None
         self._edges_into = None
         self._own = None
+        self._rows = None
         self._degrees: dict = {}
         self._halo = None
 
@@ -208,6 +209,18 @@ class DistGraph:
     def num_src(self) -> int:
         """The rows a layer's node features have (as ``Graph.num_src``): this worker's."""
         return self.num_local
+
+    @property
+    def rows(self) -> Graph:
+        """This worker's rows, its destinations first, as an edgeless block with their
+        whole-graph degrees: what a layer that aggregates nothing over edges runs on."""
+        if self._rows is None:
+            empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+            ins = self.shard.in_degree
+            self._rows = Graph.from_edges(empty, empty, num_src=self.num_local,
+                                          num_dst=self.num_dst, in_degree=ins[:self.num_dst],
+                                          out_degree=self.shard.out_degree, src_in_degree=ins)
+        return self._rows
 
     @property
     def own(self) -> Graph:

@@ -37,8 +37,7 @@ def with_self_loops(shard: ShardedGraph, ex: Exchanger, reads=()) -> ShardedGrap
     r = shard.rank
     n = shard.num_local
     local = shard.local_block
-    order = torch.argsort(local.perm)  # back to the block's input order
-    src, dst = local.src[order], local.dst[order]
+    src, dst = local.input_edges()   # in the block's input order
     keep = src != dst
     loops = torch.bincount(dst[~keep], minlength=n).to(torch.float32)
     new_src, new_dst, local_data = add_self_loops_with_data(
@@ -59,7 +58,7 @@ def with_self_loops(shard: ShardedGraph, ex: Exchanger, reads=()) -> ShardedGrap
             out_deg = halo[j].squeeze(1) if j in halo else b.out_degree
             blocks.append(dataclasses.replace(b, in_degree=in_degree, out_degree=out_deg))
     edge_ids = list(shard.orig_edge_ids)
-    edge_ids[r] = torch.cat([edge_ids[r][order][keep], edge_ids[r].new_full((n,), -1)])
+    edge_ids[r] = torch.cat([edge_ids[r][keep], edge_ids[r].new_full((n,), -1)])
     edata = tuple(local_data if j == r else {k: e[k] for k in reads}
                   for j, e in enumerate(shard.edata))
     return dataclasses.replace(shard, blocks=tuple(blocks), in_degree=in_degree,

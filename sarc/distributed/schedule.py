@@ -178,6 +178,8 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     with TRACE_LOCK:   # the layer's state as no trace in another thread has swapped it
         prog = program_for(layer, dg, input_needs_grad(layer, given), calls_again(layer, dg))
         leaves = layer.leaf_tensors()
+    if prog.split is None:
+        return _node_wise(layer, dg, prog, given)
     fn = prog.split.layer
     node_inputs, edge_inputs = {}, {}
     for name, t in fn.inputs().items():  # what the layer reads: local rows, local edges
@@ -205,6 +207,26 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
         dg.awaiting[id(layer)] = weakref.ref(call)
     names = [k for k, _ in fn.outputs]
     return outs[0] if len(names) == 1 else dict(zip(names, outs))
+
+
+def _node_wise(layer, dg: DistGraph, prog: LayerProgram, given: dict):
+    """A layer that aggregates nothing over edges (``compiler._distribute`` made no split):
+    its kernel on this worker's rows alone (``DistGraph.rows``, the rows' whole-graph
+    degrees), as on one process; its edge features, checked, are read by nothing."""
+    if torch.is_grad_enabled():   # a training call: it sends nothing, as planned
+        dg.training_programs[id(layer)] = prog
+        dg.ran_program = prog
+        dg.step_calls.add(prog)
+    feats = {}
+    for name, t in layer.trace().inputs().items():
+        if name not in given:
+            continue
+        if t.domain is Domain.EDGE:
+            check_feature(layer, name, given, t, dg.num_edges, "local edges", dg.device)
+            feats[name] = given[name][:0]
+        else:
+            feats[name] = given[name]
+    return layer.run_local(dg.rows, (), feats)
 
 
 class _DistLayer(torch.autograd.Function):

@@ -259,12 +259,14 @@ class MiniBatchGraph:
         self.called: set[int] = set()   # the ids of the layers called in this pass
         self.callers: set[int] = set()  # and of the modules that called (check_call)
         self.model: nn.Module | None = None   # the model of this pass (its layers' names)
+        self.in_pass = False   # within forward_pass (else the model was called on it directly)
 
     @contextlib.contextmanager
     def forward_pass(self, model: nn.Module | None = None):
         """One forward pass (of ``model``): the layer calls start at block 1, and must use
         every block."""
         self.calls, self.called, self.callers, self.model = 0, set(), set(), model
+        self.in_pass = True
         try:
             yield self
         except RuntimeError as e:
@@ -276,10 +278,12 @@ class MiniBatchGraph:
                              f"rows, fewer than its input: a value made before the layer and "
                              f"combined with its output (an initial residual h0) is cut to its "
                              f"rows, h0[:h.shape[0]]") from e
-        if self.calls != len(self.graphs):
-            raise TrainError(self._mismatch(f"{self.calls} sarc layer call"
-                                            f"{'s' * (self.calls != 1)}") +
-                             (never_called(model, self.called) if self.calls < len(self.graphs)
+        finally:
+            self.in_pass = False
+        calls, self.calls, self.callers = self.calls, 0, set()   # a direct call: a new pass
+        if calls != len(self.graphs):
+            raise TrainError(self._mismatch(f"{calls} sarc layer call{'s' * (calls != 1)}") +
+                             (never_called(model, self.called) if calls < len(self.graphs)
                               else ""))
 
     def _mismatch(self, what: str) -> str:
@@ -301,6 +305,13 @@ class MiniBatchGraph:
         again = id(caller) in self.callers
         self.callers.add(id(caller))
         if self.calls >= len(self.graphs):
+            if not self.in_pass:   # the model called on the step's graph, not its first time
+                raise TrainError(f"every block of the step ({len(self.graphs)}) was taken by "
+                                 f"earlier sarc layer calls on this graph: a forward pass "
+                                 f"called on it directly again starts in `with "
+                                 f"graph.forward_pass(model):` (sarc.training.loop.forward "
+                                 f"runs each pass so); within one pass, each sarc layer is "
+                                 f"called once (a block per layer)")
             if again:   # a block per call: a layer called again takes one no layer has
                 from .layer_calls import called_again
                 raise TrainError(called_again(_layer_name(self.model, caller), user_loc()))

@@ -283,6 +283,19 @@ def test_a_model_that_does_not_call_one_layer_per_block_is_refused(graph):
                                          "and sampling modes a step has a block per sarc layer"):
         forward(Calls(3), batch)   # a block per layer call: the third has none
     assert forward(Calls(2), batch).shape == (int(graph.ndata["train_mask"].sum()), 5)
+    # called on the step's graph directly, outside a pass (sarc.training.loop.forward): the
+    # first call after a pass is a pass, a second one is told how to start one (not that a
+    # layer was called twice)
+    x = batch.x[:, :5]
+    want = Calls(2)(batch.graph, x)
+    with pytest.raises(TrainError, match=r"every block .* taken .*forward_pass\(model\)"):
+        Calls(2)(batch.graph, x)
+    three = Calls(3)
+    with pytest.raises(TrainError, match="calls the sarc layer layer again"):
+        with batch.graph.forward_pass(three):
+            three(batch.graph, x)
+    with batch.graph.forward_pass():
+        torch.testing.assert_close(Calls(2)(batch.graph, x), want)
 
 
 def test_one_process_samples_the_next_step_while_a_step_computes(graph):
