@@ -27,7 +27,7 @@ from ..backward_once import once_differentiable
 from ..ir.function import Function, Region, Value, upstream
 from ..ir.ops import Op
 from ..ir import rng
-from ..ir.autodiff import GRAD_PREFIX
+from ..ir.autodiff import GRAD_PREFIX, reached_leaves
 from ..ir.patterns import (ScaledProduct, accumulating_adds, contractions, dot_score,
                            dst_rows_of_src,
                            extremum_pattern, inplace_adds, lifted_extremum, region_sides,
@@ -433,9 +433,12 @@ class TorchKernel:
     module: ModuleType
     backward: "TorchKernel | None" = field(default=None)
     draws: bool = field(init=False)   # the layer has a dropout (``rng.draws_masks``)
+    # per output, the ("param" | "input", name) leaves a gradient may reach from it
+    reaches: tuple[frozenset, ...] = field(init=False)
 
     def __post_init__(self):
         self.draws = rng.draws_masks(self.function)
+        self.reaches = output_reaches(self.function)
 
     def __call__(self, g, inputs, params, training: bool, seed: int | None = None):
         """Run the layer; a training call of a layer with dropout draws its seed
@@ -444,6 +447,16 @@ class TorchKernel:
         if self.backward is not None and torch.is_grad_enabled():
             return run_with_ir_backward(self, g, inputs, params, training, seed)
         return self.module.forward(g, inputs, params, training, seed)
+
+
+def output_reaches(fn: Function) -> tuple[frozenset, ...]:
+    """Per output of layer ``fn``, the leaves (``("param" | "input", name)``) a gradient
+    may reach from it (``autodiff.reached_leaves``)."""
+    reaches = []
+    for _, i in fn.outputs:
+        params, inputs = reached_leaves(fn, [i])
+        reaches.append(frozenset({("param", n) for n in params} | {("input", n) for n in inputs}))
+    return tuple(reaches)
 
 
 def run_with_ir_backward(kernel: TorchKernel, g, inputs, params, training, seed):
@@ -480,18 +493,33 @@ class _IRBackward(torch.autograd.Function):
         ctx.save_for_backward(*tensors)
         # an output that is a view (GAT's heads flattened) would be a view out of a custom
         # Function, which torch forbids writing in place (a residual ``h += x``): its own
-        return tuple(t.clone() if t._base is not None else t for t in out.values())
+        outs = tuple(t.clone() if t._base is not None else t for t in out.values())
+        ctx.outs = [(t.shape, t.dtype) for t in outs]
+        # as torch's autograd: an output no leaf needing a gradient reaches has no grad_fn,
+        # and an output the loss does not read gives its leaves no gradient (None)
+        tracked = {key for key, t in zip(keys, tensors) if t.requires_grad}
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*(t for t, reach in zip(outs, kernel.reaches)
+                                      if not reach & tracked))
+        return outs
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *cotangents):
+        used = [c is not None for c in cotangents]
+        if not any(used):
+            return (None,) * (7 + len(ctx.keys))
+        cotangents = [c if c is not None else torch.zeros(shape, dtype=dtype, device=ctx.g.device)
+                      for c, (shape, dtype) in zip(cotangents, ctx.outs)]
+        reached = frozenset().union(*(r for r, u in zip(ctx.kernel.reaches, used) if u))
         inputs, params = _with_leaves(ctx.inputs, ctx.params, ctx.keys, ctx.saved_tensors)
         feeds = {**inputs, **{GRAD_PREFIX + k: c for k, c in zip(ctx.names, cotangents)}}
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type, dtype=dtype, enabled=enabled):
             grads = ctx.kernel.backward.module.forward(ctx.g, feeds, params, ctx.training,
                                                        ctx.seed)
-        return (None,) * 7 + tuple(grads.get(GRAD_PREFIX + k) for _, k in ctx.keys)
+        return (None,) * 7 + tuple(grads.get(GRAD_PREFIX + key[1]) if key in reached else None
+                                   for key in ctx.keys)
 
 
 def _with_leaves(inputs, params, keys, tensors):

@@ -486,7 +486,8 @@ class TritonKernel:
     def bound(self) -> "_Bound":
         """This kernel as the PyTorch backend's IR-backward runner sees a kernel."""
         return _Bound(self.function, _BoundModule(self.module, self.ops),
-                      self.backward.bound() if self.backward is not None else None)
+                      self.backward.bound() if self.backward is not None else None,
+                      torch_backend.output_reaches(self.function))
 
     def kernel_files(self) -> dict[str, str]:
         """Each kernel's module text by file name (``sarc compile --emit kernels``)."""
@@ -512,6 +513,7 @@ class _Bound:
     function: Function
     module: _BoundModule
     backward: "_Bound | None"
+    reaches: tuple = ()   # torch_backend.output_reaches of function
 
 
 def load_ops(fn: Function, specs, kernels: list[TK.KernelSource]) -> tuple:

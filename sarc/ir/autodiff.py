@@ -576,8 +576,16 @@ def differentiated_leaves(fn: Function) -> tuple[frozenset[str], frozenset[str]]
                 frozenset(n for n in features if n in names))
     except AutodiffError:
         pass
+    params, inputs = reached_leaves(fn, [i for _, i in fn.outputs])
+    return params, inputs & features
+
+
+def reached_leaves(fn: Function, outputs: Iterable[int]) -> tuple[frozenset[str], frozenset[str]]:
+    """The params, and the inputs, the values ``outputs`` (indices in ``fn``) depend on along
+    paths a gradient may take: float values, not through a ``ZERO_GRADIENT`` op or a
+    ``where``'s condition (what torch's autograd would give a gradient tensor)."""
     reach = [False] * len(fn.values)
-    for _, i in fn.outputs:
+    for i in outputs:
         reach[i] = fn.values[i].type.dtype.is_float
     for i in reversed(range(len(fn.values))):
         v = fn.values[i]
@@ -588,7 +596,7 @@ def differentiated_leaves(fn: Function) -> tuple[frozenset[str], frozenset[str]]
     reached = [(v.op, v.attr["name"]) for i, v in enumerate(fn.values)
                if v.op in (Op.PARAM, Op.INPUT) and reach[i]]
     return (frozenset(n for op, n in reached if op is Op.PARAM),
-            frozenset(n for op, n in reached if op is Op.INPUT and n in features))
+            frozenset(n for op, n in reached if op is Op.INPUT))
 
 
 def _gradient_outputs(fn: Function, bw: _Backward, cts: dict[int, int]) -> list[tuple[str, int]]:

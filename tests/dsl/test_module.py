@@ -672,3 +672,39 @@ def test_a_per_edge_weight_from_g_indexes_the_edges_in_their_given_order():
     mean = torch.zeros(3, 1).index_add(0, dst, h[src]) / torch.bincount(dst).unsqueeze(1)
     torch.testing.assert_close(Weighted()(g, h, w=1.0 / g.in_degree[g.input_dst]), mean)
     assert not torch.allclose(Weighted()(g, h, w=1.0 / g.in_degree[g.dst]), mean)
+
+
+class _TwoOutputs(sarc.Layer):
+    """``o1`` reads the parameter, ``o2`` only the features (a max of differences)."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 3)
+
+    def message(self, src, dst, edge):
+        return {"m": self.lin(src.h), "k": src.h - dst.h}
+
+    def reduce(self, msg):
+        return {"x": sarc.sum(msg.m), "y": sarc.max(msg.k)}
+
+    def update(self, dst, agg):
+        return {"o1": agg.x, "o2": agg.y.tanh()}
+
+
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
+def test_gradients_only_where_the_loss_reaches_as_torch_gives_them(g, autodiff):
+    """Either autodiff gives the leaves torch's autograd would: a parameter only an output
+    the loss does not read reaches gets no gradient (None, not zeros an optimizer's weight
+    decay or momentum would act on), and an output no leaf needing a gradient reaches has
+    no grad_fn."""
+    torch.manual_seed(0)
+    layer = _TwoOutputs().set_autodiff(autodiff)
+    h = torch.randn(g.num_src, 3, requires_grad=True)
+    out = layer(g, h)
+    out["o2"].sum().backward()
+    assert layer.lin.weight.grad is None and layer.lin.bias.grad is None
+    assert h.grad is not None and h.grad.any()
+    out = layer(g, h.detach())
+    assert not out["o2"].requires_grad and out["o1"].requires_grad
+    out["o1"].sum().backward()
+    assert layer.lin.weight.grad is not None and layer.lin.weight.grad.any()
