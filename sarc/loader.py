@@ -7,7 +7,8 @@ classes:
   whole model, called as ``model(g, x)`` (plus ``etype=...`` on relational
   graphs). It receives every ``HPARAMS`` entry and the dataset facts
   ``num_nodes`` and ``num_etypes``, and ignores what it does not use
-  (``**_``). An ``HPARAMS`` key that neither it names nor the trainer reads
+  (``**_``); a builder without ``**`` receives the keywords it names
+  (``ModelSpec.call_builder``). An ``HPARAMS`` key that neither it names nor the trainer reads
   is refused (``sarc.train.check_declared``): a misspelling would train on the
   default silently.
 - ``HPARAMS`` (optional): a dict of hyperparameters. The trainer reads
@@ -22,6 +23,7 @@ import ast
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -50,6 +52,22 @@ class ModelSpec:
     build_model: Callable[..., Any]
     hparams: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
+
+    def call_builder(self, in_feats: int, num_classes: int, **keywords):
+        """``build_model`` on the two sizes and ``keywords`` (the dataset's sizes, every
+        hyperparameter): all of them to a builder taking ``**options``; to one without,
+        the keywords it names (``build_model(in_feats, num_classes, hidden=16)`` reads
+        ``hidden`` alone; the others are the trainer's)."""
+        try:
+            params = list(inspect.signature(self.build_model).parameters.values())
+        except (TypeError, ValueError):   # no signature to read: given everything
+            params = []
+        if params and not any(p.kind is p.VAR_KEYWORD for p in params):
+            named = {p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                               p.KEYWORD_ONLY)}
+            named |= {p.name for p in params[:2] if p.kind is p.KEYWORD_ONLY}
+            keywords = {k: v for k, v in keywords.items() if k in named}
+        return self.build_model(in_feats, num_classes, **keywords)
 
     def hparams_at(self, key: str) -> str:
         """``file:line: `` of ``key`` in the file's ``HPARAMS`` literal, else ``file: ``."""

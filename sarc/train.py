@@ -311,7 +311,7 @@ def build(spec: ModelSpec, data: Dataset, hparams: dict[str, Any], *, seed: int 
     types = {"num_ntypes": data.num_ntypes} if data.ntype is not None else {}
     try:
         with exits_raise():
-            model = spec.build_model(in_feats, data.num_classes, num_nodes=data.num_nodes,
+            model = spec.call_builder(in_feats, data.num_classes, num_nodes=data.num_nodes,
                                      num_etypes=data.num_etypes, **types, **hparams)
     except SarcError:
         raise

@@ -78,7 +78,7 @@ def model_layers(spec, hp) -> int | None:
     from ..training.minibatch import graph_layers
     try:
         with exits_raise():
-            model = spec.build_model(4, 2, num_nodes=4, num_etypes=1, **hp)
+            model = spec.call_builder(4, 2, num_nodes=4, num_etypes=1, **hp)
     except (Exception, SystemExit):  # the model file's code; the trainer reports its errors
         return None
     return graph_layers(model) if isinstance(model, torch.nn.Module) else None

@@ -148,3 +148,59 @@ def test_model_file_runs_as_a_script():
                               timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "selected epoch" in proc.stdout
+
+
+NO_KEYWORDS = '''\
+import sarc
+from torch import nn
+
+
+class Mean(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin(agg.agg)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c, hidden):
+        super().__init__()
+        self.a, self.b = Mean(i, hidden), Mean(hidden, c)
+
+    def forward(self, g, x):
+        return self.b(g, self.a(g, x).relu())
+
+
+HPARAMS = {"hidden": 16, "epochs": 2}
+
+
+def build_model(in_feats, num_classes, hidden=32):
+    return Net(in_feats, num_classes, hidden)
+'''
+
+
+def test_a_build_model_without_keyword_options_gets_the_keywords_it_names(tmp_path):
+    """``build_model(in_feats, num_classes, hidden=32)``, no ``**options``: it is given the
+    hyperparameters it names (HPARAMS', --set's), not every one the trainer reads (lr,
+    epochs, the dataset's sizes), which it would not take; on one process and on workers."""
+    from sarc.datasets import load_dataset
+    from sarc.train import build
+    model = tmp_path / "no_keywords.py"
+    model.write_text(NO_KEYWORDS)
+    spec = load_model_file(str(model))
+    built = build(spec, load_dataset("cora"), {"hidden": 8, "lr": 0.01, "epochs": 2,
+                                               "dataset": "cora"})
+    assert built.a.lin.out_features == 8
+    for extra in ((), ("--workers", "2", "--method", "random")):
+        out = tmp_path / f"run{len(extra)}.json"
+        proc = run_sarc("train", model, "--set", "hidden=4", "--json", out, *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(out.read_text())["hparams"]["hidden"] == 4
