@@ -31,6 +31,8 @@ the model was built for; ``load_trained(PATH, MODEL.py)`` rebuilds it for infere
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import hashlib
 import io
@@ -41,6 +43,7 @@ import re
 import signal
 import stat
 import tempfile
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -354,6 +357,54 @@ def _umask() -> int:
     return umask
 
 
+_WRITING: set[str] = set()   # the temporary files write_atomic is writing now
+_WATCHED = False             # SIGTERM mid-write removes them (remove_temporaries_on_sigterm)
+
+
+def remove_temporaries_on_sigterm() -> None:
+    """From now on, a SIGTERM that stops the process while ``write_atomic`` writes (a
+    worker stopped by torchrun: a peer failed, or ``sarc train`` was stopped) removes the
+    temporary file before the process dies by the signal, as it would have. During a write
+    the signal gets a handler of its own, and the main thread writing the file (the GIL
+    released) lets a thread woken by the signal's byte (``signal.set_wakeup_fd``) remove it
+    at once; between writes SIGTERM ends the process as it did. Call from the main thread."""
+    global _WATCHED
+    if _WATCHED:
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)   # written to only for signals with a Python handler
+
+    def watch() -> None:
+        while signal.SIGTERM not in os.read(read, 64):
+            pass
+        for tmp in list(_WRITING):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        ctypes.CDLL(None).signal(signal.SIGTERM, 0)   # SIG_DFL, set from any thread
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sarc-sigterm", daemon=True).start()
+    _WATCHED = True
+
+
+@contextlib.contextmanager
+def writing(tmp: str):
+    """While ``tmp`` is being written and renamed into place: removed if SIGTERM stops the
+    process meanwhile (where ``remove_temporaries_on_sigterm`` was called)."""
+    guarded = _WATCHED and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if guarded else None
+    _WRITING.add(tmp)
+    try:
+        yield
+    finally:
+        _WRITING.discard(tmp)
+        if guarded:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """``path`` holds its old content or all of ``data``, whenever the process dies. A link
     is written through: the file it names is replaced (the link stays), in that file's
@@ -380,12 +431,13 @@ def write_atomic(path: Path, data: bytes) -> None:
     except OSError as e:
         raise cannot_write(path, e) from e
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(tmp):
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)

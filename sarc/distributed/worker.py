@@ -247,12 +247,14 @@ def enter(run) -> None:
     stacks on SIGUSR1 (``sarc.distributed.stacks``); then ``run()``."""
     import signal
 
+    from ..checkpoint import remove_temporaries_on_sigterm
     from .stacks import dump_on_signal
     from .supervise import INTERRUPTED_EXIT, RUN_DIR_ENV, die_with_parent
     if not die_with_parent(signal.SIGKILL):
         _say_error(f"sarc worker {os.environ.get('RANK', '?')}: error: its torchrun agent is gone")
         _exit(2)
     dump_on_signal(f"worker {os.environ.get('RANK', '?')}", os.environ.get(RUN_DIR_ENV))
+    remove_temporaries_on_sigterm()   # a checkpoint's, where SIGTERM stops it mid-write
     try:
         code = run_guarded(run)
     except KeyboardInterrupt:  # SIGINT to this worker alone: a line, and the shell's status

@@ -144,3 +144,44 @@ def test_a_worker_in_a_malformed_launch_says_what_is_wrong(tmp_path, env, says):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     (line,) = [l for l in proc.stderr.splitlines() if l.startswith("sarc worker")]
     assert says in line, proc.stderr
+
+
+SIGTERMED = r"""
+import os, sys, threading
+from sarc import checkpoint
+
+checkpoint.remove_temporaries_on_sigterm()   # as a worker does when it starts
+tmp = os.path.join(sys.argv[1], ".epoch-000003.rank-0.pt.abcd1234.tmp")
+with open(tmp, "wb") as f:
+    f.write(b"half a checkpoint")
+if sys.argv[2] == "writing":
+    with checkpoint.writing(tmp):   # as write_atomic holds it while it writes
+        print("ready", flush=True)
+        threading.Event().wait(60)  # the main thread in C (a file write), the GIL released
+else:
+    print("ready", flush=True)
+    threading.Event().wait(60)
+"""
+
+
+@pytest.mark.parametrize("when", ["writing", "between-writes"])
+def test_sigterm_while_a_checkpoint_is_written_removes_its_temporary_file(tmp_path, when):
+    """torchrun stops a worker with SIGTERM (a peer failed, or sarc train was stopped); a
+    checkpoint file it was writing leaves no temporary file behind (one it is not writing is
+    not its to remove), and the worker still dies by the signal (what sarc train's message
+    reports), promptly."""
+    import signal
+    import subprocess
+    import time
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED, str(tmp_path), when], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert time.monotonic() - start < 10
+    finally:
+        proc.kill()
+    assert len(list(tmp_path.iterdir())) == (0 if when == "writing" else 1)
