@@ -59,7 +59,7 @@ class LayerPlan:
     flops: sympy.Expr
     recomputed: tuple[str, ...]
     kept_peers: tuple[tuple[int, ...], ...]  # per worker, the peers whose rows it keeps
-    bytes_sent: tuple[int, ...] | None       # per worker per epoch (None: symbolic only)
+    bytes_sent: tuple[int, ...] | None       # per worker per training step (None: symbolic only)
     bytes_kept: tuple[int, ...] | None
     bytes_sent_expr: sympy.Expr = field(default=sympy.Integer(0))
     backward_passes: int = 1                 # backward passes over the blocks (2: unfused edge_softmax;
@@ -555,7 +555,6 @@ def _block_lines(b: BatchFigures, workers: int) -> list[str]:
 
 def format_plan(plan: Plan) -> str:
     budget = "none" if plan.mem_budget is None else _fmt_bytes(plan.mem_budget)
-    per = "step" if plan.minibatch else "epoch"
     lines = [f"plan: mode={plan.mode} workers={plan.workers} mem-budget={budget} "
              f"{'baseline (SAR-equivalent)' if plan.baseline else 'pushdown+online-softmax'}"]
     if plan.minibatch:
@@ -585,13 +584,13 @@ def format_plan(plan: Plan) -> str:
                 lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
         elif lp.bytes_sent is not None and plan.workers > 1:
             s, k = lp.bytes_sent, lp.bytes_kept
-            lines.append(f"  bytes sent / worker / {per}: max {_fmt_bytes(max(s))}, "
+            lines.append(f"  bytes sent / worker / step: max {_fmt_bytes(max(s))}, "
                          f"mean {_fmt_bytes(sum(s) / len(s))}")
             lines.append(f"  bytes kept / worker: max {_fmt_bytes(max(k))}")
             if lp.exec_mode == "hybrid":
                 lines.append(f"  kept peers: {', '.join(f'{r}:{list(p)}' for r, p in enumerate(lp.kept_peers))}")
         elif plan.workers > 1:
-            lines.append(f"  bytes sent / worker / {per}: {lp.bytes_sent_expr}")
+            lines.append(f"  bytes sent / worker / step: {lp.bytes_sent_expr}")
     for lp in plan.fetches:
         x = lp.exchange
         lines.append(f"fetch {lp.name} ({lp.layer_class}): exec={lp.exec_mode}, its input's "
@@ -600,11 +599,11 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  exchanged: {' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
                      f"{', gradients sent back' if x.needs_grad else ''}")
         if lp.bytes_sent is not None:
-            lines.append(f"  bytes sent / worker / {per}: max {_fmt_bytes(max(lp.bytes_sent))}, "
+            lines.append(f"  bytes sent / worker / step: max {_fmt_bytes(max(lp.bytes_sent))}, "
                          f"mean {_fmt_bytes(sum(lp.bytes_sent) / len(lp.bytes_sent))}")
             lines.append(f"  bytes kept / worker: max {_fmt_bytes(max(lp.bytes_kept))}")
         else:
-            lines.append(f"  bytes sent / worker / {per}: {lp.bytes_sent_expr}")
+            lines.append(f"  bytes sent / worker / step: {lp.bytes_sent_expr}")
     step = plan.step_bytes_kept()
     if step is not None and (plan.workers > 1 or plan.sample is not None):
         lines.append(f"step: bytes kept / worker (all layers"

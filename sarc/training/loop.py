@@ -266,6 +266,9 @@ def fit(model: nn.Module, opt: torch.optim.Optimizer, source: StepSource,
     try:
         at = ckpt.resume(model, opt, selection) if ckpt is not None else Progress()
         epoch, loss, acc, stop, before = at.epoch, at.loss, at.acc, at.stopped_early, at.elapsed_s
+        if epoch >= epochs and not stop and epoch > 0:   # resumed past the epochs asked for
+            say(f"the checkpoint's epoch {epoch} is at or past --epochs {epochs}: nothing left "
+                f"to train (a longer run resumes it with more epochs)")
         t_start = time.perf_counter()
         step_s, eval_s = [], []
         # on a terminal, a bar: of the epochs, or of each epoch's steps where it has several

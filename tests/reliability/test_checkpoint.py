@@ -112,6 +112,18 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, reference):
     _assert_equal(_load(tmp_path / "model.pt")["state_dict"], _load(ref_model)["state_dict"])
 
 
+def test_resuming_a_checkpoint_past_the_epochs_asked_for_says_so(tmp_path, reference):
+    """A checkpoint of 6 epochs resumed with --epochs 3: nothing is trained, and the run
+    says why (it said only that it resumed)."""
+    import shutil
+    ref_dir, _ = reference
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ref_dir, ckpt)
+    resumed = _ok(_train(ckpt, "--resume", "--epochs", "3"))
+    assert "epoch 6 is at or past --epochs 3: nothing left to train" in resumed.stdout
+    assert not [line for line in resumed.stdout.splitlines() if line.startswith("epoch")]
+
+
 @case("checkpoint", "two runs started at once with one `--checkpoint DIR`", "error")
 def test_a_checkpoint_directory_holds_one_run_at_a_time(tmp_path):
     """Each removed the other's epoch files as leftovers, and the last manifest won."""
