@@ -22,6 +22,8 @@ def check_train_args(args):
     from ..loader import load_model_file
     from ..train import hyperparameters
 
+    if args.workers is None:   # a partition's runs take a worker per part, as compile plans
+        args.workers = _parts(args.partition) if args.partition else 1
     at_least("--workers", args.workers, 1)
     check_mode_arguments(args)
     minibatch_config(args)  # the options alone; the fanouts against the model below
@@ -70,6 +72,14 @@ def check_train_args(args):
     return spec, hp
 
 
+def _parts(path: str) -> int:
+    """The parts of the partition at ``path`` (its metadata; its files are checked when the
+    run opens it)."""
+    from ..partition import open_partition
+    check_input_dir("--partition", path)
+    return open_partition(path, verify=False).num_parts
+
+
 def model_layers(spec, hp) -> int | None:
     """The sarc layers of the model ``spec`` builds with ``hp`` (on small stand-in sizes),
     or None if it does not build without the dataset (the trainer counts them then)."""
@@ -103,10 +113,10 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="--task link: the negatives' distribution, uniform or by degree^0.75 "
                         "(default: the model's HPARAMS)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=int,
                    help="processes: 1 trains in this process; P > 1 launches P workers through "
                         "torchrun on this machine (gloo, or NCCL with --device cuda), each on "
-                        "a shard")
+                        "a shard (default: 1, or one per part of --partition)")
     add_device_arguments(p)
     dist = p.add_argument_group("distributed training (--workers > 1)")
     add_mode_arguments(p, dist)
