@@ -192,13 +192,19 @@ class HeteroConv(nn.Module):
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
                               self.dst_types, subgraphs=False)
         halo = g.halo()
+        args, nodes = self._fetched(g, halo, args, feats)
+        runs = {r: rel.halo_run(halo, r) for r in self.relation_ids}
+        return self._run(args, feats, runs, g.num_dst, nodes)
+
+    def _fetched(self, g, halo, args, feats) -> tuple[tuple, dict]:
+        """The node inputs (``args``, and the keyword features some relation's layer reads
+        as node features) on every row of ``halo``'s graph, each fetched once."""
         name = g.layer_names.setdefault(id(self), f"{type(self).__name__}#{len(g.layer_names)}")
         args = tuple(_fetched(halo, a, f"{name}.input{i}", g.num_local)
                      for i, a in enumerate(args))
         nodes = {k: _fetched(halo, v, f"{name}.{k}", g.num_local) for k, v in feats.items()
                  if any(k in m._sarc_node for m in self.layers.values())}
-        runs = {r: rel.halo_run(halo, r) for r in self.relation_ids}
-        return self._run(args, feats, runs, g.num_dst, nodes)
+        return args, nodes
 
     def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
         """This conv on a mini-batch step's block (``call``: a ``BlockCall``): each relation's
@@ -217,26 +223,50 @@ class HeteroConv(nn.Module):
         b = call.graph
         if ntype is not None:   # the step's input rows' types: the block's are the first
             ntype = _whole_types(torch.as_tensor(ntype)[:b.num_src], whole, call.rows)
+        fetch = getattr(b, "fetches_once", False)   # a worker's block: its rows fetched once
         rel = relation_graphs(whole.graph, whole.edge_inputs["etype"], self.relation_ids,
                               None if ntype is None else whole.edge_inputs.get("ntype"),
-                              self.relation_names, self.dst_types, compare=False)
+                              self.relation_names, self.dst_types, compare=False,
+                              subgraphs=not fetch)
         feats = {k: (v[lo:hi] if any(k in m._sarc_edge for m in self.layers.values()) else v)
                  for k, v in feats.items()}
         etype, rows = etype[lo:hi], call.rows
         keeps = [etype == r for r in self.relation_ids]
-        degrees = [tuple(d.index_select(0, rows.to(d.device))
-                         for d in rel.degrees(whole.graph, r)) for r in self.relation_ids]
+        degrees = [] if fetch else [tuple(d.index_select(0, rows.to(d.device))
+                                          for d in rel.degrees(whole.graph, r))
+                                    for r in self.relation_ids]
         counted = [None if ntype is None else ntype[:b.num_dst] == rel.dst_type[r]
                    for r in self.relation_ids]
         if ntype is not None and isinstance(b, Graph) and b.dst_in_src:
             graphs = {r: compact(b, k, c, d) for r, k, c, d in
                       zip(self.relation_ids, keeps, counted, degrees)}
             return self._run(args, feats, graphs, b.num_dst)
+        if fetch:   # the whole graph's relation degrees of the block's rows, local and not
+            halo, known = b.halo(), whole.graph.halo()
+            at = known.positions(halo, rows)
+            degrees = [tuple(d.index_select(0, at) for d in rel.halo_degrees_of(known, r))
+                       for r in self.relation_ids]
+            args, nodes = self._fetched(b, halo, args, feats)
+            graphs = {r: _halo_run(halo.graph, k, c, d) for r, k, c, d in
+                      zip(self.relation_ids, keeps, counted, degrees)}
+            return self._run(args, feats, graphs, b.num_dst, nodes)
         subs = ([_edge_subgraph(b, k, d) for k, d in zip(keeps, degrees)] if isinstance(b, Graph)
                 else b.edge_subgraphs(keeps, degrees))   # set up together
         graphs = {r: RelationRun(sub, torch.nonzero(k).squeeze(1), c)
                   for r, k, sub, c in zip(self.relation_ids, keeps, subs, counted)}
         return self._run(args, feats, graphs, b.num_dst)
+
+
+def _halo_run(graph: Graph, keep: torch.Tensor, counted: torch.Tensor | None,
+              degrees: tuple) -> RelationRun:
+    """A relation's run on a worker's halo ``graph``: its edges ``keep`` marks there, over
+    the rows of its destination type (``counted``) and the sources they read where there
+    are node types (``compact``), else over every row; normalized by ``degrees``, the
+    whole graph's relation's at every row."""
+    if counted is not None:
+        return compact(graph, keep, counted, degrees)
+    return RelationRun(_edge_subgraph(graph, keep, degrees), torch.nonzero(keep).squeeze(1),
+                       None)
 
 
 def _fetched(halo, t, name: str, num_local: int):
@@ -478,16 +508,11 @@ class RelationGraphs:
         return self.halo_degrees[rid]
 
     def halo_run(self, halo, rid: int) -> RelationRun:
-        """What relation ``rid``'s layer runs on in a worker's halo (``halo``): its edges
-        there, over the rows of its destination type and the sources they read where
-        there are node types (``compact``), else over every row; made at first use."""
+        """What relation ``rid``'s layer runs on in a worker's halo (``halo``,
+        ``_halo_run``), made at first use."""
         if rid not in self.halo_runs:
-            keep = self._keep(halo.graph, rid)
-            degrees = self.halo_degrees_of(halo, rid)
-            self.halo_runs[rid] = (
-                compact(halo.graph, keep, self.counted(rid), degrees) if self.types is not None
-                else RelationRun(_edge_subgraph(halo.graph, keep, degrees), self.edges[rid],
-                                 None))
+            self.halo_runs[rid] = _halo_run(halo.graph, self._keep(halo.graph, rid),
+                                            self.counted(rid), self.halo_degrees_of(halo, rid))
         return self.halo_runs[rid]
 
     def compact_graph(self, g: Graph, rid: int) -> RelationRun:

@@ -174,10 +174,10 @@ class DistGraph:
     @property
     def fetches_once(self) -> bool:
         """Whether a ``sarc.HeteroConv`` fetches its inputs' boundary rows once for all its
-        relations (``halo``), not once per relation's schedule: on a full-batch shard where
-        nothing asks that remote rows be dropped and fetched again (no memory budget, the
-        planner's or ``oneshot`` execution, not the SAR baseline)."""
-        return (self.mode == "full" and self.mem_budget is None and not self.baseline
+        relations (``halo``), not once per relation's schedule: where nothing asks that
+        remote rows be dropped and fetched again (no memory budget, the planner's or
+        ``oneshot`` execution, not the SAR baseline)."""
+        return (self.mem_budget is None and not self.baseline
                 and self.exec_mode in (None, "oneshot"))
 
     def halo(self):

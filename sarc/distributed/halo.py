@@ -22,12 +22,13 @@ import torch
 
 from ..graph import Graph
 from ..planner.plan import LayerPlan, plan_fetch
+from .graph import DistError
 from ..backward_once import once_differentiable
 
 ROWS_TAG, GRADS_TAG = 116, 118
 """Row messages go on the rows' process group, gradients on the gradients' (tag % 4 == 2,
 ``exchange.Exchanger``)."""
-COUNTS_TAG, DEGREES_TAG = 108, 112
+COUNTS_TAG, DEGREES_TAG, IDS_TAG = 108, 112, 120
 
 
 class FetchRun(NamedTuple):
@@ -64,6 +65,7 @@ class Halo:
                                       torch.cat(dsts) if dsts else empty,
                                       num_src=start, num_dst=dg.num_dst)
         self.plans: dict[tuple, LayerPlan] = {}
+        self._sorted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # positions' lookups
 
     def fetch(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """``x`` (a row per local row) on every row of ``graph``: the local rows, then the
@@ -83,6 +85,35 @@ class Halo:
             dg.training_programs[key] = run
             dg.step_calls.add(run)
         return _Fetch.apply(self, x)
+
+    def positions(self, part: "Halo", rows: torch.Tensor) -> torch.Tensor:
+        """Where each row of ``part``'s graph is among this halo's rows: ``part`` is a
+        mini-batch block's halo on this worker, whose local rows are this halo's local rows
+        ``rows`` (this one the whole graph's). A block reads of a peer only rows the whole
+        graph's edges into this worker read; each owner says which of its rows they are (an
+        id a row, ``setup``; collective)."""
+        ex = part.dg.exchanger
+        rows = rows.to(device=self.graph.perm.device, dtype=torch.int64)
+        sends, recvs = ex.swap({j: rows.index_select(0, part.shard.send_rows[j])
+                                for j in part.spans},
+                               {j: (hi - lo,) for j, (lo, hi) in part.spans.items()},
+                               torch.int64, rows.device, IDS_TAG, "setup")
+        out = [rows]
+        for j, pending in sorted(recvs.items(), key=lambda jp: part.spans[jp[0]][0]):
+            wanted = pending.wait()
+            if j not in self._sorted:
+                have = self.shard.needed_rows[j]
+                order = torch.argsort(have)
+                self._sorted[j] = (have.index_select(0, order), order)
+            have, order = self._sorted[j]
+            at = torch.searchsorted(have, wanted).clamp_max(max(have.numel() - 1, 0))
+            if have.numel() == 0 or not torch.equal(have.index_select(0, at), wanted):
+                raise DistError(f"a block reads rows of worker {j} that the whole graph's "
+                                f"edges into this worker do not")
+            out.append(self.spans[j][0] + order.index_select(0, at))
+        for pending in sends:
+            pending.wait()
+        return torch.cat(out)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         shard, ex = self.shard, self.dg.exchanger

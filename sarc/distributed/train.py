@@ -58,6 +58,7 @@ from .batchnorm import sync_batch_norms
 from .embedding import Embedding
 from .exchange import ByteCounter, ExchangeError, Exchanger
 from .graph import DistError, DistGraph, check_boundaries, comm_device, trim_heap
+from .halo import FetchRun
 from .prepare import WorkerData, prepare_worker, with_self_loops
 
 
@@ -414,10 +415,12 @@ class BlockGraphs:
             if g.subgraph_runs:   # a HeteroConv's block: each relation's, on its own edges
                 ran = [sub.ran_program for sub in g.subgraph_runs]
                 priced += [sub.stats for sub in g.subgraph_runs]
-            else:
+            else:   # a layer's program, or a HeteroConv's fetches of its inputs (halo)
                 ran = list(g.training_programs.values())
-                priced.append(st)
-            if any(r is None for r in ran) or (len(ran) != 1 and not g.subgraph_runs):
+                priced += [st] * len(ran)
+                fetched = bool(ran) and all(isinstance(r, FetchRun) for r in ran)
+            if any(r is None for r in ran) or (len(ran) != 1 and not g.subgraph_runs
+                                               and not fetched):
                 return None   # the step ran without autograd
             plans += [r.plan for r in ran]
         return step_bytes_sent(plans, priced)[self.graphs[0].rank]

@@ -10,7 +10,8 @@ edges of its relation with the whole graph's relation degrees, so:
   and one by ``src.in_degree``, with an edge weight;
 - sampling: the losses of every step of two epochs (Adam between them) are the same
   whatever P, and each worker's layer bytes per step equal the planner's prediction
-  for the relations' programs on the step's blocks;
+  on the step's blocks (each conv's fetch of its inputs' rows, or in sar the relations'
+  programs);
 - on random typed graphs (hypothesis), every MFG batch gives its seeds the whole graph's
   outputs and parameter gradients, with and without node types.
 """
@@ -44,6 +45,10 @@ SAMPLED = MiniBatchConfig("sampling", (2, 3), batch_size=6)
 EPOCHS = (1, 2)
 EDGES, NODES = ("etype", "w"), ("ntype",)
 KINDS = (MeanLayer, NormSumLayer, MaxLayer, InDegreeLayer)
+CONFIGS = ((2, "metis", None), (3, "random", None), (3, "random", "sar"))
+"""Workers, partitioning and execution: the inputs' rows fetched once for every relation
+(the planner's execution, no budget), or each relation's layer in its own schedule (sar)."""
+IDS = ["2-metis", "3-random", "3-random-sar"]
 
 
 def typed_graph() -> dict:
@@ -68,7 +73,7 @@ def _shard(data, parts: int, method: str, rank: int):
     return build_shard(parts_[rank], rl.offsets, rank)
 
 
-def _steps(shard, config, group):
+def _steps(shard, config, group, exec_mode=None):
     """The step source of ``config`` on ``shard`` (one process: ``group is False``), with
     the whole graph (a ``Graph``, or the workers' ``DistGraph``) as its evaluation batch."""
     nd = shard.ndata
@@ -84,7 +89,8 @@ def _steps(shard, config, group):
         whole = DistGraph(shard, group, timeout=timeout)
         edge_inputs = {k: whole.edge_data(k) for k in EDGES}
         comm, graphs_of = Comm(group), BlockGraphs(group, config.mode, torch.device("cpu"),
-                                                   timeout=timeout, counter=whole.counter)
+                                                   timeout=timeout, counter=whole.counter,
+                                                   exec_mode=exec_mode)
         train = _sum(int(nd["train_mask"].sum()), group)
     edge_inputs["ntype"] = nd["ntype"]
     counts = {"train": train, "val": 0, "test": 0}
@@ -103,21 +109,21 @@ def _sum(v, group):
     return int(t)
 
 
-def _one_step(shard, group, typed: bool = True):
+def _one_step(shard, group, typed: bool = True, exec_mode=None):
     """One MFG step's loss, parameter gradients (summed over workers) and input gradient."""
     model = _model(typed)
-    src, x, _ = _steps(shard, MFG, group)
+    src, x, _ = _steps(shard, MFG, group, exec_mode)
     (batch,) = list(src.steps(0))
     return step_record(model, batch, x, shard, group)
 
 
-def _trajectory(shard, group):
+def _trajectory(shard, group, exec_mode=None):
     """The losses of every sampled step of two epochs; on workers, with each epoch's layer
     bytes per step sent and planned."""
     from sarc.distributed.train import AllReduce
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    src, _, blocks = _steps(shard, SAMPLED, group)
+    src, _, blocks = _steps(shard, SAMPLED, group, exec_mode)
     red = ONE_PROCESS if group is False else AllReduce(group)
     losses, bytes_ = [], []
     for e in EPOCHS:
@@ -129,9 +135,9 @@ def _trajectory(shard, group):
     return {"losses": losses, "bytes": bytes_}
 
 
-def _work(rank, group, data, parts, method):
-    return {"mfg": _one_step(_shard(data, parts, method, rank), group),
-            "sampled": _trajectory(_shard(data, parts, method, rank), group)}
+def _work(rank, group, data, parts, method, exec_mode):
+    return {"mfg": _one_step(_shard(data, parts, method, rank), group, exec_mode=exec_mode),
+            "sampled": _trajectory(_shard(data, parts, method, rank), group, exec_mode)}
 
 
 @pytest.fixture(scope="module")
@@ -147,9 +153,9 @@ def one_process(data):
 
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
-    return {(p, m): run_workers(_work, p, tmp_path_factory.mktemp(f"het{p}"), data, p, m,
-                                timeout_s=240)
-            for p, m in ((2, "metis"), (3, "random"))}
+    return {(p, m, x): run_workers(_work, p, tmp_path_factory.mktemp(f"het{p}"), data, p, m,
+                                   x, timeout_s=240)
+            for p, m, x in CONFIGS}
 
 
 def _full_batch(data, typed: bool = True):
@@ -188,28 +194,29 @@ def test_single_process_mfg_step_without_node_types_equals_the_full_batch_step(d
     assert_same_step(got, _full_batch(data, typed=False), got["x_grad"], REL)
 
 
-@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
+@pytest.mark.parametrize("parts,method,exec_mode", CONFIGS, ids=IDS)
 def test_mfg_step_on_workers_equals_the_full_batch_step(data, runs, one_process, parts,
-                                                        method):
-    records = [r["mfg"] for r in runs[parts, method]]
+                                                        method, exec_mode):
+    records = [r["mfg"] for r in runs[parts, method, exec_mode]]
     assert_same_step(records[0], _full_batch(data), x_grad_of(records, N), REL)
     assert_same_step(records[0], one_process["mfg"], x_grad_of(records, N), REL)
 
 
-@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
-def test_sampled_steps_do_not_depend_on_the_worker_count(runs, one_process, parts, method):
+@pytest.mark.parametrize("parts,method,exec_mode", CONFIGS, ids=IDS)
+def test_sampled_steps_do_not_depend_on_the_worker_count(runs, one_process, parts, method,
+                                                         exec_mode):
     want = one_process["sampled"]["losses"]
     assert len(want) == 2 * -(-int(typed_graph()["ndata"]["train_mask"].sum()) // 6)
-    for r in runs[parts, method]:
+    for r in runs[parts, method, exec_mode]:
         got = r["sampled"]["losses"]
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert abs(a - b) <= REL * abs(b), (got, want)
 
 
-@pytest.mark.parametrize("parts,method", [(2, "metis"), (3, "random")])
-def test_each_workers_layer_bytes_are_the_planners(runs, parts, method):
-    for r in runs[parts, method]:
+@pytest.mark.parametrize("parts,method,exec_mode", CONFIGS, ids=IDS)
+def test_each_workers_layer_bytes_are_the_planners(runs, parts, method, exec_mode):
+    for r in runs[parts, method, exec_mode]:
         for sent, planned, setup in r["sampled"]["bytes"]:
             assert sent == planned and sent > 0
             assert setup > 0   # the relations' degrees of the rows their readers read
