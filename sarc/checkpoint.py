@@ -240,7 +240,8 @@ def run_differences(saved: dict, now: dict) -> list[str]:
     if saved.get("hparams") != now["hparams"]:
         a, b = json.loads(saved.get("hparams") or "{}"), json.loads(now["hparams"])
         out += _training_differences(a.pop("training", None), b.pop("training", None))
-        diff = [f"{k}: {a.get(k, '(unset)')!r} in the checkpoint, {b.get(k, '(unset)')!r} now"
+        shown = lambda d, k: repr(d[k]) if k in d else "unset"  # noqa: E731
+        diff = [f"{k}: {shown(a, k)} in the checkpoint, {shown(b, k)} now"
                 for k in sorted(set(a) | set(b)) if a.get(k, KeyError) != b.get(k, KeyError)]
         if diff:
             out.append(f"hyperparameters differ ({'; '.join(diff)})")

@@ -49,7 +49,8 @@ MAX_TIMEOUT_S = 1e9
 MEM_BUDGET_HELP = ("per worker, the most one training step keeps for its backward pass, all "
                    "layers together: each layer's share of the worker's own rows first, the "
                    "room left for remote rows kept rather than fetched again (the planner picks "
-                   "oneshot, hybrid or sar per layer to fit), e.g. 512M; default: no budget "
+                   "oneshot, hybrid or sar per layer to fit), e.g. 512M (K, M, G, T are "
+                   "binary: 512M and 512MB are 512 MiB); default: no budget "
                    "(sar in --mode full, oneshot in mfg and sampling, unless --exec says)")
 
 
