@@ -193,6 +193,8 @@ def compile_command(args) -> int:
             SamplingSpec.of(fanouts, layers=blocks)
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
+    if args.mode != "full":
+        _forward_on_blocks(args, data, prep, hparams, model, fanouts)
     stats = sample = None
     minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
@@ -226,6 +228,35 @@ def compile_command(args) -> int:
         print(f"sarc compile: --emit {args.emit}: nothing is written without --out (the "
               f"artifacts go there; without it, sarc compile prints the plan)", file=sys.stderr)
     return 0
+
+
+def _forward_on_blocks(args, data, prep, hparams, model, fanouts) -> None:
+    """One forward pass of the model on a mini-batch step's blocks (a few seeds, one
+    process), as ``sarc train --mode mfg|sampling`` runs it: what only blocks refuse (a
+    value of every input row combined with a layer's output, which has its block's
+    destination rows) is refused here too, at the model file's line."""
+    import torch
+
+    from ..train import minibatch_source
+    from ..training.inputs import TrainError
+    from ..training.loop import Batch, forward
+    from ..training.minibatch import MiniBatchConfig
+    counts = {k: int(m.sum()) for k, m in prep.masks.items()}
+    if not counts["train"]:
+        return   # nothing to sample from; sarc train refuses such a dataset itself
+    mode = args.mode if fanouts is not None else "mfg"   # sampling planned without fanouts
+    config = MiniBatchConfig(mode, fanouts, batch_size=min(8, counts["train"]))
+    full = Batch(prep.graph, prep.x, prep.edge_inputs, prep.label, prep.masks,
+                 train_total=counts["train"])
+    steps = minibatch_source(data, prep, hparams, model, config, 0, full, counts).steps(1)
+    try:
+        batch = next(iter(steps))
+        with torch.no_grad():
+            forward(model, batch)
+    except TrainError as e:
+        raise CompileError(f"{args.mode} mode: {e}") from None
+    finally:
+        steps.close()   # the step source's sampling stops here
 
 
 def _blocks_taken(model, calls) -> int:

@@ -34,6 +34,55 @@ def test_fanouts_with_mfg(tmp_path):
                      tmp_path / "o"), tmp_path / "o", "--fanouts", "--mode sampling")
 
 
+RESIDUAL = """
+import torch
+from torch import nn
+import sarc
+
+
+class Mean(sarc.Layer):
+    def __init__(self, i, o):
+        super().__init__(node={"h": i})
+        self.lin = nn.Linear(i, o)
+
+    def message(self, src, dst, edge):
+        return src.h
+
+    def reduce(self, msg):
+        return sarc.mean(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin(agg.agg)
+
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.inp, self.a, self.b = nn.Linear(i, 16), Mean(16, 16), Mean(16, c)
+
+    def forward(self, g, x):
+        h = self.inp(x)
+        h = h + self.a(g, h)   # a residual of every input row: a block has fewer outputs
+        return self.b(g, h)
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+"""
+
+
+@case("cli", "`sarc compile --mode mfg` of a model whose residual is not cut to a block's "
+      "destination rows (which sarc train --mode mfg refuses)", "error-at-line")
+@pytest.mark.parametrize("mode", ["mfg", "sampling"])
+def test_compile_runs_a_step_of_blocks_as_train_does(tmp_path, mode):
+    model = tmp_path / "residual.py"
+    model.write_text(RESIDUAL)
+    extra = ("--fanouts", "3,3") if mode == "sampling" else ()
+    err = refused(run_sarc("compile", model, "--mode", mode, *extra, "--out", tmp_path / "o"),
+                  tmp_path / "o", "h0[:h.shape[0]]")
+    assert "residual.py:29" in err, err   # h = h + self.a(g, h)
+
+
 @case("cli", "`sarc compile --mode full --batch-size 64` (a minibatch option, full batch)", "error")
 def test_batch_size_with_full(tmp_path):
     refused(run_sarc("compile", SAGE, "--batch-size", "64", "--out", tmp_path / "o"),
