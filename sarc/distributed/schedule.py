@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from ..backends import dist_backend
+from ..backends.torch_backend import output_reaches
 from ..amp import autocast_state
 from .. import compiler
 from ..backward_once import once_differentiable
@@ -59,6 +60,7 @@ class LayerProgram:
     differentiated: tuple[frozenset, frozenset] = (frozenset(), frozenset())
     state: tuple = ()
     draws: bool = False
+    reaches: tuple = ()   # per output, the leaves a gradient may reach (output_reaches)
 
     @property
     def module(self):
@@ -84,7 +86,8 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
     c = compiler.compile_layer(layer, layer._sarc_backend, target=target, name=name)
     from ..ir.autodiff import differentiated_leaves
     return LayerProgram(name, c.plan, c.split, c.schedule, differentiated_leaves(c.traced),
-                        draws=rng.draws_masks(c.optimized))
+                        draws=rng.draws_masks(c.optimized),
+                        reaches=() if c.split is None else output_reaches(c.split.layer))
 
 
 def share_memory(model, dg: DistGraph) -> None:
@@ -202,6 +205,8 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
     call.differentiable = torch.is_grad_enabled()   # its forward keeps the node parts' graphs
     flat = [*params.values(), *node_inputs.values(), *edge_inputs.values()]
+    call.keys = [*(("param", k) for k in params), *(("input", k) for k in node_inputs),
+                 *(("input", k) for k in edge_inputs)]
     outs = _DistLayer.apply(call, *flat)
     if call.differentiable:   # kept, with what it keeps, until its backward (calls_again)
         dg.awaiting[id(layer)] = weakref.ref(call)
@@ -245,6 +250,13 @@ class _DistLayer(torch.autograd.Function):
             t = out[name]
             outs.append(t.clone() if any(t is f for f in flat) else t)
         ctx.call = call
+        # as torch's autograd (and the layer on one process): an output no leaf needing a
+        # gradient reaches has no grad_fn, and one the loss does not read gives its leaves
+        # no gradient (None)
+        tracked = {k for k, t in zip(call.keys, flat) if t.requires_grad}
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*(t for t, reach in zip(outs, call.program.reaches)
+                                      if not reach & tracked))
         return tuple(outs)
 
     @staticmethod
@@ -264,7 +276,10 @@ class _DistLayer(torch.autograd.Function):
         device_type, enabled, dtype = ctx.autocast
         with torch.enable_grad(), torch.autocast(device_type, dtype=dtype, enabled=enabled):
             flat_grads = call.program.module.backward(call, grad_out)
-        return (None, *flat_grads)
+        reached = frozenset().union(*(r for r, g in zip(call.program.reaches, grads)
+                                      if g is not None))
+        return (None, *(g if key in reached else None
+                        for key, g in zip(call.keys, flat_grads)))
 
 
 _PART_KEYS = {"src": 1, "dst": 2, "edge": 3, "post": 4}
@@ -303,6 +318,7 @@ class Call:
         self.needs = ()
         self.differentiable = False
         self.recorded: dict = {}  # node part -> (its leaves, its outputs under autograd)
+        self.keys: list = []      # ("param" | "input", name) of each differentiated tensor
         self.saved = None
 
     # --- forward --------------------------------------------------------------------------

@@ -109,3 +109,64 @@ def test_a_second_backward_through_one_distributed_call_is_refused(tmp_path):
     assert codes == [0], reports
     assert reports[0].startswith("DistError: a layer on a DistGraph runs one backward pass "
                                  "per call"), reports
+
+
+class TwoOutputs(sarc.Layer):
+    """``o1`` reads the parameter, ``o2`` only the features (a max of differences)."""
+
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 3)
+
+    def message(self, src, dst, edge):
+        return {"m": self.lin(src.h), "k": src.h - dst.h}
+
+    def reduce(self, msg):
+        return {"x": sarc.sum(msg.m), "y": sarc.max(msg.k)}
+
+    def update(self, dst, agg):
+        return {"o1": agg.x, "o2": agg.y.tanh()}
+
+
+def _unread(rank, port, q, parts, state):
+    from sarc.distributed import DistGraph
+    from sarc.distributed.train import allreduce_gradients
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=P, timeout=datetime.timedelta(seconds=60))
+    layer = TwoOutputs()
+    layer.load_state_dict(state)
+    shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
+    dg = DistGraph(shard)
+    x = shard.ndata["feat"].clone().requires_grad_(True)
+    layer(dg, x)["o2"].sum().backward()
+    allreduce_gradients(layer)
+    o2 = layer(dg, x.detach())["o2"]
+    q.put((rank, {"ids": shard.orig_node_ids.tolist(), "x": x.grad.tolist(),
+                  "params": [k for k, p in layer.named_parameters() if p.grad is not None],
+                  "o2_requires_grad": o2.requires_grad}))
+    dist.barrier()
+
+
+def test_an_output_the_loss_does_not_read_gives_no_gradient_on_workers_as_on_one_process(
+        tmp_path):
+    """A parameter only an unread output reaches gets None on P workers as on one process
+    (zeros there would be all-reduced into a gradient weight decay and momentum act on),
+    and an output no leaf needing a gradient reaches has no grad_fn."""
+    from sarc.partition import partition_graph
+    gen = torch.Generator().manual_seed(1)
+    src, dst = torch.randint(0, N, (50,), generator=gen), torch.randint(0, N, (50,), generator=gen)
+    torch.manual_seed(0)
+    x, layer = torch.randn(N, 3), TwoOutputs()
+    parts = partition_graph(src, dst, N, P, tmp_path / "parts", method="random",
+                            node_data={"feat": x}).path
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    codes, reports = spawn(_unread, P, (str(parts), state), timeout_s=120)
+    assert codes == [0] * P, reports
+    x = x.clone().requires_grad_(True)
+    layer(sarc.Graph.from_edges(src, dst, N), x)["o2"].sum().backward()
+    assert layer.lin.weight.grad is None
+    for r in reports:
+        assert r["params"] == [] and not r["o2_requires_grad"], r
+        torch.testing.assert_close(torch.tensor(r["x"]), x.grad[r["ids"]])
