@@ -167,7 +167,7 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
             layer, backend or layer._sarc_backend, target=target, name=lname)))
     plans, fetches = tuple(c.plan for c in compiled), ()
     if workers > 1 and mem_budget is None and exec_mode in (None, "oneshot") and not baseline:
-        plans, fetches = _fetched_once(model, layers, plans, workers, stats)
+        plans, fetches = _fetched_once(model, layers, plans, workers, stats, calls)
     plan = Plan(mode, workers, mem_budget, baseline, plans, stats, None, batch_size,
                 None if fanouts is None else tuple(fanouts), fetches)
     return ModelArtifacts(name, _backends(layers, backend), tuple(compiled), plan,
@@ -175,40 +175,39 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
 
 
 def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], workers: int,
-                  stats: ShardStats | None) -> tuple[tuple[LayerPlan, ...], tuple[LayerPlan, ...]]:
-    """A full-batch step without a memory budget as workers run it: each ``sarc.HeteroConv``
-    fetches its input's boundary rows once (``sarc.distributed.halo``: the node features its
-    relations' layers read), and its relations' layers run on them, exchanging nothing
-    (``exec="halo"``). Returns the layers' plans so changed and the convs' fetches."""
+                  stats: ShardStats | None, calls=None
+                  ) -> tuple[tuple[LayerPlan, ...], tuple[LayerPlan, ...]]:
+    """A step without a memory budget as workers run it: each ``sarc.HeteroConv`` call
+    fetches its node inputs' boundary rows once (``sarc.distributed.halo``: what the call's
+    ``fetched_inputs`` are, as ``calls`` recorded them; without ``calls``, the first relation
+    layer's node features, positionally), and its relations' layers run on them, exchanging
+    nothing (``exec="halo"``). Returns the layers' plans so changed and the fetches."""
     from dataclasses import replace
 
     from .hetero import HeteroConv
-    from .ir.types import Domain
     from .planner.plan import _local_kept, plan_fetch
-    from .runtime.bind import BUILTINS
     conv_of = {id(sub): c for c in model.modules() if isinstance(c, HeteroConv)
                for sub in c.layers.values()}
-    out, fetches, seen = [], [], set()
-    for (lname, layer, need), lp in zip(layers, plans):
+    out, fetches = [], []
+    for k, ((lname, layer, need), lp) in enumerate(zip(layers, plans)):
         conv = conv_of.get(id(layer))
         if conv is None:
             out.append(lp)
             continue
-        if id(conv) not in seen:
-            seen.add(id(conv))
-            read: dict[str, tuple[int, int]] = {}
-            for sub in conv.layers.values():
-                for k, t in sub.trace().inputs().items():
-                    if t.domain is not Domain.EDGE and k not in BUILTINS:
-                        width = 1
-                        for d in t.feat:
-                            width *= int(d)
-                        read[k] = (width, t.dtype.to_torch().itemsize)
-            conv_name = lname.rsplit(".layers.", 1)[0]
-            width = sum(w for w, _ in read.values())
-            size = max((b for _, b in read.values()), default=4)
-            fetches.append(plan_fetch(conv_name, [f"{k}[{w}]" for k, (w, _) in read.items()],
-                                      width, size, need, workers=workers, stats=stats))
+        first = next(iter(conv.layers.values()))
+        if calls is not None:
+            fetched = calls[k].fetches
+        elif layer is first:
+            fetched = tuple((f"input{i}", _width(t.feat), t.dtype.to_torch().itemsize, need)
+                            for i, t in enumerate(v for n, v in first.trace().inputs().items()
+                                                  if n in first._sarc_node))
+        else:
+            fetched = ()
+        base, _, again = lname.rpartition(".layers.")
+        call = base + ("#" + again.split("#", 1)[1] if "#" in again else "")
+        for label, width, size, grad in fetched:
+            fetches.append(plan_fetch(f"{call}.{label}", [f"{label}[{width}]"], width, size,
+                                      grad, workers=workers, stats=stats))
         recomputed = tuple(r for r in lp.recomputed if not r.startswith("remote rows"))
         out.append(replace(lp, exec_mode="halo", exchange=None, alternatives=(),
                            recomputed=recomputed, kept_peers=tuple(() for _ in range(workers)),
@@ -217,6 +216,14 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
                                _local_kept(lp.saved["total"], stats, r) for r in range(workers)),
                            bytes_sent_expr=0))
     return tuple(out), tuple(fetches)
+
+
+def _width(feat) -> int:
+    """Values a row of a feature of shape ``feat`` (per row) holds."""
+    width = 1
+    for d in feat:
+        width *= int(d)
+    return width
 
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,

@@ -377,7 +377,9 @@ def remove_temporaries_on_sigterm() -> None:
     signal.set_wakeup_fd(write)   # written to only for signals with a Python handler
 
     def watch() -> None:
-        while signal.SIGTERM not in os.read(read, 64):
+        # only while a write holds SIGTERM's handler (``writing``): another handler's signal
+        # (the user's own) is its own to act on
+        while signal.SIGTERM not in os.read(read, 64) or not _WRITING:
             pass
         for tmp in list(_WRITING):
             try:
@@ -389,6 +391,24 @@ def remove_temporaries_on_sigterm() -> None:
 
     threading.Thread(target=watch, name="sarc-sigterm", daemon=True).start()
     _WATCHED = True
+    os.register_at_fork(after_in_child=_unwatched)
+
+
+def _unwatched() -> None:
+    """A forked child has no watcher thread: its SIGTERM is its own (the default), and its
+    writes are not watched (the pipe is its parent's)."""
+    global _WATCHED
+    if _WATCHED:
+        _WATCHED = False
+        _WRITING.clear()
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)
+            if signal.getsignal(signal.SIGTERM) is _held:   # forked mid-write
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _held(signum, frame) -> None:
+    """SIGTERM's handler during a write: the watcher thread acts on the signal."""
 
 
 @contextlib.contextmanager
@@ -396,7 +416,7 @@ def writing(tmp: str):
     """While ``tmp`` is being written and renamed into place: removed if SIGTERM stops the
     process meanwhile (where ``remove_temporaries_on_sigterm`` was called)."""
     guarded = _WATCHED and threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda *_: None) if guarded else None
+    previous = signal.signal(signal.SIGTERM, _held) if guarded else None
     _WRITING.add(tmp)
     try:
         yield

@@ -10,10 +10,11 @@ and, optionally, a node type per node (``ntype``).
 
 A relation's sub-graph has its own degrees (``dst.in_degree``, ``src.out_degree``,
 ``sarc.mean``'s counts are the relation's, as DGL computes them on a relation's graph).
-On a worker's full-batch ``sarc.distributed.DistGraph`` without a memory budget
-(``DistGraph.fetches_once``) the conv fetches each node input's boundary rows once for
-all its relations (``sarc.distributed.halo``), and each relation's layer runs on its
-edges of the worker's rows and those; with a budget (or in ``sar`` execution) a
+On a worker's ``sarc.distributed.DistGraph`` (the whole graph's shard, or a mini-batch
+step's block) without a memory budget (``DistGraph.fetches_once``) the conv fetches each
+node input's boundary rows once for all its relations (``sarc.distributed.halo``), and
+each relation's layer runs on its edges of the worker's rows and those; with a budget
+(or in ``sar`` execution) a
 relation's sub-graph is a ``DistGraph`` of its own (``DistGraph.edge_subgraph``): its
 layer exchanges only the rows its edges read, in its memory-bounded schedule, planned on
 the relation's shard statistics. Sub-graphs are built on a graph's
@@ -150,6 +151,14 @@ class HeteroConv(nn.Module):
 
     def forward(self, g, *args, etype: torch.Tensor, ntype: torch.Tensor | None = None,
                 **feats):
+        if torch.is_inference_mode_enabled():
+            # the relations' graphs are kept for later calls, where a training call saves
+            # them for its backward: made as ordinary tensors (no gradient is taken here)
+            with torch.inference_mode(False), torch.no_grad():
+                return self._forward(g, args, etype, ntype, feats)
+        return self._forward(g, args, etype, ntype, feats)
+
+    def _forward(self, g, args, etype, ntype, feats):
         unread = [k for k in feats if not any(k in m._sarc_edge or k in m._sarc_node
                                               for m in self.layers.values())]
         if unread:
@@ -157,7 +166,7 @@ class HeteroConv(nn.Module):
         take_block = getattr(type(g), "take_block", None)
         if take_block is not None:   # a mini-batch step's graph: this conv's block
             return self._on_block(take_block(g, self), args, etype, ntype, feats)
-        if getattr(g, "fetches_once", False):   # a worker's full-batch shard, no budget
+        if getattr(g, "fetches_once", False):   # a worker's shard, no memory budget
             return self._on_halo(g, args, etype, ntype, feats)
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
                               self.dst_types)
@@ -185,7 +194,7 @@ class HeteroConv(nn.Module):
                        num_dst)
 
     def _on_halo(self, g, args, etype, ntype, feats) -> torch.Tensor:
-        """This conv on a worker's full-batch ``DistGraph`` (``g.fetches_once``): each node
+        """This conv on a worker's whole-graph ``DistGraph`` (``g.fetches_once``): each node
         input's boundary rows fetched once (``sarc.distributed.halo``), then each
         relation's layer on its edges of the worker's halo graph, normalized by the whole
         graph's relation degrees."""
@@ -196,14 +205,22 @@ class HeteroConv(nn.Module):
         runs = {r: rel.halo_run(halo, r) for r in self.relation_ids}
         return self._run(args, feats, runs, g.num_dst, nodes)
 
+    def fetched_inputs(self, args, feats) -> list[tuple[str, torch.Tensor]]:
+        """What a worker's halo fetches of a call's inputs (``sarc.distributed.halo``), by
+        label: each positional tensor (``input<i>``) and each keyword feature some
+        relation's layer reads as a node feature (its name)."""
+        out = [(f"input{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        return out + [(k, v) for k, v in feats.items() if isinstance(v, torch.Tensor)
+                      and any(k in m._sarc_node for m in self.layers.values())]
+
     def _fetched(self, g, halo, args, feats) -> tuple[tuple, dict]:
-        """The node inputs (``args``, and the keyword features some relation's layer reads
-        as node features) on every row of ``halo``'s graph, each fetched once."""
+        """The node inputs (``fetched_inputs``) on every row of ``halo``'s graph, each
+        fetched once."""
         name = g.layer_names.setdefault(id(self), f"{type(self).__name__}#{len(g.layer_names)}")
-        args = tuple(_fetched(halo, a, f"{name}.input{i}", g.num_local)
-                     for i, a in enumerate(args))
-        nodes = {k: _fetched(halo, v, f"{name}.{k}", g.num_local) for k, v in feats.items()
-                 if any(k in m._sarc_node for m in self.layers.values())}
+        got = {label: _fetched(halo, t, f"{name}.{label}", g.num_local)
+               for label, t in self.fetched_inputs(args, feats)}
+        args = tuple(got.get(f"input{i}", a) for i, a in enumerate(args))
+        nodes = {k: got[k] for k in feats if k in got}
         return args, nodes
 
     def _on_block(self, call, args, etype, ntype, feats) -> torch.Tensor:
@@ -221,6 +238,7 @@ class HeteroConv(nn.Module):
             raise GraphError(f"HeteroConv: etype must hold an edge type per edge of the step's "
                              f"blocks ({call.step_edges}), got shape {list(etype.shape)}")
         b = call.graph
+        _step_types(etype, call)
         if ntype is not None:   # the step's input rows' types: the block's are the first
             ntype = _whole_types(torch.as_tensor(ntype)[:b.num_src], whole, call.rows)
         fetch = getattr(b, "fetches_once", False)   # a worker's block: its rows fetched once
@@ -278,6 +296,25 @@ def _fetched(halo, t, name: str, num_local: int):
         raise GraphError(f"HeteroConv on a DistGraph: node input {name.split('.', 1)[1]} has "
                          f"shape {list(t.shape)}, not a row per local node ({num_local})")
     return halo.fetch(t, name)
+
+
+def _step_types(etype: torch.Tensor, call) -> None:
+    """The edge types a model gives a ``HeteroConv`` in a mini-batch step, checked to be the
+    step's (its etype input, cut from the whole graph's): a relation's degrees and
+    destination type are found over the whole graph's etype, so types the model makes
+    otherwise (its own relabeling) would read another relation's."""
+    given = (call.inputs or {}).get("etype")
+    if given is None or etype is given:
+        return
+    other = torch.tensor([int(etype.shape != given.shape or not torch.equal(etype.to(given),
+                                                                              given))],
+                         device=given.device)
+    _all_reduce(call.whole.graph, other, "max")   # every worker raises, none waits
+    if int(other):
+        raise GraphError("HeteroConv in a mini-batch step was given edge types other than the "
+                         "step's (its etype input, which the trainer hands the model): a "
+                         "relation's degrees and destination type are found over the whole "
+                         "graph's etype, so pass the model's etype input unchanged")
 
 
 def _whole_types(ntype: torch.Tensor, whole, rows: torch.Tensor) -> torch.Tensor:
@@ -566,7 +603,9 @@ def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],
     if rel is None:
         rel = RelationGraphs(etype)
         entries.append(rel)
-    missing = [r for r in relations if r not in rel.edges]
+    # a DistGraph's relations whose sub-graphs were not made (found by a halo's call) too
+    missing = [r for r in relations if r not in rel.edges or (
+        subgraphs and not isinstance(g, Graph) and r not in rel.graphs)]
     if not rel.same_types(ntype, compare):   # found with other types: found again, as asked
         rel.dst_type.clear()
         rel.compacts.clear()

@@ -744,7 +744,8 @@ class _ExtremumProduct(torch.autograd.Function):
         # held detached (no cycle through the output's grad_fn), with its version to see
         # an in-place write; the counts are the kernel's own, read by nothing else. Both stay
         # for a second backward pass (retain_graph), and go with the graph
-        ctx.y, ctx.y_version, ctx.count = y.detach(), y._version, count
+        ctx.y, ctx.count = y.detach(), count
+        ctx.y_version = None if y.is_inference() else y._version   # inference mode keeps none
         return y
 
     @staticmethod
@@ -753,7 +754,7 @@ class _ExtremumProduct(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         k, lay = cpu_kernels.kernels(), ctx.lay
         y, count = ctx.y, ctx.count
-        if y._version != ctx.y_version:
+        if ctx.y_version is None or y._version != ctx.y_version:
             y, count = k.extremum(ctx.kind, lay.rowptr, lay.src, x, ctx.g.num_dst)
         return extremum_grad(lay, x, y, count, dy), None, None
 

@@ -283,7 +283,7 @@ def _check_blocks_sampled(mode: str, model) -> None:
                            f"whose relations' layers run on their own edges of a block, which "
                            f"the sampled blocks' statistics do not give; plan it without "
                            f"--partition (sarc train --mode {mode} --workers P reports the "
-                           f"bytes each step sends, planned on its relations' blocks)")
+                           f"bytes each step sends, as planned on its blocks)")
 
 
 def _again(calls, mode: str) -> str | None:

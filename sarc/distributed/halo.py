@@ -98,21 +98,26 @@ class Halo:
                                 for j in part.spans},
                                {j: (hi - lo,) for j, (lo, hi) in part.spans.items()},
                                torch.int64, rows.device, IDS_TAG, "setup")
-        out = [rows]
-        for j, pending in sorted(recvs.items(), key=lambda jp: part.spans[jp[0]][0]):
-            wanted = pending.wait()
-            if j not in self._sorted:
+        got = {j: pending.wait() for j, pending in recvs.items()}
+        for pending in sends:
+            pending.wait()
+        out, wanted, found = [rows], [], []
+        for j in sorted(got, key=lambda j: part.spans[j][0]):
+            if j not in self._sorted:   # once per peer: the whole graph's rows of j, sorted
                 have = self.shard.needed_rows[j]
                 order = torch.argsort(have)
                 self._sorted[j] = (have.index_select(0, order), order)
             have, order = self._sorted[j]
-            at = torch.searchsorted(have, wanted).clamp_max(max(have.numel() - 1, 0))
-            if have.numel() == 0 or not torch.equal(have.index_select(0, at), wanted):
-                raise DistError(f"a block reads rows of worker {j} that the whole graph's "
-                                f"edges into this worker do not")
+            if have.numel() == 0:
+                raise DistError(f"a block reads rows of worker {j}, of which the whole graph's "
+                                f"edges into this worker read none")
+            at = torch.searchsorted(have, got[j]).clamp_max(have.numel() - 1)
+            wanted.append(got[j])
+            found.append(have.index_select(0, at))
             out.append(self.spans[j][0] + order.index_select(0, at))
-        for pending in sends:
-            pending.wait()
+        if wanted and not torch.equal(torch.cat(found), torch.cat(wanted)):   # one sync
+            raise DistError("a block reads rows of another worker that the whole graph's "
+                            "edges into this worker do not")
         return torch.cat(out)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:

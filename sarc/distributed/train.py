@@ -412,6 +412,7 @@ class BlockGraphs:
         from ..planner.plan import step_bytes_sent
         plans, priced = [], []
         for g, st in zip(self.fallback if in_sar else self.graphs, stats):
+            fetched = False
             if g.subgraph_runs:   # a HeteroConv's block: each relation's, on its own edges
                 ran = [sub.ran_program for sub in g.subgraph_runs]
                 priced += [sub.stats for sub in g.subgraph_runs]

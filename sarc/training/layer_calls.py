@@ -12,6 +12,7 @@ plan made ahead of training (``sarc compile``) is the one the step runs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from ..dsl import Layer
 from ..errors import GraphError, SarcError, SourceLoc
+from ..hetero import HeteroConv
 from ..trace import user_loc
 from .inputs import check_call, model_code_error
 
@@ -38,6 +40,10 @@ class LayerCall:
     layer: Layer
     inputs_need_grad: bool
     loc: SourceLoc | None = None
+    # the first relation layer's call of a sarc.HeteroConv call: what the conv's call fetches
+    # on a worker (its HeteroConv.fetched_inputs: label, values a row, bytes a value, whether
+    # it needs a gradient)
+    fetches: tuple[tuple[str, int, int, bool], ...] = ()
 
 
 def input_needs_grad(layer: Layer, given: Mapping[str, Any]) -> bool:
@@ -58,6 +64,8 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
     calls: list[LayerCall] = []
     seen: dict[int, int] = {}
 
+    fetching: dict[int, tuple] = {}   # a relation layer -> its conv call's fetches
+
     def record(layer, args: tuple, feats: dict) -> None:
         # every call, on whatever graph it gets (``sarc.HeteroConv``'s relation subgraphs)
         try:
@@ -67,9 +75,19 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
         n = seen[id(layer)] = seen.get(id(layer), 0) + 1
         name = layers[id(layer)][0]
         calls.append(LayerCall(name if n == 1 else f"{name}#{n}", layer,
-                               input_needs_grad(layer, given), user_loc()))
+                               input_needs_grad(layer, given), user_loc(),
+                               fetching.pop(id(layer), ())))
+
+    def record_conv(conv, args: tuple, feats: dict) -> None:
+        feats = {k: v for k, v in feats.items() if k not in conv.sarc_inputs}
+        fetches = tuple((label, math.prod(t.shape[1:]), t.element_size(), t.requires_grad)
+                        for label, t in conv.fetched_inputs(args[1:], feats))
+        fetching.clear()
+        fetching[id(next(iter(conv.layers.values())))] = fetches
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in layers.values()]
+    hooks += [m.register_forward_pre_hook(record_conv, with_kwargs=True)
+              for m in model.modules() if isinstance(m, HeteroConv)]
     try:
         _run_once(model, graph, x, edge_inputs)
     finally:

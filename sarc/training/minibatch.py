@@ -216,6 +216,7 @@ class BlockCall:
     step_edges: int
     rows: torch.Tensor | None
     whole: Batch | None
+    inputs: Mapping[str, torch.Tensor] | None = None   # the step's own (the model's inputs)
 
 
 class MiniBatchGraph:
@@ -246,11 +247,12 @@ class MiniBatchGraph:
                       "`in_degree` give every block's destinations"}
 
     def __init__(self, graphs: Sequence[Any], rows: Sequence[torch.Tensor] | None = None,
-                 whole: Batch | None = None):
+                 whole: Batch | None = None, inputs: Mapping[str, torch.Tensor] | None = None):
         if not graphs:
             raise TrainError("a mini-batch graph needs at least one block")
         self.graphs = tuple(graphs)
         self.rows, self.whole = rows, whole
+        self.inputs = inputs   # the step's edge and node inputs, as the model is given them
         offsets = [0]
         for g in self.graphs:
             offsets.append(offsets[-1] + g.num_edges)
@@ -326,7 +328,7 @@ class MiniBatchGraph:
         self.called.update(id(m) for m in caller.modules())
         return BlockCall(self.graphs[k], (self.edge_offsets[k], self.edge_offsets[k + 1]),
                          self.num_edges, None if self.rows is None else self.rows[k],
-                         self.whole)
+                         self.whole, self.inputs)
 
     def run_layer(self, layer, args: tuple, feats: dict):
         call = self.take_block(layer)
@@ -543,13 +545,13 @@ class MiniBatchSteps:
         x_dev = self.rows.x.device
         x, label = rows if rows is not None else self.input_rows(mb)
         lo = self.shard.local_range[0]
-        graph = MiniBatchGraph(self.graphs_of(mb.blocks),
-                               rows=[(b.src_nodes - lo).to(x_dev) for b in mb.blocks],
-                               whole=self.eval_batch)
         edge_inputs = {name: torch.cat([e[name] for b in mb.blocks for e in b.shard.edata])
                        .to(x_dev) for name in self.edge_names}
         first = mb.blocks[0].shard.ndata   # the input rows' node data
         edge_inputs.update({name: first[name].to(x_dev) for name in self.node_names})
+        graph = MiniBatchGraph(self.graphs_of(mb.blocks),
+                               rows=[(b.src_nodes - lo).to(x_dev) for b in mb.blocks],
+                               whole=self.eval_batch, inputs=edge_inputs)
         none = torch.zeros(label.shape[0], dtype=torch.bool, device=x_dev)
         return Batch(graph, x, edge_inputs, label,
                      {"train": torch.ones_like(none), "val": none, "test": none},

@@ -135,3 +135,37 @@ def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empt
     for r in reports:  # every relation's program of both HeteroConvs, or their fetches
         assert r["programs"] == (2 * RELS if exec_mode == "sar" else 2)
         assert r["sent"] == r["planned"] and (r["sent"] > 0) == (parts > 1)
+
+
+def _relations_found_by_a_halo(rank, port, q, partdir):
+    from sarc.distributed import DistGraph
+    from sarc.hetero import relation_graphs
+    from sarc.partition import load_partitions
+    from sarc.runtime.sharded import ShardedGraph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=datetime.timedelta(seconds=60))
+    try:
+        shard = ShardedGraph.from_partitions(load_partitions(partdir, verify=False), rank)
+        dg = DistGraph(shard, exec_mode="sar", timeout=datetime.timedelta(seconds=60))
+        etype = dg.edge_data("etype")
+        model = Net(typed=False)
+        # as a mini-batch step's fetching block finds the whole graph's relations: no
+        # sub-graphs made; then the whole graph's own call in sar needs them
+        relation_graphs(dg, etype, model.conv1.relation_ids, compare=False, subgraphs=False)
+        h = torch.randn(shard.num_local, HIDDEN)
+        out = model.conv1(dg, h, etype=etype, w=dg.edge_data("w"))
+        q.put((rank, list(out.shape)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_relations_found_without_sub_graphs_get_them_when_a_call_needs_them(tmp_path):
+    from sarc.partition import partition_graph
+    data = typed_graph()
+    partition_graph(data["src"], data["dst"], N, 2, tmp_path / "parts", method="random",
+                    node_data={"feat": data["feat"]},
+                    edge_data={"etype": data["etype"], "w": data["w"]})
+    codes, reports = spawn(_relations_found_by_a_halo, 2, (str(tmp_path / "parts"),),
+                           timeout_s=120)
+    assert codes == [0, 0], reports
+    assert all(r[1] == HIDDEN for r in reports), reports

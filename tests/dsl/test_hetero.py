@@ -425,3 +425,32 @@ def test_relations_of_several_dtypes_under_autocast_combine_in_the_promoted_dtyp
     counted = [None if types is None else ntype == r % TYPES for r in (0, 1)]
     want = sarc.hetero.combine([a.float() for a in alone], counted, aggregate)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("aggregate", ["sum", "max"])
+def test_an_inference_mode_call_then_a_training_step(aggregate):
+    """An evaluation under ``torch.inference_mode()`` first (the relations' graphs and the
+    nodes they count for are made then, and kept), then a training step, which saves them
+    for its backward: the step's output and gradients are those of a conv never called
+    under inference mode (inference tensors kept failed the step), and the evaluation's
+    output is the step's (a max over edges read a version counter inference mode has not)."""
+    src, dst, etype, ntype, w, x = typed_graph(3)
+    g = sarc.Graph.from_edges(src, dst, N)
+    torch.manual_seed(0)
+    conv = make_conv(aggregate)
+    state = {k: v.clone() for k, v in conv.state_dict().items()}
+    kw = {"w": w} if aggregate != "max" else {}   # the max conv's layers read no weight
+    with torch.inference_mode():
+        seen = conv(g, x, etype=etype, ntype=ntype, **kw)
+    xs = x.clone().requires_grad_(True)
+    out = conv(g, xs, etype=etype, ntype=ntype, **kw)
+    got = grads(conv, out, xs)
+    fresh = make_conv(aggregate)
+    fresh.load_state_dict(state)
+    xs = x.clone().requires_grad_(True)
+    want_out = fresh(g, xs, etype=etype, ntype=ntype, **kw)
+    want = grads(fresh, want_out, xs)
+    torch.testing.assert_close(out.detach(), want_out.detach())
+    torch.testing.assert_close(seen, want_out.detach())
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])

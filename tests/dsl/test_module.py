@@ -708,3 +708,28 @@ def test_gradients_only_where_the_loss_reaches_as_torch_gives_them(g, autodiff):
     assert not out["o2"].requires_grad and out["o1"].requires_grad
     out["o1"].sum().backward()
     assert layer.lin.weight.grad is not None and layer.lin.weight.grad.any()
+
+
+class _Max(sarc.Layer):
+    def __init__(self):
+        super().__init__(node={"h": 3})
+        self.lin = nn.Linear(3, 2)
+
+    def message(self, src, dst, edge):
+        return self.lin(src.h)
+
+    def reduce(self, msg):
+        return sarc.max(msg.m)
+
+
+def test_a_max_over_edges_runs_under_inference_mode(g):
+    """Under ``torch.inference_mode()`` as under ``no_grad`` (it read its output's version
+    counter, which an inference tensor has not)."""
+    torch.manual_seed(0)
+    layer = _Max()
+    h = torch.randn(g.num_src, 3)
+    with torch.no_grad():
+        want = layer(g, h)
+    with torch.inference_mode():
+        got = layer(g, h)
+    assert_close(got, want)

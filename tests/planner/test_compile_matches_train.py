@@ -129,10 +129,10 @@ def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, options):
     model = ROOT / "models" / "hetero_sage.py"
     plan, schedule = _compiled(tmp_path, model, parts, *options)
     fetched = not options
-    assert [f["name"] for f in plan.get("fetches", ())] == (["model.conv1", "model.conv2"]
-                                                            if fetched else [])
+    assert [f["name"] for f in plan.get("fetches", ())] == (
+        ["model.conv1.input0", "model.conv2.input0"] if fetched else [])
     assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo" if fetched else "sar"}
-    assert ("fetch model.conv1 (halo)" in schedule) == fetched
+    assert ("fetch model.conv1.input0 (halo)" in schedule) == fetched
     # the second epoch's step: the first one's also finds the relations' degrees (set-up)
     counted, run = _counted(tmp_path, model, parts, "--epochs", "2", *options)
     assert all(c > 0 for c in counted)

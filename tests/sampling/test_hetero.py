@@ -320,3 +320,21 @@ def test_node_types_other_than_the_whole_graphs_are_refused_in_a_step(data):
     with pytest.raises(sarc.GraphError, match=r"was given node types, but the whole graph "
                                               r"has none"):
         conv(batch.graph, h, etype=etype, w=w, ntype=ntype)
+
+
+def test_edge_types_other_than_the_steps_are_refused_in_a_step(data):
+    """In a step a relation's degrees and destination type are the whole graph's relation's
+    (its etype input, the dataset's): a model that passes a conv other edge types (its own
+    relabeling) is refused by name; its step was silently another than the full batch's
+    (or, with node types, an id out of range)."""
+    import sarc
+    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
+    (batch,) = list(src.steps(0))
+    conv = _model().conv1
+    h = torch.randn(x.shape[0], HIDDEN)
+    inputs = batch.edge_inputs
+    etype, w, ntype = inputs["etype"], inputs["w"], inputs["ntype"]
+    with pytest.raises(sarc.GraphError, match=r"edge types other than the step's"):
+        conv(batch.graph, h, etype=(etype + 1) % RELS, w=w, ntype=ntype)
+    batch.graph.calls = 0
+    assert conv(batch.graph, h, etype=etype.clone(), w=w, ntype=ntype).shape[1] == HIDDEN
