@@ -193,8 +193,6 @@ def compile_command(args) -> int:
             SamplingSpec.of(fanouts, layers=blocks)
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
-    if args.mode != "full":
-        _forward_on_blocks(args, data, prep, hparams, model, fanouts)
     stats = sample = None
     minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
@@ -210,6 +208,8 @@ def compile_command(args) -> int:
             note = sampled_note(len(sample.batches), steps, args.batches)
         else:
             stats = _full_stats(shards)
+    if minibatch:   # after what refuses the options themselves
+        _forward_on_blocks(args, data, prep, hparams, model, fanouts)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
                         workers=args.workers, stats=stats,
                         mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,

@@ -117,28 +117,24 @@ def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path):
     assert _predicted(plan) == counted
 
 
-@pytest.mark.parametrize("options", [(), ("--exec", "sar")], ids=["fetched-once", "sar"])
-def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, options):
+def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path):
     """A HeteroConv of 90 relations on AIFB: without a memory budget each conv fetches its
     input's boundary rows once (a fetch per conv, its relations' layers exchanging
-    nothing), as compile plans it; in sar each relation's layer exchanges its own rows
-    (what the workers count is what they planned on their relations' shards)."""
+    nothing), as compile plans it. (In sar each relation's layer exchanges its own rows,
+    as the workers plan them on their relations' shards: tests/distributed/test_hetero.py.)"""
     parts = tmp_path / "parts"
     assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
                  "--out", str(parts)]) == 0
     model = ROOT / "models" / "hetero_sage.py"
-    plan, schedule = _compiled(tmp_path, model, parts, *options)
-    fetched = not options
-    assert [f["name"] for f in plan.get("fetches", ())] == (
-        ["model.conv1.input0", "model.conv2.input0"] if fetched else [])
-    assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo" if fetched else "sar"}
-    assert ("fetch model.conv1.input0 (halo)" in schedule) == fetched
+    plan, schedule = _compiled(tmp_path, model, parts)
+    assert [f["name"] for f in plan["fetches"]] == ["model.conv1.input0", "model.conv2.input0"]
+    assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo"}
+    assert "fetch model.conv1.input0 (halo)" in schedule
     # the second epoch's step: the first one's also finds the relations' degrees (set-up)
-    counted, run = _counted(tmp_path, model, parts, "--epochs", "2", *options)
+    counted, run = _counted(tmp_path, model, parts, "--epochs", "2")
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
-    if fetched:   # (each relation's own plan is made on the whole shard's statistics)
-        assert _predicted(plan) == counted
+    assert _predicted(plan) == counted
 
 
 @pytest.mark.parametrize("self_loops", [True, False])
