@@ -29,6 +29,7 @@ stems that end in a digest of their names instead.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from .dsl import Layer, backends_named
 from .errors import SarcError
 from .ir.function import Function
 from .ir.ops import FUSED
-from .ir.split import AGGREGATE_OPS
+from .ir.split import aggregates
 from .ir.printer import format_function
 from .planner.plan import LayerPlan, Plan, format_plan, plan_minibatch, share_budget
 from .planner.stats import BlockSample, ShardStats
@@ -198,7 +199,7 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
         if calls is not None:
             fetched = calls[k].fetches
         elif layer is first:
-            fetched = tuple((f"input{i}", _width(t.feat), t.dtype.to_torch().itemsize, need)
+            fetched = tuple((f"input{i}", math.prod(t.feat), t.dtype.to_torch().itemsize, need)
                             for i, t in enumerate(v for n, v in first.trace().inputs().items()
                                                   if n in first._sarc_node))
         else:
@@ -216,14 +217,6 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
                                _local_kept(lp.saved["total"], stats, r) for r in range(workers)),
                            bytes_sent_expr=0))
     return tuple(out), tuple(fetches)
-
-
-def _width(feat) -> int:
-    """Values a row of a feature of shape ``feat`` (per row) holds."""
-    width = 1
-    for d in feat:
-        width *= int(d)
-    return width
 
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
@@ -295,7 +288,7 @@ def schedule_sources(art: ModelArtifacts) -> dict[str, str]:
     """Each layer's generated distributed schedule (the module ``sarc train --workers`` runs),
     for the plan's mode and workers."""
     missing = [c.name for c in art.layers if c.compilation.schedule is None
-               and any(v.op in AGGREGATE_OPS for v in c.optimized.values)]
+               and aggregates(c.optimized)]
     if missing:
         raise CompileError(f"layers {', '.join(missing)} were compiled without their "
                            f"schedules (compile_model(..., schedules=True))")

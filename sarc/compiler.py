@@ -14,7 +14,7 @@ from .ir.function import Function
 from .ir.passes import (const_fold, cse, dce, fuse, linear_through_aggregate, pushdown,
                         split_concat, twins_first)
 from .ir.printer import format_function
-from .ir.split import AGGREGATE_OPS, LayerSplit, split_layer
+from .ir.split import LayerSplit, aggregates, split_layer
 from .ir.verifier import verify
 from .names import one_line
 from .planner.plan import LayerPlan, plan_layer
@@ -123,10 +123,8 @@ def _plan(c: dict) -> None:
 
 
 def _distribute(c: dict) -> None:
-    # a layer that aggregates nothing over edges (its update reads no aggregate) has no cut:
-    # each worker runs it on its own rows (sarc.distributed.schedule.run_layer)
     t = c["target"]
-    if t is not None and t.splits and any(v.op in AGGREGATE_OPS for v in c["optimized"].values):
+    if t is not None and t.splits and aggregates(c["optimized"]):
         x = c["plan"].exchange
         c["split"] = split_layer(c["optimized"], x.values if x is not None else None)
 

@@ -53,19 +53,29 @@ class ModelSpec:
     hparams: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
 
+    def builder_keywords(self) -> tuple[list[inspect.Parameter], inspect.Parameter | None] | None:
+        """``build_model``'s keyword parameters after its two sizes (a ``*args`` takes the
+        sizes) and its ``**`` parameter, if any; None for a callable without a signature."""
+        try:
+            params = list(inspect.signature(self.build_model).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        sizes = 0
+        while sizes < 2 and params and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                            params[0].POSITIONAL_OR_KEYWORD):
+            params, sizes = params[1:], sizes + 1
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        rest = next((p for p in params if p.kind is p.VAR_KEYWORD), None)
+        return named, rest
+
     def call_builder(self, in_feats: int, num_classes: int, **keywords):
         """``build_model`` on the two sizes and ``keywords`` (the dataset's sizes, every
         hyperparameter): all of them to a builder taking ``**options``; to one without,
         the keywords it names (``build_model(in_feats, num_classes, hidden=16)`` reads
         ``hidden`` alone; the others are the trainer's)."""
-        try:
-            params = list(inspect.signature(self.build_model).parameters.values())
-        except (TypeError, ValueError):   # no signature to read: given everything
-            params = []
-        if params and not any(p.kind is p.VAR_KEYWORD for p in params):
-            named = {p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD,
-                                                               p.KEYWORD_ONLY)}
-            named |= {p.name for p in params[:2] if p.kind is p.KEYWORD_ONLY}
+        found = self.builder_keywords()
+        if found is not None and found[1] is None:
+            named = {p.name for p in found[0]}
             keywords = {k: v for k, v in keywords.items() if k in named}
         return self.build_model(in_feats, num_classes, **keywords)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-import inspect
 import math
 import numbers
 import os
@@ -78,27 +77,10 @@ DATASET_FACTS = ("num_nodes", "num_etypes", "num_ntypes")
 """What ``build`` passes ``build_model`` from the dataset, beside the hyperparameters."""
 
 
-def builder_keywords(spec: ModelSpec) -> tuple[list, bool] | None:
-    """``build_model``'s parameters after its two sizes (a ``*args`` takes the sizes), and
-    whether it takes any keyword (a named ``**options``, not ``**_``); None for a callable
-    without a signature."""
-    try:
-        params = list(inspect.signature(spec.build_model).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    sizes = 0
-    while sizes < 2 and params and params[0].kind in (params[0].POSITIONAL_ONLY,
-                                                        params[0].POSITIONAL_OR_KEYWORD):
-        params, sizes = params[1:], sizes + 1
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    open_ = any(p.kind is p.VAR_KEYWORD and not p.name.startswith("_") for p in params)
-    return named, open_
-
-
 def known_hparams(spec: ModelSpec) -> dict[str, Any]:
     """Every hyperparameter ``spec`` takes, with its default: the trainer's (``DEFAULTS``),
     the keywords of ``build_model`` after its two sizes, and the model file's ``HPARAMS``."""
-    named, _ = builder_keywords(spec) or ([], True)
+    named, _ = spec.builder_keywords() or ([], None)
     known = {p.name: None if p.default is p.empty else p.default
              for p in named if p.name not in DATASET_FACTS}
     return {**known, **DEFAULTS, **spec.hparams}
@@ -110,9 +92,9 @@ def check_declared(spec: ModelSpec) -> None:
     ``**_`` drops the others, so a misspelt key would train on the default silently; one
     whose ``**options`` has a name may read any key, and none is refused."""
     from .training.link import LINK_DEFAULTS
-    keywords = builder_keywords(spec)
-    if keywords is None or keywords[1]:
-        return
+    keywords = spec.builder_keywords()
+    if keywords is None or (keywords[1] is not None and not keywords[1].name.startswith("_")):
+        return   # a named **options may read any key
     named = [p.name for p in keywords[0]]
     read = set(named) | set(DEFAULTS) | set(LINK_DEFAULTS)
     for key in spec.hparams:

@@ -122,6 +122,13 @@ class DistGraph:
         other._set_shard(shard)
         return other
 
+    def record_training_call(self, layer, program) -> None:
+        """``layer`` ran ``program`` on this graph under autograd: a training call, whose
+        plan predicts the step's exchanges (``StepCalls``, ``planned_bytes_sent``)."""
+        self.training_programs[id(layer)] = program
+        self.ran_program = program
+        self.step_calls.add(program)
+
     def run_layer(self, layer, args: tuple, feats: dict):
         """``layer(dg, ...)``: the layer's distributed schedule on this worker's shard."""
         from .schedule import run_layer

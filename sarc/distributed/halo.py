@@ -23,6 +23,7 @@ import torch
 from ..graph import Graph
 from ..planner.plan import LayerPlan, plan_fetch
 from .graph import DistError
+from .relations import swap
 from ..backward_once import once_differentiable
 
 ROWS_TAG, GRADS_TAG = 116, 118
@@ -94,13 +95,8 @@ class Halo:
         id a row, ``setup``; collective)."""
         ex = part.dg.exchanger
         rows = rows.to(device=self.graph.perm.device, dtype=torch.int64)
-        sends, recvs = ex.swap({j: rows.index_select(0, part.shard.send_rows[j])
-                                for j in part.spans},
-                               {j: (hi - lo,) for j, (lo, hi) in part.spans.items()},
-                               torch.int64, rows.device, IDS_TAG, "setup")
-        got = {j: pending.wait() for j, pending in recvs.items()}
-        for pending in sends:
-            pending.wait()
+        got = swap(ex, {j: rows.index_select(0, part.shard.send_rows[j]) for j in part.spans},
+                   {j: hi - lo for j, (lo, hi) in part.spans.items()}, IDS_TAG, torch.int64)
         out, wanted, found = [rows], [], []
         for j in sorted(got, key=lambda j: part.spans[j][0]):
             if j not in self._sorted:   # once per peer: the whole graph's rows of j, sorted
@@ -166,14 +162,14 @@ class Halo:
         ins = torch.bincount(dst * (k + 1) + which, minlength=n * (k + 1)).reshape(n, k + 1)
         outs = torch.bincount(src * (k + 1) + which, minlength=rows * (k + 1)).reshape(rows, k + 1)
         ins, outs = ins[:, :k].to(torch.float32), outs[:, :k].to(torch.float32)
-        counts = _swap(ex, {j: outs[lo:hi] for j, (lo, hi) in self.spans.items()},
-                       {j: (int(shard.send_rows[j].numel()), k) for j in self.spans}, COUNTS_TAG)
+        counts = swap(ex, {j: outs[lo:hi] for j, (lo, hi) in self.spans.items()},
+                      {j: (int(shard.send_rows[j].numel()), k) for j in self.spans}, COUNTS_TAG)
         mine = outs[:n].clone()
         for j, c in counts.items():
             mine.index_add_(0, shard.send_rows[j], c)
         both = torch.cat([ins, mine], 1)
-        got = _swap(ex, {j: both.index_select(0, shard.send_rows[j]) for j in self.spans},
-                    {j: (hi - lo, 2 * k) for j, (lo, hi) in self.spans.items()}, DEGREES_TAG)
+        got = swap(ex, {j: both.index_select(0, shard.send_rows[j]) for j in self.spans},
+                   {j: (hi - lo, 2 * k) for j, (lo, hi) in self.spans.items()}, DEGREES_TAG)
         every = torch.zeros(rows, 2 * k, dtype=torch.float32, device=dev)
         every[:n] = both
         for j, d in got.items():
@@ -181,16 +177,6 @@ class Halo:
             every[lo:hi] = d
         return {r: (every[:, i].contiguous(), every[:, k + i].contiguous())
                 for i, r in enumerate(relations)}
-
-
-def _swap(ex, out: dict, shapes: dict, tag: int) -> dict[int, torch.Tensor]:
-    """``out[j]`` to each peer j, ``shapes[j]`` float32 values from each (set-up traffic)."""
-    device = next(iter(out.values())).device if out else None
-    sends, recvs = ex.swap(out, shapes, torch.float32, device, tag, "setup")
-    got = {j: p.wait() for j, p in recvs.items()}
-    for p in sends:
-        p.wait()
-    return got
 
 
 class _Fetch(torch.autograd.Function):

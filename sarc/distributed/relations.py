@@ -30,13 +30,13 @@ COUNTS_TAG, DEGREES_TAG = 100, 104
 """Multiples of 4: they go on the rows' process group (``exchange.Exchanger``)."""
 
 
-def _swap(ex: Exchanger, out: dict[int, torch.Tensor], sizes: dict[int, int], tag: int,
-          dtype: torch.dtype = torch.float32) -> dict[int, torch.Tensor]:
-    """Send ``out[j]`` to every peer j and receive ``sizes[j]`` values of ``dtype`` from
-    each (``Exchanger.swap``)."""
-    device = next(iter(out.values())).device
-    sends, recvs = ex.swap(out, {j: (n,) for j, n in sizes.items()}, dtype, device,
-                           tag, "setup")
+def swap(ex: Exchanger, out: dict[int, torch.Tensor], shapes: dict[int, int | tuple], tag: int,
+         dtype: torch.dtype = torch.float32) -> dict[int, torch.Tensor]:
+    """Set-up traffic: send ``out[j]`` to every peer j and receive a tensor of ``dtype`` and
+    shape ``shapes[j]`` (an int: that many values) from each (``Exchanger.swap``)."""
+    device = next(iter(out.values())).device if out else None
+    sends, recvs = ex.swap(out, {j: (n,) if isinstance(n, int) else n for j, n in shapes.items()},
+                           dtype, device, tag, "setup")
     got = {j: p.wait() for j, p in recvs.items()}
     for p in sends:
         p.wait()
@@ -134,7 +134,7 @@ def edge_subshards(shard: ShardedGraph, keeps: list[torch.Tensor], ex: Exchanger
     counts = {j: _as(torch.cat([s.counts[j] for s in subs]) if j != r and subs else empty, kind)
               for j in range(p)}
     sizes = {j: 0 if j == r else len(subs) * int(shard.send_rows[j].numel()) for j in range(p)}
-    for j, c in _swap(ex, counts, sizes, COUNTS_TAG, kind).items():
+    for j, c in swap(ex, counts, sizes, COUNTS_TAG, kind).items():
         for s, part in zip(subs, torch.split(c, int(shard.send_rows[j].numel()))):
             s.readers_counted(shard, j, part)
     if degrees is not None:   # the whole graph's, not these edges'
@@ -143,7 +143,7 @@ def edge_subshards(shard: ShardedGraph, keeps: list[torch.Tensor], ex: Exchanger
                                          for d in (ins, outs))
     sent = {j: torch.cat([s.out_degree.index_select(0, s.send_rows[j]) for s in subs])
             if j != r and subs else empty for j in range(p)}
-    got = _swap(ex, sent, {j: 0 if j == r else sum(int(s.needed[j].numel()) for s in subs)
+    got = swap(ex, sent, {j: 0 if j == r else sum(int(s.needed[j].numel()) for s in subs)
                            for j in range(p)}, DEGREES_TAG)
     split = {j: torch.split(v, [int(s.needed[j].numel()) for s in subs]) for j, v in got.items()}
     return [s.shard(shard, {j: parts[i] for j, parts in split.items()})

@@ -196,10 +196,8 @@ def run_layer(layer, dg: DistGraph, args: tuple, feats: dict):
                                               "local nodes", dg.device)
     check_type_ids(layer, fn, {**node_inputs, **edge_inputs})  # this worker's rows
     params = {k: p for k, p in leaves.items() if k in fn.params()}
-    if torch.is_grad_enabled():  # a training call: its plan predicts the step's exchanges
-        dg.training_programs[id(layer)] = prog
-        dg.ran_program = prog
-        dg.step_calls.add(prog)
+    if torch.is_grad_enabled():
+        dg.record_training_call(layer, prog)
     training = layer.training
     seed = rng.call_seed(prog.draws, training, None)
     call = Call(prog, dg, node_inputs, edge_inputs, params, training, seed)
@@ -218,10 +216,8 @@ def _node_wise(layer, dg: DistGraph, prog: LayerProgram, given: dict):
     """A layer that aggregates nothing over edges (``compiler._distribute`` made no split):
     its kernel on this worker's rows alone (``DistGraph.rows``, the rows' whole-graph
     degrees), as on one process; its edge features, checked, are read by nothing."""
-    if torch.is_grad_enabled():   # a training call: it sends nothing, as planned
-        dg.training_programs[id(layer)] = prog
-        dg.ran_program = prog
-        dg.step_calls.add(prog)
+    if torch.is_grad_enabled():   # it sends nothing, as planned
+        dg.record_training_call(layer, prog)
     feats = {}
     for name, t in layer.trace().inputs().items():
         if name not in given:

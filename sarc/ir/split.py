@@ -44,6 +44,13 @@ from .types import Domain, TensorType
 from .verifier import verify
 
 AGGREGATE_OPS = (Op.REDUCE, Op.AGGREGATE, Op.SOFTMAX_AGGREGATE)
+
+
+def aggregates(fn) -> bool:
+    """Does ``fn`` aggregate over edges? A layer that does not has no cut: each worker runs
+    it on its own rows (``sarc.distributed.schedule.run_layer``)."""
+    return any(v.op in AGGREGATE_OPS for v in fn.values)
+
 BLOCK_KIND = {name: "sum" for name, r in REDUCERS.items() if r.node_level and r.by_degree}
 """What an edge block computes for a reducer that divides by the degree: its partial sums
 (the merge divides by the whole graph's in-degree)."""

@@ -10,6 +10,7 @@ import pytest
 
 from sarc.cli import main, parse_overrides
 from sarc.loader import ModelFileError, load_model_file
+from model_files import MEAN
 from timeouts import run_or_show_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,25 +151,7 @@ def test_model_file_runs_as_a_script():
     assert "selected epoch" in proc.stdout
 
 
-NO_KEYWORDS = '''\
-import sarc
-from torch import nn
-
-
-class Mean(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.mean(msg.m)
-
-    def update(self, dst, agg):
-        return self.lin(agg.agg)
-
+NO_KEYWORDS = MEAN + '''
 
 class Net(nn.Module):
     def __init__(self, i, c, hidden):

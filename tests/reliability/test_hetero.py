@@ -13,6 +13,8 @@ from torch import nn
 
 import sarc
 
+from model_files import MEAN
+
 from .catalogue import case
 from .harness import ROOT, assert_error, run_sarc
 from .test_tracer import expect_error_at
@@ -128,25 +130,7 @@ def test_typed_input_unknown_type():
         proj(torch.randn(5, 3), torch.tensor([0, 1, 2, 0, 1]))
 
 
-MISSING_RELATION = """
-    import torch.nn.functional as F
-    from torch import nn
-    import sarc
-
-    class Mean(sarc.Layer):
-        def __init__(self, i, o):
-            super().__init__(node={"h": i})
-            self.lin = nn.Linear(i, o)
-
-        def message(self, src, dst, edge):
-            return src.h
-
-        def reduce(self, msg):
-            return sarc.mean(msg.m)
-
-        def update(self, dst, agg):
-            return self.lin(agg.agg)
-
+MISSING_RELATION = "import torch.nn.functional as F\n" + MEAN + dedent("""
     class Net(nn.Module):
         def __init__(self, f, c):
             super().__init__()
@@ -159,14 +143,14 @@ MISSING_RELATION = """
 
     def build_model(in_feats, num_classes, **_):
         return Net(in_feats, num_classes)
-"""
+""")
 
 
 @case("cli", "`sarc train` of a HeteroConv over a relation id the graph lacks (95 on AIFB's "
       "90)", "error")
 def test_relation_the_graph_lacks(tmp_path):
     model = tmp_path / "missing_relation.py"
-    model.write_text(dedent(MISSING_RELATION))
+    model.write_text(MISSING_RELATION)
     proc = run_sarc("train", model, "--threads", "1")
     assert_error(proc, "edges of edge types 0, 1, 2, 4",
                  "relation 95 has a layer but no edges in the graph")
@@ -199,7 +183,7 @@ def test_typed_input_given_more_node_types_than_rows_says_how_to_cut_them():
       "its node type is given", "error")
 def test_a_relation_without_edges_and_node_types(tmp_path):
     model = tmp_path / "extra_relation.py"
-    model.write_text(dedent(MISSING_RELATION).replace(
+    model.write_text(MISSING_RELATION.replace(
         "{3: Mean(f, c), 95: Mean(f, c)}", "{r: Mean(f, c) for r in range(91)}"))
     proc = run_sarc("train", model, "--threads", "1")
     assert_error(proc, "relation 90 is past every edge type the graph's edges carry (0..89): "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from model_files import MEAN
+
 from .catalogue import case
 from .harness import ROOT, assert_error, on_workers, run_sarc
 
@@ -34,26 +36,7 @@ def test_fanouts_with_mfg(tmp_path):
                      tmp_path / "o"), tmp_path / "o", "--fanouts", "--mode sampling")
 
 
-RESIDUAL = """
-import torch
-from torch import nn
-import sarc
-
-
-class Mean(sarc.Layer):
-    def __init__(self, i, o):
-        super().__init__(node={"h": i})
-        self.lin = nn.Linear(i, o)
-
-    def message(self, src, dst, edge):
-        return src.h
-
-    def reduce(self, msg):
-        return sarc.mean(msg.m)
-
-    def update(self, dst, agg):
-        return self.lin(agg.agg)
-
+RESIDUAL = "import torch\n" + MEAN + """
 
 class Net(nn.Module):
     def __init__(self, i, c):
@@ -80,7 +63,9 @@ def test_compile_runs_a_step_of_blocks_as_train_does(tmp_path, mode):
     extra = ("--fanouts", "3,3") if mode == "sampling" else ()
     err = refused(run_sarc("compile", model, "--mode", mode, *extra, "--out", tmp_path / "o"),
                   tmp_path / "o", "h0[:h.shape[0]]")
-    assert "residual.py:29" in err, err   # h = h + self.a(g, h)
+    line = next(i for i, text in enumerate(RESIDUAL.splitlines(), 1)
+                if text.strip().startswith("h = h + self.a(g, h)"))
+    assert f"residual.py:{line}:" in err, err
 
 
 @case("cli", "`sarc compile --mode full --batch-size 64` (a minibatch option, full batch)", "error")

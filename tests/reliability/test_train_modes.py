@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import traceback
-from textwrap import dedent
 
 import pytest
 import torch
@@ -36,7 +35,7 @@ def test_a_heteroconv_takes_one_fanout(tmp_path):
     (they were counted one each, so no --fanouts was accepted). With one fanout the model
     trains until its relation 95, which AIFB lacks, is refused."""
     model = tmp_path / "hetero.py"
-    model.write_text(dedent(MISSING_RELATION))
+    model.write_text(MISSING_RELATION)
     proc = run_sarc("train", model, "--mode", "sampling", "--fanouts", "2,2")
     assert_error(proc, "--fanouts 2,2", "2 fanouts", "1 sarc layer")
     assert "epoch" not in proc.stdout, proc.stdout
