@@ -45,7 +45,8 @@ from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.split import aggregates
 from .ir.printer import format_function
-from .planner.plan import LayerPlan, Plan, format_plan, plan_minibatch, share_budget
+from .planner.plan import (LayerPlan, Plan, fetches_once, format_plan, plan_minibatch,
+                           share_budget)
 from .planner.stats import BlockSample, ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -128,7 +129,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                   exec_mode: str | None = None, schedules: bool = True,
                   sample: BlockSample | None = None, batch_size: int | None = None,
                   fanouts: tuple[int, ...] | None = None,
-                  calls=None) -> ModelArtifacts:
+                  calls=None, relation_stats: dict[int, ShardStats] | None = None
+                  ) -> ModelArtifacts:
     """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
     ``calls``: the layer calls of a training step (``sarc.training.layer_calls.layer_calls``), each
@@ -136,7 +138,9 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     first one's input features needing no gradient. A minibatch mode with a block
     ``sample`` plans each call on its own blocks (``plan_minibatch``); ``batch_size`` and
     ``fanouts`` describe the minibatches of a plan without one. ``backend``: the kernels of
-    every layer; None: each layer's own."""
+    every layer; None: each layer's own. ``relation_stats``: a ``sarc.HeteroConv``
+    relation layer's statistics (by the layer's id: its relation's sub-graph of the
+    shards), where each relation runs a schedule of its own (not ``fetches_once``)."""
     t0 = time.perf_counter()
     layers = _steps(model, calls)
     if sample is not None:
@@ -157,17 +161,19 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                for _, layer, need in (layers[k] for k in firsts)]
         for k, kept in zip(firsts, share_budget(fns, stats, mem_budget, baseline)):
             shared[k] = kept
+    halo = workers > 1 and fetches_once(mem_budget, baseline, exec_mode)
+    own = {} if halo or relation_stats is None else relation_stats
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):
         sar = sharing and again[k]
-        target = Target(mode=mode, workers=workers, stats=stats,
+        target = Target(mode=mode, workers=workers, stats=own.get(id(layer), stats),
                         exec_mode="sar" if sar else exec_mode,
                         mem_budget=None if sar else mem_budget, baseline=baseline,
                         inputs_need_grad=need, distributed=schedules, kept_peers=shared[k])
         compiled.append(CompiledLayer(lname, compile_layer(
             layer, backend or layer._sarc_backend, target=target, name=lname)))
     plans, fetches = tuple(c.plan for c in compiled), ()
-    if workers > 1 and mem_budget is None and exec_mode in (None, "oneshot") and not baseline:
+    if halo:
         plans, fetches = _fetched_once(model, layers, plans, workers, stats, calls)
     plan = Plan(mode, workers, mem_budget, baseline, plans, stats, None, batch_size,
                 None if fanouts is None else tuple(fanouts), fetches)

@@ -34,7 +34,7 @@ from ..atomic import check_target
 from ..compiler import BACKENDS
 from ..distributed.supervise import stops_on_signals
 from ..names import one_line
-from ..planner.plan import format_plan
+from ..planner.plan import fetches_once, format_plan
 from ..planner.stats import ShardStats
 from .options import (MEM_BUDGET_HELP, UsageError, add_mode_arguments, at_least,
                       check_input_dir, check_mode_arguments, check_output_dir, overrides,
@@ -193,7 +193,8 @@ def compile_command(args) -> int:
             SamplingSpec.of(fanouts, layers=blocks)
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
-    stats = sample = None
+    stats = sample = relation_stats = None
+    budget = parse_bytes(args.mem_budget) if args.mem_budget else None
     minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
     note = None
@@ -208,14 +209,15 @@ def compile_command(args) -> int:
             note = sampled_note(len(sample.batches), steps, args.batches)
         else:
             stats = _full_stats(shards)
+            if not fetches_once(budget, args.baseline, args.exec_mode):
+                relation_stats = _relation_stats(shards, model)
     if minibatch:   # after what refuses the options themselves
         _forward_on_blocks(args, data, prep, hparams, model, fanouts)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
                         workers=args.workers, stats=stats,
-                        mem_budget=parse_bytes(args.mem_budget) if args.mem_budget else None,
-                        baseline=args.baseline, exec_mode=args.exec_mode,
+                        mem_budget=budget, baseline=args.baseline, exec_mode=args.exec_mode,
                         schedules="schedule" in emit, sample=sample, batch_size=batch_size,
-                        fanouts=fanouts, calls=calls)
+                        fanouts=fanouts, calls=calls, relation_stats=relation_stats)
     print(format_summary(art), end="")
     if note:
         print(note)
@@ -378,6 +380,39 @@ def _full_stats(shards: list) -> ShardStats:
     import dataclasses
     stats = ShardStats.from_shards(shards)
     return dataclasses.replace(stats, dst_nodes=None) if stats.dst_nodes == stats.nodes else stats
+
+
+def _relation_stats(shards: list, model) -> dict[int, ShardStats]:
+    """The statistics of each ``sarc.HeteroConv`` relation layer (by the layer's id) where
+    each relation runs a schedule of its own: its relation's sub-graph of the workers'
+    full-batch ``shards``, of the edge types the trainer hands the model (the partition's
+    ``etype``), made as the workers make it (``sarc.distributed.relations.edge_subshards``,
+    on P threads). Empty without a conv or edge types."""
+    import torch
+
+    from ..distributed.relations import edge_subshards
+    from ..hetero import HeteroConv
+    from .block_sample import ThreadExchanger, run_threads
+    layers: dict[int, list] = {}   # relation id -> its layers, over every conv
+    for conv in model.modules():
+        if isinstance(conv, HeteroConv):
+            for rid in conv.relation_ids:
+                layers.setdefault(rid, []).append(conv.layers[str(rid)])
+    if not layers or any("etype" not in e for shard in shards for e in shard.edata):
+        return {}
+    rids = sorted(layers)
+
+    def work(rank: int, comm) -> list:
+        etype = torch.cat([e["etype"] for e in shards[rank].edata]).to(torch.int64)
+        return edge_subshards(shards[rank], [etype == r for r in rids], ThreadExchanger(comm))
+
+    subs = run_threads(len(shards), work)
+    out: dict[int, ShardStats] = {}
+    for i, rid in enumerate(rids):
+        stats = _full_stats([subs[rank][i] for rank in range(len(shards))])
+        for layer in layers[rid]:
+            out.setdefault(id(layer), stats)
+    return out
 
 
 def _block_sample(shards: list, layers: int, mode: str, fanouts, batch_size: int | None,

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..errors import SarcError
 from ..graph import Graph, missing_attribute
-from ..planner.plan import EXEC_MODES
+from ..planner.plan import EXEC_MODES, fetches_once
 from ..planner.stats import ShardStats
 from ..runtime.sharded import ShardedGraph
 from .exchange import ByteCounter, Exchanger
@@ -181,11 +181,8 @@ class DistGraph:
     @property
     def fetches_once(self) -> bool:
         """Whether a ``sarc.HeteroConv`` fetches its inputs' boundary rows once for all its
-        relations (``halo``), not once per relation's schedule: where nothing asks that
-        remote rows be dropped and fetched again (no memory budget, the planner's or
-        ``oneshot`` execution, not the SAR baseline)."""
-        return (self.mem_budget is None and not self.baseline
-                and self.exec_mode in (None, "oneshot"))
+        relations (``sarc.planner.plan.fetches_once``)."""
+        return fetches_once(self.mem_budget, self.baseline, self.exec_mode)
 
     def halo(self):
         """This worker's rows and the boundary rows its edges read, as one ``Graph``

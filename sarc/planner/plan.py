@@ -332,6 +332,14 @@ def plan_layer(name: str, fn: Function, *, mode: str = "full", workers: int = 1,
                      bwd_passes)
 
 
+def fetches_once(mem_budget: int | None, baseline: bool, exec_mode: str | None) -> bool:
+    """Whether a ``sarc.HeteroConv`` on workers fetches its inputs' boundary rows once for all
+    its relations (``sarc.distributed.halo``), not once per relation's schedule: where
+    nothing asks that remote rows be dropped and fetched again (no memory budget, the
+    planner's or ``oneshot`` execution, not the SAR baseline)."""
+    return mem_budget is None and not baseline and exec_mode in (None, "oneshot")
+
+
 def plan_fetch(name: str, names: Sequence[str], width: int, dtype_bytes: int,
                needs_grad: bool, *, workers: int, stats: ShardStats | None = None) -> LayerPlan:
     """The plan of a ``sarc.HeteroConv``'s input fetched once for all its relations

@@ -41,6 +41,14 @@ def cora_parts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def aifb_parts(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aifb") / "parts"
+    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
 def gcn_reversed(tmp_path_factory) -> Path:
     """models/gcn.py with ``conv2`` assigned before ``conv1`` in ``__init__`` (forward as it
     is: conv1, then conv2)."""
@@ -103,12 +111,10 @@ def test_layers_in_call_order_not_declaration_order(tmp_path, cora_parts, gcn_re
     assert all(c > 0 for c in counted)
 
 
-def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path):
+def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path, aifb_parts):
     """R-GCN on AIFB: a featureless graph, whose embedding rows are the first layer's
     input and get its gradient (sent back across the exchange with --baseline)."""
-    parts = tmp_path / "parts"
-    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
-                 "--out", str(parts)]) == 0
+    parts = aifb_parts
     model = ROOT / "models" / "rgcn.py"
     plan, schedule = _compiled(tmp_path, model, parts, "--baseline")
     assert [need for _, need in _layers(schedule)] == [True, True]
@@ -117,14 +123,11 @@ def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path):
     assert _predicted(plan) == counted
 
 
-def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path):
+def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, aifb_parts):
     """A HeteroConv of 90 relations on AIFB: without a memory budget each conv fetches its
     input's boundary rows once (a fetch per conv, its relations' layers exchanging
-    nothing), as compile plans it. (In sar each relation's layer exchanges its own rows,
-    as the workers plan them on their relations' shards: tests/distributed/test_hetero.py.)"""
-    parts = tmp_path / "parts"
-    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
-                 "--out", str(parts)]) == 0
+    nothing), as compile plans it."""
+    parts = aifb_parts
     model = ROOT / "models" / "hetero_sage.py"
     plan, schedule = _compiled(tmp_path, model, parts)
     assert [f["name"] for f in plan["fetches"]] == ["model.conv1.input0", "model.conv2.input0"]
@@ -132,6 +135,22 @@ def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path):
     assert "fetch model.conv1.input0 (halo)" in schedule
     # the second epoch's step: the first one's also finds the relations' degrees (set-up)
     counted, run = _counted(tmp_path, model, parts, "--epochs", "2")
+    assert all(c > 0 for c in counted)
+    assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
+    assert _predicted(plan) == counted
+
+
+@pytest.mark.parametrize("options", [("--exec", "sar"), ("--mem-budget", "90MiB")],
+                         ids=["sar", "budget"])
+def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_edges(
+        tmp_path, aifb_parts, options):
+    """With a memory budget or in sar each relation's layer runs a schedule of its own on
+    its relation's sub-graph of the shards, exchanging the rows its edges read: compile
+    plans each on its relation's edges, as the workers do (not on the whole shards')."""
+    model = ROOT / "models" / "hetero_sage.py"
+    plan, _ = _compiled(tmp_path, model, aifb_parts, *options)
+    assert not plan.get("fetches") and "halo" not in {lp["exec_mode"] for lp in plan["layers"]}
+    counted, run = _counted(tmp_path, model, aifb_parts, "--epochs", "2", *options)
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted
