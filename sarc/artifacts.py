@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch import nn
@@ -146,7 +146,8 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     if sample is not None:
         return _compile_minibatch(model, name, layers, sample, mode=mode, backend=backend,
                                   workers=workers, mem_budget=mem_budget, baseline=baseline,
-                                  exec_mode=exec_mode, schedules=schedules, t0=t0)
+                                  exec_mode=exec_mode, schedules=schedules, t0=t0,
+                                  calls=calls)
     shared = [None] * len(layers)
     sharing = mem_budget is not None and stats is not None and workers > 1 and \
         exec_mode in (None, "hybrid")
@@ -182,19 +183,28 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
 
 
 def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], workers: int,
-                  stats: ShardStats | None, calls=None
+                  stats: ShardStats | None, calls=None, sample: BlockSample | None = None,
+                  blocks: list[int] | None = None
                   ) -> tuple[tuple[LayerPlan, ...], tuple[LayerPlan, ...]]:
     """A step without a memory budget as workers run it: each ``sarc.HeteroConv`` call
     fetches its node inputs' boundary rows once (``sarc.distributed.halo``: what the call's
     ``fetched_inputs`` are, as ``calls`` recorded them; without ``calls``, the first relation
     layer's node features, positionally), and its relations' layers run on them, exchanging
-    nothing (``exec="halo"``). Returns the layers' plans so changed and the fetches."""
-    from dataclasses import replace
-
+    nothing (``exec="halo"``). In a minibatch mode layer call k runs on block ``blocks[k]``
+    of each batch of ``sample``: its conv's fetches and its own plan are priced on the
+    block's largest figures and on every batch. Returns the layers' plans so changed and
+    the fetches."""
     from .hetero import HeteroConv
-    from .planner.plan import _local_kept, plan_fetch
+    from .planner.plan import _local_kept, on_batches, plan_fetch
     conv_of = {id(sub): c for c in model.modules() if isinstance(c, HeteroConv)
                for sub in c.layers.values()}
+
+    def priced(k: int, plan) -> LayerPlan:   # plan(stats): on block k's largest, each batch
+        if sample is None:
+            return plan(stats)
+        return on_batches(plan(sample.largest(blocks[k])), sample, blocks[k],
+                          [plan(st) for st in sample.layer(blocks[k])])
+
     out, fetches = [], []
     for k, ((lname, layer, need), lp) in enumerate(zip(layers, plans)):
         conv = conv_of.get(id(layer))
@@ -213,39 +223,50 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
         base, _, again = lname.rpartition(".layers.")
         call = base + ("#" + again.split("#", 1)[1] if "#" in again else "")
         for label, width, size, grad in fetched:
-            fetches.append(plan_fetch(f"{call}.{label}", [f"{label}[{width}]"], width, size,
-                                      grad, workers=workers, stats=stats))
+            fetches.append(priced(k, lambda st, label=label, width=width, size=size, grad=grad:
+                                  plan_fetch(f"{call}.{label}", [f"{label}[{width}]"], width,
+                                             size, grad, workers=workers, stats=st)))
         recomputed = tuple(r for r in lp.recomputed if not r.startswith("remote rows"))
-        out.append(replace(lp, exec_mode="halo", exchange=None, alternatives=(),
-                           recomputed=recomputed, kept_peers=tuple(() for _ in range(workers)),
-                           bytes_sent=None if stats is None else (0,) * workers,
-                           bytes_kept=None if stats is None else tuple(
-                               _local_kept(lp.saved["total"], stats, r) for r in range(workers)),
-                           bytes_sent_expr=0))
+        out.append(priced(k, lambda st, lp=lp, recomputed=recomputed: replace(
+            lp, exec_mode="halo", exchange=None, alternatives=(), recomputed=recomputed,
+            kept_peers=tuple(() for _ in range(workers)), batches=None,
+            bytes_sent=None if st is None else (0,) * workers,
+            bytes_kept=None if st is None else tuple(
+                _local_kept(lp.saved["total"], st, r) for r in range(workers)),
+            bytes_sent_expr=0)))
     return tuple(out), tuple(fetches)
 
 
 def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backend, workers,
-                       mem_budget, baseline, exec_mode, schedules, t0) -> ModelArtifacts:
-    """Plan the minibatch step on the sample's blocks (layer call k on block k), then
+                       mem_budget, baseline, exec_mode, schedules, t0, calls=None
+                       ) -> ModelArtifacts:
+    """Plan the minibatch step on the sample's blocks (layer call k on its block, a
+    ``sarc.HeteroConv``'s relations' layers on their conv's: ``call_blocks``), then
     compile each layer for its plan: the layer's largest blocks, the plan's execution
-    mode and kept peers."""
-    if sample.num_layers != len(layers):
-        raise CompileError(f"the block sample has {sample.num_layers} layers but the model has "
-                           f"{len(layers)} sarc layers")
+    mode and kept peers. Without a memory budget a conv's inputs are fetched once for its
+    relations (``_fetched_once``), as on workers."""
+    from .training.minibatch import call_blocks
+    blocks = call_blocks(model, [layer for _, layer, _ in layers])
+    if sample.num_layers != len(set(blocks)):
+        raise CompileError(f"the block sample has {sample.num_layers} layers but the model's "
+                           f"step takes {len(set(blocks))} blocks")
     fns = [(lname, compile_layer(layer, backend or layer._sarc_backend,
                                  through="optimize").optimized) for lname, layer, _ in layers]
     plan = plan_minibatch(fns, sample, mode=mode, workers=workers, mem_budget=mem_budget,
                           baseline=baseline, exec_mode=exec_mode,
-                          needs=[need for _, _, need in layers])
+                          needs=[need for _, _, need in layers], blocks=blocks)
     compiled = []
     for k, ((lname, layer, need), lp) in enumerate(zip(layers, plan.layers)):
-        target = Target(mode=mode, workers=workers, stats=sample.largest(k),
+        target = Target(mode=mode, workers=workers, stats=sample.largest(blocks[k]),
                         exec_mode=None if lp.exec_mode == "local" else lp.exec_mode,
                         baseline=baseline, inputs_need_grad=need, distributed=schedules,
                         kept_peers=lp.kept_peers)
         compiled.append(CompiledLayer(lname, compile_layer(
             layer, backend or layer._sarc_backend, target=target, name=lname)))
+    if workers > 1 and fetches_once(mem_budget, baseline, exec_mode):
+        plans, fetches = _fetched_once(model, layers, plan.layers, workers, None, calls,
+                                       sample, blocks)
+        plan = replace(plan, layers=plans, fetches=fetches)
     return ModelArtifacts(name, _backends(layers, backend), tuple(compiled), plan,
                           time.perf_counter() - t0)
 

@@ -201,9 +201,9 @@ def compile_command(args) -> int:
     if pset is not None:
         shards = _shards(pset, model, hparams)
         if minibatch:
-            _check_blocks_sampled(args.mode, model)
+            _check_blocks_sampled(args.mode, model, budget, args.baseline, args.exec_mode)
             asked = args.batches or DEFAULT_BATCHES
-            sample, steps = _block_sample(shards, len(calls), args.mode, fanouts,
+            sample, steps = _block_sample(shards, blocks, args.mode, fanouts,
                                           args.batch_size, asked)
             batch_size = sample.batch_size
             note = sampled_note(len(sample.batches), steps, args.batches)
@@ -262,30 +262,30 @@ def _forward_on_blocks(args, data, prep, hparams, model, fanouts) -> None:
 
 
 def _blocks_taken(model, calls) -> int:
-    """The blocks a step's layer ``calls`` take: one each, but the relations' layers of one
-    ``sarc.HeteroConv`` call share its block."""
-    from ..hetero import HeteroConv
-    conv_of = {id(sub): id(c) for c in model.modules() if isinstance(c, HeteroConv)
-               for sub in c.modules() if sub is not c}
-    blocks, last = 0, None
-    for c in calls:
-        conv = conv_of.get(id(c.layer))
-        blocks += conv is None or conv != last
-        last = conv
-    return blocks
+    """The blocks a step's layer ``calls`` take (``call_blocks``)."""
+    from ..training.minibatch import call_blocks
+    return len(set(call_blocks(model, [c.layer for c in calls])))
 
 
-def _check_blocks_sampled(mode: str, model) -> None:
-    """Planning on sampled blocks (``--partition``) prices each layer call on its block;
-    a ``sarc.HeteroConv``'s relations run on their own edges of a block, whose statistics
-    the sample does not have: refused, naming what plans it."""
+def _check_blocks_sampled(mode: str, model, budget, baseline: bool, exec_mode) -> None:
+    """Planning on sampled blocks (``--partition``) prices each layer call on its block. A
+    ``sarc.HeteroConv`` fetches its inputs' rows of a block once for its relations where
+    nothing bounds memory (``fetches_once``), which the block's statistics price; with a
+    budget, ``sar`` / ``hybrid`` or the baseline its relations' layers run schedules of
+    their own on their own edges of the block, whose statistics the sample does not
+    have: refused, naming what plans it."""
     from ..hetero import HeteroConv
+    if fetches_once(budget, baseline, exec_mode):
+        return
     if any(isinstance(m, HeteroConv) for m in model.modules()):
-        raise CompileError(f"{mode} mode with --partition: the model has a sarc.HeteroConv, "
-                           f"whose relations' layers run on their own edges of a block, which "
-                           f"the sampled blocks' statistics do not give; plan it without "
-                           f"--partition (sarc train --mode {mode} --workers P reports the "
-                           f"bytes each step sends, as planned on its blocks)")
+        what = ("--mem-budget" if budget is not None else "--baseline" if baseline
+                else f"--exec {exec_mode}")
+        raise CompileError(f"{mode} mode with --partition and {what}: the model has a "
+                           f"sarc.HeteroConv, whose relations' layers then run on their own "
+                           f"edges of a block, which the sampled blocks' statistics do not "
+                           f"give; plan it without --partition (sarc train --mode {mode} "
+                           f"--workers P reports the bytes each step sends, as planned on "
+                           f"its blocks), or without {what}")
 
 
 def _again(calls, mode: str) -> str | None:

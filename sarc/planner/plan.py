@@ -475,26 +475,44 @@ def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", worker
                 None if fanouts is None else tuple(fanouts))
 
 
+def on_batches(lp: LayerPlan, sample: BlockSample, k: int,
+               per_batch: Sequence[LayerPlan]) -> LayerPlan:
+    """``lp``, planned for block k of a minibatch step, with its figures on each batch of
+    ``sample`` (``per_batch[b]``: its plan on batch b's blocks, its choices fixed):
+    ``bytes_sent`` / ``bytes_kept`` per worker the largest over the batches, ``batches``
+    every batch's."""
+    sent = tuple(b.bytes_sent for b in per_batch)
+    kept = tuple(b.bytes_kept for b in per_batch)
+    figures = BatchFigures(sample.summary(k), sent, kept,
+                           None if sample.fanouts is None else sample.fanouts[k])
+    return replace(lp, bytes_sent=tuple(map(max, zip(*sent))),
+                   bytes_kept=tuple(map(max, zip(*kept))), batches=figures)
+
+
 def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, mode: str,
                    workers: int, mem_budget: int | None = None, baseline: bool = False,
-                   exec_mode: str | None = None, needs: Sequence[bool] | None = None) -> Plan:
+                   exec_mode: str | None = None, needs: Sequence[bool] | None = None,
+                   blocks: Sequence[int] | None = None) -> Plan:
     """Plan every layer of a minibatch step on its own blocks: each layer for the largest
     figures of its blocks in ``sample`` (``ShardStats.elementwise_max``; the budget shared
     by the layers as in ``plan_model``), then that plan, its choices fixed, on each batch
     of the sample. A layer's ``bytes_sent`` / ``bytes_kept`` are per worker the largest
     over the batches; ``batches`` holds every batch's figures. ``needs``: per layer,
-    whether its inputs need a gradient (default: all but the first's)."""
+    whether its inputs need a gradient (default: all but the first's); ``blocks``: per
+    layer, the block it runs on (default: layer k on block k; a ``sarc.HeteroConv``'s
+    relations' layers share their conv's)."""
     if mode not in MINIBATCH_MODES:
         raise ValueError(f"a block sample plans a minibatch mode ({', '.join(MINIBATCH_MODES)}), "
                          f"not {mode!r}")
     if sample.num_parts != workers:
         raise ValueError(f"the block sample has {sample.num_parts} workers but {workers} "
                          f"workers were asked for")
-    if sample.num_layers != len(layers):
-        raise ValueError(f"the block sample has {sample.num_layers} layers but the model has "
-                         f"{len(layers)}")
+    blocks = list(range(len(layers))) if blocks is None else list(blocks)
+    if sample.num_layers != len(set(blocks)):
+        raise ValueError(f"the block sample has {sample.num_layers} layers but the model's "
+                         f"step takes {len(set(blocks))} blocks")
     needs = [k > 0 for k in range(len(layers))] if needs is None else list(needs)
-    largest = [sample.largest(k) for k in range(len(layers))]
+    largest = [sample.largest(b) for b in blocks]
     shared = [None] * len(layers)
     if mem_budget is not None and workers > 1 and exec_mode in (None, "hybrid"):
         shared = share_budget([(fn, need) for (_, fn), need in zip(layers, needs)], largest,
@@ -505,15 +523,10 @@ def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, m
                         mem_budget=mem_budget, baseline=baseline, exec_mode=exec_mode,
                         inputs_need_grad=need, kept_peers=shared[k])
         fixed = None if lp.exec_mode == "local" else lp.exec_mode
-        per_batch = [plan_layer(name, fn, mode=mode, workers=workers, stats=st, baseline=baseline,
-                                exec_mode=fixed, inputs_need_grad=need, kept_peers=lp.kept_peers)
-                     for st in sample.layer(k)]
-        sent = tuple(b.bytes_sent for b in per_batch)
-        kept = tuple(b.bytes_kept for b in per_batch)
-        figures = BatchFigures(sample.summary(k), sent, kept,
-                               None if sample.fanouts is None else sample.fanouts[k])
-        plans.append(replace(lp, bytes_sent=tuple(map(max, zip(*sent))),
-                             bytes_kept=tuple(map(max, zip(*kept))), batches=figures))
+        plans.append(on_batches(lp, sample, blocks[k], [
+            plan_layer(name, fn, mode=mode, workers=workers, stats=st, baseline=baseline,
+                       exec_mode=fixed, inputs_need_grad=need, kept_peers=lp.kept_peers)
+            for st in sample.layer(blocks[k])]))
     return Plan(mode, workers, mem_budget, baseline, tuple(plans), None, sample,
                 sample.batch_size, sample.fanouts)
 
@@ -606,7 +619,9 @@ def format_plan(plan: Plan) -> str:
                      f"with exec=halo, which exchange nothing of their own)")
         lines.append(f"  exchanged: {' + '.join(x.names)} = {x.width} x {x.dtype_bytes} B/row"
                      f"{', gradients sent back' if x.needs_grad else ''}")
-        if lp.bytes_sent is not None:
+        if lp.batches is not None:
+            lines.extend(_block_lines(lp.batches, plan.workers))
+        elif lp.bytes_sent is not None:
             lines.append(f"  bytes sent / worker / step: max {_fmt_bytes(max(lp.bytes_sent))}, "
                          f"mean {_fmt_bytes(sum(lp.bytes_sent) / len(lp.bytes_sent))}")
             lines.append(f"  bytes kept / worker: max {_fmt_bytes(max(lp.bytes_kept))}")

@@ -75,7 +75,8 @@ def _predicted(plan: dict) -> list[int]:
     if plan["mode"] == "full":   # the layers' and the HeteroConvs' fetches of their inputs
         return [sum(lp["bytes_sent_per_worker"][r]
                     for lp in (*plan["layers"], *plan.get("fetches", ()))) for r in range(p)]
-    per_batch = [lp["batches"]["bytes_sent_per_step"]["per_batch"] for lp in plan["layers"]]
+    per_batch = [lp["batches"]["bytes_sent_per_step"]["per_batch"]
+                 for lp in (*plan["layers"], *plan.get("fetches", ()))]
     steps = len(per_batch[0])
     return [sum(b[r] for layer in per_batch for b in layer) // steps for r in range(p)]
 
@@ -135,6 +136,25 @@ def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, aifb_parts):
     assert "fetch model.conv1.input0 (halo)" in schedule
     # the second epoch's step: the first one's also finds the relations' degrees (set-up)
     counted, run = _counted(tmp_path, model, parts, "--epochs", "2")
+    assert all(c > 0 for c in counted)
+    assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
+    assert _predicted(plan) == counted
+
+
+@pytest.mark.parametrize("mode", [("--mode", "mfg"),
+                                  ("--mode", "sampling", "--fanouts", "5,5", "--batch-size", "20")],
+                         ids=["mfg", "sampling"])
+def test_a_hetero_convs_fetches_on_sampled_blocks_are_planned_as_they_run(tmp_path, aifb_parts,
+                                                                         mode):
+    """On a mini-batch step's blocks each conv fetches its input's rows of its block once
+    for its relations: compile prices each fetch on every sampled batch's block, which are
+    the epoch's steps, as the workers count them."""
+    model = ROOT / "models" / "hetero_sage.py"
+    plan, schedule = _compiled(tmp_path, model, aifb_parts, *mode)
+    assert [f["name"] for f in plan["fetches"]] == ["model.conv1.input0", "model.conv2.input0"]
+    assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo"}
+    assert all(f["batches"]["bytes_sent_per_step"]["max"] > 0 for f in plan["fetches"])
+    counted, run = _counted(tmp_path, model, aifb_parts, *mode)
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted

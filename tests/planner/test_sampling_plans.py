@@ -182,8 +182,10 @@ def test_a_sample_must_fit_the_model_and_the_workers():
     sample = BlockSample(((st, st),), 4)
     with pytest.raises(ValueError, match="3 workers"):
         plan_minibatch(layers, sample, mode="mfg", workers=3)
-    with pytest.raises(ValueError, match="the model has 1"):
+    with pytest.raises(ValueError, match="step takes 1 blocks"):
         plan_minibatch(layers[:1], sample, mode="mfg", workers=2)
+    with pytest.raises(ValueError, match="step takes 1 blocks"):   # two layers on one block
+        plan_minibatch(layers, sample, mode="mfg", workers=2, blocks=[0, 0])
     with pytest.raises(ValueError, match="minibatch mode"):
         plan_minibatch(layers, sample, mode="full", workers=2)
     with pytest.raises(ValueError, match="at least one batch"):
@@ -233,3 +235,26 @@ def test_sarc_compile_plans_mfg_and_sampling_on_sampled_blocks(tmp_path, capsys)
     plan = json.loads((tmp_path / "sym" / "plan.json").read_text())
     assert plan["minibatch"]["sample"] is None and plan["minibatch"]["fanouts"] == [5, 10]
     assert plan["layers"][0]["bytes_sent_per_worker"] is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layers_sharing_a_block_are_each_priced_on_it(kind):
+    """A HeteroConv's relations' layers run on their conv's block (``blocks``): each is
+    planned for that block's largest figures and priced on each batch's, as if alone."""
+    layers = _layers(kind)
+    small = ShardStats(2, (5, 6), (9, 12), ((0, 2), (3, 0)), (3, 2))
+    large = ShardStats(2, (7, 6), (14, 10), ((0, 4), (1, 0)), (4, 3))
+    sample = BlockSample(((small,), (large,)), 4)
+    plan = plan_minibatch(layers, sample, mode="mfg", workers=2, blocks=[0, 0],
+                          needs=[True, True])
+    top = ShardStats.elementwise_max([small, large])
+    for (name, fn), lp in zip(layers, plan.layers):
+        alone = plan_layer(name, fn, mode="mfg", workers=2, stats=top)
+        assert lp.exec_mode == alone.exec_mode and lp.exchange == alone.exchange
+        fixed = None if alone.exec_mode == "local" else alone.exec_mode
+        each = [plan_layer(name, fn, mode="mfg", workers=2, stats=st, exec_mode=fixed,
+                           kept_peers=alone.kept_peers) for st in (small, large)]
+        assert lp.batches.bytes_sent == tuple(b.bytes_sent for b in each)
+        assert lp.batches.bytes_kept == tuple(b.bytes_kept for b in each)
+        assert lp.bytes_sent == tuple(map(max, zip(*(b.bytes_sent for b in each))))
+        assert any(s > 0 for s in lp.bytes_sent)

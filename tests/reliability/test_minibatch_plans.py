@@ -112,18 +112,20 @@ def test_fanouts_that_start_with_a_minus_sign(tmp_path, parts):
                      tmp_path / "p"), tmp_path / "p", "--fanouts -2,-1", ">= 0, or -1")
 
 
-@case("cli", "`sarc compile models/hetero_sage.py --mode mfg --partition P` (a HeteroConv's "
-      "relations on sampled blocks, which the blocks' statistics do not give)", "error")
-@pytest.mark.parametrize("mode", ["mfg", "sampling"])
-def test_compile_refuses_a_hetero_conv_on_sampled_blocks(tmp_path, mode):
+@case("cli", "`sarc compile models/hetero_sage.py --mode mfg --partition P --exec sar` (a "
+      "HeteroConv's relations in schedules of their own on their edges of sampled blocks, "
+      "which the blocks' statistics do not give)", "error")
+@pytest.mark.parametrize("mode,option", [("mfg", ("--exec", "sar")),
+                                         ("sampling", ("--mem-budget", "64MiB"))])
+def test_compile_refuses_a_hetero_conv_in_sar_on_sampled_blocks(tmp_path, mode, option):
     out = tmp_path / "aifb"
     proc = run_sarc("partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
                     "--out", out)
     assert proc.returncode == 0, proc.stderr
     fanouts = ["--fanouts", "5,5"] if mode == "sampling" else []
     refused(run_sarc("compile", ROOT / "models" / "hetero_sage.py", "--mode", mode,
-                     "--partition", out, *fanouts, "--out", tmp_path / "o"),
-            tmp_path / "o", f"{mode} mode with --partition", "sarc.HeteroConv",
+                     "--partition", out, *fanouts, *option, "--out", tmp_path / "o"),
+            tmp_path / "o", f"{mode} mode with --partition and {option[0]}", "sarc.HeteroConv",
             "without --partition")
 
 
