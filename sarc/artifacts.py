@@ -41,6 +41,7 @@ from .atomic import MANIFEST, atomic_directory
 from .compiler import Compilation, Target, compile_layer
 from .dsl import Layer, backends_named
 from .errors import SarcError
+from .hetero import fetch_budget
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.split import aggregates
@@ -153,16 +154,25 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
         exec_mode in (None, "hybrid")
     seen: set[int] = set()
     again = [id(layer) in seen or seen.add(id(layer)) for _, layer, _ in layers]
+    halo = workers > 1 and fetches_once(mem_budget, baseline, exec_mode)
     if sharing:
         # the budget is the whole step's: the layers share it (share_budget), a share each;
-        # a layer's later calls run in sar (sarc.distributed.schedule.calls_again)
+        # a layer's later calls run in sar (sarc.distributed.schedule.calls_again); where
+        # the HeteroConvs' fetches fit it, they fetch once and the other layers share the rest
         firsts = [k for k, a in enumerate(again) if not a]
         fns = [(compile_layer(layer, backend or layer._sarc_backend,
                               through="optimize").optimized, need)
                for _, layer, need in (layers[k] for k in firsts)]
-        for k, kept in zip(firsts, share_budget(fns, stats, mem_budget, baseline)):
+        budget = mem_budget
+        found = (fetch_budget(model, [layers[k][1] for k in firsts], fns, stats, mem_budget,
+                              baseline) if mode == "full" and exec_mode is None and not baseline
+                 else None)
+        if found is not None:
+            halo, (budget, on_halo) = True, found
+            firsts = [k for k, h in zip(firsts, on_halo) if not h]
+            fns = [fn for fn, h in zip(fns, on_halo) if not h]
+        for k, kept in zip(firsts, share_budget(fns, stats, budget, baseline) if fns else ()):
             shared[k] = kept
-    halo = workers > 1 and fetches_once(mem_budget, baseline, exec_mode)
     own = {} if halo or relation_stats is None else relation_stats
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):
@@ -211,13 +221,10 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
         if conv is None:
             out.append(lp)
             continue
-        first = next(iter(conv.layers.values()))
         if calls is not None:
             fetched = calls[k].fetches
-        elif layer is first:
-            fetched = tuple((f"input{i}", math.prod(t.feat), t.dtype.to_torch().itemsize, need)
-                            for i, t in enumerate(v for n, v in first.trace().inputs().items()
-                                                  if n in first._sarc_node))
+        elif layer is next(iter(conv.layers.values())):
+            fetched = conv.declared_fetches(need)
         else:
             fetched = ()
         base, _, again = lname.rpartition(".layers.")

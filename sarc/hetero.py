@@ -11,10 +11,10 @@ and, optionally, a node type per node (``ntype``).
 A relation's sub-graph has its own degrees (``dst.in_degree``, ``src.out_degree``,
 ``sarc.mean``'s counts are the relation's, as DGL computes them on a relation's graph).
 On a worker's ``sarc.distributed.DistGraph`` (the whole graph's shard, or a mini-batch
-step's block) without a memory budget (``DistGraph.fetches_once``) the conv fetches each
-node input's boundary rows once for all its relations (``sarc.distributed.halo``), and
-each relation's layer runs on its edges of the worker's rows and those; with a budget
-(or in ``sar`` execution) a
+step's block) without a memory budget, or under one the fetched rows fit
+(``DistGraph.fetches_once``), the conv fetches each node input's boundary rows once for
+all its relations (``sarc.distributed.halo``), and each relation's layer runs on its edges
+of the worker's rows and those; under a budget they do not fit (or in ``sar`` execution) a
 relation's sub-graph is a ``DistGraph`` of its own (``DistGraph.edge_subgraph``): its
 layer exchanges only the rows its edges read, in its memory-bounded schedule, planned on
 the relation's shard statistics. Sub-graphs are built on a graph's
@@ -38,6 +38,7 @@ on the whole graph), so an MFG step equals the full-batch step on its seeds.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import weakref
 from typing import Mapping, NamedTuple, Sequence
@@ -166,7 +167,7 @@ class HeteroConv(nn.Module):
         take_block = getattr(type(g), "take_block", None)
         if take_block is not None:   # a mini-batch step's graph: this conv's block
             return self._on_block(take_block(g, self), args, etype, ntype, feats)
-        if getattr(g, "fetches_once", False):   # a worker's shard, no memory budget
+        if getattr(g, "fetches_once", False):   # a worker's shard, its fetches within budget
             return self._on_halo(g, args, etype, ntype, feats)
         rel = relation_graphs(g, etype, self.relation_ids, ntype, self.relation_names,
                               self.dst_types)
@@ -212,6 +213,15 @@ class HeteroConv(nn.Module):
         out = [(f"input{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         return out + [(k, v) for k, v in feats.items() if isinstance(v, torch.Tensor)
                       and any(k in m._sarc_node for m in self.layers.values())]
+
+    def declared_fetches(self, needs_grad: bool) -> tuple[tuple[str, int, int, bool], ...]:
+        """What a call's fetches are where no call was seen (``fetched_inputs``' labels):
+        the first relation layer's node features, positionally, each ``(label, values a
+        row, bytes a value, needs_grad)``: what a plan made before the first step prices."""
+        first = next(iter(self.layers.values()))
+        nodes = [t for n, t in first.trace().inputs().items() if n in first._sarc_node]
+        return tuple((f"input{i}", math.prod(t.feat), t.dtype.to_torch().itemsize, needs_grad)
+                     for i, t in enumerate(nodes))
 
     def _fetched(self, g, halo, args, feats) -> tuple[tuple, dict]:
         """The node inputs (``fetched_inputs``) on every row of ``halo``'s graph, each
@@ -570,6 +580,25 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:   # inference mode
         return None
+
+
+def fetch_budget(model: nn.Module, layers: Sequence[Layer], fns: list, stats,
+                 mem_budget: int, baseline: bool = False) -> tuple[int, list[bool]] | None:
+    """Whether ``model``'s HeteroConvs fetch their inputs once under ``mem_budget``
+    (``sarc.planner.plan.fetch_within``; ``layers``, a step's sarc layers, ``fns`` their
+    optimized functions and input gradient needs): the budget the layers that are no
+    relation's share then, and per layer whether it is a relation's (runs on the fetched
+    rows); None where the model has no conv or the fetches do not fit."""
+    from .planner.plan import fetch_within
+    convs = [m for m in model.modules() if isinstance(m, HeteroConv)]
+    if not convs:
+        return None
+    relations = {id(layer) for conv in convs for layer in conv.layers.values()}
+    on_halo = [id(layer) in relations for layer in layers]
+    row = sum(width * size for conv in convs
+              for _, width, size, _ in conv.declared_fetches(True))
+    room = fetch_within(fns, on_halo, row, stats, mem_budget, baseline)
+    return None if room is None else (room, on_halo)
 
 
 def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],

@@ -88,6 +88,7 @@ class DistGraph:
         self.share_of: tuple | None = None
         self.ran_by = None   # the layer that ran on it, where it has a share_of
         self.ran_program = None   # the program of its last call under autograd
+        self.fetch_within_budget = False   # its HeteroConvs' fetches fit the budget (share_memory)
         # the sub-graphs made of it (a HeteroConv's relations on a step's block), shared
         # by its copies for other shards (on_shard): what a step's prediction prices
         self.subgraph_runs: list = []
@@ -181,8 +182,10 @@ class DistGraph:
     @property
     def fetches_once(self) -> bool:
         """Whether a ``sarc.HeteroConv`` fetches its inputs' boundary rows once for all its
-        relations (``sarc.planner.plan.fetches_once``)."""
-        return fetches_once(self.mem_budget, self.baseline, self.exec_mode)
+        relations (``sarc.planner.plan.fetches_once``; under a memory budget where the
+        fetched rows fit it, ``share_memory``)."""
+        return (fetches_once(self.mem_budget, self.baseline, self.exec_mode)
+                or self.fetch_within_budget)
 
     def halo(self):
         """This worker's rows and the boundary rows its edges read, as one ``Graph``

@@ -4,7 +4,8 @@ A ``sarc.HeteroConv`` runs one layer per relation. On its relation's own ``DistG
 (``DistGraph.edge_subgraph``) each layer exchanges the rows its relation reads, in its
 own schedule: a conv of R relations exchanges R times a pass, each time with a round of
 small messages. Where nothing asks that remote rows be dropped and fetched again (no
-memory budget, no ``sar`` execution: ``DistGraph.fetches_once``), the conv instead
+memory budget, or one the fetched rows fit; no ``sar`` execution:
+``DistGraph.fetches_once``), the conv instead
 fetches each input's boundary rows once (``Halo.fetch``: a message per peer; its
 backward sends each row's gradient to its owner once) and runs every relation's layer on
 the worker's ``Halo.graph``: a ``Graph`` whose sources are the worker's rows, then the

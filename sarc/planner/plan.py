@@ -439,6 +439,27 @@ def share_budget(layers: list[tuple[Function, bool]], stats: ShardStats | list[S
     return [tuple(tuple(sorted(k)) for k in layer) for layer in kept]
 
 
+def fetch_within(layers: list[tuple[Function, bool]], on_halo: Sequence[bool],
+                 fetch_row_bytes: int, stats: ShardStats, mem_budget: int,
+                 baseline: bool = False) -> int | None:
+    """Under a memory budget, whether a step's ``sarc.HeteroConv`` calls may fetch their
+    inputs once (``fetches_once``, the fewest bytes and rounds): whether the rows they
+    fetch (``fetch_row_bytes``, all fetches' row bytes together, for every remote row a
+    worker reads) and every layer's share of its own shard fit the budget on every
+    worker. ``on_halo[l]``: layer ``l`` is a relation's, run on the fetched rows. Returns
+    the budget the other layers share (``share_budget``) then, what the fetches and the
+    relations' layers keep taken off on the fullest worker; None where it does not fit
+    (each relation runs a memory-bounded schedule of its own)."""
+    p = stats.num_parts
+    local = [_costs(fn, baseline, need).local_kept(stats) for fn, need in layers]
+    fixed = [fetch_row_bytes * sum(stats.boundary[r])
+             + sum(kept[r] for kept, halo in zip(local, on_halo) if halo) for r in range(p)]
+    if any(fixed[r] + sum(kept[r] for kept, halo in zip(local, on_halo) if not halo) > mem_budget
+           for r in range(p)):
+        return None
+    return mem_budget - max(fixed)
+
+
 def step_kept_bytes(layers: list[tuple[Function, bool]], stats: list[ShardStats],
                     kept: list[tuple[tuple[int, ...], ...]], r: int,
                     baseline: bool = False) -> int:

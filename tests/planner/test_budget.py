@@ -17,7 +17,8 @@ from gcn import GCNLayer
 from sage import SAGELayer
 
 from sarc.compiler import optimize
-from sarc.planner.plan import format_plan, plan_layer, plan_model, share_budget
+from sarc.planner.plan import (fetch_within, format_plan, plan_fetch, plan_layer, plan_model,
+                               share_budget)
 from sarc.planner.stats import ShardStats
 
 
@@ -96,3 +97,29 @@ def test_the_plan_says_the_step_total_and_when_the_budget_is_too_small():
     assert tight.over_budget() == list(range(p))
     assert all(lp.exec_mode == "sar" for lp in tight.layers)
     assert "over the budget on workers [0, 1, 2]" in format_plan(tight)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fetches_are_made_once_where_they_fit_with_the_others_share(seed):
+    """Under a budget a HeteroConv's fetched rows and its relations' layers' own shares
+    come first (``fetch_within``): where they fit, the layers that are no relation's share
+    what is left, and the whole step (fetch, relations, the others with their kept peers)
+    stays within the budget on every worker; where they do not, none is fetched once."""
+    p = 4
+    stats, layers = _stats(p, seed), _model()
+    fns = [(fn, k > 0) for k, (_, fn) in enumerate(layers)]
+    on_halo = [False, True, True]   # conv2 and conv3: a conv's relations
+    fetch = plan_fetch("conv.input0", ["input0[16]"], 16, 4, True, workers=p, stats=stats)
+    local = _local(layers, stats)
+    relations = [plan_layer(n, fn, workers=p, stats=stats, exec_mode="sar", inputs_need_grad=True)
+                 for n, fn in layers[1:]]
+    need = [fetch.bytes_kept[r] + sum(lp.bytes_kept[r] for lp in relations) for r in range(p)]
+    floor = max(need[r] + local[r] - sum(lp.bytes_kept[r] for lp in relations) for r in range(p))
+    assert fetch_within(fns, on_halo, 64, stats, floor - 1) is None
+    for extra in (0, 1_000, 20_000, 10**9):
+        room = fetch_within(fns, on_halo, 64, stats, floor + extra)
+        assert room == floor + extra - max(need)
+        kept = share_budget(fns[:1], stats, room)[0]
+        first = plan_layer("conv1", fns[0][0], workers=p, stats=stats, inputs_need_grad=False,
+                           kept_peers=kept)
+        assert all(need[r] + first.bytes_kept[r] <= floor + extra for r in range(p))

@@ -124,21 +124,26 @@ def test_a_learned_embedding_needs_the_first_layers_input_gradient(tmp_path, aif
     assert _predicted(plan) == counted
 
 
-def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, aifb_parts):
-    """A HeteroConv of 90 relations on AIFB: without a memory budget each conv fetches its
-    input's boundary rows once (a fetch per conv, its relations' layers exchanging
-    nothing), as compile plans it."""
+@pytest.mark.parametrize("budget", [(), ("--mem-budget", "90MiB")], ids=["none", "fits"])
+def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, aifb_parts, budget):
+    """A HeteroConv of 90 relations on AIFB: without a memory budget, or under one its
+    fetched rows fit, each conv fetches its input's boundary rows once (a fetch per conv,
+    its relations' layers exchanging nothing), as compile plans it."""
     parts = aifb_parts
     model = ROOT / "models" / "hetero_sage.py"
-    plan, schedule = _compiled(tmp_path, model, parts)
+    plan, schedule = _compiled(tmp_path, model, parts, *budget)
     assert [f["name"] for f in plan["fetches"]] == ["model.conv1.input0", "model.conv2.input0"]
     assert {lp["exec_mode"] for lp in plan["layers"]} == {"halo"}
     assert "fetch model.conv1.input0 (halo)" in schedule
     # the second epoch's step: the first one's also finds the relations' degrees (set-up)
-    counted, run = _counted(tmp_path, model, parts, "--epochs", "2")
+    counted, run = _counted(tmp_path, model, parts, "--epochs", "2", *budget)
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted
+    if budget:
+        kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
+                for r in range(2)]
+        assert max(kept) <= 90 * 2 ** 20
 
 
 @pytest.mark.parametrize("mode", [("--mode", "mfg"),
@@ -160,13 +165,14 @@ def test_a_hetero_convs_fetches_on_sampled_blocks_are_planned_as_they_run(tmp_pa
     assert _predicted(plan) == counted
 
 
-@pytest.mark.parametrize("options", [("--exec", "sar"), ("--mem-budget", "90MiB")],
+@pytest.mark.parametrize("options", [("--exec", "sar"), ("--mem-budget", "40MiB")],
                          ids=["sar", "budget"])
 def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_edges(
         tmp_path, aifb_parts, options):
-    """With a memory budget or in sar each relation's layer runs a schedule of its own on
-    its relation's sub-graph of the shards, exchanging the rows its edges read: compile
-    plans each on its relation's edges, as the workers do (not on the whole shards')."""
+    """In sar, or under a memory budget its fetched rows do not fit, each relation's layer
+    runs a schedule of its own on its relation's sub-graph of the shards, exchanging the
+    rows its edges read: compile plans each on its relation's edges, as the workers do
+    (not on the whole shards')."""
     model = ROOT / "models" / "hetero_sage.py"
     plan, _ = _compiled(tmp_path, model, aifb_parts, *options)
     assert not plan.get("fetches") and "halo" not in {lp["exec_mode"] for lp in plan["layers"]}
