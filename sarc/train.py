@@ -39,7 +39,7 @@ from .training.inputs import (EMBEDDING_OPTIMIZERS, EmbeddingInput, TrainError,
                               check_self_loops, labeled_masks, node_features, optimizer)
 from .sampling import Comm
 from .training.device import kernels, placed
-from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected, timings
+from .training.loop import Batch, FullBatch, epoch_line, fit, save_selected, score, timings
 from .training.progress import plural
 from .training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, graph_layers,
                                  local_blocks, whole_graph_shard)
@@ -460,8 +460,8 @@ class ModelSelection:
         best = self.best
         model.load_state_dict(best["state"])
         how = "best validation accuracy" if self.has_val else "last epoch, no validation set"
-        return (f"selected epoch {best['epoch']} ({how}): val {best['val_acc']:.4f} "
-                f"test {best['test_acc']:.4f} | {plural(epochs, 'epoch')} in {seconds:.1f} s")
+        return (f"selected epoch {best['epoch']} ({how}): val {score(best['val_acc'])} "
+                f"test {score(best['test_acc'])} | {plural(epochs, 'epoch')} in {seconds:.1f} s")
 
 
 def train(spec: ModelSpec, dataset: str | Dataset | None = None, *, epochs: int | None = None,

@@ -5,6 +5,7 @@ resume refusal naming the mode, and README's GAT example as sarc compiles it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -216,3 +217,12 @@ def test_an_interrupt_while_the_parser_imports_the_subcommands_says_so(monkeypat
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["compile", "models/gcn.py"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_split_without_nodes_prints_a_dash_not_nan():
+    """AIFB has no validation nodes: its accuracy there is NaN, which the progress lines
+    printed as ``val nan``."""
+    from sarc.training.loop import epoch_line, score
+    line = epoch_line(3, 0.5, {"train": 0.5, "val": math.nan, "test": 0.25}, 0.012, of=4)
+    assert line == "epoch    3/4 | loss 0.5000 | train 0.5000 val - test 0.2500 | 12 ms"
+    assert score(0.125) == "0.1250" and score(math.nan) == "-"

@@ -7,7 +7,7 @@ import sys
 from ..checkpoint import add_checkpoint_arguments, checkpoint_config
 from ..loader import exits_raise, parse_overrides
 from ..names import one_line
-from ..training.loop import write_result
+from ..training.loop import score, write_result
 from .options import (MEM_BUDGET_HELP, UsageError, add_check_data_argument, add_device_arguments,
                       add_embedding_arguments, add_mode_arguments, add_sampling_arguments,
                       at_least, check_device_arguments, overrides, check_input_dir,
@@ -185,7 +185,7 @@ def train_command(args) -> int:
         return 128 + e.signum
     if args.quiet:
         print(f"{one_line(result['model'])} on {one_line(result['dataset'])} (seed {result['seed']}): "
-              f"test acc {result['test_acc']:.4f} (val {result['val_acc']:.4f}, "
+              f"test acc {score(result['test_acc'])} (val {score(result['val_acc'])}, "
               f"epoch {result['best_epoch']} of {result['epochs']})")
     if args.json:
         write_result(args.json, result)

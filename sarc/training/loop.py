@@ -208,12 +208,17 @@ def evaluate(model: nn.Module, source: StepSource,
     return acc, val_loss
 
 
+def score(value: float) -> str:
+    """An accuracy as the progress lines print it: ``-`` for a split without nodes (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.4f}"
+
+
 def epoch_line(epoch: int, loss: float, acc: dict[str, float] | None, seconds: float, *,
                of: int | None = None) -> str:
     """The progress line of an epoch (``of``: the number of epochs, shown as ``epoch/of``;
     ``acc`` None: an epoch without evaluation)."""
     scores = ("" if acc is None else
-              f"train {acc['train']:.4f} val {acc['val']:.4f} test {acc['test']:.4f} | ")
+              f"train {score(acc['train'])} val {score(acc['val'])} test {score(acc['test'])} | ")
     return (f"epoch {epoch:4d}{'' if of is None else f'/{of}'} | loss {loss:.4f} | "
             f"{scores}{seconds * 1e3:.0f} ms")
 
