@@ -32,20 +32,21 @@ def _sarc(*argv) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
-@pytest.fixture(scope="module")
-def cora_parts(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cora") / "parts"
-    assert main(["partition", "--dataset", "cora", "--parts", "2", "--method", "random",
+def _parts(tmp_path_factory, dataset: str) -> Path:
+    out = tmp_path_factory.mktemp(dataset) / "parts"
+    assert main(["partition", "--dataset", dataset, "--parts", "2", "--method", "random",
                  "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def cora_parts(tmp_path_factory):
+    return _parts(tmp_path_factory, "cora")
 
 
 @pytest.fixture(scope="module")
 def aifb_parts(tmp_path_factory):
-    out = tmp_path_factory.mktemp("aifb") / "parts"
-    assert main(["partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
-                 "--out", str(out)]) == 0
-    return out
+    return _parts(tmp_path_factory, "aifb")
 
 
 @pytest.fixture(scope="module")
