@@ -33,6 +33,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from torch import nn
 
@@ -41,7 +42,7 @@ from .atomic import MANIFEST, atomic_directory
 from .compiler import Compilation, Target, compile_layer
 from .dsl import Layer, backends_named
 from .errors import SarcError
-from .hetero import fetch_budget
+from .hetero import call_blocks, fetch_budget
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.split import aggregates
@@ -111,11 +112,14 @@ def find_layers(model: nn.Module) -> list[tuple[str, Layer]]:
 
 def _steps(model: nn.Module, calls) -> list[tuple[str, Layer, bool]]:
     """(name, layer, its inputs need a gradient) of each layer a step runs: the ``calls``
-    (``sarc.training.layer_calls``), or without them the layers in module order, all but the
-    first's input needing a gradient."""
+    (``sarc.training.layer_calls``), or without them the layers in module order, all but
+    the first block's input needing a gradient (a first ``sarc.HeteroConv``'s relations'
+    layers all read the model's input: ``call_blocks``)."""
     if calls is not None:
         return [(c.name, c.layer, c.inputs_need_grad) for c in calls]
-    return [(name, layer, k > 0) for k, (name, layer) in enumerate(find_layers(model))]
+    found = find_layers(model)
+    blocks = call_blocks(model, [layer for _, layer in found])
+    return [(name, layer, b > 0) for (name, layer), b in zip(found, blocks)]
 
 
 def _backends(layers, backend: str | None) -> str:
@@ -130,7 +134,7 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                   exec_mode: str | None = None, schedules: bool = True,
                   sample: BlockSample | None = None, batch_size: int | None = None,
                   fanouts: tuple[int, ...] | None = None,
-                  calls=None, relation_stats: dict[int, ShardStats] | None = None
+                  calls=None, relation_stats: Sequence[ShardStats | None] | None = None
                   ) -> ModelArtifacts:
     """Compile every layer of ``model`` for the target; ``schedules``: also cut each layer
     at the exchange and generate its distributed schedule (always with ``workers > 1``).
@@ -139,9 +143,10 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     first one's input features needing no gradient. A minibatch mode with a block
     ``sample`` plans each call on its own blocks (``plan_minibatch``); ``batch_size`` and
     ``fanouts`` describe the minibatches of a plan without one. ``backend``: the kernels of
-    every layer; None: each layer's own. ``relation_stats``: a ``sarc.HeteroConv``
-    relation layer's statistics (by the layer's id: its relation's sub-graph of the
-    shards), where each relation runs a schedule of its own (not ``fetches_once``)."""
+    every layer; None: each layer's own. ``relation_stats``: per layer call, the
+    statistics of a ``sarc.HeteroConv`` relation layer's call (its relation's sub-graph of
+    the shards; None: ``stats``), where each relation runs a schedule of its own (not
+    ``fetches_once``)."""
     t0 = time.perf_counter()
     layers = _steps(model, calls)
     if sample is not None:
@@ -173,11 +178,11 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
             fns = [fn for fn, h in zip(fns, on_halo) if not h]
         for k, kept in zip(firsts, share_budget(fns, stats, budget, baseline) if fns else ()):
             shared[k] = kept
-    own = {} if halo or relation_stats is None else relation_stats
+    own = [None] * len(layers) if halo or relation_stats is None else list(relation_stats)
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):
         sar = sharing and again[k]
-        target = Target(mode=mode, workers=workers, stats=own.get(id(layer), stats),
+        target = Target(mode=mode, workers=workers, stats=own[k] or stats,
                         exec_mode="sar" if sar else exec_mode,
                         mem_budget=None if sar else mem_budget, baseline=baseline,
                         inputs_need_grad=need, distributed=schedules, kept_peers=shared[k])
@@ -252,7 +257,6 @@ def _compile_minibatch(model, name, layers, sample: BlockSample, *, mode, backen
     compile each layer for its plan: the layer's largest blocks, the plan's execution
     mode and kept peers. Without a memory budget a conv's inputs are fetched once for its
     relations (``_fetched_once``), as on workers."""
-    from .training.minibatch import call_blocks
     blocks = call_blocks(model, [layer for _, layer, _ in layers])
     if sample.num_layers != len(set(blocks)):
         raise CompileError(f"the block sample has {sample.num_layers} layers but the model's "

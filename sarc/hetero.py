@@ -14,7 +14,8 @@ On a worker's ``sarc.distributed.DistGraph`` (the whole graph's shard, or a mini
 step's block) without a memory budget, or under one the fetched rows fit
 (``DistGraph.fetches_once``), the conv fetches each node input's boundary rows once for
 all its relations (``sarc.distributed.halo``), and each relation's layer runs on its edges
-of the worker's rows and those; under a budget they do not fit (or in ``sar`` execution) a
+of the worker's rows and those; under a budget they do not fit (or in ``sar`` or
+``hybrid`` execution, or the SAR baseline) a
 relation's sub-graph is a ``DistGraph`` of its own (``DistGraph.edge_subgraph``): its
 layer exchanges only the rows its edges read, in its memory-bounded schedule, planned on
 the relation's shard statistics. Sub-graphs are built on a graph's
@@ -580,6 +581,20 @@ def _version(t: torch.Tensor) -> int | None:
         return t._version
     except RuntimeError:   # inference mode
         return None
+
+
+def call_blocks(model: nn.Module, layers) -> list[int]:
+    """The block each of a step's sarc layer calls runs on (``layers``: the called layers,
+    in call order): a block each, but the relations' layers of one ``sarc.HeteroConv``
+    call share its block (``MiniBatchGraph.take_block``)."""
+    conv_of = {id(sub): id(c) for c in model.modules() if isinstance(c, HeteroConv)
+               for sub in c.modules() if sub is not c}
+    out, last = [], None
+    for layer in layers:
+        conv = conv_of.get(id(layer))
+        out.append((out[-1] if out else -1) + (conv is None or conv != last))
+        last = conv
+    return out
 
 
 def fetch_budget(model: nn.Module, layers: Sequence[Layer], fns: list, stats,

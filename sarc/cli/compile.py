@@ -33,6 +33,7 @@ from ..artifacts import (EMITS, SET_KIND, CompileError, compile_model, format_su
 from ..atomic import check_target
 from ..compiler import BACKENDS
 from ..distributed.supervise import stops_on_signals
+from ..errors import SarcError
 from ..names import one_line
 from ..planner.plan import fetches_once, format_plan
 from ..planner.stats import ShardStats
@@ -198,6 +199,12 @@ def compile_command(args) -> int:
     minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
     note = None
+    if minibatch and args.workers > 1:   # as the workers refuse it
+        from ..training.minibatch import check_minibatch_budget
+        try:
+            check_minibatch_budget(model, budget)
+        except SarcError as e:
+            raise CompileError(str(e)) from None
     if pset is not None:
         shards = _shards(pset, model, hparams)
         if minibatch:
@@ -210,7 +217,7 @@ def compile_command(args) -> int:
         else:
             stats = _full_stats(shards)
             if not fetches_once(budget, args.baseline, args.exec_mode):
-                relation_stats = _relation_stats(shards, model)
+                relation_stats, note = _relation_stats(shards, calls)
     if minibatch:   # after what refuses the options themselves
         _forward_on_blocks(args, data, prep, hparams, model, fanouts)
     art = compile_model(model, spec.name, mode=args.mode, backend=args.backend,
@@ -263,7 +270,7 @@ def _forward_on_blocks(args, data, prep, hparams, model, fanouts) -> None:
 
 def _blocks_taken(model, calls) -> int:
     """The blocks a step's layer ``calls`` take (``call_blocks``)."""
-    from ..training.minibatch import call_blocks
+    from ..hetero import call_blocks
     return len(set(call_blocks(model, [c.layer for c in calls])))
 
 
@@ -278,8 +285,10 @@ def _check_blocks_sampled(mode: str, model, budget, baseline: bool, exec_mode) -
     if fetches_once(budget, baseline, exec_mode):
         return
     if any(isinstance(m, HeteroConv) for m in model.modules()):
-        what = ("--mem-budget" if budget is not None else "--baseline" if baseline
-                else f"--exec {exec_mode}")
+        what = " and ".join(o for o, given in (("--mem-budget", budget is not None),
+                                                ("--baseline", baseline),
+                                                (f"--exec {exec_mode}", exec_mode is not None))
+                            if given)
         raise CompileError(f"{mode} mode with --partition and {what}: the model has a "
                            f"sarc.HeteroConv, whose relations' layers then run on their own "
                            f"edges of a block, which the sampled blocks' statistics do not "
@@ -382,43 +391,57 @@ def _full_stats(shards: list) -> ShardStats:
     return dataclasses.replace(stats, dst_nodes=None) if stats.dst_nodes == stats.nodes else stats
 
 
-def _relation_stats(shards: list, model) -> dict[int, ShardStats]:
-    """The statistics of each ``sarc.HeteroConv`` relation layer (by the layer's id) where
-    each relation runs a schedule of its own: its relation's sub-graph of the workers'
-    full-batch ``shards``, of the edge types the trainer hands the model (the partition's
-    ``etype``), made as the workers make it (``sarc.distributed.relations.edge_subshards``,
-    on P threads). Empty without a conv or edge types."""
+def _relation_stats(shards: list, calls) -> tuple[list, str | None]:
+    """Per layer call, the statistics a ``sarc.HeteroConv`` relation layer's call is
+    planned on where each relation runs a schedule of its own (None for another call):
+    its relation's sub-graph of the workers' full-batch ``shards``, of the edge types the
+    conv's call was given (``LayerCall.etype``, on the whole graph: each shard's edges
+    take theirs by their original ids), made as the workers make it
+    (``sarc.distributed.relations.edge_subshards``, on P threads). And a note where a
+    call's edge types are not one per edge of the partitioned graph (its relations are
+    then planned on the whole shards')."""
     import torch
 
     from ..distributed.relations import edge_subshards
-    from ..hetero import HeteroConv
     from .block_sample import ThreadExchanger, run_threads
-    layers: dict[int, list] = {}   # relation id -> its layers, over every conv
-    for conv in model.modules():
-        if isinstance(conv, HeteroConv):
-            for rid in conv.relation_ids:
-                layers.setdefault(rid, []).append(conv.layers[str(rid)])
-    if not layers or any("etype" not in e for shard in shards for e in shard.edata):
-        return {}
-    rids = sorted(layers)
+    ids = [torch.cat(list(shard.orig_edge_ids)).to(torch.int64) for shard in shards]
+    edges = int(sum(int((i >= 0).sum()) for i in ids))
+    wanted: dict[int, tuple] = {}   # id(etype) -> (etype, its relations), in first-call order
+    unusable = []
+    for c in calls:
+        if c.relation is None:
+            continue
+        etype = c.etype
+        if (not isinstance(etype, torch.Tensor) or etype.shape != (edges,)
+                or etype.dtype.is_floating_point or any(bool((i < 0).any()) for i in ids)):
+            unusable.append(c.name)
+            continue
+        wanted.setdefault(id(etype), (etype, []))[1].append(c.relation)
+    keys = [(key, rid) for key, (_, rids) in wanted.items() for rid in dict.fromkeys(rids)]
 
     def work(rank: int, comm) -> list:
-        etype = torch.cat([e["etype"] for e in shards[rank].edata]).to(torch.int64)
-        return edge_subshards(shards[rank], [etype == r for r in rids], ThreadExchanger(comm))
+        mine = {key: etype.to(torch.int64)[ids[rank]] for key, (etype, _) in wanted.items()}
+        return edge_subshards(shards[rank], [mine[key] == rid for key, rid in keys],
+                              ThreadExchanger(comm))
 
-    subs = run_threads(len(shards), work)
-    out: dict[int, ShardStats] = {}
-    for i, rid in enumerate(rids):
-        stats = _full_stats([subs[rank][i] for rank in range(len(shards))])
-        for layer in layers[rid]:
-            out.setdefault(id(layer), stats)
-    return out
+    subs = run_threads(len(shards), work) if keys else []
+    found = {k: _full_stats([subs[rank][i] for rank in range(len(shards))])
+             for i, k in enumerate(keys)}
+    out = [None if c.relation is None or c.name in unusable
+           else found[(id(c.etype), c.relation)] for c in calls]
+    note = None
+    if unusable:
+        note = (f"compile: {len(unusable)} relation layer call(s) ({unusable[0]}, ...) were "
+                f"given edge types that are not one per edge of the partitioned graph: "
+                f"planned on the whole shards' statistics, which overstates what they send")
+    return out, note
 
 
 def _block_sample(shards: list, layers: int, mode: str, fanouts, batch_size: int | None,
                   batches: int):
     """The blocks of the first ``batches`` steps of a training run's first epoch sampled
-    over the workers' ``shards`` (``block_sample``) for a model of ``layers`` layer calls,
+    over the workers' ``shards`` (``block_sample``) for a step of ``layers`` blocks (a
+    layer call's each, a ``sarc.HeteroConv`` call's one for its relations),
     and the steps of an epoch; ``batch_size`` None: every training seed in one step, as
     ``sarc train``."""
     from ..sampling import SamplingSpec

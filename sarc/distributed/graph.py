@@ -89,6 +89,9 @@ class DistGraph:
         self.ran_by = None   # the layer that ran on it, where it has a share_of
         self.ran_program = None   # the program of its last call under autograd
         self.fetch_within_budget = False   # its HeteroConvs' fetches fit the budget (share_memory)
+        # a relation's sub-graph of the whole graph: its layers' programs are planned on its
+        # statistics, not shared with other sub-graphs' (a mini-batch block's are re-priced)
+        self.plans_own = False
         # the sub-graphs made of it (a HeteroConv's relations on a step's block), shared
         # by its copies for other shards (on_shard): what a step's prediction prices
         self.subgraph_runs: list = []
@@ -175,6 +178,7 @@ class DistGraph:
             sub.programs, sub.layer_names = self.programs, self.layer_names
             sub.training_programs, sub.kept_share = self.training_programs, self.kept_share
             sub.step_calls, sub.awaiting = self.step_calls, self.awaiting
+            sub.plans_own = self.mode == "full"
             self.subgraph_runs.append(sub)
             subs.append(sub)
         return subs

@@ -93,7 +93,8 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
 def share_memory(model, dg: DistGraph) -> None:
     """Share ``dg.mem_budget`` over a whole training step of ``model``: which peers' rows
     each of its sarc layers keeps (``sarc.planner.plan.share_budget``; the layers in
-    module order, the first one's input needing no gradient). The trainer calls it
+    module order, the first block's input needing no gradient), and whether its
+    ``sarc.HeteroConv``s fetch their inputs once within it. The trainer calls it
     before the first step; the layers' programs are planned with the shares. Layers made
     at their first call (a patched DGL conv's) are not there yet: each keeps what the
     budget has left when it is planned (``_budget_left``)."""
@@ -103,7 +104,7 @@ def share_memory(model, dg: DistGraph) -> None:
     dg.fetch_within_budget = False
     if not shares_budget(dg) or not layers:
         return
-    fns, budget = step_layers(layers), dg.mem_budget
+    fns, budget = step_layers(layers, model), dg.mem_budget
     found = (fetch_budget(model, layers, fns, dg.stats, budget, dg.baseline)
              if dg.mode == "full" and dg.exec_mode is None and not dg.baseline else None)
     if found is not None:   # its HeteroConvs fetch once; the other layers share what is left
@@ -123,11 +124,15 @@ def shares_budget(dg: DistGraph) -> bool:
     return dg.mem_budget is not None and dg.size > 1 and dg.exec_mode in (None, "hybrid")
 
 
-def step_layers(layers) -> list:
+def step_layers(layers, model=None) -> list:
     """A step's sarc layers, in call order, as ``share_budget`` prices them: each optimized
-    for its backend, and whether its input needs a gradient (all but the first's)."""
+    for its backend, and whether its input needs a gradient (all but the first block's:
+    with ``model``, a first ``sarc.HeteroConv``'s relations' layers all read its input,
+    ``sarc.hetero.call_blocks``)."""
+    from ..hetero import call_blocks
+    blocks = call_blocks(model, layers) if model is not None else range(len(layers))
     return [(compiler.compile_layer(layer, layer._sarc_backend, through="optimize").optimized,
-             k > 0) for k, layer in enumerate(layers)]
+             b > 0) for b, layer in zip(blocks, layers)]
 
 
 def _runs_another_layers_share(layer, dg: DistGraph) -> bool:
@@ -175,8 +180,9 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool,
     """The layer's program on ``dg``, compiled on first use (named by class and first-call
     order), and again when what its trace read has changed (``Layer.compiled``);
     ``again``: its program for a call while an earlier one awaits its backward
-    (``calls_again``)."""
-    key = (id(layer), inputs_need_grad, again)
+    (``calls_again``). A relation's sub-graph of the whole graph plans its own (a layer
+    shared by relations is planned on each one's statistics: ``DistGraph.plans_own``)."""
+    key = (id(layer), inputs_need_grad, again, dg.stats if dg.plans_own else None)
     state = state_key(layer)
     if key not in dg.programs or dg.programs[key].state != state:
         name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")

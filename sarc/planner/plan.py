@@ -529,6 +529,11 @@ def plan_minibatch(layers: list[tuple[str, Function]], sample: BlockSample, *, m
         raise ValueError(f"the block sample has {sample.num_parts} workers but {workers} "
                          f"workers were asked for")
     blocks = list(range(len(layers))) if blocks is None else list(blocks)
+    if len(blocks) != len(layers) or any(b not in (a, a + 1) for a, b in
+                                         zip([-1, *blocks], blocks)):
+        raise ValueError(f"blocks gives each of the {len(layers)} layers its block, in call "
+                         f"order from block 0, a layer on its predecessor's block or the "
+                         f"next; got {blocks}")
     if sample.num_layers != len(set(blocks)):
         raise ValueError(f"the block sample has {sample.num_layers} layers but the model's "
                          f"step takes {len(set(blocks))} blocks")

@@ -44,6 +44,10 @@ class LayerCall:
     # on a worker (its HeteroConv.fetched_inputs: label, values a row, bytes a value, whether
     # it needs a gradient)
     fetches: tuple[tuple[str, int, int, bool], ...] = ()
+    # a relation layer's call: the relation it ran for, and the edge types its conv's call
+    # was given (one per edge of the graph the model was called on)
+    relation: int | None = None
+    etype: torch.Tensor | None = None
 
 
 def input_needs_grad(layer: Layer, given: Mapping[str, Any]) -> bool:
@@ -64,7 +68,9 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
     calls: list[LayerCall] = []
     seen: dict[int, int] = {}
 
-    fetching: dict[int, tuple] = {}   # a relation layer -> its conv call's fetches
+    # the HeteroConv call under way: the conv, its etype, its fetches (the first relation's
+    # call takes them), the relations it has yet to call (in relation_ids order: HeteroConv._run)
+    conv_call: dict = {}
 
     def record(layer, args: tuple, feats: dict) -> None:
         # every call, on whatever graph it gets (``sarc.HeteroConv``'s relation subgraphs)
@@ -74,16 +80,20 @@ def layer_calls(model: nn.Module, graph, x: torch.Tensor,
             return  # the call itself raises it, saying where the layer was called
         n = seen[id(layer)] = seen.get(id(layer), 0) + 1
         name = layers[id(layer)][0]
+        left = conv_call.get("left")
+        ours = bool(left) and conv_call["conv"].layers[str(left[0])] is layer
         calls.append(LayerCall(name if n == 1 else f"{name}#{n}", layer,
                                input_needs_grad(layer, given), user_loc(),
-                               fetching.pop(id(layer), ())))
+                               conv_call.pop("fetches", ()) if ours else (),
+                               left.pop(0) if ours else None,
+                               conv_call["etype"] if ours else None))
 
     def record_conv(conv, args: tuple, feats: dict) -> None:
-        feats = {k: v for k, v in feats.items() if k not in conv.sarc_inputs}
+        nodes = {k: v for k, v in feats.items() if k not in conv.sarc_inputs}
         fetches = tuple((label, math.prod(t.shape[1:]), t.element_size(), t.requires_grad)
-                        for label, t in conv.fetched_inputs(args[1:], feats))
-        fetching.clear()
-        fetching[id(next(iter(conv.layers.values())))] = fetches
+                        for label, t in conv.fetched_inputs(args[1:], nodes))
+        conv_call.update(conv=conv, etype=feats.get("etype"), fetches=fetches,
+                         left=list(conv.relation_ids))
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for _, m in layers.values()]
     hooks += [m.register_forward_pre_hook(record_conv, with_kwargs=True)

@@ -165,21 +165,6 @@ def graph_layers(model: nn.Module) -> int:
     return sum(id(m) not in inside for m in sarc_layers(model)) + len(convs) + routed
 
 
-def call_blocks(model: nn.Module, layers) -> list[int]:
-    """The block each of a step's sarc layer calls runs on (``layers``: the called layers,
-    in call order): a block each, but the relations' layers of one ``sarc.HeteroConv``
-    call share its block (``MiniBatchGraph.take_block``)."""
-    from ..hetero import HeteroConv
-    conv_of = {id(sub): id(c) for c in model.modules() if isinstance(c, HeteroConv)
-               for sub in c.modules() if sub is not c}
-    out, last = [], None
-    for layer in layers:
-        conv = conv_of.get(id(layer))
-        out.append((out[-1] if out else -1) + (conv is None or conv != last))
-        last = conv
-    return out
-
-
 def check_minibatch_budget(model: nn.Module, mem_budget) -> None:
     """A memory budget of a step on workers is shared over its blocks, a sarc layer's
     each (``sarc.distributed.train.BlockGraphs``); a ``sarc.HeteroConv``'s block runs a

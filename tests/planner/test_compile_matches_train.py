@@ -19,6 +19,7 @@ import pytest
 
 from sarc.cli import main
 from sarc.datasets import load_dataset
+from model_files import MEAN
 from timeouts import run_or_show_stacks
 
 pytestmark = pytest.mark.once   # end to end, DGL-free: the main environment's run (Makefile)
@@ -181,6 +182,67 @@ def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted
+
+
+def test_relations_sharing_a_layer_over_edge_types_the_model_makes(tmp_path, aifb_parts):
+    """One layer object for every relation of a conv (weight sharing), and edge types the
+    model derives from the partition's (``etype + 7``): each relation call is planned on
+    its own edges of the shards, by the edge types its conv was given (it was planned on
+    one relation's, and on the partition's edge types), and the workers plan each relation's
+    sub-graph apart (they reused the first relation's plan)."""
+    text = (ROOT / "models" / "hetero_sage.py").read_text()
+    for old, new in [
+            ("        self.conv1 = sarc.HeteroConv({r: SAGELayer(hidden, hidden) for r in "
+             "range(num_etypes)},",
+             "        shared = SAGELayer(hidden, hidden)\n"
+             "        self.conv1 = sarc.HeteroConv({r: shared for r in "
+             "reversed(range(7, num_etypes + 7))},"),
+            ("                                      for r in range(num_etypes)}, aggregate)",
+             "                                      for r in range(7, num_etypes + 7)}, "
+             "aggregate)"),
+            ("        types = ntype if", "        etype = etype + 7\n        types = ntype if")]:
+        assert old in text
+        text = text.replace(old, new)
+    model = tmp_path / "shared_merged.py"
+    model.write_text(text)
+    plan, _ = _compiled(tmp_path, model, aifb_parts, "--exec", "sar")
+    assert len(plan["layers"]) == 180 and {lp["exec_mode"] for lp in plan["layers"]} == {"sar"}
+    counted, run = _counted(tmp_path, model, aifb_parts, "--epochs", "2", "--exec", "sar")
+    assert all(c > 0 for c in counted)
+    assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
+    assert _predicted(plan) == counted
+
+
+OWN_EDGE_TYPES = "import torch\n" + MEAN + """
+
+class Net(nn.Module):
+    def __init__(self, i, c):
+        super().__init__()
+        self.conv = sarc.HeteroConv({0: Mean(i, c), 1: Mean(i, c)})
+
+    def forward(self, g, x):
+        return self.conv(g, x, etype=torch.arange(g.num_edges, device=x.device) % 2)
+
+
+HPARAMS = {"dataset": "cora", "self_loops": True}
+
+
+def build_model(in_feats, num_classes, **_):
+    return Net(in_feats, num_classes)
+"""
+
+
+def test_relations_of_edge_types_compile_cannot_place_are_said(tmp_path, cora_parts, capsys):
+    """Edge types a model makes of a graph with self loops, which the partition's edges do
+    not carry (a loop has no original edge): its relations are planned on the whole
+    shards, and compile says so."""
+    model = tmp_path / "own_types.py"
+    model.write_text(OWN_EDGE_TYPES)
+    plan, _ = _compiled(tmp_path, model, cora_parts, "--exec", "sar")
+    assert {lp["exec_mode"] for lp in plan["layers"]} == {"sar"}
+    assert ("2 relation layer call(s) (conv.layers.0, ...) were given edge types that are not "
+            "one per edge of the partitioned graph: planned on the whole shards' statistics"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("self_loops", [True, False])

@@ -186,6 +186,9 @@ def test_a_sample_must_fit_the_model_and_the_workers():
         plan_minibatch(layers[:1], sample, mode="mfg", workers=2)
     with pytest.raises(ValueError, match="step takes 1 blocks"):   # two layers on one block
         plan_minibatch(layers, sample, mode="mfg", workers=2, blocks=[0, 0])
+    for blocks in ([0, 2], [1, 0], [0], [0, 1, 1]):
+        with pytest.raises(ValueError, match="in call order from block 0"):
+            plan_minibatch(layers, sample, mode="mfg", workers=2, blocks=blocks)
     with pytest.raises(ValueError, match="minibatch mode"):
         plan_minibatch(layers, sample, mode="full", workers=2)
     with pytest.raises(ValueError, match="at least one batch"):

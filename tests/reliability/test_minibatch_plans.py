@@ -116,7 +116,7 @@ def test_fanouts_that_start_with_a_minus_sign(tmp_path, parts):
       "HeteroConv's relations in schedules of their own on their edges of sampled blocks, "
       "which the blocks' statistics do not give)", "error")
 @pytest.mark.parametrize("mode,option", [("mfg", ("--exec", "sar")),
-                                         ("sampling", ("--mem-budget", "64MiB"))])
+                                         ("sampling", ("--baseline",))])
 def test_compile_refuses_a_hetero_conv_in_sar_on_sampled_blocks(tmp_path, mode, option):
     out = tmp_path / "aifb"
     proc = run_sarc("partition", "--dataset", "aifb", "--parts", "2", "--method", "random",
@@ -125,8 +125,19 @@ def test_compile_refuses_a_hetero_conv_in_sar_on_sampled_blocks(tmp_path, mode, 
     fanouts = ["--fanouts", "5,5"] if mode == "sampling" else []
     refused(run_sarc("compile", ROOT / "models" / "hetero_sage.py", "--mode", mode,
                      "--partition", out, *fanouts, *option, "--out", tmp_path / "o"),
-            tmp_path / "o", f"{mode} mode with --partition and {option[0]}", "sarc.HeteroConv",
-            "without --partition")
+            tmp_path / "o", f"{mode} mode with --partition and {' '.join(option)}",
+            "sarc.HeteroConv", "without --partition")
+
+
+@case("cli", "`sarc compile models/hetero_sage.py --mode mfg --workers 2 --mem-budget 64MiB`, "
+      "which the workers of `sarc train` refuse (a budget shared over a step's blocks does not "
+      "price a HeteroConv's relations)", "error")
+@pytest.mark.parametrize("mode", ["mfg", "sampling"])
+def test_compile_refuses_a_budget_the_workers_refuse(tmp_path, mode):
+    fanouts = ["--fanouts", "5,5"] if mode == "sampling" else []
+    refused(run_sarc("compile", ROOT / "models" / "hetero_sage.py", "--mode", mode,
+                     "--workers", "2", *fanouts, "--mem-budget", "64MiB", "--out", tmp_path / "o"),
+            tmp_path / "o", "--mem-budget in a mini-batch mode", "sarc.HeteroConv")
 
 
 SOURCE_IN_DEGREE = '''
