@@ -315,12 +315,22 @@ class DistGraph:
         of every call of the last step where steps are counted (``step_calls``: a layer
         called k times sends k times), else of the layers called so far under autograd,
         once each (None without partition statistics)."""
+        return self._planned("bytes_sent")
+
+    def planned_bytes_kept(self) -> int | None:
+        """The planner's bytes this worker keeps for backward in one training step, of the
+        programs ``planned_bytes_sent`` counts (a relation's layer on a HeteroConv's
+        fetched rows runs no program: its fetch counts)."""
+        return self._planned("bytes_kept")
+
+    def _planned(self, figure: str) -> int | None:
         total = 0
         programs = self.step_calls.programs
         for prog in programs if programs is not None else self.training_programs.values():
-            if prog.plan.bytes_sent is None:
+            value = getattr(prog.plan, figure)
+            if value is None:
                 return None
-            total += prog.plan.bytes_sent[self.rank]
+            total += value[self.rank]
         return total
 
     def __repr__(self) -> str:

@@ -541,7 +541,11 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
     if cfg.minibatch is None:
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
-        programs, sampled = dg.step_calls.programs or list(dg.training_programs.values()), {}
+        kept = dg.planned_bytes_kept()
+        sampled = {"planned_step_bytes_kept": kept,
+                   "over_budget": kept is not None and cfg.mem_budget is not None
+                   and kept > cfg.mem_budget}
+        programs = dg.step_calls.programs or list(dg.training_programs.values())
     else:  # the mean step of the last epoch, each step planned on its own blocks
         h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
                                                         "sampling_bytes_sent": 0}
@@ -572,7 +576,7 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         "plans": [{"layer": p.name, "exec_mode": p.plan.exec_mode, "bytes_sent": p.plan.bytes_sent}
                   for p in programs],
     }
-    say(format_report(workers))
+    say(format_report(workers, cfg.mem_budget))
     selected = whole_embedding(best["state"], model, shard, group, timeout) if cfg.save_path else None
     if rank == 0 and cfg.save_path:
         best["state"] = selected  # the selected state, its sharded embedding whole
@@ -701,9 +705,11 @@ def _mib(n: float) -> str:
     return _fmt_bytes(n)
 
 
-def format_report(workers: list[dict]) -> str:
+def format_report(workers: list[dict], mem_budget: int | None = None) -> str:
     """Per worker: peak memory (and its fixed and data parts, ``peak_memory``), the sharded
-    embedding's rows + optimizer state (if any), bytes sent / received in the last epoch."""
+    embedding's rows + optimizer state (if any), bytes sent / received in the last epoch;
+    and the workers whose full-batch step keeps more than ``mem_budget`` for backward
+    (what they keep of their own shards alone exceeds it: every layer ran in sar)."""
     emb = any("embedding_bytes" in w for w in workers)
     lines = ["worker    peak RSS = (    fixed +       data)   cuda peak"
              + ("  embedding (rows + optimizer)" if emb else "")
@@ -717,4 +723,10 @@ def format_report(workers: list[dict]) -> str:
                      f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}{table}  "
                      f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
                      f"{_mib(w['step_bytes_sent'])} ({planned})")
+    over = [w["rank"] for w in workers if w.get("over_budget")]
+    if over:
+        lines.append(f"over the budget {_mib(mem_budget)} on workers {over}: a step keeps "
+                     f"{', '.join(_mib(workers[r]['planned_step_bytes_kept']) for r in over)} "
+                     f"for backward, what the layers keep of their own shards alone (every "
+                     f"layer ran in sar, nothing remote kept)")
     return "\n".join(lines)

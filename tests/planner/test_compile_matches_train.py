@@ -213,6 +213,23 @@ def test_relations_sharing_a_layer_over_edge_types_the_model_makes(tmp_path, aif
     assert _predicted(plan) == counted
 
 
+def test_a_step_over_the_budget_is_said_as_compile_says(tmp_path, cora_parts):
+    """A budget below what the layers keep of their own shards: compile says so, and the
+    workers' report says it too (it said nothing), with the bytes compile planned."""
+    plan, _ = _compiled(tmp_path, ROOT / "models" / "gcn.py", cora_parts, "--mem-budget", "100K")
+    kept = [sum(lp["bytes_kept_per_worker"][r] for lp in plan["layers"]) for r in range(2)]
+    assert min(kept) > 100 * 1024
+    out = tmp_path / "train.json"
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", "models/gcn.py",
+                               "--partition", str(cora_parts), "--epochs", "1",
+                               "--mem-budget", "100K", "--json", str(out)], cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(out.read_text())
+    assert [w["planned_step_bytes_kept"] for w in run["per_worker"]] == kept
+    assert all(w["over_budget"] for w in run["per_worker"])
+    assert "over the budget 100.0 KiB on workers [0, 1]: a step keeps" in proc.stdout
+
+
 OWN_EDGE_TYPES = "import torch\n" + MEAN + """
 
 class Net(nn.Module):
