@@ -42,13 +42,13 @@ from .atomic import MANIFEST, atomic_directory
 from .compiler import Compilation, Target, compile_layer
 from .dsl import Layer, backends_named
 from .errors import SarcError
-from .hetero import call_blocks, fetch_budget
+from .hetero import call_blocks, relation_fetches
 from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.split import aggregates
 from .ir.printer import format_function
-from .planner.plan import (LayerPlan, Plan, fetches_once, format_plan, plan_minibatch,
-                           share_budget)
+from .planner.plan import (LayerPlan, Plan, fetch_within, fetches_once, format_plan,
+                           plan_minibatch, share_budget)
 from .planner.stats import BlockSample, ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -168,12 +168,12 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
         fns = [(compile_layer(layer, backend or layer._sarc_backend,
                               through="optimize").optimized, need)
                for _, layer, need in (layers[k] for k in firsts)]
-        budget = mem_budget
-        found = (fetch_budget(model, [layers[k][1] for k in firsts], fns, stats, mem_budget,
-                              baseline) if mode == "full" and exec_mode is None and not baseline
-                 else None)
-        if found is not None:
-            halo, (budget, on_halo) = True, found
+        found = (relation_fetches(model, [layers[k][1] for k in firsts])
+                 if mode == "full" and exec_mode is None and not baseline else None)
+        room = None if found is None else fetch_within(fns, *found, stats, mem_budget, baseline)
+        budget = mem_budget if room is None else room
+        if room is not None:
+            halo, on_halo = True, found[0]
             firsts = [k for k, h in zip(firsts, on_halo) if not h]
             fns = [fn for fn, h in zip(fns, on_halo) if not h]
         for k, kept in zip(firsts, share_budget(fns, stats, budget, baseline) if fns else ()):

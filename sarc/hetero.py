@@ -597,23 +597,18 @@ def call_blocks(model: nn.Module, layers) -> list[int]:
     return out
 
 
-def fetch_budget(model: nn.Module, layers: Sequence[Layer], fns: list, stats,
-                 mem_budget: int, baseline: bool = False) -> tuple[int, list[bool]] | None:
-    """Whether ``model``'s HeteroConvs fetch their inputs once under ``mem_budget``
-    (``sarc.planner.plan.fetch_within``; ``layers``, a step's sarc layers, ``fns`` their
-    optimized functions and input gradient needs): the budget the layers that are no
-    relation's share then, and per layer whether it is a relation's (runs on the fetched
-    rows); None where the model has no conv or the fetches do not fit."""
-    from .planner.plan import fetch_within
+def relation_fetches(model: nn.Module, layers: Sequence[Layer]) -> tuple[list[bool], int] | None:
+    """What ``model``'s HeteroConvs fetch where they fetch their inputs once (priced by
+    ``sarc.planner.plan.fetch_within``): per layer of ``layers`` (a step's sarc layers)
+    whether it is a relation's (runs on the fetched rows), and the bytes of a fetched row,
+    every conv's inputs together (``declared_fetches``); None without a conv."""
     convs = [m for m in model.modules() if isinstance(m, HeteroConv)]
     if not convs:
         return None
     relations = {id(layer) for conv in convs for layer in conv.layers.values()}
-    on_halo = [id(layer) in relations for layer in layers]
     row = sum(width * size for conv in convs
               for _, width, size, _ in conv.declared_fetches(True))
-    room = fetch_within(fns, on_halo, row, stats, mem_budget, baseline)
-    return None if room is None else (room, on_halo)
+    return [id(layer) in relations for layer in layers], row
 
 
 def relation_graphs(g, etype: torch.Tensor, relations: Sequence[int],

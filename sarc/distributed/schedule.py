@@ -99,17 +99,19 @@ def share_memory(model, dg: DistGraph) -> None:
     at their first call (a patched DGL conv's) are not there yet: each keeps what the
     budget has left when it is planned (``_budget_left``)."""
     from ..dsl import Layer
-    from ..hetero import fetch_budget
+    from ..hetero import relation_fetches
+    from ..planner.plan import fetch_within
     layers = [m for m in model.modules() if isinstance(m, Layer)]
     dg.fetch_within_budget = False
     if not shares_budget(dg) or not layers:
         return
     fns, budget = step_layers(layers, model), dg.mem_budget
-    found = (fetch_budget(model, layers, fns, dg.stats, budget, dg.baseline)
+    found = (relation_fetches(model, layers)
              if dg.mode == "full" and dg.exec_mode is None and not dg.baseline else None)
-    if found is not None:   # its HeteroConvs fetch once; the other layers share what is left
+    room = None if found is None else fetch_within(fns, *found, dg.stats, budget, dg.baseline)
+    if room is not None:   # its HeteroConvs fetch once; the other layers share what is left
         dg.fetch_within_budget = True
-        budget, on_halo = found
+        budget, on_halo = room, found[0]
         layers = [layer for layer, halo in zip(layers, on_halo) if not halo]
         fns = [fn for fn, halo in zip(fns, on_halo) if not halo]
     for layer, kept in zip(layers, share_budget(fns, dg.stats, budget, dg.baseline)
