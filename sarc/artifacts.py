@@ -161,23 +161,28 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     again = [id(layer) in seen or seen.add(id(layer)) for _, layer, _ in layers]
     halo = workers > 1 and fetches_once(mem_budget, baseline, exec_mode)
     if sharing:
-        # the budget is the whole step's: the layers share it (share_budget), a share each;
-        # a layer's later calls run in sar (sarc.distributed.schedule.calls_again); where
-        # the HeteroConvs' fetches fit it, they fetch once and the other layers share the rest
-        firsts = [k for k, a in enumerate(again) if not a]
+        # the budget is the whole step's: the layers share it (share_budget), a share each,
+        # priced as the workers price it before their first step (schedule.share_memory:
+        # the layers in module order, the first block's input needing no gradient); a
+        # layer's later calls run in sar (schedule.calls_again); where the HeteroConvs'
+        # fetches fit it, they fetch once and the other layers share the rest
+        mods = [layer for _, layer in find_layers(model)]
         fns = [(compile_layer(layer, backend or layer._sarc_backend,
-                              through="optimize").optimized, need)
-               for _, layer, need in (layers[k] for k in firsts)]
-        found = (relation_fetches(model, [layers[k][1] for k in firsts])
+                              through="optimize").optimized, b > 0)
+               for layer, b in zip(mods, call_blocks(model, mods))]
+        found = (relation_fetches(model, mods)
                  if mode == "full" and exec_mode is None and not baseline else None)
         room = None if found is None else fetch_within(fns, *found, stats, mem_budget, baseline)
         budget = mem_budget if room is None else room
         if room is not None:
             halo, on_halo = True, found[0]
-            firsts = [k for k, h in zip(firsts, on_halo) if not h]
+            mods = [layer for layer, h in zip(mods, on_halo) if not h]
             fns = [fn for fn, h in zip(fns, on_halo) if not h]
-        for k, kept in zip(firsts, share_budget(fns, stats, budget, baseline) if fns else ()):
-            shared[k] = kept
+        kept_of = {id(layer): kept for layer, kept in
+                   zip(mods, share_budget(fns, stats, budget, baseline) if fns else ())}
+        for k, (_, layer, _) in enumerate(layers):
+            if not again[k]:
+                shared[k] = kept_of.get(id(layer))
     own = [None] * len(layers) if halo or relation_stats is None else list(relation_stats)
     compiled = []
     for k, (lname, layer, need) in enumerate(layers):

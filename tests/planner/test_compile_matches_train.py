@@ -167,14 +167,17 @@ def test_a_hetero_convs_fetches_on_sampled_blocks_are_planned_as_they_run(tmp_pa
     assert _predicted(plan) == counted
 
 
-@pytest.mark.parametrize("options", [("--exec", "sar"), ("--mem-budget", "40MiB")],
-                         ids=["sar", "budget"])
+@pytest.mark.parametrize("options", [("--exec", "sar"), ("--mem-budget", "40MiB"),
+                                     ("--exec", "hybrid", "--mem-budget", "75MiB")],
+                         ids=["sar", "budget", "hybrid"])
 def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_edges(
         tmp_path, aifb_parts, options):
     """In sar, or under a memory budget its fetched rows do not fit, each relation's layer
     runs a schedule of its own on its relation's sub-graph of the shards, exchanging the
     rows its edges read: compile plans each on its relation's edges, as the workers do
-    (not on the whole shards')."""
+    (not on the whole shards'). In hybrid some relations' layers keep their peers' rows:
+    compile shares the budget as the workers share it before their first step (it read
+    each call's input-gradient need, and conv1's input, a TypedInput's output, needs one)."""
     model = ROOT / "models" / "hetero_sage.py"
     plan, _ = _compiled(tmp_path, model, aifb_parts, *options)
     assert not plan.get("fetches") and "halo" not in {lp["exec_mode"] for lp in plan["layers"]}
