@@ -15,6 +15,8 @@ from torch import nn
 
 import sarc
 
+from shared_layers import TwoOutputs
+
 from .harness import spawn
 
 P = 2
@@ -43,16 +45,22 @@ def _grads(layer, g, x, w) -> dict:
     return {"x": x.grad, "w": w.grad, **{k: p.grad for k, p in layer.named_parameters()}}
 
 
-def _worker(rank, port, q, parts, state):
+def _on_worker(rank: int, port: int, parts: str, layer: sarc.Layer, state: dict,
+               world_size: int = P):
+    """Worker ``rank`` of a gloo group: ``layer`` with ``state``, its shard of ``parts``
+    and the shard's DistGraph."""
     from sarc.distributed import DistGraph
     from sarc.partition import load_partitions
     from sarc.runtime.sharded import ShardedGraph
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=P, timeout=datetime.timedelta(seconds=60))
-    layer = EdgeWeighted()
+                            world_size=world_size, timeout=datetime.timedelta(seconds=60))
     layer.load_state_dict(state)
     shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
-    dg = DistGraph(shard)
+    return layer, shard, DistGraph(shard)
+
+
+def _worker(rank, port, q, parts, state):
+    layer, shard, dg = _on_worker(rank, port, parts, EdgeWeighted(), state)
     grads = _grads(layer, dg, shard.ndata["feat"], torch.zeros(dg.num_edges, 2))
     q.put((rank, {"ids": shard.orig_node_ids.tolist(),
                   "grads": {k: None if g is None else g.tolist() for k, g in grads.items()},
@@ -80,15 +88,7 @@ def test_inputs_of_a_layer_on_a_graph_without_edges_have_gradients_on_workers(tm
 
 
 def _twice(rank, port, q, parts, state):
-    from sarc.distributed import DistGraph
-    from sarc.partition import load_partitions
-    from sarc.runtime.sharded import ShardedGraph
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=1, timeout=datetime.timedelta(seconds=60))
-    layer = EdgeWeighted()
-    layer.load_state_dict(state)
-    shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
-    dg = DistGraph(shard)
+    layer, shard, dg = _on_worker(rank, port, parts, EdgeWeighted(), state, world_size=1)
     w = torch.rand(dg.num_edges, 2, requires_grad=True)
     out = layer(dg, shard.ndata["feat"], w=w)
     out.sum().backward(retain_graph=True)
@@ -111,34 +111,9 @@ def test_a_second_backward_through_one_distributed_call_is_refused(tmp_path):
                                  "per call"), reports
 
 
-class TwoOutputs(sarc.Layer):
-    """``o1`` reads the parameter, ``o2`` only the features (a max of differences)."""
-
-    def __init__(self):
-        super().__init__(node={"h": 3})
-        self.lin = nn.Linear(3, 3)
-
-    def message(self, src, dst, edge):
-        return {"m": self.lin(src.h), "k": src.h - dst.h}
-
-    def reduce(self, msg):
-        return {"x": sarc.sum(msg.m), "y": sarc.max(msg.k)}
-
-    def update(self, dst, agg):
-        return {"o1": agg.x, "o2": agg.y.tanh()}
-
-
 def _unread(rank, port, q, parts, state):
-    from sarc.distributed import DistGraph
     from sarc.distributed.train import allreduce_gradients
-    from sarc.partition import load_partitions
-    from sarc.runtime.sharded import ShardedGraph
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=P, timeout=datetime.timedelta(seconds=60))
-    layer = TwoOutputs()
-    layer.load_state_dict(state)
-    shard = ShardedGraph.from_partitions(load_partitions(parts, verify=False), rank)
-    dg = DistGraph(shard)
+    layer, shard, dg = _on_worker(rank, port, parts, TwoOutputs(), state)
     x = shard.ndata["feat"].clone().requires_grad_(True)
     layer(dg, x)["o2"].sum().backward()
     allreduce_gradients(layer)

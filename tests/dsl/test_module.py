@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from difftest import assert_close, one_torch_thread, random_block, reference  # noqa: F401
+from shared_layers import TwoOutputs
 from torch import nn
 from zoo import LAYERS, features
 
@@ -674,23 +675,6 @@ def test_a_per_edge_weight_from_g_indexes_the_edges_in_their_given_order():
     assert not torch.allclose(Weighted()(g, h, w=1.0 / g.in_degree[g.dst]), mean)
 
 
-class _TwoOutputs(sarc.Layer):
-    """``o1`` reads the parameter, ``o2`` only the features (a max of differences)."""
-
-    def __init__(self):
-        super().__init__(node={"h": 3})
-        self.lin = nn.Linear(3, 3)
-
-    def message(self, src, dst, edge):
-        return {"m": self.lin(src.h), "k": src.h - dst.h}
-
-    def reduce(self, msg):
-        return {"x": sarc.sum(msg.m), "y": sarc.max(msg.k)}
-
-    def update(self, dst, agg):
-        return {"o1": agg.x, "o2": agg.y.tanh()}
-
-
 @pytest.mark.parametrize("autodiff", ["torch", "ir"])
 def test_gradients_only_where_the_loss_reaches_as_torch_gives_them(g, autodiff):
     """Either autodiff gives the leaves torch's autograd would: a parameter only an output
@@ -698,7 +682,7 @@ def test_gradients_only_where_the_loss_reaches_as_torch_gives_them(g, autodiff):
     decay or momentum would act on), and an output no leaf needing a gradient reaches has
     no grad_fn."""
     torch.manual_seed(0)
-    layer = _TwoOutputs().set_autodiff(autodiff)
+    layer = TwoOutputs().set_autodiff(autodiff)
     h = torch.randn(g.num_src, 3, requires_grad=True)
     out = layer(g, h)
     out["o2"].sum().backward()

@@ -301,18 +301,23 @@ def test_a_hetero_conv_in_a_step_needs_the_whole_graph_and_the_steps_edge_types(
         conv(batch.graph, h, etype=etype[1:], w=w)
 
 
+def _first_step_conv(data):
+    """One process's first MFG step: its batch, a fresh model's first conv, an input of
+    the step's rows, and the step's edge types, edge weights and node types."""
+    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
+    (batch,) = list(src.steps(0))
+    inputs = batch.edge_inputs
+    return (batch, _model().conv1, torch.randn(x.shape[0], HIDDEN),
+            (inputs["etype"], inputs["w"], inputs["ntype"]))
+
+
 def test_node_types_other_than_the_whole_graphs_are_refused_in_a_step(data):
     """In a step a relation's destination type is the whole graph's (its ntype input, the
     dataset's): a model that passes other types (relabeled, or its own where the whole
     graph has none) is refused by name; they counted for other nodes (a KeyError, an id out
     of range, or on workers a silently other loss)."""
     import sarc
-    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
-    (batch,) = list(src.steps(0))
-    conv = _model().conv1
-    h = torch.randn(x.shape[0], HIDDEN)
-    inputs = batch.edge_inputs
-    etype, w, ntype = inputs["etype"], inputs["w"], inputs["ntype"]
+    batch, conv, h, (etype, w, ntype) = _first_step_conv(data)
     with pytest.raises(sarc.GraphError, match=r"node types other than the whole graph's"):
         conv(batch.graph, h, etype=etype, w=w, ntype=1 - ntype)
     batch.graph.calls = 0
@@ -328,12 +333,7 @@ def test_edge_types_other_than_the_steps_are_refused_in_a_step(data):
     relabeling) is refused by name; its step was silently another than the full batch's
     (or, with node types, an id out of range)."""
     import sarc
-    src, x, _ = _steps(_shard(data, 1, "random", 0), MFG, False)
-    (batch,) = list(src.steps(0))
-    conv = _model().conv1
-    h = torch.randn(x.shape[0], HIDDEN)
-    inputs = batch.edge_inputs
-    etype, w, ntype = inputs["etype"], inputs["w"], inputs["ntype"]
+    batch, conv, h, (etype, w, ntype) = _first_step_conv(data)
     with pytest.raises(sarc.GraphError, match=r"edge types other than the step's"):
         conv(batch.graph, h, etype=(etype + 1) % RELS, w=w, ntype=ntype)
     batch.graph.calls = 0
