@@ -47,8 +47,8 @@ from .ir.function import Function
 from .ir.ops import FUSED
 from .ir.split import aggregates
 from .ir.printer import format_function
-from .planner.plan import (LayerPlan, Plan, fetch_within, fetches_once, format_plan,
-                           plan_minibatch, share_budget)
+from .planner.plan import (LayerPlan, Plan, fetches_once, format_plan, plan_minibatch,
+                           share_step)
 from .planner.stats import BlockSample, ShardStats
 
 EMITS = ("ir", "plan", "kernels", "schedule")
@@ -161,7 +161,7 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
     again = [id(layer) in seen or seen.add(id(layer)) for _, layer, _ in layers]
     halo = workers > 1 and fetches_once(mem_budget, baseline, exec_mode)
     if sharing:
-        # the budget is the whole step's: the layers share it (share_budget), a share each,
+        # the budget is the whole step's: the layers share it (share_step), a share each,
         # priced as the workers price it before their first step (schedule.share_memory:
         # the layers in module order, the first block's input needing no gradient); a
         # layer's later calls run in sar (schedule.calls_again); where the HeteroConvs'
@@ -172,14 +172,9 @@ def compile_model(model: nn.Module, name: str, *, mode: str = "full", backend: s
                for layer, b in zip(mods, call_blocks(model, mods))]
         found = (relation_fetches(model, mods)
                  if mode == "full" and exec_mode is None and not baseline else None)
-        room = None if found is None else fetch_within(fns, *found, stats, mem_budget, baseline)
-        budget = mem_budget if room is None else room
-        if room is not None:
-            halo, on_halo = True, found[0]
-            mods = [layer for layer, h in zip(mods, on_halo) if not h]
-            fns = [fn for fn, h in zip(fns, on_halo) if not h]
-        kept_of = {id(layer): kept for layer, kept in
-                   zip(mods, share_budget(fns, stats, budget, baseline) if fns else ())}
+        kept, fetch = share_step(fns, found, stats, mem_budget, baseline)
+        halo = halo or fetch
+        kept_of = {id(layer): peers for layer, peers in zip(mods, kept)}
         for k, (_, layer, _) in enumerate(layers):
             if not again[k]:
                 shared[k] = kept_of.get(id(layer))

@@ -36,7 +36,7 @@ from ..ir.ops import Op
 from ..ir.split import AGGREGATE_OPS, LayerSplit
 from ..ir.types import Domain
 from ..layer_state import state_key
-from ..planner.plan import LayerPlan, share_budget
+from ..planner.plan import LayerPlan
 from ..runtime.bind import BUILTINS, check_feature, check_type_ids, resolve_features
 from ..training.layer_calls import input_needs_grad
 from .exchange import RowFetch, send_kept_grads
@@ -92,7 +92,7 @@ def compile_layer(layer, dg: DistGraph, name: str, inputs_need_grad: bool,
 
 def share_memory(model, dg: DistGraph) -> None:
     """Share ``dg.mem_budget`` over a whole training step of ``model``: which peers' rows
-    each of its sarc layers keeps (``sarc.planner.plan.share_budget``; the layers in
+    each of its sarc layers keeps (``sarc.planner.plan.share_step``; the layers in
     module order, the first block's input needing no gradient), and whether its
     ``sarc.HeteroConv``s fetch their inputs once within it. The trainer calls it
     before the first step; the layers' programs are planned with the shares. Layers made
@@ -100,23 +100,18 @@ def share_memory(model, dg: DistGraph) -> None:
     budget has left when it is planned (``_budget_left``)."""
     from ..dsl import Layer
     from ..hetero import relation_fetches
-    from ..planner.plan import fetch_within
+    from ..planner.plan import share_step
     layers = [m for m in model.modules() if isinstance(m, Layer)]
     dg.fetch_within_budget = False
     if not shares_budget(dg) or not layers:
         return
-    fns, budget = step_layers(layers, model), dg.mem_budget
     found = (relation_fetches(model, layers)
              if dg.mode == "full" and dg.exec_mode is None and not dg.baseline else None)
-    room = None if found is None else fetch_within(fns, *found, dg.stats, budget, dg.baseline)
-    if room is not None:   # its HeteroConvs fetch once; the other layers share what is left
-        dg.fetch_within_budget = True
-        budget, on_halo = room, found[0]
-        layers = [layer for layer, halo in zip(layers, on_halo) if not halo]
-        fns = [fn for fn, halo in zip(fns, on_halo) if not halo]
-    for layer, kept in zip(layers, share_budget(fns, dg.stats, budget, dg.baseline)
-                           if fns else ()):
-        dg.kept_share[id(layer)] = kept
+    kept, dg.fetch_within_budget = share_step(step_layers(layers, model), found, dg.stats,
+                                              dg.mem_budget, dg.baseline)
+    for layer, peers in zip(layers, kept):
+        if peers is not None:   # a relation's layer on the fetched rows keeps no share
+            dg.kept_share[id(layer)] = peers
     dg.programs.clear()
 
 

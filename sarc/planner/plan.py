@@ -496,6 +496,24 @@ def plan_model(layers: list[tuple[str, Function]], *, mode: str = "full", worker
                 None if fanouts is None else tuple(fanouts))
 
 
+def share_step(layers: list[tuple[Function, bool]], fetched: tuple[Sequence[bool], int] | None,
+               stats: ShardStats, mem_budget: int,
+               baseline: bool = False) -> tuple[list[tuple[tuple[int, ...], ...] | None], bool]:
+    """A full-batch step's budget shared by its ``layers`` (in module order, as the workers
+    price it before their first step): where the step's HeteroConvs' fetches (``fetched``:
+    which layers are relations', the bytes of a fetched row; None without a conv, or where
+    they cannot fetch once) fit it with every layer's own share (``fetch_within``), they
+    fetch once and the other layers share what is left. Returns per layer its kept peers
+    (None for a relation's layer on the fetched rows) and whether the convs fetch once."""
+    room = None if fetched is None else fetch_within(layers, *fetched, stats, mem_budget,
+                                                     baseline)
+    on_halo = list(fetched[0]) if room is not None else [False] * len(layers)
+    rest = [fn for fn, halo in zip(layers, on_halo) if not halo]
+    shares = iter(share_budget(rest, stats, mem_budget if room is None else room, baseline)
+                  if rest else ())
+    return [None if halo else next(shares) for halo in on_halo], room is not None
+
+
 def on_batches(lp: LayerPlan, sample: BlockSample, k: int,
                per_batch: Sequence[LayerPlan]) -> LayerPlan:
     """``lp``, planned for block k of a minibatch step, with its figures on each batch of

@@ -18,7 +18,7 @@ from sage import SAGELayer
 
 from sarc.compiler import optimize
 from sarc.planner.plan import (fetch_within, format_plan, plan_fetch, plan_layer, plan_model,
-                               share_budget)
+                               share_budget, share_step)
 from sarc.planner.stats import ShardStats
 
 
@@ -123,3 +123,7 @@ def test_fetches_are_made_once_where_they_fit_with_the_others_share(seed):
         first = plan_layer("conv1", fns[0][0], workers=p, stats=stats, inputs_need_grad=False,
                            kept_peers=kept)
         assert all(need[r] + first.bytes_kept[r] <= floor + extra for r in range(p))
+        assert share_step(fns, (on_halo, 64), stats, floor + extra) == ([kept, None, None], True)
+    # where the fetches do not fit, every layer shares the whole budget
+    assert share_step(fns, (on_halo, 64), stats, floor - 1) == (
+        share_budget(fns, stats, floor - 1), False)
