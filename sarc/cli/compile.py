@@ -169,6 +169,17 @@ def compile_command(args) -> int:
                            f"{data.num_nodes} workers")
     hparams["dataset"] = data.name
     model = build(spec, data, hparams)
+    budget = parse_bytes(args.mem_budget) if args.mem_budget else None
+    minibatch = args.mode != "full"
+    # what the model's modules alone refuse, before its forward pass on the whole graph
+    if minibatch and args.workers > 1:   # as the workers refuse it
+        from ..training.minibatch import check_minibatch_budget
+        try:
+            check_minibatch_budget(model, budget)
+        except SarcError as e:
+            raise CompileError(str(e)) from None
+    if minibatch and pset is not None:
+        _check_blocks_sampled(args.mode, model, budget, args.baseline, args.exec_mode)
     # the layers in the order a training step calls them, each with its inputs' gradient
     # needs: the model run once on the graph and inputs sarc train feeds it
     prep = prepare(data, hparams, model)
@@ -195,20 +206,11 @@ def compile_command(args) -> int:
         except SamplingError as e:
             raise UsageError(f"--fanouts {args.fanouts}: {e}") from None
     stats = sample = relation_stats = None
-    budget = parse_bytes(args.mem_budget) if args.mem_budget else None
-    minibatch = args.mode != "full"
     batch_size = (args.batch_size or training_seeds(data)) if minibatch else None
     note = None
-    if minibatch and args.workers > 1:   # as the workers refuse it
-        from ..training.minibatch import check_minibatch_budget
-        try:
-            check_minibatch_budget(model, budget)
-        except SarcError as e:
-            raise CompileError(str(e)) from None
     if pset is not None:
         shards = _shards(pset, model, hparams)
         if minibatch:
-            _check_blocks_sampled(args.mode, model, budget, args.baseline, args.exec_mode)
             asked = args.batches or DEFAULT_BATCHES
             sample, steps = _block_sample(shards, blocks, args.mode, fanouts,
                                           args.batch_size, asked)
