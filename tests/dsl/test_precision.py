@@ -311,3 +311,51 @@ def test_under_autocast_a_linears_bias_is_in_the_low_dtype_as_torch_casts_it(bac
     for a, b in zip(got_grads, want_grads):
         assert a.dtype == b.dtype == torch.float32
         assert _scaled_err(a, b) < 4 * LOW["bf16"][1]
+
+
+class _ScaledThenLinear(sarc.Layer):
+    """An edge-weighted sum (GraphConv's ``w_e h_u``), then a narrowing linear in
+    ``update``: sarc's passes move the linear ahead of the gather and the weights after it
+    (``linear_through_aggregate``), where a float32 weight times the linear's low-precision
+    rows made the result float32 under autocast; torch's linear of the sum gives bfloat16."""
+
+    def __init__(self):
+        super().__init__(node={"h": D}, edge={"w": ()})
+        self.lin = torch.nn.Linear(D, 4)
+
+    def message(self, src, dst, edge):
+        return src.h * edge.w.unsqueeze(-1)
+
+    def reduce(self, msg):
+        return sarc.sum(msg.m)
+
+    def update(self, dst, agg):
+        return self.lin(agg.agg)
+
+    def torch_reference(self, g: sarc.Graph, h: torch.Tensor, w: torch.Tensor):
+        src, dst = g.input_edges()
+        m = h[src] * w.unsqueeze(-1)
+        return self.lin(torch.zeros(g.num_dst, D, dtype=m.dtype).index_add(0, dst, m))
+
+
+@pytest.mark.parametrize("autodiff", ["torch", "ir"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_autocast_a_linear_moved_ahead_of_a_weighted_sum_keeps_its_dtype(backend, autodiff,
+                                                                               g):
+    layer = _ScaledThenLinear().set_backend(backend).set_autodiff(autodiff)
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(g.num_src, D, generator=gen), torch.rand(g.num_edges, generator=gen)
+    grads = []
+    for run in (layer, layer.torch_reference):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = run(g, xs, ws) if run is layer.torch_reference else run(g, h=xs, w=ws)
+        out.float().square().sum().backward()
+        grads.append((out, xs.grad, ws.grad, layer.lin.weight.grad))
+        layer.zero_grad(set_to_none=True)
+    (got, *got_grads), (want, *want_grads) = grads
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert _scaled_err(got, want) < LOW["bf16"][1]
+    for a, b in zip(got_grads, want_grads):
+        assert a.dtype == b.dtype == torch.float32
+        assert _scaled_err(a, b) < 4 * LOW["bf16"][1]

@@ -23,7 +23,10 @@ W also commutes with a scale per row, broadcast over the features it reads
 ``sum_e w_e h_u``, aggregate ``w_e (W h)_u``. The linear moves only where it then
 reaches the nodes (``pushdown`` computes it per node and gathers it): on an edge
 value of both ends (``h_u * h_v``) it would be a product per edge, E rows instead
-of N.
+of N. Under autocast a linear's output is in the low dtype, and a float32 scale after
+it promotes the product: a linear moved ahead of a scale is followed by a cast by
+autocast (``cast(x, autocast=True)``, nothing without autocast), so the result has the
+dtype the linear of the sum has.
 """
 from __future__ import annotations
 
@@ -79,6 +82,7 @@ def linear_through_aggregate(fn: Function) -> Function:
 
     rw = Rewriter(fn)
     skip: set[int] = set()
+    scales: list[int] = []   # the scales the linear being moved now precedes
 
     def apply(j: int, w: int, like) -> int:
         """New value: linear(old value j, new weight w), pushed through aggregates."""
@@ -86,6 +90,7 @@ def linear_through_aggregate(fn: Function) -> Function:
         if movable(j) and v.op is Op.REDUCE:
             k, chain = scaled(v.inputs[0])
             inner = rw.emit(Op.LINEAR, [rw.map[k], w], None, like)
+            scales.extend(s for _, s in chain)
             for op, s in chain:
                 inner = rw.emit(op, [inner, rw.map[s]], None, fn.values[s])
             return rw.emit(Op.REDUCE, [inner], v.attr, v)
@@ -122,7 +127,11 @@ def linear_through_aggregate(fn: Function) -> Function:
         if i in skip:
             continue
         if v.op is Op.LINEAR and v.inputs[0] in skip:
+            scales.clear()
             rw.map[i] = apply(v.inputs[0], rw.map[v.inputs[1]], v)
+            if scales:   # the linear's dtype under autocast, which a scale may promote
+                rw.map[i] = rw.emit(Op.CAST, [rw.map[i]], {"dtype": v.type.dtype,
+                                                          "autocast": True}, v)
             continue
         rw.copy(i)
     return rw.finish()
