@@ -248,7 +248,7 @@ def check_feature(layer, name: str, given: Mapping, t, rows: int, what: str, dev
     if x.dtype != want:
         if t.dtype.is_float and x.dtype.is_floating_point:
             raise GraphError(f"feature {name!r} is {x.dtype}, the layer computes in {want} (its "
-                             f"parameters' dtype): convert the features (x.to({want})) or the "
+                             f"parameters' dtype): convert the features ({name}.to({want})) or the "
                              f"layer (layer.to({x.dtype}))")
         if not t.dtype.is_float and not x.dtype.is_floating_point and x.dtype != torch.bool:
             x = x.to(want)

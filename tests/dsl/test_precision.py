@@ -156,8 +156,14 @@ def test_mixed_parameter_dtypes_are_an_error_naming_both(g):
 def test_float32_features_for_a_half_layer_say_what_to_convert(g):
     layer = LAYERS["gcn"](D).half()
     with pytest.raises(GraphError, match=r"feature 'h' is torch\.float32, the layer computes "
-                                         r"in torch\.float16 .*x\.to\(torch\.float16\)"):
+                                         r"in torch\.float16 .*\(h\.to\(torch\.float16\)\)"):
         layer(g, **features(layer, g, D))
+    # an edge feature of another dtype is named in the conversion too (it said x.to)
+    weighted = _ScaledThenLinear().half()
+    feats = {"h": torch.randn(g.num_src, D).half(), "w": torch.rand(g.num_edges)}
+    with pytest.raises(GraphError, match=r"feature 'w' is torch\.float32.*\(w\.to\("
+                                         r"torch\.float16\)\)"):
+        weighted(g, **feats)
 
 
 def test_a_declared_dtype_stays_fixed_in_a_half_layer(g):
