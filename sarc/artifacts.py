@@ -210,7 +210,7 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
     block's largest figures and on every batch. Returns the layers' plans so changed and
     the fetches."""
     from .hetero import HeteroConv
-    from .planner.plan import _local_kept, on_batches, plan_fetch
+    from .planner.plan import on_batches, on_halo, plan_fetch
     conv_of = {id(sub): c for c in model.modules() if isinstance(c, HeteroConv)
                for sub in c.layers.values()}
 
@@ -238,14 +238,7 @@ def _fetched_once(model: nn.Module, layers, plans: tuple[LayerPlan, ...], worker
             fetches.append(priced(k, lambda st, label=label, width=width, size=size, grad=grad:
                                   plan_fetch(f"{call}.{label}", [f"{label}[{width}]"], width,
                                              size, grad, workers=workers, stats=st)))
-        recomputed = tuple(r for r in lp.recomputed if not r.startswith("remote rows"))
-        out.append(priced(k, lambda st, lp=lp, recomputed=recomputed: replace(
-            lp, exec_mode="halo", exchange=None, alternatives=(), recomputed=recomputed,
-            kept_peers=tuple(() for _ in range(workers)), batches=None,
-            bytes_sent=None if st is None else (0,) * workers,
-            bytes_kept=None if st is None else tuple(
-                _local_kept(lp.saved["total"], st, r) for r in range(workers)),
-            bytes_sent_expr=0)))
+        out.append(priced(k, lambda st, lp=lp: on_halo(lp, st, workers)))
     return tuple(out), tuple(fetches)
 
 

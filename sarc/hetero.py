@@ -180,10 +180,11 @@ class HeteroConv(nn.Module):
                                        for r in self.relation_ids}, g.num_dst)
 
     def _run(self, args, feats, runs: dict[int, RelationRun], num_dst: int,
-             nodes: dict | None = None) -> torch.Tensor:
+             nodes: dict | None = None, halo=None) -> torch.Tensor:
         """Each relation's layer on its ``RelationRun``, the outputs combined over the nodes
         each relation counts for. ``nodes``: the keyword features as node features, where
-        they differ from ``feats`` (fetched rows)."""
+        they differ from ``feats`` (fetched rows); ``halo``: the worker's halo they were
+        fetched to, where a training call records each layer's run (``Halo.layer_ran``)."""
         nodes = feats if nodes is None else nodes
         outs = []
         for rid in self.relation_ids:
@@ -191,7 +192,10 @@ class HeteroConv(nn.Module):
             mine = {k: (v.index_select(0, run.edges) if k in layer._sarc_edge else
                         _rows_of(nodes[k], run.rows))
                     for k, v in feats.items() if k in layer._sarc_edge or k in layer._sarc_node}
-            outs.append(layer(run.graph, *(_rows_of(a, run.rows) for a in args), **mine))
+            given = tuple(_rows_of(a, run.rows) for a in args)
+            outs.append(layer(run.graph, *given, **mine))
+            if halo is not None and torch.is_grad_enabled():
+                halo.layer_ran(layer, given, mine)
         return combine(outs, [runs[r].place for r in self.relation_ids], self.aggregate,
                        num_dst)
 
@@ -205,7 +209,7 @@ class HeteroConv(nn.Module):
         halo = g.halo()
         args, nodes = self._fetched(g, halo, args, feats)
         runs = {r: rel.halo_run(halo, r) for r in self.relation_ids}
-        return self._run(args, feats, runs, g.num_dst, nodes)
+        return self._run(args, feats, runs, g.num_dst, nodes, halo)
 
     def fetched_inputs(self, args, feats) -> list[tuple[str, torch.Tensor]]:
         """What a worker's halo fetches of a call's inputs (``sarc.distributed.halo``), by

@@ -17,12 +17,13 @@ sent are predicted as a layer program's are.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Sequence
 
 import torch
 
 from ..graph import Graph
-from ..planner.plan import LayerPlan, plan_fetch
+from ..planner.plan import LayerPlan, on_halo, plan_fetch, plan_layer
 from .graph import DistError
 from .relations import swap
 from ..backward_once import once_differentiable
@@ -34,8 +35,8 @@ COUNTS_TAG, DEGREES_TAG, IDS_TAG = 108, 112, 120
 
 
 class FetchRun(NamedTuple):
-    """A fetch that ran under autograd, as a step's layer programs are recorded
-    (``DistGraph.step_calls``): its name and plan."""
+    """A fetch, or a relation's layer on the fetched rows, that ran under autograd, as a
+    step's layer programs are recorded (``DistGraph.step_calls``): its name and plan."""
 
     name: str
     plan: LayerPlan
@@ -75,18 +76,37 @@ class Halo:
         (``name``: what it fetches, as plans print it)."""
         if torch.is_grad_enabled():
             dg = self.dg
-            width = 1
-            for d in x.shape[1:]:
-                width *= int(d)
+            width = math.prod(int(d) for d in x.shape[1:])
             key = (name, width, x.element_size(), x.requires_grad)
             if key not in self.plans:
                 self.plans[key] = plan_fetch(name, (f"{name}[{width}]",), width,
                                              x.element_size(), x.requires_grad,
                                              workers=dg.size, stats=dg.stats)
-            run = FetchRun(name, self.plans[key])
-            dg.training_programs[key] = run
-            dg.step_calls.add(run)
+            self._ran(key, FetchRun(name, self.plans[key]))
         return _Fetch.apply(self, x)
+
+    def layer_ran(self, layer, args: tuple, feats: dict) -> None:
+        """A relation's ``layer`` ran on the fetched rows under autograd (given ``args`` and
+        ``feats``): the step records its plan (``sarc.planner.plan.on_halo``: it sends
+        nothing, and keeps its share of the worker's shard), as ``sarc compile`` plans it."""
+        from ..compiler import compile_layer
+        from ..runtime.bind import resolve_features
+        from ..training.layer_calls import input_needs_grad
+        dg = self.dg
+        inputs_need_grad = input_needs_grad(layer, resolve_features(layer, args, feats))
+        key = ("halo", id(layer), inputs_need_grad)
+        name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
+        if key not in self.plans:
+            fn = compile_layer(layer, layer._sarc_backend, through="optimize").optimized
+            self.plans[key] = on_halo(plan_layer(name, fn, mode=dg.mode, workers=dg.size,
+                                                 stats=dg.stats, baseline=dg.baseline,
+                                                 inputs_need_grad=inputs_need_grad,
+                                                 distributed=True), dg.stats, dg.size)
+        self._ran(key, FetchRun(name, self.plans[key]))
+
+    def _ran(self, key, run: FetchRun) -> None:
+        self.dg.training_programs[key] = run
+        self.dg.step_calls.add(run)
 
     def positions(self, part: "Halo", rows: torch.Tensor) -> torch.Tensor:
         """Where each row of ``part``'s graph is among this halo's rows: ``part`` is a

@@ -542,10 +542,11 @@ def train_worker(spec: ModelSpec, cfg: WorkerConfig, group=None,
         step_bytes, planned = (source.step_bytes[-1] if source.step_bytes else 0,
                                dg.planned_bytes_sent())
         kept = dg.planned_bytes_kept()
+        programs = dg.step_calls.programs or list(dg.training_programs.values())
         sampled = {"planned_step_bytes_kept": kept,
                    "over_budget": kept is not None and cfg.mem_budget is not None
-                   and kept > cfg.mem_budget}
-        programs = dg.step_calls.programs or list(dg.training_programs.values())
+                   and kept > cfg.mem_budget,
+                   "fetched_once": any(isinstance(p, FetchRun) for p in programs)}
     else:  # the mean step of the last epoch, each step planned on its own blocks
         h = source.history[-1] if source.history else {"bytes_sent": 0, "steps": 1,
                                                         "sampling_bytes_sent": 0}
@@ -708,8 +709,8 @@ def _mib(n: float) -> str:
 def format_report(workers: list[dict], mem_budget: int | None = None) -> str:
     """Per worker: peak memory (and its fixed and data parts, ``peak_memory``), the sharded
     embedding's rows + optimizer state (if any), bytes sent / received in the last epoch;
-    and the workers whose full-batch step keeps more than ``mem_budget`` for backward
-    (what they keep of their own shards alone exceeds it: every layer ran in sar)."""
+    and the workers whose full-batch step keeps more than ``mem_budget`` for backward, and
+    why (``sarc.planner.plan.over_budget_why``)."""
     emb = any("embedding_bytes" in w for w in workers)
     lines = ["worker    peak RSS = (    fixed +       data)   cuda peak"
              + ("  embedding (rows + optimizer)" if emb else "")
@@ -723,10 +724,11 @@ def format_report(workers: list[dict], mem_budget: int | None = None) -> str:
                      f"{_mib(w['cuda_peak']) if 'cuda_peak' in w else '-':>10}{table}  "
                      f"{_mib(w['epoch_bytes_sent']):>10}  {_mib(w['epoch_bytes_received']):>10}  "
                      f"{_mib(w['step_bytes_sent'])} ({planned})")
+    from ..planner.plan import over_budget_why
     over = [w["rank"] for w in workers if w.get("over_budget")]
     if over:
         lines.append(f"over the budget {_mib(mem_budget)} on workers {over}: a step keeps "
                      f"{', '.join(_mib(workers[r]['planned_step_bytes_kept']) for r in over)} "
-                     f"for backward, what the layers keep of their own shards alone (every "
-                     f"layer ran in sar, nothing remote kept)")
+                     f"for backward: "
+                     f"{over_budget_why(any(workers[r].get('fetched_once') for r in over))}")
     return "\n".join(lines)

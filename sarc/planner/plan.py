@@ -361,6 +361,36 @@ def plan_fetch(name: str, names: Sequence[str], width: int, dtype_bytes: int,
                      kept, sent, held, B * rb * (1 + grad), 1)
 
 
+def over_budget_why(fetched: bool) -> str:
+    """Why a step's plan keeps more than the memory budget (``Plan.over_budget``): its
+    layers' shares of their own shards alone exceed it (every layer then runs in sar); or,
+    where HeteroConvs fetched their inputs once within it (``fetch_within``), those rows
+    with the shares, where the decision priced a fetch per conv, of its first relation's
+    declared inputs, and the step fetched more (a conv called twice fetches twice)."""
+    if fetched:
+        return ("the rows its HeteroConvs fetched once and what backward keeps of their own "
+                "shards exceed it (the budget's decision priced one fetch per conv, of its "
+                "first relation's declared inputs; a conv called twice fetches twice)")
+    return ("what backward keeps of their own shards alone exceeds it (every layer sar: "
+            "nothing remote kept)")
+
+
+def on_halo(lp: LayerPlan, stats: ShardStats | None, workers: int) -> LayerPlan:
+    """``lp``, a ``sarc.HeteroConv`` relation's layer, as it runs on the rows its conv
+    fetched once (``sarc.distributed.halo``): it exchanges nothing (``exec="halo"``; the
+    fetch's plan counts the rows) and keeps for backward its share of each worker's own
+    shard, priced on the whole shard as the budget's decision prices it
+    (``fetch_within``; the relation's edges of it are fewer)."""
+    recomputed = tuple(r for r in lp.recomputed if not r.startswith("remote rows"))
+    return replace(
+        lp, exec_mode="halo", exchange=None, alternatives=(), recomputed=recomputed,
+        kept_peers=tuple(() for _ in range(workers)), batches=None,
+        bytes_sent=None if stats is None else (0,) * workers,
+        bytes_kept=None if stats is None else tuple(
+            _local_kept(lp.saved["total"], stats, r) for r in range(workers)),
+        bytes_sent_expr=0)
+
+
 def _bytes_sent(bnd, rb: int, kept, passes: int, bwd_passes: int, grad: int) -> list[int]:
     """Per worker, the bytes of one step of a layer whose workers keep the rows of
     ``kept[r]``'s peers, on blocks whose worker r reads ``bnd[r][j]`` rows of worker j."""
@@ -683,6 +713,5 @@ def format_plan(plan: Plan) -> str:
                          f"max {_fmt_bytes(max(sent))}")
         over = plan.over_budget()
         if over:
-            lines.append(f"  over the budget on workers {over}: what backward keeps of their own "
-                         f"shards alone exceeds it (every layer sar: nothing remote kept)")
+            lines.append(f"  over the budget on workers {over}: {over_budget_why(bool(plan.fetches))}")
     return "".join(names.one_line(line) + "\n" for line in lines)  # names stay on their line

@@ -179,10 +179,14 @@ def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, request, gra
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted
+    # what a step keeps: the fetched rows and each relation's layer's share of its shard
+    # (the workers counted the fetches alone)
+    kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
+            for r in range(2)]
+    assert [w["planned_step_bytes_kept"] for w in run["per_worker"]] == kept
     if budget:
-        kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
-                for r in range(2)]
         assert max(kept) <= budget
+        assert not any(w["over_budget"] for w in run["per_worker"])
 
 
 @pytest.mark.parametrize("mode", [("--mode", "mfg"),
@@ -231,6 +235,39 @@ def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
     assert _predicted(plan) == counted
+
+
+def test_a_hetero_conv_called_twice_keeps_two_fetches_as_compile_says(tmp_path, typed_parts,
+                                                                      capsys):
+    """A HeteroConv called twice in a step under a budget one call's fetch fits (the
+    decision prices a fetch per conv): each call fetches and keeps its rows and its
+    relations' layers' shares, so the step keeps more than the budget. Compile and the
+    workers count the same bytes kept (the workers counted the fetches alone) and both
+    say why the step is over (they said every layer ran in sar, nothing remote kept)."""
+    text = (ROOT / "models" / "hetero_sage.py").read_text()
+    call = "        h = F.relu(self.conv1(g, h, etype=etype, ntype=ntype))\n"
+    assert text.count(call) == 1
+    model = tmp_path / "conv_twice.py"
+    model.write_text(text.replace(call, call + call))
+    parts, options = _typed(typed_parts, "--mem-budget", "900KiB")
+    capsys.readouterr()
+    plan, _ = _compiled(tmp_path, model, parts, *options)
+    said = capsys.readouterr().out
+    assert [f["name"] for f in plan["fetches"]] == ["conv1.input0", "conv1#2.input0",
+                                                    "conv2.input0"]
+    kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
+            for r in range(2)]
+    assert min(kept) > 900 * 2 ** 10
+    assert "over the budget on workers [0, 1]: the rows its HeteroConvs fetched once" in said
+    out = tmp_path / "train.json"
+    proc = run_or_show_stacks([sys.executable, "-m", "sarc.cli", "train", str(model),
+                               "--partition", str(parts), "--workers", "2", "--epochs", "1",
+                               *options, "--json", str(out)], cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(out.read_text())
+    assert [w["planned_step_bytes_kept"] for w in run["per_worker"]] == kept
+    assert all(w["over_budget"] and w["fetched_once"] for w in run["per_worker"])
+    assert "for backward: the rows its HeteroConvs fetched once" in proc.stdout
 
 
 def test_relations_sharing_a_layer_over_edge_types_the_model_makes(tmp_path, typed_parts):
