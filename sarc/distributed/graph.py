@@ -80,7 +80,9 @@ class DistGraph:
         self.chunk_rows = chunk_rows
         self.programs: dict = {}     # (layer id, inputs need grad) -> sarc.distributed.schedule.LayerProgram
         self.layer_names: dict = {}  # layer id -> its name in plans and generated headers
-        self.training_programs: dict = {}  # layer id -> the program of its last call under autograd
+        # layer id -> the program of its last call under autograd; a HeteroConv's fetches and
+        # its relations' layers on the fetched rows by their own keys (sarc.distributed.halo)
+        self.training_programs: dict = {}
         self.step_calls = StepCalls()      # the programs a step's calls ran (sarc train's steps)
         self.awaiting: dict = {}           # layer id -> its last call under autograd, weakly
         self.kept_share: dict = {}   # layer id -> per worker, the peers it keeps (share_memory)
@@ -319,8 +321,9 @@ class DistGraph:
 
     def planned_bytes_kept(self) -> int | None:
         """The planner's bytes this worker keeps for backward in one training step, of the
-        programs ``planned_bytes_sent`` counts (a relation's layer on a HeteroConv's
-        fetched rows runs no program: its fetch counts)."""
+        programs ``planned_bytes_sent`` counts (a HeteroConv's fetches, and its relations'
+        layers on the fetched rows, each with its share of the worker's shard:
+        ``sarc.distributed.halo.LayerRun``)."""
         return self._planned("bytes_kept")
 
     def _planned(self, figure: str) -> int | None:

@@ -12,8 +12,10 @@ the worker's ``Halo.graph``: a ``Graph`` whose sources are the worker's rows, th
 rows it reads of each peer (``needed_rows[j]``, peers in rank order), whose destinations
 are the worker's rows, and whose edges are the DistGraph's, in its edge order. A
 relation's degrees on it are the whole graph's (``relation_degrees``, found once per
-edge types). Each fetch is planned (``sarc.planner.plan.plan_fetch``): a step's bytes
-sent are predicted as a layer program's are.
+edge types). Each fetch is planned (``sarc.planner.plan.plan_fetch``), and each
+relation's layer's run on the fetched rows (``LayerRun``, ``sarc.planner.plan.on_halo``:
+nothing sent, its share of the shard kept): a step's bytes sent and kept are predicted as
+a layer program's are.
 """
 from __future__ import annotations
 
@@ -42,6 +44,28 @@ class FetchRun(NamedTuple):
     plan: LayerPlan
 
 
+class LayerRun:
+    """A relation's layer that ran on a HeteroConv's fetched rows under autograd, as a
+    step's layer programs are recorded (``DistGraph.step_calls``): its name, and its plan
+    (``sarc.planner.plan.on_halo``), made when first read (the run's report, after its
+    steps), so a step pays no planning."""
+
+    def __init__(self, name: str, layer, inputs_need_grad: bool, dg):
+        self.name, self._of, self._plan = name, (layer, inputs_need_grad, dg), None
+
+    @property
+    def plan(self) -> LayerPlan:
+        if self._plan is None:
+            from ..compiler import compile_layer
+            layer, need, dg = self._of
+            fn = compile_layer(layer, layer._sarc_backend, through="optimize").optimized
+            self._plan = on_halo(plan_layer(self.name, fn, mode=dg.mode, workers=dg.size,
+                                            stats=dg.stats, baseline=dg.baseline,
+                                            inputs_need_grad=need, distributed=True),
+                                 dg.stats, dg.size)
+        return self._plan
+
+
 class Halo:
     """One worker's rows and the rows of other workers its edges read (module docstring).
     Made once per shard (``DistGraph.halo``); ``fetch`` and ``relation_degrees`` are
@@ -67,7 +91,8 @@ class Halo:
         self.graph = Graph.from_edges(torch.cat(srcs) if srcs else empty,
                                       torch.cat(dsts) if dsts else empty,
                                       num_src=start, num_dst=dg.num_dst)
-        self.plans: dict[tuple, LayerPlan] = {}
+        self.plans: dict[tuple, LayerPlan] = {}   # each fetch's
+        self.runs: dict[tuple, LayerRun] = {}     # each relation's layer's (layer_ran)
         self._sorted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # positions' lookups
 
     def fetch(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -87,24 +112,22 @@ class Halo:
 
     def layer_ran(self, layer, args: tuple, feats: dict) -> None:
         """A relation's ``layer`` ran on the fetched rows under autograd (given ``args`` and
-        ``feats``): the step records its plan (``sarc.planner.plan.on_halo``: it sends
-        nothing, and keeps its share of the worker's shard), as ``sarc compile`` plans it."""
-        from ..compiler import compile_layer
+        ``feats``): the step records its run, planned as ``sarc compile`` plans it
+        (``sarc.planner.plan.on_halo``: it sends nothing, and keeps its share of the
+        worker's shard) when the plan is first read (``LayerRun``), once per layer, input
+        gradient need and layer state (the key of its kernel, which the call compiled)."""
         from ..runtime.bind import resolve_features
         from ..training.layer_calls import input_needs_grad
         dg = self.dg
-        inputs_need_grad = input_needs_grad(layer, resolve_features(layer, args, feats))
-        key = ("halo", id(layer), inputs_need_grad)
+        need = input_needs_grad(layer, resolve_features(layer, args, feats))
+        state = layer._sarc_compiled[0] if layer._sarc_compiled is not None else None
+        key = ("halo", id(layer), need, state)
         name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
-        if key not in self.plans:
-            fn = compile_layer(layer, layer._sarc_backend, through="optimize").optimized
-            self.plans[key] = on_halo(plan_layer(name, fn, mode=dg.mode, workers=dg.size,
-                                                 stats=dg.stats, baseline=dg.baseline,
-                                                 inputs_need_grad=inputs_need_grad,
-                                                 distributed=True), dg.stats, dg.size)
-        self._ran(key, FetchRun(name, self.plans[key]))
+        if key not in self.runs:
+            self.runs[key] = LayerRun(name, layer, need, dg)
+        self._ran(key[:3], self.runs[key])
 
-    def _ran(self, key, run: FetchRun) -> None:
+    def _ran(self, key, run) -> None:
         self.dg.training_programs[key] = run
         self.dg.step_calls.add(run)
 

@@ -366,11 +366,14 @@ def over_budget_why(fetched: bool) -> str:
     layers' shares of their own shards alone exceed it (every layer then runs in sar); or,
     where HeteroConvs fetched their inputs once within it (``fetch_within``), those rows
     with the shares, where the decision priced a fetch per conv, of its first relation's
-    declared inputs, and the step fetched more (a conv called twice fetches twice)."""
+    declared inputs, and each relation's layer as the step's first block's input needing
+    no gradient (``call_blocks``), and the step kept more (a conv called twice fetches
+    twice; a relation's input that needs one keeps more for some layers)."""
     if fetched:
         return ("the rows its HeteroConvs fetched once and what backward keeps of their own "
                 "shards exceed it (the budget's decision priced one fetch per conv, of its "
-                "first relation's declared inputs; a conv called twice fetches twice)")
+                "first relation's declared inputs, before the first step: a conv called "
+                "twice fetches twice)")
     return ("what backward keeps of their own shards alone exceeds it (every layer sar: "
             "nothing remote kept)")
 

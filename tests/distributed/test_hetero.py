@@ -9,7 +9,8 @@ graph (two node types of different feature widths, four relations, an edge weigh
 sum / mean / max layers), P = 2 and 3, both ways, with and without node types: the loss,
 the whole output, the input gradient and every parameter gradient equal one process's
 (relative error <= 1e-5), and each worker's bytes sent in the step equal the planner's
-prediction (the relations' programs, or each conv's one fetch).
+prediction (the relations' programs, or each conv's one fetch and its relations' layers'
+runs on the fetched rows, which send nothing).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 import sarc
 import hetero_layers
 from hetero_layers import MaxLayer, MeanLayer, NormSumLayer, TypedNet
+from sarc.distributed.halo import FetchRun
 
 from .harness import spawn
 
@@ -88,7 +90,10 @@ def _worker(rank, port, q, size, partdir, state, total, exec_mode, typed):
                     "loss": float(loss_all), "planned": dg.planned_bytes_sent(),
                     "sent": sum(v for k, v in sent.items() if k != "setup"),
                     "grads": {k: p.grad for k, p in model.named_parameters()},
-                    "programs": len(dg.training_programs)}, buf)
+                    "programs": len(dg.training_programs), "kept": dg.planned_bytes_kept(),
+                    "fetches_kept": sum(p.plan.bytes_kept[rank]
+                                        for p in dg.training_programs.values()
+                                        if isinstance(p, FetchRun))}, buf)
         q.put((rank, buf.getvalue()))
     finally:
         dist.destroy_process_group()
@@ -136,6 +141,8 @@ def test_hetero_step_on_workers_equals_one_process(tmp_path, parts, method, empt
         # with the halo: the convs' two fetches too)
         assert r["programs"] == 2 * RELS + (0 if exec_mode == "sar" else 2)
         assert r["sent"] == r["planned"] and (r["sent"] > 0) == (parts > 1)
+        # what a step keeps: with the halo, the fetched rows and the relations' layers' shares
+        assert r["kept"] > (0 if exec_mode == "sar" else r["fetches_kept"])
 
 
 def _relations_found_by_a_halo(rank, port, q, partdir):

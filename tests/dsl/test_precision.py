@@ -15,8 +15,10 @@ from difftest import BACKENDS, random_block
 from zoo import LAYERS, features
 
 import sarc
+from sarc.compiler import compile_layer
 from sarc.errors import DSLError
 from sarc.graph import GraphError
+from sarc.ir.ops import Op
 
 D = 6
 LOW = {"f16": (torch.float16, 2e-2), "bf16": (torch.bfloat16, 8e-2)}
@@ -159,7 +161,7 @@ def test_float32_features_for_a_half_layer_say_what_to_convert(g):
                                          r"in torch\.float16 .*\(h\.to\(torch\.float16\)\)"):
         layer(g, **features(layer, g, D))
     # an edge feature of another dtype is named in the conversion too (it said x.to)
-    weighted = _ScaledThenLinear().half()
+    weighted = _ScaledThenLinear("mul").half()
     feats = {"h": torch.randn(g.num_src, D).half(), "w": torch.rand(g.num_edges)}
     with pytest.raises(GraphError, match=r"feature 'w' is torch\.float32.*\(w\.to\("
                                          r"torch\.float16\)\)"):
@@ -320,35 +322,47 @@ def test_under_autocast_a_linears_bias_is_in_the_low_dtype_as_torch_casts_it(bac
 
 
 class _ScaledThenLinear(sarc.Layer):
-    """An edge-weighted sum (GraphConv's ``w_e h_u``), then a narrowing linear in
-    ``update``: sarc's passes move the linear ahead of the gather and the weights after it
-    (``linear_through_aggregate``), where a float32 weight times the linear's low-precision
-    rows made the result float32 under autocast; torch's linear of the sum gives bfloat16."""
+    """An edge-weighted sum (GraphConv's ``w_e h_u``; ``form``: ``h_u * w_e``,
+    ``h_u / (1 + w_e)``, or ``h_u * w_e`` summed with a plain sum of ``h_u``), then a
+    narrowing linear in ``update``: sarc's passes move the linear ahead of the gather and
+    the weights after it (``linear_through_aggregate``), where a float32 weight times the
+    linear's low-precision rows made the result float32 under autocast; torch's linear of
+    the sum gives bfloat16."""
 
-    def __init__(self):
+    def __init__(self, form: str):
         super().__init__(node={"h": D}, edge={"w": ()})
         self.lin = torch.nn.Linear(D, 4)
+        self.form = form
+
+    def _scaled(self, h, w):
+        return h / (1 + w.unsqueeze(-1)) if self.form == "div" else h * w.unsqueeze(-1)
 
     def message(self, src, dst, edge):
-        return src.h * edge.w.unsqueeze(-1)
+        return {"a": self._scaled(src.h, edge.w), **({"b": src.h} if self.form == "two" else {})}
 
     def reduce(self, msg):
-        return sarc.sum(msg.m)
+        return sarc.sum(msg.a) + sarc.sum(msg.b) if self.form == "two" else sarc.sum(msg.a)
 
     def update(self, dst, agg):
         return self.lin(agg.agg)
 
     def torch_reference(self, g: sarc.Graph, h: torch.Tensor, w: torch.Tensor):
         src, dst = g.input_edges()
-        m = h[src] * w.unsqueeze(-1)
+        m = self._scaled(h[src], w) + (h[src] if self.form == "two" else 0)
         return self.lin(torch.zeros(g.num_dst, D, dtype=m.dtype).index_add(0, dst, m))
 
 
+@pytest.mark.parametrize("form", ["mul", "div", "two"])
 @pytest.mark.parametrize("autodiff", ["torch", "ir"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_under_autocast_a_linear_moved_ahead_of_a_weighted_sum_keeps_its_dtype(backend, autodiff,
-                                                                               g):
-    layer = _ScaledThenLinear().set_backend(backend).set_autodiff(autodiff)
+                                                                               form, g):
+    layer = _ScaledThenLinear(form).set_backend(backend).set_autodiff(autodiff)
+    # the case: the linear runs ahead of the aggregate, a cast by autocast after it
+    ops = [(v.op, v.attr.get("autocast")) for v in
+           compile_layer(layer, backend, through="optimize").optimized.values]
+    linear, aggregate = ops.index((Op.LINEAR, None)), ops.index((Op.AGGREGATE, None))
+    assert linear < aggregate < ops.index((Op.CAST, True), aggregate)
     gen = torch.Generator().manual_seed(2)
     x, w = torch.randn(g.num_src, D, generator=gen), torch.rand(g.num_edges, generator=gen)
     grads = []

@@ -106,6 +106,13 @@ def _predicted(plan: dict) -> list[int]:
     return [sum(b[r] for layer in per_batch for b in layer) // steps for r in range(p)]
 
 
+def _kept(plan: dict) -> list[int]:
+    """Per worker, the bytes compile plans a full-batch step keeps for backward."""
+    return [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"],
+                                                           *plan.get("fetches", ())))
+            for r in range(plan["workers"])]
+
+
 def _counted(tmp_path, model, parts, *options) -> tuple[list[int], dict]:
     out = tmp_path / "train.json"
     _sarc("train", model, "--partition", parts, "--workers", "2", "--epochs", "1", *options,
@@ -181,8 +188,7 @@ def test_a_hetero_convs_relations_are_planned_as_they_run(tmp_path, request, gra
     assert _predicted(plan) == counted
     # what a step keeps: the fetched rows and each relation's layer's share of its shard
     # (the workers counted the fetches alone)
-    kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
-            for r in range(2)]
+    kept = _kept(plan)
     assert [w["planned_step_bytes_kept"] for w in run["per_worker"]] == kept
     if budget:
         assert max(kept) <= budget
@@ -231,6 +237,9 @@ def test_a_hetero_convs_relations_with_their_own_schedules_are_planned_on_their_
     assert not plan.get("fetches") and "halo" not in {lp["exec_mode"] for lp in plan["layers"]}
     if "870KiB" in options:   # some relations' layers keep their peer's rows, some do not
         assert len({bool(any(lp["kept_peers"])) for lp in plan["layers"]}) == 2
+        # within the budget; the fetches (planned without one) would not have fit it
+        halo, _ = _compiled(tmp_path / "halo", model, parts, *options[:2])
+        assert max(_kept(plan)) <= 870 * 2 ** 10 < min(_kept(halo))
     counted, run = _counted(tmp_path, model, parts, "--epochs", "2", *options)
     assert all(c > 0 for c in counted)
     assert [w["planned_step_bytes_sent"] for w in run["per_worker"]] == counted
@@ -255,8 +264,7 @@ def test_a_hetero_conv_called_twice_keeps_two_fetches_as_compile_says(tmp_path, 
     said = capsys.readouterr().out
     assert [f["name"] for f in plan["fetches"]] == ["conv1.input0", "conv1#2.input0",
                                                     "conv2.input0"]
-    kept = [sum(lp["bytes_kept_per_worker"][r] for lp in (*plan["layers"], *plan["fetches"]))
-            for r in range(2)]
+    kept = _kept(plan)
     assert min(kept) > 900 * 2 ** 10
     assert "over the budget on workers [0, 1]: the rows its HeteroConvs fetched once" in said
     out = tmp_path / "train.json"
