@@ -231,7 +231,7 @@ class HeteroConv(nn.Module):
     def _fetched(self, g, halo, args, feats) -> tuple[tuple, dict]:
         """The node inputs (``fetched_inputs``) on every row of ``halo``'s graph, each
         fetched once."""
-        name = g.layer_names.setdefault(id(self), f"{type(self).__name__}#{len(g.layer_names)}")
+        name = g.layer_name(self)
         got = {label: _fetched(halo, t, f"{name}.{label}", g.num_local)
                for label, t in self.fetched_inputs(args, feats)}
         args = tuple(got.get(f"input{i}", a) for i, a in enumerate(args))

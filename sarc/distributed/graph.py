@@ -128,6 +128,12 @@ class DistGraph:
         other._set_shard(shard)
         return other
 
+    def layer_name(self, module) -> str:
+        """``module``'s name in this graph's plans and generated headers: its class and the
+        order of its first call (``Class#k``), kept for every later call."""
+        return self.layer_names.setdefault(id(module),
+                                           f"{type(module).__name__}#{len(self.layer_names)}")
+
     def record_training_call(self, layer, program) -> None:
         """``layer`` ran ``program`` on this graph under autograd: a training call, whose
         plan predicts the step's exchanges (``StepCalls``, ``planned_bytes_sent``)."""

@@ -37,8 +37,9 @@ COUNTS_TAG, DEGREES_TAG, IDS_TAG = 108, 112, 120
 
 
 class FetchRun(NamedTuple):
-    """A fetch, or a relation's layer on the fetched rows, that ran under autograd, as a
-    step's layer programs are recorded (``DistGraph.step_calls``): its name and plan."""
+    """A fetch that ran under autograd, as a step's layer programs are recorded
+    (``DistGraph.step_calls``): its name and plan (a relation's layer's run on the fetched
+    rows is a ``LayerRun``)."""
 
     name: str
     plan: LayerPlan
@@ -122,9 +123,8 @@ class Halo:
         need = input_needs_grad(layer, resolve_features(layer, args, feats))
         state = layer._sarc_compiled[0] if layer._sarc_compiled is not None else None
         key = ("halo", id(layer), need, state)
-        name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
         if key not in self.runs:
-            self.runs[key] = LayerRun(name, layer, need, dg)
+            self.runs[key] = LayerRun(dg.layer_name(layer), layer, need, dg)
         self._ran(key[:3], self.runs[key])
 
     def _ran(self, key, run) -> None:

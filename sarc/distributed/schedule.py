@@ -182,8 +182,8 @@ def program_for(layer, dg: DistGraph, inputs_need_grad: bool,
     key = (id(layer), inputs_need_grad, again, dg.stats if dg.plans_own else None)
     state = state_key(layer)
     if key not in dg.programs or dg.programs[key].state != state:
-        name = dg.layer_names.setdefault(id(layer), f"{type(layer).__name__}#{len(dg.layer_names)}")
-        dg.programs[key] = compile_layer(layer, dg, name, inputs_need_grad, again)
+        dg.programs[key] = compile_layer(layer, dg, dg.layer_name(layer), inputs_need_grad,
+                                         again)
         dg.programs[key].state = state_key(layer)  # after the trace (Layer.compiled)
     return dg.programs[key]
 

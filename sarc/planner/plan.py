@@ -540,11 +540,11 @@ def share_step(layers: list[tuple[Function, bool]], fetched: tuple[Sequence[bool
     (None for a relation's layer on the fetched rows) and whether the convs fetch once."""
     room = None if fetched is None else fetch_within(layers, *fetched, stats, mem_budget,
                                                      baseline)
-    on_halo = list(fetched[0]) if room is not None else [False] * len(layers)
-    rest = [fn for fn, halo in zip(layers, on_halo) if not halo]
+    relations = list(fetched[0]) if room is not None else [False] * len(layers)
+    rest = [fn for fn, halo in zip(layers, relations) if not halo]
     shares = iter(share_budget(rest, stats, mem_budget if room is None else room, baseline)
                   if rest else ())
-    return [None if halo else next(shares) for halo in on_halo], room is not None
+    return [None if halo else next(shares) for halo in relations], room is not None
 
 
 def on_batches(lp: LayerPlan, sample: BlockSample, k: int,
