@@ -30,6 +30,7 @@ from sarc.sampling.negative import negative_sampler, train_negatives
 from sarc.train import build, hyperparameters
 from sarc.training.link import LinkSteps, split_edges
 from sarc.training.loop import ONE_PROCESS, Batch
+from sarc.training.optim import EagerAdam
 
 from .harness import spawn
 
@@ -80,7 +81,7 @@ def _one_process():
                    torch.zeros(N, dtype=torch.bool), 2)
     torch.manual_seed(SEED)
     model = build(spec, stub, hp)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"])
+    opt = EagerAdam(model.parameters(), lr=hp["lr"])
     mine = {s: torch.arange(split.pairs(s).shape[1]) for s in ("train", "val", "test")}
     empty = torch.zeros(0, dtype=torch.int64)
     source = LinkSteps(Batch(g, node_features(feat, hp), {}, empty, {}, train_total=0), split,
@@ -102,7 +103,7 @@ def _worker(rank, port, q, p, partition):
     torch.manual_seed(SEED)
     model = _build(spec, data, hp, N, name="the test graph")
     broadcast_parameters(model, None)
-    opt = torch.optim.Adam(model.parameters(), lr=hp["lr"])
+    opt = EagerAdam(model.parameters(), lr=hp["lr"])
     source = link_source(shard, dg, data, split, hp, SEED,
                          Comm(timeout=datetime.timedelta(seconds=60)), None)
     buf = io.BytesIO()  # bytes, not tensors: those would be shared memory of an ended process

@@ -28,6 +28,7 @@ from sarc.planner.stats import ShardStats
 from sarc.sampling import Comm
 from sarc.training.loop import train_step
 from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, sarc_layers
+from sarc.training.optim import EagerAdam
 
 from .graphs import run_workers, shards, tiny_graph
 
@@ -91,7 +92,7 @@ def _work(rank, group, g):
     for name, b in (("budgeted", budget), ("free", None)):
         model, src, blocks = _source(shard, group, b)
         layers, fns = _layers(model)
-        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        opt = EagerAdam(model.parameters(), lr=0.05)
         losses, kept, modes, sent = [], [], [], []
         from sarc.distributed.train import AllReduce
         for e in EPOCHS:

@@ -31,6 +31,7 @@ from sarc.runtime.sharded import build_shard
 from sarc.sampling import Comm
 from sarc.training.loop import ONE_PROCESS, Batch, global_cross_entropy, train_step
 from sarc.training.minibatch import MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks
+from sarc.training.optim import EagerAdam
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,7 +123,7 @@ def _trajectory(shard, group, exec_mode=None):
     bytes per step sent and planned."""
     from sarc.distributed.train import AllReduce
     model = _model()
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    opt = EagerAdam(model.parameters(), lr=0.05)
     src, _, blocks = _steps(shard, SAMPLED, group, exec_mode)
     red = ONE_PROCESS if group is False else AllReduce(group)
     losses, bytes_ = [], []

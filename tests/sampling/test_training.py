@@ -25,6 +25,7 @@ from sarc.sampling import Comm
 from sarc.training.loop import ONE_PROCESS, forward, global_cross_entropy, train_step
 from sarc.training.minibatch import (MiniBatchConfig, MiniBatchSteps, ShardRows, local_blocks,
                                      whole_graph_shard)
+from sarc.training.optim import EagerAdam
 
 from .graphs import assert_same_step, run_workers, step_record, tiny_graph, x_grad_of
 
@@ -138,7 +139,7 @@ def _trajectory(kind, shard, group, rows_of, prefetch=False):
     from sarc.distributed import schedule
     from sarc.distributed.train import AllReduce
     model = _model(kind)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    opt = EagerAdam(model.parameters(), lr=0.05)
     src, _ = _steps(kind, shard, SAMPLED, group, rows_of, prefetch)
     red = ONE_PROCESS if group is False else AllReduce(group)
     compiled, compile_layer = [], schedule.compile_layer
