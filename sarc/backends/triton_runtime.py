@@ -21,7 +21,8 @@ over the ``CONFIGS`` listed in its generated module (configs larger than the
 bucket's degrees or the feature size pruned), its choices kept in Triton's cache
 for the next process (``persisted``). Under Triton's interpreter
 (``TRITON_INTERPRET=1``, CPU tensors) there is nothing to time: the first
-config runs, its tiles shrunk to the bucket and feature sizes.
+config runs, its tiles shrunk to the bucket and feature sizes, in an interpreter
+that patches Triton's language once per launch (``triton_interpreter``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from ..errors import SarcError
 from ..graph import Graph, derived
 from ..ir.reducers import REDUCERS, tie_share
 from .torch_ops import accumulated_dtype, check_types
+from .triton_interpreter import skip_repeated_patches
 
 SPLIT_EDGES = 1024
 """Rows with more edges than this run as several segments (partial results, then a merge)."""
@@ -112,6 +114,7 @@ def run(kernel, configs: Sequence, key: list[str], grid: Callable[[dict], tuple]
         args: Sequence, constexprs: dict, *, max_deg: int | None, d: int | None) -> None:
     """Launch ``kernel``: autotuned on a GPU; the first config under the interpreter."""
     if interpreted(kernel):
+        skip_repeated_patches()
         meta = _clamp(configs[0].kwargs, max_deg, d)
         kernel[grid(meta)](*args, **meta, **constexprs)
         return
