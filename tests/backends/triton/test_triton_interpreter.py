@@ -8,7 +8,9 @@ of the language a launch makes do not grow with its programs.
 from __future__ import annotations
 
 import importlib.util
+import re
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,18 +60,31 @@ def _launch(mod, programs: int) -> torch.Tensor:
     return out
 
 
+def _pinned() -> str:
+    """The Triton version the main environment pins (its interpreter is the one
+    ``triton_interpreter`` describes; another, e.g. a GPU machine's, may be left alone)."""
+    text = (Path(__file__).resolve().parents[3] / "requirements" / "main.txt").read_text()
+    return re.search(r"^triton==(\S+)$", text, re.M).group(1)
+
+
 def test_device_calls_compute_the_same_launch_after_launch_and_the_language_is_restored(module):
+    import triton
     import triton.language as tl
 
     from sarc.backends.triton_interpreter import skip_repeated_patches
     for programs in (1, 5, 2):
         _launch(module, programs)
-    assert skip_repeated_patches()        # the installed Triton's interpreter is as expected
     assert tl.core.is_builtin(tl.program_id) and tl.core.is_builtin(tl.load)
+    if triton.__version__ == _pinned():
+        assert skip_repeated_patches()
 
 
 def test_a_launch_walks_the_language_as_often_whatever_its_programs(module, monkeypatch):
     import triton.runtime.interpreter as interp
+
+    from sarc.backends.triton_interpreter import skip_repeated_patches
+    if not skip_repeated_patches():
+        pytest.skip("this Triton's interpreter patches otherwise: left as it is")
     _launch(module, 1)       # tl.core's patch by tl.zeros, kept for good by the interpreter
     walks = []
     walk = interp._patch_builtin
