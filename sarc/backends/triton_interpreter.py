@@ -19,6 +19,7 @@ It relies on the interpreter of Triton 3 (``_patch_lang``, ``GridExecutor``,
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 _SEEN: set[int] = set()
@@ -26,7 +27,6 @@ _SEEN: set[int] = set()
 _LAUNCH = ["out"]
 """Where the interpreter is: "out" of a launch, "entering" one (its own patch comes
 next), or "in" one (its programs run)."""
-_APPLIED: list[bool] = []
 
 
 class _Unchanged:
@@ -49,14 +49,12 @@ def _expected(interp) -> bool:
             and list(inspect.signature(interp._patch_lang).parameters) == ["fn"])
 
 
+@functools.cache
 def skip_repeated_patches() -> bool:
-    """Install the patch-once behaviour (idempotent); whether it is installed."""
-    if _APPLIED:
-        return _APPLIED[0]
+    """Install the patch-once behaviour (once a process); whether it is installed."""
     import triton.language as tl
     import triton.runtime.interpreter as interp
     if not _expected(interp):
-        _APPLIED.append(False)
         return False
     patch, launch = interp._patch_lang, interp.GridExecutor.__call__
     languages = (tl, tl.core)
@@ -92,5 +90,4 @@ def skip_repeated_patches() -> bool:
 
     interp._patch_lang = patch_lang
     interp.GridExecutor.__call__ = launched
-    _APPLIED.append(True)
     return True
